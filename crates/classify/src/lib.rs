@@ -1,0 +1,2 @@
+//! `sluice-classify` (scaffold; see docs/architecture.md).
+#![forbid(unsafe_code)]

@@ -1,0 +1,2 @@
+//! `sluice-conntrack` (scaffold; see docs/architecture.md).
+#![forbid(unsafe_code)]

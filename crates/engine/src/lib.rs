@@ -1,0 +1,2 @@
+//! `sluice-engine` (scaffold; see docs/architecture.md).
+#![forbid(unsafe_code)]

@@ -1,0 +1,2 @@
+//! `sluice-nat` (scaffold; see docs/architecture.md).
+#![forbid(unsafe_code)]

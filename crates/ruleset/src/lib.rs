@@ -1,0 +1,2 @@
+//! `sluice-ruleset` (scaffold; see docs/architecture.md).
+#![forbid(unsafe_code)]

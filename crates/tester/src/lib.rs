@@ -1,0 +1,2 @@
+//! `sluice-tester` (scaffold; see docs/architecture.md).
+#![forbid(unsafe_code)]
