@@ -1,2 +1,62 @@
-//! `sluice-engine` (scaffold; see docs/architecture.md).
+//! `sluice-engine`: the per-worker packet pipeline. It composes wire parsing,
+//! conntrack, NAT and the policy, and does no I/O.
+//!
+//! ```text
+//! batch -> dissect all -> hash + prefetch buckets -> lookup + prefetch entries
+//!   hit  -> fast path: track state, apply the cached rewrite and adjacency
+//!   miss -> slow path: prerouting (DNAT) -> route -> filter -> postrouting (SNAT)
+//!           -> conntrack insert -> rewrite
+//! ```
+//!
+//! Invariants:
+//! - The fast path never allocates, locks, reads a clock or panics; time is
+//!   passed in by the caller.
+//! - Every frame ends with exactly one [`Action`]; every drop increments one
+//!   [`DropReason`] counter.
+//! - A worker owns its connection table and its slice of the NAT port space,
+//!   so nothing is shared between workers on the packet path.
 #![forbid(unsafe_code)]
+
+pub mod drop;
+pub mod policy;
+pub mod route;
+pub mod worker;
+
+pub use drop::{Counters, DropReason};
+pub use policy::{CtState, Decision, Hook, Policy, PolicyPacket, PortForward, StaticPolicy, Verdict};
+pub use route::{AdjIndex, Adjacency, IfIndex, Route4, RouteTable4};
+pub use worker::{EngineConfig, EngineError, Interface, Worker};
+
+/// Largest batch the engine processes in one call.
+pub const MAX_BATCH: usize = 256;
+
+/// What happens to a frame after processing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Action {
+    /// Not processed yet.
+    #[default]
+    Pending,
+    /// Transmit on this interface (the frame was rewritten in place).
+    Forward(IfIndex),
+    /// Transmit back out of the ingress interface (a reply built in place:
+    /// ARP reply, ICMP echo reply, ICMP error, TCP RST).
+    Reply,
+    /// Dropped, for this reason.
+    Drop(DropReason),
+}
+
+/// A batch of frames the engine can rewrite in place. Implemented by the io
+/// backends and by the tester.
+pub trait Frames {
+    /// Number of frames in the batch (at most [`MAX_BATCH`] are processed).
+    fn count(&self) -> usize;
+    /// The whole buffer of frame `i` (its capacity, which may exceed its
+    /// length) and its current length.
+    fn buf_mut(&mut self, i: usize) -> (&mut [u8], usize);
+    /// Set the length of frame `i` (a reply may be longer than the request).
+    fn set_len(&mut self, i: usize, len: usize);
+    /// Ingress interface of frame `i`.
+    fn iif(&self, i: usize) -> IfIndex;
+    /// Record the outcome for frame `i`.
+    fn set_action(&mut self, i: usize, a: Action);
+}

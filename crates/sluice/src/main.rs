@@ -1,4 +1,118 @@
-//! The `sluice` binary: CLI, daemon, ctl client. Thin by design.
-fn main() {
-    println!("sluice {}", env!("CARGO_PKG_VERSION"));
+//! The `sluice` binary: command-line parsing and dispatch only. Every command
+//! is implemented in a library crate; this file turns flags into calls and
+//! errors into exit codes.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand};
+
+mod bench;
+
+/// Sluice: a userspace stateful firewall and NAT44 gateway, and the RFC 2544 /
+/// 4814 / 9693 tester that measures it against the kernel.
+#[derive(Parser, Debug)]
+#[command(name = "sluice", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a benchmark.
+    #[command(subcommand)]
+    Bench(BenchCmd),
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCmd {
+    /// RFC 9693 stateful NAT44 benchmark of the in-process engine (no root
+    /// needed): connection setup rate, established throughput, tear-down
+    /// rate, bytes per connection, against the machine's memory limit.
+    Nat44(Nat44Args),
+}
+
+#[derive(Args, Debug)]
+struct Nat44Args {
+    /// Connection counts to measure, comma separated (default: a sweep that
+    /// finishes in about a minute). Each count must split into restricted
+    /// port ranges, e.g. 1000000 or 40000000.
+    #[arg(long, value_delimiter = ',', value_parser = parse_count)]
+    connections: Vec<u64>,
+    /// Worker cores; each runs its own engine on connections / cores.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    cores: u16,
+    /// Frames per throughput measurement (default: max(connections, 2000000)).
+    #[arg(long, value_parser = parse_count)]
+    frames: Option<u64>,
+    /// Seed for the pseudorandom port orders and hash keys.
+    #[arg(long, default_value_t = 0x5eed)]
+    seed: u64,
+    /// Write the results as JSON (an object for one count, an array for a sweep).
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+/// Parse a count, accepting `_` separators and k/M/G suffixes.
+fn parse_count(s: &str) -> Result<u64, String> {
+    let t: String = s.trim().chars().filter(|&c| c != '_').collect();
+    let (num, mul) = match t.chars().last() {
+        Some('k' | 'K') => (&t[..t.len() - 1], 1_000),
+        Some('M' | 'm') => (&t[..t.len() - 1], 1_000_000),
+        Some('G' | 'g') => (&t[..t.len() - 1], 1_000_000_000),
+        _ => (t.as_str(), 1),
+    };
+    let n: u64 = num.parse().map_err(|_| format!("'{s}' is not a count (examples: 1000000, 4M, 40_000_000)"))?;
+    let v = n.checked_mul(mul).ok_or_else(|| format!("'{s}' is too large"))?;
+    if v == 0 {
+        return Err(format!("'{s}': must be at least 1"));
+    }
+    Ok(v)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("sluice: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.cmd {
+        Command::Bench(BenchCmd::Nat44(a)) => {
+            let counts = if a.connections.is_empty() {
+                sluice_tester::nat44::DEFAULT_SWEEP.to_vec()
+            } else {
+                a.connections.clone()
+            };
+            bench::nat44(&counts, a.cores, a.frames, a.seed, a.json.as_deref())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn counts_accept_suffixes_and_reject_garbage() {
+        assert_eq!(parse_count("4M"), Ok(4_000_000));
+        assert_eq!(parse_count("40_000_000"), Ok(40_000_000));
+        assert_eq!(parse_count("10k"), Ok(10_000));
+        assert!(parse_count("0").is_err());
+        assert!(parse_count("lots").is_err());
+        assert!(parse_count("99999999999999G").is_err());
+    }
 }

@@ -1,0 +1,562 @@
+//! The rule IR: packet view, field conditions, statements, verdicts, chains.
+//!
+//! The IR has no implicit dependencies: `tcp dport 22` lowers to two matches,
+//! `l4proto == 6` and `dport == 22`, the way nft itself adds `meta l4proto tcp`.
+//! IPv4 addresses are carried as IPv4-mapped IPv6 (`::ffff:a.b.c.d`, RFC 4291
+//! §2.5.5.2), so one `u128` field covers both families.
+
+use std::sync::Arc;
+
+use hashbrown::HashSet;
+
+/// Handle of a rule, unique within a program. Traces and verdicts name rules by it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RuleId(pub u64);
+
+/// Index of a chain in [`Program::chains`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ChainId(pub u32);
+
+/// Address family (`meta nfproto`), with the NFPROTO_* values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[repr(u8)]
+pub enum Family {
+    /// NFPROTO_IPV4.
+    #[default]
+    V4 = 2,
+    /// NFPROTO_IPV6.
+    V6 = 10,
+}
+
+/// An interface name, NUL padded to IFNAMSIZ (16) bytes like the kernel's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct IfName(pub [u8; 16]);
+
+impl IfName {
+    /// Builds a name; bytes past 15 are dropped (the kernel's limit).
+    pub fn new(name: &str) -> Self {
+        let mut b = [0u8; 16];
+        for (d, s) in b.iter_mut().zip(name.as_bytes().iter().take(15)) {
+            *d = *s;
+        }
+        IfName(b)
+    }
+    /// The name as a big-endian integer: a byte prefix of the name is a bit prefix.
+    pub fn as_u128(&self) -> u128 {
+        u128::from_be_bytes(self.0)
+    }
+}
+
+/// `ct state` bits, with the values nft uses.
+pub mod ct {
+    /// Invalid packet.
+    pub const INVALID: u8 = 1;
+    /// Part of an established connection.
+    pub const ESTABLISHED: u8 = 2;
+    /// Related to an established connection (ICMP errors, FTP data).
+    pub const RELATED: u8 = 4;
+    /// First packet of a new connection.
+    pub const NEW: u8 = 8;
+    /// Marked notrack.
+    pub const UNTRACKED: u8 = 64;
+}
+
+/// IPv4 address as IPv4-mapped IPv6.
+pub const fn map_v4(addr: u32) -> u128 {
+    0xffff_u128 << 32 | addr as u128
+}
+
+/// The packet as the classifier sees it. Built once per packet by the engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PacketFields {
+    /// Input interface index.
+    pub iif: u32,
+    /// Output interface index.
+    pub oif: u32,
+    /// Input interface name.
+    pub iifname: IfName,
+    /// Output interface name.
+    pub oifname: IfName,
+    /// Address family.
+    pub family: Family,
+    /// Source address (IPv4 mapped, see [`map_v4`]).
+    pub saddr: u128,
+    /// Destination address (IPv4 mapped).
+    pub daddr: u128,
+    /// Layer-4 protocol number.
+    pub l4proto: u8,
+    /// Source port (0 when the protocol has none).
+    pub sport: u16,
+    /// Destination port (0 when the protocol has none).
+    pub dport: u16,
+    /// TCP flags byte.
+    pub tcp_flags: u8,
+    /// ICMP / ICMPv6 type.
+    pub icmp_type: u8,
+    /// ICMP / ICMPv6 code.
+    pub icmp_code: u8,
+    /// Conntrack state, one of the [`ct`] bits.
+    pub ct_state: u8,
+    /// Conntrack mark.
+    pub ct_mark: u32,
+    /// Packet mark (`meta mark`).
+    pub mark: u32,
+}
+
+/// A field a condition can test. Every field reads as a zero-extended `u128`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Field {
+    /// `meta iif`.
+    Iif,
+    /// `meta oif`.
+    Oif,
+    /// `meta iifname`, see [`IfName::as_u128`].
+    IifName,
+    /// `meta oifname`.
+    OifName,
+    /// `meta nfproto`.
+    Family,
+    /// Source address.
+    Saddr,
+    /// Destination address.
+    Daddr,
+    /// `meta l4proto`.
+    L4Proto,
+    /// `th sport`.
+    Sport,
+    /// `th dport`.
+    Dport,
+    /// `tcp flags`.
+    TcpFlags,
+    /// ICMP type.
+    IcmpType,
+    /// ICMP code.
+    IcmpCode,
+    /// `ct state`.
+    CtState,
+    /// `ct mark`.
+    CtMark,
+    /// `meta mark`.
+    Mark,
+}
+
+impl Field {
+    /// Width of the field in bits.
+    pub const fn width(self) -> u32 {
+        match self {
+            Field::Iif | Field::Oif | Field::CtMark | Field::Mark => 32,
+            Field::IifName | Field::OifName | Field::Saddr | Field::Daddr => 128,
+            Field::Sport | Field::Dport => 16,
+            Field::Family
+            | Field::L4Proto
+            | Field::TcpFlags
+            | Field::IcmpType
+            | Field::IcmpCode
+            | Field::CtState => 8,
+        }
+    }
+    /// Largest value of the field.
+    pub const fn max(self) -> u128 {
+        u128::MAX >> (128 - self.width())
+    }
+}
+
+impl PacketFields {
+    /// Reads one field.
+    #[inline]
+    pub fn get(&self, f: Field) -> u128 {
+        match f {
+            Field::Iif => self.iif as u128,
+            Field::Oif => self.oif as u128,
+            Field::IifName => self.iifname.as_u128(),
+            Field::OifName => self.oifname.as_u128(),
+            Field::Family => self.family as u8 as u128,
+            Field::Saddr => self.saddr,
+            Field::Daddr => self.daddr,
+            Field::L4Proto => self.l4proto as u128,
+            Field::Sport => self.sport as u128,
+            Field::Dport => self.dport as u128,
+            Field::TcpFlags => self.tcp_flags as u128,
+            Field::IcmpType => self.icmp_type as u128,
+            Field::IcmpCode => self.icmp_code as u128,
+            Field::CtState => self.ct_state as u128,
+            Field::CtMark => self.ct_mark as u128,
+            Field::Mark => self.mark as u128,
+        }
+    }
+}
+
+/// An inclusive range of field values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Range {
+    /// Lowest value.
+    pub lo: u128,
+    /// Highest value (inclusive).
+    pub hi: u128,
+}
+
+impl Range {
+    /// `lo..=hi`; the bounds are swapped when given backwards.
+    pub fn new(lo: u128, hi: u128) -> Self {
+        if lo <= hi {
+            Range { lo, hi }
+        } else {
+            Range { lo: hi, hi: lo }
+        }
+    }
+    /// One value.
+    pub const fn value(v: u128) -> Self {
+        Range { lo: v, hi: v }
+    }
+    /// The prefix `v/len` of a field `width` bits wide (`len` is clamped to `width`).
+    pub fn prefix(v: u128, len: u32, width: u32) -> Self {
+        let width = width.clamp(1, 128);
+        let len = len.min(width);
+        let field_max = u128::MAX >> (128 - width);
+        let host = if len == 0 {
+            field_max
+        } else {
+            field_max >> len
+        };
+        let lo = v & field_max & !host;
+        Range { lo, hi: lo | host }
+    }
+    /// An IPv4 CIDR as a mapped-address range.
+    pub fn v4_cidr(addr: u32, len: u32) -> Self {
+        Range::prefix(map_v4(addr), 96 + len.min(32), 128)
+    }
+    /// Whether `v` is inside.
+    #[inline]
+    pub fn contains(&self, v: u128) -> bool {
+        self.lo <= v && v <= self.hi
+    }
+}
+
+/// A normalized set of values: sorted, disjoint, non-adjacent ranges. Covers a
+/// single value, a CIDR, a range, an anonymous set and a named set's contents
+/// (share a named set between rules by cloning the `ValueSet`; it is an `Arc`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ValueSet(Arc<[Range]>);
+
+impl ValueSet {
+    /// Normalizes any collection of ranges.
+    pub fn new<I: IntoIterator<Item = Range>>(ranges: I) -> Self {
+        let mut v: Vec<Range> = ranges.into_iter().collect();
+        v.sort_unstable();
+        let mut out: Vec<Range> = Vec::with_capacity(v.len());
+        for r in v {
+            match out.last_mut() {
+                Some(last) if r.lo <= last.hi.saturating_add(1) => {
+                    last.hi = last.hi.max(r.hi);
+                }
+                _ => out.push(r),
+            }
+        }
+        ValueSet(out.into())
+    }
+    /// A single value.
+    pub fn value(v: u128) -> Self {
+        ValueSet::new([Range::value(v)])
+    }
+    /// The ranges, sorted and disjoint.
+    pub fn ranges(&self) -> &[Range] {
+        &self.0
+    }
+    /// Membership by binary search.
+    #[inline]
+    pub fn contains(&self, v: u128) -> bool {
+        let r = &self.0;
+        if r.len() <= 4 {
+            return r.iter().any(|x| x.contains(v));
+        }
+        let i = r.partition_point(|x| x.hi < v);
+        r.get(i).is_some_and(|x| x.lo <= v)
+    }
+    /// The complement within `0..=max`.
+    pub fn complement(&self, max: u128) -> Self {
+        let mut out = Vec::with_capacity(self.0.len() + 1);
+        let mut next = Some(0u128);
+        for r in self.0.iter() {
+            let Some(n) = next else { break };
+            if r.lo > max {
+                break;
+            }
+            if r.lo > n {
+                out.push(Range { lo: n, hi: r.lo - 1 });
+            }
+            next = r.hi.checked_add(1);
+        }
+        if let Some(n) = next {
+            if n <= max {
+                out.push(Range { lo: n, hi: max });
+            }
+        }
+        ValueSet(out.into())
+    }
+}
+
+/// Elements of a concatenated set, e.g. `(daddr . dport)`. Each element holds one
+/// range per component. Fully exact elements (up to 4 components) are also kept
+/// in a hash set for the compiled path; the reference path scans `elements`.
+#[derive(Clone, Debug)]
+pub struct ConcatSet {
+    elements: Vec<Box<[Range]>>,
+    exact: HashSet<[u128; 4]>,
+    ranged: Vec<Box<[Range]>>,
+}
+
+impl ConcatSet {
+    /// Builds a set; every element must have the same number of components.
+    pub fn new(elements: Vec<Box<[Range]>>) -> Self {
+        let mut exact = HashSet::new();
+        let mut ranged = Vec::new();
+        for e in &elements {
+            if e.len() <= 4 && e.iter().all(|r| r.lo == r.hi) {
+                let mut k = [0u128; 4];
+                for (d, r) in k.iter_mut().zip(e.iter()) {
+                    *d = r.lo;
+                }
+                exact.insert(k);
+            } else {
+                ranged.push(e.clone());
+            }
+        }
+        ConcatSet {
+            elements,
+            exact,
+            ranged,
+        }
+    }
+    /// All elements.
+    pub fn elements(&self) -> &[Box<[Range]>] {
+        &self.elements
+    }
+    /// Reference membership: a literal scan of every element.
+    pub fn contains_scan(&self, vals: &[u128]) -> bool {
+        self.elements
+            .iter()
+            .any(|e| e.len() == vals.len() && e.iter().zip(vals).all(|(r, v)| r.contains(*v)))
+    }
+    /// Fast membership: hash probe for exact elements, then a scan of the ranged ones.
+    pub fn contains(&self, vals: &[u128]) -> bool {
+        if vals.len() <= 4 {
+            let mut k = [0u128; 4];
+            for (d, v) in k.iter_mut().zip(vals) {
+                *d = *v;
+            }
+            if self.exact.contains(&k) {
+                return true;
+            }
+        }
+        self.ranged
+            .iter()
+            .any(|e| e.len() == vals.len() && e.iter().zip(vals).all(|(r, v)| r.contains(*v)))
+    }
+}
+
+/// One condition of a rule. A rule matches when all its conditions hold.
+#[derive(Clone, Debug)]
+pub enum Match {
+    /// The field's value is in the set (or not, when `negate`).
+    In {
+        /// Tested field.
+        field: Field,
+        /// Accepted values.
+        set: ValueSet,
+        /// `!=` / `!= { … }`.
+        negate: bool,
+    },
+    /// `field & mask == value` (or `!=`): tcp flags, marks, ct state bits.
+    /// `tcp flags & (syn|ack) != 0` is `Masked { value: 0, negate: true }`.
+    Masked {
+        /// Tested field.
+        field: Field,
+        /// Mask.
+        mask: u128,
+        /// Expected value after masking.
+        value: u128,
+        /// Invert the result.
+        negate: bool,
+    },
+    /// Concatenated-set membership: `(f0 . f1 …) in set`.
+    Concat {
+        /// Components, in order.
+        fields: Arc<[Field]>,
+        /// The set.
+        set: Arc<ConcatSet>,
+        /// `!=`.
+        negate: bool,
+    },
+}
+
+impl Match {
+    /// `field == v`.
+    pub fn eq(field: Field, v: u128) -> Self {
+        Match::In {
+            field,
+            set: ValueSet::value(v),
+            negate: false,
+        }
+    }
+    /// `field in {ranges}`.
+    pub fn in_ranges<I: IntoIterator<Item = Range>>(field: Field, ranges: I, negate: bool) -> Self {
+        Match::In {
+            field,
+            set: ValueSet::new(ranges),
+            negate,
+        }
+    }
+    /// Interface name patterns; a trailing `*` matches any name with that
+    /// prefix (nft compares only the bytes before the `*`).
+    pub fn ifname(field: Field, patterns: &[&str], negate: bool) -> Self {
+        let ranges = patterns.iter().map(|p| match p.strip_suffix('*') {
+            Some(pre) => {
+                let pre = &pre.as_bytes()[..pre.len().min(15)];
+                let mut b = [0u8; 16];
+                b[..pre.len()].copy_from_slice(pre);
+                Range::prefix(u128::from_be_bytes(b), 8 * pre.len() as u32, 128)
+            }
+            None => Range::value(IfName::new(p).as_u128()),
+        });
+        Match::in_ranges(field, ranges, negate)
+    }
+    /// Reference semantics, evaluated literally.
+    pub fn matches(&self, p: &PacketFields) -> bool {
+        match self {
+            Match::In { field, set, negate } => {
+                let v = p.get(*field);
+                set.ranges().iter().any(|r| r.contains(v)) != *negate
+            }
+            Match::Masked {
+                field,
+                mask,
+                value,
+                negate,
+            } => (p.get(*field) & mask == *value) != *negate,
+            Match::Concat {
+                fields,
+                set,
+                negate,
+            } => {
+                let vals: Vec<u128> = fields.iter().map(|f| p.get(*f)).collect();
+                set.contains_scan(&vals) != *negate
+            }
+        }
+    }
+}
+
+/// `mark = (mark & and) ^ xor`; `mark set 5` is `{ and: 0, xor: 5 }`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MarkOp {
+    /// Bits kept.
+    pub and: u32,
+    /// Bits flipped after masking.
+    pub xor: u32,
+}
+
+impl MarkOp {
+    /// `set v`.
+    pub const fn set(v: u32) -> Self {
+        MarkOp { and: 0, xor: v }
+    }
+    /// Applies the operation.
+    pub const fn apply(self, m: u32) -> u32 {
+        (m & self.and) ^ self.xor
+    }
+}
+
+/// Non-terminal statements. They run in rule order; the classifier applies the
+/// mark changes (later rules see them) and reports the rest through the trace.
+/// `limit` is reported, not enforced: its token bucket lives in the engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Stmt {
+    /// `counter`.
+    Counter,
+    /// `log` (opaque id of the log spec).
+    Log(u32),
+    /// `meta mark set`.
+    MarkSet(MarkOp),
+    /// `ct mark set`.
+    CtMarkSet(MarkOp),
+    /// `limit` (opaque id of the limiter).
+    Limit(u32),
+}
+
+/// `reject with …`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RejectKind {
+    /// ICMP port unreachable (default).
+    IcmpPortUnreachable,
+    /// ICMP admin prohibited.
+    IcmpAdminProhibited,
+    /// TCP reset.
+    TcpReset,
+}
+
+/// Verdicts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Verdict {
+    /// `accept`.
+    Accept,
+    /// `drop`.
+    Drop,
+    /// `reject`.
+    Reject(RejectKind),
+    /// `jump chain`: push a return point.
+    Jump(ChainId),
+    /// `goto chain`: no return point.
+    Goto(ChainId),
+    /// `return`.
+    Return,
+    /// A NAT action, opaque to the classifier (terminal).
+    Nat(u32),
+}
+
+/// A rule: conditions, statements, optional verdict.
+#[derive(Clone, Debug)]
+pub struct Rule {
+    /// Handle.
+    pub id: RuleId,
+    /// Conjunction of conditions.
+    pub matches: Vec<Match>,
+    /// Non-terminal statements, run in order when the rule matches.
+    pub stmts: Vec<Stmt>,
+    /// Verdict; `None` continues with the next rule.
+    pub verdict: Option<Verdict>,
+}
+
+/// Base chain policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Policy {
+    /// `policy accept`.
+    Accept,
+    /// `policy drop`.
+    Drop,
+}
+
+/// Base chains have a policy; regular chains are only reachable by jump/goto.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ChainKind {
+    /// Hooked chain.
+    Base(Policy),
+    /// Regular chain.
+    Regular,
+}
+
+/// An ordered list of rules.
+#[derive(Clone, Debug)]
+pub struct Chain {
+    /// Name, for diagnostics.
+    pub name: String,
+    /// Base or regular.
+    pub kind: ChainKind,
+    /// Rules in evaluation order.
+    pub rules: Vec<Rule>,
+}
+
+/// A set of chains; [`ChainId`] `n` is `chains[n]`.
+#[derive(Clone, Debug, Default)]
+pub struct Program {
+    /// The chains.
+    pub chains: Vec<Chain>,
+}

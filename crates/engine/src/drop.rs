@@ -1,0 +1,141 @@
+//! Drop reasons: one enum that indexes the counters and names them for
+//! operators (the VPP convention). Every frame the engine does not forward or
+//! answer increments exactly one of these.
+
+use core::fmt;
+
+macro_rules! drop_reasons {
+    ($($(#[$m:meta])* $v:ident => $name:literal,)*) => {
+        /// Why a frame was dropped.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[repr(u8)]
+        pub enum DropReason { $($(#[$m])* $v,)* }
+
+        impl DropReason {
+            /// Every reason, in counter order.
+            pub const ALL: &'static [DropReason] = &[$(DropReason::$v,)*];
+            /// Number of reasons (the length of a counter array).
+            pub const COUNT: usize = Self::ALL.len();
+            /// The operator-facing name (stable; used in metrics and `ctl`).
+            pub const fn name(self) -> &'static str {
+                match self { $(DropReason::$v => $name,)* }
+            }
+        }
+    };
+}
+
+drop_reasons! {
+    /// The frame could not be parsed (truncated, bad header length, ...).
+    Malformed => "malformed",
+    /// Not IPv4/IPv6/ARP, or a protocol the engine does not forward.
+    UnsupportedProtocol => "unsupported-protocol",
+    /// The ruleset's verdict was drop.
+    PolicyDrop => "policy-drop",
+    /// The ruleset's verdict was reject (an ICMP error or TCP RST may be sent).
+    PolicyReject => "policy-reject",
+    /// Conntrack classified the packet as invalid (e.g. a bad TCP transition).
+    CtInvalid => "ct-invalid",
+    /// The connection table is full and nothing could be evicted early.
+    CtFull => "ct-full",
+    /// No NAT port/address was free.
+    NatExhausted => "nat-exhausted",
+    /// The subscriber reached its session limit.
+    NatSubscriberLimit => "nat-subscriber-limit",
+    /// An inbound packet matched no session and no mapping allowed it.
+    NatNoMapping => "nat-no-mapping",
+    /// Inbound packet refused by the NAT filtering behaviour (RFC 4787 REQ-8).
+    NatFiltered => "nat-filtered",
+    /// No route to the destination.
+    NoRoute => "no-route",
+    /// The next hop's link-layer address is not known (yet).
+    NoNeighbor => "no-neighbor",
+    /// TTL or hop limit expired.
+    TtlExpired => "ttl-expired",
+    /// Fragment that cannot be translated (non-first fragment with no state).
+    Fragment => "fragment",
+    /// The packet is for the gateway itself but nothing handles it.
+    LocalUnhandled => "local-unhandled",
+    /// A rewrite failed (checksum area truncated, ...).
+    RewriteFailed => "rewrite-failed",
+    /// Packet larger than the egress MTU with DF set.
+    TooBig => "too-big",
+}
+
+impl fmt::Display for DropReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Per-worker counters. Plain integers: a worker owns its counters and the
+/// control plane reads a snapshot, so there is no atomic on the fast path.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Counters {
+    /// Frames received.
+    pub rx: u64,
+    /// Frames forwarded (transmitted).
+    pub tx: u64,
+    /// Frames handled by the fast path (conntrack hit).
+    pub fast_path: u64,
+    /// Frames handled by the slow path (conntrack miss).
+    pub slow_path: u64,
+    /// Connections created.
+    pub ct_created: u64,
+    /// Frames answered locally (ARP, ICMP echo, errors).
+    pub local: u64,
+    /// Drops, indexed by `DropReason as usize`.
+    pub drops: [u64; DropReason::COUNT],
+}
+
+impl Counters {
+    /// Count one drop.
+    #[inline]
+    pub fn drop(&mut self, r: DropReason) {
+        // `r as usize < COUNT` by construction of the enum; `get_mut` keeps
+        // the fast path free of panicking index operations anyway.
+        if let Some(c) = self.drops.get_mut(r as usize) {
+            *c += 1;
+        }
+    }
+
+    /// Drops for one reason.
+    pub fn drops_for(&self, r: DropReason) -> u64 {
+        self.drops.get(r as usize).copied().unwrap_or(0)
+    }
+
+    /// Total drops.
+    pub fn total_drops(&self) -> u64 {
+        self.drops.iter().sum()
+    }
+
+    /// Add another worker's counters (for status snapshots).
+    pub fn merge(&mut self, o: &Counters) {
+        self.rx += o.rx;
+        self.tx += o.tx;
+        self.fast_path += o.fast_path;
+        self.slow_path += o.slow_path;
+        self.ct_created += o.ct_created;
+        self.local += o.local;
+        for (a, b) in self.drops.iter_mut().zip(o.drops.iter()) {
+            *a += b;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_counters_index_by_reason() {
+        let mut names: Vec<_> = DropReason::ALL.iter().map(|r| r.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), DropReason::COUNT);
+        let mut c = Counters::default();
+        c.drop(DropReason::NoRoute);
+        c.drop(DropReason::NoRoute);
+        assert_eq!(c.drops_for(DropReason::NoRoute), 2);
+        assert_eq!(c.total_drops(), 2);
+    }
+}

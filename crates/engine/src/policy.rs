@@ -1,0 +1,189 @@
+//! The policy interface: what the ruleset decides for a packet that has no
+//! fast-path state (a new connection, or one whose cached decision belongs to
+//! an older ruleset generation).
+//!
+//! Compiled nftables / iptables rulesets (`sluice-classify`) implement
+//! [`Policy`]. [`StaticPolicy`] is the Rust-typed policy used by the
+//! benchmark and by tests: a default verdict per hook plus NAT rules.
+
+use core::net::Ipv4Addr;
+
+use sluice_nat::Translation;
+
+use crate::route::IfIndex;
+
+/// Netfilter hooks, in the order a forwarded packet meets them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Hook {
+    /// Before routing: DNAT happens here.
+    Prerouting,
+    /// To the gateway itself.
+    Input,
+    /// Through the gateway.
+    Forward,
+    /// From the gateway itself.
+    Output,
+    /// After routing: SNAT and masquerade happen here.
+    Postrouting,
+}
+
+/// Conntrack state as seen by the ruleset (`ct state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CtState {
+    /// First packet of a connection.
+    New,
+    /// A packet of a known connection.
+    Established,
+    /// An ICMP error about a known connection.
+    Related,
+    /// A packet conntrack refuses (bad TCP transition, ...).
+    Invalid,
+}
+
+/// Everything the ruleset may look at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PolicyPacket {
+    /// Ingress interface.
+    pub iif: IfIndex,
+    /// Egress interface, once routing has chosen one.
+    pub oif: Option<IfIndex>,
+    /// IP version: 4 or 6.
+    pub family: u8,
+    /// Source address (IPv4 in the low 32 bits).
+    pub src: u128,
+    /// Destination address (IPv4 in the low 32 bits).
+    pub dst: u128,
+    /// Upper-layer protocol.
+    pub proto: u8,
+    /// Source port, or ICMP identifier.
+    pub sport: u16,
+    /// Destination port, or ICMP identifier.
+    pub dport: u16,
+    /// TCP flags (0 for other protocols).
+    pub tcp_flags: u8,
+    /// ICMP type and code (0 for other protocols).
+    pub icmp: (u8, u8),
+    /// Conntrack state.
+    pub ct: CtState,
+    /// Connection mark.
+    pub ct_mark: u32,
+    /// Packet mark.
+    pub mark: u32,
+    /// IP total length.
+    pub len: u16,
+}
+
+/// How a reject is answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RejectWith {
+    /// ICMP destination unreachable with this code (3 = port unreachable).
+    IcmpUnreachable(u8),
+    /// A TCP RST.
+    TcpReset,
+}
+
+/// The filter verdict.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Let it through.
+    Accept,
+    /// Drop silently.
+    Drop,
+    /// Drop and answer.
+    Reject(RejectWith),
+}
+
+/// The decision for one hook.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// Filter verdict.
+    pub verdict: Verdict,
+    /// The packet mark afterwards.
+    pub mark: u32,
+    /// NAT for a new connection (only NAT hooks return one).
+    pub nat: Option<Translation>,
+}
+
+/// A ruleset as the engine sees it. Implementations are immutable once
+/// published; a new generation is a new value swapped in atomically.
+pub trait Policy: Send + Sync {
+    /// Evaluate `hook` for `pkt`.
+    fn decide(&self, hook: Hook, pkt: &PolicyPacket) -> Decision;
+    /// Whether any rule of `hook` can ever apply NAT (lets the engine skip
+    /// the NAT hooks entirely for pure firewalls).
+    fn has_nat(&self, hook: Hook) -> bool;
+}
+
+/// A policy written in Rust types: a default verdict for the filter hooks,
+/// optional source NAT for traffic leaving through given interfaces, and
+/// destination NAT (port forwards).
+#[derive(Clone, Debug)]
+pub struct StaticPolicy {
+    /// Verdict for input and forward.
+    pub default: Verdict,
+    /// Source NAT (`Snat` or `Masquerade`) applied to new connections
+    /// leaving through the given interface.
+    pub snat: Vec<(IfIndex, Translation)>,
+    /// Port forwards: (proto, external port) to (address, port).
+    pub dnat: Vec<PortForward>,
+}
+
+/// A static port forward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortForward {
+    /// Protocol.
+    pub proto: u8,
+    /// Destination address the outside uses (one of the gateway's).
+    pub addr: Ipv4Addr,
+    /// Destination port the outside uses.
+    pub port: u16,
+    /// Inside server.
+    pub to_addr: Ipv4Addr,
+    /// Inside port.
+    pub to_port: u16,
+}
+
+impl StaticPolicy {
+    /// Accept everything, no NAT.
+    pub fn accept_all() -> Self {
+        Self { default: Verdict::Accept, snat: Vec::new(), dnat: Vec::new() }
+    }
+}
+
+impl Policy for StaticPolicy {
+    fn decide(&self, hook: Hook, pkt: &PolicyPacket) -> Decision {
+        let mut d = Decision { verdict: Verdict::Accept, mark: pkt.mark, nat: None };
+        match hook {
+            Hook::Input | Hook::Forward => d.verdict = self.default,
+            Hook::Prerouting => {
+                d.nat = self
+                    .dnat
+                    .iter()
+                    .find(|f| {
+                        f.proto == pkt.proto
+                            && u128::from(u32::from(f.addr)) == pkt.dst
+                            && f.port == pkt.dport
+                    })
+                    .map(|f| Translation::Dnat { addr: f.to_addr, port: Some(f.to_port) });
+            }
+            Hook::Postrouting => {
+                d.nat = pkt.oif.and_then(|oif| {
+                    self.snat
+                        .iter()
+                        .find(|(o, _)| *o == oif)
+                        .map(|(_, t)| *t)
+                });
+            }
+            Hook::Output => {}
+        }
+        d
+    }
+
+    fn has_nat(&self, hook: Hook) -> bool {
+        match hook {
+            Hook::Prerouting => !self.dnat.is_empty(),
+            Hook::Postrouting => !self.snat.is_empty(),
+            _ => false,
+        }
+    }
+}

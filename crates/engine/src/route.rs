@@ -1,0 +1,137 @@
+//! IPv4 routing (longest-prefix match) and adjacencies.
+//!
+//! Routing is a slow-path operation: it runs once per new connection, and the
+//! result (an adjacency index) is cached in the conntrack entry for each
+//! direction, so established traffic never looks a route up. An adjacency is
+//! what a frame needs to leave: the egress interface and both MAC addresses
+//! (VPP's "adjacency"). Updating a neighbour rewrites its adjacency in place,
+//! so cached indices stay valid.
+
+use core::net::Ipv4Addr;
+
+/// Index of an interface in the engine's interface table.
+pub type IfIndex = u16;
+/// Index of an adjacency.
+pub type AdjIndex = u16;
+
+/// One IPv4 route.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Route4 {
+    /// Network address (host bits zero).
+    pub net: u32,
+    /// Prefix length, 0..=32.
+    pub len: u8,
+    /// Egress interface.
+    pub oif: IfIndex,
+    /// Next hop; `None` for a connected route (the destination is on-link).
+    pub via: Option<Ipv4Addr>,
+}
+
+/// Longest-prefix-match table: one sorted run per prefix length, probed from
+/// /32 down. At most 33 binary searches per lookup, independent of the number
+/// of routes in any one length.
+#[derive(Clone, Debug, Default)]
+pub struct RouteTable4 {
+    by_len: Vec<Vec<Route4>>,
+}
+
+/// Mask for a prefix length.
+#[inline]
+pub fn mask(len: u8) -> u32 {
+    if len == 0 {
+        0
+    } else {
+        u32::MAX << (32 - u32::from(len.min(32)))
+    }
+}
+
+impl RouteTable4 {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self { by_len: vec![Vec::new(); 33] }
+    }
+
+    /// Add or replace the route for `net/len`.
+    pub fn add(&mut self, mut r: Route4) {
+        if self.by_len.len() != 33 {
+            self.by_len = vec![Vec::new(); 33];
+        }
+        r.len = r.len.min(32);
+        r.net &= mask(r.len);
+        let Some(v) = self.by_len.get_mut(usize::from(r.len)) else { return };
+        match v.binary_search_by_key(&r.net, |x| x.net) {
+            Ok(i) => {
+                if let Some(slot) = v.get_mut(i) {
+                    *slot = r;
+                }
+            }
+            Err(i) => v.insert(i, r),
+        }
+    }
+
+    /// The most specific route covering `dst`.
+    pub fn lookup(&self, dst: u32) -> Option<&Route4> {
+        for len in (0..self.by_len.len()).rev() {
+            let v = self.by_len.get(len)?;
+            if v.is_empty() {
+                continue;
+            }
+            let key = dst & mask(len as u8);
+            if let Ok(i) = v.binary_search_by_key(&key, |x| x.net) {
+                return v.get(i);
+            }
+        }
+        None
+    }
+
+    /// All routes, most specific first.
+    pub fn iter(&self) -> impl Iterator<Item = &Route4> {
+        self.by_len.iter().rev().flatten()
+    }
+}
+
+/// What a frame needs to leave through an interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Adjacency {
+    /// Egress interface.
+    pub oif: IfIndex,
+    /// Source MAC (the egress interface's).
+    pub src_mac: [u8; 6],
+    /// Destination MAC (the next hop's); all zero while unresolved.
+    pub dst_mac: [u8; 6],
+    /// Whether `dst_mac` is known.
+    pub resolved: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(net: [u8; 4], len: u8, oif: u16) -> Route4 {
+        Route4 { net: u32::from(Ipv4Addr::from(net)), len, oif, via: None }
+    }
+
+    #[test]
+    fn longest_prefix_wins_and_default_catches_the_rest() {
+        let mut t = RouteTable4::new();
+        t.add(r([0, 0, 0, 0], 0, 9));
+        t.add(r([10, 0, 0, 0], 8, 1));
+        t.add(r([10, 1, 0, 0], 16, 2));
+        t.add(r([10, 1, 2, 3], 32, 3));
+        let l = |a: [u8; 4]| t.lookup(u32::from(Ipv4Addr::from(a))).map(|r| r.oif);
+        assert_eq!(l([10, 1, 2, 3]), Some(3));
+        assert_eq!(l([10, 1, 2, 4]), Some(2));
+        assert_eq!(l([10, 2, 0, 1]), Some(1));
+        assert_eq!(l([192, 0, 2, 1]), Some(9));
+    }
+
+    #[test]
+    fn replacing_a_route_keeps_one_entry_and_host_bits_are_cleared() {
+        let mut t = RouteTable4::new();
+        t.add(r([10, 0, 0, 7], 8, 1));
+        t.add(r([10, 0, 0, 0], 8, 2));
+        assert_eq!(t.iter().count(), 1);
+        assert_eq!(t.lookup(u32::from(Ipv4Addr::new(10, 9, 9, 9))).map(|r| r.oif), Some(2));
+        assert!(RouteTable4::new().lookup(1).is_none());
+    }
+}

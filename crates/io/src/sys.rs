@@ -1,0 +1,202 @@
+//! Thin, checked wrappers over the system calls the backends share: file
+//! descriptors, `mmap`, socket options and interface lookup.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
+
+use crate::error::{IfName, IoError};
+
+/// Create a socket; the descriptor is close-on-exec.
+pub(crate) fn socket(
+    domain: i32,
+    ty: i32,
+    proto: i32,
+    call: &'static str,
+) -> Result<OwnedFd, IoError> {
+    // SAFETY: socket(2) takes only integers and returns a new descriptor or -1.
+    let fd = unsafe { libc::socket(domain, ty | libc::SOCK_CLOEXEC, proto) };
+    if fd < 0 {
+        return Err(IoError::last(call));
+    }
+    // SAFETY: `fd` was just returned by socket(2), is open, and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `setsockopt` with a plain-old-data value.
+pub(crate) fn setsockopt<T: Copy>(
+    fd: RawFd,
+    level: i32,
+    name: i32,
+    val: &T,
+    call: &'static str,
+) -> Result<(), IoError> {
+    // SAFETY: `val` points to a live `T` of exactly the length we pass; the
+    // kernel only reads it.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (val as *const T).cast(),
+            core::mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(IoError::last(call));
+    }
+    Ok(())
+}
+
+/// `getsockopt` into a plain-old-data value; returns the length the kernel wrote.
+pub(crate) fn getsockopt<T: Copy>(
+    fd: RawFd,
+    level: i32,
+    name: i32,
+    val: &mut T,
+    call: &'static str,
+) -> Result<usize, IoError> {
+    let mut len = core::mem::size_of::<T>() as libc::socklen_t;
+    // SAFETY: `val` is a live, writable `T` and `len` holds its size, so the
+    // kernel writes at most that many bytes into it. `T: Copy` POD types used
+    // here accept any bit pattern.
+    let r = unsafe { libc::getsockopt(fd, level, name, (val as *mut T).cast(), &mut len) };
+    if r < 0 {
+        return Err(IoError::last(call));
+    }
+    Ok(len as usize)
+}
+
+/// Interface index of `name` in the calling thread's network namespace.
+pub(crate) fn ifindex(name: &IfName) -> Result<u32, IoError> {
+    let c = name.as_cstr_bytes();
+    // SAFETY: `c` is NUL-terminated (IfName guarantees it) and outlives the call.
+    let idx = unsafe { libc::if_nametoindex(c.as_ptr().cast()) };
+    if idx == 0 {
+        let e = crate::error::errno();
+        if e == libc::ENODEV || e == libc::ENXIO || e == 0 {
+            return Err(IoError::NoSuchInterface(*name));
+        }
+        return Err(IoError::Syscall { call: "if_nametoindex", errno: e });
+    }
+    Ok(idx)
+}
+
+/// Send with no payload: the "kick" that tells the kernel a TX ring has work.
+/// Returns the errno on failure (callers decide which ones matter).
+pub(crate) fn kick_tx(fd: RawFd) -> Result<(), i32> {
+    // SAFETY: a zero-length sendto with null buffer and address is valid for
+    // packet and XDP sockets; nothing is read from user memory.
+    let r = unsafe {
+        libc::sendto(fd, core::ptr::null(), 0, libc::MSG_DONTWAIT, core::ptr::null(), 0)
+    };
+    if r < 0 {
+        return Err(crate::error::errno());
+    }
+    Ok(())
+}
+
+/// Wait up to `timeout_ms` for `fd` to become readable. Returns whether it is.
+pub(crate) fn poll_in(fd: RawFd, timeout_ms: i32) -> Result<bool, IoError> {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: `p` is one valid pollfd and we pass a count of 1.
+    let r = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+    if r < 0 {
+        let e = crate::error::errno();
+        if e == libc::EINTR {
+            return Ok(false);
+        }
+        return Err(IoError::Syscall { call: "poll", errno: e });
+    }
+    Ok(r > 0 && p.revents & libc::POLLIN != 0)
+}
+
+/// A shared memory mapping, unmapped on drop.
+///
+/// The region is either anonymous (UMEM) or a ring mapped from a socket. Its
+/// bytes are shared with the kernel, so this type never hands out Rust
+/// references to them; users read and write through raw pointers under the
+/// ring protocols documented where they are used.
+#[derive(Debug)]
+pub(crate) struct Mmap {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory owned by this value; moving it to
+// another thread moves the right to unmap it. Access to the bytes is through
+// raw pointers whose synchronisation is the user's responsibility.
+unsafe impl Send for Mmap {}
+// SAFETY: `&Mmap` only exposes the base pointer and length, never references
+// to the bytes themselves.
+unsafe impl Sync for Mmap {}
+
+impl Mmap {
+    /// Map `len` bytes of `fd` at `offset`, shared, read-write, populated.
+    pub(crate) fn socket_ring(
+        fd: RawFd,
+        len: usize,
+        offset: i64,
+        call: &'static str,
+    ) -> Result<Self, IoError> {
+        Self::map(fd, len, offset, libc::MAP_SHARED | libc::MAP_POPULATE, call)
+    }
+
+    /// Map `len` bytes of anonymous, private, zeroed memory.
+    pub(crate) fn anonymous(len: usize, call: &'static str) -> Result<Self, IoError> {
+        Self::map(-1, len, 0, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE, call)
+    }
+
+    fn map(
+        fd: RawFd,
+        len: usize,
+        offset: i64,
+        flags: i32,
+        call: &'static str,
+    ) -> Result<Self, IoError> {
+        // SAFETY: we ask for a fresh mapping (no MAP_FIXED), so no existing
+        // memory is affected; the result is checked against MAP_FAILED.
+        let p = unsafe {
+            libc::mmap(
+                core::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags,
+                fd,
+                offset as libc::off_t,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(IoError::last(call));
+        }
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or(IoError::Syscall { call, errno: 0 })?;
+        Ok(Self { ptr, len })
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl Drop for Mmap {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len are exactly what mmap returned and the mapping has
+        // not been unmapped before (we own it).
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+        }
+    }
+}
+
+/// Borrow an `OwnedFd`'s raw number (short helper for call sites).
+pub(crate) fn raw(fd: &OwnedFd) -> RawFd {
+    fd.as_raw_fd()
+}
+
+/// `htons` for the protocol numbers AF_PACKET wants in network byte order.
+pub(crate) const fn htons(v: u16) -> u16 {
+    v.to_be()
+}

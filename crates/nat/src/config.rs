@@ -1,0 +1,266 @@
+//! NAT configuration: pools, translation kinds and RFC 4787 / RFC 5382
+//! behaviour switches. Plain data; the ruleset compiler builds it.
+
+use core::net::Ipv4Addr;
+use core::ops::RangeInclusive;
+
+use crate::error::ConfigError;
+use crate::ports::owner_of;
+
+/// Default dynamic port range. RFC 4787 REQ-3 / RFC 6056: well-known ports
+/// (below 1024) are not handed out unless a pool asks for them.
+pub const DEFAULT_PORTS: RangeInclusive<u16> = 1024..=65535;
+
+/// Index of a [`Pool`] in [`NatConfig::pools`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PoolId(pub u16);
+
+/// A set of external addresses sharing one port range.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pool {
+    /// External addresses, in order. Duplicates are rejected by
+    /// [`NatConfig::validate`].
+    pub addrs: Vec<Ipv4Addr>,
+    /// Ports (and ICMP identifiers) handed out on every address.
+    pub ports: RangeInclusive<u16>,
+}
+
+impl Pool {
+    /// A pool of the given addresses with the default port range.
+    pub fn new(addrs: impl IntoIterator<Item = Ipv4Addr>) -> Self {
+        Self { addrs: addrs.into_iter().collect(), ports: DEFAULT_PORTS }
+    }
+
+    /// A pool of every address in `first..=last` (empty if `last < first`).
+    pub fn from_range(first: Ipv4Addr, last: Ipv4Addr) -> Self {
+        let (a, b) = (u32::from(first), u32::from(last));
+        Self::new((a..=b).map(Ipv4Addr::from))
+    }
+
+    /// Replace the port range.
+    #[must_use]
+    pub fn with_ports(mut self, ports: RangeInclusive<u16>) -> Self {
+        self.ports = ports;
+        self
+    }
+}
+
+/// What a NAT rule does to a new connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Translation {
+    /// Source NAT to an address and port of a pool.
+    Snat {
+        /// The pool to allocate from.
+        pool: PoolId,
+    },
+    /// Source NAT to the egress interface's address (given at translate
+    /// time), ports from [`NatConfig::masquerade_ports`].
+    Masquerade,
+    /// Destination NAT / port forward to a static endpoint. `port: None`
+    /// keeps the original destination port.
+    Dnat {
+        /// New destination address.
+        addr: Ipv4Addr,
+        /// New destination port, if any.
+        port: Option<u16>,
+    },
+}
+
+/// How the external endpoint of a mapping is chosen (RFC 4787 section 4.1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum MappingBehaviour {
+    /// RFC 4787 REQ-1 / RFC 5382 REQ-1: one external endpoint per internal
+    /// endpoint, whatever the destination.
+    #[default]
+    EndpointIndependent,
+    /// A new external endpoint per (internal endpoint, destination
+    /// address, destination port) ("symmetric NAT").
+    AddressAndPortDependent,
+}
+
+/// Which inbound packets may open a session through an existing mapping
+/// (RFC 4787 section 5).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum FilteringBehaviour {
+    /// Anyone may reach the mapped endpoint (RFC 4787 REQ-8 for
+    /// application transparency).
+    #[default]
+    EndpointIndependent,
+    /// Only addresses the internal endpoint has sent to (RFC 4787 REQ-8 for
+    /// a more stringent policy).
+    AddressDependent,
+    /// Only address:port pairs the internal endpoint has sent to.
+    AddressAndPortDependent,
+}
+
+/// How a subscriber's external address is picked (RFC 4787 section 4.1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Pooling {
+    /// RFC 4787 REQ-2: one internal address always maps to the same
+    /// external address. When that address has no free port, translation
+    /// fails rather than using another address.
+    #[default]
+    Paired,
+    /// Start at the paired address but fall back to any address of the pool.
+    Arbitrary,
+}
+
+/// The whole NAT configuration, shared (read-only) by every worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NatConfig {
+    /// SNAT pools, indexed by [`PoolId`].
+    pub pools: Vec<Pool>,
+    /// Port range used for masquerade.
+    pub masquerade_ports: RangeInclusive<u16>,
+    /// How many distinct egress addresses a worker can masquerade to at
+    /// once (each costs one bitmap per protocol, allocated up front).
+    pub masquerade_slots: u16,
+    /// Mapping behaviour.
+    pub mapping: MappingBehaviour,
+    /// Filtering behaviour.
+    pub filtering: FilteringBehaviour,
+    /// Address pooling behaviour.
+    pub pooling: Pooling,
+    /// RFC 4787 REQ-9 / RFC 5382 REQ-8: translate inside-to-inside traffic
+    /// addressed to a mapped external endpoint.
+    pub hairpinning: bool,
+    /// Maximum sessions per internal address on one worker; 0 = unlimited
+    /// (RFC 6888 REQ-4: a CGN must be able to limit per-subscriber use).
+    pub max_sessions_per_subscriber: u32,
+    /// Number of workers sharing the port space (see [`owner_of`]).
+    pub workers: u16,
+    /// Key of the subscriber -> external address pairing hash.
+    pub pairing_seed: u64,
+    /// Mappings to reserve table space for, per worker.
+    pub capacity_hint: usize,
+}
+
+impl Default for NatConfig {
+    fn default() -> Self {
+        Self {
+            pools: Vec::new(),
+            masquerade_ports: DEFAULT_PORTS,
+            masquerade_slots: 4,
+            mapping: MappingBehaviour::default(),
+            filtering: FilteringBehaviour::default(),
+            pooling: Pooling::default(),
+            hairpinning: true,
+            max_sessions_per_subscriber: 0,
+            workers: 1,
+            pairing_seed: 0x5eed_0f_51u64,
+            capacity_hint: 1024,
+        }
+    }
+}
+
+impl NatConfig {
+    /// The worker owning external port `ext_port`; see [`owner_of`].
+    #[inline]
+    pub const fn owner_of(&self, ext_port: u16) -> u16 {
+        owner_of(ext_port, self.workers)
+    }
+
+    /// The external address paired with internal address `int_addr` in
+    /// `pool` (RFC 4787 REQ-2). A keyed hash of the internal address, so
+    /// every worker computes the same pairing without shared state.
+    pub fn paired_addr(&self, pool: PoolId, int_addr: Ipv4Addr) -> Option<Ipv4Addr> {
+        let p = self.pools.get(usize::from(pool.0))?;
+        let n = p.addrs.len();
+        if n == 0 {
+            return None;
+        }
+        p.addrs.get(pair_index(self.pairing_seed, u32::from(int_addr), n)).copied()
+    }
+
+    /// Check the configuration. Workers must pass it before use.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.workers == 0 {
+            return Err(ConfigError::NoWorkers);
+        }
+        if self.pools.len() > usize::from(u16::MAX) {
+            return Err(ConfigError::TooLarge);
+        }
+        let mut seen = hashbrown::HashSet::new();
+        for (i, p) in self.pools.iter().enumerate() {
+            let pool = u16::try_from(i).map_err(|_| ConfigError::TooLarge)?;
+            if p.addrs.is_empty() {
+                return Err(ConfigError::EmptyPool { pool });
+            }
+            if p.addrs.len() > 1 << 20 {
+                return Err(ConfigError::TooLarge);
+            }
+            if range_len(&p.ports) < u32::from(self.workers) {
+                return Err(ConfigError::PortRangeTooSmall { pool });
+            }
+            for a in &p.addrs {
+                if !seen.insert(*a) {
+                    return Err(ConfigError::OverlappingPools { pool });
+                }
+            }
+        }
+        if self.masquerade_slots > 0 && range_len(&self.masquerade_ports) < u32::from(self.workers) {
+            return Err(ConfigError::MasqueradeRangeTooSmall);
+        }
+        Ok(())
+    }
+}
+
+fn range_len(r: &RangeInclusive<u16>) -> u32 {
+    if r.start() > r.end() {
+        0
+    } else {
+        u32::from(*r.end()) - u32::from(*r.start()) + 1
+    }
+}
+
+/// Keyed hash of an internal address onto `0..n` (splitmix64 finaliser).
+pub(crate) fn pair_index(seed: u64, int_addr: u32, n: usize) -> usize {
+    let mut z = seed ^ u64::from(int_addr).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    // Multiply-shift range reduction: unbiased enough and panic-free.
+    ((u128::from(z) * n as u128) >> 64) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> NatConfig {
+        NatConfig {
+            pools: vec![Pool::from_range(Ipv4Addr::new(192, 0, 2, 0), Ipv4Addr::new(192, 0, 2, 3))],
+            workers: 4,
+            ..NatConfig::default()
+        }
+    }
+
+    #[test]
+    fn validate_accepts_default_and_rejects_bad() {
+        assert_eq!(cfg().validate(), Ok(()));
+        let mut c = cfg();
+        c.workers = 0;
+        assert_eq!(c.validate(), Err(ConfigError::NoWorkers));
+        let mut c = cfg();
+        c.pools.push(Pool::new([Ipv4Addr::new(192, 0, 2, 1)]));
+        assert_eq!(c.validate(), Err(ConfigError::OverlappingPools { pool: 1 }));
+        let mut c = cfg();
+        c.pools.push(Pool::new([]));
+        assert_eq!(c.validate(), Err(ConfigError::EmptyPool { pool: 1 }));
+        let mut c = cfg();
+        c.pools[0].ports = 5000..=5002;
+        assert_eq!(c.validate(), Err(ConfigError::PortRangeTooSmall { pool: 0 }));
+    }
+
+    #[test]
+    fn pairing_is_stable_and_in_pool() {
+        let c = cfg();
+        for i in 0..1000u32 {
+            let int = Ipv4Addr::from(0x0a00_0000 + i);
+            let a = c.paired_addr(PoolId(0), int);
+            assert_eq!(a, c.paired_addr(PoolId(0), int));
+            assert!(a.is_some_and(|a| c.pools[0].addrs.contains(&a)));
+        }
+        assert_eq!(c.paired_addr(PoolId(9), Ipv4Addr::LOCALHOST), None);
+    }
+}

@@ -1,0 +1,130 @@
+//! Error types of the NAT layer: small, `Copy`, and printable.
+
+use core::fmt;
+
+/// Why a translation could not be set up (slow path).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NatError {
+    /// No free external port on this worker's slice of the pool (for a paired
+    /// pool: of the subscriber's paired address).
+    PoolExhausted,
+    /// The internal host already holds its maximum number of sessions.
+    SubscriberLimit,
+    /// Masquerade was asked for but the egress interface has no address.
+    NoEgressAddress,
+    /// Every masquerade address slot is bound to another live address.
+    MasqueradeSlotsExhausted,
+    /// The translation names a pool that the configuration does not define.
+    UnknownPool,
+    /// Dynamic NAT is only defined for TCP, UDP and ICMP queries.
+    UnsupportedProtocol,
+}
+
+impl NatError {
+    /// A short, stable name for counters and logs.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::PoolExhausted => "nat_pool_exhausted",
+            Self::SubscriberLimit => "nat_subscriber_limit",
+            Self::NoEgressAddress => "nat_no_egress_address",
+            Self::MasqueradeSlotsExhausted => "nat_masquerade_slots_exhausted",
+            Self::UnknownPool => "nat_unknown_pool",
+            Self::UnsupportedProtocol => "nat_unsupported_protocol",
+        }
+    }
+}
+
+impl fmt::Display for NatError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            Self::PoolExhausted => "NAT pool exhausted",
+            Self::SubscriberLimit => "per-subscriber session limit reached",
+            Self::NoEgressAddress => "masquerade: egress interface has no IPv4 address",
+            Self::MasqueradeSlotsExhausted => "masquerade: no free address slot",
+            Self::UnknownPool => "unknown NAT pool",
+            Self::UnsupportedProtocol => "protocol not supported by dynamic NAT",
+        };
+        f.write_str(s)
+    }
+}
+
+impl std::error::Error for NatError {}
+
+/// Why a NAT configuration was rejected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ConfigError {
+    /// `workers` is zero.
+    NoWorkers,
+    /// The worker index is not below `workers`.
+    WorkerOutOfRange,
+    /// Pool `pool` has no address.
+    EmptyPool { pool: u16 },
+    /// Pool `pool` has fewer ports than there are workers, so some worker
+    /// would own none.
+    PortRangeTooSmall { pool: u16 },
+    /// An address appears in two pools (or twice in one).
+    OverlappingPools { pool: u16 },
+    /// More pools, or more addresses in a pool, than the tables index.
+    TooLarge,
+    /// The masquerade port range has fewer ports than there are workers.
+    MasqueradeRangeTooSmall,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NoWorkers => f.write_str("nat: workers must be at least 1"),
+            Self::WorkerOutOfRange => f.write_str("nat: worker index out of range"),
+            Self::EmptyPool { pool } => write!(f, "nat: pool {pool} has no address"),
+            Self::PortRangeTooSmall { pool } => {
+                write!(f, "nat: pool {pool} has fewer ports than workers")
+            }
+            Self::OverlappingPools { pool } => {
+                write!(f, "nat: pool {pool} shares an address with another pool")
+            }
+            Self::TooLarge => f.write_str("nat: too many pools or pool addresses"),
+            Self::MasqueradeRangeTooSmall => {
+                f.write_str("nat: masquerade port range has fewer ports than workers")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Why a packet rewrite was refused. The packet is left unmodified
+/// whenever one of these is returned before any byte was written; see
+/// [`crate::rewrite`] for the exact guarantee.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RewriteError {
+    /// The frame is shorter than the headers the rewrite must touch.
+    Truncated,
+    /// The bytes at `l3_off` are not an IPv4 header with a sane IHL.
+    NotIpv4,
+    /// The packet is not an ICMP error, or its quoted packet is unusable.
+    NotIcmpError,
+}
+
+impl RewriteError {
+    /// A short, stable name for drop counters.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Truncated => "nat_rewrite_truncated",
+            Self::NotIpv4 => "nat_rewrite_not_ipv4",
+            Self::NotIcmpError => "nat_rewrite_not_icmp_error",
+        }
+    }
+}
+
+impl fmt::Display for RewriteError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            Self::Truncated => "packet too short for NAT rewrite",
+            Self::NotIpv4 => "not an IPv4 header",
+            Self::NotIcmpError => "not a translatable ICMP error",
+        };
+        f.write_str(s)
+    }
+}
+
+impl std::error::Error for RewriteError {}

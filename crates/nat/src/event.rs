@@ -1,0 +1,77 @@
+//! NAT log events (RFC 6888 REQ-12: a CGN must be able to log the
+//! creation and removal of address/port mappings).
+//!
+//! Events carry no timestamp: time is passed in elsewhere, and the sink (the
+//! engine's logger) stamps them when it receives them.
+
+use core::net::Ipv4Addr;
+
+/// One mapping event. `worker` is the worker whose port slice holds the
+/// external port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NatEvent {
+    /// A new (internal endpoint -> external endpoint) mapping.
+    MappingCreated {
+        /// IP protocol number.
+        proto: u8,
+        /// Internal (subscriber) address.
+        int_addr: Ipv4Addr,
+        /// Internal port or ICMP identifier.
+        int_port: u16,
+        /// External (pool) address.
+        ext_addr: Ipv4Addr,
+        /// External port or ICMP identifier.
+        ext_port: u16,
+        /// Owning worker.
+        worker: u16,
+    },
+    /// The last session of a mapping went away; the port is free again.
+    MappingRemoved {
+        /// IP protocol number.
+        proto: u8,
+        /// Internal (subscriber) address.
+        int_addr: Ipv4Addr,
+        /// Internal port or ICMP identifier.
+        int_port: u16,
+        /// External (pool) address.
+        ext_addr: Ipv4Addr,
+        /// External port or ICMP identifier.
+        ext_port: u16,
+        /// Owning worker.
+        worker: u16,
+    },
+}
+
+/// Receives NAT events. Called on the slow path only.
+pub trait NatEventSink {
+    /// Handle one event.
+    fn event(&mut self, e: &NatEvent);
+}
+
+/// Discards every event.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoopSink;
+
+impl NatEventSink for NoopSink {
+    #[inline]
+    fn event(&mut self, _e: &NatEvent) {}
+}
+
+/// Collects every event, for tests and small tools.
+#[derive(Clone, Debug, Default)]
+pub struct VecSink {
+    /// Events in arrival order.
+    pub events: Vec<NatEvent>,
+}
+
+impl NatEventSink for VecSink {
+    fn event(&mut self, e: &NatEvent) {
+        self.events.push(*e);
+    }
+}
+
+impl<S: NatEventSink + ?Sized> NatEventSink for &mut S {
+    fn event(&mut self, e: &NatEvent) {
+        (**self).event(e);
+    }
+}

@@ -1,0 +1,296 @@
+//! Port partitioning between workers and the per-worker port allocator.
+//!
+//! # Partitioning
+//!
+//! Every external port number `p` belongs to exactly one worker:
+//!
+//! ```text
+//! owner_of(p) = p mod workers
+//! ```
+//!
+//! The function depends on the port only, not on the pool, the address or
+//! the protocol, so the engine can steer an inbound packet to the worker
+//! that holds its mapping from the destination port alone, without any
+//! shared state. The interleaved split keeps every pool balanced between
+//! workers whatever its port range (a contiguous split would give a small
+//! range to one worker only). Worker `w`'s slice of a range `lo..=hi` is the
+//! arithmetic progression `first, first + workers, ...` with `first` the
+//! smallest port `>= lo` congruent to `w`; [`PortSlice`] indexes it densely.
+//!
+//! # Allocation
+//!
+//! A [`PortSpace`] holds one bitmap per (external address, protocol), sized
+//! at construction (one bit per owned port), plus a free count and a
+//! next-fit cursor. Allocation scans from the cursor with `trailing_zeros`
+//! on 64-port words, so it is O(1) while the bitmap is not nearly full and
+//! O(slice / 64) in the worst case; release is O(1). Nothing allocates after
+//! construction. The next-fit cursor hands out ports in rotation, so a port
+//! just released is the last to be reused (it avoids stale-segment
+//! confusion, RFC 6056 section 2.1).
+
+use core::ops::RangeInclusive;
+
+/// The worker that owns external port `ext_port` when `workers` workers
+/// share the port space. Pure: `ext_port % workers` (worker 0 if `workers`
+/// is 0).
+#[inline]
+pub const fn owner_of(ext_port: u16, workers: u16) -> u16 {
+    if workers == 0 {
+        0
+    } else {
+        ext_port % workers
+    }
+}
+
+/// The ports of one range owned by one worker: `first + i * stride` for
+/// `i < len`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PortSlice {
+    first: u32,
+    stride: u32,
+    len: u32,
+}
+
+impl PortSlice {
+    /// Worker `worker`'s share of `range` when there are `workers` workers.
+    pub fn new(range: &RangeInclusive<u16>, worker: u16, workers: u16) -> Self {
+        let w = u32::from(workers.max(1));
+        let lo = u32::from(*range.start());
+        let hi = u32::from(*range.end());
+        let offset = (u32::from(worker) % w + w - lo % w) % w;
+        let first = lo + offset;
+        let len = if lo > hi || first > hi { 0 } else { (hi - first) / w + 1 };
+        Self { first, stride: w, len }
+    }
+
+    /// Number of ports in the slice.
+    #[inline]
+    pub const fn len(&self) -> u32 {
+        self.len
+    }
+
+    /// True if the slice holds no port.
+    #[inline]
+    pub const fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The `idx`-th port, if `idx < len`.
+    #[inline]
+    pub fn port(&self, idx: u32) -> Option<u16> {
+        if idx >= self.len {
+            return None;
+        }
+        u16::try_from(self.first + idx * self.stride).ok()
+    }
+
+    /// The dense index of `port`, if the slice holds it.
+    #[inline]
+    pub fn index(&self, port: u16) -> Option<u32> {
+        let p = u32::from(port);
+        if p < self.first || (p - self.first) % self.stride != 0 {
+            return None;
+        }
+        let idx = (p - self.first) / self.stride;
+        (idx < self.len).then_some(idx)
+    }
+
+    /// Every port of the slice, ascending.
+    pub fn iter(&self) -> impl Iterator<Item = u16> + '_ {
+        (0..self.len).filter_map(|i| self.port(i))
+    }
+}
+
+/// `maps` bitmaps over one [`PortSlice`]; a set bit is a port in use.
+#[derive(Clone, Debug)]
+pub(crate) struct PortSpace {
+    slice: PortSlice,
+    words_per_map: usize,
+    words: Vec<u64>,
+    free: Vec<u32>,
+    cursor: Vec<u32>,
+}
+
+impl PortSpace {
+    /// Allocate `maps` empty bitmaps over `slice`.
+    pub(crate) fn new(slice: PortSlice, maps: usize) -> Self {
+        let words_per_map = (slice.len as usize).div_ceil(64).max(1);
+        let mut s = Self {
+            slice,
+            words_per_map,
+            words: vec![0; words_per_map.saturating_mul(maps)],
+            free: vec![slice.len; maps],
+            cursor: vec![0; maps],
+        };
+        for m in 0..maps {
+            s.reset(m);
+        }
+        s
+    }
+
+    pub(crate) fn slice(&self) -> &PortSlice {
+        &self.slice
+    }
+
+    /// Free ports left in bitmap `map`.
+    pub(crate) fn free_count(&self, map: usize) -> u32 {
+        self.free.get(map).copied().unwrap_or(0)
+    }
+
+    /// Mark every port of `map` free again.
+    pub(crate) fn reset(&mut self, map: usize) {
+        let base = map * self.words_per_map;
+        let Some(ws) = self.words.get_mut(base..base + self.words_per_map) else {
+            return;
+        };
+        ws.fill(0);
+        // Bits past the end of the slice are permanently "in use".
+        let tail = self.slice.len as usize % 64;
+        if tail != 0 {
+            if let Some(last) = ws.last_mut() {
+                *last = !0u64 << tail;
+            }
+        } else if self.slice.len == 0 {
+            ws.fill(!0);
+        }
+        if let Some(f) = self.free.get_mut(map) {
+            *f = self.slice.len;
+        }
+        if let Some(c) = self.cursor.get_mut(map) {
+            *c = 0;
+        }
+    }
+
+    /// Take a free port from bitmap `map`, next-fit from the cursor.
+    pub(crate) fn alloc(&mut self, map: usize) -> Option<u16> {
+        if self.free_count(map) == 0 {
+            return None;
+        }
+        let wp = self.words_per_map;
+        let base = map * wp;
+        let start = *self.cursor.get(map)?;
+        let mut w = start as usize / 64;
+        for step in 0..=wp {
+            let mask = if step == 0 { !0u64 << (start % 64) } else { !0u64 };
+            let word = self.words.get_mut(base + w)?;
+            let avail = !*word & mask;
+            if avail != 0 {
+                let bit = avail.trailing_zeros();
+                *word |= 1u64 << bit;
+                let idx = (w as u32) * 64 + bit;
+                if let Some(f) = self.free.get_mut(map) {
+                    *f -= 1;
+                }
+                if let Some(c) = self.cursor.get_mut(map) {
+                    *c = if idx + 1 >= self.slice.len { 0 } else { idx + 1 };
+                }
+                return self.slice.port(idx);
+            }
+            w = (w + 1) % wp;
+        }
+        None
+    }
+
+    /// Return `port` to bitmap `map`. False if it was not allocated there.
+    pub(crate) fn release(&mut self, map: usize, port: u16) -> bool {
+        let Some(idx) = self.slice.index(port) else {
+            return false;
+        };
+        let Some(word) = self.words.get_mut(map * self.words_per_map + idx as usize / 64) else {
+            return false;
+        };
+        let bit = 1u64 << (idx % 64);
+        if *word & bit == 0 {
+            return false;
+        }
+        *word &= !bit;
+        if let Some(f) = self.free.get_mut(map) {
+            *f += 1;
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn slice_geometry() {
+        let s = PortSlice::new(&(1024..=65535), 1, 4);
+        assert_eq!(s.port(0), Some(1025));
+        assert_eq!(s.len(), (65535 - 1025) / 4 + 1);
+        assert_eq!(s.index(1029), Some(1));
+        assert_eq!(s.index(1028), None);
+        assert_eq!(s.index(1021), None);
+        let empty = PortSlice::new(&(10..=10), 1, 4);
+        assert!(empty.is_empty());
+    }
+
+    #[test]
+    fn alloc_all_then_exhaust_then_release() {
+        let slice = PortSlice::new(&(1000..=1129), 0, 1);
+        let mut sp = PortSpace::new(slice, 2);
+        let mut got: Vec<u16> = (0..130).filter_map(|_| sp.alloc(1)).collect();
+        assert_eq!(got.len(), 130);
+        assert_eq!(sp.alloc(1), None);
+        assert_eq!(sp.free_count(0), 130, "other bitmap untouched");
+        got.sort_unstable();
+        assert_eq!(got, (1000..=1129).collect::<Vec<_>>());
+        assert!(sp.release(1, 1077));
+        assert!(!sp.release(1, 1077), "double free refused");
+        assert_eq!(sp.alloc(1), Some(1077));
+    }
+
+    #[test]
+    fn next_fit_does_not_reuse_immediately() {
+        let mut sp = PortSpace::new(PortSlice::new(&(2000..=2009), 0, 1), 1);
+        let a = sp.alloc(0);
+        assert!(a.is_some_and(|p| sp.release(0, p)));
+        assert_ne!(sp.alloc(0), a);
+    }
+
+    proptest! {
+        // Per-worker slices are disjoint, cover the range, and owner_of agrees.
+        #[test]
+        fn slices_partition_range(lo in 0u16..=65535, span in 0u16..3000, workers in 1u16..=24) {
+            let hi = lo.saturating_add(span);
+            let range = lo..=hi;
+            let mut seen = std::collections::HashSet::new();
+            for w in 0..workers {
+                let s = PortSlice::new(&range, w, workers);
+                for p in s.iter() {
+                    prop_assert!(range.contains(&p));
+                    prop_assert_eq!(owner_of(p, workers), w);
+                    prop_assert_eq!(s.port(s.index(p).unwrap_or(u32::MAX)), Some(p));
+                    prop_assert!(seen.insert(p), "port {} in two slices", p);
+                }
+            }
+            prop_assert_eq!(seen.len(), usize::from(hi - lo) + 1);
+        }
+
+        #[test]
+        fn alloc_release_model(ops in proptest::collection::vec((any::<bool>(), 0usize..64), 1..400)) {
+            let slice = PortSlice::new(&(5000..=5099), 2, 3);
+            let mut sp = PortSpace::new(slice, 1);
+            let mut held: Vec<u16> = Vec::new();
+            for (alloc, pick) in ops {
+                if alloc {
+                    match sp.alloc(0) {
+                        Some(p) => {
+                            prop_assert!(!held.contains(&p));
+                            prop_assert_eq!(owner_of(p, 3), 2);
+                            held.push(p);
+                        }
+                        None => prop_assert_eq!(held.len() as u32, slice.len()),
+                    }
+                } else if !held.is_empty() {
+                    let p = held.swap_remove(pick % held.len());
+                    prop_assert!(sp.release(0, p));
+                }
+                prop_assert_eq!(sp.free_count(0) as usize, slice.len() as usize - held.len());
+            }
+        }
+    }
+}

@@ -1,0 +1,649 @@
+//! The one AST both front ends lower into.
+//!
+//! Every rule, statement, match and set element carries a [`Span`]; spans index
+//! [`Ruleset::files`]. Values are stored in their numeric form (ports, ICMP types,
+//! conntrack-state bit masks, protocol numbers); the [`Field`] on the left of a
+//! match gives the [`DataType`] that tells how to interpret and print them.
+
+use serde::Serialize;
+use std::net::IpAddr;
+
+/// A source location: file (index into [`Ruleset::files`]), 1-based line and
+/// column (in characters), and the length of the offending token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize)]
+pub struct Span {
+    pub file: u32,
+    pub line: u32,
+    pub col: u32,
+    pub len: u32,
+}
+
+/// A whole parsed rule set.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Ruleset {
+    pub tables: Vec<Table>,
+    /// `define NAME = value` in definition order (value as source text).
+    pub defines: Vec<Define>,
+    /// File names, indexed by [`Span::file`].
+    pub files: Vec<String>,
+}
+
+/// A `define`d symbol. Uses are expanded at parse time; kept for inspection.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Define {
+    pub name: String,
+    pub value: String,
+    pub span: Span,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    Ip,
+    Ip6,
+    Inet,
+}
+
+impl Family {
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Ip => "ip",
+            Family::Ip6 => "ip6",
+            Family::Inet => "inet",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Table {
+    pub family: Family,
+    pub name: String,
+    pub chains: Vec<Chain>,
+    pub sets: Vec<Set>,
+    pub maps: Vec<Map>,
+    pub span: Span,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Chain {
+    pub name: String,
+    pub base: Option<BaseChain>,
+    pub rules: Vec<Rule>,
+    pub comment: Option<String>,
+    pub span: Span,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct BaseChain {
+    pub chain_type: ChainType,
+    pub hook: Hook,
+    pub priority: i32,
+    pub policy: Policy,
+    pub span: Span,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChainType {
+    Filter,
+    Nat,
+    Route,
+}
+
+/// Netfilter hooks, in packet-path order (the derived `Ord` is that order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Hook {
+    Prerouting,
+    Input,
+    Forward,
+    Output,
+    Postrouting,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Policy {
+    Accept,
+    Drop,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SetFlag {
+    Constant,
+    Interval,
+    Timeout,
+    Dynamic,
+}
+
+/// A named set. `key` has more than one entry for concatenated types.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Set {
+    pub name: String,
+    pub key: Vec<DataType>,
+    /// Set when declared with `typeof`; printed back that way.
+    pub key_typeof: Option<Vec<Field>>,
+    pub flags: Vec<SetFlag>,
+    pub elements: Vec<Elem>,
+    pub comment: Option<String>,
+    pub span: Span,
+}
+
+/// A named map (`data` is [`DataType::Verdict`] for verdict maps).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Map {
+    pub name: String,
+    pub key: Vec<DataType>,
+    pub key_typeof: Option<Vec<Field>>,
+    pub data: DataType,
+    pub flags: Vec<SetFlag>,
+    pub elements: Vec<Elem>,
+    pub comment: Option<String>,
+    pub span: Span,
+}
+
+/// A set or map element; `data` is present for map elements.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Elem {
+    pub key: Value,
+    pub data: Option<Value>,
+    pub span: Span,
+}
+
+/// One rule: all `matches` must hold, then `stmts` run in order.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Rule {
+    pub matches: Vec<Match>,
+    pub stmts: Vec<Stmt>,
+    pub handle: Option<u64>,
+    pub comment: Option<String>,
+    pub span: Span,
+}
+
+/// A relational expression `left [& mask] op right`.
+///
+/// `left` has more than one field for concatenations (`ip daddr . tcp dport`).
+/// Semantics of [`RelOp::Implicit`] follow nft: membership when `right` is a set,
+/// "any of these bits set" for bit-mask types (ct state, tcp flags) given as a
+/// plain value, equality otherwise. With `Ne` on a bit-mask value: "none of these bits".
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Match {
+    pub left: Vec<Field>,
+    pub mask: Option<u64>,
+    pub op: RelOp,
+    pub right: Value,
+    pub span: Span,
+    pub right_span: Span,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RelOp {
+    Implicit,
+    Eq,
+    Ne,
+    Lt,
+    Gt,
+    Le,
+    Ge,
+}
+
+impl RelOp {
+    pub fn symbol(self) -> &'static str {
+        match self {
+            RelOp::Implicit => "",
+            RelOp::Eq => "==",
+            RelOp::Ne => "!=",
+            RelOp::Lt => "<",
+            RelOp::Gt => ">",
+            RelOp::Le => "<=",
+            RelOp::Ge => ">=",
+        }
+    }
+}
+
+/// Packet and metadata fields a rule can match on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Field {
+    Iifname,
+    Oifname,
+    Iif,
+    Oif,
+    MetaL4proto,
+    MetaNfproto,
+    MetaMark,
+    IpSaddr,
+    IpDaddr,
+    IpProtocol,
+    IpTtl,
+    Ip6Saddr,
+    Ip6Daddr,
+    Ip6Nexthdr,
+    TcpSport,
+    TcpDport,
+    TcpFlags,
+    UdpSport,
+    UdpDport,
+    ThSport,
+    ThDport,
+    IcmpType,
+    IcmpCode,
+    Icmpv6Type,
+    Icmpv6Code,
+    CtState,
+    CtStatus,
+    CtMark,
+}
+
+/// Which network-layer family a field requires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FieldFamily {
+    Any,
+    V4,
+    V6,
+}
+
+impl Field {
+    /// All fields, for lookups and suggestions.
+    pub const ALL: [Field; 28] = [
+        Field::Iifname,
+        Field::Oifname,
+        Field::Iif,
+        Field::Oif,
+        Field::MetaL4proto,
+        Field::MetaNfproto,
+        Field::MetaMark,
+        Field::IpSaddr,
+        Field::IpDaddr,
+        Field::IpProtocol,
+        Field::IpTtl,
+        Field::Ip6Saddr,
+        Field::Ip6Daddr,
+        Field::Ip6Nexthdr,
+        Field::TcpSport,
+        Field::TcpDport,
+        Field::TcpFlags,
+        Field::UdpSport,
+        Field::UdpDport,
+        Field::ThSport,
+        Field::ThDport,
+        Field::IcmpType,
+        Field::IcmpCode,
+        Field::Icmpv6Type,
+        Field::Icmpv6Code,
+        Field::CtState,
+        Field::CtStatus,
+        Field::CtMark,
+    ];
+
+    /// Canonical nft spelling (`"ip saddr"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Field::Iifname => "iifname",
+            Field::Oifname => "oifname",
+            Field::Iif => "iif",
+            Field::Oif => "oif",
+            Field::MetaL4proto => "meta l4proto",
+            Field::MetaNfproto => "meta nfproto",
+            Field::MetaMark => "meta mark",
+            Field::IpSaddr => "ip saddr",
+            Field::IpDaddr => "ip daddr",
+            Field::IpProtocol => "ip protocol",
+            Field::IpTtl => "ip ttl",
+            Field::Ip6Saddr => "ip6 saddr",
+            Field::Ip6Daddr => "ip6 daddr",
+            Field::Ip6Nexthdr => "ip6 nexthdr",
+            Field::TcpSport => "tcp sport",
+            Field::TcpDport => "tcp dport",
+            Field::TcpFlags => "tcp flags",
+            Field::UdpSport => "udp sport",
+            Field::UdpDport => "udp dport",
+            Field::ThSport => "th sport",
+            Field::ThDport => "th dport",
+            Field::IcmpType => "icmp type",
+            Field::IcmpCode => "icmp code",
+            Field::Icmpv6Type => "icmpv6 type",
+            Field::Icmpv6Code => "icmpv6 code",
+            Field::CtState => "ct state",
+            Field::CtStatus => "ct status",
+            Field::CtMark => "ct mark",
+        }
+    }
+
+    pub fn datatype(self) -> DataType {
+        match self {
+            Field::Iifname | Field::Oifname => DataType::Ifname,
+            Field::Iif | Field::Oif => DataType::IfaceIndex,
+            Field::MetaL4proto | Field::IpProtocol | Field::Ip6Nexthdr => DataType::InetProto,
+            Field::MetaNfproto => DataType::NfProto,
+            Field::MetaMark | Field::CtMark => DataType::Mark,
+            Field::IpSaddr | Field::IpDaddr => DataType::Ipv4Addr,
+            Field::Ip6Saddr | Field::Ip6Daddr => DataType::Ipv6Addr,
+            Field::IpTtl | Field::IcmpCode | Field::Icmpv6Code => DataType::Integer8,
+            Field::TcpSport
+            | Field::TcpDport
+            | Field::UdpSport
+            | Field::UdpDport
+            | Field::ThSport
+            | Field::ThDport => DataType::InetService,
+            Field::TcpFlags => DataType::TcpFlag,
+            Field::IcmpType => DataType::IcmpType,
+            Field::Icmpv6Type => DataType::Icmpv6Type,
+            Field::CtState => DataType::CtState,
+            Field::CtStatus => DataType::CtStatus,
+        }
+    }
+
+    pub fn family(self) -> FieldFamily {
+        match self {
+            Field::IpSaddr | Field::IpDaddr | Field::IpProtocol | Field::IpTtl => FieldFamily::V4,
+            Field::IcmpType | Field::IcmpCode => FieldFamily::V4,
+            Field::Ip6Saddr | Field::Ip6Daddr | Field::Ip6Nexthdr => FieldFamily::V6,
+            Field::Icmpv6Type | Field::Icmpv6Code => FieldFamily::V6,
+            _ => FieldFamily::Any,
+        }
+    }
+}
+
+/// Value types (nft "datatypes").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DataType {
+    Ipv4Addr,
+    Ipv6Addr,
+    InetService,
+    InetProto,
+    NfProto,
+    Ifname,
+    IfaceIndex,
+    Mark,
+    CtState,
+    CtStatus,
+    TcpFlag,
+    IcmpType,
+    Icmpv6Type,
+    Integer8,
+    Verdict,
+}
+
+impl DataType {
+    pub const ALL: [DataType; 15] = [
+        DataType::Ipv4Addr,
+        DataType::Ipv6Addr,
+        DataType::InetService,
+        DataType::InetProto,
+        DataType::NfProto,
+        DataType::Ifname,
+        DataType::IfaceIndex,
+        DataType::Mark,
+        DataType::CtState,
+        DataType::CtStatus,
+        DataType::TcpFlag,
+        DataType::IcmpType,
+        DataType::Icmpv6Type,
+        DataType::Integer8,
+        DataType::Verdict,
+    ];
+
+    /// nft type name as used in `set { type ... }`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DataType::Ipv4Addr => "ipv4_addr",
+            DataType::Ipv6Addr => "ipv6_addr",
+            DataType::InetService => "inet_service",
+            DataType::InetProto => "inet_proto",
+            DataType::NfProto => "nf_proto",
+            DataType::Ifname => "ifname",
+            DataType::IfaceIndex => "iface_index",
+            DataType::Mark => "mark",
+            DataType::CtState => "ct_state",
+            DataType::CtStatus => "ct_status",
+            DataType::TcpFlag => "tcp_flag",
+            DataType::IcmpType => "icmp_type",
+            DataType::Icmpv6Type => "icmpv6_type",
+            DataType::Integer8 => "integer",
+            DataType::Verdict => "verdict",
+        }
+    }
+
+    /// Largest numeric value of this type, if numeric.
+    pub fn max_value(self) -> Option<u64> {
+        match self {
+            DataType::InetService => Some(u64::from(u16::MAX)),
+            DataType::InetProto
+            | DataType::NfProto
+            | DataType::TcpFlag
+            | DataType::IcmpType
+            | DataType::Icmpv6Type
+            | DataType::Integer8 => Some(u64::from(u8::MAX)),
+            DataType::Mark | DataType::CtState | DataType::CtStatus => {
+                Some(u64::from(u32::MAX))
+            }
+            _ => None,
+        }
+    }
+
+    /// Bit-mask types accept `a,b,c` lists and masks.
+    pub fn is_bitmask(self) -> bool {
+        matches!(self, DataType::CtState | DataType::CtStatus | DataType::TcpFlag)
+    }
+}
+
+/// A value on the right-hand side of a match, in a set, or in a map.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Value {
+    /// Numbers of every numeric type (ports, marks, bit masks, ICMP types...).
+    Num(u64),
+    Addr(IpAddr),
+    Prefix { addr: IpAddr, len: u8 },
+    /// Interface name; a trailing `*` is a wildcard.
+    Str(String),
+    Range(Box<Value>, Box<Value>),
+    Concat(Vec<Value>),
+    /// Anonymous set `{ a, b }`.
+    Set(Vec<Elem>),
+    /// Named set reference `@name`.
+    SetRef(String),
+    Verdict(Verdict),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Accept,
+    Drop,
+    Return,
+    Continue,
+    Jump(String),
+    Goto(String),
+}
+
+/// A statement with its span.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Stmt {
+    pub kind: StmtKind,
+    pub span: Span,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StmtKind {
+    Counter { packets: Option<u64>, bytes: Option<u64> },
+    Verdict(Verdict),
+    Reject(Option<RejectWith>),
+    Log(Log),
+    Limit(Limit),
+    MetaMarkSet(u32),
+    CtMarkSet(u32),
+    Nat(Nat),
+    /// `KEY vmap { v : verdict, ... }` or `KEY vmap @m`.
+    VerdictMap { key: Vec<Field>, map: MapRef },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectWith {
+    /// ICMP destination-unreachable code.
+    Icmp(u8),
+    /// ICMPv6 destination-unreachable code.
+    Icmpv6(u8),
+    /// Family-independent code (nft `icmpx`): 0 no-route, 1 port-unreachable,
+    /// 2 host-unreachable, 3 admin-prohibited.
+    Icmpx(u8),
+    TcpReset,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Log {
+    pub prefix: Option<String>,
+    pub level: Option<LogLevel>,
+    pub group: Option<u16>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    Emerg,
+    Alert,
+    Crit,
+    Err,
+    Warn,
+    Notice,
+    Info,
+    Debug,
+    Audit,
+}
+
+impl LogLevel {
+    pub const ALL: [LogLevel; 9] = [
+        LogLevel::Emerg,
+        LogLevel::Alert,
+        LogLevel::Crit,
+        LogLevel::Err,
+        LogLevel::Warn,
+        LogLevel::Notice,
+        LogLevel::Info,
+        LogLevel::Debug,
+        LogLevel::Audit,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            LogLevel::Emerg => "emerg",
+            LogLevel::Alert => "alert",
+            LogLevel::Crit => "crit",
+            LogLevel::Err => "err",
+            LogLevel::Warn => "warn",
+            LogLevel::Notice => "notice",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Audit => "audit",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TimeUnit {
+    Second,
+    Minute,
+    Hour,
+    Day,
+    Week,
+}
+
+impl TimeUnit {
+    pub fn name(self) -> &'static str {
+        match self {
+            TimeUnit::Second => "second",
+            TimeUnit::Minute => "minute",
+            TimeUnit::Hour => "hour",
+            TimeUnit::Day => "day",
+            TimeUnit::Week => "week",
+        }
+    }
+    pub fn seconds(self) -> u64 {
+        match self {
+            TimeUnit::Second => 1,
+            TimeUnit::Minute => 60,
+            TimeUnit::Hour => 3600,
+            TimeUnit::Day => 86_400,
+            TimeUnit::Week => 604_800,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ByteUnit {
+    Bytes,
+    Kbytes,
+    Mbytes,
+}
+
+impl ByteUnit {
+    pub fn name(self) -> &'static str {
+        match self {
+            ByteUnit::Bytes => "bytes",
+            ByteUnit::Kbytes => "kbytes",
+            ByteUnit::Mbytes => "mbytes",
+        }
+    }
+}
+
+/// `limit rate [over] N[ unit]/per [burst B unit]`. `unit == None` means packets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Limit {
+    pub over: bool,
+    pub rate: u64,
+    pub unit: Option<ByteUnit>,
+    pub per: TimeUnit,
+    pub burst: Option<u64>,
+    pub burst_unit: Option<ByteUnit>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NatKind {
+    Snat,
+    Dnat,
+    Masquerade,
+    Redirect,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NatFlag {
+    Random,
+    FullyRandom,
+    Persistent,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Nat {
+    pub kind: NatKind,
+    /// `snat ip to ...` in inet tables.
+    pub family: Option<Family>,
+    pub addr: Option<NatAddr>,
+    /// Inclusive port range (`lo == hi` for a single port).
+    pub ports: Option<(u16, u16)>,
+    pub flags: Vec<NatFlag>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NatAddr {
+    Single(IpAddr),
+    Range(IpAddr, IpAddr),
+    /// `dnat to ip daddr map @m` / `map { ... }`; map data is an address.
+    Map { key: Vec<Field>, map: MapRef },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MapRef {
+    Named(String),
+    Anon(Vec<Elem>),
+}
