@@ -213,11 +213,7 @@ impl Range {
         let width = width.clamp(1, 128);
         let len = len.min(width);
         let field_max = u128::MAX >> (128 - width);
-        let host = if len == 0 {
-            field_max
-        } else {
-            field_max >> len
-        };
+        let host = field_max.checked_shr(len).unwrap_or(0);
         let lo = v & field_max & !host;
         Range { lo, hi: lo | host }
     }
@@ -282,7 +278,10 @@ impl ValueSet {
                 break;
             }
             if r.lo > n {
-                out.push(Range { lo: n, hi: r.lo - 1 });
+                out.push(Range {
+                    lo: n,
+                    hi: r.lo - 1,
+                });
             }
             next = r.hi.checked_add(1);
         }

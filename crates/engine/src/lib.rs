@@ -23,7 +23,9 @@ pub mod route;
 pub mod worker;
 
 pub use drop::{Counters, DropReason};
-pub use policy::{CtState, Decision, Hook, Policy, PolicyPacket, PortForward, StaticPolicy, Verdict};
+pub use policy::{
+    CtState, Decision, Hook, Policy, PolicyPacket, PortForward, StaticPolicy, Verdict,
+};
 pub use route::{AdjIndex, Adjacency, IfIndex, Route4, RouteTable4};
 pub use worker::{EngineConfig, EngineError, Interface, Worker};
 

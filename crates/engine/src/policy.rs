@@ -146,13 +146,21 @@ pub struct PortForward {
 impl StaticPolicy {
     /// Accept everything, no NAT.
     pub fn accept_all() -> Self {
-        Self { default: Verdict::Accept, snat: Vec::new(), dnat: Vec::new() }
+        Self {
+            default: Verdict::Accept,
+            snat: Vec::new(),
+            dnat: Vec::new(),
+        }
     }
 }
 
 impl Policy for StaticPolicy {
     fn decide(&self, hook: Hook, pkt: &PolicyPacket) -> Decision {
-        let mut d = Decision { verdict: Verdict::Accept, mark: pkt.mark, nat: None };
+        let mut d = Decision {
+            verdict: Verdict::Accept,
+            mark: pkt.mark,
+            nat: None,
+        };
         match hook {
             Hook::Input | Hook::Forward => d.verdict = self.default,
             Hook::Prerouting => {
@@ -164,15 +172,15 @@ impl Policy for StaticPolicy {
                             && u128::from(u32::from(f.addr)) == pkt.dst
                             && f.port == pkt.dport
                     })
-                    .map(|f| Translation::Dnat { addr: f.to_addr, port: Some(f.to_port) });
+                    .map(|f| Translation::Dnat {
+                        addr: f.to_addr,
+                        port: Some(f.to_port),
+                    });
             }
             Hook::Postrouting => {
-                d.nat = pkt.oif.and_then(|oif| {
-                    self.snat
-                        .iter()
-                        .find(|(o, _)| *o == oif)
-                        .map(|(_, t)| *t)
-                });
+                d.nat = pkt
+                    .oif
+                    .and_then(|oif| self.snat.iter().find(|(o, _)| *o == oif).map(|(_, t)| *t));
             }
             Hook::Output => {}
         }

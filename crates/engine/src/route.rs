@@ -48,7 +48,9 @@ pub fn mask(len: u8) -> u32 {
 impl RouteTable4 {
     /// An empty table.
     pub fn new() -> Self {
-        Self { by_len: vec![Vec::new(); 33] }
+        Self {
+            by_len: vec![Vec::new(); 33],
+        }
     }
 
     /// Add or replace the route for `net/len`.
@@ -58,7 +60,9 @@ impl RouteTable4 {
         }
         r.len = r.len.min(32);
         r.net &= mask(r.len);
-        let Some(v) = self.by_len.get_mut(usize::from(r.len)) else { return };
+        let Some(v) = self.by_len.get_mut(usize::from(r.len)) else {
+            return;
+        };
         match v.binary_search_by_key(&r.net, |x| x.net) {
             Ok(i) => {
                 if let Some(slot) = v.get_mut(i) {
@@ -108,7 +112,12 @@ mod tests {
     use super::*;
 
     fn r(net: [u8; 4], len: u8, oif: u16) -> Route4 {
-        Route4 { net: u32::from(Ipv4Addr::from(net)), len, oif, via: None }
+        Route4 {
+            net: u32::from(Ipv4Addr::from(net)),
+            len,
+            oif,
+            via: None,
+        }
     }
 
     #[test]
@@ -131,7 +140,11 @@ mod tests {
         t.add(r([10, 0, 0, 7], 8, 1));
         t.add(r([10, 0, 0, 0], 8, 2));
         assert_eq!(t.iter().count(), 1);
-        assert_eq!(t.lookup(u32::from(Ipv4Addr::new(10, 9, 9, 9))).map(|r| r.oif), Some(2));
+        assert_eq!(
+            t.lookup(u32::from(Ipv4Addr::new(10, 9, 9, 9)))
+                .map(|r| r.oif),
+            Some(2)
+        );
         assert!(RouteTable4::new().lookup(1).is_none());
     }
 }

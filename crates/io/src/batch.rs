@@ -86,7 +86,9 @@ impl Default for Batch {
 
 impl core::fmt::Debug for Batch {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Batch").field("len", &self.slots.len()).finish()
+        f.debug_struct("Batch")
+            .field("len", &self.slots.len())
+            .finish()
     }
 }
 
@@ -167,7 +169,9 @@ impl Batch {
 
     /// Whether frame `i` was transmitted without copy (its bytes are gone).
     pub fn is_handed_over(&self, i: usize) -> bool {
-        self.slots.get(i).is_some_and(|s| s.origin == Origin::HandedOver)
+        self.slots
+            .get(i)
+            .is_some_and(|s| s.origin == Origin::HandedOver)
     }
 
     /// Append a copy of `bytes`. Returns false when the batch is full or the
@@ -176,7 +180,9 @@ impl Batch {
         if bytes.len() > FRAME_CAP || self.slots.len() >= BATCH_CAP {
             return false;
         }
-        let Some(n) = self.free_arena.pop() else { return false };
+        let Some(n) = self.free_arena.pop() else {
+            return false;
+        };
         let off = usize::from(n) * FRAME_CAP;
         let buf = &mut self.arena[off..off + FRAME_CAP];
         buf[..bytes.len()].copy_from_slice(bytes);
@@ -248,15 +254,28 @@ impl Batch {
         addr: u64,
     ) {
         debug_assert!(len <= cap && self.slots.len() < BATCH_CAP);
-        self.slots.push(Slot { ptr, cap, len, meta, origin: Origin::Lent { lender, addr } });
+        self.slots.push(Slot {
+            ptr,
+            cap,
+            len,
+            meta,
+            origin: Origin::Lent { lender, addr },
+        });
     }
 
     /// If frame `i` is a buffer lent from pool `pool_id`, take it out of the
     /// batch (it becomes handed over) and return `(data address in the pool,
     /// data length)`. The caller now owns the buffer.
-    pub(crate) fn take_lent(&mut self, i: usize, pool_id: u64, base: *mut u8) -> Option<(u64, u32)> {
+    pub(crate) fn take_lent(
+        &mut self,
+        i: usize,
+        pool_id: u64,
+        base: *mut u8,
+    ) -> Option<(u64, u32)> {
         let s = self.slots.get_mut(i)?;
-        let Origin::Lent { lender, .. } = s.origin else { return None };
+        let Origin::Lent { lender, .. } = s.origin else {
+            return None;
+        };
         if self.lenders.get(usize::from(lender))?.pool_id() != pool_id {
             return None;
         }
@@ -282,7 +301,13 @@ mod tests {
     fn push_mutate_and_clear() {
         let mut b = Batch::new();
         assert!(b.is_empty());
-        assert!(b.push_copy(&[1, 2, 3], FrameMeta { port: 4, timestamp_ns: 9 }));
+        assert!(b.push_copy(
+            &[1, 2, 3],
+            FrameMeta {
+                port: 4,
+                timestamp_ns: 9
+            }
+        ));
         b.data_mut(0).unwrap()[1] = 7;
         assert_eq!(b.data(0).unwrap(), &[1, 7, 3]);
         assert_eq!(b.meta(0).unwrap().port, 4);

@@ -23,13 +23,17 @@ impl IfName {
         let b = name.as_bytes();
         if b.is_empty()
             || b.len() > Self::MAX_LEN
-            || b.iter().any(|&c| c == 0 || c == b'/' || c.is_ascii_whitespace())
+            || b.iter()
+                .any(|&c| c == 0 || c == b'/' || c.is_ascii_whitespace())
         {
             return Err(IoError::BadInterfaceName);
         }
         let mut bytes = [0u8; 16];
         bytes[..b.len()].copy_from_slice(b);
-        Ok(Self { bytes, len: b.len() as u8 })
+        Ok(Self {
+            bytes,
+            len: b.len() as u8,
+        })
     }
 
     /// The name as a string.
@@ -69,9 +73,15 @@ pub enum IoError {
     /// No interface with this name exists in the current network namespace.
     NoSuchInterface(IfName),
     /// The backend cannot be used with these options or on this interface.
-    Unsupported { backend: BackendKind, why: &'static str },
+    Unsupported {
+        backend: BackendKind,
+        why: &'static str,
+    },
     /// A helper program (`nft`, `ip`) could not be run or exited with an error.
-    Subprocess { program: &'static str, status: Option<i32> },
+    Subprocess {
+        program: &'static str,
+        status: Option<i32>,
+    },
     /// A file (pcap capture) could not be written or read.
     File { op: &'static str, errno: i32 },
     /// A capture file is not a classic pcap file we can read.
@@ -81,12 +91,18 @@ pub enum IoError {
 impl IoError {
     /// Build a [`IoError::Syscall`] from the calling thread's `errno`.
     pub(crate) fn last(call: &'static str) -> Self {
-        IoError::Syscall { call, errno: errno() }
+        IoError::Syscall {
+            call,
+            errno: errno(),
+        }
     }
 
     /// Build a [`IoError::File`] from a `std::io::Error`.
     pub(crate) fn file(op: &'static str, e: &std::io::Error) -> Self {
-        IoError::File { op, errno: e.raw_os_error().unwrap_or(0) }
+        IoError::File {
+            op,
+            errno: e.raw_os_error().unwrap_or(0),
+        }
     }
 
     /// The errno carried by this error, if any.
@@ -151,14 +167,25 @@ impl fmt::Display for IoError {
             }
             IoError::NoSuchInterface(n) => write!(f, "no interface named {n:?} in this namespace"),
             IoError::Unsupported { backend, why } => write!(f, "{backend} unavailable: {why}"),
-            IoError::Subprocess { program, status: Some(c) } => {
+            IoError::Subprocess {
+                program,
+                status: Some(c),
+            } => {
                 write!(f, "{program} exited with status {c}")
             }
-            IoError::Subprocess { program, status: None } => {
+            IoError::Subprocess {
+                program,
+                status: None,
+            } => {
                 write!(f, "{program} could not be run or was killed by a signal")
             }
             IoError::File { op, errno } => {
-                write!(f, "{op} failed: {} ({} {errno})", strerror(errno), errno_name(errno))
+                write!(
+                    f,
+                    "{op} failed: {} ({} {errno})",
+                    strerror(errno),
+                    errno_name(errno)
+                )
             }
             IoError::BadPcap(why) => write!(f, "not a readable pcap file: {why}"),
         }
@@ -173,7 +200,10 @@ mod tests {
 
     #[test]
     fn display_names_the_call_and_errno() {
-        let e = IoError::Syscall { call: "setsockopt(PACKET_RX_RING)", errno: libc::EPERM };
+        let e = IoError::Syscall {
+            call: "setsockopt(PACKET_RX_RING)",
+            errno: libc::EPERM,
+        };
         let s = e.to_string();
         assert!(s.starts_with("setsockopt(PACKET_RX_RING) failed: "), "{s}");
         assert!(s.ends_with("(EPERM 1)"), "{s}");
@@ -183,7 +213,10 @@ mod tests {
     fn ifname_validation() {
         assert!(IfName::new("veth0").is_ok());
         assert_eq!(IfName::new(""), Err(IoError::BadInterfaceName));
-        assert_eq!(IfName::new("a234567890123456"), Err(IoError::BadInterfaceName));
+        assert_eq!(
+            IfName::new("a234567890123456"),
+            Err(IoError::BadInterfaceName)
+        );
         assert_eq!(IfName::new("a/b"), Err(IoError::BadInterfaceName));
         let n = IfName::new("eth1").unwrap();
         assert_eq!(n.as_cstr_bytes(), b"eth1\0");

@@ -44,7 +44,11 @@ pub fn advise_huge_pages<T>(buf: &mut [T]) {
             // MADV_HUGEPAGE only changes how the kernel backs the pages; it
             // never changes their contents.
             unsafe {
-                libc::madvise(aligned as *mut libc::c_void, end - aligned, libc::MADV_HUGEPAGE);
+                libc::madvise(
+                    aligned as *mut libc::c_void,
+                    end - aligned,
+                    libc::MADV_HUGEPAGE,
+                );
             }
         }
     }

@@ -76,7 +76,10 @@ pub(crate) fn ifindex(name: &IfName) -> Result<u32, IoError> {
         if e == libc::ENODEV || e == libc::ENXIO || e == 0 {
             return Err(IoError::NoSuchInterface(*name));
         }
-        return Err(IoError::Syscall { call: "if_nametoindex", errno: e });
+        return Err(IoError::Syscall {
+            call: "if_nametoindex",
+            errno: e,
+        });
     }
     Ok(idx)
 }
@@ -87,7 +90,14 @@ pub(crate) fn kick_tx(fd: RawFd) -> Result<(), i32> {
     // SAFETY: a zero-length sendto with null buffer and address is valid for
     // packet and XDP sockets; nothing is read from user memory.
     let r = unsafe {
-        libc::sendto(fd, core::ptr::null(), 0, libc::MSG_DONTWAIT, core::ptr::null(), 0)
+        libc::sendto(
+            fd,
+            core::ptr::null(),
+            0,
+            libc::MSG_DONTWAIT,
+            core::ptr::null(),
+            0,
+        )
     };
     if r < 0 {
         return Err(crate::error::errno());
@@ -97,7 +107,11 @@ pub(crate) fn kick_tx(fd: RawFd) -> Result<(), i32> {
 
 /// Wait up to `timeout_ms` for `fd` to become readable. Returns whether it is.
 pub(crate) fn poll_in(fd: RawFd, timeout_ms: i32) -> Result<bool, IoError> {
-    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
     // SAFETY: `p` is one valid pollfd and we pass a count of 1.
     let r = unsafe { libc::poll(&mut p, 1, timeout_ms) };
     if r < 0 {
@@ -105,7 +119,10 @@ pub(crate) fn poll_in(fd: RawFd, timeout_ms: i32) -> Result<bool, IoError> {
         if e == libc::EINTR {
             return Ok(false);
         }
-        return Err(IoError::Syscall { call: "poll", errno: e });
+        return Err(IoError::Syscall {
+            call: "poll",
+            errno: e,
+        });
     }
     Ok(r > 0 && p.revents & libc::POLLIN != 0)
 }
@@ -143,7 +160,13 @@ impl Mmap {
 
     /// Map `len` bytes of anonymous, private, zeroed memory.
     pub(crate) fn anonymous(len: usize, call: &'static str) -> Result<Self, IoError> {
-        Self::map(-1, len, 0, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE, call)
+        Self::map(
+            -1,
+            len,
+            0,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+            call,
+        )
     }
 
     fn map(

@@ -28,7 +28,10 @@ pub struct Pool {
 impl Pool {
     /// A pool of the given addresses with the default port range.
     pub fn new(addrs: impl IntoIterator<Item = Ipv4Addr>) -> Self {
-        Self { addrs: addrs.into_iter().collect(), ports: DEFAULT_PORTS }
+        Self {
+            addrs: addrs.into_iter().collect(),
+            ports: DEFAULT_PORTS,
+        }
     }
 
     /// A pool of every address in `first..=last` (empty if `last < first`).
@@ -147,7 +150,7 @@ impl Default for NatConfig {
             hairpinning: true,
             max_sessions_per_subscriber: 0,
             workers: 1,
-            pairing_seed: 0x5eed_0f_51u64,
+            pairing_seed: 0x5eed_0f51_u64,
             capacity_hint: 1024,
         }
     }
@@ -169,7 +172,9 @@ impl NatConfig {
         if n == 0 {
             return None;
         }
-        p.addrs.get(pair_index(self.pairing_seed, u32::from(int_addr), n)).copied()
+        p.addrs
+            .get(pair_index(self.pairing_seed, u32::from(int_addr), n))
+            .copied()
     }
 
     /// Check the configuration. Workers must pass it before use.
@@ -198,7 +203,8 @@ impl NatConfig {
                 }
             }
         }
-        if self.masquerade_slots > 0 && range_len(&self.masquerade_ports) < u32::from(self.workers) {
+        if self.masquerade_slots > 0 && range_len(&self.masquerade_ports) < u32::from(self.workers)
+        {
             return Err(ConfigError::MasqueradeRangeTooSmall);
         }
         Ok(())
@@ -229,7 +235,10 @@ mod tests {
 
     fn cfg() -> NatConfig {
         NatConfig {
-            pools: vec![Pool::from_range(Ipv4Addr::new(192, 0, 2, 0), Ipv4Addr::new(192, 0, 2, 3))],
+            pools: vec![Pool::from_range(
+                Ipv4Addr::new(192, 0, 2, 0),
+                Ipv4Addr::new(192, 0, 2, 3),
+            )],
             workers: 4,
             ..NatConfig::default()
         }
@@ -249,7 +258,10 @@ mod tests {
         assert_eq!(c.validate(), Err(ConfigError::EmptyPool { pool: 1 }));
         let mut c = cfg();
         c.pools[0].ports = 5000..=5002;
-        assert_eq!(c.validate(), Err(ConfigError::PortRangeTooSmall { pool: 0 }));
+        assert_eq!(
+            c.validate(),
+            Err(ConfigError::PortRangeTooSmall { pool: 0 })
+        );
     }
 
     #[test]

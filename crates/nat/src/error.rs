@@ -58,12 +58,21 @@ pub enum ConfigError {
     /// The worker index is not below `workers`.
     WorkerOutOfRange,
     /// Pool `pool` has no address.
-    EmptyPool { pool: u16 },
+    EmptyPool {
+        /// Index of the offending pool.
+        pool: u16,
+    },
     /// Pool `pool` has fewer ports than there are workers, so some worker
     /// would own none.
-    PortRangeTooSmall { pool: u16 },
+    PortRangeTooSmall {
+        /// Index of the offending pool.
+        pool: u16,
+    },
     /// An address appears in two pools (or twice in one).
-    OverlappingPools { pool: u16 },
+    OverlappingPools {
+        /// Index of the offending pool.
+        pool: u16,
+    },
     /// More pools, or more addresses in a pool, than the tables index.
     TooLarge,
     /// The masquerade port range has fewer ports than there are workers.
@@ -103,6 +112,8 @@ pub enum RewriteError {
     NotIpv4,
     /// The packet is not an ICMP error, or its quoted packet is unusable.
     NotIcmpError,
+    /// The packet's protocol is not the one the rewrite was built for.
+    ProtocolMismatch,
 }
 
 impl RewriteError {
@@ -112,6 +123,7 @@ impl RewriteError {
             Self::Truncated => "nat_rewrite_truncated",
             Self::NotIpv4 => "nat_rewrite_not_ipv4",
             Self::NotIcmpError => "nat_rewrite_not_icmp_error",
+            Self::ProtocolMismatch => "nat_rewrite_protocol_mismatch",
         }
     }
 }
@@ -122,6 +134,7 @@ impl fmt::Display for RewriteError {
             Self::Truncated => "packet too short for NAT rewrite",
             Self::NotIpv4 => "not an IPv4 header",
             Self::NotIcmpError => "not a translatable ICMP error",
+            Self::ProtocolMismatch => "packet protocol does not match the rewrite",
         };
         f.write_str(s)
     }

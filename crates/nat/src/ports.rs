@@ -19,7 +19,7 @@
 //!
 //! # Allocation
 //!
-//! A [`PortSpace`] holds one bitmap per (external address, protocol), sized
+//! A `PortSpace` holds one bitmap per (external address, protocol), sized
 //! at construction (one bit per owned port), plus a free count and a
 //! next-fit cursor. Allocation scans from the cursor with `trailing_zeros`
 //! on 64-port words, so it is O(1) while the bitmap is not nearly full and
@@ -59,8 +59,16 @@ impl PortSlice {
         let hi = u32::from(*range.end());
         let offset = (u32::from(worker) % w + w - lo % w) % w;
         let first = lo + offset;
-        let len = if lo > hi || first > hi { 0 } else { (hi - first) / w + 1 };
-        Self { first, stride: w, len }
+        let len = if lo > hi || first > hi {
+            0
+        } else {
+            (hi - first) / w + 1
+        };
+        Self {
+            first,
+            stride: w,
+            len,
+        }
     }
 
     /// Number of ports in the slice.
@@ -171,7 +179,11 @@ impl PortSpace {
         let start = *self.cursor.get(map)?;
         let mut w = start as usize / 64;
         for step in 0..=wp {
-            let mask = if step == 0 { !0u64 << (start % 64) } else { !0u64 };
+            let mask = if step == 0 {
+                !0u64 << (start % 64)
+            } else {
+                !0u64
+            };
             let word = self.words.get_mut(base + w)?;
             let avail = !*word & mask;
             if avail != 0 {
@@ -182,7 +194,11 @@ impl PortSpace {
                     *f -= 1;
                 }
                 if let Some(c) = self.cursor.get_mut(map) {
-                    *c = if idx + 1 >= self.slice.len { 0 } else { idx + 1 };
+                    *c = if idx + 1 >= self.slice.len {
+                        0
+                    } else {
+                        idx + 1
+                    };
                 }
                 return self.slice.port(idx);
             }
@@ -196,7 +212,10 @@ impl PortSpace {
         let Some(idx) = self.slice.index(port) else {
             return false;
         };
-        let Some(word) = self.words.get_mut(map * self.words_per_map + idx as usize / 64) else {
+        let Some(word) = self
+            .words
+            .get_mut(map * self.words_per_map + idx as usize / 64)
+        else {
             return false;
         };
         let bit = 1u64 << (idx % 64);

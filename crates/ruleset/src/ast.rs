@@ -418,16 +418,17 @@ impl DataType {
             | DataType::IcmpType
             | DataType::Icmpv6Type
             | DataType::Integer8 => Some(u64::from(u8::MAX)),
-            DataType::Mark | DataType::CtState | DataType::CtStatus => {
-                Some(u64::from(u32::MAX))
-            }
+            DataType::Mark | DataType::CtState | DataType::CtStatus => Some(u64::from(u32::MAX)),
             _ => None,
         }
     }
 
     /// Bit-mask types accept `a,b,c` lists and masks.
     pub fn is_bitmask(self) -> bool {
-        matches!(self, DataType::CtState | DataType::CtStatus | DataType::TcpFlag)
+        matches!(
+            self,
+            DataType::CtState | DataType::CtStatus | DataType::TcpFlag
+        )
     }
 }
 
@@ -438,7 +439,10 @@ pub enum Value {
     /// Numbers of every numeric type (ports, marks, bit masks, ICMP types...).
     Num(u64),
     Addr(IpAddr),
-    Prefix { addr: IpAddr, len: u8 },
+    Prefix {
+        addr: IpAddr,
+        len: u8,
+    },
     /// Interface name; a trailing `*` is a wildcard.
     Str(String),
     Range(Box<Value>, Box<Value>),
@@ -471,7 +475,10 @@ pub struct Stmt {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StmtKind {
-    Counter { packets: Option<u64>, bytes: Option<u64> },
+    Counter {
+        packets: Option<u64>,
+        bytes: Option<u64>,
+    },
     Verdict(Verdict),
     Reject(Option<RejectWith>),
     Log(Log),
@@ -480,7 +487,10 @@ pub enum StmtKind {
     CtMarkSet(u32),
     Nat(Nat),
     /// `KEY vmap { v : verdict, ... }` or `KEY vmap @m`.
-    VerdictMap { key: Vec<Field>, map: MapRef },
+    VerdictMap {
+        key: Vec<Field>,
+        map: MapRef,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -638,7 +648,10 @@ pub enum NatAddr {
     Single(IpAddr),
     Range(IpAddr, IpAddr),
     /// `dnat to ip daddr map @m` / `map { ... }`; map data is an address.
-    Map { key: Vec<Field>, map: MapRef },
+    Map {
+        key: Vec<Field>,
+        map: MapRef,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -21,7 +21,11 @@ pub(crate) struct RawDiag {
 
 impl RawDiag {
     pub fn new(span: Span, message: impl Into<String>) -> Self {
-        RawDiag { span, message: message.into(), help: None }
+        RawDiag {
+            span,
+            message: message.into(),
+            help: None,
+        }
     }
     pub fn help(mut self, help: Option<String>) -> Self {
         self.help = help;
@@ -57,7 +61,11 @@ impl fmt::Display for Diagnostic {
                 self.message
             )?;
         } else {
-            write!(f, "{}:{}:{}: Error: {}", self.file, self.line, self.col, self.message)?;
+            write!(
+                f,
+                "{}:{}:{}: Error: {}",
+                self.file, self.line, self.col, self.message
+            )?;
         }
         if let Some(h) = &self.help {
             write!(f, "; {h}")?;
@@ -98,7 +106,9 @@ impl Diagnostics {
                     .unwrap_or("")
                     .to_string();
                 Diagnostic {
-                    file: file.map(|f| f.name.clone()).unwrap_or_else(|| "<input>".into()),
+                    file: file
+                        .map(|f| f.name.clone())
+                        .unwrap_or_else(|| "<input>".into()),
                     line: d.span.line,
                     col: d.span.col,
                     len: d.span.len,
@@ -138,20 +148,32 @@ impl fmt::Display for Diagnostics {
 
 impl std::error::Error for Diagnostics {}
 
-/// Levenshtein distance (characters).
+/// Optimal-string-alignment distance (Levenshtein plus adjacent transpositions).
 pub(crate) fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
     let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    let mut cur = vec![0; b.len() + 1];
-    for (i, ca) in a.chars().enumerate() {
-        cur[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let cost = usize::from(ca != *cb);
-            cur[j + 1] = (prev[j] + cost).min(prev[j + 1] + 1).min(cur[j] + 1);
-        }
-        std::mem::swap(&mut prev, &mut cur);
+    let w = b.len() + 1;
+    let mut d = vec![0usize; (a.len() + 1) * w];
+    let idx = |i: usize, j: usize| i * w + j;
+    for i in 0..=a.len() {
+        d[idx(i, 0)] = i;
     }
-    prev[b.len()]
+    for j in 0..=b.len() {
+        d[idx(0, j)] = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut v = (d[idx(i - 1, j)] + 1)
+                .min(d[idx(i, j - 1)] + 1)
+                .min(d[idx(i - 1, j - 1)] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                v = v.min(d[idx(i - 2, j - 2)] + 1);
+            }
+            d[idx(i, j)] = v;
+        }
+    }
+    d[idx(a.len(), b.len())]
 }
 
 /// The closest candidate within a small edit distance, as a help text.
@@ -159,7 +181,7 @@ pub(crate) fn suggest<'a, I>(word: &str, candidates: I) -> Option<String>
 where
     I: IntoIterator<Item = &'a str>,
 {
-    let limit = (word.chars().count() / 3).max(1);
+    let limit = ((word.chars().count() + 1) / 3).max(1);
     let mut best: Option<(usize, &str)> = None;
     for c in candidates {
         if c == word {
@@ -181,7 +203,10 @@ mod tests {
     fn distance() {
         assert_eq!(edit_distance("forwad", "forward"), 1);
         assert_eq!(edit_distance("", "abc"), 3);
-        assert_eq!(suggest("acept", ["accept", "drop"]).as_deref(), Some("did you mean \"accept\"?"));
+        assert_eq!(
+            suggest("acept", ["accept", "drop"]).as_deref(),
+            Some("did you mean \"accept\"?")
+        );
         assert_eq!(suggest("zzzzz", ["accept", "drop"]), None);
     }
 }

@@ -83,9 +83,17 @@ pub(crate) fn lex(file: u32, text: &str, diags: &mut Vec<RawDiag>) -> Vec<Token>
     let (mut i, mut line, mut col) = (0usize, 1u32, 1u32);
     let at = |i: usize| chars.get(i).copied();
     while let Some(c) = at(i) {
-        let span = Span { file, line, col, len: 1 };
+        let span = Span {
+            file,
+            line,
+            col,
+            len: 1,
+        };
         let push = |out: &mut Vec<Token>, tok: Tok, len: u32| {
-            out.push(Token { tok, span: Span { len, ..span } });
+            out.push(Token {
+                tok,
+                span: Span { len, ..span },
+            });
         };
         match c {
             '\n' => {
@@ -148,7 +156,13 @@ pub(crate) fn lex(file: u32, text: &str, diags: &mut Vec<RawDiag>) -> Vec<Token>
                 }
                 let len = (j - i + 1) as u32;
                 if !closed {
-                    diags.push(RawDiag::new(Span { len: (j - i) as u32, ..span }, "unterminated string"));
+                    diags.push(RawDiag::new(
+                        Span {
+                            len: (j - i) as u32,
+                            ..span
+                        },
+                        "unterminated string",
+                    ));
                     col += (j - i) as u32;
                     i = j;
                     continue;
@@ -171,7 +185,11 @@ pub(crate) fn lex(file: u32, text: &str, diags: &mut Vec<RawDiag>) -> Vec<Token>
                     if !w.is_empty() {
                         out.push(Token {
                             tok: Tok::Word(w),
-                            span: Span { col: col + 1, len: len - 1, ..span },
+                            span: Span {
+                                col: col + 1,
+                                len: len - 1,
+                                ..span
+                            },
                         });
                     }
                 } else if w.is_empty() {
@@ -184,7 +202,10 @@ pub(crate) fn lex(file: u32, text: &str, diags: &mut Vec<RawDiag>) -> Vec<Token>
                 continue;
             }
             _ => {
-                let two: String = chars.get(i..i + 2).map(|s| s.iter().collect()).unwrap_or_default();
+                let two: String = chars
+                    .get(i..i + 2)
+                    .map(|s| s.iter().collect())
+                    .unwrap_or_default();
                 let tok2 = match two.as_str() {
                     "==" => Some(Tok::EqEq),
                     "!=" => Some(Tok::Ne),
@@ -271,7 +292,10 @@ pub struct MemLoader {
 
 impl SourceLoader for MemLoader {
     fn load(&self, path: &Path) -> Result<String, String> {
-        self.files.get(path).cloned().ok_or_else(|| "No such file or directory".to_string())
+        self.files
+            .get(path)
+            .cloned()
+            .ok_or_else(|| "No such file or directory".to_string())
     }
 }
 
@@ -304,7 +328,14 @@ impl<'a> Preprocessor<'a> {
     pub fn run(&mut self, name: &str, path: Option<PathBuf>, text: String) {
         self.file(name.to_string(), path, text);
         let span = self.out.last().map(|t| t.span).unwrap_or_default();
-        self.out.push(Token { tok: Tok::Eof, span: Span { col: span.col + span.len, len: 1, ..span } });
+        self.out.push(Token {
+            tok: Tok::Eof,
+            span: Span {
+                col: span.col + span.len,
+                len: 1,
+                ..span
+            },
+        });
     }
 
     fn file(&mut self, name: String, path: Option<PathBuf>, text: String) {
@@ -322,7 +353,10 @@ impl<'a> Preprocessor<'a> {
         if let Some(last) = self.out.last() {
             if last.tok != Tok::Newline {
                 let span = last.span;
-                self.out.push(Token { tok: Tok::Newline, span });
+                self.out.push(Token {
+                    tok: Tok::Newline,
+                    span,
+                });
             }
         }
     }
@@ -339,10 +373,15 @@ impl<'a> Preprocessor<'a> {
                 Some("include") => {
                     let end = line_end(&toks, i);
                     match toks.get(i + 1) {
-                        Some(Token { tok: Tok::Str(f), span }) if end == i + 2 => {
+                        Some(Token {
+                            tok: Tok::Str(f),
+                            span,
+                        }) if end == i + 2 => {
                             self.include(f, *span, path);
                         }
-                        _ => self.diags.push(RawDiag::new(t.span, "expected: include \"FILE\"")),
+                        _ => self
+                            .diags
+                            .push(RawDiag::new(t.span, "expected: include \"FILE\"")),
                     }
                     i = end;
                     continue;
@@ -350,18 +389,26 @@ impl<'a> Preprocessor<'a> {
                 Some(kw @ ("define" | "redefine")) => {
                     let end = define_end(&toks, i);
                     let name = match toks.get(i + 1) {
-                        Some(Token { tok: Tok::Word(n), .. }) => Some(n.clone()),
+                        Some(Token {
+                            tok: Tok::Word(n), ..
+                        }) => Some(n.clone()),
                         _ => None,
                     };
-                    let assign = matches!(toks.get(i + 2), Some(Token { tok: Tok::Assign, .. }));
+                    let assign = matches!(
+                        toks.get(i + 2),
+                        Some(Token {
+                            tok: Tok::Assign,
+                            ..
+                        })
+                    );
                     match (name, assign) {
                         (Some(name), true) if end > i + 3 => {
                             let span = toks.get(i + 1).map(|t| t.span).unwrap_or(t.span);
                             if kw == "define" && self.values.contains_key(&name) {
-                                self.diags.push(RawDiag::new(
-                                    span,
-                                    format!("redefinition of symbol '{name}'"),
-                                ).help(Some("use \"redefine\" to change it".into())));
+                                self.diags.push(
+                                    RawDiag::new(span, format!("redefinition of symbol '{name}'"))
+                                        .help(Some("use \"redefine\" to change it".into())),
+                                );
                             }
                             let raw: Vec<Token> = toks.get(i + 3..end).unwrap_or(&[]).to_vec();
                             let mut value = Vec::new();
@@ -369,19 +416,30 @@ impl<'a> Preprocessor<'a> {
                             value.retain(|t| t.tok != Tok::Newline);
                             let text = value.iter().map(token_text).collect::<Vec<_>>().join(" ");
                             self.defines.retain(|d| d.name != name);
-                            self.defines.push(Define { name: name.clone(), value: text, span });
+                            self.defines.push(Define {
+                                name: name.clone(),
+                                value: text,
+                                span,
+                            });
                             self.values.insert(name, value);
                         }
-                        _ => self.diags.push(RawDiag::new(t.span, "expected: define NAME = VALUE")),
+                        _ => self
+                            .diags
+                            .push(RawDiag::new(t.span, "expected: define NAME = VALUE")),
                     }
                     i = end;
                     continue;
                 }
                 Some("undefine") => {
                     let end = line_end(&toks, i);
-                    if let Some(Token { tok: Tok::Word(n), span }) = toks.get(i + 1) {
+                    if let Some(Token {
+                        tok: Tok::Word(n),
+                        span,
+                    }) = toks.get(i + 1)
+                    {
                         if self.values.remove(n).is_none() {
-                            self.diags.push(RawDiag::new(*span, format!("undefined symbol '{n}'")));
+                            self.diags
+                                .push(RawDiag::new(*span, format!("undefined symbol '{n}'")));
                         }
                         self.defines.retain(|d| &d.name != n);
                     }
@@ -406,23 +464,41 @@ impl<'a> Preprocessor<'a> {
                 Tok::Var(v) => match self.values.get(v) {
                     Some(val) => {
                         let site = site.unwrap_or(t.span);
-                        out.extend(val.iter().map(|x| Token { tok: x.tok.clone(), span: site }));
+                        out.extend(val.iter().map(|x| Token {
+                            tok: x.tok.clone(),
+                            span: site,
+                        }));
                     }
                     None => {
                         let help = suggest(v, self.values.keys().map(String::as_str));
-                        self.diags.push(RawDiag::new(t.span, format!("undefined symbol '${v}'")).help(help));
+                        self.diags.push(
+                            RawDiag::new(t.span, format!("undefined symbol '${v}'")).help(help),
+                        );
                         // Keep a placeholder so the parser does not report a second error.
-                        out.push(Token { tok: Tok::Word(format!("${v}")), span: t.span });
+                        out.push(Token {
+                            tok: Tok::Word(format!("${v}")),
+                            span: t.span,
+                        });
                     }
                 },
-                _ => out.push(Token { span: site.unwrap_or(t.span), ..t }),
+                _ => out.push(Token {
+                    span: site.unwrap_or(t.span),
+                    ..t
+                }),
             }
         }
     }
 
     fn include(&mut self, file: &str, span: Span, from: Option<&Path>) {
-        let base = from.and_then(Path::parent).map(Path::to_path_buf).unwrap_or_default();
-        let target = if Path::new(file).is_absolute() { PathBuf::from(file) } else { base.join(file) };
+        let base = from
+            .and_then(Path::parent)
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        let target = if Path::new(file).is_absolute() {
+            PathBuf::from(file)
+        } else {
+            base.join(file)
+        };
         let target = normalize(&target);
         if self.stack.contains(&target) {
             let chain: Vec<String> = self
@@ -431,18 +507,23 @@ impl<'a> Preprocessor<'a> {
                 .chain(std::iter::once(&target))
                 .map(|p| p.display().to_string())
                 .collect();
-            self.diags.push(RawDiag::new(span, format!("include loop: {}", chain.join(" -> "))));
+            self.diags.push(RawDiag::new(
+                span,
+                format!("include loop: {}", chain.join(" -> ")),
+            ));
             return;
         }
         if self.stack.len() >= MAX_INCLUDE_DEPTH {
-            self.diags.push(RawDiag::new(span, "include nesting too deep"));
+            self.diags
+                .push(RawDiag::new(span, "include nesting too deep"));
             return;
         }
         match self.loader.load(&target) {
             Ok(text) => self.file(target.display().to_string(), Some(target), text),
-            Err(e) => self
-                .diags
-                .push(RawDiag::new(span, format!("cannot include \"{}\": {e}", target.display()))),
+            Err(e) => self.diags.push(RawDiag::new(
+                span,
+                format!("cannot include \"{}\": {e}", target.display()),
+            )),
         }
     }
 }
@@ -528,10 +609,33 @@ mod tests {
         );
         assert_eq!(
             words("type ipv4_addr : verdict"),
-            vec![Tok::Word("type".into()), Tok::Word("ipv4_addr".into()), Tok::Colon, Tok::Word("verdict".into())]
+            vec![
+                Tok::Word("type".into()),
+                Tok::Word("ipv4_addr".into()),
+                Tok::Colon,
+                Tok::Word("verdict".into())
+            ]
         );
-        assert_eq!(words("dnat to [::1]:80"), vec![Tok::Word("dnat".into()), Tok::Word("to".into()), Tok::Word("[::1]:80".into())]);
-        assert_eq!(words("a != @s"), vec![Tok::Word("a".into()), Tok::Ne, Tok::At, Tok::Word("s".into())]);
-        assert_eq!(words("x \\\n y # c"), vec![Tok::Word("x".into()), Tok::Word("y".into())]);
+        assert_eq!(
+            words("dnat to [::1]:80"),
+            vec![
+                Tok::Word("dnat".into()),
+                Tok::Word("to".into()),
+                Tok::Word("[::1]:80".into())
+            ]
+        );
+        assert_eq!(
+            words("a != @s"),
+            vec![
+                Tok::Word("a".into()),
+                Tok::Ne,
+                Tok::At,
+                Tok::Word("s".into())
+            ]
+        );
+        assert_eq!(
+            words("x \\\n y # c"),
+            vec![Tok::Word("x".into()), Tok::Word("y".into())]
+        );
     }
 }

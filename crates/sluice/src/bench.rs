@@ -7,7 +7,13 @@ use anyhow::{Context, Result};
 use sluice_tester::nat44::{self, Nat44Options};
 
 /// `sluice bench nat44`.
-pub fn nat44(counts: &[u64], cores: u16, frames: Option<u64>, seed: u64, json: Option<&Path>) -> Result<ExitCode> {
+pub fn nat44(
+    counts: &[u64],
+    cores: u16,
+    frames: Option<u64>,
+    seed: u64,
+    json: Option<&Path>,
+) -> Result<ExitCode> {
     let mut rows = Vec::with_capacity(counts.len());
     for &n in counts {
         eprintln!("bench nat44: {n} connections on {cores} core(s) ...");

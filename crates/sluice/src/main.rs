@@ -64,8 +64,12 @@ fn parse_count(s: &str) -> Result<u64, String> {
         Some('G' | 'g') => (&t[..t.len() - 1], 1_000_000_000),
         _ => (t.as_str(), 1),
     };
-    let n: u64 = num.parse().map_err(|_| format!("'{s}' is not a count (examples: 1000000, 4M, 40_000_000)"))?;
-    let v = n.checked_mul(mul).ok_or_else(|| format!("'{s}' is too large"))?;
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a count (examples: 1000000, 4M, 40_000_000)"))?;
+    let v = n
+        .checked_mul(mul)
+        .ok_or_else(|| format!("'{s}' is too large"))?;
     if v == 0 {
         return Err(format!("'{s}': must be at least 1"));
     }

@@ -51,7 +51,9 @@ pub fn probe(bytes: u64, reads: u64, seed: u64) -> MemLimit {
     let mut sum = 0u64;
     let t = Instant::now();
     for _ in 0..reads {
-        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        x = x
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
         let line = ((x >> 16) % mask_lines) as usize;
         sum = sum.wrapping_add(buf[line * 8]);
     }
@@ -66,7 +68,11 @@ pub fn probe(bytes: u64, reads: u64, seed: u64) -> MemLimit {
     }
     let dependent_ns = t.elapsed().as_nanos() as f64 / dep_reads as f64;
     std::hint::black_box((sum, p));
-    MemLimit { bytes: (lines * 64) as u64, independent_ns, dependent_ns }
+    MemLimit {
+        bytes: (lines * 64) as u64,
+        independent_ns,
+        dependent_ns,
+    }
 }
 
 #[cfg(test)]

@@ -32,6 +32,7 @@ use std::time::Instant;
 
 use sluice_engine::{Action, EngineConfig, Interface, Route4, StaticPolicy, Verdict, Worker};
 use sluice_wire::flow::{proto, FlowKey4};
+use sluice_wire::EthernetAddress;
 
 use crate::batch::Batch;
 use crate::memprobe;
@@ -70,7 +71,13 @@ pub struct Nat44Options {
 
 impl Default for Nat44Options {
     fn default() -> Self {
-        Self { connections: 1_000_000, cores: 1, seed: 0x5eed, throughput_frames: None, probe_reads: 40_000_000 }
+        Self {
+            connections: 1_000_000,
+            cores: 1,
+            seed: 0x5eed,
+            throughput_frames: None,
+            probe_reads: 40_000_000,
+        }
     }
 }
 
@@ -147,12 +154,30 @@ struct CoreOut {
 pub fn topology(w: u16, cores: u16, max_conns: u64, seed: u64) -> EngineConfig {
     let mut cfg = EngineConfig::default();
     cfg.interfaces = vec![
-        Interface { name: "inside".into(), mac: GW_IN_MAC, addrs: vec![(GW_IN, 24)] },
-        Interface { name: "outside".into(), mac: GW_OUT_MAC, addrs: vec![(GW_OUT, 24)] },
+        Interface {
+            name: "inside".into(),
+            mac: GW_IN_MAC,
+            addrs: vec![(GW_IN, 24)],
+        },
+        Interface {
+            name: "outside".into(),
+            mac: GW_OUT_MAC,
+            addrs: vec![(GW_OUT, 24)],
+        },
     ];
     cfg.routes = vec![
-        Route4 { net: u32::from(GW_IN) & 0xffff_ff00, len: 24, oif: INSIDE, via: None },
-        Route4 { net: u32::from(GW_OUT) & 0xffff_ff00, len: 24, oif: OUTSIDE, via: None },
+        Route4 {
+            net: u32::from(GW_IN) & 0xffff_ff00,
+            len: 24,
+            oif: INSIDE,
+            via: None,
+        },
+        Route4 {
+            net: u32::from(GW_OUT) & 0xffff_ff00,
+            len: 24,
+            oif: OUTSIDE,
+            via: None,
+        },
     ];
     cfg.neighbors = (0..cores)
         .map(|c| (initiator(c), INIT_MAC))
@@ -173,7 +198,12 @@ pub fn topology(w: u16, cores: u16, max_conns: u64, seed: u64) -> EngineConfig {
 pub fn policy() -> StaticPolicy {
     let mut p = StaticPolicy::accept_all();
     p.default = Verdict::Accept;
-    p.snat = vec![(OUTSIDE, sluice_nat::Translation::Snat { pool: sluice_nat::PoolId(0) })];
+    p.snat = vec![(
+        OUTSIDE,
+        sluice_nat::Translation::Snat {
+            pool: sluice_nat::PoolId(0),
+        },
+    )];
     p
 }
 
@@ -203,7 +233,9 @@ pub fn run(opts: &Nat44Options) -> Result<Nat44Result, BenchError> {
 
     // Tester-side memory is allocated and touched before the baseline so
     // that the RSS growth is the engine's alone.
-    let mut learned: Vec<Vec<u16>> = (0..cores).map(|_| vec![u16::MAX; per_core as usize]).collect();
+    let mut learned: Vec<Vec<u16>> = (0..cores)
+        .map(|_| vec![u16::MAX; per_core as usize])
+        .collect();
     let mut batches: Vec<Batch> = (0..cores).map(|_| Batch::new()).collect();
     let base_rss = sluice_io::mem::resident_bytes().unwrap_or(0);
 
@@ -225,7 +257,16 @@ pub fn run(opts: &Nat44Options) -> Result<Nat44Result, BenchError> {
             .map(|(c, ((wk, learned), batch))| {
                 let barrier = &barrier;
                 s.spawn(move || {
-                    run_core(c as u16, wk, learned, batch, ranges, tput_frames, opts.seed, barrier)
+                    run_core(
+                        c as u16,
+                        wk,
+                        learned,
+                        batch,
+                        ranges,
+                        tput_frames,
+                        opts.seed,
+                        barrier,
+                    )
                 })
             })
             .collect();
@@ -255,10 +296,17 @@ pub fn run(opts: &Nat44Options) -> Result<Nat44Result, BenchError> {
         connections: opts.connections,
         cores,
         conn_setup_cps: setup,
-        throughput_fps: Throughput { bidirectional: bi, unidirectional: uni },
+        throughput_fps: Throughput {
+            bidirectional: bi,
+            unidirectional: uni,
+        },
         teardown_cps: teardown,
         bytes_per_connection: engine_bytes as f64 / opts.connections as f64,
-        validation: if failures == 0 && flushed == opts.connections { "pass" } else { "fail" },
+        validation: if failures == 0 && flushed == opts.connections {
+            "pass"
+        } else {
+            "fail"
+        },
         validation_failures: failures + (opts.connections - flushed.min(opts.connections)),
         memory_limit_ns: mem.independent_ns,
         memory_latency_ns: mem.dependent_ns,
@@ -272,11 +320,24 @@ pub fn run(opts: &Nat44Options) -> Result<Nat44Result, BenchError> {
 /// Key of the Initiator's frame for combination `c`.
 fn init_key(core: u16, ranges: &PortRanges, c: u64) -> FlowKey4 {
     let (sp, dp) = ranges.pair(c);
-    FlowKey4 { src: u32::from(initiator(core)), dst: u32::from(RESPONDER), sport: sp, dport: dp, proto: proto::UDP }
+    FlowKey4 {
+        src: u32::from(initiator(core)),
+        dst: u32::from(RESPONDER),
+        sport: sp,
+        dport: dp,
+        proto: proto::UDP,
+    }
 }
 
 fn build(buf: &mut [u8], src_mac: [u8; 6], dst_mac: [u8; 6], key: &FlowKey4) -> Option<usize> {
-    sluice_wire::build_udp4(buf, src_mac, dst_mac, key, PAYLOAD_64B).ok()
+    sluice_wire::build::build_udp4(
+        buf,
+        EthernetAddress(src_mac),
+        EthernetAddress(dst_mac),
+        key,
+        PAYLOAD_64B,
+    )
+    .ok()
 }
 
 fn key_of(frame: &[u8]) -> Option<FlowKey4> {
@@ -360,7 +421,8 @@ fn run_core(
         timed(wk, batch, &clock);
         for j in 0..batch.len() {
             let want = init_key(core, &ranges, first + j as u64).reversed();
-            if !matches!(batch.get(j), Some((f, Action::Forward(INSIDE))) if key_of(f) == Some(want)) {
+            if !matches!(batch.get(j), Some((f, Action::Forward(INSIDE))) if key_of(f) == Some(want))
+            {
                 failures += 1;
             }
         }
@@ -368,21 +430,56 @@ fn run_core(
 
     // Real test phase.
     let traffic = Permutation::new(n, seed ^ 0x2222 ^ u64::from(core));
-    let (uni_s, uni_frames, f1) = established(wk, batch, &ranges, learned, core, &traffic, tput_frames, false, &clock);
-    let (bi_s, bi_frames, f2) = established(wk, batch, &ranges, learned, core, &traffic, tput_frames, true, &clock);
+    let (uni_s, uni_frames, f1) = established(
+        wk,
+        batch,
+        &ranges,
+        learned,
+        core,
+        &traffic,
+        tput_frames,
+        false,
+        &clock,
+    );
+    let (bi_s, bi_frames, f2) = established(
+        wk,
+        batch,
+        &ranges,
+        learned,
+        core,
+        &traffic,
+        tput_frames,
+        true,
+        &clock,
+    );
     failures += f1 + f2;
 
     // Tear-down.
     let t = Instant::now();
     let flushed = wk.flush();
     let flush_s = t.elapsed().as_secs_f64();
-    CoreOut { setup_s, uni_s, uni_frames, bi_s, bi_frames, flushed, flush_s, failures }
+    CoreOut {
+        setup_s,
+        uni_s,
+        uni_frames,
+        bi_s,
+        bi_frames,
+        flushed,
+        flush_s,
+        failures,
+    }
 }
 
 fn resp_key(ranges: &PortRanges, learned: &[u16], c: u64) -> FlowKey4 {
     let (_, dp) = ranges.pair(c);
     let ext = learned.get(c as usize).copied().unwrap_or(0);
-    FlowKey4 { src: u32::from(RESPONDER), dst: u32::from(POOL), sport: dp, dport: ext, proto: proto::UDP }
+    FlowKey4 {
+        src: u32::from(RESPONDER),
+        dst: u32::from(POOL),
+        sport: dp,
+        dport: ext,
+        proto: proto::UDP,
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -454,7 +551,17 @@ pub fn table(rows: &[Nat44Result]) -> String {
     let mut s = String::new();
     s.push_str(&format!(
         "{:>11} {:>5} {:>12} {:>12} {:>12} {:>12} {:>9} {:>8} {:>8} {:>8} {:>6}\n",
-        "connections", "cores", "setup cps", "uni fps", "bidir fps", "teardown", "B/conn", "ns/pkt", "mem ns", "pkt/mem", "valid"
+        "connections",
+        "cores",
+        "setup cps",
+        "uni fps",
+        "bidir fps",
+        "teardown",
+        "B/conn",
+        "ns/pkt",
+        "mem ns",
+        "pkt/mem",
+        "valid"
     ));
     for r in rows {
         s.push_str(&format!(
@@ -473,4 +580,37 @@ pub fn table(rows: &[Nat44Result]) -> String {
         ));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_run_validates_every_connection() {
+        let opts = Nat44Options {
+            connections: 2_000,
+            cores: 1,
+            seed: 9,
+            throughput_frames: Some(5_000),
+            probe_reads: 10_000,
+        };
+        let r = run(&opts).unwrap();
+        assert_eq!(r.validation_failures, 0, "{r:?}");
+        assert_eq!(r.validation, "pass");
+        assert!(r.conn_setup_cps > 0.0 && r.teardown_cps > 0.0);
+    }
+
+    #[test]
+    fn two_cores_split_the_connections_and_validate() {
+        let opts = Nat44Options {
+            connections: 4_000,
+            cores: 2,
+            seed: 3,
+            throughput_frames: Some(4_000),
+            probe_reads: 10_000,
+        };
+        let r = run(&opts).unwrap();
+        assert_eq!(r.validation, "pass", "{r:?}");
+    }
 }

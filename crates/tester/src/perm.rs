@@ -31,7 +31,11 @@ impl Permutation {
             s = splitmix64(s);
             *k = s;
         }
-        Self { len, half_bits, keys }
+        Self {
+            len,
+            half_bits,
+            keys,
+        }
     }
 
     /// Number of elements.
@@ -110,7 +114,12 @@ impl PortRanges {
                 let sports = u32::try_from(n / dports).ok()?;
                 if sports <= max_sports {
                     let dports = u32::try_from(dports).ok()?;
-                    return Some(Self { sport_min: 1024, sports, dport_min: 1, dports });
+                    return Some(Self {
+                        sport_min: 1024,
+                        sports,
+                        dport_min: 1,
+                        dports,
+                    });
                 }
             }
             dports += 1;
@@ -128,7 +137,10 @@ impl PortRanges {
     pub fn pair(&self, c: u64) -> (u16, u16) {
         let s = (c % u64::from(self.sports)) as u16;
         let d = (c / u64::from(self.sports)) as u16;
-        (self.sport_min.wrapping_add(s), self.dport_min.wrapping_add(d))
+        (
+            self.sport_min.wrapping_add(s),
+            self.dport_min.wrapping_add(d),
+        )
     }
 }
 

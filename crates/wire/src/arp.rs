@@ -235,7 +235,13 @@ mod tests {
     fn rejects_non_ethernet_ipv4() {
         let mut b = REQUEST;
         b[5] = 16;
-        assert_eq!(ArpRepr::parse(&Packet::new_unchecked(&b[..])), Err(ParseError::ArpFormat));
-        assert_eq!(Packet::new_checked(&REQUEST[..27]).err(), Some(ParseError::Truncated));
+        assert_eq!(
+            ArpRepr::parse(&Packet::new_unchecked(&b[..])),
+            Err(ParseError::ArpFormat)
+        );
+        assert_eq!(
+            Packet::new_checked(&REQUEST[..27]).err(),
+            Some(ParseError::Truncated)
+        );
     }
 }

@@ -96,7 +96,10 @@ pub fn pseudo_v4(src: u32, dst: u32, proto: u8, len: u16) -> u64 {
 /// upper-layer length, zero, next header (RFC 8200 §8.1).
 #[inline(always)]
 pub fn pseudo_v6(src: u128, dst: u128, proto: u8, len: u32) -> u64 {
-    let a = add(add(src as u64, (src >> 64) as u64), add(dst as u64, (dst >> 64) as u64));
+    let a = add(
+        add(src as u64, (src >> 64) as u64),
+        add(dst as u64, (dst >> 64) as u64),
+    );
     add(a, u64::from(len) + u64::from(proto))
 }
 
@@ -119,7 +122,8 @@ impl Delta {
     /// Account for a 32-bit field (e.g. an IPv4 address) changing.
     #[inline]
     pub const fn with32(self, old: u32, new: u32) -> Delta {
-        self.with16((old >> 16) as u16, (new >> 16) as u16).with16(old as u16, new as u16)
+        self.with16((old >> 16) as u16, (new >> 16) as u16)
+            .with16(old as u16, new as u16)
     }
 
     /// Account for a 128-bit field (an IPv6 address) changing.

@@ -63,7 +63,11 @@ impl From<[u8; 6]> for EthernetAddress {
 impl fmt::Display for EthernetAddress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let b = self.0;
-        write!(f, "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", b[0], b[1], b[2], b[3], b[4], b[5])
+        write!(
+            f,
+            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            b[0], b[1], b[2], b[3], b[4], b[5]
+        )
     }
 }
 
@@ -173,7 +177,10 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Frame<T> {
 
     /// Mutable payload.
     pub fn payload_mut(&mut self) -> &mut [u8] {
-        self.buffer.as_mut().get_mut(field::PAYLOAD..).unwrap_or(&mut [])
+        self.buffer
+            .as_mut()
+            .get_mut(field::PAYLOAD..)
+            .unwrap_or(&mut [])
     }
 }
 
@@ -279,7 +286,12 @@ impl EthernetRepr {
             vlan = Some(tag.vid());
             ethertype = tag.ethertype();
         }
-        Ok(EthernetRepr { src_addr: frame.src_addr(), dst_addr: frame.dst_addr(), vlan, ethertype })
+        Ok(EthernetRepr {
+            src_addr: frame.src_addr(),
+            dst_addr: frame.dst_addr(),
+            vlan,
+            ethertype,
+        })
     }
 
     /// Header length, tag included.
@@ -348,14 +360,23 @@ mod tests {
         r.emit(&mut Frame::new_unchecked(&mut buf[..])).unwrap();
         assert_eq!(&buf[..12], &TAGGED[..12]);
         assert_eq!(&buf[12..14], &[0x81, 0x00]);
-        assert_eq!(EthernetRepr::parse(&Frame::new_unchecked(&buf[..])).unwrap(), r);
+        assert_eq!(
+            EthernetRepr::parse(&Frame::new_unchecked(&buf[..])).unwrap(),
+            r
+        );
         let mut short = [0u8; 17];
-        assert_eq!(r.emit(&mut Frame::new_unchecked(&mut short[..])), Err(EmitError::BufferTooSmall));
+        assert_eq!(
+            r.emit(&mut Frame::new_unchecked(&mut short[..])),
+            Err(EmitError::BufferTooSmall)
+        );
     }
 
     #[test]
     fn short_and_enum() {
-        assert_eq!(Frame::new_checked(&TAGGED[..13]).err(), Some(ParseError::Truncated));
+        assert_eq!(
+            Frame::new_checked(&TAGGED[..13]).err(),
+            Some(ParseError::Truncated)
+        );
         assert_eq!(EtherType::from(0x1234), EtherType::Unknown(0x1234));
         assert_eq!(u16::from(EtherType::QinQ), 0x88a8);
         assert!(EtherType::from(0x88a8).is_vlan());

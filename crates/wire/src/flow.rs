@@ -41,13 +41,25 @@ pub struct FlowKey4 {
 impl FlowKey4 {
     /// Build a key from `std::net` addresses.
     pub fn new(proto: u8, src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) -> Self {
-        Self { src: u32::from(src), dst: u32::from(dst), sport, dport, proto }
+        Self {
+            src: u32::from(src),
+            dst: u32::from(dst),
+            sport,
+            dport,
+            proto,
+        }
     }
 
     /// The key of the same connection seen in the other direction.
     #[inline]
     pub fn reversed(&self) -> Self {
-        Self { src: self.dst, dst: self.src, sport: self.dport, dport: self.sport, proto: self.proto }
+        Self {
+            src: self.dst,
+            dst: self.src,
+            sport: self.dport,
+            dport: self.sport,
+            proto: self.proto,
+        }
     }
 
     /// Source address as `Ipv4Addr`.
@@ -103,13 +115,25 @@ pub struct FlowKey6 {
 impl FlowKey6 {
     /// Build a key from `std::net` addresses.
     pub fn new(proto: u8, src: Ipv6Addr, sport: u16, dst: Ipv6Addr, dport: u16) -> Self {
-        Self { src: u128::from(src), dst: u128::from(dst), sport, dport, proto }
+        Self {
+            src: u128::from(src),
+            dst: u128::from(dst),
+            sport,
+            dport,
+            proto,
+        }
     }
 
     /// The key of the same connection seen in the other direction.
     #[inline]
     pub fn reversed(&self) -> Self {
-        Self { src: self.dst, dst: self.src, sport: self.dport, dport: self.sport, proto: self.proto }
+        Self {
+            src: self.dst,
+            dst: self.src,
+            sport: self.dport,
+            dport: self.sport,
+            proto: self.proto,
+        }
     }
 
     /// The key folded into two words, for hashing. Not injective; use it only
@@ -131,7 +155,13 @@ mod tests {
 
     #[test]
     fn reverse_is_involution_and_icmp_id_survives() {
-        let k = FlowKey4::new(proto::ICMP, Ipv4Addr::new(10, 0, 0, 1), 7, Ipv4Addr::new(8, 8, 8, 8), 7);
+        let k = FlowKey4::new(
+            proto::ICMP,
+            Ipv4Addr::new(10, 0, 0, 1),
+            7,
+            Ipv4Addr::new(8, 8, 8, 8),
+            7,
+        );
         assert_eq!(k.reversed().reversed(), k);
         assert_eq!(k.reversed().sport, 7);
         assert_eq!(k.reversed().src_addr(), Ipv4Addr::new(8, 8, 8, 8));
@@ -139,8 +169,20 @@ mod tests {
 
     #[test]
     fn words_are_injective_on_fields() {
-        let a = FlowKey4 { src: 1, dst: 2, sport: 3, dport: 4, proto: 17 };
-        let b = FlowKey4 { src: 1, dst: 2, sport: 4, dport: 3, proto: 17 };
+        let a = FlowKey4 {
+            src: 1,
+            dst: 2,
+            sport: 3,
+            dport: 4,
+            proto: 17,
+        };
+        let b = FlowKey4 {
+            src: 1,
+            dst: 2,
+            sport: 4,
+            dport: 3,
+            proto: 17,
+        };
         assert_ne!(a.words(), b.words());
     }
 }

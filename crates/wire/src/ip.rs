@@ -64,3 +64,35 @@ impl IpPair {
         }
     }
 }
+
+/// Where a packet sits in fragmentation (RFC 791 §2.3, RFC 8200 §4.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Frag {
+    /// Not a fragment (IPv6 atomic fragments, RFC 6946, count as this).
+    #[default]
+    None,
+    /// First fragment (offset 0, more fragments follow): the L4 header is here.
+    First,
+    /// A later fragment: no L4 header.
+    NonFirst,
+}
+
+impl Frag {
+    /// From the IPv4-style "more fragments" flag and offset.
+    #[inline(always)]
+    pub fn from_mf_offset(mf: bool, offset: u16) -> Frag {
+        if offset != 0 {
+            Frag::NonFirst
+        } else if mf {
+            Frag::First
+        } else {
+            Frag::None
+        }
+    }
+
+    /// Whether the packet is a fragment at all.
+    #[inline]
+    pub fn is_fragment(self) -> bool {
+        self != Frag::None
+    }
+}

@@ -143,11 +143,17 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
     /// The options area (empty if IHL is 5 or out of range).
     pub fn options(&self) -> &[u8] {
-        self.buffer.as_ref().get(HEADER_LEN..self.header_len() as usize).unwrap_or(&[])
+        self.buffer
+            .as_ref()
+            .get(HEADER_LEN..self.header_len() as usize)
+            .unwrap_or(&[])
     }
     /// The header checksum verifies (RFC 791 §3.1).
     pub fn verify_checksum(&self) -> bool {
-        self.buffer.as_ref().get(..self.header_len() as usize).is_some_and(checksum::verify)
+        self.buffer
+            .as_ref()
+            .get(..self.header_len() as usize)
+            .is_some_and(checksum::verify)
     }
     /// The payload: from the end of the header to `total_len` (empty if the
     /// lengths are inconsistent).
@@ -217,7 +223,10 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     /// Mutable options area.
     pub fn options_mut(&mut self) -> &mut [u8] {
         let hl = self.header_len() as usize;
-        self.buffer.as_mut().get_mut(HEADER_LEN..hl).unwrap_or(&mut [])
+        self.buffer
+            .as_mut()
+            .get_mut(HEADER_LEN..hl)
+            .unwrap_or(&mut [])
     }
     /// Mutable payload.
     pub fn payload_mut(&mut self) -> &mut [u8] {
@@ -309,8 +318,8 @@ impl Ipv4Repr {
         if p.buffer.as_ref().len() < HEADER_LEN {
             return Err(EmitError::BufferTooSmall);
         }
-        let total = u16::try_from(HEADER_LEN + self.payload_len)
-            .map_err(|_| EmitError::PayloadTooLarge)?;
+        let total =
+            u16::try_from(HEADER_LEN + self.payload_len).map_err(|_| EmitError::PayloadTooLarge)?;
         p.set_version(4);
         p.set_header_len(HEADER_LEN as u8);
         p.set_dscp_ecn(self.dscp, self.ecn);
@@ -332,8 +341,8 @@ mod tests {
 
     /// 10.0.0.1 -> 10.0.0.2, UDP, 8 bytes of payload, one NOP/EOL option word.
     static WITH_OPTIONS: [u8; 32] = [
-        0x46, 0x00, 0x00, 0x20, 0x12, 0x34, 0x40, 0x00, 0x40, 0x11, 0x00, 0x00, 10, 0, 0, 1,
-        10, 0, 0, 2, 0x01, 0x01, 0x01, 0x00, // options
+        0x46, 0x00, 0x00, 0x20, 0x12, 0x34, 0x40, 0x00, 0x40, 0x11, 0x00, 0x00, 10, 0, 0, 1, 10, 0,
+        0, 2, 0x01, 0x01, 0x01, 0x00, // options
         0x04, 0xd2, 0x00, 0x35, 0x00, 0x08, 0x00, 0x00, // udp
     ];
 
@@ -370,38 +379,73 @@ mod tests {
     #[test]
     fn length_errors() {
         let mut b = fixed();
-        assert_eq!(Packet::new_checked(&b[..19]).err(), Some(ParseError::Truncated));
+        assert_eq!(
+            Packet::new_checked(&b[..19]).err(),
+            Some(ParseError::Truncated)
+        );
         b[0] = 0x44;
-        assert_eq!(Packet::new_checked(&b[..]).err(), Some(ParseError::Ipv4HeaderLen));
+        assert_eq!(
+            Packet::new_checked(&b[..]).err(),
+            Some(ParseError::Ipv4HeaderLen)
+        );
         b[0] = 0x4f;
-        assert_eq!(Packet::new_checked(&b[..]).err(), Some(ParseError::Ipv4HeaderLen));
+        assert_eq!(
+            Packet::new_checked(&b[..]).err(),
+            Some(ParseError::Ipv4HeaderLen)
+        );
         b[0] = 0x46;
         b[3] = 0x21;
-        assert_eq!(Packet::new_checked(&b[..]).err(), Some(ParseError::Ipv4TotalLen));
+        assert_eq!(
+            Packet::new_checked(&b[..]).err(),
+            Some(ParseError::Ipv4TotalLen)
+        );
         b[3] = 0x10;
-        assert_eq!(Packet::new_checked(&b[..]).err(), Some(ParseError::Ipv4TotalLen));
+        assert_eq!(
+            Packet::new_checked(&b[..]).err(),
+            Some(ParseError::Ipv4TotalLen)
+        );
     }
 
     #[test]
     fn bad_checksum_and_version() {
         let mut b = fixed();
         b[11] ^= 1;
-        assert_eq!(Ipv4Repr::parse(&Packet::new_unchecked(&b[..])), Err(ParseError::Checksum));
+        assert_eq!(
+            Ipv4Repr::parse(&Packet::new_unchecked(&b[..])),
+            Err(ParseError::Checksum)
+        );
         let mut b = fixed();
         b[0] = 0x66;
-        assert_eq!(Ipv4Repr::parse(&Packet::new_unchecked(&b[..])), Err(ParseError::IpVersion));
+        assert_eq!(
+            Ipv4Repr::parse(&Packet::new_unchecked(&b[..])),
+            Err(ParseError::IpVersion)
+        );
     }
 
     #[test]
     fn emit_roundtrip() {
-        let mut r = Ipv4Repr::new(Ipv4Addr::new(192, 168, 0, 1), Ipv4Addr::new(192, 168, 0, 199), IpProtocol::Udp, 95);
+        let mut r = Ipv4Repr::new(
+            Ipv4Addr::new(192, 168, 0, 1),
+            Ipv4Addr::new(192, 168, 0, 199),
+            IpProtocol::Udp,
+            95,
+        );
         r.dont_frag = true;
         let mut b = [0u8; 115];
         r.emit(&mut Packet::new_unchecked(&mut b[..])).unwrap();
         // The RFC 1071-era example header: 45 00 00 73 00 00 40 00 40 11 b8 61.
-        assert_eq!(&b[..12], &[0x45, 0, 0, 0x73, 0, 0, 0x40, 0, 0x40, 0x11, 0xb8, 0x61]);
-        assert_eq!(Ipv4Repr::parse(&Packet::new_checked(&b[..]).unwrap()).unwrap(), r);
+        assert_eq!(
+            &b[..12],
+            &[0x45, 0, 0, 0x73, 0, 0, 0x40, 0, 0x40, 0x11, 0xb8, 0x61]
+        );
+        assert_eq!(
+            Ipv4Repr::parse(&Packet::new_checked(&b[..]).unwrap()).unwrap(),
+            r
+        );
         r.payload_len = 70000;
-        assert_eq!(r.emit(&mut Packet::new_unchecked(&mut b[..])), Err(EmitError::PayloadTooLarge));
+        assert_eq!(
+            r.emit(&mut Packet::new_unchecked(&mut b[..])),
+            Err(EmitError::PayloadTooLarge)
+        );
     }
 }

@@ -84,6 +84,8 @@ pub mod dissect;
 mod error;
 pub mod ethernet;
 pub mod flow;
+#[doc(hidden)]
+pub mod fuzz_support;
 pub mod icmp;
 pub mod ip;
 pub mod ipv4;
@@ -91,11 +93,15 @@ pub mod ipv6;
 pub mod tcp;
 pub mod udp;
 
-pub use dissect::{dissect, Dissect, Frag, InnerKey, L4, Net};
+pub use build::{
+    build_icmp4_echo, build_icmp4_error, build_icmp6_error, build_tcp4, build_tcp6, build_udp4,
+    build_udp6,
+};
+pub use dissect::{dissect, Dissect, InnerKey, Net, L4};
 pub use error::{EmitError, ParseError};
 pub use ethernet::EthernetAddress;
 pub use flow::{FlowKey4, FlowKey6};
-pub use ip::{IpPair, IpProtocol};
+pub use ip::{Frag, IpPair, IpProtocol};
 
 /// Result of parsing.
 pub type Result<T> = core::result::Result<T, ParseError>;

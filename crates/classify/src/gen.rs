@@ -1,0 +1,272 @@
+//! Seeded rule-set and packet generators, shared by tests and benchmarks.
+//!
+//! * [`seed001_shape`]: the rule set of seed 001 — `n` rules each dropping one
+//!   distinct TCP destination port, followed by the rule the traffic matches
+//!   (UDP to the iperf3 port 5201). [`seed001_packets`] generates that traffic.
+//! * [`classbench`]: ClassBench-style 5-tuple ACLs (Taylor & Turner, "ClassBench:
+//!   a packet classification benchmark", INFOCOM 2005): source and destination
+//!   prefixes of mixed lengths drawn around a pool of networks (so prefixes
+//!   nest and overlap), protocol exact or wildcard, ports wildcard / exact /
+//!   `0-1023` / `1024-65535` / arbitrary ranges. [`classbench_packets`] builds
+//!   headers the way ClassBench's trace generator does: pick a rule, pick a
+//!   point inside it (plus some uniformly random headers).
+
+use crate::ir::Chain;
+use crate::ir::{
+    map_v4, ChainKind, Field, Match, PacketFields, Policy, Program, Range, Rule, RuleId, Verdict,
+};
+
+/// SplitMix64: small, seedable, good enough for test data.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// Seeded generator.
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `0..n` (0 when `n == 0`).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next_u64() % n
+        }
+    }
+    /// True with probability `pct` percent.
+    pub fn pct(&mut self, pct: u64) -> bool {
+        self.below(100) < pct
+    }
+    /// Uniform in `lo..=hi`.
+    pub fn in_range(&mut self, lo: u128, hi: u128) -> u128 {
+        let span = hi.wrapping_sub(lo).wrapping_add(1);
+        let r = (u128::from(self.next_u64()) << 64) | u128::from(self.next_u64());
+        if span == 0 {
+            r
+        } else {
+            lo + r % span
+        }
+    }
+}
+
+const TCP: u128 = 6;
+const UDP: u128 = 17;
+const ICMP: u128 = 1;
+
+/// The seed-001 shape: `n` rules `tcp dport P drop` with distinct ports
+/// (past 60 000 rules the ports repeat and each rule also pins a distinct
+/// source address), then `udp dport 5201 accept`; policy drop.
+pub fn seed001_shape(n: usize) -> Program {
+    let mut rules = Vec::with_capacity(n + 1);
+    for i in 0..n {
+        let port = 10_000 + (i % 50_000) as u128;
+        let mut matches = vec![
+            Match::eq(Field::L4Proto, TCP),
+            Match::eq(Field::Dport, port),
+        ];
+        if i >= 50_000 {
+            matches.push(Match::eq(Field::Saddr, map_v4(0x0a00_0000 + i as u32)));
+        }
+        rules.push(Rule {
+            id: RuleId(i as u64),
+            matches,
+            stmts: vec![],
+            verdict: Some(Verdict::Drop),
+        });
+    }
+    rules.push(Rule {
+        id: RuleId(n as u64),
+        matches: vec![
+            Match::eq(Field::L4Proto, UDP),
+            Match::eq(Field::Dport, 5201),
+        ],
+        stmts: vec![],
+        verdict: Some(Verdict::Accept),
+    });
+    Program {
+        chains: vec![Chain {
+            name: "input".into(),
+            kind: ChainKind::Base(Policy::Drop),
+            rules,
+        }],
+    }
+}
+
+/// Traffic for [`seed001_shape`]: UDP to port 5201 from varying sources.
+pub fn seed001_packets(count: usize, seed: u64) -> Vec<PacketFields> {
+    let mut r = Rng::new(seed);
+    (0..count)
+        .map(|_| PacketFields {
+            saddr: map_v4(0xc0a8_0000 | r.below(65536) as u32),
+            daddr: map_v4(0xc0a8_ff01),
+            l4proto: UDP as u8,
+            sport: 1024 + r.below(60000) as u16,
+            dport: 5201,
+            ..Default::default()
+        })
+        .collect()
+}
+
+fn prefix_len(r: &mut Rng) -> u32 {
+    match r.below(100) {
+        0..=14 => 0,
+        15..=19 => 8,
+        20..=29 => 16,
+        30..=49 => 24,
+        50..=59 => 28,
+        _ => 32,
+    }
+}
+
+fn port_cond(r: &mut Rng, field: Field, exact_pct: u64, wild_pct: u64) -> Option<Match> {
+    const WELL_KNOWN: [u128; 12] = [20, 21, 22, 23, 25, 53, 80, 110, 143, 443, 993, 8080];
+    let x = r.below(100);
+    let range = if x < wild_pct {
+        return None;
+    } else if x < wild_pct + exact_pct {
+        let v = if r.pct(60) {
+            WELL_KNOWN[r.below(WELL_KNOWN.len() as u64) as usize]
+        } else {
+            r.below(65536) as u128
+        };
+        Range::value(v)
+    } else if x < wild_pct + exact_pct + 10 {
+        Range::new(1024, 65535)
+    } else if x < wild_pct + exact_pct + 15 {
+        Range::new(0, 1023)
+    } else {
+        let lo = r.below(65000) as u128;
+        Range::new(lo, (lo + 1 + r.below(2000) as u128).min(65535))
+    };
+    Some(Match::in_ranges(field, [range], false))
+}
+
+/// `n` ClassBench-style rules in one base chain (policy drop), seeded.
+pub fn classbench(n: usize, seed: u64) -> Program {
+    let mut r = Rng::new(seed);
+    let pool: Vec<u32> = (0..64)
+        .map(|_| (r.next_u64() as u32) & 0xffff_0000)
+        .collect();
+    let addr = |r: &mut Rng| -> Option<Match> {
+        let len = prefix_len(r);
+        if len == 0 {
+            return None;
+        }
+        let base = pool[r.below(pool.len() as u64) as usize] | (r.next_u64() as u32 & 0xffff);
+        Some(Match::in_ranges(
+            Field::Saddr,
+            [Range::v4_cidr(base, len)],
+            false,
+        ))
+    };
+    let mut rules = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut m = Vec::new();
+        if let Some(Match::In { set, negate, .. }) = addr(&mut r) {
+            m.push(Match::In {
+                field: Field::Saddr,
+                set,
+                negate,
+            });
+        }
+        if let Some(Match::In { set, negate, .. }) = addr(&mut r) {
+            m.push(Match::In {
+                field: Field::Daddr,
+                set,
+                negate,
+            });
+        }
+        let proto = match r.below(100) {
+            0..=54 => Some(TCP),
+            55..=84 => Some(UDP),
+            85..=89 => Some(ICMP),
+            _ => None,
+        };
+        if let Some(p) = proto {
+            m.push(Match::eq(Field::L4Proto, p));
+            if p != ICMP {
+                m.extend(port_cond(&mut r, Field::Sport, 5, 85));
+                m.extend(port_cond(&mut r, Field::Dport, 50, 15));
+            }
+        }
+        rules.push(Rule {
+            id: RuleId(i as u64),
+            matches: m,
+            stmts: vec![],
+            verdict: Some(if r.pct(70) {
+                Verdict::Accept
+            } else {
+                Verdict::Drop
+            }),
+        });
+    }
+    Program {
+        chains: vec![Chain {
+            name: "forward".into(),
+            kind: ChainKind::Base(Policy::Drop),
+            rules,
+        }],
+    }
+}
+
+/// A random value satisfying an `In` condition (or a random value otherwise).
+fn pick(r: &mut Rng, rule: &Rule, f: Field) -> u128 {
+    for m in &rule.matches {
+        if let Match::In {
+            field,
+            set,
+            negate: false,
+        } = m
+        {
+            if *field == f && !set.ranges().is_empty() {
+                let rg = set.ranges()[r.below(set.ranges().len() as u64) as usize];
+                return r.in_range(rg.lo, rg.hi.min(f.max()));
+            }
+        }
+    }
+    match f {
+        Field::Saddr | Field::Daddr => map_v4(r.next_u64() as u32),
+        Field::L4Proto => [TCP, UDP, ICMP][r.below(3) as usize],
+        _ => r.in_range(0, f.max()),
+    }
+}
+
+/// Headers for a rule set: 90 % are a random point inside a random rule of
+/// chain 0 (ClassBench trace style), 10 % are uniformly random.
+pub fn classbench_packets(prog: &Program, count: usize, seed: u64) -> Vec<PacketFields> {
+    let mut r = Rng::new(seed);
+    let empty = Vec::new();
+    let rules = prog.chains.first().map_or(&empty, |c| &c.rules);
+    (0..count)
+        .map(|_| {
+            let fallback = Rule {
+                id: RuleId(u64::MAX),
+                matches: vec![],
+                stmts: vec![],
+                verdict: None,
+            };
+            let rule = if r.pct(90) && !rules.is_empty() {
+                &rules[r.below(rules.len() as u64) as usize]
+            } else {
+                &fallback
+            };
+            PacketFields {
+                saddr: pick(&mut r, rule, Field::Saddr),
+                daddr: pick(&mut r, rule, Field::Daddr),
+                l4proto: pick(&mut r, rule, Field::L4Proto) as u8,
+                sport: pick(&mut r, rule, Field::Sport) as u16,
+                dport: pick(&mut r, rule, Field::Dport) as u16,
+                ct_state: crate::ir::ct::NEW,
+                ..Default::default()
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,173 @@
+//! The reference evaluator: a literal walk of every rule, netfilter semantics.
+//! It is the oracle the compiled classifier is tested against.
+
+use crate::ir::{ChainId, ChainKind, Policy, Program, RejectKind, RuleId, Stmt, Verdict};
+use crate::PacketFields;
+
+/// Jump stack depth, as the kernel's `NFT_JUMP_STACK_SIZE`.
+pub const MAX_DEPTH: usize = 16;
+/// Chain entries (jump + goto) allowed per evaluation; a guard, never reached
+/// by a validated (acyclic) program of sane size.
+pub const MAX_CHAIN_ENTRIES: u32 = 4096;
+
+/// Why an evaluation stopped without a verdict.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
+pub enum EvalError {
+    /// More than [`MAX_DEPTH`] nested jumps.
+    #[error("jump stack depth exceeded")]
+    DepthExceeded,
+    /// A jump/goto or the start chain does not exist or is not allowed.
+    #[error("unknown chain")]
+    UnknownChain,
+    /// More than [`MAX_CHAIN_ENTRIES`] chain entries.
+    #[error("chain entry limit exceeded")]
+    ChainLimit,
+}
+
+/// Final verdict of one evaluation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Final {
+    /// Accept (by rule or policy).
+    Accept,
+    /// Drop (by rule or policy).
+    Drop,
+    /// Reject.
+    Reject(RejectKind),
+    /// NAT action id.
+    Nat(u32),
+    /// Evaluation error; the engine drops and counts it.
+    Error(EvalError),
+}
+
+impl From<Policy> for Final {
+    fn from(p: Policy) -> Self {
+        match p {
+            Policy::Accept => Final::Accept,
+            Policy::Drop => Final::Drop,
+        }
+    }
+}
+
+/// Result of one evaluation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Outcome {
+    /// Verdict.
+    pub verdict: Final,
+    /// Rule that decided it; `None` for a policy or an error.
+    pub rule: Option<RuleId>,
+    /// Packet mark after the statements that ran.
+    pub mark: u32,
+    /// Conntrack mark after the statements that ran.
+    pub ct_mark: u32,
+}
+
+/// Reusable per-worker scratch: the call stack and the trace of matched rules
+/// (every rule that matched, in execution order; its statements ran).
+#[derive(Clone, Debug, Default)]
+pub struct Scratch {
+    pub(crate) stack: Vec<(ChainId, u64)>,
+    /// Matched rules, in order. Cleared at the start of each evaluation.
+    pub trace: Vec<RuleId>,
+}
+
+impl Scratch {
+    /// Empty scratch with room for the usual depth.
+    pub fn new() -> Self {
+        Scratch {
+            stack: Vec::with_capacity(MAX_DEPTH),
+            trace: Vec::with_capacity(16),
+        }
+    }
+}
+
+/// Applies a rule's statements to the packet view (marks); the others are
+/// side effects the engine performs from the trace.
+#[inline]
+pub(crate) fn run_stmts(stmts: &[Stmt], p: &mut PacketFields) {
+    for s in stmts {
+        match s {
+            Stmt::MarkSet(op) => p.mark = op.apply(p.mark),
+            Stmt::CtMarkSet(op) => p.ct_mark = op.apply(p.ct_mark),
+            Stmt::Counter | Stmt::Log(_) | Stmt::Limit(_) => {}
+        }
+    }
+}
+
+/// Evaluates `pkt` from base chain `base` by walking every rule in order.
+pub fn eval_linear(prog: &Program, base: ChainId, pkt: &PacketFields, s: &mut Scratch) -> Outcome {
+    let mut p = *pkt;
+    s.trace.clear();
+    s.stack.clear();
+    let out = |v: Final, rule: Option<RuleId>, p: &PacketFields| Outcome {
+        verdict: v,
+        rule,
+        mark: p.mark,
+        ct_mark: p.ct_mark,
+    };
+    let policy = match prog.chains.get(base.0 as usize).map(|c| c.kind) {
+        Some(ChainKind::Base(pol)) => pol,
+        _ => return out(Final::Error(EvalError::UnknownChain), None, &p),
+    };
+    let mut chain = base;
+    let mut idx = 0usize;
+    let mut entries = 0u32;
+    loop {
+        let Some(c) = prog.chains.get(chain.0 as usize) else {
+            return out(Final::Error(EvalError::UnknownChain), None, &p);
+        };
+        let mut hit = None;
+        while let Some(r) = c.rules.get(idx) {
+            if r.matches.iter().all(|m| m.matches(&p)) {
+                hit = Some(r);
+                break;
+            }
+            idx += 1;
+        }
+        let Some(r) = hit else {
+            // End of chain: regular chains return, base chain applies policy.
+            match s.stack.pop() {
+                Some((c, i)) => {
+                    chain = c;
+                    idx = i as usize;
+                    continue;
+                }
+                None => return out(policy.into(), None, &p),
+            }
+        };
+        s.trace.push(r.id);
+        run_stmts(&r.stmts, &mut p);
+        idx += 1;
+        match r.verdict {
+            None => {}
+            Some(Verdict::Accept) => return out(Final::Accept, Some(r.id), &p),
+            Some(Verdict::Drop) => return out(Final::Drop, Some(r.id), &p),
+            Some(Verdict::Reject(k)) => return out(Final::Reject(k), Some(r.id), &p),
+            Some(Verdict::Nat(n)) => return out(Final::Nat(n), Some(r.id), &p),
+            Some(Verdict::Return) => match s.stack.pop() {
+                Some((c, i)) => {
+                    chain = c;
+                    idx = i as usize;
+                }
+                None => return out(policy.into(), None, &p),
+            },
+            Some(v @ (Verdict::Jump(t) | Verdict::Goto(t))) => {
+                entries += 1;
+                if entries > MAX_CHAIN_ENTRIES {
+                    return out(Final::Error(EvalError::ChainLimit), Some(r.id), &p);
+                }
+                if matches!(v, Verdict::Jump(_)) {
+                    if s.stack.len() >= MAX_DEPTH {
+                        return out(Final::Error(EvalError::DepthExceeded), Some(r.id), &p);
+                    }
+                    s.stack.push((chain, idx as u64));
+                }
+                match prog.chains.get(t.0 as usize).map(|c| c.kind) {
+                    Some(ChainKind::Regular) => {}
+                    _ => return out(Final::Error(EvalError::UnknownChain), Some(r.id), &p),
+                }
+                chain = t;
+                idx = 0;
+            }
+        }
+    }
+}

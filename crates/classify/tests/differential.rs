@@ -1,0 +1,441 @@
+//! Differential tests: the compiled classifier against the linear evaluator.
+
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use sluice_classify::gen::{self, Rng};
+use sluice_classify::*;
+
+const V4: [u32; 6] = [
+    0x0a00_0000,
+    0x0a00_0001,
+    0x0a00_0005,
+    0x0a00_0080,
+    0x0a01_0000,
+    0xc0a8_0001,
+];
+const NAMES: [&str; 5] = ["eth0", "eth1", "wlan0", "lo", "eth10"];
+
+fn addr(r: &mut Rng) -> u128 {
+    if r.pct(10) {
+        0x2001_0db8_u128 << 96 | r.below(4) as u128
+    } else {
+        map_v4(V4[r.below(V4.len() as u64) as usize])
+    }
+}
+
+fn rand_match(r: &mut Rng) -> Match {
+    let negate = r.pct(20);
+    match r.below(13) {
+        0 | 1 => {
+            let f = if r.pct(50) {
+                Field::Saddr
+            } else {
+                Field::Daddr
+            };
+            let n = 1 + r.below(3);
+            let rs: Vec<Range> = (0..n)
+                .map(|_| {
+                    let a = addr(r);
+                    let len = [128, 126, 125, 120, 112, 104, 96][r.below(7) as usize];
+                    Range::prefix(a, len, 128)
+                })
+                .collect();
+            Match::in_ranges(f, rs, negate)
+        }
+        2 => Match::in_ranges(
+            Field::L4Proto,
+            [
+                [6u128, 17, 1][r.below(3) as usize],
+                [6u128, 17][r.below(2) as usize],
+            ]
+            .map(Range::value),
+            negate,
+        ),
+        3 | 4 => {
+            let f = if r.pct(50) {
+                Field::Sport
+            } else {
+                Field::Dport
+            };
+            let n = 1 + r.below(3);
+            let rs: Vec<Range> = (0..n)
+                .map(|_| match r.below(4) {
+                    0 => Range::value(r.below(10) as u128),
+                    1 => {
+                        let lo = r.below(20) as u128;
+                        Range::new(lo, lo + r.below(8) as u128)
+                    }
+                    2 => Range::new(r.below(10) as u128, 40000),
+                    _ => Range::new(1024, 65535),
+                })
+                .collect();
+            Match::in_ranges(f, rs, negate)
+        }
+        5 => {
+            let f = if r.pct(50) {
+                Field::IifName
+            } else {
+                Field::OifName
+            };
+            let pats: &[&str] = [
+                &["eth*"][..],
+                &["eth0"],
+                &["wlan0", "eth1"],
+                &["eth1*", "lo"],
+                &["*"],
+            ][r.below(5) as usize];
+            Match::ifname(f, pats, negate)
+        }
+        6 => Match::in_ranges(
+            Field::CtState,
+            [ct::NEW, ct::ESTABLISHED, ct::RELATED, ct::INVALID]
+                .into_iter()
+                .filter(|_| r.pct(50))
+                .map(|b| Range::value(b as u128)),
+            negate,
+        ),
+        7 => Match::Masked {
+            field: Field::CtState,
+            mask: (ct::ESTABLISHED | ct::RELATED) as u128,
+            value: 0,
+            negate: !negate,
+        },
+        8 => {
+            if r.pct(50) {
+                Match::in_ranges(Field::Mark, [Range::value(r.below(4) as u128)], negate)
+            } else {
+                Match::Masked {
+                    field: Field::Mark,
+                    mask: 1,
+                    value: r.below(2) as u128,
+                    negate,
+                }
+            }
+        }
+        9 => Match::in_ranges(Field::CtMark, [Range::value(r.below(3) as u128)], negate),
+        10 => Match::Masked {
+            field: Field::TcpFlags,
+            mask: 0x12,
+            value: [0x02u128, 0x12, 0x10][r.below(3) as usize],
+            negate,
+        },
+        11 => {
+            let els: Vec<Box<[Range]>> = (0..1 + r.below(5))
+                .map(|_| {
+                    let port = if r.pct(70) {
+                        Range::value(r.below(10) as u128)
+                    } else {
+                        Range::new(0, r.below(20) as u128)
+                    };
+                    vec![Range::value(addr(r)), port].into_boxed_slice()
+                })
+                .collect();
+            Match::Concat {
+                fields: Arc::from(vec![Field::Daddr, Field::Dport]),
+                set: Arc::new(ConcatSet::new(els)),
+                negate,
+            }
+        }
+        _ => Match::in_ranges(Field::Iif, [Range::value(1 + r.below(3) as u128)], negate),
+    }
+}
+
+/// A rule of chain `ci` in a program of `nchains`; jumps only go forward, so
+/// the chain graph is acyclic.
+fn rand_rule(r: &mut Rng, id: u64, ci: usize, nchains: usize) -> Rule {
+    let matches = (0..r.below(4)).map(|_| rand_match(r)).collect();
+    let mut stmts = Vec::new();
+    if r.pct(30) {
+        stmts.push(match r.below(4) {
+            0 => Stmt::MarkSet(MarkOp::set(r.below(4) as u32)),
+            1 => Stmt::MarkSet(MarkOp {
+                and: 0xfffe,
+                xor: 1,
+            }),
+            2 => Stmt::CtMarkSet(MarkOp::set(r.below(3) as u32)),
+            _ => Stmt::Counter,
+        });
+    }
+    let targets: Vec<u32> = ((ci + 1).max(1)..nchains).map(|c| c as u32).collect();
+    let verdict = match r.below(10) {
+        0..=2 => None,
+        3 => Some(Verdict::Accept),
+        4 => Some(Verdict::Drop),
+        5 => Some(if r.pct(50) {
+            Verdict::Reject(RejectKind::TcpReset)
+        } else {
+            Verdict::Nat(r.below(3) as u32)
+        }),
+        6 => Some(Verdict::Return),
+        _ if !targets.is_empty() => {
+            let t = ChainId(targets[r.below(targets.len() as u64) as usize]);
+            Some(if r.pct(60) {
+                Verdict::Jump(t)
+            } else {
+                Verdict::Goto(t)
+            })
+        }
+        _ => None,
+    };
+    Rule {
+        id: RuleId(id),
+        matches,
+        stmts,
+        verdict,
+    }
+}
+
+fn rand_program(r: &mut Rng, next_id: &mut u64) -> Program {
+    let nchains = 1 + r.below(4) as usize;
+    let chains = (0..nchains)
+        .map(|ci| Chain {
+            name: format!("c{ci}"),
+            kind: if ci == 0 {
+                ChainKind::Base(if r.pct(50) {
+                    Policy::Accept
+                } else {
+                    Policy::Drop
+                })
+            } else {
+                ChainKind::Regular
+            },
+            rules: (0..r.below(14))
+                .map(|_| {
+                    *next_id += 1;
+                    rand_rule(r, *next_id, ci, nchains)
+                })
+                .collect(),
+        })
+        .collect();
+    Program { chains }
+}
+
+fn rand_packet(r: &mut Rng) -> PacketFields {
+    PacketFields {
+        iif: 1 + r.below(3) as u32,
+        oif: 1 + r.below(3) as u32,
+        iifname: IfName::new(NAMES[r.below(5) as usize]),
+        oifname: IfName::new(NAMES[r.below(5) as usize]),
+        family: Family::V4,
+        saddr: addr(r),
+        daddr: addr(r),
+        l4proto: [6u8, 17, 1][r.below(3) as usize],
+        sport: if r.pct(80) {
+            r.below(24) as u16
+        } else {
+            r.below(65536) as u16
+        },
+        dport: if r.pct(80) {
+            r.below(24) as u16
+        } else {
+            r.below(65536) as u16
+        },
+        tcp_flags: [0x02u8, 0x12, 0x10, 0x11][r.below(4) as usize],
+        icmp_type: 0,
+        icmp_code: 0,
+        ct_state: [ct::NEW, ct::ESTABLISHED, ct::RELATED, ct::INVALID][r.below(4) as usize],
+        ct_mark: r.below(3) as u32,
+        mark: r.below(4) as u32,
+    }
+}
+
+fn check(prog: &Program, c: &Classifier, pkts: &[PacketFields]) -> Result<(), String> {
+    let (mut s1, mut s2) = (Scratch::new(), Scratch::new());
+    for p in pkts {
+        let a = eval_linear(prog, ChainId(0), p, &mut s1);
+        let b = c.eval(ChainId(0), p, &mut s2);
+        if a != b || s1.trace != s2.trace {
+            return Err(format!(
+                "mismatch on {p:?}\nlinear   {a:?} {:?}\ncompiled {b:?} {:?}",
+                s1.trace, s2.trace
+            ));
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    #[test]
+    fn compiled_equals_linear_on_random_programs(seed in any::<u64>()) {
+        let mut r = Rng::new(seed);
+        let mut id = 0;
+        let prog = rand_program(&mut r, &mut id);
+        let c = Classifier::compile(&prog).unwrap();
+        let pkts: Vec<_> = (0..150).map(|_| rand_packet(&mut r)).collect();
+        if let Err(e) = check(&prog, &c, &pkts) {
+            prop_assert!(false, "{}\n{:#?}", e, prog);
+        }
+    }
+
+    #[test]
+    fn updates_interleaved_with_lookups_equal_linear(seed in any::<u64>()) {
+        let mut r = Rng::new(seed);
+        let mut id = 0;
+        let mut prog = rand_program(&mut r, &mut id);
+        let mut c = Classifier::compile(&prog).unwrap();
+        let snapshot = (prog.clone(), Arc::new(c.clone()));
+        let n = prog.chains.len();
+        for _ in 0..60 {
+            let ci = r.below(n as u64) as usize;
+            let rules = &mut prog.chains[ci].rules;
+            if r.pct(40) && !rules.is_empty() {
+                let k = r.below(rules.len() as u64) as usize;
+                let gone = rules.remove(k);
+                c.delete_rule(ChainId(ci as u32), gone.id).unwrap();
+            } else {
+                id += 1;
+                let rule = rand_rule(&mut r, id, ci, n);
+                let (k, at) = if rules.is_empty() || r.pct(20) {
+                    if r.pct(50) { (0, Placement::Front) } else { (rules.len(), Placement::Back) }
+                } else {
+                    let k = r.below(rules.len() as u64) as usize;
+                    if r.pct(50) {
+                        (k, Placement::Before(rules[k].id))
+                    } else {
+                        (k + 1, Placement::After(rules[k].id))
+                    }
+                };
+                rules.insert(k, rule.clone());
+                c.insert_rule(ChainId(ci as u32), at, &rule).unwrap();
+            }
+            let pkts: Vec<_> = (0..30).map(|_| rand_packet(&mut r)).collect();
+            if let Err(e) = check(&prog, &c, &pkts) {
+                prop_assert!(false, "{}", e);
+            }
+        }
+        // The published generation did not change under the updates.
+        let pkts: Vec<_> = (0..100).map(|_| rand_packet(&mut r)).collect();
+        if let Err(e) = check(&snapshot.0, &snapshot.1, &pkts) {
+            prop_assert!(false, "old generation changed: {}", e);
+        }
+    }
+}
+
+#[test]
+fn classbench_2000_rules_compiled_equals_linear() {
+    for seed in [1, 2] {
+        let prog = gen::classbench(2000, seed);
+        let c = Classifier::compile(&prog).unwrap();
+        let pkts = gen::classbench_packets(&prog, 4000, seed + 100);
+        check(&prog, &c, &pkts).unwrap();
+    }
+}
+
+#[test]
+fn classbench_updates_at_1000_rules_equal_linear() {
+    let mut prog = gen::classbench(1000, 9);
+    let mut c = Classifier::compile(&prog).unwrap();
+    let extra = gen::classbench(300, 10);
+    let mut r = Rng::new(3);
+    for (i, mut rule) in extra.chains[0].rules.iter().cloned().enumerate() {
+        rule.id = RuleId(1_000_000 + i as u64);
+        let rules = &mut prog.chains[0].rules;
+        let k = r.below(rules.len() as u64) as usize;
+        c.insert_rule(ChainId(0), Placement::Before(rules[k].id), &rule)
+            .unwrap();
+        rules.insert(k, rule);
+        let k = r.below(rules.len() as u64) as usize;
+        let gone = rules.remove(k);
+        c.delete_rule(ChainId(0), gone.id).unwrap();
+    }
+    let pkts = gen::classbench_packets(&prog, 4000, 77);
+    check(&prog, &c, &pkts).unwrap();
+}
+
+#[test]
+fn seed001_shape_1000_rules_compiled_equals_linear() {
+    let prog = gen::seed001_shape(1000);
+    let c = Classifier::compile(&prog).unwrap();
+    let mut pkts = gen::seed001_packets(500, 1);
+    // Plus TCP packets that hit the port rules.
+    for p in 9990..11010u16 {
+        pkts.push(PacketFields {
+            l4proto: 6,
+            dport: p,
+            ..Default::default()
+        });
+    }
+    check(&prog, &c, &pkts).unwrap();
+    assert!(c.tuple_count(ChainId(0)).is_some_and(|t| t <= 2));
+}
+
+#[test]
+fn jump_depth_exceeded_is_reported_identically() {
+    let n = MAX_DEPTH + 3;
+    let chains = (0..n)
+        .map(|i| Chain {
+            name: format!("c{i}"),
+            kind: if i == 0 {
+                ChainKind::Base(Policy::Accept)
+            } else {
+                ChainKind::Regular
+            },
+            rules: if i + 1 < n {
+                vec![Rule {
+                    id: RuleId(i as u64),
+                    matches: vec![],
+                    stmts: vec![Stmt::Counter],
+                    verdict: Some(Verdict::Jump(ChainId(i as u32 + 1))),
+                }]
+            } else {
+                vec![]
+            },
+        })
+        .collect();
+    let prog = Program { chains };
+    let c = Classifier::compile(&prog).unwrap();
+    let mut s = Scratch::new();
+    let o = eval_linear(&prog, ChainId(0), &PacketFields::default(), &mut s);
+    assert_eq!(o.verdict, Final::Error(EvalError::DepthExceeded));
+    assert_eq!(o.rule, Some(RuleId(MAX_DEPTH as u64)));
+    check(&prog, &c, &[PacketFields::default()]).unwrap();
+}
+
+#[test]
+fn mark_set_is_seen_by_later_rules() {
+    let r = |id, matches, stmts, verdict| Rule {
+        id: RuleId(id),
+        matches,
+        stmts,
+        verdict,
+    };
+    let prog = Program {
+        chains: vec![Chain {
+            name: "in".into(),
+            kind: ChainKind::Base(Policy::Drop),
+            rules: vec![
+                r(
+                    1,
+                    vec![Match::eq(Field::Mark, 7)],
+                    vec![],
+                    Some(Verdict::Accept),
+                ),
+                r(2, vec![], vec![Stmt::MarkSet(MarkOp::set(7))], None),
+                r(
+                    3,
+                    vec![Match::eq(Field::Mark, 0)],
+                    vec![],
+                    Some(Verdict::Drop),
+                ),
+                r(
+                    4,
+                    vec![Match::eq(Field::Mark, 7)],
+                    vec![Stmt::Counter],
+                    Some(Verdict::Accept),
+                ),
+            ],
+        }],
+    };
+    let c = Classifier::compile(&prog).unwrap();
+    let mut s = Scratch::new();
+    let o = c.eval(ChainId(0), &PacketFields::default(), &mut s);
+    assert_eq!(
+        (o.verdict, o.rule, o.mark),
+        (Final::Accept, Some(RuleId(4)), 7)
+    );
+    assert_eq!(s.trace, vec![RuleId(2), RuleId(4)]);
+    check(&prog, &c, &[PacketFields::default()]).unwrap();
+}

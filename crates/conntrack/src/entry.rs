@@ -1,0 +1,122 @@
+//! One connection: both keys, the caller's payload, state and expiry.
+
+use core::time::Duration;
+
+use crate::proto::ProtoState;
+use crate::time::{is_expired, remaining_ms, Instant};
+use crate::{Dir, Key};
+
+pub(crate) const F_LIVE: u8 = 1;
+pub(crate) const F_ASSURED: u8 = 2;
+pub(crate) const F_SEEN_REPLY: u8 = 4;
+
+/// One connection.
+///
+/// Layout (`repr(C)`, so the size is predictable): for `FlowKey4` keys and a
+/// `u64` payload it is 16 + 16 (keys), 8 (payload), 4 (expiry), 4 (mark),
+/// 4 (packets), 2 (state) and 1 (flags): 55, padded to 56 bytes.
+/// With `FlowKey6` keys it is 128 bytes.
+///
+/// Keys are immutable once inserted (the index points at them); only the
+/// payload and the mark can be changed through [`Table::entry_mut`](crate::Table::entry_mut).
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C)]
+pub struct Entry<K, P> {
+    pub(crate) orig: K,
+    pub(crate) reply: K,
+    pub(crate) payload: P,
+    /// Expiry tick (ms, wrapping; see [`crate::time`]).
+    pub(crate) expiry: u32,
+    /// `ct mark`; holds the next free index while the slot is free.
+    pub(crate) mark: u32,
+    pub(crate) packets: u32,
+    pub(crate) state: ProtoState,
+    pub(crate) flags: u8,
+}
+
+impl<K: Key, P: Copy + Default> Entry<K, P> {
+    /// Key of the original direction (as the first packet was seen).
+    #[inline]
+    pub fn orig(&self) -> &K {
+        &self.orig
+    }
+
+    /// Key of the reply direction (after NAT: the translated tuple, reversed).
+    #[inline]
+    pub fn reply(&self) -> &K {
+        &self.reply
+    }
+
+    /// Key of direction `dir`.
+    #[inline]
+    pub fn key(&self, dir: Dir) -> &K {
+        match dir {
+            Dir::Original => &self.orig,
+            Dir::Reply => &self.reply,
+        }
+    }
+
+    /// The caller's payload (e.g. precomputed NAT rewrites).
+    #[inline]
+    pub fn payload(&self) -> &P {
+        &self.payload
+    }
+
+    /// Mutable payload.
+    #[inline]
+    pub fn payload_mut(&mut self) -> &mut P {
+        &mut self.payload
+    }
+
+    /// `ct mark`.
+    #[inline]
+    pub fn mark(&self) -> u32 {
+        self.mark
+    }
+
+    /// Set `ct mark`.
+    #[inline]
+    pub fn set_mark(&mut self, mark: u32) {
+        self.mark = mark;
+    }
+
+    /// Protocol state.
+    #[inline]
+    pub fn state(&self) -> ProtoState {
+        self.state
+    }
+
+    /// Assured connections are never dropped early when the table is full.
+    #[inline]
+    pub fn is_assured(&self) -> bool {
+        self.flags & F_ASSURED != 0
+    }
+
+    /// A packet was seen in the reply direction.
+    #[inline]
+    pub fn seen_reply(&self) -> bool {
+        self.flags & F_SEEN_REPLY != 0
+    }
+
+    /// Packets tracked in both directions (wraps at 2^32).
+    #[inline]
+    pub fn packets(&self) -> u32 {
+        self.packets
+    }
+
+    /// True once the entry's timeout has run out at `now`.
+    #[inline]
+    pub fn is_expired(&self, now: Instant) -> bool {
+        is_expired(self.expiry, now)
+    }
+
+    /// Time left before the entry expires (zero if it has).
+    pub fn expires_in(&self, now: Instant) -> Duration {
+        Duration::from_millis(u64::from(remaining_ms(self.expiry, now)))
+    }
+
+    #[inline]
+    pub(crate) fn is_live(&self) -> bool {
+        self.flags & F_LIVE != 0
+    }
+}

@@ -1,0 +1,560 @@
+//! The connection table: a slab of entries plus the two-key index.
+
+use core::fmt;
+
+use sluice_io::mem::{advise_huge_pages, prefetch};
+
+use crate::entry::{Entry, F_ASSURED, F_LIVE, F_SEEN_REPLY};
+use crate::index::Index;
+use crate::proto::{self, CtState, L4Event, ProtoState, Tracked, Verdict};
+use crate::time::{expiry_after, Instant, TimeoutTable, Timeouts};
+use crate::{Dir, EntryId, Key};
+
+/// Largest supported `max` (entry indices take 31 bits in the index).
+pub const MAX_CONNECTIONS: u32 = (1 << 31) - 1;
+
+const NONE: u32 = u32::MAX;
+
+/// Table configuration. There is no hash size to tune: the index is derived
+/// from `max`.
+#[derive(Clone, Copy, Debug)]
+pub struct Config {
+    /// Maximum number of connections (netfilter `nf_conntrack_max`).
+    pub max: u32,
+    /// Random hash seed, chosen by the caller (core crates never read
+    /// randomness). Keys the hash against collision attacks.
+    pub seed: u64,
+    /// Per-state timeouts.
+    pub timeouts: Timeouts,
+    /// Let a mid-stream TCP ACK create an ESTABLISHED entry
+    /// (`nf_conntrack_tcp_loose`, default on).
+    pub tcp_loose: bool,
+}
+
+impl Config {
+    /// `max` connections, netfilter's timeouts, loose TCP pickup.
+    pub fn new(max: u32, seed: u64) -> Self {
+        Self {
+            max,
+            seed,
+            timeouts: Timeouts::default(),
+            tcp_loose: true,
+        }
+    }
+}
+
+/// Why a table could not be built.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// `max` is zero.
+    #[error("conntrack max must be at least 1")]
+    ZeroMax,
+    /// `max` exceeds [`MAX_CONNECTIONS`].
+    #[error("conntrack max exceeds {MAX_CONNECTIONS}")]
+    TooLarge,
+}
+
+/// Why an insert failed.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, thiserror::Error)]
+pub enum InsertError {
+    /// The original or the reply key is already in the table.
+    #[error("connection already tracked")]
+    Exists,
+    /// No room and no entry that may be dropped early.
+    #[error("conntrack table full")]
+    Full,
+}
+
+/// The connection table for keys `K` with caller payload `P`.
+///
+/// Lookups are split so that a worker can pipeline a batch:
+/// [`hash`](Self::hash) every key, [`prefetch_bucket`](Self::prefetch_bucket)
+/// every hash, then [`lookup`](Self::lookup) (or the cheaper
+/// [`candidate`](Self::candidate) + [`prefetch_entry`](Self::prefetch_entry)
+/// + [`verify`](Self::verify)), then touch the entries.
+pub struct Table<K, P> {
+    entries: Vec<Entry<K, P>>,
+    index: Index,
+    free_head: u32,
+    len: u32,
+    max: u32,
+    seed: [u64; 2],
+    timeouts: TimeoutTable,
+    tcp_loose: bool,
+    gc_cursor: usize,
+    /// Test hook: hash every key to bucket 0.
+    #[cfg(test)]
+    pub(crate) degenerate: bool,
+}
+
+impl<K, P> fmt::Debug for Table<K, P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Table")
+            .field("len", &self.len)
+            .field("max", &self.max)
+            .finish()
+    }
+}
+
+#[inline]
+fn fold(a: u64, b: u64) -> u64 {
+    let p = u128::from(a) * u128::from(b);
+    (p as u64) ^ ((p >> 64) as u64)
+}
+
+fn splitmix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+impl<K: Key, P: Copy + Default> Table<K, P> {
+    /// Build a table for `cfg.max` connections. The entry slab is reserved
+    /// (not touched) and the index allocated zeroed, both advised for huge
+    /// pages; see [`memory_bytes`](Self::memory_bytes).
+    pub fn new(cfg: Config) -> Result<Self, ConfigError> {
+        if cfg.max == 0 {
+            return Err(ConfigError::ZeroMax);
+        }
+        if cfg.max > MAX_CONNECTIONS {
+            return Err(ConfigError::TooLarge);
+        }
+        let mut entries = Vec::with_capacity(cfg.max as usize);
+        advise_huge_pages(entries.spare_capacity_mut());
+        Ok(Self {
+            entries,
+            index: Index::new(cfg.max),
+            free_head: NONE,
+            len: 0,
+            max: cfg.max,
+            seed: [
+                splitmix(cfg.seed),
+                splitmix(cfg.seed ^ 0x5851_f42d_4c95_7f2d),
+            ],
+            timeouts: TimeoutTable::new(&cfg.timeouts),
+            tcp_loose: cfg.tcp_loose,
+            gc_cursor: 0,
+            #[cfg(test)]
+            degenerate: false,
+        })
+    }
+
+    /// Replace the timeouts. Entries keep their current expiry until their
+    /// next packet.
+    pub fn set_timeouts(&mut self, t: &Timeouts) {
+        self.timeouts = TimeoutTable::new(t);
+    }
+
+    /// Live connections.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    /// True when no connection is tracked.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Configured maximum.
+    #[inline]
+    pub fn max(&self) -> usize {
+        self.max as usize
+    }
+
+    /// Bytes allocated for the slab and the index when the table is at `max`
+    /// (the index is allocated up front; the slab is reserved up front).
+    pub fn memory_bytes(&self) -> usize {
+        Self::memory_bytes_for(self.max)
+    }
+
+    /// [`memory_bytes`](Self::memory_bytes) for a table of `max` connections.
+    pub fn memory_bytes_for(max: u32) -> usize {
+        max as usize * core::mem::size_of::<Entry<K, P>>() + Index::bytes_for(max)
+    }
+
+    // ---- fast path -------------------------------------------------------
+
+    /// Keyed hash of `k`.
+    #[inline]
+    pub fn hash(&self, k: &K) -> u64 {
+        let [a, b] = k.words();
+        let h = fold(
+            fold(a ^ self.seed[0], b ^ self.seed[1]),
+            0x9e37_79b9_7f4a_7c15 ^ self.seed[0],
+        );
+        #[cfg(test)]
+        if self.degenerate {
+            return h & 0xffff_ffff;
+        }
+        h
+    }
+
+    /// Prefetch the home bucket of hash `h`.
+    #[inline]
+    pub fn prefetch_bucket(&self, h: u64) {
+        self.index.prefetch(h);
+    }
+
+    /// Find the entry that has `k` (of hash `h`) as one of its keys.
+    #[inline]
+    pub fn lookup(&self, h: u64, k: &K) -> Option<(EntryId, Dir)> {
+        let entries = &self.entries;
+        self.index
+            .find(h, |idx, dir| {
+                entries.get(idx as usize).is_some_and(|e| e.key(dir) == k)
+            })
+            .map(|(i, d)| (EntryId(i), d))
+    }
+
+    /// The first entry whose tag matches `h`, reading only the index. A
+    /// `None` is a definite miss; a `Some` must be confirmed with
+    /// [`verify`](Self::verify) (a 31-bit tag collision is possible), falling
+    /// back to [`lookup`](Self::lookup) if it fails.
+    #[inline]
+    pub fn candidate(&self, h: u64) -> Option<(EntryId, Dir)> {
+        self.index
+            .find(h, |_, _| true)
+            .map(|(i, d)| (EntryId(i), d))
+    }
+
+    /// True if entry `id` has key `k` in direction `dir`.
+    #[inline]
+    pub fn verify(&self, id: EntryId, dir: Dir, k: &K) -> bool {
+        self.entries
+            .get(id.index())
+            .is_some_and(|e| e.is_live() && e.key(dir) == k)
+    }
+
+    /// Prefetch entry `id` (both cache lines it may span).
+    #[inline]
+    pub fn prefetch_entry(&self, id: EntryId) {
+        if let Some(e) = self.entries.get(id.index()) {
+            prefetch(&e.orig);
+            prefetch(&e.flags);
+        }
+    }
+
+    /// Entry `id`. Panics if `id` was never handed out by this table.
+    #[inline]
+    pub fn entry(&self, id: EntryId) -> &Entry<K, P> {
+        &self.entries[id.index()]
+    }
+
+    /// Mutable entry `id` (payload and mark). Panics like [`entry`](Self::entry).
+    #[inline]
+    pub fn entry_mut(&mut self, id: EntryId) -> &mut Entry<K, P> {
+        &mut self.entries[id.index()]
+    }
+
+    /// Entry `id` if it is live.
+    pub fn get(&self, id: EntryId) -> Option<&Entry<K, P>> {
+        self.entries.get(id.index()).filter(|e| e.is_live())
+    }
+
+    /// May a packet with this L4 event create a new entry? (TCP: SYN; with
+    /// `tcp_loose`, a pure ACK; never FIN/RST. ICMP: requests only.)
+    pub fn may_create(&self, ev: L4Event) -> bool {
+        proto::may_create(ev, self.tcp_loose)
+    }
+
+    /// Run one packet of direction `dir` through entry `id`'s state machine:
+    /// validate it, update the state and assured flag, refresh the expiry,
+    /// count it. Call it for the first packet too, right after
+    /// [`insert`](Self::insert) (netfilter's `new()` then `packet()`).
+    pub fn track(&mut self, id: EntryId, dir: Dir, now: Instant, ev: L4Event) -> Tracked {
+        let timeouts = &self.timeouts;
+        let Some(e) = self.entries.get_mut(id.index()).filter(|e| e.is_live()) else {
+            return Tracked {
+                verdict: Verdict::Invalid,
+                state: ProtoState::Generic,
+                ct: CtState::Invalid,
+            };
+        };
+        if e.is_expired(now) {
+            return Tracked {
+                verdict: Verdict::Expired,
+                state: e.state,
+                ct: CtState::New,
+            };
+        }
+        e.packets = e.packets.wrapping_add(1);
+        let seen_reply = e.seen_reply();
+        let s = proto::step(e.state, seen_reply, e.is_assured(), dir, ev);
+        let ct = match s.verdict {
+            Verdict::Invalid => CtState::Invalid,
+            Verdict::Reopen | Verdict::Expired => CtState::New,
+            _ if dir == Dir::Reply || seen_reply => CtState::Established,
+            _ => CtState::New,
+        };
+        if matches!(
+            s.verdict,
+            Verdict::Valid | Verdict::Ignored | Verdict::Close
+        ) {
+            e.state = s.state;
+            if s.assured {
+                e.flags |= F_ASSURED;
+            }
+            if dir == Dir::Reply {
+                e.flags |= F_SEEN_REPLY;
+            }
+            if s.verdict == Verdict::Close {
+                e.expiry = now.tick();
+            } else if let Some(t) = s.timeout {
+                let mut ms = timeouts.get(t);
+                if s.cap_unack {
+                    ms = ms.min(timeouts.get(crate::time::Tmo::TcpUnack));
+                }
+                e.expiry = expiry_after(now, ms);
+            }
+        }
+        Tracked {
+            verdict: s.verdict,
+            state: e.state,
+            ct,
+        }
+    }
+
+    // ---- slow path -------------------------------------------------------
+
+    /// Insert a connection reachable by `orig` and `reply`. The entry starts
+    /// in its protocol's initial state with that state's timeout; run the
+    /// first packet through [`track`](Self::track).
+    ///
+    /// When the table is full (`len == max`) or a key's probe window has no
+    /// free slot, an entry from the probe windows is dropped early: an
+    /// expired one if any, otherwise the unassured one closest to expiry
+    /// (netfilter's `early_drop`). It is reported to `on_evict` (so NAT can
+    /// release its port). Assured entries are never dropped; if no entry may
+    /// be dropped the insert fails with [`InsertError::Full`].
+    pub fn insert(
+        &mut self,
+        now: Instant,
+        orig: K,
+        reply: K,
+        payload: P,
+        on_evict: &mut impl FnMut(&Entry<K, P>),
+    ) -> Result<EntryId, InsertError> {
+        let h1 = self.hash(&orig);
+        let h2 = self.hash(&reply);
+        let same = orig == reply;
+        if self.lookup(h1, &orig).is_some() || (!same && self.lookup(h2, &reply).is_some()) {
+            return Err(InsertError::Exists);
+        }
+        if self.len == self.max && !self.early_drop(now, &[h1, h2], NONE, on_evict) {
+            return Err(InsertError::Full);
+        }
+        let state = ProtoState::initial(orig.proto());
+        let entry = Entry {
+            orig,
+            reply,
+            payload,
+            expiry: expiry_after(now, self.timeouts.get(state.initial_timeout())),
+            mark: 0,
+            packets: 0,
+            state,
+            flags: F_LIVE,
+        };
+        let idx = self.alloc(entry);
+        if !self.place(now, h1, idx, Dir::Original, on_evict) {
+            self.release(idx);
+            return Err(InsertError::Full);
+        }
+        if !same && !self.place(now, h2, idx, Dir::Reply, on_evict) {
+            self.index.remove(h1, idx, Dir::Original);
+            self.release(idx);
+            return Err(InsertError::Full);
+        }
+        Ok(EntryId(idx))
+    }
+
+    /// Remove entry `id`, returning it; `None` if it is not live.
+    pub fn remove(&mut self, id: EntryId) -> Option<Entry<K, P>> {
+        self.get(id)?;
+        Some(self.remove_idx(id.0))
+    }
+
+    /// Incremental GC: visit up to `budget` slab slots from where the last
+    /// call stopped, remove the expired entries and report each to
+    /// `on_remove`. Returns how many were removed. A full cycle takes
+    /// `max / budget` calls.
+    pub fn gc(
+        &mut self,
+        now: Instant,
+        budget: usize,
+        on_remove: &mut impl FnMut(&Entry<K, P>),
+    ) -> usize {
+        let n = self.entries.len();
+        if n == 0 {
+            return 0;
+        }
+        let mut cur = if self.gc_cursor >= n {
+            0
+        } else {
+            self.gc_cursor
+        };
+        let mut removed = 0;
+        for _ in 0..budget.min(n) {
+            let e = &self.entries[cur];
+            if e.is_live() && e.is_expired(now) {
+                let e = self.remove_idx(cur as u32);
+                on_remove(&e);
+                removed += 1;
+            }
+            cur += 1;
+            if cur == n {
+                cur = 0;
+            }
+        }
+        self.gc_cursor = cur;
+        removed
+    }
+
+    /// Remove every entry in bulk: the slab is reset and the index zeroed
+    /// with one memset, nothing is visited entry by entry. Returns how many
+    /// entries there were. (NAT state must be flushed by its owner.)
+    pub fn flush(&mut self) -> usize {
+        let n = self.len as usize;
+        self.entries.clear();
+        self.index.clear();
+        self.free_head = NONE;
+        self.len = 0;
+        self.gc_cursor = 0;
+        n
+    }
+
+    /// Remove every entry for which `pred` holds, reporting each to
+    /// `on_remove`. Visits the whole slab. Returns how many were removed.
+    pub fn flush_matching(
+        &mut self,
+        mut pred: impl FnMut(&Entry<K, P>) -> bool,
+        on_remove: &mut impl FnMut(&Entry<K, P>),
+    ) -> usize {
+        let mut removed = 0;
+        for i in 0..self.entries.len() {
+            let e = &self.entries[i];
+            if e.is_live() && pred(e) {
+                let e = self.remove_idx(i as u32);
+                on_remove(&e);
+                removed += 1;
+            }
+        }
+        removed
+    }
+
+    /// Live entries in slab order.
+    pub fn iter(&self) -> impl Iterator<Item = (EntryId, &Entry<K, P>)> + '_ {
+        self.entries
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.is_live())
+            .map(|(i, e)| (EntryId(i as u32), e))
+    }
+
+    // ---- internals -------------------------------------------------------
+
+    fn alloc(&mut self, e: Entry<K, P>) -> u32 {
+        self.len += 1;
+        if self.free_head != NONE {
+            let idx = self.free_head;
+            let slot = &mut self.entries[idx as usize];
+            self.free_head = slot.mark;
+            *slot = e;
+            idx
+        } else {
+            // len <= max and every slot below entries.len() is live or free,
+            // so the reserved capacity is never exceeded (no reallocation).
+            self.entries.push(e);
+            (self.entries.len() - 1) as u32
+        }
+    }
+
+    /// Return slot `idx` (already out of the index) to the free list.
+    fn release(&mut self, idx: u32) {
+        let e = &mut self.entries[idx as usize];
+        e.flags = 0;
+        e.mark = self.free_head;
+        self.free_head = idx;
+        self.len -= 1;
+    }
+
+    fn remove_idx(&mut self, idx: u32) -> Entry<K, P> {
+        let e = self.entries[idx as usize];
+        let h1 = self.hash(&e.orig);
+        let removed = self.index.remove(h1, idx, Dir::Original);
+        debug_assert!(removed);
+        if e.orig != e.reply {
+            let h2 = self.hash(&e.reply);
+            let removed = self.index.remove(h2, idx, Dir::Reply);
+            debug_assert!(removed);
+        }
+        self.release(idx);
+        e
+    }
+
+    fn place(
+        &mut self,
+        now: Instant,
+        h: u64,
+        idx: u32,
+        dir: Dir,
+        on_evict: &mut impl FnMut(&Entry<K, P>),
+    ) -> bool {
+        if self.index.insert(h, idx, dir) {
+            return true;
+        }
+        self.early_drop(now, &[h], idx, on_evict) && self.index.insert(h, idx, dir)
+    }
+
+    /// Evict one entry referenced from the probe windows of `hashes`
+    /// (excluding `exclude`): an expired one, else the unassured one with
+    /// the least time left. False if there is none.
+    fn early_drop(
+        &mut self,
+        now: Instant,
+        hashes: &[u64],
+        exclude: u32,
+        on_evict: &mut impl FnMut(&Entry<K, P>),
+    ) -> bool {
+        let entries = &self.entries;
+        let mut expired = NONE;
+        let mut best = NONE;
+        let mut best_left = u32::MAX;
+        for &h in hashes {
+            self.index.for_each_in_window(h, |idx| {
+                if idx == exclude || expired != NONE {
+                    return;
+                }
+                let e = &entries[idx as usize];
+                if e.is_expired(now) {
+                    expired = idx;
+                } else if !e.is_assured() {
+                    let left = crate::time::remaining_ms(e.expiry, now);
+                    if left < best_left {
+                        best_left = left;
+                        best = idx;
+                    }
+                }
+            });
+        }
+        let victim = if expired != NONE { expired } else { best };
+        if victim == NONE {
+            return false;
+        }
+        let e = self.remove_idx(victim);
+        on_evict(&e);
+        true
+    }
+
+    #[cfg(test)]
+    pub(crate) fn index_occupied(&self) -> usize {
+        self.index.occupied()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn index_overflow_total(&self) -> u64 {
+        self.index.overflow_total()
+    }
+}

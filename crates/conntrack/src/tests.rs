@@ -1,0 +1,781 @@
+//! Table-level tests: keys, timeouts, GC, flush, early drop, a model check.
+
+use core::time::Duration;
+use std::collections::HashMap;
+
+use proptest::prelude::*;
+use sluice_wire::flow::{proto, FlowKey4, FlowKey6};
+
+use crate::*;
+
+type T4 = Table<FlowKey4, u64>;
+
+fn table(max: u32) -> T4 {
+    Table::new(Config::new(max, 0xdead_beef_cafe_f00d)).unwrap()
+}
+
+fn key(p: u8, i: u32) -> FlowKey4 {
+    FlowKey4 {
+        src: 0x0a00_0000 | i,
+        dst: 0x0808_0808,
+        sport: (i % 50_000) as u16 + 1024,
+        dport: 80,
+        proto: p,
+    }
+}
+
+/// Reply key after a source NAT to 192.0.2.1.
+fn nat_reply(k: &FlowKey4) -> FlowKey4 {
+    FlowKey4 {
+        src: k.dst,
+        dst: 0xc000_0201,
+        sport: k.dport,
+        dport: k.sport,
+        proto: k.proto,
+    }
+}
+
+fn secs(s: u64) -> Instant {
+    Instant::from_secs(s)
+}
+
+fn ms(t: Instant, d: u64) -> Instant {
+    Instant::from_millis(t.as_millis() + d)
+}
+
+fn find(t: &T4, k: &FlowKey4) -> Option<(EntryId, Dir)> {
+    t.lookup(t.hash(k), k)
+}
+
+fn tcp(f: u8) -> L4Event {
+    L4Event::Tcp(TcpFlags(f))
+}
+
+const S: u8 = TcpFlags::SYN;
+const A: u8 = TcpFlags::ACK;
+const F: u8 = TcpFlags::FIN;
+const R: u8 = TcpFlags::RST;
+
+fn noop(_: &Entry<FlowKey4, u64>) {}
+
+#[test]
+fn entry_fits_the_memory_budget() {
+    assert!(core::mem::size_of::<Entry<FlowKey4, u64>>() <= 56);
+    assert!(core::mem::size_of::<Entry<FlowKey6, u64>>() <= 128);
+    // 96 B per connection, index included, at every size up to 40 M.
+    for max in [1_000, 1_000_000, 40_000_000u32] {
+        let per = T4::memory_bytes_for(max) as f64 / f64::from(max);
+        assert!(per <= 96.0, "{max}: {per} B/conn");
+    }
+    let per = T4::memory_bytes_for(40_000_000) as f64 / 40e6;
+    assert!((89.0..90.0).contains(&per), "{per}");
+    // 40 M connections fit comfortably in 24 GiB.
+    assert!(T4::memory_bytes_for(40_000_000) < 4 << 30);
+}
+
+#[test]
+fn config_errors() {
+    assert_eq!(
+        T4::new(Config::new(0, 1)).unwrap_err(),
+        ConfigError::ZeroMax
+    );
+    assert_eq!(
+        T4::new(Config::new(u32::MAX, 1)).unwrap_err(),
+        ConfigError::TooLarge
+    );
+}
+
+#[test]
+fn two_keys_reach_one_entry_and_remove_removes_both() {
+    let mut t = table(64);
+    let k = key(proto::UDP, 1);
+    let r = nat_reply(&k);
+    let id = t.insert(secs(0), k, r, 77, &mut noop).unwrap();
+    assert_eq!(find(&t, &k), Some((id, Dir::Original)));
+    assert_eq!(find(&t, &r), Some((id, Dir::Reply)));
+    assert_eq!(find(&t, &k.reversed()), None);
+    assert_eq!(*t.entry(id).payload(), 77);
+    assert_eq!(t.entry(id).key(Dir::Reply), &r);
+    assert_eq!(t.len(), 1);
+    assert_eq!(t.index_occupied(), 2);
+    // The split lookup agrees.
+    let (cid, cdir) = t.candidate(t.hash(&r)).unwrap();
+    assert!(t.verify(cid, cdir, &r));
+
+    let e = t.remove(id).unwrap();
+    assert_eq!(e.orig(), &k);
+    assert_eq!(find(&t, &k), None);
+    assert_eq!(find(&t, &r), None);
+    assert_eq!(t.candidate(t.hash(&r)), None);
+    assert_eq!(t.len(), 0);
+    assert_eq!(t.index_occupied(), 0);
+    assert!(t.remove(id).is_none());
+    assert!(t.get(id).is_none());
+}
+
+#[test]
+fn either_key_present_is_exists() {
+    let mut t = table(64);
+    let k = key(proto::TCP, 1);
+    let r = nat_reply(&k);
+    t.insert(secs(0), k, r, 0, &mut noop).unwrap();
+    assert_eq!(
+        t.insert(secs(0), k, k.reversed(), 0, &mut noop),
+        Err(InsertError::Exists)
+    );
+    let other = key(proto::TCP, 2);
+    assert_eq!(
+        t.insert(secs(0), other, r, 0, &mut noop),
+        Err(InsertError::Exists)
+    );
+    // A new entry whose original key is an existing reply key also clashes.
+    assert_eq!(
+        t.insert(secs(0), r, other, 0, &mut noop),
+        Err(InsertError::Exists)
+    );
+    assert_eq!(t.len(), 1);
+}
+
+#[test]
+fn equal_keys_take_one_slot() {
+    let mut t = table(8);
+    let k = FlowKey4 {
+        src: 5,
+        dst: 5,
+        sport: 9,
+        dport: 9,
+        proto: proto::ICMP,
+    };
+    let id = t.insert(secs(0), k, k.reversed(), 0, &mut noop).unwrap();
+    assert_eq!(t.index_occupied(), 1);
+    assert_eq!(find(&t, &k), Some((id, Dir::Original)));
+    t.remove(id).unwrap();
+    assert_eq!(t.index_occupied(), 0);
+}
+
+/// Drive one TCP packet and check verdict, state and the refreshed timeout.
+#[allow(clippy::too_many_arguments)] // one call per line reads as a table
+fn step(
+    t: &mut T4,
+    id: EntryId,
+    dir: Dir,
+    now: Instant,
+    f: u8,
+    v: Verdict,
+    st: TcpState,
+    secs: u64,
+) {
+    let tr = t.track(id, dir, now, tcp(f));
+    assert_eq!(tr.verdict, v, "{dir:?} {f:#x}");
+    assert_eq!(tr.state, ProtoState::Tcp(st));
+    assert_eq!(
+        t.entry(id).expires_in(now),
+        Duration::from_secs(secs),
+        "{st:?}"
+    );
+}
+
+#[test]
+fn tcp_lifecycle_with_netfilter_timeouts() {
+    use Dir::{Original as O, Reply as Rp};
+    use TcpState::*;
+    let mut t = table(16);
+    let k = key(proto::TCP, 1);
+    let mut now = secs(100);
+    assert!(t.may_create(tcp(S)));
+    let id = t.insert(now, k, nat_reply(&k), 0, &mut noop).unwrap();
+    assert_eq!(t.entry(id).state(), ProtoState::Tcp(None));
+
+    step(&mut t, id, O, now, S, Verdict::Valid, SynSent, 120);
+    assert_eq!(t.track(id, O, now, tcp(S)).ct, CtState::New);
+    now = ms(now, 119_999);
+    assert!(!t.entry(id).is_expired(now));
+    step(&mut t, id, Rp, now, S | A, Verdict::Valid, SynRecv, 60);
+    assert!(t.entry(id).seen_reply() && !t.entry(id).is_assured());
+    step(&mut t, id, O, now, A, Verdict::Valid, Established, 432_000);
+    assert!(t.entry(id).is_assured());
+    assert_eq!(t.track(id, O, now, tcp(A)).ct, CtState::Established);
+    // Retransmitted SYN/ACK is ignored: no refresh.
+    now = ms(now, 1000);
+    let tr = t.track(id, Rp, now, tcp(S | A));
+    assert_eq!(
+        (tr.verdict, tr.ct),
+        (Verdict::Ignored, CtState::Established)
+    );
+    assert_eq!(t.entry(id).expires_in(now), Duration::from_secs(431_999));
+    // SYN+FIN is invalid and changes nothing.
+    let tr = t.track(id, O, now, tcp(S | F));
+    assert_eq!((tr.verdict, tr.ct), (Verdict::Invalid, CtState::Invalid));
+
+    step(&mut t, id, O, now, F | A, Verdict::Valid, FinWait, 120);
+    step(&mut t, id, Rp, now, A, Verdict::Valid, CloseWait, 60);
+    step(&mut t, id, Rp, now, F | A, Verdict::Valid, LastAck, 30);
+    step(&mut t, id, O, now, A, Verdict::Valid, TimeWait, 120);
+    // TIME_WAIT expires after exactly 120 s.
+    assert!(!t.entry(id).is_expired(ms(now, 119_999)));
+    assert!(t.entry(id).is_expired(ms(now, 120_000)));
+    assert_eq!(
+        t.track(id, O, ms(now, 120_000), tcp(A)).verdict,
+        Verdict::Expired
+    );
+    // A new SYN in TIME_WAIT reopens.
+    let tr = t.track(id, O, ms(now, 1000), tcp(S));
+    assert_eq!((tr.verdict, tr.ct), (Verdict::Reopen, CtState::New));
+}
+
+#[test]
+fn tcp_close_wait_last_ack_and_rst_timeouts() {
+    use Dir::{Original as O, Reply as Rp};
+    use TcpState::*;
+    let mut t = table(16);
+    let now = secs(5);
+    let k = key(proto::TCP, 2);
+    let id = t.insert(now, k, nat_reply(&k), 0, &mut noop).unwrap();
+    step(&mut t, id, O, now, S, Verdict::Valid, SynSent, 120);
+    step(&mut t, id, Rp, now, S | A, Verdict::Valid, SynRecv, 60);
+    step(&mut t, id, O, now, A, Verdict::Valid, Established, 432_000);
+    step(&mut t, id, Rp, now, F | A, Verdict::Valid, FinWait, 120);
+    step(&mut t, id, O, now, A, Verdict::Valid, CloseWait, 60);
+    step(&mut t, id, O, now, F | A, Verdict::Valid, LastAck, 30);
+    step(&mut t, id, Rp, now, R, Verdict::Valid, Close, 10);
+    assert!(t.entry(id).is_expired(ms(now, 10_000)));
+    // SYN in CLOSE reopens.
+    assert_eq!(t.track(id, O, now, tcp(S)).verdict, Verdict::Reopen);
+}
+
+#[test]
+fn tcp_simultaneous_open_and_rst_before_reply() {
+    use Dir::{Original as O, Reply as Rp};
+    use TcpState::*;
+    let mut t = table(16);
+    let now = secs(1);
+    let k = key(proto::TCP, 3);
+    let id = t.insert(now, k, nat_reply(&k), 0, &mut noop).unwrap();
+    step(&mut t, id, O, now, S, Verdict::Valid, SynSent, 120);
+    step(&mut t, id, Rp, now, S, Verdict::Valid, SynSent2, 120);
+    step(&mut t, id, O, now, S | A, Verdict::Valid, SynRecv, 60);
+
+    let k = key(proto::TCP, 4);
+    let id = t.insert(now, k, nat_reply(&k), 0, &mut noop).unwrap();
+    step(&mut t, id, O, now, S, Verdict::Valid, SynSent, 120);
+    let tr = t.track(id, Rp, now, tcp(R | A));
+    assert_eq!(tr.verdict, Verdict::Close);
+    assert!(tr.verdict.must_remove());
+    assert!(t.entry(id).is_expired(now));
+}
+
+#[test]
+fn tcp_loose_pickup_is_capped_until_assured() {
+    use Dir::{Original as O, Reply as Rp};
+    use TcpState::*;
+    let mut t = table(16);
+    let now = secs(1);
+    let k = key(proto::TCP, 5);
+    assert!(t.may_create(tcp(A)));
+    assert!(!t.may_create(tcp(F | A)) && !t.may_create(tcp(R)));
+    let id = t.insert(now, k, nat_reply(&k), 0, &mut noop).unwrap();
+    step(&mut t, id, O, now, A, Verdict::Valid, Established, 300);
+    step(&mut t, id, Rp, now, A, Verdict::Valid, Established, 300);
+    assert!(!t.entry(id).is_assured());
+    step(&mut t, id, O, now, A, Verdict::Valid, Established, 432_000);
+    assert!(t.entry(id).is_assured());
+
+    let strict: T4 = Table::new(Config {
+        tcp_loose: false,
+        ..Config::new(16, 1)
+    })
+    .unwrap();
+    assert!(!strict.may_create(tcp(A)));
+    assert!(strict.may_create(tcp(S)));
+}
+
+#[test]
+fn udp_icmp_generic_timeouts() {
+    let mut t = table(16);
+    let now = secs(10);
+    let k = key(proto::UDP, 1);
+    let id = t.insert(now, k, nat_reply(&k), 0, &mut noop).unwrap();
+    assert_eq!(t.entry(id).expires_in(now), Duration::from_secs(30));
+    let tr = t.track(id, Dir::Original, now, L4Event::Udp);
+    assert_eq!(
+        (tr.state, tr.ct),
+        (ProtoState::Udp(UdpState::Unreplied), CtState::New)
+    );
+    let tr = t.track(id, Dir::Reply, ms(now, 500), L4Event::Udp);
+    assert_eq!(
+        (tr.state, tr.ct),
+        (ProtoState::Udp(UdpState::Replied), CtState::Established)
+    );
+    assert_eq!(
+        t.entry(id).expires_in(ms(now, 500)),
+        Duration::from_secs(30)
+    );
+    assert!(!t.entry(id).is_assured());
+    let tr = t.track(id, Dir::Original, secs(11), L4Event::Udp);
+    assert_eq!(tr.state, ProtoState::Udp(UdpState::Stream));
+    assert!(t.entry(id).is_assured());
+    assert_eq!(t.entry(id).expires_in(secs(11)), Duration::from_secs(120));
+    assert!(t.entry(id).is_expired(secs(131)) && !t.entry(id).is_expired(secs(131) - 1));
+
+    let k = key(proto::ICMP, 2);
+    assert!(!t.may_create(L4Event::Icmp { request: false }));
+    let id = t.insert(now, k, nat_reply(&k), 0, &mut noop).unwrap();
+    t.track(id, Dir::Original, now, L4Event::Icmp { request: true });
+    assert_eq!(t.entry(id).expires_in(now), Duration::from_secs(30));
+    let tr = t.track(id, Dir::Reply, now, L4Event::Icmp { request: false });
+    assert_eq!((tr.verdict, tr.ct), (Verdict::Valid, CtState::Established));
+    assert!(!t.entry(id).is_assured());
+
+    let k = key(47, 3);
+    let id = t.insert(now, k, nat_reply(&k), 0, &mut noop).unwrap();
+    assert_eq!(
+        t.track(id, Dir::Original, now, L4Event::Other).state,
+        ProtoState::Generic
+    );
+    assert_eq!(t.entry(id).expires_in(now), Duration::from_secs(600));
+    assert_eq!(t.entry(id).packets(), 1);
+    // A TCP event on a GRE entry is invalid.
+    assert_eq!(
+        t.track(id, Dir::Original, now, tcp(S)).verdict,
+        Verdict::Invalid
+    );
+}
+
+impl core::ops::Sub<u64> for Instant {
+    type Output = Instant;
+    fn sub(self, d: u64) -> Instant {
+        Instant::from_millis(self.as_millis() - d)
+    }
+}
+
+#[test]
+fn custom_timeouts_apply() {
+    let to = Timeouts {
+        udp: Duration::from_millis(1500),
+        ..Timeouts::default()
+    };
+    let mut t: T4 = Table::new(Config {
+        timeouts: to,
+        ..Config::new(8, 3)
+    })
+    .unwrap();
+    let k = key(proto::UDP, 1);
+    let id = t.insert(secs(0), k, nat_reply(&k), 0, &mut noop).unwrap();
+    t.track(id, Dir::Original, secs(0), L4Event::Udp);
+    assert!(t.entry(id).is_expired(Instant::from_millis(1500)));
+    t.set_timeouts(&Timeouts::default());
+    t.track(id, Dir::Original, secs(1), L4Event::Udp);
+    assert_eq!(t.entry(id).expires_in(secs(1)), Duration::from_secs(30));
+}
+
+#[test]
+fn gc_removes_exactly_the_expired_within_budget() {
+    let mut t = table(1000);
+    let t0 = secs(0);
+    // 300 UDP (30 s), 300 ICMP (30 s, then refreshed at 20 s), 300 generic (600 s).
+    let mut ids = Vec::new();
+    for i in 0..900u32 {
+        let p = [proto::UDP, proto::ICMP, 47][(i % 3) as usize];
+        let k = key(p, i);
+        ids.push((
+            p,
+            t.insert(t0, k, nat_reply(&k), u64::from(i), &mut noop)
+                .unwrap(),
+        ));
+    }
+    for &(p, id) in &ids {
+        if p == proto::ICMP {
+            t.track(id, Dir::Original, secs(20), L4Event::Icmp { request: true });
+        }
+    }
+    let now = secs(31);
+    let mut removed = Vec::new();
+    let n = t.gc(now, 450, &mut |e| removed.push(*e.payload()));
+    assert_eq!(n, removed.len());
+    assert_eq!(n, 150, "half the slab holds half the UDP entries");
+    let n2 = t.gc(now, 450, &mut |e| removed.push(*e.payload()));
+    assert_eq!(n + n2, 300);
+    assert!(removed.iter().all(|&i| i % 3 == 0));
+    assert_eq!(t.len(), 600);
+    assert_eq!(t.gc(now, 10_000, &mut noop), 0);
+    // At 51 s the ICMP entries are gone too.
+    assert_eq!(t.gc(secs(51), 10_000, &mut noop), 300);
+    assert_eq!(t.len(), 300);
+    assert!(t.iter().all(|(_, e)| e.orig().proto == 47));
+    assert_eq!(t.index_occupied(), 600);
+    assert_eq!(t.gc(secs(0), 0, &mut noop), 0);
+}
+
+#[test]
+fn flush_and_flush_matching() {
+    let mut t = table(200);
+    for i in 0..150 {
+        let k = key(if i % 2 == 0 { proto::TCP } else { proto::UDP }, i);
+        let id = t.insert(secs(0), k, nat_reply(&k), 0, &mut noop).unwrap();
+        t.entry_mut(id).set_mark(i);
+    }
+    let mut seen = 0;
+    let n = t.flush_matching(|e| e.mark() < 50, &mut |_| seen += 1);
+    assert_eq!((n, seen, t.len()), (50, 50, 100));
+    assert_eq!(find(&t, &key(proto::TCP, 10)), None);
+    assert!(find(&t, &key(proto::TCP, 60)).is_some());
+    assert_eq!(t.iter().count(), 100);
+
+    assert_eq!(t.flush(), 100);
+    assert_eq!(t.len(), 0);
+    assert_eq!(t.index_occupied(), 0);
+    assert_eq!(t.iter().count(), 0);
+    assert_eq!(find(&t, &key(proto::TCP, 60)), None);
+    // The table is usable again, up to max.
+    for i in 0..200 {
+        let k = key(proto::UDP, i);
+        t.insert(secs(1), k, nat_reply(&k), 0, &mut noop).unwrap();
+    }
+    assert_eq!(t.len(), 200);
+}
+
+/// Make entry `id` an assured TCP connection.
+fn establish(t: &mut T4, id: EntryId, now: Instant) {
+    t.track(id, Dir::Original, now, tcp(S));
+    t.track(id, Dir::Reply, now, tcp(S | A));
+    t.track(id, Dir::Original, now, tcp(A));
+    assert!(t.entry(id).is_assured());
+}
+
+#[test]
+fn full_table_keeps_established_connections_working() {
+    let max = 4096u32;
+    let mut t = table(max);
+    let now = secs(1);
+    let mut est = Vec::new();
+    // Fill to max: half assured TCP, half unanswered SYNs.
+    for i in 0..max {
+        let k = key(proto::TCP, i);
+        let id = t
+            .insert(now, k, nat_reply(&k), u64::from(i), &mut noop)
+            .unwrap();
+        if i % 2 == 0 {
+            establish(&mut t, id, now);
+            est.push(k);
+        } else {
+            t.track(id, Dir::Original, now, tcp(S));
+        }
+    }
+    assert_eq!(t.len(), max as usize);
+    // New connections evict unassured ones (or fail with Full), never assured.
+    let mut evicted = 0;
+    let mut full = 0;
+    for i in max..2 * max {
+        let k = key(proto::TCP, i);
+        let mut on_evict = |e: &Entry<FlowKey4, u64>| {
+            assert!(!e.is_assured());
+            evicted += 1;
+        };
+        match t.insert(now, k, nat_reply(&k), 0, &mut on_evict) {
+            Ok(id) => {
+                t.track(id, Dir::Original, now, tcp(S));
+            }
+            Err(InsertError::Full) => full += 1,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(t.len() <= max as usize);
+    }
+    assert!(evicted > 0);
+    assert_eq!(evicted + full, max as usize);
+    // Every established connection still works, in both directions.
+    for k in &est {
+        let (id, dir) = find(&t, k).unwrap();
+        assert_eq!(dir, Dir::Original);
+        assert_eq!(t.track(id, dir, now, tcp(A)).verdict, Verdict::Valid);
+        let (id2, dir) = find(&t, &nat_reply(k)).unwrap();
+        assert_eq!((id2, dir), (id, Dir::Reply));
+    }
+    // Once everything is assured, inserts fail with Full.
+    let live: Vec<EntryId> = t.iter().map(|(id, _)| id).collect();
+    for id in live {
+        if !t.entry(id).is_assured() {
+            t.track(id, Dir::Reply, now, tcp(S | A));
+            t.track(id, Dir::Original, now, tcp(A));
+        }
+    }
+    let k = key(proto::TCP, 3 * max);
+    assert_eq!(
+        t.insert(now, k, nat_reply(&k), 0, &mut noop),
+        Err(InsertError::Full)
+    );
+    // Expired entries are reclaimed even if assured.
+    let late = secs(1 + 432_001);
+    let mut evicted_assured = false;
+    let r = t.insert(late, k, nat_reply(&k), 0, &mut |e| {
+        evicted_assured = e.is_assured()
+    });
+    assert!(r.is_ok() && evicted_assured);
+}
+
+#[test]
+fn full_probe_window_early_drops_then_reports_full() {
+    let mut t = table(1000);
+    t.degenerate = true; // every key hashes to bucket 0: windows collide
+    let now = secs(1);
+    let cap = index_window_slots();
+    let mut ids = Vec::new();
+    // Each connection needs two slots in the same window.
+    for i in 0..(cap / 2) as u32 {
+        let k = key(proto::TCP, i);
+        ids.push(t.insert(now, k, nat_reply(&k), 0, &mut noop).unwrap());
+    }
+    assert_eq!(t.index_occupied(), cap);
+    for &id in &ids {
+        assert_eq!(
+            t.lookup(t.hash(t.entry(id).orig()), t.entry(id).orig()),
+            Some((id, Dir::Original))
+        );
+    }
+    // Unassured: the next insert evicts one (the one closest to expiry).
+    let k = key(proto::TCP, 500);
+    let mut ev = Vec::new();
+    let id = t
+        .insert(ms(now, 10), k, nat_reply(&k), 0, &mut |e| {
+            ev.push(*e.orig())
+        })
+        .unwrap();
+    assert_eq!(ev.len(), 1);
+    assert!(find(&t, &k).is_some() && find(&t, &nat_reply(&k)).is_some());
+    establish(&mut t, id, now);
+    for &id in &ids {
+        if t.get(id).is_some() {
+            establish(&mut t, id, now);
+        }
+    }
+    let k = key(proto::TCP, 501);
+    assert_eq!(
+        t.insert(now, k, nat_reply(&k), 0, &mut noop),
+        Err(InsertError::Full)
+    );
+    assert_eq!(t.index_occupied(), cap);
+    assert_eq!(t.len(), cap / 2);
+    // Removing everything leaves a clean index.
+    let live: Vec<EntryId> = t.iter().map(|(id, _)| id).collect();
+    for id in live {
+        t.remove(id).unwrap();
+    }
+    assert_eq!((t.index_occupied(), t.index_overflow_total()), (0, 0));
+}
+
+fn index_window_slots() -> usize {
+    crate::index::WINDOW * crate::index::SLOTS
+}
+
+#[test]
+fn ipv6_keys_work() {
+    let mut t: Table<FlowKey6, u32> = Table::new(Config::new(64, 9)).unwrap();
+    let k = FlowKey6 {
+        src: 1 << 100,
+        dst: 2,
+        sport: 5,
+        dport: 53,
+        proto: proto::UDP,
+    };
+    let id = t.insert(secs(0), k, k.reversed(), 1, &mut |_| {}).unwrap();
+    assert_eq!(
+        t.lookup(t.hash(&k.reversed()), &k.reversed()),
+        Some((id, Dir::Reply))
+    );
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Insert(u8, u8),
+    Remove(u8),
+    Lookup(u8),
+    Gc(u8),
+}
+
+fn small_key(i: u8) -> FlowKey4 {
+    FlowKey4 {
+        src: u32::from(i % 16),
+        dst: 99,
+        sport: u16::from(i / 16),
+        dport: 7,
+        proto: proto::UDP,
+    }
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (any::<u8>(), any::<u8>()).prop_map(|(a, b)| Op::Insert(a, b)),
+        2 => any::<u8>().prop_map(Op::Remove),
+        2 => any::<u8>().prop_map(Op::Lookup),
+        1 => any::<u8>().prop_map(Op::Gc),
+    ]
+}
+
+proptest! {
+    /// Insert / lookup / remove against a `HashMap` model. Small tables and a
+    /// degenerate hash exercise early drop and the probe bound; evictions are
+    /// applied to the model through `on_evict`.
+    #[test]
+    fn matches_hashmap_model(max in 1u32..40, degenerate in any::<bool>(), ops in prop::collection::vec(op(), 1..200)) {
+        let mut t = table(max);
+        t.degenerate = degenerate;
+        // key -> (payload, dir)
+        let mut model: HashMap<FlowKey4, (u64, Dir)> = HashMap::new();
+        let mut next = 0u64;
+        let now = secs(1);
+        for op in ops {
+            match op {
+                Op::Insert(a, b) => {
+                    let (o, r) = (small_key(a), small_key(b));
+                    next += 1;
+                    let mut evicted = Vec::new();
+                    let res = t.insert(now, o, r, next, &mut |e| evicted.push((*e.orig(), *e.reply())));
+                    for (eo, er) in evicted {
+                        prop_assert!(model.remove(&eo).is_some());
+                        if eo != er { prop_assert!(model.remove(&er).is_some()); }
+                    }
+                    let clash = model.contains_key(&o) || model.contains_key(&r);
+                    match res {
+                        Ok(_) => {
+                            prop_assert!(!clash);
+                            model.insert(o, (next, Dir::Original));
+                            if o != r { model.insert(r, (next, Dir::Reply)); }
+                        }
+                        Err(InsertError::Exists) => prop_assert!(clash),
+                        Err(InsertError::Full) => prop_assert!(!clash),
+                    }
+                }
+                Op::Remove(a) => {
+                    let k = small_key(a);
+                    let found = t.lookup(t.hash(&k), &k);
+                    prop_assert_eq!(found.is_some(), model.contains_key(&k));
+                    if let Some((id, _)) = found {
+                        let e = t.remove(id).unwrap();
+                        model.remove(e.orig());
+                        model.remove(e.reply());
+                    }
+                }
+                Op::Lookup(a) => {
+                    let k = small_key(a);
+                    let got = t.lookup(t.hash(&k), &k).map(|(id, d)| (*t.entry(id).payload(), d));
+                    prop_assert_eq!(got, model.get(&k).copied());
+                }
+                Op::Gc(b) => {
+                    // Nothing has expired at `now`.
+                    prop_assert_eq!(t.gc(now, usize::from(b), &mut |_| {}), 0);
+                }
+            }
+            prop_assert!(t.len() <= max as usize);
+            prop_assert_eq!(t.index_occupied(), model.len());
+            let distinct: std::collections::HashSet<u64> = model.values().map(|v| v.0).collect();
+            prop_assert_eq!(t.len(), distinct.len());
+        }
+        for (k, &(p, d)) in &model {
+            let (id, dir) = t.lookup(t.hash(k), k).unwrap();
+            prop_assert_eq!((*t.entry(id).payload(), dir), (p, d));
+        }
+        let n = t.len();
+        prop_assert_eq!(t.flush(), n);
+        prop_assert_eq!((t.index_occupied(), t.index_overflow_total()), (0, 0));
+    }
+}
+
+/// Rough timing, not a benchmark: `cargo test -p sluice-conntrack --release
+/// -- --ignored --nocapture perf_smoke`. The real numbers come from `sluice bench`.
+#[test]
+#[ignore]
+fn perf_smoke() {
+    use std::time::Instant as Clock;
+    let n: u32 = std::env::var("CT_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
+    let mut t = table(n);
+    let now = secs(1);
+    let mut x = 0x1234_5678_9abc_def0u64;
+    let mut keys = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let k = FlowKey4 {
+            src: (x >> 32) as u32,
+            dst: x as u32,
+            sport: (x >> 16) as u16,
+            dport: 443,
+            proto: proto::TCP,
+        };
+        keys.push(k);
+    }
+    let c = Clock::now();
+    let mut ok = 0;
+    for k in &keys {
+        if let Ok(id) = t.insert(now, *k, nat_reply(k), 0, &mut noop) {
+            t.track(id, Dir::Original, now, tcp(S));
+            ok += 1;
+        }
+    }
+    let dt = c.elapsed().as_secs_f64();
+    println!(
+        "insert+track: {ok} in {dt:.3}s = {:.2} M/s",
+        f64::from(ok) / dt / 1e6
+    );
+    // Batched lookups in random order, batch of 256.
+    let rounds = 4_000_000usize;
+    let mut hashes = [0u64; 256];
+    let mut ids = [None; 256];
+    let mut hits = 0u64;
+    let c = Clock::now();
+    let mut r = 0x9e37_79b9u64;
+    let mut done = 0;
+    while done < rounds {
+        for (j, h) in hashes.iter_mut().enumerate() {
+            r = r
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add((done + j) as u64);
+            let k = &keys[(r >> 33) as usize % keys.len()];
+            *h = t.hash(k);
+            t.prefetch_bucket(*h);
+        }
+        for (h, id) in hashes.iter().zip(ids.iter_mut()) {
+            *id = t.candidate(*h);
+            if let Some((e, _)) = *id {
+                t.prefetch_entry(e);
+            }
+        }
+        for id in ids.iter().flatten() {
+            let e = t.entry(id.0);
+            hits += u64::from(e.payload == 0 && !e.is_expired(now));
+        }
+        done += 256;
+    }
+    let dt = c.elapsed().as_secs_f64();
+    println!(
+        "batched candidate+entry: {:.1} M/s (hits {hits})",
+        rounds as f64 / dt / 1e6
+    );
+    let c = Clock::now();
+    let mut found = 0;
+    for k in keys.iter().take(rounds) {
+        found += usize::from(t.lookup(t.hash(k), k).is_some());
+    }
+    let dt = c.elapsed().as_secs_f64();
+    println!(
+        "unbatched lookup: {:.1} M/s ({found})",
+        keys.len().min(rounds) as f64 / dt / 1e6
+    );
+    let c = Clock::now();
+    let removed = t.gc(secs(1_000), n as usize, &mut noop);
+    println!(
+        "gc of {removed}: {:.2} M/s",
+        removed as f64 / c.elapsed().as_secs_f64() / 1e6
+    );
+    for k in &keys {
+        let _ = t.insert(now, *k, nat_reply(k), 0, &mut noop);
+    }
+    let c = Clock::now();
+    let m = t.flush();
+    println!(
+        "flush of {m}: {:.1} M/s",
+        m as f64 / c.elapsed().as_secs_f64() / 1e6
+    );
+}

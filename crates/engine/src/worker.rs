@@ -1,0 +1,942 @@
+//! One worker: the pipeline for a batch of frames.
+//!
+//! A worker owns its connection table, its slice of the NAT port space, its
+//! adjacencies and its counters. Nothing on the packet path is shared with
+//! another worker.
+
+use core::net::Ipv4Addr;
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use hashbrown::HashMap;
+use sluice_conntrack::{
+    self as ct, icmp_is_query_request, Dir, EntryId, InsertError, L4Event, Table, TcpFlags,
+    Timeouts,
+};
+use sluice_nat::{NatConfig, NatError, NatEvent, NatEventSink, Translation, WorkerNat};
+use sluice_wire::dissect::{dissect, Dissect, InnerKey, Net, L4};
+use sluice_wire::flow::FlowKey4;
+
+use crate::drop::{Counters, DropReason};
+use crate::policy::{CtState, Hook, Policy, PolicyPacket, RejectWith, Verdict};
+use crate::route::{AdjIndex, Adjacency, IfIndex, Route4, RouteTable4};
+use crate::{Action, Frames, MAX_BATCH};
+
+/// An interface as the engine sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Interface {
+    /// Operator-facing name.
+    pub name: String,
+    /// MAC address.
+    pub mac: [u8; 6],
+    /// IPv4 addresses with prefix lengths.
+    pub addrs: Vec<(Ipv4Addr, u8)>,
+}
+
+/// Everything a worker needs to start.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Interfaces, indexed by [`IfIndex`].
+    pub interfaces: Vec<Interface>,
+    /// Static routes (connected routes are derived from interface addresses).
+    pub routes: Vec<Route4>,
+    /// Static neighbours: IPv4 address to MAC.
+    pub neighbors: Vec<(Ipv4Addr, [u8; 6])>,
+    /// This worker's index.
+    pub worker: u16,
+    /// Number of workers.
+    pub workers: u16,
+    /// Maximum connections this worker tracks.
+    pub ct_max: u64,
+    /// Conntrack timeouts.
+    pub timeouts: Timeouts,
+    /// Hash seed (random in production; fixed in tests for repeatability).
+    pub seed: u64,
+    /// NAT pools and behaviour.
+    pub nat: NatConfig,
+    /// Capacity of the NAT event log ring (oldest events are overwritten
+    /// and counted when the control plane does not drain it in time).
+    pub nat_log_capacity: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            interfaces: Vec::new(),
+            routes: Vec::new(),
+            neighbors: Vec::new(),
+            worker: 0,
+            workers: 1,
+            ct_max: 1 << 20,
+            timeouts: Timeouts::default(),
+            seed: 0x5eed,
+            nat: NatConfig::default(),
+            nat_log_capacity: 4096,
+        }
+    }
+}
+
+/// Why a worker could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The connection table refused its configuration.
+    #[error("conntrack: {0}")]
+    Conntrack(#[from] ct::ConfigError),
+    /// The NAT configuration is invalid.
+    #[error("nat: {0}")]
+    Nat(#[from] sluice_nat::ConfigError),
+    /// More interfaces or neighbours than indices.
+    #[error("too many {0} (at most 65535)")]
+    TooMany(&'static str),
+    /// `ct_max` is larger than the table supports.
+    #[error("conntrack maximum {0} exceeds {max}", max = ct::MAX_CONNECTIONS)]
+    CtMax(u64),
+    /// A route points at an interface that does not exist.
+    #[error("route {net}/{len} uses interface index {oif}, but only {count} interfaces exist")]
+    RouteInterface {
+        /// Network of the route.
+        net: Ipv4Addr,
+        /// Prefix length.
+        len: u8,
+        /// Bad index.
+        oif: IfIndex,
+        /// Interfaces configured.
+        count: usize,
+    },
+}
+
+/// Per-connection data cached in the conntrack entry: for each direction
+/// (index 0 original, 1 reply) the adjacency and the checksum deltas of the
+/// rewrite (IPv4 header delta with the TTL decrement folded in, L4 delta).
+/// 12 bytes; the translated tuple itself is derived from the entry's keys.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowInfo {
+    adj: [AdjIndex; 2],
+    ip_delta: [u16; 2],
+    l4_delta: [u16; 2],
+}
+
+/// A bounded ring of NAT events for the control plane to drain and log
+/// (RFC 6888 REQ-12 logging). Pushing never allocates after construction.
+#[derive(Debug, Default)]
+pub struct NatLog {
+    ring: VecDeque<NatEvent>,
+    cap: usize,
+    /// Events overwritten before they were drained.
+    pub lost: u64,
+}
+
+impl NatLog {
+    fn with_capacity(cap: usize) -> Self {
+        Self {
+            ring: VecDeque::with_capacity(cap),
+            cap,
+            lost: 0,
+        }
+    }
+
+    /// Take every pending event.
+    pub fn drain(&mut self) -> impl Iterator<Item = NatEvent> + '_ {
+        self.ring.drain(..)
+    }
+}
+
+impl NatEventSink for NatLog {
+    fn event(&mut self, e: &NatEvent) {
+        if self.cap == 0 {
+            self.lost += 1;
+            return;
+        }
+        if self.ring.len() == self.cap {
+            self.ring.pop_front();
+            self.lost += 1;
+        }
+        self.ring.push_back(*e);
+    }
+}
+
+/// Ones-complement fold of a 32-bit sum.
+#[inline]
+fn fold(mut s: u32) -> u16 {
+    while s > 0xffff {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    s as u16
+}
+
+/// RFC 1624 delta of decrementing the TTL by one: the word (TTL, protocol)
+/// changes by -0x0100, i.e. `~m + m'` = 0xfeff.
+const TTL_DELTA: u16 = 0xfeff;
+
+/// Scratch state for one batch: dissection results, hashes and lookups.
+struct Scratch {
+    dis: Vec<Option<Dissect>>,
+    hash: Vec<u64>,
+    hit: Vec<Option<(EntryId, Dir)>>,
+}
+
+/// One worker.
+pub struct Worker {
+    id: u16,
+    ct: Table<FlowKey4, FlowInfo>,
+    nat: WorkerNat<NatLog>,
+    policy: Arc<dyn Policy>,
+    ifaces: Vec<Interface>,
+    local4: Vec<(u32, IfIndex)>,
+    routes: RouteTable4,
+    adj: Vec<Adjacency>,
+    neigh: HashMap<(IfIndex, u32), AdjIndex>,
+    counters: Counters,
+    scratch: Scratch,
+}
+
+impl core::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Worker")
+            .field("id", &self.id)
+            .field("connections", &self.ct.len())
+            .field("counters", &self.counters)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Worker {
+    /// Build a worker. All memory the fast path uses is allocated here.
+    pub fn new(cfg: EngineConfig, policy: Arc<dyn Policy>) -> Result<Self, EngineError> {
+        if cfg.interfaces.len() > usize::from(u16::MAX) {
+            return Err(EngineError::TooMany("interfaces"));
+        }
+        let max = u32::try_from(cfg.ct_max).map_err(|_| EngineError::CtMax(cfg.ct_max))?;
+        let mut ctc = ct::Config::new(max, cfg.seed);
+        ctc.timeouts = cfg.timeouts;
+        let table = Table::new(ctc)?;
+        let mut natc = cfg.nat.clone();
+        natc.workers = cfg.workers.max(1);
+        let nat = WorkerNat::new(
+            &natc,
+            cfg.worker,
+            NatLog::with_capacity(cfg.nat_log_capacity),
+        )?;
+
+        let mut routes = RouteTable4::new();
+        let mut local4 = Vec::new();
+        for (i, ifc) in cfg.interfaces.iter().enumerate() {
+            let oif = i as IfIndex;
+            for &(a, len) in &ifc.addrs {
+                local4.push((u32::from(a), oif));
+                routes.add(Route4 {
+                    net: u32::from(a),
+                    len,
+                    oif,
+                    via: None,
+                });
+            }
+        }
+        for r in &cfg.routes {
+            if usize::from(r.oif) >= cfg.interfaces.len() {
+                return Err(EngineError::RouteInterface {
+                    net: Ipv4Addr::from(r.net),
+                    len: r.len,
+                    oif: r.oif,
+                    count: cfg.interfaces.len(),
+                });
+            }
+            routes.add(*r);
+        }
+        let mut w = Self {
+            id: cfg.worker,
+            ct: table,
+            nat,
+            policy,
+            ifaces: cfg.interfaces,
+            local4,
+            routes,
+            adj: Vec::new(),
+            neigh: HashMap::new(),
+            counters: Counters::default(),
+            scratch: Scratch {
+                dis: vec![None; MAX_BATCH],
+                hash: vec![0; MAX_BATCH],
+                hit: vec![None; MAX_BATCH],
+            },
+        };
+        for (ip, mac) in cfg.neighbors {
+            w.set_neighbor(ip, mac)?;
+        }
+        Ok(w)
+    }
+
+    /// Learn or update a neighbour. Existing adjacencies are rewritten in
+    /// place, so connections that cached them follow the change.
+    pub fn set_neighbor(&mut self, ip: Ipv4Addr, mac: [u8; 6]) -> Result<AdjIndex, EngineError> {
+        let a = u32::from(ip);
+        let oif = self.routes.lookup(a).map(|r| r.oif).unwrap_or(0);
+        let src_mac = self
+            .ifaces
+            .get(usize::from(oif))
+            .map(|i| i.mac)
+            .unwrap_or_default();
+        let adj = Adjacency {
+            oif,
+            src_mac,
+            dst_mac: mac,
+            resolved: true,
+        };
+        if let Some(&i) = self.neigh.get(&(oif, a)) {
+            if let Some(slot) = self.adj.get_mut(usize::from(i)) {
+                *slot = adj;
+            }
+            return Ok(i);
+        }
+        let i =
+            AdjIndex::try_from(self.adj.len()).map_err(|_| EngineError::TooMany("neighbours"))?;
+        self.adj.push(adj);
+        self.neigh.insert((oif, a), i);
+        Ok(i)
+    }
+
+    /// Replace the policy. Established connections keep their entries.
+    pub fn set_policy(&mut self, p: Arc<dyn Policy>) {
+        self.policy = p;
+    }
+
+    /// This worker's counters.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// The connection table (for listing and statistics).
+    pub fn conntrack(&self) -> &Table<FlowKey4, FlowInfo> {
+        &self.ct
+    }
+
+    /// The NAT state (for statistics and mapping listings).
+    pub fn nat(&self) -> &WorkerNat<NatLog> {
+        &self.nat
+    }
+
+    /// Pending NAT events.
+    pub fn nat_log(&mut self) -> &mut NatLog {
+        self.nat.sink_mut()
+    }
+
+    /// Remove every connection and NAT mapping in bulk; returns how many
+    /// connections were removed.
+    pub fn flush(&mut self) -> u64 {
+        let n = self.ct.flush();
+        self.nat.clear();
+        n as u64
+    }
+
+    /// Remove expired connections, looking at no more than `budget` entries.
+    pub fn gc(&mut self, now_ns: u64, budget: usize) -> usize {
+        let now = instant(now_ns);
+        let nat = &mut self.nat;
+        self.ct
+            .gc(now, budget, &mut |e| nat.release(e.orig(), e.reply()))
+    }
+
+    /// Process a batch (at most [`MAX_BATCH`] frames; any beyond are dropped
+    /// as malformed input from the caller). `now_ns` is a monotonic clock
+    /// reading in nanoseconds, taken once per batch by the caller.
+    pub fn process<F: Frames>(&mut self, now_ns: u64, frames: &mut F) {
+        let now = instant(now_ns);
+        let total = frames.count();
+        let n = total.min(MAX_BATCH);
+        self.counters.rx += total as u64;
+        for i in n..total {
+            frames.set_action(i, Action::Drop(DropReason::Malformed));
+            self.counters.drop(DropReason::Malformed);
+        }
+
+        // Pass 1: dissect, hash, prefetch the index buckets.
+        for i in 0..n {
+            let (buf, len) = frames.buf_mut(i);
+            let d = buf.get(..len).and_then(|f| dissect(f).ok());
+            if let (Some(slot), Some(h)) =
+                (self.scratch.dis.get_mut(i), self.scratch.hash.get_mut(i))
+            {
+                *slot = d;
+                if let Some(k) = d.as_ref().and_then(Dissect::key4) {
+                    *h = self.ct.hash(&k);
+                    self.ct.prefetch_bucket(*h);
+                }
+            }
+        }
+        // Pass 2: find candidates in the (now cached) buckets; prefetch entries.
+        for i in 0..n {
+            let (Some(d), Some(&h), Some(hit)) = (
+                self.scratch.dis.get(i),
+                self.scratch.hash.get(i),
+                self.scratch.hit.get_mut(i),
+            ) else {
+                continue;
+            };
+            *hit = None;
+            if d.as_ref().and_then(Dissect::key4).is_some() {
+                if let Some((id, dir)) = self.ct.candidate(h) {
+                    self.ct.prefetch_entry(id);
+                    *hit = Some((id, dir));
+                }
+            }
+        }
+        // Pass 3: act.
+        for i in 0..n {
+            let d = self.scratch.dis.get(i).copied().flatten();
+            let h = self.scratch.hash.get(i).copied().unwrap_or(0);
+            let cand = self.scratch.hit.get(i).copied().flatten();
+            let iif = frames.iif(i);
+            let (buf, len) = frames.buf_mut(i);
+            let action = match d {
+                None => Step::Done(Action::Drop(DropReason::Malformed)),
+                Some(d) => self.one(now, buf, len, iif, &d, h, cand),
+            };
+            let action = match action {
+                Step::Done(a) => a,
+                Step::Reply(newlen) => {
+                    frames.set_len(i, newlen);
+                    Action::Reply
+                }
+            };
+            match action {
+                Action::Drop(r) => self.counters.drop(r),
+                Action::Forward(_) => self.counters.tx += 1,
+                Action::Reply => self.counters.local += 1,
+                Action::Pending => {}
+            }
+            frames.set_action(i, action);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn one(
+        &mut self,
+        now: ct::Instant,
+        buf: &mut [u8],
+        len: usize,
+        iif: IfIndex,
+        d: &Dissect,
+        h: u64,
+        cand: Option<(EntryId, Dir)>,
+    ) -> Step {
+        match d.net {
+            Net::Ipv4 { key, ttl, .. } => {
+                let hit = match cand {
+                    Some((id, dir)) if self.ct.verify(id, dir, &key) => Some((id, dir)),
+                    Some(_) => self.ct.lookup(h, &key),
+                    None => None,
+                };
+                match hit {
+                    Some((id, dir)) => self.fast4(now, buf, len, iif, d, &key, ttl, id, dir),
+                    None => self.slow4(now, buf, len, iif, d, &key, ttl),
+                }
+            }
+            Net::Arp { op, spa, tpa } => self.arp(buf, len, iif, op, spa, tpa),
+            Net::Ipv6 { .. } => Step::Done(Action::Drop(DropReason::UnsupportedProtocol)),
+            Net::Other(_) => Step::Done(Action::Drop(DropReason::UnsupportedProtocol)),
+        }
+    }
+
+    /// The fast path: a packet of a known connection.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn fast4(
+        &mut self,
+        now: ct::Instant,
+        buf: &mut [u8],
+        len: usize,
+        iif: IfIndex,
+        d: &Dissect,
+        key: &FlowKey4,
+        ttl: u8,
+        id: EntryId,
+        dir: Dir,
+    ) -> Step {
+        let tracked = self.ct.track(id, dir, now, l4_event(d));
+        match tracked.verdict {
+            ct::Verdict::Invalid => return Step::Done(Action::Drop(DropReason::CtInvalid)),
+            ct::Verdict::Reopen | ct::Verdict::Expired => {
+                self.remove(id);
+                return self.slow4(now, buf, len, iif, d, key, ttl);
+            }
+            ct::Verdict::Valid | ct::Verdict::Ignored | ct::Verdict::Close => {}
+        }
+        if ttl <= 1 {
+            return Step::Done(Action::Drop(DropReason::TtlExpired));
+        }
+        self.counters.fast_path += 1;
+        let e = self.ct.entry(id);
+        let di = dir_index(dir);
+        let to = match dir {
+            Dir::Original => e.reply().reversed(),
+            Dir::Reply => e.orig().reversed(),
+        };
+        let info = *e.payload();
+        let deltas = (
+            info.ip_delta.get(di).copied().unwrap_or(0),
+            info.l4_delta.get(di).copied().unwrap_or(0),
+        );
+        let adj = info.adj.get(di).copied().unwrap_or(0);
+        let a = self.emit(buf, d, &to, deltas, adj);
+        if tracked.verdict == ct::Verdict::Close {
+            self.remove(id);
+        }
+        Step::Done(a)
+    }
+
+    /// Rewrite the packet to `to`, decrement the TTL and set the MACs of
+    /// adjacency `adj`.
+    #[inline]
+    fn emit(
+        &self,
+        buf: &mut [u8],
+        d: &Dissect,
+        to: &FlowKey4,
+        deltas: (u16, u16),
+        adj: AdjIndex,
+    ) -> Action {
+        let Some(a) = self.adj.get(usize::from(adj)) else {
+            return Action::Drop(DropReason::NoNeighbor);
+        };
+        if !a.resolved {
+            return Action::Drop(DropReason::NoNeighbor);
+        }
+        let l3 = usize::from(d.l3_off);
+        if sluice_nat::apply_with(buf, l3, usize::from(d.l4_off), to, deltas).is_err() {
+            return Action::Drop(DropReason::RewriteFailed);
+        }
+        if let Some(t) = buf.get_mut(l3 + 8) {
+            *t = t.wrapping_sub(1);
+        }
+        if let Some(m) = buf.get_mut(0..12) {
+            m[..6].copy_from_slice(&a.dst_mac);
+            m[6..].copy_from_slice(&a.src_mac);
+        }
+        Action::Forward(a.oif)
+    }
+
+    fn remove(&mut self, id: EntryId) {
+        if let Some(e) = self.ct.remove(id) {
+            self.nat.release(e.orig(), e.reply());
+        }
+    }
+
+    fn is_local(&self, a: u32) -> Option<IfIndex> {
+        self.local4.iter().find(|(l, _)| *l == a).map(|&(_, i)| i)
+    }
+
+    /// Route `dst` and find the adjacency of the next hop.
+    fn adjacency_for(&self, dst: u32) -> Result<(IfIndex, AdjIndex), DropReason> {
+        let r = self.routes.lookup(dst).ok_or(DropReason::NoRoute)?;
+        let nh = r.via.map(u32::from).unwrap_or(dst);
+        let adj = self
+            .neigh
+            .get(&(r.oif, nh))
+            .copied()
+            .ok_or(DropReason::NoNeighbor)?;
+        Ok((r.oif, adj))
+    }
+
+    /// The slow path: the first packet of a connection (or an ICMP error
+    /// about one, or a packet for the gateway itself).
+    #[allow(clippy::too_many_arguments)]
+    fn slow4(
+        &mut self,
+        now: ct::Instant,
+        buf: &mut [u8],
+        len: usize,
+        iif: IfIndex,
+        d: &Dissect,
+        key: &FlowKey4,
+        ttl: u8,
+    ) -> Step {
+        self.counters.slow_path += 1;
+        match d.l4 {
+            L4::IcmpError {
+                inner: InnerKey::V4(inner),
+                ..
+            } => {
+                return Step::Done(self.related4(buf, iif, d, key, &inner, ttl));
+            }
+            L4::NonFirstFragment => return Step::Done(Action::Drop(DropReason::Fragment)),
+            _ => {}
+        }
+        let ev = l4_event(d);
+        let mut pp = policy_packet(iif, key, d, CtState::New);
+
+        // An inbound packet to an existing mapping (endpoint-independent
+        // filtering decides whether it may open a session).
+        let mut reply = None;
+        if self
+            .nat
+            .mapping_by_ext(key.proto, Ipv4Addr::from(key.dst), key.dport)
+            .is_some()
+        {
+            match self.nat.inbound_new(key) {
+                Some((_, r)) => reply = Some(r),
+                None => return Step::Done(Action::Drop(DropReason::NatFiltered)),
+            }
+        } else if self.is_local(key.dst).is_some() {
+            return self.local4(buf, len, iif, d, key, &pp);
+        }
+        if ttl <= 1 {
+            self.release_pending(key, reply.as_ref());
+            return Step::Done(Action::Drop(DropReason::TtlExpired));
+        }
+        if !self.ct.may_create(ev) {
+            self.release_pending(key, reply.as_ref());
+            return Step::Done(Action::Drop(DropReason::CtInvalid));
+        }
+
+        // Prerouting: DNAT.
+        if reply.is_none() && self.policy.has_nat(Hook::Prerouting) {
+            let dec = self.policy.decide(Hook::Prerouting, &pp);
+            pp.mark = dec.mark;
+            if let Some(Translation::Dnat { addr, port }) = dec.nat {
+                match self.nat.dnat(key, addr, port) {
+                    Ok(r) => reply = Some(r),
+                    Err(e) => return Step::Done(Action::Drop(nat_drop(e))),
+                }
+            }
+        }
+        // Where the packet goes after any DNAT.
+        let dst_after = reply.map(|r| r.src).unwrap_or(key.dst);
+        let (oif, adj_out) = match self.adjacency_for(dst_after) {
+            Ok(x) => x,
+            Err(r) => {
+                self.release_pending(key, reply.as_ref());
+                return Step::Done(Action::Drop(r));
+            }
+        };
+        pp.oif = Some(oif);
+        // Forward filter.
+        let dec = self.policy.decide(Hook::Forward, &pp);
+        pp.mark = dec.mark;
+        match dec.verdict {
+            Verdict::Accept => {}
+            Verdict::Drop => {
+                self.release_pending(key, reply.as_ref());
+                return Step::Done(Action::Drop(DropReason::PolicyDrop));
+            }
+            Verdict::Reject(_w) => {
+                self.release_pending(key, reply.as_ref());
+                return Step::Done(Action::Drop(DropReason::PolicyReject));
+            }
+        }
+        // Postrouting: SNAT / masquerade (only for connections not yet
+        // translated by a mapping or DNAT).
+        if reply.is_none() && self.policy.has_nat(Hook::Postrouting) {
+            let dec = self.policy.decide(Hook::Postrouting, &pp);
+            if let Some(t @ (Translation::Snat { .. } | Translation::Masquerade)) = dec.nat {
+                let egress = self
+                    .ifaces
+                    .get(usize::from(oif))
+                    .and_then(|i| i.addrs.first())
+                    .map(|&(a, _)| a);
+                match self.nat.translate_outbound(key, &t, egress) {
+                    Ok(r) => reply = Some(r),
+                    Err(e) => return Step::Done(Action::Drop(nat_drop(e))),
+                }
+            }
+        }
+        let reply = reply.unwrap_or_else(|| key.reversed());
+        // The reply direction is translated back to the original source and
+        // leaves towards it.
+        let adj_back = match self.adjacency_for(key.src) {
+            Ok((_, a)) => a,
+            Err(r) => {
+                self.nat.release(key, &reply);
+                return Step::Done(Action::Drop(r));
+            }
+        };
+        let to_orig = reply.reversed();
+        let to_reply = key.reversed();
+        let (ipd0, l4d0) = sluice_nat::deltas(key, &to_orig);
+        let (ipd1, l4d1) = sluice_nat::deltas(&reply, &to_reply);
+        let info = FlowInfo {
+            adj: [adj_out, adj_back],
+            ip_delta: [
+                fold(u32::from(ipd0) + u32::from(TTL_DELTA)),
+                fold(u32::from(ipd1) + u32::from(TTL_DELTA)),
+            ],
+            l4_delta: [l4d0, l4d1],
+        };
+        let nat = &mut self.nat;
+        let id = match self.ct.insert(now, *key, reply, info, &mut |e| {
+            nat.release(e.orig(), e.reply())
+        }) {
+            Ok(id) => id,
+            Err(e) => {
+                self.nat.release(key, &reply);
+                return Step::Done(Action::Drop(match e {
+                    InsertError::Full => DropReason::CtFull,
+                    InsertError::Exists => DropReason::CtInvalid,
+                }));
+            }
+        };
+        self.counters.ct_created += 1;
+        let t = self.ct.track(id, Dir::Original, now, ev);
+        if t.verdict == ct::Verdict::Invalid {
+            self.remove(id);
+            return Step::Done(Action::Drop(DropReason::CtInvalid));
+        }
+        if pp.mark != 0 {
+            self.ct.entry_mut(id).set_mark(pp.mark);
+        }
+        Step::Done(self.emit(
+            buf,
+            d,
+            &to_orig,
+            (info.ip_delta[0], info.l4_delta[0]),
+            adj_out,
+        ))
+    }
+
+    /// Undo a NAT reservation made for a packet that was then dropped.
+    fn release_pending(&mut self, key: &FlowKey4, reply: Option<&FlowKey4>) {
+        if let Some(r) = reply {
+            self.nat.release(key, r);
+        }
+    }
+
+    /// An ICMP error quoting a packet of a tracked connection (ct state
+    /// related): translate the quoted packet and the outer header.
+    fn related4(
+        &mut self,
+        buf: &mut [u8],
+        iif: IfIndex,
+        d: &Dissect,
+        key: &FlowKey4,
+        inner: &FlowKey4,
+        ttl: u8,
+    ) -> Action {
+        let h = self.ct.hash(inner);
+        let Some((id, dir)) = self.ct.lookup(h, inner) else {
+            return Action::Drop(DropReason::NatNoMapping);
+        };
+        if ttl <= 1 {
+            return Action::Drop(DropReason::TtlExpired);
+        }
+        let e = self.ct.entry(id);
+        let (orig, reply) = (*e.orig(), *e.reply());
+        let adj = e
+            .payload()
+            .adj
+            .get(dir_index(dir.opposite()))
+            .copied()
+            .unwrap_or(0);
+        let pp = policy_packet(iif, key, d, CtState::Related);
+        if self.policy.decide(Hook::Forward, &pp).verdict != Verdict::Accept {
+            return Action::Drop(DropReason::PolicyDrop);
+        }
+        let Some(inner_to) = sluice_nat::icmp_error_inner_target(&orig, &reply, &inner.reversed())
+            .map(|t| t.reversed())
+        else {
+            return Action::Drop(DropReason::NatNoMapping);
+        };
+        let l3 = usize::from(d.l3_off);
+        if sluice_nat::apply_icmp_error(buf, l3, usize::from(d.l4_off), inner, &inner_to).is_err() {
+            return Action::Drop(DropReason::RewriteFailed);
+        }
+        let Some(a) = self.adj.get(usize::from(adj)).copied() else {
+            return Action::Drop(DropReason::NoNeighbor);
+        };
+        // TTL decrement with its checksum update.
+        if let (Some(t), Some(c)) = (buf.get(l3 + 8).copied(), read16(buf, l3 + 10)) {
+            if let Some(x) = buf.get_mut(l3 + 8) {
+                *x = t.wrapping_sub(1);
+            }
+            write16(buf, l3 + 10, !fold(u32::from(!c) + u32::from(TTL_DELTA)));
+        }
+        if let Some(m) = buf.get_mut(0..12) {
+            m[..6].copy_from_slice(&a.dst_mac);
+            m[6..].copy_from_slice(&a.src_mac);
+        }
+        Action::Forward(a.oif)
+    }
+
+    /// A packet for one of the gateway's own addresses.
+    fn local4(
+        &mut self,
+        buf: &mut [u8],
+        len: usize,
+        iif: IfIndex,
+        d: &Dissect,
+        key: &FlowKey4,
+        pp: &PolicyPacket,
+    ) -> Step {
+        let dec = self.policy.decide(Hook::Input, pp);
+        match dec.verdict {
+            Verdict::Accept => {}
+            Verdict::Drop => return Step::Done(Action::Drop(DropReason::PolicyDrop)),
+            Verdict::Reject(RejectWith::TcpReset | RejectWith::IcmpUnreachable(_)) => {
+                return Step::Done(Action::Drop(DropReason::PolicyReject))
+            }
+        }
+        match d.l4 {
+            // RFC 792: echo request (8) -> echo reply (0) to the sender.
+            L4::IcmpQuery { ty: 8, .. } => {
+                let l3 = usize::from(d.l3_off);
+                let l4 = usize::from(d.l4_off);
+                let Some(src_mac) = self.ifaces.get(usize::from(iif)).map(|i| i.mac) else {
+                    return Step::Done(Action::Drop(DropReason::LocalUnhandled));
+                };
+                let (Some(ttl), Some(ipc), Some(icc)) = (
+                    buf.get(l3 + 8).copied(),
+                    read16(buf, l3 + 10),
+                    read16(buf, l4 + 2),
+                ) else {
+                    return Step::Done(Action::Drop(DropReason::Malformed));
+                };
+                // Swap addresses (checksum-neutral), TTL := 64, type := 0.
+                write32(buf, l3 + 12, key.dst);
+                write32(buf, l3 + 16, key.src);
+                let ttl_d = fold(u32::from(!(u16::from(ttl) << 8)) + (64u32 << 8));
+                if let Some(t) = buf.get_mut(l3 + 8) {
+                    *t = 64;
+                }
+                write16(buf, l3 + 10, !fold(u32::from(!ipc) + u32::from(ttl_d)));
+                if let Some(t) = buf.get_mut(l4) {
+                    *t = 0;
+                }
+                // Type word 0x08cc -> 0x00cc: ~m + m' = ~0x0800 (mod ones' complement).
+                write16(buf, l4 + 2, !fold(u32::from(!icc) + u32::from(!0x0800u16)));
+                swap_macs(buf, src_mac);
+                Step::Reply(len)
+            }
+            _ => Step::Done(Action::Drop(DropReason::LocalUnhandled)),
+        }
+    }
+
+    /// ARP: answer requests for the gateway's addresses on the interface
+    /// they belong to; learn nothing else here (resolution is the io layer's
+    /// neighbour manager's job).
+    fn arp(
+        &mut self,
+        buf: &mut [u8],
+        len: usize,
+        iif: IfIndex,
+        op: u16,
+        spa: u32,
+        tpa: u32,
+    ) -> Step {
+        if op != 1 || self.is_local(tpa).is_none() {
+            return Step::Done(Action::Drop(DropReason::LocalUnhandled));
+        }
+        let Some(my_mac) = self.ifaces.get(usize::from(iif)).map(|i| i.mac) else {
+            return Step::Done(Action::Drop(DropReason::LocalUnhandled));
+        };
+        let Some(arp) = buf.get_mut(14..42) else {
+            return Step::Done(Action::Drop(DropReason::Malformed));
+        };
+        // RFC 826: op := reply; target := old sender; sender := us.
+        let mut sha = [0u8; 6];
+        sha.copy_from_slice(&arp[8..14]);
+        arp[6..8].copy_from_slice(&2u16.to_be_bytes());
+        arp[18..24].copy_from_slice(&sha);
+        arp[24..28].copy_from_slice(&spa.to_be_bytes());
+        arp[8..14].copy_from_slice(&my_mac);
+        arp[14..18].copy_from_slice(&tpa.to_be_bytes());
+        if let Some(m) = buf.get_mut(0..12) {
+            m[..6].copy_from_slice(&sha);
+            m[6..].copy_from_slice(&my_mac);
+        }
+        Step::Reply(len)
+    }
+}
+
+/// Outcome of one frame inside the worker.
+enum Step {
+    Done(Action),
+    /// A reply was built in place; the new frame length.
+    Reply(usize),
+}
+
+#[inline]
+fn instant(now_ns: u64) -> ct::Instant {
+    ct::Instant::from_millis(now_ns / 1_000_000)
+}
+
+#[inline]
+fn dir_index(d: Dir) -> usize {
+    match d {
+        Dir::Original => 0,
+        Dir::Reply => 1,
+    }
+}
+
+#[inline]
+fn l4_event(d: &Dissect) -> L4Event {
+    match d.l4 {
+        L4::Tcp { flags, .. } => L4Event::Tcp(TcpFlags(flags)),
+        L4::Udp { .. } => L4Event::Udp,
+        L4::IcmpQuery { ty, .. } => L4Event::Icmp {
+            request: icmp_is_query_request(false, ty),
+        },
+        _ => L4Event::Other,
+    }
+}
+
+fn nat_drop(e: NatError) -> DropReason {
+    match e {
+        NatError::SubscriberLimit => DropReason::NatSubscriberLimit,
+        _ => DropReason::NatExhausted,
+    }
+}
+
+fn policy_packet(iif: IfIndex, key: &FlowKey4, d: &Dissect, ct: CtState) -> PolicyPacket {
+    let (tcp_flags, icmp) = match d.l4 {
+        L4::Tcp { flags, .. } => (flags, (0, 0)),
+        L4::IcmpQuery { ty, code, .. }
+        | L4::IcmpError { ty, code, .. }
+        | L4::IcmpOther { ty, code } => (0, (ty, code)),
+        _ => (0, (0, 0)),
+    };
+    let len = match d.net {
+        Net::Ipv4 { total_len, .. } => total_len,
+        _ => 0,
+    };
+    PolicyPacket {
+        iif,
+        oif: None,
+        family: 4,
+        src: u128::from(key.src),
+        dst: u128::from(key.dst),
+        proto: key.proto,
+        sport: key.sport,
+        dport: key.dport,
+        tcp_flags,
+        icmp,
+        ct,
+        ct_mark: 0,
+        mark: 0,
+        len,
+    }
+}
+
+fn read16(b: &[u8], off: usize) -> Option<u16> {
+    b.get(off..off + 2)
+        .map(|s| u16::from_be_bytes([s[0], s[1]]))
+}
+
+fn write16(b: &mut [u8], off: usize, v: u16) {
+    if let Some(s) = b.get_mut(off..off + 2) {
+        s.copy_from_slice(&v.to_be_bytes());
+    }
+}
+
+fn write32(b: &mut [u8], off: usize, v: u32) {
+    if let Some(s) = b.get_mut(off..off + 4) {
+        s.copy_from_slice(&v.to_be_bytes());
+    }
+}
+
+fn swap_macs(buf: &mut [u8], my_mac: [u8; 6]) {
+    if let Some(m) = buf.get_mut(0..12) {
+        let mut src = [0u8; 6];
+        src.copy_from_slice(&m[6..12]);
+        m[..6].copy_from_slice(&src);
+        m[6..].copy_from_slice(&my_mac);
+    }
+}

@@ -1,0 +1,1411 @@
+//! Per-worker NAT state: port allocation, mapping tables, filtering,
+//! pairing and per-subscriber accounting. One [`WorkerNat`] per worker; it
+//! is never shared, so nothing here locks.
+//!
+//! # Session references
+//!
+//! A conntrack entry is two keys: `orig` (the first packet as it arrived)
+//! and `reply` (the translated tuple, reversed). This module never stores
+//! sessions. Instead, it derives the mappings a session holds from the two
+//! keys, in one function used both when the session is created and when it
+//! is released, so the reference counts cannot drift:
+//!
+//! - source side: if `(orig.src, orig.sport) != (reply.dst, reply.dport)`
+//!   and the mapping with external endpoint `(reply.dst, reply.dport)` has
+//!   internal endpoint `(orig.src, orig.sport)`, the session holds it;
+//! - destination side: if `(orig.dst, orig.dport) != (reply.src,
+//!   reply.sport)` and the mapping with external endpoint `(orig.dst,
+//!   orig.dport)` has internal endpoint `(reply.src, reply.sport)`, the
+//!   session holds it (inbound sessions through a mapping, and the far end
+//!   of a hairpinned session).
+//!
+//! A mapping never maps an endpoint to itself, so a session that was not
+//! translated holds nothing and releasing it is a no-op.
+//!
+//! # What the engine must guarantee
+//!
+//! - Inbound packets (and `release` of their sessions) go to the worker
+//!   given by [`crate::owner_of`] of the external port.
+//! - RFC 4787 REQ-1 and REQ-2 hold per worker. They hold for the whole
+//!   gateway only if all outbound packets of one internal address reach the
+//!   same worker (steer by source address, as VPP NAT44-EI does). Pairing
+//!   itself is a keyed hash ([`NatConfig::paired_addr`]), identical on
+//!   every worker.
+//! - Hairpinning finds mappings held by this worker only.
+
+use core::net::Ipv4Addr;
+
+use hashbrown::HashMap;
+use sluice_wire::flow::{proto, FlowKey4};
+
+use crate::config::{
+    pair_index, FilteringBehaviour, MappingBehaviour, NatConfig, Pooling, Translation,
+};
+use crate::error::{ConfigError, NatError};
+use crate::event::{NatEvent, NatEventSink, NoopSink};
+use crate::ports::{owner_of, PortSlice, PortSpace};
+
+/// Protocols with a port (or identifier) space: TCP, UDP, ICMP.
+const PROTOS: usize = 3;
+
+#[inline]
+fn proto_index(p: u8) -> Option<usize> {
+    match p {
+        proto::TCP => Some(0),
+        proto::UDP => Some(1),
+        proto::ICMP => Some(2),
+        _ => None,
+    }
+}
+
+/// The external realm a mapping lives in: a pool, or the address of a
+/// masquerading egress interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Realm {
+    Pool(u16),
+    Masq(u32),
+}
+
+/// Internal side of a mapping. `dst_*` are zero under endpoint-independent
+/// mapping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct MapKey {
+    realm: Realm,
+    proto: u8,
+    int_addr: u32,
+    int_port: u16,
+    dst_addr: u32,
+    dst_port: u16,
+}
+
+/// External side of a mapping; unique per worker (and, by the port split,
+/// per gateway).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct ExtKey {
+    proto: u8,
+    addr: u32,
+    port: u16,
+}
+
+/// Which bitmap an external port came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Space {
+    Pool { pool: u16, map: usize },
+    Masq { slot: u16, map: usize },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Mapping {
+    key: MapKey,
+    space: Space,
+    sessions: u32,
+}
+
+/// A remote endpoint that a mapping's internal endpoint has talked to
+/// (address-dependent filtering uses port 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct PermitKey {
+    ext: ExtKey,
+    raddr: u32,
+    rport: u16,
+}
+
+#[derive(Clone, Debug)]
+struct PoolState {
+    addrs: Vec<u32>,
+    space: PortSpace,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct MasqSlot {
+    addr: Option<u32>,
+    mappings: u32,
+}
+
+/// One mapping as reported to the control plane.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MappingInfo {
+    /// IP protocol number.
+    pub proto: u8,
+    /// Internal address.
+    pub int_addr: Ipv4Addr,
+    /// Internal port or ICMP identifier.
+    pub int_port: u16,
+    /// External address.
+    pub ext_addr: Ipv4Addr,
+    /// External port or ICMP identifier.
+    pub ext_port: u16,
+    /// Sessions holding the mapping.
+    pub sessions: u32,
+}
+
+/// Counters of one worker.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NatStats {
+    /// Mappings alive now.
+    pub mappings: u64,
+    /// Sessions alive now that hold at least one mapping (static DNAT
+    /// sessions hold none).
+    pub sessions: u64,
+    /// Internal addresses holding at least one session.
+    pub subscribers: u64,
+    /// Mappings created since start.
+    pub mappings_created: u64,
+    /// Mappings removed since start.
+    pub mappings_removed: u64,
+    /// Translations refused for lack of ports.
+    pub pool_exhausted: u64,
+    /// Sessions refused by the per-subscriber limit.
+    pub subscriber_limit: u64,
+    /// Inbound packets refused by the filtering behaviour.
+    pub filtered: u64,
+    /// Hairpinned sessions created.
+    pub hairpins: u64,
+}
+
+/// NAT state of one worker. `S` receives mapping events.
+#[derive(Debug)]
+pub struct WorkerNat<S = NoopSink> {
+    worker: u16,
+    workers: u16,
+    mapping: MappingBehaviour,
+    filtering: FilteringBehaviour,
+    pooling: Pooling,
+    hairpinning: bool,
+    max_sessions: u32,
+    seed: u64,
+    pools: Vec<PoolState>,
+    /// External pool address -> (pool, address index).
+    pool_addr: HashMap<u32, (u16, usize)>,
+    masq_slots: Vec<MasqSlot>,
+    masq_space: PortSpace,
+    by_int: HashMap<MapKey, ExtKey>,
+    by_ext: HashMap<ExtKey, Mapping>,
+    subscribers: HashMap<u32, u32>,
+    permits: HashMap<PermitKey, u32>,
+    stats: NatStats,
+    sink: S,
+}
+
+impl<S: NatEventSink> WorkerNat<S> {
+    /// Build worker `worker`'s state. Every port bitmap is allocated here;
+    /// nothing in the port allocator allocates afterwards.
+    pub fn new(config: &NatConfig, worker: u16, sink: S) -> Result<Self, ConfigError> {
+        config.validate()?;
+        if worker >= config.workers {
+            return Err(ConfigError::WorkerOutOfRange);
+        }
+        let mut pool_addr = HashMap::new();
+        let mut pools = Vec::with_capacity(config.pools.len());
+        for (pi, p) in config.pools.iter().enumerate() {
+            let pid = u16::try_from(pi).map_err(|_| ConfigError::TooLarge)?;
+            let slice = PortSlice::new(&p.ports, worker, config.workers);
+            let addrs: Vec<u32> = p.addrs.iter().map(|a| u32::from(*a)).collect();
+            for (ai, a) in addrs.iter().enumerate() {
+                pool_addr.insert(*a, (pid, ai));
+            }
+            let space = PortSpace::new(slice, addrs.len() * PROTOS);
+            pools.push(PoolState { addrs, space });
+        }
+        let slots = usize::from(config.masquerade_slots);
+        let masq_slice = PortSlice::new(&config.masquerade_ports, worker, config.workers);
+        let cap = config.capacity_hint;
+        let filtering = config.filtering;
+        let permit_cap = if filtering == FilteringBehaviour::EndpointIndependent {
+            0
+        } else {
+            cap
+        };
+        Ok(Self {
+            worker,
+            workers: config.workers,
+            mapping: config.mapping,
+            filtering,
+            pooling: config.pooling,
+            hairpinning: config.hairpinning,
+            max_sessions: config.max_sessions_per_subscriber,
+            seed: config.pairing_seed,
+            pools,
+            pool_addr,
+            masq_slots: vec![MasqSlot::default(); slots],
+            masq_space: PortSpace::new(masq_slice, slots * PROTOS),
+            by_int: HashMap::with_capacity(cap),
+            by_ext: HashMap::with_capacity(cap),
+            subscribers: HashMap::with_capacity(cap / 4),
+            permits: HashMap::with_capacity(permit_cap),
+            stats: NatStats::default(),
+            sink,
+        })
+    }
+
+    /// This worker's index.
+    pub fn worker(&self) -> u16 {
+        self.worker
+    }
+
+    /// The worker owning external port `ext_port` (see [`crate::owner_of`]).
+    pub fn owner_of(&self, ext_port: u16) -> u16 {
+        owner_of(ext_port, self.workers)
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> NatStats {
+        let mut s = self.stats;
+        s.mappings = self.by_ext.len() as u64;
+        s.subscribers = self.subscribers.len() as u64;
+        s
+    }
+
+    /// The event sink.
+    pub fn sink(&self) -> &S {
+        &self.sink
+    }
+
+    /// The event sink, mutably (to drain it).
+    pub fn sink_mut(&mut self) -> &mut S {
+        &mut self.sink
+    }
+
+    /// Slow path: set up the translation of a new connection whose first
+    /// packet is `orig` (as on the wire). Returns the reply key (the
+    /// translated tuple reversed); the engine inserts `(orig, reply)`.
+    /// `egress_addr` is the egress interface's address, used by
+    /// [`Translation::Masquerade`].
+    ///
+    /// With hairpinning on, a packet from inside to a mapped external
+    /// endpoint is translated twice (RFC 4787 REQ-9, RFC 5382 REQ-8): its
+    /// source to the sender's own external endpoint and its destination to
+    /// the mapped internal endpoint. The returned reply key then differs
+    /// from `orig` in all four fields.
+    pub fn translate_outbound(
+        &mut self,
+        orig: &FlowKey4,
+        kind: &Translation,
+        egress_addr: Option<Ipv4Addr>,
+    ) -> Result<FlowKey4, NatError> {
+        match *kind {
+            Translation::Dnat { addr, port } => self.dnat(orig, addr, port),
+            Translation::Snat { pool } => {
+                if self.pools.get(usize::from(pool.0)).is_none() {
+                    return Err(NatError::UnknownPool);
+                }
+                self.snat(orig, Realm::Pool(pool.0))
+            }
+            Translation::Masquerade => match egress_addr {
+                Some(a) if !a.is_unspecified() => self.snat(orig, Realm::Masq(u32::from(a))),
+                _ => Err(NatError::NoEgressAddress),
+            },
+        }
+    }
+
+    /// Static destination NAT (port forward): the destination becomes
+    /// `addr` and, if given, `port` (ICMP queries keep their identifier).
+    /// Returns the reply key. Allocates nothing.
+    pub fn dnat(
+        &mut self,
+        orig: &FlowKey4,
+        addr: Ipv4Addr,
+        port: Option<u16>,
+    ) -> Result<FlowKey4, NatError> {
+        let mut t = *orig;
+        t.dst = u32::from(addr);
+        if let (Some(p), false) = (port, orig.proto == proto::ICMP) {
+            t.dport = p;
+        }
+        let reply = t.reversed();
+        self.acquire(orig, &reply);
+        Ok(reply)
+    }
+
+    /// An inbound packet `key` (as on the outside wire) missed conntrack.
+    /// If it is addressed to a mapping of this worker and the filtering
+    /// behaviour admits its source, returns `(orig, reply)` for the new
+    /// session (the engine inserts it) and takes a reference on the mapping.
+    ///
+    /// ICMP queries never open inbound sessions: an inbound echo request is
+    /// a new query, not a reply.
+    pub fn inbound_new(&mut self, key: &FlowKey4) -> Option<(FlowKey4, FlowKey4)> {
+        if key.proto != proto::TCP && key.proto != proto::UDP {
+            return None;
+        }
+        let ext = ExtKey {
+            proto: key.proto,
+            addr: key.dst,
+            port: key.dport,
+        };
+        let m = self.by_ext.get(&ext)?;
+        let (int_addr, int_port) = (m.key.int_addr, m.key.int_port);
+        if !self.admits(ext, key.src, key.sport) {
+            self.stats.filtered += 1;
+            return None;
+        }
+        if !self.has_room(int_addr, None) {
+            self.stats.subscriber_limit += 1;
+            return None;
+        }
+        let reply = FlowKey4 {
+            src: int_addr,
+            sport: int_port,
+            dst: key.src,
+            dport: key.sport,
+            proto: key.proto,
+        };
+        self.acquire(key, &reply);
+        Some((*key, reply))
+    }
+
+    /// A conntrack entry with keys `(orig, reply)` (as returned by this
+    /// worker) is gone. Drops its references; a mapping whose last session
+    /// goes is removed and its port freed. Entries that were not translated
+    /// are ignored.
+    pub fn release(&mut self, orig: &FlowKey4, reply: &FlowKey4) {
+        let refs = self.session_refs(orig, reply);
+        if refs.iter().all(Option::is_none) {
+            return;
+        }
+        self.stats.sessions = self.stats.sessions.saturating_sub(1);
+        for r in refs.into_iter().flatten() {
+            let SessionRef {
+                ext,
+                subscriber,
+                raddr,
+                rport,
+            } = r;
+            if let Some(pk) = self.permit_key(ext, raddr, rport) {
+                if let hashbrown::hash_map::Entry::Occupied(mut e) = self.permits.entry(pk) {
+                    *e.get_mut() -= 1;
+                    if *e.get() == 0 {
+                        e.remove();
+                    }
+                }
+            }
+            if let hashbrown::hash_map::Entry::Occupied(mut e) = self.subscribers.entry(subscriber)
+            {
+                *e.get_mut() -= 1;
+                if *e.get() == 0 {
+                    e.remove();
+                }
+            }
+            let last = match self.by_ext.get_mut(&ext) {
+                Some(m) => {
+                    m.sessions = m.sessions.saturating_sub(1);
+                    m.sessions == 0
+                }
+                None => false,
+            };
+            if last {
+                self.remove_mapping(ext);
+            }
+        }
+    }
+
+    /// Flush: forget every mapping and free every port. O(mappings); emits
+    /// one `MappingRemoved` per mapping (RFC 6888 REQ-12 logging).
+    pub fn clear(&mut self) {
+        let n = self.by_ext.len() as u64;
+        for (ext, m) in self.by_ext.drain() {
+            free_port(&mut self.pools, &mut self.masq_space, m.space, ext.port);
+            self.sink.event(&removed_event(self.worker, &m.key, ext));
+        }
+        self.by_int.clear();
+        self.subscribers.clear();
+        self.permits.clear();
+        for s in &mut self.masq_slots {
+            *s = MasqSlot::default();
+        }
+        self.stats.mappings_removed += n;
+        self.stats.sessions = 0;
+    }
+
+    /// The mapping owning external endpoint `ext_addr:ext_port`, if any.
+    pub fn mapping_by_ext(
+        &self,
+        proto: u8,
+        ext_addr: Ipv4Addr,
+        ext_port: u16,
+    ) -> Option<MappingInfo> {
+        let ext = ExtKey {
+            proto,
+            addr: u32::from(ext_addr),
+            port: ext_port,
+        };
+        self.by_ext.get(&ext).map(|m| info(&m.key, ext, m.sessions))
+    }
+
+    /// Every mapping of this worker, in no particular order.
+    pub fn mappings(&self) -> impl Iterator<Item = MappingInfo> + '_ {
+        self.by_ext
+            .iter()
+            .map(|(e, m)| info(&m.key, *e, m.sessions))
+    }
+
+    /// Free ports of this worker on `ext_addr` for `proto` (pool addresses
+    /// and currently bound masquerade addresses).
+    pub fn free_ports(&self, ext_addr: Ipv4Addr, proto: u8) -> Option<u32> {
+        let pi = proto_index(proto)?;
+        let a = u32::from(ext_addr);
+        if let Some(&(pid, ai)) = self.pool_addr.get(&a) {
+            return Some(
+                self.pools
+                    .get(usize::from(pid))?
+                    .space
+                    .free_count(ai * PROTOS + pi),
+            );
+        }
+        let slot = self.masq_slots.iter().position(|s| s.addr == Some(a))?;
+        Some(self.masq_space.free_count(slot * PROTOS + pi))
+    }
+
+    /// Ports of this worker's slice per (address, protocol) in `pool`.
+    pub fn ports_per_addr(&self, pool: crate::PoolId) -> Option<u32> {
+        Some(self.pools.get(usize::from(pool.0))?.space.slice().len())
+    }
+
+    // ---- internals -------------------------------------------------------
+
+    fn snat(&mut self, orig: &FlowKey4, realm: Realm) -> Result<FlowKey4, NatError> {
+        let pi = proto_index(orig.proto).ok_or(NatError::UnsupportedProtocol)?;
+        let icmp = orig.proto == proto::ICMP;
+        // RFC 4787 REQ-9 / RFC 5382 REQ-8: hairpinning. Hairpinned sessions
+        // skip filtering: both ends are subscribers of this NAT.
+        let hairpin = if self.hairpinning && !icmp {
+            let ext = ExtKey {
+                proto: orig.proto,
+                addr: orig.dst,
+                port: orig.dport,
+            };
+            self.by_ext
+                .get(&ext)
+                .map(|m| (m.key.int_addr, m.key.int_port))
+        } else {
+            None
+        };
+        if !self.has_room(orig.src, hairpin.map(|h| h.0)) {
+            self.stats.subscriber_limit += 1;
+            return Err(NatError::SubscriberLimit);
+        }
+        let (dst_addr, dst_port) = match self.mapping {
+            // RFC 4787 REQ-1 / RFC 5382 REQ-1: the mapping is keyed by the
+            // internal endpoint only.
+            MappingBehaviour::EndpointIndependent => (0, 0),
+            MappingBehaviour::AddressAndPortDependent => (orig.dst, orig.dport),
+        };
+        let key = MapKey {
+            realm,
+            proto: orig.proto,
+            int_addr: orig.src,
+            int_port: orig.sport,
+            dst_addr,
+            dst_port,
+        };
+        let ext = match self.by_int.get(&key) {
+            Some(e) => *e,
+            None => self.create_mapping(key, pi)?,
+        };
+        let mut t = *orig;
+        t.src = ext.addr;
+        t.sport = ext.port;
+        if icmp {
+            // ICMP query keys carry the identifier in both port fields.
+            t.dport = ext.port;
+        }
+        if let Some((a, p)) = hairpin {
+            t.dst = a;
+            t.dport = p;
+            self.stats.hairpins += 1;
+        }
+        let reply = t.reversed();
+        self.acquire(orig, &reply);
+        Ok(reply)
+    }
+
+    fn create_mapping(&mut self, key: MapKey, pi: usize) -> Result<ExtKey, NatError> {
+        let (space, addr, port) = match key.realm {
+            Realm::Pool(pid) => {
+                let pool = self
+                    .pools
+                    .get_mut(usize::from(pid))
+                    .ok_or(NatError::UnknownPool)?;
+                let n = pool.addrs.len();
+                // RFC 4787 REQ-2: paired pooling; the address is a pure
+                // function of the internal address.
+                let start = pair_index(self.seed, key.int_addr, n);
+                let tries = match self.pooling {
+                    Pooling::Paired => n.min(1),
+                    Pooling::Arbitrary => n,
+                };
+                let mut found = None;
+                for k in 0..tries {
+                    let ai = (start + k) % n;
+                    let Some(&addr) = pool.addrs.get(ai) else {
+                        continue;
+                    };
+                    let map = ai * PROTOS + pi;
+                    if let Some(port) = alloc_port(&mut pool.space, map, addr, &key) {
+                        found = Some((Space::Pool { pool: pid, map }, addr, port));
+                        break;
+                    }
+                }
+                match found {
+                    Some(f) => f,
+                    None => {
+                        self.stats.pool_exhausted += 1;
+                        return Err(NatError::PoolExhausted);
+                    }
+                }
+            }
+            Realm::Masq(addr) => {
+                let got = if let Some(&(pid, ai)) = self.pool_addr.get(&addr) {
+                    // The egress address is also a pool address: share its
+                    // bitmap so the two can never hand out the same port.
+                    let map = ai * PROTOS + pi;
+                    self.pools
+                        .get_mut(usize::from(pid))
+                        .and_then(|p| alloc_port(&mut p.space, map, addr, &key))
+                        .map(|port| (Space::Pool { pool: pid, map }, port))
+                } else {
+                    let slot = self.masq_slot(addr)?;
+                    let map = usize::from(slot) * PROTOS + pi;
+                    alloc_port(&mut self.masq_space, map, addr, &key)
+                        .map(|port| (Space::Masq { slot, map }, port))
+                };
+                match got {
+                    Some((space, port)) => (space, addr, port),
+                    None => {
+                        self.stats.pool_exhausted += 1;
+                        return Err(NatError::PoolExhausted);
+                    }
+                }
+            }
+        };
+        if let Space::Masq { slot, .. } = space {
+            if let Some(s) = self.masq_slots.get_mut(usize::from(slot)) {
+                s.mappings += 1;
+            }
+        }
+        let ext = ExtKey {
+            proto: key.proto,
+            addr,
+            port,
+        };
+        self.by_int.insert(key, ext);
+        self.by_ext.insert(
+            ext,
+            Mapping {
+                key,
+                space,
+                sessions: 0,
+            },
+        );
+        self.stats.mappings_created += 1;
+        self.sink.event(&NatEvent::MappingCreated {
+            proto: key.proto,
+            int_addr: Ipv4Addr::from(key.int_addr),
+            int_port: key.int_port,
+            ext_addr: Ipv4Addr::from(addr),
+            ext_port: port,
+            worker: self.worker,
+        });
+        Ok(ext)
+    }
+
+    /// The masquerade slot bound to `addr`, binding a free one if needed.
+    fn masq_slot(&mut self, addr: u32) -> Result<u16, NatError> {
+        let idx = match self.masq_slots.iter().position(|s| s.addr == Some(addr)) {
+            Some(i) => i,
+            None => {
+                let i = self
+                    .masq_slots
+                    .iter()
+                    .position(|s| s.mappings == 0)
+                    .ok_or(NatError::MasqueradeSlotsExhausted)?;
+                if let Some(s) = self.masq_slots.get_mut(i) {
+                    *s = MasqSlot {
+                        addr: Some(addr),
+                        mappings: 0,
+                    };
+                }
+                i
+            }
+        };
+        u16::try_from(idx).map_err(|_| NatError::MasqueradeSlotsExhausted)
+    }
+
+    fn remove_mapping(&mut self, ext: ExtKey) {
+        let Some(m) = self.by_ext.remove(&ext) else {
+            return;
+        };
+        self.by_int.remove(&m.key);
+        free_port(&mut self.pools, &mut self.masq_space, m.space, ext.port);
+        if let Space::Masq { slot, .. } = m.space {
+            if let Some(s) = self.masq_slots.get_mut(usize::from(slot)) {
+                s.mappings = s.mappings.saturating_sub(1);
+                if s.mappings == 0 {
+                    s.addr = None;
+                }
+            }
+        }
+        self.stats.mappings_removed += 1;
+        self.sink.event(&removed_event(self.worker, &m.key, ext));
+    }
+
+    /// The mappings held by a session with keys `(orig, reply)`; see the
+    /// module docs. Used by both [`Self::acquire`] and [`Self::release`].
+    fn session_refs(&self, orig: &FlowKey4, reply: &FlowKey4) -> [Option<SessionRef>; 2] {
+        let held = |ext: ExtKey, int_addr: u32, int_port: u16| {
+            self.by_ext
+                .get(&ext)
+                .is_some_and(|m| m.key.int_addr == int_addr && m.key.int_port == int_port)
+        };
+        let mut out = [None, None];
+        if (orig.src, orig.sport) != (reply.dst, reply.dport) {
+            let ext = ExtKey {
+                proto: orig.proto,
+                addr: reply.dst,
+                port: reply.dport,
+            };
+            if held(ext, orig.src, orig.sport) {
+                out[0] = Some(SessionRef {
+                    ext,
+                    subscriber: orig.src,
+                    raddr: orig.dst,
+                    rport: orig.dport,
+                });
+            }
+        }
+        if (orig.dst, orig.dport) != (reply.src, reply.sport) {
+            let ext = ExtKey {
+                proto: orig.proto,
+                addr: orig.dst,
+                port: orig.dport,
+            };
+            if held(ext, reply.src, reply.sport) {
+                out[1] = Some(SessionRef {
+                    ext,
+                    subscriber: reply.src,
+                    raddr: reply.dst,
+                    rport: reply.dport,
+                });
+            }
+        }
+        out
+    }
+
+    fn acquire(&mut self, orig: &FlowKey4, reply: &FlowKey4) {
+        let refs = self.session_refs(orig, reply);
+        if refs.iter().all(Option::is_none) {
+            return;
+        }
+        self.stats.sessions += 1;
+        for r in refs.into_iter().flatten() {
+            if let Some(m) = self.by_ext.get_mut(&r.ext) {
+                m.sessions += 1;
+            }
+            *self.subscribers.entry(r.subscriber).or_insert(0) += 1;
+            if let Some(pk) = self.permit_key(r.ext, r.raddr, r.rport) {
+                *self.permits.entry(pk).or_insert(0) += 1;
+            }
+        }
+    }
+
+    fn permit_key(&self, ext: ExtKey, raddr: u32, rport: u16) -> Option<PermitKey> {
+        match self.filtering {
+            FilteringBehaviour::EndpointIndependent => None,
+            FilteringBehaviour::AddressDependent => Some(PermitKey {
+                ext,
+                raddr,
+                rport: 0,
+            }),
+            FilteringBehaviour::AddressAndPortDependent => Some(PermitKey { ext, raddr, rport }),
+        }
+    }
+
+    /// RFC 4787 REQ-8: does the filtering behaviour let `raddr:rport` open
+    /// a session through mapping `ext`?
+    fn admits(&self, ext: ExtKey, raddr: u32, rport: u16) -> bool {
+        match self.permit_key(ext, raddr, rport) {
+            None => true,
+            Some(pk) => self.permits.contains_key(&pk),
+        }
+    }
+
+    /// RFC 6888 REQ-4: may `a` (and `b`, if any) take one more session each?
+    fn has_room(&self, a: u32, b: Option<u32>) -> bool {
+        if self.max_sessions == 0 {
+            return true;
+        }
+        let count = |x: u32| self.subscribers.get(&x).copied().unwrap_or(0);
+        let need_a = 1 + u32::from(b == Some(a));
+        count(a).saturating_add(need_a) <= self.max_sessions
+            && b.map_or(true, |b| count(b) < self.max_sessions)
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct SessionRef {
+    ext: ExtKey,
+    subscriber: u32,
+    raddr: u32,
+    rport: u16,
+}
+
+/// Allocate a port of `map`, never the internal endpoint itself (a mapping
+/// onto itself would be indistinguishable from no translation).
+fn alloc_port(space: &mut PortSpace, map: usize, ext_addr: u32, key: &MapKey) -> Option<u16> {
+    let p = space.alloc(map)?;
+    if ext_addr == key.int_addr && p == key.int_port {
+        let q = space.alloc(map);
+        space.release(map, p);
+        q
+    } else {
+        Some(p)
+    }
+}
+
+fn free_port(pools: &mut [PoolState], masq: &mut PortSpace, space: Space, port: u16) {
+    match space {
+        Space::Pool { pool, map } => {
+            if let Some(p) = pools.get_mut(usize::from(pool)) {
+                p.space.release(map, port);
+            }
+        }
+        Space::Masq { map, .. } => {
+            masq.release(map, port);
+        }
+    }
+}
+
+fn removed_event(worker: u16, key: &MapKey, ext: ExtKey) -> NatEvent {
+    NatEvent::MappingRemoved {
+        proto: key.proto,
+        int_addr: Ipv4Addr::from(key.int_addr),
+        int_port: key.int_port,
+        ext_addr: Ipv4Addr::from(ext.addr),
+        ext_port: ext.port,
+        worker,
+    }
+}
+
+fn info(key: &MapKey, ext: ExtKey, sessions: u32) -> MappingInfo {
+    MappingInfo {
+        proto: key.proto,
+        int_addr: Ipv4Addr::from(key.int_addr),
+        int_port: key.int_port,
+        ext_addr: Ipv4Addr::from(ext.addr),
+        ext_port: ext.port,
+        sessions,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::indexing_slicing, clippy::unwrap_used)]
+    use super::*;
+    use crate::config::{Pool, PoolId, DEFAULT_PORTS};
+    use crate::event::VecSink;
+    use crate::rewrite::Rewrite4;
+    use proptest::prelude::*;
+    use std::collections::{HashMap as StdMap, HashSet};
+
+    const SNAT: Translation = Translation::Snat { pool: PoolId(0) };
+
+    fn ip(a: u8, b: u8, c: u8, d: u8) -> Ipv4Addr {
+        Ipv4Addr::new(a, b, c, d)
+    }
+
+    fn cfg(addrs: u8, ports: core::ops::RangeInclusive<u16>, workers: u16) -> NatConfig {
+        NatConfig {
+            pools: vec![Pool::new((1..=addrs).map(|i| ip(192, 0, 2, i))).with_ports(ports)],
+            workers,
+            ..NatConfig::default()
+        }
+    }
+
+    fn nat(c: &NatConfig, w: u16) -> WorkerNat<VecSink> {
+        WorkerNat::new(c, w, VecSink::default()).unwrap()
+    }
+
+    fn out(p: u8, host: u8, sport: u16, dst: Ipv4Addr, dport: u16) -> FlowKey4 {
+        let dport = if p == proto::ICMP { sport } else { dport };
+        FlowKey4::new(p, ip(10, 0, 0, host), sport, dst, dport)
+    }
+
+    #[test]
+    fn eim_reuses_external_endpoint_across_destinations() {
+        let c = cfg(4, DEFAULT_PORTS, 1);
+        let mut n = nat(&c, 0);
+        let a = n
+            .translate_outbound(&out(proto::UDP, 1, 5000, ip(8, 8, 8, 8), 53), &SNAT, None)
+            .unwrap();
+        let b = n
+            .translate_outbound(&out(proto::UDP, 1, 5000, ip(9, 9, 9, 9), 53), &SNAT, None)
+            .unwrap();
+        let d = n
+            .translate_outbound(&out(proto::UDP, 1, 5000, ip(9, 9, 9, 9), 54), &SNAT, None)
+            .unwrap();
+        // RFC 4787 REQ-1: same internal endpoint -> same external endpoint.
+        assert_eq!((a.dst, a.dport), (b.dst, b.dport));
+        assert_eq!((a.dst, a.dport), (d.dst, d.dport));
+        assert_eq!(n.stats().mappings, 1);
+        assert_eq!(n.stats().sessions, 3);
+        assert_eq!(
+            n.mapping_by_ext(proto::UDP, a.dst_addr(), a.dport)
+                .unwrap()
+                .sessions,
+            3
+        );
+        assert_eq!(n.sink().events.len(), 1);
+    }
+
+    #[test]
+    fn apdm_gets_one_mapping_per_destination() {
+        let mut c = cfg(1, DEFAULT_PORTS, 1);
+        c.mapping = MappingBehaviour::AddressAndPortDependent;
+        let mut n = nat(&c, 0);
+        let a = n
+            .translate_outbound(&out(proto::TCP, 1, 5000, ip(8, 8, 8, 8), 80), &SNAT, None)
+            .unwrap();
+        let b = n
+            .translate_outbound(&out(proto::TCP, 1, 5000, ip(8, 8, 8, 8), 443), &SNAT, None)
+            .unwrap();
+        assert_ne!(a.dport, b.dport);
+        assert_eq!(n.stats().mappings, 2);
+    }
+
+    #[test]
+    fn reply_key_reaches_the_originating_host() {
+        let c = cfg(2, DEFAULT_PORTS, 1);
+        let mut n = nat(&c, 0);
+        let orig = out(proto::TCP, 7, 40000, ip(203, 0, 113, 9), 443);
+        let reply = n.translate_outbound(&orig, &SNAT, None).unwrap();
+        assert_eq!((reply.src, reply.sport), (orig.dst, orig.dport));
+        assert!(c.pools[0].addrs.contains(&reply.dst_addr()));
+        // The fast path rewrites a reply packet (tuple `reply`) into the
+        // reverse of `orig`: it reaches 10.0.0.7:40000.
+        let back = Rewrite4::new(&reply, &orig.reversed());
+        assert_eq!(back.to().dst_addr(), ip(10, 0, 0, 7));
+        assert_eq!(back.to().dport, 40000);
+    }
+
+    #[test]
+    fn icmp_query_mapping_rewrites_identifier_in_both_fields() {
+        let c = cfg(1, DEFAULT_PORTS, 1);
+        let mut n = nat(&c, 0);
+        let orig = out(proto::ICMP, 3, 77, ip(8, 8, 8, 8), 77);
+        let reply = n.translate_outbound(&orig, &SNAT, None).unwrap();
+        assert_eq!(reply.sport, reply.dport, "ICMP keys hold the id twice");
+        assert_eq!(reply.src, orig.dst);
+        assert_eq!(
+            n.inbound_new(&reply.reversed().reversed()),
+            None,
+            "no inbound ICMP sessions"
+        );
+        n.release(&orig, &reply);
+        assert_eq!(n.stats().mappings, 0);
+    }
+
+    #[test]
+    fn paired_pooling_same_external_address_for_a_host() {
+        let c = cfg(16, DEFAULT_PORTS, 4);
+        let mut workers: Vec<_> = (0..4).map(|w| nat(&c, w)).collect();
+        for host in 1..50u8 {
+            let mut addrs = HashSet::new();
+            for (i, n) in workers.iter_mut().enumerate() {
+                for port in 0..5u16 {
+                    let o = out(
+                        proto::UDP,
+                        host,
+                        1000 + port * 7 + i as u16,
+                        ip(1, 1, 1, 1),
+                        53,
+                    );
+                    addrs.insert(n.translate_outbound(&o, &SNAT, None).unwrap().dst);
+                }
+            }
+            // RFC 4787 REQ-2, on every worker.
+            assert_eq!(addrs.len(), 1, "host {host}");
+            let want = c.paired_addr(PoolId(0), ip(10, 0, 0, host)).unwrap();
+            assert!(addrs.contains(&u32::from(want)));
+        }
+    }
+
+    #[test]
+    fn pool_exhaustion_is_an_error_then_release_recovers() {
+        let c = cfg(1, 5000..=5009, 1);
+        let mut n = nat(&c, 0);
+        let mut sessions = Vec::new();
+        for p in 0..10 {
+            let o = out(proto::TCP, 1, 20000 + p, ip(8, 8, 8, 8), 80);
+            sessions.push((o, n.translate_outbound(&o, &SNAT, None).unwrap()));
+        }
+        let o = out(proto::TCP, 1, 30000, ip(8, 8, 8, 8), 80);
+        assert_eq!(
+            n.translate_outbound(&o, &SNAT, None),
+            Err(NatError::PoolExhausted)
+        );
+        assert_eq!(n.stats().pool_exhausted, 1);
+        // Other protocols have their own port space.
+        assert!(n
+            .translate_outbound(&out(proto::UDP, 1, 1, ip(8, 8, 8, 8), 53), &SNAT, None)
+            .is_ok());
+        assert_eq!(n.free_ports(ip(192, 0, 2, 1), proto::TCP), Some(0));
+        let (o0, r0) = sessions[3];
+        n.release(&o0, &r0);
+        assert_eq!(n.free_ports(ip(192, 0, 2, 1), proto::TCP), Some(1));
+        let again = n.translate_outbound(&o, &SNAT, None).unwrap();
+        assert_eq!(again.dport, r0.dport, "the freed port is reused");
+    }
+
+    #[test]
+    fn paired_pool_does_not_spill_but_arbitrary_does() {
+        let mut c = cfg(2, 5000..=5000, 1);
+        let host_on = |c: &NatConfig, a: Ipv4Addr| {
+            (1..=255u8)
+                .find(|h| c.paired_addr(PoolId(0), ip(10, 0, 0, *h)) == Some(a))
+                .unwrap()
+        };
+        let h = host_on(&c, ip(192, 0, 2, 1));
+        let mut n = nat(&c, 0);
+        n.translate_outbound(&out(proto::UDP, h, 1, ip(8, 8, 8, 8), 53), &SNAT, None)
+            .unwrap();
+        let second = out(proto::UDP, h, 2, ip(8, 8, 8, 8), 53);
+        assert_eq!(
+            n.translate_outbound(&second, &SNAT, None),
+            Err(NatError::PoolExhausted)
+        );
+        c.pooling = Pooling::Arbitrary;
+        let mut n = nat(&c, 0);
+        let a = n
+            .translate_outbound(&out(proto::UDP, h, 1, ip(8, 8, 8, 8), 53), &SNAT, None)
+            .unwrap();
+        let b = n.translate_outbound(&second, &SNAT, None).unwrap();
+        assert_ne!(a.dst, b.dst);
+    }
+
+    #[test]
+    fn workers_allocate_disjoint_ports_owned_by_themselves() {
+        let c = cfg(1, 1024..=1100, 3);
+        let mut ext = HashSet::new();
+        for w in 0..3 {
+            let mut n = nat(&c, w);
+            let mut k = 0;
+            while let Ok(r) = n.translate_outbound(
+                &out(proto::TCP, 1, 10000 + k, ip(8, 8, 8, 8), 80),
+                &SNAT,
+                None,
+            ) {
+                assert_eq!(c.owner_of(r.dport), w);
+                assert_eq!(n.owner_of(r.dport), w);
+                assert!(ext.insert(r.dport), "port {} handed out twice", r.dport);
+                k += 1;
+            }
+        }
+        assert_eq!(ext.len(), 77, "the workers together use the whole range");
+    }
+
+    #[test]
+    fn filtering_behaviours() {
+        let remote = ip(198, 51, 100, 1);
+        for (f, same_addr_other_port, other_addr) in [
+            (FilteringBehaviour::EndpointIndependent, true, true),
+            (FilteringBehaviour::AddressDependent, true, false),
+            (FilteringBehaviour::AddressAndPortDependent, false, false),
+        ] {
+            let mut c = cfg(1, DEFAULT_PORTS, 1);
+            c.filtering = f;
+            let mut n = nat(&c, 0);
+            let orig = out(proto::UDP, 1, 4000, remote, 3478);
+            let reply = n.translate_outbound(&orig, &SNAT, None).unwrap();
+            let (ea, ep) = (reply.dst_addr(), reply.dport);
+            // A second destination keeps the mapping alive throughout.
+            let orig2 = out(proto::UDP, 1, 4000, ip(198, 51, 100, 2), 3478);
+            let reply2 = n.translate_outbound(&orig2, &SNAT, None).unwrap();
+            assert_eq!((reply2.dst, reply2.dport), (reply.dst, reply.dport));
+            let from = |a: Ipv4Addr, p: u16| FlowKey4::new(proto::UDP, a, p, ea, ep);
+            let mut opened = Vec::new();
+            let r = n.inbound_new(&from(remote, 9999));
+            assert_eq!(r.is_some(), same_addr_other_port, "{f:?}");
+            opened.extend(r);
+            let r = n.inbound_new(&from(ip(203, 0, 113, 5), 3478));
+            assert_eq!(r.is_some(), other_addr, "{f:?}");
+            opened.extend(r);
+            assert_eq!(
+                n.stats().filtered,
+                u64::from(!same_addr_other_port) + u64::from(!other_addr)
+            );
+            // No mapping at all: never admitted.
+            assert!(n
+                .inbound_new(&FlowKey4::new(
+                    proto::UDP,
+                    remote,
+                    3478,
+                    ea,
+                    ep.wrapping_add(1)
+                ))
+                .is_none());
+            for (o, r) in opened {
+                n.release(&o, &r);
+            }
+            // Once the session to `remote` is gone, its permit goes too.
+            n.release(&orig, &reply);
+            let back = n.inbound_new(&from(remote, 3478));
+            assert_eq!(
+                back.is_some(),
+                f == FilteringBehaviour::EndpointIndependent,
+                "{f:?}"
+            );
+            assert!(
+                n.inbound_new(&from(ip(198, 51, 100, 2), 3478)).is_some(),
+                "{f:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn inbound_session_keeps_mapping_alive() {
+        let c = cfg(1, DEFAULT_PORTS, 1);
+        let mut n = nat(&c, 0);
+        let orig = out(proto::TCP, 1, 4000, ip(8, 8, 8, 8), 80);
+        let reply = n.translate_outbound(&orig, &SNAT, None).unwrap();
+        let inb = FlowKey4::new(
+            proto::TCP,
+            ip(5, 5, 5, 5),
+            6000,
+            reply.dst_addr(),
+            reply.dport,
+        );
+        let (io, ir) = n.inbound_new(&inb).unwrap();
+        assert_eq!(io, inb);
+        assert_eq!((ir.src_addr(), ir.sport), (ip(10, 0, 0, 1), 4000));
+        assert_eq!((ir.dst, ir.dport), (inb.src, inb.sport));
+        n.release(&orig, &reply);
+        assert_eq!(n.stats().mappings, 1, "inbound session still holds it");
+        n.release(&io, &ir);
+        assert_eq!(n.stats().mappings, 0);
+        assert_eq!(n.stats().sessions, 0);
+        // Releasing an unknown or untranslated entry is a no-op.
+        n.release(&orig, &orig.reversed());
+        n.release(&orig, &reply);
+        assert_eq!(n.stats().mappings_removed, 1);
+    }
+
+    #[test]
+    fn hairpinning_translates_both_ends() {
+        let c = cfg(4, DEFAULT_PORTS, 1);
+        let mut n = nat(&c, 0);
+        // Host 2 has a mapping (e.g. a peer-to-peer client).
+        let o2 = out(proto::UDP, 2, 7000, ip(8, 8, 8, 8), 3478);
+        let r2 = n.translate_outbound(&o2, &SNAT, None).unwrap();
+        // Host 1 sends to host 2's external endpoint.
+        let o1 = FlowKey4::new(proto::UDP, ip(10, 0, 0, 1), 6000, r2.dst_addr(), r2.dport);
+        let r1 = n.translate_outbound(&o1, &SNAT, None).unwrap();
+        // RFC 4787 REQ-9: host 2 sees host 1's external endpoint.
+        assert_eq!((r1.src_addr(), r1.sport), (ip(10, 0, 0, 2), 7000));
+        let m1 = n
+            .mapping_by_ext(proto::UDP, r1.dst_addr(), r1.dport)
+            .unwrap();
+        assert_eq!((m1.int_addr, m1.int_port), (ip(10, 0, 0, 1), 6000));
+        assert_eq!(n.stats().hairpins, 1);
+        assert_eq!(
+            n.mapping_by_ext(proto::UDP, r2.dst_addr(), r2.dport)
+                .unwrap()
+                .sessions,
+            2
+        );
+        n.release(&o2, &r2);
+        n.release(&o1, &r1);
+        assert_eq!(n.stats().mappings, 0);
+        // Hairpinning off: plain SNAT.
+        let mut c = c;
+        c.hairpinning = false;
+        let mut n = nat(&c, 0);
+        let r2 = n.translate_outbound(&o2, &SNAT, None).unwrap();
+        let o1 = FlowKey4::new(proto::UDP, ip(10, 0, 0, 1), 6000, r2.dst_addr(), r2.dport);
+        let r1 = n.translate_outbound(&o1, &SNAT, None).unwrap();
+        assert_eq!((r1.src, r1.sport), (o1.dst, o1.dport));
+    }
+
+    #[test]
+    fn subscriber_limit() {
+        let mut c = cfg(1, DEFAULT_PORTS, 1);
+        c.max_sessions_per_subscriber = 3;
+        let mut n = nat(&c, 0);
+        let mut s = Vec::new();
+        for p in 0..3 {
+            let o = out(proto::TCP, 1, 100 + p, ip(8, 8, 8, 8), 80);
+            s.push((o, n.translate_outbound(&o, &SNAT, None).unwrap()));
+        }
+        let o = out(proto::TCP, 1, 200, ip(8, 8, 8, 8), 80);
+        assert_eq!(
+            n.translate_outbound(&o, &SNAT, None),
+            Err(NatError::SubscriberLimit)
+        );
+        let inb = FlowKey4::new(
+            proto::TCP,
+            ip(5, 5, 5, 5),
+            1,
+            s[0].1.dst_addr(),
+            s[0].1.dport,
+        );
+        assert_eq!(n.inbound_new(&inb), None);
+        assert!(n
+            .translate_outbound(&out(proto::TCP, 2, 200, ip(8, 8, 8, 8), 80), &SNAT, None)
+            .is_ok());
+        n.release(&s[0].0, &s[0].1);
+        assert!(n.translate_outbound(&o, &SNAT, None).is_ok());
+        assert_eq!(n.stats().subscriber_limit, 2);
+    }
+
+    #[test]
+    fn masquerade_slots() {
+        let mut c = cfg(1, DEFAULT_PORTS, 2);
+        c.masquerade_slots = 1;
+        let mut n = nat(&c, 1);
+        let o = out(proto::TCP, 1, 100, ip(8, 8, 8, 8), 80);
+        let m = Translation::Masquerade;
+        assert_eq!(
+            n.translate_outbound(&o, &m, None),
+            Err(NatError::NoEgressAddress)
+        );
+        assert_eq!(
+            n.translate_outbound(&o, &m, Some(Ipv4Addr::UNSPECIFIED)),
+            Err(NatError::NoEgressAddress)
+        );
+        let r = n
+            .translate_outbound(&o, &m, Some(ip(100, 64, 0, 1)))
+            .unwrap();
+        assert_eq!(r.dst_addr(), ip(100, 64, 0, 1));
+        assert_eq!(n.owner_of(r.dport), 1);
+        let o2 = out(proto::TCP, 1, 101, ip(8, 8, 8, 8), 80);
+        assert_eq!(
+            n.translate_outbound(&o2, &m, Some(ip(100, 64, 0, 2))),
+            Err(NatError::MasqueradeSlotsExhausted)
+        );
+        // Masquerading to a pool address shares the pool's bitmap.
+        let rp = n
+            .translate_outbound(&o2, &m, Some(ip(192, 0, 2, 1)))
+            .unwrap();
+        assert_eq!(rp.dst_addr(), ip(192, 0, 2, 1));
+        n.release(&o, &r);
+        // The slot is free again: a new egress address (DHCP renumbering).
+        let r3 = n
+            .translate_outbound(&o, &m, Some(ip(100, 64, 0, 2)))
+            .unwrap();
+        assert_eq!(r3.dst_addr(), ip(100, 64, 0, 2));
+        assert_eq!(
+            n.translate_outbound(&o, &Translation::Snat { pool: PoolId(5) }, None),
+            Err(NatError::UnknownPool)
+        );
+        let gre = FlowKey4::new(47, ip(10, 0, 0, 1), 0, ip(8, 8, 8, 8), 0);
+        assert_eq!(
+            n.translate_outbound(&gre, &SNAT, None),
+            Err(NatError::UnsupportedProtocol)
+        );
+    }
+
+    #[test]
+    fn dnat_port_forward() {
+        let c = cfg(1, DEFAULT_PORTS, 1);
+        let mut n = nat(&c, 0);
+        let orig = FlowKey4::new(proto::TCP, ip(5, 5, 5, 5), 50000, ip(192, 0, 2, 1), 8080);
+        let t = Translation::Dnat {
+            addr: ip(10, 0, 0, 80),
+            port: Some(80),
+        };
+        let reply = n.translate_outbound(&orig, &t, None).unwrap();
+        assert_eq!(
+            reply,
+            FlowKey4::new(proto::TCP, ip(10, 0, 0, 80), 80, ip(5, 5, 5, 5), 50000)
+        );
+        let keep = n.dnat(&orig, ip(10, 0, 0, 80), None).unwrap();
+        assert_eq!(keep.sport, 8080);
+        assert_eq!(n.stats().sessions, 0, "static DNAT holds no mapping");
+        n.release(&orig, &reply);
+    }
+
+    #[test]
+    fn clear_frees_everything_and_logs() {
+        let c = cfg(2, 3000..=3999, 1);
+        let mut n = nat(&c, 0);
+        for h in 1..20 {
+            for p in 0..5 {
+                let o = out(proto::UDP, h, 1000 + p, ip(8, 8, 8, 8), 53);
+                n.translate_outbound(&o, &SNAT, None).unwrap();
+            }
+        }
+        assert_eq!(n.stats().mappings, 95);
+        n.clear();
+        let s = n.stats();
+        assert_eq!((s.mappings, s.sessions, s.subscribers), (0, 0, 0));
+        assert_eq!(n.free_ports(ip(192, 0, 2, 1), proto::UDP), Some(1000));
+        assert_eq!(n.free_ports(ip(192, 0, 2, 2), proto::UDP), Some(1000));
+        let removed = n
+            .sink()
+            .events
+            .iter()
+            .filter(|e| matches!(e, NatEvent::MappingRemoved { .. }))
+            .count();
+        assert_eq!(removed, 95);
+    }
+
+    #[test]
+    fn config_errors() {
+        let c = cfg(1, DEFAULT_PORTS, 2);
+        assert_eq!(
+            WorkerNat::new(&c, 2, NoopSink).err(),
+            Some(ConfigError::WorkerOutOfRange)
+        );
+        assert_eq!(NatError::PoolExhausted.to_string(), "NAT pool exhausted");
+    }
+
+    // ---- property tests -------------------------------------------------
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Out {
+            p: u8,
+            host: u8,
+            sport: u16,
+            dst: u8,
+            dport: u16,
+        },
+        In {
+            pick: usize,
+            src: u8,
+            sport: u16,
+        },
+        Release {
+            pick: usize,
+        },
+    }
+
+    fn arb_op() -> impl Strategy<Value = Op> {
+        let p = prop_oneof![Just(proto::TCP), Just(proto::UDP), Just(proto::ICMP)];
+        prop_oneof![
+            4 => (p, 1u8..8, 1u16..6, 1u8..4, 1u16..3)
+                .prop_map(|(p, host, sport, dst, dport)| Op::Out { p, host, sport, dst, dport }),
+            1 => (any::<usize>(), 1u8..4, 1u16..3).prop_map(|(pick, src, sport)| Op::In { pick, src, sport }),
+            3 => any::<usize>().prop_map(|pick| Op::Release { pick }),
+        ]
+    }
+
+    fn check_invariants(
+        n: &WorkerNat<VecSink>,
+        c: &NatConfig,
+        w: u16,
+        live: &[(FlowKey4, FlowKey4)],
+    ) {
+        // Unique external endpoint per mapping; the two indexes agree.
+        assert_eq!(n.by_int.len(), n.by_ext.len());
+        for (k, e) in &n.by_int {
+            let m = n.by_ext.get(e).unwrap();
+            assert_eq!(m.key, *k);
+            assert!(m.sessions > 0, "no mapping without a session");
+            assert_eq!(owner_of(e.port, c.workers), w);
+            // RFC 4787 REQ-2.
+            assert_eq!(
+                Some(Ipv4Addr::from(e.addr)),
+                c.paired_addr(PoolId(0), Ipv4Addr::from(k.int_addr))
+            );
+        }
+        // Session refcounts equal what the live sessions hold.
+        let mut held: StdMap<ExtKey, u32> = StdMap::new();
+        for (o, r) in live {
+            for s in n.session_refs(o, r).into_iter().flatten() {
+                *held.entry(s.ext).or_default() += 1;
+            }
+        }
+        for (e, m) in &n.by_ext {
+            assert_eq!(held.get(e).copied().unwrap_or(0), m.sessions);
+        }
+        // Ports in use + free = slice size.
+        for a in &c.pools[0].addrs {
+            for p in [proto::TCP, proto::UDP, proto::ICMP] {
+                let used = n
+                    .by_ext
+                    .keys()
+                    .filter(|e| e.addr == u32::from(*a) && e.proto == p)
+                    .count() as u32;
+                let total = n.ports_per_addr(PoolId(0)).unwrap();
+                assert_eq!(n.free_ports(*a, p).unwrap() + used, total);
+            }
+        }
+        // Reply keys are distinct (they are conntrack keys).
+        let replies: HashSet<_> = live.iter().map(|(_, r)| *r).collect();
+        assert_eq!(replies.len(), live.len());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        #[test]
+        fn nat_invariants_hold(ops in proptest::collection::vec(arb_op(), 1..120), w in 0u16..2, filt in 0u8..3) {
+            let mut c = cfg(3, 2000..=2011, 2);
+            c.filtering = [FilteringBehaviour::EndpointIndependent, FilteringBehaviour::AddressDependent,
+                FilteringBehaviour::AddressAndPortDependent][usize::from(filt)];
+            let mut n = nat(&c, w);
+            let mut live: Vec<(FlowKey4, FlowKey4)> = Vec::new();
+            // Endpoint-independent mapping reference: int endpoint -> ext.
+            let mut eim: StdMap<(u8, u32, u16), (u32, u16)> = StdMap::new();
+            for op in ops {
+                match op {
+                    Op::Out { p, host, sport, dst, dport } => {
+                        let o = out(p, host, sport, ip(198, 51, 100, dst), dport);
+                        if live.iter().any(|(lo, lr)| *lo == o || lr.reversed() == o) {
+                            continue; // conntrack would hit
+                        }
+                        match n.translate_outbound(&o, &SNAT, None) {
+                            Ok(r) => {
+                                // The reply goes back to the sender.
+                                let m = n.mapping_by_ext(p, r.dst_addr(), r.dport).unwrap();
+                                prop_assert_eq!((u32::from(m.int_addr), m.int_port), (o.src, o.sport));
+                                // RFC 4787 REQ-1 while the mapping lives.
+                                if let Some(prev) = eim.get(&(p, o.src, o.sport)) {
+                                    prop_assert_eq!(*prev, (r.dst, r.dport));
+                                }
+                                eim.insert((p, o.src, o.sport), (r.dst, r.dport));
+                                if live.iter().any(|(lo, lr)| *lr == r || lo.reversed() == r) {
+                                    prop_assert!(false, "reply key collides");
+                                }
+                                live.push((o, r));
+                            }
+                            Err(e) => prop_assert_eq!(e, NatError::PoolExhausted),
+                        }
+                    }
+                    Op::In { pick, src, sport } => {
+                        if live.is_empty() { continue; }
+                        let (_, r) = live[pick % live.len()];
+                        if r.proto == proto::ICMP { continue; }
+                        let k = FlowKey4::new(r.proto, ip(203, 0, 113, src), sport, r.dst_addr(), r.dport);
+                        if live.iter().any(|(lo, lr)| *lo == k || *lr == k) { continue; }
+                        if let Some((io, ir)) = n.inbound_new(&k) {
+                            prop_assert_eq!(io, k);
+                            let m = n.mapping_by_ext(k.proto, k.dst_addr(), k.dport).unwrap();
+                            prop_assert_eq!((ir.src_addr(), ir.sport), (m.int_addr, m.int_port));
+                            live.push((io, ir));
+                        }
+                    }
+                    Op::Release { pick } => {
+                        if live.is_empty() { continue; }
+                        let (o, r) = live.swap_remove(pick % live.len());
+                        n.release(&o, &r);
+                    }
+                }
+                // Forget EIM reference entries whose mapping died.
+                eim.retain(|(p, a, port), _| n.by_int.keys().any(|k| k.proto == *p && k.int_addr == *a && k.int_port == *port));
+                check_invariants(&n, &c, w, &live);
+            }
+            for (o, r) in live.drain(..) {
+                n.release(&o, &r);
+            }
+            let s = n.stats();
+            prop_assert_eq!((s.mappings, s.sessions, s.subscribers), (0, 0, 0));
+            prop_assert!(n.permits.is_empty());
+            let created = n.sink().events.iter().filter(|e| matches!(e, NatEvent::MappingCreated { .. })).count();
+            prop_assert_eq!(created as u64, s.mappings_removed);
+            for a in &c.pools[0].addrs {
+                prop_assert_eq!(n.free_ports(*a, proto::UDP), Some(6));
+            }
+        }
+    }
+}

@@ -1,0 +1,1395 @@
+//! iptables-restore front end (with ipset save files), lowered into the nft AST.
+//!
+//! Tables become `ip filter` / `ip nat` / `ip mangle` / `ip raw`; built-in
+//! chains become base chains with iptables' hooks and priorities (filter 0,
+//! nat PREROUTING/OUTPUT dstnat -100, nat POSTROUTING/INPUT srcnat 100,
+//! mangle -150, raw -300). ipsets referenced by `-m set` become named sets in
+//! the table that uses them.
+
+use crate::ast::*;
+use crate::diag::{suggest, RawDiag};
+use crate::nft::{parse_addr_value, parse_nat_target};
+use crate::symbols::{self, parse_num};
+use std::net::{IpAddr, Ipv4Addr};
+
+const FILE_MAIN: u32 = 0;
+const FILE_SETS: u32 = 1;
+
+/// A shell-like word with its 1-based column and length.
+#[derive(Debug, Clone)]
+struct Word {
+    text: String,
+    col: u32,
+    len: u32,
+}
+
+fn tokenize(line: &str) -> Result<Vec<Word>, u32> {
+    let chars: Vec<char> = line.chars().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars.get(i).copied().unwrap_or(' ');
+        if c.is_whitespace() {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        let mut text = String::new();
+        while let Some(&c) = chars.get(i) {
+            if c.is_whitespace() {
+                break;
+            }
+            if c == '"' || c == '\'' {
+                let q = c;
+                i += 1;
+                loop {
+                    match chars.get(i) {
+                        None => return Err(start as u32 + 1),
+                        Some(&d) if d == q => break,
+                        Some('\\') if q == '"' && chars.get(i + 1).is_some() => {
+                            text.push(chars.get(i + 1).copied().unwrap_or('\\'));
+                            i += 2;
+                        }
+                        Some(&d) => {
+                            text.push(d);
+                            i += 1;
+                        }
+                    }
+                }
+                i += 1;
+                continue;
+            }
+            text.push(c);
+            i += 1;
+        }
+        out.push(Word {
+            text,
+            col: start as u32 + 1,
+            len: (i - start) as u32,
+        });
+    }
+    Ok(out)
+}
+
+/// One ipset from an `ipset save` file.
+struct IpSet {
+    name: String,
+    dims: Vec<Dim>,
+    v6: bool,
+    elems: Vec<Elem>,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Dim {
+    Ip,
+    Net,
+    Port,
+    Mark,
+    Iface,
+}
+
+fn parse_ipsets(text: &str, diags: &mut Vec<RawDiag>) -> Vec<IpSet> {
+    let mut sets: Vec<IpSet> = Vec::new();
+    for (ln, line) in text.lines().enumerate() {
+        let span = |col: u32, len: u32| Span {
+            file: FILE_SETS,
+            line: ln as u32 + 1,
+            col,
+            len,
+        };
+        let words = match tokenize(line) {
+            Ok(w) => w,
+            Err(c) => {
+                diags.push(RawDiag::new(span(c, 1), "unterminated quote"));
+                continue;
+            }
+        };
+        let Some(cmd) = words.first() else { continue };
+        if cmd.text.starts_with('#') {
+            continue;
+        }
+        let name = words.get(1);
+        match (cmd.text.as_str(), name) {
+            ("create" | "-N" | "-exist", Some(name)) => {
+                let Some(ty) = words.get(2) else {
+                    diags.push(RawDiag::new(span(name.col, name.len), "missing set type"));
+                    continue;
+                };
+                let parts = ty.text.split_once(':').map(|(_, d)| d).unwrap_or("");
+                let dims: Option<Vec<Dim>> = parts
+                    .split(',')
+                    .map(|d| match d {
+                        "ip" => Some(Dim::Ip),
+                        "net" => Some(Dim::Net),
+                        "port" => Some(Dim::Port),
+                        "mark" => Some(Dim::Mark),
+                        "iface" => Some(Dim::Iface),
+                        _ => None,
+                    })
+                    .collect();
+                let method_ok = ty.text.starts_with("hash:") || ty.text.starts_with("bitmap:");
+                let Some(dims) = dims.filter(|_| method_ok) else {
+                    diags.push(RawDiag::new(
+                        span(ty.col, ty.len),
+                        format!(
+                            "unsupported ipset type '{}' (hash:ip, hash:net, hash:ip,port, ...)",
+                            ty.text
+                        ),
+                    ));
+                    continue;
+                };
+                let v6 = words
+                    .windows(2)
+                    .any(|w| matches!(w, [a, b] if a.text == "family" && b.text == "inet6"));
+                if sets.iter().any(|s| s.name == name.text) {
+                    diags.push(RawDiag::new(
+                        span(name.col, name.len),
+                        format!("duplicate ipset '{}'", name.text),
+                    ));
+                    continue;
+                }
+                sets.push(IpSet {
+                    name: name.text.clone(),
+                    dims,
+                    v6,
+                    elems: Vec::new(),
+                });
+            }
+            ("add" | "-A", Some(name)) => {
+                let Some(set) = sets.iter_mut().find(|s| s.name == name.text) else {
+                    diags.push(RawDiag::new(
+                        span(name.col, name.len),
+                        format!("add to unknown ipset '{}'", name.text),
+                    ));
+                    continue;
+                };
+                let Some(e) = words.get(2) else {
+                    diags.push(RawDiag::new(span(name.col, name.len), "missing element"));
+                    continue;
+                };
+                let esp = span(e.col, e.len);
+                match ipset_elem(&set.dims, &e.text) {
+                    Some(key) => set.elems.push(Elem {
+                        key,
+                        data: None,
+                        span: esp,
+                    }),
+                    None => diags.push(RawDiag::new(
+                        esp,
+                        format!("invalid element '{}' for ipset '{}'", e.text, set.name),
+                    )),
+                }
+            }
+            ("flush" | "destroy" | "-F" | "-X", _) => {}
+            _ => {
+                let help = suggest(&cmd.text, ["create", "add", "flush", "destroy"]);
+                diags.push(
+                    RawDiag::new(
+                        span(cmd.col, cmd.len),
+                        format!("unknown ipset command '{}'", cmd.text),
+                    )
+                    .help(help),
+                );
+            }
+        }
+    }
+    sets
+}
+
+fn ipset_elem(dims: &[Dim], text: &str) -> Option<Value> {
+    let parts: Vec<&str> = text.split(',').collect();
+    if parts.len() != dims.len() {
+        return None;
+    }
+    let mut vals = Vec::new();
+    for (d, p) in dims.iter().zip(parts) {
+        match d {
+            Dim::Ip | Dim::Net => vals.push(parse_addr_value(p)?),
+            Dim::Port => {
+                let (proto, port) = match p.split_once(':') {
+                    Some((pr, po)) => (
+                        symbols::lookup(DataType::InetProto, pr).or_else(|| parse_num(pr))?,
+                        po,
+                    ),
+                    None => (6, p),
+                };
+                vals.push(Value::Num(proto));
+                vals.push(port_value(port)?);
+            }
+            Dim::Mark => vals.push(Value::Num(parse_num(p)?)),
+            Dim::Iface => vals.push(Value::Str(p.to_string())),
+        }
+    }
+    if vals.len() == 1 {
+        vals.pop()
+    } else {
+        Some(Value::Concat(vals))
+    }
+}
+
+fn port_num(s: &str) -> Option<u64> {
+    parse_num(s).or_else(|| symbols::lookup(DataType::InetService, s))
+}
+
+/// `80`, `ssh`, `1000-2000`, `1000:2000`, `:1024`, `1024:`.
+fn port_value(s: &str) -> Option<Value> {
+    let sep = s.find([':', '-']);
+    match sep {
+        Some(i) if symbols::lookup(DataType::InetService, s).is_none() => {
+            let (a, b) = (s.get(..i)?, s.get(i + 1..)?);
+            let lo = if a.is_empty() { 0 } else { port_num(a)? };
+            let hi = if b.is_empty() { 65535 } else { port_num(b)? };
+            Some(Value::Range(
+                Box::new(Value::Num(lo)),
+                Box::new(Value::Num(hi)),
+            ))
+        }
+        _ => Some(Value::Num(port_num(s)?)),
+    }
+}
+
+struct Builtin {
+    name: &'static str,
+    hook: Hook,
+    priority: i32,
+    chain_type: ChainType,
+}
+
+const fn b(name: &'static str, hook: Hook, priority: i32, chain_type: ChainType) -> Builtin {
+    Builtin {
+        name,
+        hook,
+        priority,
+        chain_type,
+    }
+}
+
+fn builtins(table: &str) -> &'static [Builtin] {
+    use ChainType::*;
+    use Hook::*;
+    const FILTER: &[Builtin] = &[
+        b("INPUT", Input, 0, Filter),
+        b("FORWARD", Forward, 0, Filter),
+        b("OUTPUT", Output, 0, Filter),
+    ];
+    const NAT: &[Builtin] = &[
+        b("PREROUTING", Prerouting, -100, Nat),
+        b("INPUT", Input, 100, Nat),
+        b("OUTPUT", Output, -100, Nat),
+        b("POSTROUTING", Postrouting, 100, Nat),
+    ];
+    const MANGLE: &[Builtin] = &[
+        b("PREROUTING", Prerouting, -150, Filter),
+        b("INPUT", Input, -150, Filter),
+        b("FORWARD", Forward, -150, Filter),
+        b("OUTPUT", Output, -150, Route),
+        b("POSTROUTING", Postrouting, -150, Filter),
+    ];
+    const RAW: &[Builtin] = &[
+        b("PREROUTING", Prerouting, -300, Filter),
+        b("OUTPUT", Output, -300, Filter),
+    ];
+    match table {
+        "filter" => FILTER,
+        "nat" => NAT,
+        "mangle" => MANGLE,
+        "raw" => RAW,
+        _ => &[],
+    }
+}
+
+struct Ctx<'a> {
+    diags: Vec<RawDiag>,
+    sets: &'a [IpSet],
+    line: u32,
+}
+
+impl Ctx<'_> {
+    fn span(&self, w: &Word) -> Span {
+        Span {
+            file: FILE_MAIN,
+            line: self.line,
+            col: w.col,
+            len: w.len,
+        }
+    }
+    fn err(&mut self, w: &Word, msg: impl Into<String>) {
+        let sp = self.span(w);
+        self.diags.push(RawDiag::new(sp, msg));
+    }
+    fn err_help(&mut self, w: &Word, msg: impl Into<String>, help: Option<String>) {
+        let sp = self.span(w);
+        self.diags.push(RawDiag::new(sp, msg).help(help));
+    }
+}
+
+pub(crate) fn parse(text: &str, ipsets: Option<&str>) -> (Vec<Table>, Vec<RawDiag>) {
+    let mut diags = Vec::new();
+    let sets = ipsets
+        .map(|s| parse_ipsets(s, &mut diags))
+        .unwrap_or_default();
+    let mut cx = Ctx {
+        diags,
+        sets: &sets,
+        line: 0,
+    };
+    let mut tables: Vec<Table> = Vec::new();
+    let mut cur: Option<Table> = None;
+    let mut cur_word: Option<Word> = None;
+    for (ln, line) in text.lines().enumerate() {
+        cx.line = ln as u32 + 1;
+        let words = match tokenize(line) {
+            Ok(w) => w,
+            Err(c) => {
+                let w = Word {
+                    text: String::new(),
+                    col: c,
+                    len: 1,
+                };
+                cx.err(&w, "unterminated quote");
+                continue;
+            }
+        };
+        let Some(first) = words.first() else { continue };
+        if first.text.starts_with('#') {
+            continue;
+        }
+        if let Some(name) = first.text.strip_prefix('*') {
+            if let Some(t) = cur.take() {
+                let w = cur_word.clone().unwrap_or_else(|| first.clone());
+                cx.err(&w, format!("table '{}' is missing COMMIT", t.name));
+            }
+            if builtins(name).is_empty() {
+                let help = suggest(name, ["filter", "nat", "mangle", "raw"]);
+                cx.err_help(first, format!("unsupported table '{name}'"), help);
+                continue;
+            }
+            let span = cx.span(first);
+            cur = Some(Table {
+                family: Family::Ip,
+                name: name.to_string(),
+                chains: Vec::new(),
+                sets: Vec::new(),
+                maps: Vec::new(),
+                span,
+            });
+            cur_word = Some(first.clone());
+            continue;
+        }
+        if first.text == "COMMIT" {
+            match cur.take() {
+                Some(t) => {
+                    tables.retain(|x| x.name != t.name);
+                    tables.push(t);
+                }
+                None => cx.err(first, "COMMIT outside of a table"),
+            }
+            continue;
+        }
+        let Some(table) = cur.as_mut() else {
+            cx.err(first, "expected a table header such as *filter");
+            continue;
+        };
+        if let Some(decl) = first.text.strip_prefix(':') {
+            chain_decl(&mut cx, table, decl, &words);
+            continue;
+        }
+        command(&mut cx, table, &words);
+    }
+    if let Some(t) = cur {
+        if let Some(w) = &cur_word {
+            cx.err(w, format!("table '{}' is missing COMMIT", t.name));
+        }
+    }
+    (tables, cx.diags)
+}
+
+fn builtin_base(table: &str, chain: &str, span: Span, policy: Policy) -> Option<BaseChain> {
+    builtins(table)
+        .iter()
+        .find(|b| b.name == chain)
+        .map(|b| BaseChain {
+            chain_type: b.chain_type,
+            hook: b.hook,
+            priority: b.priority,
+            policy,
+            span,
+        })
+}
+
+fn new_chain(table: &str, name: &str, span: Span, policy: Policy) -> Chain {
+    Chain {
+        name: name.to_string(),
+        base: builtin_base(table, name, span, policy),
+        rules: Vec::new(),
+        comment: None,
+        span,
+    }
+}
+
+fn chain_decl(cx: &mut Ctx<'_>, t: &mut Table, name: &str, words: &[Word]) {
+    let Some(first) = words.first() else { return };
+    let span = cx.span(first);
+    let is_builtin = builtins(&t.name).iter().any(|b| b.name == name);
+    let policy = match words.get(1).map(|w| w.text.as_str()) {
+        Some("ACCEPT") => Policy::Accept,
+        Some("DROP") => Policy::Drop,
+        Some("-") if !is_builtin => Policy::Accept,
+        Some(p) => {
+            if let Some(w) = words.get(1) {
+                let msg = if is_builtin {
+                    format!("invalid policy '{p}' for built-in chain {name} (ACCEPT or DROP)")
+                } else {
+                    format!("user-defined chain {name} cannot have a policy ('-' expected)")
+                };
+                let help = if is_builtin {
+                    suggest(p, ["ACCEPT", "DROP"])
+                } else {
+                    None
+                };
+                cx.err_help(w, msg, help);
+            }
+            return;
+        }
+        None => {
+            cx.err(first, "missing chain policy");
+            return;
+        }
+    };
+    if name.is_empty() {
+        cx.err(first, "missing chain name");
+        return;
+    }
+    if t.chains.iter().any(|c| c.name == name) {
+        cx.err(first, format!("duplicate chain '{name}'"));
+        return;
+    }
+    t.chains.push(new_chain(&t.name, name, span, policy));
+}
+
+fn chain_index(cx: &mut Ctx<'_>, t: &mut Table, w: &Word, create_builtin: bool) -> Option<usize> {
+    if let Some(i) = t.chains.iter().position(|c| c.name == w.text) {
+        return Some(i);
+    }
+    if create_builtin && builtins(&t.name).iter().any(|b| b.name == w.text) {
+        let sp = cx.span(w);
+        t.chains
+            .push(new_chain(&t.name, &w.text, sp, Policy::Accept));
+        return Some(t.chains.len() - 1);
+    }
+    let help = suggest(&w.text, t.chains.iter().map(|c| c.name.as_str()));
+    cx.err_help(
+        w,
+        format!("no such chain '{}' in table {}", w.text, t.name),
+        help,
+    );
+    None
+}
+
+fn command(cx: &mut Ctx<'_>, t: &mut Table, words: &[Word]) {
+    let mut words = words;
+    // `[packets:bytes] -A ...` from iptables-save -c.
+    let mut counters = None;
+    if let Some(w) = words.first().filter(|w| w.text.starts_with('[')) {
+        match parse_counters(&w.text) {
+            Some(c) => counters = Some(c),
+            None => cx.err(w, "invalid counters, expected [packets:bytes]"),
+        }
+        words = words.get(1..).unwrap_or(&[]);
+    }
+    let Some(cmd) = words.first() else { return };
+    let Some(chain_w) = words.get(1) else {
+        cx.err(cmd, "missing chain name");
+        return;
+    };
+    match cmd.text.as_str() {
+        "-N" | "--new-chain" => {
+            if t.chains.iter().any(|c| c.name == chain_w.text) {
+                cx.err(chain_w, format!("duplicate chain '{}'", chain_w.text));
+            } else {
+                let sp = cx.span(chain_w);
+                t.chains
+                    .push(new_chain(&t.name, &chain_w.text, sp, Policy::Accept));
+            }
+        }
+        "-P" | "--policy" => {
+            let Some(ci) = chain_index(cx, t, chain_w, true) else {
+                return;
+            };
+            let policy = match words.get(2).map(|w| w.text.as_str()) {
+                Some("ACCEPT") => Policy::Accept,
+                Some("DROP") => Policy::Drop,
+                _ => {
+                    cx.err(
+                        words.get(2).unwrap_or(chain_w),
+                        "expected policy ACCEPT or DROP",
+                    );
+                    return;
+                }
+            };
+            match t.chains.get_mut(ci).and_then(|c| c.base.as_mut()) {
+                Some(b) => b.policy = policy,
+                None => cx.err(chain_w, "policy is only valid on built-in chains"),
+            }
+        }
+        "-A" | "--append" | "-I" | "--insert" => {
+            let Some(ci) = chain_index(cx, t, chain_w, true) else {
+                return;
+            };
+            let mut rest = words.get(2..).unwrap_or(&[]);
+            let mut pos = None;
+            if cmd.text.starts_with("-I") || cmd.text == "--insert" {
+                pos = Some(0);
+                if let Some(n) = rest.first().and_then(|w| w.text.parse::<usize>().ok()) {
+                    pos = Some(n.saturating_sub(1));
+                    rest = rest.get(1..).unwrap_or(&[]);
+                }
+            }
+            let span = cx.span(cmd);
+            let Some(rule) = rule(cx, &t.name, &mut t.sets, rest, counters, span) else {
+                return;
+            };
+            if let Some(c) = t.chains.get_mut(ci) {
+                match pos {
+                    Some(p) => c.rules.insert(p.min(c.rules.len()), rule),
+                    None => c.rules.push(rule),
+                }
+            }
+        }
+        "-D" | "-R" | "-F" | "-X" | "-Z" | "-E" => {
+            cx.err(
+                cmd,
+                format!("command '{}' is not supported in restore files", cmd.text),
+            );
+        }
+        other => {
+            let help = suggest(other, ["-A", "-I", "-N", "-P"]);
+            cx.err_help(cmd, format!("unknown command '{other}'"), help);
+        }
+    }
+}
+
+fn parse_counters(s: &str) -> Option<(u64, u64)> {
+    let inner = s.strip_prefix('[')?.strip_suffix(']')?;
+    let (p, b) = inner.split_once(':')?;
+    Some((p.parse().ok()?, b.parse().ok()?))
+}
+
+const OPTIONS: &[&str] = &[
+    "-s",
+    "--source",
+    "-d",
+    "--destination",
+    "-i",
+    "--in-interface",
+    "-o",
+    "--out-interface",
+    "-p",
+    "--protocol",
+    "-m",
+    "--match",
+    "-j",
+    "--jump",
+    "-g",
+    "--goto",
+    "-c",
+    "--sport",
+    "--dport",
+    "--source-port",
+    "--destination-port",
+    "--sports",
+    "--dports",
+    "--ctstate",
+    "--state",
+    "--match-set",
+    "--mark",
+    "--comment",
+    "--tcp-flags",
+    "--syn",
+    "--icmp-type",
+    "--limit",
+    "--limit-burst",
+    "--reject-with",
+    "--log-prefix",
+    "--log-level",
+    "--set-mark",
+    "--set-xmark",
+    "--to-source",
+    "--to-destination",
+    "--to-ports",
+    "--random",
+    "--random-fully",
+    "--persistent",
+];
+
+fn addr_value(s: &str) -> Option<Value> {
+    if let Some((a, m)) = s.split_once('/') {
+        if m.contains('.') {
+            let addr: IpAddr = a.parse().ok()?;
+            let mask: Ipv4Addr = m.parse().ok()?;
+            let bits = u32::from(mask);
+            if bits.leading_ones() + bits.trailing_zeros() != 32 {
+                return None;
+            }
+            return Some(Value::Prefix {
+                addr,
+                len: bits.leading_ones() as u8,
+            });
+        }
+        if m == "32" {
+            return Some(Value::Addr(a.parse().ok()?));
+        }
+    }
+    parse_addr_value(s)
+}
+
+fn rule(
+    cx: &mut Ctx<'_>,
+    table: &str,
+    sets: &mut Vec<Set>,
+    words: &[Word],
+    counters: Option<(u64, u64)>,
+    span: Span,
+) -> Option<Rule> {
+    let mut r = Rule {
+        matches: Vec::new(),
+        stmts: Vec::new(),
+        handle: None,
+        comment: None,
+        span,
+    };
+    let mut counters = counters;
+    let mut neg = false;
+    let mut proto: Option<(u64, bool, usize, Span, Span)> = None;
+    let mut used_l4 = false;
+    let mut target: Option<(Word, bool)> = None;
+    let mut topts: Vec<(Word, Option<Word>)> = Vec::new();
+    let mut limit: Option<Limit> = None;
+    let mut limit_span = span;
+    let mut ok = true;
+    let mut i = 0;
+    macro_rules! arg {
+        ($w:expr) => {{
+            i += 1;
+            match words.get(i) {
+                Some(a) => a.clone(),
+                None => {
+                    cx.err($w, format!("option {} requires an argument", $w.text));
+                    return None;
+                }
+            }
+        }};
+    }
+    while let Some(w) = words.get(i) {
+        let wsp = cx.span(w);
+        let push = |r: &mut Rule,
+                    left: Vec<Field>,
+                    mask: Option<u64>,
+                    neg: bool,
+                    right: Value,
+                    rsp: Span| {
+            let op = if neg { RelOp::Ne } else { RelOp::Implicit };
+            r.matches.push(Match {
+                left,
+                mask,
+                op,
+                right,
+                span: wsp,
+                right_span: rsp,
+            });
+        };
+        match w.text.as_str() {
+            "!" => {
+                neg = true;
+                i += 1;
+                continue;
+            }
+            "-s" | "--source" | "--src" | "-d" | "--destination" | "--dst" => {
+                let a = arg!(w);
+                let f = if w.text.starts_with("-s") || w.text.starts_with("--s") {
+                    Field::IpSaddr
+                } else {
+                    Field::IpDaddr
+                };
+                let vals: Option<Vec<Value>> = a.text.split(',').map(addr_value).collect();
+                match vals {
+                    Some(mut v) if v.len() == 1 => {
+                        push(&mut r, vec![f], None, neg, v.remove(0), cx.span(&a))
+                    }
+                    Some(v) => {
+                        let sp = cx.span(&a);
+                        let elems = v
+                            .into_iter()
+                            .map(|key| Elem {
+                                key,
+                                data: None,
+                                span: sp,
+                            })
+                            .collect();
+                        push(&mut r, vec![f], None, neg, Value::Set(elems), sp);
+                    }
+                    None => {
+                        cx.err(
+                            &a,
+                            format!("invalid address '{}' (host names are not resolved)", a.text),
+                        );
+                        ok = false;
+                    }
+                }
+            }
+            "-i" | "--in-interface" | "-o" | "--out-interface" => {
+                let a = arg!(w);
+                let f = if w.text.contains('i') {
+                    Field::Iifname
+                } else {
+                    Field::Oifname
+                };
+                let name = match a.text.strip_suffix('+') {
+                    Some(p) => format!("{p}*"),
+                    None => a.text.clone(),
+                };
+                push(&mut r, vec![f], None, neg, Value::Str(name), cx.span(&a));
+            }
+            "-p" | "--protocol" => {
+                let a = arg!(w);
+                let lower = a.text.to_ascii_lowercase();
+                if lower != "all" {
+                    match symbols::lookup(DataType::InetProto, &lower).or_else(|| parse_num(&lower))
+                    {
+                        Some(p) => proto = Some((p, neg, r.matches.len(), wsp, cx.span(&a))),
+                        None => {
+                            let help = suggest(&lower, symbols::PROTOCOLS.iter().map(|(n, _)| *n));
+                            cx.err_help(&a, format!("unknown protocol '{}'", a.text), help);
+                            ok = false;
+                        }
+                    }
+                }
+            }
+            "-m" | "--match" => {
+                let a = arg!(w);
+                let known = [
+                    "tcp",
+                    "udp",
+                    "icmp",
+                    "multiport",
+                    "conntrack",
+                    "state",
+                    "set",
+                    "mark",
+                    "comment",
+                    "limit",
+                ];
+                if !known.contains(&a.text.as_str()) {
+                    let help = suggest(&a.text, known);
+                    cx.err_help(&a, format!("unsupported match module '{}'", a.text), help);
+                    ok = false;
+                }
+            }
+            "--sport"
+            | "--source-port"
+            | "--dport"
+            | "--destination-port"
+            | "--sports"
+            | "--dports"
+            | "--source-ports"
+            | "--destination-ports" => {
+                let a = arg!(w);
+                let src = w.text.starts_with("--s");
+                let f = match (proto.map(|p| p.0), src) {
+                    (Some(6), true) => Field::TcpSport,
+                    (Some(6), false) => Field::TcpDport,
+                    (Some(17), true) => Field::UdpSport,
+                    (Some(17), false) => Field::UdpDport,
+                    _ => {
+                        cx.err(w, format!("{} requires -p tcp or -p udp", w.text));
+                        ok = false;
+                        i += 1;
+                        continue;
+                    }
+                };
+                used_l4 = true;
+                let multi = w.text.ends_with('s');
+                let vals: Option<Vec<Value>> = a.text.split(',').map(port_value).collect();
+                match vals {
+                    Some(mut v) if v.len() == 1 && !multi => {
+                        push(&mut r, vec![f], None, neg, v.remove(0), cx.span(&a))
+                    }
+                    Some(v) if multi || v.len() > 1 => {
+                        let sp = cx.span(&a);
+                        let elems = v
+                            .into_iter()
+                            .map(|key| Elem {
+                                key,
+                                data: None,
+                                span: sp,
+                            })
+                            .collect();
+                        push(&mut r, vec![f], None, neg, Value::Set(elems), sp);
+                    }
+                    _ => {
+                        cx.err(&a, format!("invalid port '{}'", a.text));
+                        ok = false;
+                    }
+                }
+            }
+            "--ctstate" | "--state" => {
+                let a = arg!(w);
+                let mut bits = 0;
+                for s in a.text.split(',') {
+                    match symbols::lookup(DataType::CtState, &s.to_ascii_lowercase()) {
+                        Some(b) => bits |= b,
+                        None => {
+                            let help = suggest(
+                                s,
+                                ["NEW", "ESTABLISHED", "RELATED", "INVALID", "UNTRACKED"],
+                            );
+                            cx.err_help(&a, format!("unknown connection state '{s}'"), help);
+                            ok = false;
+                        }
+                    }
+                }
+                push(
+                    &mut r,
+                    vec![Field::CtState],
+                    None,
+                    neg,
+                    Value::Num(bits),
+                    cx.span(&a),
+                );
+            }
+            "--match-set" => {
+                let name = arg!(w);
+                let flags = arg!(w);
+                match match_set(cx, table, sets, &name, &flags) {
+                    Some(left) => {
+                        let right = Value::SetRef(name.text.clone());
+                        push(&mut r, left, None, neg, right, cx.span(&name));
+                    }
+                    None => ok = false,
+                }
+            }
+            "--mark" => {
+                let a = arg!(w);
+                let (v, m) = match a.text.split_once('/') {
+                    Some((v, m)) => (parse_num(v), parse_num(m).map(Some)),
+                    None => (parse_num(&a.text), Some(None)),
+                };
+                match (v, m) {
+                    (Some(v), Some(m)) => {
+                        let m = m.filter(|m| *m != 0xffff_ffff);
+                        let op = match (neg, m) {
+                            (true, _) => RelOp::Ne,
+                            (false, Some(_)) => RelOp::Eq,
+                            (false, None) => RelOp::Implicit,
+                        };
+                        r.matches.push(Match {
+                            left: vec![Field::MetaMark],
+                            mask: m,
+                            op,
+                            right: Value::Num(v),
+                            span: wsp,
+                            right_span: cx.span(&a),
+                        });
+                    }
+                    _ => {
+                        cx.err(&a, format!("invalid mark '{}'", a.text));
+                        ok = false;
+                    }
+                }
+            }
+            "--comment" => {
+                let a = arg!(w);
+                r.comment = Some(a.text);
+            }
+            "--tcp-flags" | "--syn" => {
+                let (mask, comp, asp) = if w.text == "--syn" {
+                    (1 | 2 | 4 | 16, 2, wsp)
+                } else {
+                    let m = arg!(w);
+                    let c = arg!(w);
+                    match (tcp_flags(&m.text), tcp_flags(&c.text)) {
+                        (Some(mv), Some(cv)) => (mv, cv, cx.span(&c)),
+                        _ => {
+                            cx.err(&m, "invalid TCP flags (SYN,ACK,FIN,RST,URG,PSH,ALL,NONE)");
+                            ok = false;
+                            i += 1;
+                            continue;
+                        }
+                    }
+                };
+                if proto.map(|p| p.0) != Some(6) {
+                    cx.err(w, format!("{} requires -p tcp", w.text));
+                    ok = false;
+                }
+                used_l4 = true;
+                let op = if neg { RelOp::Ne } else { RelOp::Eq };
+                r.matches.push(Match {
+                    left: vec![Field::TcpFlags],
+                    mask: Some(mask),
+                    op,
+                    right: Value::Num(comp),
+                    span: wsp,
+                    right_span: asp,
+                });
+            }
+            "--icmp-type" => {
+                let a = arg!(w);
+                let (t, c) = match a.text.split_once('/') {
+                    Some((t, c)) => (t.to_string(), Some(c.to_string())),
+                    None => (a.text.clone(), None),
+                };
+                let tv = parse_num(&t).or_else(|| symbols::lookup(DataType::IcmpType, &t));
+                let cv = c.as_deref().map(parse_num);
+                match (tv, cv) {
+                    (Some(tv), None | Some(Some(_))) => {
+                        used_l4 = true;
+                        let sp = cx.span(&a);
+                        push(&mut r, vec![Field::IcmpType], None, neg, Value::Num(tv), sp);
+                        if let Some(Some(cv)) = cv {
+                            push(&mut r, vec![Field::IcmpCode], None, neg, Value::Num(cv), sp);
+                        }
+                    }
+                    _ => {
+                        let help = suggest(&t, symbols::ICMP_TYPES.iter().map(|(n, _)| *n));
+                        cx.err_help(&a, format!("invalid ICMP type '{}'", a.text), help);
+                        ok = false;
+                    }
+                }
+            }
+            "--limit" => {
+                let a = arg!(w);
+                limit_span = wsp;
+                match parse_limit(&a.text) {
+                    Some((rate, per)) => {
+                        let burst = limit.and_then(|l| l.burst);
+                        limit = Some(Limit {
+                            over: false,
+                            rate,
+                            unit: None,
+                            per,
+                            burst,
+                            burst_unit: None,
+                        });
+                    }
+                    None => {
+                        cx.err(
+                            &a,
+                            format!(
+                                "invalid rate '{}', expected N/second|minute|hour|day",
+                                a.text
+                            ),
+                        );
+                        ok = false;
+                    }
+                }
+            }
+            "--limit-burst" => {
+                let a = arg!(w);
+                match parse_num(&a.text) {
+                    Some(n) => {
+                        let mut l = limit.unwrap_or(Limit {
+                            over: false,
+                            rate: 3,
+                            unit: None,
+                            per: TimeUnit::Hour,
+                            burst: None,
+                            burst_unit: None,
+                        });
+                        l.burst = Some(n);
+                        limit = Some(l);
+                    }
+                    None => {
+                        cx.err(&a, "invalid burst");
+                        ok = false;
+                    }
+                }
+            }
+            "-c" | "--set-counters" => {
+                let p = arg!(w);
+                let b = arg!(w);
+                match (p.text.parse(), b.text.parse()) {
+                    (Ok(p), Ok(b)) => counters = Some((p, b)),
+                    _ => {
+                        cx.err(&p, "invalid counters");
+                        ok = false;
+                    }
+                }
+            }
+            "-j" | "--jump" | "-g" | "--goto" => {
+                let a = arg!(w);
+                target = Some((a, w.text.starts_with("-g") || w.text == "--goto"));
+            }
+            "--reject-with" | "--log-prefix" | "--log-level" | "--set-mark" | "--set-xmark"
+            | "--to-source" | "--to-destination" | "--to-ports" | "--to" => {
+                let a = arg!(w);
+                topts.push((w.clone(), Some(a)));
+            }
+            "--random" | "--random-fully" | "--persistent" => topts.push((w.clone(), None)),
+            other => {
+                let norm: String = other.replace(['\u{2013}', '\u{2014}'], "-");
+                let help = if OPTIONS.contains(&norm.as_str()) {
+                    Some(format!(
+                        "did you mean \"{norm}\"? (a typographic dash was used)"
+                    ))
+                } else {
+                    suggest(&norm, OPTIONS.iter().copied())
+                };
+                cx.err_help(w, format!("unknown option '{other}'"), help);
+                ok = false;
+                // Skip the option's arguments so they are not reported as options too.
+                while words
+                    .get(i + 1)
+                    .is_some_and(|a| !a.text.starts_with('-') && a.text != "!")
+                {
+                    i += 1;
+                }
+            }
+        }
+        neg = false;
+        i += 1;
+    }
+    if let Some((p, pneg, at, psp, rsp)) = proto {
+        if !used_l4 || pneg {
+            let op = if pneg { RelOp::Ne } else { RelOp::Implicit };
+            let m = Match {
+                left: vec![Field::IpProtocol],
+                mask: None,
+                op,
+                right: Value::Num(p),
+                span: psp,
+                right_span: rsp,
+            };
+            r.matches.insert(at.min(r.matches.len()), m);
+        }
+    }
+    if let Some(l) = limit {
+        r.stmts.push(Stmt {
+            kind: StmtKind::Limit(l),
+            span: limit_span,
+        });
+    }
+    if let Some((p, b)) = counters {
+        r.stmts.push(Stmt {
+            kind: StmtKind::Counter {
+                packets: Some(p),
+                bytes: Some(b),
+            },
+            span,
+        });
+    }
+    match target {
+        Some((t, goto)) => ok &= lower_target(cx, table, &t, goto, &topts, &mut r),
+        None => {
+            if let Some((w, _)) = topts.first() {
+                cx.err(w, format!("option {} requires a target (-j)", w.text));
+                ok = false;
+            }
+        }
+    }
+    ok.then_some(r)
+}
+
+fn tcp_flags(s: &str) -> Option<u64> {
+    let mut bits = 0;
+    for f in s.split(',') {
+        bits |= match f.to_ascii_uppercase().as_str() {
+            "ALL" => 0x3f,
+            "NONE" => 0,
+            x => symbols::lookup(DataType::TcpFlag, &x.to_ascii_lowercase())?,
+        };
+    }
+    Some(bits)
+}
+
+fn parse_limit(s: &str) -> Option<(u64, TimeUnit)> {
+    let (n, u) = s.split_once('/').unwrap_or((s, "second"));
+    let per = match u {
+        "s" | "sec" | "second" => TimeUnit::Second,
+        "m" | "min" | "minute" => TimeUnit::Minute,
+        "h" | "hour" => TimeUnit::Hour,
+        "d" | "day" => TimeUnit::Day,
+        _ => return None,
+    };
+    Some((n.parse().ok()?, per))
+}
+
+fn match_set(
+    cx: &mut Ctx<'_>,
+    table: &str,
+    sets: &mut Vec<Set>,
+    name: &Word,
+    flags: &Word,
+) -> Option<Vec<Field>> {
+    let Some(ipset) = cx.sets.iter().find(|s| s.name == name.text) else {
+        let help = suggest(&name.text, cx.sets.iter().map(|s| s.name.as_str()));
+        let msg = if cx.sets.is_empty() {
+            format!("unknown ipset '{}' (no ipset file given)", name.text)
+        } else {
+            format!("unknown ipset '{}'", name.text)
+        };
+        cx.err_help(name, msg, help);
+        return None;
+    };
+    let dirs: Vec<&str> = flags.text.split(',').collect();
+    let mut left = Vec::new();
+    let mut key = Vec::new();
+    for (n, d) in ipset.dims.iter().enumerate() {
+        let src = match dirs.get(n) {
+            Some(&"src") => true,
+            Some(&"dst") => false,
+            _ => {
+                cx.err(
+                    flags,
+                    format!(
+                        "ipset '{}' needs {} src/dst flags",
+                        ipset.name,
+                        ipset.dims.len()
+                    ),
+                );
+                return None;
+            }
+        };
+        match d {
+            Dim::Ip | Dim::Net => {
+                left.push(match (ipset.v6, src) {
+                    (false, true) => Field::IpSaddr,
+                    (false, false) => Field::IpDaddr,
+                    (true, true) => Field::Ip6Saddr,
+                    (true, false) => Field::Ip6Daddr,
+                });
+                key.push(if ipset.v6 {
+                    DataType::Ipv6Addr
+                } else {
+                    DataType::Ipv4Addr
+                });
+            }
+            Dim::Port => {
+                left.push(Field::MetaL4proto);
+                left.push(if src { Field::ThSport } else { Field::ThDport });
+                key.push(DataType::InetProto);
+                key.push(DataType::InetService);
+            }
+            Dim::Mark => {
+                left.push(Field::MetaMark);
+                key.push(DataType::Mark);
+            }
+            Dim::Iface => {
+                left.push(if src { Field::Iifname } else { Field::Oifname });
+                key.push(DataType::Ifname);
+            }
+        }
+    }
+    if !sets.iter().any(|s| s.name == ipset.name) {
+        let interval =
+            ipset.dims.contains(&Dim::Net) || ipset.elems.iter().any(|e| has_interval(&e.key));
+        sets.push(Set {
+            name: ipset.name.clone(),
+            key,
+            key_typeof: None,
+            flags: if interval {
+                vec![SetFlag::Interval]
+            } else {
+                Vec::new()
+            },
+            elements: ipset.elems.clone(),
+            comment: None,
+            span: cx.span(name),
+        });
+    }
+    let _ = table;
+    Some(left)
+}
+
+fn has_interval(v: &Value) -> bool {
+    match v {
+        Value::Prefix { .. } | Value::Range(..) => true,
+        Value::Concat(vs) => vs.iter().any(has_interval),
+        _ => false,
+    }
+}
+
+fn lower_target(
+    cx: &mut Ctx<'_>,
+    table: &str,
+    t: &Word,
+    goto: bool,
+    opts: &[(Word, Option<Word>)],
+    r: &mut Rule,
+) -> bool {
+    let span = cx.span(t);
+    let opt = |name: &str| {
+        opts.iter()
+            .find(|(w, _)| w.text == name)
+            .and_then(|(_, a)| a.clone())
+    };
+    let has = |name: &str| opts.iter().any(|(w, _)| w.text == name);
+    let mut push = |k: StmtKind| r.stmts.push(Stmt { kind: k, span });
+    let kind = match t.text.as_str() {
+        "ACCEPT" => StmtKind::Verdict(Verdict::Accept),
+        "DROP" => StmtKind::Verdict(Verdict::Drop),
+        "RETURN" => StmtKind::Verdict(Verdict::Return),
+        "REJECT" => match opt("--reject-with") {
+            None => StmtKind::Reject(None),
+            Some(w) => {
+                let code = match w.text.as_str() {
+                    "tcp-reset" => Some(RejectWith::TcpReset),
+                    x => x
+                        .strip_prefix("icmp-")
+                        .and_then(|n| {
+                            let n = if n == "proto-unreachable" {
+                                "prot-unreachable"
+                            } else {
+                                n
+                            };
+                            symbols::code_lookup(symbols::ICMP_REJECT, n)
+                        })
+                        .map(RejectWith::Icmp),
+                };
+                match code {
+                    Some(c) => StmtKind::Reject(Some(c)),
+                    None => {
+                        let names: Vec<String> = symbols::ICMP_REJECT
+                            .iter()
+                            .map(|(n, _)| format!("icmp-{n}"))
+                            .chain(std::iter::once("tcp-reset".to_string()))
+                            .collect();
+                        let help = suggest(&w.text, names.iter().map(String::as_str));
+                        cx.err_help(&w, format!("invalid --reject-with '{}'", w.text), help);
+                        return false;
+                    }
+                }
+            }
+        },
+        "LOG" => {
+            let level = match opt("--log-level") {
+                None => None,
+                Some(w) => {
+                    let lv = match w.text.as_str() {
+                        "0" | "emerg" => Some(LogLevel::Emerg),
+                        "1" | "alert" => Some(LogLevel::Alert),
+                        "2" | "crit" => Some(LogLevel::Crit),
+                        "3" | "err" | "error" => Some(LogLevel::Err),
+                        "4" | "warn" | "warning" => Some(LogLevel::Warn),
+                        "5" | "notice" => Some(LogLevel::Notice),
+                        "6" | "info" => Some(LogLevel::Info),
+                        "7" | "debug" => Some(LogLevel::Debug),
+                        _ => None,
+                    };
+                    if lv.is_none() {
+                        cx.err(&w, format!("invalid log level '{}'", w.text));
+                        return false;
+                    }
+                    lv
+                }
+            };
+            StmtKind::Log(Log {
+                prefix: opt("--log-prefix").map(|w| w.text),
+                level,
+                group: None,
+            })
+        }
+        "MARK" => {
+            let Some(w) = opt("--set-mark").or_else(|| opt("--set-xmark")) else {
+                cx.err(t, "MARK needs --set-mark");
+                return false;
+            };
+            let (v, m) = match w.text.split_once('/') {
+                Some((v, m)) => (parse_num(v), parse_num(m)),
+                None => (parse_num(&w.text), Some(0xffff_ffff)),
+            };
+            match (v.and_then(|v| u32::try_from(v).ok()), m) {
+                (Some(v), Some(0xffff_ffff)) => StmtKind::MetaMarkSet(v),
+                _ => {
+                    cx.err(
+                        &w,
+                        format!("unsupported mark '{}' (only full-mask --set-mark)", w.text),
+                    );
+                    return false;
+                }
+            }
+        }
+        "SNAT" | "DNAT" | "MASQUERADE" | "REDIRECT" => {
+            let kind = match t.text.as_str() {
+                "SNAT" => NatKind::Snat,
+                "DNAT" => NatKind::Dnat,
+                "MASQUERADE" => NatKind::Masquerade,
+                _ => NatKind::Redirect,
+            };
+            if table != "nat" {
+                cx.err(t, format!("{} is only valid in the nat table", t.text));
+                return false;
+            }
+            let mut nat = Nat {
+                kind,
+                family: None,
+                addr: None,
+                ports: None,
+                flags: Vec::new(),
+            };
+            let to = match kind {
+                NatKind::Snat => opt("--to-source").or_else(|| opt("--to")),
+                NatKind::Dnat => opt("--to-destination").or_else(|| opt("--to")),
+                _ => opt("--to-ports"),
+            };
+            match (kind, to) {
+                (NatKind::Snat | NatKind::Dnat, None) => {
+                    cx.err(
+                        t,
+                        format!(
+                            "{} needs --to-{}",
+                            t.text,
+                            if kind == NatKind::Snat {
+                                "source"
+                            } else {
+                                "destination"
+                            }
+                        ),
+                    );
+                    return false;
+                }
+                (_, Some(w)) => {
+                    let text = if matches!(kind, NatKind::Masquerade | NatKind::Redirect) {
+                        format!(":{}", w.text)
+                    } else {
+                        w.text.clone()
+                    };
+                    match parse_nat_target(&text) {
+                        Some((a, p)) => {
+                            nat.addr = a;
+                            nat.ports = p;
+                        }
+                        None => {
+                            cx.err(&w, format!("invalid NAT target '{}'", w.text));
+                            return false;
+                        }
+                    }
+                }
+                _ => {}
+            }
+            if has("--random") {
+                nat.flags.push(NatFlag::Random);
+            }
+            if has("--random-fully") {
+                nat.flags.push(NatFlag::FullyRandom);
+            }
+            if has("--persistent") {
+                nat.flags.push(NatFlag::Persistent);
+            }
+            StmtKind::Nat(nat)
+        }
+        chain => {
+            if chain.chars().all(|c| c.is_ascii_uppercase()) && !opts.is_empty() {
+                cx.err(t, format!("unsupported target '{chain}'"));
+                return false;
+            }
+            let v = if goto {
+                Verdict::Goto(chain.to_string())
+            } else {
+                Verdict::Jump(chain.to_string())
+            };
+            StmtKind::Verdict(v)
+        }
+    };
+    push(kind);
+    true
+}

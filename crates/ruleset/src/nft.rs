@@ -1,0 +1,1661 @@
+//! Recursive-descent parser for nft syntax (block form and `add ...` command
+//! form) over the preprocessed token stream from [`crate::lex`].
+//!
+//! The parser only builds the AST; semantic checks live in [`crate::validate`].
+//! On an error it records a diagnostic and resumes at the next statement, so
+//! one run reports every syntax error in the input.
+
+use crate::ast::*;
+use crate::diag::{suggest, RawDiag};
+use crate::lex::{Tok, Token};
+use crate::symbols::{self, parse_num};
+use std::collections::HashSet;
+use std::net::IpAddr;
+
+/// Marker: an error was recorded; the caller recovers.
+#[derive(Debug)]
+pub(crate) struct Fail;
+type P<T> = Result<T, Fail>;
+
+const TOP_KEYWORDS: &[&str] = &[
+    "table", "add", "create", "insert", "flush", "define", "include",
+];
+const STMT_KEYWORDS: &[&str] = &[
+    "counter",
+    "accept",
+    "drop",
+    "reject",
+    "return",
+    "continue",
+    "jump",
+    "goto",
+    "log",
+    "limit",
+    "snat",
+    "dnat",
+    "masquerade",
+    "redirect",
+    "comment",
+];
+const EXPR_KEYWORDS: &[&str] = &[
+    "iifname", "oifname", "iif", "oif", "meta", "mark", "l4proto", "nfproto", "ip", "ip6", "tcp",
+    "udp", "th", "icmp", "icmpv6", "ct",
+];
+
+pub(crate) struct Parser {
+    toks: Vec<Token>,
+    pos: usize,
+    depth: i32,
+    /// The current chain's `type` line failed; do not also report its `policy`.
+    base_failed: bool,
+    pub diags: Vec<RawDiag>,
+    pub tables: Vec<Table>,
+}
+
+impl Parser {
+    pub fn new(toks: Vec<Token>) -> Self {
+        Parser {
+            toks,
+            pos: 0,
+            depth: 0,
+            base_failed: false,
+            diags: Vec::new(),
+            tables: Vec::new(),
+        }
+    }
+
+    // ---- token helpers -------------------------------------------------
+
+    fn peek(&self) -> &Tok {
+        self.peek_at(0)
+    }
+
+    fn peek_at(&self, n: usize) -> &Tok {
+        self.toks
+            .get(self.pos + n)
+            .map(|t| &t.tok)
+            .unwrap_or(&Tok::Eof)
+    }
+
+    fn span(&self) -> Span {
+        self.toks
+            .get(self.pos)
+            .or_else(|| self.toks.last())
+            .map(|t| t.span)
+            .unwrap_or_default()
+    }
+
+    fn bump(&mut self) -> Token {
+        let t = self.toks.get(self.pos).cloned().unwrap_or(Token {
+            tok: Tok::Eof,
+            span: self.span(),
+        });
+        match t.tok {
+            Tok::LBrace => self.depth += 1,
+            Tok::RBrace => self.depth -= 1,
+            Tok::Eof => return t,
+            _ => {}
+        }
+        self.pos += 1;
+        t
+    }
+
+    fn word(&self) -> Option<&str> {
+        match self.peek() {
+            Tok::Word(w) => Some(w.as_str()),
+            _ => None,
+        }
+    }
+
+    fn is_word(&self, w: &str) -> bool {
+        self.word() == Some(w)
+    }
+
+    fn eat_word(&mut self, w: &str) -> bool {
+        if self.is_word(w) {
+            self.bump();
+            true
+        } else {
+            false
+        }
+    }
+
+    fn eat(&mut self, t: &Tok) -> bool {
+        if self.peek() == t {
+            self.bump();
+            true
+        } else {
+            false
+        }
+    }
+
+    fn err<T>(&mut self, span: Span, msg: impl Into<String>) -> P<T> {
+        self.diags.push(RawDiag::new(span, msg));
+        Err(Fail)
+    }
+
+    fn err_help<T>(&mut self, span: Span, msg: impl Into<String>, help: Option<String>) -> P<T> {
+        self.diags.push(RawDiag::new(span, msg).help(help));
+        Err(Fail)
+    }
+
+    /// An error at the current token, "expected X".
+    fn unexpected<T>(&mut self, what: &str) -> P<T> {
+        let sp = self.span();
+        if let Tok::Word(w) = self.peek() {
+            if w.starts_with('$') {
+                // An undefined variable, already reported by the preprocessor.
+                return Err(Fail);
+            }
+        }
+        let got = self.peek().describe();
+        self.err(sp, format!("syntax error, expected {what} but found {got}"))
+    }
+
+    fn expect(&mut self, t: Tok) -> P<Span> {
+        if self.peek() == &t {
+            Ok(self.bump().span)
+        } else {
+            self.unexpected(&t.describe())
+        }
+    }
+
+    fn expect_word(&mut self, what: &str) -> P<(String, Span)> {
+        match self.peek().clone() {
+            Tok::Word(w) if !w.starts_with('$') => Ok((w, self.bump().span)),
+            _ => self.unexpected(what),
+        }
+    }
+
+    /// Identifiers (tables, chains, sets) may be quoted.
+    fn name(&mut self, what: &str) -> P<(String, Span)> {
+        match self.peek().clone() {
+            Tok::Str(s) => Ok((s, self.bump().span)),
+            _ => self.expect_word(what),
+        }
+    }
+
+    fn keyword(&mut self, what: &str, options: &[&str]) -> P<(String, Span)> {
+        let (w, sp) = self.expect_word(what)?;
+        if options.contains(&w.as_str()) {
+            Ok((w, sp))
+        } else {
+            let help = suggest(&w, options.iter().copied());
+            self.err_help(sp, format!("unknown {what} '{w}'"), help)
+        }
+    }
+
+    fn at_stmt_end(&self) -> bool {
+        matches!(
+            self.peek(),
+            Tok::Newline | Tok::Semi | Tok::RBrace | Tok::Eof
+        )
+    }
+
+    fn skip_separators(&mut self) {
+        while matches!(self.peek(), Tok::Newline | Tok::Semi) {
+            self.bump();
+        }
+    }
+
+    fn skip_newlines(&mut self) {
+        while matches!(self.peek(), Tok::Newline) {
+            self.bump();
+        }
+    }
+
+    /// Skip to the end of the current statement at brace depth `depth`.
+    fn recover_to(&mut self, depth: i32) {
+        loop {
+            match self.peek() {
+                Tok::Eof => return,
+                Tok::Newline | Tok::Semi if self.depth <= depth => {
+                    self.bump();
+                    return;
+                }
+                Tok::RBrace if self.depth <= depth => return,
+                _ => {
+                    self.bump();
+                }
+            }
+        }
+    }
+
+    fn end_stmt(&mut self) -> P<()> {
+        if self.at_stmt_end() {
+            Ok(())
+        } else {
+            self.unexpected("end of statement")
+        }
+    }
+
+    // ---- top level ------------------------------------------------------
+
+    pub fn parse_file(&mut self) {
+        loop {
+            self.skip_separators();
+            let depth = self.depth;
+            let sp = self.span();
+            let r = match self.peek().clone() {
+                Tok::Eof => break,
+                Tok::Word(w) => match w.as_str() {
+                    "table" => {
+                        self.bump();
+                        self.table_block()
+                    }
+                    "add" | "create" => {
+                        self.bump();
+                        self.command(false)
+                    }
+                    "insert" => {
+                        self.bump();
+                        self.command(true)
+                    }
+                    "flush" => {
+                        self.bump();
+                        self.flush()
+                    }
+                    _ if w.starts_with('$') => Err(Fail),
+                    _ => {
+                        let help = suggest(&w, TOP_KEYWORDS.iter().copied());
+                        self.err_help(sp, format!("unknown command '{w}'"), help)
+                    }
+                },
+                Tok::RBrace => {
+                    self.bump();
+                    self.err(sp, "unexpected '}'")
+                }
+                _ => self.unexpected("a command"),
+            };
+            let r = r.and_then(|_| self.end_stmt());
+            if r.is_err() {
+                self.recover_to(depth);
+                if self.peek() == &Tok::RBrace && self.depth <= depth {
+                    self.bump();
+                }
+            }
+        }
+    }
+
+    fn family_opt(&mut self) -> P<Family> {
+        let next_is_name = matches!(self.peek_at(1), Tok::Word(_) | Tok::Str(_));
+        let fam = match self.word() {
+            Some("ip") if next_is_name => Family::Ip,
+            Some("ip6") if next_is_name => Family::Ip6,
+            Some("inet") if next_is_name => Family::Inet,
+            Some(f @ ("arp" | "bridge" | "netdev")) if next_is_name => {
+                let f = f.to_string();
+                let sp = self.span();
+                return self.err(
+                    sp,
+                    format!("unsupported address family '{f}' (ip, ip6, inet)"),
+                );
+            }
+            _ => return Ok(Family::Ip),
+        };
+        self.bump();
+        Ok(fam)
+    }
+
+    fn table_index(&mut self, family: Family, name: &str, span: Span) -> usize {
+        if let Some(i) = self
+            .tables
+            .iter()
+            .position(|t| t.family == family && t.name == name)
+        {
+            return i;
+        }
+        self.tables.push(Table {
+            family,
+            name: name.to_string(),
+            chains: Vec::new(),
+            sets: Vec::new(),
+            maps: Vec::new(),
+            span,
+        });
+        self.tables.len() - 1
+    }
+
+    fn find_table(&mut self, family: Family, name: &str, span: Span) -> P<usize> {
+        if let Some(i) = self
+            .tables
+            .iter()
+            .position(|t| t.family == family && t.name == name)
+        {
+            return Ok(i);
+        }
+        let help = suggest(name, self.tables.iter().map(|t| t.name.as_str()));
+        self.err_help(
+            span,
+            format!("no such table '{} {name}'", family.name()),
+            help,
+        )
+    }
+
+    fn find_chain(&mut self, ti: usize, name: &str, span: Span) -> P<usize> {
+        let chains = self
+            .tables
+            .get(ti)
+            .map(|t| t.chains.as_slice())
+            .unwrap_or(&[]);
+        if let Some(i) = chains.iter().position(|c| c.name == name) {
+            return Ok(i);
+        }
+        let help = suggest(name, chains.iter().map(|c| c.name.as_str()));
+        self.err_help(span, format!("no such chain '{name}'"), help)
+    }
+
+    fn chain_index(&mut self, ti: usize, name: &str, span: Span) -> usize {
+        let Some(t) = self.tables.get_mut(ti) else {
+            return 0;
+        };
+        if let Some(i) = t.chains.iter().position(|c| c.name == name) {
+            return i;
+        }
+        t.chains.push(Chain {
+            name: name.to_string(),
+            base: None,
+            rules: Vec::new(),
+            comment: None,
+            span,
+        });
+        t.chains.len() - 1
+    }
+
+    fn chain_mut(&mut self, ti: usize, ci: usize) -> Option<&mut Chain> {
+        self.tables.get_mut(ti).and_then(|t| t.chains.get_mut(ci))
+    }
+
+    fn table_block(&mut self) -> P<()> {
+        let fam = self.family_opt()?;
+        let (name, sp) = self.name("table name")?;
+        let ti = self.table_index(fam, &name, sp);
+        self.expect(Tok::LBrace)?;
+        self.table_body(ti)
+    }
+
+    fn table_body(&mut self, ti: usize) -> P<()> {
+        let open = self.span();
+        let mut seen = HashSet::new();
+        loop {
+            self.skip_separators();
+            let depth = self.depth;
+            let sp = self.span();
+            let r = match self.peek().clone() {
+                Tok::RBrace => {
+                    self.bump();
+                    return Ok(());
+                }
+                Tok::Eof => return self.err(open, "missing '}' at end of table"),
+                Tok::Word(w) => match w.as_str() {
+                    "chain" => {
+                        self.bump();
+                        self.chain_decl(ti, &mut seen)
+                    }
+                    "set" | "map" => {
+                        self.bump();
+                        self.set_decl(ti, w == "map")
+                    }
+                    "flags" | "comment" => {
+                        self.bump();
+                        while !self.at_stmt_end() {
+                            self.bump();
+                        }
+                        Ok(())
+                    }
+                    _ => {
+                        let help = suggest(&w, ["chain", "set", "map", "flags", "comment"]);
+                        self.err_help(sp, format!("unknown table item '{w}'"), help)
+                    }
+                },
+                _ => self.unexpected("'chain', 'set' or 'map'"),
+            };
+            if r.and_then(|_| self.end_stmt()).is_err() {
+                self.recover_to(depth);
+            }
+        }
+    }
+
+    fn chain_decl(&mut self, ti: usize, seen: &mut HashSet<String>) -> P<()> {
+        let (name, sp) = self.name("chain name")?;
+        if !seen.insert(name.clone()) {
+            self.diags.push(RawDiag::new(
+                sp,
+                format!("duplicate chain '{name}' in this table"),
+            ));
+        }
+        let ci = self.chain_index(ti, &name, sp);
+        if self.eat(&Tok::LBrace) {
+            self.chain_body(ti, ci)?;
+        }
+        Ok(())
+    }
+
+    fn chain_body(&mut self, ti: usize, ci: usize) -> P<()> {
+        let open = self.span();
+        loop {
+            self.skip_separators();
+            let depth = self.depth;
+            let r = match self.peek().clone() {
+                Tok::RBrace => {
+                    self.bump();
+                    return Ok(());
+                }
+                Tok::Eof => return self.err(open, "missing '}' at end of chain"),
+                Tok::Word(w) if w == "type" => {
+                    let r = self.base_spec(ti, ci);
+                    self.base_failed = r.is_err();
+                    r
+                }
+                Tok::Word(w) if w == "policy" => self.policy(ti, ci),
+                Tok::Word(w) if w == "comment" && matches!(self.peek_at(1), Tok::Str(_)) => {
+                    self.bump();
+                    if let Tok::Str(s) = self.bump().tok {
+                        if let Some(c) = self.chain_mut(ti, ci) {
+                            c.comment = Some(s);
+                        }
+                    }
+                    Ok(())
+                }
+                _ => self.rule().map(|r| {
+                    if let Some(c) = self.chain_mut(ti, ci) {
+                        c.rules.push(r);
+                    }
+                }),
+            };
+            if r.and_then(|_| self.end_stmt()).is_err() {
+                self.recover_to(depth);
+            }
+        }
+    }
+
+    fn base_spec(&mut self, ti: usize, ci: usize) -> P<()> {
+        let start = self.bump().span;
+        let (t, _) = self.keyword("chain type", &["filter", "nat", "route"])?;
+        let chain_type = match t.as_str() {
+            "nat" => ChainType::Nat,
+            "route" => ChainType::Route,
+            _ => ChainType::Filter,
+        };
+        if !self.eat_word("hook") {
+            return self.unexpected("'hook'");
+        }
+        let hooks = ["prerouting", "input", "forward", "output", "postrouting"];
+        let (h, _) = self.keyword("hook", &hooks)?;
+        let hook = match h.as_str() {
+            "prerouting" => Hook::Prerouting,
+            "input" => Hook::Input,
+            "forward" => Hook::Forward,
+            "output" => Hook::Output,
+            _ => Hook::Postrouting,
+        };
+        if self.eat_word("device") {
+            self.name("device name")?;
+        }
+        if !self.eat_word("priority") {
+            return self.unexpected("'priority'");
+        }
+        let priority = self.priority()?;
+        let Some(chain) = self.chain_mut(ti, ci) else {
+            return Ok(());
+        };
+        if let Some(old) = chain.base {
+            if old.chain_type != chain_type || old.hook != hook || old.priority != priority {
+                let name = chain.name.clone();
+                return self.err(
+                    start,
+                    format!("duplicate chain '{name}': base chain redefined"),
+                );
+            }
+            return Ok(());
+        }
+        chain.base = Some(BaseChain {
+            chain_type,
+            hook,
+            priority,
+            policy: Policy::Accept,
+            span: start,
+        });
+        Ok(())
+    }
+
+    fn priority(&mut self) -> P<i32> {
+        const NAMES: &[(&str, i32)] = &[
+            ("raw", -300),
+            ("mangle", -150),
+            ("dstnat", -100),
+            ("filter", 0),
+            ("security", 50),
+            ("srcnat", 100),
+        ];
+        let (w, sp) = self.expect_word("priority")?;
+        if let Ok(n) = w.parse::<i32>() {
+            return Ok(n);
+        }
+        let (base, rest) = match w.find(['-', '+']) {
+            Some(i) if i > 0 => (&w[..i], Some(&w[i..])),
+            _ => (w.as_str(), None),
+        };
+        let Some(&(_, b)) = NAMES.iter().find(|(n, _)| *n == base) else {
+            let help = suggest(base, NAMES.iter().map(|(n, _)| *n));
+            return self.err_help(sp, format!("unknown chain priority '{w}'"), help);
+        };
+        let offset: i64 = if let Some(r) = rest {
+            match r.parse::<i64>() {
+                Ok(n) => n,
+                Err(_) => return self.err(sp, format!("invalid priority offset '{r}'")),
+            }
+        } else if self.eat(&Tok::Plus) {
+            let (n, nsp) = self.expect_word("number")?;
+            match n.parse::<i64>() {
+                Ok(n) => n,
+                Err(_) => return self.err(nsp, format!("invalid priority offset '{n}'")),
+            }
+        } else if self.is_word("-") {
+            self.bump();
+            let (n, nsp) = self.expect_word("number")?;
+            match n.parse::<i64>() {
+                Ok(n) => -n,
+                Err(_) => return self.err(nsp, format!("invalid priority offset '{n}'")),
+            }
+        } else if let Some(n) = self
+            .word()
+            .filter(|w| w.starts_with('-'))
+            .and_then(|w| w.parse::<i64>().ok())
+        {
+            self.bump();
+            n
+        } else {
+            0
+        };
+        i32::try_from(i64::from(b) + offset).or_else(|_| self.err(sp, "priority out of range"))
+    }
+
+    fn policy(&mut self, ti: usize, ci: usize) -> P<()> {
+        let sp = self.bump().span;
+        let (p, _) = self.keyword("policy", &["accept", "drop"])?;
+        let policy = if p == "drop" {
+            Policy::Drop
+        } else {
+            Policy::Accept
+        };
+        let base_failed = self.base_failed;
+        match self.chain_mut(ti, ci).and_then(|c| c.base.as_mut()) {
+            Some(b) => {
+                b.policy = policy;
+                Ok(())
+            }
+            None if base_failed => Err(Fail),
+            None => self.err(
+                sp,
+                "policy is only valid on base chains (add 'type ... hook ... priority ...' first)",
+            ),
+        }
+    }
+
+    fn set_decl(&mut self, ti: usize, is_map: bool) -> P<()> {
+        let (name, sp) = self.name("set name")?;
+        self.expect(Tok::LBrace)?;
+        let mut key: Option<Vec<DataType>> = None;
+        let mut key_typeof = None;
+        let mut data = None;
+        let mut flags = Vec::new();
+        let mut elements = Vec::new();
+        let mut comment = None;
+        let mut failed = false;
+        loop {
+            self.skip_separators();
+            let depth = self.depth;
+            let isp = self.span();
+            let r: P<()> = match self.peek().clone() {
+                Tok::RBrace => {
+                    self.bump();
+                    break;
+                }
+                Tok::Eof => return self.err(sp, "missing '}' at end of set"),
+                Tok::Word(w) => match w.as_str() {
+                    "type" => {
+                        self.bump();
+                        self.type_list().and_then(|k| {
+                            key = Some(k);
+                            if is_map {
+                                self.expect(Tok::Colon)?;
+                                data = Some(self.data_type()?);
+                            }
+                            Ok(())
+                        })
+                    }
+                    "typeof" => {
+                        self.bump();
+                        self.fields().and_then(|(f, _)| {
+                            key = Some(f.iter().map(|f| f.datatype()).collect());
+                            key_typeof = Some(f);
+                            if is_map {
+                                self.expect(Tok::Colon)?;
+                                data = Some(
+                                    if self.word().is_some_and(|w| EXPR_KEYWORDS.contains(&w)) {
+                                        let (f, fsp) = self.fields()?;
+                                        match f.as_slice() {
+                                            [one] => one.datatype(),
+                                            _ => {
+                                                return self
+                                                    .err(fsp, "map data cannot be a concatenation")
+                                            }
+                                        }
+                                    } else {
+                                        self.data_type()?
+                                    },
+                                );
+                            }
+                            Ok(())
+                        })
+                    }
+                    "flags" => {
+                        self.bump();
+                        self.set_flags().map(|f| flags = f)
+                    }
+                    "elements" => {
+                        self.bump();
+                        match key.clone() {
+                            None => self.err(isp, "set elements given before the set type"),
+                            Some(k) => self.expect(Tok::Assign).and_then(|_| {
+                                let d = if is_map {
+                                    data.or(Some(DataType::Verdict))
+                                } else {
+                                    None
+                                };
+                                elements = self.elements(&k, d)?;
+                                Ok(())
+                            }),
+                        }
+                    }
+                    "comment" => {
+                        self.bump();
+                        match self.bump().tok {
+                            Tok::Str(s) => {
+                                comment = Some(s);
+                                Ok(())
+                            }
+                            _ => self.err(isp, "expected a string after 'comment'"),
+                        }
+                    }
+                    "size" | "timeout" | "gc-interval" | "policy" => {
+                        self.bump();
+                        self.expect_word("value").map(|_| ())
+                    }
+                    "auto-merge" => {
+                        self.bump();
+                        Ok(())
+                    }
+                    _ => {
+                        let opts = [
+                            "type", "typeof", "flags", "elements", "comment", "size", "timeout",
+                            "policy",
+                        ];
+                        let help = suggest(&w, opts);
+                        self.err_help(isp, format!("unknown set item '{w}'"), help)
+                    }
+                },
+                _ => self.unexpected("a set item"),
+            };
+            if r.and_then(|_| self.end_stmt()).is_err() {
+                failed = true;
+                self.recover_to(depth);
+            }
+        }
+        let Some(key) = key else {
+            if failed {
+                return Err(Fail);
+            }
+            return self.err(
+                sp,
+                format!("set '{name}' has no type; add 'type TYPE' or 'typeof EXPR'"),
+            );
+        };
+        let Some(t) = self.tables.get_mut(ti) else {
+            return Err(Fail);
+        };
+        if t.sets.iter().any(|s| s.name == name) || t.maps.iter().any(|m| m.name == name) {
+            return self.err(sp, format!("duplicate set '{name}'"));
+        }
+        if is_map {
+            t.maps.push(Map {
+                name,
+                key,
+                key_typeof,
+                data: data.unwrap_or(DataType::Verdict),
+                flags,
+                elements,
+                comment,
+                span: sp,
+            });
+        } else {
+            t.sets.push(Set {
+                name,
+                key,
+                key_typeof,
+                flags,
+                elements,
+                comment,
+                span: sp,
+            });
+        }
+        Ok(())
+    }
+
+    fn data_type(&mut self) -> P<DataType> {
+        let (w, sp) = self.expect_word("data type")?;
+        match DataType::ALL.iter().find(|d| d.name() == w) {
+            Some(d) => Ok(*d),
+            None => {
+                let help = suggest(&w, DataType::ALL.iter().map(|d| d.name()));
+                self.err_help(sp, format!("unknown data type '{w}'"), help)
+            }
+        }
+    }
+
+    fn type_list(&mut self) -> P<Vec<DataType>> {
+        let mut v = vec![self.data_type()?];
+        while self.eat(&Tok::Dot) {
+            v.push(self.data_type()?);
+        }
+        Ok(v)
+    }
+
+    fn set_flags(&mut self) -> P<Vec<SetFlag>> {
+        let mut v = Vec::new();
+        loop {
+            let (f, _) =
+                self.keyword("set flag", &["constant", "interval", "timeout", "dynamic"])?;
+            v.push(match f.as_str() {
+                "constant" => SetFlag::Constant,
+                "interval" => SetFlag::Interval,
+                "timeout" => SetFlag::Timeout,
+                _ => SetFlag::Dynamic,
+            });
+            if !self.eat(&Tok::Comma) {
+                return Ok(v);
+            }
+        }
+    }
+
+    fn command(&mut self, insert: bool) -> P<()> {
+        let opts: &[&str] = if insert {
+            &["rule"]
+        } else {
+            &["table", "chain", "rule", "set", "map", "element"]
+        };
+        let (what, _) = self.keyword("object", opts)?;
+        let fam = self.family_opt()?;
+        let (tname, tsp) = self.name("table name")?;
+        match what.as_str() {
+            "table" => {
+                let ti = self.table_index(fam, &tname, tsp);
+                if self.eat(&Tok::LBrace) {
+                    self.table_body(ti)?;
+                }
+                Ok(())
+            }
+            "chain" => {
+                let ti = self.find_table(fam, &tname, tsp)?;
+                let mut seen = HashSet::new();
+                self.chain_decl(ti, &mut seen)
+            }
+            "set" | "map" => {
+                let ti = self.find_table(fam, &tname, tsp)?;
+                self.set_decl(ti, what == "map")
+            }
+            "element" => {
+                let ti = self.find_table(fam, &tname, tsp)?;
+                let (sname, ssp) = self.name("set name")?;
+                let t = self.tables.get(ti).ok_or(Fail)?;
+                let (key, data, is_map) = if let Some(s) = t.sets.iter().find(|s| s.name == sname) {
+                    (s.key.clone(), None, false)
+                } else if let Some(m) = t.maps.iter().find(|m| m.name == sname) {
+                    (m.key.clone(), Some(m.data), true)
+                } else {
+                    let names: Vec<String> = t
+                        .sets
+                        .iter()
+                        .map(|s| s.name.clone())
+                        .chain(t.maps.iter().map(|m| m.name.clone()))
+                        .collect();
+                    let help = suggest(&sname, names.iter().map(String::as_str));
+                    return self.err_help(ssp, format!("no such set '{sname}'"), help);
+                };
+                let elems = self.elements(&key, data)?;
+                let t = self.tables.get_mut(ti).ok_or(Fail)?;
+                if is_map {
+                    if let Some(m) = t.maps.iter_mut().find(|m| m.name == sname) {
+                        m.elements.extend(elems);
+                    }
+                } else if let Some(s) = t.sets.iter_mut().find(|s| s.name == sname) {
+                    s.elements.extend(elems);
+                }
+                Ok(())
+            }
+            _ => {
+                // rule
+                let ti = self.find_table(fam, &tname, tsp)?;
+                let (cname, csp) = self.name("chain name")?;
+                let ci = self.find_chain(ti, &cname, csp)?;
+                let mut position = None;
+                if matches!(self.word(), Some("position" | "index" | "handle")) {
+                    self.bump();
+                    let (n, nsp) = self.expect_word("number")?;
+                    position = Some(
+                        n.parse::<usize>()
+                            .or_else(|_| self.err(nsp, "expected a number"))?,
+                    );
+                }
+                let rule = self.rule()?;
+                let chain = self.chain_mut(ti, ci).ok_or(Fail)?;
+                match (insert, position) {
+                    (true, None) => chain.rules.insert(0, rule),
+                    (false, None) => chain.rules.push(rule),
+                    (_, Some(p)) => {
+                        let p = p.min(chain.rules.len());
+                        chain.rules.insert(
+                            if insert {
+                                p
+                            } else {
+                                (p + 1).min(chain.rules.len())
+                            },
+                            rule,
+                        );
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn flush(&mut self) -> P<()> {
+        let (what, _) = self.keyword("object", &["ruleset", "table", "chain", "set", "map"])?;
+        if what == "ruleset" {
+            self.tables.clear();
+            return Ok(());
+        }
+        let fam = self.family_opt()?;
+        let (tname, tsp) = self.name("table name")?;
+        let ti = self.find_table(fam, &tname, tsp)?;
+        match what.as_str() {
+            "table" => {
+                if let Some(t) = self.tables.get_mut(ti) {
+                    t.chains.iter_mut().for_each(|c| c.rules.clear());
+                }
+            }
+            "chain" => {
+                let (c, csp) = self.name("chain name")?;
+                let ci = self.find_chain(ti, &c, csp)?;
+                if let Some(c) = self.chain_mut(ti, ci) {
+                    c.rules.clear();
+                }
+            }
+            _ => {
+                let (s, _) = self.name("set name")?;
+                if let Some(t) = self.tables.get_mut(ti) {
+                    t.sets
+                        .iter_mut()
+                        .filter(|x| x.name == s)
+                        .for_each(|x| x.elements.clear());
+                    t.maps
+                        .iter_mut()
+                        .filter(|x| x.name == s)
+                        .for_each(|x| x.elements.clear());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    // ---- rules ------------------------------------------------------------
+
+    fn rule(&mut self) -> P<Rule> {
+        let span = self.span();
+        let mut rule = Rule {
+            matches: Vec::new(),
+            stmts: Vec::new(),
+            handle: None,
+            comment: None,
+            span,
+        };
+        while !self.at_stmt_end() {
+            let sp = self.span();
+            let w = match self.peek().clone() {
+                Tok::Word(w) => w,
+                _ => return self.unexpected("a match or statement"),
+            };
+            if w.starts_with('$') {
+                return Err(Fail);
+            }
+            if w == "comment" {
+                self.bump();
+                match self.bump().tok {
+                    Tok::Str(s) => rule.comment = Some(s),
+                    _ => return self.err(sp, "expected a string after 'comment'"),
+                }
+                continue;
+            }
+            if STMT_KEYWORDS.contains(&w.as_str()) {
+                let kind = self.stmt(&w)?;
+                rule.stmts.push(Stmt { kind, span: sp });
+                continue;
+            }
+            if !EXPR_KEYWORDS.contains(&w.as_str()) {
+                let help = suggest(&w, STMT_KEYWORDS.iter().chain(EXPR_KEYWORDS).copied());
+                return self.err_help(sp, format!("unknown statement or expression '{w}'"), help);
+            }
+            let (fields, _) = self.fields()?;
+            if self.eat_word("set") {
+                let (v, vsp) = self.expect_word("mark value")?;
+                let n = parse_num(&v).and_then(|n| u32::try_from(n).ok());
+                let Some(n) = n else {
+                    return self.err(vsp, format!("invalid mark value '{v}'"));
+                };
+                let kind = match fields.as_slice() {
+                    [Field::MetaMark] => StmtKind::MetaMarkSet(n),
+                    [Field::CtMark] => StmtKind::CtMarkSet(n),
+                    _ => {
+                        return self.err(sp, "only 'meta mark set' and 'ct mark set' are supported")
+                    }
+                };
+                rule.stmts.push(Stmt { kind, span: sp });
+                continue;
+            }
+            if self.eat_word("vmap") {
+                let map = self.map_ref(&fields, DataType::Verdict)?;
+                rule.stmts.push(Stmt {
+                    kind: StmtKind::VerdictMap { key: fields, map },
+                    span: sp,
+                });
+                continue;
+            }
+            let m = self.relational(fields, sp)?;
+            if !rule.stmts.is_empty() {
+                return self.err(sp, "matches must come before statements in a rule");
+            }
+            rule.matches.push(m);
+        }
+        Ok(rule)
+    }
+
+    fn fields(&mut self) -> P<(Vec<Field>, Span)> {
+        let sp = self.span();
+        let mut v = vec![self.field()?];
+        while self.peek() == &Tok::Dot
+            && matches!(self.peek_at(1), Tok::Word(w) if EXPR_KEYWORDS.contains(&w.as_str()))
+        {
+            self.bump();
+            v.push(self.field()?);
+        }
+        Ok((v, sp))
+    }
+
+    fn field(&mut self) -> P<Field> {
+        let (w, sp) = self.expect_word("an expression")?;
+        let sub = |p: &mut Self, what: &str, opts: &[(&str, Field)]| -> P<Field> {
+            let (s, ssp) = p.expect_word(&format!("{what} field"))?;
+            match opts.iter().find(|(n, _)| *n == s) {
+                Some((_, f)) => Ok(*f),
+                None => {
+                    let help = suggest(&s, opts.iter().map(|(n, _)| *n));
+                    p.err_help(ssp, format!("unknown {what} field '{s}'"), help)
+                }
+            }
+        };
+        Ok(match w.as_str() {
+            "iifname" => Field::Iifname,
+            "oifname" => Field::Oifname,
+            "iif" => Field::Iif,
+            "oif" => Field::Oif,
+            "mark" => Field::MetaMark,
+            "l4proto" => Field::MetaL4proto,
+            "nfproto" => Field::MetaNfproto,
+            "meta" => sub(
+                self,
+                "meta",
+                &[
+                    ("iifname", Field::Iifname),
+                    ("oifname", Field::Oifname),
+                    ("iif", Field::Iif),
+                    ("oif", Field::Oif),
+                    ("l4proto", Field::MetaL4proto),
+                    ("nfproto", Field::MetaNfproto),
+                    ("mark", Field::MetaMark),
+                ],
+            )?,
+            "ip" => sub(
+                self,
+                "ip",
+                &[
+                    ("saddr", Field::IpSaddr),
+                    ("daddr", Field::IpDaddr),
+                    ("protocol", Field::IpProtocol),
+                    ("ttl", Field::IpTtl),
+                ],
+            )?,
+            "ip6" => sub(
+                self,
+                "ip6",
+                &[
+                    ("saddr", Field::Ip6Saddr),
+                    ("daddr", Field::Ip6Daddr),
+                    ("nexthdr", Field::Ip6Nexthdr),
+                ],
+            )?,
+            "tcp" => sub(
+                self,
+                "tcp",
+                &[
+                    ("sport", Field::TcpSport),
+                    ("dport", Field::TcpDport),
+                    ("flags", Field::TcpFlags),
+                ],
+            )?,
+            "udp" => sub(
+                self,
+                "udp",
+                &[("sport", Field::UdpSport), ("dport", Field::UdpDport)],
+            )?,
+            "th" => sub(
+                self,
+                "th",
+                &[("sport", Field::ThSport), ("dport", Field::ThDport)],
+            )?,
+            "icmp" => sub(
+                self,
+                "icmp",
+                &[("type", Field::IcmpType), ("code", Field::IcmpCode)],
+            )?,
+            "icmpv6" => sub(
+                self,
+                "icmpv6",
+                &[("type", Field::Icmpv6Type), ("code", Field::Icmpv6Code)],
+            )?,
+            "ct" => sub(
+                self,
+                "ct",
+                &[
+                    ("state", Field::CtState),
+                    ("status", Field::CtStatus),
+                    ("mark", Field::CtMark),
+                ],
+            )?,
+            _ => {
+                let help = suggest(&w, EXPR_KEYWORDS.iter().copied());
+                return self.err_help(sp, format!("unknown expression '{w}'"), help);
+            }
+        })
+    }
+
+    fn relational(&mut self, left: Vec<Field>, span: Span) -> P<Match> {
+        let types: Vec<DataType> = left.iter().map(|f| f.datatype()).collect();
+        let single = match types.as_slice() {
+            [t] => Some(*t),
+            _ => None,
+        };
+        let mut mask = None;
+        if self.peek() == &Tok::Amp {
+            let asp = self.bump().span;
+            match single {
+                Some(dt) if dt.is_bitmask() || dt == DataType::Mark => {
+                    let paren = self.eat(&Tok::LParen);
+                    let mut bits = self.scalar(dt)?;
+                    while self.eat(&Tok::Pipe) {
+                        bits |= self.scalar(dt)?;
+                    }
+                    if paren {
+                        self.expect(Tok::RParen)?;
+                    }
+                    mask = Some(bits);
+                }
+                _ => return self.err(asp, "'&' masks are only supported on flags and marks"),
+            }
+        }
+        let op = match self.peek() {
+            Tok::EqEq => RelOp::Eq,
+            Tok::Ne => RelOp::Ne,
+            Tok::Lt => RelOp::Lt,
+            Tok::Gt => RelOp::Gt,
+            Tok::Le => RelOp::Le,
+            Tok::Ge => RelOp::Ge,
+            _ => RelOp::Implicit,
+        };
+        if op != RelOp::Implicit {
+            self.bump();
+        }
+        let right_span = self.span();
+        let mut op = op;
+        let mut right_span = right_span;
+        let right = match (self.peek().clone(), single) {
+            (Tok::At, _) => {
+                self.bump();
+                let (n, nsp) = self.name("set name")?;
+                right_span.len = nsp.len + 1;
+                Value::SetRef(n)
+            }
+            (Tok::LBrace, _) => Value::Set(self.elements(&types, None)?),
+            (_, Some(dt)) if dt.is_bitmask() => {
+                let (bits, slash) = self.bitmask_list(dt)?;
+                if slash {
+                    if mask.is_some() {
+                        return self.err(right_span, "cannot combine '&' and '/' masks");
+                    }
+                    let (m, _) = self.bitmask_list(dt)?;
+                    mask = Some(m);
+                    if op == RelOp::Implicit {
+                        op = RelOp::Eq;
+                    }
+                }
+                Value::Num(bits)
+            }
+            _ => self.value_concat(&types)?,
+        };
+        let right_span = Span {
+            len: right_span.len.max(1),
+            ..right_span
+        };
+        Ok(Match {
+            left,
+            mask,
+            op,
+            right,
+            span,
+            right_span,
+        })
+    }
+
+    /// `a,b,c` for bit-mask types; returns whether a `/ MASK` follows.
+    fn bitmask_list(&mut self, dt: DataType) -> P<(u64, bool)> {
+        let mut bits = 0;
+        loop {
+            let sp = self.span();
+            let (w, _) = self.expect_word(&format!("{} value", dt.name()))?;
+            let (head, slash_inline) = match w.split_once('/') {
+                Some((a, b)) => (a.to_string(), Some(b.to_string())),
+                None => (w.clone(), None),
+            };
+            if !head.is_empty() {
+                bits |= self.scalar_word(dt, &head, sp)?;
+            }
+            if let Some(rest) = slash_inline {
+                // `syn/syn,ack`: re-insert the mask part as the next token.
+                if !rest.is_empty() {
+                    self.pos -= 1;
+                    if let Some(t) = self.toks.get_mut(self.pos) {
+                        t.tok = Tok::Word(rest);
+                    }
+                }
+                return Ok((bits, true));
+            }
+            if !self.eat(&Tok::Comma) {
+                break;
+            }
+        }
+        if self.is_word("/") {
+            self.bump();
+            return Ok((bits, true));
+        }
+        Ok((bits, false))
+    }
+
+    /// One numeric/symbolic value (no ranges).
+    fn scalar(&mut self, dt: DataType) -> P<u64> {
+        let (w, sp) = self.expect_word(&format!("{} value", dt.name()))?;
+        self.scalar_word(dt, &w, sp)
+    }
+
+    fn scalar_word(&mut self, dt: DataType, w: &str, sp: Span) -> P<u64> {
+        if let Some(n) = parse_num(w).or_else(|| symbols::lookup(dt, w)) {
+            return Ok(n);
+        }
+        let help = suggest(w, symbols::table(dt).iter().map(|(n, _)| *n));
+        self.err_help(sp, format!("invalid {} value '{w}'", dt.name()), help)
+    }
+
+    fn value_concat(&mut self, types: &[DataType]) -> P<Value> {
+        let mut v = Vec::new();
+        for (i, dt) in types.iter().enumerate() {
+            if i > 0 {
+                self.expect(Tok::Dot)?;
+            }
+            v.push(self.value(*dt)?);
+        }
+        if v.len() == 1 {
+            v.pop().ok_or(Fail)
+        } else {
+            Ok(Value::Concat(v))
+        }
+    }
+
+    /// One value of type `dt`, including ranges (`a-b` or `a - b`) and prefixes.
+    fn value(&mut self, dt: DataType) -> P<Value> {
+        let sp = self.span();
+        let v = match self.peek().clone() {
+            Tok::Str(s) => {
+                self.bump();
+                if matches!(dt, DataType::Ifname | DataType::IfaceIndex) {
+                    Value::Str(s)
+                } else {
+                    self.word_value(dt, &s, sp)?
+                }
+            }
+            Tok::Word(w) if !w.starts_with('$') => {
+                self.bump();
+                if dt == DataType::Verdict {
+                    self.pos -= 1;
+                    return Ok(Value::Verdict(self.verdict()?));
+                }
+                self.word_value(dt, &w, sp)?
+            }
+            _ => return self.unexpected(&format!("{} value", dt.name())),
+        };
+        if self.is_word("-") && !matches!(v, Value::Range(..) | Value::Prefix { .. }) {
+            self.bump();
+            let hsp = self.span();
+            let (h, _) = self.expect_word("end of range")?;
+            let hi = self.word_value(dt, &h, hsp)?;
+            return Ok(Value::Range(Box::new(v), Box::new(hi)));
+        }
+        Ok(v)
+    }
+
+    fn word_value(&mut self, dt: DataType, w: &str, sp: Span) -> P<Value> {
+        match dt {
+            DataType::Ifname | DataType::IfaceIndex => Ok(Value::Str(w.to_string())),
+            DataType::Ipv4Addr | DataType::Ipv6Addr => match parse_addr_value(w) {
+                Some(v) => Ok(v),
+                None => self.err(sp, format!("invalid {} '{w}'", dt.name())),
+            },
+            DataType::Verdict => self.err(sp, format!("expected a verdict, found '{w}'")),
+            _ => {
+                if let Some(n) = parse_num(w).or_else(|| symbols::lookup(dt, w)) {
+                    return Ok(Value::Num(n));
+                }
+                for (i, _) in w.match_indices('-') {
+                    let (a, b) = (&w[..i], &w[i + 1..]);
+                    let pa = parse_num(a).or_else(|| symbols::lookup(dt, a));
+                    let pb = parse_num(b).or_else(|| symbols::lookup(dt, b));
+                    if let (Some(a), Some(b)) = (pa, pb) {
+                        return Ok(Value::Range(
+                            Box::new(Value::Num(a)),
+                            Box::new(Value::Num(b)),
+                        ));
+                    }
+                }
+                let help = suggest(w, symbols::table(dt).iter().map(|(n, _)| *n));
+                self.err_help(sp, format!("invalid {} value '{w}'", dt.name()), help)
+            }
+        }
+    }
+
+    fn verdict(&mut self) -> P<Verdict> {
+        let (w, _) = self.keyword(
+            "verdict",
+            &["accept", "drop", "return", "continue", "jump", "goto"],
+        )?;
+        Ok(match w.as_str() {
+            "accept" => Verdict::Accept,
+            "drop" => Verdict::Drop,
+            "return" => Verdict::Return,
+            "continue" => Verdict::Continue,
+            "jump" => Verdict::Jump(self.name("chain name")?.0),
+            _ => Verdict::Goto(self.name("chain name")?.0),
+        })
+    }
+
+    /// `{ k : v, ... }` — named sets, anonymous sets, and map elements.
+    fn elements(&mut self, key: &[DataType], data: Option<DataType>) -> P<Vec<Elem>> {
+        self.expect(Tok::LBrace)?;
+        let mut out = Vec::new();
+        loop {
+            self.skip_newlines();
+            if self.eat(&Tok::RBrace) {
+                return Ok(out);
+            }
+            let span = self.span();
+            let k = self.value_concat(key)?;
+            let d = match data {
+                Some(dt) => {
+                    self.expect(Tok::Colon)?;
+                    Some(self.value(dt)?)
+                }
+                None => None,
+            };
+            out.push(Elem {
+                key: k,
+                data: d,
+                span,
+            });
+            self.skip_newlines();
+            match self.peek() {
+                Tok::Comma => {
+                    self.bump();
+                }
+                Tok::RBrace => {}
+                _ => return self.unexpected("',' or '}'"),
+            }
+        }
+    }
+
+    fn map_ref(&mut self, key: &[Field], data: DataType) -> P<MapRef> {
+        if self.eat(&Tok::At) {
+            return Ok(MapRef::Named(self.name("map name")?.0));
+        }
+        let types: Vec<DataType> = key.iter().map(|f| f.datatype()).collect();
+        Ok(MapRef::Anon(self.elements(&types, Some(data))?))
+    }
+
+    // ---- statements ---------------------------------------------------------
+
+    fn stmt(&mut self, w: &str) -> P<StmtKind> {
+        match w {
+            "accept" | "drop" | "return" | "continue" | "jump" | "goto" => {
+                Ok(StmtKind::Verdict(self.verdict()?))
+            }
+            "counter" => {
+                self.bump();
+                let (mut packets, mut bytes) = (None, None);
+                loop {
+                    if self.eat_word("packets") {
+                        packets = Some(self.number("packet count")?);
+                    } else if self.eat_word("bytes") {
+                        bytes = Some(self.number("byte count")?);
+                    } else {
+                        break;
+                    }
+                }
+                Ok(StmtKind::Counter { packets, bytes })
+            }
+            "reject" => {
+                self.bump();
+                if !self.eat_word("with") {
+                    return Ok(StmtKind::Reject(None));
+                }
+                let (kind, _) = self.keyword("reject type", &["icmp", "icmpv6", "icmpx", "tcp"])?;
+                if kind == "tcp" {
+                    self.keyword("reject type", &["reset"])?;
+                    return Ok(StmtKind::Reject(Some(RejectWith::TcpReset)));
+                }
+                self.eat_word("type");
+                let tab = match kind.as_str() {
+                    "icmp" => symbols::ICMP_REJECT,
+                    "icmpv6" => symbols::ICMPV6_REJECT,
+                    _ => symbols::ICMPX_REJECT,
+                };
+                let (c, csp) = self.expect_word("reject code")?;
+                let code = match symbols::code_lookup(tab, &c)
+                    .or_else(|| parse_num(&c).and_then(|n| u8::try_from(n).ok()))
+                {
+                    Some(code) => code,
+                    None => {
+                        let help = suggest(&c, tab.iter().map(|(n, _)| *n));
+                        return self.err_help(
+                            csp,
+                            format!("invalid {kind} reject code '{c}'"),
+                            help,
+                        );
+                    }
+                };
+                Ok(StmtKind::Reject(Some(match kind.as_str() {
+                    "icmp" => RejectWith::Icmp(code),
+                    "icmpv6" => RejectWith::Icmpv6(code),
+                    _ => RejectWith::Icmpx(code),
+                })))
+            }
+            "log" => {
+                self.bump();
+                let mut log = Log {
+                    prefix: None,
+                    level: None,
+                    group: None,
+                };
+                loop {
+                    if self.eat_word("prefix") {
+                        let sp = self.span();
+                        match self.bump().tok {
+                            Tok::Str(s) => log.prefix = Some(s),
+                            _ => return self.err(sp, "expected a quoted string after 'prefix'"),
+                        }
+                    } else if self.eat_word("level") {
+                        let names: Vec<&str> = LogLevel::ALL.iter().map(|l| l.name()).collect();
+                        let (l, _) = self.keyword("log level", &names)?;
+                        log.level = LogLevel::ALL.iter().find(|x| x.name() == l).copied();
+                    } else if self.eat_word("group") {
+                        let sp = self.span();
+                        let n = self.number("log group")?;
+                        log.group = Some(
+                            u16::try_from(n).or_else(|_| self.err(sp, "log group out of range"))?,
+                        );
+                    } else {
+                        break;
+                    }
+                }
+                Ok(StmtKind::Log(log))
+            }
+            "limit" => {
+                self.bump();
+                Ok(StmtKind::Limit(self.limit()?))
+            }
+            _ => {
+                let kind = match w {
+                    "snat" => NatKind::Snat,
+                    "dnat" => NatKind::Dnat,
+                    "masquerade" => NatKind::Masquerade,
+                    _ => NatKind::Redirect,
+                };
+                self.bump();
+                Ok(StmtKind::Nat(self.nat(kind)?))
+            }
+        }
+    }
+
+    fn number(&mut self, what: &str) -> P<u64> {
+        let (w, sp) = self.expect_word(what)?;
+        parse_num(&w).map_or_else(|| self.err(sp, format!("invalid {what} '{w}'")), Ok)
+    }
+
+    fn limit(&mut self) -> P<Limit> {
+        if !self.eat_word("rate") {
+            return self.unexpected("'rate'");
+        }
+        let over = self.eat_word("over");
+        let (w, sp) = self.expect_word("rate")?;
+        let (rate_s, unit, per_s) = match w.split_once('/') {
+            Some((r, p)) => (r.to_string(), None, p.to_string()),
+            None => {
+                let (u, usp) = self.expect_word("rate unit")?;
+                let Some((bu, p)) = u.split_once('/') else {
+                    return self.err(
+                        usp,
+                        format!("invalid rate unit '{u}', expected e.g. 'mbytes/second'"),
+                    );
+                };
+                let Some(bu) = byte_unit(bu) else {
+                    return self.err(
+                        usp,
+                        format!("invalid byte unit '{bu}' (bytes, kbytes, mbytes)"),
+                    );
+                };
+                (w.clone(), Some(bu), p.to_string())
+            }
+        };
+        let Some(rate) = parse_num(&rate_s) else {
+            return self.err(sp, format!("invalid rate '{rate_s}'"));
+        };
+        let per = match per_s.as_str() {
+            "second" => TimeUnit::Second,
+            "minute" => TimeUnit::Minute,
+            "hour" => TimeUnit::Hour,
+            "day" => TimeUnit::Day,
+            "week" => TimeUnit::Week,
+            _ => {
+                let help = suggest(&per_s, ["second", "minute", "hour", "day", "week"]);
+                return self.err_help(sp, format!("invalid time unit '{per_s}'"), help);
+            }
+        };
+        let (mut burst, mut burst_unit) = (None, None);
+        if self.eat_word("burst") {
+            burst = Some(self.number("burst")?);
+            let (u, usp) = self.expect_word("burst unit")?;
+            if u != "packets" {
+                match byte_unit(&u) {
+                    Some(b) => burst_unit = Some(b),
+                    None => {
+                        return self.err(
+                            usp,
+                            format!("invalid burst unit '{u}' (packets, bytes, kbytes, mbytes)"),
+                        )
+                    }
+                }
+            }
+        }
+        Ok(Limit {
+            over,
+            rate,
+            unit,
+            per,
+            burst,
+            burst_unit,
+        })
+    }
+
+    fn nat(&mut self, kind: NatKind) -> P<Nat> {
+        let mut nat = Nat {
+            kind,
+            family: None,
+            addr: None,
+            ports: None,
+            flags: Vec::new(),
+        };
+        if matches!(self.word(), Some("ip" | "ip6"))
+            && matches!(self.peek_at(1), Tok::Word(w) if w == "to")
+        {
+            nat.family = Some(if self.is_word("ip") {
+                Family::Ip
+            } else {
+                Family::Ip6
+            });
+            self.bump();
+        }
+        let needs_to = matches!(kind, NatKind::Snat | NatKind::Dnat);
+        if self.eat_word("to") {
+            let sp = self.span();
+            let is_expr = self.word().is_some_and(|w| EXPR_KEYWORDS.contains(&w));
+            if is_expr && needs_to {
+                let (key, _) = self.fields()?;
+                if !self.eat_word("map") {
+                    return self.unexpected("'map'");
+                }
+                let data = match nat.family {
+                    Some(Family::Ip6) => DataType::Ipv6Addr,
+                    _ => DataType::Ipv4Addr,
+                };
+                let map = self.map_ref(&key, data)?;
+                nat.addr = Some(NatAddr::Map { key, map });
+            } else {
+                let (w, _) = self.expect_word("NAT address")?;
+                let Some((addr, ports)) = parse_nat_target(&w) else {
+                    return self.err(
+                        sp,
+                        format!("invalid NAT target '{w}', expected ADDR[-ADDR][:PORT[-PORT]]"),
+                    );
+                };
+                if addr.is_some() && !needs_to {
+                    return self.err(sp, "masquerade/redirect only take ':PORT[-PORT]'");
+                }
+                nat.addr = addr;
+                nat.ports = ports;
+            }
+        } else if needs_to {
+            return self.unexpected("'to'");
+        }
+        loop {
+            match self.word() {
+                Some("random") => nat.flags.push(NatFlag::Random),
+                Some("fully-random") => nat.flags.push(NatFlag::FullyRandom),
+                Some("persistent") => nat.flags.push(NatFlag::Persistent),
+                _ => break,
+            }
+            self.bump();
+            self.eat(&Tok::Comma);
+        }
+        Ok(nat)
+    }
+}
+
+fn byte_unit(s: &str) -> Option<ByteUnit> {
+    match s {
+        "bytes" => Some(ByteUnit::Bytes),
+        "kbytes" => Some(ByteUnit::Kbytes),
+        "mbytes" => Some(ByteUnit::Mbytes),
+        _ => None,
+    }
+}
+
+/// `1.2.3.4`, `10.0.0.0/8`, `10.0.0.1-10.0.0.9`, `fe80::1`.
+pub(crate) fn parse_addr_value(w: &str) -> Option<Value> {
+    if let Some((a, l)) = w.split_once('/') {
+        let addr: IpAddr = a.parse().ok()?;
+        let len: u8 = l.parse().ok()?;
+        return Some(Value::Prefix { addr, len });
+    }
+    if let Ok(a) = w.parse::<IpAddr>() {
+        return Some(Value::Addr(a));
+    }
+    let (a, b) = w.split_once('-')?;
+    let a: IpAddr = a.parse().ok()?;
+    let b: IpAddr = b.parse().ok()?;
+    Some(Value::Range(
+        Box::new(Value::Addr(a)),
+        Box::new(Value::Addr(b)),
+    ))
+}
+
+fn parse_port_range(s: &str) -> Option<(u16, u16)> {
+    match s.split_once('-') {
+        Some((a, b)) => Some((a.parse().ok()?, b.parse().ok()?)),
+        None => {
+            let p = s.parse().ok()?;
+            Some((p, p))
+        }
+    }
+}
+
+fn parse_nat_addr(s: &str) -> Option<NatAddr> {
+    match s.split_once('-') {
+        Some((a, b)) => Some(NatAddr::Range(a.parse().ok()?, b.parse().ok()?)),
+        None => Some(NatAddr::Single(s.parse().ok()?)),
+    }
+}
+
+/// `ADDR[-ADDR][:PORT[-PORT]]`, `[V6]:PORT`, `:PORT[-PORT]`.
+/// A parsed NAT target: optional address part and optional port range.
+pub(crate) type NatTarget = (Option<NatAddr>, Option<(u16, u16)>);
+
+pub(crate) fn parse_nat_target(w: &str) -> Option<NatTarget> {
+    if let Some(p) = w.strip_prefix(':') {
+        if !p.contains(':') {
+            return Some((None, Some(parse_port_range(p)?)));
+        }
+    }
+    if let Some(rest) = w.strip_prefix('[') {
+        let (inner, after) = rest.split_once(']')?;
+        let addr = parse_nat_addr(inner)?;
+        let ports = match after.strip_prefix(':') {
+            Some(p) => Some(parse_port_range(p)?),
+            None if after.is_empty() => None,
+            None => return None,
+        };
+        return Some((Some(addr), ports));
+    }
+    let colons = w.matches(':').count();
+    if colons >= 2 {
+        return Some((Some(parse_nat_addr(w)?), None));
+    }
+    match w.split_once(':') {
+        Some((a, p)) => Some((Some(parse_nat_addr(a)?), Some(parse_port_range(p)?))),
+        None => Some((Some(parse_nat_addr(w)?), None)),
+    }
+}

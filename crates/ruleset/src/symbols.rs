@@ -1,0 +1,202 @@
+//! Symbolic constants shared by the parsers and the printer (service names,
+//! ICMP types, conntrack states, TCP flags, protocols, reject codes).
+
+use crate::ast::DataType;
+
+pub(crate) const SERVICES: &[(&str, u64)] = &[
+    ("ftp-data", 20),
+    ("ftp", 21),
+    ("ssh", 22),
+    ("telnet", 23),
+    ("smtp", 25),
+    ("whois", 43),
+    ("domain", 53),
+    ("bootps", 67),
+    ("bootpc", 68),
+    ("tftp", 69),
+    ("http", 80),
+    ("kerberos", 88),
+    ("pop3", 110),
+    ("sunrpc", 111),
+    ("ntp", 123),
+    ("netbios-ns", 137),
+    ("netbios-dgm", 138),
+    ("netbios-ssn", 139),
+    ("imap", 143),
+    ("imap2", 143),
+    ("snmp", 161),
+    ("snmp-trap", 162),
+    ("bgp", 179),
+    ("ldap", 389),
+    ("https", 443),
+    ("microsoft-ds", 445),
+    ("isakmp", 500),
+    ("syslog", 514),
+    ("submission", 587),
+    ("ldaps", 636),
+    ("imaps", 993),
+    ("pop3s", 995),
+    ("openvpn", 1194),
+    ("mysql", 3306),
+    ("ms-wbt-server", 3389),
+    ("ipsec-nat-t", 4500),
+    ("sip", 5060),
+    ("postgresql", 5432),
+    ("mdns", 5353),
+    ("http-alt", 8080),
+];
+
+pub(crate) const PROTOCOLS: &[(&str, u64)] = &[
+    ("icmp", 1),
+    ("igmp", 2),
+    ("tcp", 6),
+    ("udp", 17),
+    ("ipv6", 41),
+    ("gre", 47),
+    ("esp", 50),
+    ("ah", 51),
+    ("icmpv6", 58),
+    ("sctp", 132),
+    ("udplite", 136),
+];
+
+pub(crate) const NFPROTO: &[(&str, u64)] = &[("ipv4", 2), ("ipv6", 10)];
+
+pub(crate) const CT_STATES: &[(&str, u64)] = &[
+    ("invalid", 1),
+    ("established", 2),
+    ("related", 4),
+    ("new", 8),
+    ("untracked", 64),
+];
+
+pub(crate) const CT_STATUS: &[(&str, u64)] = &[
+    ("expected", 1),
+    ("seen-reply", 2),
+    ("assured", 4),
+    ("confirmed", 8),
+    ("snat", 16),
+    ("dnat", 32),
+    ("dying", 512),
+];
+
+pub(crate) const TCP_FLAGS: &[(&str, u64)] = &[
+    ("fin", 1),
+    ("syn", 2),
+    ("rst", 4),
+    ("psh", 8),
+    ("ack", 16),
+    ("urg", 32),
+    ("ecn", 64),
+    ("cwr", 128),
+];
+
+pub(crate) const ICMP_TYPES: &[(&str, u64)] = &[
+    ("echo-reply", 0),
+    ("destination-unreachable", 3),
+    ("source-quench", 4),
+    ("redirect", 5),
+    ("echo-request", 8),
+    ("router-advertisement", 9),
+    ("router-solicitation", 10),
+    ("time-exceeded", 11),
+    ("parameter-problem", 12),
+    ("timestamp-request", 13),
+    ("timestamp-reply", 14),
+    ("info-request", 15),
+    ("info-reply", 16),
+    ("address-mask-request", 17),
+    ("address-mask-reply", 18),
+];
+
+pub(crate) const ICMPV6_TYPES: &[(&str, u64)] = &[
+    ("destination-unreachable", 1),
+    ("packet-too-big", 2),
+    ("time-exceeded", 3),
+    ("parameter-problem", 4),
+    ("echo-request", 128),
+    ("echo-reply", 129),
+    ("mld-listener-query", 130),
+    ("mld-listener-report", 131),
+    ("mld-listener-done", 132),
+    ("nd-router-solicit", 133),
+    ("nd-router-advert", 134),
+    ("nd-neighbor-solicit", 135),
+    ("nd-neighbor-advert", 136),
+    ("nd-redirect", 137),
+    ("router-renumbering", 138),
+    ("mld2-listener-report", 143),
+];
+
+/// ICMP destination-unreachable codes usable with `reject with icmp`.
+pub(crate) const ICMP_REJECT: &[(&str, u8)] = &[
+    ("net-unreachable", 0),
+    ("host-unreachable", 1),
+    ("prot-unreachable", 2),
+    ("port-unreachable", 3),
+    ("net-prohibited", 9),
+    ("host-prohibited", 10),
+    ("admin-prohibited", 13),
+];
+
+pub(crate) const ICMPV6_REJECT: &[(&str, u8)] = &[
+    ("no-route", 0),
+    ("admin-prohibited", 1),
+    ("addr-unreachable", 3),
+    ("port-unreachable", 4),
+    ("policy-fail", 5),
+    ("reject-route", 6),
+];
+
+pub(crate) const ICMPX_REJECT: &[(&str, u8)] = &[
+    ("no-route", 0),
+    ("port-unreachable", 1),
+    ("host-unreachable", 2),
+    ("admin-prohibited", 3),
+];
+
+/// Symbol table for a data type (empty for non-symbolic types).
+pub(crate) fn table(dt: DataType) -> &'static [(&'static str, u64)] {
+    match dt {
+        DataType::InetService => SERVICES,
+        DataType::InetProto => PROTOCOLS,
+        DataType::NfProto => NFPROTO,
+        DataType::CtState => CT_STATES,
+        DataType::CtStatus => CT_STATUS,
+        DataType::TcpFlag => TCP_FLAGS,
+        DataType::IcmpType => ICMP_TYPES,
+        DataType::Icmpv6Type => ICMPV6_TYPES,
+        _ => &[],
+    }
+}
+
+pub(crate) fn lookup(dt: DataType, name: &str) -> Option<u64> {
+    table(dt).iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+}
+
+/// Name printed for a value, where nft prints names (not for ports).
+pub(crate) fn name_of(dt: DataType, v: u64) -> Option<&'static str> {
+    if dt == DataType::InetService {
+        return None;
+    }
+    table(dt).iter().find(|(_, x)| *x == v).map(|(n, _)| *n)
+}
+
+pub(crate) fn code_name(tab: &[(&'static str, u8)], code: u8) -> Option<&'static str> {
+    tab.iter().find(|(_, c)| *c == code).map(|(n, _)| *n)
+}
+
+pub(crate) fn code_lookup(tab: &[(&str, u8)], name: &str) -> Option<u8> {
+    tab.iter().find(|(n, _)| *n == name).map(|(_, c)| *c)
+}
+
+/// Parse a decimal or `0x` hexadecimal number.
+pub(crate) fn parse_num(s: &str) -> Option<u64> {
+    if let Some(h) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        u64::from_str_radix(h, 16).ok()
+    } else if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        s.parse().ok()
+    } else {
+        None
+    }
+}

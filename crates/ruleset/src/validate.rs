@@ -1,0 +1,563 @@
+//! Semantic checks on a parsed [`Ruleset`]: references (chains, sets, maps),
+//! value types and ranges, base-chain type/hook combinations, NAT placement,
+//! and jump loops. Pure: reads the AST, returns diagnostics.
+
+use crate::ast::*;
+use crate::diag::{suggest, RawDiag};
+use crate::print::hook as hook_name;
+use std::collections::HashMap;
+
+pub(crate) fn validate(r: &Ruleset) -> Vec<RawDiag> {
+    let mut v = Validator { diags: Vec::new() };
+    for t in &r.tables {
+        v.table(t);
+    }
+    v.diags
+}
+
+struct Validator {
+    diags: Vec<RawDiag>,
+}
+
+/// Name lookups for one table: chains, sets, maps.
+type Lookups<'a> = (
+    HashMap<&'a str, &'a Chain>,
+    HashMap<&'a str, &'a Set>,
+    HashMap<&'a str, &'a Map>,
+);
+
+fn ctx(t: &Table) -> Lookups<'_> {
+    (
+        t.chains.iter().map(|c| (c.name.as_str(), c)).collect(),
+        t.sets.iter().map(|s| (s.name.as_str(), s)).collect(),
+        t.maps.iter().map(|m| (m.name.as_str(), m)).collect(),
+    )
+}
+
+impl Validator {
+    fn err(&mut self, span: Span, msg: impl Into<String>) {
+        self.diags.push(RawDiag::new(span, msg));
+    }
+
+    fn table(&mut self, t: &Table) {
+        let (chains, sets, maps) = ctx(t);
+        for s in &t.sets {
+            let interval = s.flags.contains(&SetFlag::Interval);
+            for e in &s.elements {
+                self.value(
+                    &s.key,
+                    &e.key,
+                    e.span,
+                    interval,
+                    &format!("set '{}'", s.name),
+                );
+            }
+        }
+        for m in &t.maps {
+            let interval = m.flags.contains(&SetFlag::Interval);
+            for e in &m.elements {
+                self.value(
+                    &m.key,
+                    &e.key,
+                    e.span,
+                    interval,
+                    &format!("map '{}'", m.name),
+                );
+                if let Some(d) = &e.data {
+                    self.data(&chains, m.data, d, e.span);
+                }
+            }
+        }
+        for c in &t.chains {
+            if let Some(b) = &c.base {
+                self.base_chain(c, b);
+            }
+            for r in &c.rules {
+                for m in &r.matches {
+                    self.matches(t, &sets, m);
+                }
+                for s in &r.stmts {
+                    self.stmt(t, &chains, &maps, c, s);
+                }
+            }
+        }
+        self.loops(t, &chains);
+    }
+
+    fn base_chain(&mut self, c: &Chain, b: &BaseChain) {
+        let ok = match b.chain_type {
+            ChainType::Filter => true,
+            // Netfilter NAT hooks: no NAT on forward.
+            ChainType::Nat => b.hook != Hook::Forward,
+            ChainType::Route => b.hook == Hook::Output,
+        };
+        if !ok {
+            let ty = match b.chain_type {
+                ChainType::Nat => "nat",
+                ChainType::Route => "route",
+                ChainType::Filter => "filter",
+            };
+            let valid = match b.chain_type {
+                ChainType::Nat => "prerouting, input, output, postrouting",
+                _ => "output",
+            };
+            self.diags.push(
+                RawDiag::new(
+                    b.span,
+                    format!(
+                        "chain '{}': type {ty} is not valid on hook {}",
+                        c.name,
+                        hook_name(b.hook)
+                    ),
+                )
+                .help(Some(format!("{ty} chains support: {valid}"))),
+            );
+        }
+    }
+
+    fn family_ok(&mut self, t: &Table, f: Field, span: Span) {
+        let bad = matches!(
+            (t.family, f.family()),
+            (Family::Ip, FieldFamily::V6) | (Family::Ip6, FieldFamily::V4)
+        );
+        if bad {
+            self.err(
+                span,
+                format!(
+                    "'{}' cannot match in a table of family {}",
+                    f.name(),
+                    t.family.name()
+                ),
+            );
+        }
+    }
+
+    fn matches(&mut self, t: &Table, sets: &HashMap<&str, &Set>, m: &Match) {
+        for f in &m.left {
+            self.family_ok(t, *f, m.span);
+        }
+        let types: Vec<DataType> = m.left.iter().map(|f| f.datatype()).collect();
+        match &m.right {
+            Value::SetRef(name) => match sets.get(name.as_str()) {
+                Some(s) => {
+                    if s.key != types {
+                        let want: Vec<&str> = types.iter().map(|d| d.name()).collect();
+                        let got: Vec<&str> = s.key.iter().map(|d| d.name()).collect();
+                        self.err(
+                            m.right_span,
+                            format!(
+                                "datatype mismatch: expression has type {}, set '{name}' has type {}",
+                                want.join(" . "),
+                                got.join(" . ")
+                            ),
+                        );
+                    }
+                }
+                None => {
+                    let help = suggest(name, sets.keys().copied());
+                    self.diags.push(
+                        RawDiag::new(m.right_span, format!("no such set '{name}'")).help(help),
+                    );
+                }
+            },
+            Value::Set(elems) => {
+                if matches!(m.op, RelOp::Lt | RelOp::Gt | RelOp::Le | RelOp::Ge) {
+                    self.err(m.span, "relational operators cannot be used with sets");
+                }
+                for e in elems {
+                    self.value(&types, &e.key, e.span, true, "anonymous set");
+                }
+            }
+            v => self.value(&types, v, m.right_span, true, "match"),
+        }
+    }
+
+    /// Check a value (or concatenation) against its key types.
+    fn value(&mut self, types: &[DataType], v: &Value, span: Span, interval: bool, what: &str) {
+        match (v, types) {
+            (Value::Concat(vs), _) => {
+                if vs.len() != types.len() {
+                    self.err(
+                        span,
+                        format!(
+                            "{what}: expected {} concatenated values, found {}",
+                            types.len(),
+                            vs.len()
+                        ),
+                    );
+                    return;
+                }
+                for (x, dt) in vs.iter().zip(types) {
+                    self.value(std::slice::from_ref(dt), x, span, interval, what);
+                }
+            }
+            (_, [dt]) => self.scalar(*dt, v, span, interval, what),
+            _ => self.err(
+                span,
+                format!("{what}: expected a concatenation of {} values", types.len()),
+            ),
+        }
+    }
+
+    fn scalar(&mut self, dt: DataType, v: &Value, span: Span, interval: bool, what: &str) {
+        let need_interval = |s: &mut Self| {
+            if !interval {
+                s.diags.push(
+                    RawDiag::new(
+                        span,
+                        format!("{what}: ranges and prefixes need an interval set"),
+                    )
+                    .help(Some("add 'flags interval' to the set".into())),
+                );
+            }
+        };
+        match (dt, v) {
+            (DataType::Ipv4Addr | DataType::Ipv6Addr, Value::Addr(a)) => {
+                self.addr(dt, a.is_ipv6(), span, what)
+            }
+            (DataType::Ipv4Addr | DataType::Ipv6Addr, Value::Prefix { addr, len }) => {
+                self.addr(dt, addr.is_ipv6(), span, what);
+                let max = if addr.is_ipv6() { 128 } else { 32 };
+                if *len > max {
+                    self.err(
+                        span,
+                        format!("prefix length /{len} is out of range (at most /{max})"),
+                    );
+                }
+                need_interval(self);
+            }
+            (_, Value::Range(a, b)) => {
+                self.scalar(dt, a, span, interval, what);
+                self.scalar(dt, b, span, interval, what);
+                let lo_gt_hi = match (a.as_ref(), b.as_ref()) {
+                    (Value::Num(x), Value::Num(y)) => x > y,
+                    (Value::Addr(x), Value::Addr(y)) => x > y,
+                    _ => false,
+                };
+                if lo_gt_hi {
+                    self.err(span, "range start is greater than range end");
+                }
+                need_interval(self);
+            }
+            (_, Value::Num(n)) => match dt.max_value() {
+                Some(max) if *n > max => {
+                    let what = if dt == DataType::InetService {
+                        "port"
+                    } else {
+                        dt.name()
+                    };
+                    self.err(span, format!("{what} value {n} is out of range (0-{max})"));
+                }
+                Some(_) => {}
+                None => self.err(
+                    span,
+                    format!("datatype mismatch: expected {}, found a number", dt.name()),
+                ),
+            },
+            (DataType::Ifname | DataType::IfaceIndex, Value::Str(_)) => {}
+            (DataType::Verdict, Value::Verdict(_)) => {}
+            (_, other) => {
+                let found = match other {
+                    Value::Addr(_) | Value::Prefix { .. } => "an address",
+                    Value::Str(_) => "a string",
+                    Value::Verdict(_) => "a verdict",
+                    Value::Set(_) | Value::SetRef(_) => "a set",
+                    _ => "another type",
+                };
+                self.err(
+                    span,
+                    format!("datatype mismatch: expected {}, found {found}", dt.name()),
+                );
+            }
+        }
+    }
+
+    fn addr(&mut self, dt: DataType, is_v6: bool, span: Span, what: &str) {
+        if (dt == DataType::Ipv4Addr) == is_v6 {
+            let (want, got) = if is_v6 {
+                ("IPv4", "IPv6")
+            } else {
+                ("IPv6", "IPv4")
+            };
+            self.err(
+                span,
+                format!(
+                    "{what}: {got} address where an {want} address ({}) is expected",
+                    dt.name()
+                ),
+            );
+        }
+    }
+
+    fn data(&mut self, chains: &HashMap<&str, &Chain>, dt: DataType, d: &Value, span: Span) {
+        match d {
+            Value::Verdict(v) => self.verdict_target(chains, v, span),
+            v => self.scalar(dt, v, span, false, "map data"),
+        }
+    }
+
+    fn verdict_target(&mut self, chains: &HashMap<&str, &Chain>, v: &Verdict, span: Span) {
+        let target = match v {
+            Verdict::Jump(c) | Verdict::Goto(c) => c,
+            _ => return,
+        };
+        match chains.get(target.as_str()) {
+            None => {
+                let help = suggest(target, chains.keys().copied());
+                self.diags.push(
+                    RawDiag::new(span, format!("unknown chain '{target}' in jump/goto")).help(help),
+                );
+            }
+            Some(c) if c.base.is_some() => {
+                self.err(span, format!("cannot jump to base chain '{target}'"));
+            }
+            Some(_) => {}
+        }
+    }
+
+    fn stmt(
+        &mut self,
+        t: &Table,
+        chains: &HashMap<&str, &Chain>,
+        maps: &HashMap<&str, &Map>,
+        c: &Chain,
+        s: &Stmt,
+    ) {
+        match &s.kind {
+            StmtKind::Verdict(v) => self.verdict_target(chains, v, s.span),
+            StmtKind::VerdictMap { key, map } => {
+                for f in key {
+                    self.family_ok(t, *f, s.span);
+                }
+                self.map_ref(chains, maps, key, map, DataType::Verdict, s.span);
+            }
+            StmtKind::Nat(n) => self.nat(t, chains, maps, c, n, s.span),
+            StmtKind::Reject(Some(RejectWith::Icmp(_))) if t.family == Family::Ip6 => {
+                self.err(
+                    s.span,
+                    "'reject with icmp' in an ip6 table; use icmpv6 or icmpx",
+                );
+            }
+            StmtKind::Reject(Some(RejectWith::Icmpv6(_))) if t.family == Family::Ip => {
+                self.err(
+                    s.span,
+                    "'reject with icmpv6' in an ip table; use icmp or icmpx",
+                );
+            }
+            _ => {}
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn map_ref(
+        &mut self,
+        chains: &HashMap<&str, &Chain>,
+        maps: &HashMap<&str, &Map>,
+        key: &[Field],
+        map: &MapRef,
+        data: DataType,
+        span: Span,
+    ) {
+        let types: Vec<DataType> = key.iter().map(|f| f.datatype()).collect();
+        match map {
+            MapRef::Named(n) => match maps.get(n.as_str()) {
+                None => {
+                    let help = suggest(n, maps.keys().copied());
+                    self.diags
+                        .push(RawDiag::new(span, format!("no such map '{n}'")).help(help));
+                }
+                Some(m) => {
+                    if m.key != types || m.data != data {
+                        self.err(
+                            span,
+                            format!(
+                                "datatype mismatch: map '{n}' maps {} to {}",
+                                keyname(&m.key),
+                                m.data.name()
+                            ),
+                        );
+                    }
+                }
+            },
+            MapRef::Anon(elems) => {
+                for e in elems {
+                    self.value(&types, &e.key, e.span, true, "anonymous map");
+                    if let Some(d) = &e.data {
+                        self.data(chains, data, d, e.span);
+                    }
+                }
+            }
+        }
+    }
+
+    fn nat(
+        &mut self,
+        t: &Table,
+        chains: &HashMap<&str, &Chain>,
+        maps: &HashMap<&str, &Map>,
+        c: &Chain,
+        n: &Nat,
+        span: Span,
+    ) {
+        if let Some(b) = &c.base {
+            let kind = match n.kind {
+                NatKind::Snat => "snat",
+                NatKind::Dnat => "dnat",
+                NatKind::Masquerade => "masquerade",
+                NatKind::Redirect => "redirect",
+            };
+            if b.chain_type != ChainType::Nat {
+                self.err(span, format!("{kind} is only valid in chains of type nat"));
+            } else {
+                let hook_ok = match n.kind {
+                    NatKind::Snat | NatKind::Masquerade => {
+                        matches!(b.hook, Hook::Postrouting | Hook::Input)
+                    }
+                    NatKind::Dnat | NatKind::Redirect => {
+                        matches!(b.hook, Hook::Prerouting | Hook::Output)
+                    }
+                };
+                if !hook_ok {
+                    let valid = match n.kind {
+                        NatKind::Snat | NatKind::Masquerade => "postrouting, input",
+                        _ => "prerouting, output",
+                    };
+                    self.diags.push(
+                        RawDiag::new(
+                            span,
+                            format!("{kind} is not valid on hook {}", hook_name(b.hook)),
+                        )
+                        .help(Some(format!("{kind} works on: {valid}"))),
+                    );
+                }
+            }
+        }
+        let want_v6 = match (t.family, n.family) {
+            (_, Some(Family::Ip6)) | (Family::Ip6, None) => Some(true),
+            (_, Some(Family::Ip)) | (Family::Ip, None) => Some(false),
+            _ => None,
+        };
+        let check = |s: &mut Self, a: &std::net::IpAddr| {
+            if let Some(v6) = want_v6 {
+                if a.is_ipv6() != v6 {
+                    s.err(
+                        span,
+                        format!(
+                            "NAT address {a} does not match the {} family",
+                            if v6 { "ip6" } else { "ip" }
+                        ),
+                    );
+                }
+            }
+        };
+        match &n.addr {
+            Some(NatAddr::Single(a)) => check(self, a),
+            Some(NatAddr::Range(a, b)) => {
+                check(self, a);
+                check(self, b);
+                if a.is_ipv6() != b.is_ipv6() || a > b {
+                    self.err(span, "invalid NAT address range");
+                }
+            }
+            Some(NatAddr::Map { key, map }) => {
+                let data = if want_v6 == Some(true) {
+                    DataType::Ipv6Addr
+                } else {
+                    DataType::Ipv4Addr
+                };
+                self.map_ref(chains, maps, key, map, data, span);
+            }
+            None => {}
+        }
+        if let Some((lo, hi)) = n.ports {
+            if lo > hi {
+                self.err(span, "invalid NAT port range");
+            }
+        }
+    }
+
+    /// Report chains that jump to themselves, directly or transitively.
+    fn loops(&mut self, t: &Table, chains: &HashMap<&str, &Chain>) {
+        let mut edges: HashMap<&str, Vec<(&str, Span)>> = HashMap::new();
+        for c in &t.chains {
+            let e = edges.entry(c.name.as_str()).or_default();
+            for r in &c.rules {
+                for s in &r.stmts {
+                    let mut add = |v: &Verdict, sp: Span| {
+                        if let Verdict::Jump(x) | Verdict::Goto(x) = v {
+                            if let Some((k, _)) = chains.get_key_value(x.as_str()) {
+                                e.push((*k, sp));
+                            }
+                        }
+                    };
+                    match &s.kind {
+                        StmtKind::Verdict(v) => add(v, s.span),
+                        StmtKind::VerdictMap {
+                            map: MapRef::Anon(elems),
+                            ..
+                        } => {
+                            for el in elems {
+                                if let Some(Value::Verdict(v)) = &el.data {
+                                    add(v, s.span);
+                                }
+                            }
+                        }
+                        StmtKind::VerdictMap {
+                            map: MapRef::Named(m),
+                            ..
+                        } => {
+                            if let Some(m) = t.maps.iter().find(|x| &x.name == m) {
+                                for el in &m.elements {
+                                    if let Some(Value::Verdict(v)) = &el.data {
+                                        add(v, s.span);
+                                    }
+                                }
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        // Iterative DFS with colours; report each back edge once.
+        let mut colour: HashMap<&str, u8> = HashMap::new();
+        for c in &t.chains {
+            let start = c.name.as_str();
+            if colour.get(start).copied().unwrap_or(0) != 0 {
+                continue;
+            }
+            let mut stack: Vec<(&str, usize)> = vec![(start, 0)];
+            colour.insert(start, 1);
+            while let Some((node, idx)) = stack.pop() {
+                let out = edges.get(node).map(Vec::as_slice).unwrap_or(&[]);
+                match out.get(idx) {
+                    None => {
+                        colour.insert(node, 2);
+                    }
+                    Some(&(next, sp)) => {
+                        stack.push((node, idx + 1));
+                        match colour.get(next).copied().unwrap_or(0) {
+                            0 => {
+                                colour.insert(next, 1);
+                                stack.push((next, 0));
+                            }
+                            1 => {
+                                let mut path: Vec<&str> = stack.iter().map(|(n, _)| *n).collect();
+                                if let Some(p) = path.iter().position(|n| *n == next) {
+                                    path.drain(..p);
+                                }
+                                path.push(next);
+                                self.err(sp, format!("jump loop: {}", path.join(" -> ")));
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn keyname(k: &[DataType]) -> String {
+    k.iter().map(|d| d.name()).collect::<Vec<_>>().join(" . ")
+}

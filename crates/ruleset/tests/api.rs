@@ -1,0 +1,116 @@
+//! Public-API behaviour: error collection, hooks for the compiler, serde form.
+
+use sluice_ruleset::*;
+use std::path::PathBuf;
+
+#[test]
+fn reports_all_errors_in_a_file_not_only_the_first() {
+    let text = "table ip t {\n  chain c {\n    tcp dport 99999 accept\n    ip saddr 1.2.3.4/40 drop\n    jump nowhere\n    bogus stuff\n    ct state nwe accept\n  }\n}\n";
+    let d = parse_nft_str("multi.nft", text).expect_err("must fail");
+    let lines: Vec<u32> = d.iter().map(|x| x.line).collect();
+    assert_eq!(lines, vec![3, 4, 5, 6, 7], "{d}");
+    let shown = d.to_string();
+    assert!(
+        shown.contains(
+            "multi.nft:7:14-16: Error: invalid ct_state value 'nwe'; did you mean \"new\"?"
+        ),
+        "{shown}"
+    );
+    assert!(shown.contains("5 errors"));
+}
+
+#[test]
+fn iptables_reports_all_errors() {
+    let text = "*filter\n:INPUT DROP [0:0]\n-A INPUT -p tcp --dport 99999 -j ACCEPT\n-A INPUT -j NOPE\n-A INPUT --frob -j DROP\nCOMMIT\n";
+    let d = parse_iptables_restore_str("x.rules", text, None).expect_err("must fail");
+    assert_eq!(d.len(), 3, "{d}");
+}
+
+#[test]
+fn base_chains_in_hook_priority_order_and_rule_locations() {
+    let text = "table ip a {\n chain late { type filter hook input priority 10; }\n chain pre { type nat hook prerouting priority dstnat; }\n}\ntable ip b {\n chain early { type filter hook input priority raw; policy drop;\n  tcp dport 22 accept\n }\n}\n";
+    let r = parse_nft_str("order.nft", text).expect("parses");
+    let order: Vec<&str> = r
+        .base_chains()
+        .iter()
+        .map(|b| b.chain.name.as_str())
+        .collect();
+    assert_eq!(order, vec!["pre", "early", "late"]);
+    let input = r.hook_chains(Hook::Input);
+    assert_eq!(input.len(), 2);
+    let rule = r
+        .table(Family::Ip, "b")
+        .and_then(|t| t.chain("early"))
+        .and_then(|c| c.rules.first())
+        .expect("rule");
+    assert_eq!(r.rule_location(rule), "order.nft:7");
+}
+
+#[test]
+fn defines_and_sets_resolve() {
+    let text = "define ports = { 22, 80 }\ntable inet f {\n set s { type ipv4_addr; elements = { 10.0.0.1 } }\n chain c { tcp dport $ports ip saddr @s accept }\n}\n";
+    let r = parse_nft_str("d.nft", text).expect("parses");
+    assert_eq!(
+        r.define("ports").map(|d| d.value.as_str()),
+        Some("{ 22 , 80 }")
+    );
+    let t = r.table(Family::Inet, "f").expect("table");
+    assert_eq!(t.resolve_set("s").map(<[Elem]>::len), Some(1));
+}
+
+#[test]
+fn include_loops_are_detected_with_in_memory_files() {
+    let mut fs = MemLoader::default();
+    fs.files
+        .insert(PathBuf::from("/etc/a.nft"), "include \"b.nft\"\n".into());
+    fs.files
+        .insert(PathBuf::from("/etc/b.nft"), "include \"a.nft\"\n".into());
+    let d = parse_nft_with_loader(
+        "/etc/a.nft",
+        "include \"b.nft\"\n",
+        Some(std::path::Path::new("/etc/a.nft")),
+        &fs,
+    )
+    .expect_err("loop");
+    assert!(
+        d.to_string()
+            .contains("include loop: /etc/a.nft -> /etc/b.nft -> /etc/a.nft"),
+        "{d}"
+    );
+}
+
+#[test]
+fn flush_ruleset_discards_earlier_tables() {
+    let r = parse_nft_str(
+        "f.nft",
+        "table ip old { }\nflush ruleset\ntable ip new { }\n",
+    )
+    .expect("parses");
+    assert_eq!(r.tables.len(), 1);
+    assert_eq!(r.tables.first().map(|t| t.name.as_str()), Some("new"));
+}
+
+#[test]
+fn ast_serialises_to_json() {
+    let r = parse_nft_str(
+        "j.nft",
+        "table ip t { chain c { ip saddr 10.0.0.0/8 tcp dport 22 counter accept } }\n",
+    )
+    .expect("parses");
+    let j = serde_json::to_string(&r).expect("json");
+    assert!(j.contains("\"left\":[\"ip_saddr\"]"), "{j}");
+    assert!(j.contains("\"verdict\":\"accept\""), "{j}");
+    assert!(j.contains("\"line\":1"), "{j}");
+}
+
+#[test]
+fn iptables_and_nft_lower_to_the_same_ast_text() {
+    let ipt =
+        "*filter\n:INPUT DROP [0:0]\n-A INPUT -p tcp --dport 22 -s 10.0.0.0/8 -j ACCEPT\nCOMMIT\n";
+    let nft = "table ip filter {\n chain INPUT { type filter hook input priority 0; policy drop;\n  tcp dport 22 ip saddr 10.0.0.0/8 accept\n }\n}\n";
+    let a = parse_iptables_restore_str("a.rules", ipt, None)
+        .expect("ipt")
+        .to_nft();
+    let b = parse_nft_str("b.nft", nft).expect("nft").to_nft();
+    assert_eq!(a, b);
+}

@@ -1,0 +1,100 @@
+//! Golden tests: every input under `tests/golden/` is parsed, printed, and compared
+//! with its `.out` file; the printed form must be a fixed point of parse+print.
+//! Inputs under `tests/golden/errors/` must fail with exactly the `.err` text.
+//! Set `UPDATE_GOLDEN=1` to rewrite the expected files.
+
+use sluice_ruleset::{parse_iptables_restore_str, parse_nft_str, Diagnostics, Ruleset};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+fn inputs(dir: &str) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = fs::read_dir(dir)
+        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    v.retain(|p| {
+        matches!(
+            p.extension().and_then(|e| e.to_str()),
+            Some("nft" | "rules")
+        )
+    });
+    v.sort();
+    v
+}
+
+fn parse(path: &Path) -> Result<Ruleset, Diagnostics> {
+    let name = path.to_string_lossy().to_string();
+    let text = fs::read_to_string(path).unwrap_or_default();
+    if path.extension().and_then(|e| e.to_str()) == Some("rules") {
+        let ipset = fs::read_to_string(path.with_extension("ipset")).ok();
+        parse_iptables_restore_str(&name, &text, ipset.as_deref())
+    } else {
+        parse_nft_str(&name, &text)
+    }
+}
+
+fn check(expected: &Path, actual: &str, failures: &mut Vec<String>) {
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        fs::write(expected, actual).unwrap_or_else(|e| panic!("write {}: {e}", expected.display()));
+        return;
+    }
+    let want = fs::read_to_string(expected).unwrap_or_default();
+    if want != actual {
+        failures.push(format!(
+            "{} differs:\n--- expected\n{want}\n--- actual\n{actual}",
+            expected.display()
+        ));
+    }
+}
+
+fn with_ext(p: &Path, ext: &str) -> PathBuf {
+    let mut s = p.as_os_str().to_owned();
+    s.push(ext);
+    PathBuf::from(s)
+}
+
+#[test]
+fn golden_canonical_output_and_fixed_point() {
+    let files = inputs("tests/golden");
+    assert!(files.len() >= 8, "golden inputs missing");
+    let mut failures = Vec::new();
+    for p in files {
+        let r = match parse(&p) {
+            Ok(r) => r,
+            Err(d) => {
+                failures.push(format!("{} failed to parse:\n{d}", p.display()));
+                continue;
+            }
+        };
+        let printed = r.to_nft();
+        check(&with_ext(&p, ".out"), &printed, &mut failures);
+        match parse_nft_str("reprint.nft", &printed) {
+            Ok(r2) => {
+                if r2.to_nft() != printed {
+                    failures.push(format!(
+                        "{}: printed form is not a fixed point",
+                        p.display()
+                    ));
+                }
+            }
+            Err(d) => failures.push(format!(
+                "{}: printed form does not parse:\n{d}",
+                p.display()
+            )),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn golden_diagnostics() {
+    let files = inputs("tests/golden/errors");
+    assert!(files.len() >= 5, "error inputs missing");
+    let mut failures = Vec::new();
+    for p in files {
+        match parse(&p) {
+            Ok(_) => failures.push(format!("{} parsed but should fail", p.display())),
+            Err(d) => check(&with_ext(&p, ".err"), &d.to_string(), &mut failures),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
