@@ -15,7 +15,7 @@ use sluice_conntrack::{
 };
 use sluice_nat::{NatConfig, NatError, NatEvent, NatEventSink, Translation, WorkerNat};
 use sluice_wire::dissect::{dissect, Dissect, InnerKey, Net, L4};
-use sluice_wire::flow::FlowKey4;
+use sluice_wire::flow::{proto, FlowKey4};
 
 use crate::drop::{Counters, DropReason};
 use crate::policy::{CtState, Hook, Policy, PolicyPacket, RejectWith, Verdict};
@@ -168,9 +168,74 @@ fn fold(mut s: u32) -> u16 {
 /// changes by -0x0100, i.e. `~m + m'` = 0xfeff.
 const TTL_DELTA: u16 = 0xfeff;
 
-/// Scratch state for one batch: dissection results, hashes and lookups.
+/// What the fast path needs of one frame, extracted once in pass 1. Kept
+/// small (24 bytes) so that a batch of them stays in L1; the slow path
+/// dissects the frame again for everything else.
+#[derive(Clone, Copy, Debug, Default)]
+struct Meta {
+    key: FlowKey4,
+    l3: u16,
+    l4: u16,
+    ttl: u8,
+    class: u8,
+    tcp_flags: u8,
+    icmp_type: u8,
+}
+
+/// [`Meta::class`]: the frame did not parse.
+const C_BAD: u8 = 0;
+/// IPv4 with a flow key the connection table can match (TCP, UDP, ICMP
+/// query, other protocols).
+const C_V4: u8 = 1;
+/// Parsed, but not for the IPv4 fast path (ARP, IPv6, ICMP errors, later
+/// fragments, ...).
+const C_OTHER: u8 = 2;
+
+impl Meta {
+    #[inline]
+    fn of(d: &Dissect) -> Self {
+        let mut m = Meta {
+            l3: d.l3_off,
+            l4: d.l4_off,
+            class: C_OTHER,
+            ..Meta::default()
+        };
+        if let Net::Ipv4 { key, ttl, .. } = d.net {
+            m.key = key;
+            m.ttl = ttl;
+            match d.l4 {
+                L4::Tcp { flags, .. } => {
+                    m.tcp_flags = flags;
+                    m.class = C_V4;
+                }
+                L4::IcmpQuery { ty, .. } => {
+                    m.icmp_type = ty;
+                    m.class = C_V4;
+                }
+                L4::Udp { .. } | L4::Other => m.class = C_V4,
+                _ => {}
+            }
+        }
+        m
+    }
+
+    #[inline]
+    fn event(&self) -> L4Event {
+        match self.key.proto {
+            proto::TCP => L4Event::Tcp(TcpFlags(self.tcp_flags)),
+            proto::UDP => L4Event::Udp,
+            proto::ICMP => L4Event::Icmp {
+                request: icmp_is_query_request(false, self.icmp_type),
+            },
+            _ => L4Event::Other,
+        }
+    }
+}
+
+/// Scratch state for one batch: per-frame facts, hashes and lookups.
+#[derive(Default)]
 struct Scratch {
-    dis: Vec<Option<Dissect>>,
+    meta: Vec<Meta>,
     hash: Vec<u64>,
     hit: Vec<Option<(EntryId, Dir)>>,
 }
@@ -255,7 +320,7 @@ impl Worker {
             neigh: HashMap::new(),
             counters: Counters::default(),
             scratch: Scratch {
-                dis: vec![None; MAX_BATCH],
+                meta: vec![Meta::default(); MAX_BATCH],
                 hash: vec![0; MAX_BATCH],
                 hit: vec![None; MAX_BATCH],
             },
@@ -349,31 +414,34 @@ impl Worker {
             self.counters.drop(DropReason::Malformed);
         }
 
+        // The scratch arrays are moved out of `self` for the batch so that
+        // pass 3 can borrow them while calling `&mut self` methods; moving a
+        // `Vec` is a pointer swap and `Vec::new()` does not allocate.
+        let mut sc = core::mem::take(&mut self.scratch);
         // Pass 1: dissect, hash, prefetch the index buckets.
         for i in 0..n {
             let (buf, len) = frames.buf_mut(i);
-            let d = buf.get(..len).and_then(|f| dissect(f).ok());
-            if let (Some(slot), Some(h)) =
-                (self.scratch.dis.get_mut(i), self.scratch.hash.get_mut(i))
-            {
-                *slot = d;
-                if let Some(k) = d.as_ref().and_then(Dissect::key4) {
-                    *h = self.ct.hash(&k);
+            let m = match buf.get(..len).map(dissect) {
+                Some(Ok(d)) => Meta::of(&d),
+                _ => Meta::default(),
+            };
+            if let (Some(slot), Some(h)) = (sc.meta.get_mut(i), sc.hash.get_mut(i)) {
+                *slot = m;
+                if m.class == C_V4 {
+                    *h = self.ct.hash(&m.key);
                     self.ct.prefetch_bucket(*h);
                 }
             }
         }
         // Pass 2: find candidates in the (now cached) buckets; prefetch entries.
         for i in 0..n {
-            let (Some(d), Some(&h), Some(hit)) = (
-                self.scratch.dis.get(i),
-                self.scratch.hash.get(i),
-                self.scratch.hit.get_mut(i),
-            ) else {
+            let (Some(m), Some(&h), Some(hit)) =
+                (sc.meta.get(i), sc.hash.get(i), sc.hit.get_mut(i))
+            else {
                 continue;
             };
             *hit = None;
-            if d.as_ref().and_then(Dissect::key4).is_some() {
+            if m.class == C_V4 {
                 if let Some((id, dir)) = self.ct.candidate(h) {
                     self.ct.prefetch_entry(id);
                     *hit = Some((id, dir));
@@ -382,16 +450,13 @@ impl Worker {
         }
         // Pass 3: act.
         for i in 0..n {
-            let d = self.scratch.dis.get(i).copied().flatten();
-            let h = self.scratch.hash.get(i).copied().unwrap_or(0);
-            let cand = self.scratch.hit.get(i).copied().flatten();
+            let h = sc.hash.get(i).copied().unwrap_or(0);
+            let cand = sc.hit.get(i).copied().flatten();
+            let m = sc.meta.get(i).copied().unwrap_or_default();
             let iif = frames.iif(i);
             let (buf, len) = frames.buf_mut(i);
-            let action = match d {
-                None => Step::Done(Action::Drop(DropReason::Malformed)),
-                Some(d) => self.one(now, buf, len, iif, &d, h, cand),
-            };
-            let action = match action {
+            let step = self.one(now, buf, len, iif, &m, h, cand);
+            let action = match step {
                 Step::Done(a) => a,
                 Step::Reply(newlen) => {
                     frames.set_len(i, newlen);
@@ -406,6 +471,7 @@ impl Worker {
             }
             frames.set_action(i, action);
         }
+        self.scratch = sc;
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -416,25 +482,37 @@ impl Worker {
         buf: &mut [u8],
         len: usize,
         iif: IfIndex,
-        d: &Dissect,
+        m: &Meta,
         h: u64,
         cand: Option<(EntryId, Dir)>,
     ) -> Step {
-        match d.net {
-            Net::Ipv4 { key, ttl, .. } => {
-                let hit = match cand {
-                    Some((id, dir)) if self.ct.verify(id, dir, &key) => Some((id, dir)),
-                    Some(_) => self.ct.lookup(h, &key),
-                    None => None,
-                };
-                match hit {
-                    Some((id, dir)) => self.fast4(now, buf, len, iif, d, &key, ttl, id, dir),
-                    None => self.slow4(now, buf, len, iif, d, &key, ttl),
-                }
+        if m.class == C_V4 {
+            let hit = match cand {
+                Some((id, dir)) if self.ct.verify(id, dir, &m.key) => Some((id, dir)),
+                Some(_) => self.ct.lookup(h, &m.key),
+                None => None,
+            };
+            if let Some((id, dir)) = hit {
+                return self.fast4(now, buf, len, iif, m, id, dir);
             }
+        } else if m.class == C_BAD {
+            return Step::Done(Action::Drop(DropReason::Malformed));
+        }
+        self.slow(now, buf, len, iif)
+    }
+
+    /// Everything that is not a conntrack hit: dissect again (the scratch
+    /// record holds only what the fast path needs) and dispatch.
+    fn slow(&mut self, now: ct::Instant, buf: &mut [u8], len: usize, iif: IfIndex) -> Step {
+        let Some(Ok(d)) = buf.get(..len).map(dissect) else {
+            return Step::Done(Action::Drop(DropReason::Malformed));
+        };
+        match d.net {
+            Net::Ipv4 { key, ttl, .. } => self.slow4(now, buf, len, iif, &d, &key, ttl),
             Net::Arp { op, spa, tpa } => self.arp(buf, len, iif, op, spa, tpa),
-            Net::Ipv6 { .. } => Step::Done(Action::Drop(DropReason::UnsupportedProtocol)),
-            Net::Other(_) => Step::Done(Action::Drop(DropReason::UnsupportedProtocol)),
+            Net::Ipv6 { .. } | Net::Other(_) => {
+                Step::Done(Action::Drop(DropReason::UnsupportedProtocol))
+            }
         }
     }
 
@@ -447,22 +525,20 @@ impl Worker {
         buf: &mut [u8],
         len: usize,
         iif: IfIndex,
-        d: &Dissect,
-        key: &FlowKey4,
-        ttl: u8,
+        m: &Meta,
         id: EntryId,
         dir: Dir,
     ) -> Step {
-        let tracked = self.ct.track(id, dir, now, l4_event(d));
+        let tracked = self.ct.track(id, dir, now, m.event());
         match tracked.verdict {
             ct::Verdict::Invalid => return Step::Done(Action::Drop(DropReason::CtInvalid)),
             ct::Verdict::Reopen | ct::Verdict::Expired => {
                 self.remove(id);
-                return self.slow4(now, buf, len, iif, d, key, ttl);
+                return self.slow(now, buf, len, iif);
             }
             ct::Verdict::Valid | ct::Verdict::Ignored | ct::Verdict::Close => {}
         }
-        if ttl <= 1 {
+        if m.ttl <= 1 {
             return Step::Done(Action::Drop(DropReason::TtlExpired));
         }
         self.counters.fast_path += 1;
@@ -478,7 +554,7 @@ impl Worker {
             info.l4_delta.get(di).copied().unwrap_or(0),
         );
         let adj = info.adj.get(di).copied().unwrap_or(0);
-        let a = self.emit(buf, d, &to, deltas, adj);
+        let a = self.emit(buf, m.l3, m.l4, &to, deltas, adj);
         if tracked.verdict == ct::Verdict::Close {
             self.remove(id);
         }
@@ -491,7 +567,8 @@ impl Worker {
     fn emit(
         &self,
         buf: &mut [u8],
-        d: &Dissect,
+        l3: u16,
+        l4: u16,
         to: &FlowKey4,
         deltas: (u16, u16),
         adj: AdjIndex,
@@ -502,8 +579,8 @@ impl Worker {
         if !a.resolved {
             return Action::Drop(DropReason::NoNeighbor);
         }
-        let l3 = usize::from(d.l3_off);
-        if sluice_nat::apply_with(buf, l3, usize::from(d.l4_off), to, deltas).is_err() {
+        let l3 = usize::from(l3);
+        if sluice_nat::apply_with(buf, l3, usize::from(l4), to, deltas).is_err() {
             return Action::Drop(DropReason::RewriteFailed);
         }
         if let Some(t) = buf.get_mut(l3 + 8) {
@@ -551,6 +628,12 @@ impl Worker {
         key: &FlowKey4,
         ttl: u8,
     ) -> Step {
+        // A packet that missed in pass 2 may belong to a connection created
+        // by an earlier packet of this batch; its bucket is cached by now.
+        let h = self.ct.hash(key);
+        if let Some((id, dir)) = self.ct.lookup(h, key) {
+            return self.fast4(now, buf, len, iif, &Meta::of(d), id, dir);
+        }
         self.counters.slow_path += 1;
         match d.l4 {
             L4::IcmpError {
@@ -686,7 +769,8 @@ impl Worker {
         }
         Step::Done(self.emit(
             buf,
-            d,
+            d.l3_off,
+            d.l4_off,
             &to_orig,
             (info.ip_delta[0], info.l4_delta[0]),
             adj_out,

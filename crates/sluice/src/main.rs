@@ -9,6 +9,7 @@ use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 
 mod bench;
+mod ruleset_cmd;
 
 /// Sluice: a userspace stateful firewall and NAT44 gateway, and the RFC 2544 /
 /// 4814 / 9693 tester that measures it against the kernel.
@@ -24,6 +25,50 @@ enum Command {
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(BenchCmd),
+    /// Check a rule set: parse, validate and lower it. Exits 0 if valid,
+    /// 1 with every error (file:line:col and a caret) if not.
+    Check(ConfigArgs),
+    /// Rule-set tools.
+    #[command(subcommand)]
+    Ruleset(RulesetCmd),
+    /// Show why packets get their verdict: chains and rules visited, the
+    /// deciding rule, the verdict, the NAT action and the final mark.
+    Trace(TraceArgs),
+}
+
+#[derive(Subcommand, Debug)]
+enum RulesetCmd {
+    /// Print the canonical nft form (iptables input comes out translated).
+    Print(ConfigArgs),
+}
+
+#[derive(Args, Debug)]
+struct ConfigArgs {
+    /// Rule-set file (nft or iptables-restore syntax).
+    #[arg(short = 'c', long = "config", value_name = "FILE")]
+    config: PathBuf,
+    /// Input syntax; default: iptables if the file has `*filter`-style table
+    /// headers, nft otherwise.
+    #[arg(long, value_enum)]
+    format: Option<ruleset_cmd::Format>,
+    /// `ipset save` file providing the sets of `-m set --match-set`.
+    #[arg(long, value_name = "FILE")]
+    ipsets: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+#[command(group = clap::ArgGroup::new("input").required(true).args(["packet", "packets"]))]
+struct TraceArgs {
+    #[command(flatten)]
+    cfg: ConfigArgs,
+    /// One packet, e.g. 'tcp 10.0.0.2:1234 > 192.0.2.1:80 iif eth0 oif eth1
+    /// ct new [mark N] [flags S] [hook input]'.
+    #[arg(long, value_name = "SPEC")]
+    packet: Option<String>,
+    /// Batch mode: one JSON object per line in, one JSON result per line out
+    /// ("-" reads stdin).
+    #[arg(long, value_name = "FILE.jsonl")]
+    packets: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -97,6 +142,17 @@ fn run(cli: Cli) -> Result<ExitCode> {
             };
             bench::nat44(&counts, a.cores, a.frames, a.seed, a.json.as_deref())
         }
+        Command::Check(c) => ruleset_cmd::check(&c.config, c.format, c.ipsets.as_deref()),
+        Command::Ruleset(RulesetCmd::Print(c)) => {
+            ruleset_cmd::print(&c.config, c.format, c.ipsets.as_deref())
+        }
+        Command::Trace(t) => ruleset_cmd::trace(
+            &t.cfg.config,
+            t.cfg.format,
+            t.cfg.ipsets.as_deref(),
+            t.packet.as_deref(),
+            t.packets.as_deref(),
+        ),
     }
 }
 

@@ -30,7 +30,7 @@ use core::net::Ipv4Addr;
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
-use sluice_engine::{Action, EngineConfig, Interface, Route4, StaticPolicy, Verdict, Worker};
+use sluice_engine::{Action, EngineConfig, Interface, Route4, StaticPolicy, Worker};
 use sluice_wire::flow::{proto, FlowKey4};
 use sluice_wire::EthernetAddress;
 
@@ -152,44 +152,39 @@ struct CoreOut {
 
 /// The engine configuration of the benchmark topology for worker `w`.
 pub fn topology(w: u16, cores: u16, max_conns: u64, seed: u64) -> EngineConfig {
-    let mut cfg = EngineConfig::default();
-    cfg.interfaces = vec![
-        Interface {
-            name: "inside".into(),
-            mac: GW_IN_MAC,
-            addrs: vec![(GW_IN, 24)],
-        },
-        Interface {
-            name: "outside".into(),
-            mac: GW_OUT_MAC,
-            addrs: vec![(GW_OUT, 24)],
-        },
-    ];
-    cfg.routes = vec![
-        Route4 {
-            net: u32::from(GW_IN) & 0xffff_ff00,
-            len: 24,
-            oif: INSIDE,
-            via: None,
-        },
-        Route4 {
-            net: u32::from(GW_OUT) & 0xffff_ff00,
-            len: 24,
-            oif: OUTSIDE,
-            via: None,
-        },
-    ];
-    cfg.neighbors = (0..cores)
-        .map(|c| (initiator(c), INIT_MAC))
-        .chain(std::iter::once((RESPONDER, RESP_MAC)))
-        .collect();
-    cfg.worker = w;
-    cfg.workers = cores;
-    cfg.ct_max = max_conns;
-    cfg.seed = seed ^ u64::from(w);
-    cfg.nat.pools = vec![sluice_nat::Pool::new([POOL]).with_ports(1024..=65535)];
-    cfg.nat.workers = cores;
-    cfg
+    let iface = |name: &str, mac, addr| Interface {
+        name: name.into(),
+        mac,
+        addrs: vec![(addr, 24)],
+    };
+    let connected = |addr: Ipv4Addr, oif| Route4 {
+        net: u32::from(addr) & 0xffff_ff00,
+        len: 24,
+        oif,
+        via: None,
+    };
+    let nat = sluice_nat::NatConfig {
+        pools: vec![sluice_nat::Pool::new([POOL]).with_ports(1024..=65535)],
+        workers: cores,
+        ..sluice_nat::NatConfig::default()
+    };
+    EngineConfig {
+        interfaces: vec![
+            iface("inside", GW_IN_MAC, GW_IN),
+            iface("outside", GW_OUT_MAC, GW_OUT),
+        ],
+        routes: vec![connected(GW_IN, INSIDE), connected(GW_OUT, OUTSIDE)],
+        neighbors: (0..cores)
+            .map(|c| (initiator(c), INIT_MAC))
+            .chain(std::iter::once((RESPONDER, RESP_MAC)))
+            .collect(),
+        worker: w,
+        workers: cores,
+        ct_max: max_conns,
+        seed: seed ^ u64::from(w),
+        nat,
+        ..EngineConfig::default()
+    }
 }
 
 /// The policy of the benchmark: accept, and SNAT everything leaving OUTSIDE
@@ -197,7 +192,6 @@ pub fn topology(w: u16, cores: u16, max_conns: u64, seed: u64) -> EngineConfig {
 /// endpoint-independent mapping).
 pub fn policy() -> StaticPolicy {
     let mut p = StaticPolicy::accept_all();
-    p.default = Verdict::Accept;
     p.snat = vec![(
         OUTSIDE,
         sluice_nat::Translation::Snat {

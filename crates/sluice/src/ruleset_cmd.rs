@@ -1,0 +1,311 @@
+//! `sluice check`, `sluice ruleset print` and `sluice trace`: glue between
+//! files, the ruleset parsers, `sluice-policy` and the terminal.
+//!
+//! Exit codes: 0 success; 1 invalid rule set, or (trace) a bad packet line
+//! or an evaluator mismatch; 2 usage or I/O errors (from `main`).
+
+use std::fs;
+use std::io::{BufRead, Write};
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::ValueEnum;
+use serde::Serialize;
+use serde_json::Value as Json;
+use sluice_policy::{
+    parse_ct, parse_hook, parse_proto, parse_tcp_flags, parse_u32, CompileError, CompiledPolicy,
+    Interfaces, Trace, TracePacket,
+};
+use sluice_ruleset::{parse_iptables_restore_str, parse_nft_file, Ruleset};
+
+/// Input syntax.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// nftables (`nft -f` syntax).
+    Nft,
+    /// iptables-restore / iptables-save.
+    Iptables,
+}
+
+/// iptables-restore input has table headers such as `*filter`.
+fn detect(text: &str) -> Format {
+    let ipt = text.lines().any(|l| {
+        matches!(
+            l.trim(),
+            "*filter" | "*nat" | "*mangle" | "*raw" | "*security"
+        )
+    });
+    if ipt {
+        Format::Iptables
+    } else {
+        Format::Nft
+    }
+}
+
+/// Parses a rule set; `Ok(None)` after printing diagnostics to stderr.
+fn load(path: &Path, format: Option<Format>, ipsets: Option<&Path>) -> Result<Option<Ruleset>> {
+    let text =
+        fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let parsed = match format.unwrap_or_else(|| detect(&text)) {
+        Format::Nft => parse_nft_file(path),
+        Format::Iptables => {
+            let sets = match ipsets {
+                Some(p) => Some(
+                    fs::read_to_string(p)
+                        .with_context(|| format!("cannot read {}", p.display()))?,
+                ),
+                None => None,
+            };
+            parse_iptables_restore_str(&path.display().to_string(), &text, sets.as_deref())
+        }
+    };
+    match parsed {
+        Ok(r) => Ok(Some(r)),
+        Err(d) => {
+            eprint!("{d}");
+            Ok(None)
+        }
+    }
+}
+
+/// Renders lowering errors like parse diagnostics (source line and caret).
+fn report_compile_error(e: &CompileError) {
+    for le in &e.errors {
+        let line = fs::read_to_string(&le.file)
+            .ok()
+            .and_then(|t| {
+                t.lines()
+                    .nth((le.line as usize).saturating_sub(1))
+                    .map(str::to_string)
+            })
+            .unwrap_or_default();
+        eprint!("{}", le.to_diagnostic(line));
+    }
+    if e.errors.len() > 1 {
+        eprintln!("{} errors", e.errors.len());
+    }
+}
+
+fn compile(
+    path: &Path,
+    format: Option<Format>,
+    ipsets: Option<&Path>,
+) -> Result<Option<CompiledPolicy>> {
+    let Some(rs) = load(path, format, ipsets)? else {
+        return Ok(None);
+    };
+    match CompiledPolicy::compile(&rs, &Interfaces::from_ruleset(&rs)) {
+        Ok(p) => Ok(Some(p)),
+        Err(e) => {
+            report_compile_error(&e);
+            Ok(None)
+        }
+    }
+}
+
+/// `sluice check`: parse, validate and lower.
+pub fn check(path: &Path, format: Option<Format>, ipsets: Option<&Path>) -> Result<ExitCode> {
+    Ok(match compile(path, format, ipsets)? {
+        Some(_) => ExitCode::SUCCESS,
+        None => ExitCode::from(1),
+    })
+}
+
+/// `sluice ruleset print`: canonical nft text.
+pub fn print(path: &Path, format: Option<Format>, ipsets: Option<&Path>) -> Result<ExitCode> {
+    Ok(match load(path, format, ipsets)? {
+        Some(rs) => {
+            print!("{}", rs.to_nft());
+            ExitCode::SUCCESS
+        }
+        None => ExitCode::from(1),
+    })
+}
+
+/// `sluice trace`.
+pub fn trace(
+    path: &Path,
+    format: Option<Format>,
+    ipsets: Option<&Path>,
+    packet: Option<&str>,
+    packets: Option<&Path>,
+) -> Result<ExitCode> {
+    let Some(pol) = compile(path, format, ipsets)? else {
+        return Ok(ExitCode::from(1));
+    };
+    if let Some(spec) = packet {
+        let pkt = TracePacket::parse(spec).context("bad --packet")?;
+        let t = pol.trace(&pkt);
+        print!("{t}");
+        return Ok(if t.mismatch.is_some() {
+            ExitCode::from(1)
+        } else {
+            ExitCode::SUCCESS
+        });
+    }
+    let Some(file) = packets else {
+        anyhow::bail!("give --packet 'SPEC' or --packets FILE.jsonl");
+    };
+    let reader: Box<dyn BufRead> = if file == Path::new("-") {
+        Box::new(std::io::stdin().lock())
+    } else {
+        Box::new(std::io::BufReader::new(
+            fs::File::open(file).with_context(|| format!("cannot open {}", file.display()))?,
+        ))
+    };
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let mut failed = false;
+    for (i, line) in reader.lines().enumerate() {
+        let n = i + 1;
+        let line = line.with_context(|| format!("{}: line {n}", file.display()))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let json = match packet_from_json(&line) {
+            Ok(pkt) => {
+                let t = pol.trace(&pkt);
+                if let Some(m) = &t.mismatch {
+                    eprintln!("line {n}: evaluator mismatch: {m}");
+                    failed = true;
+                }
+                serde_json::to_string(&TraceJson::from(&t))?
+            }
+            Err(e) => {
+                failed = true;
+                serde_json::json!({ "error": format!("line {n}: {e}") }).to_string()
+            }
+        };
+        writeln!(out, "{json}")?;
+    }
+    out.flush()?;
+    Ok(if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// One result line of `--packets`.
+#[derive(Serialize)]
+struct TraceJson {
+    verdict: &'static str,
+    rule: Option<String>,
+    nat: Option<NatJson>,
+    mark: u32,
+}
+
+#[derive(Serialize)]
+struct NatJson {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    addr: Option<String>,
+    port: Option<u16>,
+}
+
+impl From<&Trace> for TraceJson {
+    fn from(t: &Trace) -> Self {
+        TraceJson {
+            verdict: t.verdict.name(),
+            rule: t.rule.clone(),
+            nat: t.nat.as_ref().map(|n| NatJson {
+                kind: n.kind.name(),
+                addr: n.addr.map(|a| a.to_string()),
+                port: n.port,
+            }),
+            mark: t.mark,
+        }
+    }
+}
+
+const KEYS: &str =
+    "hook, iif, oif, proto, src, sport, dst, dport, tcp_flags, ct, mark, ctmark, type, code";
+
+/// Parses one `--packets` line.
+fn packet_from_json(line: &str) -> Result<TracePacket, String> {
+    let v: Json = serde_json::from_str(line).map_err(|e| format!("invalid JSON: {e}"))?;
+    let Json::Object(obj) = v else {
+        return Err("expected a JSON object".to_string());
+    };
+    let mut p = TracePacket::default();
+    for (k, v) in &obj {
+        let s = || match v {
+            Json::String(s) => Ok(s.as_str()),
+            _ => Err(format!("'{k}' must be a string")),
+        };
+        let num = |max: u64| -> Result<u64, String> {
+            let n = match v {
+                Json::Number(n) => n.as_u64(),
+                Json::String(s) => parse_u32(s).ok().map(u64::from),
+                _ => None,
+            };
+            n.filter(|n| *n <= max)
+                .ok_or_else(|| format!("'{k}' must be a number from 0 to {max}"))
+        };
+        let e = |e: sluice_policy::PacketError| e.to_string();
+        match k.as_str() {
+            "hook" => p.hook = parse_hook(s()?).map_err(e)?,
+            "iif" => p.iif = Some(s()?.to_string()),
+            "oif" => p.oif = Some(s()?.to_string()),
+            "proto" => {
+                p.proto = match v {
+                    Json::Number(_) => num(255)? as u8,
+                    _ => parse_proto(s()?).map_err(e)?,
+                }
+            }
+            "src" | "dst" => {
+                let a = s()?
+                    .parse()
+                    .map_err(|_| format!("'{k}' is not an IP address"))?;
+                if k == "src" {
+                    p.src = Some(a);
+                } else {
+                    p.dst = Some(a);
+                }
+            }
+            "sport" => p.sport = num(65535)? as u16,
+            "dport" => p.dport = num(65535)? as u16,
+            "tcp_flags" => p.tcp_flags = parse_tcp_flags(s()?).map_err(e)?,
+            "ct" => p.ct = parse_ct(s()?).map_err(e)?,
+            "mark" => p.mark = num(u64::from(u32::MAX))? as u32,
+            "ctmark" => p.ct_mark = num(u64::from(u32::MAX))? as u32,
+            "type" => p.icmp_type = num(255)? as u8,
+            "code" => p.icmp_code = num(255)? as u8,
+            _ => return Err(format!("unknown key '{k}' (keys: {KEYS})")),
+        }
+    }
+    p.check().map_err(|e| e.to_string())?;
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detects_iptables_by_table_header() {
+        assert_eq!(
+            detect("*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n"),
+            Format::Iptables
+        );
+        assert_eq!(detect("table inet t {}\n"), Format::Nft);
+    }
+
+    #[test]
+    fn json_packets_parse_and_bad_ones_explain() {
+        let p = packet_from_json(
+            r#"{"hook":"input","proto":"tcp","src":"10.0.0.2","sport":1234,"dst":"192.0.2.1","dport":80,"tcp_flags":"S","ct":"new","mark":7}"#,
+        );
+        let p = p.unwrap_or_default();
+        assert_eq!(
+            (p.proto, p.sport, p.dport, p.tcp_flags, p.mark),
+            (6, 1234, 80, 2, 7)
+        );
+        assert!(packet_from_json("[1]").is_err());
+        assert!(packet_from_json(r#"{"dport":70000}"#).is_err());
+        assert!(packet_from_json(r#"{"dprot":1}"#).is_err());
+        assert!(packet_from_json(r#"{"src":"10.0.0.1","dst":"::1"}"#).is_err());
+        assert!(packet_from_json("{").is_err());
+    }
+}

@@ -1,0 +1,543 @@
+#!/usr/bin/env python3
+"""Writes the packet lists (corpus/NAME.jsonl) and the generated rulesets of
+the kernel-oracle corpus. Deterministic: run it again after editing and commit
+the output.
+
+    python3 crates/sluice/tests/oracle/gen_corpus.py
+
+Packets are produced per rule: `rule(base, miss=...)` yields the packet that
+matches the rule (base) and, for each condition, a packet that misses only
+that condition. Every packet gets a unique source port, so every `ct new`
+packet starts its own connection.
+"""
+import ipaddress
+import json
+import os
+import random
+
+HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+_sport = [20000]
+
+FIELDS = ["hook", "iif", "oif", "proto", "src", "sport", "dst", "dport", "type", "code", "tcp_flags", "ct", "mark"]
+
+
+def pkt(**kw):
+    p = dict(kw)
+    p.setdefault("ct", "new")
+    p.setdefault("mark", 0)
+    if p["proto"] in ("tcp", "udp"):
+        if "sport" not in p:
+            _sport[0] += 1
+            p["sport"] = _sport[0]
+        if p["proto"] == "tcp":
+            p.setdefault("tcp_flags", "S")
+    else:
+        p.pop("sport", None)
+        p.pop("dport", None)
+        p.setdefault("type", 8 if p["proto"] == "icmp" else 128)
+        p.setdefault("code", 0)
+    if p["hook"] == "input":
+        p.pop("oif", None)
+    return {k: p[k] for k in FIELDS if k in p}
+
+
+def rule(base, **misses):
+    """The packet matching a rule, then one packet per missed condition.
+    misses: field=value (or a dict of several fields to change together)."""
+    out = [pkt(**base)]
+    for _, m in misses.items():
+        b = dict(base)
+        b.update(m)
+        b.pop("sport", None) if "sport" not in m else None
+        out.append(pkt(**b))
+    return out
+
+
+def write(name, packets):
+    with open(os.path.join(HERE, name + ".jsonl"), "w") as f:
+        for p in packets:
+            f.write(json.dumps(p, separators=(",", ":")) + "\n")
+
+
+# ------------------------------------------------------------- seed 001
+
+
+def seed001(with_icmp_udp=True, udp_5201=True):
+    fw = dict(hook="forward", iif="eno1", oif="enp2s0", src="10.1.0.2", dst="172.16.2.3")
+    out = []
+    out += rule(dict(fw, proto="tcp", dport=22), port=dict(dport=23), proto=dict(proto="udp"),
+                iif=dict(iif="eno2"))
+    for port in (40000, 40001, 40002, 5201):
+        out += rule(dict(fw, proto="tcp", dport=port), dst=dict(dst="172.16.2.4"), port=dict(dport=port + 1000),
+                    proto=dict(proto="udp", dport=port + 1000))
+    out += rule(dict(fw, proto="udp", dport=5201), dst=dict(dst="172.16.2.4"), port=dict(dport=5202),
+                proto=dict(proto="tcp", dport=5203))
+    out += rule(dict(fw, proto="icmp", dst="172.16.2.2", type=8), dst=dict(dst="172.16.2.3"),
+                type=dict(type=13), v6=dict(proto="icmpv6", src="2001:db8:1::2", dst="2001:db8:2::2", type=128))
+    # forward-from-lan accepts everything
+    lan = dict(hook="forward", iif="enp2s0", oif="eno1", src="172.16.2.3", dst="10.1.0.2")
+    out += rule(dict(lan, proto="tcp", dport=80), udp=dict(proto="udp", dport=53), icmp=dict(proto="icmp"),
+                v6=dict(proto="tcp", src="2001:db8:2::3", dst="2001:db8:1::2", dport=443),
+                flags=dict(tcp_flags="A"))
+    # established traffic from the WAN is not special in these rulesets
+    out += rule(dict(fw, proto="tcp", dport=5201, tcp_flags="A", ct="established"),
+                port=dict(dport=6000))
+    out += rule(dict(fw, proto="udp", dport=9999, ct="established"))
+    # input: ssh only
+    inp = dict(hook="input", iif="eno1", src="10.1.0.2", dst="10.1.0.1")
+    out += rule(dict(inp, proto="tcp", dport=22), port=dict(dport=2222), proto=dict(proto="udp"),
+                icmp=dict(proto="icmp"), v6=dict(src="2001:db8:1::2", dst="2001:db8:1::1"),
+                lan=dict(iif="enp2s0", src="172.16.2.3"))
+    out += rule(dict(inp, proto="tcp", dport=22, tcp_flags="A", ct="established"))
+    return out
+
+
+# ------------------------------------------------------------- host firewall
+
+
+def host_firewall():
+    h = dict(hook="input", iif="eth0", dst="198.51.100.10")
+    h6 = dict(hook="input", iif="eth0", dst="2001:db8:ff::10")
+    out = []
+    # ct state invalid (SYN+FIN), invalid v6, stray ICMP error
+    out += rule(dict(h, proto="tcp", src="10.0.0.5", dport=80, tcp_flags="SF", ct="invalid"))
+    out += rule(dict(h6, proto="tcp", src="2001:db8::5", dport=80, tcp_flags="SF", ct="invalid"))
+    out += rule(dict(h, proto="icmp", src="10.0.0.5", type=3, code=3, ct="invalid"))
+    # established
+    out += rule(dict(h, proto="tcp", src="10.0.0.5", dport=8081, tcp_flags="A", ct="established"),
+                new=dict(ct="new"))
+    out += rule(dict(h, proto="udp", src="10.0.0.5", dport=5353, ct="established"), new=dict(ct="new"))
+    out += rule(dict(h, proto="icmp", src="10.0.0.6", type=8, ct="established"))
+    out += rule(dict(h6, proto="udp", src="2001:db8::5", dport=5353, ct="established"), new=dict(ct="new"))
+    # blocklist
+    out += rule(dict(h, proto="tcp", src="203.0.113.9", dport=80), out=dict(src="203.0.112.9"))
+    out += rule(dict(h, proto="tcp", src="198.19.255.255", dport=443), lo=dict(src="198.17.255.255"),
+                hi=dict(src="198.20.0.0"), first=dict(src="198.18.0.0"))
+    # icmp essentials (limit 10/s burst 20: stay well below)
+    out += rule(dict(h, proto="icmp", src="10.0.0.7", type=8), type=dict(type=13),
+                v6=dict(proto="icmpv6", src="2001:db8::7", dst="2001:db8:ff::10", type=128))
+    out += rule(dict(h6, proto="icmpv6", src="2001:db8::8", type=128), type=dict(type=139, code=0))
+    # ssh from admin nets
+    out += rule(dict(h, proto="tcp", src="192.0.2.44", dport=22), src=dict(src="192.0.3.44"),
+                port=dict(dport=23), proto=dict(proto="udp"), host=dict(src="198.51.100.7"),
+                host_miss=dict(src="198.51.100.8"), v6=dict(src="2001:db8::44", dst="2001:db8:ff::10"))
+    # http/https
+    out += rule(dict(h, proto="tcp", src="10.0.0.9", dport=80), https=dict(dport=443), miss=dict(dport=8080),
+                udp=dict(proto="udp"), v6=dict(src="2001:db8::9", dst="2001:db8:ff::10"),
+                ack=dict(tcp_flags="A"))
+    # dns from link-local v6
+    out += rule(dict(h6, proto="udp", src="fe80::1234", dport=53), src=dict(src="2001:db8::53"),
+                port=dict(dport=54), tcp=dict(proto="tcp"), v4=dict(src="10.0.0.10", dst="198.51.100.10"))
+    # non-SYN new TCP is dropped, other new TCP gets a reset, the rest icmpx
+    out += rule(dict(h, proto="tcp", src="10.0.0.11", dport=8080, tcp_flags="A"), syn=dict(tcp_flags="S"),
+                synack=dict(tcp_flags="SA"), fin=dict(tcp_flags="F"), rst=dict(tcp_flags="R"),
+                v6=dict(src="2001:db8::11", dst="2001:db8:ff::10"))
+    out += rule(dict(h, proto="udp", src="10.0.0.12", dport=123), v6=dict(src="2001:db8::12", dst="2001:db8:ff::10"))
+    out += rule(dict(h, proto="icmp", src="10.0.0.13", type=13))
+    # forward: policy drop, marks do not matter
+    fw = dict(hook="forward", iif="eth0", oif="eth1", src="10.0.0.5", dst="192.0.2.80")
+    out += rule(dict(fw, proto="tcp", dport=80), est=dict(tcp_flags="A", ct="established"),
+                mark=dict(mark=2), v6=dict(src="2001:db8::5", dst="2001:db8:2::80"))
+    return out
+
+
+# ------------------------------------------------------------- router with NAT
+
+
+def router_nat():
+    wan = dict(hook="forward", iif="ppp0", oif="br-lan", src="198.51.100.50", dst="203.0.113.1")
+    lan = dict(hook="forward", iif="br-lan", oif="ppp0", src="192.168.1.50", dst="198.51.100.50")
+    out = []
+    # port forwards (prerouting dnat) + forward "ct status dnat accept"
+    out += rule(dict(wan, proto="tcp", dport=80), https=dict(dport=443), miss=dict(dport=81),
+                udp=dict(proto="udp"), iif=dict(iif="wg0"))
+    out += rule(dict(wan, proto="tcp", dport=2222), other=dict(dport=8443), miss=dict(dport=2223),
+                udp=dict(proto="udp", dport=8443))
+    # wan_in: to the web server directly (no dnat needed)
+    out += rule(dict(wan, proto="tcp", dst="192.168.1.10", dport=443), dst=dict(dst="192.168.1.11"),
+                port=dict(dport=444), icmp=dict(proto="icmp"))
+    # lan_in: out to the WAN with masquerade for lan_nets
+    out += rule(dict(lan, proto="tcp", dport=443), src2=dict(src="10.8.200.1"), nomasq=dict(src="172.20.0.5"),
+                udp=dict(proto="udp", dport=53), icmp=dict(proto="icmp"), oif=dict(oif="wg0"),
+                mark=dict(mark=7))
+    # wg0 has no vmap entry
+    out += rule(dict(hook="forward", iif="wg0", oif="ppp0", proto="tcp", src="10.9.0.5", dst="198.51.100.50",
+                     dport=80))
+    # established / related
+    out += rule(dict(wan, proto="tcp", dst="192.168.1.50", dport=51000, tcp_flags="A", ct="established"),
+                new=dict(ct="new"))
+    out += rule(dict(wan, proto="udp", dst="192.168.1.50", dport=51001, ct="established"))
+    out += rule(dict(wan, proto="icmp", dst="192.168.1.50", type=3, code=3, ct="related"),
+                invalid=dict(ct="invalid"))
+    # input
+    ri = dict(hook="input", iif="br-lan", src="192.168.1.50", dst="192.168.1.1")
+    out += rule(dict(ri, proto="tcp", dport=22), dns=dict(dport=53), miss=dict(dport=80),
+                wan=dict(iif="ppp0", src="198.51.100.50", dst="203.0.113.1"))
+    out += rule(dict(ri, proto="udp", dport=53), dhcp=dict(dport=67), miss=dict(dport=68),
+                wan=dict(iif="ppp0", src="198.51.100.50", dst="203.0.113.1"))
+    out += rule(dict(ri, proto="icmp", src="198.51.100.51", dst="203.0.113.1", iif="ppp0", type=8,
+                     ct="established"), new=dict(ct="new"))
+    return out
+
+
+# ------------------------------------------------------------- container host (iptables)
+
+
+def container_host():
+    out = []
+    h = dict(hook="input", iif="eth0", src="10.0.0.5", dst="10.0.0.1")
+    out += rule(dict(h, proto="tcp", dport=22), ack=dict(tcp_flags="A"), port=dict(dport=80),
+                udp=dict(proto="udp", dport=22))
+    out += rule(dict(h, proto="tcp", dport=22, tcp_flags="PA", ct="established"))
+    out += rule(dict(h, proto="tcp", dport=80, tcp_flags="SF", ct="invalid"))
+    out += rule(dict(h, proto="icmp", type=8), type=dict(type=13))
+    out += rule(dict(h, proto="udp", dport=53), ntp=dict(dport=123), range=dict(dport=5050), miss=dict(dport=5101),
+                docker=dict(iif="docker0", src="172.17.0.3"))
+    out += rule(dict(h, proto="icmp", type=8, ct="established"))
+    fw = dict(hook="forward", iif="eth0", oif="docker0", src="198.51.100.9", dst="172.17.0.2")
+    out += rule(dict(fw, proto="tcp", dport=80), dst=dict(dst="172.17.0.3"), port=dict(dport=81),
+                udp=dict(proto="udp"), oif=dict(oif="eth1", dst="192.0.2.1"))
+    out += rule(dict(fw, proto="tcp", dport=8080, tcp_flags="A", ct="established"),
+                new=dict(ct="new"))
+    out += rule(dict(fw, proto="udp", dport=5000), est=dict(ct="established", dport=5001))
+    out += rule(dict(hook="forward", iif="docker0", oif="eth0", proto="tcp", src="172.17.0.2", dst="198.51.100.9",
+                     dport=443), udp=dict(proto="udp", dport=53), icmp=dict(proto="icmp"),
+                nomasq=dict(src="10.5.0.2"), eth1=dict(oif="eth1"))
+    out += rule(dict(hook="forward", iif="docker0", oif="docker0", proto="tcp", src="172.17.0.3", dst="172.17.0.2",
+                     dport=80), port=dict(dport=5432))
+    out += rule(dict(hook="forward", iif="eth1", oif="eth0", proto="tcp", src="192.0.2.1", dst="198.51.100.9",
+                     dport=80))
+    return out
+
+
+# ------------------------------------------------------------- port forwarding (hand written)
+
+PORT_FORWARD = """\
+# Port forwarding gateway: DNAT with ports, a map, SNAT and masquerade.
+define WAN = "wan0"
+define LAN = "lan0"
+define public = 203.0.113.1
+
+table ip pf {
+    map tcpfwd {
+        type inet_service : ipv4_addr
+        elements = { 2201 : 10.0.0.21, 2202 : 10.0.0.22 }
+    }
+
+    chain prerouting {
+        type nat hook prerouting priority dstnat; policy accept;
+        iifname $WAN ip daddr $public tcp dport 443 dnat to 10.0.0.20
+        iifname $WAN ip daddr $public tcp dport 8080 dnat to 10.0.0.10:80
+        iifname $WAN udp dport 5000-5010 dnat to 10.0.0.30:6000
+        iifname $WAN ip daddr $public dnat to tcp dport map @tcpfwd
+    }
+
+    chain postrouting {
+        type nat hook postrouting priority srcnat; policy accept;
+        oifname $WAN ip saddr 10.0.0.0/24 snat to $public
+        oifname $WAN ip saddr 10.0.1.0/24 masquerade
+    }
+
+    chain forward {
+        type filter hook forward priority filter; policy drop;
+        ct state established,related accept
+        ct state invalid drop
+        iifname $LAN oifname $WAN accept
+        iifname $WAN ip daddr 10.0.0.40 tcp dport 25 reject with tcp reset
+        iifname $WAN icmp type echo-request reject with icmp type admin-prohibited
+        iifname $WAN ct status dnat accept
+        iifname $WAN ip daddr 10.0.0.50 meta l4proto udp reject
+    }
+}
+"""
+
+
+def port_forward():
+    w = dict(hook="forward", iif="wan0", oif="lan0", src="198.51.100.20", dst="203.0.113.1")
+    out = []
+    out += rule(dict(w, proto="tcp", dport=443), dst=dict(dst="203.0.113.2"), port=dict(dport=442),
+                iif=dict(iif="wan1"))
+    out += rule(dict(w, proto="tcp", dport=8080), port=dict(dport=8081), udp=dict(proto="udp"))
+    out += rule(dict(w, proto="udp", dport=5005), lo=dict(dport=5000), hi=dict(dport=5010), miss=dict(dport=5011),
+                other_dst=dict(dst="203.0.113.7"), tcp=dict(proto="tcp", dport=5006))
+    out += rule(dict(w, proto="tcp", dport=2201), two=dict(dport=2202), miss=dict(dport=2203))
+    out += rule(dict(w, proto="tcp", dst="10.0.0.40", dport=25), port=dict(dport=26), dst=dict(dst="10.0.0.41"))
+    out += rule(dict(w, proto="icmp", dst="10.0.0.40", type=8), type=dict(type=13))
+    out += rule(dict(w, proto="udp", dst="10.0.0.50", dport=9), tcp=dict(proto="tcp"))
+    l = dict(hook="forward", iif="lan0", oif="wan0", src="10.0.0.77", dst="198.51.100.20")
+    out += rule(dict(l, proto="tcp", dport=80), masq=dict(src="10.0.1.77"), none=dict(src="10.0.2.77"),
+                udp=dict(proto="udp", dport=53), icmp=dict(proto="icmp"), oif=dict(oif="lan1"))
+    out += rule(dict(w, proto="tcp", dst="10.0.0.77", dport=40000, tcp_flags="A", ct="established"))
+    out += rule(dict(w, proto="icmp", dst="10.0.0.77", type=3, code=1, ct="related"))
+    out += rule(dict(w, proto="tcp", dst="10.0.0.77", dport=40001, tcp_flags="SF", ct="invalid"))
+    return out
+
+
+# ------------------------------------------------------------- container host (nft)
+
+CONTAINER_NFT = """\
+# Container host in nft form: user chains, jump/goto/return, sets, vmaps, marks.
+table inet ctr {
+    set allowed_ports {
+        type inet_service
+        flags interval
+        elements = { 80, 443, 8000-8100 }
+    }
+
+    set trusted4 {
+        type ipv4_addr
+        flags interval
+        elements = { 10.77.0.0/16, 192.168.50.0/24 }
+    }
+
+    set svc {
+        type ipv4_addr . inet_service
+        elements = { 10.88.0.5 . 80, 10.88.0.6 . 5432 }
+    }
+
+    chain forward {
+        type filter hook forward priority filter; policy drop;
+        ct state vmap { established : accept, related : accept, invalid : drop }
+        iifname "cni0" meta mark set 0x100
+        oifname vmap { "cni0" : jump to_containers, "eth0" : jump from_containers }
+        meta mark 0x100 oifname "eth*" accept
+    }
+
+    chain to_containers {
+        ip daddr . tcp dport @svc accept
+        ip saddr @trusted4 goto trusted
+        tcp dport @allowed_ports counter accept
+        udp dport 53 accept
+        ip6 saddr 2001:db8:77::/48 accept
+        return
+    }
+
+    chain trusted {
+        tcp dport 22 drop
+        meta mark set 0x7 accept
+    }
+
+    chain from_containers {
+        iifname != "cni0" return
+        meta mark 0x100 ip daddr 10.0.0.0/8 reject with icmp type host-unreachable
+        ip6 daddr fd00::/8 drop
+        tcp dport != { 80, 443 } meta l4proto tcp reject with tcp reset
+        accept
+    }
+
+    chain input {
+        type filter hook input priority filter; policy accept;
+        iifname "cni0" tcp dport 22 drop
+        iifname "cni0" udp dport { 53, 67 } accept
+        iifname "cni0" jump input_containers
+        meta mark 0x42 reject
+    }
+
+    chain input_containers {
+        meta l4proto { icmp, ipv6-icmp } accept
+        reject
+    }
+}
+
+table ip ctrnat {
+    chain prerouting {
+        type nat hook prerouting priority dstnat; policy accept;
+        iifname "eth0" tcp dport 8080 dnat to 10.88.0.5:80
+    }
+
+    chain postrouting {
+        type nat hook postrouting priority srcnat; policy accept;
+        oifname "eth0" ip saddr 10.88.0.0/16 masquerade
+    }
+}
+"""
+
+
+def container_nft():
+    out = []
+    t = dict(hook="forward", iif="eth0", oif="cni0", src="198.51.100.30", dst="10.88.0.5")
+    out += rule(dict(t, proto="tcp", dport=80), port=dict(dport=81), other=dict(dst="10.88.0.6", dport=5432),
+                other_miss=dict(dst="10.88.0.6", dport=80), eth1=dict(iif="eth1"))
+    out += rule(dict(t, proto="tcp", dst="10.88.0.9", dport=8050), lo=dict(dport=8000), hi=dict(dport=8100),
+                miss=dict(dport=8101), udp=dict(proto="udp", dport=53), udp_miss=dict(proto="udp", dport=54))
+    out += rule(dict(t, proto="tcp", src="10.77.3.3", dst="10.88.0.9", dport=9999),
+                ssh=dict(dport=22), net2=dict(src="192.168.50.1"), miss=dict(src="192.168.51.1"))
+    out += rule(dict(t, proto="tcp", src="2001:db8:77::5", dst="fd00:88::5", dport=9999),
+                miss=dict(src="2001:db8:78::5"))
+    out += rule(dict(t, proto="tcp", dport=8080, dst="203.0.113.1"), port=dict(dport=8081))
+    f = dict(hook="forward", iif="cni0", oif="eth0", src="10.88.0.5", dst="198.51.100.30")
+    out += rule(dict(f, proto="tcp", dport=443), http=dict(dport=80), other=dict(dport=22),
+                udp=dict(proto="udp", dport=53), internal=dict(dst="10.1.2.3"),
+                v6=dict(src="fd00:88::5", dst="fd00:1::1", dport=80), v6ok=dict(src="fd00:88::5", dst="2001:db8::1"),
+                nomasq=dict(src="10.99.0.5"))
+    out += rule(dict(f, oif="eth1", proto="tcp", dport=22), udp=dict(proto="udp"))
+    out += rule(dict(hook="forward", iif="eth1", oif="eth0", proto="tcp", src="10.1.1.1", dst="198.51.100.30",
+                     dport=80), mark=dict(mark=0x100))
+    out += rule(dict(t, proto="tcp", dport=1234, tcp_flags="A", ct="established"), new=dict(ct="new"))
+    out += rule(dict(t, proto="icmp", type=3, code=3, ct="related"))
+    out += rule(dict(t, proto="tcp", dport=80, tcp_flags="SF", ct="invalid"))
+    i = dict(hook="input", iif="cni0", src="10.88.0.5", dst="10.88.0.1")
+    out += rule(dict(i, proto="tcp", dport=22), port=dict(dport=23), udp=dict(proto="udp", dport=53),
+                dhcp=dict(proto="udp", dport=67), udp_miss=dict(proto="udp", dport=68),
+                icmp=dict(proto="icmp"), icmp6=dict(proto="icmpv6", src="fd00:88::5", dst="fd00:88::1"),
+                v6=dict(src="fd00:88::5", dst="fd00:88::1", dport=80),
+                eth0=dict(iif="eth0", src="198.51.100.30", dst="198.51.100.1", dport=23),
+                marked=dict(iif="eth0", src="198.51.100.30", dst="198.51.100.1", dport=23, mark=0x42),
+                marked_udp=dict(iif="eth0", proto="udp", src="198.51.100.30", dst="198.51.100.1", dport=23,
+                                mark=0x42))
+    return out
+
+
+# ------------------------------------------------------------- scaled rulesets
+
+
+def scaled_seed001(n):
+    """Seed 001's shape: n non-matching port rules ahead of the rules that match."""
+    lines = ["# Seed 001 shape scaled to %d rules ahead of the match (generated)." % n,
+             "table ip filter {",
+             "    chain forward {",
+             "        type filter hook forward priority 0; policy drop;",
+             '        iifname "eno1" jump forward-from-wan',
+             '        iifname "enp2s0" accept',
+             "    }",
+             "    chain forward-from-wan {"]
+    for k in range(n):
+        lines.append("        ip daddr 172.16.2.3 tcp dport %d accept" % (10000 + k))
+    lines += ["        ip daddr 172.16.2.3 udp dport 5201 accept",
+              "        ip daddr 172.16.2.2 icmp type echo-request accept",
+              "        tcp dport 5201 reject with tcp reset",
+              "    }",
+              "}"]
+    fw = dict(hook="forward", iif="eno1", oif="enp2s0", src="10.1.0.2", dst="172.16.2.3")
+    out = []
+    for k in sorted({0, 1, n // 3, n // 2, n - 2, n - 1}):
+        out += rule(dict(fw, proto="tcp", dport=10000 + k), dst=dict(dst="172.16.2.4"), udp=dict(proto="udp"))
+    out += rule(dict(fw, proto="tcp", dport=10000 + n), below=dict(dport=9999))
+    out += rule(dict(fw, proto="udp", dport=5201), tcp=dict(proto="tcp"))
+    out += rule(dict(fw, proto="icmp", dst="172.16.2.2"))
+    out += rule(dict(hook="forward", iif="enp2s0", oif="eno1", proto="tcp", src="172.16.2.3", dst="10.1.0.2",
+                     dport=80))
+    return "\n".join(lines) + "\n", out
+
+
+def classbench(n, seed):
+    """ClassBench-style 5-tuple rules (prefixes, port ranges, protocol), random
+    verdicts; packets aimed at random rules plus uniformly random packets."""
+    rnd = random.Random(seed)
+    prefixes = []
+    for _ in range(24):
+        plen = rnd.choice([8, 12, 16, 20, 24, 28, 32])
+        net = ipaddress.ip_network(((10 << 24) | rnd.getrandbits(24), plen), strict=False)
+        prefixes.append(net)
+    port_ranges = [None, None, (80, 80), (443, 443), (1024, 65535), (0, 1023), (5000, 5100), (53, 53),
+                   (8000, 8080), (22, 22)]
+    rules = []
+    for _ in range(n):
+        r = {}
+        if rnd.random() < 0.7:
+            r["src"] = rnd.choice(prefixes)
+        if rnd.random() < 0.7:
+            r["dst"] = rnd.choice(prefixes)
+        r["proto"] = rnd.choice(["tcp", "udp", "tcp", None])
+        if r["proto"]:
+            r["sport"] = rnd.choice(port_ranges[:6])
+            r["dport"] = rnd.choice(port_ranges)
+        r["verdict"] = rnd.choice(["accept", "accept", "drop", "reject", "jump"])
+        rules.append(r)
+    lines = ["# ClassBench-style 5-tuple ruleset, %d rules, seed %d (generated)." % (n, seed),
+             "table ip cb {",
+             "    chain forward {",
+             "        type filter hook forward priority filter; policy drop;"]
+    body = []
+    for r in rules:
+        parts = []
+        if "src" in r:
+            parts.append("ip saddr %s" % r["src"])
+        if "dst" in r:
+            parts.append("ip daddr %s" % r["dst"])
+        if r["proto"]:
+            if r["sport"]:
+                a, b = r["sport"]
+                parts.append("%s sport %s" % (r["proto"], a if a == b else "%d-%d" % (a, b)))
+            if r["dport"]:
+                a, b = r["dport"]
+                parts.append("%s dport %s" % (r["proto"], a if a == b else "%d-%d" % (a, b)))
+            if not r["sport"] and not r["dport"]:
+                parts.append("meta l4proto %s" % r["proto"])
+        v = r["verdict"]
+        parts.append("jump tagged" if v == "jump" else v)
+        body.append("        " + " ".join(parts))
+    lines += body
+    lines += ["    }",
+              "    chain tagged {",
+              "        meta mark set 0x5",
+              "        udp dport 53 return",
+              "        accept",
+              "    }",
+              "}"]
+
+    def pick(net):
+        return str(net.network_address + rnd.randrange(net.num_addresses))
+
+    def port(rg):
+        if rg is None:
+            return rnd.choice([rnd.randrange(1, 65536), 80, 443, 53, 22, 5050])
+        return rnd.randint(rg[0], rg[1])
+
+    out = []
+    for _ in range(120):
+        r = rnd.choice(rules)
+        proto = r["proto"] or rnd.choice(["tcp", "udp"])
+        p = dict(hook="forward", iif="eth0", oif="eth1", proto=proto,
+                 src=pick(r["src"]) if "src" in r else pick(rnd.choice(prefixes)),
+                 dst=pick(r["dst"]) if "dst" in r else pick(rnd.choice(prefixes)),
+                 dport=port(r.get("dport")))
+        sp = r.get("sport")
+        p["sport"] = port(sp) if sp else None
+        if p["sport"] is None:
+            del p["sport"]
+        out.append(pkt(**p))
+    for _ in range(30):
+        proto = rnd.choice(["tcp", "udp"])
+        out.append(pkt(hook="forward", iif="eth0", oif="eth1", proto=proto,
+                       src=str(ipaddress.IPv4Address((10 << 24) | rnd.getrandbits(24))),
+                       dst=str(ipaddress.IPv4Address((10 << 24) | rnd.getrandbits(24))),
+                       dport=rnd.randrange(1, 65536)))
+    # unique source port per packet (a sport range rule must still be hit)
+    seen = set()
+    for p in out:
+        key = (p["proto"], p["src"], p["dst"], p.get("sport"), p.get("dport"))
+        while key in seen:
+            p["sport"] = (p["sport"] % 65535) + 1
+            key = (p["proto"], p["src"], p["dst"], p.get("sport"), p.get("dport"))
+        seen.add(key)
+    return "\n".join(lines) + "\n", out
+
+
+def main():
+    seed_pk = seed001()
+    for name in ("seed001_appendix_b", "seed001_appendix_c", "seed001_appendix_d", "seed001_appendix_e"):
+        write(name, seed_pk)
+    write("host_firewall", host_firewall())
+    write("router_nat", router_nat())
+    write("container_host", container_host())
+    with open(os.path.join(HERE, "port_forward.nft"), "w") as f:
+        f.write(PORT_FORWARD)
+    write("port_forward", port_forward())
+    with open(os.path.join(HERE, "container_nft.nft"), "w") as f:
+        f.write(CONTAINER_NFT)
+    write("container_nft", container_nft())
+    for n in (20, 1000, 10000):
+        text, pk = scaled_seed001(n)
+        with open(os.path.join(HERE, "scaled_seed001_%d.nft" % n), "w") as f:
+            f.write(text)
+        write("scaled_seed001_%d" % n, pk)
+    for n, seed in ((100, 1), (2000, 2)):
+        text, pk = classbench(n, seed)
+        with open(os.path.join(HERE, "classbench_%d.nft" % n), "w") as f:
+            f.write(text)
+        write("classbench_%d" % n, pk)
+
+
+if __name__ == "__main__":
+    main()
