@@ -51,7 +51,8 @@ struct ConfigArgs {
     /// headers, nft otherwise.
     #[arg(long, value_enum)]
     format: Option<ruleset_cmd::Format>,
-    /// `ipset save` file providing the sets of `-m set --match-set`.
+    /// `ipset save` file providing the sets of `-m set --match-set`
+    /// (default: FILE with the extension `.ipset`, if it exists).
     #[arg(long, value_name = "FILE")]
     ipsets: Option<PathBuf>,
 }

@@ -50,12 +50,14 @@ fn load(path: &Path, format: Option<Format>, ipsets: Option<&Path>) -> Result<Op
     let parsed = match format.unwrap_or_else(|| detect(&text)) {
         Format::Nft => parse_nft_file(path),
         Format::Iptables => {
+            // Default: the sibling `FILE.ipset`, when it exists.
+            let sibling = path.with_extension("ipset");
             let sets = match ipsets {
                 Some(p) => Some(
                     fs::read_to_string(p)
                         .with_context(|| format!("cannot read {}", p.display()))?,
                 ),
-                None => None,
+                None => fs::read_to_string(&sibling).ok(),
             };
             parse_iptables_restore_str(&path.display().to_string(), &text, sets.as_deref())
         }

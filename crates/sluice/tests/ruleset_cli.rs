@@ -40,6 +40,13 @@ fn check_accepts_valid_rulesets_of_both_syntaxes() {
         "../ruleset/tests/golden/seed001_appendix_c.ipset",
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    // Without --ipsets, the sibling FILE.ipset is used.
+    let o = sluice(&[
+        "check",
+        "-c",
+        "../ruleset/tests/golden/seed001_appendix_c.rules",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
 }
 
 #[test]
@@ -84,7 +91,10 @@ fn print_is_a_fixed_point_and_translates_iptables() {
     for (f, fmt) in [
         ("tests/data/trace.nft", None),
         ("../ruleset/tests/golden/container_host.rules", None),
-        ("../ruleset/tests/golden/seed001_appendix_b.rules", Some("iptables")),
+        (
+            "../ruleset/tests/golden/seed001_appendix_b.rules",
+            Some("iptables"),
+        ),
     ] {
         let mut args = vec!["ruleset", "print", "-c", f];
         if let Some(fmt) = fmt {
@@ -106,7 +116,12 @@ fn print_is_a_fixed_point_and_translates_iptables() {
         "/../ruleset/tests/golden/container_host.rules.out"
     ))
     .unwrap_or_default();
-    let o = sluice(&["ruleset", "print", "-c", "../ruleset/tests/golden/container_host.rules"]);
+    let o = sluice(&[
+        "ruleset",
+        "print",
+        "-c",
+        "../ruleset/tests/golden/container_host.rules",
+    ]);
     assert_eq!(text(&o.stdout), want);
 }
 
@@ -157,7 +172,13 @@ fn trace_single_packet_return_falls_to_policy() {
 
 #[test]
 fn trace_bad_packet_spec_is_a_usage_error() {
-    let o = sluice(&["trace", "-c", "tests/data/trace.nft", "--packet", "tcp 10.0.0.1 <> x"]);
+    let o = sluice(&[
+        "trace",
+        "-c",
+        "tests/data/trace.nft",
+        "--packet",
+        "tcp 10.0.0.1 <> x",
+    ]);
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o.stderr).contains("SRC[:PORT] > DST[:PORT]"));
 }
@@ -166,7 +187,13 @@ fn trace_bad_packet_spec_is_a_usage_error() {
 /// reject, dnat, conntrack, IPv6, iif index, ICMP, and two bad lines.
 #[test]
 fn trace_batch_gives_one_exact_json_line_per_input_line() {
-    let o = sluice(&["trace", "-c", "tests/data/trace.nft", "--packets", "tests/data/packets.jsonl"]);
+    let o = sluice(&[
+        "trace",
+        "-c",
+        "tests/data/trace.nft",
+        "--packets",
+        "tests/data/packets.jsonl",
+    ]);
     assert_eq!(o.status.code(), Some(1), "bad lines make the exit non-zero");
     let want = r#"{"verdict":"accept","rule":"tests/data/trace.nft:22","nat":{"type":"masquerade","addr":null,"port":null},"mark":7}
 {"verdict":"drop","rule":null,"nat":null,"mark":0}
@@ -198,14 +225,26 @@ fn trace_batch_of_good_lines_exits_zero_and_snat_reports_pool_address() {
          {\"oif\":\"wan2\",\"proto\":\"udp\",\"src\":\"10.0.0.1\",\"dst\":\"1.1.1.1\",\"dport\":53}\n\
          {\"oif\":\"wan\",\"proto\":\"udp\",\"src\":\"10.0.0.1\",\"dst\":\"1.1.1.1\",\"dport\":53,\"ct\":\"established\"}\n",
     );
-    let (r, p) = (rules.to_string_lossy().to_string(), pkts.to_string_lossy().to_string());
+    let (r, p) = (
+        rules.to_string_lossy().to_string(),
+        pkts.to_string_lossy().to_string(),
+    );
     let o = sluice(&["trace", "-c", &r, "--packets", &p]);
     let _ = (std::fs::remove_file(&rules), std::fs::remove_file(&pkts));
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     let out = text(&o.stdout);
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 3);
-    assert_eq!(lines.first().copied().unwrap_or_default(), r#"{"verdict":"accept","rule":null,"nat":{"type":"snat","addr":"198.51.100.1","port":null},"mark":0}"#);
-    assert_eq!(lines.get(1).copied().unwrap_or_default(), r#"{"verdict":"accept","rule":null,"nat":{"type":"snat","addr":"198.51.100.9","port":4000},"mark":0}"#);
-    assert_eq!(lines.get(2).copied().unwrap_or_default(), r#"{"verdict":"accept","rule":null,"nat":null,"mark":0}"#);
+    assert_eq!(
+        lines.first().copied().unwrap_or_default(),
+        r#"{"verdict":"accept","rule":null,"nat":{"type":"snat","addr":"198.51.100.1","port":null},"mark":0}"#
+    );
+    assert_eq!(
+        lines.get(1).copied().unwrap_or_default(),
+        r#"{"verdict":"accept","rule":null,"nat":{"type":"snat","addr":"198.51.100.9","port":4000},"mark":0}"#
+    );
+    assert_eq!(
+        lines.get(2).copied().unwrap_or_default(),
+        r#"{"verdict":"accept","rule":null,"nat":null,"mark":0}"#
+    );
 }

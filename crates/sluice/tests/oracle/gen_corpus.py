@@ -130,7 +130,8 @@ def host_firewall():
                 port=dict(dport=54), tcp=dict(proto="tcp"), v4=dict(src="10.0.0.10", dst="198.51.100.10"))
     # non-SYN new TCP is dropped, other new TCP gets a reset, the rest icmpx
     out += rule(dict(h, proto="tcp", src="10.0.0.11", dport=8080, tcp_flags="A"), syn=dict(tcp_flags="S"),
-                synack=dict(tcp_flags="SA"), fin=dict(tcp_flags="F"), rst=dict(tcp_flags="R"),
+                synack=dict(tcp_flags="SA", ct="invalid"), fin=dict(tcp_flags="F", ct="invalid"),
+                rst=dict(tcp_flags="R", ct="invalid"), push=dict(tcp_flags="PA"),
                 v6=dict(src="2001:db8::11", dst="2001:db8:ff::10"))
     out += rule(dict(h, proto="udp", src="10.0.0.12", dport=123), v6=dict(src="2001:db8::12", dst="2001:db8:ff::10"))
     out += rule(dict(h, proto="icmp", src="10.0.0.13", type=13))
@@ -506,6 +507,8 @@ def classbench(n, seed):
     # unique source port per packet (a sport range rule must still be hit)
     seen = set()
     for p in out:
+        if p["src"] == p["dst"]:
+            p["dst"] = str(ipaddress.IPv4Address(int(ipaddress.IPv4Address(p["dst"])) ^ 1))
         key = (p["proto"], p["src"], p["dst"], p.get("sport"), p.get("dport"))
         while key in seen:
             p["sport"] = (p["sport"] % 65535) + 1

@@ -432,16 +432,33 @@ class Ruleset:
                 res[i] = {"error": "packet needs iif (not lo) and, for forward, oif"}
             elif p.get("proto") not in PROTO_NUM:
                 res[i] = {"error": "proto %r not supported by the oracle" % p.get("proto")}
-        # group by (hook, iif, oif)
-        groups = {}
+        # group by (hook, iif, oif), then split each group so that no packet's
+        # destination is another packet's source (those get routes via iif)
+        by_key = {}
         for i, p in enumerate(pk):
             if res[i] is None:
-                groups.setdefault((p["hook"], p["iif"], p.get("oif") if p["hook"] == "forward" else None), []).append(i)
+                by_key.setdefault((p["hook"], p["iif"], p.get("oif") if p["hook"] == "forward" else None), []).append(i)
+        groups = []
+        for key, idx in by_key.items():
+            chunk, srcs, dsts = [], set(), set()
+            for i in idx:
+                s, d = pk[i]["src"], pk[i]["dst"]
+                if s == d:
+                    res[i] = {"error": "source equals destination"}
+                    continue
+                if d in srcs or s in dsts:
+                    groups.append((key, chunk))
+                    chunk, srcs, dsts = [], set(), set()
+                chunk.append(i)
+                srcs.add(s)
+                dsts.add(d)
+            if chunk:
+                groups.append((key, chunk))
 
         self.obs_table()  # conntrack is active from here on (the table uses ct state)
         # phase 1: prime the connections of established/related packets, ruleset not loaded yet
         prime_id = 60000
-        for (hook, iif, oif), idx in groups.items():
+        for (hook, iif, oif), idx in groups:
             need = [i for i in idx if pk[i].get("ct") in ("established", "related")]
             if not need:
                 continue
@@ -462,7 +479,7 @@ class Ruleset:
         self.load_ruleset()
         self.obs_table()
 
-        for (hook, iif, oif), idx in groups.items():
+        for (hook, iif, oif), idx in groups:
             idx = [i for i in idx if res[i] is None]
             if not idx:
                 continue
@@ -613,7 +630,9 @@ class Ruleset:
                     sp, dp = p.get("sport"), p.get("dport")
                     if c["src"] != p["src"] or c["dst"] != p["dst"] or c.get("sport") != sp or c.get("dport") != dp:
                         nat = {"src": [c["src"], c.get("sport")], "dst": [c["dst"], c.get("dport")]}
-                    return {"verdict": "accept", "nat": nat}
+                    ko = self.ifnames.index(oif)
+                    return {"verdict": "accept", "nat": nat,
+                            "oif_addr": ("fd00:100:%x::1" % ko) if v6 else ("100.100.%d.1" % ko)}
         for c in caps[iif]:
             inner = c.get("inner")
             if inner and inner["id"] == ident and inner["proto"] == proto:

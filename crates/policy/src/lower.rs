@@ -1,0 +1,957 @@
+//! Lowering: ruleset AST -> classifier IR, plus the tables the IR refers to
+//! by number (rule metadata, NAT actions, pools).
+//!
+//! Every AST match becomes one or more IR matches; nothing is dropped. What
+//! the IR cannot express is an error at the construct's source location.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+
+use sluice_classify::ir::{
+    self, map_v4, Chain, ChainId, ChainKind, ConcatSet, MarkOp, Program, Range, RejectKind, Rule,
+    RuleId, Stmt, ValueSet,
+};
+use sluice_nat::{Pool, PoolId, Translation};
+use sluice_ruleset::{
+    self as ast, Elem, Family, Field, MapRef, NatAddr, NatKind, RelOp, Ruleset, Span, StmtKind,
+    Table, Value,
+};
+
+use crate::error::LowerError;
+use crate::iface::Interfaces;
+
+/// Protocols that have a port pair at the start of their header (`th`):
+/// TCP, UDP, DCCP, SCTP, UDP-Lite.
+const PORT_PROTOS: &[u8] = &[6, 17, 33, 132, 136];
+
+/// Where an IR rule came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleInfo {
+    /// `FILE:LINE` of the AST rule.
+    pub location: String,
+    /// The AST rule's source span.
+    pub span: Span,
+    /// The AST rule in canonical nft form.
+    pub text: String,
+    /// The chain holding the rule.
+    pub chain: ChainId,
+    /// The exact `reject with` of the rule, if it rejects (the IR keeps only
+    /// a coarse [`RejectKind`]).
+    pub reject: Option<Option<ast::RejectWith>>,
+}
+
+/// A chain of the lowered program.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainInfo {
+    /// `"FAMILY TABLE CHAIN"`, e.g. `"inet filter input"`.
+    pub name: String,
+    /// Family of the table (which packets its base chains see).
+    pub family: Family,
+    /// Hook registration, for base chains.
+    pub base: Option<ast::BaseChain>,
+}
+
+/// A base chain, in evaluation order (hook, then priority, then declaration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BaseInfo {
+    /// The chain.
+    pub chain: ChainId,
+    /// Its hook.
+    pub hook: ast::Hook,
+    /// Its priority.
+    pub priority: i32,
+    /// `type nat`: only consulted for the first packet of a connection.
+    pub nat: bool,
+    /// Family of its table.
+    pub family: Family,
+}
+
+/// One NAT action, indexed by the id in [`ir::Verdict::Nat`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NatAction {
+    /// What the engine does.
+    pub translation: Translation,
+    /// The address a trace reports: the DNAT target, or the first address
+    /// of an SNAT pool; `None` for masquerade.
+    pub addr: Option<Ipv4Addr>,
+    /// The port a trace reports: only when the rule fixes a single port.
+    pub port: Option<u16>,
+}
+
+/// The result of lowering a whole rule set.
+#[derive(Debug, Clone)]
+pub(crate) struct Lowered {
+    pub program: Program,
+    pub rules: Vec<RuleInfo>,
+    pub chains: Vec<ChainInfo>,
+    pub bases: Vec<BaseInfo>,
+    pub nat: Vec<NatAction>,
+    pub pools: Vec<Pool>,
+    pub logs: Vec<ast::Log>,
+    pub limits: Vec<ast::Limit>,
+}
+
+/// How values of a field are encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Num,
+    Addr4,
+    Addr6,
+    Ifname,
+    IfIndex,
+}
+
+/// An implicit condition a match depends on (nft's payload dependencies).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dep {
+    Proto(u8),
+    PortProtos,
+    V4,
+    V6,
+}
+
+impl Dep {
+    fn to_match(self) -> ir::Match {
+        match self {
+            Dep::Proto(p) => ir::Match::eq(ir::Field::L4Proto, u128::from(p)),
+            Dep::PortProtos => ir::Match::in_ranges(
+                ir::Field::L4Proto,
+                PORT_PROTOS.iter().map(|p| Range::value(u128::from(*p))),
+                false,
+            ),
+            Dep::V4 => ir::Match::eq(ir::Field::Family, ir::Family::V4 as u8 as u128),
+            Dep::V6 => ir::Match::eq(ir::Field::Family, ir::Family::V6 as u8 as u128),
+        }
+    }
+}
+
+/// IR field, value encoding and dependencies of an AST field in a table of
+/// family `fam`.
+fn spec(f: Field, fam: Family) -> Result<(ir::Field, Kind, Vec<Dep>), String> {
+    let inet = fam == Family::Inet;
+    let v4 = |mut d: Vec<Dep>| {
+        if inet {
+            d.push(Dep::V4);
+        }
+        d
+    };
+    let v6 = |mut d: Vec<Dep>| {
+        if inet {
+            d.push(Dep::V6);
+        }
+        d
+    };
+    use ir::Field as I;
+    Ok(match f {
+        Field::Iifname => (I::IifName, Kind::Ifname, vec![]),
+        Field::Oifname => (I::OifName, Kind::Ifname, vec![]),
+        Field::Iif => (I::Iif, Kind::IfIndex, vec![]),
+        Field::Oif => (I::Oif, Kind::IfIndex, vec![]),
+        Field::MetaL4proto => (I::L4Proto, Kind::Num, vec![]),
+        Field::MetaNfproto => (I::Family, Kind::Num, vec![]),
+        Field::MetaMark => (I::Mark, Kind::Num, vec![]),
+        Field::CtMark => (I::CtMark, Kind::Num, vec![]),
+        Field::CtState => (I::CtState, Kind::Num, vec![]),
+        Field::IpSaddr => (I::Saddr, Kind::Addr4, v4(vec![])),
+        Field::IpDaddr => (I::Daddr, Kind::Addr4, v4(vec![])),
+        Field::IpProtocol => (I::L4Proto, Kind::Num, v4(vec![])),
+        Field::Ip6Saddr => (I::Saddr, Kind::Addr6, v6(vec![])),
+        Field::Ip6Daddr => (I::Daddr, Kind::Addr6, v6(vec![])),
+        // The first next-header; equal to the layer-4 protocol when the
+        // packet carries no extension headers (the only case the engine sees).
+        Field::Ip6Nexthdr => (I::L4Proto, Kind::Num, v6(vec![])),
+        Field::TcpSport => (I::Sport, Kind::Num, vec![Dep::Proto(6)]),
+        Field::TcpDport => (I::Dport, Kind::Num, vec![Dep::Proto(6)]),
+        Field::TcpFlags => (I::TcpFlags, Kind::Num, vec![Dep::Proto(6)]),
+        Field::UdpSport => (I::Sport, Kind::Num, vec![Dep::Proto(17)]),
+        Field::UdpDport => (I::Dport, Kind::Num, vec![Dep::Proto(17)]),
+        // `th` reads the first four transport bytes; only protocols that put
+        // ports there can match (documented approximation).
+        Field::ThSport => (I::Sport, Kind::Num, vec![Dep::PortProtos]),
+        Field::ThDport => (I::Dport, Kind::Num, vec![Dep::PortProtos]),
+        Field::IcmpType => (I::IcmpType, Kind::Num, v4(vec![Dep::Proto(1)])),
+        Field::IcmpCode => (I::IcmpCode, Kind::Num, v4(vec![Dep::Proto(1)])),
+        Field::Icmpv6Type => (I::IcmpType, Kind::Num, v6(vec![Dep::Proto(58)])),
+        Field::Icmpv6Code => (I::IcmpCode, Kind::Num, v6(vec![Dep::Proto(58)])),
+        Field::IpTtl | Field::CtStatus => {
+            return Err(format!(
+                "'{}' cannot be lowered yet: the classifier IR has no such field",
+                f.name()
+            ))
+        }
+    })
+}
+
+/// Prepends the (deduplicated) dependency conditions to a rule's matches.
+fn with_deps(deps: &[Dep], ms: Vec<ir::Match>) -> Vec<ir::Match> {
+    let mut d: Vec<Dep> = Vec::new();
+    for x in deps {
+        if !d.contains(x) {
+            d.push(*x);
+        }
+    }
+    let mut out: Vec<ir::Match> = d.into_iter().map(Dep::to_match).collect();
+    out.extend(ms);
+    out
+}
+
+/// The value range of a field's encoding.
+fn domain(field: ir::Field, kind: Kind) -> (u128, u128) {
+    match kind {
+        Kind::Addr4 => (map_v4(0), map_v4(u32::MAX)),
+        _ => (0, field.max()),
+    }
+}
+
+/// An interface-name pattern as a range of [`ir::IfName::as_u128`] values: a
+/// trailing `*` matches every name with that prefix.
+fn ifname_range(p: &str) -> Range {
+    match p.strip_suffix('*') {
+        Some(pre) => {
+            let bytes = pre.as_bytes();
+            let n = bytes.len().min(15);
+            let mut b = [0u8; 16];
+            for (d, s) in b.iter_mut().zip(bytes.iter().take(n)) {
+                *d = *s;
+            }
+            Range::prefix(u128::from_be_bytes(b), 8 * n as u32, 128)
+        }
+        None => Range::value(ir::IfName::new(p).as_u128()),
+    }
+}
+
+/// A terminal action of an AST rule.
+enum Term {
+    Verdict(Option<ir::Verdict>),
+    Reject(Option<ast::RejectWith>),
+    Nat(u32),
+    /// Map lookup: key fields and (key, verdict) pairs. A miss continues.
+    Map(Vec<Field>, Vec<(Value, Option<ir::Verdict>)>),
+}
+
+pub(crate) struct Lowerer<'a> {
+    rs: &'a Ruleset,
+    ifaces: &'a Interfaces,
+    pub errors: Vec<LowerError>,
+    chain_ids: HashMap<(usize, &'a str), ChainId>,
+    out: Lowered,
+}
+
+impl<'a> Lowerer<'a> {
+    pub fn new(rs: &'a Ruleset, ifaces: &'a Interfaces) -> Self {
+        Lowerer {
+            rs,
+            ifaces,
+            errors: Vec::new(),
+            chain_ids: HashMap::new(),
+            out: Lowered {
+                program: Program::default(),
+                rules: Vec::new(),
+                chains: Vec::new(),
+                bases: Vec::new(),
+                nat: Vec::new(),
+                pools: Vec::new(),
+                logs: Vec::new(),
+                limits: Vec::new(),
+            },
+        }
+    }
+
+    fn err(&mut self, span: Span, msg: impl Into<String>) {
+        self.errors.push(LowerError::new(self.rs, span, msg));
+    }
+
+    /// Lowers everything; errors are collected in [`Self::errors`].
+    pub fn run(mut self) -> (Lowered, Vec<LowerError>) {
+        let rs = self.rs;
+        // Pass 1: chains get ids, so jumps can refer forward.
+        for (ti, t) in rs.tables.iter().enumerate() {
+            for c in &t.chains {
+                let Ok(n) = u32::try_from(self.out.program.chains.len()) else {
+                    self.err(c.span, "too many chains");
+                    return (self.out, self.errors);
+                };
+                let id = ChainId(n);
+                self.chain_ids.insert((ti, c.name.as_str()), id);
+                let kind = match &c.base {
+                    Some(b) => ChainKind::Base(match b.policy {
+                        ast::Policy::Accept => ir::Policy::Accept,
+                        ast::Policy::Drop => ir::Policy::Drop,
+                    }),
+                    None => ChainKind::Regular,
+                };
+                self.out.program.chains.push(Chain {
+                    name: format!("{} {} {}", t.family.name(), t.name, c.name),
+                    kind,
+                    rules: Vec::new(),
+                });
+                self.out.chains.push(ChainInfo {
+                    name: format!("{} {} {}", t.family.name(), t.name, c.name),
+                    family: t.family,
+                    base: c.base,
+                });
+                if let Some(b) = &c.base {
+                    self.out.bases.push(BaseInfo {
+                        chain: id,
+                        hook: b.hook,
+                        priority: b.priority,
+                        nat: b.chain_type == ast::ChainType::Nat,
+                        family: t.family,
+                    });
+                }
+            }
+        }
+        // Stable: ties keep declaration order, as `Ruleset::base_chains`.
+        self.out.bases.sort_by_key(|b| (b.hook, b.priority));
+        // Pass 2: rules.
+        for (ti, t) in rs.tables.iter().enumerate() {
+            for c in &t.chains {
+                let Some(&cid) = self.chain_ids.get(&(ti, c.name.as_str())) else {
+                    continue;
+                };
+                for r in &c.rules {
+                    self.rule(ti, t, cid, r);
+                }
+            }
+        }
+        self.check_nat_reachability();
+        (self.out, self.errors)
+    }
+
+    fn rule(&mut self, ti: usize, t: &Table, cid: ChainId, r: &ast::Rule) {
+        let mut deps: Vec<Dep> = Vec::new();
+        let mut matches: Vec<ir::Match> = Vec::new();
+        let mut ok = true;
+        for m in &r.matches {
+            match self.lower_match(t, m, &mut deps) {
+                Ok(ms) => matches.extend(ms),
+                Err(e) => {
+                    self.err(m.span, e);
+                    ok = false;
+                }
+            }
+        }
+        let mut pre: Vec<Stmt> = Vec::new();
+        let mut term: Option<Term> = None;
+        for s in &r.stmts {
+            let res: Result<Option<Term>, String> = match &s.kind {
+                StmtKind::Counter { .. } => {
+                    pre.push(Stmt::Counter);
+                    Ok(None)
+                }
+                StmtKind::Log(l) => {
+                    let id = self.out.logs.len() as u32;
+                    self.out.logs.push(l.clone());
+                    pre.push(Stmt::Log(id));
+                    Ok(None)
+                }
+                StmtKind::Limit(l) if l.over => Err(
+                    "'limit rate over' cannot be lowered: rate state lives in the engine and the \
+                     classifier treats every limit as within its rate"
+                        .to_string(),
+                ),
+                StmtKind::Limit(l) => {
+                    let id = self.out.limits.len() as u32;
+                    self.out.limits.push(*l);
+                    pre.push(Stmt::Limit(id));
+                    Ok(None)
+                }
+                StmtKind::MetaMarkSet(v) => {
+                    pre.push(Stmt::MarkSet(MarkOp::set(*v)));
+                    Ok(None)
+                }
+                StmtKind::CtMarkSet(v) => {
+                    pre.push(Stmt::CtMarkSet(MarkOp::set(*v)));
+                    Ok(None)
+                }
+                StmtKind::Verdict(v) => self.verdict(ti, v).map(|v| Some(Term::Verdict(v))),
+                StmtKind::Reject(w) => Ok(Some(Term::Reject(*w))),
+                StmtKind::Nat(n) => self.nat(t, n),
+                StmtKind::VerdictMap { key, map } => self.vmap(ti, t, key, map),
+            };
+            match res {
+                Ok(Some(tm)) => {
+                    // Statements after a terminal one never run.
+                    term = Some(tm);
+                    break;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    self.err(s.span, e);
+                    ok = false;
+                    break;
+                }
+            }
+        }
+        if !ok {
+            return;
+        }
+        let reject = match &term {
+            Some(Term::Reject(w)) => Some(*w),
+            _ => None,
+        };
+        let info = RuleInfo {
+            location: self.rs.rule_location(r),
+            span: r.span,
+            text: ast::rule_to_string(r),
+            chain: cid,
+            reject,
+        };
+        match term {
+            None => {
+                let m = with_deps(&deps, matches);
+                self.push_rule(cid, &info, m, pre, None);
+            }
+            Some(Term::Verdict(v)) => {
+                let m = with_deps(&deps, matches);
+                self.push_rule(cid, &info, m, pre, v);
+            }
+            Some(Term::Reject(w)) => {
+                let kind = match w {
+                    Some(ast::RejectWith::TcpReset) => RejectKind::TcpReset,
+                    Some(
+                        ast::RejectWith::Icmp(13)
+                        | ast::RejectWith::Icmpv6(1)
+                        | ast::RejectWith::Icmpx(3),
+                    ) => RejectKind::IcmpAdminProhibited,
+                    _ => RejectKind::IcmpPortUnreachable,
+                };
+                let m = with_deps(&deps, matches);
+                self.push_rule(cid, &info, m, pre, Some(ir::Verdict::Reject(kind)));
+            }
+            Some(Term::Nat(id)) => {
+                let m = with_deps(&deps, matches);
+                self.push_rule(cid, &info, m, pre, Some(ir::Verdict::Nat(id)));
+            }
+            Some(Term::Map(key, entries)) => {
+                // `stmts… KEY vmap {k: v}`: the statements run whether or not
+                // the lookup hits, so they get a rule of their own; the
+                // per-element rules then repeat the rule's conditions. That
+                // is exact unless a statement changes a mark those
+                // conditions read (the key itself is read after the change
+                // in the kernel too), so only that case is refused.
+                if !pre.is_empty() {
+                    let reads = |f: Field| r.matches.iter().any(|m| m.left.contains(&f));
+                    if pre.iter().any(|s| match s {
+                        Stmt::MarkSet(_) => reads(Field::MetaMark),
+                        Stmt::CtMarkSet(_) => reads(Field::CtMark),
+                        _ => false,
+                    }) {
+                        self.err(
+                            r.span,
+                            "a mark change before a map lookup, in a rule that also matches \
+                             on that mark, cannot be lowered; split the rule",
+                        );
+                        return;
+                    }
+                    let m = with_deps(&deps, matches.clone());
+                    self.push_rule(cid, &info, m, pre, None);
+                }
+                let mut kdeps = deps.clone();
+                let mut rules = Vec::new();
+                for (k, v) in &entries {
+                    match self.key_match(t, &key, k, &mut kdeps) {
+                        Ok(km) => {
+                            let mut ms = matches.clone();
+                            ms.push(km);
+                            rules.push((ms, *v));
+                        }
+                        Err(e) => {
+                            self.err(r.span, e);
+                            return;
+                        }
+                    }
+                }
+                for (ms, v) in rules {
+                    let m = with_deps(&kdeps, ms);
+                    self.push_rule(cid, &info, m, Vec::new(), v);
+                }
+            }
+        }
+    }
+
+    fn push_rule(
+        &mut self,
+        cid: ChainId,
+        info: &RuleInfo,
+        matches: Vec<ir::Match>,
+        stmts: Vec<Stmt>,
+        verdict: Option<ir::Verdict>,
+    ) {
+        let id = RuleId(self.out.rules.len() as u64);
+        self.out.rules.push(info.clone());
+        if let Some(c) = self.out.program.chains.get_mut(cid.0 as usize) {
+            c.rules.push(Rule {
+                id,
+                matches,
+                stmts,
+                verdict,
+            });
+        }
+    }
+
+    fn verdict(&self, ti: usize, v: &ast::Verdict) -> Result<Option<ir::Verdict>, String> {
+        Ok(match v {
+            ast::Verdict::Accept => Some(ir::Verdict::Accept),
+            ast::Verdict::Drop => Some(ir::Verdict::Drop),
+            ast::Verdict::Return => Some(ir::Verdict::Return),
+            ast::Verdict::Continue => None,
+            ast::Verdict::Jump(n) | ast::Verdict::Goto(n) => {
+                let id = self
+                    .chain_ids
+                    .get(&(ti, n.as_str()))
+                    .copied()
+                    .ok_or_else(|| format!("no such chain '{n}'"))?;
+                if matches!(v, ast::Verdict::Jump(_)) {
+                    Some(ir::Verdict::Jump(id))
+                } else {
+                    Some(ir::Verdict::Goto(id))
+                }
+            }
+        })
+    }
+
+    fn map_elems<'t>(&self, t: &'t Table, map: &'t MapRef) -> Result<&'t [Elem], String> {
+        match map {
+            MapRef::Anon(e) => Ok(e),
+            MapRef::Named(n) => t
+                .map(n)
+                .map(|m| m.elements.as_slice())
+                .ok_or_else(|| format!("no such map '{n}'")),
+        }
+    }
+
+    fn vmap(
+        &self,
+        ti: usize,
+        t: &Table,
+        key: &[Field],
+        map: &MapRef,
+    ) -> Result<Option<Term>, String> {
+        let mut entries = Vec::new();
+        for e in self.map_elems(t, map)? {
+            let v = match &e.data {
+                Some(Value::Verdict(v)) => self.verdict(ti, v)?,
+                _ => return Err("verdict map element without a verdict".to_string()),
+            };
+            entries.push((e.key.clone(), v));
+        }
+        Ok(Some(Term::Map(key.to_vec(), entries)))
+    }
+
+    fn nat(&mut self, t: &Table, n: &ast::Nat) -> Result<Option<Term>, String> {
+        let v4 = |a: &IpAddr| match a {
+            IpAddr::V4(a) => Ok(*a),
+            IpAddr::V6(_) => Err("IPv6 NAT cannot be lowered: Sluice translates NAT44 only"),
+        };
+        let single_port = n.ports.and_then(|(lo, hi)| (lo == hi).then_some(lo));
+        match n.kind {
+            NatKind::Redirect => Err("'redirect' cannot be lowered yet; NAT44 translations \
+                                      are snat, dnat and masquerade"
+                .to_string()),
+            NatKind::Masquerade => {
+                if n.ports.is_some() {
+                    return Err(
+                        "'masquerade to :PORTS' cannot be lowered: masquerade ports \
+                                come from the NAT configuration"
+                            .to_string(),
+                    );
+                }
+                Ok(Some(Term::Nat(self.nat_action(NatAction {
+                    translation: Translation::Masquerade,
+                    addr: None,
+                    port: None,
+                }))))
+            }
+            NatKind::Snat => {
+                let (first, last) = match &n.addr {
+                    Some(NatAddr::Single(a)) => (v4(a)?, v4(a)?),
+                    Some(NatAddr::Range(a, b)) => (v4(a)?, v4(b)?),
+                    Some(NatAddr::Map { .. }) => {
+                        return Err("'snat to … map' cannot be lowered yet".to_string())
+                    }
+                    None => return Err("snat without an address".to_string()),
+                };
+                let span = u32::from(last).wrapping_sub(u32::from(first));
+                if u32::from(last) < u32::from(first) || span >= 65_536 {
+                    return Err("snat address range is empty or larger than a /16".to_string());
+                }
+                let mut pool = Pool::from_range(first, last);
+                if let Some((lo, hi)) = n.ports {
+                    pool = pool.with_ports(lo..=hi);
+                }
+                let idx = match self.out.pools.iter().position(|p| *p == pool) {
+                    Some(i) => i,
+                    None => {
+                        self.out.pools.push(pool);
+                        self.out.pools.len() - 1
+                    }
+                };
+                let pool_id =
+                    PoolId(u16::try_from(idx).map_err(|_| "too many snat pools".to_string())?);
+                Ok(Some(Term::Nat(self.nat_action(NatAction {
+                    translation: Translation::Snat { pool: pool_id },
+                    addr: Some(first),
+                    port: single_port,
+                }))))
+            }
+            NatKind::Dnat => {
+                if n.ports.is_some() && single_port.is_none() {
+                    return Err(
+                        "'dnat to ADDR:LO-HI' (a port range) cannot be lowered yet".to_string()
+                    );
+                }
+                let addr = match &n.addr {
+                    Some(NatAddr::Single(a)) => v4(a)?,
+                    Some(NatAddr::Range(a, b)) if a == b => v4(a)?,
+                    Some(NatAddr::Range(..)) => {
+                        return Err("'dnat to' an address range cannot be lowered yet".to_string())
+                    }
+                    Some(NatAddr::Map { key, map }) => {
+                        let mut entries = Vec::new();
+                        for e in self.map_elems(t, map)? {
+                            let a = match &e.data {
+                                Some(Value::Addr(a)) => v4(a)?,
+                                _ => return Err("dnat map element is not an address".to_string()),
+                            };
+                            let id = self.nat_action(NatAction {
+                                translation: Translation::Dnat {
+                                    addr: a,
+                                    port: single_port,
+                                },
+                                addr: Some(a),
+                                port: single_port,
+                            });
+                            entries.push((e.key.clone(), Some(ir::Verdict::Nat(id))));
+                        }
+                        return Ok(Some(Term::Map(key.clone(), entries)));
+                    }
+                    None => return Err("dnat without an address".to_string()),
+                };
+                Ok(Some(Term::Nat(self.nat_action(NatAction {
+                    translation: Translation::Dnat {
+                        addr,
+                        port: single_port,
+                    },
+                    addr: Some(addr),
+                    port: single_port,
+                }))))
+            }
+        }
+    }
+
+    fn nat_action(&mut self, a: NatAction) -> u32 {
+        if let Some(i) = self.out.nat.iter().position(|x| *x == a) {
+            return i as u32;
+        }
+        self.out.nat.push(a);
+        (self.out.nat.len() - 1) as u32
+    }
+
+    /// One scalar value (or a prefix / range of them) as a range.
+    fn scalar(&self, field: ir::Field, kind: Kind, v: &Value) -> Result<Range, String> {
+        match (kind, v) {
+            (Kind::Num, Value::Num(n)) => {
+                let n = u128::from(*n);
+                if n > field.max() {
+                    return Err(format!("value {n} is out of range"));
+                }
+                Ok(Range::value(n))
+            }
+            (Kind::IfIndex, Value::Num(n)) => Ok(Range::value(u128::from(*n))),
+            (Kind::IfIndex, Value::Str(s)) => match self.ifaces.index(s) {
+                Some(i) => Ok(Range::value(u128::from(i))),
+                None => Err(format!(
+                    "interface '{s}' does not exist; iif/oif need a known interface \
+                     (use iifname/oifname for interfaces that come and go)"
+                )),
+            },
+            (Kind::Ifname, Value::Str(s)) => Ok(ifname_range(s)),
+            (Kind::Addr4, Value::Addr(IpAddr::V4(a))) => Ok(Range::value(map_v4(u32::from(*a)))),
+            (Kind::Addr6, Value::Addr(IpAddr::V6(a))) => Ok(Range::value(u128::from(*a))),
+            (Kind::Addr4, Value::Prefix { addr, len }) => match addr {
+                IpAddr::V4(a) => Ok(Range::v4_cidr(u32::from(*a), u32::from(*len))),
+                IpAddr::V6(_) => Err("IPv6 prefix where an IPv4 address is expected".into()),
+            },
+            (Kind::Addr6, Value::Prefix { addr, len }) => match addr {
+                IpAddr::V6(a) => Ok(Range::prefix(u128::from(*a), u32::from(*len), 128)),
+                IpAddr::V4(_) => Err("IPv4 prefix where an IPv6 address is expected".into()),
+            },
+            (_, Value::Range(a, b)) => {
+                let lo = self.scalar(field, kind, a)?;
+                let hi = self.scalar(field, kind, b)?;
+                Ok(Range::new(lo.lo, hi.hi))
+            }
+            (_, other) => Err(format!("unexpected value {other:?} for this field")),
+        }
+    }
+
+    /// The element keys of the right-hand side when it is a set.
+    fn set_elems<'t>(&self, t: &'t Table, v: &'t Value) -> Result<Option<Vec<&'t Value>>, String> {
+        match v {
+            Value::Set(e) => Ok(Some(e.iter().map(|e| &e.key).collect())),
+            Value::SetRef(n) => t
+                .resolve_set(n)
+                .map(|e| Some(e.iter().map(|e| &e.key).collect()))
+                .ok_or_else(|| format!("no such set '{n}'")),
+            _ => Ok(None),
+        }
+    }
+
+    fn lower_match(
+        &self,
+        t: &Table,
+        m: &ast::Match,
+        deps: &mut Vec<Dep>,
+    ) -> Result<Vec<ir::Match>, String> {
+        let first = match m.left.as_slice() {
+            [] => return Err("match without a field".to_string()),
+            [f] => *f,
+            _ => return self.concat_match(t, m, deps).map(|c| vec![c]),
+        };
+        let (field, kind, d) = spec(first, t.family)?;
+        let bitmask = first.datatype().is_bitmask();
+        let max = field.max();
+        let out = match (m.mask, m.op, &m.right) {
+            (Some(mask), op, Value::Num(v)) => {
+                let negate = match op {
+                    RelOp::Implicit | RelOp::Eq => false,
+                    RelOp::Ne => true,
+                    _ => {
+                        return Err(format!(
+                            "masked comparison with '{}' cannot be lowered",
+                            op.symbol()
+                        ))
+                    }
+                };
+                ir::Match::Masked {
+                    field,
+                    mask: u128::from(mask) & max,
+                    value: u128::from(*v),
+                    negate,
+                }
+            }
+            (Some(_), _, _) => {
+                return Err("a masked match against a set cannot be lowered".to_string())
+            }
+            // nft: a plain flag list on a bit-mask type means "any of these bits".
+            (None, RelOp::Implicit, Value::Num(v)) if bitmask => ir::Match::Masked {
+                field,
+                mask: u128::from(*v) & max,
+                value: 0,
+                negate: true,
+            },
+            (None, RelOp::Ne, Value::Num(v)) if bitmask => ir::Match::Masked {
+                field,
+                mask: u128::from(*v) & max,
+                value: 0,
+                negate: false,
+            },
+            (None, RelOp::Implicit | RelOp::Eq | RelOp::Ne, v) => {
+                let ranges = match self.set_elems(t, v)? {
+                    Some(keys) => keys
+                        .into_iter()
+                        .map(|k| self.scalar(field, kind, k))
+                        .collect::<Result<Vec<_>, _>>()?,
+                    None => vec![self.scalar(field, kind, v)?],
+                };
+                ir::Match::In {
+                    field,
+                    set: ValueSet::new(ranges),
+                    negate: m.op == RelOp::Ne,
+                }
+            }
+            (None, op, v) => {
+                if matches!(kind, Kind::Ifname | Kind::IfIndex) {
+                    return Err(format!(
+                        "'{}' on interface names cannot be lowered",
+                        op.symbol()
+                    ));
+                }
+                let r = self.scalar(field, kind, v)?;
+                let (dlo, dhi) = domain(field, kind);
+                let range = match op {
+                    RelOp::Lt => (r.lo > dlo).then(|| Range::new(dlo, r.lo - 1)),
+                    RelOp::Le => Some(Range::new(dlo, r.hi)),
+                    RelOp::Gt => (r.hi < dhi).then(|| Range::new(r.hi + 1, dhi)),
+                    _ => Some(Range::new(r.lo, dhi)),
+                };
+                ir::Match::In {
+                    field,
+                    set: ValueSet::new(range),
+                    negate: false,
+                }
+            }
+        };
+        deps.extend(d);
+        Ok(vec![out])
+    }
+
+    fn concat_fields(
+        &self,
+        t: &Table,
+        fields: &[Field],
+        deps: &mut Vec<Dep>,
+    ) -> Result<Vec<(ir::Field, Kind)>, String> {
+        let mut out = Vec::with_capacity(fields.len());
+        for f in fields {
+            let (field, kind, d) = spec(*f, t.family)?;
+            deps.extend(d);
+            out.push((field, kind));
+        }
+        Ok(out)
+    }
+
+    fn concat_elem(
+        &self,
+        fields: &[(ir::Field, Kind)],
+        key: &Value,
+    ) -> Result<Box<[Range]>, String> {
+        match key {
+            Value::Concat(vs) if vs.len() == fields.len() => fields
+                .iter()
+                .zip(vs)
+                .map(|((f, k), v)| self.scalar(*f, *k, v))
+                .collect::<Result<Vec<_>, _>>()
+                .map(Vec::into_boxed_slice),
+            _ => Err(format!(
+                "element is not a concatenation of {} values",
+                fields.len()
+            )),
+        }
+    }
+
+    fn concat_match(
+        &self,
+        t: &Table,
+        m: &ast::Match,
+        deps: &mut Vec<Dep>,
+    ) -> Result<ir::Match, String> {
+        if m.mask.is_some() {
+            return Err("a masked concatenation cannot be lowered".to_string());
+        }
+        let negate = match m.op {
+            RelOp::Implicit | RelOp::Eq => false,
+            RelOp::Ne => true,
+            op => {
+                return Err(format!(
+                    "'{}' on a concatenation cannot be lowered",
+                    op.symbol()
+                ))
+            }
+        };
+        let mut d = Vec::new();
+        let fields = self.concat_fields(t, &m.left, &mut d)?;
+        let keys: Vec<&Value> = match self.set_elems(t, &m.right)? {
+            Some(k) => k,
+            None => vec![&m.right],
+        };
+        let elems = keys
+            .into_iter()
+            .map(|k| self.concat_elem(&fields, k))
+            .collect::<Result<Vec<_>, _>>()?;
+        deps.extend(d);
+        Ok(ir::Match::Concat {
+            fields: fields.iter().map(|(f, _)| *f).collect::<Arc<[_]>>(),
+            set: Arc::new(ConcatSet::new(elems)),
+            negate,
+        })
+    }
+
+    /// The condition "map key == `k`" for one map element.
+    fn key_match(
+        &self,
+        t: &Table,
+        key: &[Field],
+        k: &Value,
+        deps: &mut Vec<Dep>,
+    ) -> Result<ir::Match, String> {
+        match key {
+            [f] => {
+                let (field, kind, d) = spec(*f, t.family)?;
+                let r = self.scalar(field, kind, k)?;
+                deps.extend(d);
+                Ok(ir::Match::In {
+                    field,
+                    set: ValueSet::new([r]),
+                    negate: false,
+                })
+            }
+            _ => {
+                let mut d = Vec::new();
+                let fields = self.concat_fields(t, key, &mut d)?;
+                let e = self.concat_elem(&fields, k)?;
+                deps.extend(d);
+                Ok(ir::Match::Concat {
+                    fields: fields.iter().map(|(f, _)| *f).collect::<Arc<[_]>>(),
+                    set: Arc::new(ConcatSet::new(vec![e])),
+                    negate: false,
+                })
+            }
+        }
+    }
+
+    /// NAT is only valid in `type nat` chains (and regular chains reached
+    /// only from them): a filter base chain that can reach a NAT rule is an
+    /// error, as in nft.
+    fn check_nat_reachability(&mut self) {
+        let bases = self.out.bases.clone();
+        for b in bases.iter().filter(|b| !b.nat) {
+            let reach = reachable(&self.out.program, b.chain);
+            for c in reach {
+                let Some(chain) = self.out.program.chains.get(c.0 as usize) else {
+                    continue;
+                };
+                let nat_rules: Vec<RuleId> = chain
+                    .rules
+                    .iter()
+                    .filter(|r| matches!(r.verdict, Some(ir::Verdict::Nat(_))))
+                    .map(|r| r.id)
+                    .collect();
+                for id in nat_rules {
+                    let Some(info) = self.out.rules.get(id.0 as usize).cloned() else {
+                        continue;
+                    };
+                    let base = self
+                        .out
+                        .chains
+                        .get(b.chain.0 as usize)
+                        .map(|c| c.name.clone())
+                        .unwrap_or_default();
+                    let msg = format!(
+                        "NAT rule is reachable from filter chain '{base}'; NAT is only \
+                         valid in chains of type nat"
+                    );
+                    if !self
+                        .errors
+                        .iter()
+                        .any(|e| e.line == info.span.line && e.message == msg)
+                    {
+                        self.err(info.span, msg);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Chains reachable from `start` by jump/goto, `start` included.
+pub(crate) fn reachable(prog: &Program, start: ChainId) -> Vec<ChainId> {
+    let mut seen = vec![start];
+    let mut todo = vec![start];
+    while let Some(c) = todo.pop() {
+        let Some(chain) = prog.chains.get(c.0 as usize) else {
+            continue;
+        };
+        for r in &chain.rules {
+            if let Some(ir::Verdict::Jump(t) | ir::Verdict::Goto(t)) = r.verdict {
+                if !seen.contains(&t) {
+                    seen.push(t);
+                    todo.push(t);
+                }
+            }
+        }
+    }
+    seen
+}

@@ -1,0 +1,691 @@
+//! [`CompiledPolicy`]: a lowered rule set with netfilter's cross-chain
+//! semantics, implementing the engine's [`Policy`] trait.
+
+use std::cell::RefCell;
+
+use sluice_classify::ir::{ct, ChainId, Family as IrFamily, IfName, PacketFields, Program, RuleId};
+use sluice_classify::{eval_linear, Classifier, EvalError, Final, Outcome, Scratch};
+use sluice_engine::policy::RejectWith;
+use sluice_engine::{CtState, Decision, Hook, Policy, PolicyPacket, Verdict};
+use sluice_nat::{NatConfig, Translation};
+use sluice_ruleset::{self as ast, Family, Ruleset};
+
+use crate::error::{CompileError, LowerError};
+use crate::iface::Interfaces;
+use crate::lower::{reachable, BaseInfo, ChainInfo, Lowered, Lowerer, NatAction, RuleInfo};
+
+/// Which evaluator runs the chains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Evaluator {
+    /// The compiled classifier (what the engine uses).
+    Compiled,
+    /// The reference linear walk.
+    Linear,
+}
+
+/// The final verdict of one hook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HookVerdict {
+    /// Every base chain accepted (or none exists).
+    Accept,
+    /// A chain dropped, by rule or policy.
+    Drop,
+    /// A rule rejected; the exact `reject with` (None: the default).
+    Reject(Option<ast::RejectWith>),
+    /// Evaluation failed (jump depth); the engine drops.
+    Error(EvalError),
+}
+
+/// The result of running every base chain of one hook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HookOutcome {
+    /// Verdict.
+    pub verdict: HookVerdict,
+    /// The rule that decided: the dropping/rejecting rule, or for accept
+    /// the accepting rule of the last base chain (None when its policy
+    /// decided or the hook has no chain).
+    pub rule: Option<RuleId>,
+    /// NAT action id (into [`CompiledPolicy::nat_actions`]) and its rule.
+    pub nat: Option<(u32, RuleId)>,
+    /// Packet mark afterwards.
+    pub mark: u32,
+    /// Conntrack mark afterwards.
+    pub ct_mark: u32,
+}
+
+/// A compiled rule set: immutable once built, cheap to share as
+/// `Arc<CompiledPolicy>` and meant to be published with an atomic swap.
+#[derive(Debug, Clone)]
+pub struct CompiledPolicy {
+    lowered: Lowered,
+    classifier: Classifier,
+    ifaces: Interfaces,
+    nat_config: NatConfig,
+    has_nat: [bool; 5],
+}
+
+fn hook_index(h: ast::Hook) -> usize {
+    match h {
+        ast::Hook::Prerouting => 0,
+        ast::Hook::Input => 1,
+        ast::Hook::Forward => 2,
+        ast::Hook::Output => 3,
+        ast::Hook::Postrouting => 4,
+    }
+}
+
+/// The ruleset hook of an engine hook.
+pub fn ast_hook(h: Hook) -> ast::Hook {
+    match h {
+        Hook::Prerouting => ast::Hook::Prerouting,
+        Hook::Input => ast::Hook::Input,
+        Hook::Forward => ast::Hook::Forward,
+        Hook::Output => ast::Hook::Output,
+        Hook::Postrouting => ast::Hook::Postrouting,
+    }
+}
+
+fn family_sees(table: Family, pkt: IrFamily) -> bool {
+    match table {
+        Family::Inet => true,
+        Family::Ip => pkt == IrFamily::V4,
+        Family::Ip6 => pkt == IrFamily::V6,
+    }
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::new());
+}
+
+impl CompiledPolicy {
+    /// Lowers and compiles `rs`. `ifaces` resolves `iif`/`oif` names at
+    /// compile time and engine interface indexes to names at run time.
+    /// Reports every construct that cannot be lowered, each with its location.
+    pub fn compile(rs: &Ruleset, ifaces: &Interfaces) -> Result<Self, CompileError> {
+        let (lowered, mut errors) = Lowerer::new(rs, ifaces).run();
+        if !errors.is_empty() {
+            errors.sort_by(|a, b| (&a.file, a.line, a.col).cmp(&(&b.file, b.line, b.col)));
+            return Err(CompileError { errors });
+        }
+        let classifier = Classifier::compile(&lowered.program).map_err(|e| {
+            let span = match e {
+                sluice_classify::UpdateError::BadTarget(id)
+                | sluice_classify::UpdateError::Loop(id)
+                | sluice_classify::UpdateError::DuplicateRule(id)
+                | sluice_classify::UpdateError::UnknownRule(id) => lowered
+                    .rules
+                    .get(id.0 as usize)
+                    .map(|r| r.span)
+                    .unwrap_or_default(),
+                sluice_classify::UpdateError::UnknownChain(_) => Default::default(),
+            };
+            CompileError {
+                errors: vec![LowerError::new(rs, span, e.to_string())],
+            }
+        })?;
+        let mut has_nat = [false; 5];
+        for b in lowered.bases.iter().filter(|b| b.nat) {
+            let any = reachable(&lowered.program, b.chain).into_iter().any(|c| {
+                lowered.program.chains.get(c.0 as usize).is_some_and(|c| {
+                    c.rules
+                        .iter()
+                        .any(|r| matches!(r.verdict, Some(sluice_classify::Verdict::Nat(_))))
+                })
+            });
+            if let Some(h) = has_nat.get_mut(hook_index(b.hook)) {
+                *h |= any;
+            }
+        }
+        let nat_config = NatConfig {
+            pools: lowered.pools.clone(),
+            ..NatConfig::default()
+        };
+        Ok(CompiledPolicy {
+            lowered,
+            classifier,
+            ifaces: ifaces.clone(),
+            nat_config,
+            has_nat,
+        })
+    }
+
+    /// The lowered program (what the linear evaluator walks).
+    pub fn program(&self) -> &Program {
+        &self.lowered.program
+    }
+
+    /// The compiled classifier.
+    pub fn classifier(&self) -> &Classifier {
+        &self.classifier
+    }
+
+    /// NAT configuration with the pools the rules need (behaviour switches
+    /// at their defaults; the daemon overrides them from its own config).
+    pub fn nat_config(&self) -> &NatConfig {
+        &self.nat_config
+    }
+
+    /// NAT actions, indexed by the id in `Verdict::Nat(id)`.
+    pub fn nat_actions(&self) -> &[NatAction] {
+        &self.lowered.nat
+    }
+
+    /// The AST origin of an IR rule.
+    pub fn rule_info(&self, id: RuleId) -> Option<&RuleInfo> {
+        self.lowered.rules.get(id.0 as usize)
+    }
+
+    /// A chain's name and registration.
+    pub fn chain_info(&self, id: ChainId) -> Option<&ChainInfo> {
+        self.lowered.chains.get(id.0 as usize)
+    }
+
+    /// Base chains of `hook`, in evaluation order.
+    pub fn base_chains(&self, hook: ast::Hook) -> impl Iterator<Item = &BaseInfo> {
+        self.lowered.bases.iter().filter(move |b| b.hook == hook)
+    }
+
+    /// The interface map the policy was compiled with.
+    pub fn interfaces(&self) -> &Interfaces {
+        &self.ifaces
+    }
+
+    /// `log` statement specs, indexed by `Stmt::Log(id)`.
+    pub fn logs(&self) -> &[ast::Log] {
+        &self.lowered.logs
+    }
+
+    /// `limit` specs, indexed by `Stmt::Limit(id)`.
+    pub fn limits(&self) -> &[ast::Limit] {
+        &self.lowered.limits
+    }
+
+    /// Evaluates one base chain.
+    pub fn eval_chain(
+        &self,
+        ev: Evaluator,
+        chain: ChainId,
+        p: &PacketFields,
+        s: &mut Scratch,
+    ) -> Outcome {
+        match ev {
+            Evaluator::Compiled => self.classifier.eval(chain, p, s),
+            Evaluator::Linear => eval_linear(&self.lowered.program, chain, p, s),
+        }
+    }
+
+    /// Runs every base chain of `hook` in priority order with netfilter's
+    /// semantics: accept continues with the next base chain, drop and reject
+    /// are final; `type nat` chains run only for `ct state new`, and once
+    /// one of them translates, the other NAT chains of the hook are skipped.
+    /// The mark carries from chain to chain. `visit` sees each chain's
+    /// outcome and matched rules.
+    pub fn run_hook(
+        &self,
+        hook: ast::Hook,
+        pkt: &PacketFields,
+        ev: Evaluator,
+        s: &mut Scratch,
+        mut visit: impl FnMut(&BaseInfo, &Outcome, &[RuleId]),
+    ) -> HookOutcome {
+        let mut p = *pkt;
+        let ct_new = p.ct_state & ct::NEW != 0;
+        let mut res = HookOutcome {
+            verdict: HookVerdict::Accept,
+            rule: None,
+            nat: None,
+            mark: p.mark,
+            ct_mark: p.ct_mark,
+        };
+        for b in self.base_chains(hook) {
+            if !family_sees(b.family, p.family) || (b.nat && (!ct_new || res.nat.is_some())) {
+                continue;
+            }
+            let o = self.eval_chain(ev, b.chain, &p, s);
+            visit(b, &o, &s.trace);
+            p.mark = o.mark;
+            p.ct_mark = o.ct_mark;
+            res.mark = o.mark;
+            res.ct_mark = o.ct_mark;
+            match o.verdict {
+                Final::Accept => res.rule = o.rule,
+                Final::Nat(id) => {
+                    if let Some(r) = o.rule {
+                        res.nat = Some((id, r));
+                    }
+                }
+                Final::Drop => {
+                    res.verdict = HookVerdict::Drop;
+                    res.rule = o.rule;
+                    return res;
+                }
+                Final::Reject(_) => {
+                    let with = o
+                        .rule
+                        .and_then(|r| self.rule_info(r))
+                        .and_then(|i| i.reject)
+                        .flatten();
+                    res.verdict = HookVerdict::Reject(with);
+                    res.rule = o.rule;
+                    return res;
+                }
+                Final::Error(e) => {
+                    res.verdict = HookVerdict::Error(e);
+                    res.rule = o.rule;
+                    return res;
+                }
+            }
+        }
+        res
+    }
+
+    /// The classifier's view of an engine packet.
+    pub fn packet_fields(&self, pkt: &PolicyPacket) -> PacketFields {
+        let v6 = pkt.family == 6;
+        let (saddr, daddr) = if v6 {
+            (pkt.src, pkt.dst)
+        } else {
+            (
+                sluice_classify::map_v4(pkt.src as u32),
+                sluice_classify::map_v4(pkt.dst as u32),
+            )
+        };
+        let ported = matches!(pkt.proto, 6 | 17 | 33 | 132 | 136);
+        let oif = pkt.oif.map_or(0, u32::from);
+        PacketFields {
+            iif: u32::from(pkt.iif),
+            oif,
+            iifname: self.ifaces.ifname(u32::from(pkt.iif)),
+            oifname: if oif == 0 {
+                IfName::default()
+            } else {
+                self.ifaces.ifname(oif)
+            },
+            family: if v6 { IrFamily::V6 } else { IrFamily::V4 },
+            saddr,
+            daddr,
+            l4proto: pkt.proto,
+            sport: if ported { pkt.sport } else { 0 },
+            dport: if ported { pkt.dport } else { 0 },
+            tcp_flags: if pkt.proto == 6 { pkt.tcp_flags } else { 0 },
+            icmp_type: pkt.icmp.0,
+            icmp_code: pkt.icmp.1,
+            ct_state: ct_bits(pkt.ct),
+            ct_mark: pkt.ct_mark,
+            mark: pkt.mark,
+        }
+    }
+}
+
+/// `ct state` bit of an engine conntrack state.
+pub fn ct_bits(c: CtState) -> u8 {
+    match c {
+        CtState::New => ct::NEW,
+        CtState::Established => ct::ESTABLISHED,
+        CtState::Related => ct::RELATED,
+        CtState::Invalid => ct::INVALID,
+    }
+}
+
+/// The engine's reject of an nft `reject with`.
+pub fn engine_reject(w: Option<ast::RejectWith>) -> RejectWith {
+    match w {
+        Some(ast::RejectWith::TcpReset) => RejectWith::TcpReset,
+        Some(ast::RejectWith::Icmp(c)) => RejectWith::IcmpUnreachable(c),
+        // ICMPv6 codes have no IPv4 meaning; the engine is IPv4 only.
+        Some(ast::RejectWith::Icmpv6(_)) => RejectWith::IcmpUnreachable(3),
+        // icmpx: 0 no-route, 1 port-unreachable, 2 host-unreachable, 3 admin-prohibited.
+        Some(ast::RejectWith::Icmpx(c)) => RejectWith::IcmpUnreachable(match c {
+            0 => 0,
+            2 => 1,
+            3 => 13,
+            _ => 3,
+        }),
+        None => RejectWith::IcmpUnreachable(3),
+    }
+}
+
+impl Policy for CompiledPolicy {
+    fn decide(&self, hook: Hook, pkt: &PolicyPacket) -> Decision {
+        let p = self.packet_fields(pkt);
+        let run = |s: &mut Scratch| {
+            self.run_hook(ast_hook(hook), &p, Evaluator::Compiled, s, |_, _, _| {})
+        };
+        let o = SCRATCH.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut s) => run(&mut s),
+            Err(_) => run(&mut Scratch::new()),
+        });
+        let verdict = match o.verdict {
+            HookVerdict::Accept => Verdict::Accept,
+            HookVerdict::Drop | HookVerdict::Error(_) => Verdict::Drop,
+            HookVerdict::Reject(w) => Verdict::Reject(engine_reject(w)),
+        };
+        let nat: Option<Translation> = o
+            .nat
+            .and_then(|(id, _)| self.lowered.nat.get(id as usize))
+            .map(|a| a.translation);
+        Decision {
+            verdict,
+            mark: o.mark,
+            nat,
+        }
+    }
+
+    fn has_nat(&self, hook: Hook) -> bool {
+        self.has_nat
+            .get(hook_index(ast_hook(hook)))
+            .copied()
+            .unwrap_or(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::{TracePacket, TraceVerdict};
+    use std::net::IpAddr;
+
+    fn compile(text: &str) -> Result<CompiledPolicy, CompileError> {
+        let rs = sluice_ruleset::parse_nft_str("t.nft", text)
+            .unwrap_or_else(|d| panic!("parse failed:\n{d}"));
+        CompiledPolicy::compile(&rs, &Interfaces::from_ruleset(&rs))
+    }
+
+    fn pol(text: &str) -> CompiledPolicy {
+        compile(text).unwrap_or_else(|e| panic!("compile failed:\n{e}"))
+    }
+
+    fn pkt(proto: u8, src: &str, sport: u16, dst: &str, dport: u16) -> TracePacket {
+        TracePacket {
+            proto,
+            src: src.parse::<IpAddr>().ok(),
+            dst: dst.parse::<IpAddr>().ok(),
+            sport,
+            dport,
+            ..TracePacket::default()
+        }
+    }
+
+    fn fwd(body: &str) -> CompiledPolicy {
+        pol(&format!(
+            "table inet t {{\n chain f {{\n type filter hook forward priority 0; policy drop;\n{body}\n }}\n}}\n"
+        ))
+    }
+
+    fn verdict(p: &CompiledPolicy, pk: &TracePacket) -> (TraceVerdict, Option<String>) {
+        let t = p.trace(pk);
+        assert!(t.mismatch.is_none(), "{t}");
+        (t.verdict, t.rule)
+    }
+
+    #[test]
+    fn tcp_port_implies_protocol() {
+        let p = fwd("tcp dport 22 accept");
+        let tcp = pkt(6, "10.0.0.1", 1, "10.0.0.2", 22);
+        let udp = pkt(17, "10.0.0.1", 1, "10.0.0.2", 22);
+        assert_eq!(
+            verdict(&p, &tcp),
+            (TraceVerdict::Accept, Some("t.nft:4".into()))
+        );
+        assert_eq!(verdict(&p, &udp), (TraceVerdict::Drop, None));
+    }
+
+    #[test]
+    fn ip_saddr_in_inet_implies_ipv4() {
+        let p = fwd("ip saddr 10.0.0.0/8 accept\nip saddr != 10.0.0.0/8 accept");
+        let mapped = pkt(6, "::ffff:10.0.0.1", 1, "::1", 2);
+        assert_eq!(verdict(&p, &mapped).0, TraceVerdict::Drop);
+        let v4 = pkt(6, "10.0.0.1", 1, "10.0.0.2", 2);
+        assert_eq!(verdict(&p, &v4).0, TraceVerdict::Accept);
+    }
+
+    #[test]
+    fn ip_tables_do_not_see_ipv6_packets() {
+        let p = pol("table ip t { chain f { type filter hook forward priority 0; policy drop; } }");
+        assert_eq!(
+            verdict(&p, &pkt(6, "2001:db8::1", 1, "2001:db8::2", 2)).0,
+            TraceVerdict::Accept
+        );
+        assert_eq!(
+            verdict(&p, &pkt(6, "10.0.0.1", 1, "10.0.0.2", 2)).0,
+            TraceVerdict::Drop
+        );
+    }
+
+    #[test]
+    fn bitmask_and_masked_matches_follow_nft() {
+        let p = fwd("ct state established,related accept\n\
+             tcp flags & (fin | syn | rst | ack) != syn drop\n\
+             ct state != invalid tcp dport < 1024 accept");
+        let mut est = pkt(6, "10.0.0.1", 1, "10.0.0.2", 5000);
+        est.ct = CtState::Established;
+        assert_eq!(verdict(&p, &est).0, TraceVerdict::Accept);
+        let mut synack = pkt(6, "10.0.0.1", 1, "10.0.0.2", 80);
+        synack.tcp_flags = 0x12;
+        assert_eq!(
+            verdict(&p, &synack),
+            (TraceVerdict::Drop, Some("t.nft:5".into()))
+        );
+        let mut syn = synack.clone();
+        syn.tcp_flags = 0x02;
+        assert_eq!(
+            verdict(&p, &syn),
+            (TraceVerdict::Accept, Some("t.nft:6".into()))
+        );
+        syn.dport = 1024;
+        assert_eq!(verdict(&p, &syn), (TraceVerdict::Drop, None));
+    }
+
+    #[test]
+    fn interface_wildcards_and_negation() {
+        let p = fwd("iifname != \"eth*\" drop\niifname \"eth1\" accept");
+        let mut a = pkt(6, "10.0.0.1", 1, "10.0.0.2", 2);
+        a.iif = Some("eth1".into());
+        assert_eq!(verdict(&p, &a).1, Some("t.nft:5".into()));
+        a.iif = Some("wg0".into());
+        assert_eq!(verdict(&p, &a).1, Some("t.nft:4".into()));
+    }
+
+    #[test]
+    fn vmap_keeps_first_match_order_and_miss_continues() {
+        let p = fwd(
+            "counter tcp dport vmap { 22 : accept, 23 : drop, 24 : continue }\n\
+             tcp dport 22 drop\n\
+             meta l4proto tcp accept",
+        );
+        let mut k = pkt(6, "10.0.0.1", 1, "10.0.0.2", 22);
+        assert_eq!(
+            verdict(&p, &k),
+            (TraceVerdict::Accept, Some("t.nft:4".into()))
+        );
+        k.dport = 23;
+        assert_eq!(
+            verdict(&p, &k),
+            (TraceVerdict::Drop, Some("t.nft:4".into()))
+        );
+        k.dport = 24;
+        assert_eq!(
+            verdict(&p, &k),
+            (TraceVerdict::Accept, Some("t.nft:6".into()))
+        );
+        k.dport = 99;
+        let t = p.trace(&k);
+        // The counter ran (rule 4 matched) although the lookup missed.
+        let first = t
+            .hooks
+            .get(1)
+            .and_then(|h| h.chains.first())
+            .and_then(|c| c.rules.first());
+        assert_eq!(first.map(|r| r.location.as_str()), Some("t.nft:4"));
+        assert_eq!(t.rule.as_deref(), Some("t.nft:6"));
+    }
+
+    #[test]
+    fn base_chains_run_by_priority_accept_continues_drop_is_final() {
+        let p = pol(
+            "table inet a { chain late { type filter hook forward priority 10; policy accept;\n\
+             tcp dport 1 drop } }\n\
+             table inet b { chain early { type filter hook forward priority -10; policy accept;\n\
+             tcp dport 1 accept\n tcp dport 2 drop } }",
+        );
+        let mut k = pkt(6, "10.0.0.1", 1, "10.0.0.2", 1);
+        let t = p.trace(&k);
+        assert_eq!(t.verdict, TraceVerdict::Drop);
+        assert_eq!(t.rule.as_deref(), Some("t.nft:2"));
+        let names: Vec<&str> = t
+            .hooks
+            .iter()
+            .flat_map(|h| h.chains.iter().map(|c| c.chain.as_str()))
+            .collect();
+        assert_eq!(names, ["inet b early", "inet a late"]);
+        k.dport = 2;
+        assert_eq!(
+            verdict(&p, &k),
+            (TraceVerdict::Drop, Some("t.nft:5".into()))
+        );
+    }
+
+    #[test]
+    fn nat_chains_only_see_new_connections_and_first_nat_wins() {
+        let p = pol(
+            "table ip n { chain a { type nat hook prerouting priority -100; policy accept;\n\
+             tcp dport 80 dnat to 10.0.0.5:8080 }\n\
+             chain b { type nat hook prerouting priority -90; policy accept;\n\
+             tcp dport 80 dnat to 10.0.0.6 } }",
+        );
+        let mut k = pkt(6, "192.0.2.1", 1, "198.51.100.1", 80);
+        let t = p.trace(&k);
+        let n = t.nat.unwrap_or_else(|| panic!("no nat"));
+        assert_eq!((n.addr, n.port), ("10.0.0.5".parse().ok(), Some(8080)));
+        assert_eq!(t.nat_all.len(), 1);
+        k.ct = CtState::Established;
+        assert!(p.trace(&k).nat.is_none());
+    }
+
+    #[test]
+    fn dnat_changes_what_later_hooks_see() {
+        let p = pol(
+            "table ip n { chain pre { type nat hook prerouting priority -100; policy accept;\n\
+             tcp dport 80 dnat to 10.0.0.5:8080 }\n\
+             chain f { type filter hook forward priority 0; policy drop;\n\
+             ip daddr 10.0.0.5 tcp dport 8080 accept } }",
+        );
+        assert_eq!(
+            verdict(&p, &pkt(6, "192.0.2.1", 1, "198.51.100.1", 80)),
+            (TraceVerdict::Accept, Some("t.nft:4".into()))
+        );
+    }
+
+    #[test]
+    fn dnat_map_and_pools() {
+        let p = pol(
+            "table ip n {\n map fwd { type inet_service : ipv4_addr; elements = { 2222 : 10.0.0.20, 8443 : 10.0.0.21 } }\n\
+             chain pre { type nat hook prerouting priority -100; policy accept;\n\
+             dnat to tcp dport map @fwd }\n\
+             chain post { type nat hook postrouting priority 100; policy accept;\n\
+             oifname \"a\" snat to 192.0.2.1-192.0.2.3:1024-2047\n oifname \"b\" snat to 192.0.2.1-192.0.2.3:1024-2047 } }",
+        );
+        let t = p.trace(&pkt(6, "1.1.1.1", 1, "2.2.2.2", 8443));
+        assert_eq!(t.nat.and_then(|n| n.addr), "10.0.0.21".parse().ok());
+        assert!(p.trace(&pkt(6, "1.1.1.1", 1, "2.2.2.2", 9)).nat.is_none());
+        assert_eq!(p.nat_config().pools.len(), 1, "identical pools are shared");
+        let pool = p
+            .nat_config()
+            .pools
+            .first()
+            .cloned()
+            .unwrap_or_else(|| panic!("pool"));
+        assert_eq!((pool.addrs.len(), pool.ports), (3, 1024..=2047));
+    }
+
+    #[test]
+    fn nat_reachable_from_a_filter_chain_is_refused() {
+        let e = compile(
+            "table ip n { chain sub { dnat to 10.0.0.1 }\n\
+             chain pre { type nat hook prerouting priority -100; policy accept; jump sub }\n\
+             chain f { type filter hook forward priority 0; policy accept; jump sub } }",
+        );
+        let e = e.err().unwrap_or_default();
+        assert_eq!(e.errors.len(), 1, "{e}");
+        assert!(e.to_string().contains("t.nft:1:"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("reachable from filter chain 'ip n f'"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unknown_iif_is_an_error_but_unknown_iifname_is_not() {
+        let rs = sluice_ruleset::parse_nft_str(
+            "t.nft",
+            "table ip t { chain c { type filter hook input priority 0;\n iif \"eth9\" accept\n iifname \"eth9\" accept } }",
+        )
+        .unwrap_or_else(|d| panic!("{d}"));
+        let e = CompiledPolicy::compile(&rs, &Interfaces::new())
+            .err()
+            .unwrap_or_default();
+        assert_eq!(e.errors.len(), 1, "{e}");
+        assert_eq!(e.errors.first().map(|e| e.line), Some(2));
+    }
+
+    #[test]
+    fn every_error_is_reported_at_once() {
+        let e = compile(
+            "table ip t { chain c { type nat hook prerouting priority 0;\n ip ttl 1 drop\n ct status dnat accept\n redirect\n dnat to 10.0.0.1-10.0.0.2 } }",
+        )
+        .err()
+        .unwrap_or_default();
+        let lines: Vec<u32> = e.errors.iter().map(|e| e.line).collect();
+        assert_eq!(lines, [2, 3, 4, 5], "{e}");
+    }
+
+    #[test]
+    fn engine_decide_uses_interface_map_marks_and_reject_codes() {
+        let rs = sluice_ruleset::parse_nft_str(
+            "t.nft",
+            "table ip t { chain f { type filter hook forward priority 0; policy accept;\n\
+             iifname \"lan*\" meta mark set 5\n\
+             oif \"wan\" tcp dport 23 reject with tcp reset\n\
+             udp dport 9 reject with icmp host-prohibited } \n\
+             chain p { type nat hook postrouting priority 100; policy accept;\n\
+             oifname \"wan\" masquerade } }",
+        )
+        .unwrap_or_else(|d| panic!("{d}"));
+        let mut ifs = Interfaces::new();
+        ifs.insert("lan0", 3);
+        ifs.insert("wan", 4);
+        let p = CompiledPolicy::compile(&rs, &ifs).unwrap_or_else(|e| panic!("{e}"));
+        let mut pp = PolicyPacket {
+            iif: 3,
+            oif: Some(4),
+            family: 4,
+            src: 0x0a00_0001,
+            dst: 0x0a00_0002,
+            proto: 6,
+            sport: 1000,
+            dport: 23,
+            tcp_flags: 2,
+            icmp: (0, 0),
+            ct: CtState::New,
+            ct_mark: 0,
+            mark: 0,
+            len: 60,
+        };
+        let d = p.decide(Hook::Forward, &pp);
+        assert_eq!(
+            (d.verdict, d.mark),
+            (Verdict::Reject(RejectWith::TcpReset), 5)
+        );
+        pp.proto = 17;
+        pp.dport = 9;
+        let d = p.decide(Hook::Forward, &pp);
+        assert_eq!(d.verdict, Verdict::Reject(RejectWith::IcmpUnreachable(10)));
+        let d = p.decide(Hook::Postrouting, &pp);
+        assert_eq!(d.nat, Some(Translation::Masquerade));
+        assert!(p.has_nat(Hook::Postrouting));
+        assert!(!p.has_nat(Hook::Prerouting));
+        pp.ct = CtState::Established;
+        assert_eq!(p.decide(Hook::Postrouting, &pp).nat, None);
+    }
+}

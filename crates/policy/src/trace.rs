@@ -1,0 +1,651 @@
+//! `sluice trace`: why a packet gets its verdict.
+//!
+//! A trace follows the hooks a packet meets on its way (forward:
+//! prerouting, forward, postrouting; input: prerouting, input; output:
+//! output, postrouting; prerouting and postrouting alone), runs every base
+//! chain with both the compiled classifier and the linear reference, and
+//! reports the matched rules, the deciding rule, the verdict, the NAT action
+//! and the final mark. A DNAT in prerouting/output rewrites the destination
+//! seen by the later hooks, as in the kernel.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr};
+
+use sluice_classify::ir::{map_v4, Family as IrFamily, IfName, PacketFields, RuleId};
+use sluice_classify::{Outcome, Scratch};
+use sluice_engine::CtState;
+use sluice_nat::Translation;
+use sluice_ruleset::{self as ast};
+
+use crate::policy::{ct_bits, CompiledPolicy, Evaluator, HookVerdict};
+
+/// A packet description that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct PacketError(pub String);
+
+fn perr<T>(msg: impl Into<String>) -> Result<T, PacketError> {
+    Err(PacketError(msg.into()))
+}
+
+/// A packet to trace. Missing fields are zero / absent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TracePacket {
+    /// The hook whose path is followed (default forward).
+    pub hook: ast::Hook,
+    /// Input interface name.
+    pub iif: Option<String>,
+    /// Output interface name.
+    pub oif: Option<String>,
+    /// Layer-4 protocol number.
+    pub proto: u8,
+    /// Source address (default 0.0.0.0 / ::).
+    pub src: Option<IpAddr>,
+    /// Destination address.
+    pub dst: Option<IpAddr>,
+    /// Source port.
+    pub sport: u16,
+    /// Destination port.
+    pub dport: u16,
+    /// TCP flags byte.
+    pub tcp_flags: u8,
+    /// ICMP type.
+    pub icmp_type: u8,
+    /// ICMP code.
+    pub icmp_code: u8,
+    /// Conntrack state (default new).
+    pub ct: CtState,
+    /// Packet mark.
+    pub mark: u32,
+    /// Conntrack mark.
+    pub ct_mark: u32,
+}
+
+impl Default for TracePacket {
+    fn default() -> Self {
+        TracePacket {
+            hook: ast::Hook::Forward,
+            iif: None,
+            oif: None,
+            proto: 0,
+            src: None,
+            dst: None,
+            sport: 0,
+            dport: 0,
+            tcp_flags: 0,
+            icmp_type: 0,
+            icmp_code: 0,
+            ct: CtState::New,
+            mark: 0,
+            ct_mark: 0,
+        }
+    }
+}
+
+/// Parses a hook name.
+pub fn parse_hook(s: &str) -> Result<ast::Hook, PacketError> {
+    Ok(match s {
+        "prerouting" => ast::Hook::Prerouting,
+        "input" => ast::Hook::Input,
+        "forward" => ast::Hook::Forward,
+        "output" => ast::Hook::Output,
+        "postrouting" => ast::Hook::Postrouting,
+        _ => {
+            return perr(format!(
+                "unknown hook '{s}' (prerouting, input, forward, output, postrouting)"
+            ))
+        }
+    })
+}
+
+/// Name of a hook.
+pub fn hook_name(h: ast::Hook) -> &'static str {
+    match h {
+        ast::Hook::Prerouting => "prerouting",
+        ast::Hook::Input => "input",
+        ast::Hook::Forward => "forward",
+        ast::Hook::Output => "output",
+        ast::Hook::Postrouting => "postrouting",
+    }
+}
+
+/// Parses `tcp`, `udp`, `icmp`, `icmpv6` (and a few more names) or a number.
+pub fn parse_proto(s: &str) -> Result<u8, PacketError> {
+    Ok(match s {
+        "tcp" => 6,
+        "udp" => 17,
+        "icmp" => 1,
+        "icmpv6" | "ipv6-icmp" => 58,
+        "sctp" => 132,
+        "dccp" => 33,
+        "udplite" => 136,
+        "gre" => 47,
+        "esp" => 50,
+        "ah" => 51,
+        _ => match s.parse::<u8>() {
+            Ok(n) => n,
+            Err(_) => return perr(format!("unknown protocol '{s}'")),
+        },
+    })
+}
+
+/// Parses TCP flags as letters: F S R P A U E C (e.g. `SA`).
+pub fn parse_tcp_flags(s: &str) -> Result<u8, PacketError> {
+    let mut f = 0u8;
+    for c in s.chars() {
+        f |= match c.to_ascii_uppercase() {
+            'F' => 0x01,
+            'S' => 0x02,
+            'R' => 0x04,
+            'P' => 0x08,
+            'A' => 0x10,
+            'U' => 0x20,
+            'E' => 0x40,
+            'C' => 0x80,
+            _ => {
+                return perr(format!(
+                    "unknown TCP flag '{c}' in '{s}' (letters FSRPAUEC)"
+                ))
+            }
+        };
+    }
+    Ok(f)
+}
+
+/// Parses `new`, `established`, `related` or `invalid`.
+pub fn parse_ct(s: &str) -> Result<CtState, PacketError> {
+    Ok(match s {
+        "new" => CtState::New,
+        "established" => CtState::Established,
+        "related" => CtState::Related,
+        "invalid" => CtState::Invalid,
+        _ => {
+            return perr(format!(
+                "unknown ct state '{s}' (new, established, related, invalid)"
+            ))
+        }
+    })
+}
+
+/// Parses a decimal or `0x` hexadecimal `u32`.
+pub fn parse_u32(s: &str) -> Result<u32, PacketError> {
+    let r = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(h) => u32::from_str_radix(h, 16),
+        None => s.parse(),
+    };
+    r.or_else(|_| perr(format!("'{s}' is not a 32-bit number")))
+}
+
+fn parse_u8(s: &str, what: &str) -> Result<u8, PacketError> {
+    s.parse()
+        .or_else(|_| perr(format!("{what} '{s}' is not a number 0-255")))
+}
+
+/// `ADDR`, `ADDR:PORT`, `[V6]:PORT` or a bare IPv6 address.
+fn parse_endpoint(s: &str) -> Result<(IpAddr, Option<u16>), PacketError> {
+    if let Ok(a) = s.parse::<IpAddr>() {
+        return Ok((a, None));
+    }
+    let (a, p) = if let Some(rest) = s.strip_prefix('[') {
+        match rest.split_once("]:") {
+            Some((a, p)) => (a, p),
+            None => (rest.strip_suffix(']').unwrap_or(rest), ""),
+        }
+    } else {
+        match s.rsplit_once(':') {
+            Some((a, p)) => (a, p),
+            None => (s, ""),
+        }
+    };
+    let addr: IpAddr = a
+        .parse()
+        .or_else(|_| perr(format!("'{s}' is not an address[:port]")))?;
+    if p.is_empty() {
+        return Ok((addr, None));
+    }
+    let port: u16 = p
+        .parse()
+        .or_else(|_| perr(format!("'{p}' is not a port number")))?;
+    Ok((addr, Some(port)))
+}
+
+impl TracePacket {
+    /// Parses `[PROTO] SRC[:PORT] > DST[:PORT] [iif NAME] [oif NAME] [ct STATE]
+    /// [mark N] [ctmark N] [flags FLAGS] [type N] [code N] [hook HOOK]`,
+    /// e.g. `tcp 10.0.0.2:1234 > 192.0.2.1:80 iif eth0 oif eth1 ct new flags S`.
+    /// IPv6 endpoints with a port are written `[2001:db8::1]:80`.
+    pub fn parse(spec: &str) -> Result<Self, PacketError> {
+        let toks: Vec<&str> = spec.split_whitespace().collect();
+        let mut p = TracePacket::default();
+        let mut i = 0usize;
+        if let Some(t) = toks.first() {
+            if !t.contains('.') && !t.contains(':') {
+                p.proto = parse_proto(t)?;
+                i = 1;
+            }
+        }
+        match (toks.get(i), toks.get(i + 1), toks.get(i + 2)) {
+            (Some(src), Some(&">"), Some(dst)) => {
+                let (s, sp) = parse_endpoint(src)?;
+                let (d, dp) = parse_endpoint(dst)?;
+                p.src = Some(s);
+                p.dst = Some(d);
+                p.sport = sp.unwrap_or(0);
+                p.dport = dp.unwrap_or(0);
+                i += 3;
+            }
+            _ => return perr("expected 'SRC[:PORT] > DST[:PORT]' after the protocol"),
+        }
+        while let Some(key) = toks.get(i) {
+            let Some(val) = toks.get(i + 1) else {
+                return perr(format!("'{key}' needs a value"));
+            };
+            match *key {
+                "iif" | "iifname" => p.iif = Some((*val).to_string()),
+                "oif" | "oifname" => p.oif = Some((*val).to_string()),
+                "ct" => p.ct = parse_ct(val)?,
+                "mark" => p.mark = parse_u32(val)?,
+                "ctmark" => p.ct_mark = parse_u32(val)?,
+                "flags" => p.tcp_flags = parse_tcp_flags(val)?,
+                "type" => p.icmp_type = parse_u8(val, "ICMP type")?,
+                "code" => p.icmp_code = parse_u8(val, "ICMP code")?,
+                "hook" => p.hook = parse_hook(val)?,
+                _ => {
+                    return perr(format!(
+                        "unknown key '{key}' (iif, oif, ct, mark, ctmark, flags, type, code, hook)"
+                    ))
+                }
+            }
+            i += 2;
+        }
+        p.check()?;
+        Ok(p)
+    }
+
+    /// Rejects inconsistent descriptions (mixed address families).
+    pub fn check(&self) -> Result<(), PacketError> {
+        if let (Some(s), Some(d)) = (self.src, self.dst) {
+            if s.is_ipv4() != d.is_ipv4() {
+                return perr("source and destination are of different address families");
+            }
+        }
+        Ok(())
+    }
+
+    fn is_v6(&self) -> bool {
+        self.src.or(self.dst).is_some_and(|a| a.is_ipv6())
+    }
+
+    /// The classifier's view, with interface indexes from `policy`.
+    pub fn fields(&self, policy: &CompiledPolicy) -> PacketFields {
+        let v6 = self.is_v6();
+        let addr = |a: Option<IpAddr>| match a {
+            Some(IpAddr::V4(a)) => map_v4(u32::from(a)),
+            Some(IpAddr::V6(a)) => u128::from(a),
+            None if v6 => 0,
+            None => map_v4(0),
+        };
+        let ifx = |n: &Option<String>| {
+            n.as_deref().map_or((0, IfName::default()), |n| {
+                (policy.interfaces().index(n).unwrap_or(0), IfName::new(n))
+            })
+        };
+        let (iif, iifname) = ifx(&self.iif);
+        let (oif, oifname) = ifx(&self.oif);
+        let icmp = matches!(self.proto, 1 | 58);
+        PacketFields {
+            iif,
+            oif,
+            iifname,
+            oifname,
+            family: if v6 { IrFamily::V6 } else { IrFamily::V4 },
+            saddr: addr(self.src),
+            daddr: addr(self.dst),
+            l4proto: self.proto,
+            sport: if icmp { 0 } else { self.sport },
+            dport: if icmp { 0 } else { self.dport },
+            tcp_flags: if self.proto == 6 { self.tcp_flags } else { 0 },
+            icmp_type: if icmp { self.icmp_type } else { 0 },
+            icmp_code: if icmp { self.icmp_code } else { 0 },
+            ct_state: ct_bits(self.ct),
+            ct_mark: self.ct_mark,
+            mark: self.mark,
+        }
+    }
+}
+
+/// The final verdict of a trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TraceVerdict {
+    /// Accepted by every hook on the path.
+    Accept,
+    /// Dropped (by rule, policy or an evaluation error).
+    Drop,
+    /// Rejected by a rule.
+    Reject,
+}
+
+impl TraceVerdict {
+    /// `"accept"`, `"drop"` or `"reject"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TraceVerdict::Accept => "accept",
+            TraceVerdict::Drop => "drop",
+            TraceVerdict::Reject => "reject",
+        }
+    }
+}
+
+/// Kind of a NAT action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NatType {
+    /// Source NAT to a pool.
+    Snat,
+    /// Destination NAT.
+    Dnat,
+    /// Source NAT to the egress interface's address.
+    Masquerade,
+}
+
+impl NatType {
+    /// `"snat"`, `"dnat"` or `"masquerade"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            NatType::Snat => "snat",
+            NatType::Dnat => "dnat",
+            NatType::Masquerade => "masquerade",
+        }
+    }
+}
+
+/// What a NAT hook would do to the first packet of the connection. For
+/// SNAT to a pool, `addr` is the pool's first address and `port` is `None`
+/// unless the rule fixes a single port (the real choice depends on the
+/// allocator); for masquerade both are `None` (the egress address is known
+/// only at run time).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NatReport {
+    /// Kind.
+    pub kind: NatType,
+    /// Address.
+    pub addr: Option<Ipv4Addr>,
+    /// Port.
+    pub port: Option<u16>,
+    /// `FILE:LINE` of the NAT rule.
+    pub rule: String,
+}
+
+/// One matched rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleTrace {
+    /// Chain holding the rule (`"inet filter input"`).
+    pub chain: String,
+    /// `FILE:LINE`.
+    pub location: String,
+    /// The rule, canonical nft.
+    pub text: String,
+}
+
+/// One base chain run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainTrace {
+    /// Chain name.
+    pub chain: String,
+    /// `type nat`.
+    pub nat: bool,
+    /// Priority.
+    pub priority: i32,
+    /// Matched rules, in execution order (across jumps).
+    pub rules: Vec<RuleTrace>,
+    /// What the chain decided: `accept`, `drop`, `reject`, `nat`, `error`.
+    pub result: &'static str,
+    /// The policy decided (no rule did).
+    pub by_policy: bool,
+}
+
+/// One hook on the path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookTrace {
+    /// Hook.
+    pub hook: ast::Hook,
+    /// Base chains run, in order (chains skipped for family or conntrack
+    /// state are not listed).
+    pub chains: Vec<ChainTrace>,
+}
+
+/// The full answer for one packet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Trace {
+    /// Hooks on the path, up to the one that decided.
+    pub hooks: Vec<HookTrace>,
+    /// Final verdict.
+    pub verdict: TraceVerdict,
+    /// `FILE:LINE` of the deciding rule: the dropping/rejecting rule, or for
+    /// accept the accepting rule of the last base chain of the traced hook;
+    /// `None` when a chain policy decided.
+    pub rule: Option<String>,
+    /// The first NAT action on the path (DNAT comes before SNAT).
+    pub nat: Option<NatReport>,
+    /// Every NAT action on the path.
+    pub nat_all: Vec<NatReport>,
+    /// Packet mark afterwards.
+    pub mark: u32,
+    /// An evaluation error (jump stack overflow), reported as drop.
+    pub error: Option<String>,
+    /// Set when the compiled classifier and the linear reference disagreed
+    /// (a classifier bug; debug builds panic instead).
+    pub mismatch: Option<String>,
+}
+
+/// The hooks a packet meets on the path of `hook`.
+pub fn path(hook: ast::Hook) -> &'static [ast::Hook] {
+    use ast::Hook::*;
+    match hook {
+        Prerouting => &[Prerouting],
+        Input => &[Prerouting, Input],
+        Forward => &[Prerouting, Forward, Postrouting],
+        Output => &[Output, Postrouting],
+        Postrouting => &[Postrouting],
+    }
+}
+
+type Visits = Vec<(sluice_classify::ChainId, Outcome, Vec<RuleId>)>;
+
+impl CompiledPolicy {
+    /// Traces one packet along the path of its hook.
+    pub fn trace(&self, pkt: &TracePacket) -> Trace {
+        let mut p = pkt.fields(self);
+        let mut s = Scratch::new();
+        let mut out = Trace {
+            hooks: Vec::new(),
+            verdict: TraceVerdict::Accept,
+            rule: None,
+            nat: None,
+            nat_all: Vec::new(),
+            mark: p.mark,
+            error: None,
+            mismatch: None,
+        };
+        for &hook in path(pkt.hook) {
+            let mut lin: Visits = Vec::new();
+            let lo = self.run_hook(hook, &p, Evaluator::Linear, &mut s, |b, o, t| {
+                lin.push((b.chain, *o, t.to_vec()))
+            });
+            let mut comp: Visits = Vec::new();
+            let co = self.run_hook(hook, &p, Evaluator::Compiled, &mut s, |b, o, t| {
+                comp.push((b.chain, *o, t.to_vec()))
+            });
+            debug_assert_eq!(
+                lin, comp,
+                "compiled classifier disagrees with linear evaluator"
+            );
+            debug_assert_eq!(lo, co);
+            if lin != comp || lo != co {
+                out.mismatch = Some(format!(
+                    "hook {}: linear {lin:?} / {lo:?} vs compiled {comp:?} / {co:?}",
+                    hook_name(hook)
+                ));
+            }
+            let chains = comp
+                .iter()
+                .map(|(c, o, t)| self.chain_trace(*c, o, t))
+                .collect();
+            out.hooks.push(HookTrace { hook, chains });
+            p.mark = co.mark;
+            p.ct_mark = co.ct_mark;
+            out.mark = co.mark;
+            if let Some((id, rule)) = co.nat {
+                if let Some(a) = self.nat_actions().get(id as usize) {
+                    let kind = match a.translation {
+                        Translation::Snat { .. } => NatType::Snat,
+                        Translation::Masquerade => NatType::Masquerade,
+                        Translation::Dnat { addr, port } => {
+                            p.daddr = map_v4(u32::from(addr));
+                            if let Some(port) = port {
+                                if matches!(p.l4proto, 6 | 17 | 33 | 132 | 136) {
+                                    p.dport = port;
+                                }
+                            }
+                            NatType::Dnat
+                        }
+                    };
+                    out.nat_all.push(NatReport {
+                        kind,
+                        addr: a.addr,
+                        port: a.port,
+                        rule: self.location(rule),
+                    });
+                }
+            }
+            let decided = |v| (v, co.rule.map(|r| self.location(r)));
+            match co.verdict {
+                HookVerdict::Accept => {
+                    if hook == pkt.hook {
+                        out.rule = co.rule.map(|r| self.location(r));
+                    }
+                }
+                HookVerdict::Drop => {
+                    (out.verdict, out.rule) = decided(TraceVerdict::Drop);
+                    break;
+                }
+                HookVerdict::Reject(_) => {
+                    (out.verdict, out.rule) = decided(TraceVerdict::Reject);
+                    break;
+                }
+                HookVerdict::Error(e) => {
+                    (out.verdict, out.rule) = decided(TraceVerdict::Drop);
+                    out.error = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+        out.nat = out.nat_all.first().cloned();
+        out
+    }
+
+    fn location(&self, r: RuleId) -> String {
+        self.rule_info(r)
+            .map(|i| i.location.clone())
+            .unwrap_or_else(|| format!("<rule {}>", r.0))
+    }
+
+    fn chain_trace(&self, c: sluice_classify::ChainId, o: &Outcome, t: &[RuleId]) -> ChainTrace {
+        let info = self.chain_info(c);
+        let rules = t
+            .iter()
+            .map(|r| {
+                let ri = self.rule_info(*r);
+                RuleTrace {
+                    chain: ri
+                        .and_then(|i| self.chain_info(i.chain))
+                        .map(|c| c.name.clone())
+                        .unwrap_or_default(),
+                    location: self.location(*r),
+                    text: ri.map(|i| i.text.clone()).unwrap_or_default(),
+                }
+            })
+            .collect();
+        ChainTrace {
+            chain: info.map(|i| i.name.clone()).unwrap_or_default(),
+            nat: info
+                .and_then(|i| i.base)
+                .is_some_and(|b| b.chain_type == ast::ChainType::Nat),
+            priority: info.and_then(|i| i.base).map_or(0, |b| b.priority),
+            rules,
+            result: match o.verdict {
+                sluice_classify::Final::Accept => "accept",
+                sluice_classify::Final::Drop => "drop",
+                sluice_classify::Final::Reject(_) => "reject",
+                sluice_classify::Final::Nat(_) => "nat",
+                sluice_classify::Final::Error(_) => "error",
+            },
+            by_policy: o.rule.is_none(),
+        }
+    }
+}
+
+impl fmt::Display for NatReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.kind.name())?;
+        match (self.addr, self.port) {
+            (Some(a), Some(p)) => write!(f, " to {a}:{p}")?,
+            (Some(a), None) => write!(f, " to {a}")?,
+            (None, Some(p)) => write!(f, " to :{p}")?,
+            (None, None) => {}
+        }
+        write!(f, " ({})", self.rule)
+    }
+}
+
+impl fmt::Display for Trace {
+    /// Human-readable form: hooks, chains, matched rules, then the result.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for h in &self.hooks {
+            writeln!(f, "hook {}:", hook_name(h.hook))?;
+            if h.chains.is_empty() {
+                writeln!(f, "  (no base chain)")?;
+            }
+            for c in &h.chains {
+                writeln!(
+                    f,
+                    "  chain {} (type {}, priority {})",
+                    c.chain,
+                    if c.nat { "nat" } else { "filter" },
+                    c.priority
+                )?;
+                for r in &c.rules {
+                    let inner = if r.chain == c.chain {
+                        String::new()
+                    } else {
+                        format!(" [{}]", r.chain)
+                    };
+                    writeln!(f, "    rule {}{inner}: {}", r.location, r.text)?;
+                }
+                if c.by_policy {
+                    writeln!(f, "    policy {}", c.result)?;
+                } else {
+                    writeln!(f, "    -> {}", c.result)?;
+                }
+            }
+        }
+        writeln!(f, "verdict: {}", self.verdict.name())?;
+        match &self.rule {
+            Some(r) => writeln!(f, "rule: {r}")?,
+            None => writeln!(f, "rule: (chain policy)")?,
+        }
+        if self.nat_all.is_empty() {
+            writeln!(f, "nat: none")?;
+        }
+        for n in &self.nat_all {
+            writeln!(f, "nat: {n}")?;
+        }
+        writeln!(f, "mark: {:#x}", self.mark)?;
+        if let Some(e) = &self.error {
+            writeln!(f, "error: {e}")?;
+        }
+        if let Some(m) = &self.mismatch {
+            writeln!(f, "MISMATCH between compiled and linear evaluation: {m}")?;
+        }
+        Ok(())
+    }
+}
