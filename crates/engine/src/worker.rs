@@ -672,10 +672,15 @@ impl Worker {
             return Step::Done(Action::Drop(DropReason::CtInvalid));
         }
 
-        // Prerouting: DNAT.
-        if reply.is_none() && self.policy.has_nat(Hook::Prerouting) {
-            let dec = self.policy.decide(Hook::Prerouting, &pp);
-            pp.mark = dec.mark;
+        // Prerouting: filter chains, and DNAT for a new connection not
+        // already bound to a mapping.
+        let dec = self.policy.decide(Hook::Prerouting, &pp);
+        pp.mark = dec.mark;
+        if let Some(r) = refused(dec.verdict) {
+            self.release_pending(key, reply.as_ref());
+            return Step::Done(Action::Drop(r));
+        }
+        if reply.is_none() {
             if let Some(Translation::Dnat { addr, port }) = dec.nat {
                 match self.nat.dnat(key, addr, port) {
                     Ok(r) => reply = Some(r),
@@ -696,21 +701,19 @@ impl Worker {
         // Forward filter.
         let dec = self.policy.decide(Hook::Forward, &pp);
         pp.mark = dec.mark;
-        match dec.verdict {
-            Verdict::Accept => {}
-            Verdict::Drop => {
-                self.release_pending(key, reply.as_ref());
-                return Step::Done(Action::Drop(DropReason::PolicyDrop));
-            }
-            Verdict::Reject(_w) => {
-                self.release_pending(key, reply.as_ref());
-                return Step::Done(Action::Drop(DropReason::PolicyReject));
-            }
+        if let Some(r) = refused(dec.verdict) {
+            self.release_pending(key, reply.as_ref());
+            return Step::Done(Action::Drop(r));
         }
-        // Postrouting: SNAT / masquerade (only for connections not yet
-        // translated by a mapping or DNAT).
-        if reply.is_none() && self.policy.has_nat(Hook::Postrouting) {
-            let dec = self.policy.decide(Hook::Postrouting, &pp);
+        // Postrouting: filter chains, and SNAT / masquerade for connections
+        // not yet translated by a mapping or DNAT.
+        let dec = self.policy.decide(Hook::Postrouting, &pp);
+        pp.mark = dec.mark;
+        if let Some(r) = refused(dec.verdict) {
+            self.release_pending(key, reply.as_ref());
+            return Step::Done(Action::Drop(r));
+        }
+        if reply.is_none() {
             if let Some(t @ (Translation::Snat { .. } | Translation::Masquerade)) = dec.nat {
                 let egress = self
                     .ifaces
@@ -959,6 +962,15 @@ fn l4_event(d: &Dissect) -> L4Event {
             request: icmp_is_query_request(false, ty),
         },
         _ => L4Event::Other,
+    }
+}
+
+/// The drop reason for a refusing verdict, `None` for accept.
+fn refused(v: Verdict) -> Option<DropReason> {
+    match v {
+        Verdict::Accept => None,
+        Verdict::Drop => Some(DropReason::PolicyDrop),
+        Verdict::Reject(_) => Some(DropReason::PolicyReject),
     }
 }
 

@@ -58,6 +58,19 @@ pub(crate) const PROTOCOLS: &[(&str, u64)] = &[
     ("icmpv6", 58),
     ("sctp", 132),
     ("udplite", 136),
+    ("ipip", 4),
+    ("dccp", 33),
+    ("ipv6-route", 43),
+    ("ipv6-frag", 44),
+    ("ipv6-nonxt", 59),
+    ("ipv6-opts", 60),
+    ("ospf", 89),
+    ("pim", 103),
+    ("vrrp", 112),
+    ("l2tp", 115),
+    // /etc/protocols alias of icmpv6; listed after it so that the printer
+    // keeps "icmpv6" as the canonical name.
+    ("ipv6-icmp", 58),
 ];
 
 pub(crate) const NFPROTO: &[(&str, u64)] = &[("ipv4", 2), ("ipv6", 10)];

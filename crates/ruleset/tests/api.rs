@@ -114,3 +114,14 @@ fn iptables_and_nft_lower_to_the_same_ast_text() {
     let b = parse_nft_str("b.nft", nft).expect("nft").to_nft();
     assert_eq!(a, b);
 }
+
+/// Regression: `ipv6-icmp` (the /etc/protocols name of protocol 58) was split
+/// at its hyphen into the range `ipv6-icmp` = 41..1 and refused with "range
+/// start is greater than range end". Found by the kernel oracle test.
+#[test]
+fn regression_ipv6_icmp_protocol_alias_is_not_a_range() {
+    let text = "table inet f {\n  chain input {\n    type filter hook input priority 0; policy drop;\n    meta l4proto { icmp, ipv6-icmp } accept\n  }\n}\n";
+    let rs = sluice_ruleset::parse_nft_str("alias.nft", text).expect("ipv6-icmp is a protocol name");
+    let printed = sluice_ruleset::print_ruleset(&rs);
+    assert!(printed.contains("meta l4proto { icmp, icmpv6 } accept"), "{printed}");
+}

@@ -182,8 +182,23 @@ pub fn topology(w: u16, cores: u16, max_conns: u64, seed: u64) -> EngineConfig {
         workers: cores,
         ct_max: max_conns,
         seed: seed ^ u64::from(w),
+        timeouts: bench_timeouts(),
         nat,
         ..EngineConfig::default()
+    }
+}
+
+/// Conntrack timeouts of the benchmark DUT: netfilter's defaults, except
+/// that UDP connections live for a day. RFC 9693 requires that no connection
+/// expires during a test (seed 000 raised `nf_conntrack_udp_timeout` on the
+/// kernel for the same reason); phase 1 at 40 M connections alone takes
+/// longer than the default 30 s.
+pub fn bench_timeouts() -> sluice_conntrack::Timeouts {
+    let day = std::time::Duration::from_secs(86_400);
+    sluice_conntrack::Timeouts {
+        udp: day,
+        udp_stream: day,
+        ..sluice_conntrack::Timeouts::default()
     }
 }
 
