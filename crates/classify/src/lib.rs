@@ -13,6 +13,8 @@
 //!   pruning; see [`compiled`] for the algorithm and citations) with
 //!   incremental [`Classifier::insert_rule`] / [`Classifier::delete_rule`].
 //! * [`gen`]: seeded rule-set and packet generators for tests and benches.
+//! * [`bench`](mod@bench): the bodies of `sluice bench rules` / `sluice bench update`
+//!   (the caller passes the clock).
 //!
 //! # Semantics (both evaluators)
 //!
@@ -34,6 +36,7 @@
 //!   scratch has grown), or reads a clock.
 #![forbid(unsafe_code)]
 
+pub mod bench;
 pub mod compiled;
 pub mod gen;
 pub mod ir;

@@ -68,6 +68,8 @@ pub struct Scratch {
     pub(crate) stack: Vec<(ChainId, u64)>,
     /// Matched rules, in order. Cleared at the start of each evaluation.
     pub trace: Vec<RuleId>,
+    /// The compiled classifier's per-lookup merge state.
+    pub(crate) heads: Vec<crate::compiled::Head>,
 }
 
 impl Scratch {
@@ -76,6 +78,7 @@ impl Scratch {
         Scratch {
             stack: Vec::with_capacity(MAX_DEPTH),
             trace: Vec::with_capacity(16),
+            heads: Vec::with_capacity(32),
         }
     }
 }

@@ -69,6 +69,26 @@ impl<V: Clone> Sharded<V> {
             len: 0,
         }
     }
+    /// An empty map presized for `n` entries (bulk loads skip rehashing).
+    pub(crate) fn with_capacity(n: usize) -> Self {
+        if n <= RESHARD_AT {
+            return Sharded {
+                shards: vec![Arc::new(HashMap::with_capacity_and_hasher(n, IdBuild))],
+                len: 0,
+            };
+        }
+        let per = n / SHARDS + n / (4 * SHARDS) + 8;
+        Sharded {
+            shards: (0..SHARDS)
+                .map(|_| Arc::new(HashMap::with_capacity_and_hasher(per, IdBuild)))
+                .collect(),
+            len: 0,
+        }
+    }
+    /// All entries, in no particular order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&u64, &V)> {
+        self.shards.iter().flat_map(|s| s.iter())
+    }
     #[inline]
     fn idx(&self, h: u64) -> usize {
         if self.shards.len() == 1 {
@@ -157,6 +177,41 @@ impl<T: Clone> ChunkVec<T> {
     }
 }
 
+const FIXED_CHUNK: usize = 1024;
+
+/// A fixed-length array in `Arc`'d chunks of (at most) 1024 elements; a
+/// write copies one chunk. A lookup is two dependent loads.
+#[derive(Clone, Debug)]
+pub(crate) struct Chunks<T> {
+    chunks: Vec<Arc<[T]>>,
+}
+
+impl<T: Clone> Chunks<T> {
+    /// `len` copies of `v`.
+    pub(crate) fn filled(len: usize, v: T) -> Self {
+        let mut chunks = Vec::with_capacity(len.div_ceil(FIXED_CHUNK));
+        let mut left = len;
+        while left > 0 {
+            let n = left.min(FIXED_CHUNK);
+            chunks.push((0..n).map(|_| v.clone()).collect());
+            left -= n;
+        }
+        Chunks { chunks }
+    }
+    #[inline]
+    pub(crate) fn get(&self, i: usize) -> Option<&T> {
+        self.chunks.get(i / FIXED_CHUNK)?.get(i % FIXED_CHUNK)
+    }
+    pub(crate) fn get_mut(&mut self, i: usize) -> Option<&mut T> {
+        let c = self.chunks.get_mut(i / FIXED_CHUNK)?;
+        if Arc::get_mut(c).is_none() {
+            // Shared with another generation: copy this chunk only.
+            *c = c.iter().cloned().collect();
+        }
+        Arc::get_mut(c)?.get_mut(i % FIXED_CHUNK)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,6 +230,18 @@ mod tests {
         assert_eq!(m.get(fmix(5)), None);
         assert_eq!(m.get(fmix(7)), Some(&70));
         assert_eq!(m.len, 2999);
+    }
+
+    #[test]
+    fn chunks_cow() {
+        let mut v = Chunks::filled(3000, 0u32);
+        let old = v.clone();
+        if let Some(x) = v.get_mut(2999) {
+            *x = 7;
+        }
+        assert_eq!(old.get(2999), Some(&0));
+        assert_eq!(v.get(2999), Some(&7));
+        assert_eq!(v.get(3000), None);
     }
 
     #[test]

@@ -439,3 +439,33 @@ fn mark_set_is_seen_by_later_rules() {
     assert_eq!(s.trace, vec![RuleId(2), RuleId(4)]);
     check(&prog, &c, &[PacketFields::default()]).unwrap();
 }
+
+/// Summary slots must stay lower bounds (and their cached lowest entries
+/// exact) through relabels, deletions of slot minima and summary rebuilds.
+#[test]
+fn summaries_survive_relabels_and_deletes_of_slot_minima() {
+    let mut prog = gen::classbench(3000, 21);
+    let mut c = Classifier::compile(&prog).unwrap();
+    let extra = gen::classbench(1500, 22);
+    let mut r = Rng::new(5);
+    let anchor = prog.chains[0].rules[10].id;
+    for (i, mut rule) in extra.chains[0].rules.iter().cloned().enumerate() {
+        rule.id = RuleId(2_000_000 + i as u64);
+        let rules = &mut prog.chains[0].rules;
+        // Always right after the same rule: exhausts the gap, forces relabels.
+        let k = rules.iter().position(|x| x.id == anchor).unwrap() + 1;
+        c.insert_rule(ChainId(0), Placement::After(anchor), &rule)
+            .unwrap();
+        rules.insert(k, rule);
+        // Delete early rules: they are the lowest entries of their slots.
+        if i % 2 == 0 {
+            let k = r.below(40.min(rules.len() as u64)) as usize;
+            if rules[k].id != anchor {
+                let gone = rules.remove(k);
+                c.delete_rule(ChainId(0), gone.id).unwrap();
+            }
+        }
+    }
+    let pkts = gen::classbench_packets(&prog, 6000, 23);
+    check(&prog, &c, &pkts).unwrap();
+}

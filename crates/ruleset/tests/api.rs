@@ -121,7 +121,11 @@ fn iptables_and_nft_lower_to_the_same_ast_text() {
 #[test]
 fn regression_ipv6_icmp_protocol_alias_is_not_a_range() {
     let text = "table inet f {\n  chain input {\n    type filter hook input priority 0; policy drop;\n    meta l4proto { icmp, ipv6-icmp } accept\n  }\n}\n";
-    let rs = sluice_ruleset::parse_nft_str("alias.nft", text).expect("ipv6-icmp is a protocol name");
+    let rs =
+        sluice_ruleset::parse_nft_str("alias.nft", text).expect("ipv6-icmp is a protocol name");
     let printed = sluice_ruleset::print_ruleset(&rs);
-    assert!(printed.contains("meta l4proto { icmp, icmpv6 } accept"), "{printed}");
+    assert!(
+        printed.contains("meta l4proto { icmp, icmpv6 } accept"),
+        "{printed}"
+    );
 }

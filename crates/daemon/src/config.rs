@@ -1,0 +1,943 @@
+//! The TOML configuration: schema, parsing and validation.
+//!
+//! Parsing is two steps. [`toml`] + serde turn the text into raw structs
+//! whose every operator-written value keeps its byte span
+//! ([`toml::Spanned`]); type errors and unknown keys are reported there with
+//! toml's span. Validation then turns raw values into typed ones (addresses,
+//! prefixes, MACs, interface references) and reports each problem as
+//! `FILE:LINE:COLUMN: PATH: MESSAGE`, e.g.
+//! `sluice.toml:7:9: routes[1].via: 300.1.1.1 is not an IPv4 address`.
+//! Validation has no side effects; [`crate::check`] is the whole of
+//! `sluice check`.
+
+use core::net::Ipv4Addr;
+use core::ops::Range;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+/// Default control socket path.
+pub const DEFAULT_SOCKET: &str = "/run/sluice.sock";
+
+/// Most workers accepted.
+pub const MAX_WORKERS: u16 = 64;
+
+/// A configuration problem, with its location when it has one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{file}: cannot read: {reason}")]
+    Read {
+        /// The path as given.
+        file: String,
+        /// The OS error text.
+        reason: String,
+    },
+    /// A located problem in the TOML file.
+    #[error("{file}:{line}:{col}: {message}\n{line:>5} | {source_line}\n      | {caret}", caret = caret(*col))]
+    At {
+        /// The path as given.
+        file: String,
+        /// 1-based line.
+        line: usize,
+        /// 1-based column (in characters).
+        col: usize,
+        /// `PATH: what is wrong`.
+        message: String,
+        /// The offending line, for the caret display.
+        source_line: String,
+    },
+    /// The nft ruleset did not parse or compile (its own diagnostics).
+    #[error("{0}")]
+    Ruleset(String),
+}
+
+fn caret(col: usize) -> String {
+    format!("{}^", " ".repeat(col.saturating_sub(1)))
+}
+
+impl ConfigError {
+    /// The first line only (`FILE:LINE:COL: PATH: MESSAGE`), for logs and
+    /// JSON errors.
+    pub fn headline(&self) -> String {
+        self.to_string()
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    }
+}
+
+/// Which io backend to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendChoice {
+    /// AF_XDP, else AF_PACKET.
+    #[default]
+    Auto,
+    /// AF_XDP only.
+    AfXdp,
+    /// AF_PACKET only.
+    AfPacket,
+}
+
+impl From<BackendChoice> for sluice_io::Backend {
+    fn from(b: BackendChoice) -> Self {
+        match b {
+            BackendChoice::Auto => sluice_io::Backend::Auto,
+            BackendChoice::AfXdp => sluice_io::Backend::AfXdp,
+            BackendChoice::AfPacket => sluice_io::Backend::AfPacket,
+        }
+    }
+}
+
+// ---------------------------------------------------------------- raw schema
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    ruleset: Option<Spanned<String>>,
+    #[serde(default)]
+    backend: BackendChoice,
+    workers: Option<Spanned<i64>>,
+    capture: Option<Spanned<String>>,
+    control_socket: Option<Spanned<String>>,
+    #[serde(default)]
+    interfaces: Vec<RawInterface>,
+    #[serde(default)]
+    routes: Vec<RawRoute>,
+    #[serde(default)]
+    neighbors: Vec<RawNeighbor>,
+    #[serde(default)]
+    nat: RawNat,
+    #[serde(default)]
+    conntrack: RawConntrack,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawInterface {
+    name: Spanned<String>,
+    role: Option<Role>,
+    #[serde(default)]
+    addresses: Vec<Spanned<String>>,
+    mac: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRoute {
+    to: Spanned<String>,
+    via: Option<Spanned<String>>,
+    dev: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNeighbor {
+    ip: Spanned<String>,
+    mac: Spanned<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNat {
+    mapping: Option<Mapping>,
+    filtering: Option<Filtering>,
+    pooling: Option<PoolingChoice>,
+    hairpinning: Option<bool>,
+    max_sessions_per_subscriber: Option<Spanned<i64>>,
+    masquerade_ports: Option<Spanned<String>>,
+    /// Without a ruleset: masquerade traffic leaving these interfaces.
+    #[serde(default)]
+    masquerade: Vec<Spanned<String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConntrack {
+    max: Option<Spanned<i64>>,
+    #[serde(default)]
+    timeouts: RawTimeouts,
+}
+
+/// Timeouts in seconds; each unset one keeps the netfilter default.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTimeouts {
+    tcp_syn_sent: Option<Spanned<i64>>,
+    tcp_syn_recv: Option<Spanned<i64>>,
+    tcp_established: Option<Spanned<i64>>,
+    tcp_fin_wait: Option<Spanned<i64>>,
+    tcp_close_wait: Option<Spanned<i64>>,
+    tcp_last_ack: Option<Spanned<i64>>,
+    tcp_time_wait: Option<Spanned<i64>>,
+    tcp_close: Option<Spanned<i64>>,
+    tcp_unacknowledged: Option<Spanned<i64>>,
+    udp: Option<Spanned<i64>>,
+    udp_stream: Option<Spanned<i64>>,
+    icmp: Option<Spanned<i64>>,
+    generic: Option<Spanned<i64>>,
+}
+
+/// What an interface faces (informational; shown in `status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Subscribers / the private side.
+    Inside,
+    /// The public side.
+    Outside,
+}
+
+/// RFC 4787 mapping behaviour.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum Mapping {
+    EndpointIndependent,
+    AddressAndPortDependent,
+}
+
+/// RFC 4787 filtering behaviour.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum Filtering {
+    EndpointIndependent,
+    AddressDependent,
+    AddressAndPortDependent,
+}
+
+/// RFC 4787 REQ-2 address pooling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum PoolingChoice {
+    Paired,
+    Arbitrary,
+}
+
+// ------------------------------------------------------------- typed config
+
+/// One owned interface.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InterfaceConfig {
+    /// Kernel interface name.
+    pub name: String,
+    /// What it faces.
+    pub role: Option<Role>,
+    /// IPv4 addresses with prefix lengths.
+    pub addrs: Vec<(Ipv4Addr, u8)>,
+    /// MAC override; `None` reads the interface's own.
+    pub mac: Option<[u8; 6]>,
+}
+
+/// A static route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouteConfig {
+    /// Destination network (host bits cleared).
+    pub net: Ipv4Addr,
+    /// Prefix length.
+    pub len: u8,
+    /// Gateway, if not directly connected.
+    pub via: Option<Ipv4Addr>,
+    /// Index into [`Config::interfaces`].
+    pub dev: usize,
+}
+
+/// The whole validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it came from.
+    pub path: PathBuf,
+    /// nft ruleset file (resolved relative to the config file).
+    pub ruleset: Option<PathBuf>,
+    /// io backend.
+    pub backend: BackendChoice,
+    /// Worker threads.
+    pub workers: u16,
+    /// pcap capture base path.
+    pub capture: Option<PathBuf>,
+    /// Control socket path.
+    pub control_socket: PathBuf,
+    /// Owned interfaces; engine interface `i + 1` is `interfaces[i]`.
+    pub interfaces: Vec<InterfaceConfig>,
+    /// Static routes.
+    pub routes: Vec<RouteConfig>,
+    /// Static neighbours.
+    pub neighbors: Vec<(Ipv4Addr, [u8; 6])>,
+    /// NAT behaviour and limits (pools come from the ruleset).
+    pub nat: sluice_nat::NatConfig,
+    /// Without a ruleset: indices of interfaces whose egress traffic is masqueraded.
+    pub masquerade: Vec<usize>,
+    /// Conntrack maximum (whole gateway; split between workers).
+    pub ct_max: u64,
+    /// Conntrack timeouts.
+    pub timeouts: sluice_conntrack::Timeouts,
+}
+
+/// What `sluice check` prints on success.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Summary {
+    /// Interfaces configured.
+    pub interfaces: usize,
+    /// Static routes.
+    pub routes: usize,
+    /// Static neighbours.
+    pub neighbors: usize,
+    /// Workers.
+    pub workers: u16,
+    /// Backend.
+    pub backend: BackendChoice,
+    /// Ruleset file, if any.
+    pub ruleset: Option<String>,
+    /// Rules in the compiled ruleset (0 without one).
+    pub rules: usize,
+    /// SNAT pools the ruleset defines.
+    pub nat_pools: usize,
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "ok: {} interfaces, {} routes, {} neighbours, {} workers ({:?}), ruleset {} ({} rules, {} NAT pools)",
+            self.interfaces,
+            self.routes,
+            self.neighbors,
+            self.workers,
+            self.backend,
+            self.ruleset.as_deref().unwrap_or("none"),
+            self.rules,
+            self.nat_pools
+        )
+    }
+}
+
+// ----------------------------------------------------------------- parsing
+
+/// Locates byte spans in the source for error messages.
+struct Src<'a> {
+    file: String,
+    text: &'a str,
+}
+
+impl Src<'_> {
+    fn at(&self, span: Range<usize>, message: String) -> ConfigError {
+        let start = span.start.min(self.text.len());
+        let before = self.text.get(..start).unwrap_or_default();
+        let line = before.matches('\n').count() + 1;
+        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+        let col = self
+            .text
+            .get(line_start..start)
+            .map_or(1, |s| s.chars().count() + 1);
+        let source_line = self
+            .text
+            .get(line_start..)
+            .and_then(|s| s.lines().next())
+            .unwrap_or_default()
+            .to_string();
+        ConfigError::At {
+            file: self.file.clone(),
+            line,
+            col,
+            message,
+            source_line,
+        }
+    }
+
+    fn err<T>(&self, v: &Spanned<T>, path: &str, what: impl fmt::Display) -> ConfigError {
+        self.at(v.span(), format!("{path}: {what}"))
+    }
+}
+
+/// Read and validate the configuration at `path` (the ruleset is not read).
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+        file: path.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    parse(path, &text)
+}
+
+/// Parse and validate configuration `text`; `path` names it in errors and
+/// anchors relative paths.
+pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+    let src = Src {
+        file: path.display().to_string(),
+        text,
+    };
+    let raw: RawConfig = toml::from_str(text).map_err(|e| {
+        let msg = e.message().trim().to_string();
+        src.at(e.span().unwrap_or(0..0), msg)
+    })?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    let rel = |s: &str| -> PathBuf {
+        let p = Path::new(s);
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            base.join(p)
+        }
+    };
+
+    let workers = match &raw.workers {
+        None => 1,
+        Some(w) => match u16::try_from(*w.get_ref()) {
+            Ok(n) if (1..=MAX_WORKERS).contains(&n) => n,
+            _ => {
+                return Err(src.err(
+                    w,
+                    "workers",
+                    format!("{} is not between 1 and {MAX_WORKERS}", w.get_ref()),
+                ))
+            }
+        },
+    };
+    let nonempty = |v: &Spanned<String>, p: &str| -> Result<PathBuf, ConfigError> {
+        if v.get_ref().is_empty() {
+            Err(src.err(v, p, "must not be empty"))
+        } else {
+            Ok(rel(v.get_ref()))
+        }
+    };
+    let ruleset = raw
+        .ruleset
+        .as_ref()
+        .map(|v| nonempty(v, "ruleset"))
+        .transpose()?;
+    let capture = raw
+        .capture
+        .as_ref()
+        .map(|v| nonempty(v, "capture"))
+        .transpose()?;
+    let control_socket = match &raw.control_socket {
+        Some(v) => nonempty(v, "control_socket")?,
+        None => PathBuf::from(DEFAULT_SOCKET),
+    };
+
+    // Interfaces.
+    if raw.interfaces.is_empty() {
+        return Err(src.at(
+            0..0,
+            "interfaces: at least one [[interfaces]] is needed".into(),
+        ));
+    }
+    let mut interfaces: Vec<InterfaceConfig> = Vec::new();
+    for (i, ri) in raw.interfaces.iter().enumerate() {
+        let name = ri.name.get_ref();
+        let p = format!("interfaces[{i}]");
+        if sluice_io::IfName::new(name).is_err() || name.is_empty() {
+            return Err(src.err(
+                &ri.name,
+                &format!("{p}.name"),
+                format!(
+                    "{name:?} is not a valid interface name (1-15 bytes, no '/', NUL or spaces)"
+                ),
+            ));
+        }
+        if interfaces.iter().any(|x| &x.name == name) {
+            return Err(src.err(
+                &ri.name,
+                &format!("{p}.name"),
+                format!("interface {name} is listed twice"),
+            ));
+        }
+        let mut addrs = Vec::new();
+        for (j, a) in ri.addresses.iter().enumerate() {
+            let (ip, len) = parse_cidr(a.get_ref())
+                .map_err(|m| src.err(a, &format!("{p}.addresses[{j}]"), m))?;
+            addrs.push((ip, len));
+        }
+        let mac = ri
+            .mac
+            .as_ref()
+            .map(|m| parse_mac(m.get_ref()).map_err(|e| src.err(m, &format!("{p}.mac"), e)))
+            .transpose()?;
+        interfaces.push(InterfaceConfig {
+            name: name.clone(),
+            role: ri.role,
+            addrs,
+            mac,
+        });
+    }
+    let iface_index = |v: &Spanned<String>, p: &str| -> Result<usize, ConfigError> {
+        interfaces
+            .iter()
+            .position(|x| &x.name == v.get_ref())
+            .ok_or_else(|| {
+                let known: Vec<&str> = interfaces.iter().map(|x| x.name.as_str()).collect();
+                src.err(
+                    v,
+                    p,
+                    format!(
+                        "unknown interface {:?} (configured: {})",
+                        v.get_ref(),
+                        known.join(", ")
+                    ),
+                )
+            })
+    };
+    let connected = |ip: Ipv4Addr| -> Option<usize> {
+        interfaces
+            .iter()
+            .position(|x| x.addrs.iter().any(|&(a, l)| same_net(a, ip, l) && l > 0))
+    };
+
+    // Routes.
+    let mut routes = Vec::new();
+    for (i, rr) in raw.routes.iter().enumerate() {
+        let p = format!("routes[{i}]");
+        let (net, len) =
+            parse_cidr(rr.to.get_ref()).map_err(|m| src.err(&rr.to, &format!("{p}.to"), m))?;
+        let net_masked = Ipv4Addr::from(u32::from(net) & mask(len));
+        if net_masked != net {
+            return Err(src.err(
+                &rr.to,
+                &format!("{p}.to"),
+                format!("{net}/{len} has host bits set (did you mean {net_masked}/{len}?)"),
+            ));
+        }
+        let via = rr
+            .via
+            .as_ref()
+            .map(|v| parse_ip(v.get_ref()).map_err(|m| src.err(v, &format!("{p}.via"), m)))
+            .transpose()?;
+        let dev = match (&rr.dev, via) {
+            (Some(d), _) => iface_index(d, &format!("{p}.dev"))?,
+            (None, Some(gw)) => match connected(gw) {
+                Some(d) => d,
+                None => {
+                    let Some(v) = rr.via.as_ref() else {
+                        return Err(src.err(&rr.to, &p, "needs via or dev"));
+                    };
+                    return Err(src.err(
+                        v,
+                        &format!("{p}.via"),
+                        format!("{gw} is on no interface's subnet; add dev = \"...\""),
+                    ));
+                }
+            },
+            (None, None) => {
+                return Err(src.err(&rr.to, &p, "needs via = \"GATEWAY\" or dev = \"IFNAME\""))
+            }
+        };
+        routes.push(RouteConfig { net, len, via, dev });
+    }
+
+    // Neighbours.
+    let mut neighbors = Vec::new();
+    for (i, rn) in raw.neighbors.iter().enumerate() {
+        let p = format!("neighbors[{i}]");
+        let ip = parse_ip(rn.ip.get_ref()).map_err(|m| src.err(&rn.ip, &format!("{p}.ip"), m))?;
+        let mac =
+            parse_mac(rn.mac.get_ref()).map_err(|m| src.err(&rn.mac, &format!("{p}.mac"), m))?;
+        neighbors.push((ip, mac));
+    }
+
+    // NAT.
+    let mut nat = sluice_nat::NatConfig {
+        workers: workers.max(1),
+        ..Default::default()
+    };
+    if let Some(m) = raw.nat.mapping {
+        nat.mapping = match m {
+            Mapping::EndpointIndependent => sluice_nat::MappingBehaviour::EndpointIndependent,
+            Mapping::AddressAndPortDependent => {
+                sluice_nat::MappingBehaviour::AddressAndPortDependent
+            }
+        };
+    }
+    if let Some(f) = raw.nat.filtering {
+        nat.filtering = match f {
+            Filtering::EndpointIndependent => sluice_nat::FilteringBehaviour::EndpointIndependent,
+            Filtering::AddressDependent => sluice_nat::FilteringBehaviour::AddressDependent,
+            Filtering::AddressAndPortDependent => {
+                sluice_nat::FilteringBehaviour::AddressAndPortDependent
+            }
+        };
+    }
+    if let Some(p) = raw.nat.pooling {
+        nat.pooling = match p {
+            PoolingChoice::Paired => sluice_nat::Pooling::Paired,
+            PoolingChoice::Arbitrary => sluice_nat::Pooling::Arbitrary,
+        };
+    }
+    if let Some(h) = raw.nat.hairpinning {
+        nat.hairpinning = h;
+    }
+    if let Some(l) = &raw.nat.max_sessions_per_subscriber {
+        nat.max_sessions_per_subscriber = u32::try_from(*l.get_ref()).map_err(|_| {
+            src.err(
+                l,
+                "nat.max_sessions_per_subscriber",
+                format!("{} is not between 0 and {}", l.get_ref(), u32::MAX),
+            )
+        })?;
+    }
+    if let Some(r) = &raw.nat.masquerade_ports {
+        nat.masquerade_ports =
+            parse_port_range(r.get_ref()).map_err(|m| src.err(r, "nat.masquerade_ports", m))?;
+    }
+    let mut masquerade = Vec::new();
+    for (i, m) in raw.nat.masquerade.iter().enumerate() {
+        masquerade.push(iface_index(m, &format!("nat.masquerade[{i}]"))?);
+    }
+
+    // Conntrack.
+    let ct_max = match &raw.conntrack.max {
+        None => 1 << 20,
+        Some(m) => match u64::try_from(*m.get_ref()) {
+            Ok(n) if n >= 1 && n <= u64::from(sluice_conntrack::MAX_CONNECTIONS) => n,
+            _ => {
+                return Err(src.err(
+                    m,
+                    "conntrack.max",
+                    format!(
+                        "{} is not between 1 and {}",
+                        m.get_ref(),
+                        sluice_conntrack::MAX_CONNECTIONS
+                    ),
+                ))
+            }
+        },
+    };
+    let timeouts = timeouts(&src, &raw.conntrack.timeouts)?;
+
+    Ok(Config {
+        path: path.to_path_buf(),
+        ruleset,
+        backend: raw.backend,
+        workers,
+        capture,
+        control_socket,
+        interfaces,
+        routes,
+        neighbors,
+        nat,
+        masquerade,
+        ct_max,
+        timeouts,
+    })
+}
+
+fn timeouts(src: &Src<'_>, t: &RawTimeouts) -> Result<sluice_conntrack::Timeouts, ConfigError> {
+    let mut out = sluice_conntrack::Timeouts::default();
+    let fields: [(&str, &Option<Spanned<i64>>, &mut Duration); 13] = [
+        ("tcp_syn_sent", &t.tcp_syn_sent, &mut out.tcp_syn_sent),
+        ("tcp_syn_recv", &t.tcp_syn_recv, &mut out.tcp_syn_recv),
+        (
+            "tcp_established",
+            &t.tcp_established,
+            &mut out.tcp_established,
+        ),
+        ("tcp_fin_wait", &t.tcp_fin_wait, &mut out.tcp_fin_wait),
+        ("tcp_close_wait", &t.tcp_close_wait, &mut out.tcp_close_wait),
+        ("tcp_last_ack", &t.tcp_last_ack, &mut out.tcp_last_ack),
+        ("tcp_time_wait", &t.tcp_time_wait, &mut out.tcp_time_wait),
+        ("tcp_close", &t.tcp_close, &mut out.tcp_close),
+        (
+            "tcp_unacknowledged",
+            &t.tcp_unacknowledged,
+            &mut out.tcp_unacknowledged,
+        ),
+        ("udp", &t.udp, &mut out.udp),
+        ("udp_stream", &t.udp_stream, &mut out.udp_stream),
+        ("icmp", &t.icmp, &mut out.icmp),
+        ("generic", &t.generic, &mut out.generic),
+    ];
+    for (name, v, slot) in fields {
+        if let Some(v) = v {
+            let s = *v.get_ref();
+            if !(1..=30 * 24 * 3600).contains(&s) {
+                return Err(src.err(
+                    v,
+                    &format!("conntrack.timeouts.{name}"),
+                    format!("{s} is not between 1 and 2592000 seconds"),
+                ));
+            }
+            *slot = Duration::from_secs(s.unsigned_abs());
+        }
+    }
+    Ok(out)
+}
+
+/// Netmask of a prefix length (0..=32).
+pub fn mask(len: u8) -> u32 {
+    if len == 0 {
+        0
+    } else {
+        u32::MAX << (32 - u32::from(len.min(32)))
+    }
+}
+
+fn same_net(a: Ipv4Addr, b: Ipv4Addr, len: u8) -> bool {
+    u32::from(a) & mask(len) == u32::from(b) & mask(len)
+}
+
+fn parse_ip(s: &str) -> Result<Ipv4Addr, String> {
+    s.parse::<Ipv4Addr>()
+        .map_err(|_| format!("{s} is not an IPv4 address"))
+}
+
+/// `A.B.C.D/LEN`; a bare address means /32.
+fn parse_cidr(s: &str) -> Result<(Ipv4Addr, u8), String> {
+    let (a, l) = match s.split_once('/') {
+        Some((a, l)) => (a, Some(l)),
+        None => (s, None),
+    };
+    let ip = a
+        .parse::<Ipv4Addr>()
+        .map_err(|_| format!("{a} is not an IPv4 address (expected A.B.C.D/LEN)"))?;
+    let len = match l {
+        None => 32,
+        Some(l) => match l.parse::<u8>() {
+            Ok(n) if n <= 32 => n,
+            _ => return Err(format!("/{l} is not a prefix length (0-32)")),
+        },
+    };
+    Ok((ip, len))
+}
+
+fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+    let mut out = [0u8; 6];
+    let mut parts = s.split(':');
+    for b in &mut out {
+        let p = parts.next().unwrap_or_default();
+        if p.len() != 2 {
+            return Err(format!(
+                "{s} is not a MAC address (expected xx:xx:xx:xx:xx:xx)"
+            ));
+        }
+        *b = u8::from_str_radix(p, 16)
+            .map_err(|_| format!("{s} is not a MAC address (expected xx:xx:xx:xx:xx:xx)"))?;
+    }
+    if parts.next().is_some() {
+        return Err(format!(
+            "{s} is not a MAC address (expected xx:xx:xx:xx:xx:xx)"
+        ));
+    }
+    Ok(out)
+}
+
+fn parse_port_range(s: &str) -> Result<core::ops::RangeInclusive<u16>, String> {
+    let bad = || format!("{s} is not a port range (expected FIRST-LAST, 1-65535)");
+    let (a, b) = s.split_once('-').ok_or_else(bad)?;
+    let a: u16 = a.trim().parse().map_err(|_| bad())?;
+    let b: u16 = b.trim().parse().map_err(|_| bad())?;
+    if a == 0 || a > b {
+        return Err(bad());
+    }
+    Ok(a..=b)
+}
+
+/// Format a MAC address as `xx:xx:xx:xx:xx:xx`.
+pub fn fmt_mac(m: &[u8; 6]) -> String {
+    format!(
+        "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+        m[0], m[1], m[2], m[3], m[4], m[5]
+    )
+}
+
+/// Parse a MAC address (`xx:xx:xx:xx:xx:xx`).
+pub fn mac_from_str(s: &str) -> Option<[u8; 6]> {
+    parse_mac(s).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+ruleset = "gw.nft"
+backend = "af_packet"
+workers = 1
+
+[[interfaces]]
+name = "lan0"
+role = "inside"
+addresses = ["10.0.0.1/24"]
+
+[[interfaces]]
+name = "wan0"
+role = "outside"
+addresses = ["203.0.113.1/24"]
+mac = "02:00:00:00:00:02"
+
+[[routes]]
+to = "0.0.0.0/0"
+via = "203.0.113.254"
+
+[[neighbors]]
+ip = "203.0.113.254"
+mac = "02:aa:bb:cc:dd:ee"
+
+[nat]
+filtering = "address-dependent"
+max_sessions_per_subscriber = 1000
+masquerade_ports = "2000-60000"
+
+[conntrack]
+max = 65536
+timeouts = { udp = 60, tcp_established = 3600 }
+"#;
+
+    fn err(text: &str) -> String {
+        match parse(Path::new("sluice.toml"), text) {
+            Ok(_) => panic!("accepted: {text}"),
+            Err(e) => e.headline(),
+        }
+    }
+
+    #[test]
+    fn good_config_parses() {
+        let c = parse(Path::new("/etc/sluice/sluice.toml"), GOOD).unwrap();
+        assert_eq!(c.ruleset.as_deref(), Some(Path::new("/etc/sluice/gw.nft")));
+        assert_eq!(c.backend, BackendChoice::AfPacket);
+        assert_eq!(c.interfaces.len(), 2);
+        assert_eq!(c.interfaces[1].mac, Some([2, 0, 0, 0, 0, 2]));
+        assert_eq!(
+            c.routes[0],
+            RouteConfig {
+                net: Ipv4Addr::UNSPECIFIED,
+                len: 0,
+                via: Some(Ipv4Addr::new(203, 0, 113, 254)),
+                dev: 1
+            }
+        );
+        assert_eq!(c.neighbors.len(), 1);
+        assert_eq!(c.nat.max_sessions_per_subscriber, 1000);
+        assert_eq!(c.nat.masquerade_ports, 2000..=60000);
+        assert_eq!(
+            c.nat.filtering,
+            sluice_nat::FilteringBehaviour::AddressDependent
+        );
+        assert_eq!(c.ct_max, 65536);
+        assert_eq!(c.timeouts.udp, Duration::from_secs(60));
+        assert_eq!(c.control_socket, PathBuf::from(DEFAULT_SOCKET));
+    }
+
+    #[test]
+    fn example_config_is_valid() {
+        let text = include_str!("../examples/sluice.toml");
+        let c = parse(Path::new("examples/sluice.toml"), text).unwrap();
+        assert!(!c.interfaces.is_empty());
+    }
+
+    #[test]
+    fn bad_route_gateway_has_line_and_column() {
+        let text = "[[interfaces]]\nname = \"wan0\"\naddresses = [\"203.0.113.1/24\"]\n\n[[routes]]\nto = \"10.9.0.0/16\"\nvia = \"203.0.113.9\"\n[[routes]]\nto = \"0.0.0.0/0\"\nvia = \"300.1.1.1\"\n";
+        assert_eq!(
+            err(text),
+            "sluice.toml:10:7: routes[1].via: 300.1.1.1 is not an IPv4 address"
+        );
+    }
+
+    #[test]
+    fn unknown_field_is_located() {
+        let e = err("[[interfaces]]\nname = \"a\"\nadress = []\n");
+        assert!(
+            e.starts_with("sluice.toml:3:1: unknown field `adress`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn wrong_type_is_located() {
+        let e = err("workers = \"two\"\n[[interfaces]]\nname = \"a\"\n");
+        assert!(e.starts_with("sluice.toml:1:11: invalid type"), "{e}");
+    }
+
+    #[test]
+    fn each_semantic_error_is_located() {
+        let base = "[[interfaces]]\nname = \"lan0\"\naddresses = [\"10.0.0.1/24\"]\n";
+        let cases: &[(&str, &str)] = &[
+            ("workers = 0\n", "sluice.toml:1:11: workers: 0 is not between 1 and 64"),
+            ("backend = \"dpdk\"\n", "sluice.toml:1:11: unknown variant `dpdk`"),
+            ("ruleset = \"\"\n", "sluice.toml:1:11: ruleset: must not be empty"),
+            (
+                "[[interfaces]]\nname = \"lan0\"\n",
+                "sluice.toml:6:8: interfaces[1].name: interface lan0 is listed twice",
+            ),
+            (
+                "[[interfaces]]\nname = \"x\"\naddresses = [\"10.0.0.1/33\"]\n",
+                "sluice.toml:7:14: interfaces[1].addresses[0]: /33 is not a prefix length (0-32)",
+            ),
+            (
+                "[[interfaces]]\nname = \"x\"\nmac = \"02:00:00\"\n",
+                "sluice.toml:7:7: interfaces[1].mac: 02:00:00 is not a MAC address",
+            ),
+            (
+                "[[routes]]\nto = \"10.1.0.1/16\"\ndev = \"lan0\"\n",
+                "sluice.toml:6:6: routes[0].to: 10.1.0.1/16 has host bits set (did you mean 10.1.0.0/16?)",
+            ),
+            (
+                "[[routes]]\nto = \"0.0.0.0/0\"\ndev = \"eth9\"\n",
+                "sluice.toml:7:7: routes[0].dev: unknown interface \"eth9\" (configured: lan0)",
+            ),
+            (
+                "[[routes]]\nto = \"0.0.0.0/0\"\nvia = \"192.0.2.1\"\n",
+                "sluice.toml:7:7: routes[0].via: 192.0.2.1 is on no interface's subnet",
+            ),
+            (
+                "[[routes]]\nto = \"0.0.0.0/0\"\n",
+                "sluice.toml:6:6: routes[0]: needs via",
+            ),
+            (
+                "[[neighbors]]\nip = \"10.0.0.9\"\nmac = \"zz:00:00:00:00:00\"\n",
+                "sluice.toml:7:7: neighbors[0].mac: zz:00:00:00:00:00 is not a MAC address",
+            ),
+            (
+                "[nat]\nmax_sessions_per_subscriber = -1\n",
+                "sluice.toml:6:31: nat.max_sessions_per_subscriber: -1 is not between 0",
+            ),
+            (
+                "[nat]\nmasquerade_ports = \"9-1\"\n",
+                "sluice.toml:6:20: nat.masquerade_ports: 9-1 is not a port range",
+            ),
+            (
+                "[nat]\nmapping = \"cone\"\n",
+                "sluice.toml:6:11: unknown variant `cone`",
+            ),
+            (
+                "[conntrack]\nmax = 0\n",
+                "sluice.toml:6:7: conntrack.max: 0 is not between 1",
+            ),
+            (
+                "[conntrack.timeouts]\nudp = 0\n",
+                "sluice.toml:6:7: conntrack.timeouts.udp: 0 is not between 1 and 2592000 seconds",
+            ),
+        ];
+        for (extra, want) in cases {
+            // Top-level keys must come before the first table.
+            let text = if extra.starts_with('[') {
+                format!("{base}\n{extra}")
+            } else {
+                format!("{extra}{base}")
+            };
+            let got = err(&text);
+            assert!(got.starts_with(want), "got  {got}\nwant {want}\nfor {text}");
+        }
+    }
+
+    #[test]
+    fn no_interfaces_is_an_error() {
+        assert!(err("workers = 1\n").contains("at least one [[interfaces]]"));
+    }
+
+    #[test]
+    fn error_display_has_caret() {
+        let e = parse(
+            Path::new("s.toml"),
+            "workers = 99\n[[interfaces]]\nname=\"a\"\n",
+        )
+        .unwrap_err();
+        let s = e.to_string();
+        assert!(
+            s.contains("    1 | workers = 99\n      |           ^"),
+            "{s}"
+        );
+    }
+}

@@ -1,0 +1,526 @@
+//! The control socket: a unix stream socket speaking line-delimited JSON.
+//!
+//! One request object per line, one response object per line:
+//!
+//! ```text
+//! {"cmd":"status"}
+//! {"cmd":"counters"}
+//! {"cmd":"conntrack-list","proto":"tcp","addr":"10.0.0.2","port":80,"limit":100}
+//! {"cmd":"conntrack-count"}
+//! {"cmd":"conntrack-flush"}
+//! {"cmd":"ruleset-replace","path":"/etc/sluice/new.nft"}
+//! {"cmd":"reload"}
+//! ```
+//!
+//! Success is `{"ok":true,...}`; failure is
+//! `{"ok":false,"error":{"kind":"...","message":"..."}}` with kind one of
+//! `bad-request`, `ruleset`, `unsupported`, `internal`. A bad request never
+//! closes the connection or stops the daemon.
+//!
+//! [`client`] sends one request and returns the response line;
+//! [`request_from_args`] turns `sluice ctl` words into a request.
+
+use core::net::Ipv4Addr;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use sluice_conntrack::Entry;
+use sluice_engine::worker::FlowInfo;
+use sluice_wire::flow::FlowKey4;
+
+/// Longest request line accepted.
+pub const MAX_LINE: usize = 1 << 16;
+/// Default `conntrack-list` limit.
+pub const DEFAULT_LIMIT: usize = 1000;
+
+/// A control-plane failure (client side).
+#[derive(Debug, thiserror::Error)]
+pub enum CtlError {
+    /// Could not connect or talk to the socket.
+    #[error("{path}: {reason}")]
+    Socket {
+        /// Socket path.
+        path: String,
+        /// What failed.
+        reason: String,
+    },
+    /// The command words do not form a request.
+    #[error("{0}")]
+    Usage(String),
+}
+
+/// A parsed request.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(tag = "cmd", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Request {
+    /// Uptime, workers, interfaces and their stats.
+    Status,
+    /// Engine counters with drop reasons by name.
+    Counters,
+    /// List connections.
+    ConntrackList {
+        /// `tcp`, `udp`, `icmp` or a protocol number.
+        #[serde(default)]
+        proto: Option<String>,
+        /// Any address of either tuple.
+        #[serde(default)]
+        addr: Option<String>,
+        /// Any port of either tuple.
+        #[serde(default)]
+        port: Option<u16>,
+        /// Most entries returned (default [`DEFAULT_LIMIT`]).
+        #[serde(default)]
+        limit: Option<usize>,
+    },
+    /// Number of connections.
+    ConntrackCount,
+    /// Remove every connection.
+    ConntrackFlush,
+    /// Replace the ruleset from an nft file, atomically.
+    RulesetReplace {
+        /// The nft file.
+        path: String,
+    },
+    /// Reload the configuration file and its ruleset (as SIGHUP).
+    Reload,
+    /// Add one rule (not yet supported by sluice-policy).
+    RuleAdd {
+        /// Rule text.
+        rule: String,
+    },
+    /// Delete one rule (not yet supported by sluice-policy).
+    RuleDelete {
+        /// Rule handle.
+        handle: u64,
+    },
+    /// Add a set element (not yet supported by sluice-policy).
+    ElementAdd {
+        /// Set name.
+        set: String,
+        /// Element text.
+        element: String,
+    },
+    /// Delete a set element (not yet supported by sluice-policy).
+    ElementDelete {
+        /// Set name.
+        set: String,
+        /// Element text.
+        element: String,
+    },
+}
+
+/// An error answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CtlFailure {
+    /// Machine-readable kind.
+    pub kind: &'static str,
+    /// Human-readable message.
+    pub message: String,
+}
+
+impl CtlFailure {
+    /// A `bad-request` failure.
+    pub fn bad(message: impl Into<String>) -> Self {
+        Self {
+            kind: "bad-request",
+            message: message.into(),
+        }
+    }
+
+    /// The JSON line.
+    pub fn to_json(&self) -> Value {
+        json!({"ok": false, "error": {"kind": self.kind, "message": self.message}})
+    }
+}
+
+/// Parse one request line.
+pub fn parse_request(line: &str) -> Result<Request, CtlFailure> {
+    let v: Value =
+        serde_json::from_str(line).map_err(|e| CtlFailure::bad(format!("not JSON: {e}")))?;
+    if !v.is_object() {
+        return Err(CtlFailure::bad("a request is a JSON object with a \"cmd\""));
+    }
+    let Some(cmd) = v.get("cmd").and_then(Value::as_str) else {
+        return Err(CtlFailure::bad("missing \"cmd\" (a string)"));
+    };
+    // serde ignores extra keys on unit variants of a tagged enum; refuse them.
+    if matches!(
+        cmd,
+        "status" | "counters" | "conntrack-count" | "conntrack-flush" | "reload"
+    ) {
+        if let Some(k) = v
+            .as_object()
+            .and_then(|o| o.keys().find(|k| k.as_str() != "cmd"))
+        {
+            return Err(CtlFailure::bad(format!(
+                "unknown field `{k}`: {cmd} takes no arguments"
+            )));
+        }
+    }
+    serde_json::from_value(v).map_err(|e| CtlFailure::bad(e.to_string()))
+}
+
+/// Connection-list filter.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CtFilter {
+    /// Protocol number.
+    pub proto: Option<u8>,
+    /// Address on either side of either tuple.
+    pub addr: Option<Ipv4Addr>,
+    /// Port on either side of either tuple.
+    pub port: Option<u16>,
+}
+
+impl CtFilter {
+    /// Build a filter from request fields.
+    pub fn new(
+        proto: Option<&str>,
+        addr: Option<&str>,
+        port: Option<u16>,
+    ) -> Result<Self, CtlFailure> {
+        let proto = proto
+            .map(|p| match p {
+                "tcp" => Ok(6),
+                "udp" => Ok(17),
+                "icmp" => Ok(1),
+                n => n.parse::<u8>().map_err(|_| {
+                    CtlFailure::bad(format!(
+                        "proto: {n:?} is not tcp, udp, icmp or a protocol number"
+                    ))
+                }),
+            })
+            .transpose()?;
+        let addr = addr
+            .map(|a| {
+                a.parse::<Ipv4Addr>()
+                    .map_err(|_| CtlFailure::bad(format!("addr: {a:?} is not an IPv4 address")))
+            })
+            .transpose()?;
+        Ok(Self { proto, addr, port })
+    }
+
+    /// Whether `e` passes.
+    pub fn matches(&self, e: &CtEntry) -> bool {
+        let tuples = [&e.orig, &e.reply];
+        self.proto.map_or(true, |p| p == e.proto)
+            && self
+                .addr
+                .map_or(true, |a| tuples.iter().any(|t| t.src == a || t.dst == a))
+            && self.port.map_or(true, |p| {
+                tuples.iter().any(|t| t.sport == p || t.dport == p)
+            })
+    }
+}
+
+/// One direction's tuple.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Tuple {
+    /// Source address.
+    pub src: Ipv4Addr,
+    /// Source port / ICMP id.
+    pub sport: u16,
+    /// Destination address.
+    pub dst: Ipv4Addr,
+    /// Destination port / ICMP id.
+    pub dport: u16,
+}
+
+impl From<&FlowKey4> for Tuple {
+    fn from(k: &FlowKey4) -> Self {
+        Self {
+            src: Ipv4Addr::from(k.src),
+            sport: k.sport,
+            dst: Ipv4Addr::from(k.dst),
+            dport: k.dport,
+        }
+    }
+}
+
+/// A connection as listed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CtEntry {
+    /// Owning worker.
+    pub worker: u16,
+    /// Protocol number.
+    pub proto: u8,
+    /// Protocol state.
+    pub state: String,
+    /// Original direction (as sent by the initiator).
+    pub orig: Tuple,
+    /// Reply direction (as it arrives, after NAT).
+    pub reply: Tuple,
+    /// Seen traffic both ways and stable.
+    pub assured: bool,
+    /// Packets counted.
+    pub packets: u32,
+    /// Seconds until expiry.
+    pub expires_in: u64,
+}
+
+impl CtEntry {
+    /// Build from a table entry.
+    pub fn of(
+        worker: u16,
+        e: &Entry<FlowKey4, FlowInfo>,
+        now: sluice_conntrack::Instant,
+    ) -> Option<Self> {
+        Some(Self {
+            worker,
+            proto: e.orig().proto,
+            state: format!("{:?}", e.state()),
+            orig: e.orig().into(),
+            reply: e.reply().into(),
+            assured: e.is_assured(),
+            packets: e.packets(),
+            expires_in: e.expires_in(now).as_secs(),
+        })
+    }
+}
+
+/// Send `request` (one JSON object) to the daemon at `socket` and return its
+/// one-line JSON response.
+pub fn client(socket: &Path, request: &str) -> Result<String, CtlError> {
+    let err = |reason: String| CtlError::Socket {
+        path: socket.display().to_string(),
+        reason,
+    };
+    let mut s = UnixStream::connect(socket).map_err(|e| err(format!("connect: {e}")))?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))
+        .map_err(|e| err(e.to_string()))?;
+    let line = request.trim().replace('\n', " ");
+    s.write_all(format!("{line}\n").as_bytes())
+        .map_err(|e| err(format!("write: {e}")))?;
+    let mut r = BufReader::new(s);
+    let mut out = String::new();
+    r.read_line(&mut out)
+        .map_err(|e| err(format!("read: {e}")))?;
+    if out.is_empty() {
+        return Err(err("the daemon closed the connection".into()));
+    }
+    Ok(out.trim_end().to_string())
+}
+
+/// Turn `sluice ctl` words into a request line:
+/// `status`, `counters`, `conntrack list [proto P] [addr A] [port N] [limit N]`,
+/// `conntrack count`, `conntrack flush`, `ruleset replace FILE`, `reload`.
+pub fn request_from_args(args: &[String]) -> Result<String, CtlError> {
+    let usage = || {
+        CtlError::Usage(
+            "usage: status | counters | conntrack list [proto P] [addr A] [port N] [limit N] | conntrack count | conntrack flush | ruleset replace FILE | reload"
+                .into(),
+        )
+    };
+    let words: Vec<&str> = args.iter().map(String::as_str).collect();
+    let v = match words.as_slice() {
+        ["status"] => json!({"cmd": "status"}),
+        ["counters"] => json!({"cmd": "counters"}),
+        ["reload"] => json!({"cmd": "reload"}),
+        ["conntrack", "count"] => json!({"cmd": "conntrack-count"}),
+        ["conntrack", "flush"] => json!({"cmd": "conntrack-flush"}),
+        ["ruleset", "replace", path] => {
+            // The daemon resolves the path in its own working directory.
+            let p = std::fs::canonicalize(path).unwrap_or_else(|_| Path::new(path).to_path_buf());
+            json!({"cmd": "ruleset-replace", "path": p.display().to_string()})
+        }
+        ["conntrack", "list", rest @ ..] => {
+            let mut m = serde_json::Map::new();
+            m.insert("cmd".into(), json!("conntrack-list"));
+            let mut it = rest.chunks(2);
+            for kv in &mut it {
+                let [k, v] = kv else { return Err(usage()) };
+                let val = match *k {
+                    "proto" | "addr" => json!(v),
+                    "port" | "limit" => json!(v
+                        .parse::<u64>()
+                        .map_err(|_| CtlError::Usage(format!("{k}: {v:?} is not a number")))?),
+                    _ => return Err(usage()),
+                };
+                m.insert((*k).into(), val);
+            }
+            Value::Object(m)
+        }
+        _ => return Err(usage()),
+    };
+    Ok(v.to_string())
+}
+
+/// Serve the control socket until `stop` is set. Each connection is served
+/// on its own thread; `handle` answers one request.
+pub fn serve(
+    listener: UnixListener,
+    stop: &std::sync::atomic::AtomicBool,
+    handle: &(dyn Fn(Request) -> Value + Sync),
+) {
+    use std::sync::atomic::Ordering;
+    if let Err(e) = listener.set_nonblocking(true) {
+        tracing::error!("control socket: {e}");
+        return;
+    }
+    std::thread::scope(|sc| {
+        while !stop.load(Ordering::Relaxed) {
+            match listener.accept() {
+                Ok((conn, _)) => {
+                    sc.spawn(move || serve_conn(conn, stop, handle));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => {
+                    tracing::warn!("control socket accept: {e}");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        }
+    });
+}
+
+fn serve_conn(
+    conn: UnixStream,
+    stop: &std::sync::atomic::AtomicBool,
+    handle: &(dyn Fn(Request) -> Value + Sync),
+) {
+    use std::io::Read;
+    use std::sync::atomic::Ordering;
+    let _ = conn.set_nonblocking(false);
+    let _ = conn.set_read_timeout(Some(Duration::from_millis(200)));
+    let Ok(mut w) = conn.try_clone() else {
+        return;
+    };
+    let mut r = BufReader::new(conn);
+    let mut buf = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        // Read one line, bounded by MAX_LINE.
+        let mut byte = [0u8; 1];
+        match r.read(&mut byte) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue
+            }
+            Err(_) => return,
+        }
+        if byte[0] != b'\n' {
+            if buf.len() < MAX_LINE {
+                buf.push(byte[0]);
+            }
+            continue;
+        }
+        let resp = if buf.len() >= MAX_LINE {
+            CtlFailure::bad(format!("request longer than {MAX_LINE} bytes")).to_json()
+        } else {
+            match std::str::from_utf8(&buf) {
+                Ok(l) if l.trim().is_empty() => {
+                    buf.clear();
+                    continue;
+                }
+                Ok(l) => match parse_request(l) {
+                    Ok(req) => handle(req),
+                    Err(f) => f.to_json(),
+                },
+                Err(_) => CtlFailure::bad("request is not UTF-8").to_json(),
+            }
+        };
+        buf.clear();
+        if w.write_all(format!("{resp}\n").as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_each_request() {
+        assert_eq!(parse_request(r#"{"cmd":"status"}"#), Ok(Request::Status));
+        assert_eq!(
+            parse_request(r#"{"cmd":"conntrack-list","proto":"tcp","port":80}"#),
+            Ok(Request::ConntrackList {
+                proto: Some("tcp".into()),
+                addr: None,
+                port: Some(80),
+                limit: None
+            })
+        );
+        assert_eq!(
+            parse_request(r#"{"cmd":"ruleset-replace","path":"/x.nft"}"#),
+            Ok(Request::RulesetReplace {
+                path: "/x.nft".into()
+            })
+        );
+        assert_eq!(
+            parse_request(r#"{"cmd":"conntrack-flush"}"#),
+            Ok(Request::ConntrackFlush)
+        );
+    }
+
+    #[test]
+    fn bad_requests_get_specific_errors() {
+        let e = |l: &str| parse_request(l).unwrap_err().message;
+        assert!(e("nope").starts_with("not JSON"));
+        assert!(e("[1]").contains("JSON object"));
+        assert!(e(r#"{"x":1}"#).contains("missing \"cmd\""));
+        assert!(e(r#"{"cmd":"explode"}"#).contains("unknown variant `explode`"));
+        assert!(e(r#"{"cmd":"status","x":1}"#).contains("unknown field `x`"));
+        assert!(e(r#"{"cmd":"ruleset-replace"}"#).contains("missing field `path`"));
+        assert!(e(r#"{"cmd":"conntrack-list","port":70000}"#).contains("70000"));
+    }
+
+    #[test]
+    fn filters() {
+        assert!(CtFilter::new(Some("sctpx"), None, None).is_err());
+        assert!(CtFilter::new(None, Some("10.0.0.300"), None).is_err());
+        let f = CtFilter::new(Some("tcp"), Some("198.51.100.7"), Some(8000)).unwrap();
+        let t = |s: [u8; 4], sp, d: [u8; 4], dp| Tuple {
+            src: s.into(),
+            sport: sp,
+            dst: d.into(),
+            dport: dp,
+        };
+        let mut e = CtEntry {
+            worker: 0,
+            proto: 6,
+            state: String::new(),
+            orig: t([10, 0, 0, 2], 40000, [203, 0, 113, 2], 8000),
+            reply: t([203, 0, 113, 2], 8000, [198, 51, 100, 7], 1025),
+            assured: true,
+            packets: 3,
+            expires_in: 10,
+        };
+        assert!(f.matches(&e));
+        e.proto = 17;
+        assert!(!f.matches(&e));
+    }
+
+    #[test]
+    fn args_to_requests() {
+        let a = |s: &str| -> Vec<String> { s.split(' ').map(String::from).collect() };
+        assert_eq!(
+            request_from_args(&a("status")).unwrap(),
+            r#"{"cmd":"status"}"#
+        );
+        let r = request_from_args(&a("conntrack list proto tcp port 80")).unwrap();
+        assert_eq!(
+            parse_request(&r).unwrap(),
+            Request::ConntrackList {
+                proto: Some("tcp".into()),
+                addr: None,
+                port: Some(80),
+                limit: None
+            }
+        );
+        assert!(request_from_args(&a("conntrack list port")).is_err());
+        assert!(request_from_args(&a("conntrack list port x")).is_err());
+        assert!(request_from_args(&a("frobnicate")).is_err());
+    }
+}

@@ -1,0 +1,462 @@
+//! One worker thread: its ports, its engine [`Worker`], its ARP resolver,
+//! run to completion.
+//!
+//! Loop: drain the command channel (never blocks) -> for each port:
+//! `rx_batch`, learn from ARP, `process` with one monotonic clock reading
+//! per batch, transmit `Forward` frames to their port and `Reply` frames
+//! back out of the ingress port, hand `no-neighbor` drops to the resolver ->
+//! incremental GC and ARP retransmits every [`HOUSEKEEPING_NS`] -> when
+//! nothing arrived, wait up to 1 ms on one port's descriptor.
+//!
+//! The packet path takes no lock: the control plane talks to the worker
+//! only through its bounded command channel, polled between batches.
+
+use core::net::Ipv4Addr;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::Instant;
+
+use sluice_engine::{Action, DropReason, Frames, IfIndex, Policy, Worker, MAX_BATCH};
+use sluice_io::{BackendKind, Batch, Port, PortStats};
+
+use crate::ctl::{CtEntry, CtFilter};
+use crate::neigh::{parse_arp, Resolver, Todo};
+
+/// Housekeeping period (GC slice, ARP retries).
+pub const HOUSEKEEPING_NS: u64 = 10_000_000;
+/// Connection entries GC looks at per housekeeping slice.
+pub const GC_BUDGET: usize = 4096;
+
+/// A request to a worker, answered on the enclosed channel.
+pub enum Command {
+    /// Counters, port stats, table size.
+    Status(Sender<WorkerStatus>),
+    /// List connections matching the filter (at most `limit`).
+    List(CtFilter, usize, Sender<Vec<CtEntry>>),
+    /// Remove every connection; answers how many were removed.
+    Flush(Sender<u64>),
+    /// Swap the policy (established connections keep their entries).
+    SetPolicy(Arc<dyn Policy>, Sender<()>),
+    /// A neighbour learnt by another worker or configured statically.
+    SetNeighbor(Ipv4Addr, [u8; 6]),
+}
+
+/// A snapshot of one worker.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct WorkerStatus {
+    /// Worker index.
+    pub worker: u16,
+    /// Engine counters.
+    pub counters: sluice_engine::Counters,
+    /// Connections tracked.
+    pub connections: usize,
+    /// Ports: (interface, backend description, stats).
+    pub ports: Vec<PortStatus>,
+    /// Neighbours known.
+    pub neighbors: Vec<(Ipv4Addr, String)>,
+    /// Next hops being resolved, frames held.
+    pub arp_pending: (usize, usize),
+    /// Held frames dropped because resolution failed.
+    pub arp_dropped: u64,
+    /// Frames a port did not accept (ring full) after one retry.
+    pub tx_dropped: u64,
+}
+
+/// One port's status.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PortStatus {
+    /// Interface name.
+    pub interface: String,
+    /// Backend kind.
+    pub backend: String,
+    /// Mode description.
+    pub mode: String,
+    /// rx/tx counters.
+    pub rx_frames: u64,
+    /// Bytes received.
+    pub rx_bytes: u64,
+    /// Kernel drops on receive.
+    pub rx_kernel_drops: u64,
+    /// Frames transmitted.
+    pub tx_frames: u64,
+    /// Bytes transmitted.
+    pub tx_bytes: u64,
+    /// Transmit ring full.
+    pub tx_ring_full: u64,
+    /// Transmit errors.
+    pub tx_errors: u64,
+}
+
+fn port_status(p: &mut dyn Port) -> PortStatus {
+    let s: PortStats = p.stats();
+    let kind: BackendKind = p.kind();
+    PortStatus {
+        interface: p.name().to_string(),
+        backend: kind.to_string(),
+        mode: p.describe(),
+        rx_frames: s.rx_frames,
+        rx_bytes: s.rx_bytes,
+        rx_kernel_drops: s.rx_kernel_drops,
+        tx_frames: s.tx_frames,
+        tx_bytes: s.tx_bytes,
+        tx_ring_full: s.tx_ring_full,
+        tx_errors: s.tx_errors,
+    }
+}
+
+/// A [`Batch`] as the engine's [`Frames`]: the engine sees each frame's
+/// whole buffer, lengths are kept aside and written back afterwards.
+struct BatchFrames<'a> {
+    batch: &'a mut Batch,
+    lens: &'a mut [usize; MAX_BATCH],
+    actions: &'a mut [Action; MAX_BATCH],
+}
+
+impl<'a> BatchFrames<'a> {
+    fn new(
+        batch: &'a mut Batch,
+        lens: &'a mut [usize; MAX_BATCH],
+        actions: &'a mut [Action; MAX_BATCH],
+    ) -> Self {
+        for i in 0..batch.len().min(MAX_BATCH) {
+            let len = batch.data(i).map_or(0, <[u8]>::len);
+            if let Some(l) = lens.get_mut(i) {
+                *l = len;
+            }
+            let cap = batch.capacity_of(i);
+            batch.set_len(i, cap);
+        }
+        Self {
+            batch,
+            lens,
+            actions,
+        }
+    }
+
+    fn finish(self) {
+        for i in 0..self.batch.len().min(MAX_BATCH) {
+            let len = self.lens.get(i).copied().unwrap_or(0);
+            self.batch.set_len(i, len);
+        }
+    }
+}
+
+impl Frames for BatchFrames<'_> {
+    fn count(&self) -> usize {
+        self.batch.len().min(MAX_BATCH)
+    }
+    fn buf_mut(&mut self, i: usize) -> (&mut [u8], usize) {
+        let len = self.lens.get(i).copied().unwrap_or(0);
+        match self.batch.data_mut(i) {
+            Some(b) => (b, len),
+            None => (&mut [], 0),
+        }
+    }
+    fn set_len(&mut self, i: usize, len: usize) {
+        if let Some(l) = self.lens.get_mut(i) {
+            *l = len.min(self.batch.capacity_of(i));
+        }
+    }
+    fn iif(&self, i: usize) -> IfIndex {
+        self.batch.meta(i).map_or(0, |m| m.port)
+    }
+    fn set_action(&mut self, i: usize, a: Action) {
+        if let Some(x) = self.actions.get_mut(i) {
+            *x = a;
+        }
+    }
+}
+
+/// Everything a worker thread owns.
+pub struct WorkerThread {
+    /// Worker index.
+    pub id: u16,
+    /// The engine.
+    pub engine: Worker,
+    /// Ports; `ports[k]` serves engine interface `k + 1`.
+    pub ports: Vec<Box<dyn Port>>,
+    /// ARP resolution.
+    pub resolver: Resolver,
+    /// Commands from the control plane and peers.
+    pub commands: Receiver<Command>,
+    /// Peers, to share learnt neighbours.
+    pub peers: Vec<SyncSender<Command>>,
+    /// Set to stop.
+    pub stop: Arc<AtomicBool>,
+    /// Clock origin shared by all workers.
+    pub epoch: Instant,
+    /// CPU to pin to.
+    pub core: Option<core_affinity::CoreId>,
+}
+
+/// Monotonic ns since `epoch`, offset by one second so 0 is never a time.
+pub fn now_ns(epoch: Instant) -> u64 {
+    u64::try_from(epoch.elapsed().as_nanos())
+        .unwrap_or(u64::MAX)
+        .saturating_add(1_000_000_000)
+}
+
+struct Scratch {
+    batch: Option<Batch>,
+    lens: [usize; MAX_BATCH],
+    actions: [Action; MAX_BATCH],
+    out: Vec<Vec<u16>>,
+    todo: Todo,
+    arp_dropped: u64,
+    tx_dropped: u64,
+    ctl: Option<Batch>,
+    arp: Option<Batch>,
+}
+
+impl WorkerThread {
+    /// Run until `stop` is set. Ports are closed (XDP detached) on return.
+    pub fn run(mut self) {
+        if let Some(c) = self.core {
+            if !core_affinity::set_for_current(c) {
+                tracing::warn!(worker = self.id, core = c.id, "could not pin worker");
+            }
+        }
+        let nports = self.ports.len();
+        let mut s = Scratch {
+            batch: Some(Batch::new()),
+            lens: [0; MAX_BATCH],
+            actions: [Action::Pending; MAX_BATCH],
+            out: (0..nports).map(|_| Vec::with_capacity(MAX_BATCH)).collect(),
+            todo: Todo::default(),
+            arp_dropped: 0,
+            tx_dropped: 0,
+            ctl: Some(Batch::new()),
+            arp: Some(Batch::new()),
+        };
+        let fds: Vec<Option<RawFd>> = self.ports.iter().map(|p| p.poll_fd()).collect();
+        let mut last_house = 0u64;
+        let mut idle_turn = 0usize;
+        while !self.stop.load(Ordering::Relaxed) {
+            self.commands(&mut s);
+            let mut got = 0;
+            for k in 0..nports {
+                got += self.one_port(k, &mut s);
+            }
+            let now = now_ns(self.epoch);
+            if now.saturating_sub(last_house) >= HOUSEKEEPING_NS {
+                last_house = now;
+                self.engine.gc(now, GC_BUDGET);
+                self.resolver.tick(now, &mut s.todo);
+                self.send_arp(&mut s);
+                for p in &mut self.ports {
+                    let _ = p.flush();
+                }
+            }
+            if got == 0 && nports > 0 {
+                idle_turn = (idle_turn + 1) % nports;
+                if let Some(p) = self.ports.get(idle_turn) {
+                    if fds.get(idle_turn).copied().flatten().is_some() {
+                        let _ = sluice_io::wait_readable(p.as_ref(), 1);
+                    } else {
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                }
+            }
+        }
+        for p in &mut self.ports {
+            let _ = p.flush();
+        }
+        tracing::info!(worker = self.id, "worker stopped");
+    }
+
+    fn commands(&mut self, s: &mut Scratch) {
+        while let Ok(c) = self.commands.try_recv() {
+            match c {
+                Command::Status(tx) => {
+                    let ports = self
+                        .ports
+                        .iter_mut()
+                        .map(|p| port_status(p.as_mut()))
+                        .collect();
+                    let _ = tx.send(WorkerStatus {
+                        worker: self.id,
+                        counters: self.engine.counters().clone(),
+                        connections: self.engine.conntrack().len(),
+                        ports,
+                        neighbors: self
+                            .resolver
+                            .known()
+                            .map(|(ip, m)| (*ip, crate::config::fmt_mac(m)))
+                            .collect(),
+                        arp_pending: self.resolver.pending(),
+                        arp_dropped: s.arp_dropped,
+                        tx_dropped: s.tx_dropped,
+                    });
+                }
+                Command::List(f, limit, tx) => {
+                    let now =
+                        sluice_conntrack::Instant::from_millis(now_ns(self.epoch) / 1_000_000);
+                    let v = self
+                        .engine
+                        .conntrack()
+                        .iter()
+                        .filter_map(|(_, e)| CtEntry::of(self.id, e, now))
+                        .filter(|e| f.matches(e))
+                        .take(limit)
+                        .collect();
+                    let _ = tx.send(v);
+                }
+                Command::Flush(tx) => {
+                    let _ = tx.send(self.engine.flush());
+                }
+                Command::SetPolicy(p, tx) => {
+                    self.engine.set_policy(p);
+                    let _ = tx.send(());
+                }
+                Command::SetNeighbor(ip, mac) => self.learnt(ip, mac, false, s),
+            }
+        }
+    }
+
+    /// A neighbour became known: program the engine, tell peers (when we
+    /// learnt it ourselves) and process the frames held for it.
+    fn learnt(&mut self, ip: Ipv4Addr, mac: [u8; 6], tell_peers: bool, s: &mut Scratch) {
+        if let Err(e) = self.engine.set_neighbor(ip, mac) {
+            tracing::warn!(worker = self.id, %ip, "cannot add neighbour: {e}");
+            return;
+        }
+        tracing::debug!(worker = self.id, %ip, mac = %crate::config::fmt_mac(&mac), "neighbour");
+        if tell_peers {
+            for p in &self.peers {
+                if let Err(TrySendError::Full(_)) = p.try_send(Command::SetNeighbor(ip, mac)) {
+                    tracing::warn!("peer command queue full; neighbour {ip} not shared");
+                }
+            }
+        }
+        let held = self.resolver.set_known(ip, mac);
+        if held.is_empty() {
+            return;
+        }
+        // Process the held frames again, as one batch of their own. (A
+        // neighbour learnt while held frames are being re-processed waits
+        // for its own frames' next retry.)
+        let Some(mut ctl) = s.ctl.take() else {
+            s.arp_dropped += held.len() as u64;
+            return;
+        };
+        ctl.clear();
+        for (iif, f) in &held {
+            let meta = sluice_io::FrameMeta {
+                port: *iif,
+                timestamp_ns: 0,
+            };
+            if !ctl.push_copy(f, meta) {
+                s.arp_dropped += 1;
+            }
+        }
+        let now = now_ns(self.epoch);
+        self.process_and_send(now, &mut ctl, s, false);
+        ctl.clear();
+        s.ctl = Some(ctl);
+    }
+
+    fn one_port(&mut self, k: usize, s: &mut Scratch) -> usize {
+        let Some(mut batch) = s.batch.take() else {
+            return 0;
+        };
+        batch.clear();
+        let n = match self.ports.get_mut(k) {
+            Some(p) => p.rx_batch(&mut batch),
+            None => 0,
+        };
+        if n > 0 {
+            // ARP learning, before the engine rewrites requests into replies.
+            for i in 0..batch.len() {
+                let iif = batch.meta(i).map_or(0, |m| m.port);
+                let learn = batch
+                    .data(i)
+                    .and_then(parse_arp)
+                    .and_then(|a| self.resolver.learn(iif, &a));
+                if let Some((ip, mac)) = learn {
+                    self.learnt(ip, mac, true, s);
+                }
+            }
+            let now = now_ns(self.epoch);
+            self.process_and_send(now, &mut batch, s, true);
+        }
+        batch.clear();
+        s.batch = Some(batch);
+        n
+    }
+
+    /// Run the engine on `batch` and transmit the result. `hold` lets
+    /// `no-neighbor` drops wait for ARP (not for frames that already waited).
+    fn process_and_send(&mut self, now: u64, batch: &mut Batch, s: &mut Scratch, hold: bool) {
+        let count = batch.len().min(MAX_BATCH);
+        {
+            let mut fr = BatchFrames::new(batch, &mut s.lens, &mut s.actions);
+            self.engine.process(now, &mut fr);
+            fr.finish();
+        }
+        for o in &mut s.out {
+            o.clear();
+        }
+        for i in 0..count {
+            let action = s.actions.get(i).copied().unwrap_or_default();
+            let out = match action {
+                Action::Forward(oif) => usize::from(oif).checked_sub(1),
+                Action::Reply => batch
+                    .meta(i)
+                    .and_then(|m| usize::from(m.port).checked_sub(1)),
+                Action::Drop(DropReason::NoNeighbor) if hold => {
+                    let iif = batch.meta(i).map_or(0, |m| m.port);
+                    if let Some(f) = batch.data(i) {
+                        self.resolver.on_no_neighbor(now, iif, f, &mut s.todo);
+                    }
+                    None
+                }
+                _ => None,
+            };
+            if let Some(q) = out.and_then(|k| s.out.get_mut(k)) {
+                q.push(i as u16);
+            }
+        }
+        for (k, which) in s.out.iter().enumerate() {
+            if which.is_empty() {
+                continue;
+            }
+            let Some(p) = self.ports.get_mut(k) else {
+                continue;
+            };
+            let mut done = p.tx_batch(batch, which);
+            if done < which.len() {
+                let _ = p.flush();
+                done += which.get(done..).map_or(0, |rest| p.tx_batch(batch, rest));
+            }
+            s.tx_dropped += (which.len() - done.min(which.len())) as u64;
+        }
+        self.send_arp(s);
+    }
+
+    fn send_arp(&mut self, s: &mut Scratch) {
+        s.arp_dropped += core::mem::take(&mut s.todo.dropped);
+        if s.todo.send.is_empty() {
+            return;
+        }
+        let Some(mut b) = s.arp.take() else {
+            return;
+        };
+        for (oif, req) in s.todo.send.drain(..) {
+            b.clear();
+            if !b.push_copy(&req, sluice_io::FrameMeta::default()) {
+                continue;
+            }
+            if let Some(p) = usize::from(oif)
+                .checked_sub(1)
+                .and_then(|k| self.ports.get_mut(k))
+            {
+                p.tx_batch(&mut b, &[0]);
+                let _ = p.flush();
+            }
+        }
+        b.clear();
+        s.arp = Some(b);
+    }
+}

@@ -1,0 +1,750 @@
+//! `sluice-daemon`: the running gateway behind `sluice run`, `sluice check`
+//! and `sluice ctl`.
+//!
+//! # What it owns
+//!
+//! - [`config`]: the TOML file, validated with `FILE:LINE:COLUMN` errors.
+//! - [`run`]: opens every configured interface on the chosen io backend,
+//!   keeps the kernel stack off them (nft netdev ingress drop), starts one
+//!   run-to-completion worker thread per configured worker
+//!   ([`dataplane`]), serves the control socket ([`ctl`]) and handles
+//!   signals: SIGTERM/SIGINT stop cleanly (ports closed, XDP detached, the
+//!   ingress drop and the socket removed), SIGHUP reloads the configuration
+//!   and ruleset.
+//! - [`neigh`]: ARP next-hop resolution with held packets.
+//!
+//! # Invariants
+//!
+//! - Workers own their engine state; the control plane reaches it only
+//!   through a bounded command channel per worker, polled between batches,
+//!   so the packet path takes no lock.
+//! - A reload builds the new policy completely before any worker sees it;
+//!   on any error the running policy stays. Connections survive a reload
+//!   (the connection table is kept).
+//! - Engine interface 0 is a placeholder with no port, so that configured
+//!   interface `i` is engine interface `i + 1`: the compiled policy treats
+//!   interface index 0 as "no interface".
+//!
+//! # Limits (today)
+//!
+//! - With several workers each interface is split with `PACKET_FANOUT`
+//!   (hash), which does not steer a NAT reply to the worker that owns its
+//!   external port: replies that land on another worker are dropped
+//!   (`nat-no-mapping`). Use `workers = 1` with NAT until the io crate can
+//!   steer by destination port (a classic-BPF fanout program or XDP queue
+//!   steering). AF_XDP with several workers needs one queue per worker
+//!   (veth has one).
+//! - Changes to interfaces, routes, workers, backend, NAT behaviour or NAT
+//!   pools need a restart; a reload applies the ruleset and static
+//!   neighbours and reports the rest.
+//! - Incremental rule and set-element updates answer `unsupported` until
+//!   `sluice-policy` offers them.
+//! - IPv4 only (the engine's scope).
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod ctl;
+pub mod dataplane;
+pub mod neigh;
+
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use sluice_engine::{EngineConfig, Interface, Policy, Route4, StaticPolicy, Worker};
+use sluice_io::{BackendKind, Batch, Port, PortStats};
+use sluice_nat::Translation;
+
+pub use config::{Config, ConfigError, Summary};
+use ctl::{CtFilter, CtlFailure, Request};
+use dataplane::{Command, WorkerStatus, WorkerThread};
+
+/// Options of [`run`] that do not come from the file.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Override the file's backend.
+    pub backend: Option<config::BackendChoice>,
+    /// Override the file's capture path.
+    pub capture: Option<PathBuf>,
+    /// Override the file's control socket path.
+    pub control_socket: Option<PathBuf>,
+    /// Do not pin workers to cores.
+    pub no_pin: bool,
+    /// Stop when this is set (for embedding in tests); signals still work.
+    pub stop: Option<Arc<AtomicBool>>,
+}
+
+/// Why the gateway could not start (or stopped with an error).
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The configuration or ruleset is invalid.
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+    /// An interface could not be opened or read.
+    #[error("interface {name}: {reason}")]
+    Interface {
+        /// Interface name.
+        name: String,
+        /// What failed.
+        reason: String,
+    },
+    /// The engine refused its configuration.
+    #[error("engine: {0}")]
+    Engine(#[from] sluice_engine::EngineError),
+    /// The nft ingress drop could not be installed.
+    #[error("nft ingress drop: {0}")]
+    IngressDrop(sluice_io::IoError),
+    /// The control socket could not be created.
+    #[error("control socket {path}: {reason}")]
+    Socket {
+        /// Socket path.
+        path: String,
+        /// What failed.
+        reason: String,
+    },
+    /// Signal handlers or threads could not be set up.
+    #[error("{0}")]
+    Os(String),
+}
+
+/// A policy ready to publish.
+pub struct LoadedPolicy {
+    /// The policy.
+    pub policy: Arc<dyn Policy>,
+    /// Rules it holds (0 for the built-in policy).
+    pub rules: usize,
+    /// SNAT pools it needs in the NAT configuration.
+    pub pools: Vec<sluice_nat::Pool>,
+    /// Where it came from.
+    pub source: String,
+}
+
+/// The interface map the policy is compiled against: configured interface
+/// `i` is index `i + 1`.
+fn policy_interfaces(cfg: &Config) -> sluice_policy::Interfaces {
+    let mut m = sluice_policy::Interfaces::new();
+    for (i, ifc) in cfg.interfaces.iter().enumerate() {
+        m.insert(&ifc.name, (i + 1) as u32);
+    }
+    m
+}
+
+/// Build the policy for `cfg`, from `ruleset` if given, else from the
+/// config's ruleset file, else the built-in accept-all (+ masquerade) policy.
+pub fn load_policy(cfg: &Config, ruleset: Option<&Path>) -> Result<LoadedPolicy, ConfigError> {
+    match ruleset.or(cfg.ruleset.as_deref()) {
+        Some(path) => {
+            let rs = sluice_ruleset::parse_nft_file(path)
+                .map_err(|d| ConfigError::Ruleset(d.to_string().trim_end().to_string()))?;
+            let p = sluice_policy::CompiledPolicy::compile(&rs, &policy_interfaces(cfg))
+                .map_err(|e| ConfigError::Ruleset(e.to_string().trim_end().to_string()))?;
+            let rules = p.program().chains.iter().map(|c| c.rules.len()).sum();
+            let pools = p.nat_config().pools.clone();
+            Ok(LoadedPolicy {
+                policy: Arc::new(p),
+                rules,
+                pools,
+                source: path.display().to_string(),
+            })
+        }
+        None => {
+            let mut p = StaticPolicy::accept_all();
+            p.snat = cfg
+                .masquerade
+                .iter()
+                .map(|&i| ((i + 1) as u16, Translation::Masquerade))
+                .collect();
+            Ok(LoadedPolicy {
+                policy: Arc::new(p),
+                rules: 0,
+                pools: Vec::new(),
+                source: "built-in (accept all)".into(),
+            })
+        }
+    }
+}
+
+/// `sluice check -c FILE`: validate the configuration and compile its
+/// ruleset, touching nothing.
+pub fn check(path: &Path) -> Result<Summary, ConfigError> {
+    let cfg = config::load(path)?;
+    let lp = load_policy(&cfg, None)?;
+    Ok(Summary {
+        interfaces: cfg.interfaces.len(),
+        routes: cfg.routes.len(),
+        neighbors: cfg.neighbors.len(),
+        workers: cfg.workers,
+        backend: cfg.backend,
+        ruleset: cfg.ruleset.as_ref().map(|p| p.display().to_string()),
+        rules: lp.rules,
+        nat_pools: lp.pools.len(),
+    })
+}
+
+/// Read an interface's MAC with `ip -o link show dev IF` (works in the
+/// calling thread's network namespace, unlike `/sys/class/net`).
+pub fn interface_mac(name: &str) -> Result<[u8; 6], String> {
+    let out = std::process::Command::new("ip")
+        .args(["-o", "link", "show", "dev", name])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run ip: {e}"))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut words = text.split_whitespace();
+    while let Some(w) = words.next() {
+        if w == "link/ether" {
+            return words
+                .next()
+                .and_then(config::mac_from_str)
+                .ok_or_else(|| "unparsable link/ether address".to_string());
+        }
+    }
+    Err("not an Ethernet interface".into())
+}
+
+/// A boxed port as a sized [`Port`] (for [`sluice_io::pcap::Captured`]).
+struct DynPort(Box<dyn Port>);
+
+impl Port for DynPort {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    fn kind(&self) -> BackendKind {
+        self.0.kind()
+    }
+    fn describe(&self) -> String {
+        self.0.describe()
+    }
+    fn rx_batch(&mut self, batch: &mut Batch) -> usize {
+        self.0.rx_batch(batch)
+    }
+    fn tx_batch(&mut self, batch: &mut Batch, which: &[u16]) -> usize {
+        self.0.tx_batch(batch, which)
+    }
+    fn flush(&mut self) -> Result<(), sluice_io::IoError> {
+        self.0.flush()
+    }
+    fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.0.poll_fd()
+    }
+    fn stats(&mut self) -> PortStats {
+        self.0.stats()
+    }
+}
+
+/// Control-plane state shared by the signal loop and the control socket.
+struct Control {
+    started: Instant,
+    config_path: PathBuf,
+    workers: Vec<SyncSender<Command>>,
+    state: Mutex<Published>,
+}
+
+/// What is currently running (for reload decisions and status).
+struct Published {
+    config: Config,
+    source: String,
+    rules: usize,
+    pools: Vec<sluice_nat::Pool>,
+    generation: u64,
+}
+
+const CMD_QUEUE: usize = 64;
+const CMD_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Control {
+    /// Ask every worker and collect the answers.
+    fn ask<T>(&self, mk: impl Fn(mpsc::Sender<T>) -> Command) -> Result<Vec<T>, CtlFailure> {
+        let mut rxs = Vec::new();
+        for w in &self.workers {
+            let (tx, rx) = mpsc::channel();
+            w.try_send(mk(tx)).map_err(|_| CtlFailure {
+                kind: "internal",
+                message: "a worker's command queue is full or closed".into(),
+            })?;
+            rxs.push(rx);
+        }
+        rxs.into_iter()
+            .map(|rx| {
+                rx.recv_timeout(CMD_TIMEOUT).map_err(|_| CtlFailure {
+                    kind: "internal",
+                    message: "a worker did not answer".into(),
+                })
+            })
+            .collect()
+    }
+
+    /// Publish `lp` to every worker (the ruleset replace / reload commit).
+    fn publish(&self, st: &mut Published, lp: LoadedPolicy) -> Result<(), CtlFailure> {
+        if lp.pools != st.pools {
+            return Err(CtlFailure {
+                kind: "ruleset",
+                message: format!(
+                    "{}: its NAT pools differ from the running ones; pool changes need a restart (running ruleset kept)",
+                    lp.source
+                ),
+            });
+        }
+        let p = Arc::clone(&lp.policy);
+        self.ask(|tx| Command::SetPolicy(Arc::clone(&p), tx))?;
+        st.source = lp.source;
+        st.rules = lp.rules;
+        st.generation += 1;
+        tracing::info!(ruleset = %st.source, rules = st.rules, generation = st.generation, "ruleset published");
+        Ok(())
+    }
+
+    /// SIGHUP / `reload`: re-read the config file and its ruleset.
+    fn reload(&self) -> Result<Value, CtlFailure> {
+        let cfg = config::load(&self.config_path).map_err(|e| CtlFailure {
+            kind: "config",
+            message: e.to_string(),
+        })?;
+        let lp = load_policy(&cfg, None).map_err(|e| CtlFailure {
+            kind: "ruleset",
+            message: e.to_string(),
+        })?;
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let old = &st.config;
+        let mut needs_restart = Vec::new();
+        if old.interfaces != cfg.interfaces {
+            needs_restart.push("interfaces");
+        }
+        if old.routes != cfg.routes {
+            needs_restart.push("routes");
+        }
+        if old.workers != cfg.workers || old.backend != cfg.backend {
+            needs_restart.push("workers/backend");
+        }
+        if old.nat != cfg.nat || old.masquerade != cfg.masquerade {
+            needs_restart.push("nat");
+        }
+        if old.ct_max != cfg.ct_max || old.timeouts != cfg.timeouts {
+            needs_restart.push("conntrack");
+        }
+        self.publish(&mut st, lp)?;
+        for &(ip, mac) in &cfg.neighbors {
+            for w in &self.workers {
+                let _ = w.try_send(Command::SetNeighbor(ip, mac));
+            }
+        }
+        if !needs_restart.is_empty() {
+            tracing::warn!(
+                "reload: changes to {} need a restart and were not applied",
+                needs_restart.join(", ")
+            );
+        }
+        let ruleset = cfg.ruleset.clone();
+        st.config.ruleset = ruleset;
+        st.config.neighbors = cfg.neighbors;
+        Ok(
+            json!({"ok": true, "generation": st.generation, "ruleset": st.source,
+                  "rules": st.rules, "needs_restart": needs_restart}),
+        )
+    }
+
+    fn handle(&self, req: Request) -> Value {
+        match self.handle_inner(req) {
+            Ok(v) => v,
+            Err(f) => f.to_json(),
+        }
+    }
+
+    fn handle_inner(&self, req: Request) -> Result<Value, CtlFailure> {
+        match req {
+            Request::Status => {
+                let ws = self.ask(Command::Status)?;
+                let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                let ifaces: Vec<Value> = st
+                    .config
+                    .interfaces
+                    .iter()
+                    .map(|i| {
+                        json!({"name": i.name, "role": i.role,
+                               "addresses": i.addrs.iter().map(|(a, l)| format!("{a}/{l}")).collect::<Vec<_>>()})
+                    })
+                    .collect();
+                Ok(json!({
+                    "ok": true,
+                    "uptime_s": self.started.elapsed().as_secs(),
+                    "workers": ws.len(),
+                    "ruleset": st.source,
+                    "rules": st.rules,
+                    "generation": st.generation,
+                    "interfaces": ifaces,
+                    "worker_status": ws.iter().map(worker_json).collect::<Vec<_>>(),
+                }))
+            }
+            Request::Counters => {
+                let ws = self.ask(Command::Status)?;
+                let mut total = sluice_engine::Counters::default();
+                for w in &ws {
+                    total.merge(&w.counters);
+                }
+                Ok(json!({"ok": true, "counters": counters_json(&total),
+                          "workers": ws.iter().map(|w| counters_json(&w.counters)).collect::<Vec<_>>()}))
+            }
+            Request::ConntrackList {
+                proto,
+                addr,
+                port,
+                limit,
+            } => {
+                let f = CtFilter::new(proto.as_deref(), addr.as_deref(), port)?;
+                let limit = limit.unwrap_or(ctl::DEFAULT_LIMIT);
+                let lists = self.ask(|tx| Command::List(f.clone(), limit, tx))?;
+                let all: Vec<_> = lists.into_iter().flatten().take(limit).collect();
+                Ok(json!({"ok": true, "count": all.len(), "connections": all}))
+            }
+            Request::ConntrackCount => {
+                let ws = self.ask(Command::Status)?;
+                let n: usize = ws.iter().map(|w| w.connections).sum();
+                Ok(json!({"ok": true, "count": n}))
+            }
+            Request::ConntrackFlush => {
+                let n: u64 = self.ask(Command::Flush)?.into_iter().sum();
+                Ok(json!({"ok": true, "flushed": n}))
+            }
+            Request::RulesetReplace { path } => {
+                let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                let lp = load_policy(&st.config, Some(Path::new(&path))).map_err(|e| {
+                    CtlFailure {
+                        kind: "ruleset",
+                        message: e.to_string(),
+                    }
+                })?;
+                self.publish(&mut st, lp)?;
+                Ok(json!({"ok": true, "generation": st.generation, "rules": st.rules}))
+            }
+            Request::Reload => self.reload(),
+            Request::RuleAdd { .. }
+            | Request::RuleDelete { .. }
+            | Request::ElementAdd { .. }
+            | Request::ElementDelete { .. } => Err(CtlFailure {
+                kind: "unsupported",
+                message: "incremental rule and set-element updates are not available yet; use ruleset-replace".into(),
+            }),
+        }
+    }
+}
+
+fn counters_json(c: &sluice_engine::Counters) -> Value {
+    let drops: serde_json::Map<String, Value> = sluice_engine::DropReason::ALL
+        .iter()
+        .map(|r| (r.name().to_string(), json!(c.drops_for(*r))))
+        .collect();
+    json!({"rx": c.rx, "tx": c.tx, "fast_path": c.fast_path, "slow_path": c.slow_path,
+           "ct_created": c.ct_created, "local": c.local, "drops_total": c.total_drops(),
+           "drops": drops})
+}
+
+fn worker_json(w: &WorkerStatus) -> Value {
+    json!({"worker": w.worker, "connections": w.connections, "ports": w.ports,
+           "neighbors": w.neighbors, "arp_pending": w.arp_pending,
+           "arp_dropped": w.arp_dropped, "tx_dropped": w.tx_dropped,
+           "drops_total": w.counters.total_drops()})
+}
+
+/// The engine configuration of worker `id`.
+fn engine_config(
+    cfg: &Config,
+    macs: &[[u8; 6]],
+    pools: &[sluice_nat::Pool],
+    id: u16,
+) -> EngineConfig {
+    let mut interfaces = vec![Interface {
+        name: "-".into(),
+        mac: [0; 6],
+        addrs: Vec::new(),
+    }];
+    for (i, ifc) in cfg.interfaces.iter().enumerate() {
+        interfaces.push(Interface {
+            name: ifc.name.clone(),
+            mac: macs.get(i).copied().unwrap_or_default(),
+            addrs: ifc.addrs.clone(),
+        });
+    }
+    let mut nat = cfg.nat.clone();
+    nat.pools = pools.to_vec();
+    nat.workers = cfg.workers;
+    EngineConfig {
+        interfaces,
+        routes: engine_routes(cfg),
+        neighbors: cfg.neighbors.clone(),
+        worker: id,
+        workers: cfg.workers,
+        ct_max: cfg.ct_max.div_ceil(u64::from(cfg.workers.max(1))),
+        timeouts: cfg.timeouts,
+        seed: random_seed(),
+        nat,
+        ..EngineConfig::default()
+    }
+}
+
+fn engine_routes(cfg: &Config) -> Vec<Route4> {
+    cfg.routes
+        .iter()
+        .map(|r| Route4 {
+            net: u32::from(r.net),
+            len: r.len,
+            oif: (r.dev + 1) as u16,
+            via: r.via,
+        })
+        .collect()
+}
+
+/// A hash seed from the std hasher's per-process random keys (no unsafe, no
+/// extra dependency).
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(std::process::id().into());
+    h.finish()
+}
+
+/// Removes the control socket file on drop.
+struct SocketFile(PathBuf);
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// `sluice run -c FILE`: run the gateway until SIGTERM/SIGINT (or
+/// `opts.stop`). Returns after a clean shutdown.
+pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
+    let mut cfg = config::load(config_path)?;
+    if let Some(b) = opts.backend {
+        cfg.backend = b;
+    }
+    if let Some(c) = &opts.capture {
+        cfg.capture = Some(c.clone());
+    }
+    if let Some(s) = &opts.control_socket {
+        cfg.control_socket = s.clone();
+    }
+    let lp = load_policy(&cfg, None)?;
+    tracing::info!(ruleset = %lp.source, rules = lp.rules, "policy compiled");
+
+    // Signals first, so a SIGTERM during start-up is not lost.
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGHUP,
+    ])
+    .map_err(|e| RunError::Os(format!("signal handlers: {e}")))?;
+
+    // MACs.
+    let mut macs = Vec::new();
+    for ifc in &cfg.interfaces {
+        let mac = match ifc.mac {
+            Some(m) => m,
+            None => interface_mac(&ifc.name).map_err(|reason| RunError::Interface {
+                name: ifc.name.clone(),
+                reason,
+            })?,
+        };
+        macs.push(mac);
+    }
+
+    // Engines first (they validate routes and NAT), then ports.
+    let stop = opts
+        .stop
+        .clone()
+        .unwrap_or_else(|| Arc::new(AtomicBool::new(false)));
+    let epoch = Instant::now();
+    let cores = if opts.no_pin {
+        None
+    } else {
+        core_affinity::get_core_ids()
+    };
+    let names: Vec<&str> = cfg.interfaces.iter().map(|i| i.name.as_str()).collect();
+    let ingress = sluice_io::nft::IngressDrop::install(&names).map_err(RunError::IngressDrop)?;
+    let fanout_base = (std::process::id() as u16).wrapping_mul(8);
+
+    let mut threads = Vec::new();
+    let mut senders = Vec::new();
+    let mut receivers = Vec::new();
+    for _ in 0..cfg.workers {
+        let (tx, rx) = mpsc::sync_channel(CMD_QUEUE);
+        senders.push(tx);
+        receivers.push(rx);
+    }
+    for (id, rx) in (0..cfg.workers).zip(receivers) {
+        let engine = Worker::new(
+            engine_config(&cfg, &macs, &lp.pools, id),
+            Arc::clone(&lp.policy),
+        )?;
+        let mut ports: Vec<Box<dyn Port>> = Vec::new();
+        let umem = match cfg.backend {
+            config::BackendChoice::AfPacket => None,
+            _ => sluice_io::Umem::new(sluice_io::afxdp::DEFAULT_UMEM_CHUNKS).ok(),
+        };
+        for (k, ifc) in cfg.interfaces.iter().enumerate() {
+            let mut o = sluice_io::OpenOptions {
+                port_id: (k + 1) as u16,
+                ..Default::default()
+            };
+            if cfg.workers > 1 {
+                o.af_packet.fanout_group = Some(fanout_base.wrapping_add(k as u16));
+                o.af_xdp.queue = u32::from(id);
+            }
+            o.af_xdp.umem = umem.clone();
+            let port = sluice_io::open(&ifc.name, cfg.backend.into(), &o).map_err(|e| {
+                RunError::Interface {
+                    name: ifc.name.clone(),
+                    reason: e.to_string(),
+                }
+            })?;
+            tracing::info!(worker = id, interface = %ifc.name, mode = %port.describe(), "port open");
+            let port: Box<dyn Port> = match &cfg.capture {
+                Some(base) => {
+                    let mut b = base.clone().into_os_string();
+                    if cfg.workers > 1 {
+                        b.push(format!(".w{id}"));
+                    }
+                    Box::new(
+                        sluice_io::pcap::Captured::new(DynPort(port), Path::new(&b)).map_err(
+                            |e| RunError::Interface {
+                                name: ifc.name.clone(),
+                                reason: format!("capture: {e}"),
+                            },
+                        )?,
+                    )
+                }
+                None => port,
+            };
+            ports.push(port);
+        }
+        let mut nifs = vec![neigh::NeighIface {
+            mac: [0; 6],
+            addrs: Vec::new(),
+        }];
+        for (i, ifc) in cfg.interfaces.iter().enumerate() {
+            nifs.push(neigh::NeighIface {
+                mac: macs.get(i).copied().unwrap_or_default(),
+                addrs: ifc.addrs.clone(),
+            });
+        }
+        let mut resolver = neigh::Resolver::new(nifs, &engine_routes(&cfg));
+        for &(ip, mac) in &cfg.neighbors {
+            resolver.set_known(ip, mac);
+        }
+        let peers = senders
+            .iter()
+            .enumerate()
+            .filter(|&(j, _)| j != usize::from(id))
+            .map(|(_, s)| s.clone())
+            .collect();
+        let wt = WorkerThread {
+            id,
+            engine,
+            ports,
+            resolver,
+            commands: rx,
+            peers,
+            stop: Arc::clone(&stop),
+            epoch,
+            core: cores
+                .as_ref()
+                .and_then(|c| c.get(usize::from(id) % c.len().max(1)).copied()),
+        };
+        let h = std::thread::Builder::new()
+            .name(format!("sluice-w{id}"))
+            .spawn(move || wt.run())
+            .map_err(|e| RunError::Os(format!("spawn worker: {e}")))?;
+        threads.push(h);
+    }
+
+    // Control socket.
+    let sock = cfg.control_socket.clone();
+    if sock.exists() {
+        // A stale socket from a crashed run: refuse if something answers.
+        if std::os::unix::net::UnixStream::connect(&sock).is_ok() {
+            stop.store(true, Ordering::Relaxed);
+            join_all(threads);
+            return Err(RunError::Socket {
+                path: sock.display().to_string(),
+                reason: "another daemon is listening".into(),
+            });
+        }
+        let _ = std::fs::remove_file(&sock);
+    }
+    let listener = match UnixListener::bind(&sock) {
+        Ok(l) => l,
+        Err(e) => {
+            stop.store(true, Ordering::Relaxed);
+            join_all(threads);
+            return Err(RunError::Socket {
+                path: sock.display().to_string(),
+                reason: e.to_string(),
+            });
+        }
+    };
+    let sock_guard = SocketFile(sock.clone());
+    let control = Arc::new(Control {
+        started: Instant::now(),
+        config_path: config_path.to_path_buf(),
+        workers: senders,
+        state: Mutex::new(Published {
+            source: lp.source.clone(),
+            rules: lp.rules,
+            pools: lp.pools.clone(),
+            generation: 1,
+            config: cfg,
+        }),
+    });
+    tracing::info!(socket = %sock.display(), "running");
+
+    let ctl_stop = Arc::clone(&stop);
+    let ctl_control = Arc::clone(&control);
+    let ctl_thread = std::thread::Builder::new()
+        .name("sluice-ctl".into())
+        .spawn(move || ctl::serve(listener, &ctl_stop, &|r| ctl_control.handle(r)))
+        .map_err(|e| RunError::Os(format!("spawn control thread: {e}")))?;
+
+    let handle = signals.handle();
+    while !stop.load(Ordering::Relaxed) {
+        for sig in signals.pending() {
+            match sig {
+                signal_hook::consts::SIGHUP => match control.reload() {
+                    Ok(v) => tracing::info!("reload: {v}"),
+                    Err(f) => {
+                        tracing::error!("reload failed, running configuration kept: {}", f.message)
+                    }
+                },
+                _ => {
+                    tracing::info!(signal = sig, "shutting down");
+                    stop.store(true, Ordering::Relaxed);
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    handle.close();
+    stop.store(true, Ordering::Relaxed);
+    join_all(threads);
+    let _ = ctl_thread.join();
+    drop(sock_guard);
+    if let Err(e) = ingress.remove() {
+        tracing::warn!("removing the nft ingress drop: {e}");
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn join_all(threads: Vec<std::thread::JoinHandle<()>>) {
+    for t in threads {
+        if t.join().is_err() {
+            tracing::error!("a worker thread panicked");
+        }
+    }
+}
