@@ -101,6 +101,10 @@ pub struct PacketFields {
     pub ct_mark: u32,
     /// Packet mark (`meta mark`).
     pub mark: u32,
+    /// Conntrack status bits (`ct status`), netfilter's `IPS_*` values:
+    /// expected 1, seen-reply 2, assured 4, confirmed 8, snat 16, dnat 32,
+    /// dying 512.
+    pub ct_status: u32,
 }
 
 /// A field a condition can test. Every field reads as a zero-extended `u128`.
@@ -138,13 +142,15 @@ pub enum Field {
     CtMark,
     /// `meta mark`.
     Mark,
+    /// `ct status`.
+    CtStatus,
 }
 
 impl Field {
     /// Width of the field in bits.
     pub const fn width(self) -> u32 {
         match self {
-            Field::Iif | Field::Oif | Field::CtMark | Field::Mark => 32,
+            Field::Iif | Field::Oif | Field::CtMark | Field::Mark | Field::CtStatus => 32,
             Field::IifName | Field::OifName | Field::Saddr | Field::Daddr => 128,
             Field::Sport | Field::Dport => 16,
             Field::Family
@@ -182,6 +188,7 @@ impl PacketFields {
             Field::CtState => self.ct_state as u128,
             Field::CtMark => self.ct_mark as u128,
             Field::Mark => self.mark as u128,
+            Field::CtStatus => self.ct_status as u128,
         }
     }
 }

@@ -95,12 +95,24 @@ fn rand_match(r: &mut Rng) -> Match {
                 .map(|b| Range::value(b as u128)),
             negate,
         ),
-        7 => Match::Masked {
-            field: Field::CtState,
-            mask: (ct::ESTABLISHED | ct::RELATED) as u128,
-            value: 0,
-            negate: !negate,
-        },
+        7 => {
+            if r.pct(50) {
+                Match::Masked {
+                    field: Field::CtState,
+                    mask: (ct::ESTABLISHED | ct::RELATED) as u128,
+                    value: 0,
+                    negate: !negate,
+                }
+            } else {
+                // `ct status dnat` / `ct status snat,dnat`: any of the bits.
+                Match::Masked {
+                    field: Field::CtStatus,
+                    mask: [0x20u128, 0x30, 0x02][r.below(3) as usize],
+                    value: 0,
+                    negate: !negate,
+                }
+            }
+        }
         8 => {
             if r.pct(50) {
                 Match::in_ranges(Field::Mark, [Range::value(r.below(4) as u128)], negate)
@@ -237,6 +249,7 @@ fn rand_packet(r: &mut Rng) -> PacketFields {
         ct_state: [ct::NEW, ct::ESTABLISHED, ct::RELATED, ct::INVALID][r.below(4) as usize],
         ct_mark: r.below(3) as u32,
         mark: r.below(4) as u32,
+        ct_status: [0u32, 0x20, 0x10, 0x0a][r.below(4) as usize],
     }
 }
 

@@ -69,6 +69,9 @@ pub struct PolicyPacket {
     pub ct_mark: u32,
     /// Packet mark.
     pub mark: u32,
+    /// Conntrack status bits (`ct status`, netfilter's `IPS_*` values; the
+    /// engine sets `IPS_DST_NAT` = 0x20 once prerouting has applied DNAT).
+    pub ct_status: u32,
     /// IP total length.
     pub len: u16,
 }

@@ -683,7 +683,14 @@ impl Worker {
         if reply.is_none() {
             if let Some(Translation::Dnat { addr, port }) = dec.nat {
                 match self.nat.dnat(key, addr, port) {
-                    Ok(r) => reply = Some(r),
+                    Ok(r) => {
+                        reply = Some(r);
+                        // Later hooks see the translated destination and
+                        // `ct status dnat`, as in the kernel.
+                        pp.dst = u128::from(r.src);
+                        pp.dport = r.sport;
+                        pp.ct_status |= 0x20;
+                    }
                     Err(e) => return Step::Done(Action::Drop(nat_drop(e))),
                 }
             }
@@ -1007,6 +1014,7 @@ fn policy_packet(iif: IfIndex, key: &FlowKey4, d: &Dissect, ct: CtState) -> Poli
         ct,
         ct_mark: 0,
         mark: 0,
+        ct_status: 0,
         len,
     }
 }

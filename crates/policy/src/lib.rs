@@ -26,7 +26,7 @@
 //! * No match is ever dropped: a construct the IR cannot express is a
 //!   [`LowerError`] at its source location, and every such error in the
 //!   rule set is reported at once ([`CompileError`]). Refused today:
-//!   `ip ttl`, `ct status`, `limit rate over`, `redirect`, IPv6 NAT, `dnat`
+//!   `ip ttl`, `limit rate over`, `redirect`, IPv6 NAT, `dnat`
 //!   to an address or port range, `snat to … map`, `masquerade to :PORTS`,
 //!   masks on sets or concatenations, ordering comparisons on interfaces,
 //!   a mark change before a map lookup in a rule matching that mark, and NAT reachable
@@ -56,6 +56,7 @@ pub use policy::{
     ast_hook, ct_bits, engine_reject, CompiledPolicy, Evaluator, HookOutcome, HookVerdict,
 };
 pub use trace::{
-    hook_name, parse_ct, parse_hook, parse_proto, parse_tcp_flags, parse_u32, path, ChainTrace,
-    HookTrace, NatReport, NatType, PacketError, RuleTrace, Trace, TracePacket, TraceVerdict,
+    default_ct_status, hook_name, parse_ct, parse_ct_status, parse_hook, parse_proto,
+    parse_tcp_flags, parse_u32, path, ChainTrace, HookTrace, NatReport, NatType, PacketError,
+    RuleTrace, Trace, TracePacket, TraceVerdict,
 };

@@ -153,6 +153,7 @@ fn spec(f: Field, fam: Family) -> Result<(ir::Field, Kind, Vec<Dep>), String> {
         Field::MetaMark => (I::Mark, Kind::Num, vec![]),
         Field::CtMark => (I::CtMark, Kind::Num, vec![]),
         Field::CtState => (I::CtState, Kind::Num, vec![]),
+        Field::CtStatus => (I::CtStatus, Kind::Num, vec![]),
         Field::IpSaddr => (I::Saddr, Kind::Addr4, v4(vec![])),
         Field::IpDaddr => (I::Daddr, Kind::Addr4, v4(vec![])),
         Field::IpProtocol => (I::L4Proto, Kind::Num, v4(vec![])),
@@ -174,7 +175,7 @@ fn spec(f: Field, fam: Family) -> Result<(ir::Field, Kind, Vec<Dep>), String> {
         Field::IcmpCode => (I::IcmpCode, Kind::Num, v4(vec![Dep::Proto(1)])),
         Field::Icmpv6Type => (I::IcmpType, Kind::Num, v6(vec![Dep::Proto(58)])),
         Field::Icmpv6Code => (I::IcmpCode, Kind::Num, v6(vec![Dep::Proto(58)])),
-        Field::IpTtl | Field::CtStatus => {
+        Field::IpTtl => {
             return Err(format!(
                 "'{}' cannot be lowered yet: the classifier IR has no such field",
                 f.name()

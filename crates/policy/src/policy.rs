@@ -313,6 +313,7 @@ impl CompiledPolicy {
             ct_state: ct_bits(pkt.ct),
             ct_mark: pkt.ct_mark,
             mark: pkt.mark,
+            ct_status: pkt.ct_status,
         }
     }
 }
@@ -632,12 +633,28 @@ mod tests {
     #[test]
     fn every_error_is_reported_at_once() {
         let e = compile(
-            "table ip t { chain c { type nat hook prerouting priority 0;\n ip ttl 1 drop\n ct status dnat accept\n redirect\n dnat to 10.0.0.1-10.0.0.2 } }",
+            "table ip t { chain c { type nat hook prerouting priority 0;\n ip ttl 1 drop\n limit rate over 1/second drop\n redirect\n dnat to 10.0.0.1-10.0.0.2 } }",
         )
         .err()
         .unwrap_or_default();
         let lines: Vec<u32> = e.errors.iter().map(|e| e.line).collect();
         assert_eq!(lines, [2, 3, 4, 5], "{e}");
+    }
+
+    #[test]
+    fn ct_status_dnat_matches_after_prerouting_dnat() {
+        let p = compile(
+            "table ip t {\n chain pre { type nat hook prerouting priority dstnat; policy accept;\n tcp dport 8080 dnat to 10.0.0.5:80 }\n chain fwd { type filter hook forward priority 0; policy drop;\n ct status dnat accept } }",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let pkt = |dport| {
+            TracePacket::parse(&format!(
+                "tcp 192.0.2.9:4000 > 203.0.113.1:{dport} ct new flags S"
+            ))
+            .unwrap_or_else(|e| panic!("{e}"))
+        };
+        assert_eq!(p.trace(&pkt(8080)).verdict, TraceVerdict::Accept);
+        assert_eq!(p.trace(&pkt(8081)).verdict, TraceVerdict::Drop);
     }
 
     #[test]
@@ -670,6 +687,7 @@ mod tests {
             ct: CtState::New,
             ct_mark: 0,
             mark: 0,
+            ct_status: 0,
             len: 60,
         };
         let d = p.decide(Hook::Forward, &pp);

@@ -59,6 +59,9 @@ pub struct TracePacket {
     pub mark: u32,
     /// Conntrack mark.
     pub ct_mark: u32,
+    /// Conntrack status bits (`ct status`); `None` derives them from `ct`
+    /// (established: seen-reply) and from NAT applied on the trace's path.
+    pub ct_status: Option<u32>,
 }
 
 impl Default for TracePacket {
@@ -78,6 +81,7 @@ impl Default for TracePacket {
             ct: CtState::New,
             mark: 0,
             ct_mark: 0,
+            ct_status: None,
         }
     }
 }
@@ -246,13 +250,14 @@ impl TracePacket {
                 "ct" => p.ct = parse_ct(val)?,
                 "mark" => p.mark = parse_u32(val)?,
                 "ctmark" => p.ct_mark = parse_u32(val)?,
+                "status" => p.ct_status = Some(parse_ct_status(val)?),
                 "flags" => p.tcp_flags = parse_tcp_flags(val)?,
                 "type" => p.icmp_type = parse_u8(val, "ICMP type")?,
                 "code" => p.icmp_code = parse_u8(val, "ICMP code")?,
                 "hook" => p.hook = parse_hook(val)?,
                 _ => {
                     return perr(format!(
-                        "unknown key '{key}' (iif, oif, ct, mark, ctmark, flags, type, code, hook)"
+                        "unknown key '{key}' (iif, oif, ct, status, mark, ctmark, flags, type, code, hook)"
                     ))
                 }
             }
@@ -310,6 +315,7 @@ impl TracePacket {
             ct_state: ct_bits(self.ct),
             ct_mark: self.ct_mark,
             mark: self.mark,
+            ct_status: self.ct_status.unwrap_or(default_ct_status(self.ct)),
         }
     }
 }
@@ -497,9 +503,18 @@ impl CompiledPolicy {
             if let Some((id, rule)) = co.nat {
                 if let Some(a) = self.nat_actions().get(id as usize) {
                     let kind = match a.translation {
-                        Translation::Snat { .. } => NatType::Snat,
-                        Translation::Masquerade => NatType::Masquerade,
+                        Translation::Snat { .. } => {
+                            p.ct_status |= IPS_SRC_NAT;
+                            NatType::Snat
+                        }
+                        Translation::Masquerade => {
+                            p.ct_status |= IPS_SRC_NAT;
+                            NatType::Masquerade
+                        }
                         Translation::Dnat { addr, port } => {
+                            // Later hooks see the translated destination and
+                            // `ct status dnat`, as in the kernel.
+                            p.ct_status |= IPS_DST_NAT;
                             p.daddr = map_v4(u32::from(addr));
                             if let Some(port) = port {
                                 if matches!(p.l4proto, 6 | 17 | 33 | 132 | 136) {
@@ -648,4 +663,44 @@ impl fmt::Display for Trace {
         }
         Ok(())
     }
+}
+
+/// netfilter `IPS_SRC_NAT`.
+pub const IPS_SRC_NAT: u32 = 0x10;
+/// netfilter `IPS_DST_NAT`.
+pub const IPS_DST_NAT: u32 = 0x20;
+
+/// The `ct status` bits a packet has when the input does not say: a packet
+/// of an established connection has seen a reply.
+pub fn default_ct_status(ct: CtState) -> u32 {
+    match ct {
+        CtState::Established => 0x02,
+        _ => 0,
+    }
+}
+
+/// Parse `ct status` bits: a number, or names joined by `,` or `|`
+/// (expected, seen-reply, assured, confirmed, snat, dnat, dying).
+pub fn parse_ct_status(s: &str) -> Result<u32, PacketError> {
+    if let Ok(n) = parse_u32(s) {
+        return Ok(n);
+    }
+    let mut bits = 0;
+    for name in s.split([',', '|']).map(str::trim).filter(|x| !x.is_empty()) {
+        bits |= match name {
+            "expected" => 0x01,
+            "seen-reply" => 0x02,
+            "assured" => 0x04,
+            "confirmed" => 0x08,
+            "snat" => IPS_SRC_NAT,
+            "dnat" => IPS_DST_NAT,
+            "dying" => 0x200,
+            _ => {
+                return perr(format!(
+                    "unknown ct status '{name}' (expected, seen-reply, assured, confirmed, snat, dnat, dying, or a number)"
+                ))
+            }
+        };
+    }
+    Ok(bits)
 }

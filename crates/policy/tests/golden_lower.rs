@@ -1,5 +1,6 @@
 //! Every ruleset under `crates/ruleset/tests/golden/` lowers and compiles,
-//! except those listed in `EXPECTED_UNSUPPORTED` with their exact errors.
+//! except those listed in `EXPECTED_UNSUPPORTED` with their exact errors
+//! (none today).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -10,10 +11,7 @@ use sluice_ruleset::{parse_iptables_restore_str, parse_nft_str, Ruleset};
 const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../ruleset/tests/golden");
 
 /// (file name, expected lowering errors: "LINE:COL: message").
-const EXPECTED_UNSUPPORTED: &[(&str, &[&str])] = &[(
-    "router_nat.nft",
-    &["24:28: 'ct status' cannot be lowered yet: the classifier IR has no such field"],
-)];
+const EXPECTED_UNSUPPORTED: &[(&str, &[&str])] = &[];
 
 fn inputs() -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = fs::read_dir(GOLDEN)
@@ -72,17 +70,12 @@ fn every_golden_ruleset_lowers_or_fails_as_expected() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// The lowerable part of router_nat (everything but `ct status`) compiles,
-/// and its NAT rules produce the expected table and pools.
+/// router_nat compiles, and its NAT rules produce the expected table and
+/// pools.
 #[test]
-fn router_nat_without_ct_status_compiles_with_nat_table() {
+fn router_nat_compiles_with_nat_table() {
     let path = Path::new(GOLDEN).join("router_nat.nft");
     let text = fs::read_to_string(&path).unwrap_or_default();
-    let text: String = text
-        .lines()
-        .filter(|l| !l.contains("ct status"))
-        .map(|l| format!("{l}\n"))
-        .collect();
     let rs = parse_nft_str(&path.to_string_lossy(), &text).unwrap_or_else(|d| panic!("{d}"));
     let pol = CompiledPolicy::compile(&rs, &Interfaces::from_ruleset(&rs))
         .unwrap_or_else(|e| panic!("{e}"));

@@ -222,7 +222,7 @@ impl From<&Trace> for TraceJson {
 }
 
 const KEYS: &str =
-    "hook, iif, oif, proto, src, sport, dst, dport, tcp_flags, ct, mark, ctmark, type, code";
+    "hook, iif, oif, proto, src, sport, dst, dport, tcp_flags, ct, ct_status, mark, ctmark, type, code";
 
 /// Parses one `--packets` line.
 fn packet_from_json(line: &str) -> Result<TracePacket, String> {
@@ -272,6 +272,12 @@ fn packet_from_json(line: &str) -> Result<TracePacket, String> {
             "ct" => p.ct = parse_ct(s()?).map_err(e)?,
             "mark" => p.mark = num(u64::from(u32::MAX))? as u32,
             "ctmark" => p.ct_mark = num(u64::from(u32::MAX))? as u32,
+            "ct_status" => {
+                p.ct_status = Some(match v {
+                    Json::Number(_) => num(u64::from(u32::MAX))? as u32,
+                    _ => sluice_policy::parse_ct_status(s()?).map_err(e)?,
+                })
+            }
             "type" => p.icmp_type = num(255)? as u8,
             "code" => p.icmp_code = num(255)? as u8,
             _ => return Err(format!("unknown key '{k}' (keys: {KEYS})")),
