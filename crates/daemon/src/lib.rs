@@ -82,7 +82,7 @@ pub struct RunOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     /// The configuration or ruleset is invalid.
-    #[error("{0}")]
+    #[error(transparent)]
     Config(#[from] ConfigError),
     /// An interface could not be opened or read.
     #[error("interface {name}: {reason}")]
@@ -93,7 +93,7 @@ pub enum RunError {
         reason: String,
     },
     /// The engine refused its configuration.
-    #[error("engine: {0}")]
+    #[error("engine")]
     Engine(#[from] sluice_engine::EngineError),
     /// The nft ingress drop could not be installed.
     #[error("nft ingress drop: {0}")]

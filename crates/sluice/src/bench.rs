@@ -43,3 +43,45 @@ pub fn nat44(
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// `sluice bench rules`.
+pub fn rules(counts: &[u64], json: Option<&Path>) -> Result<ExitCode> {
+    use sluice_classify::bench::{measure_rules, Shape};
+    let epoch = std::time::Instant::now();
+    let mut clock = || epoch.elapsed().as_nanos() as u64;
+    let mut rows = Vec::new();
+    println!(
+        "{:<11} {:>7} {:>7} {:>12} {:>12} {:>9}",
+        "shape", "rules", "tuples", "compiled ns", "linear ns", "vs 20"
+    );
+    for shape in [Shape::Seed001, Shape::ClassBench] {
+        let mut base = None;
+        for &n in counts {
+            let n = usize::try_from(n).context("rule count too large")?;
+            eprintln!("bench rules: {} x {n} ...", shape.name());
+            let t = measure_rules(shape, n, 4096, 8, &mut clock);
+            let b = *base.get_or_insert(t.compiled_ns);
+            println!(
+                "{:<11} {:>7} {:>7} {:>12.1} {:>12.1} {:>8.2}x",
+                shape.name(),
+                n,
+                t.tuples,
+                t.compiled_ns,
+                t.linear_ns,
+                t.compiled_ns / b
+            );
+            rows.push(serde_json::json!({
+                "shape": shape.name(),
+                "count": n,
+                "compiled_ns": t.compiled_ns,
+                "linear_ns": t.linear_ns,
+                "tuples": t.tuples,
+            }));
+        }
+    }
+    if let Some(p) = json {
+        let text = serde_json::to_string_pretty(&serde_json::json!({ "rules": rows }))?;
+        std::fs::write(p, text + "\n").with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,63 @@
+//! `sluice run`, `sluice ctl` and the gateway half of `sluice check`: thin
+//! wrappers over `sluice-daemon`.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use sluice_daemon::config::BackendChoice;
+
+/// Whether `path` names a gateway configuration (TOML) rather than a rule set.
+pub fn is_gateway_config(path: &Path) -> bool {
+    path.extension().and_then(|e| e.to_str()) == Some("toml")
+}
+
+/// `sluice check -c sluice.toml`: the whole configuration, including the
+/// ruleset it points at. Exit 0 when valid, 1 with the error otherwise.
+pub fn check(path: &Path) -> Result<ExitCode> {
+    match sluice_daemon::check(path) {
+        Ok(summary) => {
+            println!("{summary}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+/// `sluice run -c sluice.toml`: run the gateway until SIGTERM or SIGINT.
+pub fn run(
+    path: &Path,
+    backend: Option<BackendChoice>,
+    capture: Option<&Path>,
+    socket: Option<&Path>,
+    no_pin: bool,
+) -> Result<ExitCode> {
+    let opts = sluice_daemon::RunOptions {
+        backend,
+        capture: capture.map(Path::to_path_buf),
+        control_socket: socket.map(Path::to_path_buf),
+        no_pin,
+        ..Default::default()
+    };
+    sluice_daemon::run(path, &opts)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `sluice ctl WORDS...`: one request to a running gateway.
+pub fn ctl(socket: &Path, words: &[String]) -> Result<ExitCode> {
+    let req = sluice_daemon::ctl::request_from_args(words)?;
+    let resp = sluice_daemon::ctl::client(socket, &req)?;
+    println!("{resp}");
+    let failed = serde_json::from_str::<serde_json::Value>(&resp)
+        .ok()
+        .and_then(|v| v.get("error").cloned())
+        .is_some();
+    Ok(if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}

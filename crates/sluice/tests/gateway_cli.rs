@@ -1,0 +1,75 @@
+//! `sluice check -c sluice.toml`, `sluice run` and `sluice ctl` from the
+//! command line: exit codes and error text on good and bad input.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn sluice() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+}
+
+fn example() -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../daemon/examples/sluice.toml"
+    ))
+}
+
+#[test]
+fn check_accepts_the_example_gateway_config() {
+    let out = sluice()
+        .args(["check", "-c"])
+        .arg(example())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("ok: 2 interfaces"), "{text}");
+}
+
+#[test]
+fn check_reports_a_bad_route_with_file_line_and_caret() {
+    let dir = std::env::temp_dir().join(format!("sluice-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = std::fs::read_to_string(example()).unwrap();
+    let bad = src.replace("0.0.0.0/0", "0.0.0.0/33");
+    assert_ne!(src, bad, "example config has no default route to break");
+    let path = dir.join("bad.toml");
+    std::fs::write(&path, bad).unwrap();
+    let nft = example().with_extension("nft");
+    std::fs::copy(&nft, dir.join(nft.file_name().unwrap())).unwrap();
+    let out = sluice().args(["check", "-c"]).arg(&path).output().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.toml:") && err.contains("/33 is not a prefix length"),
+        "{err}"
+    );
+    assert!(err.contains('^'), "no caret: {err}");
+}
+
+#[test]
+fn run_with_a_missing_config_fails_with_one_clear_message() {
+    let out = sluice()
+        .args(["run", "-c", "/nonexistent/sluice.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("cannot read").count(), 1, "{err}");
+}
+
+#[test]
+fn ctl_without_a_running_gateway_says_which_socket() {
+    let out = sluice()
+        .args(["ctl", "--socket", "/nonexistent/sluice.sock", "status"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/sluice.sock"));
+}
