@@ -678,4 +678,3 @@ proptest! {
         prop_assert_eq!((t.index_occupied(), t.index_overflow_total()), (0, 0));
     }
 }
-
