@@ -14,6 +14,7 @@ use sluice_conntrack::{
     Timeouts,
 };
 use sluice_nat::{NatConfig, NatError, NatEvent, NatEventSink, Translation, WorkerNat};
+use sluice_wire::checksum;
 use sluice_wire::dissect::{dissect, Dissect, InnerKey, Net, L4};
 use sluice_wire::flow::{proto, FlowKey4};
 
@@ -153,15 +154,6 @@ impl NatEventSink for NatLog {
         }
         self.ring.push_back(*e);
     }
-}
-
-/// Ones-complement fold of a 32-bit sum.
-#[inline]
-fn fold(mut s: u32) -> u16 {
-    while s > 0xffff {
-        s = (s & 0xffff) + (s >> 16);
-    }
-    s as u16
 }
 
 /// RFC 1624 delta of decrementing the TTL by one: the word (TTL, protocol)
@@ -750,8 +742,8 @@ impl Worker {
         let info = FlowInfo {
             adj: [adj_out, adj_back],
             ip_delta: [
-                fold(u32::from(ipd0) + u32::from(TTL_DELTA)),
-                fold(u32::from(ipd1) + u32::from(TTL_DELTA)),
+                checksum::fold(u64::from(ipd0) + u64::from(TTL_DELTA)),
+                checksum::fold(u64::from(ipd1) + u64::from(TTL_DELTA)),
             ],
             l4_delta: [l4d0, l4d1],
         };
@@ -829,19 +821,25 @@ impl Worker {
         else {
             return Action::Drop(DropReason::NatNoMapping);
         };
+        // Resolve the adjacency before touching the frame, so that a frame
+        // dropped here leaves unmodified.
+        let Some(a) = self
+            .adj
+            .get(usize::from(adj))
+            .copied()
+            .filter(|a| a.resolved)
+        else {
+            return Action::Drop(DropReason::NoNeighbor);
+        };
         let l3 = usize::from(d.l3_off);
         if sluice_nat::apply_icmp_error(buf, l3, usize::from(d.l4_off), inner, &inner_to).is_err() {
             return Action::Drop(DropReason::RewriteFailed);
         }
-        let Some(a) = self.adj.get(usize::from(adj)).copied() else {
-            return Action::Drop(DropReason::NoNeighbor);
-        };
-        // TTL decrement with its checksum update.
-        if let (Some(t), Some(c)) = (buf.get(l3 + 8).copied(), read16(buf, l3 + 10)) {
-            if let Some(x) = buf.get_mut(l3 + 8) {
-                *x = t.wrapping_sub(1);
-            }
-            write16(buf, l3 + 10, !fold(u32::from(!c) + u32::from(TTL_DELTA)));
+        // TTL decrement (the TTL is the high byte of the TTL/protocol word).
+        if let (Some(w), Some(c)) = (read16(buf, l3 + 8), read16(buf, l3 + 10)) {
+            let nw = w.wrapping_sub(0x0100);
+            write16(buf, l3 + 8, nw);
+            write16(buf, l3 + 10, checksum::update16(c, w, nw));
         }
         if let Some(m) = buf.get_mut(0..12) {
             m[..6].copy_from_slice(&a.dst_mac);
@@ -876,26 +874,24 @@ impl Worker {
                 let Some(src_mac) = self.ifaces.get(usize::from(iif)).map(|i| i.mac) else {
                     return Step::Done(Action::Drop(DropReason::LocalUnhandled));
                 };
-                let (Some(ttl), Some(ipc), Some(icc)) = (
-                    buf.get(l3 + 8).copied(),
+                let (Some(ttl_w), Some(ipc), Some(type_w), Some(icc)) = (
+                    read16(buf, l3 + 8),
                     read16(buf, l3 + 10),
+                    read16(buf, l4),
                     read16(buf, l4 + 2),
                 ) else {
                     return Step::Done(Action::Drop(DropReason::Malformed));
                 };
-                // Swap addresses (checksum-neutral), TTL := 64, type := 0.
+                // Swap addresses (checksum-neutral), TTL := 64, type := echo
+                // reply (0); RFC 1624 updates for the changed words.
                 write32(buf, l3 + 12, key.dst);
                 write32(buf, l3 + 16, key.src);
-                let ttl_d = fold(u32::from(!(u16::from(ttl) << 8)) + (64u32 << 8));
-                if let Some(t) = buf.get_mut(l3 + 8) {
-                    *t = 64;
-                }
-                write16(buf, l3 + 10, !fold(u32::from(!ipc) + u32::from(ttl_d)));
-                if let Some(t) = buf.get_mut(l4) {
-                    *t = 0;
-                }
-                // Type word 0x08cc -> 0x00cc: ~m + m' = ~0x0800 (mod ones' complement).
-                write16(buf, l4 + 2, !fold(u32::from(!icc) + u32::from(!0x0800u16)));
+                let new_ttl_w = (64 << 8) | (ttl_w & 0x00ff);
+                write16(buf, l3 + 8, new_ttl_w);
+                write16(buf, l3 + 10, checksum::update16(ipc, ttl_w, new_ttl_w));
+                let reply_w = type_w & 0x00ff;
+                write16(buf, l4, reply_w);
+                write16(buf, l4 + 2, checksum::update16(icc, type_w, reply_w));
                 swap_macs(buf, src_mac);
                 Step::Reply(len)
             }

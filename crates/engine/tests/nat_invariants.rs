@@ -327,3 +327,30 @@ fn garbage_frames_are_dropped_as_malformed_and_counted() {
     assert_eq!(f.acts, vec![Action::Drop(DropReason::Malformed); 2]);
     assert_eq!(w.counters().drops_for(DropReason::Malformed), 2);
 }
+
+#[test]
+fn echo_request_to_the_gateway_gets_a_valid_echo_reply() {
+    let mut w = worker(100);
+    let k = FlowKey4 {
+        src: u32::from(Ipv4Addr::new(10, 0, 0, 7)),
+        dst: u32::from(Ipv4Addr::new(10, 0, 0, 1)),
+        sport: 42,
+        dport: 42,
+        proto: proto::ICMP,
+    };
+    let mut f = TestFrames::default();
+    f.push(INSIDE, |b| build(b, &k, false));
+    w.process(0, &mut f);
+    assert_eq!(f.acts[0], Action::Reply);
+    let out = f.frame(0);
+    assert!(checksums_verify(out), "reply checksums do not verify");
+    let d = dissect(out).unwrap();
+    assert!(
+        matches!(d.l4, L4::IcmpQuery { ty: 0, id: 42, .. }),
+        "{:?}",
+        d.l4
+    );
+    assert_eq!(d.key4(), Some(k.reversed()));
+    assert!(matches!(d.net, Net::Ipv4 { ttl: 64, .. }));
+    assert_eq!((&out[..6], &out[6..12]), (&HOST_MAC[..], &GW_IN_MAC[..]));
+}
