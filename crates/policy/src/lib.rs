@@ -45,9 +45,11 @@
 
 mod error;
 mod iface;
+mod live;
 mod lower;
 mod policy;
 mod trace;
+mod update;
 
 pub use error::{CompileError, LowerError};
 pub use iface::Interfaces;
@@ -60,3 +62,4 @@ pub use trace::{
     parse_tcp_flags, parse_u32, path, ChainTrace, HookTrace, NatReport, NatType, PacketError,
     RuleTrace, Trace, TracePacket, TraceVerdict,
 };
+pub use update::{Applied, ListedRule, UpdateFailure};

@@ -39,6 +39,9 @@ pub struct RuleInfo {
     /// The exact `reject with` of the rule, if it rejects (the IR keeps only
     /// a coarse [`RejectKind`]).
     pub reject: Option<Option<ast::RejectWith>>,
+    /// The AST rule's handle (what `delete rule … handle H` names); every IR
+    /// rule lowered from one AST rule shares it.
+    pub handle: u64,
 }
 
 /// A chain of the lowered program.
@@ -237,6 +240,12 @@ pub(crate) struct Lowerer<'a> {
     pub errors: Vec<LowerError>,
     chain_ids: HashMap<(usize, &'a str), ChainId>,
     out: Lowered,
+    /// First IR rule id this lowerer hands out.
+    id_base: u64,
+    /// Next AST-rule handle.
+    next_handle: u64,
+    /// Location override for rules that come from a control command.
+    location: Option<String>,
 }
 
 impl<'a> Lowerer<'a> {
@@ -256,7 +265,64 @@ impl<'a> Lowerer<'a> {
                 logs: Vec::new(),
                 limits: Vec::new(),
             },
+            id_base: 0,
+            next_handle: 1,
+            location: None,
         }
+    }
+
+    /// A lowerer for rules added to a running policy: IR ids start at
+    /// `id_base`, handles at `handle`, and the NAT actions, pools, logs and
+    /// limits continue the running policy's tables.
+    pub fn incremental(
+        rs: &'a Ruleset,
+        ifaces: &'a Interfaces,
+        id_base: u64,
+        handle: u64,
+        tables: (Vec<NatAction>, Vec<Pool>, Vec<ast::Log>, Vec<ast::Limit>),
+        location: String,
+    ) -> Self {
+        let mut l = Lowerer::new(rs, ifaces);
+        l.id_base = id_base;
+        l.next_handle = handle;
+        l.location = Some(location);
+        (l.out.nat, l.out.pools, l.out.logs, l.out.limits) = tables;
+        l.declare();
+        l
+    }
+
+    /// Lowers one AST rule of chain `cid` in table `ti` (after
+    /// [`Self::incremental`]); returns its IR rules, or the errors.
+    pub fn lower_one(
+        &mut self,
+        ti: usize,
+        cid: ChainId,
+        r: &ast::Rule,
+    ) -> Result<Vec<Rule>, Vec<LowerError>> {
+        let rs = self.rs;
+        let Some(t) = rs.tables.get(ti) else {
+            return Err(vec![LowerError::new(rs, r.span, "no such table")]);
+        };
+        let before = self.errors.len();
+        if let Some(c) = self.out.program.chains.get_mut(cid.0 as usize) {
+            c.rules.clear();
+        }
+        self.rule(ti, t, cid, r);
+        if self.errors.len() > before {
+            return Err(self.errors.split_off(before));
+        }
+        Ok(self
+            .out
+            .program
+            .chains
+            .get_mut(cid.0 as usize)
+            .map(|c| std::mem::take(&mut c.rules))
+            .unwrap_or_default())
+    }
+
+    /// The lowered tables (NAT actions, pools, logs, limits, rule infos).
+    pub fn tables(&self) -> &Lowered {
+        &self.out
     }
 
     fn err(&mut self, span: Span, msg: impl Into<String>) {
@@ -266,12 +332,33 @@ impl<'a> Lowerer<'a> {
     /// Lowers everything; errors are collected in [`Self::errors`].
     pub fn run(mut self) -> (Lowered, Vec<LowerError>) {
         let rs = self.rs;
-        // Pass 1: chains get ids, so jumps can refer forward.
+        if !self.declare() {
+            return (self.out, self.errors);
+        }
+        // Pass 2: rules.
+        for (ti, t) in rs.tables.iter().enumerate() {
+            for c in &t.chains {
+                let Some(&cid) = self.chain_ids.get(&(ti, c.name.as_str())) else {
+                    continue;
+                };
+                for r in &c.rules {
+                    self.rule(ti, t, cid, r);
+                }
+            }
+        }
+        self.check_nat_reachability();
+        (self.out, self.errors)
+    }
+
+    /// Pass 1: chains get ids (so jumps can refer forward), base chains are
+    /// ordered. False when the rule set has too many chains.
+    fn declare(&mut self) -> bool {
+        let rs = self.rs;
         for (ti, t) in rs.tables.iter().enumerate() {
             for c in &t.chains {
                 let Ok(n) = u32::try_from(self.out.program.chains.len()) else {
                     self.err(c.span, "too many chains");
-                    return (self.out, self.errors);
+                    return false;
                 };
                 let id = ChainId(n);
                 self.chain_ids.insert((ti, c.name.as_str()), id);
@@ -305,19 +392,7 @@ impl<'a> Lowerer<'a> {
         }
         // Stable: ties keep declaration order, as `Ruleset::base_chains`.
         self.out.bases.sort_by_key(|b| (b.hook, b.priority));
-        // Pass 2: rules.
-        for (ti, t) in rs.tables.iter().enumerate() {
-            for c in &t.chains {
-                let Some(&cid) = self.chain_ids.get(&(ti, c.name.as_str())) else {
-                    continue;
-                };
-                for r in &c.rules {
-                    self.rule(ti, t, cid, r);
-                }
-            }
-        }
-        self.check_nat_reachability();
-        (self.out, self.errors)
+        true
     }
 
     fn rule(&mut self, ti: usize, t: &Table, cid: ChainId, r: &ast::Rule) {
@@ -392,12 +467,18 @@ impl<'a> Lowerer<'a> {
             Some(Term::Reject(w)) => Some(*w),
             _ => None,
         };
+        let handle = self.next_handle;
+        self.next_handle += 1;
         let info = RuleInfo {
-            location: self.rs.rule_location(r),
+            location: self
+                .location
+                .clone()
+                .unwrap_or_else(|| self.rs.rule_location(r)),
             span: r.span,
             text: ast::rule_to_string(r),
             chain: cid,
             reject,
+            handle,
         };
         match term {
             None => {
@@ -480,7 +561,7 @@ impl<'a> Lowerer<'a> {
         stmts: Vec<Stmt>,
         verdict: Option<ir::Verdict>,
     ) {
-        let id = RuleId(self.out.rules.len() as u64);
+        let id = RuleId(self.id_base + self.out.rules.len() as u64);
         self.out.rules.push(info.clone());
         if let Some(c) = self.out.program.chains.get_mut(cid.0 as usize) {
             c.rules.push(Rule {

@@ -2,6 +2,7 @@
 //! semantics, implementing the engine's [`Policy`] trait.
 
 use std::cell::RefCell;
+use std::sync::{Arc, OnceLock};
 
 use sluice_classify::ir::{ct, ChainId, Family as IrFamily, IfName, PacketFields, Program, RuleId};
 use sluice_classify::{eval_linear, Classifier, EvalError, Final, Outcome, Scratch};
@@ -12,6 +13,7 @@ use sluice_ruleset::{self as ast, Family, Ruleset};
 
 use crate::error::{CompileError, LowerError};
 use crate::iface::Interfaces;
+use crate::live::{named_uses, Entry, Store, GAP};
 use crate::lower::{reachable, BaseInfo, ChainInfo, Lowered, Lowerer, NatAction, RuleInfo};
 
 /// Which evaluator runs the chains.
@@ -55,16 +57,117 @@ pub struct HookOutcome {
 
 /// A compiled rule set: immutable once built, cheap to share as
 /// `Arc<CompiledPolicy>` and meant to be published with an atomic swap.
+///
+/// [`CompiledPolicy::apply`] derives the next generation from this one for a
+/// single `add rule` / `insert rule` / `delete rule` / element change; the
+/// two share everything the change does not touch (see [`crate::live`]).
 #[derive(Debug, Clone)]
 pub struct CompiledPolicy {
-    lowered: Lowered,
-    classifier: Classifier,
-    ifaces: Interfaces,
-    nat_config: NatConfig,
-    has_nat: [bool; 5],
+    pub(crate) meta: Arc<Meta>,
+    pub(crate) tables: Arc<Tables>,
+    pub(crate) store: Store,
+    pub(crate) program: OnceLock<Arc<Program>>,
+    pub(crate) classifier: Classifier,
+    pub(crate) ifaces: Arc<Interfaces>,
+    pub(crate) nat_config: Arc<NatConfig>,
+    pub(crate) has_nat: [bool; 5],
+    /// The rule set's declarations: tables, chains (without rules), sets
+    /// and maps with their elements. Commands are parsed against it and
+    /// rules lowered in its context.
+    pub(crate) skeleton: Arc<Ruleset>,
+    /// Control commands applied so far (names their rules' locations).
+    pub(crate) seq: u64,
 }
 
-fn hook_index(h: ast::Hook) -> usize {
+/// What an update never changes: chains and their registration.
+#[derive(Debug)]
+pub(crate) struct Meta {
+    pub chains: Vec<ChainInfo>,
+    pub kinds: Vec<(String, sluice_classify::ChainKind)>,
+    pub bases: Vec<BaseInfo>,
+    pub chain_ids: std::collections::HashMap<(usize, String), ChainId>,
+}
+
+/// Tables the IR refers to by number; small, copied when a rule appends.
+#[derive(Debug, Clone)]
+pub(crate) struct Tables {
+    pub nat: Vec<NatAction>,
+    pub pools: Vec<sluice_nat::Pool>,
+    pub logs: Vec<ast::Log>,
+    pub limits: Vec<ast::Limit>,
+}
+
+/// Moves the lowered rules into a persistent [`Store`]: handle `h` is the
+/// `h`-th AST rule in table, chain, rule order (the order the lowerer
+/// numbered them in).
+fn build_store(rs: &Ruleset, lowered: &mut Lowered) -> (Store, Meta, Ruleset) {
+    let mut store = Store::default();
+    let mut chain_ids = std::collections::HashMap::new();
+    let infos: Vec<Arc<RuleInfo>> = lowered.rules.drain(..).map(Arc::new).collect();
+    let mut info_vec = imbl::Vector::new();
+    for i in &infos {
+        info_vec.push_back(Some(Arc::clone(i)));
+    }
+    store.infos = info_vec;
+    let mut handle = 1u64;
+    let mut cid = 0u32;
+    let mut skeleton = rs.clone_declarations();
+    for (ti, t) in rs.tables.iter().enumerate() {
+        for c in &t.chains {
+            chain_ids.insert((ti, c.name.clone()), ChainId(cid));
+            let rules = lowered
+                .program
+                .chains
+                .get_mut(cid as usize)
+                .map(|c| std::mem::take(&mut c.rules))
+                .unwrap_or_default();
+            let mut irs = rules.into_iter().peekable();
+            for (k, r) in c.rules.iter().enumerate() {
+                let mut mine = Vec::new();
+                while let Some(x) = irs.peek() {
+                    let hx = infos.get(x.id.0 as usize).map(|i| i.handle);
+                    if hx != Some(handle) {
+                        break;
+                    }
+                    if let Some(x) = irs.next() {
+                        mine.push(x);
+                    }
+                }
+                let uses = named_uses(r);
+                store.put(
+                    handle,
+                    Entry {
+                        table: ti,
+                        chain: ChainId(cid),
+                        pos: (k as u64 + 1).saturating_mul(GAP),
+                        rules: mine,
+                        ast: (!uses.is_empty()).then(|| r.clone()),
+                        uses,
+                    },
+                );
+                handle += 1;
+            }
+            cid += 1;
+        }
+    }
+    store.next_handle = handle;
+    let kinds = lowered
+        .program
+        .chains
+        .iter()
+        .map(|c| (c.name.clone(), c.kind))
+        .collect();
+    skeleton.files = rs.files.clone();
+    let meta = Meta {
+        chains: std::mem::take(&mut lowered.chains),
+        kinds,
+        bases: std::mem::take(&mut lowered.bases),
+        chain_ids,
+    };
+    (store, meta, skeleton)
+}
+
+pub(crate) fn hook_index(h: ast::Hook) -> usize {
     match h {
         ast::Hook::Prerouting => 0,
         ast::Hook::Input => 1,
@@ -102,7 +205,7 @@ impl CompiledPolicy {
     /// compile time and engine interface indexes to names at run time.
     /// Reports every construct that cannot be lowered, each with its location.
     pub fn compile(rs: &Ruleset, ifaces: &Interfaces) -> Result<Self, CompileError> {
-        let (lowered, mut errors) = Lowerer::new(rs, ifaces).run();
+        let (mut lowered, mut errors) = Lowerer::new(rs, ifaces).run();
         if !errors.is_empty() {
             errors.sort_by(|a, b| (&a.file, a.line, a.col).cmp(&(&b.file, b.line, b.col)));
             return Err(CompileError { errors });
@@ -140,18 +243,43 @@ impl CompiledPolicy {
             pools: lowered.pools.clone(),
             ..NatConfig::default()
         };
+        let (store, meta, skeleton) = build_store(rs, &mut lowered);
         Ok(CompiledPolicy {
-            lowered,
+            meta: Arc::new(meta),
+            tables: Arc::new(Tables {
+                nat: lowered.nat,
+                pools: lowered.pools,
+                logs: lowered.logs,
+                limits: lowered.limits,
+            }),
+            store,
+            program: OnceLock::new(),
             classifier,
-            ifaces: ifaces.clone(),
-            nat_config,
+            ifaces: Arc::new(ifaces.clone()),
+            nat_config: Arc::new(nat_config),
             has_nat,
+            skeleton: Arc::new(skeleton),
+            seq: 0,
         })
     }
 
     /// The lowered program (what the linear evaluator walks).
+    ///
+    /// Materialised from the rule store on first use (an O(rules) walk),
+    /// so updates do not pay for it.
     pub fn program(&self) -> &Program {
-        &self.lowered.program
+        self.program
+            .get_or_init(|| Arc::new(self.store.program(&self.meta.kinds)))
+    }
+
+    /// Number of IR rules (a verdict map counts one per element).
+    pub fn rule_count(&self) -> usize {
+        self.store.ir_rules
+    }
+
+    /// Number of AST rules (what `nft list ruleset` shows).
+    pub fn ast_rule_count(&self) -> usize {
+        self.store.handles.len()
     }
 
     /// The compiled classifier.
@@ -167,22 +295,25 @@ impl CompiledPolicy {
 
     /// NAT actions, indexed by the id in `Verdict::Nat(id)`.
     pub fn nat_actions(&self) -> &[NatAction] {
-        &self.lowered.nat
+        &self.tables.nat
     }
 
     /// The AST origin of an IR rule.
     pub fn rule_info(&self, id: RuleId) -> Option<&RuleInfo> {
-        self.lowered.rules.get(id.0 as usize)
+        self.store
+            .infos
+            .get(id.0 as usize)
+            .and_then(|i| i.as_deref())
     }
 
     /// A chain's name and registration.
     pub fn chain_info(&self, id: ChainId) -> Option<&ChainInfo> {
-        self.lowered.chains.get(id.0 as usize)
+        self.meta.chains.get(id.0 as usize)
     }
 
     /// Base chains of `hook`, in evaluation order.
     pub fn base_chains(&self, hook: ast::Hook) -> impl Iterator<Item = &BaseInfo> {
-        self.lowered.bases.iter().filter(move |b| b.hook == hook)
+        self.meta.bases.iter().filter(move |b| b.hook == hook)
     }
 
     /// The interface map the policy was compiled with.
@@ -192,12 +323,12 @@ impl CompiledPolicy {
 
     /// `log` statement specs, indexed by `Stmt::Log(id)`.
     pub fn logs(&self) -> &[ast::Log] {
-        &self.lowered.logs
+        &self.tables.logs
     }
 
     /// `limit` specs, indexed by `Stmt::Limit(id)`.
     pub fn limits(&self) -> &[ast::Limit] {
-        &self.lowered.limits
+        &self.tables.limits
     }
 
     /// Evaluates one base chain.
@@ -210,7 +341,7 @@ impl CompiledPolicy {
     ) -> Outcome {
         match ev {
             Evaluator::Compiled => self.classifier.eval(chain, p, s),
-            Evaluator::Linear => eval_linear(&self.lowered.program, chain, p, s),
+            Evaluator::Linear => eval_linear(self.program(), chain, p, s),
         }
     }
 
@@ -363,7 +494,7 @@ impl Policy for CompiledPolicy {
         };
         let nat: Option<Translation> = o
             .nat
-            .and_then(|(id, _)| self.lowered.nat.get(id as usize))
+            .and_then(|(id, _)| self.tables.nat.get(id as usize))
             .map(|a| a.translation);
         Decision {
             verdict,

@@ -18,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 pub mod ast;
+pub mod command;
 mod diag;
 mod iptables;
 mod lex;
@@ -27,6 +28,7 @@ mod symbols;
 mod validate;
 
 pub use ast::*;
+pub use command::{parse_nft_command, Command, RulePos};
 pub use diag::{Diagnostic, Diagnostics};
 pub use lex::{FsLoader, MemLoader, SourceLoader};
 pub use print::{print_ruleset, rule_to_string};
@@ -186,6 +188,38 @@ impl Ruleset {
     /// `FILE:LINE` of a rule.
     pub fn rule_location(&self, rule: &Rule) -> String {
         self.location(rule.span)
+    }
+
+    /// The declarations only: tables, chains (without their rules), sets and
+    /// maps (with their elements), defines and file names. What a control
+    /// command is parsed and lowered against.
+    pub fn clone_declarations(&self) -> Ruleset {
+        Ruleset {
+            tables: self
+                .tables
+                .iter()
+                .map(|t| Table {
+                    family: t.family,
+                    name: t.name.clone(),
+                    chains: t
+                        .chains
+                        .iter()
+                        .map(|c| Chain {
+                            name: c.name.clone(),
+                            base: c.base,
+                            rules: Vec::new(),
+                            comment: c.comment.clone(),
+                            span: c.span,
+                        })
+                        .collect(),
+                    sets: t.sets.clone(),
+                    maps: t.maps.clone(),
+                    span: t.span,
+                })
+                .collect(),
+            defines: self.defines.clone(),
+            files: self.files.clone(),
+        }
     }
 
     /// Canonical nft text.

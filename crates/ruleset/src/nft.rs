@@ -1659,3 +1659,114 @@ pub(crate) fn parse_nat_target(w: &str) -> Option<NatTarget> {
         None => Some((Some(parse_nat_addr(w)?), None)),
     }
 }
+
+// ---- control commands ------------------------------------------------------
+
+impl Parser {
+    /// One control command against a running rule set (the tables in
+    /// `self.tables` are its context: chains and set/map declarations).
+    pub(crate) fn ctl_command(&mut self) -> P<crate::command::Command> {
+        use crate::command::{Command, RulePos};
+        self.skip_separators();
+        let (verb, _) = self.keyword("command", &["add", "insert", "delete"])?;
+        let opts: &[&str] = if verb == "insert" {
+            &["rule"]
+        } else {
+            &["rule", "element"]
+        };
+        let (what, _) = self.keyword("object", opts)?;
+        let family = self.family_opt()?;
+        let (table, tsp) = self.name("table name")?;
+        let ti = self.find_table(family, &table, tsp)?;
+        let cmd = if what == "element" {
+            let (set, ssp) = self.name("set name")?;
+            let t = self.tables.get(ti).ok_or(Fail)?;
+            let (key, data) = if let Some(s) = t.sets.iter().find(|s| s.name == set) {
+                (s.key.clone(), None)
+            } else if let Some(m) = t.maps.iter().find(|m| m.name == set) {
+                (m.key.clone(), Some(m.data))
+            } else {
+                let names: Vec<String> = t
+                    .sets
+                    .iter()
+                    .map(|s| s.name.clone())
+                    .chain(t.maps.iter().map(|m| m.name.clone()))
+                    .collect();
+                let help = suggest(&set, names.iter().map(String::as_str));
+                return self.err_help(ssp, format!("no such set '{set}'"), help);
+            };
+            let elements = self.elements(&key, data)?;
+            if verb == "add" {
+                Command::AddElements {
+                    family,
+                    table,
+                    set,
+                    elements,
+                }
+            } else {
+                Command::DeleteElements {
+                    family,
+                    table,
+                    set,
+                    elements,
+                }
+            }
+        } else {
+            let (chain, csp) = self.name("chain name")?;
+            self.find_chain(ti, &chain, csp)?;
+            let number = |p: &mut Parser| -> P<u64> {
+                let (n, nsp) = p.expect_word("number")?;
+                n.parse::<u64>()
+                    .or_else(|_| p.err(nsp, format!("expected a number, found '{n}'")))
+            };
+            if verb == "delete" {
+                let (_, _) = self.keyword("'handle'", &["handle"])?;
+                let handle = number(self)?;
+                Command::DeleteRule {
+                    family,
+                    table,
+                    chain,
+                    handle,
+                }
+            } else {
+                let insert = verb == "insert";
+                let at = match self.word() {
+                    Some("position" | "handle") => {
+                        self.bump();
+                        let h = number(self)?;
+                        if insert {
+                            RulePos::BeforeHandle(h)
+                        } else {
+                            RulePos::AfterHandle(h)
+                        }
+                    }
+                    Some("index") => {
+                        self.bump();
+                        let i = number(self)?;
+                        let i = usize::try_from(i).unwrap_or(usize::MAX);
+                        if insert {
+                            RulePos::BeforeIndex(i)
+                        } else {
+                            RulePos::AfterIndex(i)
+                        }
+                    }
+                    _ if insert => RulePos::Front,
+                    _ => RulePos::Back,
+                };
+                let rule = self.rule()?;
+                Command::AddRule {
+                    family,
+                    table,
+                    chain,
+                    at,
+                    rule,
+                }
+            }
+        };
+        self.skip_separators();
+        if self.peek() != &Tok::Eof {
+            return self.unexpected("end of the command");
+        }
+        Ok(cmd)
+    }
+}

@@ -561,3 +561,69 @@ impl Validator {
 fn keyname(k: &[DataType]) -> String {
     k.iter().map(|d| d.name()).collect::<Vec<_>>().join(" . ")
 }
+
+/// Validates a control command in the context of the running rule set: the
+/// same checks [`validate`] makes on a rule or element in a file (jump
+/// loops excepted: the policy checks them when it applies the command).
+pub(crate) fn validate_command(r: &Ruleset, cmd: &crate::command::Command) -> Vec<RawDiag> {
+    use crate::command::Command;
+    let mut v = Validator { diags: Vec::new() };
+    let (family, table) = match cmd {
+        Command::AddRule { family, table, .. }
+        | Command::DeleteRule { family, table, .. }
+        | Command::AddElements { family, table, .. }
+        | Command::DeleteElements { family, table, .. } => (*family, table),
+    };
+    let Some(t) = r
+        .tables
+        .iter()
+        .find(|t| t.family == family && t.name == *table)
+    else {
+        // The parser resolved the table against the same rule set.
+        return v.diags;
+    };
+    let (chains, sets, maps) = ctx(t);
+    match cmd {
+        Command::AddRule { chain, rule, .. } => {
+            if let Some(c) = chains.get(chain.as_str()) {
+                for m in &rule.matches {
+                    v.matches(t, &sets, m);
+                }
+                for s in &rule.stmts {
+                    v.stmt(t, &chains, &maps, c, s);
+                }
+            }
+        }
+        Command::DeleteRule { .. } => {}
+        Command::AddElements { set, elements, .. }
+        | Command::DeleteElements { set, elements, .. } => {
+            if let Some(s) = sets.get(set.as_str()) {
+                let interval = s.flags.contains(&SetFlag::Interval);
+                for e in elements {
+                    v.value(
+                        &s.key,
+                        &e.key,
+                        e.span,
+                        interval,
+                        &format!("set '{}'", s.name),
+                    );
+                }
+            } else if let Some(m) = maps.get(set.as_str()) {
+                let interval = m.flags.contains(&SetFlag::Interval);
+                for e in elements {
+                    v.value(
+                        &m.key,
+                        &e.key,
+                        e.span,
+                        interval,
+                        &format!("map '{}'", m.name),
+                    );
+                    if let Some(d) = &e.data {
+                        v.data(&chains, m.data, d, e.span);
+                    }
+                }
+            }
+        }
+    }
+    v.diags
+}

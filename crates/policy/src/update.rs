@@ -1,0 +1,499 @@
+//! Incremental updates: one control command turns a published
+//! [`CompiledPolicy`] into the next generation without rebuilding it.
+//!
+//! The cost of [`CompiledPolicy::apply`] depends on the command, not on the
+//! number of rules loaded: parsing the command against the declarations,
+//! lowering one rule, O(log n) updates of the persistent rule store and the
+//! classifier's incremental insert or delete (which copies only the shards
+//! it touches). Two exceptions, both documented where they happen: a rule
+//! that adds a NAT verdict or a jump walks the chain graph to keep NAT out of
+//! filter chains, and an element change re-lowers the rules that read the
+//! set.
+//!
+//! Every check runs before anything is published: a refused command leaves
+//! the running generation exactly as it was.
+
+use std::sync::{Arc, OnceLock};
+
+use sluice_classify::ir::{self, ChainId, RuleId};
+use sluice_classify::Placement;
+use sluice_ruleset::{self as ast, Command, Diagnostics, RulePos, SetFlag};
+
+use crate::error::CompileError;
+use crate::live::{named_uses, Entry};
+use crate::lower::{reachable, Lowered, Lowerer};
+use crate::policy::{CompiledPolicy, Tables};
+
+/// Why an update was refused. The running policy is unchanged.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum UpdateFailure {
+    /// The command does not parse or does not fit the rule set.
+    #[error("{}", .0.to_string().trim_end())]
+    Parse(Diagnostics),
+    /// The rule cannot be lowered.
+    #[error("{}", .0.to_string().trim_end())]
+    Lower(CompileError),
+    /// The command is valid nft but cannot be applied here.
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// What an applied command did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Applied {
+    /// The handle of the added rule (`add rule` / `insert rule`).
+    pub handle: Option<u64>,
+    /// IR rules added or removed (a verdict map counts one per element).
+    pub ir_rules: usize,
+    /// AST rules re-lowered by an element change.
+    pub relowered: usize,
+}
+
+/// One rule of the running policy, for listings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedRule {
+    /// `delete rule … handle H` names it.
+    pub handle: u64,
+    /// `"FAMILY TABLE CHAIN"`.
+    pub chain: String,
+    /// Canonical nft text.
+    pub text: String,
+    /// Where it came from (`FILE:LINE`, or the control command).
+    pub location: Option<String>,
+}
+
+fn refused<T>(msg: impl Into<String>) -> Result<T, UpdateFailure> {
+    Err(UpdateFailure::Refused(msg.into()))
+}
+
+fn same_elem(a: &ast::Elem, b: &ast::Elem) -> bool {
+    a.key == b.key && a.data == b.data
+}
+
+impl CompiledPolicy {
+    /// Parses an nft control command (`add rule …`, `insert rule …`,
+    /// `delete rule … handle H`, `add element …`, `delete element …`)
+    /// against this policy's declarations; `name` labels diagnostics.
+    pub fn parse_command(&self, name: &str, text: &str) -> Result<Command, UpdateFailure> {
+        ast::parse_nft_command(&self.skeleton, name, text).map_err(UpdateFailure::Parse)
+    }
+
+    /// Parses and applies one command: see [`Self::parse_command`] and
+    /// [`Self::apply`].
+    pub fn apply_text(
+        &self,
+        name: &str,
+        text: &str,
+    ) -> Result<(CompiledPolicy, Applied), UpdateFailure> {
+        let cmd = self.parse_command(name, text)?;
+        self.apply(&cmd, name)
+    }
+
+    /// The next generation with `cmd` applied; `self` is not modified.
+    /// `name` labels the locations of added rules (`NAME handle H`).
+    pub fn apply(
+        &self,
+        cmd: &Command,
+        name: &str,
+    ) -> Result<(CompiledPolicy, Applied), UpdateFailure> {
+        let mut next = self.clone();
+        next.program = OnceLock::new();
+        next.seq += 1;
+        let applied = match cmd {
+            Command::AddRule {
+                family,
+                table,
+                chain,
+                at,
+                rule,
+            } => {
+                let (ti, cid) = self.chain_id(*family, table, chain)?;
+                next.add_rule(ti, cid, chain, *at, rule, name)?
+            }
+            Command::DeleteRule {
+                family,
+                table,
+                chain,
+                handle,
+            } => {
+                let (_, cid) = self.chain_id(*family, table, chain)?;
+                next.delete_rule(cid, chain, *handle)?
+            }
+            Command::AddElements {
+                family,
+                table,
+                set,
+                elements,
+            } => next.change_elements(*family, table, set, elements, true)?,
+            Command::DeleteElements {
+                family,
+                table,
+                set,
+                elements,
+            } => next.change_elements(*family, table, set, elements, false)?,
+        };
+        Ok((next, applied))
+    }
+
+    /// Every rule in chain order, with its handle.
+    pub fn list_rules(&self) -> Vec<ListedRule> {
+        let mut out = Vec::with_capacity(self.store.handles.len());
+        for (ci, c) in self.meta.chains.iter().enumerate() {
+            for h in self.store.chain_handles(ChainId(ci as u32)) {
+                let Some(e) = self.store.entry(h) else {
+                    continue;
+                };
+                let info = e.rules.first().and_then(|r| self.rule_info(r.id)).cloned();
+                out.push(ListedRule {
+                    handle: h,
+                    chain: c.name.clone(),
+                    text: match (&info, &e.ast) {
+                        (Some(i), _) => i.text.clone(),
+                        (None, Some(a)) => ast::rule_to_string(a),
+                        (None, None) => String::new(),
+                    },
+                    location: info.map(|i| i.location),
+                });
+            }
+        }
+        out
+    }
+
+    fn chain_id(
+        &self,
+        family: ast::Family,
+        table: &str,
+        chain: &str,
+    ) -> Result<(usize, ChainId), UpdateFailure> {
+        let Some(ti) = self
+            .skeleton
+            .tables
+            .iter()
+            .position(|t| t.family == family && t.name == table)
+        else {
+            return refused(format!("no such table '{} {table}'", family.name()));
+        };
+        match self.meta.chain_ids.get(&(ti, chain.to_string())) {
+            Some(c) => Ok((ti, *c)),
+            None => refused(format!(
+                "no such chain '{chain}' in table '{} {table}'",
+                family.name()
+            )),
+        }
+    }
+
+    fn lowerer<'a>(&'a self, handle: u64, location: String) -> Lowerer<'a> {
+        let t = &self.tables;
+        Lowerer::incremental(
+            &self.skeleton,
+            &self.ifaces,
+            self.store.infos.len() as u64,
+            handle,
+            (
+                t.nat.clone(),
+                t.pools.clone(),
+                t.logs.clone(),
+                t.limits.clone(),
+            ),
+            location,
+        )
+    }
+
+    /// Inserts IR rules after the IR rule before position `pos`.
+    fn place(&mut self, cid: ChainId, pos: u64, rules: &[ir::Rule]) -> Result<(), UpdateFailure> {
+        let mut at = match self.store.ir_before(cid, pos) {
+            Some(id) => Placement::After(id),
+            None => Placement::Front,
+        };
+        for r in rules {
+            if let Err(e) = self.classifier.insert_rule(cid, at, r) {
+                let msg = match e {
+                    sluice_classify::UpdateError::Loop(_) => {
+                        "this jump or goto would create a loop".to_string()
+                    }
+                    sluice_classify::UpdateError::BadTarget(_) => {
+                        "jump and goto must target a regular chain".to_string()
+                    }
+                    other => other.to_string(),
+                };
+                return refused(msg);
+            }
+            at = Placement::After(r.id);
+        }
+        Ok(())
+    }
+
+    fn add_rule(
+        &mut self,
+        ti: usize,
+        cid: ChainId,
+        chain: &str,
+        at: RulePos,
+        rule: &ast::Rule,
+        name: &str,
+    ) -> Result<Applied, UpdateFailure> {
+        let handle = self.store.next_handle;
+        let missing = |what: String| UpdateFailure::Refused(what);
+        let (lo, hi) =
+            match at {
+                RulePos::Back => (self.store.last_pos(cid), None),
+                RulePos::Front => (None, self.store.nth(cid, 0)),
+                RulePos::AfterHandle(h) | RulePos::BeforeHandle(h) => {
+                    let (lo, p, hi) = self.store.around(cid, h).ok_or_else(|| {
+                        missing(format!("no rule with handle {h} in chain '{chain}'"))
+                    })?;
+                    if matches!(at, RulePos::AfterHandle(_)) {
+                        (Some(p), hi)
+                    } else {
+                        (lo, Some(p))
+                    }
+                }
+                RulePos::AfterIndex(i) | RulePos::BeforeIndex(i) => {
+                    let p = self.store.nth(cid, i).ok_or_else(|| {
+                        missing(format!("chain '{chain}' has no rule at index {i}"))
+                    })?;
+                    let h = self.store.order.get(&(cid.0, p)).copied().unwrap_or(0);
+                    let (lo, _, hi) = self.store.around(cid, h).ok_or_else(|| {
+                        missing(format!("chain '{chain}' has no rule at index {i}"))
+                    })?;
+                    if matches!(at, RulePos::AfterIndex(_)) {
+                        (Some(p), hi)
+                    } else {
+                        (lo, Some(p))
+                    }
+                }
+            };
+        let (irs, low_tables) = {
+            let mut low = self.lowerer(handle, format!("{name} handle {handle}"));
+            let irs = low.lower_one(ti, cid, rule).map_err(|mut es| {
+                for e in &mut es {
+                    e.file = name.to_string();
+                }
+                UpdateFailure::Lower(CompileError { errors: es })
+            })?;
+            (irs, low.tables().clone())
+        };
+        let uses = named_uses(rule);
+        self.adopt_lowered(&low_tables)?;
+        let pos = self.store.position_between(cid, lo, hi);
+        self.place(cid, pos, &irs)?;
+        let graph_change = irs.iter().any(|r| {
+            matches!(
+                r.verdict,
+                Some(ir::Verdict::Nat(_) | ir::Verdict::Jump(_) | ir::Verdict::Goto(_))
+            )
+        });
+        let n = irs.len();
+        self.store.put(
+            handle,
+            Entry {
+                table: ti,
+                chain: cid,
+                pos,
+                rules: irs,
+                ast: (!uses.is_empty()).then(|| rule.clone()),
+                uses,
+            },
+        );
+        self.store.next_handle = handle + 1;
+        if graph_change {
+            self.check_nat_placement()?;
+        }
+        Ok(Applied {
+            handle: Some(handle),
+            ir_rules: n,
+            relowered: 0,
+        })
+    }
+
+    /// Takes the lowerer's tables (NAT actions, logs, limits, rule infos)
+    /// into this generation; refuses a new SNAT pool.
+    fn adopt_lowered(&mut self, out: &Lowered) -> Result<(), UpdateFailure> {
+        if out.pools.len() != self.tables.pools.len() {
+            return refused(
+                "this rule needs a new SNAT address pool; pools are allocated when the \
+                 gateway starts, so use a rule set file and restart (running rule set kept)",
+            );
+        }
+        if out.nat.len() != self.tables.nat.len()
+            || out.logs.len() != self.tables.logs.len()
+            || out.limits.len() != self.tables.limits.len()
+        {
+            self.tables = Arc::new(Tables {
+                nat: out.nat.clone(),
+                pools: out.pools.clone(),
+                logs: out.logs.clone(),
+                limits: out.limits.clone(),
+            });
+        }
+        let base = self.store.infos.len() as u64;
+        for (i, info) in out.rules.iter().enumerate() {
+            self.store
+                .set_info(RuleId(base + i as u64), Arc::new(info.clone()));
+        }
+        Ok(())
+    }
+
+    /// NAT stays in `type nat` chains: no filter base chain may reach a NAT
+    /// rule. Also turns on NAT hooks that now reach one. Walks the chain
+    /// graph (O(rules)); only NAT and jump rules pay for it.
+    fn check_nat_placement(&mut self) -> Result<(), UpdateFailure> {
+        let prog = self.program();
+        let has_nat_rule = |c: ChainId| {
+            prog.chains.get(c.0 as usize).is_some_and(|ch| {
+                ch.rules
+                    .iter()
+                    .any(|r| matches!(r.verdict, Some(ir::Verdict::Nat(_))))
+            })
+        };
+        let mut has_nat = self.has_nat;
+        for b in &self.meta.bases {
+            let reach = reachable(prog, b.chain);
+            let any = reach.iter().any(|c| has_nat_rule(*c));
+            if any && !b.nat {
+                let base = self
+                    .meta
+                    .chains
+                    .get(b.chain.0 as usize)
+                    .map(|c| c.name.clone())
+                    .unwrap_or_default();
+                return refused(format!(
+                    "a NAT rule would be reachable from filter chain '{base}'; NAT is only \
+                     valid in chains of type nat"
+                ));
+            }
+            if any {
+                if let Some(h) = has_nat.get_mut(crate::policy::hook_index(b.hook)) {
+                    *h = true;
+                }
+            }
+        }
+        self.has_nat = has_nat;
+        Ok(())
+    }
+
+    fn delete_rule(
+        &mut self,
+        cid: ChainId,
+        chain: &str,
+        handle: u64,
+    ) -> Result<Applied, UpdateFailure> {
+        match self.store.entry(handle) {
+            Some(e) if e.chain == cid => {}
+            _ => return refused(format!("no rule with handle {handle} in chain '{chain}'")),
+        }
+        let Some(e) = self.store.take(handle) else {
+            return refused(format!("no rule with handle {handle} in chain '{chain}'"));
+        };
+        for r in &e.rules {
+            if let Err(err) = self.classifier.delete_rule(cid, r.id) {
+                return refused(format!("internal: {err}"));
+            }
+        }
+        Ok(Applied {
+            handle: Some(handle),
+            ir_rules: e.rules.len(),
+            relowered: 0,
+        })
+    }
+
+    fn change_elements(
+        &mut self,
+        family: ast::Family,
+        table: &str,
+        set: &str,
+        elements: &[ast::Elem],
+        add: bool,
+    ) -> Result<Applied, UpdateFailure> {
+        let Some(ti) = self
+            .skeleton
+            .tables
+            .iter()
+            .position(|t| t.family == family && t.name == table)
+        else {
+            return refused(format!("no such table '{} {table}'", family.name()));
+        };
+        let mut sk = (*self.skeleton).clone();
+        let Some(t) = sk.tables.get_mut(ti) else {
+            return refused(format!("no such table '{} {table}'", family.name()));
+        };
+        let (flags, elems) = if let Some(s) = t.sets.iter_mut().find(|s| s.name == set) {
+            (s.flags.clone(), &mut s.elements)
+        } else if let Some(m) = t.maps.iter_mut().find(|m| m.name == set) {
+            (m.flags.clone(), &mut m.elements)
+        } else {
+            return refused(format!("no such set '{set}'"));
+        };
+        if flags.contains(&SetFlag::Constant) {
+            return refused(format!(
+                "set '{set}' is constant; its elements cannot change"
+            ));
+        }
+        for e in elements {
+            let have = elems.iter().position(|x| same_elem(x, e));
+            match (add, have) {
+                (true, None) => elems.push(e.clone()),
+                (true, Some(_)) => {}
+                (false, Some(i)) => {
+                    elems.remove(i);
+                }
+                (false, None) => {
+                    return refused(format!(
+                        "{}:{}:{}: element is not in set '{set}'",
+                        "command", e.span.line, e.span.col
+                    ))
+                }
+            }
+        }
+        self.skeleton = Arc::new(sk);
+        let users: Vec<u64> = self
+            .store
+            .users
+            .get(&(ti, set.to_string()))
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default();
+        let mut ir_rules = 0;
+        for h in &users {
+            let Some(old) = self.store.entry(*h).cloned() else {
+                continue;
+            };
+            let Some(rule) = old.ast.clone() else {
+                continue;
+            };
+            let location = old
+                .rules
+                .first()
+                .and_then(|r| self.rule_info(r.id))
+                .map(|i| i.location.clone())
+                .unwrap_or_else(|| self.skeleton.rule_location(&rule));
+            let (irs, out) = {
+                let mut low = self.lowerer(*h, location);
+                let irs = low
+                    .lower_one(old.table, old.chain, &rule)
+                    .map_err(|es| UpdateFailure::Lower(CompileError { errors: es }))?;
+                (irs, low.tables().clone())
+            };
+            self.adopt_lowered(&out)?;
+            let _ = self.store.take(*h);
+            for r in &old.rules {
+                if let Err(err) = self.classifier.delete_rule(old.chain, r.id) {
+                    return refused(format!("internal: {err}"));
+                }
+            }
+            self.place(old.chain, old.pos, &irs)?;
+            ir_rules += irs.len();
+            self.store.put(
+                *h,
+                Entry {
+                    rules: irs,
+                    ..(*old).clone()
+                },
+            );
+        }
+        Ok(Applied {
+            handle: None,
+            ir_rules,
+            relowered: users.len(),
+        })
+    }
+}
