@@ -363,7 +363,7 @@ impl CRule {
                     let max = field.max();
                     let s = if *negate {
                         set.complement(max)
-                    } else if set.ranges().last().map_or(true, |x| x.hi <= max) {
+                    } else if set.ranges().last().is_none_or(|x| x.hi <= max) {
                         set.clone()
                     } else {
                         // Values above the field's width can never occur.
@@ -442,7 +442,7 @@ fn prefixes(r: Range, width: u32, cap: usize, mut f: impl FnMut(u128, u32)) -> b
         } else {
             lo.trailing_zeros().min(width)
         };
-        while s > 0 && !lo.checked_add(span(s)).is_some_and(|e| e <= hi) {
+        while s > 0 && lo.checked_add(span(s)).is_none_or(|e| e > hi) {
             s -= 1;
         }
         f(lo, width - s);

@@ -82,14 +82,20 @@ pub enum BackendChoice {
     AfXdp,
     /// AF_PACKET only.
     AfPacket,
+    /// In-memory ports with no kernel interface behind them: the control
+    /// plane runs for real, no frame arrives. Needs no privileges; used by
+    /// `sluice bench update` and tests.
+    Mem,
 }
 
-impl From<BackendChoice> for sluice_io::Backend {
-    fn from(b: BackendChoice) -> Self {
-        match b {
-            BackendChoice::Auto => sluice_io::Backend::Auto,
-            BackendChoice::AfXdp => sluice_io::Backend::AfXdp,
-            BackendChoice::AfPacket => sluice_io::Backend::AfPacket,
+impl BackendChoice {
+    /// The io backend, or `None` for [`BackendChoice::Mem`].
+    pub fn io(self) -> Option<sluice_io::Backend> {
+        match self {
+            BackendChoice::Auto => Some(sluice_io::Backend::Auto),
+            BackendChoice::AfXdp => Some(sluice_io::Backend::AfXdp),
+            BackendChoice::AfPacket => Some(sluice_io::Backend::AfPacket),
+            BackendChoice::Mem => None,
         }
     }
 }

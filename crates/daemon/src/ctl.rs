@@ -87,29 +87,18 @@ pub enum Request {
     },
     /// Reload the configuration file and its ruleset (as SIGHUP).
     Reload,
-    /// Add one rule (not yet supported by sluice-policy).
-    RuleAdd {
-        /// Rule text.
-        rule: String,
+    /// One nft command applied incrementally: `add rule …`, `insert rule …`
+    /// (optionally `position HANDLE` or `index N`), `delete rule … handle H`,
+    /// `add element …`, `delete element …`.
+    Nft {
+        /// The command, in nft syntax.
+        command: String,
     },
-    /// Delete one rule (not yet supported by sluice-policy).
-    RuleDelete {
-        /// Rule handle.
-        handle: u64,
-    },
-    /// Add a set element (not yet supported by sluice-policy).
-    ElementAdd {
-        /// Set name.
-        set: String,
-        /// Element text.
-        element: String,
-    },
-    /// Delete a set element (not yet supported by sluice-policy).
-    ElementDelete {
-        /// Set name.
-        set: String,
-        /// Element text.
-        element: String,
+    /// The running rules with their handles.
+    RuleList {
+        /// Only this chain (`"inet filter forward"` or just `"forward"`).
+        #[serde(default)]
+        chain: Option<String>,
     },
 }
 
@@ -206,13 +195,13 @@ impl CtFilter {
     /// Whether `e` passes.
     pub fn matches(&self, e: &CtEntry) -> bool {
         let tuples = [&e.orig, &e.reply];
-        self.proto.map_or(true, |p| p == e.proto)
+        self.proto.is_none_or(|p| p == e.proto)
             && self
                 .addr
-                .map_or(true, |a| tuples.iter().any(|t| t.src == a || t.dst == a))
-            && self.port.map_or(true, |p| {
-                tuples.iter().any(|t| t.sport == p || t.dport == p)
-            })
+                .is_none_or(|a| tuples.iter().any(|t| t.src == a || t.dst == a))
+            && self
+                .port
+                .is_none_or(|p| tuples.iter().any(|t| t.sport == p || t.dport == p))
     }
 }
 
@@ -306,11 +295,14 @@ pub fn client(socket: &Path, request: &str) -> Result<String, CtlError> {
 
 /// Turn `sluice ctl` words into a request line:
 /// `status`, `counters`, `conntrack list [proto P] [addr A] [port N] [limit N]`,
-/// `conntrack count`, `conntrack flush`, `ruleset replace FILE`, `reload`.
+/// `conntrack count`, `conntrack flush`, `ruleset replace FILE`, `reload`,
+/// `rule list [CHAIN]`, `nft COMMAND…` (`add rule …`, `insert rule …`,
+/// `delete rule … handle H`, `add element …`, `delete element …`; the words
+/// are joined with spaces, so quoting the command is optional).
 pub fn request_from_args(args: &[String]) -> Result<String, CtlError> {
     let usage = || {
         CtlError::Usage(
-            "usage: status | counters | conntrack list [proto P] [addr A] [port N] [limit N] | conntrack count | conntrack flush | ruleset replace FILE | reload"
+            "usage: status | counters | conntrack list [proto P] [addr A] [port N] [limit N] | conntrack count | conntrack flush | ruleset replace FILE | reload | rule list [CHAIN] | nft add|insert|delete rule ... | nft add|delete element ..."
                 .into(),
         )
     };
@@ -319,6 +311,13 @@ pub fn request_from_args(args: &[String]) -> Result<String, CtlError> {
         ["status"] => json!({"cmd": "status"}),
         ["counters"] => json!({"cmd": "counters"}),
         ["reload"] => json!({"cmd": "reload"}),
+        ["rule", "list"] => json!({"cmd": "rule-list"}),
+        ["rule", "list", chain @ ..] if !chain.is_empty() => {
+            json!({"cmd": "rule-list", "chain": chain.join(" ")})
+        }
+        ["nft", command @ ..] if !command.is_empty() => {
+            json!({"cmd": "nft", "command": command.join(" ")})
+        }
         ["conntrack", "count"] => json!({"cmd": "conntrack-count"}),
         ["conntrack", "flush"] => json!({"cmd": "conntrack-flush"}),
         ["ruleset", "replace", path] => {
@@ -356,7 +355,9 @@ pub fn serve(
     handle: &(dyn Fn(Request) -> Value + Sync),
 ) {
     use std::sync::atomic::Ordering;
-    if let Err(e) = listener.set_nonblocking(true) {
+    // Blocking accept: a request is served as soon as it arrives. Whoever
+    // sets `stop` wakes this loop by connecting once ([`wake`]).
+    if let Err(e) = listener.set_nonblocking(false) {
         tracing::error!("control socket: {e}");
         return;
     }
@@ -364,10 +365,10 @@ pub fn serve(
         while !stop.load(Ordering::Relaxed) {
             match listener.accept() {
                 Ok((conn, _)) => {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
                     sc.spawn(move || serve_conn(conn, stop, handle));
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    std::thread::sleep(Duration::from_millis(50));
                 }
                 Err(e) => {
                     tracing::warn!("control socket accept: {e}");
@@ -376,6 +377,11 @@ pub fn serve(
             }
         }
     });
+}
+
+/// Wakes [`serve`] after its `stop` flag was set.
+pub fn wake(socket: &Path) {
+    let _ = UnixStream::connect(socket);
 }
 
 fn serve_conn(
@@ -522,5 +528,21 @@ mod tests {
         assert!(request_from_args(&a("conntrack list port")).is_err());
         assert!(request_from_args(&a("conntrack list port x")).is_err());
         assert!(request_from_args(&a("frobnicate")).is_err());
+        let r =
+            request_from_args(&a("nft add rule inet filter forward tcp dport 22 drop")).unwrap();
+        assert_eq!(
+            parse_request(&r).unwrap(),
+            Request::Nft {
+                command: "add rule inet filter forward tcp dport 22 drop".into()
+            }
+        );
+        assert!(request_from_args(&a("nft")).is_err());
+        let r = request_from_args(&a("rule list forward")).unwrap();
+        assert_eq!(
+            parse_request(&r).unwrap(),
+            Request::RuleList {
+                chain: Some("forward".into())
+            }
+        );
     }
 }

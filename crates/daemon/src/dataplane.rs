@@ -13,7 +13,7 @@
 
 use core::net::Ipv4Addr;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::Instant;
@@ -37,8 +37,6 @@ pub enum Command {
     List(CtFilter, usize, Sender<Vec<CtEntry>>),
     /// Remove every connection; answers how many were removed.
     Flush(Sender<u64>),
-    /// Swap the policy (established connections keep their entries).
-    SetPolicy(Arc<dyn Policy>, Sender<()>),
     /// A neighbour learnt by another worker or configured statically.
     SetNeighbor(Ipv4Addr, [u8; 6]),
 }
@@ -189,6 +187,48 @@ pub struct WorkerThread {
     pub epoch: Instant,
     /// CPU to pin to.
     pub core: Option<core_affinity::CoreId>,
+    /// The published policy.
+    pub policy: Arc<PolicyCell>,
+}
+
+/// The published policy. The control plane swaps in a new generation with
+/// one atomic store ([`PolicyCell::publish`]); each worker compares the
+/// generation number once per loop turn (one relaxed-cost atomic load) and
+/// picks the new policy up before its next batch, so a packet sees the old
+/// policy or the new one, never a mix, and the control plane never waits
+/// for a worker.
+pub struct PolicyCell {
+    generation: AtomicU64,
+    current: arc_swap::ArcSwap<PolicyRef>,
+}
+
+/// A policy as stored in the [`PolicyCell`].
+pub struct PolicyRef(pub Arc<dyn Policy>);
+
+impl PolicyCell {
+    /// A cell holding `p` as generation 1.
+    pub fn new(p: Arc<dyn Policy>) -> Self {
+        PolicyCell {
+            generation: AtomicU64::new(1),
+            current: arc_swap::ArcSwap::from_pointee(PolicyRef(p)),
+        }
+    }
+
+    /// Publishes `p`; returns its generation.
+    pub fn publish(&self, p: Arc<dyn Policy>) -> u64 {
+        self.current.store(Arc::new(PolicyRef(p)));
+        self.generation.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// The generation of the newest policy.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// The newest policy.
+    pub fn load(&self) -> Arc<dyn Policy> {
+        Arc::clone(&self.current.load().0)
+    }
 }
 
 /// Monotonic ns since `epoch`, offset by one second so 0 is never a time.
@@ -233,7 +273,13 @@ impl WorkerThread {
         let fds: Vec<Option<RawFd>> = self.ports.iter().map(|p| p.poll_fd()).collect();
         let mut last_house = 0u64;
         let mut idle_turn = 0usize;
+        let mut policy_gen = self.policy.generation();
         while !self.stop.load(Ordering::Relaxed) {
+            let g = self.policy.generation();
+            if g != policy_gen {
+                policy_gen = g;
+                self.engine.set_policy(self.policy.load());
+            }
             self.commands(&mut s);
             let mut got = 0;
             for k in 0..nports {
@@ -305,10 +351,6 @@ impl WorkerThread {
                 }
                 Command::Flush(tx) => {
                     let _ = tx.send(self.engine.flush());
-                }
-                Command::SetPolicy(p, tx) => {
-                    self.engine.set_policy(p);
-                    let _ = tx.send(());
                 }
                 Command::SetNeighbor(ip, mac) => self.learnt(ip, mac, false, s),
             }

@@ -121,6 +121,9 @@ pub struct LoadedPolicy {
     pub pools: Vec<sluice_nat::Pool>,
     /// Where it came from.
     pub source: String,
+    /// The compiled rule set, when there is one (incremental updates
+    /// derive the next generation from it).
+    pub compiled: Option<Arc<sluice_policy::CompiledPolicy>>,
 }
 
 /// The interface map the policy is compiled against: configured interface
@@ -142,13 +145,15 @@ pub fn load_policy(cfg: &Config, ruleset: Option<&Path>) -> Result<LoadedPolicy,
                 .map_err(|d| ConfigError::Ruleset(d.to_string().trim_end().to_string()))?;
             let p = sluice_policy::CompiledPolicy::compile(&rs, &policy_interfaces(cfg))
                 .map_err(|e| ConfigError::Ruleset(e.to_string().trim_end().to_string()))?;
-            let rules = p.program().chains.iter().map(|c| c.rules.len()).sum();
+            let rules = p.rule_count();
             let pools = p.nat_config().pools.clone();
+            let p = Arc::new(p);
             Ok(LoadedPolicy {
-                policy: Arc::new(p),
+                policy: Arc::clone(&p) as Arc<dyn Policy>,
                 rules,
                 pools,
                 source: path.display().to_string(),
+                compiled: Some(p),
             })
         }
         None => {
@@ -163,6 +168,7 @@ pub fn load_policy(cfg: &Config, ruleset: Option<&Path>) -> Result<LoadedPolicy,
                 rules: 0,
                 pools: Vec::new(),
                 source: "built-in (accept all)".into(),
+                compiled: None,
             })
         }
     }
@@ -245,6 +251,7 @@ struct Control {
     config_path: PathBuf,
     workers: Vec<SyncSender<Command>>,
     state: Mutex<Published>,
+    policy: Arc<dataplane::PolicyCell>,
 }
 
 /// What is currently running (for reload decisions and status).
@@ -254,6 +261,10 @@ struct Published {
     rules: usize,
     pools: Vec<sluice_nat::Pool>,
     generation: u64,
+    /// The running compiled rule set (None: the built-in policy).
+    compiled: Option<Arc<sluice_policy::CompiledPolicy>>,
+    /// Incremental commands applied since the last full load.
+    updates: u64,
 }
 
 const CMD_QUEUE: usize = 64;
@@ -292,11 +303,11 @@ impl Control {
                 ),
             });
         }
-        let p = Arc::clone(&lp.policy);
-        self.ask(|tx| Command::SetPolicy(Arc::clone(&p), tx))?;
+        st.generation = self.policy.publish(Arc::clone(&lp.policy));
         st.source = lp.source;
         st.rules = lp.rules;
-        st.generation += 1;
+        st.compiled = lp.compiled;
+        st.updates = 0;
         tracing::info!(ruleset = %st.source, rules = st.rules, generation = st.generation, "ruleset published");
         Ok(())
     }
@@ -414,24 +425,65 @@ impl Control {
             }
             Request::RulesetReplace { path } => {
                 let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-                let lp = load_policy(&st.config, Some(Path::new(&path))).map_err(|e| {
-                    CtlFailure {
+                let lp =
+                    load_policy(&st.config, Some(Path::new(&path))).map_err(|e| CtlFailure {
                         kind: "ruleset",
                         message: e.to_string(),
-                    }
-                })?;
+                    })?;
                 self.publish(&mut st, lp)?;
                 Ok(json!({"ok": true, "generation": st.generation, "rules": st.rules}))
             }
             Request::Reload => self.reload(),
-            Request::RuleAdd { .. }
-            | Request::RuleDelete { .. }
-            | Request::ElementAdd { .. }
-            | Request::ElementDelete { .. } => Err(CtlFailure {
-                kind: "unsupported",
-                message: "incremental rule and set-element updates are not available yet; use ruleset-replace".into(),
-            }),
+            Request::Nft { command } => self.nft(&command),
+            Request::RuleList { chain } => {
+                let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                let Some(p) = &st.compiled else {
+                    return Ok(json!({"ok": true, "rules": []}));
+                };
+                let rules: Vec<Value> = p
+                    .list_rules()
+                    .into_iter()
+                    .filter(|r| match chain.as_deref() {
+                        None => true,
+                        Some(c) => r.chain == c || r.chain.ends_with(&format!(" {c}")),
+                    })
+                    .map(|r| json!({"handle": r.handle, "chain": r.chain, "rule": r.text, "location": r.location}))
+                    .collect();
+                Ok(json!({"ok": true, "count": rules.len(), "rules": rules}))
+            }
         }
+    }
+
+    /// One nft control command (`add rule`, `insert rule`, `delete rule`,
+    /// `add element`, `delete element`), applied incrementally and
+    /// published by atomic swap. A refused command changes nothing.
+    fn nft(&self, command: &str) -> Result<Value, CtlFailure> {
+        let t0 = Instant::now();
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(cur) = st.compiled.clone() else {
+            return Err(CtlFailure {
+                kind: "ruleset",
+                message: "the gateway runs the built-in policy; load an nft rule set (ruleset \
+                          replace, or `ruleset` in the config) before changing rules"
+                    .into(),
+            });
+        };
+        let (next, applied) = cur.apply_text("command", command).map_err(|e| CtlFailure {
+            kind: "ruleset",
+            message: e.to_string(),
+        })?;
+        let next = Arc::new(next);
+        st.generation = self.policy.publish(Arc::clone(&next) as Arc<dyn Policy>);
+        st.rules = next.rule_count();
+        st.compiled = Some(next);
+        st.updates += 1;
+        let us = t0.elapsed().as_secs_f64() * 1e6;
+        tracing::debug!(command, generation = st.generation, us, "rule set updated");
+        Ok(
+            json!({"ok": true, "generation": st.generation, "handle": applied.handle,
+                  "ir_rules": applied.ir_rules, "relowered": applied.relowered,
+                  "rules": st.rules, "apply_us": us}),
+        )
     }
 }
 
@@ -547,6 +599,10 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     for ifc in &cfg.interfaces {
         let mac = match ifc.mac {
             Some(m) => m,
+            // A locally administered address for in-memory ports.
+            None if cfg.backend == config::BackendChoice::Mem => {
+                [0x02, 0x53, 0x4c, 0, 0, macs.len() as u8 + 1]
+            }
             None => interface_mac(&ifc.name).map_err(|reason| RunError::Interface {
                 name: ifc.name.clone(),
                 reason,
@@ -567,7 +623,14 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
         core_affinity::get_core_ids()
     };
     let names: Vec<&str> = cfg.interfaces.iter().map(|i| i.name.as_str()).collect();
-    let ingress = sluice_io::nft::IngressDrop::install(&names).map_err(RunError::IngressDrop)?;
+    let ingress = if cfg.backend == config::BackendChoice::Mem {
+        None
+    } else {
+        Some(sluice_io::nft::IngressDrop::install(&names).map_err(RunError::IngressDrop)?)
+    };
+    let cell = Arc::new(dataplane::PolicyCell::new(Arc::clone(&lp.policy)));
+    // The mem backend's wire sides, kept open while the gateway runs.
+    let mut mem_peers = Vec::new();
     let fanout_base = (std::process::id() as u16).wrapping_mul(8);
 
     let mut threads = Vec::new();
@@ -585,7 +648,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
         )?;
         let mut ports: Vec<Box<dyn Port>> = Vec::new();
         let umem = match cfg.backend {
-            config::BackendChoice::AfPacket => None,
+            config::BackendChoice::AfPacket | config::BackendChoice::Mem => None,
             _ => sluice_io::Umem::new(sluice_io::afxdp::DEFAULT_UMEM_CHUNKS).ok(),
         };
         for (k, ifc) in cfg.interfaces.iter().enumerate() {
@@ -598,12 +661,17 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
                 o.af_xdp.queue = u32::from(id);
             }
             o.af_xdp.umem = umem.clone();
-            let port = sluice_io::open(&ifc.name, cfg.backend.into(), &o).map_err(|e| {
-                RunError::Interface {
+            let port: Box<dyn Port> = match cfg.backend.io() {
+                None => {
+                    let (port, peer) = sluice_io::memport::MemPort::new(&ifc.name, o.port_id);
+                    mem_peers.push(peer);
+                    Box::new(port)
+                }
+                Some(b) => sluice_io::open(&ifc.name, b, &o).map_err(|e| RunError::Interface {
                     name: ifc.name.clone(),
                     reason: e.to_string(),
-                }
-            })?;
+                })?,
+            };
             tracing::info!(worker = id, interface = %ifc.name, mode = %port.describe(), "port open");
             let port: Box<dyn Port> = match &cfg.capture {
                 Some(base) => {
@@ -656,6 +724,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
             core: cores
                 .as_ref()
                 .and_then(|c| c.get(usize::from(id) % c.len().max(1)).copied()),
+            policy: Arc::clone(&cell),
         };
         let h = std::thread::Builder::new()
             .name(format!("sluice-w{id}"))
@@ -698,9 +767,12 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
             source: lp.source.clone(),
             rules: lp.rules,
             pools: lp.pools.clone(),
-            generation: 1,
+            generation: cell.generation(),
             config: cfg,
+            compiled: lp.compiled.clone(),
+            updates: 0,
         }),
+        policy: cell,
     });
     tracing::info!(socket = %sock.display(), "running");
 
@@ -732,11 +804,13 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     handle.close();
     stop.store(true, Ordering::Relaxed);
     join_all(threads);
+    ctl::wake(&sock);
     let _ = ctl_thread.join();
     drop(sock_guard);
-    if let Err(e) = ingress.remove() {
+    if let Some(Err(e)) = ingress.map(|i| i.remove()) {
         tracing::warn!("removing the nft ingress drop: {e}");
     }
+    drop(mem_peers);
     tracing::info!("stopped");
     Ok(())
 }

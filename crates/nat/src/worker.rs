@@ -737,7 +737,7 @@ impl<S: NatEventSink> WorkerNat<S> {
         let count = |x: u32| self.subscribers.get(&x).copied().unwrap_or(0);
         let need_a = 1 + u32::from(b == Some(a));
         count(a).saturating_add(need_a) <= self.max_sessions
-            && b.map_or(true, |b| count(b) < self.max_sessions)
+            && b.is_none_or(|b| count(b) < self.max_sessions)
     }
 }
 

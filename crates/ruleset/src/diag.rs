@@ -188,7 +188,7 @@ where
             continue;
         }
         let d = edit_distance(&word.to_ascii_lowercase(), &c.to_ascii_lowercase());
-        if d <= limit && best.map_or(true, |(bd, _)| d < bd) {
+        if d <= limit && best.is_none_or(|(bd, _)| d < bd) {
             best = Some((d, c));
         }
     }

@@ -85,3 +85,19 @@ pub fn rules(counts: &[u64], json: Option<&Path>) -> Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// `sluice bench update`.
+pub fn update(o: &sluice_tester::update::UpdateOptions, json: Option<&Path>) -> Result<ExitCode> {
+    use sluice_tester::update;
+    eprintln!(
+        "bench update: {} rules loaded, {} inserts/deletes, {} appends, through the control socket ...",
+        o.objects, o.samples, o.appends
+    );
+    let r = update::run(o).context("bench update")?;
+    print!("{}", update::table(&r));
+    if let Some(p) = json {
+        let text = serde_json::to_string_pretty(&r)?;
+        std::fs::write(p, text + "\n").with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}

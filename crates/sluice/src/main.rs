@@ -71,6 +71,8 @@ enum BackendArg {
     AfXdp,
     /// AF_PACKET only.
     AfPacket,
+    /// In-memory ports (no kernel interfaces; control plane only).
+    Mem,
 }
 
 #[derive(Args, Debug)]
@@ -129,6 +131,27 @@ enum BenchCmd {
     /// linear evaluator at 20, 100, 1 000, 10 000 and 100 000 rules, for
     /// seed 001's shape and ClassBench-style 5-tuple rule sets.
     Rules(RulesArgs),
+    /// Rule-update cost against a running gateway (in-process, mem backend,
+    /// no root) through the control socket: load N rules, median insert and
+    /// delete of one rule, and one-at-a-time appends (seed 002's test).
+    Update(UpdateArgs),
+}
+
+#[derive(Args, Debug)]
+struct UpdateArgs {
+    /// Rules loaded before single updates are timed.
+    #[arg(long, value_parser = parse_count, default_value = "150000")]
+    objects: u64,
+    /// Single inserts (and deletes) timed.
+    #[arg(long, default_value_t = 200)]
+    samples: usize,
+    /// One-at-a-time appends timed.
+    #[arg(long, default_value_t = 3000)]
+    appends: usize,
+    /// Write the results as JSON (insert_us_at_150k, delete_us_at_150k,
+    /// load_150k_s, append_3000_s, ...).
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -213,6 +236,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 BackendArg::Auto => sluice_daemon::config::BackendChoice::Auto,
                 BackendArg::AfXdp => sluice_daemon::config::BackendChoice::AfXdp,
                 BackendArg::AfPacket => sluice_daemon::config::BackendChoice::AfPacket,
+                BackendArg::Mem => sluice_daemon::config::BackendChoice::Mem,
             }),
             r.capture.as_deref(),
             r.socket.as_deref(),
@@ -220,6 +244,15 @@ fn run(cli: Cli) -> Result<ExitCode> {
         ),
         Command::Ctl(c) => gateway::ctl(&c.socket, &c.request),
         Command::Bench(BenchCmd::Rules(a)) => bench::rules(&a.counts, a.json.as_deref()),
+        Command::Bench(BenchCmd::Update(a)) => bench::update(
+            &sluice_tester::update::UpdateOptions {
+                objects: usize::try_from(a.objects).unwrap_or(usize::MAX),
+                samples: a.samples.max(1),
+                appends: a.appends,
+                ..Default::default()
+            },
+            a.json.as_deref(),
+        ),
         Command::Ruleset(RulesetCmd::Print(c)) => {
             ruleset_cmd::print(&c.config, c.format, c.ipsets.as_deref())
         }

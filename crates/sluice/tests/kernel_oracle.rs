@@ -173,7 +173,7 @@ fn kernel_oracle() {
         })
         .filter(|p| {
             only.as_deref()
-                .map_or(true, |o| p.to_string_lossy().contains(o))
+                .is_none_or(|o| p.to_string_lossy().contains(o))
         })
         .collect();
     files.sort();

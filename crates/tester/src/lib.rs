@@ -9,3 +9,4 @@ pub mod batch;
 pub mod memprobe;
 pub mod nat44;
 pub mod perm;
+pub mod update;

@@ -1,0 +1,406 @@
+//! `sluice bench update`: rule-update cost against a running gateway,
+//! through the control socket operators use (`sluice ctl`).
+//!
+//! The device under test is a real `sluice run` ([`sluice_daemon::run`]) in
+//! this process, on the `mem` backend (in-memory ports, so no root and no
+//! interfaces are needed; the control plane, the policy compiler and the
+//! publication to the worker are the production code). Every figure is a
+//! client-side wall-clock time of complete control requests: connect, send
+//! the request, the daemon parses, lowers, updates and publishes, reply.
+//!
+//! Procedure (seed 002's measurements, on Sluice):
+//! 1. load a rule set of `objects` ClassBench-style 5-tuple rules with
+//!    `ruleset replace` (parse + compile + publish): `load_s`;
+//! 2. `insert rule … position H` of one rule before a random loaded rule,
+//!    `samples` times, each a separate request: median `insert_us`;
+//! 3. `delete rule … handle H` of each inserted rule: median `delete_us`;
+//! 4. `add rule` of `appends` rules one at a time to the end of the loaded
+//!    chain: total `append_s` (seed 002: 3000 iptables appends, 34 s).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct UpdateOptions {
+    /// Rules loaded before single updates are timed.
+    pub objects: usize,
+    /// Single inserts (and deletes) timed.
+    pub samples: usize,
+    /// One-at-a-time appends timed.
+    pub appends: usize,
+    /// Generator seed.
+    pub seed: u64,
+}
+
+impl Default for UpdateOptions {
+    fn default() -> Self {
+        UpdateOptions {
+            objects: 150_000,
+            samples: 200,
+            appends: 3000,
+            seed: 1,
+        }
+    }
+}
+
+/// The result (`--json` keys).
+#[derive(Debug, Clone, Serialize)]
+pub struct UpdateReport {
+    /// Rules loaded.
+    pub objects: usize,
+    /// Median µs of one `insert rule` request with `objects` loaded.
+    pub insert_us_at_150k: f64,
+    /// Median µs of one `delete rule` request with `objects` loaded.
+    pub delete_us_at_150k: f64,
+    /// 99th percentile of the inserts, µs.
+    pub insert_p99_us: f64,
+    /// 99th percentile of the deletes, µs.
+    pub delete_p99_us: f64,
+    /// Median µs the daemon spent applying one insert (its own timer),
+    /// without the socket round trip.
+    pub insert_apply_us: f64,
+    /// Seconds to load `objects` rules with `ruleset replace`.
+    pub load_150k_s: f64,
+    /// Seconds for `appends` one-at-a-time `add rule` requests.
+    pub append_3000_s: f64,
+    /// Appends made.
+    pub appends: usize,
+    /// Single inserts and deletes timed.
+    pub samples: usize,
+}
+
+/// Errors of the procedure.
+#[derive(Debug, thiserror::Error)]
+pub enum UpdateBenchError {
+    /// Files in the scratch directory.
+    #[error("{0}: {1}")]
+    Io(String, std::io::Error),
+    /// The gateway failed to start or stopped.
+    #[error("gateway: {0}")]
+    Gateway(String),
+    /// A control request failed.
+    #[error("control request {0:?}: {1}")]
+    Request(String, String),
+}
+
+/// A small deterministic generator (SplitMix64).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// One ClassBench-style 5-tuple rule (prefixes of mixed lengths, a port
+/// range or exact port, TCP or UDP, accept or drop).
+fn rule(r: &mut Rng) -> String {
+    let prefix = |r: &mut Rng| {
+        let len = [8u32, 16, 16, 24, 24, 24, 32, 32][r.below(8) as usize];
+        let a = (r.next() as u32) & (u32::MAX << (32 - len));
+        format!("{}/{len}", std::net::Ipv4Addr::from(a))
+    };
+    let proto = if r.below(4) == 0 { "udp" } else { "tcp" };
+    let port = match r.below(3) {
+        0 => format!("{}", 1 + r.below(1023)),
+        1 => {
+            let lo = 1024 + r.below(60_000);
+            format!("{}-{}", lo, lo + r.below(512))
+        }
+        _ => format!("{}", 1 + r.below(65_534)),
+    };
+    let verdict = if r.below(5) == 0 { "drop" } else { "accept" };
+    format!(
+        "ip saddr {} ip daddr {} {proto} dport {port} {verdict}",
+        prefix(r),
+        prefix(r)
+    )
+}
+
+/// The loaded rule set: `n` rules in one forward chain.
+pub fn ruleset_text(n: usize, seed: u64) -> String {
+    let mut r = Rng(seed);
+    let mut s = String::with_capacity(n * 80 + 256);
+    s.push_str(
+        "table ip filter {\n  chain forward {\n    type filter hook forward priority 0; policy accept;\n",
+    );
+    for _ in 0..n {
+        let _ = writeln!(s, "    {}", rule(&mut r));
+    }
+    s.push_str("  }\n}\n");
+    s
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    percentile(v, 0.5)
+}
+
+fn percentile(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let i = ((v.len() - 1) as f64 * q).round() as usize;
+    v.get(i).copied().unwrap_or(f64::NAN)
+}
+
+/// A running gateway on the mem backend; stopped on drop.
+struct Gateway {
+    dir: PathBuf,
+    socket: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Result<(), String>>>,
+}
+
+impl Gateway {
+    fn start(dir: &Path) -> Result<Gateway, UpdateBenchError> {
+        let io = |what: &Path| {
+            let w = what.display().to_string();
+            move |e| UpdateBenchError::Io(w, e)
+        };
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        let empty = dir.join("empty.nft");
+        std::fs::write(&empty, ruleset_text(0, 0)).map_err(io(&empty))?;
+        let socket = dir.join("ctl.sock");
+        let cfg = dir.join("sluice.toml");
+        let text = format!(
+            "backend = \"mem\"\nworkers = 1\nruleset = {:?}\ncontrol_socket = {:?}\n\n\
+             [[interfaces]]\nname = \"bench0\"\naddresses = [\"192.0.2.1/24\"]\n",
+            empty.display().to_string(),
+            socket.display().to_string()
+        );
+        std::fs::write(&cfg, text).map_err(io(&cfg))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let opts = sluice_daemon::RunOptions {
+            no_pin: true,
+            stop: Some(Arc::clone(&stop)),
+            ..Default::default()
+        };
+        let thread = std::thread::Builder::new()
+            .name("bench-gateway".into())
+            .spawn(move || sluice_daemon::run(&cfg, &opts).map_err(|e| e.to_string()))
+            .map_err(|e| UpdateBenchError::Gateway(e.to_string()))?;
+        let mut g = Gateway {
+            dir: dir.to_path_buf(),
+            socket,
+            stop,
+            thread: Some(thread),
+        };
+        let t0 = Instant::now();
+        while g.request(r#"{"cmd":"status"}"#).is_err() {
+            if g.thread.as_ref().is_some_and(|t| t.is_finished()) {
+                let e = g.thread.take().map(|t| t.join());
+                return Err(UpdateBenchError::Gateway(format!("exited: {e:?}")));
+            }
+            if t0.elapsed() > Duration::from_secs(10) {
+                return Err(UpdateBenchError::Gateway("did not start in 10 s".into()));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(g)
+    }
+
+    /// One request on its own connection; the answer must say `"ok": true`.
+    fn request(&self, req: &str) -> Result<serde_json::Value, UpdateBenchError> {
+        let fail = |m: String| UpdateBenchError::Request(req.chars().take(120).collect(), m);
+        let text =
+            sluice_daemon::ctl::client(&self.socket, req).map_err(|e| fail(e.to_string()))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| fail(format!("bad answer: {e}")))?;
+        if v.get("ok") != Some(&serde_json::Value::Bool(true)) {
+            return Err(fail(text));
+        }
+        Ok(v)
+    }
+
+    fn nft(&self, cmd: &str) -> Result<(serde_json::Value, f64), UpdateBenchError> {
+        let req = serde_json::json!({"cmd": "nft", "command": cmd}).to_string();
+        let t = Instant::now();
+        let v = self.request(&req)?;
+        Ok((v, t.elapsed().as_secs_f64() * 1e6))
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Runs the procedure.
+pub fn run(o: &UpdateOptions) -> Result<UpdateReport, UpdateBenchError> {
+    let dir = std::env::temp_dir().join(format!("sluice-bench-update-{}", std::process::id()));
+    let g = Gateway::start(&dir)?;
+    let big = dir.join("loaded.nft");
+    std::fs::write(&big, ruleset_text(o.objects, o.seed))
+        .map_err(|e| UpdateBenchError::Io(big.display().to_string(), e))?;
+
+    // 1. Load.
+    let req = serde_json::json!({"cmd": "ruleset-replace", "path": big.display().to_string()})
+        .to_string();
+    let t = Instant::now();
+    let v = g.request(&req)?;
+    let load_s = t.elapsed().as_secs_f64();
+    let loaded = v.get("rules").and_then(|r| r.as_u64()).unwrap_or(0);
+    if loaded != o.objects as u64 {
+        return Err(UpdateBenchError::Request(
+            "ruleset-replace".into(),
+            format!("{loaded} rules loaded, expected {}", o.objects),
+        ));
+    }
+    let list = g.request(r#"{"cmd":"rule-list"}"#)?;
+    let handles: Vec<u64> = list
+        .get("rules")
+        .and_then(|r| r.as_array())
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.get("handle").and_then(|h| h.as_u64()))
+                .collect()
+        })
+        .unwrap_or_default();
+    if handles.len() != o.objects {
+        return Err(UpdateBenchError::Request(
+            "rule-list".into(),
+            format!("{} handles listed, expected {}", handles.len(), o.objects),
+        ));
+    }
+
+    // 2. Inserts at random positions.
+    let mut rng = Rng(o.seed ^ 0x5eed);
+    let mut ins = Vec::with_capacity(o.samples);
+    let mut apply = Vec::with_capacity(o.samples);
+    let mut added = Vec::with_capacity(o.samples);
+    for _ in 0..o.samples {
+        let at = handles
+            .get(rng.below(handles.len() as u64) as usize)
+            .copied()
+            .unwrap_or(1);
+        let cmd = format!(
+            "insert rule ip filter forward position {at} {}",
+            rule(&mut rng)
+        );
+        let (v, us) = g.nft(&cmd)?;
+        ins.push(us);
+        if let Some(a) = v.get("apply_us").and_then(|x| x.as_f64()) {
+            apply.push(a);
+        }
+        match v.get("handle").and_then(|h| h.as_u64()) {
+            Some(h) => added.push(h),
+            None => {
+                return Err(UpdateBenchError::Request(
+                    cmd,
+                    "no handle in the answer".into(),
+                ))
+            }
+        }
+    }
+    // 3. Deletes.
+    let mut del = Vec::with_capacity(added.len());
+    for h in &added {
+        let (_, us) = g.nft(&format!("delete rule ip filter forward handle {h}"))?;
+        del.push(us);
+    }
+    // 4. Appends, one request each.
+    let t = Instant::now();
+    for _ in 0..o.appends {
+        g.nft(&format!("add rule ip filter forward {}", rule(&mut rng)))?;
+    }
+    let append_s = t.elapsed().as_secs_f64();
+    let v = g.request(r#"{"cmd":"status"}"#)?;
+    let expect = (o.objects + o.appends) as u64;
+    if v.get("rules").and_then(|r| r.as_u64()) != Some(expect) {
+        return Err(UpdateBenchError::Request(
+            "status".into(),
+            format!("rule count {:?}, expected {expect}", v.get("rules")),
+        ));
+    }
+    drop(g);
+    Ok(UpdateReport {
+        objects: o.objects,
+        insert_us_at_150k: median(&mut ins.clone()),
+        delete_us_at_150k: median(&mut del.clone()),
+        insert_p99_us: percentile(&mut ins, 0.99),
+        delete_p99_us: percentile(&mut del, 0.99),
+        insert_apply_us: median(&mut apply),
+        load_150k_s: load_s,
+        append_3000_s: append_s,
+        appends: o.appends,
+        samples: o.samples,
+    })
+}
+
+/// The report as a table.
+pub fn table(r: &UpdateReport) -> String {
+    format!(
+        "metric                                   value      target\n\
+         load {n} rules (ruleset replace)      {:>8.3} s  <= 0.3 s\n\
+         insert one rule, median (p99)           {:>8.1} us ({:.1})  <= 1000 us\n\
+         delete one rule, median (p99)           {:>8.1} us ({:.1})  <= 1000 us\n\
+         insert, daemon apply time, median       {:>8.1} us\n\
+         {a} appends, one request each           {:>8.3} s  < 0.5 s\n",
+        r.load_150k_s,
+        r.insert_us_at_150k,
+        r.insert_p99_us,
+        r.delete_us_at_150k,
+        r.delete_p99_us,
+        r.insert_apply_us,
+        r.append_3000_s,
+        n = r.objects,
+        a = r.appends,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_rule_sets_parse_and_compile() {
+        let text = ruleset_text(500, 7);
+        let rs = sluice_ruleset::parse_nft_str("gen.nft", &text).unwrap_or_else(|d| panic!("{d}"));
+        let p = sluice_policy::CompiledPolicy::compile(&rs, &sluice_policy::Interfaces::new())
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(p.rule_count(), 500);
+    }
+
+    #[test]
+    fn small_run_against_a_real_gateway() {
+        let r = run(&UpdateOptions {
+            objects: 2000,
+            samples: 20,
+            appends: 50,
+            seed: 3,
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.objects, 2000);
+        assert!(r.insert_us_at_150k.is_finite() && r.insert_us_at_150k > 0.0);
+        assert!(r.delete_us_at_150k.is_finite() && r.delete_us_at_150k > 0.0);
+        assert!(r.load_150k_s > 0.0 && r.append_3000_s > 0.0);
+        let j = serde_json::to_value(&r).unwrap_or_default();
+        for k in [
+            "insert_us_at_150k",
+            "delete_us_at_150k",
+            "load_150k_s",
+            "append_3000_s",
+        ] {
+            assert!(j.get(k).is_some_and(|v| v.is_number()), "{k}");
+        }
+    }
+}
