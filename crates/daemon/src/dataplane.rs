@@ -205,6 +205,13 @@ pub struct PolicyCell {
 /// A policy as stored in the [`PolicyCell`].
 pub struct PolicyRef(pub Arc<dyn Policy>);
 
+impl PolicyRef {
+    /// Nothing but the holder of `this` refers to the policy any more.
+    pub fn unused(this: &Arc<PolicyRef>) -> bool {
+        Arc::strong_count(this) == 1 && Arc::strong_count(&this.0) == 1
+    }
+}
+
 impl PolicyCell {
     /// A cell holding `p` as generation 1.
     pub fn new(p: Arc<dyn Policy>) -> Self {
@@ -214,10 +221,13 @@ impl PolicyCell {
         }
     }
 
-    /// Publishes `p`; returns its generation.
-    pub fn publish(&self, p: Arc<dyn Policy>) -> u64 {
-        self.current.store(Arc::new(PolicyRef(p)));
-        self.generation.fetch_add(1, Ordering::AcqRel) + 1
+    /// Publishes `p`; returns its generation and the policy it replaced.
+    /// The caller keeps the old one until no worker uses it
+    /// ([`PolicyRef::unused`]), so that freeing a large rule set never
+    /// happens on a worker thread.
+    pub fn publish(&self, p: Arc<dyn Policy>) -> (u64, Arc<PolicyRef>) {
+        let old = self.current.swap(Arc::new(PolicyRef(p)));
+        (self.generation.fetch_add(1, Ordering::AcqRel) + 1, old)
     }
 
     /// The generation of the newest policy.

@@ -143,7 +143,7 @@ pub fn load_policy(cfg: &Config, ruleset: Option<&Path>) -> Result<LoadedPolicy,
         Some(path) => {
             let rs = sluice_ruleset::parse_nft_file(path)
                 .map_err(|d| ConfigError::Ruleset(d.to_string().trim_end().to_string()))?;
-            let p = sluice_policy::CompiledPolicy::compile(&rs, &policy_interfaces(cfg))
+            let p = sluice_policy::CompiledPolicy::compile_owned(rs, &policy_interfaces(cfg))
                 .map_err(|e| ConfigError::Ruleset(e.to_string().trim_end().to_string()))?;
             let rules = p.rule_count();
             let pools = p.nat_config().pools.clone();
@@ -252,6 +252,9 @@ struct Control {
     workers: Vec<SyncSender<Command>>,
     state: Mutex<Published>,
     policy: Arc<dataplane::PolicyCell>,
+    /// Replaced policies, freed on the control plane once no worker holds
+    /// them ([`Control::reap`]).
+    retired: Mutex<Vec<Arc<dataplane::PolicyRef>>>,
 }
 
 /// What is currently running (for reload decisions and status).
@@ -303,13 +306,30 @@ impl Control {
                 ),
             });
         }
-        st.generation = self.policy.publish(Arc::clone(&lp.policy));
+        st.generation = self.retire(self.policy.publish(Arc::clone(&lp.policy)));
         st.source = lp.source;
         st.rules = lp.rules;
         st.compiled = lp.compiled;
         st.updates = 0;
         tracing::info!(ruleset = %st.source, rules = st.rules, generation = st.generation, "ruleset published");
         Ok(())
+    }
+
+    /// Keeps a replaced policy until [`Self::reap`] can free it; returns the
+    /// new generation.
+    fn retire(&self, (generation, old): (u64, Arc<dataplane::PolicyRef>)) -> u64 {
+        self.retired
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(old);
+        generation
+    }
+
+    /// Frees replaced policies no worker uses any more (called from the
+    /// control loop, never from a worker).
+    fn reap(&self) {
+        let mut r = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        r.retain(|p| !dataplane::PolicyRef::unused(p));
     }
 
     /// SIGHUP / `reload`: re-read the config file and its ruleset.
@@ -473,7 +493,7 @@ impl Control {
             message: e.to_string(),
         })?;
         let next = Arc::new(next);
-        st.generation = self.policy.publish(Arc::clone(&next) as Arc<dyn Policy>);
+        st.generation = self.retire(self.policy.publish(Arc::clone(&next) as Arc<dyn Policy>));
         st.rules = next.rule_count();
         st.compiled = Some(next);
         st.updates += 1;
@@ -773,6 +793,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
             updates: 0,
         }),
         policy: cell,
+        retired: Mutex::new(Vec::new()),
     });
     tracing::info!(socket = %sock.display(), "running");
 
@@ -799,6 +820,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
                 }
             }
         }
+        control.reap();
         std::thread::sleep(Duration::from_millis(50));
     }
     handle.close();

@@ -26,14 +26,14 @@ use crate::iface::Interfaces;
 const PORT_PROTOS: &[u8] = &[6, 17, 33, 132, 136];
 
 /// Where an IR rule came from.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RuleInfo {
     /// `FILE:LINE` of the AST rule.
     pub location: String,
     /// The AST rule's source span.
     pub span: Span,
-    /// The AST rule in canonical nft form.
-    pub text: String,
+    /// The AST rule ([`RuleInfo::text`] prints it).
+    pub rule: Arc<ast::Rule>,
     /// The chain holding the rule.
     pub chain: ChainId,
     /// The exact `reject with` of the rule, if it rejects (the IR keeps only
@@ -42,6 +42,35 @@ pub struct RuleInfo {
     /// The AST rule's handle (what `delete rule … handle H` names); every IR
     /// rule lowered from one AST rule shares it.
     pub handle: u64,
+}
+
+impl RuleInfo {
+    /// The AST rule in canonical nft form (printed on demand, so loading a
+    /// large rule set does not format every rule).
+    pub fn text(&self) -> String {
+        ast::rule_to_string(&self.rule)
+    }
+}
+
+/// The rules of a rule set, taken out of its chains: `[table][chain][rule]`.
+pub(crate) type RuleLists = Vec<Vec<Vec<Arc<ast::Rule>>>>;
+
+/// Moves every rule of `rs` out of its chain (leaving the declarations).
+pub(crate) fn take_rules(rs: &mut Ruleset) -> RuleLists {
+    rs.tables
+        .iter_mut()
+        .map(|t| {
+            t.chains
+                .iter_mut()
+                .map(|c| {
+                    std::mem::take(&mut c.rules)
+                        .into_iter()
+                        .map(Arc::new)
+                        .collect()
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// A chain of the lowered program.
@@ -297,7 +326,7 @@ impl<'a> Lowerer<'a> {
         &mut self,
         ti: usize,
         cid: ChainId,
-        r: &ast::Rule,
+        r: &Arc<ast::Rule>,
     ) -> Result<Vec<Rule>, Vec<LowerError>> {
         let rs = self.rs;
         let Some(t) = rs.tables.get(ti) else {
@@ -330,18 +359,22 @@ impl<'a> Lowerer<'a> {
     }
 
     /// Lowers everything; errors are collected in [`Self::errors`].
-    pub fn run(mut self) -> (Lowered, Vec<LowerError>) {
+    ///
+    /// `rules` are the rule set's rules (see [`take_rules`]); `self.rs` is
+    /// its declarations.
+    pub fn run(mut self, rules: &RuleLists) -> (Lowered, Vec<LowerError>) {
         let rs = self.rs;
         if !self.declare() {
             return (self.out, self.errors);
         }
         // Pass 2: rules.
         for (ti, t) in rs.tables.iter().enumerate() {
-            for c in &t.chains {
+            for (ci, c) in t.chains.iter().enumerate() {
                 let Some(&cid) = self.chain_ids.get(&(ti, c.name.as_str())) else {
                     continue;
                 };
-                for r in &c.rules {
+                let list = rules.get(ti).and_then(|t| t.get(ci));
+                for r in list.into_iter().flatten() {
                     self.rule(ti, t, cid, r);
                 }
             }
@@ -395,7 +428,7 @@ impl<'a> Lowerer<'a> {
         true
     }
 
-    fn rule(&mut self, ti: usize, t: &Table, cid: ChainId, r: &ast::Rule) {
+    fn rule(&mut self, ti: usize, t: &Table, cid: ChainId, r: &Arc<ast::Rule>) {
         let mut deps: Vec<Dep> = Vec::new();
         let mut matches: Vec<ir::Match> = Vec::new();
         let mut ok = true;
@@ -475,7 +508,7 @@ impl<'a> Lowerer<'a> {
                 .clone()
                 .unwrap_or_else(|| self.rs.rule_location(r)),
             span: r.span,
-            text: ast::rule_to_string(r),
+            rule: Arc::clone(r),
             chain: cid,
             reject,
             handle,

@@ -14,7 +14,9 @@ use sluice_ruleset::{self as ast, Family, Ruleset};
 use crate::error::{CompileError, LowerError};
 use crate::iface::Interfaces;
 use crate::live::{named_uses, Entry, Store, GAP};
-use crate::lower::{reachable, BaseInfo, ChainInfo, Lowered, Lowerer, NatAction, RuleInfo};
+use crate::lower::{
+    reachable, take_rules, BaseInfo, ChainInfo, Lowered, Lowerer, NatAction, RuleInfo, RuleLists,
+};
 
 /// Which evaluator runs the chains.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,7 +102,7 @@ pub(crate) struct Tables {
 /// Moves the lowered rules into a persistent [`Store`]: handle `h` is the
 /// `h`-th AST rule in table, chain, rule order (the order the lowerer
 /// numbered them in).
-fn build_store(rs: &Ruleset, lowered: &mut Lowered) -> (Store, Meta, Ruleset) {
+fn build_store(rs: &Ruleset, rules: &RuleLists, lowered: &mut Lowered) -> (Store, Meta) {
     let mut store = Store::default();
     let mut chain_ids = std::collections::HashMap::new();
     let infos: Vec<Arc<RuleInfo>> = lowered.rules.drain(..).map(Arc::new).collect();
@@ -111,18 +113,18 @@ fn build_store(rs: &Ruleset, lowered: &mut Lowered) -> (Store, Meta, Ruleset) {
     store.infos = info_vec;
     let mut handle = 1u64;
     let mut cid = 0u32;
-    let mut skeleton = rs.clone_declarations();
     for (ti, t) in rs.tables.iter().enumerate() {
-        for c in &t.chains {
+        for (ci, c) in t.chains.iter().enumerate() {
             chain_ids.insert((ti, c.name.clone()), ChainId(cid));
-            let rules = lowered
+            let ir_rules = lowered
                 .program
                 .chains
                 .get_mut(cid as usize)
                 .map(|c| std::mem::take(&mut c.rules))
                 .unwrap_or_default();
-            let mut irs = rules.into_iter().peekable();
-            for (k, r) in c.rules.iter().enumerate() {
+            let mut irs = ir_rules.into_iter().peekable();
+            let list = rules.get(ti).and_then(|t| t.get(ci));
+            for (k, r) in list.into_iter().flatten().enumerate() {
                 let mut mine = Vec::new();
                 while let Some(x) = irs.peek() {
                     let hx = infos.get(x.id.0 as usize).map(|i| i.handle);
@@ -141,7 +143,7 @@ fn build_store(rs: &Ruleset, lowered: &mut Lowered) -> (Store, Meta, Ruleset) {
                         chain: ChainId(cid),
                         pos: (k as u64 + 1).saturating_mul(GAP),
                         rules: mine,
-                        ast: (!uses.is_empty()).then(|| r.clone()),
+                        ast: Arc::clone(r),
                         uses,
                     },
                 );
@@ -157,14 +159,13 @@ fn build_store(rs: &Ruleset, lowered: &mut Lowered) -> (Store, Meta, Ruleset) {
         .iter()
         .map(|c| (c.name.clone(), c.kind))
         .collect();
-    skeleton.files = rs.files.clone();
     let meta = Meta {
         chains: std::mem::take(&mut lowered.chains),
         kinds,
         bases: std::mem::take(&mut lowered.bases),
         chain_ids,
     };
-    (store, meta, skeleton)
+    (store, meta)
 }
 
 pub(crate) fn hook_index(h: ast::Hook) -> usize {
@@ -205,7 +206,15 @@ impl CompiledPolicy {
     /// compile time and engine interface indexes to names at run time.
     /// Reports every construct that cannot be lowered, each with its location.
     pub fn compile(rs: &Ruleset, ifaces: &Interfaces) -> Result<Self, CompileError> {
-        let (mut lowered, mut errors) = Lowerer::new(rs, ifaces).run();
+        Self::compile_owned(rs.clone(), ifaces)
+    }
+
+    /// [`Self::compile`] taking the rule set by value: its rules move into
+    /// the policy instead of being copied (what the daemon does on load).
+    pub fn compile_owned(mut rs: Ruleset, ifaces: &Interfaces) -> Result<Self, CompileError> {
+        let rules = take_rules(&mut rs);
+        let rs = rs;
+        let (mut lowered, mut errors) = Lowerer::new(&rs, ifaces).run(&rules);
         if !errors.is_empty() {
             errors.sort_by(|a, b| (&a.file, a.line, a.col).cmp(&(&b.file, b.line, b.col)));
             return Err(CompileError { errors });
@@ -223,7 +232,7 @@ impl CompiledPolicy {
                 sluice_classify::UpdateError::UnknownChain(_) => Default::default(),
             };
             CompileError {
-                errors: vec![LowerError::new(rs, span, e.to_string())],
+                errors: vec![LowerError::new(&rs, span, e.to_string())],
             }
         })?;
         let mut has_nat = [false; 5];
@@ -243,7 +252,8 @@ impl CompiledPolicy {
             pools: lowered.pools.clone(),
             ..NatConfig::default()
         };
-        let (store, meta, skeleton) = build_store(rs, &mut lowered);
+        let (store, meta) = build_store(&rs, &rules, &mut lowered);
+        let skeleton = rs;
         Ok(CompiledPolicy {
             meta: Arc::new(meta),
             tables: Arc::new(Tables {

@@ -576,7 +576,7 @@ impl CompiledPolicy {
                         .map(|c| c.name.clone())
                         .unwrap_or_default(),
                     location: self.location(*r),
-                    text: ri.map(|i| i.text.clone()).unwrap_or_default(),
+                    text: ri.map(|i| i.text()).unwrap_or_default(),
                 }
             })
             .collect();

@@ -143,16 +143,12 @@ impl CompiledPolicy {
                 let Some(e) = self.store.entry(h) else {
                     continue;
                 };
-                let info = e.rules.first().and_then(|r| self.rule_info(r.id)).cloned();
+                let info = e.rules.first().and_then(|r| self.rule_info(r.id));
                 out.push(ListedRule {
                     handle: h,
                     chain: c.name.clone(),
-                    text: match (&info, &e.ast) {
-                        (Some(i), _) => i.text.clone(),
-                        (None, Some(a)) => ast::rule_to_string(a),
-                        (None, None) => String::new(),
-                    },
-                    location: info.map(|i| i.location),
+                    text: ast::rule_to_string(&e.ast),
+                    location: info.map(|i| i.location.clone()),
                 });
             }
         }
@@ -232,6 +228,7 @@ impl CompiledPolicy {
         rule: &ast::Rule,
         name: &str,
     ) -> Result<Applied, UpdateFailure> {
+        let rule = Arc::new(rule.clone());
         let handle = self.store.next_handle;
         let missing = |what: String| UpdateFailure::Refused(what);
         let (lo, hi) =
@@ -265,7 +262,7 @@ impl CompiledPolicy {
             };
         let (irs, low_tables) = {
             let mut low = self.lowerer(handle, format!("{name} handle {handle}"));
-            let irs = low.lower_one(ti, cid, rule).map_err(|mut es| {
+            let irs = low.lower_one(ti, cid, &rule).map_err(|mut es| {
                 for e in &mut es {
                     e.file = name.to_string();
                 }
@@ -273,7 +270,7 @@ impl CompiledPolicy {
             })?;
             (irs, low.tables().clone())
         };
-        let uses = named_uses(rule);
+        let uses = named_uses(&rule);
         self.adopt_lowered(&low_tables)?;
         let pos = self.store.position_between(cid, lo, hi);
         self.place(cid, pos, &irs)?;
@@ -291,7 +288,7 @@ impl CompiledPolicy {
                 chain: cid,
                 pos,
                 rules: irs,
-                ast: (!uses.is_empty()).then(|| rule.clone()),
+                ast: rule,
                 uses,
             },
         );
@@ -457,9 +454,7 @@ impl CompiledPolicy {
             let Some(old) = self.store.entry(*h).cloned() else {
                 continue;
             };
-            let Some(rule) = old.ast.clone() else {
-                continue;
-            };
+            let rule = Arc::clone(&old.ast);
             let location = old
                 .rules
                 .first()
