@@ -19,6 +19,7 @@ use sluice_wire::dissect::{dissect, Dissect, InnerKey, Net, L4};
 use sluice_wire::flow::{proto, FlowKey4};
 
 use crate::drop::{Counters, DropReason};
+use crate::icmp_error::{self, IcmpError};
 use crate::policy::{CtState, Hook, Policy, PolicyPacket, RejectWith, Verdict};
 use crate::route::{AdjIndex, Adjacency, IfIndex, Route4, RouteTable4};
 use crate::{Action, Frames, MAX_BATCH};
@@ -32,6 +33,18 @@ pub struct Interface {
     pub mac: [u8; 6],
     /// IPv4 addresses with prefix lengths.
     pub addrs: Vec<(Ipv4Addr, u8)>,
+    /// IP MTU: the largest IPv4 packet (header included) this interface
+    /// sends. A larger packet routed out of it is dropped, and with DF set
+    /// answered with ICMP fragmentation needed (RFC 1191).
+    pub mtu: u16,
+}
+
+impl Interface {
+    /// The Ethernet MTU, used when nothing else is known.
+    pub const DEFAULT_MTU: u16 = 1500;
+    /// The smallest MTU an IPv4 interface may have (RFC 791: every module
+    /// must be able to forward a 68-byte datagram without fragmenting).
+    pub const MIN_MTU: u16 = 68;
 }
 
 /// Everything a worker needs to start.
@@ -58,7 +71,13 @@ pub struct EngineConfig {
     /// Capacity of the NAT event log ring (oldest events are overwritten
     /// and counted when the control plane does not drain it in time).
     pub nat_log_capacity: usize,
+    /// ICMP errors this worker may originate per second, with a burst of
+    /// [`ICMP_ERROR_BURST`] (RFC 1812 §4.3.2.8 rate limiting). 0 sends none.
+    pub icmp_errors_per_sec: u32,
 }
+
+/// Burst size of the ICMP error rate limiter (Linux's `icmp_msgs_burst`).
+pub const ICMP_ERROR_BURST: u32 = 50;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -73,6 +92,7 @@ impl Default for EngineConfig {
             seed: 0x5eed,
             nat: NatConfig::default(),
             nat_log_capacity: 4096,
+            icmp_errors_per_sec: 1000,
         }
     }
 }
@@ -245,6 +265,46 @@ pub struct Worker {
     neigh: HashMap<(IfIndex, u32), AdjIndex>,
     counters: Counters,
     scratch: Scratch,
+    icmp: TokenBucket,
+}
+
+/// A token bucket in thousandths of a token, refilled from the batch time
+/// (the engine never reads a clock).
+#[derive(Clone, Copy, Debug)]
+struct TokenBucket {
+    per_sec: u32,
+    milli: u64,
+    last_ms: u64,
+}
+
+impl TokenBucket {
+    fn new(per_sec: u32) -> Self {
+        Self {
+            per_sec,
+            milli: u64::from(ICMP_ERROR_BURST) * 1000,
+            last_ms: 0,
+        }
+    }
+
+    /// Take one token at `now_ms` if there is one.
+    fn take(&mut self, now_ms: u64) -> bool {
+        if self.per_sec == 0 {
+            return false;
+        }
+        let cap = u64::from(ICMP_ERROR_BURST) * 1000;
+        let dt = now_ms.saturating_sub(self.last_ms);
+        self.last_ms = self.last_ms.max(now_ms);
+        self.milli = self
+            .milli
+            .saturating_add(dt.saturating_mul(u64::from(self.per_sec)))
+            .min(cap);
+        if self.milli >= 1000 {
+            self.milli -= 1000;
+            true
+        } else {
+            false
+        }
+    }
 }
 
 impl core::fmt::Debug for Worker {
@@ -316,6 +376,7 @@ impl Worker {
                 hash: vec![0; MAX_BATCH],
                 hit: vec![None; MAX_BATCH],
             },
+            icmp: TokenBucket::new(cfg.icmp_errors_per_sec),
         };
         for (ip, mac) in cfg.neighbors {
             w.set_neighbor(ip, mac)?;
@@ -328,16 +389,17 @@ impl Worker {
     pub fn set_neighbor(&mut self, ip: Ipv4Addr, mac: [u8; 6]) -> Result<AdjIndex, EngineError> {
         let a = u32::from(ip);
         let oif = self.routes.lookup(a).map(|r| r.oif).unwrap_or(0);
-        let src_mac = self
+        let (src_mac, mtu) = self
             .ifaces
             .get(usize::from(oif))
-            .map(|i| i.mac)
-            .unwrap_or_default();
+            .map(|i| (i.mac, i.mtu))
+            .unwrap_or((Default::default(), Interface::DEFAULT_MTU));
         let adj = Adjacency {
             oif,
             src_mac,
             dst_mac: mac,
             resolved: true,
+            mtu,
         };
         if let Some(&i) = self.neigh.get(&(oif, a)) {
             if let Some(slot) = self.adj.get_mut(usize::from(i)) {
@@ -454,6 +516,13 @@ impl Worker {
                     frames.set_len(i, newlen);
                     Action::Reply
                 }
+                Step::Error(newlen, r) => {
+                    frames.set_len(i, newlen);
+                    self.counters.drop(r);
+                    self.counters.icmp_errors += 1;
+                    frames.set_action(i, Action::Reply);
+                    continue;
+                }
             };
             match action {
                 Action::Drop(r) => self.counters.drop(r),
@@ -531,7 +600,7 @@ impl Worker {
             ct::Verdict::Valid | ct::Verdict::Ignored | ct::Verdict::Close => {}
         }
         if m.ttl <= 1 {
-            return Step::Done(Action::Drop(DropReason::TtlExpired));
+            return self.icmp_error(now, buf, len, usize::from(m.l3), iif, None);
         }
         self.counters.fast_path += 1;
         let e = self.ct.entry(id);
@@ -546,34 +615,46 @@ impl Worker {
             info.l4_delta.get(di).copied().unwrap_or(0),
         );
         let adj = info.adj.get(di).copied().unwrap_or(0);
-        let a = self.emit(buf, m.l3, m.l4, &to, deltas, adj);
+        let step = self.emit(now, buf, len, iif, m.l3, m.l4, &to, deltas, adj);
         if tracked.verdict == ct::Verdict::Close {
             self.remove(id);
         }
-        Step::Done(a)
+        step
     }
 
     /// Rewrite the packet to `to`, decrement the TTL and set the MACs of
-    /// adjacency `adj`.
+    /// adjacency `adj`; a packet larger than the egress MTU is refused
+    /// before it is touched.
+    #[allow(clippy::too_many_arguments)]
     #[inline]
     fn emit(
-        &self,
+        &mut self,
+        now: ct::Instant,
         buf: &mut [u8],
+        len: usize,
+        iif: IfIndex,
         l3: u16,
         l4: u16,
         to: &FlowKey4,
         deltas: (u16, u16),
         adj: AdjIndex,
-    ) -> Action {
-        let Some(a) = self.adj.get(usize::from(adj)) else {
-            return Action::Drop(DropReason::NoNeighbor);
+    ) -> Step {
+        let Some(&a) = self.adj.get(usize::from(adj)) else {
+            return Step::Done(Action::Drop(DropReason::NoNeighbor));
         };
         if !a.resolved {
-            return Action::Drop(DropReason::NoNeighbor);
+            return Step::Done(Action::Drop(DropReason::NoNeighbor));
         }
         let l3 = usize::from(l3);
+        // The frame length bounds the IP total length (it only adds
+        // Ethernet padding, which no frame near an MTU carries).
+        if len.saturating_sub(l3) > usize::from(a.mtu) {
+            if let Some(s) = self.too_big(now, buf, len, l3, iif, a.mtu) {
+                return s;
+            }
+        }
         if sluice_nat::apply_with(buf, l3, usize::from(l4), to, deltas).is_err() {
-            return Action::Drop(DropReason::RewriteFailed);
+            return Step::Done(Action::Drop(DropReason::RewriteFailed));
         }
         if let Some(t) = buf.get_mut(l3 + 8) {
             *t = t.wrapping_sub(1);
@@ -582,7 +663,85 @@ impl Worker {
             m[..6].copy_from_slice(&a.dst_mac);
             m[6..].copy_from_slice(&a.src_mac);
         }
-        Action::Forward(a.oif)
+        Step::Done(Action::Forward(a.oif))
+    }
+
+    /// The packet at `l3` is larger than `mtu`, judging by its frame length;
+    /// check its header. `None`: it fits after all. Otherwise the step for a
+    /// packet that does not fit: RFC 1191 fragmentation needed when DF is
+    /// set, else a drop (the engine does not fragment).
+    #[cold]
+    #[inline(never)]
+    fn too_big(
+        &mut self,
+        now: ct::Instant,
+        buf: &mut [u8],
+        len: usize,
+        l3: usize,
+        iif: IfIndex,
+        mtu: u16,
+    ) -> Option<Step> {
+        let total = read16(buf, l3 + 2)?;
+        if total <= mtu {
+            return None;
+        }
+        let df = read16(buf, l3 + 6).is_some_and(|f| f & 0x4000 != 0);
+        if !df {
+            return Some(Step::Done(Action::Drop(
+                DropReason::FragmentationUnsupported,
+            )));
+        }
+        Some(self.icmp_error(now, buf, len, l3, iif, Some(mtu)))
+    }
+
+    /// Drop the packet at `l3` and, when allowed (RFC 1812 §4.3.2.7) and
+    /// within the rate limit, turn it into an ICMP error to its sender from
+    /// the ingress interface: fragmentation needed with `mtu` when `mtu` is
+    /// given, else time exceeded.
+    #[cold]
+    #[inline(never)]
+    fn icmp_error(
+        &mut self,
+        now: ct::Instant,
+        buf: &mut [u8],
+        len: usize,
+        l3: usize,
+        iif: IfIndex,
+        mtu: Option<u16>,
+    ) -> Step {
+        let reason = match mtu {
+            Some(_) => DropReason::TooBig,
+            None => DropReason::TtlExpired,
+        };
+        let sender = read32(buf, l3 + 12).unwrap_or(0);
+        let Some((src, mac)) = self.ifaces.get(usize::from(iif)).and_then(|i| {
+            // The address on the sender's subnet, else the first one.
+            let on_link = i
+                .addrs
+                .iter()
+                .find(|&&(a, l)| (u32::from(a) ^ sender) & crate::route::mask(l) == 0);
+            on_link
+                .or(i.addrs.first())
+                .map(|&(a, _)| (u32::from(a), i.mac))
+        }) else {
+            return Step::Done(Action::Drop(reason));
+        };
+        let e = match mtu {
+            Some(m) => IcmpError::frag_needed(m, src, mac),
+            None => IcmpError::ttl_exceeded(src, mac),
+        };
+        // Check what may be sent before spending a token on it.
+        if icmp_error::may_answer(buf, len, l3).is_err() {
+            return Step::Done(Action::Drop(reason));
+        }
+        if !self.icmp.take(now.as_millis()) {
+            self.counters.icmp_errors_limited += 1;
+            return Step::Done(Action::Drop(reason));
+        }
+        match icmp_error::build_in_place(buf, len, l3, &e) {
+            Ok(n) => Step::Error(n, reason),
+            Err(_) => Step::Done(Action::Drop(reason)),
+        }
     }
 
     fn remove(&mut self, id: EntryId) {
@@ -597,14 +756,22 @@ impl Worker {
 
     /// Route `dst` and find the adjacency of the next hop.
     fn adjacency_for(&self, dst: u32) -> Result<(IfIndex, AdjIndex), DropReason> {
+        let (oif, nh) = self.route(dst)?;
+        Ok((oif, self.neighbor(oif, nh)?))
+    }
+
+    /// Route `dst`: the egress interface and the next hop.
+    fn route(&self, dst: u32) -> Result<(IfIndex, u32), DropReason> {
         let r = self.routes.lookup(dst).ok_or(DropReason::NoRoute)?;
-        let nh = r.via.map(u32::from).unwrap_or(dst);
-        let adj = self
-            .neigh
-            .get(&(r.oif, nh))
+        Ok((r.oif, r.via.map(u32::from).unwrap_or(dst)))
+    }
+
+    /// The adjacency of next hop `nh` on `oif`.
+    fn neighbor(&self, oif: IfIndex, nh: u32) -> Result<AdjIndex, DropReason> {
+        self.neigh
+            .get(&(oif, nh))
             .copied()
-            .ok_or(DropReason::NoNeighbor)?;
-        Ok((r.oif, adj))
+            .ok_or(DropReason::NoNeighbor)
     }
 
     /// The slow path: the first packet of a connection (or an ICMP error
@@ -655,10 +822,6 @@ impl Worker {
         } else if self.is_local(key.dst).is_some() {
             return self.local4(buf, len, iif, d, key, &pp);
         }
-        if ttl <= 1 {
-            self.release_pending(key, reply.as_ref());
-            return Step::Done(Action::Drop(DropReason::TtlExpired));
-        }
         if !self.ct.may_create(ev) {
             self.release_pending(key, reply.as_ref());
             return Step::Done(Action::Drop(DropReason::CtInvalid));
@@ -689,8 +852,33 @@ impl Worker {
         }
         // Where the packet goes after any DNAT.
         let dst_after = reply.map(|r| r.src).unwrap_or(key.dst);
-        let (oif, adj_out) = match self.adjacency_for(dst_after) {
+        let (oif, nh) = match self.route(dst_after) {
             Ok(x) => x,
+            Err(r) => {
+                self.release_pending(key, reply.as_ref());
+                return Step::Done(Action::Drop(r));
+            }
+        };
+        // RFC 1812 §5.3.1 and §4.3.2.3 / RFC 1191: what the kernel's
+        // ip_forward checks after routing and before the forward hook, so a
+        // forbidden packet still gets its ICMP error, as with netfilter.
+        let l3 = usize::from(d.l3_off);
+        if ttl <= 1 {
+            self.release_pending(key, reply.as_ref());
+            return self.icmp_error(now, buf, len, l3, iif, None);
+        }
+        let mtu = self
+            .ifaces
+            .get(usize::from(oif))
+            .map_or(Interface::DEFAULT_MTU, |i| i.mtu);
+        if len.saturating_sub(l3) > usize::from(mtu) {
+            if let Some(s) = self.too_big(now, buf, len, l3, iif, mtu) {
+                self.release_pending(key, reply.as_ref());
+                return s;
+            }
+        }
+        let adj_out = match self.neighbor(oif, nh) {
+            Ok(a) => a,
             Err(r) => {
                 self.release_pending(key, reply.as_ref());
                 return Step::Done(Action::Drop(r));
@@ -769,14 +957,17 @@ impl Worker {
         if pp.mark != 0 {
             self.ct.entry_mut(id).set_mark(pp.mark);
         }
-        Step::Done(self.emit(
+        self.emit(
+            now,
             buf,
+            len,
+            iif,
             d.l3_off,
             d.l4_off,
             &to_orig,
             (info.ip_delta[0], info.l4_delta[0]),
             adj_out,
-        ))
+        )
     }
 
     /// Undo a NAT reservation made for a packet that was then dropped.
@@ -941,6 +1132,9 @@ enum Step {
     Done(Action),
     /// A reply was built in place; the new frame length.
     Reply(usize),
+    /// The frame was dropped for this reason and turned into an ICMP error
+    /// to its sender, of this length.
+    Error(usize, DropReason),
 }
 
 #[inline]
@@ -1018,6 +1212,11 @@ fn policy_packet(iif: IfIndex, key: &FlowKey4, d: &Dissect, ct: CtState) -> Poli
 fn read16(b: &[u8], off: usize) -> Option<u16> {
     b.get(off..off + 2)
         .map(|s| u16::from_be_bytes([s[0], s[1]]))
+}
+
+fn read32(b: &[u8], off: usize) -> Option<u32> {
+    b.get(off..off + 4)
+        .map(|s| u32::from_be_bytes([s[0], s[1], s[2], s[3]]))
 }
 
 fn write16(b: &mut [u8], off: usize, v: u16) {
