@@ -250,6 +250,9 @@ struct Scratch {
     meta: Vec<Meta>,
     hash: Vec<u64>,
     hit: Vec<Option<(EntryId, Dir)>>,
+    /// For a frame dropped with `no-neighbor`: the next hop that is
+    /// missing (egress interface, address), when the slow path knows it.
+    missing: Vec<Option<(IfIndex, u32)>>,
 }
 
 /// One worker.
@@ -266,6 +269,8 @@ pub struct Worker {
     counters: Counters,
     scratch: Scratch,
     icmp: TokenBucket,
+    /// The next hop the current frame's `no-neighbor` drop is waiting for.
+    missing_nh: Option<(IfIndex, u32)>,
 }
 
 /// A token bucket in thousandths of a token, refilled from the batch time
@@ -375,8 +380,10 @@ impl Worker {
                 meta: vec![Meta::default(); MAX_BATCH],
                 hash: vec![0; MAX_BATCH],
                 hit: vec![None; MAX_BATCH],
+                missing: vec![None; MAX_BATCH],
             },
             icmp: TokenBucket::new(cfg.icmp_errors_per_sec),
+            missing_nh: None,
         };
         for (ip, mac) in cfg.neighbors {
             w.set_neighbor(ip, mac)?;
@@ -427,6 +434,20 @@ impl Worker {
     /// The connection table (for listing and statistics).
     pub fn conntrack(&self) -> &Table<FlowKey4, FlowInfo> {
         &self.ct
+    }
+
+    /// For frame `i` of the last batch, dropped with
+    /// [`DropReason::NoNeighbor`]: the next hop whose link-layer address is
+    /// missing (egress interface, address), when known. After DNAT or
+    /// hairpinning this is not where the frame's own destination leads, so
+    /// the neighbour resolver needs it from here.
+    pub fn missing_next_hop(&self, i: usize) -> Option<(IfIndex, Ipv4Addr)> {
+        self.scratch
+            .missing
+            .get(i)
+            .copied()
+            .flatten()
+            .map(|(o, a)| (o, Ipv4Addr::from(a)))
     }
 
     /// The NAT state (for statistics and mapping listings).
@@ -509,7 +530,11 @@ impl Worker {
             let m = sc.meta.get(i).copied().unwrap_or_default();
             let iif = frames.iif(i);
             let (buf, len) = frames.buf_mut(i);
+            self.missing_nh = None;
             let step = self.one(now, buf, len, iif, &m, h, cand);
+            if let Some(x) = sc.missing.get_mut(i) {
+                *x = self.missing_nh.take();
+            }
             let action = match step {
                 Step::Done(a) => a,
                 Step::Reply(newlen) => {
@@ -754,12 +779,6 @@ impl Worker {
         self.local4.iter().find(|(l, _)| *l == a).map(|&(_, i)| i)
     }
 
-    /// Route `dst` and find the adjacency of the next hop.
-    fn adjacency_for(&self, dst: u32) -> Result<(IfIndex, AdjIndex), DropReason> {
-        let (oif, nh) = self.route(dst)?;
-        Ok((oif, self.neighbor(oif, nh)?))
-    }
-
     /// Route `dst`: the egress interface and the next hop.
     fn route(&self, dst: u32) -> Result<(IfIndex, u32), DropReason> {
         let r = self.routes.lookup(dst).ok_or(DropReason::NoRoute)?;
@@ -810,16 +829,35 @@ impl Worker {
         // An inbound packet to an existing mapping (endpoint-independent
         // filtering decides whether it may open a session).
         let mut reply = None;
-        if self
+        if let Some(m) = self
             .nat
             .mapping_by_ext(key.proto, Ipv4Addr::from(key.dst), key.dport)
-            .is_some()
         {
-            match self.nat.inbound_new(key) {
-                Some((_, r)) => reply = Some(r),
-                None => return Step::Done(Action::Drop(DropReason::NatFiltered)),
+            // RFC 4787 REQ-9: a packet that arrives on the link the
+            // mapping's internal host is reached through comes from the
+            // inside; it is hairpinned, with its source mapped too, so that
+            // the target answers through the gateway even on a shared LAN.
+            // Anything else is an inbound packet to the mapping.
+            let from_inside = self.route(u32::from(m.int_addr)).map(|(o, _)| o) == Ok(iif);
+            match from_inside.then(|| self.nat.hairpin(key)).flatten() {
+                Some(Ok(r)) => {
+                    reply = Some(r);
+                    // Later hooks see the translated destination, as after
+                    // DNAT, and `ct status` dnat + snat.
+                    pp.dst = u128::from(r.src);
+                    pp.dport = r.sport;
+                    pp.ct_status |= 0x30;
+                }
+                Some(Err(e)) => return Step::Done(Action::Drop(nat_drop(e))),
+                None => match self.nat.inbound_new(key) {
+                    Some((_, r)) => reply = Some(r),
+                    None => return Step::Done(Action::Drop(DropReason::NatFiltered)),
+                },
             }
-        } else if self.is_local(key.dst).is_some() {
+        } else if self.is_local(key.dst).is_some() && !self.dnat_applies(&pp) {
+            // (A port forward on one of the gateway's own addresses is
+            // forwarded, as in the kernel, where DNAT runs in prerouting
+            // before the local/forward decision.)
             return self.local4(buf, len, iif, d, key, &pp);
         }
         if !self.ct.may_create(ev) {
@@ -880,6 +918,7 @@ impl Worker {
         let adj_out = match self.neighbor(oif, nh) {
             Ok(a) => a,
             Err(r) => {
+                self.missing_nh = Some((oif, nh));
                 self.release_pending(key, reply.as_ref());
                 return Step::Done(Action::Drop(r));
             }
@@ -916,8 +955,18 @@ impl Worker {
         let reply = reply.unwrap_or_else(|| key.reversed());
         // The reply direction is translated back to the original source and
         // leaves towards it.
-        let adj_back = match self.adjacency_for(key.src) {
-            Ok((_, a)) => a,
+        let adj_back = match self.route(key.src) {
+            Ok((oif, nh)) => {
+                let a = self.neighbor(oif, nh);
+                if a.is_err() {
+                    self.missing_nh = Some((oif, nh));
+                }
+                a
+            }
+            Err(r) => Err(r),
+        };
+        let adj_back = match adj_back {
+            Ok(a) => a,
             Err(r) => {
                 self.nat.release(key, &reply);
                 return Step::Done(Action::Drop(r));
@@ -968,6 +1017,16 @@ impl Worker {
             (info.ip_delta[0], info.l4_delta[0]),
             adj_out,
         )
+    }
+
+    /// Whether prerouting would DNAT this packet (slow path, packets to the
+    /// gateway's own addresses only).
+    fn dnat_applies(&self, pp: &PolicyPacket) -> bool {
+        self.policy.has_nat(Hook::Prerouting)
+            && matches!(
+                self.policy.decide(Hook::Prerouting, pp).nat,
+                Some(Translation::Dnat { .. })
+            )
     }
 
     /// Undo a NAT reservation made for a packet that was then dropped.

@@ -385,3 +385,62 @@ fn an_icmp_error_with_ttl_1_is_dropped_without_an_error_about_it() {
     assert!(matches!(f.acts[0], Action::Drop(_)), "{:?}", f.acts[0]);
     assert_eq!(w.counters().icmp_errors, 0);
 }
+
+/// The slow path names the next hop a `no-neighbor` drop waits for: after
+/// DNAT it is the inside server, not the frame's destination. And a port
+/// forward on the gateway's own address is forwarded, not delivered
+/// locally (regression: it was dropped as `local-unhandled`).
+#[test]
+fn a_no_neighbor_drop_names_the_missing_next_hop_after_dnat() {
+    let cfg = EngineConfig {
+        interfaces: vec![
+            Interface {
+                name: "in".into(),
+                mac: GW_IN_MAC,
+                addrs: vec![(GW_IN, 24)],
+                mtu: Interface::DEFAULT_MTU,
+            },
+            Interface {
+                name: "out".into(),
+                mac: GW_OUT_MAC,
+                addrs: vec![(GW_OUT, 24)],
+                mtu: Interface::DEFAULT_MTU,
+            },
+        ],
+        neighbors: vec![(Ipv4Addr::new(203, 0, 113, 9), ROUTER_MAC)],
+        ..EngineConfig::default()
+    };
+    let mut p = StaticPolicy::accept_all();
+    p.dnat = vec![sluice_engine::PortForward {
+        proto: proto::TCP,
+        addr: GW_OUT,
+        port: 8080,
+        to_addr: Ipv4Addr::new(10, 0, 0, 3),
+        to_port: 80,
+    }];
+    let mut w = Worker::new(cfg, Arc::new(p)).unwrap();
+    let k = FlowKey4 {
+        src: u32::from(Ipv4Addr::new(203, 0, 113, 9)),
+        dst: u32::from(GW_OUT),
+        sport: 40000,
+        dport: 8080,
+        proto: proto::TCP,
+    };
+    let mut f = TestFrames::default();
+    f.push(OUTSIDE, |b| {
+        build_tcp4(b, ROUTER_MAC, GW_OUT_MAC, &k, 0x02, 1, 0, 0).unwrap()
+    });
+    w.process(1_000_000, &mut f);
+    assert_eq!(f.acts[0], Action::Drop(DropReason::NoNeighbor));
+    assert_eq!(
+        w.missing_next_hop(0),
+        Some((INSIDE, Ipv4Addr::new(10, 0, 0, 3)))
+    );
+    // The frame is untouched, so it can be processed again once resolved.
+    assert_eq!(dissect(f.frame(0)).unwrap().key4(), Some(k));
+    w.set_neighbor(Ipv4Addr::new(10, 0, 0, 3), HOST_MAC)
+        .unwrap();
+    w.process(2_000_000, &mut f);
+    assert_eq!(f.acts[0], Action::Forward(INSIDE));
+    assert_eq!(w.missing_next_hop(0), None);
+}
