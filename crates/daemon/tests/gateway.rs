@@ -161,9 +161,11 @@ fn iperf3_tcp_and_udp(backend: &str, tag: &str) {
         bps / 1e6,
         t0.elapsed()
     );
+    // Measured 720-750 Mbit/s with the debug build on the 2-vCPU
+    // development VM; the bound leaves room for a loaded CI machine.
     assert!(
-        bps > 20e6,
-        "TCP throughput {:.1} Mbit/s is below 20 Mbit/s\n{}",
+        bps > 100e6,
+        "TCP throughput {:.1} Mbit/s is below 100 Mbit/s\n{}",
         bps / 1e6,
         d.context()
     );
@@ -192,7 +194,7 @@ fn iperf3_tcp_and_udp(backend: &str, tag: &str) {
     );
     assert!(packets > 1000, "only {packets} UDP datagrams sent");
     assert!(
-        rx_bps > 20e6 && lost * 10 < packets,
+        rx_bps > 35e6 && lost * 10 < packets,
         "UDP: {received} of {packets} datagrams arrived ({:.1} Mbit/s)\n{}",
         rx_bps / 1e6,
         d.context()
