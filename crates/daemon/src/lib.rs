@@ -39,7 +39,14 @@
 //!   neighbours and reports the rest.
 //! - Incremental rule and set-element updates answer `unsupported` until
 //!   `sluice-policy` offers them.
-//! - IPv4 only (the engine's scope).
+//! - IPv4 only (the engine's scope). Packets larger than the egress `mtu`
+//!   are not fragmented: with DF they get ICMP fragmentation needed,
+//!   without it they are dropped (`fragmentation-unsupported`).
+//! - A connection is translated by DNAT (or a NAT mapping) or by SNAT, not
+//!   both: a postrouting `snat`/`masquerade` does not apply to a DNAT'd
+//!   connection. Hairpinning to a NAT mapping maps both ends itself (see
+//!   the engine's slow path); hairpinning to a DNAT port forward on a
+//!   shared LAN (the kernel's DNAT + masquerade recipe) does not work yet.
 #![forbid(unsafe_code)]
 
 pub mod config;
