@@ -25,6 +25,12 @@ pub const DEFAULT_SOCKET: &str = "/run/sluice.sock";
 /// Most workers accepted.
 pub const MAX_WORKERS: u16 = 64;
 
+/// Smallest `mtu` accepted (RFC 791: 68 bytes pass unfragmented).
+pub const MIN_MTU: u16 = 68;
+/// Largest `mtu` accepted: frames live in [`sluice_io::FRAME_CAP`]-byte
+/// buffers, less the AF_PACKET ring header, Ethernet and one VLAN tag.
+pub const MAX_MTU: u16 = 1960;
+
 /// A configuration problem, with its location when it has one.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
@@ -131,6 +137,7 @@ struct RawInterface {
     #[serde(default)]
     addresses: Vec<Spanned<String>>,
     mac: Option<Spanned<String>>,
+    mtu: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -237,6 +244,8 @@ pub struct InterfaceConfig {
     pub addrs: Vec<(Ipv4Addr, u8)>,
     /// MAC override; `None` reads the interface's own.
     pub mac: Option<[u8; 6]>,
+    /// IP MTU override; `None` reads the interface's own (else 1500).
+    pub mtu: Option<u16>,
 }
 
 /// A static route.
@@ -462,11 +471,25 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
             .as_ref()
             .map(|m| parse_mac(m.get_ref()).map_err(|e| src.err(m, &format!("{p}.mac"), e)))
             .transpose()?;
+        let mtu = match &ri.mtu {
+            None => None,
+            Some(m) => match u16::try_from(*m.get_ref()) {
+                Ok(n) if (MIN_MTU..=MAX_MTU).contains(&n) => Some(n),
+                _ => {
+                    return Err(src.err(
+                        m,
+                        &format!("{p}.mtu"),
+                        format!("{} is not between {MIN_MTU} and {MAX_MTU}", m.get_ref()),
+                    ))
+                }
+            },
+        };
         interfaces.push(InterfaceConfig {
             name: name.clone(),
             role: ri.role,
             addrs,
             mac,
+            mtu,
         });
     }
     let iface_index = |v: &Spanned<String>, p: &str| -> Result<usize, ConfigError> {
@@ -771,6 +794,7 @@ name = "wan0"
 role = "outside"
 addresses = ["203.0.113.1/24"]
 mac = "02:00:00:00:00:02"
+mtu = 1400
 
 [[routes]]
 to = "0.0.0.0/0"
@@ -804,6 +828,10 @@ timeouts = { udp = 60, tcp_established = 3600 }
         assert_eq!(c.backend, BackendChoice::AfPacket);
         assert_eq!(c.interfaces.len(), 2);
         assert_eq!(c.interfaces[1].mac, Some([2, 0, 0, 0, 0, 2]));
+        assert_eq!(
+            (c.interfaces[0].mtu, c.interfaces[1].mtu),
+            (None, Some(1400))
+        );
         assert_eq!(
             c.routes[0],
             RouteConfig {
@@ -874,6 +902,14 @@ timeouts = { udp = 60, tcp_established = 3600 }
             (
                 "[[interfaces]]\nname = \"x\"\nmac = \"02:00:00\"\n",
                 "sluice.toml:7:7: interfaces[1].mac: 02:00:00 is not a MAC address",
+            ),
+            (
+                "[[interfaces]]\nname = \"x\"\nmtu = 40\n",
+                "sluice.toml:7:7: interfaces[1].mtu: 40 is not between 68 and 1960",
+            ),
+            (
+                "[[interfaces]]\nname = \"x\"\nmtu = 9000\n",
+                "sluice.toml:7:7: interfaces[1].mtu: 9000 is not between 68 and 1960",
             ),
             (
                 "[[routes]]\nto = \"10.1.0.1/16\"\ndev = \"lan0\"\n",

@@ -460,7 +460,8 @@ impl WorkerThread {
                 Action::Drop(DropReason::NoNeighbor) if hold => {
                     let iif = batch.meta(i).map_or(0, |m| m.port);
                     if let Some(f) = batch.data(i) {
-                        self.resolver.on_no_neighbor(now, iif, f, &mut s.todo);
+                        let hint = self.engine.missing_next_hop(i);
+                        self.resolver.on_no_neighbor(now, iif, f, hint, &mut s.todo);
                     }
                     None
                 }

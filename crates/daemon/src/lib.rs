@@ -39,7 +39,14 @@
 //!   neighbours and reports the rest.
 //! - Incremental rule and set-element updates answer `unsupported` until
 //!   `sluice-policy` offers them.
-//! - IPv4 only (the engine's scope).
+//! - IPv4 only (the engine's scope). Packets larger than the egress `mtu`
+//!   are not fragmented: with DF they get ICMP fragmentation needed,
+//!   without it they are dropped (`fragmentation-unsupported`).
+//! - A connection is translated by DNAT (or a NAT mapping) or by SNAT, not
+//!   both: a postrouting `snat`/`masquerade` does not apply to a DNAT'd
+//!   connection. Hairpinning to a NAT mapping maps both ends itself (see
+//!   the engine's slow path); hairpinning to a DNAT port forward on a
+//!   shared LAN (the kernel's DNAT + masquerade recipe) does not work yet.
 #![forbid(unsafe_code)]
 
 pub mod config;
@@ -194,6 +201,11 @@ pub fn check(path: &Path) -> Result<Summary, ConfigError> {
 /// Read an interface's MAC with `ip -o link show dev IF` (works in the
 /// calling thread's network namespace, unlike `/sys/class/net`).
 pub fn interface_mac(name: &str) -> Result<[u8; 6], String> {
+    interface_link(name).map(|(mac, _)| mac)
+}
+
+/// Read an interface's MAC and MTU with `ip -o link show dev IF`.
+pub fn interface_link(name: &str) -> Result<([u8; 6], u16), String> {
     let out = std::process::Command::new("ip")
         .args(["-o", "link", "show", "dev", name])
         .stdin(std::process::Stdio::null())
@@ -202,14 +214,24 @@ pub fn interface_mac(name: &str) -> Result<[u8; 6], String> {
     if !out.status.success() {
         return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
     }
-    let text = String::from_utf8_lossy(&out.stdout);
+    parse_ip_link(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// The MAC and MTU in one line of `ip -o link show` output.
+fn parse_ip_link(text: &str) -> Result<([u8; 6], u16), String> {
     let mut words = text.split_whitespace();
+    let mut mtu = None;
     while let Some(w) = words.next() {
-        if w == "link/ether" {
-            return words
-                .next()
-                .and_then(config::mac_from_str)
-                .ok_or_else(|| "unparsable link/ether address".to_string());
+        match w {
+            "mtu" => mtu = words.next().and_then(|m| m.parse::<u16>().ok()),
+            "link/ether" => {
+                let mac = words
+                    .next()
+                    .and_then(config::mac_from_str)
+                    .ok_or_else(|| "unparsable link/ether address".to_string())?;
+                return Ok((mac, mtu.unwrap_or(Interface::DEFAULT_MTU)));
+            }
+            _ => {}
         }
     }
     Err("not an Ethernet interface".into())
@@ -513,7 +535,8 @@ fn counters_json(c: &sluice_engine::Counters) -> Value {
         .map(|r| (r.name().to_string(), json!(c.drops_for(*r))))
         .collect();
     json!({"rx": c.rx, "tx": c.tx, "fast_path": c.fast_path, "slow_path": c.slow_path,
-           "ct_created": c.ct_created, "local": c.local, "drops_total": c.total_drops(),
+           "ct_created": c.ct_created, "local": c.local, "icmp_errors": c.icmp_errors,
+           "icmp_errors_limited": c.icmp_errors_limited, "drops_total": c.total_drops(),
            "drops": drops})
 }
 
@@ -528,6 +551,7 @@ fn worker_json(w: &WorkerStatus) -> Value {
 fn engine_config(
     cfg: &Config,
     macs: &[[u8; 6]],
+    mtus: &[u16],
     pools: &[sluice_nat::Pool],
     id: u16,
 ) -> EngineConfig {
@@ -535,12 +559,14 @@ fn engine_config(
         name: "-".into(),
         mac: [0; 6],
         addrs: Vec::new(),
+        mtu: Interface::DEFAULT_MTU,
     }];
     for (i, ifc) in cfg.interfaces.iter().enumerate() {
         interfaces.push(Interface {
             name: ifc.name.clone(),
             mac: macs.get(i).copied().unwrap_or_default(),
             addrs: ifc.addrs.clone(),
+            mtu: mtus.get(i).copied().unwrap_or(Interface::DEFAULT_MTU),
         });
     }
     let mut nat = cfg.nat.clone();
@@ -614,21 +640,31 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     ])
     .map_err(|e| RunError::Os(format!("signal handlers: {e}")))?;
 
-    // MACs.
+    // MACs and MTUs: configured, else the kernel's.
     let mut macs = Vec::new();
+    let mut mtus = Vec::new();
     for ifc in &cfg.interfaces {
-        let mac = match ifc.mac {
-            Some(m) => m,
-            // A locally administered address for in-memory ports.
-            None if cfg.backend == config::BackendChoice::Mem => {
-                [0x02, 0x53, 0x4c, 0, 0, macs.len() as u8 + 1]
-            }
-            None => interface_mac(&ifc.name).map_err(|reason| RunError::Interface {
+        let (kmac, kmtu) = if cfg.backend == config::BackendChoice::Mem {
+            // In-memory ports: a locally administered address, Ethernet's MTU.
+            ([0x02, 0x53, 0x4c, 0, 0, macs.len() as u8 + 1], 1500)
+        } else {
+            interface_link(&ifc.name).map_err(|reason| RunError::Interface {
                 name: ifc.name.clone(),
                 reason,
-            })?,
+            })?
         };
-        macs.push(mac);
+        let mtu = match ifc.mtu {
+            Some(m) => {
+                if m > kmtu {
+                    tracing::warn!(interface = %ifc.name, mtu = m, kernel_mtu = kmtu,
+                        "configured mtu is above the interface's: the kernel may drop larger frames");
+                }
+                m
+            }
+            None => kmtu.clamp(config::MIN_MTU, config::MAX_MTU),
+        };
+        macs.push(ifc.mac.unwrap_or(kmac));
+        mtus.push(mtu);
     }
 
     // Engines first (they validate routes and NAT), then ports.
@@ -663,7 +699,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     }
     for (id, rx) in (0..cfg.workers).zip(receivers) {
         let engine = Worker::new(
-            engine_config(&cfg, &macs, &lp.pools, id),
+            engine_config(&cfg, &macs, &mtus, &lp.pools, id),
             Arc::clone(&lp.policy),
         )?;
         let mut ports: Vec<Box<dyn Port>> = Vec::new();
@@ -842,5 +878,22 @@ fn join_all(threads: Vec<std::thread::JoinHandle<()>>) {
         if t.join().is_err() {
             tracing::error!("a worker thread panicked");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ip_link_output_gives_mac_and_mtu() {
+        let line = "7: wan0@if6: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1400 qdisc noqueue state UP mode DEFAULT group default qlen 1000\\    link/ether 02:11:22:33:44:55 brd ff:ff:ff:ff:ff:ff link-netns x";
+        assert_eq!(
+            parse_ip_link(line),
+            Ok(([2, 0x11, 0x22, 0x33, 0x44, 0x55], 1400))
+        );
+        assert!(
+            parse_ip_link("1: lo: <LOOPBACK> mtu 65536 link/loopback 00:00:00:00:00:00").is_err()
+        );
     }
 }

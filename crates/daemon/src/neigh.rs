@@ -231,15 +231,25 @@ impl Resolver {
     }
 
     /// A frame dropped with `no-neighbor` on ingress `iif`: hold a copy and
-    /// ask for the missing next hop (rate-limited).
-    pub fn on_no_neighbor(&mut self, now: u64, iif: IfIndex, frame: &[u8], todo: &mut Todo) {
+    /// ask for the missing next hop (rate-limited). `hint` is the next hop
+    /// the engine found missing (egress interface, address), which after
+    /// DNAT or hairpinning is not where the frame's own addresses lead;
+    /// without it the frame's destination, then its source, is resolved.
+    pub fn on_no_neighbor(
+        &mut self,
+        now: u64,
+        iif: IfIndex,
+        frame: &[u8],
+        hint: Option<(IfIndex, Ipv4Addr)>,
+        todo: &mut Todo,
+    ) {
         let Some((src, dst)) = ipv4_addrs(frame) else {
             todo.dropped += 1;
             return;
         };
-        let missing = [dst, src]
+        let missing = hint
             .into_iter()
-            .filter_map(|a| self.next_hop(a))
+            .chain([dst, src].into_iter().filter_map(|a| self.next_hop(a)))
             .find(|(_, nh)| !self.known.contains_key(nh));
         let Some((oif, nh)) = missing else {
             // Both next hops are known (a DNAT target, or a race with
@@ -372,8 +382,8 @@ mod tests {
         let mut r = resolver();
         let mut todo = Todo::default();
         let f = ipv4_frame([10, 0, 0, 2], [8, 8, 8, 8]);
-        r.on_no_neighbor(5, 1, &f, &mut todo);
-        r.on_no_neighbor(6, 1, &f, &mut todo);
+        r.on_no_neighbor(5, 1, &f, None, &mut todo);
+        r.on_no_neighbor(6, 1, &f, None, &mut todo);
         assert_eq!(todo.send.len(), 1, "rate-limited to one request");
         let (oif, req) = todo.send[0];
         assert_eq!(oif, 2);
@@ -394,18 +404,48 @@ mod tests {
         assert_eq!(r.learn(2, &reply), None, "already known");
         // Now the source side is the missing one.
         let mut todo = Todo::default();
-        r.on_no_neighbor(7, 1, &f, &mut todo);
+        r.on_no_neighbor(7, 1, &f, None, &mut todo);
         assert_eq!(
             parse_arp(&todo.send[0].1).unwrap().tpa,
             Ipv4Addr::new(10, 0, 0, 2)
         );
     }
 
+    /// Regression: a frame to a DNAT'd address was dropped without an ARP
+    /// request when both of its own addresses' next hops were known.
+    #[test]
+    fn dnat_target_is_resolved_from_the_engine_hint() {
+        let mut r = resolver();
+        r.set_known(Ipv4Addr::new(203, 0, 113, 254), [2, 9, 9, 9, 9, 9]);
+        r.set_known(Ipv4Addr::new(10, 0, 0, 2), [2, 8, 8, 8, 8, 8]);
+        let f = ipv4_frame([10, 0, 0, 2], [8, 8, 8, 8]);
+        let mut todo = Todo::default();
+        r.on_no_neighbor(0, 2, &f, None, &mut todo);
+        assert!(todo.send.is_empty());
+        assert_eq!(todo.dropped, 1);
+        let hint = Some((1, Ipv4Addr::new(10, 0, 0, 3)));
+        r.on_no_neighbor(0, 2, &f, hint, &mut todo);
+        assert_eq!(todo.send.len(), 1);
+        assert_eq!(todo.send[0].0, 1);
+        assert_eq!(
+            parse_arp(&todo.send[0].1).unwrap().tpa,
+            Ipv4Addr::new(10, 0, 0, 3)
+        );
+        let held = r.set_known(Ipv4Addr::new(10, 0, 0, 3), [2, 7, 7, 7, 7, 7]);
+        assert_eq!(held.len(), 1);
+    }
+
     #[test]
     fn gives_up_after_tries() {
         let mut r = resolver();
         let mut todo = Todo::default();
-        r.on_no_neighbor(0, 1, &ipv4_frame([10, 0, 0, 2], [10, 0, 0, 3]), &mut todo);
+        r.on_no_neighbor(
+            0,
+            1,
+            &ipv4_frame([10, 0, 0, 2], [10, 0, 0, 3]),
+            None,
+            &mut todo,
+        );
         for k in 1..=TRIES as u64 {
             r.tick(k * RETRY, &mut todo);
         }

@@ -49,7 +49,8 @@ drop_reasons! {
     NoRoute => "no-route",
     /// The next hop's link-layer address is not known (yet).
     NoNeighbor => "no-neighbor",
-    /// TTL or hop limit expired.
+    /// TTL or hop limit expired (an ICMP time-exceeded error is sent, rate
+    /// permitting).
     TtlExpired => "ttl-expired",
     /// Fragment that cannot be translated (non-first fragment with no state).
     Fragment => "fragment",
@@ -57,8 +58,12 @@ drop_reasons! {
     LocalUnhandled => "local-unhandled",
     /// A rewrite failed (checksum area truncated, ...).
     RewriteFailed => "rewrite-failed",
-    /// Packet larger than the egress MTU with DF set.
+    /// Packet larger than the egress MTU with DF set (an ICMP
+    /// fragmentation-needed error is sent, rate permitting).
     TooBig => "too-big",
+    /// Packet larger than the egress MTU without DF: the engine does not
+    /// fragment.
+    FragmentationUnsupported => "fragmentation-unsupported",
 }
 
 impl fmt::Display for DropReason {
@@ -81,8 +86,13 @@ pub struct Counters {
     pub slow_path: u64,
     /// Connections created.
     pub ct_created: u64,
-    /// Frames answered locally (ARP, ICMP echo, errors).
+    /// Frames answered locally (ARP, ICMP echo).
     pub local: u64,
+    /// ICMP errors sent about dropped packets (time exceeded, fragmentation
+    /// needed). The dropped packet is also counted under its drop reason.
+    pub icmp_errors: u64,
+    /// ICMP errors not sent because of the rate limit.
+    pub icmp_errors_limited: u64,
     /// Drops, indexed by `DropReason as usize`.
     pub drops: [u64; DropReason::COUNT],
 }
@@ -116,6 +126,8 @@ impl Counters {
         self.slow_path += o.slow_path;
         self.ct_created += o.ct_created;
         self.local += o.local;
+        self.icmp_errors += o.icmp_errors;
+        self.icmp_errors_limited += o.icmp_errors_limited;
         for (a, b) in self.drops.iter_mut().zip(o.drops.iter()) {
             *a += b;
         }

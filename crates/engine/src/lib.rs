@@ -12,12 +12,15 @@
 //! - The fast path never allocates, locks, reads a clock or panics; time is
 //!   passed in by the caller.
 //! - Every frame ends with exactly one [`Action`]; every drop increments one
-//!   [`DropReason`] counter.
+//!   [`DropReason`] counter. A dropped frame turned into an ICMP error
+//!   (TTL expired, too big with DF set) ends as [`Action::Reply`] and still
+//!   counts its drop reason.
 //! - A worker owns its connection table and its slice of the NAT port space,
 //!   so nothing is shared between workers on the packet path.
 #![forbid(unsafe_code)]
 
 pub mod drop;
+pub mod icmp_error;
 pub mod policy;
 pub mod route;
 pub mod worker;
@@ -41,7 +44,8 @@ pub enum Action {
     /// Transmit on this interface (the frame was rewritten in place).
     Forward(IfIndex),
     /// Transmit back out of the ingress interface (a reply built in place:
-    /// ARP reply, ICMP echo reply, ICMP error, TCP RST).
+    /// ARP reply, ICMP echo reply, or an ICMP error about the dropped frame,
+    /// which is then also counted under its [`DropReason`]).
     Reply,
     /// Dropped, for this reason.
     Drop(DropReason),

@@ -105,6 +105,9 @@ pub struct Adjacency {
     pub dst_mac: [u8; 6],
     /// Whether `dst_mac` is known.
     pub resolved: bool,
+    /// IP MTU of the egress interface (largest IPv4 total length it sends),
+    /// copied here so the fast path checks it without another lookup.
+    pub mtu: u16,
 }
 
 #[cfg(test)]

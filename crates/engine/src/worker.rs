@@ -19,6 +19,7 @@ use sluice_wire::dissect::{dissect, Dissect, InnerKey, Net, L4};
 use sluice_wire::flow::{proto, FlowKey4};
 
 use crate::drop::{Counters, DropReason};
+use crate::icmp_error::{self, IcmpError};
 use crate::policy::{CtState, Hook, Policy, PolicyPacket, RejectWith, Verdict};
 use crate::route::{AdjIndex, Adjacency, IfIndex, Route4, RouteTable4};
 use crate::{Action, Frames, MAX_BATCH};
@@ -32,6 +33,18 @@ pub struct Interface {
     pub mac: [u8; 6],
     /// IPv4 addresses with prefix lengths.
     pub addrs: Vec<(Ipv4Addr, u8)>,
+    /// IP MTU: the largest IPv4 packet (header included) this interface
+    /// sends. A larger packet routed out of it is dropped, and with DF set
+    /// answered with ICMP fragmentation needed (RFC 1191).
+    pub mtu: u16,
+}
+
+impl Interface {
+    /// The Ethernet MTU, used when nothing else is known.
+    pub const DEFAULT_MTU: u16 = 1500;
+    /// The smallest MTU an IPv4 interface may have (RFC 791: every module
+    /// must be able to forward a 68-byte datagram without fragmenting).
+    pub const MIN_MTU: u16 = 68;
 }
 
 /// Everything a worker needs to start.
@@ -58,7 +71,13 @@ pub struct EngineConfig {
     /// Capacity of the NAT event log ring (oldest events are overwritten
     /// and counted when the control plane does not drain it in time).
     pub nat_log_capacity: usize,
+    /// ICMP errors this worker may originate per second, with a burst of
+    /// [`ICMP_ERROR_BURST`] (RFC 1812 §4.3.2.8 rate limiting). 0 sends none.
+    pub icmp_errors_per_sec: u32,
 }
+
+/// Burst size of the ICMP error rate limiter (Linux's `icmp_msgs_burst`).
+pub const ICMP_ERROR_BURST: u32 = 50;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -73,6 +92,7 @@ impl Default for EngineConfig {
             seed: 0x5eed,
             nat: NatConfig::default(),
             nat_log_capacity: 4096,
+            icmp_errors_per_sec: 1000,
         }
     }
 }
@@ -230,6 +250,9 @@ struct Scratch {
     meta: Vec<Meta>,
     hash: Vec<u64>,
     hit: Vec<Option<(EntryId, Dir)>>,
+    /// For a frame dropped with `no-neighbor`: the next hop that is
+    /// missing (egress interface, address), when the slow path knows it.
+    missing: Vec<Option<(IfIndex, u32)>>,
 }
 
 /// One worker.
@@ -245,6 +268,48 @@ pub struct Worker {
     neigh: HashMap<(IfIndex, u32), AdjIndex>,
     counters: Counters,
     scratch: Scratch,
+    icmp: TokenBucket,
+    /// The next hop the current frame's `no-neighbor` drop is waiting for.
+    missing_nh: Option<(IfIndex, u32)>,
+}
+
+/// A token bucket in thousandths of a token, refilled from the batch time
+/// (the engine never reads a clock).
+#[derive(Clone, Copy, Debug)]
+struct TokenBucket {
+    per_sec: u32,
+    milli: u64,
+    last_ms: u64,
+}
+
+impl TokenBucket {
+    fn new(per_sec: u32) -> Self {
+        Self {
+            per_sec,
+            milli: u64::from(ICMP_ERROR_BURST) * 1000,
+            last_ms: 0,
+        }
+    }
+
+    /// Take one token at `now_ms` if there is one.
+    fn take(&mut self, now_ms: u64) -> bool {
+        if self.per_sec == 0 {
+            return false;
+        }
+        let cap = u64::from(ICMP_ERROR_BURST) * 1000;
+        let dt = now_ms.saturating_sub(self.last_ms);
+        self.last_ms = self.last_ms.max(now_ms);
+        self.milli = self
+            .milli
+            .saturating_add(dt.saturating_mul(u64::from(self.per_sec)))
+            .min(cap);
+        if self.milli >= 1000 {
+            self.milli -= 1000;
+            true
+        } else {
+            false
+        }
+    }
 }
 
 impl core::fmt::Debug for Worker {
@@ -315,7 +380,10 @@ impl Worker {
                 meta: vec![Meta::default(); MAX_BATCH],
                 hash: vec![0; MAX_BATCH],
                 hit: vec![None; MAX_BATCH],
+                missing: vec![None; MAX_BATCH],
             },
+            icmp: TokenBucket::new(cfg.icmp_errors_per_sec),
+            missing_nh: None,
         };
         for (ip, mac) in cfg.neighbors {
             w.set_neighbor(ip, mac)?;
@@ -328,16 +396,17 @@ impl Worker {
     pub fn set_neighbor(&mut self, ip: Ipv4Addr, mac: [u8; 6]) -> Result<AdjIndex, EngineError> {
         let a = u32::from(ip);
         let oif = self.routes.lookup(a).map(|r| r.oif).unwrap_or(0);
-        let src_mac = self
+        let (src_mac, mtu) = self
             .ifaces
             .get(usize::from(oif))
-            .map(|i| i.mac)
-            .unwrap_or_default();
+            .map(|i| (i.mac, i.mtu))
+            .unwrap_or((Default::default(), Interface::DEFAULT_MTU));
         let adj = Adjacency {
             oif,
             src_mac,
             dst_mac: mac,
             resolved: true,
+            mtu,
         };
         if let Some(&i) = self.neigh.get(&(oif, a)) {
             if let Some(slot) = self.adj.get_mut(usize::from(i)) {
@@ -365,6 +434,20 @@ impl Worker {
     /// The connection table (for listing and statistics).
     pub fn conntrack(&self) -> &Table<FlowKey4, FlowInfo> {
         &self.ct
+    }
+
+    /// For frame `i` of the last batch, dropped with
+    /// [`DropReason::NoNeighbor`]: the next hop whose link-layer address is
+    /// missing (egress interface, address), when known. After DNAT or
+    /// hairpinning this is not where the frame's own destination leads, so
+    /// the neighbour resolver needs it from here.
+    pub fn missing_next_hop(&self, i: usize) -> Option<(IfIndex, Ipv4Addr)> {
+        self.scratch
+            .missing
+            .get(i)
+            .copied()
+            .flatten()
+            .map(|(o, a)| (o, Ipv4Addr::from(a)))
     }
 
     /// The NAT state (for statistics and mapping listings).
@@ -447,12 +530,23 @@ impl Worker {
             let m = sc.meta.get(i).copied().unwrap_or_default();
             let iif = frames.iif(i);
             let (buf, len) = frames.buf_mut(i);
+            self.missing_nh = None;
             let step = self.one(now, buf, len, iif, &m, h, cand);
+            if let Some(x) = sc.missing.get_mut(i) {
+                *x = self.missing_nh.take();
+            }
             let action = match step {
                 Step::Done(a) => a,
                 Step::Reply(newlen) => {
                     frames.set_len(i, newlen);
                     Action::Reply
+                }
+                Step::Error(newlen, r) => {
+                    frames.set_len(i, newlen);
+                    self.counters.drop(r);
+                    self.counters.icmp_errors += 1;
+                    frames.set_action(i, Action::Reply);
+                    continue;
                 }
             };
             match action {
@@ -531,7 +625,7 @@ impl Worker {
             ct::Verdict::Valid | ct::Verdict::Ignored | ct::Verdict::Close => {}
         }
         if m.ttl <= 1 {
-            return Step::Done(Action::Drop(DropReason::TtlExpired));
+            return self.icmp_error(now, buf, len, usize::from(m.l3), iif, None);
         }
         self.counters.fast_path += 1;
         let e = self.ct.entry(id);
@@ -546,34 +640,46 @@ impl Worker {
             info.l4_delta.get(di).copied().unwrap_or(0),
         );
         let adj = info.adj.get(di).copied().unwrap_or(0);
-        let a = self.emit(buf, m.l3, m.l4, &to, deltas, adj);
+        let step = self.emit(now, buf, len, iif, m.l3, m.l4, &to, deltas, adj);
         if tracked.verdict == ct::Verdict::Close {
             self.remove(id);
         }
-        Step::Done(a)
+        step
     }
 
     /// Rewrite the packet to `to`, decrement the TTL and set the MACs of
-    /// adjacency `adj`.
+    /// adjacency `adj`; a packet larger than the egress MTU is refused
+    /// before it is touched.
+    #[allow(clippy::too_many_arguments)]
     #[inline]
     fn emit(
-        &self,
+        &mut self,
+        now: ct::Instant,
         buf: &mut [u8],
+        len: usize,
+        iif: IfIndex,
         l3: u16,
         l4: u16,
         to: &FlowKey4,
         deltas: (u16, u16),
         adj: AdjIndex,
-    ) -> Action {
-        let Some(a) = self.adj.get(usize::from(adj)) else {
-            return Action::Drop(DropReason::NoNeighbor);
+    ) -> Step {
+        let Some(&a) = self.adj.get(usize::from(adj)) else {
+            return Step::Done(Action::Drop(DropReason::NoNeighbor));
         };
         if !a.resolved {
-            return Action::Drop(DropReason::NoNeighbor);
+            return Step::Done(Action::Drop(DropReason::NoNeighbor));
         }
         let l3 = usize::from(l3);
+        // The frame length bounds the IP total length (it only adds
+        // Ethernet padding, which no frame near an MTU carries).
+        if len.saturating_sub(l3) > usize::from(a.mtu) {
+            if let Some(s) = self.too_big(now, buf, len, l3, iif, a.mtu) {
+                return s;
+            }
+        }
         if sluice_nat::apply_with(buf, l3, usize::from(l4), to, deltas).is_err() {
-            return Action::Drop(DropReason::RewriteFailed);
+            return Step::Done(Action::Drop(DropReason::RewriteFailed));
         }
         if let Some(t) = buf.get_mut(l3 + 8) {
             *t = t.wrapping_sub(1);
@@ -582,7 +688,85 @@ impl Worker {
             m[..6].copy_from_slice(&a.dst_mac);
             m[6..].copy_from_slice(&a.src_mac);
         }
-        Action::Forward(a.oif)
+        Step::Done(Action::Forward(a.oif))
+    }
+
+    /// The packet at `l3` is larger than `mtu`, judging by its frame length;
+    /// check its header. `None`: it fits after all. Otherwise the step for a
+    /// packet that does not fit: RFC 1191 fragmentation needed when DF is
+    /// set, else a drop (the engine does not fragment).
+    #[cold]
+    #[inline(never)]
+    fn too_big(
+        &mut self,
+        now: ct::Instant,
+        buf: &mut [u8],
+        len: usize,
+        l3: usize,
+        iif: IfIndex,
+        mtu: u16,
+    ) -> Option<Step> {
+        let total = read16(buf, l3 + 2)?;
+        if total <= mtu {
+            return None;
+        }
+        let df = read16(buf, l3 + 6).is_some_and(|f| f & 0x4000 != 0);
+        if !df {
+            return Some(Step::Done(Action::Drop(
+                DropReason::FragmentationUnsupported,
+            )));
+        }
+        Some(self.icmp_error(now, buf, len, l3, iif, Some(mtu)))
+    }
+
+    /// Drop the packet at `l3` and, when allowed (RFC 1812 §4.3.2.7) and
+    /// within the rate limit, turn it into an ICMP error to its sender from
+    /// the ingress interface: fragmentation needed with `mtu` when `mtu` is
+    /// given, else time exceeded.
+    #[cold]
+    #[inline(never)]
+    fn icmp_error(
+        &mut self,
+        now: ct::Instant,
+        buf: &mut [u8],
+        len: usize,
+        l3: usize,
+        iif: IfIndex,
+        mtu: Option<u16>,
+    ) -> Step {
+        let reason = match mtu {
+            Some(_) => DropReason::TooBig,
+            None => DropReason::TtlExpired,
+        };
+        let sender = read32(buf, l3 + 12).unwrap_or(0);
+        let Some((src, mac)) = self.ifaces.get(usize::from(iif)).and_then(|i| {
+            // The address on the sender's subnet, else the first one.
+            let on_link = i
+                .addrs
+                .iter()
+                .find(|&&(a, l)| (u32::from(a) ^ sender) & crate::route::mask(l) == 0);
+            on_link
+                .or(i.addrs.first())
+                .map(|&(a, _)| (u32::from(a), i.mac))
+        }) else {
+            return Step::Done(Action::Drop(reason));
+        };
+        let e = match mtu {
+            Some(m) => IcmpError::frag_needed(m, src, mac),
+            None => IcmpError::ttl_exceeded(src, mac),
+        };
+        // Check what may be sent before spending a token on it.
+        if icmp_error::may_answer(buf, len, l3).is_err() {
+            return Step::Done(Action::Drop(reason));
+        }
+        if !self.icmp.take(now.as_millis()) {
+            self.counters.icmp_errors_limited += 1;
+            return Step::Done(Action::Drop(reason));
+        }
+        match icmp_error::build_in_place(buf, len, l3, &e) {
+            Ok(n) => Step::Error(n, reason),
+            Err(_) => Step::Done(Action::Drop(reason)),
+        }
     }
 
     fn remove(&mut self, id: EntryId) {
@@ -595,16 +779,18 @@ impl Worker {
         self.local4.iter().find(|(l, _)| *l == a).map(|&(_, i)| i)
     }
 
-    /// Route `dst` and find the adjacency of the next hop.
-    fn adjacency_for(&self, dst: u32) -> Result<(IfIndex, AdjIndex), DropReason> {
+    /// Route `dst`: the egress interface and the next hop.
+    fn route(&self, dst: u32) -> Result<(IfIndex, u32), DropReason> {
         let r = self.routes.lookup(dst).ok_or(DropReason::NoRoute)?;
-        let nh = r.via.map(u32::from).unwrap_or(dst);
-        let adj = self
-            .neigh
-            .get(&(r.oif, nh))
+        Ok((r.oif, r.via.map(u32::from).unwrap_or(dst)))
+    }
+
+    /// The adjacency of next hop `nh` on `oif`.
+    fn neighbor(&self, oif: IfIndex, nh: u32) -> Result<AdjIndex, DropReason> {
+        self.neigh
+            .get(&(oif, nh))
             .copied()
-            .ok_or(DropReason::NoNeighbor)?;
-        Ok((r.oif, adj))
+            .ok_or(DropReason::NoNeighbor)
     }
 
     /// The slow path: the first packet of a connection (or an ICMP error
@@ -643,21 +829,36 @@ impl Worker {
         // An inbound packet to an existing mapping (endpoint-independent
         // filtering decides whether it may open a session).
         let mut reply = None;
-        if self
+        if let Some(m) = self
             .nat
             .mapping_by_ext(key.proto, Ipv4Addr::from(key.dst), key.dport)
-            .is_some()
         {
-            match self.nat.inbound_new(key) {
-                Some((_, r)) => reply = Some(r),
-                None => return Step::Done(Action::Drop(DropReason::NatFiltered)),
+            // RFC 4787 REQ-9: a packet that arrives on the link the
+            // mapping's internal host is reached through comes from the
+            // inside; it is hairpinned, with its source mapped too, so that
+            // the target answers through the gateway even on a shared LAN.
+            // Anything else is an inbound packet to the mapping.
+            let from_inside = self.route(u32::from(m.int_addr)).map(|(o, _)| o) == Ok(iif);
+            match from_inside.then(|| self.nat.hairpin(key)).flatten() {
+                Some(Ok(r)) => {
+                    reply = Some(r);
+                    // Later hooks see the translated destination, as after
+                    // DNAT, and `ct status` dnat + snat.
+                    pp.dst = u128::from(r.src);
+                    pp.dport = r.sport;
+                    pp.ct_status |= 0x30;
+                }
+                Some(Err(e)) => return Step::Done(Action::Drop(nat_drop(e))),
+                None => match self.nat.inbound_new(key) {
+                    Some((_, r)) => reply = Some(r),
+                    None => return Step::Done(Action::Drop(DropReason::NatFiltered)),
+                },
             }
-        } else if self.is_local(key.dst).is_some() {
+        } else if self.is_local(key.dst).is_some() && !self.dnat_applies(&pp) {
+            // (A port forward on one of the gateway's own addresses is
+            // forwarded, as in the kernel, where DNAT runs in prerouting
+            // before the local/forward decision.)
             return self.local4(buf, len, iif, d, key, &pp);
-        }
-        if ttl <= 1 {
-            self.release_pending(key, reply.as_ref());
-            return Step::Done(Action::Drop(DropReason::TtlExpired));
         }
         if !self.ct.may_create(ev) {
             self.release_pending(key, reply.as_ref());
@@ -689,9 +890,35 @@ impl Worker {
         }
         // Where the packet goes after any DNAT.
         let dst_after = reply.map(|r| r.src).unwrap_or(key.dst);
-        let (oif, adj_out) = match self.adjacency_for(dst_after) {
+        let (oif, nh) = match self.route(dst_after) {
             Ok(x) => x,
             Err(r) => {
+                self.release_pending(key, reply.as_ref());
+                return Step::Done(Action::Drop(r));
+            }
+        };
+        // RFC 1812 §5.3.1 and §4.3.2.3 / RFC 1191: what the kernel's
+        // ip_forward checks after routing and before the forward hook, so a
+        // forbidden packet still gets its ICMP error, as with netfilter.
+        let l3 = usize::from(d.l3_off);
+        if ttl <= 1 {
+            self.release_pending(key, reply.as_ref());
+            return self.icmp_error(now, buf, len, l3, iif, None);
+        }
+        let mtu = self
+            .ifaces
+            .get(usize::from(oif))
+            .map_or(Interface::DEFAULT_MTU, |i| i.mtu);
+        if len.saturating_sub(l3) > usize::from(mtu) {
+            if let Some(s) = self.too_big(now, buf, len, l3, iif, mtu) {
+                self.release_pending(key, reply.as_ref());
+                return s;
+            }
+        }
+        let adj_out = match self.neighbor(oif, nh) {
+            Ok(a) => a,
+            Err(r) => {
+                self.missing_nh = Some((oif, nh));
                 self.release_pending(key, reply.as_ref());
                 return Step::Done(Action::Drop(r));
             }
@@ -728,8 +955,18 @@ impl Worker {
         let reply = reply.unwrap_or_else(|| key.reversed());
         // The reply direction is translated back to the original source and
         // leaves towards it.
-        let adj_back = match self.adjacency_for(key.src) {
-            Ok((_, a)) => a,
+        let adj_back = match self.route(key.src) {
+            Ok((oif, nh)) => {
+                let a = self.neighbor(oif, nh);
+                if a.is_err() {
+                    self.missing_nh = Some((oif, nh));
+                }
+                a
+            }
+            Err(r) => Err(r),
+        };
+        let adj_back = match adj_back {
+            Ok(a) => a,
             Err(r) => {
                 self.nat.release(key, &reply);
                 return Step::Done(Action::Drop(r));
@@ -769,14 +1006,27 @@ impl Worker {
         if pp.mark != 0 {
             self.ct.entry_mut(id).set_mark(pp.mark);
         }
-        Step::Done(self.emit(
+        self.emit(
+            now,
             buf,
+            len,
+            iif,
             d.l3_off,
             d.l4_off,
             &to_orig,
             (info.ip_delta[0], info.l4_delta[0]),
             adj_out,
-        ))
+        )
+    }
+
+    /// Whether prerouting would DNAT this packet (slow path, packets to the
+    /// gateway's own addresses only).
+    fn dnat_applies(&self, pp: &PolicyPacket) -> bool {
+        self.policy.has_nat(Hook::Prerouting)
+            && matches!(
+                self.policy.decide(Hook::Prerouting, pp).nat,
+                Some(Translation::Dnat { .. })
+            )
     }
 
     /// Undo a NAT reservation made for a packet that was then dropped.
@@ -941,6 +1191,9 @@ enum Step {
     Done(Action),
     /// A reply was built in place; the new frame length.
     Reply(usize),
+    /// The frame was dropped for this reason and turned into an ICMP error
+    /// to its sender, of this length.
+    Error(usize, DropReason),
 }
 
 #[inline]
@@ -1018,6 +1271,11 @@ fn policy_packet(iif: IfIndex, key: &FlowKey4, d: &Dissect, ct: CtState) -> Poli
 fn read16(b: &[u8], off: usize) -> Option<u16> {
     b.get(off..off + 2)
         .map(|s| u16::from_be_bytes([s[0], s[1]]))
+}
+
+fn read32(b: &[u8], off: usize) -> Option<u32> {
+    b.get(off..off + 4)
+        .map(|s| u32::from_be_bytes([s[0], s[1], s[2], s[3]]))
 }
 
 fn write16(b: &mut [u8], off: usize, v: u16) {

@@ -81,6 +81,7 @@ fn worker(ct_max: u64) -> Worker {
         name: name.into(),
         mac,
         addrs: vec![(addr, len)],
+        mtu: Interface::DEFAULT_MTU,
     };
     let mut neighbors = vec![(Ipv4Addr::new(203, 0, 113, 254), [2, 0, 0, 0, 8, 8])];
     neighbors.extend((2..40u8).map(|h| (Ipv4Addr::new(10, 0, 0, h), HOST_MAC)));

@@ -317,6 +317,27 @@ impl<S: NatEventSink> WorkerNat<S> {
         Ok(reply)
     }
 
+    /// RFC 4787 REQ-9 / RFC 5382 REQ-8 hairpinning, for a packet `orig`
+    /// from an internal host to another mapping's external endpoint that
+    /// the engine knows came from the inside. `None` when hairpinning is
+    /// off, the protocol is not TCP/UDP, or no mapping of this worker has
+    /// that external endpoint. Otherwise the sender is mapped in the same
+    /// realm (pool or masquerade address) as the target mapping, and the
+    /// reply key has both ends translated, as [`Self::translate_outbound`]
+    /// does when a SNAT rule meets a mapped destination.
+    pub fn hairpin(&mut self, orig: &FlowKey4) -> Option<Result<FlowKey4, NatError>> {
+        if !self.hairpinning || (orig.proto != proto::TCP && orig.proto != proto::UDP) {
+            return None;
+        }
+        let ext = ExtKey {
+            proto: orig.proto,
+            addr: orig.dst,
+            port: orig.dport,
+        };
+        let realm = self.by_ext.get(&ext)?.key.realm;
+        Some(self.snat(orig, realm))
+    }
+
     /// An inbound packet `key` (as on the outside wire) missed conntrack.
     /// If it is addressed to a mapping of this worker and the filtering
     /// behaviour admits its source, returns `(orig, reply)` for the new
@@ -1115,6 +1136,23 @@ mod tests {
         n.release(&o2, &r2);
         n.release(&o1, &r1);
         assert_eq!(n.stats().mappings, 0);
+        // The same through `hairpin` (the engine's entry point for a packet
+        // known to come from the inside): same realm, both ends translated.
+        let r2 = n.translate_outbound(&o2, &SNAT, None).unwrap();
+        let o1 = FlowKey4::new(proto::UDP, ip(10, 0, 0, 1), 6000, r2.dst_addr(), r2.dport);
+        let r1 = n.hairpin(&o1).unwrap().unwrap();
+        assert_eq!((r1.src_addr(), r1.sport), (ip(10, 0, 0, 2), 7000));
+        // The sender got a mapping of its own, in the same pool.
+        let m1 = n
+            .mapping_by_ext(proto::UDP, r1.dst_addr(), r1.dport)
+            .unwrap();
+        assert_eq!((m1.int_addr, m1.int_port), (ip(10, 0, 0, 1), 6000));
+        n.release(&o1, &r1);
+        n.release(&o2, &r2);
+        assert_eq!(n.stats().mappings, 0);
+        // No mapping there, or ICMP: not a hairpin.
+        let o3 = FlowKey4::new(proto::UDP, ip(10, 0, 0, 1), 6000, ip(8, 8, 8, 8), 53);
+        assert!(n.hairpin(&o3).is_none());
         // Hairpinning off: plain SNAT.
         let mut c = c;
         c.hairpinning = false;
@@ -1123,6 +1161,7 @@ mod tests {
         let o1 = FlowKey4::new(proto::UDP, ip(10, 0, 0, 1), 6000, r2.dst_addr(), r2.dport);
         let r1 = n.translate_outbound(&o1, &SNAT, None).unwrap();
         assert_eq!((r1.src, r1.sport), (o1.dst, o1.dport));
+        assert!(n.hairpin(&o1).is_none());
     }
 
     #[test]

@@ -156,6 +156,7 @@ pub fn topology(w: u16, cores: u16, max_conns: u64, seed: u64) -> EngineConfig {
         name: name.into(),
         mac,
         addrs: vec![(addr, 24)],
+        mtu: Interface::DEFAULT_MTU,
     };
     let connected = |addr: Ipv4Addr, oif| Route4 {
         net: u32::from(addr) & 0xffff_ff00,

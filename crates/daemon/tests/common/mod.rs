@@ -1,0 +1,415 @@
+//! Shared harness of the gateway end-to-end tests: namespaces, the daemon,
+//! background servers, the control socket.
+//!
+//! Topology (every name carries the prefix `sluice-gw-<pid>-<tag>`, and each
+//! namespace is deleted by name on drop, even on failure):
+//!
+//! ```text
+//!  private (10.0.0.2 on br0) ---+
+//!                 br0 -- eth0 --|-- lan0 [gw: sluice] wan0 -- eth0  public (203.0.113.2)
+//!  private2 (10.0.0.3) -- vp2 --+      10.0.0.1   203.0.113.1
+//! ```
+//!
+//! The two private hosts share one LAN (a bridge in the private namespace),
+//! so hairpinning is tested on a single inside link. The public host routes
+//! the pool 198.51.100.0/24 to the gateway. No traffic leaves these
+//! namespaces. Processes are killed by the PID we started, never by name.
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub use sluice_io::netns::Netns;
+
+/// The SNAT pool address the rulesets use.
+pub const POOL: &str = "198.51.100.7";
+/// Private host A.
+pub const PRIV: &str = "10.0.0.2";
+/// Private host B (the DNAT target and the hairpin peer).
+pub const PRIV2: &str = "10.0.0.3";
+/// The public host.
+pub const PUBLIC: &str = "203.0.113.2";
+
+pub fn require_root() {
+    let out = Command::new("id").arg("-u").output().expect("run id -u");
+    let uid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert_eq!(
+        uid, "0",
+        "this test needs root (network namespaces, AF_PACKET, nft); run it as root with --ignored"
+    );
+}
+
+/// Run `sh -c CMD` in `ns` and wait for it.
+pub fn sh(ns: &Netns, cmd: &str) -> Output {
+    Command::new("ip")
+        .args(["netns", "exec", ns.name(), "sh", "-c", cmd])
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn ip netns exec")
+}
+
+/// Stdout and stderr of an output, for messages.
+pub fn text(o: &Output) -> String {
+    format!(
+        "status {}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn example_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf();
+    let p = dir.join("examples").join("sluiced");
+    assert!(
+        p.exists(),
+        "{} is missing: build it with `cargo build -p sluice-daemon --examples` (cargo test builds it)",
+        p.display()
+    );
+    p
+}
+
+/// Kills (SIGKILL) a child we started, by its PID, unless already reaped.
+pub struct Guard(pub Option<Child>);
+
+impl Guard {
+    pub fn pid(&self) -> u32 {
+        self.0.as_ref().map(Child::id).expect("child")
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Start `argv` in `ns` (`ip netns exec` execs it, so the PID is the
+/// program's), stdout and stderr to `log`.
+pub fn spawn(ns: &Netns, argv: &[&str], log: &Path, cwd: Option<&Path>) -> Guard {
+    let out = std::fs::File::create(log).expect("log file");
+    let err = out.try_clone().expect("log file");
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns.name()])
+        .args(argv)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err);
+    if let Some(d) = cwd {
+        c.current_dir(d);
+    }
+    Guard(Some(c.spawn().expect("spawn in netns")))
+}
+
+pub fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while t0.elapsed() < timeout {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+pub fn read(p: &Path) -> String {
+    let mut s = String::new();
+    if let Ok(mut f) = std::fs::File::open(p) {
+        let _ = f.read_to_string(&mut s);
+    }
+    s
+}
+
+pub struct Topo {
+    pub private: Netns,
+    pub private2: Netns,
+    pub gw: Netns,
+    pub public: Netns,
+    pub dir: PathBuf,
+}
+
+fn ethtool_tx_off(ns: &Netns, dev: &str) {
+    // The hosts' kernels leave TCP/UDP checksums to "hardware" on veth
+    // (CHECKSUM_PARTIAL); an AF_PACKET gateway would forward them
+    // unfinished. Make the hosts compute them, as a real NIC would.
+    let st = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns.name(),
+            "ethtool",
+            "-K",
+            dev,
+            "tx",
+            "off",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("run ethtool (Debian package ethtool)");
+    assert!(st.success(), "ethtool -K {dev} tx off failed");
+}
+
+impl Topo {
+    pub fn new(tag: &str) -> Self {
+        let pid = std::process::id();
+        let name = |s: &str| format!("sluice-gw-{pid}-{tag}{s}");
+        let private = Netns::create(&name("p")).expect("create private ns");
+        let private2 = Netns::create(&name("q")).expect("create private2 ns");
+        let gw = Netns::create(&name("g")).expect("create gw ns");
+        let public = Netns::create(&name("u")).expect("create public ns");
+        let ok = |r: Result<(), sluice_io::IoError>, what: &str| {
+            r.unwrap_or_else(|e| panic!("{what}: {e}"));
+        };
+        ok(
+            gw.ip(&[
+                "link",
+                "add",
+                "lan0",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                private.name(),
+            ]),
+            "veth lan",
+        );
+        ok(
+            gw.ip(&[
+                "link",
+                "add",
+                "wan0",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                public.name(),
+            ]),
+            "veth wan",
+        );
+        ok(
+            private.ip(&[
+                "link",
+                "add",
+                "vp2",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                private2.name(),
+            ]),
+            "veth p2",
+        );
+        for i in ["lan0", "wan0"] {
+            ok(gw.ip(&["link", "set", i, "up"]), "up");
+        }
+        ok(
+            private.ip(&["link", "add", "br0", "type", "bridge"]),
+            "bridge",
+        );
+        for i in ["eth0", "vp2"] {
+            ok(private.ip(&["link", "set", i, "master", "br0"]), "enslave");
+            ok(private.ip(&["link", "set", i, "up"]), "up");
+        }
+        ok(private.ip(&["link", "set", "br0", "up"]), "up");
+        ok(
+            private.ip(&["addr", "add", "10.0.0.2/24", "dev", "br0"]),
+            "addr",
+        );
+        ok(
+            private.ip(&["route", "add", "default", "via", "10.0.0.1"]),
+            "route",
+        );
+        ok(
+            private2.ip(&["addr", "add", "10.0.0.3/24", "dev", "eth0"]),
+            "addr",
+        );
+        ok(private2.ip(&["link", "set", "eth0", "up"]), "up");
+        ok(
+            private2.ip(&["route", "add", "default", "via", "10.0.0.1"]),
+            "route",
+        );
+        ok(
+            public.ip(&["addr", "add", "203.0.113.2/24", "dev", "eth0"]),
+            "addr",
+        );
+        ok(public.ip(&["link", "set", "eth0", "up"]), "up");
+        ok(
+            public.ip(&["route", "add", "198.51.100.0/24", "via", "203.0.113.1"]),
+            "route",
+        );
+        // So that the drop policy, not a missing route, is what keeps the
+        // public host out of the LAN.
+        ok(
+            public.ip(&["route", "add", "10.0.0.0/24", "via", "203.0.113.1"]),
+            "route",
+        );
+        for (ns, dev) in [
+            (&private, "eth0"),
+            (&private, "vp2"),
+            (&private, "br0"),
+            (&private2, "eth0"),
+            (&public, "eth0"),
+        ] {
+            ethtool_tx_off(ns, dev);
+        }
+        let dir = std::env::temp_dir().join(format!("sluice-gw-{pid}-{tag}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("tmp dir");
+        Self {
+            private,
+            private2,
+            gw,
+            public,
+            dir,
+        }
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join("ctl.sock")
+    }
+
+    /// Write `NAME.nft` and return its path.
+    pub fn write_ruleset(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.dir.join(name);
+        std::fs::write(&p, text).expect("write nft");
+        p
+    }
+
+    /// Write `sluice.toml` using ruleset file `ruleset` (relative to the
+    /// test directory); `wan_extra` is added to the wan0 interface table
+    /// (e.g. `mtu = 1400`).
+    pub fn write_config(&self, backend: &str, ruleset: &str, wan_extra: &str) -> PathBuf {
+        let cfg = self.dir.join("sluice.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "ruleset = \"{ruleset}\"\nbackend = \"{backend}\"\nworkers = 1\ncontrol_socket = \"{}\"\n\n[[interfaces]]\nname = \"lan0\"\nrole = \"inside\"\naddresses = [\"10.0.0.1/24\"]\n\n[[interfaces]]\nname = \"wan0\"\nrole = \"outside\"\naddresses = [\"203.0.113.1/24\"]\n{wan_extra}\n",
+                self.socket().display()
+            ),
+        )
+        .expect("write toml");
+        cfg
+    }
+}
+
+impl Drop for Topo {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The running gateway.
+pub struct Daemon {
+    pub child: Guard,
+    pub log: PathBuf,
+    pub sock: PathBuf,
+}
+
+impl Daemon {
+    /// Start `sluiced run CFG BACKEND` in the gateway namespace and wait for
+    /// its control socket.
+    pub fn start(t: &Topo, cfg: &Path, backend: &str) -> Self {
+        let bin = example_bin();
+        let log = t.dir.join("daemon.log");
+        let lf = std::fs::File::create(&log).expect("log");
+        let child = Command::new("ip")
+            .args(["netns", "exec", t.gw.name()])
+            .arg(&bin)
+            .arg("run")
+            .arg(cfg)
+            .arg(backend)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(lf)
+            .spawn()
+            .expect("start daemon");
+        let mut d = Self {
+            child: Guard(Some(child)),
+            log,
+            sock: t.socket(),
+        };
+        let t0 = Instant::now();
+        while !d.sock.exists() {
+            if let Some(c) = &mut d.child.0 {
+                if let Ok(Some(st)) = c.try_wait() {
+                    panic!("daemon exited early ({st}):\n{}", d.log());
+                }
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(15),
+                "daemon did not start:\n{}",
+                d.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        d
+    }
+
+    pub fn log(&self) -> String {
+        read(&self.log)
+    }
+
+    pub fn ctl(&self, words: &str) -> serde_json::Value {
+        let args: Vec<String> = words.split(' ').map(String::from).collect();
+        let req = sluice_daemon::ctl::request_from_args(&args).expect("request");
+        let resp = sluice_daemon::ctl::client(&self.sock, &req).expect("ctl answer");
+        serde_json::from_str(&resp).expect("JSON response")
+    }
+
+    /// Drop counter `reason` (summed over workers).
+    pub fn drops(&self, reason: &str) -> u64 {
+        let c = self.ctl("counters");
+        c["counters"]["drops"][reason]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no drop counter {reason} in {c}"))
+    }
+
+    pub fn counter(&self, name: &str) -> u64 {
+        let c = self.ctl("counters");
+        c["counters"][name]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no counter {name} in {c}"))
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let st = Command::new("kill")
+            .args([sig, &self.child.pid().to_string()])
+            .status()
+            .expect("kill");
+        assert!(st.success(), "kill {sig}");
+    }
+
+    /// Context for assertion messages: status and the daemon log.
+    pub fn context(&self) -> String {
+        let status = sluice_daemon::ctl::request_from_args(&["status".to_string()])
+            .ok()
+            .and_then(|r| sluice_daemon::ctl::client(&self.sock, &r).ok())
+            .unwrap_or_default();
+        let counters = sluice_daemon::ctl::request_from_args(&["counters".to_string()])
+            .ok()
+            .and_then(|r| sluice_daemon::ctl::client(&self.sock, &r).ok())
+            .unwrap_or_default();
+        format!(
+            "counters: {counters}\nstatus: {status}\ndaemon log:\n{}",
+            self.log()
+        )
+    }
+}

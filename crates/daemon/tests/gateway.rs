@@ -1,0 +1,546 @@
+//! End to end, with real clients through a running gateway (the `sluiced`
+//! example binary) on AF_PACKET and on AF_XDP, in the namespace topology of
+//! `common` (two private hosts on one LAN, the gateway, a public host):
+//!
+//! - iperf3 over TCP and over UDP through NAT completes with real throughput;
+//! - the drop policy blocks a port the ruleset forbids while an allowed one
+//!   works;
+//! - a DNAT port forward from the public side reaches a private server;
+//! - hairpinning: a private host reaches another through the other's
+//!   external (pool) endpoint, and sees the pool address as the source;
+//! - a SIGHUP reload with a changed ruleset keeps a running TCP transfer
+//!   alive, and the new rules apply to new connections;
+//! - the gateway answers TTL 1 with ICMP time exceeded and an oversized DF
+//!   packet with ICMP fragmentation needed carrying the egress MTU.
+//!
+//! Needs root, `ip`, `nft`, `ethtool`, `ping`, `curl`, `iperf3`, `timeout`
+//! and `python3` (CI installs them).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Forward: established/related; from the LAN TCP to 5201 (iperf3) and
+/// 8081 only, any UDP, echo requests; from the WAN the port forward to
+/// 10.0.0.3:80; LAN to LAN (hairpinned traffic). NAT: the port forward, and
+/// SNAT to the pool.
+const RULESET: &str = r#"table ip filter {
+  chain forward {
+    type filter hook forward priority 0; policy drop;
+    ct state established,related accept
+    iifname "lan0" oifname "wan0" tcp dport { 5201, 8081 } accept
+    iifname "lan0" oifname "wan0" meta l4proto udp accept
+    iifname "lan0" oifname "wan0" icmp type echo-request accept
+    iifname "wan0" oifname "lan0" ip daddr 10.0.0.3 tcp dport 80 accept
+    iifname "lan0" oifname "lan0" accept
+  }
+}
+table ip nat {
+  chain prerouting {
+    type nat hook prerouting priority -100; policy accept;
+    iifname "wan0" tcp dport 8080 dnat to 10.0.0.3:80
+  }
+  chain postrouting {
+    type nat hook postrouting priority 100; policy accept;
+    oifname "wan0" snat to 198.51.100.7
+  }
+}
+"#;
+
+/// Start the topology, the ruleset and the daemon.
+fn setup(tag: &str, backend: &str, wan_extra: &str) -> (Topo, Daemon) {
+    require_root();
+    let t = Topo::new(tag);
+    t.write_ruleset("gw.nft", RULESET);
+    let cfg = t.write_config(backend, "gw.nft", wan_extra);
+    let d = Daemon::start(&t, &cfg, backend);
+    (t, d)
+}
+
+/// Python's `http.server` handler, without the reverse DNS lookup that
+/// `python3 -m http.server` does at start (`getfqdn`), which would wait for
+/// a resolver these namespaces cannot reach. Logs "CLIENT - - [...] GET ...".
+const HTTP_SERVER: &str = r#"
+import http.server, socketserver, sys
+class S(http.server.ThreadingHTTPServer):
+    def server_bind(self):
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
+S((sys.argv[1], int(sys.argv[2])), http.server.SimpleHTTPRequestHandler).serve_forever()
+"#;
+
+/// An HTTP server in `ns` on `addr:port`, serving a 256 KiB `blob`; waits
+/// until it answers locally.
+fn http_server(t: &Topo, ns: &Netns, addr: &str, port: u16, name: &str) -> Guard {
+    let www = t.dir.join(format!("www-{name}"));
+    std::fs::create_dir_all(&www).expect("www");
+    std::fs::write(www.join("blob"), vec![0x5au8; 256 << 10]).expect("blob");
+    let script = t.dir.join("http_server.py");
+    std::fs::write(&script, HTTP_SERVER).expect("script");
+    let script = script.display().to_string();
+    let port_s = port.to_string();
+    let log = t.dir.join(format!("http-{name}.log"));
+    let g = spawn(ns, &["python3", &script, addr, &port_s], &log, Some(&www));
+    let t0 = Instant::now();
+    while !sh(
+        ns,
+        &format!("curl -s -o /dev/null --max-time 1 http://{addr}:{port}/"),
+    )
+    .status
+    .success()
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "http server {addr}:{port} did not start:\n{}\n{}",
+            read(&log),
+            text(&sh(ns, "ip addr; ss -ltnp"))
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    g
+}
+
+/// `curl` from `ns`; returns (success, body size).
+fn curl(ns: &Netns, url: &str, max_time: u32) -> (bool, String, std::process::Output) {
+    let o = sh(
+        ns,
+        &format!("curl -sS --max-time {max_time} -o /dev/null -w '%{{size_download}}' {url}"),
+    );
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).to_string(),
+        o,
+    )
+}
+
+fn iperf3_server(t: &Topo) -> Guard {
+    let g = spawn(
+        &t.public,
+        &["iperf3", "-s", "-B", PUBLIC, "-p", "5201"],
+        &t.dir.join("iperf3-server.log"),
+        None,
+    );
+    wait_for("iperf3 server", Duration::from_secs(10), || {
+        sh(&t.public, "ss -ltn 'sport = :5201' | grep -q 5201")
+            .status
+            .success()
+    });
+    g
+}
+
+fn json(o: &std::process::Output) -> serde_json::Value {
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("iperf3 -J output is not JSON ({e}):\n{}", text(o)))
+}
+
+fn iperf3_tcp_and_udp(backend: &str, tag: &str) {
+    let (t, d) = setup(tag, backend, "");
+    let _srv = iperf3_server(&t);
+
+    // TCP, 2 s.
+    let t0 = Instant::now();
+    let o = sh(
+        &t.private,
+        &format!("timeout 20 iperf3 -c {PUBLIC} -p 5201 -t 2 -J"),
+    );
+    assert!(
+        o.status.success(),
+        "iperf3 TCP failed:\n{}\n{}",
+        text(&o),
+        d.context()
+    );
+    let j = json(&o);
+    let bps = j["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .expect("sum_received");
+    let bytes = j["end"]["sum_received"]["bytes"].as_u64().expect("bytes");
+    eprintln!(
+        "{backend}: iperf3 TCP {:.1} Mbit/s ({bytes} bytes) in {:?}",
+        bps / 1e6,
+        t0.elapsed()
+    );
+    // Measured 720-750 Mbit/s with the debug build on the 2-vCPU
+    // development VM; the bound leaves room for a loaded CI machine.
+    assert!(
+        bps > 100e6,
+        "TCP throughput {:.1} Mbit/s is below 100 Mbit/s\n{}",
+        bps / 1e6,
+        d.context()
+    );
+
+    // UDP, 2 s at 50 Mbit/s offered.
+    let o = sh(
+        &t.private,
+        &format!("timeout 20 iperf3 -c {PUBLIC} -p 5201 -u -b 50M -l 1200 -t 2 -J"),
+    );
+    assert!(
+        o.status.success(),
+        "iperf3 UDP failed:\n{}\n{}",
+        text(&o),
+        d.context()
+    );
+    let j = json(&o);
+    let sum = &j["end"]["sum"];
+    let packets = sum["packets"].as_u64().expect("packets");
+    let lost = sum["lost_packets"].as_u64().expect("lost_packets");
+    let received = packets.saturating_sub(lost);
+    let rx_bps = received as f64 * 1200.0 * 8.0 / 2.0;
+    eprintln!(
+        "{backend}: iperf3 UDP {packets} sent, {lost} lost ({:.1} % loss), {:.1} Mbit/s received",
+        sum["lost_percent"].as_f64().unwrap_or(-1.0),
+        rx_bps / 1e6
+    );
+    assert!(packets > 1000, "only {packets} UDP datagrams sent");
+    assert!(
+        rx_bps > 35e6 && lost * 10 < packets,
+        "UDP: {received} of {packets} datagrams arrived ({:.1} Mbit/s)\n{}",
+        rx_bps / 1e6,
+        d.context()
+    );
+    // Both went through NAT: the server saw the pool address.
+    let log = read(&t.dir.join("iperf3-server.log"));
+    assert!(
+        log.contains(&format!("Accepted connection from {POOL}")),
+        "iperf3 server did not see {POOL}:\n{log}"
+    );
+    assert!(
+        !log.contains(PRIV),
+        "private address leaked to the server:\n{log}"
+    );
+}
+
+fn drop_policy(backend: &str, tag: &str) {
+    let (t, d) = setup(tag, backend, "");
+    let _a = http_server(&t, &t.public, PUBLIC, 8081, "allowed");
+    let _b = http_server(&t, &t.public, PUBLIC, 8082, "forbidden");
+    let (ok, size, o) = curl(&t.private, &format!("http://{PUBLIC}:8081/blob"), 10);
+    assert!(
+        ok && size == (256 << 10).to_string(),
+        "allowed port failed: {}\n{}",
+        text(&o),
+        d.context()
+    );
+    let before = d.drops("policy-drop");
+    let (ok, _, o) = curl(&t.private, &format!("http://{PUBLIC}:8082/blob"), 2);
+    assert!(!ok, "forbidden port 8082 answered:\n{}", text(&o));
+    // curl exit 28: timed out (the SYN was dropped silently).
+    assert_eq!(o.status.code(), Some(28), "{}", text(&o));
+    let after = d.drops("policy-drop");
+    assert!(
+        after > before,
+        "policy-drop did not count the SYNs ({before} -> {after})"
+    );
+    // Nothing of it reached the server.
+    let log = read(&t.dir.join("http-forbidden.log"));
+    assert!(
+        !log.contains("GET /blob"),
+        "forbidden request reached the server:\n{log}"
+    );
+    // And the WAN cannot open connections to the LAN (it has a route to
+    // it through the gateway), except through the port forward.
+    let before = d.drops("policy-drop");
+    let o = sh(&t.public, "ping -n -c 1 -W 1 10.0.0.2");
+    assert!(!o.status.success(), "LAN host reachable from the WAN");
+    assert!(d.drops("policy-drop") > before, "{}", d.context());
+}
+
+fn dnat_port_forward(backend: &str, tag: &str) {
+    let (t, d) = setup(tag, backend, "");
+    let _srv = http_server(&t, &t.private2, PRIV2, 80, "inside");
+    let (ok, size, o) = curl(&t.public, &format!("http://{POOL}:8080/blob"), 10);
+    assert!(
+        ok && size == (256 << 10).to_string(),
+        "port forward failed: {}\n{}",
+        text(&o),
+        d.context()
+    );
+    // The private server saw the public client (DNAT only, no SNAT).
+    let log = read(&t.dir.join("http-inside.log"));
+    assert!(
+        log.lines()
+            .any(|l| l.starts_with(PUBLIC) && l.contains("GET /blob")),
+        "server log does not show {PUBLIC}:\n{log}"
+    );
+    let list = d.ctl("conntrack list proto tcp port 8080");
+    let conns = list["connections"].as_array().expect("connections");
+    assert!(
+        conns.iter().any(|c| c["orig"]["dst"] == POOL
+            && c["orig"]["dport"] == 8080
+            && c["reply"]["src"] == PRIV2
+            && c["reply"]["sport"] == 80),
+        "no DNAT connection in {list}"
+    );
+    // The same forward on the gateway's own WAN address.
+    let (ok, size, o) = curl(&t.public, "http://203.0.113.1:8080/blob", 10);
+    assert!(
+        ok && size == (256 << 10).to_string(),
+        "port forward on the WAN address failed: {}\n{}",
+        text(&o),
+        d.context()
+    );
+    // Another port on the pool address is not forwarded.
+    let (ok, _, _) = curl(&t.public, &format!("http://{POOL}:8081/"), 2);
+    assert!(!ok, "an unforwarded port answered");
+}
+
+/// UDP endpoint in a namespace: bind `bind`, optionally send to `first`,
+/// then wait for one datagram (3 s), print its source, answer it, and
+/// (with `expect_answer`) wait for the answer to that and print its source.
+const UDP_PEER: &str = r#"
+import socket, sys
+bind, first, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+h, p = bind.split(":"); s.bind((h, int(p)))
+s.settimeout(6)
+if first != "-":
+    h, p = first.split(":")
+    for _ in range(3):
+        s.sendto(b"open", (h, int(p)))
+if mode == "serve":
+    while True:
+        data, src = s.recvfrom(2048)
+        if data == b"hairpin":
+            print("from %s:%d" % src, flush=True)
+            s.sendto(b"back", src)
+            break
+else:
+    data, src = s.recvfrom(2048)
+    print("answer %s from %s:%d" % (data.decode(), src[0], src[1]), flush=True)
+"#;
+
+fn hairpinning(backend: &str, tag: &str) {
+    let (t, d) = setup(tag, backend, "");
+    let script = t.dir.join("udp_peer.py");
+    std::fs::write(&script, UDP_PEER).expect("script");
+    let script = script.display().to_string();
+    // A opens a mapping: UDP from 10.0.0.2:5555 to the public host.
+    let a_log = t.dir.join("a.log");
+    let mut a = spawn(
+        &t.private,
+        &[
+            "python3",
+            &script,
+            &format!("{PRIV}:5555"),
+            &format!("{PUBLIC}:9"),
+            "serve",
+        ],
+        &a_log,
+        None,
+    );
+    let mut ext_port = None;
+    wait_for("A's NAT mapping", Duration::from_secs(5), || {
+        let l = d.ctl("conntrack list proto udp port 5555");
+        ext_port = l["connections"].as_array().and_then(|v| {
+            v.iter()
+                .find(|c| c["orig"]["src"] == PRIV && c["orig"]["sport"] == 5555)
+                .and_then(|c| c["reply"]["dport"].as_u64())
+        });
+        ext_port.is_some()
+    });
+    let ext_port = ext_port.expect("mapping");
+    // B sends to A's external endpoint; A must see B's external endpoint
+    // (the pool address), and B must get A's answer from A's external
+    // endpoint (RFC 4787 REQ-9).
+    let o = sh(
+        &t.private2,
+        &format!(
+            "timeout 10 python3 -c 'import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((\"{PRIV2}\", 6666)); s.settimeout(5); s.sendto(b\"hairpin\", (\"{POOL}\", {ext_port})); d, src = s.recvfrom(2048); print(\"answer %s from %s:%d\" % (d.decode(), src[0], src[1]))'"
+        ),
+    );
+    let st = a.0.as_mut().and_then(|c| c.wait().ok());
+    let a_out = read(&a_log);
+    assert!(
+        o.status.success(),
+        "B got no answer through the hairpin:\n{}\nA: {st:?} {a_out}\n{}",
+        text(&o),
+        d.context()
+    );
+    let b_out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        b_out.contains(&format!("answer back from {POOL}:{ext_port}")),
+        "B: {b_out}"
+    );
+    assert!(
+        a_out.contains(&format!("from {POOL}:")),
+        "A saw the hairpinned datagram from somewhere else: {a_out}"
+    );
+    assert!(
+        !a_out.contains(PRIV2),
+        "B's private address leaked: {a_out}"
+    );
+}
+
+fn sighup_reload(backend: &str, tag: &str) {
+    let (t, d) = setup(tag, backend, "");
+    let _srv = iperf3_server(&t);
+    let _h1 = http_server(&t, &t.public, PUBLIC, 8081, "a");
+    let _h2 = http_server(&t, &t.public, PUBLIC, 8082, "b");
+    // A 5 s TCP transfer, reloaded at about 2 s into a ruleset that no
+    // longer allows new connections to 5201 or 8081, but does allow 8082.
+    let client = std::thread::scope(|s| {
+        let c = s.spawn(|| {
+            sh(
+                &t.private,
+                &format!("timeout 30 iperf3 -c {PUBLIC} -p 5201 -t 5 -i 1 -J"),
+            )
+        });
+        wait_for("iperf3 transfer", Duration::from_secs(5), || {
+            d.ctl("conntrack list proto tcp port 5201")["count"]
+                .as_u64()
+                .unwrap_or(0)
+                >= 2
+        });
+        std::thread::sleep(Duration::from_millis(1500));
+        std::fs::write(
+            t.dir.join("gw.nft"),
+            RULESET.replace("tcp dport { 5201, 8081 }", "tcp dport 8082"),
+        )
+        .expect("new ruleset");
+        d.signal("-HUP");
+        wait_for("reload", Duration::from_secs(5), || {
+            d.ctl("status")["generation"] == 2
+        });
+        // New rules for new connections, while the transfer runs.
+        let (ok81, _, _) = curl(&t.private, &format!("http://{PUBLIC}:8081/"), 2);
+        let (ok82, size, o82) = curl(&t.private, &format!("http://{PUBLIC}:8082/blob"), 5);
+        let c = c.join().expect("iperf3 thread");
+        (c, ok81, ok82, size, o82)
+    });
+    let (o, ok81, ok82, size, o82) = client;
+    assert!(
+        o.status.success(),
+        "the transfer did not survive the reload:\n{}\n{}",
+        text(&o),
+        d.context()
+    );
+    let j = json(&o);
+    let intervals = j["intervals"].as_array().expect("intervals");
+    assert!(intervals.len() >= 5, "{} intervals", intervals.len());
+    // Data kept flowing in every second, the reload's included.
+    for (i, iv) in intervals.iter().enumerate() {
+        let b = iv["sum"]["bytes"].as_u64().unwrap_or(0);
+        assert!(b > 100_000, "interval {i} moved only {b} bytes:\n{j}");
+    }
+    let bytes = j["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0);
+    eprintln!("{backend}: {bytes} bytes across the reload");
+    assert!(
+        !ok81,
+        "8081 still open for new connections after the reload"
+    );
+    assert!(
+        ok82 && size == (256 << 10).to_string(),
+        "8082 not opened by the reload: {}",
+        text(&o82)
+    );
+    assert!(d.log().contains("ruleset published"), "{}", d.log());
+}
+
+fn icmp_errors(backend: &str, tag: &str) {
+    // The WAN side's IP MTU is 1400, below the kernel's 1500 on the veth.
+    let (t, d) = setup(tag, backend, "mtu = 1400");
+    // Normal ping works.
+    let o = sh(&t.private, &format!("ping -n -c 1 -W 2 {PUBLIC}"));
+    assert!(o.status.success(), "{}\n{}", text(&o), d.context());
+    // TTL 1: time exceeded from the gateway's LAN address.
+    let o = sh(&t.private, &format!("ping -n -c 1 -t 1 -W 2 {PUBLIC}"));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("From 10.0.0.1") && out.contains("Time to live exceeded"),
+        "no time exceeded from 10.0.0.1:\n{}\n{}",
+        text(&o),
+        d.context()
+    );
+    // Exactly the MTU passes (1372 + 8 + 20 = 1400).
+    let o = sh(
+        &t.private,
+        &format!("ping -n -c 1 -M do -s 1372 -W 2 {PUBLIC}"),
+    );
+    assert!(o.status.success(), "1400-byte ping failed:\n{}", text(&o));
+    // 1500 with DF: fragmentation needed, mtu 1400.
+    let o = sh(
+        &t.private,
+        &format!("ping -n -c 1 -M do -s 1472 -W 2 {PUBLIC}"),
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("From 10.0.0.1") && out.contains("Frag needed and DF set (mtu = 1400)"),
+        "no fragmentation needed with mtu 1400:\n{}\n{}",
+        text(&o),
+        d.context()
+    );
+    // The host learnt the path MTU from it.
+    let o = sh(&t.private, &format!("ip route get {PUBLIC}"));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("mtu 1400"),
+        "path MTU not learnt:\n{}",
+        text(&o)
+    );
+    // From the public side too: TTL 1 towards the LAN gets time exceeded
+    // from the WAN address, although the forward policy would drop it (as
+    // netfilter: ip_forward checks the TTL before the forward hook).
+    let o = sh(&t.public, "ping -n -c 1 -t 1 -W 2 10.0.0.2");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("From 203.0.113.1") && out.contains("Time to live exceeded"),
+        "{}",
+        text(&o)
+    );
+    assert!(d.drops("ttl-expired") >= 2);
+    assert!(d.drops("too-big") >= 1);
+    assert!(d.counter("icmp_errors") >= 3);
+}
+
+macro_rules! both_backends {
+    ($f:ident, $tag:literal, $packet:ident, $xdp:ident) => {
+        #[test]
+        #[ignore = "needs root + netns; run by .ci/run with --ignored"]
+        fn $packet() {
+            $f("af_packet", concat!($tag, "a"));
+        }
+
+        #[test]
+        #[ignore = "needs root + netns; run by .ci/run with --ignored"]
+        fn $xdp() {
+            $f("af_xdp", concat!($tag, "x"));
+        }
+    };
+}
+
+both_backends!(
+    iperf3_tcp_and_udp,
+    "i",
+    iperf3_tcp_and_udp_through_nat_af_packet,
+    iperf3_tcp_and_udp_through_nat_af_xdp
+);
+both_backends!(
+    drop_policy,
+    "d",
+    drop_policy_blocks_a_forbidden_port_af_packet,
+    drop_policy_blocks_a_forbidden_port_af_xdp
+);
+both_backends!(
+    dnat_port_forward,
+    "f",
+    dnat_port_forward_reaches_a_private_server_af_packet,
+    dnat_port_forward_reaches_a_private_server_af_xdp
+);
+both_backends!(
+    hairpinning,
+    "h",
+    hairpinning_through_the_pool_address_af_packet,
+    hairpinning_through_the_pool_address_af_xdp
+);
+both_backends!(
+    sighup_reload,
+    "r",
+    sighup_reload_keeps_a_tcp_transfer_and_applies_new_rules_af_packet,
+    sighup_reload_keeps_a_tcp_transfer_and_applies_new_rules_af_xdp
+);
+both_backends!(
+    icmp_errors,
+    "t",
+    ttl_exceeded_and_frag_needed_from_the_gateway_af_packet,
+    ttl_exceeded_and_frag_needed_from_the_gateway_af_xdp
+);
