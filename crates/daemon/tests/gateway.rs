@@ -544,3 +544,129 @@ both_backends!(
     ttl_exceeded_and_frag_needed_from_the_gateway_af_packet,
     ttl_exceeded_and_frag_needed_from_the_gateway_af_xdp
 );
+
+/// `sluice ctl nft …` against the running gateway: a rule inserted after
+/// the `ct state` rule closes a port to new connections while a running
+/// transfer carries on; deleting it by handle reopens the port; adding and
+/// deleting an element of a named set does the same for an address.
+fn live_rule_updates(backend: &str, tag: &str) {
+    require_root();
+    let t = Topo::new(tag);
+    let rules = RULESET
+        .replace(
+            "table ip filter {\n",
+            "table ip filter {\n  set blocked { type ipv4_addr; }\n",
+        )
+        .replace(
+            "    ct state established,related accept\n",
+            "    ct state established,related accept\n    ip daddr @blocked drop\n",
+        );
+    t.write_ruleset("gw.nft", &rules);
+    let cfg = t.write_config(backend, "gw.nft", "");
+    let d = Daemon::start(&t, &cfg, backend);
+    let _srv = iperf3_server(&t);
+    let _h = http_server(&t, &t.public, PUBLIC, 8081, "a");
+    let url = format!("http://{PUBLIC}:8081/blob");
+    assert!(curl(&t.private, &url, 5).0, "8081 closed at start");
+    // The handle of the ct state rule, from the rule listing.
+    let list = d.ctl("rule list forward");
+    let ct = list["rules"]
+        .as_array()
+        .and_then(|a| {
+            a.iter().find(|r| {
+                r["rule"]
+                    .as_str()
+                    .is_some_and(|s| s.starts_with("ct state"))
+            })
+        })
+        .and_then(|r| r["handle"].as_u64())
+        .unwrap_or_else(|| panic!("no ct state rule in {list}"));
+    let (o, closed, reopened, blocked, unblocked) = std::thread::scope(|s| {
+        let c = s.spawn(|| {
+            sh(
+                &t.private,
+                &format!("timeout 30 iperf3 -c {PUBLIC} -p 5201 -t 4 -i 1 -J"),
+            )
+        });
+        wait_for("iperf3 transfer", Duration::from_secs(5), || {
+            d.ctl("conntrack list proto tcp port 5201")["count"]
+                .as_u64()
+                .unwrap_or(0)
+                >= 2
+        });
+        // Close 8081 and, for good measure, 5201 itself: the running
+        // transfer is established, so the ct state rule still accepts it.
+        let a = d.ctl(&format!(
+            "nft add rule ip filter forward position {ct} tcp dport {{ 5201, 8081 }} drop"
+        ));
+        assert_eq!(a["ok"], true, "{a}");
+        let h = a["handle"].as_u64().expect("handle");
+        let closed = !curl(&t.private, &url, 2).0;
+        let del = d.ctl(&format!("nft delete rule ip filter forward handle {h}"));
+        assert_eq!(del["ok"], true, "{del}");
+        let reopened = curl(&t.private, &url, 5).0;
+        let add = d.ctl(&format!("nft add element ip filter blocked {{ {PUBLIC} }}"));
+        assert_eq!(add["ok"], true, "{add}");
+        let blocked = !curl(&t.private, &url, 2).0;
+        let rm = d.ctl(&format!(
+            "nft delete element ip filter blocked {{ {PUBLIC} }}"
+        ));
+        assert_eq!(rm["ok"], true, "{rm}");
+        let unblocked = curl(&t.private, &url, 5).0;
+        (
+            c.join().expect("iperf3 thread"),
+            closed,
+            reopened,
+            blocked,
+            unblocked,
+        )
+    });
+    assert!(closed, "the added rule did not close 8081\n{}", d.context());
+    assert!(
+        reopened,
+        "deleting the rule did not reopen 8081\n{}",
+        d.context()
+    );
+    assert!(
+        blocked,
+        "the set element did not block {PUBLIC}\n{}",
+        d.context()
+    );
+    assert!(
+        unblocked,
+        "deleting the element did not unblock\n{}",
+        d.context()
+    );
+    assert!(
+        o.status.success(),
+        "the established transfer did not survive the updates:\n{}\n{}",
+        text(&o),
+        d.context()
+    );
+    let j = json(&o);
+    for (i, iv) in j["intervals"]
+        .as_array()
+        .expect("intervals")
+        .iter()
+        .enumerate()
+    {
+        let b = iv["sum"]["bytes"].as_u64().unwrap_or(0);
+        assert!(b > 100_000, "interval {i} moved only {b} bytes:\n{j}");
+    }
+    // A refused command changes nothing and says why.
+    let bad = d.ctl("nft delete rule ip filter forward handle 99999");
+    assert_eq!(bad["ok"], false, "{bad}");
+    assert!(bad.to_string().contains("handle 99999"), "{bad}");
+    assert!(
+        curl(&t.private, &url, 5).0,
+        "a refused command changed the rules"
+    );
+    assert!(d.drops("policy-drop") >= 2, "{}", d.context());
+}
+
+both_backends!(
+    live_rule_updates,
+    "u",
+    ctl_nft_rule_and_element_updates_apply_live_af_packet,
+    ctl_nft_rule_and_element_updates_apply_live_af_xdp
+);
