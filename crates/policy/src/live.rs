@@ -51,10 +51,54 @@ pub(crate) struct Entry {
     pub uses: Vec<String>,
 }
 
+/// Entries by handle. Handles are dense and never reused (nft's are too),
+/// so a persistent vector indexed by handle does: appending is cheap, which
+/// keeps a bulk load fast, and lookups are O(log n) with a wide fan-out.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Handles {
+    slots: Vector<Option<Arc<Entry>>>,
+    live: usize,
+}
+
+impl Handles {
+    pub fn get(&self, h: &u64) -> Option<&Arc<Entry>> {
+        let i = usize::try_from(*h).ok()?;
+        self.slots.get(i).and_then(|e| e.as_ref())
+    }
+
+    pub fn insert(&mut self, h: u64, e: Arc<Entry>) {
+        let Ok(i) = usize::try_from(h) else {
+            return;
+        };
+        while self.slots.len() <= i {
+            self.slots.push_back(None);
+        }
+        if let Some(slot) = self.slots.get_mut(i) {
+            if slot.is_none() {
+                self.live += 1;
+            }
+            *slot = Some(e);
+        }
+    }
+
+    pub fn remove(&mut self, h: &u64) -> Option<Arc<Entry>> {
+        let i = usize::try_from(*h).ok()?;
+        let old = self.slots.get_mut(i)?.take();
+        if old.is_some() {
+            self.live -= 1;
+        }
+        old
+    }
+
+    pub fn len(&self) -> usize {
+        self.live
+    }
+}
+
 /// The persistent rule store.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Store {
-    pub handles: PMap<u64, Arc<Entry>>,
+    pub handles: Handles,
     pub order: OrdMap<(u32, u64), u64>,
     pub infos: Vector<Option<Arc<RuleInfo>>>,
     pub users: PMap<(usize, String), OrdSet<u64>>,
