@@ -18,6 +18,11 @@
 //! - Workers own their engine state; the control plane reaches it only
 //!   through a bounded command channel per worker, polled between batches,
 //!   so the packet path takes no lock.
+//! - Policies are published through a [`dataplane::PolicyCell`] (one atomic
+//!   swap; workers pick the new generation up between batches). `sluice ctl
+//!   nft …` applies one rule or set-element change incrementally
+//!   ([`sluice_policy::CompiledPolicy::apply`]); replaced generations are
+//!   freed on the control thread, never on a worker.
 //! - A reload builds the new policy completely before any worker sees it;
 //!   on any error the running policy stays. Connections survive a reload
 //!   (the connection table is kept).
@@ -37,8 +42,6 @@
 //! - Changes to interfaces, routes, workers, backend, NAT behaviour or NAT
 //!   pools need a restart; a reload applies the ruleset and static
 //!   neighbours and reports the rest.
-//! - Incremental rule and set-element updates answer `unsupported` until
-//!   `sluice-policy` offers them.
 //! - IPv4 only (the engine's scope). Packets larger than the egress `mtu`
 //!   are not fragmented: with DF they get ICMP fragmentation needed,
 //!   without it they are dropped (`fragmentation-unsupported`).

@@ -35,6 +35,11 @@
 //!   engine handles): `limit rate N` is treated as within its rate (the
 //!   token bucket lives in the engine); `th sport/dport` match only
 //!   TCP/UDP/DCCP/SCTP/UDP-Lite; `ip6 nexthdr` is the layer-4 protocol.
+//! * Incremental updates ([`CompiledPolicy::apply`], from nft's `add rule`,
+//!   `insert rule`, `delete rule … handle H`, `add element`, `delete
+//!   element`) derive the next generation from the running one in time
+//!   independent of the number of rules (see `live` and `update`); a refused
+//!   command leaves the running generation untouched.
 //! * A [`CompiledPolicy`] is immutable; a new rule set is a new value,
 //!   published by atomic swap (`arc-swap` in the daemon).
 //! * The trace evaluates with the compiled classifier *and* the linear
