@@ -62,7 +62,7 @@ pub struct HookOutcome {
 ///
 /// [`CompiledPolicy::apply`] derives the next generation from this one for a
 /// single `add rule` / `insert rule` / `delete rule` / element change; the
-/// two share everything the change does not touch (see [`crate::live`]).
+/// two share everything the change does not touch (see the `live` module).
 #[derive(Debug, Clone)]
 pub struct CompiledPolicy {
     pub(crate) meta: Arc<Meta>,
