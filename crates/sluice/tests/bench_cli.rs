@@ -1,0 +1,98 @@
+//! CLI tests of `sluice bench rules` and `sluice bench update` at small
+//! sizes: the commands run, print their tables and write the JSON keys the
+//! README and the issue name. (These check the plumbing; the figures
+//! themselves come from full runs, never from tests.)
+
+use std::process::{Command, Output};
+
+fn sluice(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run sluice: {e}"))
+}
+
+fn json_file(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!(
+        "sluice-bench-cli-{}-{name}.json",
+        std::process::id()
+    ))
+}
+
+fn read_json(p: &std::path::Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    let _ = std::fs::remove_file(p);
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+#[test]
+fn bench_rules_writes_a_row_per_shape_and_count() {
+    let p = json_file("rules");
+    let o = sluice(&[
+        "bench",
+        "rules",
+        "--counts",
+        "20,100",
+        "--json",
+        &p.display().to_string(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("compiled ns") && out.contains("classbench"),
+        "{out}"
+    );
+    let j = read_json(&p);
+    let rows = j["rules"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no rules array: {j}"));
+    assert_eq!(rows.len(), 4, "2 shapes x 2 counts: {j}");
+    for r in rows {
+        assert!(r["shape"].is_string(), "{r}");
+        assert!(matches!(r["count"].as_u64(), Some(20 | 100)), "{r}");
+        for k in ["compiled_ns", "linear_ns"] {
+            assert!(r[k].as_f64().is_some_and(|v| v > 0.0), "{k}: {r}");
+        }
+    }
+}
+
+#[test]
+fn bench_update_runs_against_a_gateway_and_writes_its_keys() {
+    let p = json_file("update");
+    let o = sluice(&[
+        "bench",
+        "update",
+        "--objects",
+        "1000",
+        "--samples",
+        "10",
+        "--appends",
+        "20",
+        "--json",
+        &p.display().to_string(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let j = read_json(&p);
+    for k in [
+        "insert_us_at_150k",
+        "delete_us_at_150k",
+        "load_150k_s",
+        "append_3000_s",
+    ] {
+        assert!(j[k].as_f64().is_some_and(|v| v > 0.0), "{k}: {j}");
+    }
+    assert_eq!(j["objects"], 1000);
+    assert_eq!(j["appends"], 20);
+}
+
+#[test]
+fn bench_update_rejects_bad_arguments() {
+    let o = sluice(&["bench", "update", "--objects", "lots"]);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--objects"));
+}
