@@ -155,20 +155,25 @@ impl CompiledPolicy {
         out
     }
 
+    fn table_index(&self, family: ast::Family, table: &str) -> Result<usize, UpdateFailure> {
+        match self
+            .skeleton
+            .tables
+            .iter()
+            .position(|t| t.family == family && t.name == table)
+        {
+            Some(ti) => Ok(ti),
+            None => refused(format!("no such table '{} {table}'", family.name())),
+        }
+    }
+
     fn chain_id(
         &self,
         family: ast::Family,
         table: &str,
         chain: &str,
     ) -> Result<(usize, ChainId), UpdateFailure> {
-        let Some(ti) = self
-            .skeleton
-            .tables
-            .iter()
-            .position(|t| t.family == family && t.name == table)
-        else {
-            return refused(format!("no such table '{} {table}'", family.name()));
-        };
+        let ti = self.table_index(family, table)?;
         match self.meta.chain_ids.get(&(ti, chain.to_string())) {
             Some(c) => Ok((ti, *c)),
             None => refused(format!(
@@ -402,14 +407,7 @@ impl CompiledPolicy {
         elements: &[ast::Elem],
         add: bool,
     ) -> Result<Applied, UpdateFailure> {
-        let Some(ti) = self
-            .skeleton
-            .tables
-            .iter()
-            .position(|t| t.family == family && t.name == table)
-        else {
-            return refused(format!("no such table '{} {table}'", family.name()));
-        };
+        let ti = self.table_index(family, table)?;
         let mut sk = (*self.skeleton).clone();
         let Some(t) = sk.tables.get_mut(ti) else {
             return refused(format!("no such table '{} {table}'", family.name()));
