@@ -13,40 +13,9 @@ use std::time::{Duration, Instant};
 
 use sluice_io::netns::Netns;
 
-const POOL: &str = "198.51.100.7";
+mod common;
 
-fn require_root() {
-    let out = Command::new("id").arg("-u").output().expect("run id -u");
-    let uid = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    assert_eq!(
-        uid, "0",
-        "this test needs root (network namespaces, AF_PACKET, nft); run it as root with --ignored"
-    );
-}
-
-fn sh(ns: &Netns, cmd: &str) -> std::process::Output {
-    Command::new("ip")
-        .args(["netns", "exec", ns.name(), "sh", "-c", cmd])
-        .stdin(Stdio::null())
-        .output()
-        .expect("spawn ip netns exec")
-}
-
-fn example_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .to_path_buf();
-    let p = dir.join("examples").join("sluiced");
-    assert!(
-        p.exists(),
-        "{} is missing: build it with `cargo build -p sluice-daemon --examples` (cargo test builds it)",
-        p.display()
-    );
-    p
-}
+use common::{example_bin, require_root, sh, wait_for, Guard, POOL};
 
 struct Topo {
     private: Netns,
@@ -165,29 +134,6 @@ impl Drop for Topo {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// Kills (SIGKILL) a child we started, by PID, if the test did not stop it.
-struct Guard(Option<Child>);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        if let Some(c) = &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while t0.elapsed() < timeout {
-        if f() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("timed out waiting for {what}");
 }
 
 fn ctl(sock: &Path, words: &str) -> serde_json::Value {

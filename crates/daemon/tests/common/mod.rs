@@ -14,6 +14,7 @@
 //! so hairpinning is tested on a single inside link. The public host routes
 //! the pool 198.51.100.0/24 to the gateway. No traffic leaves these
 //! namespaces. Processes are killed by the PID we started, never by name.
+// Each test binary uses part of the harness.
 #![allow(dead_code)]
 
 use std::io::Read;
@@ -60,7 +61,7 @@ pub fn text(o: &Output) -> String {
     )
 }
 
-fn example_bin() -> PathBuf {
+pub fn example_bin() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     let dir = exe
         .parent()
