@@ -167,7 +167,7 @@ fn combine(h: u64, lane: u64) -> u64 {
 }
 
 /// Final step of a key hash: folds the well-mixed high bits of the last
-/// multiply into the low bits (summary slots and hashbrown index by them).
+/// multiply into the low bits.
 #[inline]
 fn finish(h: u64) -> u64 {
     h ^ (h >> 29)
@@ -341,6 +341,8 @@ impl Quick {
 #[derive(Debug)]
 struct CRule {
     quick: Quick,
+    /// `quick` in inline form, copied into every table entry of the rule.
+    lean: Lean,
     /// Conditions the box does not cover.
     extra: Box<[Check]>,
     id: RuleId,
@@ -421,6 +423,7 @@ impl CRule {
         }
         CRule {
             quick,
+            lean: Lean::of(&quick, extra.is_empty()),
             extra: extra.into(),
             id: r.id,
             stmts: r.stmts.clone().into(),
@@ -561,170 +564,151 @@ fn index_keys(checks: &[Check]) -> Box<[(Sig, u64)]> {
     out.into()
 }
 
+/// [`Lean`] flag: any source address.
+const F_SANY: u8 = 1;
+/// [`Lean`] flag: any destination address.
+const F_DANY: u8 = 2;
+/// [`Lean`] flag: the box is necessary but not sufficient; the compiled rule
+/// is checked too (IPv6 bounds, or conditions outside the 5-tuple).
+const F_FULL: u8 = 4;
+
+/// The 5-tuple box of a rule in IPv4 form (28 bytes), stored inline in every
+/// table entry, so that verifying a candidate reads no other cache line.
+#[derive(Clone, Copy, Debug)]
+struct Lean {
+    flags: u8,
+    proto: [u8; 2],
+    sport: [u16; 2],
+    dport: [u16; 2],
+    saddr: [u32; 2],
+    daddr: [u32; 2],
+}
+
+/// A packet as [`Lean::holds`] reads it.
+#[derive(Clone, Copy, Debug)]
+struct LeanKey {
+    s4: u32,
+    d4: u32,
+    s_v4: bool,
+    d_v4: bool,
+    sport: u16,
+    dport: u16,
+    proto: u8,
+}
+
+impl LeanKey {
+    #[inline]
+    fn of(p: &PacketFields) -> Self {
+        LeanKey {
+            s4: p.saddr as u32,
+            d4: p.daddr as u32,
+            s_v4: p.saddr >> 32 == V4_MAPPED >> 32,
+            d_v4: p.daddr >> 32 == V4_MAPPED >> 32,
+            sport: p.sport,
+            dport: p.dport,
+            proto: p.l4proto,
+        }
+    }
+}
+
+impl Lean {
+    /// The box of `q`; `exact` when the rule has no conditions outside it.
+    fn of(q: &Quick, exact: bool) -> Lean {
+        let mut flags = if exact { 0 } else { F_FULL };
+        let mut never = false;
+        let mut addr = |a: [u128; 2], any: u8| -> [u32; 2] {
+            if a[0] > a[1] {
+                never = true;
+                [1, 0]
+            } else if a == [0, u128::MAX] {
+                flags |= any;
+                [0, u32::MAX]
+            } else if a[0] >> 32 == V4_MAPPED >> 32 && a[1] >> 32 == V4_MAPPED >> 32 {
+                [a[0] as u32, a[1] as u32]
+            } else {
+                flags |= any | F_FULL;
+                [0, u32::MAX]
+            }
+        };
+        let saddr = addr(q.saddr, F_SANY);
+        let daddr = addr(q.daddr, F_DANY);
+        Lean {
+            flags,
+            // An empty address range never holds: an empty proto range says so.
+            proto: if never { [1, 0] } else { q.proto },
+            sport: q.sport,
+            dport: q.dport,
+            saddr,
+            daddr,
+        }
+    }
+
+    #[inline]
+    fn holds(&self, k: &LeanKey) -> bool {
+        let s = (self.flags & F_SANY != 0)
+            | (k.s_v4 & (self.saddr[0] <= k.s4) & (k.s4 <= self.saddr[1]));
+        let d = (self.flags & F_DANY != 0)
+            | (k.d_v4 & (self.daddr[0] <= k.d4) & (k.d4 <= self.daddr[1]));
+        s & d
+            & (self.proto[0] <= k.proto)
+            & (k.proto <= self.proto[1])
+            & (self.dport[0] <= k.dport)
+            & (k.dport <= self.dport[1])
+            & (self.sport[0] <= k.sport)
+            & (k.sport <= self.sport[1])
+    }
+}
+
+/// One table entry (48 bytes): a rule's position, the tag of the key it is
+/// filed under, the rule's inline box, and the rule.
 #[derive(Clone, Debug)]
-struct Entry {
+struct Ent {
     pos: u64,
+    tag: u32,
+    lean: Lean,
     rule: Arc<CRule>,
 }
 
-#[derive(Clone, Debug)]
-enum Bucket {
-    One(Entry),
-    Many(Vec<Entry>),
-}
+impl Ent {
+    fn new(fp: u64, pos: u64, rule: &Arc<CRule>) -> Self {
+        Ent {
+            pos,
+            tag: tag_of(fp),
+            lean: rule.lean,
+            rule: rule.clone(),
+        }
+    }
 
-impl Bucket {
     #[inline]
-    fn entries(&self) -> &[Entry] {
-        match self {
-            Bucket::One(e) => std::slice::from_ref(e),
-            Bucket::Many(v) => v,
-        }
+    fn matches(&self, k: &LeanKey, p: &PacketFields) -> bool {
+        self.lean.holds(k) && (self.lean.flags & F_FULL == 0 || self.rule.matches(p))
     }
-    fn insert(&mut self, e: Entry) {
-        let mut v = match std::mem::replace(self, Bucket::Many(Vec::new())) {
-            Bucket::One(x) => vec![x],
-            Bucket::Many(v) => v,
-        };
-        let i = v.partition_point(|x| x.pos < e.pos);
-        v.insert(i, e);
-        *self = Bucket::Many(v);
-    }
-    /// Removes the entry at `pos`; returns true when the bucket is now empty.
-    fn remove(&mut self, pos: u64) -> bool {
-        match self {
-            Bucket::One(e) => e.pos == pos,
-            Bucket::Many(v) => {
-                v.retain(|e| e.pos != pos);
-                if v.len() == 1 {
-                    if let Some(e) = v.pop() {
-                        *self = Bucket::One(e);
-                    }
-                }
-                matches!(self, Bucket::Many(v) if v.is_empty())
-            }
-        }
-    }
-    /// Moves `rule`'s entry from `old` to `new` (matched by identity: during a
-    /// relabel `new` may still be another rule's old position).
-    fn repos(&mut self, rule: &Arc<CRule>, old: u64, new: u64) {
-        let is = |e: &Entry| e.pos == old && Arc::ptr_eq(&e.rule, rule);
-        match self {
-            Bucket::One(e) => {
-                if is(e) {
-                    e.pos = new;
-                }
-            }
-            Bucket::Many(v) => {
-                for e in v.iter_mut() {
-                    if is(e) {
-                        e.pos = new;
-                    }
-                }
-                v.sort_by_key(|e| e.pos);
-            }
-        }
+
+    fn is(&self, pos: u64, rule: &CRule) -> bool {
+        self.pos == pos && std::ptr::eq(&*self.rule, rule)
     }
 }
 
-/// The lowest entry of a summary slot.
-#[derive(Clone, Debug, Default)]
-struct Cand {
-    pos: u64,
-    /// `None`: the slot is empty, or its lowest entry was deleted and the
-    /// new lowest is unknown until the next rebuild (lookups scan the bucket).
-    rule: Option<Arc<CRule>>,
+/// The tag of a fingerprint: its high half (the low bits of the tag select
+/// the slot, the rest filters entries of other keys sharing the slot).
+#[inline]
+fn tag_of(fp: u64) -> u32 {
+    (fp >> 32) as u32
 }
 
-/// Per-tuple priority summary, indexed by `fingerprint & mask`.
+/// Slots for a table of `n` entries: a power of two, load factor 1/2 to 1.
+fn slots_for(n: usize) -> usize {
+    n.max(16).next_power_of_two()
+}
+
+/// A tuple: one hash table for every rule key of one signature (level
+/// vector), plus its priority summary.
 ///
-/// Invariants: `bounds[s]` is at most [`bound_of`] of every entry whose
-/// fingerprint lands in slot `s` ([`EMPTY`] when none ever did since the last
-/// rebuild); when `cands[s].rule` is set, it is the entry of slot `s` with
-/// the lowest position.
-#[derive(Clone, Debug)]
-struct Summary {
-    mask: usize,
-    bounds: Chunks<u32>,
-    cands: Chunks<Cand>,
-    /// Slots whose lowest entry was deleted.
-    stale: usize,
-}
-
-impl Summary {
-    fn new(entries: usize) -> Self {
-        let n = entries.max(16).next_power_of_two();
-        Summary {
-            mask: n - 1,
-            bounds: Chunks::filled(n, EMPTY),
-            cands: Chunks::filled(n, Cand::default()),
-            stale: 0,
-        }
-    }
-
-    fn slots(&self) -> usize {
-        self.mask + 1
-    }
-
-    #[inline]
-    fn bound(&self, fp: u64) -> u32 {
-        self.bounds
-            .get(fp as usize & self.mask)
-            .copied()
-            .unwrap_or(0)
-    }
-
-    fn add(&mut self, fp: u64, pos: u64, rule: &Arc<CRule>) {
-        let s = fp as usize & self.mask;
-        let old = self.bounds.get(s).copied().unwrap_or(0);
-        if bound_of(pos) < old {
-            if let Some(b) = self.bounds.get_mut(s) {
-                *b = bound_of(pos);
-            }
-        }
-        let replace = old == EMPTY
-            || self
-                .cands
-                .get(s)
-                .is_some_and(|c| c.rule.is_some() && pos < c.pos);
-        if replace {
-            if let Some(c) = self.cands.get_mut(s) {
-                *c = Cand {
-                    pos,
-                    rule: Some(rule.clone()),
-                };
-            }
-        }
-    }
-
-    fn remove(&mut self, fp: u64, rule: &CRule) {
-        let s = fp as usize & self.mask;
-        let is = |c: &Cand| c.rule.as_deref().is_some_and(|r| std::ptr::eq(r, rule));
-        if self.cands.get(s).is_some_and(is) {
-            if let Some(c) = self.cands.get_mut(s) {
-                c.rule = None;
-                self.stale += 1;
-            }
-        }
-    }
-
-    /// `rule` moved to `new` (a relabel, which keeps the order of all rules).
-    fn moved(&mut self, fp: u64, rule: &CRule, new: u64) {
-        let s = fp as usize & self.mask;
-        if self.bounds.get(s).is_some_and(|b| bound_of(new) < *b) {
-            if let Some(b) = self.bounds.get_mut(s) {
-                *b = bound_of(new);
-            }
-        }
-        let is = |c: &Cand| c.rule.as_deref().is_some_and(|r| std::ptr::eq(r, rule));
-        if self.cands.get(s).is_some_and(is) {
-            if let Some(c) = self.cands.get_mut(s) {
-                c.pos = new;
-            }
-        }
-    }
-}
-
+/// The table is open hashing by slot: slot `tag & mask` holds, sorted by
+/// position, every entry whose key tag lands there (several keys may share a
+/// slot; the tag and the box tell them apart). `bounds` is the summary:
+/// `bounds[s]` is [`bound_of`] the first (lowest) position of slot `s`, or
+/// [`EMPTY`]. Both are exact after every update.
 #[derive(Clone, Debug)]
 struct Tuple {
     sig: Sig,
@@ -735,8 +719,10 @@ struct Tuple {
     /// Upper bound of the positions held.
     max_pos: u64,
     entries: usize,
-    map: Sharded<Bucket>,
-    sum: Summary,
+    /// Slots − 1.
+    mask: usize,
+    bounds: Chunks<u32>,
+    lists: Chunks<Option<Arc<[Ent]>>>,
 }
 
 impl Tuple {
@@ -757,14 +743,66 @@ impl Tuple {
             };
             lanes.push(i as u8);
         }
+        let n = slots_for(capacity);
         Tuple {
             sig,
             lanes: lanes.into(),
             min_pos: u64::MAX,
             max_pos: 0,
             entries: 0,
-            map: Sharded::with_capacity(capacity),
-            sum: Summary::new(capacity),
+            mask: n - 1,
+            bounds: Chunks::filled(n, EMPTY),
+            lists: Chunks::filled(n, None),
+        }
+    }
+
+    /// The fingerprint of the packet's key in this tuple.
+    #[inline]
+    fn fingerprint(&self, lh: &[u64; MAX_LANES]) -> u64 {
+        let mut h = SEED;
+        for l in self.lanes.iter() {
+            h = combine(h, lh.get(*l as usize).copied().unwrap_or(0));
+        }
+        finish(h)
+    }
+
+    #[inline]
+    fn slot(&self, tag: u32) -> usize {
+        tag as usize & self.mask
+    }
+
+    #[inline]
+    fn bound(&self, s: usize) -> u32 {
+        self.bounds.get(s).copied().unwrap_or(EMPTY)
+    }
+
+    #[inline]
+    fn list(&self, s: usize) -> &[Ent] {
+        self.lists.get(s).and_then(|l| l.as_deref()).unwrap_or(&[])
+    }
+
+    /// Replaces slot `s` with `v` (sorted by position) and updates its bound.
+    fn set_list(&mut self, s: usize, v: Vec<Ent>) {
+        if let Some(b) = self.bounds.get_mut(s) {
+            *b = v.first().map_or(EMPTY, |e| bound_of(e.pos));
+        }
+        if let Some(l) = self.lists.get_mut(s) {
+            *l = if v.is_empty() { None } else { Some(v.into()) };
+        }
+    }
+
+    /// Files `ents` into empty slots: sorted by (slot, position), one list
+    /// per slot.
+    fn fill(&mut self, mut ents: Vec<Ent>) {
+        let mask = self.mask;
+        ents.sort_unstable_by_key(|e| (e.tag as usize & mask, e.pos));
+        let mut rest = &ents[..];
+        while let Some(first) = rest.first() {
+            let s = first.tag as usize & mask;
+            let n = rest.partition_point(|e| e.tag as usize & mask == s);
+            let (run, tail) = rest.split_at(n);
+            self.set_list(s, run.to_vec());
+            rest = tail;
         }
     }
 
@@ -772,40 +810,53 @@ impl Tuple {
         self.min_pos = self.min_pos.min(pos);
         self.max_pos = self.max_pos.max(pos);
         self.entries += 1;
-        let e = Entry {
-            pos,
-            rule: rule.clone(),
-        };
-        match self.map.get_mut(fp) {
-            Some(b) => b.insert(e),
-            None => self.map.insert(fp, Bucket::One(e)),
+        let s = self.slot(tag_of(fp));
+        let mut v = self.list(s).to_vec();
+        let i = v.partition_point(|e| e.pos < pos);
+        v.insert(i, Ent::new(fp, pos, rule));
+        self.set_list(s, v);
+        if self.entries > 2 * (self.mask + 1) {
+            self.resize();
         }
-        self.sum.add(fp, pos, rule);
     }
 
-    /// Rebuilds the summary for the current entries (after growth or many
-    /// deletions of slot minima).
-    fn rebuild_summary(&mut self) {
-        let mut sum = Summary::new(self.entries);
-        for (fp, b) in self.map.iter() {
-            if let Some(e) = b.entries().first() {
-                sum.add(*fp, e.pos, &e.rule);
+    fn remove(&mut self, fp: u64, pos: u64, rule: &CRule) {
+        let s = self.slot(tag_of(fp));
+        let old = self.list(s);
+        if old.iter().any(|e| e.is(pos, rule)) {
+            let v = old.iter().filter(|e| !e.is(pos, rule)).cloned().collect();
+            self.set_list(s, v);
+            self.entries = self.entries.saturating_sub(1);
+        }
+    }
+
+    /// `rule` moved from `old` to `new` (a relabel, which keeps the order of
+    /// all rules once it is complete; until then a slot is re-sorted).
+    fn moved(&mut self, fp: u64, rule: &CRule, old: u64, new: u64) {
+        self.min_pos = self.min_pos.min(new);
+        self.max_pos = self.max_pos.max(new);
+        let s = self.slot(tag_of(fp));
+        let mut v = self.list(s).to_vec();
+        for e in v.iter_mut() {
+            if e.is(old, rule) {
+                e.pos = new;
             }
         }
-        self.sum = sum;
+        v.sort_by_key(|e| e.pos);
+        self.set_list(s, v);
     }
 
-    /// Opens the bucket of `fp` for a merge: the position and index of its
-    /// first entry at or after `start` (and after `after`, when given).
-    #[inline]
-    fn open(&self, fp: u64, start: u64, after: Option<u64>) -> Option<(u64, u32)> {
-        let es = self.map.get(fp)?.entries();
-        let i = match after {
-            Some(a) => es.partition_point(|e| e.pos <= a),
-            None if start > 0 => es.partition_point(|e| e.pos < start),
-            None => 0,
-        };
-        es.get(i).map(|e| (e.pos, i as u32))
+    /// Rehashes into [`slots_for`] the current entry count (after growth).
+    fn resize(&mut self) {
+        let mut ents = Vec::with_capacity(self.entries);
+        for c in 0..=self.mask {
+            ents.extend(self.list(c).iter().cloned());
+        }
+        let n = slots_for(ents.len());
+        self.mask = n - 1;
+        self.bounds = Chunks::filled(n, EMPTY);
+        self.lists = Chunks::filled(n, None);
+        self.fill(ents);
     }
 }
 
@@ -838,25 +889,13 @@ fn id_key(id: RuleId) -> u64 {
     fmix(id.0 ^ SEED)
 }
 
-/// Where a tuple's cursor is in a lookup's merge.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) enum HeadState {
-    /// Only the summary bound was read.
-    #[default]
-    Summary,
-    /// The slot's lowest entry is next.
-    Cand,
-    /// Entry `i` of the bucket is next.
-    Bucket(u32),
-}
-
-/// One tuple in a lookup's merge; `key` is a lower bound of its candidates.
+/// A tuple whose summary slot for the packet is not empty: a candidate of
+/// a lookup's merge. Every position in the slot is at least `bound << 32`.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Head {
-    key: u64,
-    fp: u64,
+    bound: u32,
+    tag: u32,
     tuple: u32,
-    state: HeadState,
 }
 
 impl CChain {
@@ -910,11 +949,17 @@ impl CChain {
         groups.sort_unstable_by_key(|(sig, _)| *sig);
         for (sig, list) in groups {
             let mut t = Tuple::new(sig, &mut c.lanes, list.len());
+            let mut ents = Vec::with_capacity(list.len());
             for (fp, i) in list {
                 if let Some(r) = crules.get(i as usize) {
-                    t.add(fp, (i as u64 + 1) * GAP, r);
+                    let pos = (i as u64 + 1) * GAP;
+                    t.min_pos = t.min_pos.min(pos);
+                    t.max_pos = t.max_pos.max(pos);
+                    ents.push(Ent::new(fp, pos, r));
                 }
             }
+            t.entries = ents.len();
+            t.fill(ents);
             c.tuples.push(Arc::new(t));
         }
         c.tuples.sort_by_key(|t| t.min_pos);
@@ -929,13 +974,9 @@ impl CChain {
         self.slot(s).map(|x| x.pos)
     }
 
+    /// Hashes the packet once per lane of the chain.
     #[inline]
-    fn first_match(
-        &self,
-        p: &PacketFields,
-        start: u64,
-        heads: &mut Vec<Head>,
-    ) -> Option<(u64, &CRule)> {
+    fn lane_hashes(&self, p: &PacketFields) -> [u64; MAX_LANES] {
         let pv: [u128; NDIM] = [
             p.saddr,
             p.daddr,
@@ -951,8 +992,18 @@ impl CChain {
         for (h, (d, m)) in lh.iter_mut().zip(self.lanes.iter()) {
             *h = lane_hash(*d as usize, pv.get(*d as usize).copied().unwrap_or(0) & m);
         }
-        let mut best = u64::MAX;
-        let mut hit: Option<&CRule> = None;
+        lh
+    }
+
+    /// The lowest-positioned matching rule at or after `start`.
+    #[inline]
+    fn first_match(
+        &self,
+        p: &PacketFields,
+        start: u64,
+        heads: &mut Vec<Head>,
+    ) -> Option<(u64, &CRule)> {
+        let lh = self.lane_hashes(p);
         // Phase 1: fingerprint and summary bound of every tuple (independent
         // loads, overlapped by the CPU).
         heads.clear();
@@ -960,86 +1011,56 @@ impl CChain {
             if t.max_pos < start {
                 continue;
             }
-            let mut h = SEED;
-            for l in t.lanes.iter() {
-                h = combine(h, lh.get(*l as usize).copied().unwrap_or(0));
-            }
-            let fp = finish(h);
-            let b = t.sum.bound(fp);
+            let tag = tag_of(t.fingerprint(&lh));
+            let b = t.bound(t.slot(tag));
             if b != EMPTY {
                 heads.push(Head {
-                    key: u64::from(b) << 32,
-                    fp,
+                    bound: b,
+                    tag,
                     tuple: ti as u32,
-                    state: HeadState::Summary,
                 });
             }
         }
-        // Phase 2: a k-way merge of the tuples' candidates by position.
-        // Every head's key is a lower bound of its remaining candidates, so
-        // the first verified match taken at the smallest key is the lowest-
-        // positioned match of the chain.
+        self.resolve(p, start, heads)
+    }
+
+    /// Phase 2: visits the candidate slots in increasing bound and scans each
+    /// one up to the best match so far; stops when the next bound is not
+    /// below it. Every entry below the best is verified, so the result is the
+    /// lowest-positioned match.
+    #[inline]
+    fn resolve(&self, p: &PacketFields, start: u64, heads: &mut Vec<Head>) -> Option<(u64, &CRule)> {
+        let k = LeanKey::of(p);
+        let mut best = u64::MAX;
+        let mut hit: Option<&CRule> = None;
         while let Some(mut hd) = heads.first().copied() {
-            let mut k = 0;
+            let mut at = 0;
             for (i, x) in heads.iter().enumerate().skip(1) {
-                let less = x.key < hd.key;
+                let less = x.bound < hd.bound;
                 hd = if less { *x } else { hd };
-                k = if less { i } else { k };
+                at = if less { i } else { at };
             }
-            if hd.key >= best {
+            if u64::from(hd.bound) << 32 >= best {
                 break;
             }
+            heads.swap_remove(at);
             let Some(t) = self.tuples.get(hd.tuple as usize) else {
-                break;
+                continue;
             };
-            let next = match hd.state {
-                HeadState::Summary => match t.sum.cands.get(hd.fp as usize & t.sum.mask) {
-                    Some(Cand { pos, rule: Some(_) }) if *pos >= start => Some(Head {
-                        key: *pos,
-                        state: HeadState::Cand,
-                        ..hd
-                    }),
-                    _ => t.open(hd.fp, start, None).map(|(key, i)| Head {
-                        key,
-                        state: HeadState::Bucket(i),
-                        ..hd
-                    }),
-                },
-                HeadState::Cand => {
-                    match t.sum.cands.get(hd.fp as usize & t.sum.mask) {
-                        Some(Cand { pos, rule: Some(r) }) if r.matches(p) => {
-                            // The slot's lowest entry: nothing in the bucket is lower.
-                            best = *pos;
-                            hit = Some(r);
-                            break;
-                        }
-                        _ => t.open(hd.fp, start, Some(hd.key)).map(|(key, i)| Head {
-                            key,
-                            state: HeadState::Bucket(i),
-                            ..hd
-                        }),
-                    }
-                }
-                HeadState::Bucket(i) => {
-                    let es = t.map.get(hd.fp).map_or(&[][..], Bucket::entries);
-                    match es.get(i as usize) {
-                        Some(e) if e.rule.matches(p) => {
-                            best = e.pos;
-                            hit = Some(&e.rule);
-                            break;
-                        }
-                        _ => es.get(i as usize + 1).map(|e| Head {
-                            key: e.pos,
-                            state: HeadState::Bucket(i + 1),
-                            ..hd
-                        }),
-                    }
-                }
+            let es = t.list(t.slot(hd.tag));
+            let from = if start > 0 {
+                es.partition_point(|e| e.pos < start)
+            } else {
+                0
             };
-            match (next, heads.get_mut(k)) {
-                (Some(x), Some(slot)) => *slot = x,
-                _ => {
-                    heads.swap_remove(k);
+            for e in es.get(from..).unwrap_or(&[]) {
+                if e.pos >= best {
+                    break;
+                }
+                if e.tag == hd.tag && e.matches(&k, p) {
+                    best = e.pos;
+                    hit = Some(&e.rule);
+                    break;
                 }
             }
         }
@@ -1063,11 +1084,7 @@ impl CChain {
 
     fn add_entries(&mut self, rule: &Arc<CRule>, pos: u64) {
         for (sig, fp) in rule.keys.iter() {
-            let t = Self::tuple_mut(&mut self.tuples, &mut self.lanes, *sig);
-            t.add(*fp, pos, rule);
-            if t.entries > 2 * t.sum.slots() {
-                t.rebuild_summary();
-            }
+            Self::tuple_mut(&mut self.tuples, &mut self.lanes, *sig).add(*fp, pos, rule);
         }
     }
 
@@ -1077,15 +1094,9 @@ impl CChain {
                 continue;
             };
             let t = Arc::make_mut(&mut self.tuples[i]);
-            if t.map.get_mut(*fp).is_some_and(|b| b.remove(pos)) {
-                t.map.remove(*fp);
-            }
-            t.sum.remove(*fp, rule);
-            t.entries = t.entries.saturating_sub(1);
+            t.remove(*fp, pos, rule);
             if t.entries == 0 {
                 self.tuples.swap_remove(i);
-            } else if t.sum.stale > 8 && t.sum.stale > t.sum.slots() / 8 {
-                t.rebuild_summary();
             }
         }
     }
@@ -1098,13 +1109,7 @@ impl CChain {
         s.pos = new;
         let Some(rule) = s.rule.clone() else { return };
         for (sig, fp) in rule.keys.iter() {
-            let t = Self::tuple_mut(&mut self.tuples, &mut self.lanes, *sig);
-            t.min_pos = t.min_pos.min(new);
-            t.max_pos = t.max_pos.max(new);
-            if let Some(b) = t.map.get_mut(*fp) {
-                b.repos(&rule, old, new);
-            }
-            t.sum.moved(*fp, &rule, new);
+            Self::tuple_mut(&mut self.tuples, &mut self.lanes, *sig).moved(*fp, &rule, old, new);
         }
     }
 
