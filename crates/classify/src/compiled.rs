@@ -527,9 +527,11 @@ fn index_keys(checks: &[Check]) -> Box<[(Sig, u64)]> {
             }
         }
     }
-    // At most one port is indexed (dport first): fewer tuples, and the other
-    // port is verified.
-    if dims.iter().any(|(d, _)| *d == 4) {
+    // The protocol is never indexed (it splits a bucket three ways at best,
+    // but would double the tuples); the source port only when nothing else
+    // is (fewer tuples). Both are verified.
+    dims.retain(|(d, _)| *d != 2);
+    if dims.iter().any(|(d, _)| *d != 3) {
         dims.retain(|(d, _)| *d != 3);
     }
     dims.sort_by_key(|(_, e)| e.len());
@@ -1029,7 +1031,12 @@ impl CChain {
     /// below it. Every entry below the best is verified, so the result is the
     /// lowest-positioned match.
     #[inline]
-    fn resolve(&self, p: &PacketFields, start: u64, heads: &mut Vec<Head>) -> Option<(u64, &CRule)> {
+    fn resolve(
+        &self,
+        p: &PacketFields,
+        start: u64,
+        heads: &mut Vec<Head>,
+    ) -> Option<(u64, &CRule)> {
         let k = LeanKey::of(p);
         let mut best = u64::MAX;
         let mut hit: Option<&CRule> = None;
