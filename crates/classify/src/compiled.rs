@@ -81,7 +81,7 @@ use crate::ir::{
     ValueSet, Verdict,
 };
 use crate::linear::{run_stmts, EvalError, Final, Outcome, Scratch, MAX_CHAIN_ENTRIES, MAX_DEPTH};
-use crate::persist::{fmix, ChunkVec, Chunks, Sharded};
+use crate::persist::{fmix, ChunkVec, Chunks, IdBuild, Sharded};
 
 const NDIM: usize = 9;
 const DIM_FIELDS: [Field; NDIM] = [
@@ -96,7 +96,7 @@ const DIM_FIELDS: [Field; NDIM] = [
     Field::CtState,
 ];
 /// Address levels (bits of the mapped address): IPv6 /32 and /64, IPv4 /16.
-const ADDR_LEVELS: &[u32] = &[0, 32, 64, 112];
+const ADDR_LEVELS: &[u32] = &[0, 32, 64, 104, 112, 120];
 /// The IPv4-mapped prefix `::ffff:0:0/96`.
 const V4_MAPPED: u128 = 0xffff_u128 << 32;
 
@@ -115,8 +115,13 @@ fn levels(dim: usize) -> &'static [u32] {
 fn level_of(dim: usize, v: u128, plen: u32) -> usize {
     let lv = levels(dim);
     if dim <= 1 && plen >= 96 && v >> 32 == V4_MAPPED >> 32 {
-        // IPv4: /16 or nothing (shorter IPv4 prefixes are verified only).
-        return if plen >= 112 { 3 } else { 0 };
+        // IPv4: /24, /16, /8 or nothing (shorter prefixes are verified only).
+        return match plen {
+            120.. => 5,
+            112.. => 4,
+            104.. => 3,
+            _ => 0,
+        };
     }
     let li = lv.iter().rposition(|l| *l <= plen).unwrap_or(0);
     if dim <= 1 {
@@ -348,7 +353,6 @@ struct CRule {
     id: RuleId,
     stmts: Box<[Stmt]>,
     verdict: Option<Verdict>,
-    keys: Box<[(Sig, u64)]>,
 }
 
 impl CRule {
@@ -357,7 +361,8 @@ impl CRule {
         self.quick.holds(p) && self.extra.iter().all(|c| c.holds(p))
     }
 
-    fn compile(r: &Rule) -> CRule {
+    /// The compiled rule and its natural index keys ([`index_keys`]).
+    fn compile(r: &Rule) -> (CRule, Vec<NatKey>) {
         let mut checks = Vec::with_capacity(r.matches.len());
         for m in &r.matches {
             match m {
@@ -421,15 +426,15 @@ impl CRule {
                 c => extra.push(c),
             }
         }
-        CRule {
+        let c = CRule {
             quick,
             lean: Lean::of(&quick, extra.is_empty()),
             extra: extra.into(),
             id: r.id,
             stmts: r.stmts.clone().into(),
             verdict: r.verdict,
-            keys,
-        }
+        };
+        (c, keys)
     }
 }
 
@@ -509,7 +514,13 @@ fn key_hash(sig: &Sig, vals: &[u128; NDIM]) -> u64 {
     finish(h)
 }
 
-fn index_keys(checks: &[Check]) -> Box<[(Sig, u64)]> {
+/// A natural index key: the most specific level of every indexed dimension
+/// (its signature) and the values masked to those levels.
+type NatKey = (Sig, [u128; NDIM]);
+
+/// The natural index keys of a rule: the cross product of its dimensions'
+/// expansions (no keys at all when a condition can never hold).
+fn index_keys(checks: &[Check]) -> Vec<NatKey> {
     let mut dims: Vec<(usize, Vec<(u128, u8)>)> = Vec::new();
     for (d, f) in DIM_FIELDS.iter().enumerate() {
         let found = checks.iter().find_map(|c| match c {
@@ -521,7 +532,7 @@ fn index_keys(checks: &[Check]) -> Box<[(Sig, u64)]> {
             if let Some(e) = expand_dim(d, &rs) {
                 if e.is_empty() {
                     // The condition can never hold: no entry at all.
-                    return Box::new([]);
+                    return Vec::new();
                 }
                 dims.push((d, e));
             }
@@ -557,13 +568,73 @@ fn index_keys(checks: &[Check]) -> Box<[(Sig, u64)]> {
         }
         keys = next;
     }
-    let mut out: Vec<(Sig, u64)> = keys
-        .iter()
-        .map(|(sig, vals)| (*sig, key_hash(sig, vals)))
-        .collect();
-    out.sort_unstable();
-    out.dedup();
-    out.into()
+    keys.sort_unstable();
+    keys.dedup();
+    keys
+}
+
+/// Whether a key of signature `k` can be filed in a tuple of signature `t`:
+/// every level of `t` is at most the key's.
+fn fits(t: &Sig, k: &Sig) -> bool {
+    t.iter().zip(k.iter()).all(|(a, b)| a <= b)
+}
+
+/// Bits of key a tuple of signature `t` keeps (its specificity).
+fn spec(t: &Sig) -> u32 {
+    t.iter()
+        .enumerate()
+        .map(|(d, l)| levels(d).get(*l as usize).copied().unwrap_or(0))
+        .sum()
+}
+
+/// The fingerprint of a natural key filed in a tuple of signature `t`.
+fn key_in(t: &Sig, k: &NatKey) -> u64 {
+    let mut vals = [0u128; NDIM];
+    for d in 0..NDIM {
+        if t[d] != 0 {
+            let lv = levels(d).get(t[d] as usize).copied().unwrap_or(0);
+            vals[d] = k.1[d] & lvl_mask(lv, DIM_FIELDS[d].width());
+        }
+    }
+    key_hash(t, &vals)
+}
+
+/// Collision limit: a key is filed in the most specific existing tuple that
+/// it fits and whose bucket for it holds fewer entries than this; when there
+/// is none, in the tuple of its own signature (TupleMerge's placement rule).
+const COLLIDE: usize = 8;
+
+/// Files the natural keys of one rule (see [`COLLIDE`]); `sigs` are the
+/// chain's tuples by decreasing specificity and `load(t, fp)` the entries of
+/// bucket `fp` of tuple `t`. Keys that land in the same bucket are filed once.
+fn place(sigs: &[Sig], nat: &[NatKey], load: impl Fn(&Sig, u64) -> usize) -> Vec<(Sig, u64)> {
+    let mut out: Vec<(Sig, u64)> = Vec::with_capacity(nat.len());
+    for k in nat {
+        let mut at = None;
+        for t in sigs {
+            if fits(t, &k.0) {
+                let fp = key_in(t, k);
+                if load(t, fp) < COLLIDE {
+                    at = Some((*t, fp));
+                    break;
+                }
+            }
+        }
+        let at = at.unwrap_or_else(|| (k.0, key_in(&k.0, k)));
+        if !out.contains(&at) {
+            out.push(at);
+        }
+    }
+    out
+}
+
+/// Inserts `sig` into `sigs`, kept by decreasing specificity.
+fn add_sig(sigs: &mut Vec<Sig>, sig: Sig) {
+    if !sigs.contains(&sig) {
+        let key = |t: &Sig| (std::cmp::Reverse(spec(t)), *t);
+        let i = sigs.partition_point(|t| key(t) < key(&sig));
+        sigs.insert(i, sig);
+    }
 }
 
 /// [`Lean`] flag: any source address.
@@ -783,6 +854,15 @@ impl Tuple {
         self.lists.get(s).and_then(|l| l.as_deref()).unwrap_or(&[])
     }
 
+    /// Entries in the bucket of `fp`.
+    fn load(&self, fp: u64) -> usize {
+        let tag = tag_of(fp);
+        self.list(self.slot(tag))
+            .iter()
+            .filter(|e| e.tag == tag)
+            .count()
+    }
+
     /// Replaces slot `s` with `v` (sorted by position) and updates its bound.
     fn set_list(&mut self, s: usize, v: Vec<Ent>) {
         if let Some(b) = self.bounds.get_mut(s) {
@@ -798,13 +878,20 @@ impl Tuple {
     fn fill(&mut self, mut ents: Vec<Ent>) {
         let mask = self.mask;
         ents.sort_unstable_by_key(|e| (e.tag as usize & mask, e.pos));
-        let mut rest = &ents[..];
-        while let Some(first) = rest.first() {
-            let s = first.tag as usize & mask;
-            let n = rest.partition_point(|e| e.tag as usize & mask == s);
-            let (run, tail) = rest.split_at(n);
-            self.set_list(s, run.to_vec());
-            rest = tail;
+        let mut run: Vec<Ent> = Vec::new();
+        for e in ents {
+            if run
+                .first()
+                .is_some_and(|f| f.tag as usize & mask != e.tag as usize & mask)
+            {
+                let s = run.first().map_or(0, |f| f.tag as usize & mask);
+                self.set_list(s, std::mem::take(&mut run));
+            }
+            run.push(e);
+        }
+        if let Some(f) = run.first() {
+            let s = f.tag as usize & mask;
+            self.set_list(s, run);
         }
     }
 
@@ -868,6 +955,8 @@ struct Slot {
     prev: u32,
     next: u32,
     rule: Option<Arc<CRule>>,
+    /// Where the rule's keys are filed: (tuple signature, fingerprint).
+    keys: Box<[(Sig, u64)]>,
 }
 
 #[derive(Clone, Debug)]
@@ -918,47 +1007,64 @@ impl CChain {
     }
 
     /// Builds a chain from validated rules in one pass: positions
-    /// `GAP, 2·GAP, …`, every table and summary presized.
+    /// `GAP, 2·GAP, …`, keys filed in rule order as inserts would file
+    /// them, then every table built presized.
     fn build(name: &str, kind: ChainKind, rules: &[Rule]) -> Self {
         let mut c = CChain::new(name, kind);
         let n = rules.len();
         c.by_id = Sharded::with_capacity(n);
-        let mut crules: Vec<Arc<CRule>> = Vec::with_capacity(n);
-        let mut groups: hashbrown::HashMap<Sig, Vec<(u64, u32)>> = hashbrown::HashMap::new();
+        let mut sigs: Vec<Sig> = Vec::new();
+        // Bucket loads by (signature, fingerprint), folded into one u64 (a
+        // rare fold collision only makes a placement less even).
+        let lkey =
+            |sig: &Sig, fp: u64| fp ^ fmix(sig.iter().fold(0u64, |a, l| a << 4 | u64::from(*l)));
+        let mut load: hashbrown::HashMap<u64, u32, IdBuild> =
+            hashbrown::HashMap::with_capacity_and_hasher(n, IdBuild);
+        let mut groups: Vec<(Sig, Vec<Ent>)> = Vec::new();
         for (i, r) in rules.iter().enumerate() {
-            let cr = Arc::new(CRule::compile(r));
-            for (sig, fp) in cr.keys.iter() {
-                groups.entry(*sig).or_default().push((*fp, i as u32));
+            let (cr, nat) = CRule::compile(r);
+            let cr = Arc::new(cr);
+            let pos = (i as u64 + 1) * GAP;
+            let keys = place(&sigs, &nat, |t, fp| {
+                load.get(&lkey(t, fp)).copied().unwrap_or(0) as usize
+            });
+            for (sig, fp) in &keys {
+                add_sig(&mut sigs, *sig);
+                *load.entry(lkey(sig, *fp)).or_insert(0) += 1;
+                let g = match groups.iter().position(|(g, _)| g == sig) {
+                    Some(g) => g,
+                    None => {
+                        groups.push((*sig, Vec::new()));
+                        groups.len() - 1
+                    }
+                };
+                if let Some((_, v)) = groups.get_mut(g) {
+                    v.push(Ent::new(*fp, pos, &cr));
+                }
             }
             if let Some(Verdict::Jump(t) | Verdict::Goto(t)) = r.verdict {
                 *c.edges.entry(t.0).or_insert(0) += 1;
             }
             let s = c.slots.push(Slot {
-                pos: (i as u64 + 1) * GAP,
+                pos,
                 prev: if i == 0 { NIL } else { i as u32 - 1 },
                 next: if i + 1 < n { i as u32 + 1 } else { NIL },
-                rule: Some(cr.clone()),
+                rule: Some(cr),
+                keys: keys.into(),
             });
             c.by_id.insert(id_key(r.id), s as u32);
-            crules.push(cr);
         }
         if n > 0 {
             c.head = 0;
             c.tail = n as u32 - 1;
         }
         c.len = n;
-        let mut groups: Vec<_> = groups.into_iter().collect();
         groups.sort_unstable_by_key(|(sig, _)| *sig);
-        for (sig, list) in groups {
-            let mut t = Tuple::new(sig, &mut c.lanes, list.len());
-            let mut ents = Vec::with_capacity(list.len());
-            for (fp, i) in list {
-                if let Some(r) = crules.get(i as usize) {
-                    let pos = (i as u64 + 1) * GAP;
-                    t.min_pos = t.min_pos.min(pos);
-                    t.max_pos = t.max_pos.max(pos);
-                    ents.push(Ent::new(fp, pos, r));
-                }
+        for (sig, ents) in groups {
+            let mut t = Tuple::new(sig, &mut c.lanes, ents.len());
+            for e in &ents {
+                t.min_pos = t.min_pos.min(e.pos);
+                t.max_pos = t.max_pos.max(e.pos);
             }
             t.entries = ents.len();
             t.fill(ents);
@@ -1089,14 +1195,28 @@ impl CChain {
         Arc::make_mut(&mut tuples[i])
     }
 
-    fn add_entries(&mut self, rule: &Arc<CRule>, pos: u64) {
-        for (sig, fp) in rule.keys.iter() {
+    /// Files the natural keys of a new rule against the current tables.
+    fn place_keys(&self, nat: &[NatKey]) -> Vec<(Sig, u64)> {
+        let mut sigs: Vec<Sig> = Vec::with_capacity(self.tuples.len());
+        for t in &self.tuples {
+            add_sig(&mut sigs, t.sig);
+        }
+        place(&sigs, nat, |sig, fp| {
+            self.tuples
+                .iter()
+                .find(|t| t.sig == *sig)
+                .map_or(0, |t| t.load(fp))
+        })
+    }
+
+    fn add_entries(&mut self, rule: &Arc<CRule>, keys: &[(Sig, u64)], pos: u64) {
+        for (sig, fp) in keys {
             Self::tuple_mut(&mut self.tuples, &mut self.lanes, *sig).add(*fp, pos, rule);
         }
     }
 
-    fn remove_entries(&mut self, rule: &CRule, pos: u64) {
-        for (sig, fp) in rule.keys.iter() {
+    fn remove_entries(&mut self, rule: &CRule, keys: &[(Sig, u64)], pos: u64) {
+        for (sig, fp) in keys {
             let Some(i) = self.tuples.iter().position(|t| t.sig == *sig) else {
                 continue;
             };
@@ -1115,7 +1235,8 @@ impl CChain {
         let old = s.pos;
         s.pos = new;
         let Some(rule) = s.rule.clone() else { return };
-        for (sig, fp) in rule.keys.iter() {
+        let keys = s.keys.clone();
+        for (sig, fp) in keys.iter() {
             Self::tuple_mut(&mut self.tuples, &mut self.lanes, *sig).moved(*fp, &rule, old, new);
         }
     }
@@ -1189,12 +1310,15 @@ impl CChain {
             }
         };
         let pos = self.alloc_pos(prev, next);
-        let c = Arc::new(CRule::compile(rule));
+        let (c, nat) = CRule::compile(rule);
+        let c = Arc::new(c);
+        let keys = self.place_keys(&nat);
         let new = Slot {
             pos,
             prev,
             next,
             rule: Some(c.clone()),
+            keys: keys.clone().into(),
         };
         let s = match self.free.pop() {
             Some(f) => {
@@ -1214,7 +1338,7 @@ impl CChain {
             None => self.tail = s,
         }
         self.by_id.insert(id_key(rule.id), s);
-        self.add_entries(&c, pos);
+        self.add_entries(&c, &keys, pos);
         self.tuples.sort_by_key(|t| t.min_pos);
         if let Some(Verdict::Jump(t) | Verdict::Goto(t)) = rule.verdict {
             *self.edges.entry(t.0).or_insert(0) += 1;
@@ -1232,7 +1356,7 @@ impl CChain {
             return Err(UpdateError::UnknownRule(id));
         };
         if let Some(r) = &slot.rule {
-            self.remove_entries(r, slot.pos);
+            self.remove_entries(r, &slot.keys, slot.pos);
             self.tuples.sort_by_key(|t| t.min_pos);
             if let Some(Verdict::Jump(t) | Verdict::Goto(t)) = r.verdict {
                 if let Some(n) = self.edges.get_mut(&t.0) {
@@ -1253,6 +1377,7 @@ impl CChain {
         }
         if let Some(x) = self.slots.get_mut(s as usize) {
             x.rule = None;
+            x.keys = Box::new([]);
             x.prev = NIL;
             x.next = NIL;
         }
@@ -1528,10 +1653,14 @@ mod tests {
             Some(vec![(22, 1), (23, 1)])
         );
         assert_eq!(expand_dim(4, &[Range::new(1024, 65535)]), None);
-        // IPv4 prefixes round down to /16; shorter ones are not indexed.
-        let a = Range::v4_cidr(0x0a01_0200, 28);
-        assert_eq!(expand_dim(0, &[a]), Some(vec![(map_v4(0x0a01_0000), 3)]));
-        assert_eq!(expand_dim(0, &[Range::v4_cidr(0x0a00_0000, 8)]), None);
+        // IPv4 prefixes round down to /24, /16 or /8; shorter ones are not indexed.
+        let a = Range::v4_cidr(0x0a01_0230, 28);
+        assert_eq!(expand_dim(0, &[a]), Some(vec![(map_v4(0x0a01_0200), 5)]));
+        let a = Range::v4_cidr(0x0a01_0000, 20);
+        assert_eq!(expand_dim(0, &[a]), Some(vec![(map_v4(0x0a01_0000), 4)]));
+        let a = Range::v4_cidr(0x0a00_0000, 8);
+        assert_eq!(expand_dim(0, &[a]), Some(vec![(map_v4(0x0a00_0000), 3)]));
+        assert_eq!(expand_dim(0, &[Range::v4_cidr(0x0a00_0000, 7)]), None);
         // IPv6 prefixes round down to /64 or /32.
         let v6 = Range::prefix(0x2001_0db8_0001_0002_u128 << 64, 80, 128);
         assert_eq!(
