@@ -1,73 +1,86 @@
 //! The compiled classifier: per-chain tuple space search with rule-position
-//! priorities, a per-tuple priority summary, and copy-on-write tables.
+//! priorities, a per-slot priority summary, and copy-on-write tables.
 //!
 //! # Algorithm
 //!
 //! Tuple space search (Srinivasan, Suri, Varghese, SIGCOMM 1999) with the
-//! coarse, merged tuples and priority pruning of TupleMerge (Daly, Liu, Torng,
-//! "TupleMerge: Fast Software Packet Processing for Online Packet
-//! Classification", ToN 2019), the scheme VPP's ACL plugin uses in its
-//! hash-match mode, plus a priority summary in front of every table (in the
-//! spirit of the per-table max-priority pruning of PartitionSort/TupleMerge,
+//! coarse tuples, collision-limited key placement and priority pruning of
+//! TupleMerge (Daly, Liu, Torng, "TupleMerge: Fast Software Packet Processing
+//! for Online Packet Classification", ToN 2019), the family of schemes VPP's
+//! ACL plugin uses in its hash-match mode, plus a priority summary in front of
+//! every table (the per-table max-priority pruning of PartitionSort/TupleMerge,
 //! applied per hash slot instead of per table):
 //!
-//! * Nine fields are indexed: saddr, daddr, l4proto, sport, dport, iifname,
-//!   oifname, mark, ct state. Each rule condition on one of them is prefix-
-//!   expanded (small ranges, ≤ 16 values, are enumerated exactly; negations are
-//!   complemented first) and every prefix length is rounded *down* to a coarse
-//!   level. Addresses have a family-aware ladder: an IPv4 (mapped) prefix is
-//!   keyed at /16 or not at all, an IPv6 prefix at /32 or /64. Ports, proto,
-//!   names, marks: wildcard or exact, and at most one port per rule (dport
-//!   when it is exact, else sport). Rounding merges tuples, so the number of
-//!   tuples is bounded by the ladder (for 5-tuple ACLs: 4 address combinations
-//!   × {no proto, proto, proto+port} ≈ 12-16), not by the number of rules.
-//! * A *tuple* is the vector of levels. Its table maps a fingerprint of the
-//!   masked key to a bucket of `(position, rule)` sorted by position. A rule
-//!   gets one entry per element of the cross product of its expansions (capped
-//!   at 256; dimensions that would exceed the cap stay wildcard). Everything not
-//!   indexed (ranges that round to 0, masks, flags, ct mark, concat sets, the
+//! * Indexed fields: saddr, daddr, dport, iifname, oifname, mark, ct state,
+//!   and sport only when the rule indexes nothing else; the protocol is never
+//!   indexed (it splits a bucket three ways at best but doubles the tuples).
+//!   Each condition on an indexed field is prefix-expanded (small ranges, ≤ 16
+//!   values, are enumerated exactly; negations are complemented first) and
+//!   every prefix length is rounded *down* to a level of a coarse ladder.
+//!   Addresses have a family-aware ladder: an IPv4 (mapped) prefix is keyed at
+//!   /24, /16, /8 or not at all, an IPv6 prefix at /32 or /64. Ports, names,
+//!   marks: wildcard or exact. The levels of a key are its *natural
+//!   signature*.
+//! * A *tuple* is a vector of levels with one hash table. A rule gets one key
+//!   per element of the cross product of its expansions (capped at 256;
+//!   dimensions that would exceed the cap stay wildcard). TupleMerge's
+//!   placement: a key is filed in the most specific existing tuple whose
+//!   levels are all at most its own and whose bucket for it holds fewer than
+//!   `COLLIDE` (8) entries; only when there is none does it get (or create) the
+//!   tuple of its natural signature. So rules share few tuples (ClassBench-
+//!   style sets: 6 at 20 rules, 13 at 10 000, 18 at 100 000; the ladder bounds
+//!   them at 32), and a bucket holds at most `COLLIDE` entries unless that
+//!   many rules share a natural key. Where each key went is kept with the
+//!   rule, so delete and relabel find it. Everything not indexed (the
+//!   protocol, ranges that round to 0, masks, flags, ct mark, concat sets, the
 //!   part of a prefix below its level) is checked by verifying each candidate
-//!   against the whole compiled rule, so fingerprint collisions and coarse keys
-//!   are harmless. A 5-tuple box (saddr, daddr, proto, sport, dport) is stored
-//!   inline in the compiled rule, so most verifications are a few compares.
-//! * Every tuple keeps a *summary* indexed by the low bits of the fingerprint
-//!   (one slot per entry, rounded up to a power of two): a lower bound of the
-//!   positions of all entries whose fingerprint lands in the slot (4 bytes,
-//!   so the summaries of all tuples stay cache resident), and the entry with
-//!   the lowest position itself. A lookup hashes the packet once per
-//!   (field, level) lane, combines the lane hashes per tuple, reads the
-//!   summaries of all tuples (independent loads), then visits tuples in
-//!   increasing summary bound and stops as soon as the next bound is not
-//!   below the best match found. A visit verifies the slot's lowest entry; only
-//!   when that one is not a match is the full bucket scanned. In a large rule
-//!   set most summary slots hold no early rule, so most tuples cost one cached
-//!   load, and the work per packet is bounded by the tuple count (fixed by the
-//!   ladder), not the rule count.
+//!   against the whole rule, so fingerprint collisions and coarse keys are
+//!   harmless.
+//! * A table is open hashing by *slot* (the low bits of the fingerprint's high
+//!   half; one slot per entry, rounded up to a power of two): slot `s` holds,
+//!   sorted by position, every entry whose key lands there. An entry (48
+//!   bytes) carries its position, the key's 32-bit tag, the rule's 5-tuple box
+//!   in IPv4 form, and the rule: most verifications are a few compares on
+//!   the entry's own cache line, and the rule is read only when it has IPv6
+//!   bounds or conditions outside the 5-tuple. The *summary* is `bounds[s]`,
+//!   4 bytes per slot (so the summaries of all tuples stay cache resident):
+//!   the high half of the first position of slot `s`, exact after every
+//!   update.
+//! * A lookup hashes the packet once per (field, level) lane, combines the
+//!   lane hashes per tuple, reads the bound of every tuple's slot (independent
+//!   loads), then visits the slots in increasing bound, scanning each one up
+//!   to the best match found so far, and stops when the next bound is not
+//!   below it.
 //! * Rule order is kept as sparse `u64` positions (initially 2^32 apart;
 //!   an insertion takes the midpoint). When no gap is left, a window of
 //!   neighbours is widened by doubling until it is sparse enough and relabelled
 //!   evenly (the order-maintenance scheme of Dietz & Sleator, STOC 1987, in its
 //!   simple amortized form). Relabelling preserves the relative order of all
-//!   rules, so a summary's lowest entry stays the lowest. Insert and delete
-//!   touch only the rule's own entries and summary slots (and, rarely, a
-//!   relabelled window or a summary rebuild when a tuple doubles).
+//!   rules. Insert and delete touch only the rule's own slots (and, rarely, a
+//!   relabelled window or a rehash when a tuple doubles).
 //! * A [`Classifier`] is an immutable generation once published. `clone()` is
-//!   shallow (chunks and shards are `Arc`s) and an update copies only the
-//!   chunks and shards it writes. [`Classifier::compile`] bulk-builds every
-//!   table presized instead of inserting rule by rule.
+//!   shallow (chunks and slot lists are `Arc`s) and an update copies only the
+//!   chunks and lists it writes. [`Classifier::compile`] files the keys in
+//!   rule order exactly as inserts would, then bulk-builds every table
+//!   presized.
 //!
 //! # Cost model
 //!
-//! A lookup costs (lanes hashed) + (tuples × one summary load) + (merge steps
-//! × one verification). The tuple count is bounded by the level ladder, not
-//! the rule count (ClassBench-style 5-tuple sets: 7 tuples at 20 rules, 16
-//! from 1 000 rules up to 100 000), and so are the merge steps (about 3 at 20
-//! rules, 4 to 6 beyond). What still grows with the rule count is the number
-//! of non-empty summary slots a packet meets (about 2 at 20 rules, 10 at 10 000
-//! and more) and cache misses on the visited slots and rules. So the ratio
-//! to the 20-rule cost is flat from 1 000 rules on but sits at about 3.5-4x
-//! for ClassBench (the seed-001 shape, one or two tuples, stays flat at about
-//! 1x). Measure with `cargo run --release -p sluice-classify --example measure`.
+//! A lookup costs (lanes hashed) + (tuples × one summary load) + (slots
+//! visited × (one list load + entries scanned × one inline verification)).
+//! The tuple count is bounded by the ladder, and collision-limited placement
+//! keeps it low, but it still grows with the rule count as more level
+//! combinations are needed (ClassBench-style: 6 → 13 → 18 at 20 → 10 000 →
+//! 100 000 rules). Entries scanned per lookup stay small (about 1.4 at 20
+//! rules, 8 at 10 000, 10 at 100 000: buckets hold at most `COLLIDE`
+//! entries, except rules that share a natural key). Measured with callgrind
+//! (ClassBench shape, 4096 trace-style headers): about 990 instructions per
+//! packet at 20 rules, 2000 at 10 000, 2500 at 100 000. At 100 000 rules the
+//! tables (≈ 10 MB) no longer fit in L2, and the dependent misses of the
+//! visited slots (bound → list → entries → matched rule) dominate: the time
+//! ratio to 20 rules is then well above the instruction ratio. The seed-001
+//! shape (one tuple) stays flat at about 1x. Measure with
+//! `cargo run --release -p sluice-classify --example measure`.
 //!
 //! The evaluation loop is the same as the reference evaluator's: a
 //! non-terminal rule runs its statements (a mark change is visible to the
