@@ -1,73 +1,86 @@
 //! The compiled classifier: per-chain tuple space search with rule-position
-//! priorities, a per-tuple priority summary, and copy-on-write tables.
+//! priorities, a per-slot priority summary, and copy-on-write tables.
 //!
 //! # Algorithm
 //!
 //! Tuple space search (Srinivasan, Suri, Varghese, SIGCOMM 1999) with the
-//! coarse, merged tuples and priority pruning of TupleMerge (Daly, Liu, Torng,
-//! "TupleMerge: Fast Software Packet Processing for Online Packet
-//! Classification", ToN 2019), the scheme VPP's ACL plugin uses in its
-//! hash-match mode, plus a priority summary in front of every table (in the
-//! spirit of the per-table max-priority pruning of PartitionSort/TupleMerge,
+//! coarse tuples, collision-limited key placement and priority pruning of
+//! TupleMerge (Daly, Liu, Torng, "TupleMerge: Fast Software Packet Processing
+//! for Online Packet Classification", ToN 2019), the family of schemes VPP's
+//! ACL plugin uses in its hash-match mode, plus a priority summary in front of
+//! every table (the per-table max-priority pruning of PartitionSort/TupleMerge,
 //! applied per hash slot instead of per table):
 //!
-//! * Nine fields are indexed: saddr, daddr, l4proto, sport, dport, iifname,
-//!   oifname, mark, ct state. Each rule condition on one of them is prefix-
-//!   expanded (small ranges, ≤ 16 values, are enumerated exactly; negations are
-//!   complemented first) and every prefix length is rounded *down* to a coarse
-//!   level. Addresses have a family-aware ladder: an IPv4 (mapped) prefix is
-//!   keyed at /16 or not at all, an IPv6 prefix at /32 or /64. Ports, proto,
-//!   names, marks: wildcard or exact, and at most one port per rule (dport
-//!   when it is exact, else sport). Rounding merges tuples, so the number of
-//!   tuples is bounded by the ladder (for 5-tuple ACLs: 4 address combinations
-//!   × {no proto, proto, proto+port} ≈ 12-16), not by the number of rules.
-//! * A *tuple* is the vector of levels. Its table maps a fingerprint of the
-//!   masked key to a bucket of `(position, rule)` sorted by position. A rule
-//!   gets one entry per element of the cross product of its expansions (capped
-//!   at 256; dimensions that would exceed the cap stay wildcard). Everything not
-//!   indexed (ranges that round to 0, masks, flags, ct mark, concat sets, the
+//! * Indexed fields: saddr, daddr, dport, iifname, oifname, mark, ct state,
+//!   and sport only when the rule indexes nothing else; the protocol is never
+//!   indexed (it splits a bucket three ways at best but doubles the tuples).
+//!   Each condition on an indexed field is prefix-expanded (small ranges, ≤ 16
+//!   values, are enumerated exactly; negations are complemented first) and
+//!   every prefix length is rounded *down* to a level of a coarse ladder.
+//!   Addresses have a family-aware ladder: an IPv4 (mapped) prefix is keyed at
+//!   /24, /16, /8 or not at all, an IPv6 prefix at /32 or /64. Ports, names,
+//!   marks: wildcard or exact. The levels of a key are its *natural
+//!   signature*.
+//! * A *tuple* is a vector of levels with one hash table. A rule gets one key
+//!   per element of the cross product of its expansions (capped at 256;
+//!   dimensions that would exceed the cap stay wildcard). TupleMerge's
+//!   placement: a key is filed in the most specific existing tuple whose
+//!   levels are all at most its own and whose bucket for it holds fewer than
+//!   `COLLIDE` (8) entries; only when there is none does it get (or create) the
+//!   tuple of its natural signature. So rules share few tuples (ClassBench-
+//!   style sets: 6 at 20 rules, 13 at 10 000, 18 at 100 000; the ladder bounds
+//!   them at 32), and a bucket holds at most `COLLIDE` entries unless that
+//!   many rules share a natural key. Where each key went is kept with the
+//!   rule, so delete and relabel find it. Everything not indexed (the
+//!   protocol, ranges that round to 0, masks, flags, ct mark, concat sets, the
 //!   part of a prefix below its level) is checked by verifying each candidate
-//!   against the whole compiled rule, so fingerprint collisions and coarse keys
-//!   are harmless. A 5-tuple box (saddr, daddr, proto, sport, dport) is stored
-//!   inline in the compiled rule, so most verifications are a few compares.
-//! * Every tuple keeps a *summary* indexed by the low bits of the fingerprint
-//!   (one slot per entry, rounded up to a power of two): a lower bound of the
-//!   positions of all entries whose fingerprint lands in the slot (4 bytes,
-//!   so the summaries of all tuples stay cache resident), and the entry with
-//!   the lowest position itself. A lookup hashes the packet once per
-//!   (field, level) lane, combines the lane hashes per tuple, reads the
-//!   summaries of all tuples (independent loads), then visits tuples in
-//!   increasing summary bound and stops as soon as the next bound is not
-//!   below the best match found. A visit verifies the slot's lowest entry; only
-//!   when that one is not a match is the full bucket scanned. In a large rule
-//!   set most summary slots hold no early rule, so most tuples cost one cached
-//!   load, and the work per packet is bounded by the tuple count (fixed by the
-//!   ladder), not the rule count.
+//!   against the whole rule, so fingerprint collisions and coarse keys are
+//!   harmless.
+//! * A table is open hashing by *slot* (the low bits of the fingerprint's high
+//!   half; one slot per entry, rounded up to a power of two): slot `s` holds,
+//!   sorted by position, every entry whose key lands there. An entry (48
+//!   bytes) carries its position, the key's 32-bit tag, the rule's 5-tuple box
+//!   in IPv4 form, and the rule: most verifications are a few compares on
+//!   the entry's own cache line, and the rule is read only when it has IPv6
+//!   bounds or conditions outside the 5-tuple. The *summary* is `bounds[s]`,
+//!   4 bytes per slot (so the summaries of all tuples stay cache resident):
+//!   the high half of the first position of slot `s`, exact after every
+//!   update.
+//! * A lookup hashes the packet once per (field, level) lane, combines the
+//!   lane hashes per tuple, reads the bound of every tuple's slot (independent
+//!   loads), then visits the slots in increasing bound, scanning each one up
+//!   to the best match found so far, and stops when the next bound is not
+//!   below it.
 //! * Rule order is kept as sparse `u64` positions (initially 2^32 apart;
 //!   an insertion takes the midpoint). When no gap is left, a window of
 //!   neighbours is widened by doubling until it is sparse enough and relabelled
 //!   evenly (the order-maintenance scheme of Dietz & Sleator, STOC 1987, in its
 //!   simple amortized form). Relabelling preserves the relative order of all
-//!   rules, so a summary's lowest entry stays the lowest. Insert and delete
-//!   touch only the rule's own entries and summary slots (and, rarely, a
-//!   relabelled window or a summary rebuild when a tuple doubles).
+//!   rules. Insert and delete touch only the rule's own slots (and, rarely, a
+//!   relabelled window or a rehash when a tuple doubles).
 //! * A [`Classifier`] is an immutable generation once published. `clone()` is
-//!   shallow (chunks and shards are `Arc`s) and an update copies only the
-//!   chunks and shards it writes. [`Classifier::compile`] bulk-builds every
-//!   table presized instead of inserting rule by rule.
+//!   shallow (chunks and slot lists are `Arc`s) and an update copies only the
+//!   chunks and lists it writes. [`Classifier::compile`] files the keys in
+//!   rule order exactly as inserts would, then bulk-builds every table
+//!   presized.
 //!
 //! # Cost model
 //!
-//! A lookup costs (lanes hashed) + (tuples × one summary load) + (merge steps
-//! × one verification). The tuple count is bounded by the level ladder, not
-//! the rule count (ClassBench-style 5-tuple sets: 7 tuples at 20 rules, 16
-//! from 1 000 rules up to 100 000), and so are the merge steps (about 3 at 20
-//! rules, 4 to 6 beyond). What still grows with the rule count is the number
-//! of non-empty summary slots a packet meets (about 2 at 20 rules, 10 at 10 000
-//! and more) and cache misses on the visited slots and rules. So the ratio
-//! to the 20-rule cost is flat from 1 000 rules on but sits at about 3.5-4x
-//! for ClassBench (the seed-001 shape, one or two tuples, stays flat at about
-//! 1x). Measure with `cargo run --release -p sluice-classify --example measure`.
+//! A lookup costs (lanes hashed) + (tuples × one summary load) + (slots
+//! visited × (one list load + entries scanned × one inline verification)).
+//! The tuple count is bounded by the ladder, and collision-limited placement
+//! keeps it low, but it still grows with the rule count as more level
+//! combinations are needed (ClassBench-style: 6 → 13 → 18 at 20 → 10 000 →
+//! 100 000 rules). Entries scanned per lookup stay small (about 1.4 at 20
+//! rules, 8 at 10 000, 10 at 100 000: buckets hold at most `COLLIDE`
+//! entries, except rules that share a natural key). Measured with callgrind
+//! (ClassBench shape, 4096 trace-style headers): about 990 instructions per
+//! packet at 20 rules, 2000 at 10 000, 2500 at 100 000. At 100 000 rules the
+//! tables (≈ 10 MB) no longer fit in L2, and the dependent misses of the
+//! visited slots (bound → list → entries → matched rule) dominate: the time
+//! ratio to 20 rules is then well above the instruction ratio. The seed-001
+//! shape (one tuple) stays flat at about 1x. Measure with
+//! `cargo run --release -p sluice-classify --example measure`.
 //!
 //! The evaluation loop is the same as the reference evaluator's: a
 //! non-terminal rule runs its statements (a mark change is visible to the
@@ -81,7 +94,7 @@ use crate::ir::{
     ValueSet, Verdict,
 };
 use crate::linear::{run_stmts, EvalError, Final, Outcome, Scratch, MAX_CHAIN_ENTRIES, MAX_DEPTH};
-use crate::persist::{fmix, ChunkVec, Chunks, Sharded};
+use crate::persist::{fmix, ChunkVec, Chunks, IdBuild, Sharded};
 
 const NDIM: usize = 9;
 const DIM_FIELDS: [Field; NDIM] = [
@@ -96,7 +109,7 @@ const DIM_FIELDS: [Field; NDIM] = [
     Field::CtState,
 ];
 /// Address levels (bits of the mapped address): IPv6 /32 and /64, IPv4 /16.
-const ADDR_LEVELS: &[u32] = &[0, 32, 64, 112];
+const ADDR_LEVELS: &[u32] = &[0, 32, 64, 104, 112, 120];
 /// The IPv4-mapped prefix `::ffff:0:0/96`.
 const V4_MAPPED: u128 = 0xffff_u128 << 32;
 
@@ -115,8 +128,13 @@ fn levels(dim: usize) -> &'static [u32] {
 fn level_of(dim: usize, v: u128, plen: u32) -> usize {
     let lv = levels(dim);
     if dim <= 1 && plen >= 96 && v >> 32 == V4_MAPPED >> 32 {
-        // IPv4: /16 or nothing (shorter IPv4 prefixes are verified only).
-        return if plen >= 112 { 3 } else { 0 };
+        // IPv4: /24, /16, /8 or nothing (shorter prefixes are verified only).
+        return match plen {
+            120.. => 5,
+            112.. => 4,
+            104.. => 3,
+            _ => 0,
+        };
     }
     let li = lv.iter().rposition(|l| *l <= plen).unwrap_or(0);
     if dim <= 1 {
@@ -167,7 +185,7 @@ fn combine(h: u64, lane: u64) -> u64 {
 }
 
 /// Final step of a key hash: folds the well-mixed high bits of the last
-/// multiply into the low bits (summary slots and hashbrown index by them).
+/// multiply into the low bits.
 #[inline]
 fn finish(h: u64) -> u64 {
     h ^ (h >> 29)
@@ -341,12 +359,13 @@ impl Quick {
 #[derive(Debug)]
 struct CRule {
     quick: Quick,
+    /// `quick` in inline form, copied into every table entry of the rule.
+    lean: Lean,
     /// Conditions the box does not cover.
     extra: Box<[Check]>,
     id: RuleId,
     stmts: Box<[Stmt]>,
     verdict: Option<Verdict>,
-    keys: Box<[(Sig, u64)]>,
 }
 
 impl CRule {
@@ -355,7 +374,8 @@ impl CRule {
         self.quick.holds(p) && self.extra.iter().all(|c| c.holds(p))
     }
 
-    fn compile(r: &Rule) -> CRule {
+    /// The compiled rule and its natural index keys ([`index_keys`]).
+    fn compile(r: &Rule) -> (CRule, Vec<NatKey>) {
         let mut checks = Vec::with_capacity(r.matches.len());
         for m in &r.matches {
             match m {
@@ -419,14 +439,15 @@ impl CRule {
                 c => extra.push(c),
             }
         }
-        CRule {
+        let c = CRule {
             quick,
+            lean: Lean::of(&quick, extra.is_empty()),
             extra: extra.into(),
             id: r.id,
             stmts: r.stmts.clone().into(),
             verdict: r.verdict,
-            keys,
-        }
+        };
+        (c, keys)
     }
 }
 
@@ -506,7 +527,13 @@ fn key_hash(sig: &Sig, vals: &[u128; NDIM]) -> u64 {
     finish(h)
 }
 
-fn index_keys(checks: &[Check]) -> Box<[(Sig, u64)]> {
+/// A natural index key: the most specific level of every indexed dimension
+/// (its signature) and the values masked to those levels.
+type NatKey = (Sig, [u128; NDIM]);
+
+/// The natural index keys of a rule: the cross product of its dimensions'
+/// expansions (no keys at all when a condition can never hold).
+fn index_keys(checks: &[Check]) -> Vec<NatKey> {
     let mut dims: Vec<(usize, Vec<(u128, u8)>)> = Vec::new();
     for (d, f) in DIM_FIELDS.iter().enumerate() {
         let found = checks.iter().find_map(|c| match c {
@@ -518,15 +545,17 @@ fn index_keys(checks: &[Check]) -> Box<[(Sig, u64)]> {
             if let Some(e) = expand_dim(d, &rs) {
                 if e.is_empty() {
                     // The condition can never hold: no entry at all.
-                    return Box::new([]);
+                    return Vec::new();
                 }
                 dims.push((d, e));
             }
         }
     }
-    // At most one port is indexed (dport first): fewer tuples, and the other
-    // port is verified.
-    if dims.iter().any(|(d, _)| *d == 4) {
+    // The protocol is never indexed (it splits a bucket three ways at best,
+    // but would double the tuples); the source port only when nothing else
+    // is (fewer tuples). Both are verified.
+    dims.retain(|(d, _)| *d != 2);
+    if dims.iter().any(|(d, _)| *d != 3) {
         dims.retain(|(d, _)| *d != 3);
     }
     dims.sort_by_key(|(_, e)| e.len());
@@ -552,179 +581,220 @@ fn index_keys(checks: &[Check]) -> Box<[(Sig, u64)]> {
         }
         keys = next;
     }
-    let mut out: Vec<(Sig, u64)> = keys
-        .iter()
-        .map(|(sig, vals)| (*sig, key_hash(sig, vals)))
-        .collect();
-    out.sort_unstable();
-    out.dedup();
-    out.into()
+    keys.sort_unstable();
+    keys.dedup();
+    keys
 }
 
+/// Whether a key of signature `k` can be filed in a tuple of signature `t`:
+/// every level of `t` is at most the key's.
+fn fits(t: &Sig, k: &Sig) -> bool {
+    t.iter().zip(k.iter()).all(|(a, b)| a <= b)
+}
+
+/// Bits of key a tuple of signature `t` keeps (its specificity).
+fn spec(t: &Sig) -> u32 {
+    t.iter()
+        .enumerate()
+        .map(|(d, l)| levels(d).get(*l as usize).copied().unwrap_or(0))
+        .sum()
+}
+
+/// The fingerprint of a natural key filed in a tuple of signature `t`.
+fn key_in(t: &Sig, k: &NatKey) -> u64 {
+    let mut vals = [0u128; NDIM];
+    for d in 0..NDIM {
+        if t[d] != 0 {
+            let lv = levels(d).get(t[d] as usize).copied().unwrap_or(0);
+            vals[d] = k.1[d] & lvl_mask(lv, DIM_FIELDS[d].width());
+        }
+    }
+    key_hash(t, &vals)
+}
+
+/// Collision limit: a key is filed in the most specific existing tuple that
+/// it fits and whose bucket for it holds fewer entries than this; when there
+/// is none, in the tuple of its own signature (TupleMerge's placement rule).
+const COLLIDE: usize = 8;
+
+/// Files the natural keys of one rule (see [`COLLIDE`]); `sigs` are the
+/// chain's tuples by decreasing specificity and `load(t, fp)` the entries of
+/// bucket `fp` of tuple `t`. Keys that land in the same bucket are filed once.
+fn place(sigs: &[Sig], nat: &[NatKey], load: impl Fn(&Sig, u64) -> usize) -> Vec<(Sig, u64)> {
+    let mut out: Vec<(Sig, u64)> = Vec::with_capacity(nat.len());
+    for k in nat {
+        let mut at = None;
+        for t in sigs {
+            if fits(t, &k.0) {
+                let fp = key_in(t, k);
+                if load(t, fp) < COLLIDE {
+                    at = Some((*t, fp));
+                    break;
+                }
+            }
+        }
+        let at = at.unwrap_or_else(|| (k.0, key_in(&k.0, k)));
+        if !out.contains(&at) {
+            out.push(at);
+        }
+    }
+    out
+}
+
+/// Inserts `sig` into `sigs`, kept by decreasing specificity.
+fn add_sig(sigs: &mut Vec<Sig>, sig: Sig) {
+    if !sigs.contains(&sig) {
+        let key = |t: &Sig| (std::cmp::Reverse(spec(t)), *t);
+        let i = sigs.partition_point(|t| key(t) < key(&sig));
+        sigs.insert(i, sig);
+    }
+}
+
+/// [`Lean`] flag: any source address.
+const F_SANY: u8 = 1;
+/// [`Lean`] flag: any destination address.
+const F_DANY: u8 = 2;
+/// [`Lean`] flag: the box is necessary but not sufficient; the compiled rule
+/// is checked too (IPv6 bounds, or conditions outside the 5-tuple).
+const F_FULL: u8 = 4;
+
+/// The 5-tuple box of a rule in IPv4 form (28 bytes), stored inline in every
+/// table entry, so that verifying a candidate reads no other cache line.
+#[derive(Clone, Copy, Debug)]
+struct Lean {
+    flags: u8,
+    proto: [u8; 2],
+    sport: [u16; 2],
+    dport: [u16; 2],
+    saddr: [u32; 2],
+    daddr: [u32; 2],
+}
+
+/// A packet as [`Lean::holds`] reads it.
+#[derive(Clone, Copy, Debug)]
+struct LeanKey {
+    s4: u32,
+    d4: u32,
+    s_v4: bool,
+    d_v4: bool,
+    sport: u16,
+    dport: u16,
+    proto: u8,
+}
+
+impl LeanKey {
+    #[inline]
+    fn of(p: &PacketFields) -> Self {
+        LeanKey {
+            s4: p.saddr as u32,
+            d4: p.daddr as u32,
+            s_v4: p.saddr >> 32 == V4_MAPPED >> 32,
+            d_v4: p.daddr >> 32 == V4_MAPPED >> 32,
+            sport: p.sport,
+            dport: p.dport,
+            proto: p.l4proto,
+        }
+    }
+}
+
+impl Lean {
+    /// The box of `q`; `exact` when the rule has no conditions outside it.
+    fn of(q: &Quick, exact: bool) -> Lean {
+        let mut flags = if exact { 0 } else { F_FULL };
+        let mut never = false;
+        let mut addr = |a: [u128; 2], any: u8| -> [u32; 2] {
+            if a[0] > a[1] {
+                never = true;
+                [1, 0]
+            } else if a == [0, u128::MAX] {
+                flags |= any;
+                [0, u32::MAX]
+            } else if a[0] >> 32 == V4_MAPPED >> 32 && a[1] >> 32 == V4_MAPPED >> 32 {
+                [a[0] as u32, a[1] as u32]
+            } else {
+                flags |= any | F_FULL;
+                [0, u32::MAX]
+            }
+        };
+        let saddr = addr(q.saddr, F_SANY);
+        let daddr = addr(q.daddr, F_DANY);
+        Lean {
+            flags,
+            // An empty address range never holds: an empty proto range says so.
+            proto: if never { [1, 0] } else { q.proto },
+            sport: q.sport,
+            dport: q.dport,
+            saddr,
+            daddr,
+        }
+    }
+
+    #[inline]
+    fn holds(&self, k: &LeanKey) -> bool {
+        let s = (self.flags & F_SANY != 0)
+            | (k.s_v4 & (self.saddr[0] <= k.s4) & (k.s4 <= self.saddr[1]));
+        let d = (self.flags & F_DANY != 0)
+            | (k.d_v4 & (self.daddr[0] <= k.d4) & (k.d4 <= self.daddr[1]));
+        s & d
+            & (self.proto[0] <= k.proto)
+            & (k.proto <= self.proto[1])
+            & (self.dport[0] <= k.dport)
+            & (k.dport <= self.dport[1])
+            & (self.sport[0] <= k.sport)
+            & (k.sport <= self.sport[1])
+    }
+}
+
+/// One table entry (48 bytes): a rule's position, the tag of the key it is
+/// filed under, the rule's inline box, and the rule.
 #[derive(Clone, Debug)]
-struct Entry {
+struct Ent {
     pos: u64,
+    tag: u32,
+    lean: Lean,
     rule: Arc<CRule>,
 }
 
-#[derive(Clone, Debug)]
-enum Bucket {
-    One(Entry),
-    Many(Vec<Entry>),
-}
+impl Ent {
+    fn new(fp: u64, pos: u64, rule: &Arc<CRule>) -> Self {
+        Ent {
+            pos,
+            tag: tag_of(fp),
+            lean: rule.lean,
+            rule: rule.clone(),
+        }
+    }
 
-impl Bucket {
     #[inline]
-    fn entries(&self) -> &[Entry] {
-        match self {
-            Bucket::One(e) => std::slice::from_ref(e),
-            Bucket::Many(v) => v,
-        }
+    fn matches(&self, k: &LeanKey, p: &PacketFields) -> bool {
+        self.lean.holds(k) && (self.lean.flags & F_FULL == 0 || self.rule.matches(p))
     }
-    fn insert(&mut self, e: Entry) {
-        let mut v = match std::mem::replace(self, Bucket::Many(Vec::new())) {
-            Bucket::One(x) => vec![x],
-            Bucket::Many(v) => v,
-        };
-        let i = v.partition_point(|x| x.pos < e.pos);
-        v.insert(i, e);
-        *self = Bucket::Many(v);
-    }
-    /// Removes the entry at `pos`; returns true when the bucket is now empty.
-    fn remove(&mut self, pos: u64) -> bool {
-        match self {
-            Bucket::One(e) => e.pos == pos,
-            Bucket::Many(v) => {
-                v.retain(|e| e.pos != pos);
-                if v.len() == 1 {
-                    if let Some(e) = v.pop() {
-                        *self = Bucket::One(e);
-                    }
-                }
-                matches!(self, Bucket::Many(v) if v.is_empty())
-            }
-        }
-    }
-    /// Moves `rule`'s entry from `old` to `new` (matched by identity: during a
-    /// relabel `new` may still be another rule's old position).
-    fn repos(&mut self, rule: &Arc<CRule>, old: u64, new: u64) {
-        let is = |e: &Entry| e.pos == old && Arc::ptr_eq(&e.rule, rule);
-        match self {
-            Bucket::One(e) => {
-                if is(e) {
-                    e.pos = new;
-                }
-            }
-            Bucket::Many(v) => {
-                for e in v.iter_mut() {
-                    if is(e) {
-                        e.pos = new;
-                    }
-                }
-                v.sort_by_key(|e| e.pos);
-            }
-        }
+
+    fn is(&self, pos: u64, rule: &CRule) -> bool {
+        self.pos == pos && std::ptr::eq(&*self.rule, rule)
     }
 }
 
-/// The lowest entry of a summary slot.
-#[derive(Clone, Debug, Default)]
-struct Cand {
-    pos: u64,
-    /// `None`: the slot is empty, or its lowest entry was deleted and the
-    /// new lowest is unknown until the next rebuild (lookups scan the bucket).
-    rule: Option<Arc<CRule>>,
+/// The tag of a fingerprint: its high half (the low bits of the tag select
+/// the slot, the rest filters entries of other keys sharing the slot).
+#[inline]
+fn tag_of(fp: u64) -> u32 {
+    (fp >> 32) as u32
 }
 
-/// Per-tuple priority summary, indexed by `fingerprint & mask`.
+/// Slots for a table of `n` entries: a power of two, load factor 1/2 to 1.
+fn slots_for(n: usize) -> usize {
+    n.max(16).next_power_of_two()
+}
+
+/// A tuple: one hash table for every rule key of one signature (level
+/// vector), plus its priority summary.
 ///
-/// Invariants: `bounds[s]` is at most [`bound_of`] of every entry whose
-/// fingerprint lands in slot `s` ([`EMPTY`] when none ever did since the last
-/// rebuild); when `cands[s].rule` is set, it is the entry of slot `s` with
-/// the lowest position.
-#[derive(Clone, Debug)]
-struct Summary {
-    mask: usize,
-    bounds: Chunks<u32>,
-    cands: Chunks<Cand>,
-    /// Slots whose lowest entry was deleted.
-    stale: usize,
-}
-
-impl Summary {
-    fn new(entries: usize) -> Self {
-        let n = entries.max(16).next_power_of_two();
-        Summary {
-            mask: n - 1,
-            bounds: Chunks::filled(n, EMPTY),
-            cands: Chunks::filled(n, Cand::default()),
-            stale: 0,
-        }
-    }
-
-    fn slots(&self) -> usize {
-        self.mask + 1
-    }
-
-    #[inline]
-    fn bound(&self, fp: u64) -> u32 {
-        self.bounds
-            .get(fp as usize & self.mask)
-            .copied()
-            .unwrap_or(0)
-    }
-
-    fn add(&mut self, fp: u64, pos: u64, rule: &Arc<CRule>) {
-        let s = fp as usize & self.mask;
-        let old = self.bounds.get(s).copied().unwrap_or(0);
-        if bound_of(pos) < old {
-            if let Some(b) = self.bounds.get_mut(s) {
-                *b = bound_of(pos);
-            }
-        }
-        let replace = old == EMPTY
-            || self
-                .cands
-                .get(s)
-                .is_some_and(|c| c.rule.is_some() && pos < c.pos);
-        if replace {
-            if let Some(c) = self.cands.get_mut(s) {
-                *c = Cand {
-                    pos,
-                    rule: Some(rule.clone()),
-                };
-            }
-        }
-    }
-
-    fn remove(&mut self, fp: u64, rule: &CRule) {
-        let s = fp as usize & self.mask;
-        let is = |c: &Cand| c.rule.as_deref().is_some_and(|r| std::ptr::eq(r, rule));
-        if self.cands.get(s).is_some_and(is) {
-            if let Some(c) = self.cands.get_mut(s) {
-                c.rule = None;
-                self.stale += 1;
-            }
-        }
-    }
-
-    /// `rule` moved to `new` (a relabel, which keeps the order of all rules).
-    fn moved(&mut self, fp: u64, rule: &CRule, new: u64) {
-        let s = fp as usize & self.mask;
-        if self.bounds.get(s).is_some_and(|b| bound_of(new) < *b) {
-            if let Some(b) = self.bounds.get_mut(s) {
-                *b = bound_of(new);
-            }
-        }
-        let is = |c: &Cand| c.rule.as_deref().is_some_and(|r| std::ptr::eq(r, rule));
-        if self.cands.get(s).is_some_and(is) {
-            if let Some(c) = self.cands.get_mut(s) {
-                c.pos = new;
-            }
-        }
-    }
-}
-
+/// The table is open hashing by slot: slot `tag & mask` holds, sorted by
+/// position, every entry whose key tag lands there (several keys may share a
+/// slot; the tag and the box tell them apart). `bounds` is the summary:
+/// `bounds[s]` is [`bound_of`] the first (lowest) position of slot `s`, or
+/// [`EMPTY`]. Both are exact after every update.
 #[derive(Clone, Debug)]
 struct Tuple {
     sig: Sig,
@@ -735,8 +805,10 @@ struct Tuple {
     /// Upper bound of the positions held.
     max_pos: u64,
     entries: usize,
-    map: Sharded<Bucket>,
-    sum: Summary,
+    /// Slots − 1.
+    mask: usize,
+    bounds: Chunks<u32>,
+    lists: Chunks<Option<Arc<[Ent]>>>,
 }
 
 impl Tuple {
@@ -757,14 +829,82 @@ impl Tuple {
             };
             lanes.push(i as u8);
         }
+        let n = slots_for(capacity);
         Tuple {
             sig,
             lanes: lanes.into(),
             min_pos: u64::MAX,
             max_pos: 0,
             entries: 0,
-            map: Sharded::with_capacity(capacity),
-            sum: Summary::new(capacity),
+            mask: n - 1,
+            bounds: Chunks::filled(n, EMPTY),
+            lists: Chunks::filled(n, None),
+        }
+    }
+
+    /// The fingerprint of the packet's key in this tuple.
+    #[inline]
+    fn fingerprint(&self, lh: &[u64; MAX_LANES]) -> u64 {
+        let mut h = SEED;
+        for l in self.lanes.iter() {
+            h = combine(h, lh.get(*l as usize).copied().unwrap_or(0));
+        }
+        finish(h)
+    }
+
+    #[inline]
+    fn slot(&self, tag: u32) -> usize {
+        tag as usize & self.mask
+    }
+
+    #[inline]
+    fn bound(&self, s: usize) -> u32 {
+        self.bounds.get(s).copied().unwrap_or(EMPTY)
+    }
+
+    #[inline]
+    fn list(&self, s: usize) -> &[Ent] {
+        self.lists.get(s).and_then(|l| l.as_deref()).unwrap_or(&[])
+    }
+
+    /// Entries in the bucket of `fp`.
+    fn load(&self, fp: u64) -> usize {
+        let tag = tag_of(fp);
+        self.list(self.slot(tag))
+            .iter()
+            .filter(|e| e.tag == tag)
+            .count()
+    }
+
+    /// Replaces slot `s` with `v` (sorted by position) and updates its bound.
+    fn set_list(&mut self, s: usize, v: Vec<Ent>) {
+        if let Some(b) = self.bounds.get_mut(s) {
+            *b = v.first().map_or(EMPTY, |e| bound_of(e.pos));
+        }
+        if let Some(l) = self.lists.get_mut(s) {
+            *l = if v.is_empty() { None } else { Some(v.into()) };
+        }
+    }
+
+    /// Files `ents` into empty slots: sorted by (slot, position), one list
+    /// per slot.
+    fn fill(&mut self, mut ents: Vec<Ent>) {
+        let mask = self.mask;
+        ents.sort_unstable_by_key(|e| (e.tag as usize & mask, e.pos));
+        let mut run: Vec<Ent> = Vec::new();
+        for e in ents {
+            if run
+                .first()
+                .is_some_and(|f| f.tag as usize & mask != e.tag as usize & mask)
+            {
+                let s = run.first().map_or(0, |f| f.tag as usize & mask);
+                self.set_list(s, std::mem::take(&mut run));
+            }
+            run.push(e);
+        }
+        if let Some(f) = run.first() {
+            let s = f.tag as usize & mask;
+            self.set_list(s, run);
         }
     }
 
@@ -772,40 +912,53 @@ impl Tuple {
         self.min_pos = self.min_pos.min(pos);
         self.max_pos = self.max_pos.max(pos);
         self.entries += 1;
-        let e = Entry {
-            pos,
-            rule: rule.clone(),
-        };
-        match self.map.get_mut(fp) {
-            Some(b) => b.insert(e),
-            None => self.map.insert(fp, Bucket::One(e)),
+        let s = self.slot(tag_of(fp));
+        let mut v = self.list(s).to_vec();
+        let i = v.partition_point(|e| e.pos < pos);
+        v.insert(i, Ent::new(fp, pos, rule));
+        self.set_list(s, v);
+        if self.entries > 2 * (self.mask + 1) {
+            self.resize();
         }
-        self.sum.add(fp, pos, rule);
     }
 
-    /// Rebuilds the summary for the current entries (after growth or many
-    /// deletions of slot minima).
-    fn rebuild_summary(&mut self) {
-        let mut sum = Summary::new(self.entries);
-        for (fp, b) in self.map.iter() {
-            if let Some(e) = b.entries().first() {
-                sum.add(*fp, e.pos, &e.rule);
+    fn remove(&mut self, fp: u64, pos: u64, rule: &CRule) {
+        let s = self.slot(tag_of(fp));
+        let old = self.list(s);
+        if old.iter().any(|e| e.is(pos, rule)) {
+            let v = old.iter().filter(|e| !e.is(pos, rule)).cloned().collect();
+            self.set_list(s, v);
+            self.entries = self.entries.saturating_sub(1);
+        }
+    }
+
+    /// `rule` moved from `old` to `new` (a relabel, which keeps the order of
+    /// all rules once it is complete; until then a slot is re-sorted).
+    fn moved(&mut self, fp: u64, rule: &CRule, old: u64, new: u64) {
+        self.min_pos = self.min_pos.min(new);
+        self.max_pos = self.max_pos.max(new);
+        let s = self.slot(tag_of(fp));
+        let mut v = self.list(s).to_vec();
+        for e in v.iter_mut() {
+            if e.is(old, rule) {
+                e.pos = new;
             }
         }
-        self.sum = sum;
+        v.sort_by_key(|e| e.pos);
+        self.set_list(s, v);
     }
 
-    /// Opens the bucket of `fp` for a merge: the position and index of its
-    /// first entry at or after `start` (and after `after`, when given).
-    #[inline]
-    fn open(&self, fp: u64, start: u64, after: Option<u64>) -> Option<(u64, u32)> {
-        let es = self.map.get(fp)?.entries();
-        let i = match after {
-            Some(a) => es.partition_point(|e| e.pos <= a),
-            None if start > 0 => es.partition_point(|e| e.pos < start),
-            None => 0,
-        };
-        es.get(i).map(|e| (e.pos, i as u32))
+    /// Rehashes into [`slots_for`] the current entry count (after growth).
+    fn resize(&mut self) {
+        let mut ents = Vec::with_capacity(self.entries);
+        for c in 0..=self.mask {
+            ents.extend(self.list(c).iter().cloned());
+        }
+        let n = slots_for(ents.len());
+        self.mask = n - 1;
+        self.bounds = Chunks::filled(n, EMPTY);
+        self.lists = Chunks::filled(n, None);
+        self.fill(ents);
     }
 }
 
@@ -815,6 +968,8 @@ struct Slot {
     prev: u32,
     next: u32,
     rule: Option<Arc<CRule>>,
+    /// Where the rule's keys are filed: (tuple signature, fingerprint).
+    keys: Box<[(Sig, u64)]>,
 }
 
 #[derive(Clone, Debug)]
@@ -838,25 +993,13 @@ fn id_key(id: RuleId) -> u64 {
     fmix(id.0 ^ SEED)
 }
 
-/// Where a tuple's cursor is in a lookup's merge.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) enum HeadState {
-    /// Only the summary bound was read.
-    #[default]
-    Summary,
-    /// The slot's lowest entry is next.
-    Cand,
-    /// Entry `i` of the bucket is next.
-    Bucket(u32),
-}
-
-/// One tuple in a lookup's merge; `key` is a lower bound of its candidates.
+/// A tuple whose summary slot for the packet is not empty: a candidate of
+/// a lookup's merge. Every position in the slot is at least `bound << 32`.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Head {
-    key: u64,
-    fp: u64,
+    bound: u32,
+    tag: u32,
     tuple: u32,
-    state: HeadState,
 }
 
 impl CChain {
@@ -877,44 +1020,67 @@ impl CChain {
     }
 
     /// Builds a chain from validated rules in one pass: positions
-    /// `GAP, 2·GAP, …`, every table and summary presized.
+    /// `GAP, 2·GAP, …`, keys filed in rule order as inserts would file
+    /// them, then every table built presized.
     fn build(name: &str, kind: ChainKind, rules: &[Rule]) -> Self {
         let mut c = CChain::new(name, kind);
         let n = rules.len();
         c.by_id = Sharded::with_capacity(n);
-        let mut crules: Vec<Arc<CRule>> = Vec::with_capacity(n);
-        let mut groups: hashbrown::HashMap<Sig, Vec<(u64, u32)>> = hashbrown::HashMap::new();
+        let mut sigs: Vec<Sig> = Vec::new();
+        // Bucket loads by (signature, fingerprint), folded into one u64 (a
+        // rare fold collision only makes a placement less even).
+        let lkey =
+            |sig: &Sig, fp: u64| fp ^ fmix(sig.iter().fold(0u64, |a, l| a << 4 | u64::from(*l)));
+        let mut load: hashbrown::HashMap<u64, u32, IdBuild> =
+            hashbrown::HashMap::with_capacity_and_hasher(n, IdBuild);
+        let mut groups: Vec<(Sig, Vec<Ent>)> = Vec::new();
         for (i, r) in rules.iter().enumerate() {
-            let cr = Arc::new(CRule::compile(r));
-            for (sig, fp) in cr.keys.iter() {
-                groups.entry(*sig).or_default().push((*fp, i as u32));
+            let (cr, nat) = CRule::compile(r);
+            let cr = Arc::new(cr);
+            let pos = (i as u64 + 1) * GAP;
+            let keys = place(&sigs, &nat, |t, fp| {
+                load.get(&lkey(t, fp)).copied().unwrap_or(0) as usize
+            });
+            for (sig, fp) in &keys {
+                add_sig(&mut sigs, *sig);
+                *load.entry(lkey(sig, *fp)).or_insert(0) += 1;
+                let g = match groups.iter().position(|(g, _)| g == sig) {
+                    Some(g) => g,
+                    None => {
+                        groups.push((*sig, Vec::new()));
+                        groups.len() - 1
+                    }
+                };
+                if let Some((_, v)) = groups.get_mut(g) {
+                    v.push(Ent::new(*fp, pos, &cr));
+                }
             }
             if let Some(Verdict::Jump(t) | Verdict::Goto(t)) = r.verdict {
                 *c.edges.entry(t.0).or_insert(0) += 1;
             }
             let s = c.slots.push(Slot {
-                pos: (i as u64 + 1) * GAP,
+                pos,
                 prev: if i == 0 { NIL } else { i as u32 - 1 },
                 next: if i + 1 < n { i as u32 + 1 } else { NIL },
-                rule: Some(cr.clone()),
+                rule: Some(cr),
+                keys: keys.into(),
             });
             c.by_id.insert(id_key(r.id), s as u32);
-            crules.push(cr);
         }
         if n > 0 {
             c.head = 0;
             c.tail = n as u32 - 1;
         }
         c.len = n;
-        let mut groups: Vec<_> = groups.into_iter().collect();
         groups.sort_unstable_by_key(|(sig, _)| *sig);
-        for (sig, list) in groups {
-            let mut t = Tuple::new(sig, &mut c.lanes, list.len());
-            for (fp, i) in list {
-                if let Some(r) = crules.get(i as usize) {
-                    t.add(fp, (i as u64 + 1) * GAP, r);
-                }
+        for (sig, ents) in groups {
+            let mut t = Tuple::new(sig, &mut c.lanes, ents.len());
+            for e in &ents {
+                t.min_pos = t.min_pos.min(e.pos);
+                t.max_pos = t.max_pos.max(e.pos);
             }
+            t.entries = ents.len();
+            t.fill(ents);
             c.tuples.push(Arc::new(t));
         }
         c.tuples.sort_by_key(|t| t.min_pos);
@@ -929,13 +1095,9 @@ impl CChain {
         self.slot(s).map(|x| x.pos)
     }
 
+    /// Hashes the packet once per lane of the chain.
     #[inline]
-    fn first_match(
-        &self,
-        p: &PacketFields,
-        start: u64,
-        heads: &mut Vec<Head>,
-    ) -> Option<(u64, &CRule)> {
+    fn lane_hashes(&self, p: &PacketFields) -> [u64; MAX_LANES] {
         let pv: [u128; NDIM] = [
             p.saddr,
             p.daddr,
@@ -951,8 +1113,18 @@ impl CChain {
         for (h, (d, m)) in lh.iter_mut().zip(self.lanes.iter()) {
             *h = lane_hash(*d as usize, pv.get(*d as usize).copied().unwrap_or(0) & m);
         }
-        let mut best = u64::MAX;
-        let mut hit: Option<&CRule> = None;
+        lh
+    }
+
+    /// The lowest-positioned matching rule at or after `start`.
+    #[inline]
+    fn first_match(
+        &self,
+        p: &PacketFields,
+        start: u64,
+        heads: &mut Vec<Head>,
+    ) -> Option<(u64, &CRule)> {
+        let lh = self.lane_hashes(p);
         // Phase 1: fingerprint and summary bound of every tuple (independent
         // loads, overlapped by the CPU).
         heads.clear();
@@ -960,86 +1132,61 @@ impl CChain {
             if t.max_pos < start {
                 continue;
             }
-            let mut h = SEED;
-            for l in t.lanes.iter() {
-                h = combine(h, lh.get(*l as usize).copied().unwrap_or(0));
-            }
-            let fp = finish(h);
-            let b = t.sum.bound(fp);
+            let tag = tag_of(t.fingerprint(&lh));
+            let b = t.bound(t.slot(tag));
             if b != EMPTY {
                 heads.push(Head {
-                    key: u64::from(b) << 32,
-                    fp,
+                    bound: b,
+                    tag,
                     tuple: ti as u32,
-                    state: HeadState::Summary,
                 });
             }
         }
-        // Phase 2: a k-way merge of the tuples' candidates by position.
-        // Every head's key is a lower bound of its remaining candidates, so
-        // the first verified match taken at the smallest key is the lowest-
-        // positioned match of the chain.
+        self.resolve(p, start, heads)
+    }
+
+    /// Phase 2: visits the candidate slots in increasing bound and scans each
+    /// one up to the best match so far; stops when the next bound is not
+    /// below it. Every entry below the best is verified, so the result is the
+    /// lowest-positioned match.
+    #[inline]
+    fn resolve(
+        &self,
+        p: &PacketFields,
+        start: u64,
+        heads: &mut Vec<Head>,
+    ) -> Option<(u64, &CRule)> {
+        let k = LeanKey::of(p);
+        let mut best = u64::MAX;
+        let mut hit: Option<&CRule> = None;
         while let Some(mut hd) = heads.first().copied() {
-            let mut k = 0;
+            let mut at = 0;
             for (i, x) in heads.iter().enumerate().skip(1) {
-                let less = x.key < hd.key;
+                let less = x.bound < hd.bound;
                 hd = if less { *x } else { hd };
-                k = if less { i } else { k };
+                at = if less { i } else { at };
             }
-            if hd.key >= best {
+            if u64::from(hd.bound) << 32 >= best {
                 break;
             }
+            heads.swap_remove(at);
             let Some(t) = self.tuples.get(hd.tuple as usize) else {
-                break;
+                continue;
             };
-            let next = match hd.state {
-                HeadState::Summary => match t.sum.cands.get(hd.fp as usize & t.sum.mask) {
-                    Some(Cand { pos, rule: Some(_) }) if *pos >= start => Some(Head {
-                        key: *pos,
-                        state: HeadState::Cand,
-                        ..hd
-                    }),
-                    _ => t.open(hd.fp, start, None).map(|(key, i)| Head {
-                        key,
-                        state: HeadState::Bucket(i),
-                        ..hd
-                    }),
-                },
-                HeadState::Cand => {
-                    match t.sum.cands.get(hd.fp as usize & t.sum.mask) {
-                        Some(Cand { pos, rule: Some(r) }) if r.matches(p) => {
-                            // The slot's lowest entry: nothing in the bucket is lower.
-                            best = *pos;
-                            hit = Some(r);
-                            break;
-                        }
-                        _ => t.open(hd.fp, start, Some(hd.key)).map(|(key, i)| Head {
-                            key,
-                            state: HeadState::Bucket(i),
-                            ..hd
-                        }),
-                    }
-                }
-                HeadState::Bucket(i) => {
-                    let es = t.map.get(hd.fp).map_or(&[][..], Bucket::entries);
-                    match es.get(i as usize) {
-                        Some(e) if e.rule.matches(p) => {
-                            best = e.pos;
-                            hit = Some(&e.rule);
-                            break;
-                        }
-                        _ => es.get(i as usize + 1).map(|e| Head {
-                            key: e.pos,
-                            state: HeadState::Bucket(i + 1),
-                            ..hd
-                        }),
-                    }
-                }
+            let es = t.list(t.slot(hd.tag));
+            let from = if start > 0 {
+                es.partition_point(|e| e.pos < start)
+            } else {
+                0
             };
-            match (next, heads.get_mut(k)) {
-                (Some(x), Some(slot)) => *slot = x,
-                _ => {
-                    heads.swap_remove(k);
+            for e in es.get(from..).unwrap_or(&[]) {
+                if e.pos >= best {
+                    break;
+                }
+                if e.tag == hd.tag && e.matches(&k, p) {
+                    best = e.pos;
+                    hit = Some(&e.rule);
+                    break;
                 }
             }
         }
@@ -1061,31 +1208,35 @@ impl CChain {
         Arc::make_mut(&mut tuples[i])
     }
 
-    fn add_entries(&mut self, rule: &Arc<CRule>, pos: u64) {
-        for (sig, fp) in rule.keys.iter() {
-            let t = Self::tuple_mut(&mut self.tuples, &mut self.lanes, *sig);
-            t.add(*fp, pos, rule);
-            if t.entries > 2 * t.sum.slots() {
-                t.rebuild_summary();
-            }
+    /// Files the natural keys of a new rule against the current tables.
+    fn place_keys(&self, nat: &[NatKey]) -> Vec<(Sig, u64)> {
+        let mut sigs: Vec<Sig> = Vec::with_capacity(self.tuples.len());
+        for t in &self.tuples {
+            add_sig(&mut sigs, t.sig);
+        }
+        place(&sigs, nat, |sig, fp| {
+            self.tuples
+                .iter()
+                .find(|t| t.sig == *sig)
+                .map_or(0, |t| t.load(fp))
+        })
+    }
+
+    fn add_entries(&mut self, rule: &Arc<CRule>, keys: &[(Sig, u64)], pos: u64) {
+        for (sig, fp) in keys {
+            Self::tuple_mut(&mut self.tuples, &mut self.lanes, *sig).add(*fp, pos, rule);
         }
     }
 
-    fn remove_entries(&mut self, rule: &CRule, pos: u64) {
-        for (sig, fp) in rule.keys.iter() {
+    fn remove_entries(&mut self, rule: &CRule, keys: &[(Sig, u64)], pos: u64) {
+        for (sig, fp) in keys {
             let Some(i) = self.tuples.iter().position(|t| t.sig == *sig) else {
                 continue;
             };
             let t = Arc::make_mut(&mut self.tuples[i]);
-            if t.map.get_mut(*fp).is_some_and(|b| b.remove(pos)) {
-                t.map.remove(*fp);
-            }
-            t.sum.remove(*fp, rule);
-            t.entries = t.entries.saturating_sub(1);
+            t.remove(*fp, pos, rule);
             if t.entries == 0 {
                 self.tuples.swap_remove(i);
-            } else if t.sum.stale > 8 && t.sum.stale > t.sum.slots() / 8 {
-                t.rebuild_summary();
             }
         }
     }
@@ -1097,14 +1248,9 @@ impl CChain {
         let old = s.pos;
         s.pos = new;
         let Some(rule) = s.rule.clone() else { return };
-        for (sig, fp) in rule.keys.iter() {
-            let t = Self::tuple_mut(&mut self.tuples, &mut self.lanes, *sig);
-            t.min_pos = t.min_pos.min(new);
-            t.max_pos = t.max_pos.max(new);
-            if let Some(b) = t.map.get_mut(*fp) {
-                b.repos(&rule, old, new);
-            }
-            t.sum.moved(*fp, &rule, new);
+        let keys = s.keys.clone();
+        for (sig, fp) in keys.iter() {
+            Self::tuple_mut(&mut self.tuples, &mut self.lanes, *sig).moved(*fp, &rule, old, new);
         }
     }
 
@@ -1177,12 +1323,15 @@ impl CChain {
             }
         };
         let pos = self.alloc_pos(prev, next);
-        let c = Arc::new(CRule::compile(rule));
+        let (c, nat) = CRule::compile(rule);
+        let c = Arc::new(c);
+        let keys = self.place_keys(&nat);
         let new = Slot {
             pos,
             prev,
             next,
             rule: Some(c.clone()),
+            keys: keys.clone().into(),
         };
         let s = match self.free.pop() {
             Some(f) => {
@@ -1202,7 +1351,7 @@ impl CChain {
             None => self.tail = s,
         }
         self.by_id.insert(id_key(rule.id), s);
-        self.add_entries(&c, pos);
+        self.add_entries(&c, &keys, pos);
         self.tuples.sort_by_key(|t| t.min_pos);
         if let Some(Verdict::Jump(t) | Verdict::Goto(t)) = rule.verdict {
             *self.edges.entry(t.0).or_insert(0) += 1;
@@ -1220,7 +1369,7 @@ impl CChain {
             return Err(UpdateError::UnknownRule(id));
         };
         if let Some(r) = &slot.rule {
-            self.remove_entries(r, slot.pos);
+            self.remove_entries(r, &slot.keys, slot.pos);
             self.tuples.sort_by_key(|t| t.min_pos);
             if let Some(Verdict::Jump(t) | Verdict::Goto(t)) = r.verdict {
                 if let Some(n) = self.edges.get_mut(&t.0) {
@@ -1241,6 +1390,7 @@ impl CChain {
         }
         if let Some(x) = self.slots.get_mut(s as usize) {
             x.rule = None;
+            x.keys = Box::new([]);
             x.prev = NIL;
             x.next = NIL;
         }
@@ -1516,10 +1666,14 @@ mod tests {
             Some(vec![(22, 1), (23, 1)])
         );
         assert_eq!(expand_dim(4, &[Range::new(1024, 65535)]), None);
-        // IPv4 prefixes round down to /16; shorter ones are not indexed.
-        let a = Range::v4_cidr(0x0a01_0200, 28);
-        assert_eq!(expand_dim(0, &[a]), Some(vec![(map_v4(0x0a01_0000), 3)]));
-        assert_eq!(expand_dim(0, &[Range::v4_cidr(0x0a00_0000, 8)]), None);
+        // IPv4 prefixes round down to /24, /16 or /8; shorter ones are not indexed.
+        let a = Range::v4_cidr(0x0a01_0230, 28);
+        assert_eq!(expand_dim(0, &[a]), Some(vec![(map_v4(0x0a01_0200), 5)]));
+        let a = Range::v4_cidr(0x0a01_0000, 20);
+        assert_eq!(expand_dim(0, &[a]), Some(vec![(map_v4(0x0a01_0000), 4)]));
+        let a = Range::v4_cidr(0x0a00_0000, 8);
+        assert_eq!(expand_dim(0, &[a]), Some(vec![(map_v4(0x0a00_0000), 3)]));
+        assert_eq!(expand_dim(0, &[Range::v4_cidr(0x0a00_0000, 7)]), None);
         // IPv6 prefixes round down to /64 or /32.
         let v6 = Range::prefix(0x2001_0db8_0001_0002_u128 << 64, 80, 128);
         assert_eq!(

@@ -7,7 +7,12 @@
 //!   a packet classification benchmark", INFOCOM 2005): source and destination
 //!   prefixes of mixed lengths drawn around a pool of networks (so prefixes
 //!   nest and overlap), protocol exact or wildcard, ports wildcard / exact /
-//!   `0-1023` / `1024-65535` / arbitrary ranges. [`classbench_packets`] builds
+//!   `0-1023` / `1024-65535` / arbitrary ranges. Rules with both addresses
+//!   wildcard come last, as in real ACLs (specific before general): spread
+//!   uniformly, they shadowed everything behind the first catch-all, so every
+//!   packet was decided within the first ~250 rules at 1 000 to 100 000 rules
+//!   (median depth 189 at every size); now the depth grows with the set
+//!   (median ~550 at 1 000 rules, ~3 500 at 10 000). [`classbench_packets`] builds
 //!   headers the way ClassBench's trace generator does: pick a rule, pick a
 //!   point inside it (plus some uniformly random headers).
 
@@ -207,6 +212,26 @@ pub fn classbench(n: usize, seed: u64) -> Program {
                 Verdict::Drop
             }),
         });
+    }
+    // Real ACLs put their broad rules last: a rule with both addresses
+    // wildcard in the middle of a large set would shadow most of what
+    // follows it. Keep the address-specific rules first (in generation
+    // order), then the address-wildcard ones.
+    let wild = |r: &Rule| {
+        !r.matches.iter().any(|m| {
+            matches!(
+                m,
+                Match::In {
+                    field: Field::Saddr | Field::Daddr,
+                    ..
+                }
+            )
+        })
+    };
+    let (mut rules, tail): (Vec<Rule>, Vec<Rule>) = rules.into_iter().partition(|r| !wild(r));
+    rules.extend(tail);
+    for (i, r) in rules.iter_mut().enumerate() {
+        r.id = RuleId(i as u64);
     }
     Program {
         chains: vec![Chain {

@@ -85,10 +85,6 @@ impl<V: Clone> Sharded<V> {
             len: 0,
         }
     }
-    /// All entries, in no particular order.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (&u64, &V)> {
-        self.shards.iter().flat_map(|s| s.iter())
-    }
     #[inline]
     fn idx(&self, h: u64) -> usize {
         if self.shards.len() == 1 {
@@ -105,9 +101,6 @@ impl<V: Clone> Sharded<V> {
     fn shard_mut(&mut self, h: u64) -> Option<&mut Shard<V>> {
         let i = self.idx(h);
         self.shards.get_mut(i).map(Arc::make_mut)
-    }
-    pub(crate) fn get_mut(&mut self, h: u64) -> Option<&mut V> {
-        self.shard_mut(h)?.get_mut(&h)
     }
     pub(crate) fn insert(&mut self, h: u64, v: V) {
         if let Some(s) = self.shard_mut(h) {

@@ -482,3 +482,85 @@ fn summaries_survive_relabels_and_deletes_of_slot_minima() {
     let pkts = gen::classbench_packets(&prog, 6000, 23);
     check(&prog, &c, &pkts).unwrap();
 }
+
+/// Many rules share a natural key: past the collision limit, keys are filed
+/// in coarser tuples (or overflow their own); inserts and deletes at random
+/// positions file against the live tables. Results must not change.
+#[test]
+fn collision_limit_placement_with_updates_equals_linear() {
+    let mut r = Rng::new(41);
+    let rule = |r: &mut Rng, id: u64| {
+        let mut m = Vec::new();
+        if r.pct(80) {
+            let host = 0x0a01_0200 | r.below(8) as u32;
+            let len = [32, 32, 28, 24, 20, 16, 8][r.below(7) as usize];
+            m.push(Match::in_ranges(
+                Field::Daddr,
+                [Range::v4_cidr(host, len)],
+                false,
+            ));
+        }
+        if r.pct(60) {
+            let src = 0xc0a8_0000 | r.below(4) as u32;
+            let len = [32, 24, 16, 8][r.below(4) as usize];
+            m.push(Match::in_ranges(
+                Field::Saddr,
+                [Range::v4_cidr(src, len)],
+                false,
+            ));
+        }
+        if r.pct(50) {
+            m.push(Match::eq(Field::L4Proto, 6));
+            m.push(Match::eq(
+                Field::Dport,
+                [80u128, 443, 22][r.below(3) as usize],
+            ));
+        }
+        Rule {
+            id: RuleId(id),
+            matches: m,
+            stmts: vec![],
+            verdict: Some(if r.pct(50) {
+                Verdict::Accept
+            } else {
+                Verdict::Drop
+            }),
+        }
+    };
+    let rules: Vec<Rule> = (0..400).map(|i| rule(&mut r, i)).collect();
+    let mut prog = Program {
+        chains: vec![Chain {
+            name: "in".into(),
+            kind: ChainKind::Base(Policy::Drop),
+            rules,
+        }],
+    };
+    let mut c = Classifier::compile(&prog).unwrap();
+    let pkt = |r: &mut Rng| PacketFields {
+        saddr: map_v4(0xc0a8_0000 | r.below(6) as u32),
+        daddr: map_v4(0x0a01_0200 | r.below(12) as u32),
+        l4proto: [6u8, 17][r.below(2) as usize],
+        sport: 40000,
+        dport: [80u16, 443, 22, 25][r.below(4) as usize],
+        ..Default::default()
+    };
+    let pkts: Vec<_> = (0..500).map(|_| pkt(&mut r)).collect();
+    check(&prog, &c, &pkts).unwrap();
+    for i in 0..400u64 {
+        let rules = &mut prog.chains[0].rules;
+        let new = rule(&mut r, 10_000 + i);
+        let k = r.below(rules.len() as u64) as usize;
+        c.insert_rule(ChainId(0), Placement::Before(rules[k].id), &new)
+            .unwrap();
+        rules.insert(k, new);
+        if i % 3 == 0 {
+            let k = r.below(rules.len() as u64) as usize;
+            let gone = rules.remove(k);
+            c.delete_rule(ChainId(0), gone.id).unwrap();
+        }
+        if i % 50 == 0 {
+            check(&prog, &c, &pkts).unwrap();
+        }
+    }
+    check(&prog, &c, &pkts).unwrap();
+}
