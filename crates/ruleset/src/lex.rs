@@ -3,15 +3,57 @@
 
 use crate::ast::{Define, Span};
 use crate::diag::{suggest, RawDiag, SourceFile};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A run of source text: byte offsets into [`SourceFile::text`] of file `file`.
+///
+/// Tokens refer to their text instead of owning it, so lexing allocates
+/// nothing per token and tokens are `Copy`. Resolve with [`text`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Text {
+    pub file: u32,
+    pub start: u32,
+    pub end: u32,
+}
+
+impl Text {
+    /// The part of this text from byte `from` (relative) on.
+    pub fn suffix(self, from: usize) -> Text {
+        let start = u32::try_from(from)
+            .ok()
+            .and_then(|f| self.start.checked_add(f))
+            .map_or(self.end, |s| s.min(self.end));
+        Text { start, ..self }
+    }
+}
+
+/// The source text of `t` ("" if it is out of range, which the lexer never produces).
+pub(crate) fn text(files: &[SourceFile], t: Text) -> &str {
+    files
+        .get(t.file as usize)
+        .and_then(|f| f.text.get(t.start as usize..t.end as usize))
+        .unwrap_or("")
+}
+
+/// The value of a string literal from its raw text between the quotes (`\"` is a quote).
+pub(crate) fn unescape(raw: &str) -> Cow<'_, str> {
+    if raw.contains("\\\"") {
+        Cow::Owned(raw.replace("\\\"", "\""))
+    } else {
+        Cow::Borrowed(raw)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Tok {
     /// Identifiers, numbers, addresses, ranges, prefixes: any run of word characters.
-    Word(String),
-    Str(String),
-    Var(String),
+    Word(Text),
+    /// A string literal: the raw text between the quotes (see [`unescape`]).
+    Str(Text),
+    /// `$name`: the text of `name`, without the `$`.
+    Var(Text),
     Newline,
     Semi,
     LBrace,
@@ -36,52 +78,82 @@ pub(crate) enum Tok {
 }
 
 impl Tok {
-    pub fn describe(&self) -> String {
-        match self {
-            Tok::Word(w) => format!("'{w}'"),
-            Tok::Str(s) => format!("\"{s}\""),
-            Tok::Var(v) => format!("'${v}'"),
-            Tok::Newline => "end of line".into(),
-            Tok::Eof => "end of file".into(),
-            Tok::Semi => "';'".into(),
-            Tok::LBrace => "'{'".into(),
-            Tok::RBrace => "'}'".into(),
-            Tok::LParen => "'('".into(),
-            Tok::RParen => "')'".into(),
-            Tok::Comma => "','".into(),
-            Tok::Colon => "':'".into(),
-            Tok::Dot => "'.'".into(),
-            Tok::At => "'@'".into(),
-            Tok::Assign => "'='".into(),
-            Tok::EqEq => "'=='".into(),
-            Tok::Ne => "'!='".into(),
-            Tok::Lt => "'<'".into(),
-            Tok::Gt => "'>'".into(),
-            Tok::Le => "'<='".into(),
-            Tok::Ge => "'>='".into(),
-            Tok::Amp => "'&'".into(),
-            Tok::Pipe => "'|'".into(),
-            Tok::Plus => "'+'".into(),
-        }
+    /// How diagnostics name this token (`'word'`, `"string"`, `';'`).
+    pub fn describe(self, files: &[SourceFile]) -> String {
+        let punct = match self {
+            Tok::Word(w) => return format!("'{}'", text(files, w)),
+            Tok::Str(s) => return format!("\"{}\"", unescape(text(files, s))),
+            Tok::Var(v) => return format!("'${}'", text(files, v)),
+            Tok::Newline => "end of line",
+            Tok::Eof => "end of file",
+            Tok::Semi => "';'",
+            Tok::LBrace => "'{'",
+            Tok::RBrace => "'}'",
+            Tok::LParen => "'('",
+            Tok::RParen => "')'",
+            Tok::Comma => "','",
+            Tok::Colon => "':'",
+            Tok::Dot => "'.'",
+            Tok::At => "'@'",
+            Tok::Assign => "'='",
+            Tok::EqEq => "'=='",
+            Tok::Ne => "'!='",
+            Tok::Lt => "'<'",
+            Tok::Gt => "'>'",
+            Tok::Le => "'<='",
+            Tok::Ge => "'>='",
+            Tok::Amp => "'&'",
+            Tok::Pipe => "'|'",
+            Tok::Plus => "'+'",
+        };
+        punct.to_string()
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Token {
     pub tok: Tok,
     pub span: Span,
 }
 
-fn is_word_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '/' | '*' | '[' | ']')
+fn is_word_byte(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-' | b'/' | b'*' | b'[' | b']')
+}
+
+/// Number of characters in UTF-8 bytes (columns count characters).
+fn char_count(b: &[u8]) -> usize {
+    b.iter().filter(|&&x| (x & 0xC0) != 0x80).count()
 }
 
 /// Tokenise one file. Errors (bad characters, unterminated strings) go to `diags`.
-pub(crate) fn lex(file: u32, text: &str, diags: &mut Vec<RawDiag>) -> Vec<Token> {
-    let chars: Vec<char> = text.chars().collect();
-    let mut out = Vec::new();
+///
+/// Works on bytes: every token boundary is an ASCII byte, so all offsets are
+/// on character boundaries; columns count characters.
+pub(crate) fn lex(file: u32, src: &str, diags: &mut Vec<RawDiag>) -> Vec<Token> {
+    let b = src.as_bytes();
+    if u32::try_from(b.len()).is_err() {
+        diags.push(RawDiag::new(
+            Span {
+                file,
+                line: 1,
+                col: 1,
+                len: 1,
+            },
+            "file too large (at most 4 GiB)",
+        ));
+        return Vec::new();
+    }
+    // About one token per 4 bytes at most in practice; reserving does not
+    // touch the memory, and it saves the copies of repeated growth.
+    let mut out = Vec::with_capacity(b.len() / 4 + 1);
     let (mut i, mut line, mut col) = (0usize, 1u32, 1u32);
-    let at = |i: usize| chars.get(i).copied();
+    let at = |i: usize| b.get(i).copied();
+    // Offsets fit in u32: checked above.
+    let txt = |s: usize, e: usize| Text {
+        file,
+        start: s as u32,
+        end: e as u32,
+    };
     while let Some(c) = at(i) {
         let span = Span {
             file,
@@ -96,36 +168,37 @@ pub(crate) fn lex(file: u32, text: &str, diags: &mut Vec<RawDiag>) -> Vec<Token>
             });
         };
         match c {
-            '\n' => {
+            b'\n' => {
                 push(&mut out, Tok::Newline, 1);
                 i += 1;
                 line += 1;
                 col = 1;
                 continue;
             }
-            ' ' | '\t' | '\r' => {}
-            '#' => {
-                while at(i).is_some_and(|c| c != '\n') {
-                    i += 1;
-                }
+            b' ' | b'\t' | b'\r' => {}
+            b'#' => {
+                i = b
+                    .get(i..)
+                    .and_then(|r| r.iter().position(|&d| d == b'\n'))
+                    .map_or(b.len(), |n| i + n);
                 continue;
             }
-            '\\' => {
+            b'\\' => {
                 // Line continuation, or `\;` as written in shell-quoted commands.
                 match at(i + 1) {
-                    Some('\n') => {
+                    Some(b'\n') => {
                         i += 2;
                         line += 1;
                         col = 1;
                         continue;
                     }
-                    Some('\r') if at(i + 2) == Some('\n') => {
+                    Some(b'\r') if at(i + 2) == Some(b'\n') => {
                         i += 3;
                         line += 1;
                         col = 1;
                         continue;
                     }
-                    Some(';') => {
+                    Some(b';') => {
                         push(&mut out, Tok::Semi, 2);
                         i += 2;
                         col += 2;
@@ -134,57 +207,49 @@ pub(crate) fn lex(file: u32, text: &str, diags: &mut Vec<RawDiag>) -> Vec<Token>
                     _ => diags.push(RawDiag::new(span, "unexpected '\\'")),
                 }
             }
-            '"' => {
-                let mut s = String::new();
+            b'"' => {
                 let mut j = i + 1;
                 let mut closed = false;
                 while let Some(d) = at(j) {
-                    if d == '"' {
+                    if d == b'"' {
                         closed = true;
                         break;
                     }
-                    if d == '\n' {
+                    if d == b'\n' {
                         break;
                     }
-                    if d == '\\' && at(j + 1) == Some('"') {
-                        s.push('"');
+                    if d == b'\\' && at(j + 1) == Some(b'"') {
                         j += 2;
                         continue;
                     }
-                    s.push(d);
                     j += 1;
                 }
-                let len = (j - i + 1) as u32;
+                let chars = b.get(i..j).map_or(0, char_count) as u32;
                 if !closed {
                     diags.push(RawDiag::new(
-                        Span {
-                            len: (j - i) as u32,
-                            ..span
-                        },
+                        Span { len: chars, ..span },
                         "unterminated string",
                     ));
-                    col += (j - i) as u32;
+                    col += chars;
                     i = j;
                     continue;
                 }
-                push(&mut out, Tok::Str(s), len);
-                col += len;
+                push(&mut out, Tok::Str(txt(i + 1, j)), chars + 1);
+                col += chars + 1;
                 i = j + 1;
                 continue;
             }
-            '$' | '@' => {
+            b'$' | b'@' => {
                 let mut j = i + 1;
-                let mut w = String::new();
-                while let Some(d) = at(j).filter(|d| is_word_char(*d)) {
-                    w.push(d);
+                while at(j).is_some_and(is_word_byte) {
                     j += 1;
                 }
                 let len = (j - i) as u32;
-                if c == '@' {
+                if c == b'@' {
                     push(&mut out, Tok::At, 1);
-                    if !w.is_empty() {
+                    if j > i + 1 {
                         out.push(Token {
-                            tok: Tok::Word(w),
+                            tok: Tok::Word(txt(i + 1, j)),
                             span: Span {
                                 col: col + 1,
                                 len: len - 1,
@@ -192,25 +257,21 @@ pub(crate) fn lex(file: u32, text: &str, diags: &mut Vec<RawDiag>) -> Vec<Token>
                             },
                         });
                     }
-                } else if w.is_empty() {
+                } else if j == i + 1 {
                     diags.push(RawDiag::new(span, "expected variable name after '$'"));
                 } else {
-                    push(&mut out, Tok::Var(w), len);
+                    push(&mut out, Tok::Var(txt(i + 1, j)), len);
                 }
                 col += len;
                 i = j;
                 continue;
             }
             _ => {
-                let two: String = chars
-                    .get(i..i + 2)
-                    .map(|s| s.iter().collect())
-                    .unwrap_or_default();
-                let tok2 = match two.as_str() {
-                    "==" => Some(Tok::EqEq),
-                    "!=" => Some(Tok::Ne),
-                    "<=" => Some(Tok::Le),
-                    ">=" => Some(Tok::Ge),
+                let tok2 = match (c, at(i + 1)) {
+                    (b'=', Some(b'=')) => Some(Tok::EqEq),
+                    (b'!', Some(b'=')) => Some(Tok::Ne),
+                    (b'<', Some(b'=')) => Some(Tok::Le),
+                    (b'>', Some(b'=')) => Some(Tok::Ge),
                     _ => None,
                 };
                 if let Some(t) = tok2 {
@@ -219,46 +280,55 @@ pub(crate) fn lex(file: u32, text: &str, diags: &mut Vec<RawDiag>) -> Vec<Token>
                     col += 2;
                     continue;
                 }
-                let word_start = is_word_char(c)
-                    || (c == ':' && at(i + 1).is_some_and(|d| d == ':' || is_word_char(d)));
-                if word_start {
+                let colon_word = |j: usize| {
+                    at(j) == Some(b':') && at(j + 1).is_some_and(|e| e == b':' || is_word_byte(e))
+                };
+                if is_word_byte(c) || colon_word(i) {
                     let mut j = i;
-                    let mut w = String::new();
-                    while let Some(d) = at(j) {
-                        let ok = is_word_char(d)
-                            || (d == ':' && at(j + 1).is_some_and(|e| e == ':' || is_word_char(e)));
-                        if !ok {
-                            break;
-                        }
-                        w.push(d);
+                    while at(j).is_some_and(is_word_byte) || colon_word(j) {
                         j += 1;
                     }
                     let len = (j - i) as u32;
-                    let tok = if w == "." { Tok::Dot } else { Tok::Word(w) };
+                    let tok = if c == b'.' && len == 1 {
+                        Tok::Dot
+                    } else {
+                        Tok::Word(txt(i, j))
+                    };
                     push(&mut out, tok, len);
                     col += len;
                     i = j;
                     continue;
                 }
                 let tok = match c {
-                    ';' => Some(Tok::Semi),
-                    '{' => Some(Tok::LBrace),
-                    '}' => Some(Tok::RBrace),
-                    '(' => Some(Tok::LParen),
-                    ')' => Some(Tok::RParen),
-                    ',' => Some(Tok::Comma),
-                    ':' => Some(Tok::Colon),
-                    '=' => Some(Tok::Assign),
-                    '<' => Some(Tok::Lt),
-                    '>' => Some(Tok::Gt),
-                    '&' => Some(Tok::Amp),
-                    '|' => Some(Tok::Pipe),
-                    '+' => Some(Tok::Plus),
+                    b';' => Some(Tok::Semi),
+                    b'{' => Some(Tok::LBrace),
+                    b'}' => Some(Tok::RBrace),
+                    b'(' => Some(Tok::LParen),
+                    b')' => Some(Tok::RParen),
+                    b',' => Some(Tok::Comma),
+                    b':' => Some(Tok::Colon),
+                    b'=' => Some(Tok::Assign),
+                    b'<' => Some(Tok::Lt),
+                    b'>' => Some(Tok::Gt),
+                    b'&' => Some(Tok::Amp),
+                    b'|' => Some(Tok::Pipe),
+                    b'+' => Some(Tok::Plus),
                     _ => None,
                 };
                 match tok {
                     Some(t) => push(&mut out, t, 1),
-                    None => diags.push(RawDiag::new(span, format!("unexpected character '{c}'"))),
+                    None => {
+                        // Possibly a multi-byte character: report it whole and skip it.
+                        let ch = src.get(i..).and_then(|r| r.chars().next());
+                        let shown = ch.unwrap_or(char::REPLACEMENT_CHARACTER);
+                        diags.push(RawDiag::new(
+                            span,
+                            format!("unexpected character '{shown}'"),
+                        ));
+                        i += ch.map_or(1, char::len_utf8);
+                        col += 1;
+                        continue;
+                    }
                 }
             }
         }
@@ -361,131 +431,149 @@ impl<'a> Preprocessor<'a> {
         }
     }
 
+    /// Copy `toks` to the output, running directives and expanding `$vars`.
+    /// Runs of plain tokens are copied in bulk; a file with neither
+    /// directives nor variables is moved to the output as is.
     fn tokens(&mut self, toks: Vec<Token>, path: Option<&Path>) {
         let mut i = 0;
+        // `toks[copied..i]` are plain tokens not yet copied to `self.out`.
+        let mut copied = 0;
         let mut line_start = true;
-        while let Some(t) = toks.get(i) {
-            let word = match &t.tok {
-                Tok::Word(w) if line_start => Some(w.as_str()),
+        while let Some(&t) = toks.get(i) {
+            let word = match t.tok {
+                Tok::Word(w) if line_start => Some(text(&self.files, w)),
                 _ => None,
             };
-            match word {
-                Some("include") => {
+            let directive = match word {
+                Some("include") => Some(Directive::Include),
+                Some("define") => Some(Directive::Define),
+                Some("redefine") => Some(Directive::Redefine),
+                Some("undefine") => Some(Directive::Undefine),
+                _ => None,
+            };
+            if directive.is_none() && !matches!(t.tok, Tok::Var(_)) {
+                line_start = matches!(t.tok, Tok::Newline | Tok::Semi | Tok::LBrace | Tok::RBrace);
+                i += 1;
+                continue;
+            }
+            self.out
+                .extend_from_slice(toks.get(copied..i).unwrap_or_default());
+            match directive {
+                Some(Directive::Include) => {
                     let end = line_end(&toks, i);
                     match toks.get(i + 1) {
-                        Some(Token {
+                        Some(&Token {
                             tok: Tok::Str(f),
                             span,
                         }) if end == i + 2 => {
-                            self.include(f, *span, path);
+                            let f = unescape(text(&self.files, f)).into_owned();
+                            self.include(&f, span, path);
                         }
                         _ => self
                             .diags
                             .push(RawDiag::new(t.span, "expected: include \"FILE\"")),
                     }
                     i = end;
-                    continue;
                 }
-                Some(kw @ ("define" | "redefine")) => {
+                Some(d @ (Directive::Define | Directive::Redefine)) => {
                     let end = define_end(&toks, i);
-                    let name = match toks.get(i + 1) {
-                        Some(Token {
-                            tok: Tok::Word(n), ..
-                        }) => Some(n.clone()),
-                        _ => None,
-                    };
-                    let assign = matches!(
-                        toks.get(i + 2),
-                        Some(Token {
-                            tok: Tok::Assign,
-                            ..
-                        })
-                    );
-                    match (name, assign) {
-                        (Some(name), true) if end > i + 3 => {
-                            let span = toks.get(i + 1).map(|t| t.span).unwrap_or(t.span);
-                            if kw == "define" && self.values.contains_key(&name) {
-                                self.diags.push(
-                                    RawDiag::new(span, format!("redefinition of symbol '{name}'"))
-                                        .help(Some("use \"redefine\" to change it".into())),
-                                );
-                            }
-                            let raw: Vec<Token> = toks.get(i + 3..end).unwrap_or(&[]).to_vec();
-                            let mut value = Vec::new();
-                            self.expand_into(raw, &mut value, None);
-                            value.retain(|t| t.tok != Tok::Newline);
-                            let text = value.iter().map(token_text).collect::<Vec<_>>().join(" ");
-                            self.defines.retain(|d| d.name != name);
-                            self.defines.push(Define {
-                                name: name.clone(),
-                                value: text,
-                                span,
-                            });
-                            self.values.insert(name, value);
-                        }
-                        _ => self
-                            .diags
-                            .push(RawDiag::new(t.span, "expected: define NAME = VALUE")),
-                    }
+                    self.define(&toks, i, end, d == Directive::Define);
                     i = end;
-                    continue;
                 }
-                Some("undefine") => {
+                Some(Directive::Undefine) => {
                     let end = line_end(&toks, i);
-                    if let Some(Token {
+                    if let Some(&Token {
                         tok: Tok::Word(n),
                         span,
                     }) = toks.get(i + 1)
                     {
+                        let n = text(&self.files, n);
                         if self.values.remove(n).is_none() {
                             self.diags
-                                .push(RawDiag::new(*span, format!("undefined symbol '{n}'")));
+                                .push(RawDiag::new(span, format!("undefined symbol '{n}'")));
                         }
-                        self.defines.retain(|d| &d.name != n);
+                        self.defines.retain(|d| d.name != n);
                     }
                     i = end;
-                    continue;
                 }
-                _ => {}
+                None => {
+                    // A `$var` outside a directive.
+                    line_start = false;
+                    expand_into(
+                        &self.files,
+                        &self.values,
+                        &mut self.diags,
+                        std::slice::from_ref(&t),
+                        &mut self.out,
+                        None,
+                    );
+                    i += 1;
+                }
             }
-            line_start = matches!(t.tok, Tok::Newline | Tok::Semi | Tok::LBrace | Tok::RBrace);
-            let t = t.clone();
-            let mut out = std::mem::take(&mut self.out);
-            self.expand_into(vec![t], &mut out, None);
-            self.out = out;
-            i += 1;
+            copied = i;
+        }
+        if copied == 0 && self.out.is_empty() {
+            self.out = toks;
+        } else {
+            self.out
+                .extend_from_slice(toks.get(copied..).unwrap_or_default());
         }
     }
 
-    /// Copy tokens, substituting `$vars`; substituted tokens take the use-site span.
-    fn expand_into(&mut self, toks: Vec<Token>, out: &mut Vec<Token>, site: Option<Span>) {
-        for t in toks {
-            match &t.tok {
-                Tok::Var(v) => match self.values.get(v) {
-                    Some(val) => {
-                        let site = site.unwrap_or(t.span);
-                        out.extend(val.iter().map(|x| Token {
-                            tok: x.tok.clone(),
-                            span: site,
-                        }));
-                    }
-                    None => {
-                        let help = suggest(v, self.values.keys().map(String::as_str));
-                        self.diags.push(
-                            RawDiag::new(t.span, format!("undefined symbol '${v}'")).help(help),
-                        );
-                        // Keep a placeholder so the parser does not report a second error.
-                        out.push(Token {
-                            tok: Tok::Word(format!("${v}")),
-                            span: t.span,
-                        });
-                    }
-                },
-                _ => out.push(Token {
-                    span: site.unwrap_or(t.span),
-                    ..t
-                }),
+    /// `define NAME = VALUE` (or `redefine`) spanning `toks[i..end]`.
+    fn define(&mut self, toks: &[Token], i: usize, end: usize, is_define: bool) {
+        let Some(t) = toks.get(i) else {
+            return;
+        };
+        let name = match toks.get(i + 1) {
+            Some(Token {
+                tok: Tok::Word(n), ..
+            }) => Some(text(&self.files, *n).to_string()),
+            _ => None,
+        };
+        let assign = matches!(
+            toks.get(i + 2),
+            Some(Token {
+                tok: Tok::Assign,
+                ..
+            })
+        );
+        match (name, assign) {
+            (Some(name), true) if end > i + 3 => {
+                let span = toks.get(i + 1).map(|t| t.span).unwrap_or(t.span);
+                if is_define && self.values.contains_key(&name) {
+                    self.diags.push(
+                        RawDiag::new(span, format!("redefinition of symbol '{name}'"))
+                            .help(Some("use \"redefine\" to change it".into())),
+                    );
+                }
+                let raw = toks.get(i + 3..end).unwrap_or(&[]);
+                let mut value = Vec::new();
+                expand_into(
+                    &self.files,
+                    &self.values,
+                    &mut self.diags,
+                    raw,
+                    &mut value,
+                    None,
+                );
+                value.retain(|t| t.tok != Tok::Newline);
+                let text = value
+                    .iter()
+                    .map(|t| token_text(&self.files, t))
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                self.defines.retain(|d| d.name != name);
+                self.defines.push(Define {
+                    name: name.clone(),
+                    value: text,
+                    span,
+                });
+                self.values.insert(name, value);
             }
+            _ => self
+                .diags
+                .push(RawDiag::new(t.span, "expected: define NAME = VALUE")),
         }
     }
 
@@ -524,6 +612,60 @@ impl<'a> Preprocessor<'a> {
                 span,
                 format!("cannot include \"{}\": {e}", target.display()),
             )),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Directive {
+    Include,
+    Define,
+    Redefine,
+    Undefine,
+}
+
+/// Copy tokens, substituting `$vars`; substituted tokens take the use-site span.
+fn expand_into(
+    files: &[SourceFile],
+    values: &HashMap<String, Vec<Token>>,
+    diags: &mut Vec<RawDiag>,
+    toks: &[Token],
+    out: &mut Vec<Token>,
+    site: Option<Span>,
+) {
+    for t in toks {
+        match t.tok {
+            Tok::Var(v) => {
+                let name = text(files, v);
+                match values.get(name) {
+                    Some(val) => {
+                        let site = site.unwrap_or(t.span);
+                        out.extend(val.iter().map(|x| Token {
+                            tok: x.tok,
+                            span: site,
+                        }));
+                    }
+                    None => {
+                        let help = suggest(name, values.keys().map(String::as_str));
+                        diags.push(
+                            RawDiag::new(t.span, format!("undefined symbol '${name}'")).help(help),
+                        );
+                        // Keep a placeholder so the parser does not report a
+                        // second error: the word `$name`, `$` included.
+                        out.push(Token {
+                            tok: Tok::Word(Text {
+                                start: v.start.saturating_sub(1),
+                                ..v
+                            }),
+                            span: t.span,
+                        });
+                    }
+                }
+            }
+            tok => out.push(Token {
+                tok,
+                span: site.unwrap_or(t.span),
+            }),
         }
     }
 }
@@ -570,24 +712,53 @@ fn define_end(toks: &[Token], mut i: usize) -> usize {
     i
 }
 
-pub(crate) fn token_text(t: &Token) -> String {
-    match &t.tok {
-        Tok::Word(w) => w.clone(),
-        Tok::Str(s) => format!("\"{s}\""),
-        Tok::Var(v) => format!("${v}"),
-        other => other.describe().trim_matches('\'').to_string(),
+/// Source form of a token, as `define` values are recorded.
+pub(crate) fn token_text(files: &[SourceFile], t: &Token) -> String {
+    match t.tok {
+        Tok::Word(w) => text(files, w).to_string(),
+        Tok::Str(s) => format!("\"{}\"", unescape(text(files, s))),
+        Tok::Var(v) => format!("${}", text(files, v)),
+        other => other.describe(files).trim_matches('\'').to_string(),
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{lex, text, SourceFile, Tok as T};
+
+    /// Owned mirror of the token kinds these tests use (tokens refer to the source).
+    #[derive(Debug, PartialEq)]
+    enum Tok {
+        Word(String),
+        Dot,
+        LBrace,
+        RBrace,
+        Colon,
+        Ne,
+        At,
+        Other(String),
+    }
 
     fn words(s: &str) -> Vec<Tok> {
         let mut d = Vec::new();
         let t = lex(0, s, &mut d);
         assert!(d.is_empty(), "{d:?}");
-        t.into_iter().map(|t| t.tok).collect()
+        let files = [SourceFile {
+            name: "t".into(),
+            text: s.into(),
+        }];
+        t.into_iter()
+            .map(|t| match t.tok {
+                T::Word(w) => Tok::Word(text(&files, w).into()),
+                T::Dot => Tok::Dot,
+                T::LBrace => Tok::LBrace,
+                T::RBrace => Tok::RBrace,
+                T::Colon => Tok::Colon,
+                T::Ne => Tok::Ne,
+                T::At => Tok::At,
+                other => Tok::Other(other.describe(&files)),
+            })
+            .collect()
     }
 
     #[test]

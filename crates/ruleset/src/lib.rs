@@ -75,7 +75,7 @@ pub fn parse_nft_with_loader(
         path.map(|p| lex::normalize(&PathBuf::from(p))),
         text.to_string(),
     );
-    let mut parser = nft::Parser::new(std::mem::take(&mut pre.out));
+    let mut parser = nft::Parser::new(std::mem::take(&mut pre.out), &pre.files);
     parser.parse_file();
     let mut diags = pre.diags;
     diags.extend(parser.diags);
