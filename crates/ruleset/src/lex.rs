@@ -126,12 +126,8 @@ fn char_count(b: &[u8]) -> usize {
 }
 
 /// Tokenise one file. Errors (bad characters, unterminated strings) go to `diags`.
-///
-/// Works on bytes: every token boundary is an ASCII byte, so all offsets are
-/// on character boundaries; columns count characters.
 pub(crate) fn lex(file: u32, src: &str, diags: &mut Vec<RawDiag>) -> Vec<Token> {
-    let b = src.as_bytes();
-    if u32::try_from(b.len()).is_err() {
+    if u32::try_from(src.len()).is_err() {
         diags.push(RawDiag::new(
             Span {
                 file,
@@ -145,197 +141,240 @@ pub(crate) fn lex(file: u32, src: &str, diags: &mut Vec<RawDiag>) -> Vec<Token> 
     }
     // About one token per 4 bytes at most in practice; reserving does not
     // touch the memory, and it saves the copies of repeated growth.
-    let mut out = Vec::with_capacity(b.len() / 4 + 1);
-    let (mut i, mut line, mut col) = (0usize, 1u32, 1u32);
-    let at = |i: usize| b.get(i).copied();
-    // Offsets fit in u32: checked above.
-    let txt = |s: usize, e: usize| Text {
-        file,
-        start: s as u32,
-        end: e as u32,
-    };
-    while let Some(c) = at(i) {
-        let span = Span {
+    let mut out = Vec::with_capacity(src.len() / 4 + 1);
+    let mut lexer = Lexer::new(file, src);
+    while lexer.line(&mut out, diags) {}
+    out
+}
+
+/// A resumable lexer over one file, for lexing a line at a time.
+///
+/// Works on bytes: every token boundary is an ASCII byte, so all offsets are
+/// on character boundaries; columns count characters. Offsets are `u32`:
+/// callers check that the text is shorter than 4 GiB ([`lex`] reports it).
+#[derive(Debug, Clone)]
+pub(crate) struct Lexer<'t> {
+    file: u32,
+    src: &'t str,
+    i: usize,
+    line: u32,
+    col: u32,
+}
+
+impl<'t> Lexer<'t> {
+    pub fn new(file: u32, src: &'t str) -> Self {
+        Lexer {
             file,
-            line,
-            col,
-            len: 1,
+            src,
+            i: 0,
+            line: 1,
+            col: 1,
+        }
+    }
+
+    /// Lex up to and including the next newline token. Returns false at the
+    /// end of the text (when nothing more will come).
+    pub fn line(&mut self, out: &mut Vec<Token>, diags: &mut Vec<RawDiag>) -> bool {
+        let (file, src) = (self.file, self.src);
+        let b = src.as_bytes();
+        let (mut i, mut line, mut col) = (self.i, self.line, self.col);
+        let at = |i: usize| b.get(i).copied();
+        // Offsets fit in u32: see the type's doc.
+        let txt = |s: usize, e: usize| Text {
+            file,
+            start: s as u32,
+            end: e as u32,
         };
-        let push = |out: &mut Vec<Token>, tok: Tok, len: u32| {
-            out.push(Token {
-                tok,
-                span: Span { len, ..span },
-            });
-        };
-        match c {
-            b'\n' => {
-                push(&mut out, Tok::Newline, 1);
-                i += 1;
-                line += 1;
-                col = 1;
-                continue;
-            }
-            b' ' | b'\t' | b'\r' => {}
-            b'#' => {
-                i = b
-                    .get(i..)
-                    .and_then(|r| r.iter().position(|&d| d == b'\n'))
-                    .map_or(b.len(), |n| i + n);
-                continue;
-            }
-            b'\\' => {
-                // Line continuation, or `\;` as written in shell-quoted commands.
-                match at(i + 1) {
-                    Some(b'\n') => {
-                        i += 2;
-                        line += 1;
-                        col = 1;
-                        continue;
-                    }
-                    Some(b'\r') if at(i + 2) == Some(b'\n') => {
-                        i += 3;
-                        line += 1;
-                        col = 1;
-                        continue;
-                    }
-                    Some(b';') => {
-                        push(&mut out, Tok::Semi, 2);
-                        i += 2;
-                        col += 2;
-                        continue;
-                    }
-                    _ => diags.push(RawDiag::new(span, "unexpected '\\'")),
+        let more = loop {
+            let Some(c) = at(i) else {
+                break false;
+            };
+            let span = Span {
+                file,
+                line,
+                col,
+                len: 1,
+            };
+            let push = |out: &mut Vec<Token>, tok: Tok, len: u32| {
+                out.push(Token {
+                    tok,
+                    span: Span { len, ..span },
+                });
+            };
+            match c {
+                b'\n' => {
+                    push(&mut *out, Tok::Newline, 1);
+                    i += 1;
+                    line += 1;
+                    col = 1;
+                    break true;
                 }
-            }
-            b'"' => {
-                let mut j = i + 1;
-                let mut closed = false;
-                while let Some(d) = at(j) {
-                    if d == b'"' {
-                        closed = true;
-                        break;
-                    }
-                    if d == b'\n' {
-                        break;
-                    }
-                    if d == b'\\' && at(j + 1) == Some(b'"') {
-                        j += 2;
-                        continue;
-                    }
-                    j += 1;
-                }
-                let chars = b.get(i..j).map_or(0, char_count) as u32;
-                if !closed {
-                    diags.push(RawDiag::new(
-                        Span { len: chars, ..span },
-                        "unterminated string",
-                    ));
-                    col += chars;
-                    i = j;
+                b' ' | b'\t' | b'\r' => {}
+                b'#' => {
+                    i = b
+                        .get(i..)
+                        .and_then(|r| r.iter().position(|&d| d == b'\n'))
+                        .map_or(b.len(), |n| i + n);
                     continue;
                 }
-                push(&mut out, Tok::Str(txt(i + 1, j)), chars + 1);
-                col += chars + 1;
-                i = j + 1;
-                continue;
-            }
-            b'$' | b'@' => {
-                let mut j = i + 1;
-                while at(j).is_some_and(is_word_byte) {
-                    j += 1;
-                }
-                let len = (j - i) as u32;
-                if c == b'@' {
-                    push(&mut out, Tok::At, 1);
-                    if j > i + 1 {
-                        out.push(Token {
-                            tok: Tok::Word(txt(i + 1, j)),
-                            span: Span {
-                                col: col + 1,
-                                len: len - 1,
-                                ..span
-                            },
-                        });
+                b'\\' => {
+                    // Line continuation, or `\;` as written in shell-quoted commands.
+                    match at(i + 1) {
+                        Some(b'\n') => {
+                            i += 2;
+                            line += 1;
+                            col = 1;
+                            continue;
+                        }
+                        Some(b'\r') if at(i + 2) == Some(b'\n') => {
+                            i += 3;
+                            line += 1;
+                            col = 1;
+                            continue;
+                        }
+                        Some(b';') => {
+                            push(&mut *out, Tok::Semi, 2);
+                            i += 2;
+                            col += 2;
+                            continue;
+                        }
+                        _ => diags.push(RawDiag::new(span, "unexpected '\\'")),
                     }
-                } else if j == i + 1 {
-                    diags.push(RawDiag::new(span, "expected variable name after '$'"));
-                } else {
-                    push(&mut out, Tok::Var(txt(i + 1, j)), len);
                 }
-                col += len;
-                i = j;
-                continue;
-            }
-            _ => {
-                let tok2 = match (c, at(i + 1)) {
-                    (b'=', Some(b'=')) => Some(Tok::EqEq),
-                    (b'!', Some(b'=')) => Some(Tok::Ne),
-                    (b'<', Some(b'=')) => Some(Tok::Le),
-                    (b'>', Some(b'=')) => Some(Tok::Ge),
-                    _ => None,
-                };
-                if let Some(t) = tok2 {
-                    push(&mut out, t, 2);
-                    i += 2;
-                    col += 2;
+                b'"' => {
+                    let mut j = i + 1;
+                    let mut closed = false;
+                    while let Some(d) = at(j) {
+                        if d == b'"' {
+                            closed = true;
+                            break;
+                        }
+                        if d == b'\n' {
+                            break;
+                        }
+                        if d == b'\\' && at(j + 1) == Some(b'"') {
+                            j += 2;
+                            continue;
+                        }
+                        j += 1;
+                    }
+                    let chars = b.get(i..j).map_or(0, char_count) as u32;
+                    if !closed {
+                        diags.push(RawDiag::new(
+                            Span { len: chars, ..span },
+                            "unterminated string",
+                        ));
+                        col += chars;
+                        i = j;
+                        continue;
+                    }
+                    push(&mut *out, Tok::Str(txt(i + 1, j)), chars + 1);
+                    col += chars + 1;
+                    i = j + 1;
                     continue;
                 }
-                let colon_word = |j: usize| {
-                    at(j) == Some(b':') && at(j + 1).is_some_and(|e| e == b':' || is_word_byte(e))
-                };
-                if is_word_byte(c) || colon_word(i) {
-                    let mut j = i;
-                    while at(j).is_some_and(is_word_byte) || colon_word(j) {
+                b'$' | b'@' => {
+                    let mut j = i + 1;
+                    while at(j).is_some_and(is_word_byte) {
                         j += 1;
                     }
                     let len = (j - i) as u32;
-                    let tok = if c == b'.' && len == 1 {
-                        Tok::Dot
+                    if c == b'@' {
+                        push(&mut *out, Tok::At, 1);
+                        if j > i + 1 {
+                            out.push(Token {
+                                tok: Tok::Word(txt(i + 1, j)),
+                                span: Span {
+                                    col: col + 1,
+                                    len: len - 1,
+                                    ..span
+                                },
+                            });
+                        }
+                    } else if j == i + 1 {
+                        diags.push(RawDiag::new(span, "expected variable name after '$'"));
                     } else {
-                        Tok::Word(txt(i, j))
-                    };
-                    push(&mut out, tok, len);
+                        push(&mut *out, Tok::Var(txt(i + 1, j)), len);
+                    }
                     col += len;
                     i = j;
                     continue;
                 }
-                let tok = match c {
-                    b';' => Some(Tok::Semi),
-                    b'{' => Some(Tok::LBrace),
-                    b'}' => Some(Tok::RBrace),
-                    b'(' => Some(Tok::LParen),
-                    b')' => Some(Tok::RParen),
-                    b',' => Some(Tok::Comma),
-                    b':' => Some(Tok::Colon),
-                    b'=' => Some(Tok::Assign),
-                    b'<' => Some(Tok::Lt),
-                    b'>' => Some(Tok::Gt),
-                    b'&' => Some(Tok::Amp),
-                    b'|' => Some(Tok::Pipe),
-                    b'+' => Some(Tok::Plus),
-                    _ => None,
-                };
-                match tok {
-                    Some(t) => push(&mut out, t, 1),
-                    None => {
-                        // Possibly a multi-byte character: report it whole and skip it.
-                        let ch = src.get(i..).and_then(|r| r.chars().next());
-                        let shown = ch.unwrap_or(char::REPLACEMENT_CHARACTER);
-                        diags.push(RawDiag::new(
-                            span,
-                            format!("unexpected character '{shown}'"),
-                        ));
-                        i += ch.map_or(1, char::len_utf8);
-                        col += 1;
+                _ => {
+                    let tok2 = match (c, at(i + 1)) {
+                        (b'=', Some(b'=')) => Some(Tok::EqEq),
+                        (b'!', Some(b'=')) => Some(Tok::Ne),
+                        (b'<', Some(b'=')) => Some(Tok::Le),
+                        (b'>', Some(b'=')) => Some(Tok::Ge),
+                        _ => None,
+                    };
+                    if let Some(t) = tok2 {
+                        push(&mut *out, t, 2);
+                        i += 2;
+                        col += 2;
                         continue;
+                    }
+                    let colon_word = |j: usize| {
+                        at(j) == Some(b':')
+                            && at(j + 1).is_some_and(|e| e == b':' || is_word_byte(e))
+                    };
+                    if is_word_byte(c) || colon_word(i) {
+                        let mut j = i;
+                        while at(j).is_some_and(is_word_byte) || colon_word(j) {
+                            j += 1;
+                        }
+                        let len = (j - i) as u32;
+                        let tok = if c == b'.' && len == 1 {
+                            Tok::Dot
+                        } else {
+                            Tok::Word(txt(i, j))
+                        };
+                        push(&mut *out, tok, len);
+                        col += len;
+                        i = j;
+                        continue;
+                    }
+                    let tok = match c {
+                        b';' => Some(Tok::Semi),
+                        b'{' => Some(Tok::LBrace),
+                        b'}' => Some(Tok::RBrace),
+                        b'(' => Some(Tok::LParen),
+                        b')' => Some(Tok::RParen),
+                        b',' => Some(Tok::Comma),
+                        b':' => Some(Tok::Colon),
+                        b'=' => Some(Tok::Assign),
+                        b'<' => Some(Tok::Lt),
+                        b'>' => Some(Tok::Gt),
+                        b'&' => Some(Tok::Amp),
+                        b'|' => Some(Tok::Pipe),
+                        b'+' => Some(Tok::Plus),
+                        _ => None,
+                    };
+                    match tok {
+                        Some(t) => push(&mut *out, t, 1),
+                        None => {
+                            // Possibly a multi-byte character: report it whole and skip it.
+                            let ch = src.get(i..).and_then(|r| r.chars().next());
+                            let shown = ch.unwrap_or(char::REPLACEMENT_CHARACTER);
+                            diags.push(RawDiag::new(
+                                span,
+                                format!("unexpected character '{shown}'"),
+                            ));
+                            i += ch.map_or(1, char::len_utf8);
+                            col += 1;
+                            continue;
+                        }
                     }
                 }
             }
-        }
-        i += 1;
-        col += 1;
+            i += 1;
+            col += 1;
+        };
+        self.i = i;
+        self.line = line;
+        self.col = col;
+        more
     }
-    out
 }
 
 /// Where included files come from. The default reads the file system.
@@ -379,6 +418,12 @@ pub(crate) struct Preprocessor<'a> {
     values: HashMap<String, Vec<Token>>,
     stack: Vec<PathBuf>,
     pub out: Vec<Token>,
+    /// Set by [`Preprocessor::run`] when the top-level file needs no
+    /// preprocessing: the id of the file, which the parser lexes lazily
+    /// itself (`out` is then empty and has no end-of-file token).
+    pub lazy: Option<u32>,
+    /// Whether [`Preprocessor::run`] may leave a plain file to the parser.
+    pub allow_lazy: bool,
 }
 
 impl<'a> Preprocessor<'a> {
@@ -391,11 +436,24 @@ impl<'a> Preprocessor<'a> {
             values: HashMap::new(),
             stack: Vec::new(),
             out: Vec::new(),
+            lazy: None,
+            allow_lazy: true,
         }
     }
 
     /// Process a top-level file.
     pub fn run(&mut self, name: &str, path: Option<PathBuf>, text: String) {
+        if self.allow_lazy && self.files.is_empty() && is_plain(&text) {
+            // Preprocessing would pass the tokens through unchanged: leave
+            // the lexing to the parser, a line at a time, instead of
+            // materialising every token of a possibly huge file.
+            self.lazy = Some(0);
+            self.files.push(SourceFile {
+                name: name.to_string(),
+                text,
+            });
+            return;
+        }
         self.file(name.to_string(), path, text);
         let span = self.out.last().map(|t| t.span).unwrap_or_default();
         self.out.push(Token {
@@ -614,6 +672,17 @@ impl<'a> Preprocessor<'a> {
             )),
         }
     }
+}
+
+/// True if preprocessing `text` would not change its tokens: no `$` (so no
+/// variables), no `include` or `define` anywhere (so no directives; also
+/// covers `redefine` and `undefine`), and short enough for [`Lexer`].
+/// Conservative: a directive word in a comment makes it false.
+pub(crate) fn is_plain(text: &str) -> bool {
+    u32::try_from(text.len()).is_ok()
+        && !text.as_bytes().contains(&b'$')
+        && !text.contains("include")
+        && !text.contains("define")
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,7 +7,7 @@
 
 use crate::ast::*;
 use crate::diag::{suggest, RawDiag, SourceFile};
-use crate::lex::{self, unescape, Text, Tok, Token};
+use crate::lex::{self, unescape, Lexer, Text, Tok, Token};
 use crate::symbols::{self, parse_num};
 use std::collections::HashSet;
 use std::fmt;
@@ -43,11 +43,65 @@ const EXPR_KEYWORDS: &[&str] = &[
     "udp", "th", "icmp", "icmpv6", "ct",
 ];
 
+/// `STMT_KEYWORDS.contains(&w)`, as one `match` (checked once per rule word).
+fn is_stmt_keyword(w: &str) -> bool {
+    matches!(
+        w,
+        "counter"
+            | "accept"
+            | "drop"
+            | "reject"
+            | "return"
+            | "continue"
+            | "jump"
+            | "goto"
+            | "log"
+            | "limit"
+            | "snat"
+            | "dnat"
+            | "masquerade"
+            | "redirect"
+            | "comment"
+    )
+}
+
+/// `is_expr_keyword(w)`, as one `match`.
+fn is_expr_keyword(w: &str) -> bool {
+    matches!(
+        w,
+        "iifname"
+            | "oifname"
+            | "iif"
+            | "oif"
+            | "meta"
+            | "mark"
+            | "l4proto"
+            | "nfproto"
+            | "ip"
+            | "ip6"
+            | "tcp"
+            | "udp"
+            | "th"
+            | "icmp"
+            | "icmpv6"
+            | "ct"
+    )
+}
+
 pub(crate) struct Parser<'s> {
     /// Source texts the tokens refer to.
     src: &'s [SourceFile],
+    /// The tokens: all of them, or with [`Parser::lexer`] a window that
+    /// always holds the current and next token (or ends with `Eof`) and
+    /// one token before the current one.
     toks: Vec<Token>,
     pos: usize,
+    /// Lexes the rest of the input on demand (see [`Preprocessor::lazy`]).
+    ///
+    /// [`Preprocessor::lazy`]: crate::lex::Preprocessor
+    lexer: Option<Lexer<'s>>,
+    /// Errors from [`Parser::lexer`]; they precede the parser's own.
+    pub lex_diags: Vec<RawDiag>,
     depth: i32,
     /// The current chain's `type` line failed; do not also report its `policy`.
     base_failed: bool,
@@ -59,17 +113,65 @@ pub(crate) struct Parser<'s> {
 }
 
 impl<'s> Parser<'s> {
-    pub fn new(toks: Vec<Token>, src: &'s [SourceFile]) -> Self {
-        Parser {
+    /// A parser over `toks` (ending with `Eof`), or if `lazy` names a file
+    /// in `src`, over that file lexed on demand (`toks` is then empty).
+    pub fn new(toks: Vec<Token>, src: &'s [SourceFile], lazy: Option<u32>) -> Self {
+        let lexer = lazy.and_then(|id| {
+            let f = src.get(id as usize)?;
+            Some(Lexer::new(id, &f.text))
+        });
+        let mut p = Parser {
             src,
             toks,
             pos: 0,
+            lexer,
+            lex_diags: Vec::new(),
             depth: 0,
             base_failed: false,
             diags: Vec::new(),
             tables: Vec::new(),
             scratch_matches: Vec::new(),
             scratch_stmts: Vec::new(),
+        };
+        p.fill();
+        p
+    }
+
+    /// With a lazy lexer, make sure the current and next tokens are in the
+    /// window (lexing more lines), dropping tokens well behind the current one.
+    fn fill(&mut self) {
+        let Some(lexer) = &mut self.lexer else {
+            return;
+        };
+        while self.toks.len() < self.pos + 2 {
+            if self.pos > 256 {
+                // Keep one token behind `pos`: `bitmask_list` steps back one.
+                self.toks.drain(..self.pos - 1);
+                self.pos = 1;
+            }
+            if !lexer.line(&mut self.toks, &mut self.lex_diags) {
+                // End of the file: finish it as the preprocessor does, with
+                // a newline if the last token was not one, then end of file.
+                if let Some(last) = self.toks.last().copied() {
+                    if last.tok != Tok::Newline {
+                        self.toks.push(Token {
+                            tok: Tok::Newline,
+                            span: last.span,
+                        });
+                    }
+                }
+                let span = self.toks.last().map(|t| t.span).unwrap_or_default();
+                self.toks.push(Token {
+                    tok: Tok::Eof,
+                    span: Span {
+                        col: span.col + span.len,
+                        len: 1,
+                        ..span
+                    },
+                });
+                self.lexer = None;
+                return;
+            }
         }
     }
 
@@ -112,6 +214,7 @@ impl<'s> Parser<'s> {
             _ => {}
         }
         self.pos += 1;
+        self.fill();
         t
     }
 
@@ -654,20 +757,18 @@ impl<'s> Parser<'s> {
                             key_typeof = Some(f);
                             if is_map {
                                 self.expect(Tok::Colon)?;
-                                data = Some(
-                                    if self.word().is_some_and(|w| EXPR_KEYWORDS.contains(&w)) {
-                                        let (f, fsp) = self.fields()?;
-                                        match f.as_slice() {
-                                            [one] => one.datatype(),
-                                            _ => {
-                                                return self
-                                                    .err(fsp, "map data cannot be a concatenation")
-                                            }
+                                data = Some(if self.word().is_some_and(is_expr_keyword) {
+                                    let (f, fsp) = self.fields()?;
+                                    match f.as_slice() {
+                                        [one] => one.datatype(),
+                                        _ => {
+                                            return self
+                                                .err(fsp, "map data cannot be a concatenation")
                                         }
-                                    } else {
-                                        self.data_type()?
-                                    },
-                                );
+                                    }
+                                } else {
+                                    self.data_type()?
+                                });
                             }
                             Ok(())
                         })
@@ -980,12 +1081,12 @@ impl<'s> Parser<'s> {
                 }
                 continue;
             }
-            if STMT_KEYWORDS.contains(&w) {
+            if is_stmt_keyword(w) {
                 let kind = self.stmt(w)?;
                 stmts.push(Stmt { kind, span: sp });
                 continue;
             }
-            if !EXPR_KEYWORDS.contains(&w) {
+            if !is_expr_keyword(w) {
                 let help = suggest(w, STMT_KEYWORDS.iter().chain(EXPR_KEYWORDS).copied());
                 return self.err_help(sp, format!("unknown statement or expression '{w}'"), help);
             }
@@ -1026,8 +1127,7 @@ impl<'s> Parser<'s> {
     fn fields(&mut self) -> P<(Vec<Field>, Span)> {
         let sp = self.span();
         let mut v = vec![self.field()?];
-        while self.peek() == Tok::Dot && self.word_at(1).is_some_and(|w| EXPR_KEYWORDS.contains(&w))
-        {
+        while self.peek() == Tok::Dot && self.word_at(1).is_some_and(is_expr_keyword) {
             self.bump();
             v.push(self.field()?);
         }
@@ -1585,7 +1685,7 @@ impl<'s> Parser<'s> {
         let needs_to = matches!(kind, NatKind::Snat | NatKind::Dnat);
         if self.eat_word("to") {
             let sp = self.span();
-            let is_expr = self.word().is_some_and(|w| EXPR_KEYWORDS.contains(&w));
+            let is_expr = self.word().is_some_and(is_expr_keyword);
             if is_expr && needs_to {
                 let (key, _) = self.fields()?;
                 if !self.eat_word("map") {
@@ -1811,5 +1911,25 @@ impl Parser<'_> {
             return self.unexpected("end of the command");
         }
         Ok(cmd)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keyword_matchers_agree_with_the_keyword_tables() {
+        for w in STMT_KEYWORDS {
+            assert!(is_stmt_keyword(w), "{w}");
+        }
+        for w in EXPR_KEYWORDS {
+            assert!(is_expr_keyword(w), "{w}");
+        }
+        let all: Vec<&str> = STMT_KEYWORDS.iter().chain(EXPR_KEYWORDS).copied().collect();
+        for w in ["", "ipx", "counte", "set", "vmap", "table", "Accept"] {
+            assert!(!all.contains(&w));
+            assert!(!is_stmt_keyword(w) && !is_expr_keyword(w), "{w}");
+        }
     }
 }
