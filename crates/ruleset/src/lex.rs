@@ -116,8 +116,25 @@ pub(crate) struct Token {
     pub span: Span,
 }
 
-fn is_word_byte(c: u8) -> bool {
+/// Bytes of a word: identifiers, numbers, addresses, ranges, prefixes.
+const fn is_word_byte_def(c: u8) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-' | b'/' | b'*' | b'[' | b']')
+}
+
+/// [`is_word_byte_def`] as a table, for the lexer's inner loop.
+const WORD_BYTES: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut c = 0;
+    while c < 256 {
+        t[c] = is_word_byte_def(c as u8);
+        c += 1;
+    }
+    t
+};
+
+fn is_word_byte(c: u8) -> bool {
+    // In range for every u8; `get` keeps the no-indexing rule at no cost.
+    WORD_BYTES.get(usize::from(c)).copied().unwrap_or(false)
 }
 
 /// Number of characters in UTF-8 bytes (columns count characters).
@@ -189,6 +206,47 @@ impl<'t> Lexer<'t> {
             let Some(c) = at(i) else {
                 break false;
             };
+            // Fast paths, for the bulk of a rule file: blanks and words
+            // (no other token starts with a word byte or a blank).
+            if c == b' ' || c == b'\t' {
+                let mut j = i + 1;
+                while matches!(at(j), Some(b' ' | b'\t')) {
+                    j += 1;
+                }
+                col += (j - i) as u32;
+                i = j;
+                continue;
+            }
+            if is_word_byte(c) {
+                let mut j = i + 1;
+                loop {
+                    match at(j) {
+                        Some(d) if is_word_byte(d) => j += 1,
+                        Some(b':') if at(j + 1).is_some_and(|e| e == b':' || is_word_byte(e)) => {
+                            j += 1
+                        }
+                        _ => break,
+                    }
+                }
+                let len = (j - i) as u32;
+                let tok = if c == b'.' && len == 1 {
+                    Tok::Dot
+                } else {
+                    Tok::Word(txt(i, j))
+                };
+                out.push(Token {
+                    tok,
+                    span: Span {
+                        file,
+                        line,
+                        col,
+                        len,
+                    },
+                });
+                col += len;
+                i = j;
+                continue;
+            }
             let span = Span {
                 file,
                 line,

@@ -1360,18 +1360,17 @@ impl<'s> Parser<'s> {
     }
 
     fn value_concat(&mut self, types: &[DataType]) -> P<Value> {
-        let mut v = Vec::new();
+        if let [dt] = types {
+            return self.value(*dt);
+        }
+        let mut v = Vec::with_capacity(types.len());
         for (i, dt) in types.iter().enumerate() {
             if i > 0 {
                 self.expect(Tok::Dot)?;
             }
             v.push(self.value(*dt)?);
         }
-        if v.len() == 1 {
-            v.pop().ok_or(Fail)
-        } else {
-            Ok(Value::Concat(v))
-        }
+        Ok(Value::Concat(v))
     }
 
     /// One value of type `dt`, including ranges (`a-b` or `a - b`) and prefixes.
