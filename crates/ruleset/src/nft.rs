@@ -214,7 +214,9 @@ impl<'s> Parser<'s> {
             _ => {}
         }
         self.pos += 1;
-        self.fill();
+        if self.toks.len() < self.pos + 2 {
+            self.fill();
+        }
         t
     }
 
@@ -1414,6 +1416,9 @@ impl<'s> Parser<'s> {
             },
             DataType::Verdict => self.err(sp, format!("expected a verdict, found '{w}'")),
             _ => {
+                if let Some(v) = decimal_value(w) {
+                    return Ok(v);
+                }
                 if let Some(n) = parse_num(w).or_else(|| symbols::lookup(dt, w)) {
                     return Ok(Value::Num(n));
                 }
@@ -1727,6 +1732,33 @@ impl<'s> Parser<'s> {
     }
 }
 
+/// Fast path of [`Parser::word_value`] for numeric types: a decimal number
+/// `N` or range `N-M` (the usual port and port range). Gives what the
+/// general path gives (no symbol name starts with a digit, so the symbol
+/// lookups there cannot match), or `None` to leave `w` to it.
+fn decimal_value(w: &str) -> Option<Value> {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let (a, b) = match w.split_once('-') {
+        Some((a, b)) => (a, Some(b)),
+        None => (w, None),
+    };
+    if !digits(a) {
+        return None;
+    }
+    let a: u64 = a.parse().ok()?;
+    match b {
+        None => Some(Value::Num(a)),
+        Some(b) if digits(b) => {
+            let b: u64 = b.parse().ok()?;
+            Some(Value::Range(
+                Box::new(Value::Num(a)),
+                Box::new(Value::Num(b)),
+            ))
+        }
+        Some(_) => None,
+    }
+}
+
 fn byte_unit(s: &str) -> Option<ByteUnit> {
     match s {
         "bytes" => Some(ByteUnit::Bytes),
@@ -1916,6 +1948,64 @@ impl Parser<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decimal_fast_path_agrees_with_the_general_path() {
+        let words = [
+            "0",
+            "22",
+            "1024-1100",
+            "65535",
+            "65536",
+            "0x10",
+            "10-",
+            "-10",
+            "1-2-3",
+            "ssh",
+            "22-ssh",
+            "ssh-22",
+            "ftp-data",
+            "18446744073709551616",
+            "1-18446744073709551616",
+            "007",
+            "1.5",
+            "",
+            "1--2",
+        ];
+        let files = [SourceFile {
+            name: "t".into(),
+            text: String::new(),
+        }];
+        for dt in [DataType::InetService, DataType::InetProto, DataType::Mark] {
+            for w in words {
+                let fast = decimal_value(w);
+                let mut p = Parser::new(Vec::new(), &files, None);
+                // The general path alone: what word_value did before the fast path.
+                let general = (|| {
+                    if let Some(n) = parse_num(w).or_else(|| symbols::lookup(dt, w)) {
+                        return Some(Value::Num(n));
+                    }
+                    for (i, _) in w.match_indices('-') {
+                        let (a, b) = (w.get(..i)?, w.get(i + 1..)?);
+                        let pa = parse_num(a).or_else(|| symbols::lookup(dt, a));
+                        let pb = parse_num(b).or_else(|| symbols::lookup(dt, b));
+                        if let (Some(a), Some(b)) = (pa, pb) {
+                            return Some(Value::Range(
+                                Box::new(Value::Num(a)),
+                                Box::new(Value::Num(b)),
+                            ));
+                        }
+                    }
+                    None
+                })();
+                if let Some(v) = &fast {
+                    assert_eq!(Some(v), general.as_ref(), "{dt:?} {w}");
+                }
+                let full = p.word_value(dt, w, Span::default()).ok();
+                assert_eq!(full, general, "{dt:?} {w}");
+            }
+        }
+    }
 
     #[test]
     fn keyword_matchers_agree_with_the_keyword_tables() {
