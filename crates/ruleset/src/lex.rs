@@ -1,5 +1,12 @@
 //! nft lexer and preprocessor: tokenises files, splices `include`d files and
 //! expands `define`d `$variables`, so the parser sees one flat token stream.
+//!
+//! Tokens are `Copy` and refer to their text by byte range ([`Text`]); no
+//! token owns a string. A top-level file with no directives and no variables
+//! (checked conservatively by [`is_plain`]) is not lexed here: the parser
+//! lexes it a line at a time with a [`Lexer`], so a large rule file is never
+//! held as a whole token vector. Both paths give the same tokens (a test in
+//! the crate root compares them on every golden input).
 
 use crate::ast::{Define, Span};
 use crate::diag::{suggest, RawDiag, SourceFile};

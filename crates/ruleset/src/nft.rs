@@ -1,5 +1,11 @@
 //! Recursive-descent parser for nft syntax (block form and `add ...` command
-//! form) over the preprocessed token stream from [`crate::lex`].
+//! form) over the preprocessed token stream from [`crate::lex`] (or over a
+//! plain file it lexes itself on demand; see [`Parser::new`]).
+//!
+//! Hot path notes: words are `&str` borrowed from the source, "expected X"
+//! texts are built only on the error path (`format_args!`), and a rule's
+//! matches and statements are collected in reused scratch vectors and moved
+//! out with exact capacity.
 //!
 //! The parser only builds the AST; semantic checks live in [`crate::validate`].
 //! On an error it records a diagnostic and resumes at the next statement, so
@@ -232,7 +238,11 @@ impl<'s> Parser<'s> {
     }
 
     fn is_word(&self, w: &str) -> bool {
-        self.word() == Some(w)
+        match self.peek() {
+            // Lengths first: most probes (`set`, `vmap`, `-`) miss.
+            Tok::Word(t) => t.end.wrapping_sub(t.start) as usize == w.len() && self.text(t) == w,
+            _ => false,
+        }
     }
 
     fn eat_word(&mut self, w: &str) -> bool {
