@@ -660,3 +660,35 @@ pub enum MapRef {
     Named(String),
     Anon(Vec<Elem>),
 }
+
+/// The data types of a (possibly concatenated) key, computed from its fields
+/// without a heap allocation for keys of up to four fields (the parser and
+/// the validator need them once per match).
+#[derive(Debug, Clone)]
+pub(crate) struct KeyTypes {
+    inline: [DataType; 4],
+    len: usize,
+    heap: Vec<DataType>,
+}
+
+impl KeyTypes {
+    pub(crate) fn of(fields: &[Field]) -> Self {
+        let mut k = KeyTypes {
+            inline: [DataType::Verdict; 4],
+            len: fields.len(),
+            heap: Vec::new(),
+        };
+        if fields.len() <= k.inline.len() {
+            for (slot, f) in k.inline.iter_mut().zip(fields) {
+                *slot = f.datatype();
+            }
+        } else {
+            k.heap = fields.iter().map(|f| f.datatype()).collect();
+        }
+        k
+    }
+
+    pub(crate) fn as_slice(&self) -> &[DataType] {
+        self.inline.get(..self.len).unwrap_or(&self.heap)
+    }
+}

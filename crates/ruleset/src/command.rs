@@ -143,10 +143,11 @@ pub fn parse_nft_command(ctx: &Ruleset, name: &str, text: &str) -> Result<Comman
     let loader = lex::MemLoader::default();
     let mut pre = lex::Preprocessor::new(&loader);
     pre.run(name, Some(PathBuf::from(name)), text.to_string());
-    let mut parser = nft::Parser::new(std::mem::take(&mut pre.out));
+    let mut parser = nft::Parser::new(std::mem::take(&mut pre.out), &pre.files, pre.lazy);
     parser.tables = ctx.tables.iter().map(skeleton).collect();
     let cmd = parser.ctl_command();
     let mut diags = pre.diags;
+    diags.extend(parser.lex_diags);
     diags.extend(parser.diags);
     let files: Vec<SourceFile> = pre.files;
     let cmd = match cmd {

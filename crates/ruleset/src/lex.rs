@@ -1,17 +1,66 @@
 //! nft lexer and preprocessor: tokenises files, splices `include`d files and
 //! expands `define`d `$variables`, so the parser sees one flat token stream.
+//!
+//! Tokens are `Copy` and refer to their text by byte range ([`Text`]); no
+//! token owns a string. A top-level file with no directives and no variables
+//! (checked conservatively by [`is_plain`]) is not lexed here: the parser
+//! lexes it a line at a time with a [`Lexer`], so a large rule file is never
+//! held as a whole token vector. Both paths give the same tokens (a test in
+//! the crate root compares them on every golden input).
 
 use crate::ast::{Define, Span};
 use crate::diag::{suggest, RawDiag, SourceFile};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A run of source text: byte offsets into [`SourceFile::text`] of file `file`.
+///
+/// Tokens refer to their text instead of owning it, so lexing allocates
+/// nothing per token and tokens are `Copy`. Resolve with [`text`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Text {
+    pub file: u32,
+    pub start: u32,
+    pub end: u32,
+}
+
+impl Text {
+    /// The part of this text from byte `from` (relative) on.
+    pub fn suffix(self, from: usize) -> Text {
+        let start = u32::try_from(from)
+            .ok()
+            .and_then(|f| self.start.checked_add(f))
+            .map_or(self.end, |s| s.min(self.end));
+        Text { start, ..self }
+    }
+}
+
+/// The source text of `t` ("" if it is out of range, which the lexer never produces).
+pub(crate) fn text(files: &[SourceFile], t: Text) -> &str {
+    files
+        .get(t.file as usize)
+        .and_then(|f| f.text.get(t.start as usize..t.end as usize))
+        .unwrap_or("")
+}
+
+/// The value of a string literal from its raw text between the quotes (`\"` is a quote).
+pub(crate) fn unescape(raw: &str) -> Cow<'_, str> {
+    if raw.contains("\\\"") {
+        Cow::Owned(raw.replace("\\\"", "\""))
+    } else {
+        Cow::Borrowed(raw)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Tok {
     /// Identifiers, numbers, addresses, ranges, prefixes: any run of word characters.
-    Word(String),
-    Str(String),
-    Var(String),
+    Word(Text),
+    /// A string literal: the raw text between the quotes (see [`unescape`]).
+    Str(Text),
+    /// `$name`: the text of `name`, without the `$`.
+    Var(Text),
     Newline,
     Semi,
     LBrace,
@@ -36,236 +85,361 @@ pub(crate) enum Tok {
 }
 
 impl Tok {
-    pub fn describe(&self) -> String {
-        match self {
-            Tok::Word(w) => format!("'{w}'"),
-            Tok::Str(s) => format!("\"{s}\""),
-            Tok::Var(v) => format!("'${v}'"),
-            Tok::Newline => "end of line".into(),
-            Tok::Eof => "end of file".into(),
-            Tok::Semi => "';'".into(),
-            Tok::LBrace => "'{'".into(),
-            Tok::RBrace => "'}'".into(),
-            Tok::LParen => "'('".into(),
-            Tok::RParen => "')'".into(),
-            Tok::Comma => "','".into(),
-            Tok::Colon => "':'".into(),
-            Tok::Dot => "'.'".into(),
-            Tok::At => "'@'".into(),
-            Tok::Assign => "'='".into(),
-            Tok::EqEq => "'=='".into(),
-            Tok::Ne => "'!='".into(),
-            Tok::Lt => "'<'".into(),
-            Tok::Gt => "'>'".into(),
-            Tok::Le => "'<='".into(),
-            Tok::Ge => "'>='".into(),
-            Tok::Amp => "'&'".into(),
-            Tok::Pipe => "'|'".into(),
-            Tok::Plus => "'+'".into(),
-        }
+    /// How diagnostics name this token (`'word'`, `"string"`, `';'`).
+    pub fn describe(self, files: &[SourceFile]) -> String {
+        let punct = match self {
+            Tok::Word(w) => return format!("'{}'", text(files, w)),
+            Tok::Str(s) => return format!("\"{}\"", unescape(text(files, s))),
+            Tok::Var(v) => return format!("'${}'", text(files, v)),
+            Tok::Newline => "end of line",
+            Tok::Eof => "end of file",
+            Tok::Semi => "';'",
+            Tok::LBrace => "'{'",
+            Tok::RBrace => "'}'",
+            Tok::LParen => "'('",
+            Tok::RParen => "')'",
+            Tok::Comma => "','",
+            Tok::Colon => "':'",
+            Tok::Dot => "'.'",
+            Tok::At => "'@'",
+            Tok::Assign => "'='",
+            Tok::EqEq => "'=='",
+            Tok::Ne => "'!='",
+            Tok::Lt => "'<'",
+            Tok::Gt => "'>'",
+            Tok::Le => "'<='",
+            Tok::Ge => "'>='",
+            Tok::Amp => "'&'",
+            Tok::Pipe => "'|'",
+            Tok::Plus => "'+'",
+        };
+        punct.to_string()
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Token {
     pub tok: Tok,
     pub span: Span,
 }
 
-fn is_word_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '/' | '*' | '[' | ']')
+/// Bytes of a word: identifiers, numbers, addresses, ranges, prefixes.
+const fn is_word_byte_def(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-' | b'/' | b'*' | b'[' | b']')
+}
+
+/// [`is_word_byte_def`] as a table, for the lexer's inner loop.
+const WORD_BYTES: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut c = 0;
+    while c < 256 {
+        t[c] = is_word_byte_def(c as u8);
+        c += 1;
+    }
+    t
+};
+
+fn is_word_byte(c: u8) -> bool {
+    // In range for every u8; `get` keeps the no-indexing rule at no cost.
+    WORD_BYTES.get(usize::from(c)).copied().unwrap_or(false)
+}
+
+/// Number of characters in UTF-8 bytes (columns count characters).
+fn char_count(b: &[u8]) -> usize {
+    b.iter().filter(|&&x| (x & 0xC0) != 0x80).count()
 }
 
 /// Tokenise one file. Errors (bad characters, unterminated strings) go to `diags`.
-pub(crate) fn lex(file: u32, text: &str, diags: &mut Vec<RawDiag>) -> Vec<Token> {
-    let chars: Vec<char> = text.chars().collect();
-    let mut out = Vec::new();
-    let (mut i, mut line, mut col) = (0usize, 1u32, 1u32);
-    let at = |i: usize| chars.get(i).copied();
-    while let Some(c) = at(i) {
-        let span = Span {
+pub(crate) fn lex(file: u32, src: &str, diags: &mut Vec<RawDiag>) -> Vec<Token> {
+    if u32::try_from(src.len()).is_err() {
+        diags.push(RawDiag::new(
+            Span {
+                file,
+                line: 1,
+                col: 1,
+                len: 1,
+            },
+            "file too large (at most 4 GiB)",
+        ));
+        return Vec::new();
+    }
+    // About one token per 4 bytes at most in practice; reserving does not
+    // touch the memory, and it saves the copies of repeated growth.
+    let mut out = Vec::with_capacity(src.len() / 4 + 1);
+    let mut lexer = Lexer::new(file, src);
+    while lexer.line(&mut out, diags) {}
+    out
+}
+
+/// A resumable lexer over one file, for lexing a line at a time.
+///
+/// Works on bytes: every token boundary is an ASCII byte, so all offsets are
+/// on character boundaries; columns count characters. Offsets are `u32`:
+/// callers check that the text is shorter than 4 GiB ([`lex`] reports it).
+#[derive(Debug, Clone)]
+pub(crate) struct Lexer<'t> {
+    file: u32,
+    src: &'t str,
+    i: usize,
+    line: u32,
+    col: u32,
+}
+
+impl<'t> Lexer<'t> {
+    pub fn new(file: u32, src: &'t str) -> Self {
+        Lexer {
             file,
-            line,
-            col,
-            len: 1,
+            src,
+            i: 0,
+            line: 1,
+            col: 1,
+        }
+    }
+
+    /// Lex up to and including the next newline token. Returns false at the
+    /// end of the text (when nothing more will come).
+    pub fn line(&mut self, out: &mut Vec<Token>, diags: &mut Vec<RawDiag>) -> bool {
+        let (file, src) = (self.file, self.src);
+        let b = src.as_bytes();
+        let (mut i, mut line, mut col) = (self.i, self.line, self.col);
+        let at = |i: usize| b.get(i).copied();
+        // Offsets fit in u32: see the type's doc.
+        let txt = |s: usize, e: usize| Text {
+            file,
+            start: s as u32,
+            end: e as u32,
         };
-        let push = |out: &mut Vec<Token>, tok: Tok, len: u32| {
-            out.push(Token {
-                tok,
-                span: Span { len, ..span },
-            });
-        };
-        match c {
-            '\n' => {
-                push(&mut out, Tok::Newline, 1);
-                i += 1;
-                line += 1;
-                col = 1;
-                continue;
-            }
-            ' ' | '\t' | '\r' => {}
-            '#' => {
-                while at(i).is_some_and(|c| c != '\n') {
-                    i += 1;
-                }
-                continue;
-            }
-            '\\' => {
-                // Line continuation, or `\;` as written in shell-quoted commands.
-                match at(i + 1) {
-                    Some('\n') => {
-                        i += 2;
-                        line += 1;
-                        col = 1;
-                        continue;
-                    }
-                    Some('\r') if at(i + 2) == Some('\n') => {
-                        i += 3;
-                        line += 1;
-                        col = 1;
-                        continue;
-                    }
-                    Some(';') => {
-                        push(&mut out, Tok::Semi, 2);
-                        i += 2;
-                        col += 2;
-                        continue;
-                    }
-                    _ => diags.push(RawDiag::new(span, "unexpected '\\'")),
-                }
-            }
-            '"' => {
-                let mut s = String::new();
+        let more = loop {
+            let Some(c) = at(i) else {
+                break false;
+            };
+            // Fast paths, for the bulk of a rule file: blanks and words
+            // (no other token starts with a word byte or a blank).
+            if c == b' ' || c == b'\t' {
                 let mut j = i + 1;
-                let mut closed = false;
-                while let Some(d) = at(j) {
-                    if d == '"' {
-                        closed = true;
-                        break;
-                    }
-                    if d == '\n' {
-                        break;
-                    }
-                    if d == '\\' && at(j + 1) == Some('"') {
-                        s.push('"');
-                        j += 2;
-                        continue;
-                    }
-                    s.push(d);
+                while matches!(at(j), Some(b' ' | b'\t')) {
                     j += 1;
                 }
-                let len = (j - i + 1) as u32;
-                if !closed {
-                    diags.push(RawDiag::new(
-                        Span {
-                            len: (j - i) as u32,
-                            ..span
-                        },
-                        "unterminated string",
-                    ));
-                    col += (j - i) as u32;
-                    i = j;
-                    continue;
-                }
-                push(&mut out, Tok::Str(s), len);
-                col += len;
-                i = j + 1;
+                col += (j - i) as u32;
+                i = j;
                 continue;
             }
-            '$' | '@' => {
+            if is_word_byte(c) {
                 let mut j = i + 1;
-                let mut w = String::new();
-                while let Some(d) = at(j).filter(|d| is_word_char(*d)) {
-                    w.push(d);
-                    j += 1;
+                loop {
+                    match at(j) {
+                        Some(d) if is_word_byte(d) => j += 1,
+                        Some(b':') if at(j + 1).is_some_and(|e| e == b':' || is_word_byte(e)) => {
+                            j += 1
+                        }
+                        _ => break,
+                    }
                 }
                 let len = (j - i) as u32;
-                if c == '@' {
-                    push(&mut out, Tok::At, 1);
-                    if !w.is_empty() {
-                        out.push(Token {
-                            tok: Tok::Word(w),
-                            span: Span {
-                                col: col + 1,
-                                len: len - 1,
-                                ..span
-                            },
-                        });
-                    }
-                } else if w.is_empty() {
-                    diags.push(RawDiag::new(span, "expected variable name after '$'"));
+                let tok = if c == b'.' && len == 1 {
+                    Tok::Dot
                 } else {
-                    push(&mut out, Tok::Var(w), len);
-                }
+                    Tok::Word(txt(i, j))
+                };
+                out.push(Token {
+                    tok,
+                    span: Span {
+                        file,
+                        line,
+                        col,
+                        len,
+                    },
+                });
                 col += len;
                 i = j;
                 continue;
             }
-            _ => {
-                let two: String = chars
-                    .get(i..i + 2)
-                    .map(|s| s.iter().collect())
-                    .unwrap_or_default();
-                let tok2 = match two.as_str() {
-                    "==" => Some(Tok::EqEq),
-                    "!=" => Some(Tok::Ne),
-                    "<=" => Some(Tok::Le),
-                    ">=" => Some(Tok::Ge),
-                    _ => None,
-                };
-                if let Some(t) = tok2 {
-                    push(&mut out, t, 2);
-                    i += 2;
-                    col += 2;
+            let span = Span {
+                file,
+                line,
+                col,
+                len: 1,
+            };
+            let push = |out: &mut Vec<Token>, tok: Tok, len: u32| {
+                out.push(Token {
+                    tok,
+                    span: Span { len, ..span },
+                });
+            };
+            match c {
+                b'\n' => {
+                    push(&mut *out, Tok::Newline, 1);
+                    i += 1;
+                    line += 1;
+                    col = 1;
+                    break true;
+                }
+                b' ' | b'\t' | b'\r' => {}
+                b'#' => {
+                    i = b
+                        .get(i..)
+                        .and_then(|r| r.iter().position(|&d| d == b'\n'))
+                        .map_or(b.len(), |n| i + n);
                     continue;
                 }
-                let word_start = is_word_char(c)
-                    || (c == ':' && at(i + 1).is_some_and(|d| d == ':' || is_word_char(d)));
-                if word_start {
-                    let mut j = i;
-                    let mut w = String::new();
+                b'\\' => {
+                    // Line continuation, or `\;` as written in shell-quoted commands.
+                    match at(i + 1) {
+                        Some(b'\n') => {
+                            i += 2;
+                            line += 1;
+                            col = 1;
+                            continue;
+                        }
+                        Some(b'\r') if at(i + 2) == Some(b'\n') => {
+                            i += 3;
+                            line += 1;
+                            col = 1;
+                            continue;
+                        }
+                        Some(b';') => {
+                            push(&mut *out, Tok::Semi, 2);
+                            i += 2;
+                            col += 2;
+                            continue;
+                        }
+                        _ => diags.push(RawDiag::new(span, "unexpected '\\'")),
+                    }
+                }
+                b'"' => {
+                    let mut j = i + 1;
+                    let mut closed = false;
                     while let Some(d) = at(j) {
-                        let ok = is_word_char(d)
-                            || (d == ':' && at(j + 1).is_some_and(|e| e == ':' || is_word_char(e)));
-                        if !ok {
+                        if d == b'"' {
+                            closed = true;
                             break;
                         }
-                        w.push(d);
+                        if d == b'\n' {
+                            break;
+                        }
+                        if d == b'\\' && at(j + 1) == Some(b'"') {
+                            j += 2;
+                            continue;
+                        }
+                        j += 1;
+                    }
+                    let chars = b.get(i..j).map_or(0, char_count) as u32;
+                    if !closed {
+                        diags.push(RawDiag::new(
+                            Span { len: chars, ..span },
+                            "unterminated string",
+                        ));
+                        col += chars;
+                        i = j;
+                        continue;
+                    }
+                    push(&mut *out, Tok::Str(txt(i + 1, j)), chars + 1);
+                    col += chars + 1;
+                    i = j + 1;
+                    continue;
+                }
+                b'$' | b'@' => {
+                    let mut j = i + 1;
+                    while at(j).is_some_and(is_word_byte) {
                         j += 1;
                     }
                     let len = (j - i) as u32;
-                    let tok = if w == "." { Tok::Dot } else { Tok::Word(w) };
-                    push(&mut out, tok, len);
+                    if c == b'@' {
+                        push(&mut *out, Tok::At, 1);
+                        if j > i + 1 {
+                            out.push(Token {
+                                tok: Tok::Word(txt(i + 1, j)),
+                                span: Span {
+                                    col: col + 1,
+                                    len: len - 1,
+                                    ..span
+                                },
+                            });
+                        }
+                    } else if j == i + 1 {
+                        diags.push(RawDiag::new(span, "expected variable name after '$'"));
+                    } else {
+                        push(&mut *out, Tok::Var(txt(i + 1, j)), len);
+                    }
                     col += len;
                     i = j;
                     continue;
                 }
-                let tok = match c {
-                    ';' => Some(Tok::Semi),
-                    '{' => Some(Tok::LBrace),
-                    '}' => Some(Tok::RBrace),
-                    '(' => Some(Tok::LParen),
-                    ')' => Some(Tok::RParen),
-                    ',' => Some(Tok::Comma),
-                    ':' => Some(Tok::Colon),
-                    '=' => Some(Tok::Assign),
-                    '<' => Some(Tok::Lt),
-                    '>' => Some(Tok::Gt),
-                    '&' => Some(Tok::Amp),
-                    '|' => Some(Tok::Pipe),
-                    '+' => Some(Tok::Plus),
-                    _ => None,
-                };
-                match tok {
-                    Some(t) => push(&mut out, t, 1),
-                    None => diags.push(RawDiag::new(span, format!("unexpected character '{c}'"))),
+                _ => {
+                    let tok2 = match (c, at(i + 1)) {
+                        (b'=', Some(b'=')) => Some(Tok::EqEq),
+                        (b'!', Some(b'=')) => Some(Tok::Ne),
+                        (b'<', Some(b'=')) => Some(Tok::Le),
+                        (b'>', Some(b'=')) => Some(Tok::Ge),
+                        _ => None,
+                    };
+                    if let Some(t) = tok2 {
+                        push(&mut *out, t, 2);
+                        i += 2;
+                        col += 2;
+                        continue;
+                    }
+                    let colon_word = |j: usize| {
+                        at(j) == Some(b':')
+                            && at(j + 1).is_some_and(|e| e == b':' || is_word_byte(e))
+                    };
+                    if is_word_byte(c) || colon_word(i) {
+                        let mut j = i;
+                        while at(j).is_some_and(is_word_byte) || colon_word(j) {
+                            j += 1;
+                        }
+                        let len = (j - i) as u32;
+                        let tok = if c == b'.' && len == 1 {
+                            Tok::Dot
+                        } else {
+                            Tok::Word(txt(i, j))
+                        };
+                        push(&mut *out, tok, len);
+                        col += len;
+                        i = j;
+                        continue;
+                    }
+                    let tok = match c {
+                        b';' => Some(Tok::Semi),
+                        b'{' => Some(Tok::LBrace),
+                        b'}' => Some(Tok::RBrace),
+                        b'(' => Some(Tok::LParen),
+                        b')' => Some(Tok::RParen),
+                        b',' => Some(Tok::Comma),
+                        b':' => Some(Tok::Colon),
+                        b'=' => Some(Tok::Assign),
+                        b'<' => Some(Tok::Lt),
+                        b'>' => Some(Tok::Gt),
+                        b'&' => Some(Tok::Amp),
+                        b'|' => Some(Tok::Pipe),
+                        b'+' => Some(Tok::Plus),
+                        _ => None,
+                    };
+                    match tok {
+                        Some(t) => push(&mut *out, t, 1),
+                        None => {
+                            // Possibly a multi-byte character: report it whole and skip it.
+                            let ch = src.get(i..).and_then(|r| r.chars().next());
+                            let shown = ch.unwrap_or(char::REPLACEMENT_CHARACTER);
+                            diags.push(RawDiag::new(
+                                span,
+                                format!("unexpected character '{shown}'"),
+                            ));
+                            i += ch.map_or(1, char::len_utf8);
+                            col += 1;
+                            continue;
+                        }
+                    }
                 }
             }
-        }
-        i += 1;
-        col += 1;
+            i += 1;
+            col += 1;
+        };
+        self.i = i;
+        self.line = line;
+        self.col = col;
+        more
     }
-    out
 }
 
 /// Where included files come from. The default reads the file system.
@@ -309,6 +483,12 @@ pub(crate) struct Preprocessor<'a> {
     values: HashMap<String, Vec<Token>>,
     stack: Vec<PathBuf>,
     pub out: Vec<Token>,
+    /// Set by [`Preprocessor::run`] when the top-level file needs no
+    /// preprocessing: the id of the file, which the parser lexes lazily
+    /// itself (`out` is then empty and has no end-of-file token).
+    pub lazy: Option<u32>,
+    /// Whether [`Preprocessor::run`] may leave a plain file to the parser.
+    pub allow_lazy: bool,
 }
 
 impl<'a> Preprocessor<'a> {
@@ -321,11 +501,24 @@ impl<'a> Preprocessor<'a> {
             values: HashMap::new(),
             stack: Vec::new(),
             out: Vec::new(),
+            lazy: None,
+            allow_lazy: true,
         }
     }
 
     /// Process a top-level file.
     pub fn run(&mut self, name: &str, path: Option<PathBuf>, text: String) {
+        if self.allow_lazy && self.files.is_empty() && is_plain(&text) {
+            // Preprocessing would pass the tokens through unchanged: leave
+            // the lexing to the parser, a line at a time, instead of
+            // materialising every token of a possibly huge file.
+            self.lazy = Some(0);
+            self.files.push(SourceFile {
+                name: name.to_string(),
+                text,
+            });
+            return;
+        }
         self.file(name.to_string(), path, text);
         let span = self.out.last().map(|t| t.span).unwrap_or_default();
         self.out.push(Token {
@@ -361,131 +554,149 @@ impl<'a> Preprocessor<'a> {
         }
     }
 
+    /// Copy `toks` to the output, running directives and expanding `$vars`.
+    /// Runs of plain tokens are copied in bulk; a file with neither
+    /// directives nor variables is moved to the output as is.
     fn tokens(&mut self, toks: Vec<Token>, path: Option<&Path>) {
         let mut i = 0;
+        // `toks[copied..i]` are plain tokens not yet copied to `self.out`.
+        let mut copied = 0;
         let mut line_start = true;
-        while let Some(t) = toks.get(i) {
-            let word = match &t.tok {
-                Tok::Word(w) if line_start => Some(w.as_str()),
+        while let Some(&t) = toks.get(i) {
+            let word = match t.tok {
+                Tok::Word(w) if line_start => Some(text(&self.files, w)),
                 _ => None,
             };
-            match word {
-                Some("include") => {
+            let directive = match word {
+                Some("include") => Some(Directive::Include),
+                Some("define") => Some(Directive::Define),
+                Some("redefine") => Some(Directive::Redefine),
+                Some("undefine") => Some(Directive::Undefine),
+                _ => None,
+            };
+            if directive.is_none() && !matches!(t.tok, Tok::Var(_)) {
+                line_start = matches!(t.tok, Tok::Newline | Tok::Semi | Tok::LBrace | Tok::RBrace);
+                i += 1;
+                continue;
+            }
+            self.out
+                .extend_from_slice(toks.get(copied..i).unwrap_or_default());
+            match directive {
+                Some(Directive::Include) => {
                     let end = line_end(&toks, i);
                     match toks.get(i + 1) {
-                        Some(Token {
+                        Some(&Token {
                             tok: Tok::Str(f),
                             span,
                         }) if end == i + 2 => {
-                            self.include(f, *span, path);
+                            let f = unescape(text(&self.files, f)).into_owned();
+                            self.include(&f, span, path);
                         }
                         _ => self
                             .diags
                             .push(RawDiag::new(t.span, "expected: include \"FILE\"")),
                     }
                     i = end;
-                    continue;
                 }
-                Some(kw @ ("define" | "redefine")) => {
+                Some(d @ (Directive::Define | Directive::Redefine)) => {
                     let end = define_end(&toks, i);
-                    let name = match toks.get(i + 1) {
-                        Some(Token {
-                            tok: Tok::Word(n), ..
-                        }) => Some(n.clone()),
-                        _ => None,
-                    };
-                    let assign = matches!(
-                        toks.get(i + 2),
-                        Some(Token {
-                            tok: Tok::Assign,
-                            ..
-                        })
-                    );
-                    match (name, assign) {
-                        (Some(name), true) if end > i + 3 => {
-                            let span = toks.get(i + 1).map(|t| t.span).unwrap_or(t.span);
-                            if kw == "define" && self.values.contains_key(&name) {
-                                self.diags.push(
-                                    RawDiag::new(span, format!("redefinition of symbol '{name}'"))
-                                        .help(Some("use \"redefine\" to change it".into())),
-                                );
-                            }
-                            let raw: Vec<Token> = toks.get(i + 3..end).unwrap_or(&[]).to_vec();
-                            let mut value = Vec::new();
-                            self.expand_into(raw, &mut value, None);
-                            value.retain(|t| t.tok != Tok::Newline);
-                            let text = value.iter().map(token_text).collect::<Vec<_>>().join(" ");
-                            self.defines.retain(|d| d.name != name);
-                            self.defines.push(Define {
-                                name: name.clone(),
-                                value: text,
-                                span,
-                            });
-                            self.values.insert(name, value);
-                        }
-                        _ => self
-                            .diags
-                            .push(RawDiag::new(t.span, "expected: define NAME = VALUE")),
-                    }
+                    self.define(&toks, i, end, d == Directive::Define);
                     i = end;
-                    continue;
                 }
-                Some("undefine") => {
+                Some(Directive::Undefine) => {
                     let end = line_end(&toks, i);
-                    if let Some(Token {
+                    if let Some(&Token {
                         tok: Tok::Word(n),
                         span,
                     }) = toks.get(i + 1)
                     {
+                        let n = text(&self.files, n);
                         if self.values.remove(n).is_none() {
                             self.diags
-                                .push(RawDiag::new(*span, format!("undefined symbol '{n}'")));
+                                .push(RawDiag::new(span, format!("undefined symbol '{n}'")));
                         }
-                        self.defines.retain(|d| &d.name != n);
+                        self.defines.retain(|d| d.name != n);
                     }
                     i = end;
-                    continue;
                 }
-                _ => {}
+                None => {
+                    // A `$var` outside a directive.
+                    line_start = false;
+                    expand_into(
+                        &self.files,
+                        &self.values,
+                        &mut self.diags,
+                        std::slice::from_ref(&t),
+                        &mut self.out,
+                        None,
+                    );
+                    i += 1;
+                }
             }
-            line_start = matches!(t.tok, Tok::Newline | Tok::Semi | Tok::LBrace | Tok::RBrace);
-            let t = t.clone();
-            let mut out = std::mem::take(&mut self.out);
-            self.expand_into(vec![t], &mut out, None);
-            self.out = out;
-            i += 1;
+            copied = i;
+        }
+        if copied == 0 && self.out.is_empty() {
+            self.out = toks;
+        } else {
+            self.out
+                .extend_from_slice(toks.get(copied..).unwrap_or_default());
         }
     }
 
-    /// Copy tokens, substituting `$vars`; substituted tokens take the use-site span.
-    fn expand_into(&mut self, toks: Vec<Token>, out: &mut Vec<Token>, site: Option<Span>) {
-        for t in toks {
-            match &t.tok {
-                Tok::Var(v) => match self.values.get(v) {
-                    Some(val) => {
-                        let site = site.unwrap_or(t.span);
-                        out.extend(val.iter().map(|x| Token {
-                            tok: x.tok.clone(),
-                            span: site,
-                        }));
-                    }
-                    None => {
-                        let help = suggest(v, self.values.keys().map(String::as_str));
-                        self.diags.push(
-                            RawDiag::new(t.span, format!("undefined symbol '${v}'")).help(help),
-                        );
-                        // Keep a placeholder so the parser does not report a second error.
-                        out.push(Token {
-                            tok: Tok::Word(format!("${v}")),
-                            span: t.span,
-                        });
-                    }
-                },
-                _ => out.push(Token {
-                    span: site.unwrap_or(t.span),
-                    ..t
-                }),
+    /// `define NAME = VALUE` (or `redefine`) spanning `toks[i..end]`.
+    fn define(&mut self, toks: &[Token], i: usize, end: usize, is_define: bool) {
+        let Some(t) = toks.get(i) else {
+            return;
+        };
+        let name = match toks.get(i + 1) {
+            Some(Token {
+                tok: Tok::Word(n), ..
+            }) => Some(text(&self.files, *n).to_string()),
+            _ => None,
+        };
+        let assign = matches!(
+            toks.get(i + 2),
+            Some(Token {
+                tok: Tok::Assign,
+                ..
+            })
+        );
+        match (name, assign) {
+            (Some(name), true) if end > i + 3 => {
+                let span = toks.get(i + 1).map(|t| t.span).unwrap_or(t.span);
+                if is_define && self.values.contains_key(&name) {
+                    self.diags.push(
+                        RawDiag::new(span, format!("redefinition of symbol '{name}'"))
+                            .help(Some("use \"redefine\" to change it".into())),
+                    );
+                }
+                let raw = toks.get(i + 3..end).unwrap_or(&[]);
+                let mut value = Vec::new();
+                expand_into(
+                    &self.files,
+                    &self.values,
+                    &mut self.diags,
+                    raw,
+                    &mut value,
+                    None,
+                );
+                value.retain(|t| t.tok != Tok::Newline);
+                let text = value
+                    .iter()
+                    .map(|t| token_text(&self.files, t))
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                self.defines.retain(|d| d.name != name);
+                self.defines.push(Define {
+                    name: name.clone(),
+                    value: text,
+                    span,
+                });
+                self.values.insert(name, value);
             }
+            _ => self
+                .diags
+                .push(RawDiag::new(t.span, "expected: define NAME = VALUE")),
         }
     }
 
@@ -524,6 +735,71 @@ impl<'a> Preprocessor<'a> {
                 span,
                 format!("cannot include \"{}\": {e}", target.display()),
             )),
+        }
+    }
+}
+
+/// True if preprocessing `text` would not change its tokens: no `$` (so no
+/// variables), no `include` or `define` anywhere (so no directives; also
+/// covers `redefine` and `undefine`), and short enough for [`Lexer`].
+/// Conservative: a directive word in a comment makes it false.
+pub(crate) fn is_plain(text: &str) -> bool {
+    u32::try_from(text.len()).is_ok()
+        && !text.as_bytes().contains(&b'$')
+        && !text.contains("include")
+        && !text.contains("define")
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Directive {
+    Include,
+    Define,
+    Redefine,
+    Undefine,
+}
+
+/// Copy tokens, substituting `$vars`; substituted tokens take the use-site span.
+fn expand_into(
+    files: &[SourceFile],
+    values: &HashMap<String, Vec<Token>>,
+    diags: &mut Vec<RawDiag>,
+    toks: &[Token],
+    out: &mut Vec<Token>,
+    site: Option<Span>,
+) {
+    for t in toks {
+        match t.tok {
+            Tok::Var(v) => {
+                let name = text(files, v);
+                match values.get(name) {
+                    Some(val) => {
+                        let site = site.unwrap_or(t.span);
+                        out.extend(val.iter().map(|x| Token {
+                            tok: x.tok,
+                            span: site,
+                        }));
+                    }
+                    None => {
+                        let help = suggest(name, values.keys().map(String::as_str));
+                        diags.push(
+                            RawDiag::new(t.span, format!("undefined symbol '${name}'")).help(help),
+                        );
+                        // Keep a placeholder so the parser does not report a
+                        // second error: the word `$name`, `$` included.
+                        out.push(Token {
+                            tok: Tok::Word(Text {
+                                start: v.start.saturating_sub(1),
+                                ..v
+                            }),
+                            span: t.span,
+                        });
+                    }
+                }
+            }
+            tok => out.push(Token {
+                tok,
+                span: site.unwrap_or(t.span),
+            }),
         }
     }
 }
@@ -570,24 +846,53 @@ fn define_end(toks: &[Token], mut i: usize) -> usize {
     i
 }
 
-pub(crate) fn token_text(t: &Token) -> String {
-    match &t.tok {
-        Tok::Word(w) => w.clone(),
-        Tok::Str(s) => format!("\"{s}\""),
-        Tok::Var(v) => format!("${v}"),
-        other => other.describe().trim_matches('\'').to_string(),
+/// Source form of a token, as `define` values are recorded.
+pub(crate) fn token_text(files: &[SourceFile], t: &Token) -> String {
+    match t.tok {
+        Tok::Word(w) => text(files, w).to_string(),
+        Tok::Str(s) => format!("\"{}\"", unescape(text(files, s))),
+        Tok::Var(v) => format!("${}", text(files, v)),
+        other => other.describe(files).trim_matches('\'').to_string(),
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{lex, text, SourceFile, Tok as T};
+
+    /// Owned mirror of the token kinds these tests use (tokens refer to the source).
+    #[derive(Debug, PartialEq)]
+    enum Tok {
+        Word(String),
+        Dot,
+        LBrace,
+        RBrace,
+        Colon,
+        Ne,
+        At,
+        Other(String),
+    }
 
     fn words(s: &str) -> Vec<Tok> {
         let mut d = Vec::new();
         let t = lex(0, s, &mut d);
         assert!(d.is_empty(), "{d:?}");
-        t.into_iter().map(|t| t.tok).collect()
+        let files = [SourceFile {
+            name: "t".into(),
+            text: s.into(),
+        }];
+        t.into_iter()
+            .map(|t| match t.tok {
+                T::Word(w) => Tok::Word(text(&files, w).into()),
+                T::Dot => Tok::Dot,
+                T::LBrace => Tok::LBrace,
+                T::RBrace => Tok::RBrace,
+                T::Colon => Tok::Colon,
+                T::Ne => Tok::Ne,
+                T::At => Tok::At,
+                other => Tok::Other(other.describe(&files)),
+            })
+            .collect()
     }
 
     #[test]

@@ -41,7 +41,7 @@ pub fn parse_nft_file(path: impl AsRef<Path>) -> Result<Ruleset, Diagnostics> {
     let path = path.as_ref();
     let name = path.display().to_string();
     match std::fs::read_to_string(path) {
-        Ok(text) => parse_nft_with_loader(&name, &text, Some(path), &FsLoader),
+        Ok(text) => parse_nft_owned(&name, text, Some(path), &FsLoader, true),
         Err(e) => Err(Diagnostics {
             items: vec![Diagnostic {
                 file: name,
@@ -69,15 +69,26 @@ pub fn parse_nft_with_loader(
     path: Option<&Path>,
     loader: &dyn SourceLoader,
 ) -> Result<Ruleset, Diagnostics> {
+    parse_nft_owned(name, text.to_string(), path, loader, true)
+}
+
+/// [`parse_nft_with_loader`] on text the parse may keep (no copy of a large
+/// file). `allow_lazy`: let the parser lex a file that needs no
+/// preprocessing itself (the same result; false only to test that).
+fn parse_nft_owned(
+    name: &str,
+    text: String,
+    path: Option<&Path>,
+    loader: &dyn SourceLoader,
+    allow_lazy: bool,
+) -> Result<Ruleset, Diagnostics> {
     let mut pre = lex::Preprocessor::new(loader);
-    pre.run(
-        name,
-        path.map(|p| lex::normalize(&PathBuf::from(p))),
-        text.to_string(),
-    );
-    let mut parser = nft::Parser::new(std::mem::take(&mut pre.out));
+    pre.allow_lazy = allow_lazy;
+    pre.run(name, path.map(|p| lex::normalize(&PathBuf::from(p))), text);
+    let mut parser = nft::Parser::new(std::mem::take(&mut pre.out), &pre.files, pre.lazy);
     parser.parse_file();
     let mut diags = pre.diags;
+    diags.extend(parser.lex_diags);
     diags.extend(parser.diags);
     let ruleset = Ruleset {
         tables: parser.tables,
@@ -241,5 +252,81 @@ impl Table {
     /// Elements of the named set referenced by `@name`, if it exists.
     pub fn resolve_set(&self, name: &str) -> Option<&[Elem]> {
         self.set(name).map(|s| s.elements.as_slice())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both ways of getting tokens to the parser: lexed lazily by the parser
+    /// (files needing no preprocessing) and through the preprocessor.
+    fn both(name: &str, text: &str) -> [Result<Ruleset, Diagnostics>; 2] {
+        let path = Some(Path::new(name));
+        [true, false].map(|lazy| parse_nft_owned(name, text.to_string(), path, &FsLoader, lazy))
+    }
+
+    #[test]
+    fn lazily_lexed_files_parse_as_preprocessed_ones() {
+        let mut inputs: Vec<(String, String)> = Vec::new();
+        for dir in ["tests/golden", "tests/golden/errors"] {
+            let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+                .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+                .unwrap_or_default();
+            paths.retain(|p| p.extension().is_some_and(|e| e == "nft"));
+            paths.sort();
+            for p in paths {
+                let text = std::fs::read_to_string(&p).unwrap_or_default();
+                inputs.push((p.display().to_string(), text));
+            }
+        }
+        assert!(inputs.len() >= 4, "golden inputs missing");
+        // Many rules, so the parser's token window slides, with
+        // `syn/syn,ack` (a token rewritten in place) at every offset.
+        let mut big = String::from(
+            "table inet f {\n chain c {\n  type filter hook input priority 0; policy drop;\n",
+        );
+        for i in 0..700 {
+            big.push_str(&format!(
+                "  tcp flags syn/syn,ack ip saddr 10.{}.0.0/16 tcp dport {}-{} accept\n",
+                i % 256,
+                i,
+                i + 5
+            ));
+            if i % 7 == 0 {
+                big.push_str("  tcp flags & (syn|ack) == syn counter comment \"x\" accept\n");
+            }
+        }
+        big.push_str(" }\n}\n");
+        inputs.push(("big.nft".into(), big.clone()));
+        inputs.push(("big_errors.nft".into(), big.replace("accept\n", "acept\n")));
+        let snippets = [
+            "",
+            "\n\n",
+            "table ip t {",
+            "table ip t { chain c { tcp dport 22 accept",
+            "table ip t { chain c { tcp dport 22 accept }}",
+            "table ip t {\r\n chain c {\r\n  tcp dport \\\n 22 accept\r\n }\r\n}",
+            "table ip t { chain c { comment \"unterminated\n } }",
+            "table ip t { chain c { tcp dport 22 accept € } }",
+            "table ip t { chain c { tcp dport 22 accept }}\u{e9}",
+            "table ip t { chain c { meta mark set 0x10 ; ct state new,established accept } }",
+            "table ip t { chain c { tcp flags syn/ accept } }",
+            "table ip t { chain c { tcp flags syn / syn,ack accept } }",
+            "tabel ip t { }",
+            "table ip t { chain c { jump nowhere } }",
+        ];
+        for (i, s) in snippets.iter().enumerate() {
+            inputs.push((format!("snippet{i}.nft"), s.to_string()));
+        }
+        let plain = inputs.iter().filter(|(_, t)| lex::is_plain(t)).count();
+        assert!(plain >= 16, "only {plain} inputs take the lazy path");
+        for (name, text) in &inputs {
+            let [lazy, eager] = both(name, text);
+            if name == "big_errors.nft" {
+                assert!(lazy.as_ref().is_err_and(|d| d.len() > 700), "{name}");
+            }
+            assert_eq!(lazy, eager, "{name}");
+        }
     }
 }

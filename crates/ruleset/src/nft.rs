@@ -1,15 +1,22 @@
 //! Recursive-descent parser for nft syntax (block form and `add ...` command
-//! form) over the preprocessed token stream from [`crate::lex`].
+//! form) over the preprocessed token stream from [`crate::lex`] (or over a
+//! plain file it lexes itself on demand; see [`Parser::new`]).
+//!
+//! Hot path notes: words are `&str` borrowed from the source, "expected X"
+//! texts are built only on the error path (`format_args!`), and a rule's
+//! matches and statements are collected in reused scratch vectors and moved
+//! out with exact capacity.
 //!
 //! The parser only builds the AST; semantic checks live in [`crate::validate`].
 //! On an error it records a diagnostic and resumes at the next statement, so
 //! one run reports every syntax error in the input.
 
 use crate::ast::*;
-use crate::diag::{suggest, RawDiag};
-use crate::lex::{Tok, Token};
+use crate::diag::{suggest, RawDiag, SourceFile};
+use crate::lex::{self, unescape, Lexer, Text, Tok, Token};
 use crate::symbols::{self, parse_num};
 use std::collections::HashSet;
+use std::fmt;
 use std::net::IpAddr;
 
 /// Marker: an error was recorded; the caller recovers.
@@ -42,39 +49,155 @@ const EXPR_KEYWORDS: &[&str] = &[
     "udp", "th", "icmp", "icmpv6", "ct",
 ];
 
-pub(crate) struct Parser {
+/// `STMT_KEYWORDS.contains(&w)`, as one `match` (checked once per rule word).
+fn is_stmt_keyword(w: &str) -> bool {
+    matches!(
+        w,
+        "counter"
+            | "accept"
+            | "drop"
+            | "reject"
+            | "return"
+            | "continue"
+            | "jump"
+            | "goto"
+            | "log"
+            | "limit"
+            | "snat"
+            | "dnat"
+            | "masquerade"
+            | "redirect"
+            | "comment"
+    )
+}
+
+/// `is_expr_keyword(w)`, as one `match`.
+fn is_expr_keyword(w: &str) -> bool {
+    matches!(
+        w,
+        "iifname"
+            | "oifname"
+            | "iif"
+            | "oif"
+            | "meta"
+            | "mark"
+            | "l4proto"
+            | "nfproto"
+            | "ip"
+            | "ip6"
+            | "tcp"
+            | "udp"
+            | "th"
+            | "icmp"
+            | "icmpv6"
+            | "ct"
+    )
+}
+
+pub(crate) struct Parser<'s> {
+    /// Source texts the tokens refer to.
+    src: &'s [SourceFile],
+    /// The tokens: all of them, or with [`Parser::lexer`] a window that
+    /// always holds the current and next token (or ends with `Eof`) and
+    /// one token before the current one.
     toks: Vec<Token>,
     pos: usize,
+    /// Lexes the rest of the input on demand (see [`Preprocessor::lazy`]).
+    ///
+    /// [`Preprocessor::lazy`]: crate::lex::Preprocessor
+    lexer: Option<Lexer<'s>>,
+    /// Errors from [`Parser::lexer`]; they precede the parser's own.
+    pub lex_diags: Vec<RawDiag>,
     depth: i32,
     /// The current chain's `type` line failed; do not also report its `policy`.
     base_failed: bool,
     pub diags: Vec<RawDiag>,
     pub tables: Vec<Table>,
+    /// Reused by [`Parser::rule`].
+    scratch_matches: Vec<Match>,
+    scratch_stmts: Vec<Stmt>,
 }
 
-impl Parser {
-    pub fn new(toks: Vec<Token>) -> Self {
-        Parser {
+impl<'s> Parser<'s> {
+    /// A parser over `toks` (ending with `Eof`), or if `lazy` names a file
+    /// in `src`, over that file lexed on demand (`toks` is then empty).
+    pub fn new(toks: Vec<Token>, src: &'s [SourceFile], lazy: Option<u32>) -> Self {
+        let lexer = lazy.and_then(|id| {
+            let f = src.get(id as usize)?;
+            Some(Lexer::new(id, &f.text))
+        });
+        let mut p = Parser {
+            src,
             toks,
             pos: 0,
+            lexer,
+            lex_diags: Vec::new(),
             depth: 0,
             base_failed: false,
             diags: Vec::new(),
             tables: Vec::new(),
+            scratch_matches: Vec::new(),
+            scratch_stmts: Vec::new(),
+        };
+        p.fill();
+        p
+    }
+
+    /// With a lazy lexer, make sure the current and next tokens are in the
+    /// window (lexing more lines), dropping tokens well behind the current one.
+    fn fill(&mut self) {
+        let Some(lexer) = &mut self.lexer else {
+            return;
+        };
+        while self.toks.len() < self.pos + 2 {
+            if self.pos > 256 {
+                // Keep one token behind `pos`: `bitmask_list` steps back one.
+                self.toks.drain(..self.pos - 1);
+                self.pos = 1;
+            }
+            if !lexer.line(&mut self.toks, &mut self.lex_diags) {
+                // End of the file: finish it as the preprocessor does, with
+                // a newline if the last token was not one, then end of file.
+                if let Some(last) = self.toks.last().copied() {
+                    if last.tok != Tok::Newline {
+                        self.toks.push(Token {
+                            tok: Tok::Newline,
+                            span: last.span,
+                        });
+                    }
+                }
+                let span = self.toks.last().map(|t| t.span).unwrap_or_default();
+                self.toks.push(Token {
+                    tok: Tok::Eof,
+                    span: Span {
+                        col: span.col + span.len,
+                        len: 1,
+                        ..span
+                    },
+                });
+                self.lexer = None;
+                return;
+            }
         }
     }
 
     // ---- token helpers -------------------------------------------------
 
-    fn peek(&self) -> &Tok {
+    fn peek(&self) -> Tok {
         self.peek_at(0)
     }
 
-    fn peek_at(&self, n: usize) -> &Tok {
-        self.toks
-            .get(self.pos + n)
-            .map(|t| &t.tok)
-            .unwrap_or(&Tok::Eof)
+    fn peek_at(&self, n: usize) -> Tok {
+        self.toks.get(self.pos + n).map_or(Tok::Eof, |t| t.tok)
+    }
+
+    fn text(&self, t: Text) -> &'s str {
+        lex::text(self.src, t)
+    }
+
+    /// The value of a string token.
+    fn string(&self, t: Text) -> String {
+        unescape(self.text(t)).into_owned()
     }
 
     fn span(&self) -> Span {
@@ -86,7 +209,7 @@ impl Parser {
     }
 
     fn bump(&mut self) -> Token {
-        let t = self.toks.get(self.pos).cloned().unwrap_or(Token {
+        let t = self.toks.get(self.pos).copied().unwrap_or(Token {
             tok: Tok::Eof,
             span: self.span(),
         });
@@ -97,18 +220,29 @@ impl Parser {
             _ => {}
         }
         self.pos += 1;
+        if self.toks.len() < self.pos + 2 {
+            self.fill();
+        }
         t
     }
 
-    fn word(&self) -> Option<&str> {
-        match self.peek() {
-            Tok::Word(w) => Some(w.as_str()),
+    fn word(&self) -> Option<&'s str> {
+        self.word_at(0)
+    }
+
+    fn word_at(&self, n: usize) -> Option<&'s str> {
+        match self.peek_at(n) {
+            Tok::Word(w) => Some(self.text(w)),
             _ => None,
         }
     }
 
     fn is_word(&self, w: &str) -> bool {
-        self.word() == Some(w)
+        match self.peek() {
+            // Lengths first: most probes (`set`, `vmap`, `-`) miss.
+            Tok::Word(t) => t.end.wrapping_sub(t.start) as usize == w.len() && self.text(t) == w,
+            _ => false,
+        }
     }
 
     fn eat_word(&mut self, w: &str) -> bool {
@@ -121,7 +255,7 @@ impl Parser {
     }
 
     fn eat(&mut self, t: &Tok) -> bool {
-        if self.peek() == t {
+        if self.peek() == *t {
             self.bump();
             true
         } else {
@@ -139,48 +273,48 @@ impl Parser {
         Err(Fail)
     }
 
-    /// An error at the current token, "expected X".
-    fn unexpected<T>(&mut self, what: &str) -> P<T> {
+    /// An error at the current token, "expected X". `what` is only formatted
+    /// on this error path (callers pass `format_args!`, not a `String`).
+    fn unexpected<T>(&mut self, what: impl fmt::Display) -> P<T> {
         let sp = self.span();
-        if let Tok::Word(w) = self.peek() {
-            if w.starts_with('$') {
-                // An undefined variable, already reported by the preprocessor.
-                return Err(Fail);
-            }
+        if self.word().is_some_and(|w| w.starts_with('$')) {
+            // An undefined variable, already reported by the preprocessor.
+            return Err(Fail);
         }
-        let got = self.peek().describe();
+        let got = self.peek().describe(self.src);
         self.err(sp, format!("syntax error, expected {what} but found {got}"))
     }
 
     fn expect(&mut self, t: Tok) -> P<Span> {
-        if self.peek() == &t {
+        if self.peek() == t {
             Ok(self.bump().span)
         } else {
-            self.unexpected(&t.describe())
+            let want = t.describe(self.src);
+            self.unexpected(want)
         }
     }
 
-    fn expect_word(&mut self, what: &str) -> P<(String, Span)> {
-        match self.peek().clone() {
-            Tok::Word(w) if !w.starts_with('$') => Ok((w, self.bump().span)),
+    fn expect_word(&mut self, what: impl fmt::Display) -> P<(&'s str, Span)> {
+        match self.word() {
+            Some(w) if !w.starts_with('$') => Ok((w, self.bump().span)),
             _ => self.unexpected(what),
         }
     }
 
     /// Identifiers (tables, chains, sets) may be quoted.
     fn name(&mut self, what: &str) -> P<(String, Span)> {
-        match self.peek().clone() {
-            Tok::Str(s) => Ok((s, self.bump().span)),
-            _ => self.expect_word(what),
+        match self.peek() {
+            Tok::Str(s) => Ok((self.string(s), self.bump().span)),
+            _ => self.expect_word(what).map(|(w, sp)| (w.to_string(), sp)),
         }
     }
 
-    fn keyword(&mut self, what: &str, options: &[&str]) -> P<(String, Span)> {
+    fn keyword(&mut self, what: &str, options: &[&str]) -> P<(&'s str, Span)> {
         let (w, sp) = self.expect_word(what)?;
-        if options.contains(&w.as_str()) {
+        if options.contains(&w) {
             Ok((w, sp))
         } else {
-            let help = suggest(&w, options.iter().copied());
+            let help = suggest(w, options.iter().copied());
             self.err_help(sp, format!("unknown {what} '{w}'"), help)
         }
     }
@@ -236,9 +370,9 @@ impl Parser {
             self.skip_separators();
             let depth = self.depth;
             let sp = self.span();
-            let r = match self.peek().clone() {
+            let r = match self.peek() {
                 Tok::Eof => break,
-                Tok::Word(w) => match w.as_str() {
+                Tok::Word(w) => match self.text(w) {
                     "table" => {
                         self.bump();
                         self.table_block()
@@ -255,9 +389,9 @@ impl Parser {
                         self.bump();
                         self.flush()
                     }
-                    _ if w.starts_with('$') => Err(Fail),
-                    _ => {
-                        let help = suggest(&w, TOP_KEYWORDS.iter().copied());
+                    w if w.starts_with('$') => Err(Fail),
+                    w => {
+                        let help = suggest(w, TOP_KEYWORDS.iter().copied());
                         self.err_help(sp, format!("unknown command '{w}'"), help)
                     }
                 },
@@ -270,7 +404,7 @@ impl Parser {
             let r = r.and_then(|_| self.end_stmt());
             if r.is_err() {
                 self.recover_to(depth);
-                if self.peek() == &Tok::RBrace && self.depth <= depth {
+                if self.peek() == Tok::RBrace && self.depth <= depth {
                     self.bump();
                 }
             }
@@ -381,18 +515,18 @@ impl Parser {
             self.skip_separators();
             let depth = self.depth;
             let sp = self.span();
-            let r = match self.peek().clone() {
+            let r = match self.peek() {
                 Tok::RBrace => {
                     self.bump();
                     return Ok(());
                 }
                 Tok::Eof => return self.err(open, "missing '}' at end of table"),
-                Tok::Word(w) => match w.as_str() {
+                Tok::Word(w) => match self.text(w) {
                     "chain" => {
                         self.bump();
                         self.chain_decl(ti, &mut seen)
                     }
-                    "set" | "map" => {
+                    w @ ("set" | "map") => {
                         self.bump();
                         self.set_decl(ti, w == "map")
                     }
@@ -403,8 +537,8 @@ impl Parser {
                         }
                         Ok(())
                     }
-                    _ => {
-                        let help = suggest(&w, ["chain", "set", "map", "flags", "comment"]);
+                    w => {
+                        let help = suggest(w, ["chain", "set", "map", "flags", "comment"]);
                         self.err_help(sp, format!("unknown table item '{w}'"), help)
                     }
                 },
@@ -436,21 +570,24 @@ impl Parser {
         loop {
             self.skip_separators();
             let depth = self.depth;
-            let r = match self.peek().clone() {
+            let r = match self.peek() {
                 Tok::RBrace => {
                     self.bump();
                     return Ok(());
                 }
                 Tok::Eof => return self.err(open, "missing '}' at end of chain"),
-                Tok::Word(w) if w == "type" => {
+                Tok::Word(w) if self.text(w) == "type" => {
                     let r = self.base_spec(ti, ci);
                     self.base_failed = r.is_err();
                     r
                 }
-                Tok::Word(w) if w == "policy" => self.policy(ti, ci),
-                Tok::Word(w) if w == "comment" && matches!(self.peek_at(1), Tok::Str(_)) => {
+                Tok::Word(w) if self.text(w) == "policy" => self.policy(ti, ci),
+                Tok::Word(w)
+                    if self.text(w) == "comment" && matches!(self.peek_at(1), Tok::Str(_)) =>
+                {
                     self.bump();
                     if let Tok::Str(s) = self.bump().tok {
+                        let s = self.string(s);
                         if let Some(c) = self.chain_mut(ti, ci) {
                             c.comment = Some(s);
                         }
@@ -472,7 +609,7 @@ impl Parser {
     fn base_spec(&mut self, ti: usize, ci: usize) -> P<()> {
         let start = self.bump().span;
         let (t, _) = self.keyword("chain type", &["filter", "nat", "route"])?;
-        let chain_type = match t.as_str() {
+        let chain_type = match t {
             "nat" => ChainType::Nat,
             "route" => ChainType::Route,
             _ => ChainType::Filter,
@@ -482,7 +619,7 @@ impl Parser {
         }
         let hooks = ["prerouting", "input", "forward", "output", "postrouting"];
         let (h, _) = self.keyword("hook", &hooks)?;
-        let hook = match h.as_str() {
+        let hook = match h {
             "prerouting" => Hook::Prerouting,
             "input" => Hook::Input,
             "forward" => Hook::Forward,
@@ -534,7 +671,7 @@ impl Parser {
         }
         let (base, rest) = match w.find(['-', '+']) {
             Some(i) if i > 0 => (&w[..i], Some(&w[i..])),
-            _ => (w.as_str(), None),
+            _ => (w, None),
         };
         let Some(&(_, b)) = NAMES.iter().find(|(n, _)| *n == base) else {
             let help = suggest(base, NAMES.iter().map(|(n, _)| *n));
@@ -607,13 +744,13 @@ impl Parser {
             self.skip_separators();
             let depth = self.depth;
             let isp = self.span();
-            let r: P<()> = match self.peek().clone() {
+            let r: P<()> = match self.peek() {
                 Tok::RBrace => {
                     self.bump();
                     break;
                 }
                 Tok::Eof => return self.err(sp, "missing '}' at end of set"),
-                Tok::Word(w) => match w.as_str() {
+                Tok::Word(w) => match self.text(w) {
                     "type" => {
                         self.bump();
                         self.type_list().and_then(|k| {
@@ -632,20 +769,18 @@ impl Parser {
                             key_typeof = Some(f);
                             if is_map {
                                 self.expect(Tok::Colon)?;
-                                data = Some(
-                                    if self.word().is_some_and(|w| EXPR_KEYWORDS.contains(&w)) {
-                                        let (f, fsp) = self.fields()?;
-                                        match f.as_slice() {
-                                            [one] => one.datatype(),
-                                            _ => {
-                                                return self
-                                                    .err(fsp, "map data cannot be a concatenation")
-                                            }
+                                data = Some(if self.word().is_some_and(is_expr_keyword) {
+                                    let (f, fsp) = self.fields()?;
+                                    match f.as_slice() {
+                                        [one] => one.datatype(),
+                                        _ => {
+                                            return self
+                                                .err(fsp, "map data cannot be a concatenation")
                                         }
-                                    } else {
-                                        self.data_type()?
-                                    },
-                                );
+                                    }
+                                } else {
+                                    self.data_type()?
+                                });
                             }
                             Ok(())
                         })
@@ -673,7 +808,7 @@ impl Parser {
                         self.bump();
                         match self.bump().tok {
                             Tok::Str(s) => {
-                                comment = Some(s);
+                                comment = Some(self.string(s));
                                 Ok(())
                             }
                             _ => self.err(isp, "expected a string after 'comment'"),
@@ -687,12 +822,12 @@ impl Parser {
                         self.bump();
                         Ok(())
                     }
-                    _ => {
+                    w => {
                         let opts = [
                             "type", "typeof", "flags", "elements", "comment", "size", "timeout",
                             "policy",
                         ];
-                        let help = suggest(&w, opts);
+                        let help = suggest(w, opts);
                         self.err_help(isp, format!("unknown set item '{w}'"), help)
                     }
                 },
@@ -748,7 +883,7 @@ impl Parser {
         match DataType::ALL.iter().find(|d| d.name() == w) {
             Some(d) => Ok(*d),
             None => {
-                let help = suggest(&w, DataType::ALL.iter().map(|d| d.name()));
+                let help = suggest(w, DataType::ALL.iter().map(|d| d.name()));
                 self.err_help(sp, format!("unknown data type '{w}'"), help)
             }
         }
@@ -767,7 +902,7 @@ impl Parser {
         loop {
             let (f, _) =
                 self.keyword("set flag", &["constant", "interval", "timeout", "dynamic"])?;
-            v.push(match f.as_str() {
+            v.push(match f {
                 "constant" => SetFlag::Constant,
                 "interval" => SetFlag::Interval,
                 "timeout" => SetFlag::Timeout,
@@ -788,7 +923,7 @@ impl Parser {
         let (what, _) = self.keyword("object", opts)?;
         let fam = self.family_opt()?;
         let (tname, tsp) = self.name("table name")?;
-        match what.as_str() {
+        match what {
             "table" => {
                 let ti = self.table_index(fam, &tname, tsp);
                 if self.eat(&Tok::LBrace) {
@@ -879,7 +1014,7 @@ impl Parser {
         let fam = self.family_opt()?;
         let (tname, tsp) = self.name("table name")?;
         let ti = self.find_table(fam, &tname, tsp)?;
-        match what.as_str() {
+        match what {
             "table" => {
                 if let Some(t) = self.tables.get_mut(ti) {
                     t.chains.iter_mut().for_each(|c| c.rules.clear());
@@ -911,7 +1046,29 @@ impl Parser {
 
     // ---- rules ------------------------------------------------------------
 
+    /// One rule. Matches and statements are collected in reusable scratch
+    /// vectors and moved into the rule with exact capacity: a rule set holds
+    /// many rules, and growth slack would be most of their memory.
     fn rule(&mut self) -> P<Rule> {
+        let mut matches = std::mem::take(&mut self.scratch_matches);
+        let mut stmts = std::mem::take(&mut self.scratch_stmts);
+        matches.clear();
+        stmts.clear();
+        let r = self.rule_into(&mut matches, &mut stmts);
+        let r = r.map(|mut rule| {
+            rule.matches = Vec::with_capacity(matches.len());
+            rule.matches.append(&mut matches);
+            rule.stmts = Vec::with_capacity(stmts.len());
+            rule.stmts.append(&mut stmts);
+            rule
+        });
+        self.scratch_matches = matches;
+        self.scratch_stmts = stmts;
+        r
+    }
+
+    /// [`Self::rule`], with matches and statements pushed to the given vectors.
+    fn rule_into(&mut self, matches: &mut Vec<Match>, stmts: &mut Vec<Stmt>) -> P<Rule> {
         let span = self.span();
         let mut rule = Rule {
             matches: Vec::new(),
@@ -922,9 +1079,8 @@ impl Parser {
         };
         while !self.at_stmt_end() {
             let sp = self.span();
-            let w = match self.peek().clone() {
-                Tok::Word(w) => w,
-                _ => return self.unexpected("a match or statement"),
+            let Some(w) = self.word() else {
+                return self.unexpected("a match or statement");
             };
             if w.starts_with('$') {
                 return Err(Fail);
@@ -932,24 +1088,24 @@ impl Parser {
             if w == "comment" {
                 self.bump();
                 match self.bump().tok {
-                    Tok::Str(s) => rule.comment = Some(s),
+                    Tok::Str(s) => rule.comment = Some(self.string(s)),
                     _ => return self.err(sp, "expected a string after 'comment'"),
                 }
                 continue;
             }
-            if STMT_KEYWORDS.contains(&w.as_str()) {
-                let kind = self.stmt(&w)?;
-                rule.stmts.push(Stmt { kind, span: sp });
+            if is_stmt_keyword(w) {
+                let kind = self.stmt(w)?;
+                stmts.push(Stmt { kind, span: sp });
                 continue;
             }
-            if !EXPR_KEYWORDS.contains(&w.as_str()) {
-                let help = suggest(&w, STMT_KEYWORDS.iter().chain(EXPR_KEYWORDS).copied());
+            if !is_expr_keyword(w) {
+                let help = suggest(w, STMT_KEYWORDS.iter().chain(EXPR_KEYWORDS).copied());
                 return self.err_help(sp, format!("unknown statement or expression '{w}'"), help);
             }
             let (fields, _) = self.fields()?;
             if self.eat_word("set") {
                 let (v, vsp) = self.expect_word("mark value")?;
-                let n = parse_num(&v).and_then(|n| u32::try_from(n).ok());
+                let n = parse_num(v).and_then(|n| u32::try_from(n).ok());
                 let Some(n) = n else {
                     return self.err(vsp, format!("invalid mark value '{v}'"));
                 };
@@ -960,22 +1116,22 @@ impl Parser {
                         return self.err(sp, "only 'meta mark set' and 'ct mark set' are supported")
                     }
                 };
-                rule.stmts.push(Stmt { kind, span: sp });
+                stmts.push(Stmt { kind, span: sp });
                 continue;
             }
             if self.eat_word("vmap") {
                 let map = self.map_ref(&fields, DataType::Verdict)?;
-                rule.stmts.push(Stmt {
+                stmts.push(Stmt {
                     kind: StmtKind::VerdictMap { key: fields, map },
                     span: sp,
                 });
                 continue;
             }
             let m = self.relational(fields, sp)?;
-            if !rule.stmts.is_empty() {
+            if !stmts.is_empty() {
                 return self.err(sp, "matches must come before statements in a rule");
             }
-            rule.matches.push(m);
+            matches.push(m);
         }
         Ok(rule)
     }
@@ -983,9 +1139,7 @@ impl Parser {
     fn fields(&mut self) -> P<(Vec<Field>, Span)> {
         let sp = self.span();
         let mut v = vec![self.field()?];
-        while self.peek() == &Tok::Dot
-            && matches!(self.peek_at(1), Tok::Word(w) if EXPR_KEYWORDS.contains(&w.as_str()))
-        {
+        while self.peek() == Tok::Dot && self.word_at(1).is_some_and(is_expr_keyword) {
             self.bump();
             v.push(self.field()?);
         }
@@ -995,16 +1149,16 @@ impl Parser {
     fn field(&mut self) -> P<Field> {
         let (w, sp) = self.expect_word("an expression")?;
         let sub = |p: &mut Self, what: &str, opts: &[(&str, Field)]| -> P<Field> {
-            let (s, ssp) = p.expect_word(&format!("{what} field"))?;
+            let (s, ssp) = p.expect_word(format_args!("{what} field"))?;
             match opts.iter().find(|(n, _)| *n == s) {
                 Some((_, f)) => Ok(*f),
                 None => {
-                    let help = suggest(&s, opts.iter().map(|(n, _)| *n));
+                    let help = suggest(s, opts.iter().map(|(n, _)| *n));
                     p.err_help(ssp, format!("unknown {what} field '{s}'"), help)
                 }
             }
         };
-        Ok(match w.as_str() {
+        Ok(match w {
             "iifname" => Field::Iifname,
             "oifname" => Field::Oifname,
             "iif" => Field::Iif,
@@ -1083,20 +1237,21 @@ impl Parser {
                 ],
             )?,
             _ => {
-                let help = suggest(&w, EXPR_KEYWORDS.iter().copied());
+                let help = suggest(w, EXPR_KEYWORDS.iter().copied());
                 return self.err_help(sp, format!("unknown expression '{w}'"), help);
             }
         })
     }
 
     fn relational(&mut self, left: Vec<Field>, span: Span) -> P<Match> {
-        let types: Vec<DataType> = left.iter().map(|f| f.datatype()).collect();
-        let single = match types.as_slice() {
+        let types = KeyTypes::of(&left);
+        let types = types.as_slice();
+        let single = match types {
             [t] => Some(*t),
             _ => None,
         };
         let mut mask = None;
-        if self.peek() == &Tok::Amp {
+        if self.peek() == Tok::Amp {
             let asp = self.bump().span;
             match single {
                 Some(dt) if dt.is_bitmask() || dt == DataType::Mark => {
@@ -1128,14 +1283,14 @@ impl Parser {
         let right_span = self.span();
         let mut op = op;
         let mut right_span = right_span;
-        let right = match (self.peek().clone(), single) {
+        let right = match (self.peek(), single) {
             (Tok::At, _) => {
                 self.bump();
                 let (n, nsp) = self.name("set name")?;
                 right_span.len = nsp.len + 1;
                 Value::SetRef(n)
             }
-            (Tok::LBrace, _) => Value::Set(self.elements(&types, None)?),
+            (Tok::LBrace, _) => Value::Set(self.elements(types, None)?),
             (_, Some(dt)) if dt.is_bitmask() => {
                 let (bits, slash) = self.bitmask_list(dt)?;
                 if slash {
@@ -1150,7 +1305,7 @@ impl Parser {
                 }
                 Value::Num(bits)
             }
-            _ => self.value_concat(&types)?,
+            _ => self.value_concat(types)?,
         };
         let right_span = Span {
             len: right_span.len.max(1),
@@ -1171,20 +1326,22 @@ impl Parser {
         let mut bits = 0;
         loop {
             let sp = self.span();
-            let (w, _) = self.expect_word(&format!("{} value", dt.name()))?;
+            let (w, _) = self.expect_word(format_args!("{} value", dt.name()))?;
             let (head, slash_inline) = match w.split_once('/') {
-                Some((a, b)) => (a.to_string(), Some(b.to_string())),
-                None => (w.clone(), None),
+                Some((a, b)) => (a, Some(b)),
+                None => (w, None),
             };
             if !head.is_empty() {
-                bits |= self.scalar_word(dt, &head, sp)?;
+                bits |= self.scalar_word(dt, head, sp)?;
             }
             if let Some(rest) = slash_inline {
                 // `syn/syn,ack`: re-insert the mask part as the next token.
                 if !rest.is_empty() {
                     self.pos -= 1;
                     if let Some(t) = self.toks.get_mut(self.pos) {
-                        t.tok = Tok::Word(rest);
+                        if let Tok::Word(text) = t.tok {
+                            t.tok = Tok::Word(text.suffix(head.len() + 1));
+                        }
                     }
                 }
                 return Ok((bits, true));
@@ -1202,8 +1359,8 @@ impl Parser {
 
     /// One numeric/symbolic value (no ranges).
     fn scalar(&mut self, dt: DataType) -> P<u64> {
-        let (w, sp) = self.expect_word(&format!("{} value", dt.name()))?;
-        self.scalar_word(dt, &w, sp)
+        let (w, sp) = self.expect_word(format_args!("{} value", dt.name()))?;
+        self.scalar_word(dt, w, sp)
     }
 
     fn scalar_word(&mut self, dt: DataType, w: &str, sp: Span) -> P<u64> {
@@ -1215,47 +1372,46 @@ impl Parser {
     }
 
     fn value_concat(&mut self, types: &[DataType]) -> P<Value> {
-        let mut v = Vec::new();
+        if let [dt] = types {
+            return self.value(*dt);
+        }
+        let mut v = Vec::with_capacity(types.len());
         for (i, dt) in types.iter().enumerate() {
             if i > 0 {
                 self.expect(Tok::Dot)?;
             }
             v.push(self.value(*dt)?);
         }
-        if v.len() == 1 {
-            v.pop().ok_or(Fail)
-        } else {
-            Ok(Value::Concat(v))
-        }
+        Ok(Value::Concat(v))
     }
 
     /// One value of type `dt`, including ranges (`a-b` or `a - b`) and prefixes.
     fn value(&mut self, dt: DataType) -> P<Value> {
         let sp = self.span();
-        let v = match self.peek().clone() {
+        let v = match self.peek() {
             Tok::Str(s) => {
                 self.bump();
+                let s = unescape(self.text(s));
                 if matches!(dt, DataType::Ifname | DataType::IfaceIndex) {
-                    Value::Str(s)
+                    Value::Str(s.into_owned())
                 } else {
                     self.word_value(dt, &s, sp)?
                 }
             }
-            Tok::Word(w) if !w.starts_with('$') => {
-                self.bump();
+            Tok::Word(w) if !self.text(w).starts_with('$') => {
                 if dt == DataType::Verdict {
-                    self.pos -= 1;
                     return Ok(Value::Verdict(self.verdict()?));
                 }
-                self.word_value(dt, &w, sp)?
+                self.bump();
+                self.word_value(dt, self.text(w), sp)?
             }
-            _ => return self.unexpected(&format!("{} value", dt.name())),
+            _ => return self.unexpected(format_args!("{} value", dt.name())),
         };
         if self.is_word("-") && !matches!(v, Value::Range(..) | Value::Prefix { .. }) {
             self.bump();
             let hsp = self.span();
             let (h, _) = self.expect_word("end of range")?;
-            let hi = self.word_value(dt, &h, hsp)?;
+            let hi = self.word_value(dt, h, hsp)?;
             return Ok(Value::Range(Box::new(v), Box::new(hi)));
         }
         Ok(v)
@@ -1270,6 +1426,9 @@ impl Parser {
             },
             DataType::Verdict => self.err(sp, format!("expected a verdict, found '{w}'")),
             _ => {
+                if let Some(v) = decimal_value(w) {
+                    return Ok(v);
+                }
                 if let Some(n) = parse_num(w).or_else(|| symbols::lookup(dt, w)) {
                     return Ok(Value::Num(n));
                 }
@@ -1295,7 +1454,7 @@ impl Parser {
             "verdict",
             &["accept", "drop", "return", "continue", "jump", "goto"],
         )?;
-        Ok(match w.as_str() {
+        Ok(match w {
             "accept" => Verdict::Accept,
             "drop" => Verdict::Drop,
             "return" => Verdict::Return,
@@ -1343,8 +1502,8 @@ impl Parser {
         if self.eat(&Tok::At) {
             return Ok(MapRef::Named(self.name("map name")?.0));
         }
-        let types: Vec<DataType> = key.iter().map(|f| f.datatype()).collect();
-        Ok(MapRef::Anon(self.elements(&types, Some(data))?))
+        let types = KeyTypes::of(key);
+        Ok(MapRef::Anon(self.elements(types.as_slice(), Some(data))?))
     }
 
     // ---- statements ---------------------------------------------------------
@@ -1379,18 +1538,18 @@ impl Parser {
                     return Ok(StmtKind::Reject(Some(RejectWith::TcpReset)));
                 }
                 self.eat_word("type");
-                let tab = match kind.as_str() {
+                let tab = match kind {
                     "icmp" => symbols::ICMP_REJECT,
                     "icmpv6" => symbols::ICMPV6_REJECT,
                     _ => symbols::ICMPX_REJECT,
                 };
                 let (c, csp) = self.expect_word("reject code")?;
-                let code = match symbols::code_lookup(tab, &c)
-                    .or_else(|| parse_num(&c).and_then(|n| u8::try_from(n).ok()))
+                let code = match symbols::code_lookup(tab, c)
+                    .or_else(|| parse_num(c).and_then(|n| u8::try_from(n).ok()))
                 {
                     Some(code) => code,
                     None => {
-                        let help = suggest(&c, tab.iter().map(|(n, _)| *n));
+                        let help = suggest(c, tab.iter().map(|(n, _)| *n));
                         return self.err_help(
                             csp,
                             format!("invalid {kind} reject code '{c}'"),
@@ -1398,7 +1557,7 @@ impl Parser {
                         );
                     }
                 };
-                Ok(StmtKind::Reject(Some(match kind.as_str() {
+                Ok(StmtKind::Reject(Some(match kind {
                     "icmp" => RejectWith::Icmp(code),
                     "icmpv6" => RejectWith::Icmpv6(code),
                     _ => RejectWith::Icmpx(code),
@@ -1415,7 +1574,7 @@ impl Parser {
                     if self.eat_word("prefix") {
                         let sp = self.span();
                         match self.bump().tok {
-                            Tok::Str(s) => log.prefix = Some(s),
+                            Tok::Str(s) => log.prefix = Some(self.string(s)),
                             _ => return self.err(sp, "expected a quoted string after 'prefix'"),
                         }
                     } else if self.eat_word("level") {
@@ -1453,7 +1612,7 @@ impl Parser {
 
     fn number(&mut self, what: &str) -> P<u64> {
         let (w, sp) = self.expect_word(what)?;
-        parse_num(&w).map_or_else(|| self.err(sp, format!("invalid {what} '{w}'")), Ok)
+        parse_num(w).map_or_else(|| self.err(sp, format!("invalid {what} '{w}'")), Ok)
     }
 
     fn limit(&mut self) -> P<Limit> {
@@ -1463,7 +1622,7 @@ impl Parser {
         let over = self.eat_word("over");
         let (w, sp) = self.expect_word("rate")?;
         let (rate_s, unit, per_s) = match w.split_once('/') {
-            Some((r, p)) => (r.to_string(), None, p.to_string()),
+            Some((r, p)) => (r, None, p),
             None => {
                 let (u, usp) = self.expect_word("rate unit")?;
                 let Some((bu, p)) = u.split_once('/') else {
@@ -1478,20 +1637,20 @@ impl Parser {
                         format!("invalid byte unit '{bu}' (bytes, kbytes, mbytes)"),
                     );
                 };
-                (w.clone(), Some(bu), p.to_string())
+                (w, Some(bu), p)
             }
         };
-        let Some(rate) = parse_num(&rate_s) else {
+        let Some(rate) = parse_num(rate_s) else {
             return self.err(sp, format!("invalid rate '{rate_s}'"));
         };
-        let per = match per_s.as_str() {
+        let per = match per_s {
             "second" => TimeUnit::Second,
             "minute" => TimeUnit::Minute,
             "hour" => TimeUnit::Hour,
             "day" => TimeUnit::Day,
             "week" => TimeUnit::Week,
             _ => {
-                let help = suggest(&per_s, ["second", "minute", "hour", "day", "week"]);
+                let help = suggest(per_s, ["second", "minute", "hour", "day", "week"]);
                 return self.err_help(sp, format!("invalid time unit '{per_s}'"), help);
             }
         };
@@ -1500,7 +1659,7 @@ impl Parser {
             burst = Some(self.number("burst")?);
             let (u, usp) = self.expect_word("burst unit")?;
             if u != "packets" {
-                match byte_unit(&u) {
+                match byte_unit(u) {
                     Some(b) => burst_unit = Some(b),
                     None => {
                         return self.err(
@@ -1529,9 +1688,7 @@ impl Parser {
             ports: None,
             flags: Vec::new(),
         };
-        if matches!(self.word(), Some("ip" | "ip6"))
-            && matches!(self.peek_at(1), Tok::Word(w) if w == "to")
-        {
+        if matches!(self.word(), Some("ip" | "ip6")) && self.word_at(1) == Some("to") {
             nat.family = Some(if self.is_word("ip") {
                 Family::Ip
             } else {
@@ -1542,7 +1699,7 @@ impl Parser {
         let needs_to = matches!(kind, NatKind::Snat | NatKind::Dnat);
         if self.eat_word("to") {
             let sp = self.span();
-            let is_expr = self.word().is_some_and(|w| EXPR_KEYWORDS.contains(&w));
+            let is_expr = self.word().is_some_and(is_expr_keyword);
             if is_expr && needs_to {
                 let (key, _) = self.fields()?;
                 if !self.eat_word("map") {
@@ -1556,7 +1713,7 @@ impl Parser {
                 nat.addr = Some(NatAddr::Map { key, map });
             } else {
                 let (w, _) = self.expect_word("NAT address")?;
-                let Some((addr, ports)) = parse_nat_target(&w) else {
+                let Some((addr, ports)) = parse_nat_target(w) else {
                     return self.err(
                         sp,
                         format!("invalid NAT target '{w}', expected ADDR[-ADDR][:PORT[-PORT]]"),
@@ -1582,6 +1739,33 @@ impl Parser {
             self.eat(&Tok::Comma);
         }
         Ok(nat)
+    }
+}
+
+/// Fast path of [`Parser::word_value`] for numeric types: a decimal number
+/// `N` or range `N-M` (the usual port and port range). Gives what the
+/// general path gives (no symbol name starts with a digit, so the symbol
+/// lookups there cannot match), or `None` to leave `w` to it.
+fn decimal_value(w: &str) -> Option<Value> {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let (a, b) = match w.split_once('-') {
+        Some((a, b)) => (a, Some(b)),
+        None => (w, None),
+    };
+    if !digits(a) {
+        return None;
+    }
+    let a: u64 = a.parse().ok()?;
+    match b {
+        None => Some(Value::Num(a)),
+        Some(b) if digits(b) => {
+            let b: u64 = b.parse().ok()?;
+            Some(Value::Range(
+                Box::new(Value::Num(a)),
+                Box::new(Value::Num(b)),
+            ))
+        }
+        Some(_) => None,
     }
 }
 
@@ -1662,7 +1846,7 @@ pub(crate) fn parse_nat_target(w: &str) -> Option<NatTarget> {
 
 // ---- control commands ------------------------------------------------------
 
-impl Parser {
+impl Parser<'_> {
     /// One control command against a running rule set (the tables in
     /// `self.tables` are its context: chains and set/map declarations).
     pub(crate) fn ctl_command(&mut self) -> P<crate::command::Command> {
@@ -1764,9 +1948,87 @@ impl Parser {
             }
         };
         self.skip_separators();
-        if self.peek() != &Tok::Eof {
+        if self.peek() != Tok::Eof {
             return self.unexpected("end of the command");
         }
         Ok(cmd)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decimal_fast_path_agrees_with_the_general_path() {
+        let words = [
+            "0",
+            "22",
+            "1024-1100",
+            "65535",
+            "65536",
+            "0x10",
+            "10-",
+            "-10",
+            "1-2-3",
+            "ssh",
+            "22-ssh",
+            "ssh-22",
+            "ftp-data",
+            "18446744073709551616",
+            "1-18446744073709551616",
+            "007",
+            "1.5",
+            "",
+            "1--2",
+        ];
+        let files = [SourceFile {
+            name: "t".into(),
+            text: String::new(),
+        }];
+        for dt in [DataType::InetService, DataType::InetProto, DataType::Mark] {
+            for w in words {
+                let fast = decimal_value(w);
+                let mut p = Parser::new(Vec::new(), &files, None);
+                // The general path alone: what word_value did before the fast path.
+                let general = (|| {
+                    if let Some(n) = parse_num(w).or_else(|| symbols::lookup(dt, w)) {
+                        return Some(Value::Num(n));
+                    }
+                    for (i, _) in w.match_indices('-') {
+                        let (a, b) = (w.get(..i)?, w.get(i + 1..)?);
+                        let pa = parse_num(a).or_else(|| symbols::lookup(dt, a));
+                        let pb = parse_num(b).or_else(|| symbols::lookup(dt, b));
+                        if let (Some(a), Some(b)) = (pa, pb) {
+                            return Some(Value::Range(
+                                Box::new(Value::Num(a)),
+                                Box::new(Value::Num(b)),
+                            ));
+                        }
+                    }
+                    None
+                })();
+                if let Some(v) = &fast {
+                    assert_eq!(Some(v), general.as_ref(), "{dt:?} {w}");
+                }
+                let full = p.word_value(dt, w, Span::default()).ok();
+                assert_eq!(full, general, "{dt:?} {w}");
+            }
+        }
+    }
+
+    #[test]
+    fn keyword_matchers_agree_with_the_keyword_tables() {
+        for w in STMT_KEYWORDS {
+            assert!(is_stmt_keyword(w), "{w}");
+        }
+        for w in EXPR_KEYWORDS {
+            assert!(is_expr_keyword(w), "{w}");
+        }
+        let all: Vec<&str> = STMT_KEYWORDS.iter().chain(EXPR_KEYWORDS).copied().collect();
+        for w in ["", "ipx", "counte", "set", "vmap", "table", "Accept"] {
+            assert!(!all.contains(&w));
+            assert!(!is_stmt_keyword(w) && !is_expr_keyword(w), "{w}");
+        }
     }
 }

@@ -204,6 +204,9 @@ pub(crate) fn code_lookup(tab: &[(&str, u8)], name: &str) -> Option<u8> {
 }
 
 /// Parse a decimal or `0x` hexadecimal number.
+///
+/// (No symbol name in the tables above starts with a digit, so a word that
+/// does is a number or a numeric range: the parser relies on it.)
 pub(crate) fn parse_num(s: &str) -> Option<u64> {
     if let Some(h) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         u64::from_str_radix(h, 16).ok()
@@ -211,5 +214,22 @@ pub(crate) fn parse_num(s: &str) -> Option<u64> {
         s.parse().ok()
     } else {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_symbol_name_starts_with_a_digit() {
+        let tables = DataType::ALL.iter().map(|dt| table(*dt));
+        let codes = [ICMP_REJECT, ICMPV6_REJECT, ICMPX_REJECT];
+        let names = tables
+            .flat_map(|t| t.iter().map(|(n, _)| *n))
+            .chain(codes.iter().flat_map(|t| t.iter().map(|(n, _)| *n)));
+        for n in names {
+            assert!(!n.starts_with(|c: char| c.is_ascii_digit()), "{n}");
+        }
     }
 }

@@ -136,11 +136,12 @@ impl Validator {
         for f in &m.left {
             self.family_ok(t, *f, m.span);
         }
-        let types: Vec<DataType> = m.left.iter().map(|f| f.datatype()).collect();
+        let types = KeyTypes::of(&m.left);
+        let types = types.as_slice();
         match &m.right {
             Value::SetRef(name) => match sets.get(name.as_str()) {
                 Some(s) => {
-                    if s.key != types {
+                    if s.key.as_slice() != types {
                         let want: Vec<&str> = types.iter().map(|d| d.name()).collect();
                         let got: Vec<&str> = s.key.iter().map(|d| d.name()).collect();
                         self.err(
@@ -165,10 +166,10 @@ impl Validator {
                     self.err(m.span, "relational operators cannot be used with sets");
                 }
                 for e in elems {
-                    self.value(&types, &e.key, e.span, true, "anonymous set");
+                    self.value(types, &e.key, e.span, true, "anonymous set");
                 }
             }
-            v => self.value(&types, v, m.right_span, true, "match"),
+            v => self.value(types, v, m.right_span, true, "match"),
         }
     }
 
@@ -358,7 +359,8 @@ impl Validator {
         data: DataType,
         span: Span,
     ) {
-        let types: Vec<DataType> = key.iter().map(|f| f.datatype()).collect();
+        let types = KeyTypes::of(key);
+        let types = types.as_slice();
         match map {
             MapRef::Named(n) => match maps.get(n.as_str()) {
                 None => {
@@ -367,7 +369,7 @@ impl Validator {
                         .push(RawDiag::new(span, format!("no such map '{n}'")).help(help));
                 }
                 Some(m) => {
-                    if m.key != types || m.data != data {
+                    if m.key.as_slice() != types || m.data != data {
                         self.err(
                             span,
                             format!(
@@ -381,7 +383,7 @@ impl Validator {
             },
             MapRef::Anon(elems) => {
                 for e in elems {
-                    self.value(&types, &e.key, e.span, true, "anonymous map");
+                    self.value(types, &e.key, e.span, true, "anonymous map");
                     if let Some(d) = &e.data {
                         self.data(chains, data, d, e.span);
                     }
