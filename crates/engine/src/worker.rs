@@ -977,6 +977,10 @@ impl Worker {
             }
         }
         let reply = reply.unwrap_or_else(|| key.reversed());
+        // The reply key is known only now; its index bucket is a random
+        // cache line that `insert` reads and writes. Start loading it so
+        // that the miss overlaps the routing and delta work below.
+        self.ct.prefetch_bucket(self.ct.hash(&reply));
         // The reply direction is translated back to the original source and
         // leaves towards it.
         let adj_back = match self.route(key.src) {
