@@ -6,8 +6,15 @@ use sluice_io::mem::{advise_huge_pages, prefetch};
 
 use crate::entry::{Entry, F_ASSURED, F_LIVE, F_SEEN_REPLY};
 use crate::index::Index;
-use crate::proto::{self, CtState, L4Event, ProtoState, Tracked, Verdict};
-use crate::time::{expiry_after, Instant, TimeoutTable, Timeouts};
+use crate::proto::{
+    self, CtState, L4Event, ProtoState, TcpFlags, TcpState, Tracked, UdpState, Verdict,
+};
+use crate::time::{expiry_after, Instant, TimeoutTable, Timeouts, Tmo};
+
+/// The TCP flags that select netfilter's transition (`get_conntrack_index`)
+/// or make a combination invalid; PSH, ECE and CWR do neither.
+const TCP_CLASS_BITS: u8 =
+    TcpFlags::SYN | TcpFlags::ACK | TcpFlags::FIN | TcpFlags::RST | TcpFlags::URG;
 use crate::{Dir, EntryId, Key};
 
 /// Largest supported `max` (entry indices take 31 bits in the index).
@@ -264,7 +271,41 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
     /// validate it, update the state and assured flag, refresh the expiry,
     /// count it. Call it for the first packet too, right after
     /// [`insert`](Self::insert) (netfilter's `new()` then `packet()`).
+    #[inline]
     pub fn track(&mut self, id: EntryId, dir: Dir, now: Instant, ev: L4Event) -> Tracked {
+        // The established fast path: a live, assured, replied entry in a
+        // state the packet cannot change (UDP stream; TCP ESTABLISHED and a
+        // bare ACK, which netfilter maps ES -> ES). Only the expiry and the
+        // packet count move; the result is what `proto::step` would return.
+        const HOT: u8 = F_LIVE | F_ASSURED | F_SEEN_REPLY;
+        if let Some(e) = self.entries.get_mut(id.index()) {
+            if e.flags & HOT == HOT && !e.is_expired(now) {
+                let tmo = match (e.state, ev) {
+                    (ProtoState::Udp(UdpState::Stream), L4Event::Udp) => Some(Tmo::UdpStream),
+                    (ProtoState::Tcp(TcpState::Established), L4Event::Tcp(f))
+                        if f.0 & TCP_CLASS_BITS == TcpFlags::ACK =>
+                    {
+                        Some(Tmo::TcpEstablished)
+                    }
+                    _ => None,
+                };
+                if let Some(t) = tmo {
+                    e.packets = e.packets.wrapping_add(1);
+                    e.expiry = expiry_after(now, self.timeouts.get(t));
+                    return Tracked {
+                        verdict: Verdict::Valid,
+                        state: e.state,
+                        ct: CtState::Established,
+                    };
+                }
+            }
+        }
+        self.track_general(id, dir, now, ev)
+    }
+
+    /// [`track`](Self::track) for every case but the established fast path.
+    #[inline(never)]
+    fn track_general(&mut self, id: EntryId, dir: Dir, now: Instant, ev: L4Event) -> Tracked {
         let timeouts = &self.timeouts;
         let Some(e) = self.entries.get_mut(id.index()).filter(|e| e.is_live()) else {
             return Tracked {

@@ -33,6 +33,9 @@ pub struct Route4 {
 #[derive(Clone, Debug, Default)]
 pub struct RouteTable4 {
     by_len: Vec<Vec<Route4>>,
+    /// Bit `len` is set when `by_len[len]` holds a route, so a lookup
+    /// visits only the prefix lengths in use, longest first.
+    lens: u64,
 }
 
 /// Mask for a prefix length.
@@ -50,6 +53,7 @@ impl RouteTable4 {
     pub fn new() -> Self {
         Self {
             by_len: vec![Vec::new(); 33],
+            lens: 0,
         }
     }
 
@@ -71,15 +75,16 @@ impl RouteTable4 {
             }
             Err(i) => v.insert(i, r),
         }
+        self.lens |= 1 << r.len;
     }
 
     /// The most specific route covering `dst`.
     pub fn lookup(&self, dst: u32) -> Option<&Route4> {
-        for len in (0..self.by_len.len()).rev() {
+        let mut lens = self.lens;
+        while lens != 0 {
+            let len = 63 - lens.leading_zeros() as usize;
+            lens &= !(1 << len);
             let v = self.by_len.get(len)?;
-            if v.is_empty() {
-                continue;
-            }
             let key = dst & mask(len as u8);
             if let Ok(i) = v.binary_search_by_key(&key, |x| x.net) {
                 return v.get(i);

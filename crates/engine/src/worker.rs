@@ -15,7 +15,7 @@ use sluice_conntrack::{
 };
 use sluice_nat::{NatConfig, NatError, NatEvent, NatEventSink, Translation, WorkerNat};
 use sluice_wire::checksum;
-use sluice_wire::dissect::{dissect, Dissect, InnerKey, Net, L4};
+use sluice_wire::dissect::{dissect, dissect_plain4, Dissect, InnerKey, Net, Plain4, L4};
 use sluice_wire::flow::{proto, FlowKey4};
 
 use crate::drop::{Counters, DropReason};
@@ -204,6 +204,26 @@ const C_V4: u8 = 1;
 const C_OTHER: u8 = 2;
 
 impl Meta {
+    /// The common case, parsed by [`dissect_plain4`] (which agrees with
+    /// [`dissect`] on every frame it accepts).
+    #[inline]
+    fn plain(p: &Plain4) -> Self {
+        let (tcp_flags, icmp_type) = match p.key.proto {
+            proto::TCP => (p.l4_byte, 0),
+            proto::ICMP => (0, p.l4_byte),
+            _ => (0, 0),
+        };
+        Meta {
+            key: p.key,
+            l3: Plain4::L3_OFF,
+            l4: Plain4::L4_OFF,
+            ttl: p.ttl,
+            class: C_V4,
+            tcp_flags,
+            icmp_type,
+        }
+    }
+
     #[inline]
     fn of(d: &Dissect) -> Self {
         let mut m = Meta {
@@ -496,9 +516,13 @@ impl Worker {
         // Pass 1: dissect, hash, prefetch the index buckets.
         for i in 0..n {
             let (buf, len) = frames.buf_mut(i);
-            let m = match buf.get(..len).map(dissect) {
-                Some(Ok(d)) => Meta::of(&d),
-                _ => Meta::default(),
+            let frame = buf.get(..len).unwrap_or(&[]);
+            let m = match dissect_plain4(frame) {
+                Some(p) => Meta::plain(&p),
+                None => match dissect(frame) {
+                    Ok(d) => Meta::of(&d),
+                    Err(_) => Meta::default(),
+                },
             };
             if let (Some(slot), Some(h)) = (sc.meta.get_mut(i), sc.hash.get_mut(i)) {
                 *slot = m;
@@ -678,11 +702,11 @@ impl Worker {
                 return s;
             }
         }
-        if sluice_nat::apply_with(buf, l3, usize::from(l4), to, deltas).is_err() {
+        // `l3` / `l4` come from `dissect` (or `dissect_plain4`) of a packet
+        // whose key has `to.proto` and that is not a later fragment: what
+        // `apply_dissected` requires. The deltas include the TTL decrement.
+        if sluice_nat::apply_dissected(buf, l3, usize::from(l4), to, deltas, true).is_err() {
             return Step::Done(Action::Drop(DropReason::RewriteFailed));
-        }
-        if let Some(t) = buf.get_mut(l3 + 8) {
-            *t = t.wrapping_sub(1);
         }
         if let Some(m) = buf.get_mut(0..12) {
             m[..6].copy_from_slice(&a.dst_mac);
@@ -953,6 +977,10 @@ impl Worker {
             }
         }
         let reply = reply.unwrap_or_else(|| key.reversed());
+        // The reply key is known only now; its index bucket is a random
+        // cache line that `insert` reads and writes. Start loading it so
+        // that the miss overlaps the routing and delta work below.
+        self.ct.prefetch_bucket(self.ct.hash(&reply));
         // The reply direction is translated back to the original source and
         // leaves towards it.
         let adj_back = match self.route(key.src) {

@@ -52,5 +52,7 @@ pub use config::{
 pub use error::{ConfigError, NatError, RewriteError};
 pub use event::{NatEvent, NatEventSink, NoopSink, VecSink};
 pub use ports::{owner_of, PortSlice};
-pub use rewrite::{apply_icmp_error, apply_with, deltas, icmp_error_inner_target, Rewrite4};
+pub use rewrite::{
+    apply_dissected, apply_icmp_error, apply_with, deltas, icmp_error_inner_target, Rewrite4,
+};
 pub use worker::{MappingInfo, NatStats, WorkerNat};

@@ -216,6 +216,78 @@ pub fn apply_with(
     Ok(())
 }
 
+/// [`apply_with`] for a packet the caller has dissected already (the fast
+/// path): the IPv4 header at `l3_off` is at least 20 bytes, ends at or
+/// before `l4_off`, carries protocol `to.proto` and is not a later
+/// fragment, and the L4 header at `l4_off` is as long as the rewrite needs
+/// (TCP 18 bytes up to the checksum, UDP and ICMP 8), all of which
+/// [`sluice_wire::dissect`] guarantees for a TCP, UDP or ICMP query packet
+/// it returns a key for. With `dec_ttl` the TTL is decremented too, and
+/// `deltas.0` must include that change.
+///
+/// It writes the same bytes as [`apply_with`] followed by the TTL
+/// decrement, without parsing the header again: each header is bounds
+/// checked once, and on error the frame is unchanged.
+#[inline]
+pub fn apply_dissected(
+    frame: &mut [u8],
+    l3_off: usize,
+    l4_off: usize,
+    to: &FlowKey4,
+    deltas: (u16, u16),
+    dec_ttl: bool,
+) -> Result<(), RewriteError> {
+    let t = RewriteError::Truncated;
+    let (head, l4) = frame.split_at_mut_checked(l4_off).ok_or(t)?;
+    let ip: &mut [u8; 20] = head
+        .get_mut(l3_off..)
+        .and_then(|s| s.first_chunk_mut())
+        .ok_or(t)?;
+    match to.proto {
+        proto::TCP => {
+            let l4: &mut [u8; TCP_CSUM + 2] = l4.first_chunk_mut().ok_or(t)?;
+            rewrite_ip(ip, to, deltas.0, dec_ttl);
+            l4[0..2].copy_from_slice(&to.sport.to_be_bytes());
+            l4[2..4].copy_from_slice(&to.dport.to_be_bytes());
+            let c = u16::from_be_bytes([l4[16], l4[17]]);
+            if let Some(n) = l4_checksum(c, deltas.1, false) {
+                l4[16..18].copy_from_slice(&n.to_be_bytes());
+            }
+        }
+        proto::UDP => {
+            let l4: &mut [u8; 8] = l4.first_chunk_mut().ok_or(t)?;
+            rewrite_ip(ip, to, deltas.0, dec_ttl);
+            l4[0..2].copy_from_slice(&to.sport.to_be_bytes());
+            l4[2..4].copy_from_slice(&to.dport.to_be_bytes());
+            let c = u16::from_be_bytes([l4[6], l4[7]]);
+            if let Some(n) = l4_checksum(c, deltas.1, true) {
+                l4[6..8].copy_from_slice(&n.to_be_bytes());
+            }
+        }
+        proto::ICMP => {
+            let l4: &mut [u8; 8] = l4.first_chunk_mut().ok_or(t)?;
+            rewrite_ip(ip, to, deltas.0, dec_ttl);
+            l4[ICMP_ID..ICMP_ID + 2].copy_from_slice(&to.sport.to_be_bytes());
+            let c = u16::from_be_bytes([l4[ICMP_CSUM], l4[ICMP_CSUM + 1]]);
+            l4[ICMP_CSUM..ICMP_CSUM + 2].copy_from_slice(&adjust(c, deltas.1).to_be_bytes());
+        }
+        _ => rewrite_ip(ip, to, deltas.0, dec_ttl),
+    }
+    Ok(())
+}
+
+/// Addresses, TTL and header checksum of a bounds-checked IPv4 header.
+#[inline(always)]
+fn rewrite_ip(ip: &mut [u8; 20], to: &FlowKey4, delta: u16, dec_ttl: bool) {
+    if dec_ttl {
+        ip[8] = ip[8].wrapping_sub(1);
+    }
+    ip[ip::SRC..ip::SRC + 4].copy_from_slice(&to.src.to_be_bytes());
+    ip[ip::DST..ip::DST + 4].copy_from_slice(&to.dst.to_be_bytes());
+    let c = u16::from_be_bytes([ip[ip::CSUM], ip[ip::CSUM + 1]]);
+    ip[ip::CSUM..ip::CSUM + 2].copy_from_slice(&adjust(c, delta).to_be_bytes());
+}
+
 /// The new L4 checksum, or `None` to leave it alone (UDP without checksum).
 #[inline]
 fn l4_checksum(old: u16, delta: u16, udp: bool) -> Option<u16> {
@@ -722,6 +794,53 @@ mod tests {
             // And back again: a round trip restores the original bytes'
             // checksums too.
             check_rewrite(to, from, &payload, Shape { ihl, udp_no_csum, frag_off: 0 });
+        }
+
+        // The fast-path rewrite writes exactly what `apply_with` does (plus
+        // the TTL decrement, whose change the caller folds into the delta).
+        #[test]
+        fn apply_dissected_equals_apply_with(
+            p in arb_proto(),
+            a in any::<[u32; 4]>(),
+            ports in any::<[u16; 4]>(),
+            payload in proptest::collection::vec(any::<u8>(), 0..40),
+            ihl in 5u8..=9,
+            udp_no_csum in any::<bool>(),
+            dec_ttl in any::<bool>(),
+        ) {
+            let from = key(p, a[0], ports[0], a[1], ports[1]);
+            let to = key(p, a[2], ports[2], a[3], ports[3]);
+            let f0 = frame_of(&tu::datagram(&from, &payload, Shape { ihl, udp_no_csum, frag_off: 0 }));
+            let l4 = ETH + usize::from(ihl) * 4;
+            let (ipd, l4d) = deltas(&from, &to);
+            let mut want = f0.clone();
+            apply_with(&mut want, ETH, l4, &to, (ipd, l4d)).unwrap();
+            let mut ipd2 = ipd;
+            if dec_ttl {
+                let w = tu::rd16(&want[ETH..], 8);
+                let nw = w.wrapping_sub(0x0100);
+                want[ETH + 8] = (nw >> 8) as u8;
+                let c = tu::rd16(&want[ETH..], 10);
+                let mut d = crate::csum::Delta::default();
+                d.word(w, nw);
+                let c = crate::csum::adjust(c, d.value());
+                want[ETH + 10..ETH + 12].copy_from_slice(&c.to_be_bytes());
+                let mut d2 = crate::csum::Delta::default();
+                d2.add(ipd);
+                d2.add(d.value());
+                ipd2 = d2.value();
+            }
+            let mut got = f0.clone();
+            apply_dissected(&mut got, ETH, l4, &to, (ipd2, l4d), dec_ttl).unwrap();
+            prop_assert_eq!(&got[ETH + 12..], &want[ETH + 12..]);
+            prop_assert_eq!(&got[..ETH + 10], &want[..ETH + 10]);
+            prop_assert_eq!(tu::rd16(&got[ETH..], 10), tu::ip_checksum_of(&got[ETH..]));
+            // Short frames: an error and no change.
+            for cut in [l4, l4 + 4] {
+                let mut f = f0[..cut].to_vec();
+                prop_assert!(apply_dissected(&mut f, ETH, l4, &to, (ipd, l4d), dec_ttl).is_err());
+                prop_assert_eq!(&f[..], &f0[..cut]);
+            }
         }
 
         // Only one side changes (the SNAT / DNAT shapes the engine uses).

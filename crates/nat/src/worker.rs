@@ -670,14 +670,11 @@ impl<S: NatEventSink> WorkerNat<S> {
         self.sink.event(&removed_event(self.worker, &m.key, ext));
     }
 
-    /// The mappings held by a session with keys `(orig, reply)`; see the
-    /// module docs. Used by both [`Self::acquire`] and [`Self::release`].
-    fn session_refs(&self, orig: &FlowKey4, reply: &FlowKey4) -> [Option<SessionRef>; 2] {
-        let held = |ext: ExtKey, int_addr: u32, int_port: u16| {
-            self.by_ext
-                .get(&ext)
-                .is_some_and(|m| m.key.int_addr == int_addr && m.key.int_port == int_port)
-        };
+    /// The mappings a session with keys `(orig, reply)` may hold, before
+    /// checking that they exist: for each side whose endpoint is
+    /// translated, the external key and the reference (whose subscriber is
+    /// the internal address the mapping must have, with `int_port`).
+    fn session_candidates(orig: &FlowKey4, reply: &FlowKey4) -> [Option<(SessionRef, u16)>; 2] {
         let mut out = [None, None];
         if (orig.src, orig.sport) != (reply.dst, reply.dport) {
             let ext = ExtKey {
@@ -685,14 +682,15 @@ impl<S: NatEventSink> WorkerNat<S> {
                 addr: reply.dst,
                 port: reply.dport,
             };
-            if held(ext, orig.src, orig.sport) {
-                out[0] = Some(SessionRef {
+            out[0] = Some((
+                SessionRef {
                     ext,
                     subscriber: orig.src,
                     raddr: orig.dst,
                     rport: orig.dport,
-                });
-            }
+                },
+                orig.sport,
+            ));
         }
         if (orig.dst, orig.dport) != (reply.src, reply.sport) {
             let ext = ExtKey {
@@ -700,32 +698,52 @@ impl<S: NatEventSink> WorkerNat<S> {
                 addr: orig.dst,
                 port: orig.dport,
             };
-            if held(ext, reply.src, reply.sport) {
-                out[1] = Some(SessionRef {
+            out[1] = Some((
+                SessionRef {
                     ext,
                     subscriber: reply.src,
                     raddr: reply.dst,
                     rport: reply.dport,
-                });
-            }
+                },
+                reply.sport,
+            ));
         }
         out
     }
 
+    /// The mappings held by a session with keys `(orig, reply)`; see the
+    /// module docs. Used by [`Self::release`]; [`Self::acquire`] does the
+    /// same check while taking its references.
+    fn session_refs(&self, orig: &FlowKey4, reply: &FlowKey4) -> [Option<SessionRef>; 2] {
+        Self::session_candidates(orig, reply).map(|c| {
+            c.filter(|(r, int_port)| {
+                self.by_ext
+                    .get(&r.ext)
+                    .is_some_and(|m| m.key.int_addr == r.subscriber && m.key.int_port == *int_port)
+            })
+            .map(|(r, _)| r)
+        })
+    }
+
     fn acquire(&mut self, orig: &FlowKey4, reply: &FlowKey4) {
-        let refs = self.session_refs(orig, reply);
-        if refs.iter().all(Option::is_none) {
-            return;
-        }
-        self.stats.sessions += 1;
-        for r in refs.into_iter().flatten() {
-            if let Some(m) = self.by_ext.get_mut(&r.ext) {
-                m.sessions += 1;
+        let mut any = false;
+        for (r, int_port) in Self::session_candidates(orig, reply).into_iter().flatten() {
+            // One lookup both checks that the mapping is held and counts
+            // the session on it.
+            match self.by_ext.get_mut(&r.ext) {
+                Some(m) if m.key.int_addr == r.subscriber && m.key.int_port == int_port => {
+                    m.sessions += 1;
+                }
+                _ => continue,
             }
+            any = true;
             *self.subscribers.entry(r.subscriber).or_insert(0) += 1;
             if let Some(pk) = self.permit_key(r.ext, r.raddr, r.rport) {
                 *self.permits.entry(pk).or_insert(0) += 1;
             }
+        }
+        if any {
+            self.stats.sessions += 1;
         }
     }
 

@@ -278,6 +278,90 @@ pub fn dissect(frame: &[u8]) -> Result<Dissect, ParseError> {
     Ok(d)
 }
 
+/// What [`dissect_plain4`] extracts from a plain IPv4 frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Plain4 {
+    /// Flow key, as [`Dissect::key4`] would return it.
+    pub key: FlowKey4,
+    /// Time to live.
+    pub ttl: u8,
+    /// TCP: the flags byte; ICMP: the query type; UDP: 0.
+    pub l4_byte: u8,
+}
+
+impl Plain4 {
+    /// Offset of the IPv4 header of a plain frame.
+    pub const L3_OFF: u16 = 14;
+    /// Offset of the L4 header of a plain frame.
+    pub const L4_OFF: u16 = 34;
+}
+
+/// The fast-path parser for the common case: an untagged Ethernet frame
+/// carrying an unfragmented IPv4 packet without options (IHL 5) with a TCP
+/// segment, a UDP datagram or an ICMP query. Returns `None` for anything
+/// else, valid or not, and the caller falls back to [`dissect`].
+///
+/// For every frame it accepts, [`dissect`] succeeds with `l3_off` =
+/// [`Plain4::L3_OFF`], `l4_off` = [`Plain4::L4_OFF`], `Frag::None` and the
+/// same key, TTL and L4 facts: the checks are the same ones (RFC 791 total
+/// length, TCP data offset, UDP length, 8-byte ICMP header), on fixed
+/// offsets, so that the whole parse is a handful of compares. Never panics.
+#[inline]
+pub fn dissect_plain4(frame: &[u8]) -> Option<Plain4> {
+    let f: &[u8; 42] = frame.first_chunk()?;
+    // Ethertype IPv4, version 4 and IHL 5, no MF flag and offset 0.
+    if be16(f[12], f[13]) != ETH_IPV4 || f[14] != 0x45 || be16(f[20], f[21]) & 0x3fff != 0 {
+        return None;
+    }
+    let total = usize::from(be16(f[16], f[17]));
+    // RFC 791 §3.1; the 20-byte header is followed by at least 8 bytes.
+    if total < 28 || total > frame.len() - 14 {
+        return None;
+    }
+    let seg = total - 20;
+    let proto_ = f[23];
+    let mut key = FlowKey4 {
+        src: u32::from_be_bytes([f[26], f[27], f[28], f[29]]),
+        dst: u32::from_be_bytes([f[30], f[31], f[32], f[33]]),
+        sport: be16(f[34], f[35]),
+        dport: be16(f[36], f[37]),
+        proto: proto_,
+    };
+    let l4_byte = match proto_ {
+        proto::UDP => {
+            let ulen = usize::from(be16(f[38], f[39]));
+            if ulen < 8 || ulen > seg {
+                return None;
+            }
+            0
+        }
+        proto::TCP => {
+            let t: &[u8; 54] = frame.first_chunk()?;
+            let hl = usize::from(t[46] >> 4) * 4;
+            if seg < 20 || hl < 20 || hl > seg {
+                return None;
+            }
+            t[47]
+        }
+        proto::ICMP => {
+            let ty = f[34];
+            if !icmp_is_query(ty, false) {
+                return None;
+            }
+            let id = be16(f[38], f[39]);
+            key.sport = id;
+            key.dport = id;
+            ty
+        }
+        _ => return None,
+    };
+    Some(Plain4 {
+        key,
+        ttl: f[22],
+        l4_byte,
+    })
+}
+
 #[inline(always)]
 fn arp(l3: &[u8], off: usize, d: &mut Dissect) -> Result<(), ParseError> {
     let a: &[u8; 28] = l3.first_chunk().ok_or(ParseError::Truncated)?;
@@ -569,6 +653,72 @@ mod tests {
         0x04, 0x00, 0x00, 0x07, 0x00, 0x0a, 0x12, 0x34, b'h', b'i', // udp
         0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, // padding
     ];
+
+    /// `dissect_plain4` agrees with `dissect` on every frame it accepts.
+    fn plain_agrees(frame: &[u8]) -> bool {
+        let Some(p) = dissect_plain4(frame) else {
+            return false;
+        };
+        let d = dissect(frame).expect("plain frames dissect");
+        assert_eq!(d.l3_off, Plain4::L3_OFF);
+        assert_eq!(d.l4_off, Plain4::L4_OFF);
+        assert_eq!(d.vlan, None);
+        let Net::Ipv4 { key, ttl, frag, .. } = d.net else {
+            panic!("not ipv4: {d:?}");
+        };
+        assert_eq!((key, ttl, frag), (p.key, p.ttl, Frag::None));
+        match d.l4 {
+            L4::Tcp { flags, .. } => assert_eq!(flags, p.l4_byte),
+            L4::Udp { .. } => assert_eq!(p.l4_byte, 0),
+            L4::IcmpQuery { ty, .. } => assert_eq!(ty, p.l4_byte),
+            other => panic!("plain4 accepted {other:?}"),
+        }
+        true
+    }
+
+    #[test]
+    fn plain4_matches_dissect_on_fixtures() {
+        assert!(plain_agrees(&UDP4));
+        assert!(!plain_agrees(&VLAN_TCP4));
+        assert!(!plain_agrees(&QINQ_ARP));
+        assert!(!plain_agrees(&ICMP4_ERR));
+        let mut tcp = [0u8; 60];
+        tcp[..14].copy_from_slice(&UDP4[..14]);
+        tcp[14..34].copy_from_slice(&UDP4[14..34]);
+        tcp[16..18].copy_from_slice(&40u16.to_be_bytes());
+        tcp[23] = 6;
+        tcp[46] = 0x50;
+        tcp[47] = 0x12;
+        assert!(plain_agrees(&tcp));
+        // Data offset beyond the segment, fragment bits, options: refused.
+        let mut bad = tcp;
+        bad[46] = 0x60;
+        assert!(!plain_agrees(&bad));
+        let mut frag = UDP4;
+        frag[20] |= 0x20;
+        assert!(!plain_agrees(&frag));
+    }
+
+    proptest! {
+        #[test]
+        fn plain4_never_disagrees_with_dissect(
+            mut bytes in proptest::collection::vec(any::<u8>(), 0..80),
+            proto_ in prop_oneof![Just(1u8), Just(6u8), Just(17u8), any::<u8>()],
+        ) {
+            // Bias towards frames that get past the first checks.
+            if bytes.len() >= 24 {
+                bytes[12] = 0x08;
+                bytes[13] = 0x00;
+                bytes[14] = 0x45;
+                bytes[20] &= 0x40;
+                bytes[21] = 0;
+                bytes[23] = proto_;
+                let total = (bytes.len() - 14) as u16;
+                bytes[16..18].copy_from_slice(&total.to_be_bytes());
+            }
+            plain_agrees(&bytes);
+        }
+    }
 
     /// Eth + 802.1Q vid 100 + IPv4 with one option word + TCP SYN with MSS.
     static VLAN_TCP4: [u8; 66] = [
