@@ -31,6 +31,38 @@ fn main() {
     };
     let compile = t.elapsed();
     let rules = p.rule_count();
+    // Single updates on the loaded policy (no socket): insert at the front
+    // of the first chain that has rules, then delete it again.
+    let first = p.list_rules().into_iter().next();
+    let mut apply = Vec::new();
+    if let Some(r) = first {
+        let mut parts = r.chain.splitn(3, ' ');
+        let (fam, table, chain) = (
+            parts.next().unwrap_or_default(),
+            parts.next().unwrap_or_default(),
+            parts.next().unwrap_or_default(),
+        );
+        let mut cur = p.clone();
+        for i in 0..1000u32 {
+            let cmd = format!(
+                "insert rule {fam} {table} {chain} position {} ip saddr 10.{}.{}.0/24 tcp dport {} accept",
+                r.handle,
+                i / 256,
+                i % 256,
+                1 + i
+            );
+            let t = Instant::now();
+            match cur.apply_text("bench", &cmd) {
+                Ok((next, _)) => cur = next,
+                Err(e) => {
+                    eprintln!("{cmd}: {e}");
+                    std::process::exit(1);
+                }
+            }
+            apply.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        apply.sort_by(f64::total_cmp);
+    }
     let t = Instant::now();
     drop(p);
     let drop_policy = t.elapsed();
@@ -40,4 +72,10 @@ fn main() {
         compile.as_secs_f64(),
         drop_policy.as_secs_f64()
     );
+    if let (Some(med), Some(p99)) = (
+        apply.get(apply.len() / 2),
+        apply.get(apply.len() * 99 / 100),
+    ) {
+        println!("insert (apply only): median {med:.1} us, p99 {p99:.1} us");
+    }
 }
