@@ -201,38 +201,6 @@ impl Ruleset {
         self.location(rule.span)
     }
 
-    /// The declarations only: tables, chains (without their rules), sets and
-    /// maps (with their elements), defines and file names. What a control
-    /// command is parsed and lowered against.
-    pub fn clone_declarations(&self) -> Ruleset {
-        Ruleset {
-            tables: self
-                .tables
-                .iter()
-                .map(|t| Table {
-                    family: t.family,
-                    name: t.name.clone(),
-                    chains: t
-                        .chains
-                        .iter()
-                        .map(|c| Chain {
-                            name: c.name.clone(),
-                            base: c.base,
-                            rules: Vec::new(),
-                            comment: c.comment.clone(),
-                            span: c.span,
-                        })
-                        .collect(),
-                    sets: t.sets.clone(),
-                    maps: t.maps.clone(),
-                    span: t.span,
-                })
-                .collect(),
-            defines: self.defines.clone(),
-            files: self.files.clone(),
-        }
-    }
-
     /// Canonical nft text.
     pub fn to_nft(&self) -> String {
         print_ruleset(self)

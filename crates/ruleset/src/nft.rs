@@ -943,21 +943,8 @@ impl<'s> Parser<'s> {
             "element" => {
                 let ti = self.find_table(fam, &tname, tsp)?;
                 let (sname, ssp) = self.name("set name")?;
-                let t = self.tables.get(ti).ok_or(Fail)?;
-                let (key, data, is_map) = if let Some(s) = t.sets.iter().find(|s| s.name == sname) {
-                    (s.key.clone(), None, false)
-                } else if let Some(m) = t.maps.iter().find(|m| m.name == sname) {
-                    (m.key.clone(), Some(m.data), true)
-                } else {
-                    let names: Vec<String> = t
-                        .sets
-                        .iter()
-                        .map(|s| s.name.clone())
-                        .chain(t.maps.iter().map(|m| m.name.clone()))
-                        .collect();
-                    let help = suggest(&sname, names.iter().map(String::as_str));
-                    return self.err_help(ssp, format!("no such set '{sname}'"), help);
-                };
+                let (key, data) = self.set_key(ti, &sname, ssp)?;
+                let is_map = data.is_some();
                 let elems = self.elements(&key, data)?;
                 let t = self.tables.get_mut(ti).ok_or(Fail)?;
                 if is_map {
@@ -1847,6 +1834,26 @@ pub(crate) fn parse_nat_target(w: &str) -> Option<NatTarget> {
 // ---- control commands ------------------------------------------------------
 
 impl Parser<'_> {
+    /// Key types of the named set (data `None`) or map (data its type) of
+    /// table `ti`, or an error naming the closest existing one.
+    fn set_key(&mut self, ti: usize, name: &str, sp: Span) -> P<(Vec<DataType>, Option<DataType>)> {
+        let t = self.tables.get(ti).ok_or(Fail)?;
+        if let Some(s) = t.sets.iter().find(|s| s.name == name) {
+            return Ok((s.key.clone(), None));
+        }
+        if let Some(m) = t.maps.iter().find(|m| m.name == name) {
+            return Ok((m.key.clone(), Some(m.data)));
+        }
+        let names: Vec<String> = t
+            .sets
+            .iter()
+            .map(|s| s.name.clone())
+            .chain(t.maps.iter().map(|m| m.name.clone()))
+            .collect();
+        let help = suggest(name, names.iter().map(String::as_str));
+        self.err_help(sp, format!("no such set '{name}'"), help)
+    }
+
     /// One control command against a running rule set (the tables in
     /// `self.tables` are its context: chains and set/map declarations).
     pub(crate) fn ctl_command(&mut self) -> P<crate::command::Command> {
@@ -1864,21 +1871,7 @@ impl Parser<'_> {
         let ti = self.find_table(family, &table, tsp)?;
         let cmd = if what == "element" {
             let (set, ssp) = self.name("set name")?;
-            let t = self.tables.get(ti).ok_or(Fail)?;
-            let (key, data) = if let Some(s) = t.sets.iter().find(|s| s.name == set) {
-                (s.key.clone(), None)
-            } else if let Some(m) = t.maps.iter().find(|m| m.name == set) {
-                (m.key.clone(), Some(m.data))
-            } else {
-                let names: Vec<String> = t
-                    .sets
-                    .iter()
-                    .map(|s| s.name.clone())
-                    .chain(t.maps.iter().map(|m| m.name.clone()))
-                    .collect();
-                let help = suggest(&set, names.iter().map(String::as_str));
-                return self.err_help(ssp, format!("no such set '{set}'"), help);
-            };
+            let (key, data) = self.set_key(ti, &set, ssp)?;
             let elements = self.elements(&key, data)?;
             if verb == "add" {
                 Command::AddElements {

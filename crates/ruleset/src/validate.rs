@@ -39,34 +39,45 @@ impl Validator {
         self.diags.push(RawDiag::new(span, msg));
     }
 
+    /// Elements of (or for) set `s`: each fits the key type.
+    fn set_elements(&mut self, s: &Set, elements: &[Elem]) {
+        let interval = s.flags.contains(&SetFlag::Interval);
+        for e in elements {
+            self.value(
+                &s.key,
+                &e.key,
+                e.span,
+                interval,
+                &format!("set '{}'", s.name),
+            );
+        }
+    }
+
+    /// Elements of (or for) map `m`: keys fit the key type, data the data
+    /// type (verdicts name chains of the table).
+    fn map_elements(&mut self, chains: &HashMap<&str, &Chain>, m: &Map, elements: &[Elem]) {
+        let interval = m.flags.contains(&SetFlag::Interval);
+        for e in elements {
+            self.value(
+                &m.key,
+                &e.key,
+                e.span,
+                interval,
+                &format!("map '{}'", m.name),
+            );
+            if let Some(d) = &e.data {
+                self.data(chains, m.data, d, e.span);
+            }
+        }
+    }
+
     fn table(&mut self, t: &Table) {
         let (chains, sets, maps) = ctx(t);
         for s in &t.sets {
-            let interval = s.flags.contains(&SetFlag::Interval);
-            for e in &s.elements {
-                self.value(
-                    &s.key,
-                    &e.key,
-                    e.span,
-                    interval,
-                    &format!("set '{}'", s.name),
-                );
-            }
+            self.set_elements(s, &s.elements);
         }
         for m in &t.maps {
-            let interval = m.flags.contains(&SetFlag::Interval);
-            for e in &m.elements {
-                self.value(
-                    &m.key,
-                    &e.key,
-                    e.span,
-                    interval,
-                    &format!("map '{}'", m.name),
-                );
-                if let Some(d) = &e.data {
-                    self.data(&chains, m.data, d, e.span);
-                }
-            }
+            self.map_elements(&chains, m, &m.elements);
         }
         for c in &t.chains {
             if let Some(b) = &c.base {
@@ -600,30 +611,9 @@ pub(crate) fn validate_command(r: &Ruleset, cmd: &crate::command::Command) -> Ve
         Command::AddElements { set, elements, .. }
         | Command::DeleteElements { set, elements, .. } => {
             if let Some(s) = sets.get(set.as_str()) {
-                let interval = s.flags.contains(&SetFlag::Interval);
-                for e in elements {
-                    v.value(
-                        &s.key,
-                        &e.key,
-                        e.span,
-                        interval,
-                        &format!("set '{}'", s.name),
-                    );
-                }
+                v.set_elements(s, elements);
             } else if let Some(m) = maps.get(set.as_str()) {
-                let interval = m.flags.contains(&SetFlag::Interval);
-                for e in elements {
-                    v.value(
-                        &m.key,
-                        &e.key,
-                        e.span,
-                        interval,
-                        &format!("map '{}'", m.name),
-                    );
-                    if let Some(d) = &e.data {
-                        v.data(&chains, m.data, d, e.span);
-                    }
-                }
+                v.map_elements(&chains, m, elements);
             }
         }
     }
