@@ -169,8 +169,9 @@ struct ForwardArgs {
 }
 
 fn parse_dut(s: &str) -> Result<sluice_tester::forward::Dut, String> {
-    sluice_tester::forward::Dut::parse(s.trim())
-        .ok_or_else(|| format!("'{s}': expected sluice-afxdp, sluice-afpacket or kernel-nftables"))
+    sluice_tester::forward::Dut::parse(s.trim()).ok_or_else(|| {
+        format!("'{s}': expected sluice-afxdp, sluice-afpacket, kernel-nftables or sender-only")
+    })
 }
 
 #[derive(Args, Debug)]

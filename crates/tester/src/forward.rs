@@ -14,7 +14,7 @@
 //! ```text
 //!  sender ns                 DUT ns                         receiver ns
 //!  eth0 ------------ lan<x> 10.0.0.1   203.0.113.1 wan<x> ------------ eth0
-//!  AF_PACKET TX ring         [sluice | kernel + nft]              counts rx
+//!  sendmmsg sender           [sluice | kernel + nft]              counts rx
 //!  10.0.0.2 -> 203.0.113.2   masquerade to 203.0.113.1
 //! ```
 //!
@@ -52,9 +52,10 @@
 //! 1. *Warm-up.* Every flow is sent once, paced at `warmup_pps`, so that the
 //!    DUT creates each flow's connection and NAT mapping. If more than 1 % is
 //!    lost, another pass follows at half the rate (at most three passes).
-//! 2. *Measurement.* The sender offers at its maximum (an AF_PACKET TX ring
-//!    of 4096 frames, qdisc bypass, one `sendto` per batch of 256) for a
-//!    pre-roll of 0.5 s, then for `duration`. `fps` = frames counted on the
+//! 2. *Measurement.* The sender offers at its maximum (an AF_PACKET socket,
+//!    qdisc bypass, one `sendmmsg` per batch of 256, see
+//!    [`sluice_io::rawsock::BatchSender`]) for a pre-roll of 0.5 s, then for
+//!    `duration`. `fps` = frames counted on the
 //!    receiver's veth during `duration` / `duration`; `offered_fps` = frames
 //!    the sender queued; `loss` = 1 - received / offered.
 //! 3. `saturated` is true when at least 1 % was lost, i.e. the DUT and not
@@ -74,7 +75,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use sluice_io::netns::Netns;
-use sluice_io::{AfPacketConfig, AfPacketPort, Batch, FrameMeta, Port};
+use sluice_io::rawsock::{BatchSender, SEND_BATCH_MAX};
 use sluice_wire::flow::{proto, FlowKey4};
 
 use crate::perm::{Permutation, PortRanges};
@@ -88,6 +89,10 @@ pub enum Dut {
     SluiceAfPacket,
     /// The kernel's IPv4 forwarding with an nftables masquerade rule.
     KernelNftables,
+    /// No DUT: the DUT namespace drops every frame on its inside veth
+    /// (netdev ingress, on the DUT core). Measures the sender's ceiling
+    /// (`offered_fps`); `fps` is 0 by design. Not in the default set.
+    SenderOnly,
 }
 
 impl Dut {
@@ -100,12 +105,16 @@ impl Dut {
             Dut::SluiceAfXdp => "sluice-afxdp",
             Dut::SluiceAfPacket => "sluice-afpacket",
             Dut::KernelNftables => "kernel-nftables",
+            Dut::SenderOnly => "sender-only",
         }
     }
 
     /// Parse a name of [`Dut::name`].
     pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|d| d.name() == s)
+        Self::ALL
+            .into_iter()
+            .chain([Dut::SenderOnly])
+            .find(|d| d.name() == s)
     }
 }
 
@@ -216,6 +225,10 @@ const RECV_MAC: [u8; 6] = [0x02, 0x53, 0x4c, 0x46, 0x00, 0x04];
 const NEXT_HOP_MAC: [u8; 6] = [0x02, 0x53, 0x4c, 0x46, 0x00, 0x99];
 const SENDER_IP: [u8; 4] = [10, 0, 0, 2];
 const RECV_IP: [u8; 4] = [203, 0, 113, 2];
+/// The sender's socket send buffer: about 5000 frames in flight, more than
+/// the DUT core's receive backlog (`netdev_max_backlog`, 1000), so that a
+/// DUT slower than the sender loses frames instead of pacing it.
+const SNDBUF: i32 = 4 << 20;
 /// Sender and receiver interface names (in their own namespaces).
 const HOST_IF: &str = "eth0";
 /// Byte offsets in the frame.
@@ -786,25 +799,16 @@ fn sender(
     t.sender
         .enter_this_thread()
         .map_err(|e| setup_err("enter the sender namespace", e))?;
-    let cfg = AfPacketConfig {
-        rx_block_size: 1 << 16,
-        rx_block_nr: 2,
-        tx_frames: 4096,
-        promisc: false,
-        ..AfPacketConfig::default()
-    };
-    let mut port =
-        AfPacketPort::open(HOST_IF, 0, &cfg).map_err(|e| setup_err("sender AF_PACKET", e))?;
+    let tx = BatchSender::open(HOST_IF, SNDBUF).map_err(|e| setup_err("sender AF_PACKET", e))?;
     let tpl = Template::new();
-    let mut batch = Batch::new();
     let burst = match pace {
         Pace::OncePaced(_) => 32,
-        Pace::Flat => 256,
+        Pace::Flat => SEND_BATCH_MAX,
     };
-    for _ in 0..burst {
-        batch.push_copy(tpl.bytes(), FrameMeta::default());
+    let mut frames = vec![[0u8; FRAME_LEN]; burst];
+    for f in &mut frames {
+        f.copy_from_slice(tpl.bytes());
     }
-    let idx: Vec<u16> = (0..burst as u16).collect();
     let start = Instant::now();
     let mut next = 0usize;
     let mut total = 0u64;
@@ -812,29 +816,31 @@ fn sender(
         Pace::OncePaced(_) => flows.len() as u64,
         Pace::Flat => u64::MAX,
     };
-    let mut spins = 0u32;
+    let mut errors = 0u32;
     while total < limit && !stop.load(Ordering::Relaxed) {
         let k = (burst as u64).min(limit - total) as usize;
-        for j in 0..k {
+        for f in &mut frames[..k] {
             let (sp, dp) = flows[next];
             next += 1;
             if next == flows.len() {
                 next = 0;
             }
-            if let Some(f) = batch.data_mut(j) {
-                tpl.patch(f, sp, dp);
-            }
+            tpl.patch(f, sp, dp);
         }
         let mut done = 0;
-        while done < k {
-            let n = port.tx_batch(&mut batch, &idx[done..k]);
-            done += n;
-            if n == 0 {
-                if stop.load(Ordering::Relaxed) {
-                    break;
+        while done < k && !stop.load(Ordering::Relaxed) {
+            match tx.send_batch(&frames[done..k]) {
+                Ok(n) => {
+                    done += n;
+                    errors = 0;
                 }
-                spins += 1;
-                if spins % 64 == 0 {
+                // ENOBUFS and the like: the kernel is momentarily out of
+                // room; anything persistent is a failure.
+                Err(e) => {
+                    errors += 1;
+                    if errors > 100_000 {
+                        return Err(setup_err("sender sendmmsg", e));
+                    }
                     std::thread::yield_now();
                 }
             }
@@ -848,7 +854,6 @@ fn sender(
             }
         }
     }
-    let _ = port.flush();
     Ok(())
 }
 
@@ -942,6 +947,15 @@ fn point(
     let mut sluice = None;
     let dut_mode = match dut {
         Dut::KernelNftables => start_kernel(&topo)?,
+        Dut::SenderOnly => {
+            let name =
+                sluice_io::IfName::new(&topo.lan).map_err(|e| setup_err("interface name", e))?;
+            let script = sluice_io::nft::ingress_drop_script(&[name]);
+            let f = topo.dir.join("drop.nft");
+            std::fs::write(&f, script + "\n").map_err(|e| setup_err("write nft", e))?;
+            ns_exec(&topo.dut, &["nft", "-f", &f.display().to_string()])?;
+            "no DUT: netdev ingress drop on the inside veth, RPS to the DUT core".into()
+        }
         Dut::SluiceAfXdp | Dut::SluiceAfPacket => {
             let backend = if dut == Dut::SluiceAfXdp {
                 sluice_daemon::config::BackendChoice::AfXdp
@@ -969,8 +983,11 @@ fn point(
     // Warm-up: every flow once, paced; again slower if much was lost.
     let mut pps = opts.warmup_pps.max(1000);
     let mut passes = 0;
-    let mut warmup_loss;
+    let mut warmup_loss = 0.0;
     loop {
+        if dut == Dut::SenderOnly {
+            break;
+        }
         passes += 1;
         let rx0 = rx_packets(&topo.recv, HOST_IF)?;
         let sent = AtomicU64::new(0);
@@ -999,7 +1016,7 @@ fn point(
         let got = rx_packets(&topo.recv, HOST_IF)?.saturating_sub(rx0);
         let n = sent.load(Ordering::Relaxed).max(1);
         warmup_loss = 1.0 - (got as f64 / n as f64).min(1.0);
-        if warmup_loss <= 0.01 || passes == 3 {
+        if warmup_loss <= 0.01 || passes >= 3 {
             break;
         }
         progress(&format!(
