@@ -689,7 +689,7 @@ fn masquerade_ruleset(wan: &str) -> String {
 }
 
 /// Kernel forwarding with the masquerade rule in the DUT namespace.
-fn start_kernel(t: &Topo) -> Result<String, ForwardError> {
+fn start_kernel(t: &Topo) -> Result<(), ForwardError> {
     let d = &*t.dut;
     ns_ip(d, &["addr", "add", "10.0.0.1/24", "dev", &t.lan])?;
     ns_ip(d, &["addr", "add", "203.0.113.1/24", "dev", &t.wan])?;
@@ -725,16 +725,7 @@ fn start_kernel(t: &Topo) -> Result<String, ForwardError> {
     let nft = t.dir.join("kernel.nft");
     std::fs::write(&nft, masquerade_ruleset(&t.wan)).map_err(|e| setup_err("write nft", e))?;
     ns_exec(d, &["nft", "-f", &nft.display().to_string()])?;
-    let read = |k: &str| {
-        ns_exec(d, &["sysctl", "-n", k])
-            .map(|s| s.trim().to_string())
-            .unwrap_or_else(|_| "?".into())
-    };
-    Ok(format!(
-        "kernel ip_forward + nft masquerade, RPS to the DUT core, nf_conntrack_max {}, buckets {}",
-        read("net.netfilter.nf_conntrack_max"),
-        read("net.netfilter.nf_conntrack_buckets")
-    ))
+    Ok(())
 }
 
 /// Make the veth NAPI of `dev` threaded and pin its kernel threads to
@@ -898,8 +889,6 @@ pub fn run(
     if dut_core == sender_core {
         progress("warning: one core only: the sender and the DUT share it");
     }
-    let max_flows = opts.flows.iter().copied().max().unwrap_or(0);
-    let _ct = ConntrackMax::at_least(max_flows + max_flows / 4 + 65_536);
     let mut out = Vec::new();
     for (fi, &flows) in opts.flows.iter().enumerate() {
         let ports = flow_ports(flows, opts.seed)?;
@@ -945,8 +934,23 @@ fn point(
     let topo = Topo::new(tag, dut_core)?;
     // Declared after `topo`, so it stops before the namespaces go.
     let mut sluice = None;
+    let mut _ct_max = None;
     let dut_mode = match dut {
-        Dut::KernelNftables => start_kernel(&topo)?,
+        Dut::KernelNftables => {
+            start_kernel(&topo)?;
+            // The masquerade rule has loaded nf_conntrack by now.
+            _ct_max = Some(ConntrackMax::at_least(flows + flows / 4 + 65_536));
+            let read = |k: &str| {
+                ns_exec(&topo.dut, &["sysctl", "-n", k])
+                    .map(|s| s.trim().to_string())
+                    .unwrap_or_else(|_| "?".into())
+            };
+            format!(
+                "kernel ip_forward + nft masquerade, RPS to the DUT core, nf_conntrack_max {}, buckets {}",
+                read("net.netfilter.nf_conntrack_max"),
+                read("net.netfilter.nf_conntrack_buckets")
+            )
+        }
         Dut::SenderOnly => {
             let name =
                 sluice_io::IfName::new(&topo.lan).map_err(|e| setup_err("interface name", e))?;
