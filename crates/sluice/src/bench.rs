@@ -101,3 +101,24 @@ pub fn update(o: &sluice_tester::update::UpdateOptions, json: Option<&Path>) -> 
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// `sluice bench forward`. SIGINT/SIGTERM stop the run; the namespaces it
+/// built are removed before it returns.
+pub fn forward(
+    o: &sluice_tester::forward::ForwardOptions,
+    json: Option<&Path>,
+) -> Result<ExitCode> {
+    use sluice_tester::forward;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, std::sync::Arc::clone(&stop))
+            .context("installing signal handlers")?;
+    }
+    let rows = forward::run(o, &stop, &mut |line| eprintln!("{line}")).context("bench forward")?;
+    print!("{}", forward::table(&rows));
+    if let Some(p) = json {
+        let text = serde_json::to_string_pretty(&serde_json::json!({ "results": rows }))?;
+        std::fs::write(p, text + "\n").with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}

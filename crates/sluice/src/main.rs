@@ -135,6 +135,43 @@ enum BenchCmd {
     /// no root) through the control socket: load N rules, median insert and
     /// delete of one rule, and one-at-a-time appends (seed 002's test).
     Update(UpdateArgs),
+    /// 64-byte frames per second forwarded with NAT on one core, between
+    /// network namespaces it builds and removes (needs root): Sluice on
+    /// AF_XDP and AF_PACKET against the kernel with an nftables masquerade
+    /// rule, at saturation.
+    Forward(ForwardArgs),
+}
+
+#[derive(Args, Debug)]
+struct ForwardArgs {
+    /// Devices under test, comma separated: sluice-afxdp, sluice-afpacket,
+    /// kernel-nftables.
+    #[arg(long, value_delimiter = ',', value_parser = parse_dut,
+          default_value = "sluice-afxdp,sluice-afpacket,kernel-nftables")]
+    dut: Vec<sluice_tester::forward::Dut>,
+    /// Distinct flows, comma separated (each must split into source x
+    /// destination port ranges, e.g. 1000 or 1M).
+    #[arg(long, value_delimiter = ',', value_parser = parse_count,
+          default_values_t = [1_000u64, 1_000_000])]
+    flows: Vec<u64>,
+    /// Measured seconds per point (after a 0.5 s pre-roll).
+    #[arg(long, default_value_t = 3.0)]
+    duration: f64,
+    /// Pace of the warm-up pass that creates every flow's state (frames/s).
+    #[arg(long, value_parser = parse_count, default_value = "200k")]
+    warmup_rate: u64,
+    /// Seed of the pseudorandom flow order.
+    #[arg(long, default_value_t = 0x5eed)]
+    seed: u64,
+    /// Write the results as JSON: {"results": [{dut, flows, fps, ...}]}.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+fn parse_dut(s: &str) -> Result<sluice_tester::forward::Dut, String> {
+    sluice_tester::forward::Dut::parse(s.trim()).ok_or_else(|| {
+        format!("'{s}': expected sluice-afxdp, sluice-afpacket, kernel-nftables or sender-only")
+    })
 }
 
 #[derive(Args, Debug)]
@@ -253,6 +290,21 @@ fn run(cli: Cli) -> Result<ExitCode> {
             },
             a.json.as_deref(),
         ),
+        Command::Bench(BenchCmd::Forward(a)) => {
+            if !(a.duration.is_finite() && a.duration > 0.0 && a.duration <= 3600.0) {
+                anyhow::bail!("--duration {}: expected seconds in (0, 3600]", a.duration);
+            }
+            bench::forward(
+                &sluice_tester::forward::ForwardOptions {
+                    duts: a.dut,
+                    flows: a.flows,
+                    duration: std::time::Duration::from_secs_f64(a.duration),
+                    warmup_pps: a.warmup_rate,
+                    seed: a.seed,
+                },
+                a.json.as_deref(),
+            )
+        }
         Command::Ruleset(RulesetCmd::Print(c)) => {
             ruleset_cmd::print(&c.config, c.format, c.ipsets.as_deref())
         }

@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod batch;
+pub mod forward;
 pub mod memprobe;
 pub mod nat44;
 pub mod perm;

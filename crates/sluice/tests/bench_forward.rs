@@ -1,0 +1,82 @@
+//! `sluice bench forward` end to end, as root: it builds its namespaces,
+//! measures every DUT (Sluice on AF_XDP and AF_PACKET, the kernel with an
+//! nftables masquerade rule) at 1000 flows for one second, removes
+//! everything, and writes the JSON report with the documented keys.
+
+use std::process::{Command, Stdio};
+
+fn is_root() -> bool {
+    let out = Command::new("id").arg("-u").output().expect("run id -u");
+    String::from_utf8_lossy(&out.stdout).trim() == "0"
+}
+
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn bench_forward_measures_every_dut_and_writes_json() {
+    assert!(
+        is_root(),
+        "this test needs root (network namespaces, AF_PACKET, AF_XDP, nft)"
+    );
+    let json =
+        std::env::temp_dir().join(format!("sluice-bench-forward-{}.json", std::process::id()));
+    let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "bench",
+            "forward",
+            "--flows",
+            "1000",
+            "--duration",
+            "1",
+            "--json",
+        ])
+        .arg(&json)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run sluice bench forward");
+    let pid = child.id();
+    let out = child
+        .wait_with_output()
+        .expect("wait for sluice bench forward");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let text = std::fs::read_to_string(&json).expect("JSON report written");
+    let _ = std::fs::remove_file(&json);
+    let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    let results = v["results"].as_array().expect("results array");
+    let mut duts: Vec<&str> = results
+        .iter()
+        .map(|r| r["dut"].as_str().expect("dut"))
+        .collect();
+    duts.sort_unstable();
+    assert_eq!(
+        duts,
+        ["kernel-nftables", "sluice-afpacket", "sluice-afxdp"],
+        "{text}"
+    );
+    for r in results {
+        assert_eq!(r["flows"].as_u64(), Some(1000), "{r}");
+        let fps = r["fps"].as_f64().expect("fps");
+        let received = r["received"].as_u64().expect("received");
+        // Non-trivial: thousands of frames through each DUT in one second
+        // (debug build, shared CI machine).
+        assert!(received >= 5_000 && fps >= 5_000.0, "{r}\n{stderr}");
+        assert!(
+            r["offered_fps"].as_f64().expect("offered_fps") >= fps * 0.99,
+            "{r}"
+        );
+        assert_eq!(r["method"].as_str(), Some("saturation"), "{r}");
+    }
+    // Everything it built is gone (its namespaces carry its PID).
+    let left = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip netns list");
+    let listing = String::from_utf8_lossy(&left.stdout);
+    let prefix = format!("sluice-fwd-{pid}-");
+    assert!(
+        !listing.lines().any(|l| l.starts_with(&prefix)),
+        "namespaces left behind:\n{listing}"
+    );
+}

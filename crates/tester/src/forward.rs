@@ -1,0 +1,1205 @@
+//! `sluice bench forward`: 64-byte frames per second that a device under
+//! test (DUT) forwards, with NAT, between two network namespaces on one
+//! core; Sluice (AF_XDP, AF_PACKET) side by side with the kernel's
+//! forwarding and an nftables masquerade rule, on the same topology, the
+//! same sender and the same traffic.
+//!
+//! # Topology
+//!
+//! Three namespaces this module creates (names `sluice-fwd-<pid>-{s,d,r}`)
+//! and deletes by name afterwards, on error too (`Drop`), and on SIGINT or
+//! SIGTERM when the caller passes the interrupt flag. Namespaces left by a
+//! run that was killed are deleted at the next start when their PID is gone.
+//!
+//! ```text
+//!  sender ns                 DUT ns                         receiver ns
+//!  eth0 ------------ lan<x> 10.0.0.1   203.0.113.1 wan<x> ------------ eth0
+//!  sendmmsg sender           [sluice | kernel + nft]              counts rx
+//!  10.0.0.2 -> 203.0.113.2   masquerade to 203.0.113.1
+//! ```
+//!
+//! No frame leaves these namespaces. The DUT's next hop (203.0.113.2) is a
+//! static neighbour with a MAC that is not the receiver's, so the
+//! receiver's kernel counts each frame on its veth and drops it at once
+//! (`PACKET_OTHERHOST`), without sending anything back.
+//!
+//! # One core for the DUT
+//!
+//! The DUT gets the last core the process may run on and the sender the
+//! first. On veth the receive work of a frame runs in the softirq of the CPU
+//! that sent it, so without care the sender's core would do the DUT's
+//! receive work. Therefore:
+//! - Receive Packet Steering on the DUT's inside veth sends every frame's
+//!   receive processing to the DUT core (kernel forwarding and nft; the
+//!   AF_PACKET ring copy);
+//! - with AF_XDP, the veth's NAPI (where the XDP program and the copy into
+//!   the UMEM run) is made threaded and its kernel thread pinned to the DUT
+//!   core;
+//! - Sluice runs one worker, pinned to the DUT core;
+//! - the DUT's own transmit (and the receiver's drop, which veth runs in
+//!   the transmitting context) is on the DUT core for every DUT alike.
+//!
+//! # Traffic (RFC 4814 §4.5)
+//!
+//! 64-byte frames on the wire (60 without FCS): Ethernet, IPv4, UDP with 18
+//! bytes of payload and a valid checksum. `flows` distinct flows are
+//! (source port, destination port) combinations of restricted ranges
+//! (RFC 9693 §4.1, at most 50 000 source ports), sent in the pseudorandom
+//! order of [`crate::perm::Permutation`], cyclically.
+//!
+//! # Method: forwarding rate at saturation
+//!
+//! 1. *Warm-up.* Every flow is sent once, paced at `warmup_pps`, so that the
+//!    DUT creates each flow's connection and NAT mapping. If more than 1 % is
+//!    lost, another pass follows at half the rate (at most three passes).
+//! 2. *Measurement.* The sender offers at its maximum (an AF_PACKET socket,
+//!    qdisc bypass, one `sendmmsg` per batch of 256, see
+//!    [`sluice_io::rawsock::BatchSender`]) for a pre-roll of 0.5 s, then for
+//!    `duration`. `fps` = frames counted on the
+//!    receiver's veth during `duration` / `duration`; `offered_fps` = frames
+//!    the sender queued; `loss` = 1 - received / offered.
+//! 3. `saturated` is true when at least 1 % was lost, i.e. the DUT and not
+//!    the sender was the limit. Otherwise `fps` is only a lower bound.
+//!
+//! This is not RFC 2544's zero-loss throughput (no binary search); it is
+//! the rate one DUT core drains when offered more than it can take.
+#![forbid(unsafe_code)]
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use sluice_io::netns::Netns;
+use sluice_io::rawsock::{BatchSender, SEND_BATCH_MAX};
+use sluice_wire::flow::{proto, FlowKey4};
+
+use crate::perm::{Permutation, PortRanges};
+
+/// A device under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dut {
+    /// `sluice run`, AF_XDP backend, one worker.
+    SluiceAfXdp,
+    /// `sluice run`, AF_PACKET backend, one worker.
+    SluiceAfPacket,
+    /// The kernel's IPv4 forwarding with an nftables masquerade rule.
+    KernelNftables,
+    /// No DUT: the DUT namespace drops every frame on its inside veth
+    /// (netdev ingress, on the DUT core). Measures the sender's ceiling
+    /// (`offered_fps`); `fps` is 0 by design. Not in the default set.
+    SenderOnly,
+}
+
+impl Dut {
+    /// Every DUT, in the default order.
+    pub const ALL: [Dut; 3] = [Dut::SluiceAfXdp, Dut::SluiceAfPacket, Dut::KernelNftables];
+
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dut::SluiceAfXdp => "sluice-afxdp",
+            Dut::SluiceAfPacket => "sluice-afpacket",
+            Dut::KernelNftables => "kernel-nftables",
+            Dut::SenderOnly => "sender-only",
+        }
+    }
+
+    /// Parse a name of [`Dut::name`].
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .chain([Dut::SenderOnly])
+            .find(|d| d.name() == s)
+    }
+}
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct ForwardOptions {
+    /// DUTs, measured in this order.
+    pub duts: Vec<Dut>,
+    /// Flow counts, each measured on every DUT.
+    pub flows: Vec<u64>,
+    /// Measured time per point (after a 0.5 s pre-roll).
+    pub duration: Duration,
+    /// Pace of the warm-up pass (frames per second).
+    pub warmup_pps: u64,
+    /// Seed of the flow order.
+    pub seed: u64,
+}
+
+impl Default for ForwardOptions {
+    fn default() -> Self {
+        Self {
+            duts: Dut::ALL.to_vec(),
+            flows: vec![1_000, 1_000_000],
+            duration: Duration::from_secs(3),
+            warmup_pps: 200_000,
+            seed: 0x5eed,
+        }
+    }
+}
+
+/// One measured point.
+#[derive(Debug, Clone, Serialize)]
+pub struct ForwardResult {
+    /// DUT name ([`Dut::name`]).
+    pub dut: String,
+    /// Distinct flows.
+    pub flows: u64,
+    /// Frames per second forwarded at saturation (received by the receiver).
+    pub fps: f64,
+    /// Frames per second the sender offered.
+    pub offered_fps: f64,
+    /// 1 - received / offered during the measurement.
+    pub loss: f64,
+    /// True when the DUT, not the sender, was the limit (loss >= 1 %).
+    pub saturated: bool,
+    /// Frames offered during the measurement.
+    pub sent: u64,
+    /// Frames received during the measurement.
+    pub received: u64,
+    /// Measured seconds.
+    pub seconds: f64,
+    /// Warm-up passes over all flows.
+    pub warmup_passes: u32,
+    /// Loss of the last warm-up pass (flows that may lack state).
+    pub warmup_loss: f64,
+    /// How the rate is measured.
+    pub method: &'static str,
+    /// Frame size on the wire, FCS included.
+    pub frame_bytes: u32,
+    /// The DUT's core.
+    pub dut_core: usize,
+    /// The sender's core.
+    pub sender_core: usize,
+    /// How the DUT ran (backend mode, where its receive work ran).
+    pub dut_mode: String,
+}
+
+/// Why a run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    /// Not running as root.
+    #[error("bench forward needs root (network namespaces, veth, AF_PACKET, AF_XDP, nft)")]
+    NotRoot,
+    /// The flow count cannot be split into port ranges.
+    #[error("{0} flows cannot be split into source x destination port ranges")]
+    Flows(u64),
+    /// Setting up or reading the topology failed.
+    #[error("{what}: {reason}")]
+    Setup {
+        /// What was being done.
+        what: String,
+        /// Why it failed.
+        reason: String,
+    },
+    /// Interrupted (SIGINT/SIGTERM); everything was removed.
+    #[error("interrupted; namespaces removed")]
+    Interrupted,
+}
+
+fn setup_err(what: impl Into<String>, reason: impl ToString) -> ForwardError {
+    ForwardError::Setup {
+        what: what.into(),
+        reason: reason.to_string(),
+    }
+}
+
+// ------------------------------------------------------------------ traffic
+
+/// Frame length without FCS (64 on the wire).
+pub const FRAME_LEN: usize = 60;
+/// UDP payload that makes a 60-byte frame.
+const PAYLOAD: usize = FRAME_LEN - 14 - 20 - 8;
+const SENDER_MAC: [u8; 6] = [0x02, 0x53, 0x4c, 0x46, 0x00, 0x01];
+const LAN_MAC: [u8; 6] = [0x02, 0x53, 0x4c, 0x46, 0x00, 0x02];
+const WAN_MAC: [u8; 6] = [0x02, 0x53, 0x4c, 0x46, 0x00, 0x03];
+const RECV_MAC: [u8; 6] = [0x02, 0x53, 0x4c, 0x46, 0x00, 0x04];
+/// The DUT's next hop: not the receiver's MAC, so the receiver drops early.
+const NEXT_HOP_MAC: [u8; 6] = [0x02, 0x53, 0x4c, 0x46, 0x00, 0x99];
+const SENDER_IP: [u8; 4] = [10, 0, 0, 2];
+const RECV_IP: [u8; 4] = [203, 0, 113, 2];
+/// The sender's socket send buffer: about 5000 frames in flight, more than
+/// the DUT core's receive backlog (`netdev_max_backlog`, 1000), so that a
+/// DUT slower than the sender loses frames instead of pacing it.
+const SNDBUF: i32 = 4 << 20;
+/// Sender and receiver interface names (in their own namespaces).
+const HOST_IF: &str = "eth0";
+/// Byte offsets in the frame.
+const SPORT_OFF: usize = 34;
+const UCSUM_OFF: usize = 40;
+
+fn mac_str(m: [u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// A 60-byte UDP frame with both ports 0, and the one's-complement sum its
+/// checksum covers, so that a flow's frame is two port writes and an
+/// incremental checksum (RFC 1624).
+#[derive(Clone, Copy)]
+pub struct Template {
+    frame: [u8; FRAME_LEN],
+    sum: u32,
+}
+
+impl Template {
+    /// The sender's frame template.
+    pub fn new() -> Self {
+        let mut frame = [0u8; FRAME_LEN];
+        let key = FlowKey4 {
+            src: u32::from_be_bytes(SENDER_IP),
+            dst: u32::from_be_bytes(RECV_IP),
+            sport: 0,
+            dport: 0,
+            proto: proto::UDP,
+        };
+        let n = sluice_wire::build::build_udp4(
+            &mut frame,
+            sluice_wire::EthernetAddress(SENDER_MAC),
+            sluice_wire::EthernetAddress(LAN_MAC),
+            &key,
+            PAYLOAD,
+        );
+        debug_assert_eq!(n.ok(), Some(FRAME_LEN));
+        let c = u16::from_be_bytes([frame[UCSUM_OFF], frame[UCSUM_OFF + 1]]);
+        Self {
+            frame,
+            sum: u32::from(!c),
+        }
+    }
+
+    /// Write the ports and the checksum of flow (`sport`, `dport`) into
+    /// `f`, a copy of the template.
+    #[inline]
+    pub fn patch(&self, f: &mut [u8], sport: u16, dport: u16) {
+        let mut s = self.sum + u32::from(sport) + u32::from(dport);
+        s = (s & 0xffff) + (s >> 16);
+        s = (s & 0xffff) + (s >> 16);
+        let mut c = !(s as u16);
+        if c == 0 {
+            c = 0xffff;
+        }
+        if let Some(b) = f.get_mut(SPORT_OFF..UCSUM_OFF + 2) {
+            b[0..2].copy_from_slice(&sport.to_be_bytes());
+            // destination port at 36, checksum at 40
+            b[2..4].copy_from_slice(&dport.to_be_bytes());
+            b[6..8].copy_from_slice(&c.to_be_bytes());
+        }
+    }
+
+    /// The template bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.frame
+    }
+}
+
+impl Default for Template {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The (source, destination) ports of `n` flows in pseudorandom order.
+pub fn flow_ports(n: u64, seed: u64) -> Result<Vec<(u16, u16)>, ForwardError> {
+    let ranges = PortRanges::for_connections(n, 50_000).ok_or(ForwardError::Flows(n))?;
+    let perm = Permutation::new(n, seed);
+    Ok((0..n).map(|i| ranges.pair(perm.at(i))).collect())
+}
+
+// ----------------------------------------------------------------- commands
+
+fn run_cmd(program: &str, args: &[&str]) -> Result<String, ForwardError> {
+    let o = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| setup_err(format!("{program} {}", args.join(" ")), e))?;
+    if !o.status.success() {
+        return Err(setup_err(
+            format!("{program} {}", args.join(" ")),
+            format!(
+                "{}: {}",
+                o.status,
+                String::from_utf8_lossy(&o.stderr).trim()
+            ),
+        ));
+    }
+    Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+fn ns_exec(ns: &Netns, args: &[&str]) -> Result<String, ForwardError> {
+    let mut a = vec!["netns", "exec", ns.name()];
+    a.extend_from_slice(args);
+    run_cmd("ip", &a)
+}
+
+fn ns_ip(ns: &Netns, args: &[&str]) -> Result<(), ForwardError> {
+    ns.ip(args)
+        .map_err(|e| setup_err(format!("ip -n {} {}", ns.name(), args.join(" ")), e))
+}
+
+/// `rx_packets` of `dev` in `ns` (from `ip -s -j link`).
+fn rx_packets(ns: &Netns, dev: &str) -> Result<u64, ForwardError> {
+    let out = run_cmd("ip", &["-n", ns.name(), "-s", "-j", "link", "show", dev])?;
+    let v: serde_json::Value =
+        serde_json::from_str(&out).map_err(|e| setup_err("ip -s -j link output", e))?;
+    v[0]["stats64"]["rx"]["packets"]
+        .as_u64()
+        .ok_or_else(|| setup_err("ip -s -j link output", "no stats64.rx.packets"))
+}
+
+/// Sleep `d`, returning early with [`ForwardError::Interrupted`].
+fn sleep(d: Duration, stop: &AtomicBool) -> Result<(), ForwardError> {
+    let end = Instant::now() + d;
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return Err(ForwardError::Interrupted);
+        }
+        let now = Instant::now();
+        if now >= end {
+            return Ok(());
+        }
+        std::thread::sleep((end - now).min(Duration::from_millis(50)));
+    }
+}
+
+// ----------------------------------------------------------------- topology
+
+const NS_PREFIX: &str = "sluice-fwd-";
+
+/// Delete namespaces of earlier runs whose process is gone.
+fn remove_stale_namespaces() {
+    let Ok(dir) = std::fs::read_dir("/run/netns") else {
+        return;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(NS_PREFIX) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = sluice_io::netns::ip(&["netns", "del", &name]);
+        }
+    }
+}
+
+struct Topo {
+    sender: Netns,
+    dut: Arc<Netns>,
+    recv: Netns,
+    lan: String,
+    wan: String,
+    dir: PathBuf,
+}
+
+impl Topo {
+    fn new(tag: &str, dut_core: usize) -> Result<Self, ForwardError> {
+        let pid = std::process::id();
+        let ns = |s: &str| {
+            let name = format!("{NS_PREFIX}{pid}-{tag}{s}");
+            Netns::create(&name).map_err(|e| setup_err(format!("ip netns add {name}"), e))
+        };
+        let sender = ns("s")?;
+        let dut = Arc::new(ns("d")?);
+        let recv = ns("r")?;
+        // Interface names unique on the machine: the threaded-NAPI kernel
+        // thread is found by its name.
+        let lan = format!("fl{pid:x}{tag}");
+        let wan = format!("fw{pid:x}{tag}");
+        let dir = std::env::temp_dir().join(format!("{NS_PREFIX}{pid}-{tag}"));
+        let t = Self {
+            sender,
+            dut,
+            recv,
+            lan,
+            wan,
+            dir,
+        };
+        std::fs::create_dir_all(&t.dir).map_err(|e| setup_err("temporary directory", e))?;
+        let d = &*t.dut;
+        ns_ip(
+            d,
+            &[
+                "link",
+                "add",
+                &t.lan,
+                "address",
+                &mac_str(LAN_MAC),
+                "type",
+                "veth",
+                "peer",
+                "name",
+                HOST_IF,
+                "address",
+                &mac_str(SENDER_MAC),
+                "netns",
+                t.sender.name(),
+            ],
+        )?;
+        ns_ip(
+            d,
+            &[
+                "link",
+                "add",
+                &t.wan,
+                "address",
+                &mac_str(WAN_MAC),
+                "type",
+                "veth",
+                "peer",
+                "name",
+                HOST_IF,
+                "address",
+                &mac_str(RECV_MAC),
+                "netns",
+                t.recv.name(),
+            ],
+        )?;
+        for (n, dev) in [(d, t.lan.as_str()), (d, t.wan.as_str())] {
+            ns_ip(n, &["link", "set", dev, "up"])?;
+        }
+        ns_ip(&t.sender, &["addr", "add", "10.0.0.2/24", "dev", HOST_IF])?;
+        ns_ip(&t.sender, &["link", "set", HOST_IF, "up"])?;
+        ns_ip(&t.recv, &["addr", "add", "203.0.113.2/24", "dev", HOST_IF])?;
+        ns_ip(&t.recv, &["link", "set", HOST_IF, "up"])?;
+        // Receive Packet Steering: the DUT's receive work on the DUT core.
+        let mask = format!("{:x}", 1u128 << dut_core.min(127));
+        ns_exec(
+            d,
+            &[
+                "sh",
+                "-c",
+                &format!(
+                    "echo {mask} > /sys/class/net/{}/queues/rx-0/rps_cpus",
+                    t.lan
+                ),
+            ],
+        )?;
+        Ok(t)
+    }
+}
+
+impl Drop for Topo {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+        // The namespaces (and with them the veth pairs) are deleted by name
+        // when the `Netns` fields drop.
+    }
+}
+
+/// Raises the global `nf_conntrack_max` for the kernel DUT and restores it.
+struct ConntrackMax {
+    old: Option<String>,
+}
+
+const CT_MAX: &str = "/proc/sys/net/netfilter/nf_conntrack_max";
+
+impl ConntrackMax {
+    fn at_least(n: u64) -> Self {
+        let old = std::fs::read_to_string(CT_MAX).ok();
+        let cur: u64 = old
+            .as_deref()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        if old.is_some() && cur < n && std::fs::write(CT_MAX, n.to_string()).is_ok() {
+            return Self { old };
+        }
+        Self { old: None }
+    }
+}
+
+impl Drop for ConntrackMax {
+    fn drop(&mut self) {
+        if let Some(v) = &self.old {
+            let _ = std::fs::write(CT_MAX, v.trim());
+        }
+    }
+}
+
+// --------------------------------------------------------------------- DUTs
+
+/// A running Sluice gateway in the DUT namespace, stopped on drop.
+struct SluiceDut {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Result<(), String>>>,
+    sock: PathBuf,
+}
+
+impl SluiceDut {
+    fn start(
+        t: &Topo,
+        backend: sluice_daemon::config::BackendChoice,
+        flows: u64,
+        dut_core: usize,
+        interrupted: &AtomicBool,
+    ) -> Result<Self, ForwardError> {
+        let nft = t.dir.join("fwd.nft");
+        std::fs::write(&nft, masquerade_ruleset(&t.wan))
+            .map_err(|e| setup_err("write ruleset", e))?;
+        let sock = t.dir.join("ctl.sock");
+        let cfg = t.dir.join("sluice.toml");
+        let bname = match backend {
+            sluice_daemon::config::BackendChoice::AfXdp => "af_xdp",
+            _ => "af_packet",
+        };
+        std::fs::write(
+            &cfg,
+            format!(
+                "ruleset = \"fwd.nft\"\nbackend = \"{bname}\"\nworkers = 1\ncontrol_socket = \"{}\"\n\n\
+                 [[interfaces]]\nname = \"{}\"\nrole = \"inside\"\naddresses = [\"10.0.0.1/24\"]\n\n\
+                 [[interfaces]]\nname = \"{}\"\nrole = \"outside\"\naddresses = [\"203.0.113.1/24\"]\n\n\
+                 [[neighbors]]\nip = \"203.0.113.2\"\nmac = \"{}\"\n\n\
+                 [[neighbors]]\nip = \"10.0.0.2\"\nmac = \"{}\"\n\n[conntrack]\nmax = {}\n",
+                sock.display(),
+                t.lan,
+                t.wan,
+                mac_str(NEXT_HOP_MAC),
+                mac_str(SENDER_MAC),
+                (flows * 2).max(65_536)
+            ),
+        )
+        .map_err(|e| setup_err("write sluice.toml", e))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let ns = Arc::clone(&t.dut);
+        let opts = sluice_daemon::RunOptions {
+            backend: Some(backend),
+            stop: Some(Arc::clone(&stop)),
+            ..Default::default()
+        };
+        let thread = std::thread::Builder::new()
+            .name("bench-dut".into())
+            .spawn(move || {
+                // The worker is pinned to the first core this thread may
+                // use: make that the DUT core.
+                core_affinity::set_for_current(core_affinity::CoreId { id: dut_core });
+                ns.enter_this_thread().map_err(|e| e.to_string())?;
+                sluice_daemon::run(&cfg, &opts).map_err(|e| e.to_string())
+            })
+            .map_err(|e| setup_err("spawn the DUT thread", e))?;
+        let mut d = Self {
+            stop,
+            thread: Some(thread),
+            sock,
+        };
+        let t0 = Instant::now();
+        while !d.sock.exists() {
+            if d.thread.as_ref().is_some_and(JoinHandle::is_finished) {
+                let r = d.thread.take().map(JoinHandle::join);
+                let why = match r {
+                    Some(Ok(Err(e))) => e,
+                    _ => "the gateway stopped".into(),
+                };
+                return Err(setup_err("sluice run", why));
+            }
+            if t0.elapsed() > Duration::from_secs(20) {
+                return Err(setup_err("sluice run", "did not start within 20 s"));
+            }
+            sleep(Duration::from_millis(20), interrupted)?;
+        }
+        Ok(d)
+    }
+
+    /// One control request; the JSON answer.
+    fn ctl(&self, words: &[&str]) -> Option<serde_json::Value> {
+        let args: Vec<String> = words.iter().map(|s| s.to_string()).collect();
+        let req = sluice_daemon::ctl::request_from_args(&args).ok()?;
+        let resp = sluice_daemon::ctl::client(&self.sock, &req).ok()?;
+        serde_json::from_str(&resp).ok()
+    }
+
+    /// Non-zero counters of the gateway, compactly.
+    fn counters_summary(&self) -> String {
+        let Some(v) = self.ctl(&["counters"]) else {
+            return "unavailable".into();
+        };
+        let mut out = Vec::new();
+        flatten_nonzero("", &v["counters"], &mut out);
+        out.join(" ")
+    }
+
+    /// The ports' modes as the gateway describes them.
+    fn modes(&self) -> String {
+        let Some(v) = self.ctl(&["status"]) else {
+            return String::new();
+        };
+        let mut out = Vec::new();
+        collect_modes(&v, &mut out);
+        out.join("; ")
+    }
+}
+
+fn collect_modes(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                match (k.as_str(), x) {
+                    ("mode", serde_json::Value::String(s)) => out.push(s.clone()),
+                    _ => collect_modes(x, out),
+                }
+            }
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|x| collect_modes(x, out)),
+        _ => {}
+    }
+}
+
+fn flatten_nonzero(path: &str, v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                let p = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                flatten_nonzero(&p, x, out);
+            }
+        }
+        serde_json::Value::Number(n) if n.as_u64() != Some(0) => out.push(format!("{path}={n}")),
+        _ => {}
+    }
+}
+
+impl Drop for SluiceDut {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.thread.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// The NAT rule both Sluice and the kernel run (one ruleset text).
+fn masquerade_ruleset(wan: &str) -> String {
+    format!(
+        "table ip sluicebench {{\n  chain postrouting {{\n    type nat hook postrouting priority 100; policy accept;\n    oifname \"{wan}\" masquerade\n  }}\n}}\n"
+    )
+}
+
+/// Kernel forwarding with the masquerade rule in the DUT namespace.
+fn start_kernel(t: &Topo) -> Result<(), ForwardError> {
+    let d = &*t.dut;
+    ns_ip(d, &["addr", "add", "10.0.0.1/24", "dev", &t.lan])?;
+    ns_ip(d, &["addr", "add", "203.0.113.1/24", "dev", &t.wan])?;
+    ns_ip(
+        d,
+        &[
+            "neigh",
+            "replace",
+            "203.0.113.2",
+            "lladdr",
+            &mac_str(NEXT_HOP_MAC),
+            "dev",
+            &t.wan,
+            "nud",
+            "permanent",
+        ],
+    )?;
+    ns_ip(
+        d,
+        &[
+            "neigh",
+            "replace",
+            "10.0.0.2",
+            "lladdr",
+            &mac_str(SENDER_MAC),
+            "dev",
+            &t.lan,
+            "nud",
+            "permanent",
+        ],
+    )?;
+    ns_exec(d, &["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+    let nft = t.dir.join("kernel.nft");
+    std::fs::write(&nft, masquerade_ruleset(&t.wan)).map_err(|e| setup_err("write nft", e))?;
+    ns_exec(d, &["nft", "-f", &nft.display().to_string()])?;
+    Ok(())
+}
+
+/// Make the veth NAPI of `dev` threaded and pin its kernel threads to
+/// `core`. Returns how many threads were pinned.
+fn pin_napi_threads(t: &Topo, dev: &str, core: usize) -> Result<usize, ForwardError> {
+    ns_exec(
+        &t.dut,
+        &[
+            "sh",
+            "-c",
+            &format!("echo 1 > /sys/class/net/{dev}/threaded"),
+        ],
+    )?;
+    // The kernel names the thread "napi/<dev>-<id>" (truncated to 15 bytes).
+    let prefix: String = format!("napi/{dev}-").chars().take(15).collect();
+    let mut pinned = 0;
+    for _ in 0..20 {
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            break;
+        };
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !name.bytes().all(|b| b.is_ascii_digit()) {
+                continue;
+            }
+            let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+            if comm.trim_end().starts_with(&prefix) {
+                run_cmd("taskset", &["-pc", &core.to_string(), &name])?;
+                pinned += 1;
+            }
+        }
+        if pinned > 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(pinned)
+}
+
+// ------------------------------------------------------------------- sender
+
+/// What the sender thread does.
+#[derive(Clone, Copy)]
+enum Pace {
+    /// Every flow once, at most this many frames per second.
+    OncePaced(u64),
+    /// As fast as possible until stopped.
+    Flat,
+}
+
+/// Send on the sender's veth until the plan is done or `stop`; `sent`
+/// counts queued frames as they go.
+fn sender(
+    t: &Topo,
+    core: usize,
+    flows: &[(u16, u16)],
+    pace: Pace,
+    stop: &AtomicBool,
+    sent: &AtomicU64,
+) -> Result<(), ForwardError> {
+    core_affinity::set_for_current(core_affinity::CoreId { id: core });
+    t.sender
+        .enter_this_thread()
+        .map_err(|e| setup_err("enter the sender namespace", e))?;
+    let tx = BatchSender::open(HOST_IF, SNDBUF).map_err(|e| setup_err("sender AF_PACKET", e))?;
+    let tpl = Template::new();
+    let burst = match pace {
+        Pace::OncePaced(_) => 32,
+        Pace::Flat => SEND_BATCH_MAX,
+    };
+    let mut frames = vec![[0u8; FRAME_LEN]; burst];
+    for f in &mut frames {
+        f.copy_from_slice(tpl.bytes());
+    }
+    let start = Instant::now();
+    let mut next = 0usize;
+    let mut total = 0u64;
+    let limit = match pace {
+        Pace::OncePaced(_) => flows.len() as u64,
+        Pace::Flat => u64::MAX,
+    };
+    let mut errors = 0u32;
+    while total < limit && !stop.load(Ordering::Relaxed) {
+        let k = (burst as u64).min(limit - total) as usize;
+        for f in &mut frames[..k] {
+            let (sp, dp) = flows[next];
+            next += 1;
+            if next == flows.len() {
+                next = 0;
+            }
+            tpl.patch(f, sp, dp);
+        }
+        let mut done = 0;
+        while done < k && !stop.load(Ordering::Relaxed) {
+            match tx.send_batch(&frames[done..k]) {
+                Ok(n) => {
+                    done += n;
+                    errors = 0;
+                }
+                // ENOBUFS and the like: the kernel is momentarily out of
+                // room; anything persistent is a failure.
+                Err(e) => {
+                    errors += 1;
+                    if errors > 100_000 {
+                        return Err(setup_err("sender sendmmsg", e));
+                    }
+                    std::thread::yield_now();
+                }
+            }
+        }
+        total += done as u64;
+        sent.store(total, Ordering::Relaxed);
+        if let Pace::OncePaced(pps) = pace {
+            let due = Duration::from_secs_f64(total as f64 / pps.max(1) as f64);
+            while start.elapsed() < due && !stop.load(Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
+        }
+    }
+    Ok(())
+}
+
+// -------------------------------------------------------------------- a run
+
+/// The cores: (DUT, sender).
+fn cores() -> (usize, usize) {
+    let ids: Vec<usize> = core_affinity::get_core_ids()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    match (ids.first(), ids.last()) {
+        (Some(&f), Some(&l)) => (l, f),
+        _ => (0, 0),
+    }
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
+}
+
+/// Measure every (DUT, flows) point. `interrupted` is polled throughout
+/// (set it from a SIGINT handler); `progress` gets one line per step.
+pub fn run(
+    opts: &ForwardOptions,
+    interrupted: &AtomicBool,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Vec<ForwardResult>, ForwardError> {
+    if !is_root() {
+        return Err(ForwardError::NotRoot);
+    }
+    remove_stale_namespaces();
+    let (dut_core, sender_core) = cores();
+    if dut_core == sender_core {
+        progress("warning: one core only: the sender and the DUT share it");
+    }
+    let mut out = Vec::new();
+    for (fi, &flows) in opts.flows.iter().enumerate() {
+        let ports = flow_ports(flows, opts.seed)?;
+        for (di, &dut) in opts.duts.iter().enumerate() {
+            progress(&format!(
+                "bench forward: {} with {flows} flows (DUT core {dut_core}, sender core {sender_core}) ...",
+                dut.name()
+            ));
+            let tag = format!("{fi}{di}");
+            let r = point(
+                opts,
+                dut,
+                flows,
+                &ports,
+                &tag,
+                (dut_core, sender_core),
+                interrupted,
+                progress,
+            )?;
+            progress(&format!(
+                "  {:.3} Mpps forwarded, {:.3} Mpps offered, loss {:.1} %",
+                r.fps / 1e6,
+                r.offered_fps / 1e6,
+                r.loss * 100.0
+            ));
+            out.push(r);
+        }
+    }
+    Ok(out)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn point(
+    opts: &ForwardOptions,
+    dut: Dut,
+    flows: u64,
+    ports: &[(u16, u16)],
+    tag: &str,
+    (dut_core, sender_core): (usize, usize),
+    interrupted: &AtomicBool,
+    progress: &mut dyn FnMut(&str),
+) -> Result<ForwardResult, ForwardError> {
+    let topo = Topo::new(tag, dut_core)?;
+    // Declared after `topo`, so it stops before the namespaces go.
+    let mut sluice = None;
+    let mut _ct_max = None;
+    let dut_mode = match dut {
+        Dut::KernelNftables => {
+            start_kernel(&topo)?;
+            // The masquerade rule has loaded nf_conntrack by now.
+            _ct_max = Some(ConntrackMax::at_least(flows + flows / 4 + 65_536));
+            let read = |k: &str| {
+                ns_exec(&topo.dut, &["sysctl", "-n", k])
+                    .map(|s| s.trim().to_string())
+                    .unwrap_or_else(|_| "?".into())
+            };
+            format!(
+                "kernel ip_forward + nft masquerade, RPS to the DUT core, nf_conntrack_max {}, buckets {}",
+                read("net.netfilter.nf_conntrack_max"),
+                read("net.netfilter.nf_conntrack_buckets")
+            )
+        }
+        Dut::SenderOnly => {
+            let name =
+                sluice_io::IfName::new(&topo.lan).map_err(|e| setup_err("interface name", e))?;
+            let script = sluice_io::nft::ingress_drop_script(&[name]);
+            let f = topo.dir.join("drop.nft");
+            std::fs::write(&f, script + "\n").map_err(|e| setup_err("write nft", e))?;
+            ns_exec(&topo.dut, &["nft", "-f", &f.display().to_string()])?;
+            "no DUT: netdev ingress drop on the inside veth, RPS to the DUT core".into()
+        }
+        Dut::SluiceAfXdp | Dut::SluiceAfPacket => {
+            let backend = if dut == Dut::SluiceAfXdp {
+                sluice_daemon::config::BackendChoice::AfXdp
+            } else {
+                sluice_daemon::config::BackendChoice::AfPacket
+            };
+            let s = SluiceDut::start(&topo, backend, flows, dut_core, interrupted)?;
+            let mut mode = s.modes();
+            if dut == Dut::SluiceAfXdp {
+                let n = pin_napi_threads(&topo, &topo.lan, dut_core)?;
+                if n == 0 {
+                    progress("  warning: no threaded NAPI thread found: XDP receive runs on the sender's core");
+                    mode.push_str("; XDP receive in the sender core's softirq");
+                } else {
+                    mode.push_str(&format!("; threaded NAPI ({n}) on the DUT core"));
+                }
+            } else {
+                mode.push_str("; RPS to the DUT core");
+            }
+            sluice = Some(s);
+            mode
+        }
+    };
+
+    // Warm-up: every flow once, paced; again slower if much was lost.
+    let mut pps = opts.warmup_pps.max(1000);
+    let mut passes = 0;
+    let mut warmup_loss = 0.0;
+    loop {
+        if dut == Dut::SenderOnly {
+            break;
+        }
+        passes += 1;
+        let rx0 = rx_packets(&topo.recv, HOST_IF)?;
+        let sent = AtomicU64::new(0);
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let h = s.spawn(|| {
+                sender(
+                    &topo,
+                    sender_core,
+                    ports,
+                    Pace::OncePaced(pps),
+                    &stop,
+                    &sent,
+                )
+            });
+            while !h.is_finished() {
+                if interrupted.load(Ordering::Relaxed) {
+                    stop.store(true, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            h.join()
+                .unwrap_or_else(|_| Err(setup_err("sender", "panicked")))
+        })?;
+        sleep(Duration::from_millis(300), interrupted)?;
+        let got = rx_packets(&topo.recv, HOST_IF)?.saturating_sub(rx0);
+        let n = sent.load(Ordering::Relaxed).max(1);
+        warmup_loss = 1.0 - (got as f64 / n as f64).min(1.0);
+        if warmup_loss <= 0.01 || passes >= 3 {
+            break;
+        }
+        progress(&format!(
+            "  warm-up pass {passes} at {pps} fps lost {:.1} %, again at half the rate",
+            warmup_loss * 100.0
+        ));
+        pps /= 2;
+    }
+
+    // Measurement at the sender's maximum.
+    let sent = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    let m = std::thread::scope(|s| {
+        let h = s.spawn(|| sender(&topo, sender_core, ports, Pace::Flat, &stop, &sent));
+        let r = (|| {
+            sleep(Duration::from_millis(500), interrupted)?;
+            let (rx0, tx0, t0) = (
+                rx_packets(&topo.recv, HOST_IF)?,
+                sent.load(Ordering::Relaxed),
+                Instant::now(),
+            );
+            sleep(opts.duration, interrupted)?;
+            let (rx1, tx1, t1) = (
+                rx_packets(&topo.recv, HOST_IF)?,
+                sent.load(Ordering::Relaxed),
+                Instant::now(),
+            );
+            Ok((rx1.saturating_sub(rx0), tx1.saturating_sub(tx0), t1 - t0))
+        })();
+        stop.store(true, Ordering::Relaxed);
+        let joined = h
+            .join()
+            .unwrap_or_else(|_| Err(setup_err("sender", "panicked")));
+        joined.and(r)
+    });
+    let (received, sent, dt) = m?;
+    if let Some(s) = &sluice {
+        progress(&format!("  gateway counters: {}", s.counters_summary()));
+    }
+    drop(sluice);
+    drop(topo);
+    let secs = dt.as_secs_f64().max(1e-9);
+    let loss = if sent == 0 {
+        0.0
+    } else {
+        1.0 - (received as f64 / sent as f64).min(1.0)
+    };
+    Ok(ForwardResult {
+        dut: dut.name().to_string(),
+        flows,
+        fps: received as f64 / secs,
+        offered_fps: sent as f64 / secs,
+        loss,
+        saturated: loss >= 0.01,
+        sent,
+        received,
+        seconds: secs,
+        warmup_passes: passes,
+        warmup_loss,
+        method: "saturation",
+        frame_bytes: 64,
+        dut_core,
+        sender_core,
+        dut_mode,
+    })
+}
+
+/// The results as a table.
+pub fn table(rows: &[ForwardResult]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:<16} {:>9} {:>10} {:>10} {:>7} {:>9} {:>10}",
+        "dut", "flows", "fwd Mpps", "offer Mpps", "loss %", "saturated", "warmup loss"
+    );
+    for r in rows {
+        let _ = writeln!(
+            s,
+            "{:<16} {:>9} {:>10.3} {:>10.3} {:>7.1} {:>9} {:>10.1}%",
+            r.dut,
+            r.flows,
+            r.fps / 1e6,
+            r.offered_fps / 1e6,
+            r.loss * 100.0,
+            if r.saturated { "yes" } else { "NO" },
+            r.warmup_loss * 100.0
+        );
+    }
+    let fps = |d: Dut, f: u64| {
+        rows.iter()
+            .find(|r| r.dut == d.name() && r.flows == f)
+            .map(|r| r.fps)
+    };
+    let mut flows: Vec<u64> = rows.iter().map(|r| r.flows).collect();
+    flows.dedup();
+    for &f in &flows {
+        if let Some(k) = fps(Dut::KernelNftables, f).filter(|&k| k > 0.0) {
+            for d in [Dut::SluiceAfXdp, Dut::SluiceAfPacket] {
+                if let Some(v) = fps(d, f) {
+                    let _ = writeln!(
+                        s,
+                        "{} / kernel-nftables at {f} flows: {:.2}x (target >= 2x)",
+                        d.name(),
+                        v / k
+                    );
+                }
+            }
+        }
+    }
+    if let (Some(&lo), Some(&hi)) = (flows.iter().min(), flows.iter().max()) {
+        if lo != hi {
+            for d in Dut::ALL {
+                if let (Some(a), Some(b)) = (fps(d, lo), fps(d, hi)) {
+                    if a > 0.0 {
+                        let _ = writeln!(
+                            s,
+                            "{}: {lo} -> {hi} flows: {:+.1} % (target >= -20 % for Sluice)",
+                            d.name(),
+                            (b / a - 1.0) * 100.0
+                        );
+                    }
+                }
+            }
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patched_frame_matches_a_built_one() {
+        let tpl = Template::new();
+        for (sp, dp) in [(1024u16, 1u16), (65535, 65535), (40000, 7), (1, 0xfffe)] {
+            let mut f = [0u8; FRAME_LEN];
+            f.copy_from_slice(tpl.bytes());
+            tpl.patch(&mut f, sp, dp);
+            let mut want = [0u8; FRAME_LEN];
+            let key = FlowKey4 {
+                src: u32::from_be_bytes(SENDER_IP),
+                dst: u32::from_be_bytes(RECV_IP),
+                sport: sp,
+                dport: dp,
+                proto: proto::UDP,
+            };
+            let n = sluice_wire::build::build_udp4(
+                &mut want,
+                sluice_wire::EthernetAddress(SENDER_MAC),
+                sluice_wire::EthernetAddress(LAN_MAC),
+                &key,
+                PAYLOAD,
+            )
+            .unwrap();
+            assert_eq!(n, FRAME_LEN);
+            assert_eq!(f, want, "ports {sp} {dp}");
+        }
+    }
+
+    #[test]
+    fn flows_are_distinct() {
+        let p = flow_ports(1000, 1).unwrap();
+        let set: std::collections::HashSet<_> = p.iter().collect();
+        assert_eq!(set.len(), 1000);
+    }
+
+    #[test]
+    fn dut_names_round_trip() {
+        for d in Dut::ALL {
+            assert_eq!(Dut::parse(d.name()), Some(d));
+        }
+        assert_eq!(Dut::parse("nope"), None);
+    }
+
+    #[test]
+    fn ruleset_is_one_masquerade_rule() {
+        let r = masquerade_ruleset("wan0");
+        assert!(r.contains("oifname \"wan0\" masquerade"));
+        sluice_ruleset::parse_nft_str("t.nft", &r).unwrap();
+    }
+}
