@@ -13,22 +13,29 @@ fn main() {
         .unwrap_or(100_000);
     let t0 = Instant::now();
     let mut clock = move || t0.elapsed().as_nanos() as u64;
-    println!("shape      rules  tuples  compiled_ns  linear_ns  ratio_vs_20");
+    // compiled_ns: one packet at a time (Classifier::eval); batch32_ns:
+    // Classifier::eval_batch, groups of 32 packets, with its own ratio.
+    println!(
+        "shape      rules  tuples  compiled_ns  linear_ns  ratio_vs_20  batch32_ns  batch_ratio"
+    );
     for shape in [Shape::Seed001, Shape::ClassBench] {
-        let mut base = None;
+        let (mut base, mut bbase) = (None, None);
         for &n in [20usize, 100, 1_000, 10_000, 100_000]
             .iter()
             .filter(|n| **n <= max)
         {
             let r = measure_rules(shape, n, 4096, 100, &mut clock);
             let b = *base.get_or_insert(r.compiled_ns);
+            let bb = *bbase.get_or_insert(r.batch_ns);
             println!(
-                "{:<10} {n:>6}  {:>6}  {:>11.1}  {:>9.1}  {:>11.2}",
+                "{:<10} {n:>6}  {:>6}  {:>11.1}  {:>9.1}  {:>11.2}  {:>10.1}  {:>11.2}",
                 shape.name(),
                 r.tuples,
                 r.compiled_ns,
                 r.linear_ns,
-                r.compiled_ns / b
+                r.compiled_ns / b,
+                r.batch_ns,
+                r.batch_ns / bb
             );
         }
     }

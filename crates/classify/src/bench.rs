@@ -51,13 +51,73 @@ pub struct RuleTimes {
     pub rules: usize,
     /// Tuples (hash tables) of the compiled base chain.
     pub tuples: usize,
-    /// Compiled classifier, ns per packet.
+    /// Compiled classifier, one packet at a time ([`Classifier::eval`]), ns
+    /// per packet.
     pub compiled_ns: f64,
+    /// Compiled classifier, [`Classifier::eval_batch`] over groups of
+    /// [`crate::BATCH`] (32) packets, ns per packet.
+    pub batch_ns: f64,
     /// Linear evaluator, ns per packet.
     pub linear_ns: f64,
     /// Evaluations the linear figure is based on (fewer than
     /// `packets * rounds` when the linear walk is slow).
     pub linear_evals: usize,
+}
+
+/// How [`measure_lookup`] calls the compiled classifier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// [`Classifier::eval`], one packet at a time.
+    Single,
+    /// [`Classifier::eval_batch`] over all the packets (groups of
+    /// [`crate::BATCH`]).
+    Batch,
+}
+
+fn time_batch(
+    c: &Classifier,
+    pkts: &[PacketFields],
+    rounds: usize,
+    clock: &mut dyn FnMut() -> u64,
+) -> f64 {
+    let mut s = Scratch::new();
+    let t0 = clock();
+    let mut sum = 0u64;
+    for _ in 0..rounds {
+        c.eval_batch(ChainId(0), pkts, &mut s, |_, o, _| {
+            sum = sum
+                .wrapping_mul(31)
+                .wrapping_add(o.rule.map_or(u64::MAX, |r| r.0));
+        });
+    }
+    let ns = clock().saturating_sub(t0);
+    std::hint::black_box(sum);
+    ns as f64 / (pkts.len() * rounds).max(1) as f64
+}
+
+/// The compiled classifier alone for `shape` at `count` rules: ns per
+/// packet over `packets` headers classified `rounds` times (after one
+/// warm-up round), in `mode`.
+pub fn measure_lookup(
+    shape: Shape,
+    count: usize,
+    packets: usize,
+    rounds: usize,
+    mode: Mode,
+    clock: &mut dyn FnMut() -> u64,
+) -> f64 {
+    let (prog, pkts) = shape.build(count, packets.max(1));
+    let c = Classifier::compile(&prog).unwrap_or_default();
+    match mode {
+        Mode::Single => {
+            let _ = time(&c, &pkts, 1, clock);
+            time(&c, &pkts, rounds.max(1), clock)
+        }
+        Mode::Batch => {
+            let _ = time_batch(&c, &pkts, 1, clock);
+            time_batch(&c, &pkts, rounds.max(1), clock)
+        }
+    }
 }
 
 /// Time budget of the linear measurement.
@@ -94,6 +154,8 @@ pub fn measure_rules(
     let c = Classifier::compile(&prog).unwrap_or_default();
     let _ = time(&c, &pkts, 1, clock);
     let compiled_ns = time(&c, &pkts, rounds, clock);
+    let _ = time_batch(&c, &pkts, 1, clock);
+    let batch_ns = time_batch(&c, &pkts, rounds, clock);
     // Estimate the linear cost on a few packets, then size the sample.
     let probe = &pkts[..pkts.len().min(16)];
     let est = time(&prog, probe, 1, clock).max(1.0);
@@ -112,6 +174,7 @@ pub fn measure_rules(
         rules: count,
         tuples: c.tuple_count(ChainId(0)).unwrap_or(0),
         compiled_ns,
+        batch_ns,
         linear_ns,
         linear_evals,
     }
@@ -221,7 +284,7 @@ mod tests {
         };
         let r = measure_rules(Shape::ClassBench, 50, 64, 2, &mut clock);
         assert_eq!(r.rules, 50);
-        assert!(r.tuples > 0 && r.compiled_ns > 0.0 && r.linear_ns > 0.0);
+        assert!(r.tuples > 0 && r.compiled_ns > 0.0 && r.batch_ns > 0.0 && r.linear_ns > 0.0);
         let u = measure_updates(Shape::Seed001, 500, 20, &mut clock);
         assert_eq!(u.objects, 500);
         assert!(u.load_s > 0.0 && u.insert_us_median > 0.0 && u.delete_us_max > 0.0);

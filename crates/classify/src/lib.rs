@@ -43,7 +43,7 @@ pub mod ir;
 pub mod linear;
 mod persist;
 
-pub use compiled::{Classifier, Placement, UpdateError};
+pub use compiled::{Classifier, Placement, UpdateError, BATCH};
 pub use ir::*;
 pub use linear::{eval_linear, EvalError, Final, Outcome, Scratch, MAX_CHAIN_ENTRIES, MAX_DEPTH};
 

@@ -70,6 +70,9 @@ pub struct Scratch {
     pub trace: Vec<RuleId>,
     /// The compiled classifier's per-lookup merge state.
     pub(crate) heads: Vec<crate::compiled::Head>,
+    /// [`crate::Classifier::eval_batch`]: tags and heads of a group.
+    pub(crate) tags: Vec<u32>,
+    pub(crate) bheads: Vec<crate::compiled::Head>,
 }
 
 impl Scratch {
@@ -79,6 +82,8 @@ impl Scratch {
             stack: Vec::with_capacity(MAX_DEPTH),
             trace: Vec::with_capacity(16),
             heads: Vec::with_capacity(32),
+            tags: Vec::new(),
+            bheads: Vec::new(),
         }
     }
 }

@@ -253,7 +253,34 @@ fn rand_packet(r: &mut Rng) -> PacketFields {
     }
 }
 
+/// `Classifier::eval_batch` against the linear evaluator, packet by packet
+/// (outcome and trace), and every index reported once, in order.
+fn check_batch(prog: &Program, c: &Classifier, pkts: &[PacketFields]) -> Result<(), String> {
+    let (mut s1, mut s2) = (Scratch::new(), Scratch::new());
+    let mut next = 0;
+    let mut err = None;
+    c.eval_batch(ChainId(0), pkts, &mut s2, |i, b, trace| {
+        if i != next {
+            err.get_or_insert(format!("index {i}, expected {next}"));
+        }
+        next += 1;
+        let p = &pkts[i];
+        let a = eval_linear(prog, ChainId(0), p, &mut s1);
+        if (a != b || s1.trace != trace) && err.is_none() {
+            err = Some(format!(
+                "batch mismatch on {p:?}\nlinear   {a:?} {:?}\nbatch    {b:?} {trace:?}",
+                s1.trace
+            ));
+        }
+    });
+    if next != pkts.len() {
+        err.get_or_insert(format!("{next} outcomes for {} packets", pkts.len()));
+    }
+    err.map_or(Ok(()), Err)
+}
+
 fn check(prog: &Program, c: &Classifier, pkts: &[PacketFields]) -> Result<(), String> {
+    check_batch(prog, c, pkts)?;
     let (mut s1, mut s2) = (Scratch::new(), Scratch::new());
     for p in pkts {
         let a = eval_linear(prog, ChainId(0), p, &mut s1);

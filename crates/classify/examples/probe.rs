@@ -1,0 +1,46 @@
+//! One shape and size, for cachegrind and interleaved timing:
+//! `probe <seed001|classbench> <rules> <rounds> [single|batch]`.
+//! Diff two round counts under cachegrind to get instructions per packet.
+
+use std::time::Instant;
+
+use sluice_classify::bench::Shape;
+use sluice_classify::{bench_lookup, ChainId, Classifier, Scratch};
+
+fn main() {
+    let a: Vec<String> = std::env::args().collect();
+    let shape = match a.get(1).map(String::as_str) {
+        Some("seed001") => Shape::Seed001,
+        _ => Shape::ClassBench,
+    };
+    let n: usize = a.get(2).and_then(|x| x.parse().ok()).unwrap_or(20);
+    let rounds: usize = a.get(3).and_then(|x| x.parse().ok()).unwrap_or(100);
+    let batch = a.get(4).map(String::as_str) == Some("batch");
+    let (prog, pkts) = shape.build(n, 4096);
+    let c = Classifier::compile(&prog).unwrap_or_default();
+    let mut s = Scratch::new();
+    let mut run = |rounds: usize| -> u64 {
+        if batch {
+            let mut sum = 0u64;
+            for _ in 0..rounds {
+                c.eval_batch(ChainId(0), &pkts, &mut s, |_, o, _| {
+                    sum = sum
+                        .wrapping_mul(31)
+                        .wrapping_add(o.rule.map_or(u64::MAX, |r| r.0));
+                });
+            }
+            sum
+        } else {
+            bench_lookup(&c, ChainId(0), &pkts, rounds, &mut s)
+        }
+    };
+    std::hint::black_box(run(1));
+    let t0 = Instant::now();
+    std::hint::black_box(run(rounds));
+    let ns = t0.elapsed().as_nanos() as f64 / (rounds * pkts.len()).max(1) as f64;
+    println!(
+        "{} {n} {} {ns:.1}",
+        shape.name(),
+        if batch { "batch32" } else { "single" }
+    );
+}
