@@ -51,8 +51,8 @@ pub fn rules(counts: &[u64], json: Option<&Path>) -> Result<ExitCode> {
     let mut clock = || epoch.elapsed().as_nanos() as u64;
     let mut rows = Vec::new();
     println!(
-        "{:<11} {:>7} {:>7} {:>12} {:>12} {:>9}",
-        "shape", "rules", "tuples", "compiled ns", "linear ns", "vs 20"
+        "{:<11} {:>7} {:>7} {:>12} {:>9} {:>12} {:>9} {:>12}",
+        "shape", "rules", "tuples", "compiled ns", "vs 20", "batch32 ns", "vs 20", "linear ns"
     );
     for shape in [Shape::Seed001, Shape::ClassBench] {
         let mut base = None;
@@ -60,20 +60,23 @@ pub fn rules(counts: &[u64], json: Option<&Path>) -> Result<ExitCode> {
             let n = usize::try_from(n).context("rule count too large")?;
             eprintln!("bench rules: {} x {n} ...", shape.name());
             let t = measure_rules(shape, n, 4096, 8, &mut clock);
-            let b = *base.get_or_insert(t.compiled_ns);
+            let (b, bb) = *base.get_or_insert((t.compiled_ns, t.batch_ns));
             println!(
-                "{:<11} {:>7} {:>7} {:>12.1} {:>12.1} {:>8.2}x",
+                "{:<11} {:>7} {:>7} {:>12.1} {:>8.2}x {:>12.1} {:>8.2}x {:>12.1}",
                 shape.name(),
                 n,
                 t.tuples,
                 t.compiled_ns,
+                t.compiled_ns / b,
+                t.batch_ns,
+                t.batch_ns / bb,
                 t.linear_ns,
-                t.compiled_ns / b
             );
             rows.push(serde_json::json!({
                 "shape": shape.name(),
                 "count": n,
                 "compiled_ns": t.compiled_ns,
+                "batch32_ns": t.batch_ns,
                 "linear_ns": t.linear_ns,
                 "tuples": t.tuples,
             }));
