@@ -44,9 +44,10 @@
 //!   the queue; `backend = "auto"` therefore means AF_PACKET when
 //!   `workers > 1`), hairpinning (works only when both ports share a
 //!   worker), flows between two interfaces of the same role, and DNAT that
-//!   rewrites the destination port to one owned by another worker (logged at
-//!   `info`; the ruleset is not inspected). A software handoff between
-//!   workers for these is not implemented.
+//!   rewrites the destination port (each `dnat to ADDR:PORT` is named, at
+//!   start and on reload: it works only for original ports owned by
+//!   `PORT`'s worker). A software handoff between workers for these is not
+//!   implemented.
 //! - Changes to interfaces, routes, workers, backend, NAT behaviour or NAT
 //!   pools need a restart; a reload applies the ruleset and static
 //!   neighbours and reports the rest.
@@ -339,6 +340,10 @@ impl Control {
                 ),
             });
         }
+        warn_dnat_ports(
+            lp.compiled.as_deref(),
+            u16::try_from(self.workers.len()).unwrap_or(u16::MAX),
+        );
         st.generation = self.retire(self.policy.publish(Arc::clone(&lp.policy)));
         st.source = lp.source;
         st.rules = lp.rules;
@@ -575,6 +580,34 @@ pub fn steer_for(role: Option<config::Role>, workers: u16) -> sluice_io::steer::
     }
 }
 
+/// With several workers, name every `dnat to ADDR:PORT` of `compiled` at
+/// `warn`: the reply from the inside host comes back from `PORT`, which the
+/// inside steering sends to `PORT % workers`, while the connection lives on
+/// the worker of the original destination port. It works only when both
+/// ports are owned by the same worker.
+fn warn_dnat_ports(compiled: Option<&sluice_policy::CompiledPolicy>, workers: u16) {
+    if workers <= 1 {
+        return;
+    }
+    let Some(c) = compiled else { return };
+    for a in c.nat_actions() {
+        if let sluice_nat::Translation::Dnat {
+            addr,
+            port: Some(port),
+        } = a.translation
+        {
+            tracing::warn!(
+                workers,
+                target = %format!("{addr}:{port}"),
+                owner = sluice_nat::owner_of(port, workers),
+                "dnat rewrites the destination port: with several workers only connections \
+                 whose original destination port p has p % workers == {port} % workers are kept \
+                 on one worker; others see their replies steered to another worker and dropped"
+            );
+        }
+    }
+}
+
 /// The combinations several workers cannot steer, each named at `warn`
 /// once at start.
 fn warn_unsteered(cfg: &config::Config) {
@@ -617,12 +650,6 @@ fn warn_unsteered(cfg: &config::Config) {
             );
         }
     }
-    tracing::info!(
-        workers = n,
-        "several workers: DNAT that rewrites the destination port works only when the old and \
-         new ports are owned by the same worker (port % workers); other port forwards are split \
-         between workers"
-    );
 }
 
 /// The engine configuration of worker `id`.
@@ -709,6 +736,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     }
     let lp = load_policy(&cfg, None)?;
     tracing::info!(ruleset = %lp.source, rules = lp.rules, "policy compiled");
+    warn_dnat_ports(lp.compiled.as_deref(), cfg.workers);
 
     // Signals first, so a SIGTERM during start-up is not lost.
     let mut signals = signal_hook::iterator::Signals::new([

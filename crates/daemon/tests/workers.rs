@@ -3,7 +3,8 @@
 //! destination port, inside by source port; see `sluice_io::steer`), so
 //! every NAT reply reaches the worker that owns its external port.
 //!
-//! Proves: 20 parallel HTTP downloads and 4 parallel pings from two private
+//! Proves: the daemon names what steering cannot handle (a port-changing
+//! DNAT, hairpinning); 20 parallel HTTP downloads and 4 parallel pings from two private
 //! hosts through SNAT all complete, both workers carry connections, and no
 //! reply is dropped for lack of a mapping (`nat-no-mapping` stays 0).
 //!
@@ -23,6 +24,10 @@ const RULESET: &str = r#"table ip filter {
   }
 }
 table ip nat {
+  chain prerouting {
+    type nat hook prerouting priority -100; policy accept;
+    iifname "wan0" tcp dport 8080 dnat to 10.0.0.3:81
+  }
   chain postrouting {
     type nat hook postrouting priority 100; policy accept;
     oifname "wan0" snat to 198.51.100.7
@@ -49,10 +54,20 @@ fn nat_with_two_workers_steers_every_reply_to_its_owner() {
     let toml = read(&cfg).replace("workers = 1", "workers = 2");
     std::fs::write(&cfg, toml).expect("rewrite config");
     let d = Daemon::start(&t, &cfg, "af_packet");
+    let log = d.log();
     assert!(
-        d.log().contains("fanout cbpf group"),
-        "ports use the steered fanout:\n{}",
-        d.log()
+        log.contains("fanout cbpf group"),
+        "ports use the steered fanout:\n{log}"
+    );
+    // What steering cannot handle is named: the port-changing DNAT and
+    // hairpinning (on by default).
+    assert!(
+        log.contains("dnat rewrites the destination port") && log.contains("10.0.0.3:81"),
+        "{log}"
+    );
+    assert!(
+        log.contains("nat.hairpinning with several workers"),
+        "{log}"
     );
 
     // A 256 KiB blob on the public host.
