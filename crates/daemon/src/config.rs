@@ -488,7 +488,8 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         // Several workers split each interface by its role (see
         // `sluice_io::steer`): without one, NAT replies and the two
         // directions of a flow could not be brought to the same worker.
-        if workers > 1 && ri.role.is_none() {
+        // (In-memory ports are per worker: nothing to split.)
+        if workers > 1 && ri.role.is_none() && raw.backend != BackendChoice::Mem {
             return Err(src.err(
                 &ri.name,
                 &format!("{p}.role"),
@@ -848,6 +849,11 @@ timeouts = { udp = 60, tcp_established = 3600 }
             "workers = 1\n[[interfaces]]\nname = \"wan0\"\n",
         );
         assert!(ok.is_ok(), "one worker needs no role");
+        let mem = parse(
+            Path::new("sluice.toml"),
+            "backend = \"mem\"\nworkers = 2\n[[interfaces]]\nname = \"wan0\"\n",
+        );
+        assert!(mem.is_ok(), "in-memory ports are not split");
     }
 
     #[test]

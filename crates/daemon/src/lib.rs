@@ -612,7 +612,7 @@ fn warn_dnat_ports(compiled: Option<&sluice_policy::CompiledPolicy>, workers: u1
 /// once at start.
 fn warn_unsteered(cfg: &config::Config) {
     let n = cfg.workers;
-    if n <= 1 {
+    if n <= 1 || cfg.backend == config::BackendChoice::Mem {
         return;
     }
     if cfg.backend == config::BackendChoice::AfXdp {
