@@ -582,7 +582,7 @@ pub fn steer_for(role: Option<config::Role>, workers: u16) -> sluice_io::steer::
 
 /// With several workers, name every `dnat to ADDR:PORT` of `compiled` at
 /// `warn`: the reply from the inside host comes back from `PORT`, which the
-/// inside steering sends to `PORT % workers`, while the connection lives on
+/// inside steering sends to `owner_of(PORT)`, while the connection lives on
 /// the worker of the original destination port. It works only when both
 /// ports are owned by the same worker.
 fn warn_dnat_ports(compiled: Option<&sluice_policy::CompiledPolicy>, workers: u16) {
@@ -601,7 +601,7 @@ fn warn_dnat_ports(compiled: Option<&sluice_policy::CompiledPolicy>, workers: u1
                 target = %format!("{addr}:{port}"),
                 owner = sluice_nat::owner_of(port, workers),
                 "dnat rewrites the destination port: with several workers only connections \
-                 whose original destination port p has p % workers == {port} % workers are kept \
+                 whose original destination port p has owner_of(p) == owner (see the field) are kept \
                  on one worker; others see their replies steered to another worker and dropped"
             );
         }
@@ -629,7 +629,7 @@ fn warn_unsteered(cfg: &config::Config) {
             workers = n,
             "nat.hairpinning with several workers: a connection is hairpinned only when the \
              client's source port and the target mapping's external port are owned by the same \
-             worker (port % workers); other hairpin attempts are not translated. Set \
+             worker (sluice_nat::owner_of); other hairpin attempts are not translated. Set \
              nat.hairpinning = false to silence this"
         );
     }

@@ -4,9 +4,11 @@
 //! every NAT reply reaches the worker that owns its external port.
 //!
 //! Proves: the daemon names what steering cannot handle (a port-changing
-//! DNAT, hairpinning); 20 parallel HTTP downloads and 4 parallel pings from two private
-//! hosts through SNAT all complete, both workers carry connections, and no
-//! reply is dropped for lack of a mapping (`nat-no-mapping` stays 0).
+//! DNAT, hairpinning); 20 parallel HTTP downloads and 4 parallel pings from
+//! two private hosts through SNAT all complete; both workers carry
+//! connections and a fair share of the TCP frames (Linux's even `connect()`
+//! ports included); no reply is dropped for lack of a mapping
+//! (`nat-no-mapping` stays 0).
 //!
 //! Needs root, `ip`, `nft`, `ethtool`, `ping`, `curl` and `python3`.
 
@@ -153,5 +155,17 @@ fn nat_with_two_workers_steers_every_reply_to_its_owner() {
             w["worker"]
         );
     }
+    // TCP itself is spread, not only the pings: Linux gives `connect()`
+    // even source ports, which a plain `port % 2` would steer all to
+    // worker 0 (regression). Each worker reads a fair share of lan0.
+    let lan_rx: Vec<u64> = ws
+        .iter()
+        .map(|w| w["ports"][0]["rx_frames"].as_u64().unwrap_or(0))
+        .collect();
+    let total: u64 = lan_rx.iter().sum();
+    assert!(
+        lan_rx.iter().all(|&n| n * 5 >= total),
+        "each worker reads at least 20 % of lan0's frames: {lan_rx:?}"
+    );
     assert_eq!(d.drops("nat-no-mapping"), 0, "{}", d.context());
 }

@@ -5,15 +5,17 @@
 //! # Why
 //!
 //! NAT splits the external port space between workers: the worker owning
-//! port `p` is [`owner_of`]`(p, workers) = p % workers` (the same pure
-//! function as `sluice_nat::owner_of`; the daemon tests that they agree).
+//! port `p` is [`owner_of`]`(p, workers) = (p ^ (p >> 8)) % workers` (the
+//! same pure function as `sluice_nat::owner_of`; the daemon tests that they
+//! agree).
 //! A reply arriving on the public side must reach that worker, because only
 //! it holds the mapping and the connection. Hash fanout cannot know this;
 //! a cBPF program can compute it from the packet.
 //!
 //! # The rule
 //!
-//! Every frame is steered by one 16-bit **key** taken modulo `workers`:
+//! Every frame is steered by one 16-bit **key** `k`, to worker
+//! [`owner_of`]`(k, workers)`:
 //!
 //! | frame | [`SteerKey::Destination`] (outside) | [`SteerKey::Source`] (inside) | [`SteerKey::Symmetric`] |
 //! |---|---|---|---|
@@ -74,14 +76,16 @@ pub struct Steer {
     pub workers: u16,
 }
 
-/// The worker that owns external port `port`: `port % workers` (0 if
-/// `workers` is 0). Identical to `sluice_nat::owner_of`.
+/// The worker that owns external port `port`: `(port ^ (port >> 8)) %
+/// workers` (0 if `workers` is 0). Identical to `sluice_nat::owner_of`
+/// (folding the high byte in spreads the even ports Linux gives
+/// `connect()` over all workers).
 #[inline]
 pub const fn owner_of(port: u16, workers: u16) -> u16 {
     if workers == 0 {
         0
     } else {
-        port % workers
+        (port ^ (port >> 8)) % workers
     }
 }
 
@@ -209,7 +213,8 @@ const ICMP_QUERIES: [u32; 8] = [0, 8, 13, 14, 15, 16, 17, 18];
 const ICMP_ERRORS: [u32; 5] = [3, 4, 5, 11, 12];
 
 /// Build the fanout program for `steer`. It returns the worker index
-/// (`key % workers`); the kernel takes the result modulo the group size.
+/// ([`owner_of`] of the key); the kernel takes the result modulo the group
+/// size.
 pub fn program(steer: Steer) -> Vec<Insn> {
     let workers = u32::from(steer.workers.max(1));
     let mut a = Asm { code: Vec::new() };
@@ -276,7 +281,11 @@ pub fn program(steer: Steer) -> Vec<Insn> {
     a.op(ALU | XOR | X, 0);
     a.op(ALU | AND | K, 0xffff);
 
+    // owner_of(A): (A ^ (A >> 8)) % workers.
     a.label(Key);
+    a.op(MISC | TAX, 0);
+    a.op(ALU | RSH | K, 8);
+    a.op(ALU | XOR | X, 0);
     a.op(ALU | MOD | K, workers);
     a.op(RET | RET_A, 0);
     a.label(Zero);
@@ -452,7 +461,7 @@ mod tests {
                     assert_eq!(run(&s, &inn), u32::from(owner_of(sport, w)));
                     let y = steer(SteerKey::Symmetric, w);
                     assert_eq!(run(&y, &out), run(&y, &inn));
-                    assert_eq!(run(&y, &out), u32::from((sport ^ dport) % w));
+                    assert_eq!(run(&y, &out), u32::from(owner_of(sport ^ dport, w)));
                 }
             }
         }
@@ -465,8 +474,9 @@ mod tests {
         p[0] = 0x46;
         p.extend_from_slice(&[1, 1, 1, 1]); // NOP options
         p.extend_from_slice(&ports(1001, 53));
-        assert_eq!(run(&steer(SteerKey::Source, 4), &p), 1001 % 4);
-        assert_eq!(run(&steer(SteerKey::Destination, 4), &p), 53 % 4);
+        let o = |p: u16| u32::from(owner_of(p, 4));
+        assert_eq!(run(&steer(SteerKey::Source, 4), &p), o(1001));
+        assert_eq!(run(&steer(SteerKey::Destination, 4), &p), o(53));
     }
 
     #[test]
@@ -474,7 +484,8 @@ mod tests {
         for ty in ICMP_QUERIES {
             let p = ipv4(1, PUB, EXT, &icmp(ty as u8, 4099));
             for key in [SteerKey::Destination, SteerKey::Source, SteerKey::Symmetric] {
-                assert_eq!(run(&steer(key, 3), &p), 4099 % 3, "type {ty}");
+                let o = u32::from(owner_of(4099, 3));
+                assert_eq!(run(&steer(key, 3), &p), o, "type {ty}");
             }
         }
     }
@@ -486,19 +497,20 @@ mod tests {
         let mut l4 = vec![11, 0, 0, 0, 0, 0, 0, 0];
         l4.extend_from_slice(&quoted);
         let p = ipv4(1, [192, 0, 2, 9], EXT, &l4);
-        assert_eq!(run(&steer(SteerKey::Destination, 4), &p), 50001 % 4);
+        let o = |p: u16, w: u16| u32::from(owner_of(p, w));
+        assert_eq!(run(&steer(SteerKey::Destination, 4), &p), o(50001, 4));
         // Inside: unreachable from a subscriber, quoting PUB:80 -> IN:50002.
         let quoted = ipv4(17, PUB, IN, &ports(80, 50002)[..8]);
         let mut l4 = vec![3, 3, 0, 0, 0, 0, 0, 0];
         l4.extend_from_slice(&quoted);
         let p = ipv4(1, IN, PUB, &l4);
-        assert_eq!(run(&steer(SteerKey::Source, 4), &p), 50002 % 4);
+        assert_eq!(run(&steer(SteerKey::Source, 4), &p), o(50002, 4));
         // Quoting an echo request: its identifier.
         let quoted = ipv4(1, EXT, PUB, &icmp(8, 777));
         let mut l4 = vec![3, 1, 0, 0, 0, 0, 0, 0];
         l4.extend_from_slice(&quoted);
         let p = ipv4(1, [192, 0, 2, 9], EXT, &l4);
-        assert_eq!(run(&steer(SteerKey::Destination, 5), &p), 777 % 5);
+        assert_eq!(run(&steer(SteerKey::Destination, 5), &p), o(777, 5));
     }
 
     #[test]
