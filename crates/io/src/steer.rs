@@ -5,7 +5,7 @@
 //! # Why
 //!
 //! NAT splits the external port space between workers: the worker owning
-//! port `p` is [`owner_of`]`(p, workers) = (p ^ (p >> 8)) % workers` (the
+//! port `p` is [`owner_of`]`(p, workers) = (p >> 1) % workers` (the
 //! same pure function as `sluice_nat::owner_of`; the daemon tests that they
 //! agree).
 //! A reply arriving on the public side must reach that worker, because only
@@ -76,16 +76,16 @@ pub struct Steer {
     pub workers: u16,
 }
 
-/// The worker that owns external port `port`: `(port ^ (port >> 8)) %
-/// workers` (0 if `workers` is 0). Identical to `sluice_nat::owner_of`
-/// (folding the high byte in spreads the even ports Linux gives
-/// `connect()` over all workers).
+/// The worker that owns external port `port`: `(port >> 1) % workers` (0
+/// if `workers` is 0). Identical to `sluice_nat::owner_of` (dropping the
+/// low bit spreads the runs of even ports Linux gives `connect()` over all
+/// workers).
 #[inline]
 pub const fn owner_of(port: u16, workers: u16) -> u16 {
     if workers == 0 {
         0
     } else {
-        (port ^ (port >> 8)) % workers
+        (port >> 1) % workers
     }
 }
 
@@ -281,11 +281,9 @@ pub fn program(steer: Steer) -> Vec<Insn> {
     a.op(ALU | XOR | X, 0);
     a.op(ALU | AND | K, 0xffff);
 
-    // owner_of(A): (A ^ (A >> 8)) % workers.
+    // owner_of(A): (A >> 1) % workers.
     a.label(Key);
-    a.op(MISC | TAX, 0);
-    a.op(ALU | RSH | K, 8);
-    a.op(ALU | XOR | X, 0);
+    a.op(ALU | RSH | K, 1);
     a.op(ALU | MOD | K, workers);
     a.op(RET | RET_A, 0);
     a.label(Zero);

@@ -5,18 +5,19 @@
 //! Every external port number `p` belongs to exactly one worker:
 //!
 //! ```text
-//! owner_of(p) = (p ^ (p >> 8)) mod workers
+//! owner_of(p) = (p >> 1) mod workers
 //! ```
 //!
 //! The function depends on the port only, not on the pool, the address or
 //! the protocol, so an inbound packet can be steered to the worker that
 //! holds its mapping from the destination port alone, without any shared
 //! state; it is simple enough for a classic-BPF fanout program
-//! (`sluice_io::steer` computes the same function). Folding the high byte
-//! into the low one matters: Linux hands out even ephemeral ports to
-//! `connect()`, so a plain `p mod workers` would put every TCP client of a
-//! Linux host on the even workers (with the inside interface steered by the
-//! same function). Worker `w`'s slice of a range `lo..=hi` is the ascending
+//! (`sluice_io::steer` computes the same function). Dropping the low bit
+//! matters: Linux hands out even ephemeral ports to `connect()`, in runs of
+//! consecutive even ports per destination (RFC 6056 algorithm 3), so a
+//! plain `p mod workers` would put every TCP client of a Linux host on the
+//! even workers (the inside interface is steered by the same function);
+//! `p >> 1` spreads both random and consecutive even (or odd) ports. Worker `w`'s slice of a range `lo..=hi` is the ascending
 //! list of the range's ports it owns; [`PortSlice`] indexes it densely.
 //!
 //! # Allocation
@@ -33,14 +34,14 @@
 use core::ops::RangeInclusive;
 
 /// The worker that owns external port `ext_port` when `workers` workers
-/// share the port space. Pure: `(ext_port ^ (ext_port >> 8)) % workers`
+/// share the port space. Pure: `(ext_port >> 1) % workers`
 /// (worker 0 if `workers` is 0).
 #[inline]
 pub const fn owner_of(ext_port: u16, workers: u16) -> u16 {
     if workers == 0 {
         0
     } else {
-        (ext_port ^ (ext_port >> 8)) % workers
+        (ext_port >> 1) % workers
     }
 }
 
@@ -220,30 +221,34 @@ mod tests {
     #[test]
     fn slice_geometry() {
         let s = PortSlice::new(&(1024..=65535), 1, 4);
-        // 1024 = 0x0400: 0x0400 ^ 0x04 = 0x0404, owner 0; 1025 -> 0x0405, owner 1.
-        assert_eq!(s.port(0), Some(1025));
-        assert_eq!(s.index(1025), Some(0));
-        assert_eq!(s.index(1029), Some(1));
+        // 1024, 1025 -> 512 (owner 0); 1026, 1027 -> 513 (owner 1).
+        assert_eq!(s.port(0), Some(1026));
+        assert_eq!(s.index(1027), Some(1));
+        assert_eq!(s.index(1034), Some(2));
         assert_eq!(s.index(1028), None);
-        assert_eq!(s.index(1021), None);
-        let empty = PortSlice::new(&(10..=10), 1, 4);
+        assert_eq!(s.index(1019), None);
+        let empty = PortSlice::new(&(10..=10), 0, 4);
         assert!(empty.is_empty());
     }
 
-    /// Regression: Linux picks even ephemeral ports for `connect()`; with
-    /// `p % workers` two workers split them 100 / 0.
+    /// Regression: Linux picks even ephemeral ports for `connect()`, in
+    /// runs of consecutive even ports to one destination; with
+    /// `p % workers` two workers split them 100 / 0 (and so did folding in
+    /// the high byte, for runs within 256 ports).
     #[test]
     fn even_ports_spread_over_workers() {
-        for workers in [2u16, 4, 6] {
-            let mut n = vec![0u32; usize::from(workers)];
-            for p in (32768..61000u16).step_by(2) {
-                n[usize::from(owner_of(p, workers))] += 1;
+        for workers in [2u16, 3, 4, 6] {
+            for (start, count) in [(32768u16, 14116usize), (40000, 24), (40001, 24)] {
+                let mut n = vec![0u32; usize::from(workers)];
+                for p in (start..).step_by(2).take(count) {
+                    n[usize::from(owner_of(p, workers))] += 1;
+                }
+                let (lo, hi) = (n.iter().min().copied(), n.iter().max().copied());
+                assert!(
+                    hi.unwrap_or(0) - lo.unwrap_or(0) <= 1,
+                    "{workers} {start}: {n:?}"
+                );
             }
-            let (lo, hi) = (n.iter().min().copied(), n.iter().max().copied());
-            assert!(
-                lo.unwrap_or(0) * 10 > hi.unwrap_or(0) * 9,
-                "{workers}: {n:?}"
-            );
         }
     }
 
