@@ -196,7 +196,8 @@ struct RawTimeouts {
     generic: Option<Spanned<i64>>,
 }
 
-/// What an interface faces (informational; shown in `status`).
+/// What an interface faces. Shown in `status`; with several workers it
+/// also picks how the interface's frames are steered to workers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
@@ -484,6 +485,21 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
                 }
             },
         };
+        // Several workers split each interface by its role (see
+        // `sluice_io::steer`): without one, NAT replies and the two
+        // directions of a flow could not be brought to the same worker.
+        // (In-memory ports are per worker: nothing to split.)
+        if workers > 1 && ri.role.is_none() && raw.backend != BackendChoice::Mem {
+            return Err(src.err(
+                &ri.name,
+                &format!("{p}.role"),
+                format!(
+                    "interface {name} needs role = \"inside\" or \"outside\" when workers > 1 \
+                     (frames are steered to workers by source port on inside interfaces and by \
+                     destination port on outside ones)"
+                ),
+            ));
+        }
         interfaces.push(InterfaceConfig {
             name: name.clone(),
             role: ri.role,
@@ -819,6 +835,25 @@ timeouts = { udp = 60, tcp_established = 3600 }
             Ok(_) => panic!("accepted: {text}"),
             Err(e) => e.headline(),
         }
+    }
+
+    #[test]
+    fn several_workers_need_interface_roles() {
+        let e = err("workers = 2\n[[interfaces]]\nname = \"lan0\"\nrole = \"inside\"\n[[interfaces]]\nname = \"wan0\"\n");
+        assert!(
+            e.starts_with("sluice.toml:6:8: interfaces[1].role: interface wan0 needs role"),
+            "{e}"
+        );
+        let ok = parse(
+            Path::new("sluice.toml"),
+            "workers = 1\n[[interfaces]]\nname = \"wan0\"\n",
+        );
+        assert!(ok.is_ok(), "one worker needs no role");
+        let mem = parse(
+            Path::new("sluice.toml"),
+            "backend = \"mem\"\nworkers = 2\n[[interfaces]]\nname = \"wan0\"\n",
+        );
+        assert!(mem.is_ok(), "in-memory ports are not split");
     }
 
     #[test]

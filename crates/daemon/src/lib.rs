@@ -32,13 +32,22 @@
 //!
 //! # Limits (today)
 //!
-//! - With several workers each interface is split with `PACKET_FANOUT`
-//!   (hash), which does not steer a NAT reply to the worker that owns its
-//!   external port: replies that land on another worker are dropped
-//!   (`nat-no-mapping`). Use `workers = 1` with NAT until the io crate can
-//!   steer by destination port (a classic-BPF fanout program or XDP queue
-//!   steering). AF_XDP with several workers needs one queue per worker
-//!   (veth has one).
+//! - With several workers each interface is split between them by an
+//!   AF_PACKET fanout group whose classic-BPF program
+//!   ([`sluice_io::steer`]) picks the worker from the frame: outside
+//!   interfaces by destination port (a NAT reply reaches the worker that
+//!   owns its external port, `sluice_nat::owner_of`), inside interfaces by
+//!   source port, ICMP queries by identifier, ICMP errors by the quoted
+//!   flow ([`steer_for`]). Every interface then needs a `role`
+//!   (a config error otherwise). What this cannot steer, and is named at
+//!   `warn` at start: AF_XDP with several workers (the NIC's RSS hash picks
+//!   the queue; `backend = "auto"` therefore means AF_PACKET when
+//!   `workers > 1`), hairpinning (works only when both ports share a
+//!   worker), flows between two interfaces of the same role, and DNAT that
+//!   rewrites the destination port (each `dnat to ADDR:PORT` is named, at
+//!   start and on reload: it works only for original ports owned by
+//!   `PORT`'s worker). A software handoff between workers for these is not
+//!   implemented.
 //! - Changes to interfaces, routes, workers, backend, NAT behaviour or NAT
 //!   pools need a restart; a reload applies the ruleset and static
 //!   neighbours and reports the rest.
@@ -331,6 +340,10 @@ impl Control {
                 ),
             });
         }
+        warn_dnat_ports(
+            lp.compiled.as_deref(),
+            u16::try_from(self.workers.len()).unwrap_or(u16::MAX),
+        );
         st.generation = self.retire(self.policy.publish(Arc::clone(&lp.policy)));
         st.source = lp.source;
         st.rules = lp.rules;
@@ -550,6 +563,95 @@ fn worker_json(w: &WorkerStatus) -> Value {
            "drops_total": w.counters.total_drops()})
 }
 
+/// How a worker's share of an interface is chosen with several workers
+/// (see [`sluice_io::steer`]): outside interfaces by destination port (a
+/// NAT reply reaches the worker owning its external port), inside ones by
+/// source port (every flow of one internal endpoint stays on one worker,
+/// and an untranslated reply meets its connection).
+pub fn steer_for(role: Option<config::Role>, workers: u16) -> sluice_io::steer::Steer {
+    use sluice_io::steer::SteerKey;
+    sluice_io::steer::Steer {
+        key: match role {
+            Some(config::Role::Outside) => SteerKey::Destination,
+            Some(config::Role::Inside) => SteerKey::Source,
+            None => SteerKey::Symmetric,
+        },
+        workers,
+    }
+}
+
+/// With several workers, name every `dnat to ADDR:PORT` of `compiled` at
+/// `warn`: the reply from the inside host comes back from `PORT`, which the
+/// inside steering sends to `owner_of(PORT)`, while the connection lives on
+/// the worker of the original destination port. It works only when both
+/// ports are owned by the same worker.
+fn warn_dnat_ports(compiled: Option<&sluice_policy::CompiledPolicy>, workers: u16) {
+    if workers <= 1 {
+        return;
+    }
+    let Some(c) = compiled else { return };
+    for a in c.nat_actions() {
+        if let sluice_nat::Translation::Dnat {
+            addr,
+            port: Some(port),
+        } = a.translation
+        {
+            tracing::warn!(
+                workers,
+                target = %format!("{addr}:{port}"),
+                owner = sluice_nat::owner_of(port, workers),
+                "dnat rewrites the destination port: with several workers only connections \
+                 whose original destination port p has owner_of(p) == owner (see the field) are kept \
+                 on one worker; others see their replies steered to another worker and dropped"
+            );
+        }
+    }
+}
+
+/// The combinations several workers cannot steer, each named at `warn`
+/// once at start.
+fn warn_unsteered(cfg: &config::Config) {
+    let n = cfg.workers;
+    if n <= 1 || cfg.backend == config::BackendChoice::Mem {
+        return;
+    }
+    if cfg.backend == config::BackendChoice::AfXdp {
+        tracing::warn!(
+            workers = n,
+            "backend af_xdp with several workers: each worker reads its own NIC queue, which the \
+             NIC fills by its RSS hash, not by NAT port; NAT replies that land on another \
+             worker's queue are dropped (nat-no-mapping). Use backend = \"af_packet\" (or \
+             \"auto\") for NAT with several workers"
+        );
+    }
+    if cfg.nat.hairpinning {
+        tracing::warn!(
+            workers = n,
+            "nat.hairpinning with several workers: a connection is hairpinned only when the \
+             client's source port and the target mapping's external port are owned by the same \
+             worker (sluice_nat::owner_of); other hairpin attempts are not translated. Set \
+             nat.hairpinning = false to silence this"
+        );
+    }
+    for role in [config::Role::Inside, config::Role::Outside] {
+        let same: Vec<&str> = cfg
+            .interfaces
+            .iter()
+            .filter(|i| i.role == Some(role))
+            .map(|i| i.name.as_str())
+            .collect();
+        if same.len() > 1 {
+            tracing::warn!(
+                workers = n,
+                interfaces = ?same,
+                "interfaces share one role: with several workers a connection forwarded between \
+                 two of them is steered by a different port in each direction and can be split \
+                 between workers (its replies then miss the connection)"
+            );
+        }
+    }
+}
+
 /// The engine configuration of worker `id`.
 fn engine_config(
     cfg: &Config,
@@ -634,6 +736,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     }
     let lp = load_policy(&cfg, None)?;
     tracing::info!(ruleset = %lp.source, rules = lp.rules, "policy compiled");
+    warn_dnat_ports(lp.compiled.as_deref(), cfg.workers);
 
     // Signals first, so a SIGTERM during start-up is not lost.
     let mut signals = signal_hook::iterator::Signals::new([
@@ -691,6 +794,19 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     // The mem backend's wire sides, kept open while the gateway runs.
     let mut mem_peers = Vec::new();
     let fanout_base = (std::process::id() as u16).wrapping_mul(8);
+    warn_unsteered(&cfg);
+    // Only AF_PACKET can steer frames to the worker that owns them, so
+    // `auto` means AF_PACKET when several workers share an interface.
+    let io_backend = match cfg.backend.io() {
+        Some(sluice_io::Backend::Auto) if cfg.workers > 1 => {
+            tracing::info!(
+                workers = cfg.workers,
+                "backend auto with several workers: using AF_PACKET (port-steered fanout)"
+            );
+            Some(sluice_io::Backend::AfPacket)
+        }
+        b => b,
+    };
 
     let mut threads = Vec::new();
     let mut senders = Vec::new();
@@ -706,8 +822,8 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
             Arc::clone(&lp.policy),
         )?;
         let mut ports: Vec<Box<dyn Port>> = Vec::new();
-        let umem = match cfg.backend {
-            config::BackendChoice::AfPacket | config::BackendChoice::Mem => None,
+        let umem = match io_backend {
+            None | Some(sluice_io::Backend::AfPacket) => None,
             _ => sluice_io::Umem::new(sluice_io::afxdp::DEFAULT_UMEM_CHUNKS).ok(),
         };
         for (k, ifc) in cfg.interfaces.iter().enumerate() {
@@ -717,10 +833,11 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
             };
             if cfg.workers > 1 {
                 o.af_packet.fanout_group = Some(fanout_base.wrapping_add(k as u16));
+                o.af_packet.steer = Some(steer_for(ifc.role, cfg.workers));
                 o.af_xdp.queue = u32::from(id);
             }
             o.af_xdp.umem = umem.clone();
-            let port: Box<dyn Port> = match cfg.backend.io() {
+            let port: Box<dyn Port> = match io_backend {
                 None => {
                     let (port, peer) = sluice_io::memport::MemPort::new(&ifc.name, o.port_id);
                     mem_peers.push(peer);
@@ -887,6 +1004,34 @@ fn join_all(threads: Vec<std::thread::JoinHandle<()>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The steering program and NAT agree on who owns a port: a reply to
+    /// any external port reaches the worker that allocated it.
+    #[test]
+    fn steering_agrees_with_nat_port_ownership() {
+        for workers in 1..=16u16 {
+            let prog = sluice_io::steer::program(steer_for(Some(config::Role::Outside), workers));
+            let inside = sluice_io::steer::program(steer_for(Some(config::Role::Inside), workers));
+            for port in (0..=65535u16).step_by(257).chain([1024, 65535]) {
+                let owner = sluice_nat::owner_of(port, workers);
+                assert_eq!(sluice_io::steer::owner_of(port, workers), owner);
+                // 203.0.113.2:443 -> 198.51.100.7:port, TCP.
+                let mut f = vec![0x45, 0, 0, 40, 0, 0, 0x40, 0, 64, 6, 0, 0];
+                f.extend_from_slice(&[203, 0, 113, 2, 198, 51, 100, 7]);
+                f.extend_from_slice(&443u16.to_be_bytes());
+                f.extend_from_slice(&port.to_be_bytes());
+                f.extend_from_slice(&[0; 16]);
+                assert_eq!(sluice_io::steer::run(&prog, &f), u32::from(owner));
+                // The untranslated other direction: 10.0.0.2:port -> 203.0.113.2:443.
+                let mut g = vec![0x45, 0, 0, 40, 0, 0, 0x40, 0, 64, 6, 0, 0];
+                g.extend_from_slice(&[10, 0, 0, 2, 203, 0, 113, 2]);
+                g.extend_from_slice(&port.to_be_bytes());
+                g.extend_from_slice(&443u16.to_be_bytes());
+                g.extend_from_slice(&[0; 16]);
+                assert_eq!(sluice_io::steer::run(&inside, &g), u32::from(owner));
+            }
+        }
+    }
 
     #[test]
     fn ip_link_output_gives_mac_and_mtu() {

@@ -7,8 +7,9 @@
 //!   `ETH_P_ALL` only after the ring exists (so no frame of another interface
 //!   is ever queued), ignores outgoing frames (`PACKET_IGNORE_OUTGOING`), puts
 //!   the interface in promiscuous mode (`PACKET_ADD_MEMBERSHIP`, undone by the
-//!   kernel on close) and joins a `PACKET_FANOUT` hash group when several
-//!   workers share the interface.
+//!   kernel on close) and joins a `PACKET_FANOUT` group when several
+//!   workers share the interface: hash mode, or a classic-BPF program
+//!   ([`crate::steer`]) that sends each frame to the worker owning it.
 //! - Transmit: TPACKET_V2 ring (`PACKET_TX_RING`) on a second socket bound
 //!   with protocol 0 (it receives nothing), `PACKET_QDISC_BYPASS` on, one
 //!   `sendto` kick per `tx_batch`. Frames are copied into the ring.
@@ -27,9 +28,14 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use crate::batch::{Batch, FrameMeta, FRAME_CAP};
 use crate::error::{IfName, IoError};
 use crate::port::{BackendKind, Port, PortStats};
+use crate::steer::{self, Steer, SteerKey};
 use crate::sys::{self, Mmap};
 
 const TPACKET_V2: i32 = 1;
+/// linux/if_packet.h: fanout by a classic BPF program.
+const PACKET_FANOUT_CBPF: u32 = 6;
+/// linux/if_packet.h: the fanout group's program.
+const PACKET_FANOUT_DATA: i32 = 22;
 const TPACKET_V3: i32 = 2;
 const PACKET_MR_PROMISC: u16 = 1;
 const TP_STATUS_KERNEL: u32 = 0;
@@ -90,9 +96,14 @@ pub struct AfPacketConfig {
     pub rx_block_timeout_ms: u32,
     /// Transmit ring frames (each 2048 bytes).
     pub tx_frames: u32,
-    /// Join this `PACKET_FANOUT` group (hash mode, defrag) so that several
-    /// workers split the interface's traffic by flow.
+    /// Join this `PACKET_FANOUT` group (defrag on) so that several workers
+    /// split the interface's traffic. Members are numbered in join order.
     pub fanout_group: Option<u16>,
+    /// How the group picks a member: `None` is `PACKET_FANOUT_HASH` (by
+    /// flow), `Some` a classic-BPF program (`PACKET_FANOUT_CBPF`, see
+    /// [`crate::steer`]) that sends each frame to the worker owning it. Every
+    /// member of one group must use the same setting.
+    pub steer: Option<Steer>,
     /// Put the interface in promiscuous mode while the port is open.
     pub promisc: bool,
 }
@@ -105,6 +116,7 @@ impl Default for AfPacketConfig {
             rx_block_timeout_ms: 1,
             tx_frames: 1024,
             fanout_group: None,
+            steer: None,
             promisc: true,
         }
     }
@@ -130,6 +142,7 @@ pub struct AfPacketPort {
     tx_unkicked: bool,
     stats: PortStats,
     fanout: Option<u16>,
+    steer: Option<Steer>,
 }
 
 fn bind_ll(fd: RawFd, proto: u16, ifindex: u32, call: &'static str) -> Result<(), IoError> {
@@ -224,7 +237,11 @@ impl AfPacketPort {
             )?;
         }
         if let Some(group) = cfg.fanout_group {
-            let mode = libc::PACKET_FANOUT_HASH | libc::PACKET_FANOUT_FLAG_DEFRAG;
+            let ty = match cfg.steer {
+                None => libc::PACKET_FANOUT_HASH,
+                Some(_) => PACKET_FANOUT_CBPF,
+            };
+            let mode = ty | libc::PACKET_FANOUT_FLAG_DEFRAG;
             let arg: u32 = u32::from(group) | (mode << 16);
             sys::setsockopt(
                 rfd,
@@ -233,6 +250,18 @@ impl AfPacketPort {
                 &arg,
                 "setsockopt(PACKET_FANOUT)",
             )?;
+            if let Some(st) = cfg.steer {
+                // The program belongs to the group: every member sets the
+                // same one (the last write wins, and they are identical).
+                // Until it is set the kernel sends every frame to member 0.
+                sys::set_socket_filter(
+                    rfd,
+                    libc::SOL_PACKET,
+                    PACKET_FANOUT_DATA,
+                    &steer::program(st),
+                    "setsockopt(PACKET_FANOUT_DATA)",
+                )?;
+            }
         }
 
         // --- transmit socket: protocol 0 so it never receives.
@@ -292,6 +321,7 @@ impl AfPacketPort {
             tx_unkicked: false,
             stats: PortStats::default(),
             fanout: cfg.fanout_group,
+            steer: cfg.steer,
         })
     }
 
@@ -352,9 +382,18 @@ impl Port for AfPacketPort {
             self.block_nr,
             self.block_size / 1024,
             self.tx_frame_nr,
-            match self.fanout {
-                Some(g) => format!(", fanout hash group {g}"),
-                None => String::new(),
+            match (self.fanout, self.steer) {
+                (Some(g), None) => format!(", fanout hash group {g}"),
+                (Some(g), Some(st)) => format!(
+                    ", fanout cbpf group {g} steered by {} over {} workers",
+                    match st.key {
+                        SteerKey::Destination => "destination port",
+                        SteerKey::Source => "source port",
+                        SteerKey::Symmetric => "both ports",
+                    },
+                    st.workers
+                ),
+                (None, _) => String::new(),
             }
         )
     }

@@ -13,6 +13,9 @@
 //!   shared UMEM, zero-copy forwarding between its ports).
 //! - [`open`]: choose a backend by name, with `Auto` falling back from
 //!   AF_XDP to AF_PACKET.
+//! - [`steer`]: the classic-BPF fanout program that sends each frame to
+//!   the worker owning it (NAT replies by destination port), when several
+//!   workers share an AF_PACKET interface.
 //! - [`pcap`]: `--capture` (classic pcap, rx and tx in two files).
 //! - [`nft::IngressDrop`]: keeps the kernel stack off interfaces an
 //!   AF_PACKET port owns.
@@ -42,6 +45,7 @@ pub mod nft;
 pub mod pcap;
 pub mod port;
 pub mod rawsock;
+pub mod steer;
 mod sys;
 
 pub use afpacket::{AfPacketConfig, AfPacketPort};

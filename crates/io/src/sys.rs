@@ -22,6 +22,41 @@ pub(crate) fn socket(
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// `setsockopt` with a `struct sock_fprog` pointing at `prog` (classic BPF:
+/// `SO_ATTACH_FILTER`, `PACKET_FANOUT_DATA`).
+pub(crate) fn set_socket_filter(
+    fd: RawFd,
+    level: i32,
+    name: i32,
+    prog: &[libc::sock_filter],
+    call: &'static str,
+) -> Result<(), IoError> {
+    let len = u16::try_from(prog.len()).map_err(|_| IoError::Syscall {
+        call,
+        errno: libc::EINVAL,
+    })?;
+    let fprog = libc::sock_fprog {
+        len,
+        filter: prog.as_ptr().cast_mut(),
+    };
+    // SAFETY: `fprog` is a live `sock_fprog` of the length we pass, and its
+    // `filter` points at `len` instructions borrowed for the whole call; the
+    // kernel copies the program and writes through neither pointer.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&fprog as *const libc::sock_fprog).cast(),
+            core::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(IoError::last(call));
+    }
+    Ok(())
+}
+
 /// `setsockopt` with a plain-old-data value.
 pub(crate) fn setsockopt<T: Copy>(
     fd: RawFd,

@@ -126,6 +126,69 @@ fn afpacket_forwards_between_two_interfaces_with_rewrite() {
 
 #[test]
 #[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn afpacket_cbpf_fanout_steers_by_destination_port() {
+    use sluice_io::steer::{owner_of, Steer, SteerKey};
+    let net = TestNet::new("pkt-cbpf", &["v"]);
+    net.run(|| {
+        let workers = 3u16;
+        let cfg = AfPacketConfig {
+            fanout_group: Some(4243),
+            steer: Some(Steer {
+                key: SteerKey::Destination,
+                workers,
+            }),
+            ..AfPacketConfig::default()
+        };
+        let mut ports: Vec<AfPacketPort> = (0..workers)
+            .map(|_| AfPacketPort::open("v0", 0, &cfg).unwrap())
+            .collect();
+        assert!(ports[0].describe().contains("fanout cbpf group 4243"));
+        let raw = RawSocket::open("v1").unwrap();
+        // UDP and TCP frames to 60 destination ports; the kernel's verdict
+        // must be the owner of each destination port.
+        for f in 0..60u16 {
+            let mut fr = vec![0u8; 60];
+            fr[0..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x02]);
+            fr[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x01]);
+            fr[12..14].copy_from_slice(&[0x08, 0x00]);
+            fr[14] = 0x45;
+            fr[16..18].copy_from_slice(&46u16.to_be_bytes());
+            fr[22] = 64;
+            fr[23] = if f % 2 == 0 { 17 } else { 6 };
+            fr[26..30].copy_from_slice(&[10, 9, 0, 1]);
+            fr[30..34].copy_from_slice(&[10, 9, 0, 2]);
+            fr[34..36].copy_from_slice(&443u16.to_be_bytes());
+            fr[36..38].copy_from_slice(&(20000 + f).to_be_bytes());
+            raw.send(&fr).unwrap();
+        }
+        let mut seen = 0;
+        for (w, p) in ports.iter_mut().enumerate() {
+            let mut b = Batch::new();
+            for _ in 0..40 {
+                let n = p.rx_batch(&mut b);
+                for i in 0..n {
+                    let Some(d) = b.data(i) else { continue };
+                    if d.len() < 38 || d[12..14] != [8, 0] {
+                        continue;
+                    }
+                    let dport = u16::from_be_bytes([d[36], d[37]]);
+                    assert_eq!(
+                        usize::from(owner_of(dport, workers)),
+                        w,
+                        "dport {dport} reached worker {w}"
+                    );
+                    seen += 1;
+                }
+                b.clear();
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        assert_eq!(seen, 60, "each frame reaches exactly its owner");
+    });
+}
+
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
 fn afpacket_fanout_splits_flows_between_two_workers() {
     let net = TestNet::new("pkt-fanout", &["v"]);
     net.run(|| {

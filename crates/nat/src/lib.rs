@@ -7,7 +7,7 @@
 //!
 //! - [`config`]: pools, translation kinds, behaviour switches. Plain data.
 //! - [`ports`]: the split of the port space between workers
-//!   ([`owner_of`]`(port) = port % workers`) and the bitmap allocator.
+//!   ([`owner_of`]`(port) = (port >> 1) % workers`) and the bitmap allocator.
 //! - [`worker`]: [`WorkerNat`], the slow-path state of one worker: mapping
 //!   tables, pairing, filtering, per-subscriber limits. Never shared, never
 //!   locked.

@@ -5,17 +5,20 @@
 //! Every external port number `p` belongs to exactly one worker:
 //!
 //! ```text
-//! owner_of(p) = p mod workers
+//! owner_of(p) = (p >> 1) mod workers
 //! ```
 //!
 //! The function depends on the port only, not on the pool, the address or
-//! the protocol, so the engine can steer an inbound packet to the worker
-//! that holds its mapping from the destination port alone, without any
-//! shared state. The interleaved split keeps every pool balanced between
-//! workers whatever its port range (a contiguous split would give a small
-//! range to one worker only). Worker `w`'s slice of a range `lo..=hi` is the
-//! arithmetic progression `first, first + workers, ...` with `first` the
-//! smallest port `>= lo` congruent to `w`; [`PortSlice`] indexes it densely.
+//! the protocol, so an inbound packet can be steered to the worker that
+//! holds its mapping from the destination port alone, without any shared
+//! state; it is simple enough for a classic-BPF fanout program
+//! (`sluice_io::steer` computes the same function). Dropping the low bit
+//! matters: Linux hands out even ephemeral ports to `connect()`, in runs of
+//! consecutive even ports per destination (RFC 6056 algorithm 3), so a
+//! plain `p mod workers` would put every TCP client of a Linux host on the
+//! even workers (the inside interface is steered by the same function);
+//! `p >> 1` spreads both random and consecutive even (or odd) ports. Worker `w`'s slice of a range `lo..=hi` is the ascending
+//! list of the range's ports it owns; [`PortSlice`] indexes it densely.
 //!
 //! # Allocation
 //!
@@ -31,81 +34,60 @@
 use core::ops::RangeInclusive;
 
 /// The worker that owns external port `ext_port` when `workers` workers
-/// share the port space. Pure: `ext_port % workers` (worker 0 if `workers`
-/// is 0).
+/// share the port space. Pure: `(ext_port >> 1) % workers`
+/// (worker 0 if `workers` is 0).
 #[inline]
 pub const fn owner_of(ext_port: u16, workers: u16) -> u16 {
     if workers == 0 {
         0
     } else {
-        ext_port % workers
+        (ext_port >> 1) % workers
     }
 }
 
-/// The ports of one range owned by one worker: `first + i * stride` for
-/// `i < len`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// The ports of one range owned by one worker, ascending.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PortSlice {
-    first: u32,
-    stride: u32,
-    len: u32,
+    ports: Vec<u16>,
 }
 
 impl PortSlice {
     /// Worker `worker`'s share of `range` when there are `workers` workers.
     pub fn new(range: &RangeInclusive<u16>, worker: u16, workers: u16) -> Self {
-        let w = u32::from(workers.max(1));
-        let lo = u32::from(*range.start());
-        let hi = u32::from(*range.end());
-        let offset = (u32::from(worker) % w + w - lo % w) % w;
-        let first = lo + offset;
-        let len = if lo > hi || first > hi {
-            0
-        } else {
-            (hi - first) / w + 1
-        };
+        let w = workers.max(1);
+        let me = worker % w;
         Self {
-            first,
-            stride: w,
-            len,
+            ports: range.clone().filter(|&p| owner_of(p, w) == me).collect(),
         }
     }
 
     /// Number of ports in the slice.
     #[inline]
-    pub const fn len(&self) -> u32 {
-        self.len
+    pub fn len(&self) -> u32 {
+        self.ports.len() as u32
     }
 
     /// True if the slice holds no port.
     #[inline]
-    pub const fn is_empty(&self) -> bool {
-        self.len == 0
+    pub fn is_empty(&self) -> bool {
+        self.ports.is_empty()
     }
 
     /// The `idx`-th port, if `idx < len`.
     #[inline]
     pub fn port(&self, idx: u32) -> Option<u16> {
-        if idx >= self.len {
-            return None;
-        }
-        u16::try_from(self.first + idx * self.stride).ok()
+        self.ports.get(idx as usize).copied()
     }
 
-    /// The dense index of `port`, if the slice holds it.
+    /// The dense index of `port`, if the slice holds it (binary search).
     #[inline]
     pub fn index(&self, port: u16) -> Option<u32> {
-        let p = u32::from(port);
-        if p < self.first || (p - self.first) % self.stride != 0 {
-            return None;
-        }
-        let idx = (p - self.first) / self.stride;
-        (idx < self.len).then_some(idx)
+        self.ports.binary_search(&port).ok().map(|i| i as u32)
     }
 
     /// Every port of the slice, ascending.
     pub fn iter(&self) -> impl Iterator<Item = u16> + '_ {
-        (0..self.len).filter_map(|i| self.port(i))
+        self.ports.iter().copied()
     }
 }
 
@@ -122,12 +104,13 @@ pub(crate) struct PortSpace {
 impl PortSpace {
     /// Allocate `maps` empty bitmaps over `slice`.
     pub(crate) fn new(slice: PortSlice, maps: usize) -> Self {
-        let words_per_map = (slice.len as usize).div_ceil(64).max(1);
+        let len = slice.len();
+        let words_per_map = (len as usize).div_ceil(64).max(1);
         let mut s = Self {
             slice,
             words_per_map,
             words: vec![0; words_per_map.saturating_mul(maps)],
-            free: vec![slice.len; maps],
+            free: vec![len; maps],
             cursor: vec![0; maps],
         };
         for m in 0..maps {
@@ -153,16 +136,16 @@ impl PortSpace {
         };
         ws.fill(0);
         // Bits past the end of the slice are permanently "in use".
-        let tail = self.slice.len as usize % 64;
+        let tail = self.slice.len() as usize % 64;
         if tail != 0 {
             if let Some(last) = ws.last_mut() {
                 *last = !0u64 << tail;
             }
-        } else if self.slice.len == 0 {
+        } else if self.slice.is_empty() {
             ws.fill(!0);
         }
         if let Some(f) = self.free.get_mut(map) {
-            *f = self.slice.len;
+            *f = self.slice.len();
         }
         if let Some(c) = self.cursor.get_mut(map) {
             *c = 0;
@@ -194,7 +177,7 @@ impl PortSpace {
                     *f -= 1;
                 }
                 if let Some(c) = self.cursor.get_mut(map) {
-                    *c = if idx + 1 >= self.slice.len {
+                    *c = if idx + 1 >= self.slice.len() {
                         0
                     } else {
                         idx + 1
@@ -238,13 +221,35 @@ mod tests {
     #[test]
     fn slice_geometry() {
         let s = PortSlice::new(&(1024..=65535), 1, 4);
-        assert_eq!(s.port(0), Some(1025));
-        assert_eq!(s.len(), (65535 - 1025) / 4 + 1);
-        assert_eq!(s.index(1029), Some(1));
+        // 1024, 1025 -> 512 (owner 0); 1026, 1027 -> 513 (owner 1).
+        assert_eq!(s.port(0), Some(1026));
+        assert_eq!(s.index(1027), Some(1));
+        assert_eq!(s.index(1034), Some(2));
         assert_eq!(s.index(1028), None);
-        assert_eq!(s.index(1021), None);
-        let empty = PortSlice::new(&(10..=10), 1, 4);
+        assert_eq!(s.index(1019), None);
+        let empty = PortSlice::new(&(10..=10), 0, 4);
         assert!(empty.is_empty());
+    }
+
+    /// Regression: Linux picks even ephemeral ports for `connect()`, in
+    /// runs of consecutive even ports to one destination; with
+    /// `p % workers` two workers split them 100 / 0 (and so did folding in
+    /// the high byte, for runs within 256 ports).
+    #[test]
+    fn even_ports_spread_over_workers() {
+        for workers in [2u16, 3, 4, 6] {
+            for (start, count) in [(32768u16, 14116usize), (40000, 24), (40001, 24)] {
+                let mut n = vec![0u32; usize::from(workers)];
+                for p in (start..).step_by(2).take(count) {
+                    n[usize::from(owner_of(p, workers))] += 1;
+                }
+                let (lo, hi) = (n.iter().min().copied(), n.iter().max().copied());
+                assert!(
+                    hi.unwrap_or(0) - lo.unwrap_or(0) <= 1,
+                    "{workers} {start}: {n:?}"
+                );
+            }
+        }
     }
 
     #[test]
@@ -292,7 +297,7 @@ mod tests {
         #[test]
         fn alloc_release_model(ops in proptest::collection::vec((any::<bool>(), 0usize..64), 1..400)) {
             let slice = PortSlice::new(&(5000..=5099), 2, 3);
-            let mut sp = PortSpace::new(slice, 1);
+            let mut sp = PortSpace::new(slice.clone(), 1);
             let mut held: Vec<u16> = Vec::new();
             for (alloc, pick) in ops {
                 if alloc {

@@ -1,0 +1,529 @@
+//! Steering for several workers sharing one interface: the classic-BPF
+//! program an AF_PACKET fanout group runs (`PACKET_FANOUT_CBPF`) to pick the
+//! worker that owns each frame.
+//!
+//! # Why
+//!
+//! NAT splits the external port space between workers: the worker owning
+//! port `p` is [`owner_of`]`(p, workers) = (p >> 1) % workers` (the
+//! same pure function as `sluice_nat::owner_of`; the daemon tests that they
+//! agree).
+//! A reply arriving on the public side must reach that worker, because only
+//! it holds the mapping and the connection. Hash fanout cannot know this;
+//! a cBPF program can compute it from the packet.
+//!
+//! # The rule
+//!
+//! Every frame is steered by one 16-bit **key** `k`, to worker
+//! [`owner_of`]`(k, workers)`:
+//!
+//! | frame | [`SteerKey::Destination`] (outside) | [`SteerKey::Source`] (inside) | [`SteerKey::Symmetric`] |
+//! |---|---|---|---|
+//! | TCP / UDP | destination port | source port | src port ^ dst port |
+//! | ICMP query (echo, timestamp, info, mask) | identifier | identifier | identifier |
+//! | ICMP error quoting TCP / UDP | quoted **source** port | quoted **destination** port | quoted ports xor'd |
+//! | ICMP error quoting an ICMP query | quoted identifier | quoted identifier | quoted identifier |
+//! | other IPv4 protocols | src addr ^ dst addr | same | same |
+//! | non-IPv4 (ARP, ...) | worker 0 | worker 0 | worker 0 |
+//!
+//! Why this is consistent, with an inside and an outside interface:
+//!
+//! - SNAT / masquerade: the worker that sees a subscriber's packet
+//!   allocates the external port from its own slice, so the reply's
+//!   destination port (outside: `Destination`) names that worker. Steering
+//!   inside by source port keeps every flow of one internal endpoint on one
+//!   worker, so endpoint-independent mapping (RFC 4787 REQ-1) holds across
+//!   workers. ICMP query identifiers are translated into the worker's slice
+//!   the same way (RFC 5508 section 3.1).
+//! - Un-translated flows (plain forwarding, DNAT that keeps the port): the
+//!   reply's destination port is the original source port, or its source
+//!   port the original destination port, so both directions meet.
+//! - ICMP errors quote the packet that travelled the other way, so they use
+//!   the other port of the quoted header (RFC 5508 section 4.2).
+//!
+//! What it cannot steer (the daemon refuses or warns): DNAT that changes
+//! the port to a value on another worker, hairpinning, and flows between
+//! two interfaces of the same role.
+//!
+//! # Program shape
+//!
+//! Loads are relative to the network header (`SKF_NET_OFF`), so the program
+//! does not depend on where the kernel's `skb->data` points when the fanout
+//! runs. Out-of-bounds loads make the kernel return 0 (worker 0), as
+//! [`run`] does. IP fragments are reassembled before the program runs
+//! (`PACKET_FANOUT_FLAG_DEFRAG`); a non-first fragment that still arrives is
+//! steered by its addresses.
+
+/// What the steering key is for frames of one interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SteerKey {
+    /// The L4 destination port: the public (outside) side, where replies to
+    /// NAT mappings arrive.
+    Destination,
+    /// The L4 source port: the private (inside) side.
+    Source,
+    /// Both ports xor'd: an interface with no role (consistent only for
+    /// flows between two such interfaces).
+    Symmetric,
+}
+
+/// Steering of one interface's fanout group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Steer {
+    /// Which field picks the worker.
+    pub key: SteerKey,
+    /// Workers in the group (the members' join order is the worker index).
+    pub workers: u16,
+}
+
+/// The worker that owns external port `port`: `(port >> 1) % workers` (0
+/// if `workers` is 0). Identical to `sluice_nat::owner_of` (dropping the
+/// low bit spreads the runs of even ports Linux gives `connect()` over all
+/// workers).
+#[inline]
+pub const fn owner_of(port: u16, workers: u16) -> u16 {
+    if workers == 0 {
+        0
+    } else {
+        (port >> 1) % workers
+    }
+}
+
+/// One classic BPF instruction (`struct sock_filter`).
+pub type Insn = libc::sock_filter;
+
+// Classic BPF opcodes (linux/bpf_common.h, linux/filter.h).
+const LD: u16 = 0x00;
+const LDX: u16 = 0x01;
+const ST: u16 = 0x02;
+const ALU: u16 = 0x04;
+const JMP: u16 = 0x05;
+const RET: u16 = 0x06;
+const MISC: u16 = 0x07;
+const W: u16 = 0x00;
+const H: u16 = 0x08;
+const B: u16 = 0x10;
+const ABS: u16 = 0x20;
+const IND: u16 = 0x40;
+const MEM: u16 = 0x60;
+const MSH: u16 = 0xa0;
+const ADD: u16 = 0x00;
+const LSH: u16 = 0x60;
+const RSH: u16 = 0x70;
+const AND: u16 = 0x50;
+const MOD: u16 = 0x90;
+const XOR: u16 = 0xa0;
+const JA: u16 = 0x00;
+const JEQ: u16 = 0x10;
+const JSET: u16 = 0x40;
+const K: u16 = 0x00;
+const X: u16 = 0x08;
+const RET_A: u16 = 0x10;
+const TAX: u16 = 0x00;
+
+/// `SKF_NET_OFF`: loads at `NET + k` read byte `k` of the network header.
+const NET: u32 = (-0x0010_0000i32) as u32;
+
+/// Jump target while assembling.
+#[derive(Clone, Copy)]
+enum T {
+    Next,
+    L(Label),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Label {
+    Ports,
+    Query,
+    Error,
+    InnerPorts,
+    InnerQuery,
+    Addrs,
+    Key,
+    Zero,
+}
+
+struct Asm {
+    code: Vec<(u16, T, T, u32, Option<Label>)>,
+}
+
+impl Asm {
+    fn op(&mut self, code: u16, k: u32) {
+        self.code.push((code, T::Next, T::Next, k, None));
+    }
+    fn jmp(&mut self, code: u16, k: u32, jt: T, jf: T) {
+        self.code.push((code, jt, jf, k, None));
+    }
+    fn ja(&mut self, to: Label) {
+        // `ja` uses k as the offset; resolved like jt.
+        self.code.push((JMP | JA, T::L(to), T::Next, 0, None));
+    }
+    fn label(&mut self, l: Label) {
+        // Marks the next instruction.
+        self.code.push((u16::MAX, T::Next, T::Next, 0, Some(l)));
+    }
+
+    fn finish(self) -> Vec<Insn> {
+        let mut pos = Vec::new();
+        let mut n = 0usize;
+        for c in &self.code {
+            match c.4 {
+                Some(l) => pos.push((l, n)),
+                None => n += 1,
+            }
+        }
+        let at = |l: Label| pos.iter().find(|p| p.0 == l).map_or(0, |p| p.1);
+        let mut out = Vec::with_capacity(n);
+        for &(code, jt, jf, k, l) in &self.code {
+            if l.is_some() {
+                continue;
+            }
+            let i = out.len();
+            let off = |t: T| match t {
+                T::Next => 0,
+                T::L(l) => at(l) - (i + 1),
+            };
+            if code == JMP | JA {
+                out.push(Insn {
+                    code,
+                    jt: 0,
+                    jf: 0,
+                    k: off(jt) as u32,
+                });
+            } else {
+                out.push(Insn {
+                    code,
+                    jt: off(jt) as u8,
+                    jf: off(jf) as u8,
+                    k,
+                });
+            }
+        }
+        out
+    }
+}
+
+/// ICMP types whose message carries an identifier (RFC 792: echo reply 0,
+/// echo 8, timestamp 13/14, information 15/16; RFC 950: address mask
+/// 17/18).
+const ICMP_QUERIES: [u32; 8] = [0, 8, 13, 14, 15, 16, 17, 18];
+/// ICMP error types that quote the offending datagram (RFC 792, RFC 1812
+/// section 4.3.2.3): unreachable 3, source quench 4, redirect 5, time
+/// exceeded 11, parameter problem 12.
+const ICMP_ERRORS: [u32; 5] = [3, 4, 5, 11, 12];
+
+/// Build the fanout program for `steer`. It returns the worker index
+/// ([`owner_of`] of the key); the kernel takes the result modulo the group
+/// size.
+pub fn program(steer: Steer) -> Vec<Insn> {
+    let workers = u32::from(steer.workers.max(1));
+    let mut a = Asm { code: Vec::new() };
+    use Label::*;
+    // IPv4?
+    a.op(LD | B | ABS, NET);
+    a.op(ALU | RSH | K, 4);
+    a.jmp(JMP | JEQ | K, 4, T::Next, T::L(Zero));
+    // A non-first fragment has no L4 header: steer by addresses.
+    a.op(LD | H | ABS, NET + 6);
+    a.jmp(JMP | JSET | K, 0x1fff, T::L(Addrs), T::Next);
+    // X = outer header length.
+    a.op(LDX | B | MSH, NET);
+    a.op(LD | B | ABS, NET + 9);
+    a.jmp(JMP | JEQ | K, 6, T::L(Ports), T::Next);
+    a.jmp(JMP | JEQ | K, 17, T::L(Ports), T::Next);
+    a.jmp(JMP | JEQ | K, 1, T::Next, T::L(Addrs));
+    a.op(LD | B | IND, NET);
+    for t in ICMP_QUERIES {
+        a.jmp(JMP | JEQ | K, t, T::L(Query), T::Next);
+    }
+    for t in ICMP_ERRORS {
+        a.jmp(JMP | JEQ | K, t, T::L(Error), T::Next);
+    }
+    a.ja(Addrs);
+
+    // TCP / UDP: the ports at X.
+    a.label(Ports);
+    ports(&mut a, steer.key, NET, false);
+    a.ja(Key);
+
+    a.label(Query);
+    a.op(LD | H | IND, NET + 4);
+    a.ja(Key);
+
+    // ICMP error: the quoted header starts at X + 8.
+    a.label(Error);
+    a.op(LD | B | IND, NET + 8 + 9);
+    a.op(ST, 0); // M[0] = quoted protocol
+    a.op(LD | B | IND, NET + 8);
+    a.op(ALU | AND | K, 0x0f);
+    a.op(ALU | LSH | K, 2);
+    a.op(ALU | ADD | X, 0);
+    a.op(MISC | TAX, 0); // X = outer + quoted header lengths
+    a.op(LD | MEM, 0);
+    a.jmp(JMP | JEQ | K, 6, T::L(InnerPorts), T::Next);
+    a.jmp(JMP | JEQ | K, 17, T::L(InnerPorts), T::Next);
+    a.jmp(JMP | JEQ | K, 1, T::L(InnerQuery), T::L(Addrs));
+    a.label(InnerPorts);
+    ports(&mut a, steer.key, NET + 8, true);
+    a.ja(Key);
+    a.label(InnerQuery);
+    a.op(LD | H | IND, NET + 8 + 4);
+    a.ja(Key);
+
+    // Anything else: a symmetric function of the addresses.
+    a.label(Addrs);
+    a.op(LD | W | ABS, NET + 12);
+    a.op(MISC | TAX, 0);
+    a.op(LD | W | ABS, NET + 16);
+    a.op(ALU | XOR | X, 0);
+    a.op(MISC | TAX, 0);
+    a.op(ALU | RSH | K, 16);
+    a.op(ALU | XOR | X, 0);
+    a.op(ALU | AND | K, 0xffff);
+
+    // owner_of(A): (A >> 1) % workers.
+    a.label(Key);
+    a.op(ALU | RSH | K, 1);
+    a.op(ALU | MOD | K, workers);
+    a.op(RET | RET_A, 0);
+    a.label(Zero);
+    a.op(RET | K, 0);
+    a.finish()
+}
+
+/// Load the key from the L4 header at `X + base`. `quoted`: the header is
+/// quoted by an ICMP error, so it travelled the other way.
+fn ports(a: &mut Asm, key: SteerKey, base: u32, quoted: bool) {
+    match (key, quoted) {
+        (SteerKey::Destination, false) | (SteerKey::Source, true) => {
+            a.op(LD | H | IND, base + 2);
+        }
+        (SteerKey::Source, false) | (SteerKey::Destination, true) => {
+            a.op(LD | H | IND, base);
+        }
+        (SteerKey::Symmetric, _) => {
+            a.op(LD | H | IND, base);
+            a.op(ST, 1);
+            a.op(LD | H | IND, base + 2);
+            a.op(LDX | MEM, 1);
+            a.op(ALU | XOR | X, 0);
+        }
+    }
+}
+
+/// Run `prog` on `l3` (a frame from its IPv4 header on) the way the kernel
+/// does for a fanout group: the return value, 0 when a load is out of
+/// bounds or the program is malformed. For tests and `sluice check`-style
+/// inspection; not used on the packet path.
+pub fn run(prog: &[Insn], l3: &[u8]) -> u32 {
+    let load = |k: u32, size: usize| -> Option<u32> {
+        let off = usize::try_from(k.wrapping_sub(NET)).ok()?;
+        let b = l3.get(off..off.checked_add(size)?)?;
+        Some(b.iter().fold(0u32, |v, &x| (v << 8) | u32::from(x)))
+    };
+    let (mut acc, mut x, mut mem) = (0u32, 0u32, [0u32; 16]);
+    let mut pc = 0usize;
+    for _ in 0..4096 {
+        let Some(i) = prog.get(pc) else { return 0 };
+        pc += 1;
+        let size = match i.code & 0x18 {
+            H => 2,
+            B => 1,
+            _ => 4,
+        };
+        match i.code & 0x07 {
+            LD => match i.code & 0xe0 {
+                ABS => match load(i.k, size) {
+                    Some(v) => acc = v,
+                    None => return 0,
+                },
+                IND => match load(x.wrapping_add(i.k), size) {
+                    Some(v) => acc = v,
+                    None => return 0,
+                },
+                MEM => acc = mem[i.k as usize % 16],
+                _ => return 0,
+            },
+            LDX => match i.code & 0xe0 {
+                MSH => match load(i.k, 1) {
+                    Some(v) => x = (v & 0xf) << 2,
+                    None => return 0,
+                },
+                MEM => x = mem[i.k as usize % 16],
+                _ => return 0,
+            },
+            ST => mem[i.k as usize % 16] = acc,
+            ALU => {
+                let v = if i.code & X != 0 { x } else { i.k };
+                acc = match i.code & 0xf0 {
+                    ADD => acc.wrapping_add(v),
+                    LSH => acc.wrapping_shl(v),
+                    RSH => acc.wrapping_shr(v),
+                    AND => acc & v,
+                    XOR => acc ^ v,
+                    MOD if v != 0 => acc % v,
+                    _ => return 0,
+                };
+            }
+            JMP => {
+                let taken = match i.code & 0xf0 {
+                    JA => {
+                        pc += i.k as usize;
+                        continue;
+                    }
+                    JEQ => acc == i.k,
+                    JSET => acc & i.k != 0,
+                    _ => return 0,
+                };
+                pc += usize::from(if taken { i.jt } else { i.jf });
+            }
+            RET => return if i.code & RET_A != 0 { acc } else { i.k },
+            MISC => {
+                if i.code & 0xf8 == TAX {
+                    x = acc;
+                } else {
+                    acc = x;
+                }
+            }
+            _ => return 0,
+        }
+    }
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ipv4(proto: u8, src: [u8; 4], dst: [u8; 4], l4: &[u8]) -> Vec<u8> {
+        let mut p = vec![0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, proto, 0, 0];
+        p.extend_from_slice(&src);
+        p.extend_from_slice(&dst);
+        p.extend_from_slice(l4);
+        let len = p.len() as u16;
+        p[2..4].copy_from_slice(&len.to_be_bytes());
+        p
+    }
+
+    fn ports(sport: u16, dport: u16) -> Vec<u8> {
+        let mut l4 = sport.to_be_bytes().to_vec();
+        l4.extend_from_slice(&dport.to_be_bytes());
+        l4.extend_from_slice(&[0; 16]);
+        l4
+    }
+
+    fn icmp(ty: u8, id: u16) -> Vec<u8> {
+        let mut l4 = vec![ty, 0, 0, 0];
+        l4.extend_from_slice(&id.to_be_bytes());
+        l4.extend_from_slice(&[0, 1]);
+        l4
+    }
+
+    const IN: [u8; 4] = [10, 0, 0, 2];
+    const EXT: [u8; 4] = [198, 51, 100, 7];
+    const PUB: [u8; 4] = [203, 0, 113, 2];
+
+    fn steer(key: SteerKey, workers: u16) -> Vec<Insn> {
+        program(Steer { key, workers })
+    }
+
+    #[test]
+    fn jumps_stay_inside_and_program_ends_with_ret() {
+        for key in [SteerKey::Destination, SteerKey::Source, SteerKey::Symmetric] {
+            let p = steer(key, 4);
+            assert!(p.len() < 4096);
+            assert_eq!(p.last().map(|i| i.code & 0x07), Some(RET));
+            for (n, i) in p.iter().enumerate() {
+                if i.code & 0x07 == JMP {
+                    let far = if i.code & 0xf0 == JA {
+                        i.k as usize
+                    } else {
+                        usize::from(i.jt.max(i.jf))
+                    };
+                    assert!(n + 1 + far < p.len(), "jump at {n} leaves the program");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tcp_udp_steer_by_role_port() {
+        for w in 1..=8u16 {
+            for (sport, dport) in [(40000u16, 443u16), (1025, 65535), (5201, 33333)] {
+                for proto in [6u8, 17] {
+                    let out = ipv4(proto, PUB, EXT, &ports(dport, sport));
+                    let inn = ipv4(proto, IN, PUB, &ports(sport, dport));
+                    let d = steer(SteerKey::Destination, w);
+                    let s = steer(SteerKey::Source, w);
+                    assert_eq!(run(&d, &out), u32::from(owner_of(sport, w)));
+                    assert_eq!(run(&s, &inn), u32::from(owner_of(sport, w)));
+                    let y = steer(SteerKey::Symmetric, w);
+                    assert_eq!(run(&y, &out), run(&y, &inn));
+                    assert_eq!(run(&y, &out), u32::from(owner_of(sport ^ dport, w)));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn options_move_the_l4_header() {
+        let mut p = ipv4(17, IN, PUB, &[0, 0, 0, 0]);
+        p.truncate(20);
+        p[0] = 0x46;
+        p.extend_from_slice(&[1, 1, 1, 1]); // NOP options
+        p.extend_from_slice(&ports(1001, 53));
+        let o = |p: u16| u32::from(owner_of(p, 4));
+        assert_eq!(run(&steer(SteerKey::Source, 4), &p), o(1001));
+        assert_eq!(run(&steer(SteerKey::Destination, 4), &p), o(53));
+    }
+
+    #[test]
+    fn icmp_queries_steer_by_identifier() {
+        for ty in ICMP_QUERIES {
+            let p = ipv4(1, PUB, EXT, &icmp(ty as u8, 4099));
+            for key in [SteerKey::Destination, SteerKey::Source, SteerKey::Symmetric] {
+                let o = u32::from(owner_of(4099, 3));
+                assert_eq!(run(&steer(key, 3), &p), o, "type {ty}");
+            }
+        }
+    }
+
+    #[test]
+    fn icmp_errors_steer_by_the_quoted_flow() {
+        // Outside: time exceeded quoting our translated packet EXT:sport -> PUB:80.
+        let quoted = ipv4(6, EXT, PUB, &ports(50001, 80)[..8]);
+        let mut l4 = vec![11, 0, 0, 0, 0, 0, 0, 0];
+        l4.extend_from_slice(&quoted);
+        let p = ipv4(1, [192, 0, 2, 9], EXT, &l4);
+        let o = |p: u16, w: u16| u32::from(owner_of(p, w));
+        assert_eq!(run(&steer(SteerKey::Destination, 4), &p), o(50001, 4));
+        // Inside: unreachable from a subscriber, quoting PUB:80 -> IN:50002.
+        let quoted = ipv4(17, PUB, IN, &ports(80, 50002)[..8]);
+        let mut l4 = vec![3, 3, 0, 0, 0, 0, 0, 0];
+        l4.extend_from_slice(&quoted);
+        let p = ipv4(1, IN, PUB, &l4);
+        assert_eq!(run(&steer(SteerKey::Source, 4), &p), o(50002, 4));
+        // Quoting an echo request: its identifier.
+        let quoted = ipv4(1, EXT, PUB, &icmp(8, 777));
+        let mut l4 = vec![3, 1, 0, 0, 0, 0, 0, 0];
+        l4.extend_from_slice(&quoted);
+        let p = ipv4(1, [192, 0, 2, 9], EXT, &l4);
+        assert_eq!(run(&steer(SteerKey::Destination, 5), &p), o(777, 5));
+    }
+
+    #[test]
+    fn other_traffic_is_symmetric_or_worker_zero() {
+        let a = ipv4(47, IN, PUB, &[0; 8]);
+        let b = ipv4(47, PUB, IN, &[0; 8]);
+        let p = steer(SteerKey::Source, 4);
+        assert_eq!(run(&p, &a), run(&steer(SteerKey::Destination, 4), &b));
+        assert!(run(&p, &a) < 4);
+        // A non-first fragment: addresses, like other protocols.
+        let mut f = ipv4(6, IN, PUB, &ports(1, 2));
+        f[6..8].copy_from_slice(&[0x00, 0x10]);
+        assert_eq!(run(&p, &f), run(&p, &a));
+        // ARP (not IPv4) and truncated frames: worker 0.
+        assert_eq!(run(&p, &[0x00, 0x01, 0x08, 0x00, 6, 4]), 0);
+        assert_eq!(run(&p, &ipv4(6, IN, PUB, &[0x9c])), 0);
+    }
+}
