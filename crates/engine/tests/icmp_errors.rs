@@ -14,9 +14,11 @@
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
+mod common;
+
+use common::TestFrames;
 use sluice_engine::{
-    Action, DropReason, EngineConfig, Frames, IfIndex, Interface, Route4, StaticPolicy, Verdict,
-    Worker,
+    Action, DropReason, EngineConfig, IfIndex, Interface, Route4, StaticPolicy, Verdict, Worker,
 };
 use sluice_nat::{NatConfig, Pool, PoolId, Translation};
 use sluice_wire::build::{build_tcp4, build_udp4};
@@ -36,46 +38,6 @@ const HOST: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
 const REMOTE: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 80);
 const POOL: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
 const OUT_MTU: u16 = 1400;
-
-#[derive(Default)]
-struct TestFrames {
-    bufs: Vec<Vec<u8>>,
-    lens: Vec<usize>,
-    iifs: Vec<IfIndex>,
-    acts: Vec<Action>,
-}
-
-impl TestFrames {
-    fn push(&mut self, iif: IfIndex, f: impl FnOnce(&mut [u8]) -> usize) {
-        let mut b = vec![0u8; 2048];
-        let n = f(&mut b);
-        self.bufs.push(b);
-        self.lens.push(n);
-        self.iifs.push(iif);
-        self.acts.push(Action::Pending);
-    }
-    fn frame(&self, i: usize) -> &[u8] {
-        &self.bufs[i][..self.lens[i]]
-    }
-}
-
-impl Frames for TestFrames {
-    fn count(&self) -> usize {
-        self.bufs.len()
-    }
-    fn buf_mut(&mut self, i: usize) -> (&mut [u8], usize) {
-        (&mut self.bufs[i][..], self.lens[i])
-    }
-    fn set_len(&mut self, i: usize, len: usize) {
-        self.lens[i] = len;
-    }
-    fn iif(&self, i: usize) -> IfIndex {
-        self.iifs[i]
-    }
-    fn set_action(&mut self, i: usize, a: Action) {
-        self.acts[i] = a;
-    }
-}
 
 fn worker_with(default: Verdict, icmp_rate: u32) -> Worker {
     let cfg = EngineConfig {

@@ -16,8 +16,11 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 
 use proptest::prelude::*;
+mod common;
+
+use common::TestFrames;
 use sluice_engine::{
-    Action, DropReason, EngineConfig, Frames, IfIndex, Interface, Route4, StaticPolicy, Worker,
+    Action, DropReason, EngineConfig, IfIndex, Interface, Route4, StaticPolicy, Worker,
 };
 use sluice_nat::{NatConfig, Pool, PoolId, Translation};
 use sluice_wire::build::{build_icmp4_echo, build_tcp4, build_udp4};
@@ -34,47 +37,6 @@ const POOL: [Ipv4Addr; 2] = [
     Ipv4Addr::new(198, 51, 100, 1),
     Ipv4Addr::new(198, 51, 100, 2),
 ];
-
-/// A minimal batch for tests.
-#[derive(Default)]
-struct TestFrames {
-    bufs: Vec<[u8; 256]>,
-    lens: Vec<usize>,
-    iifs: Vec<IfIndex>,
-    acts: Vec<Action>,
-}
-
-impl TestFrames {
-    fn push(&mut self, iif: IfIndex, f: impl FnOnce(&mut [u8]) -> usize) {
-        let mut b = [0u8; 256];
-        let n = f(&mut b);
-        self.bufs.push(b);
-        self.lens.push(n);
-        self.iifs.push(iif);
-        self.acts.push(Action::Pending);
-    }
-    fn frame(&self, i: usize) -> &[u8] {
-        &self.bufs[i][..self.lens[i]]
-    }
-}
-
-impl Frames for TestFrames {
-    fn count(&self) -> usize {
-        self.bufs.len()
-    }
-    fn buf_mut(&mut self, i: usize) -> (&mut [u8], usize) {
-        (&mut self.bufs[i][..], self.lens[i])
-    }
-    fn set_len(&mut self, i: usize, len: usize) {
-        self.lens[i] = len;
-    }
-    fn iif(&self, i: usize) -> IfIndex {
-        self.iifs[i]
-    }
-    fn set_action(&mut self, i: usize, a: Action) {
-        self.acts[i] = a;
-    }
-}
 
 fn worker(ct_max: u64) -> Worker {
     let iface = |name: &str, mac, addr, len| Interface {
