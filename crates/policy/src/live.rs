@@ -155,7 +155,7 @@ impl Store {
 
     /// The neighbours of position `pos` in `chain`: the last key below it
     /// and the first key above it.
-    fn neighbours(&self, chain: ChainId, pos: u64) -> (Option<u64>, Option<u64>) {
+    pub fn neighbours(&self, chain: ChainId, pos: u64) -> (Option<u64>, Option<u64>) {
         let below = self
             .order
             .range((chain.0, 0)..(chain.0, pos))
@@ -170,9 +170,8 @@ impl Store {
     }
 
     /// A free position strictly between `lo` and `hi` (`None`: the chain's
-    /// ends), relabelling the chain when the gap is exhausted. Returns the
-    /// position and, after a relabel, the new position of the handle that
-    /// was at `lo` (so the caller can keep addressing it).
+    /// ends), relabelling the chain when the gap is exhausted (the result is
+    /// then right after the rule that was at `lo`, at its new position).
     pub fn position_between(&mut self, chain: ChainId, lo: Option<u64>, hi: Option<u64>) -> u64 {
         match (lo, hi) {
             (None, None) => GAP,

@@ -124,13 +124,13 @@ impl CompiledPolicy {
                 table,
                 set,
                 elements,
-            } => next.change_elements(*family, table, set, elements, true)?,
+            } => next.change_elements(*family, table, set, elements, true, name)?,
             Command::DeleteElements {
                 family,
                 table,
                 set,
                 elements,
-            } => next.change_elements(*family, table, set, elements, false)?,
+            } => next.change_elements(*family, table, set, elements, false, name)?,
         };
         Ok((next, applied))
     }
@@ -236,35 +236,32 @@ impl CompiledPolicy {
         let rule = Arc::new(rule.clone());
         let handle = self.store.next_handle;
         let missing = |what: String| UpdateFailure::Refused(what);
-        let (lo, hi) =
-            match at {
-                RulePos::Back => (self.store.last_pos(cid), None),
-                RulePos::Front => (None, self.store.nth(cid, 0)),
-                RulePos::AfterHandle(h) | RulePos::BeforeHandle(h) => {
-                    let (lo, p, hi) = self.store.around(cid, h).ok_or_else(|| {
-                        missing(format!("no rule with handle {h} in chain '{chain}'"))
-                    })?;
-                    if matches!(at, RulePos::AfterHandle(_)) {
-                        (Some(p), hi)
-                    } else {
-                        (lo, Some(p))
-                    }
+        let (lo, hi) = match at {
+            RulePos::Back => (self.store.last_pos(cid), None),
+            RulePos::Front => (None, self.store.nth(cid, 0)),
+            RulePos::AfterHandle(h) | RulePos::BeforeHandle(h) => {
+                let (lo, p, hi) = self.store.around(cid, h).ok_or_else(|| {
+                    missing(format!("no rule with handle {h} in chain '{chain}'"))
+                })?;
+                if matches!(at, RulePos::AfterHandle(_)) {
+                    (Some(p), hi)
+                } else {
+                    (lo, Some(p))
                 }
-                RulePos::AfterIndex(i) | RulePos::BeforeIndex(i) => {
-                    let p = self.store.nth(cid, i).ok_or_else(|| {
-                        missing(format!("chain '{chain}' has no rule at index {i}"))
-                    })?;
-                    let h = self.store.order.get(&(cid.0, p)).copied().unwrap_or(0);
-                    let (lo, _, hi) = self.store.around(cid, h).ok_or_else(|| {
-                        missing(format!("chain '{chain}' has no rule at index {i}"))
-                    })?;
-                    if matches!(at, RulePos::AfterIndex(_)) {
-                        (Some(p), hi)
-                    } else {
-                        (lo, Some(p))
-                    }
+            }
+            RulePos::AfterIndex(i) | RulePos::BeforeIndex(i) => {
+                let p = self
+                    .store
+                    .nth(cid, i)
+                    .ok_or_else(|| missing(format!("chain '{chain}' has no rule at index {i}")))?;
+                let (lo, hi) = self.store.neighbours(cid, p);
+                if matches!(at, RulePos::AfterIndex(_)) {
+                    (Some(p), hi)
+                } else {
+                    (lo, Some(p))
                 }
-            };
+            }
+        };
         let (irs, low_tables) = {
             let mut low = self.lowerer(handle, format!("{name} handle {handle}"));
             let irs = low.lower_one(ti, cid, &rule).map_err(|mut es| {
@@ -338,9 +335,10 @@ impl CompiledPolicy {
 
     /// NAT stays in `type nat` chains: no filter base chain may reach a NAT
     /// rule. Also turns on NAT hooks that now reach one. Walks the chain
-    /// graph (O(rules)); only NAT and jump rules pay for it.
+    /// graph (O(rules)); only NAT and jump rules pay for it. The program is
+    /// built for the check and dropped, not cached in this generation.
     fn check_nat_placement(&mut self) -> Result<(), UpdateFailure> {
-        let prog = self.program();
+        let prog = &self.store.program(&self.meta.kinds);
         let has_nat_rule = |c: ChainId| {
             prog.chains.get(c.0 as usize).is_some_and(|ch| {
                 ch.rules
@@ -406,6 +404,7 @@ impl CompiledPolicy {
         set: &str,
         elements: &[ast::Elem],
         add: bool,
+        name: &str,
     ) -> Result<Applied, UpdateFailure> {
         let ti = self.table_index(family, table)?;
         let mut sk = (*self.skeleton).clone();
@@ -434,8 +433,8 @@ impl CompiledPolicy {
                 }
                 (false, None) => {
                     return refused(format!(
-                        "{}:{}:{}: element is not in set '{set}'",
-                        "command", e.span.line, e.span.col
+                        "{name}:{}:{}: element is not in set '{set}'",
+                        e.span.line, e.span.col
                     ))
                 }
             }
