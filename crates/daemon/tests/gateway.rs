@@ -59,49 +59,6 @@ fn setup(tag: &str, backend: &str, wan_extra: &str) -> (Topo, Daemon) {
     (t, d)
 }
 
-/// Python's `http.server` handler, without the reverse DNS lookup that
-/// `python3 -m http.server` does at start (`getfqdn`), which would wait for
-/// a resolver these namespaces cannot reach. Logs "CLIENT - - [...] GET ...".
-const HTTP_SERVER: &str = r#"
-import http.server, socketserver, sys
-class S(http.server.ThreadingHTTPServer):
-    def server_bind(self):
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = self.server_address[:2]
-S((sys.argv[1], int(sys.argv[2])), http.server.SimpleHTTPRequestHandler).serve_forever()
-"#;
-
-/// An HTTP server in `ns` on `addr:port`, serving a 256 KiB `blob`; waits
-/// until it answers locally.
-fn http_server(t: &Topo, ns: &Netns, addr: &str, port: u16, name: &str) -> Guard {
-    let www = t.dir.join(format!("www-{name}"));
-    std::fs::create_dir_all(&www).expect("www");
-    std::fs::write(www.join("blob"), vec![0x5au8; 256 << 10]).expect("blob");
-    let script = t.dir.join("http_server.py");
-    std::fs::write(&script, HTTP_SERVER).expect("script");
-    let script = script.display().to_string();
-    let port_s = port.to_string();
-    let log = t.dir.join(format!("http-{name}.log"));
-    let g = spawn(ns, &["python3", &script, addr, &port_s], &log, Some(&www));
-    let t0 = Instant::now();
-    while !sh(
-        ns,
-        &format!("curl -s -o /dev/null --max-time 1 http://{addr}:{port}/"),
-    )
-    .status
-    .success()
-    {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "http server {addr}:{port} did not start:\n{}\n{}",
-            read(&log),
-            text(&sh(ns, "ip addr; ss -ltnp"))
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    g
-}
-
 /// `curl` from `ns`; returns (success, body size).
 fn curl(ns: &Netns, url: &str, max_time: u32) -> (bool, String, std::process::Output) {
     let o = sh(

@@ -37,15 +37,6 @@ table ip nat {
 }
 "#;
 
-const HTTP_SERVER: &str = r#"
-import http.server, socketserver, sys
-class S(http.server.ThreadingHTTPServer):
-    def server_bind(self):
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = self.server_address[:2]
-S((sys.argv[1], int(sys.argv[2])), http.server.SimpleHTTPRequestHandler).serve_forever()
-"#;
-
 #[test]
 #[ignore = "needs root + netns; run by .ci/run with --ignored"]
 fn nat_with_two_workers_steers_every_reply_to_its_owner() {
@@ -73,25 +64,7 @@ fn nat_with_two_workers_steers_every_reply_to_its_owner() {
     );
 
     // A 256 KiB blob on the public host.
-    let www = t.dir.join("www");
-    std::fs::create_dir_all(&www).expect("www");
-    std::fs::write(www.join("blob"), vec![0x5au8; 256 << 10]).expect("blob");
-    let script = t.dir.join("http_server.py");
-    std::fs::write(&script, HTTP_SERVER).expect("script");
-    let _srv = spawn(
-        &t.public,
-        &["python3", &script.display().to_string(), PUBLIC, "8000"],
-        &t.dir.join("http.log"),
-        Some(&www),
-    );
-    wait_for("http server", Duration::from_secs(10), || {
-        sh(
-            &t.public,
-            &format!("curl -s -o /dev/null --max-time 1 http://{PUBLIC}:8000/"),
-        )
-        .status
-        .success()
-    });
+    let _srv = http_server(&t, &t.public, PUBLIC, 8000, "public");
     // The gateway resolves the hosts on first use; one warm-up each way.
     wait_for(
         "first ping through the gateway",
