@@ -27,22 +27,12 @@ impl RawSocket {
             &one,
             "setsockopt(PACKET_IGNORE_OUTGOING)",
         )?;
-        // SAFETY: sockaddr_ll is plain data; all-zero is valid.
-        let mut sll: libc::sockaddr_ll = unsafe { core::mem::zeroed() };
-        sll.sll_family = libc::AF_PACKET as u16;
-        sll.sll_protocol = sys::htons(libc::ETH_P_ALL as u16);
-        sll.sll_ifindex = ifindex as i32;
-        // SAFETY: `sll` is a valid sockaddr_ll and we pass its size.
-        let r = unsafe {
-            libc::bind(
-                sys::raw(&fd),
-                (&sll as *const libc::sockaddr_ll).cast(),
-                core::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        };
-        if r < 0 {
-            return Err(IoError::last("bind(AF_PACKET raw)"));
-        }
+        bind_ll(
+            &fd,
+            ifindex,
+            sys::htons(libc::ETH_P_ALL as u16),
+            "bind(AF_PACKET raw)",
+        )?;
         // A test reads thousands of frames after sending them; 16 MiB holds
         // them (SO_RCVBUFFORCE needs CAP_NET_ADMIN; best effort).
         let buf: i32 = 16 << 20;
@@ -133,22 +123,7 @@ impl BatchSender {
             &sndbuf,
             "setsockopt(SO_SNDBUFFORCE)",
         );
-        // SAFETY: sockaddr_ll is plain data; all-zero is valid.
-        let mut sll: libc::sockaddr_ll = unsafe { core::mem::zeroed() };
-        sll.sll_family = libc::AF_PACKET as u16;
-        sll.sll_protocol = 0;
-        sll.sll_ifindex = ifindex as i32;
-        // SAFETY: `sll` is a valid sockaddr_ll and we pass its size.
-        let r = unsafe {
-            libc::bind(
-                sys::raw(&fd),
-                (&sll as *const libc::sockaddr_ll).cast(),
-                core::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        };
-        if r < 0 {
-            return Err(IoError::last("bind(AF_PACKET tx)"));
-        }
+        bind_ll(&fd, ifindex, 0, "bind(AF_PACKET tx)")?;
         Ok(Self { fd })
     }
 
@@ -183,4 +158,26 @@ impl BatchSender {
         }
         Ok(r as usize)
     }
+}
+
+/// Binds an AF_PACKET socket to interface `ifindex` for `protocol` (network
+/// byte order; 0: transmit only).
+fn bind_ll(fd: &OwnedFd, ifindex: u32, protocol: u16, what: &'static str) -> Result<(), IoError> {
+    // SAFETY: sockaddr_ll is plain data; all-zero is valid.
+    let mut sll: libc::sockaddr_ll = unsafe { core::mem::zeroed() };
+    sll.sll_family = libc::AF_PACKET as u16;
+    sll.sll_protocol = protocol;
+    sll.sll_ifindex = ifindex as i32;
+    // SAFETY: `sll` is a valid sockaddr_ll and we pass its size.
+    let r = unsafe {
+        libc::bind(
+            sys::raw(fd),
+            (&sll as *const libc::sockaddr_ll).cast(),
+            core::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(IoError::last(what));
+    }
+    Ok(())
 }
