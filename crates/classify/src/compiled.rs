@@ -979,7 +979,7 @@ struct Slot {
     next: u32,
     rule: Option<Arc<CRule>>,
     /// Where the rule's keys are filed: (tuple signature, fingerprint).
-    keys: Box<[(Sig, u64)]>,
+    keys: Arc<[(Sig, u64)]>,
 }
 
 #[derive(Clone, Debug)]
@@ -1445,7 +1445,7 @@ impl CChain {
         }
         if let Some(x) = self.slots.get_mut(s as usize) {
             x.rule = None;
-            x.keys = Box::new([]);
+            x.keys = Arc::from([]);
             x.prev = NIL;
             x.next = NIL;
         }

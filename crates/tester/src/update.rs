@@ -130,6 +130,12 @@ fn rule(r: &mut Rng) -> String {
     )
 }
 
+/// `n` generated rules (the statement text after `add rule … forward`).
+pub fn rules(n: usize, seed: u64) -> Vec<String> {
+    let mut r = Rng(seed);
+    (0..n).map(|_| rule(&mut r)).collect()
+}
+
 /// The loaded rule set: `n` rules in one forward chain.
 pub fn ruleset_text(n: usize, seed: u64) -> String {
     let mut r = Rng(seed);
