@@ -347,8 +347,15 @@ pub fn request_from_args(args: &[String]) -> Result<String, CtlError> {
     Ok(v.to_string())
 }
 
-/// Serve the control socket until `stop` is set. Each connection is served
-/// on its own thread; `handle` answers one request.
+/// Serve the control socket until `stop` is set; `handle` answers one
+/// request.
+///
+/// The first request of a connection is answered on the accepting thread
+/// itself, which saves a thread start and a wake-up on the latency of every
+/// `sluice ctl` call (one request per connection). A client that sends
+/// nothing within [`INLINE_WAIT`], and any later requests on the same
+/// connection, are served on a thread of their own, so a stuck client never
+/// holds up the others for longer than that.
 pub fn serve(
     listener: UnixListener,
     stop: &std::sync::atomic::AtomicBool,
@@ -368,7 +375,15 @@ pub fn serve(
                     if stop.load(Ordering::Relaxed) {
                         break;
                     }
-                    sc.spawn(move || serve_conn(conn, stop, handle));
+                    let Some(mut c) = Conn::new(conn) else {
+                        continue;
+                    };
+                    match c.serve_one(stop, handle, INLINE_WAIT) {
+                        Step::Closed => {}
+                        Step::Served | Step::Idle => {
+                            sc.spawn(move || c.serve(stop, handle));
+                        }
+                    }
                 }
                 Err(e) => {
                     tracing::warn!("control socket accept: {e}");
@@ -379,65 +394,117 @@ pub fn serve(
     });
 }
 
+/// How long the accepting thread waits for a connection's first request
+/// before handing the connection to a thread of its own.
+pub const INLINE_WAIT: Duration = Duration::from_millis(50);
+
 /// Wakes [`serve`] after its `stop` flag was set.
 pub fn wake(socket: &Path) {
     let _ = UnixStream::connect(socket);
 }
 
-fn serve_conn(
-    conn: UnixStream,
-    stop: &std::sync::atomic::AtomicBool,
-    handle: &(dyn Fn(Request) -> Value + Sync),
-) {
-    use std::io::Read;
-    use std::sync::atomic::Ordering;
-    let _ = conn.set_nonblocking(false);
-    let _ = conn.set_read_timeout(Some(Duration::from_millis(200)));
-    let Ok(mut w) = conn.try_clone() else {
-        return;
-    };
-    let mut r = BufReader::new(conn);
-    let mut buf = Vec::new();
-    while !stop.load(Ordering::Relaxed) {
-        // Read one line, bounded by MAX_LINE.
-        let mut byte = [0u8; 1];
-        match r.read(&mut byte) {
-            Ok(0) => return,
-            Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                continue
+/// One control connection: a line reader (the partial line survives a
+/// hand-over between threads) and the writing half.
+struct Conn {
+    r: BufReader<UnixStream>,
+    w: UnixStream,
+    buf: Vec<u8>,
+}
+
+/// What [`Conn::serve_one`] did.
+enum Step {
+    /// A request was answered.
+    Served,
+    /// Nothing complete arrived in time.
+    Idle,
+    /// The client closed the connection (or it failed).
+    Closed,
+}
+
+impl Conn {
+    fn new(conn: UnixStream) -> Option<Conn> {
+        let _ = conn.set_nonblocking(false);
+        let w = conn.try_clone().ok()?;
+        Some(Conn {
+            r: BufReader::new(conn),
+            w,
+            buf: Vec::new(),
+        })
+    }
+
+    /// Serves requests until the client closes or `stop` is set.
+    fn serve(
+        mut self,
+        stop: &std::sync::atomic::AtomicBool,
+        handle: &(dyn Fn(Request) -> Value + Sync),
+    ) {
+        use std::sync::atomic::Ordering;
+        while !stop.load(Ordering::Relaxed) {
+            if let Step::Closed = self.serve_one(stop, handle, Duration::from_millis(200)) {
+                return;
             }
-            Err(_) => return,
         }
-        if byte[0] != b'\n' {
-            if buf.len() < MAX_LINE {
-                buf.push(byte[0]);
+    }
+
+    /// Reads one line (bounded by [`MAX_LINE`]) for at most `wait` and
+    /// answers it.
+    fn serve_one(
+        &mut self,
+        stop: &std::sync::atomic::AtomicBool,
+        handle: &(dyn Fn(Request) -> Value + Sync),
+        wait: Duration,
+    ) -> Step {
+        use std::io::Read;
+        use std::sync::atomic::Ordering;
+        let deadline = std::time::Instant::now() + wait;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() || stop.load(Ordering::Relaxed) {
+                return Step::Idle;
             }
-            continue;
-        }
-        let resp = if buf.len() >= MAX_LINE {
-            CtlFailure::bad(format!("request longer than {MAX_LINE} bytes")).to_json()
-        } else {
-            match std::str::from_utf8(&buf) {
-                Ok(l) if l.trim().is_empty() => {
-                    buf.clear();
-                    continue;
+            if self.r.get_ref().set_read_timeout(Some(left)).is_err() {
+                return Step::Closed;
+            }
+            let mut byte = [0u8; 1];
+            match self.r.read(&mut byte) {
+                Ok(0) => return Step::Closed,
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    continue
                 }
-                Ok(l) => match parse_request(l) {
-                    Ok(req) => handle(req),
-                    Err(f) => f.to_json(),
-                },
-                Err(_) => CtlFailure::bad("request is not UTF-8").to_json(),
+                Err(_) => return Step::Closed,
             }
-        };
-        buf.clear();
-        if w.write_all(format!("{resp}\n").as_bytes()).is_err() {
-            return;
+            if byte[0] != b'\n' {
+                if self.buf.len() < MAX_LINE {
+                    self.buf.push(byte[0]);
+                }
+                continue;
+            }
+            let resp = if self.buf.len() >= MAX_LINE {
+                CtlFailure::bad(format!("request longer than {MAX_LINE} bytes")).to_json()
+            } else {
+                match std::str::from_utf8(&self.buf) {
+                    Ok(l) if l.trim().is_empty() => {
+                        self.buf.clear();
+                        continue;
+                    }
+                    Ok(l) => match parse_request(l) {
+                        Ok(req) => handle(req),
+                        Err(f) => f.to_json(),
+                    },
+                    Err(_) => CtlFailure::bad("request is not UTF-8").to_json(),
+                }
+            };
+            self.buf.clear();
+            if self.w.write_all(format!("{resp}\n").as_bytes()).is_err() {
+                return Step::Closed;
+            }
+            return Step::Served;
         }
     }
 }
@@ -445,6 +512,58 @@ fn serve_conn(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A silent client does not hold up others for longer than the inline
+    /// wait, and one connection can carry several requests.
+    #[test]
+    fn serves_around_a_silent_client_and_several_requests_per_connection() {
+        use std::io::{BufRead, Write};
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let dir = std::env::temp_dir().join(format!("sluice-ctl-test-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let sock = dir.join("ctl.sock");
+        let _ = std::fs::remove_file(&sock);
+        let listener = UnixListener::bind(&sock).expect("bind a test socket");
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|sc| {
+            let stop = &stop;
+            sc.spawn(move || {
+                serve(listener, stop, &|r| match r {
+                    Request::Status => json!({"ok": true, "status": 1}),
+                    _ => json!({"ok": false}),
+                })
+            });
+            // Connects and says nothing.
+            let silent = UnixStream::connect(&sock).expect("connect");
+            let t = std::time::Instant::now();
+            let answer = client(&sock, r#"{"cmd":"status"}"#).expect("answered");
+            assert_eq!(answer, r#"{"ok":true,"status":1}"#);
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "a silent client held up another for {:?}",
+                t.elapsed()
+            );
+            // Two requests on one connection, the second after the first
+            // answer (so the connection has moved to a thread of its own).
+            let mut c = UnixStream::connect(&sock).expect("connect");
+            let mut r = BufReader::new(c.try_clone().expect("clone"));
+            for _ in 0..2 {
+                c.write_all(b"{\"cmd\":\"status\"}\n").expect("write");
+                let mut line = String::new();
+                r.read_line(&mut line).expect("read");
+                assert_eq!(line.trim_end(), r#"{"ok":true,"status":1}"#);
+            }
+            // A malformed request gets a specific error, not a dropped line.
+            c.write_all(b"not json\n").expect("write");
+            let mut line = String::new();
+            r.read_line(&mut line).expect("read");
+            assert!(line.contains("\"ok\":false"), "{line}");
+            drop((silent, c, r));
+            stop.store(true, Ordering::Relaxed);
+            wake(&sock);
+        });
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn parses_each_request() {

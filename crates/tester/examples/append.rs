@@ -9,6 +9,10 @@ fn main() {
     let loaded: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(0);
     let appends: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(3000);
     let text = sluice_tester::update::ruleset_text(loaded, 1);
+    if let Ok(path) = std::env::var("WRITE_RULESET") {
+        // The loaded rule set as a file, for `sluice-policy`'s `load` example.
+        std::fs::write(&path, &text).expect("write the rule set");
+    }
     let rs = sluice_ruleset::parse_nft_str("loaded.nft", &text).expect("generated rule set parses");
     let t = Instant::now();
     let mut p =
