@@ -182,11 +182,12 @@ struct UpdateArgs {
     /// Single inserts (and deletes) timed.
     #[arg(long, default_value_t = 200)]
     samples: usize,
-    /// One-at-a-time appends timed.
+    /// One-at-a-time appends timed (to an empty chain, seed 002; and with
+    /// the objects loaded).
     #[arg(long, default_value_t = 3000)]
     appends: usize,
     /// Write the results as JSON (insert_us_at_150k, delete_us_at_150k,
-    /// load_150k_s, append_3000_s, ...).
+    /// load_150k_s, append_3000_s, append_3000_at_150k_s, ...).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
 }
