@@ -90,12 +90,13 @@ pub mod icmp;
 pub mod ip;
 pub mod ipv4;
 pub mod ipv6;
+pub mod ndp;
 pub mod tcp;
 pub mod udp;
 
 pub use build::{
-    build_icmp4_echo, build_icmp4_error, build_icmp6_error, build_tcp4, build_tcp6, build_udp4,
-    build_udp6,
+    build_icmp4_echo, build_icmp4_error, build_icmp6_echo, build_icmp6_error, build_tcp4,
+    build_tcp6, build_udp4, build_udp6,
 };
 pub use dissect::{dissect, dissect_plain4, Dissect, InnerKey, Net, Plain4, L4};
 pub use error::{EmitError, ParseError};
