@@ -4,7 +4,7 @@
 //! adjacencies and its counters. Nothing on the packet path is shared with
 //! another worker.
 
-use core::net::Ipv4Addr;
+use core::net::{Ipv4Addr, Ipv6Addr};
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -21,8 +21,11 @@ use sluice_wire::flow::{proto, FlowKey4};
 use crate::drop::{Counters, DropReason};
 use crate::icmp_error::{self, IcmpError};
 use crate::policy::{CtState, Hook, Policy, PolicyPacket, RejectWith, Verdict};
-use crate::route::{AdjIndex, Adjacency, IfIndex, Route4, RouteTable4};
+use crate::route::{AdjIndex, Adjacency, IfIndex, Route4, Route6, RouteTable4, RouteTable6};
+
+mod v6;
 use crate::{Action, Frames, MAX_BATCH};
+pub use v6::FlowInfo6;
 
 /// An interface as the engine sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,7 +76,19 @@ pub struct EngineConfig {
     pub nat_log_capacity: usize,
     /// ICMP errors this worker may originate per second, with a burst of
     /// [`ICMP_ERROR_BURST`] (RFC 1812 §4.3.2.8 rate limiting). 0 sends none.
+    /// ICMPv4 and ICMPv6 errors share the budget.
     pub icmp_errors_per_sec: u32,
+    /// IPv6 addresses with prefix lengths, per interface. Every interface
+    /// with a MAC also has the EUI-64 link-local address derived from it
+    /// (RFC 4291 appendix A), which need not be listed.
+    pub addrs6: Vec<(IfIndex, Ipv6Addr, u8)>,
+    /// Static IPv6 routes (connected routes are derived from `addrs6`).
+    pub routes6: Vec<Route6>,
+    /// Static IPv6 neighbours: (interface, address, MAC).
+    pub neighbors6: Vec<(IfIndex, Ipv6Addr, [u8; 6])>,
+    /// Maximum IPv6 connections this worker tracks (a table of its own,
+    /// preallocated like the IPv4 one).
+    pub ct6_max: u64,
 }
 
 /// Burst size of the ICMP error rate limiter (Linux's `icmp_msgs_burst`).
@@ -93,6 +108,10 @@ impl Default for EngineConfig {
             nat: NatConfig::default(),
             nat_log_capacity: 4096,
             icmp_errors_per_sec: 1000,
+            addrs6: Vec::new(),
+            routes6: Vec::new(),
+            neighbors6: Vec::new(),
+            ct6_max: 1 << 16,
         }
     }
 }
@@ -117,6 +136,22 @@ pub enum EngineError {
     RouteInterface {
         /// Network of the route.
         net: Ipv4Addr,
+        /// Prefix length.
+        len: u8,
+        /// Bad index.
+        oif: IfIndex,
+        /// Interfaces configured.
+        count: usize,
+    },
+    /// An IPv6 route or address names an interface that does not exist.
+    #[error(
+        "IPv6 {what} {net}/{len} uses interface index {oif}, but only {count} interfaces exist"
+    )]
+    Interface6 {
+        /// "route", "address" or "neighbour".
+        what: &'static str,
+        /// Network or address.
+        net: Ipv6Addr,
         /// Prefix length.
         len: u8,
         /// Bad index.
@@ -273,6 +308,8 @@ struct Scratch {
     /// For a frame dropped with `no-neighbor`: the next hop that is
     /// missing (egress interface, address), when the slow path knows it.
     missing: Vec<Option<(IfIndex, u32)>>,
+    /// The same for IPv6 next hops.
+    missing6: Vec<Option<(IfIndex, u128)>>,
 }
 
 /// One worker.
@@ -291,6 +328,8 @@ pub struct Worker {
     icmp: TokenBucket,
     /// The next hop the current frame's `no-neighbor` drop is waiting for.
     missing_nh: Option<(IfIndex, u32)>,
+    /// IPv6 state: its own connection table, addresses, routes, neighbours.
+    v6: v6::State,
 }
 
 /// A token bucket in thousandths of a token, refilled from the batch time
@@ -385,6 +424,7 @@ impl Worker {
             }
             routes.add(*r);
         }
+        let v6 = v6::State::new(&cfg)?;
         let mut w = Self {
             id: cfg.worker,
             ct: table,
@@ -401,12 +441,17 @@ impl Worker {
                 hash: vec![0; MAX_BATCH],
                 hit: vec![None; MAX_BATCH],
                 missing: vec![None; MAX_BATCH],
+                missing6: vec![None; MAX_BATCH],
             },
             icmp: TokenBucket::new(cfg.icmp_errors_per_sec),
             missing_nh: None,
+            v6,
         };
         for (ip, mac) in cfg.neighbors {
             w.set_neighbor(ip, mac)?;
+        }
+        for (oif, ip, mac) in cfg.neighbors6 {
+            w.set_neighbor6(oif, ip, mac)?;
         }
         Ok(w)
     }
@@ -483,7 +528,7 @@ impl Worker {
     /// Remove every connection and NAT mapping in bulk; returns how many
     /// connections were removed.
     pub fn flush(&mut self) -> u64 {
-        let n = self.ct.flush();
+        let n = self.ct.flush() + self.v6.ct.flush();
         self.nat.clear();
         n as u64
     }
@@ -494,6 +539,7 @@ impl Worker {
         let nat = &mut self.nat;
         self.ct
             .gc(now, budget, &mut |e| nat.release(e.orig(), e.reply()))
+            + self.v6.ct.gc(now, budget, &mut |_| {})
     }
 
     /// Process a batch (at most [`MAX_BATCH`] frames; any beyond are dropped
@@ -555,9 +601,13 @@ impl Worker {
             let iif = frames.iif(i);
             let (buf, len) = frames.buf_mut(i);
             self.missing_nh = None;
+            self.v6.missing_nh = None;
             let step = self.one(now, buf, len, iif, &m, h, cand);
             if let Some(x) = sc.missing.get_mut(i) {
                 *x = self.missing_nh.take();
+            }
+            if let Some(x) = sc.missing6.get_mut(i) {
+                *x = self.v6.missing_nh.take();
             }
             let action = match step {
                 Step::Done(a) => a,
@@ -620,9 +670,13 @@ impl Worker {
         match d.net {
             Net::Ipv4 { key, ttl, .. } => self.slow4(now, buf, len, iif, &d, &key, ttl),
             Net::Arp { op, spa, tpa } => self.arp(buf, len, iif, op, spa, tpa),
-            Net::Ipv6 { .. } | Net::Other(_) => {
-                Step::Done(Action::Drop(DropReason::UnsupportedProtocol))
-            }
+            Net::Ipv6 {
+                key,
+                hop_limit,
+                payload_len,
+                ..
+            } => self.slow6(now, buf, len, iif, &d, &key, hop_limit, payload_len),
+            Net::Other(_) => Step::Done(Action::Drop(DropReason::UnsupportedProtocol)),
         }
     }
 
