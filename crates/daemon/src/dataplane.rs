@@ -485,7 +485,9 @@ impl WorkerThread {
             None => 0,
         };
         if n > 0 {
-            // ARP learning, before the engine rewrites requests into replies.
+            // ARP and NDP learning, before the engine rewrites requests
+            // into replies.
+            let now = now_ns(self.epoch);
             for i in 0..batch.len() {
                 let iif = batch.meta(i).map_or(0, |m| m.port);
                 let learn = batch
@@ -495,7 +497,6 @@ impl WorkerThread {
                 if let Some((ip, mac)) = learn {
                     self.learnt(ip, mac, true, s);
                 }
-                let now = now_ns(self.epoch);
                 let learn6 = batch
                     .data(i)
                     .and_then(parse_ndp)
@@ -504,7 +505,6 @@ impl WorkerThread {
                     self.learnt6(oif, ip, mac, false, true, s);
                 }
             }
-            let now = now_ns(self.epoch);
             self.process_and_send(now, &mut batch, s, true);
         }
         batch.clear();

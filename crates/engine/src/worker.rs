@@ -565,6 +565,12 @@ impl Worker {
             let frame = buf.get(..len).unwrap_or(&[]);
             let m = match dissect_plain4(frame) {
                 Some(p) => Meta::plain(&p),
+                // Untagged IPv6 goes to the slow path, which dissects it
+                // (once) and looks it up in the IPv6 table.
+                None if frame.get(12..14) == Some(&[0x86, 0xdd][..]) => Meta {
+                    class: C_OTHER,
+                    ..Meta::default()
+                },
                 None => match dissect(frame) {
                     Ok(d) => Meta::of(&d),
                     Err(_) => Meta::default(),
