@@ -24,6 +24,7 @@
 //! hop limit 1 is answered with time exceeded and an oversized packet with
 //! packet too big (mtu 1400), which the host's kernel accepts (it learns
 //! the path MTU); IPv6 connections show in `conntrack list`.
+//! With two workers (AF_PACKET), all IPv6 runs on worker 0, and works.
 //!
 //! Needs root, `ip`, `sysctl`, `ethtool`, `ping`, `curl` and `python3`.
 
@@ -68,7 +69,7 @@ fn must(ns: &Netns, cmd: &str) {
     assert!(o.status.success(), "{cmd}:\n{}", text(&o));
 }
 
-fn setup(tag: &str, backend: &str) -> (Topo, Daemon, String) {
+fn setup(tag: &str, backend: &str, workers: u16) -> (Topo, Daemon, String) {
     require_root();
     let t = Topo::new(tag);
     // The gateway's kernel keeps out of IPv6 on the sluice interfaces.
@@ -115,7 +116,7 @@ fn setup(tag: &str, backend: &str) -> (Topo, Daemon, String) {
         format!(
             r#"ruleset = "gw6.nft"
 backend = "{backend}"
-workers = 1
+workers = {workers}
 control_socket = "{}"
 
 [[interfaces]]
@@ -158,7 +159,7 @@ fn curl6(ns: &Netns, port: u16, max_time: u32) -> (bool, String, std::process::O
 }
 
 fn ipv6_end_to_end(backend: &str, tag: &str) {
-    let (t, d, lan_ll) = setup(tag, backend);
+    let (t, d, lan_ll) = setup(tag, backend, 1);
 
     // Through the gateway: NS for its global address, NS for the public
     // host's link-local next hop, echo both ways.
@@ -330,4 +331,41 @@ fn ipv6_ping_http_drop_rule_and_icmpv6_errors_af_packet() {
 #[ignore = "needs root + netns; run by .ci/run with --ignored"]
 fn ipv6_ping_http_drop_rule_and_icmpv6_errors_af_xdp() {
     ipv6_end_to_end("af_xdp", "v6x");
+}
+
+/// With two workers, AF_PACKET steers every non-IPv4 frame to worker 0, so
+/// both directions of every IPv6 flow (and NDP) meet there.
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn ipv6_with_two_workers_runs_on_worker_0() {
+    let (t, d, _) = setup("v6w", "af_packet", 2);
+    let o = sh(&t.private, &format!("ping -6 -n -c 3 -i 0.2 -W 2 {PUB6}"));
+    assert!(
+        o.status.success(),
+        "ping -6:\n{}\n{}",
+        text(&o),
+        d.context()
+    );
+    let _a = http_server(&t, &t.public, PUB6, 8080, "allowed6");
+    for _ in 0..4 {
+        let (ok, size, o) = curl6(&t.private, 8080, 10);
+        assert!(
+            ok && size == (256 << 10).to_string(),
+            "HTTP over IPv6 with two workers: {}\n{}",
+            text(&o),
+            d.context()
+        );
+    }
+    let st = d.ctl("status");
+    let ws = st["worker_status"].as_array().cloned().unwrap_or_default();
+    assert_eq!(ws.len(), 2, "{st}");
+    let conns6: Vec<u64> = ws
+        .iter()
+        .map(|w| w["connections6"].as_u64().unwrap_or(0))
+        .collect();
+    assert!(
+        conns6[0] >= 5,
+        "IPv6 connections on worker 0: {conns6:?}\n{st}"
+    );
+    assert_eq!(conns6[1], 0, "IPv6 reached worker 1: {st}");
 }
