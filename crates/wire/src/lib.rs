@@ -98,7 +98,9 @@ pub use build::{
     build_icmp4_echo, build_icmp4_error, build_icmp6_echo, build_icmp6_error, build_tcp4,
     build_tcp6, build_udp4, build_udp6,
 };
-pub use dissect::{dissect, dissect_plain4, Dissect, InnerKey, Net, Plain4, L4};
+pub use dissect::{
+    dissect, dissect_plain4, dissect_plain6, Dissect, InnerKey, Net, Plain4, Plain6, L4,
+};
 pub use error::{EmitError, ParseError};
 pub use ethernet::EthernetAddress;
 pub use flow::{FlowKey4, FlowKey6};
