@@ -15,7 +15,9 @@ use sluice_conntrack::{
 };
 use sluice_nat::{NatConfig, NatError, NatEvent, NatEventSink, Translation, WorkerNat};
 use sluice_wire::checksum;
-use sluice_wire::dissect::{dissect, dissect_plain4, Dissect, InnerKey, Net, Plain4, L4};
+use sluice_wire::dissect::{
+    dissect, dissect_plain4, dissect_plain6, Dissect, InnerKey, Net, Plain4, Plain6, L4,
+};
 use sluice_wire::flow::{proto, FlowKey4};
 
 use crate::drop::{Counters, DropReason};
@@ -237,6 +239,9 @@ const C_V4: u8 = 1;
 /// Parsed, but not for the IPv4 fast path (ARP, IPv6, ICMP errors, later
 /// fragments, ...).
 const C_OTHER: u8 = 2;
+/// Plain IPv6 (TCP, UDP, ICMPv6 echo without extension headers): its
+/// [`Plain6`] is in the batch scratch.
+const C_V6: u8 = 3;
 
 impl Meta {
     /// The common case, parsed by [`dissect_plain4`] (which agrees with
@@ -310,6 +315,8 @@ struct Scratch {
     missing: Vec<Option<(IfIndex, u32)>>,
     /// The same for IPv6 next hops.
     missing6: Vec<Option<(IfIndex, u128)>>,
+    /// For a [`C_V6`] frame: what the IPv6 fast path needs.
+    plain6: Vec<Plain6>,
 }
 
 /// One worker.
@@ -442,6 +449,7 @@ impl Worker {
                 hit: vec![None; MAX_BATCH],
                 missing: vec![None; MAX_BATCH],
                 missing6: vec![None; MAX_BATCH],
+                plain6: vec![Plain6::default(); MAX_BATCH],
             },
             icmp: TokenBucket::new(cfg.icmp_errors_per_sec),
             missing_nh: None,
@@ -563,13 +571,23 @@ impl Worker {
         for i in 0..n {
             let (buf, len) = frames.buf_mut(i);
             let frame = buf.get(..len).unwrap_or(&[]);
+            let v6 = frame.get(12..14) == Some(&[0x86, 0xdd][..]);
             let m = match dissect_plain4(frame) {
                 Some(p) => Meta::plain(&p),
-                // Untagged IPv6 goes to the slow path, which dissects it
-                // (once) and looks it up in the IPv6 table.
-                None if frame.get(12..14) == Some(&[0x86, 0xdd][..]) => Meta {
-                    class: C_OTHER,
-                    ..Meta::default()
+                None if v6 => match (dissect_plain6(frame), sc.plain6.get_mut(i)) {
+                    (Some(p), Some(slot)) => {
+                        *slot = p;
+                        Meta {
+                            class: C_V6,
+                            ..Meta::default()
+                        }
+                    }
+                    // Other IPv6 goes to the slow path, which dissects it
+                    // (once).
+                    _ => Meta {
+                        class: C_OTHER,
+                        ..Meta::default()
+                    },
                 },
                 None => match dissect(frame) {
                     Ok(d) => Meta::of(&d),
@@ -581,6 +599,11 @@ impl Worker {
                 if m.class == C_V4 {
                     *h = self.ct.hash(&m.key);
                     self.ct.prefetch_bucket(*h);
+                } else if m.class == C_V6 {
+                    if let Some(p) = sc.plain6.get(i) {
+                        *h = self.v6.ct.hash(&p.key);
+                        self.v6.ct.prefetch_bucket(*h);
+                    }
                 }
             }
         }
@@ -597,6 +620,11 @@ impl Worker {
                     self.ct.prefetch_entry(id);
                     *hit = Some((id, dir));
                 }
+            } else if m.class == C_V6 {
+                if let Some((id, dir)) = self.v6.ct.candidate(h) {
+                    self.v6.ct.prefetch_entry(id);
+                    *hit = Some((id, dir));
+                }
             }
         }
         // Pass 3: act.
@@ -608,7 +636,12 @@ impl Worker {
             let (buf, len) = frames.buf_mut(i);
             self.missing_nh = None;
             self.v6.missing_nh = None;
-            let step = self.one(now, buf, len, iif, &m, h, cand);
+            let step = if m.class == C_V6 {
+                let p6 = sc.plain6.get(i).copied().unwrap_or_default();
+                self.one6(now, buf, len, iif, &p6, h, cand)
+            } else {
+                self.one(now, buf, len, iif, &m, h, cand)
+            };
             if let Some(x) = sc.missing.get_mut(i) {
                 *x = self.missing_nh.take();
             }
@@ -663,6 +696,33 @@ impl Worker {
             }
         } else if m.class == C_BAD {
             return Step::Done(Action::Drop(DropReason::Malformed));
+        }
+        self.slow(now, buf, len, iif)
+    }
+
+    /// A [`C_V6`] frame: the IPv6 fast path on a conntrack hit, else the
+    /// slow path.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn one6(
+        &mut self,
+        now: ct::Instant,
+        buf: &mut [u8],
+        len: usize,
+        iif: IfIndex,
+        p: &Plain6,
+        h: u64,
+        cand: Option<(EntryId, Dir)>,
+    ) -> Step {
+        let hit = match cand {
+            Some((id, dir)) if self.v6.ct.verify(id, dir, &p.key) => Some((id, dir)),
+            Some(_) => self.v6.ct.lookup(h, &p.key),
+            None => None,
+        };
+        if let Some((id, dir)) = hit {
+            if let Some(s) = self.fast6(now, buf, len, iif, &v6::Pkt6::plain(p), id, dir) {
+                return s;
+            }
         }
         self.slow(now, buf, len, iif)
     }

@@ -50,6 +50,54 @@ impl FlowInfo6 {
     }
 }
 
+/// What forwarding a packet needs to know about it, from [`dissect`] or
+/// [`sluice_wire::dissect_plain6`].
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Pkt6 {
+    /// Offset of the IPv6 header.
+    pub(super) l3: usize,
+    pub(super) hop_limit: u8,
+    pub(super) payload_len: u16,
+    /// The conntrack event of the packet.
+    pub(super) ev: L4Event,
+    /// An ICMPv6 error (or redirect): never answered with an error.
+    pub(super) about_error: bool,
+}
+
+impl Pkt6 {
+    fn of(d: &Dissect, hop_limit: u8, payload_len: u16) -> Self {
+        Pkt6 {
+            l3: usize::from(d.l3_off),
+            hop_limit,
+            payload_len,
+            ev: l4_event6(d),
+            about_error: match d.l4 {
+                L4::IcmpError { .. } => true,
+                L4::IcmpOther { ty, .. } => ty < 128 || ty == ndp::REDIRECT,
+                _ => false,
+            },
+        }
+    }
+
+    /// A frame accepted by `dissect_plain6`.
+    pub(super) fn plain(p: &sluice_wire::Plain6) -> Self {
+        let ev = match p.key.proto {
+            proto::TCP => L4Event::Tcp(TcpFlags(p.l4_byte)),
+            proto::UDP => L4Event::Udp,
+            _ => L4Event::Icmp {
+                request: icmp_is_query_request(true, p.l4_byte),
+            },
+        };
+        Pkt6 {
+            l3: usize::from(sluice_wire::Plain6::L3_OFF),
+            hop_limit: p.hop_limit,
+            payload_len: p.payload_len,
+            ev,
+            about_error: false,
+        }
+    }
+}
+
 /// The IPv6 part of a worker.
 pub(super) struct State {
     pub(super) ct: Table<FlowKey6, FlowInfo6>,
@@ -272,9 +320,10 @@ impl Worker {
                 return self.ndp(buf, len, iif, d, key, hop_limit, payload_len, ty);
             }
         }
+        let pk = Pkt6::of(d, hop_limit, payload_len);
         let h = self.v6.ct.hash(key);
         if let Some((id, dir)) = self.v6.ct.lookup(h, key) {
-            if let Some(s) = self.fast6(now, buf, len, iif, d, hop_limit, payload_len, id, dir) {
+            if let Some(s) = self.fast6(now, buf, len, iif, &pk, id, dir) {
                 return s;
             }
         }
@@ -303,7 +352,7 @@ impl Worker {
             } => return drop(DropReason::Udp6ZeroChecksum),
             _ => {}
         }
-        let ev = l4_event6(d);
+        let ev = pk.ev;
         if !self.v6.ct.may_create(ev) {
             return drop(DropReason::CtInvalid);
         }
@@ -320,16 +369,15 @@ impl Worker {
         };
         // RFC 8200 §3 / RFC 4443 §3.3 and §3.2, checked after routing and
         // before the forward hook as in the kernel's ip6_forward.
-        let l3 = usize::from(d.l3_off);
         if hop_limit <= 1 {
-            return self.icmp6_error(now, buf, len, l3, iif, d, None);
+            return self.icmp6_error(now, buf, len, iif, &pk, None);
         }
         let mtu = self
             .ifaces
             .get(usize::from(oif))
             .map_or(Interface::DEFAULT_MTU, |i| i.mtu);
         if 40 + usize::from(payload_len) > usize::from(mtu) {
-            return self.icmp6_error(now, buf, len, l3, iif, d, Some(mtu));
+            return self.icmp6_error(now, buf, len, iif, &pk, Some(mtu));
         }
         let adj_out = match self.neighbor6(oif, nh) {
             Ok(a) => a,
@@ -380,26 +428,25 @@ impl Worker {
         if pp.mark != 0 {
             self.v6.ct.entry_mut(id).set_mark(pp.mark);
         }
-        self.emit6(now, buf, len, l3, iif, d, payload_len, adj_out)
+        self.emit6(now, buf, len, iif, &pk, adj_out)
     }
 
     /// A packet of a known connection. `None`: the entry was removed (a
     /// TCP SYN reopening a closed connection, or expired); treat the packet
     /// as new.
     #[allow(clippy::too_many_arguments)]
-    fn fast6(
+    #[inline]
+    pub(super) fn fast6(
         &mut self,
         now: ct::Instant,
         buf: &mut [u8],
         len: usize,
         iif: IfIndex,
-        d: &Dissect,
-        hop_limit: u8,
-        payload_len: u16,
+        pk: &Pkt6,
         id: EntryId,
         dir: Dir,
     ) -> Option<Step> {
-        let tracked = self.v6.ct.track(id, dir, now, l4_event6(d));
+        let tracked = self.v6.ct.track(id, dir, now, pk.ev);
         match tracked.verdict {
             ct::Verdict::Invalid => return Some(Step::Done(Action::Drop(DropReason::CtInvalid))),
             ct::Verdict::Reopen | ct::Verdict::Expired => {
@@ -408,13 +455,12 @@ impl Worker {
             }
             ct::Verdict::Valid | ct::Verdict::Ignored | ct::Verdict::Close => {}
         }
-        let l3 = usize::from(d.l3_off);
-        if hop_limit <= 1 {
-            return Some(self.icmp6_error(now, buf, len, l3, iif, d, None));
+        if pk.hop_limit <= 1 {
+            return Some(self.icmp6_error(now, buf, len, iif, pk, None));
         }
         self.counters.fast_path += 1;
         let adj = self.v6.ct.entry(id).payload().adjacency(dir);
-        let step = self.emit6(now, buf, len, l3, iif, d, payload_len, adj);
+        let step = self.emit6(now, buf, len, iif, pk, adj);
         if tracked.verdict == ct::Verdict::Close {
             self.v6.ct.remove(id);
         }
@@ -423,25 +469,23 @@ impl Worker {
 
     /// Forward the packet at `l3` on adjacency `adj`: MTU check, hop limit
     /// decrement, MACs.
-    #[allow(clippy::too_many_arguments)]
+    #[inline]
     fn emit6(
         &mut self,
         now: ct::Instant,
         buf: &mut [u8],
         len: usize,
-        l3: usize,
         iif: IfIndex,
-        d: &Dissect,
-        payload_len: u16,
+        pk: &Pkt6,
         adj: AdjIndex,
     ) -> Step {
         let Some(&a) = self.adj.get(usize::from(adj)).filter(|a| a.resolved) else {
             return Step::Done(Action::Drop(DropReason::NoNeighbor));
         };
-        if 40 + usize::from(payload_len) > usize::from(a.mtu) {
-            return self.icmp6_error(now, buf, len, l3, iif, d, Some(a.mtu));
+        if 40 + usize::from(pk.payload_len) > usize::from(a.mtu) {
+            return self.icmp6_error(now, buf, len, iif, pk, Some(a.mtu));
         }
-        let Some(hl) = buf.get_mut(l3 + 7) else {
+        let Some(hl) = buf.get_mut(pk.l3 + 7) else {
             return Step::Done(Action::Drop(DropReason::Malformed));
         };
         *hl = hl.saturating_sub(1);
@@ -621,17 +665,16 @@ impl Worker {
     /// else time exceeded (hop limit exceeded in transit).
     #[cold]
     #[inline(never)]
-    #[allow(clippy::too_many_arguments)]
     fn icmp6_error(
         &mut self,
         now: ct::Instant,
         buf: &mut [u8],
         len: usize,
-        l3: usize,
         iif: IfIndex,
-        d: &Dissect,
+        pk: &Pkt6,
         mtu: Option<u16>,
     ) -> Step {
+        let l3 = pk.l3;
         let reason = match mtu {
             Some(_) => DropReason::TooBig,
             None => DropReason::TtlExpired,
@@ -640,12 +683,7 @@ impl Worker {
         let (Some(sender), Some(dst)) = (read128(buf, l3 + 8), read128(buf, l3 + 24)) else {
             return dropped;
         };
-        let about_error = match d.l4 {
-            L4::IcmpError { .. } => true,
-            L4::IcmpOther { ty, .. } => ty < 128 || ty == ndp::REDIRECT,
-            _ => false,
-        };
-        if about_error
+        if pk.about_error
             || sender == 0
             || ndp::is_multicast(sender)
             || (ndp::is_multicast(dst) && mtu.is_none())
