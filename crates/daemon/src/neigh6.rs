@@ -260,6 +260,14 @@ impl Resolver6 {
                 None
             }
             (Some(k), Some(_)) if k.fixed => None,
+            // §7.2.5: an advertisement without the override flag does not
+            // replace a known, different link-layer address.
+            (Some(_), Some(_))
+                if f.msg.msg_type == ndp::NEIGHBOR_ADVERT
+                    && f.msg.flags & ndp::FLAG_OVERRIDE == 0 =>
+            {
+                None
+            }
             (_, Some(m)) if m != [0; 6] && m[0] & 1 == 0 => Some((iif, Ipv6Addr::from(who), m)),
             _ => None,
         }
@@ -541,6 +549,37 @@ mod tests {
         assert_eq!(p.dst, a("fe80::1"));
         // An advertisement confirms it.
         assert_eq!(r.learn(REACHABLE + 2, 2, &na("fe80::1", R_MAC)), None);
+        // One without the override flag does not change the address; one
+        // with it does.
+        let mut b = [0u8; 128];
+        let ll_gw = u128::from(ndp::link_local(GW_MAC));
+        let other = [2, 7, 7, 7, 7, 7];
+        let n = ndp::build_na(
+            &mut b,
+            other,
+            GW_MAC,
+            a("fe80::1"),
+            ll_gw,
+            ndp::FLAG_SOLICITED,
+        )
+        .unwrap();
+        assert_eq!(
+            r.learn(REACHABLE + 2, 2, &parse_ndp(&b[..n]).unwrap()),
+            None
+        );
+        let n = ndp::build_na(
+            &mut b,
+            other,
+            GW_MAC,
+            a("fe80::1"),
+            ll_gw,
+            ndp::FLAG_OVERRIDE,
+        )
+        .unwrap();
+        assert_eq!(
+            r.learn(REACHABLE + 2, 2, &parse_ndp(&b[..n]).unwrap()),
+            Some((2, ll, other))
+        );
         let mut todo = Todo::default();
         r.tick(REACHABLE + RETRY, &mut todo);
         assert!(todo.send6.is_empty(), "confirmed again");

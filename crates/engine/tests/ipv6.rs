@@ -517,3 +517,38 @@ fn corrupted_ipv6_frames_never_panic() {
         }
     }
 }
+
+/// A packet with an extension header skips the fixed-offset parser; the
+/// general path finds the same connection.
+#[test]
+fn extension_headers_take_the_general_path_to_the_same_connection() {
+    let mut w = worker(InsideOnly);
+    let out = key(proto::UDP, HOST, 4000, REMOTE, 53);
+    let (act, _) = run(&mut w, INSIDE, |b| {
+        build_udp6(b, HOST_MAC, GW_IN_MAC, &out, 8).unwrap()
+    });
+    assert_eq!(act, Action::Forward(OUTSIDE));
+    // The reply with an 8-byte destination options header (next header 60)
+    // in front of UDP.
+    let mut plain = vec![0u8; 2048];
+    let n = build_udp6(&mut plain, ROUTER_MAC, GW_OUT_MAC, &out.reversed(), 8).unwrap();
+    let (act, f) = run(&mut w, OUTSIDE, |b| {
+        b[..54].copy_from_slice(&plain[..54]);
+        b[20] = 60;
+        b[18..20].copy_from_slice(&(u16::from_be_bytes([plain[18], plain[19]]) + 8).to_be_bytes());
+        b[54] = proto::UDP;
+        b[55] = 0; // 8 bytes: next header, length 0, PadN
+        b[56] = 1;
+        b[57] = 4;
+        b[62..n + 8].copy_from_slice(&plain[54..n]);
+        n + 8
+    });
+    assert_eq!(
+        act,
+        Action::Forward(INSIDE),
+        "a reply, not a new inbound connection"
+    );
+    assert_eq!(f[21], 63);
+    assert_eq!(w.conntrack6().len(), 1);
+    assert_eq!(w.counters().fast_path, 1);
+}
