@@ -44,8 +44,9 @@ const PUB6: &str = "2001:db8:99::2";
 const GW_WAN6: &str = "2001:db8:2::1";
 
 /// Forward: replies; from the LAN TCP 5201 (iperf3) and 8080 (not 8081,
-/// dropped by an `ip6` rule first), echo requests. Everything else, in particular anything new
-/// from the WAN, is dropped by the policy.
+/// dropped by an `ip6` rule first), echo requests. Everything else, in
+/// particular anything new from the WAN, is dropped by the policy. The
+/// `inet` masquerade rule must not touch IPv6 (no NAT66).
 const RULESET: &str = r#"table inet filter {
   chain forward {
     type filter hook forward priority 0; policy drop;
@@ -53,6 +54,12 @@ const RULESET: &str = r#"table inet filter {
     ip6 daddr 2001:db8:99::2 tcp dport 8081 drop
     iifname "lan0" oifname "wan0" tcp dport { 5201, 8080, 8081 } accept
     iifname "lan0" oifname "wan0" icmpv6 type echo-request accept
+  }
+}
+table inet nat {
+  chain postrouting {
+    type nat hook postrouting priority 100; policy accept;
+    oifname "wan0" masquerade
   }
 }
 "#;

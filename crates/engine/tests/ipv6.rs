@@ -552,3 +552,27 @@ fn extension_headers_take_the_general_path_to_the_same_connection() {
     assert_eq!(w.conntrack6().len(), 1);
     assert_eq!(w.counters().fast_path, 1);
 }
+
+/// NAT statements never apply to IPv6 (no NAT66): a masquerade for the
+/// egress interface leaves the packet's addresses and ports alone.
+#[test]
+fn masquerade_does_not_translate_ipv6() {
+    let mut p = StaticPolicy::accept_all();
+    p.snat = vec![(OUTSIDE, sluice_nat::Translation::Masquerade)];
+    let mut w = worker(p);
+    let k = key(proto::TCP, HOST, 40000, REMOTE, 443);
+    let mut orig = vec![0u8; 2048];
+    let n = build_tcp6(&mut orig, HOST_MAC, GW_IN_MAC, &k, 0x02, 1, 0, 0).unwrap();
+    let (act, f) = run(&mut w, INSIDE, |b| {
+        b[..n].copy_from_slice(&orig[..n]);
+        n
+    });
+    assert_eq!(act, Action::Forward(OUTSIDE));
+    assert_eq!(f[21], orig[21] - 1);
+    assert_eq!(
+        &f[22..],
+        &orig[22..n],
+        "addresses, ports and checksum unchanged"
+    );
+    assert_eq!(w.nat().mappings().count(), 0, "no NAT state");
+}
