@@ -24,7 +24,7 @@ use sluice_io::{BackendKind, Batch, Port, PortStats};
 
 use crate::ctl::{CtEntry, CtFilter};
 use crate::neigh::{parse_arp, Resolver, Todo};
-use crate::neigh6::{parse_ndp, Resolver6};
+use crate::neigh6::{parse_ndp, Origin, Resolver6};
 
 /// Housekeeping period (GC slice, ARP retries).
 pub const HOUSEKEEPING_NS: u64 = 10_000_000;
@@ -44,6 +44,8 @@ pub enum Command {
     /// An IPv6 neighbour (interface, address, MAC, static) learnt by
     /// another worker or configured statically.
     SetNeighbor6(IfIndex, Ipv6Addr, [u8; 6], bool),
+    /// An IPv6 neighbour another worker learnt and found unreachable.
+    ForgetNeighbor6(IfIndex, Ipv6Addr),
 }
 
 /// A snapshot of one worker.
@@ -316,6 +318,9 @@ impl WorkerThread {
                 self.resolver6.tick(now, &mut s.todo);
                 for (oif, ip) in core::mem::take(&mut s.todo.forget6) {
                     self.engine.clear_neighbor6(oif, ip);
+                    for p in &self.peers {
+                        let _ = p.try_send(Command::ForgetNeighbor6(oif, ip));
+                    }
                 }
                 self.send_arp(&mut s);
                 for p in &mut self.ports {
@@ -393,7 +398,13 @@ impl WorkerThread {
                 }
                 Command::SetNeighbor(ip, mac) => self.learnt(ip, mac, false, s),
                 Command::SetNeighbor6(oif, ip, mac, fixed) => {
-                    self.learnt6(oif, ip, mac, fixed, false, s)
+                    let origin = if fixed { Origin::Static } else { Origin::Peer };
+                    self.learnt6(oif, ip, mac, origin, false, s)
+                }
+                Command::ForgetNeighbor6(oif, ip) => {
+                    if self.resolver6.forget_peer(oif, ip) {
+                        self.engine.clear_neighbor6(oif, ip);
+                    }
                 }
             }
         }
@@ -452,7 +463,7 @@ impl WorkerThread {
         oif: IfIndex,
         ip: Ipv6Addr,
         mac: [u8; 6],
-        fixed: bool,
+        origin: Origin,
         tell_peers: bool,
         s: &mut Scratch,
     ) {
@@ -471,7 +482,7 @@ impl WorkerThread {
             }
         }
         let now = now_ns(self.epoch);
-        let held = self.resolver6.set_known(now, oif, ip, mac, fixed);
+        let held = self.resolver6.set_known(now, oif, ip, mac, origin);
         self.reprocess(held, s);
     }
 
@@ -502,7 +513,7 @@ impl WorkerThread {
                     .and_then(parse_ndp)
                     .and_then(|f| self.resolver6.learn(now, iif, &f));
                 if let Some((oif, ip, mac)) = learn6 {
-                    self.learnt6(oif, ip, mac, false, true, s);
+                    self.learnt6(oif, ip, mac, Origin::Learnt, true, s);
                 }
             }
             self.process_and_send(now, &mut batch, s, true);

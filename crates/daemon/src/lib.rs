@@ -932,7 +932,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
         }
         let mut resolver6 = neigh6::Resolver6::new(nifs6, &engine_routes6(&cfg));
         for &(dev, ip, mac) in &cfg.neighbors6 {
-            resolver6.set_known(0, (dev + 1) as u16, ip, mac, true);
+            resolver6.set_known(0, (dev + 1) as u16, ip, mac, neigh6::Origin::Static);
         }
         let peers = senders
             .iter()

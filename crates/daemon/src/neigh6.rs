@@ -22,7 +22,8 @@
 //!   solicitation or advertisement from the neighbour confirms it. When the
 //!   probes go unanswered the entry is forgotten: the engine marks its
 //!   adjacency unresolved and the next packet resolves it again. Static
-//!   neighbours never age.
+//!   neighbours never age; a neighbour shared by another worker is aged by
+//!   that worker, which tells the others when it forgets it.
 //!
 //! Limits: frames are assumed untagged, NDP messages without extension
 //! headers; router advertisements and redirects are not acted upon (routes
@@ -129,10 +130,21 @@ pub fn ipv6_addrs(f: &[u8]) -> Option<(u128, u128)> {
     ))
 }
 
+/// Where a neighbour entry comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// Configured; never aged.
+    Static,
+    /// Learnt by this worker from an NDP frame; this worker ages it.
+    Learnt,
+    /// Learnt by another worker, which ages it and says when it is gone.
+    Peer,
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Known {
     mac: [u8; 6],
-    fixed: bool,
+    origin: Origin,
     confirmed: u64,
     probes: u32,
     last_probe: u64,
@@ -185,7 +197,7 @@ impl Resolver6 {
     pub fn known(&self) -> impl Iterator<Item = (IfIndex, Ipv6Addr, [u8; 6], bool)> + '_ {
         self.known
             .iter()
-            .map(|(&(o, a), k)| (o, Ipv6Addr::from(a), k.mac, k.fixed))
+            .map(|(&(o, a), k)| (o, Ipv6Addr::from(a), k.mac, k.origin == Origin::Static))
     }
 
     /// Next hops being resolved and the frames held for them.
@@ -196,23 +208,26 @@ impl Resolver6 {
         )
     }
 
-    /// Record a neighbour (static config when `fixed`, else learnt here or
-    /// by another worker) at time `now`. Returns the frames held for it.
+    /// Record a neighbour at time `now` (a static entry stays static).
+    /// Returns the frames held for it.
     pub fn set_known(
         &mut self,
         now: u64,
         oif: IfIndex,
         ip: Ipv6Addr,
         mac: [u8; 6],
-        fixed: bool,
+        origin: Origin,
     ) -> Vec<(IfIndex, Vec<u8>)> {
         let a = u128::from(ip);
-        let fixed = fixed || self.known.get(&(oif, a)).is_some_and(|k| k.fixed);
+        let origin = match self.known.get(&(oif, a)) {
+            Some(k) if k.origin == Origin::Static => Origin::Static,
+            _ => origin,
+        };
         self.known.insert(
             (oif, a),
             Known {
                 mac,
-                fixed,
+                origin,
                 confirmed: now,
                 probes: 0,
                 last_probe: 0,
@@ -259,7 +274,7 @@ impl Resolver6 {
                 }
                 None
             }
-            (Some(k), Some(_)) if k.fixed => None,
+            (Some(k), Some(_)) if k.origin == Origin::Static => None,
             // §7.2.5: an advertisement without the override flag does not
             // replace a known, different link-layer address.
             (Some(_), Some(_))
@@ -271,6 +286,17 @@ impl Resolver6 {
             (_, Some(m)) if m != [0; 6] && m[0] & 1 == 0 => Some((iif, Ipv6Addr::from(who), m)),
             _ => None,
         }
+    }
+
+    /// Another worker found `ip` unreachable: forget it if we only had it
+    /// from a peer. Returns whether it was forgotten.
+    pub fn forget_peer(&mut self, oif: IfIndex, ip: Ipv6Addr) -> bool {
+        let k = (oif, u128::from(ip));
+        if self.known.get(&k).is_some_and(|n| n.origin == Origin::Peer) {
+            self.known.remove(&k);
+            return true;
+        }
+        false
     }
 
     fn next_hop(&self, dst: u128) -> Option<(IfIndex, u128)> {
@@ -368,7 +394,7 @@ impl Resolver6 {
         }
         let mut forget = Vec::new();
         for (k, n) in &mut self.known {
-            if n.fixed
+            if n.origin != Origin::Learnt
                 || now.saturating_sub(n.confirmed) < REACHABLE
                 || now.saturating_sub(n.last_probe) < RETRY
             {
@@ -475,13 +501,13 @@ mod tests {
         // on the inside is another neighbour and releases nothing.
         let (o, ip, mac) = r.learn(7, 1, &na("fe80::1", R_MAC)).unwrap();
         assert_eq!(o, 1);
-        assert!(r.set_known(7, o, ip, mac, false).is_empty());
+        assert!(r.set_known(7, o, ip, mac, Origin::Learnt).is_empty());
         assert_eq!(r.pending(), (1, 2));
         // A global address off the interface's prefixes is not learnt.
         assert_eq!(r.learn(7, 1, &na("2001:db8:9::1", R_MAC)), None, "off-link");
         let (o, ip, mac) = r.learn(7, 2, &na("fe80::1", R_MAC)).unwrap();
         assert_eq!((o, ip, mac), (2, "fe80::1".parse().unwrap(), R_MAC));
-        let held = r.set_known(7, o, ip, mac, false);
+        let held = r.set_known(7, o, ip, mac, Origin::Learnt);
         assert_eq!(held.len(), 2);
         assert_eq!(r.learn(8, 2, &na("fe80::1", R_MAC)), None, "already known");
         // Now the inside host is the missing next hop.
@@ -535,8 +561,16 @@ mod tests {
     fn stale_entries_are_probed_then_forgotten_unless_confirmed() {
         let mut r = resolver();
         let ll: Ipv6Addr = "fe80::1".parse().unwrap();
-        r.set_known(0, 2, ll, R_MAC, false);
-        r.set_known(0, 1, "fd00:1::9".parse().unwrap(), [2, 1, 1, 1, 1, 1], true);
+        r.set_known(0, 2, ll, R_MAC, Origin::Learnt);
+        r.set_known(
+            0,
+            1,
+            "fd00:1::9".parse().unwrap(),
+            [2, 1, 1, 1, 1, 1],
+            Origin::Static,
+        );
+        let from_peer: Ipv6Addr = "fe80::7".parse().unwrap();
+        r.set_known(0, 2, from_peer, [2, 7, 0, 0, 0, 7], Origin::Peer);
         let mut todo = Todo::default();
         r.tick(REACHABLE - 1, &mut todo);
         assert!(todo.send6.is_empty(), "fresh");
@@ -589,9 +623,23 @@ mod tests {
             r.tick(t0 + k * RETRY, &mut todo);
         }
         assert_eq!(todo.send6.len(), TRIES as usize);
-        assert_eq!(todo.forget6, vec![(2, ll)]);
-        let left: Vec<_> = r.known().collect();
-        assert_eq!(left.len(), 1);
-        assert!(left[0].3, "static neighbours never age");
+        assert_eq!(
+            todo.forget6,
+            vec![(2, ll)],
+            "peers' entries are the peers' to age"
+        );
+        let mut left: Vec<_> = r.known().map(|k| (k.1, k.3)).collect();
+        left.sort();
+        assert_eq!(
+            left,
+            vec![("fd00:1::9".parse().unwrap(), true), (from_peer, false)],
+            "static neighbours never age"
+        );
+        assert!(
+            !r.forget_peer(1, "fd00:1::9".parse().unwrap()),
+            "static stays"
+        );
+        assert!(r.forget_peer(2, from_peer));
+        assert_eq!(r.known().count(), 1);
     }
 }
