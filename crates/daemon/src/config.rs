@@ -10,7 +10,7 @@
 //! Validation has no side effects; [`crate::check`] is the whole of
 //! `sluice check`.
 
-use core::net::Ipv4Addr;
+use core::net::{Ipv4Addr, Ipv6Addr};
 use core::ops::Range;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -153,6 +153,8 @@ struct RawRoute {
 struct RawNeighbor {
     ip: Spanned<String>,
     mac: Spanned<String>,
+    /// IPv6 only: the interface (needed for a link-local address).
+    dev: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -173,6 +175,7 @@ struct RawNat {
 #[serde(deny_unknown_fields)]
 struct RawConntrack {
     max: Option<Spanned<i64>>,
+    max_v6: Option<Spanned<i64>>,
     #[serde(default)]
     timeouts: RawTimeouts,
 }
@@ -243,6 +246,9 @@ pub struct InterfaceConfig {
     pub role: Option<Role>,
     /// IPv4 addresses with prefix lengths.
     pub addrs: Vec<(Ipv4Addr, u8)>,
+    /// IPv6 addresses with prefix lengths (the EUI-64 link-local address
+    /// is added by the engine).
+    pub addrs6: Vec<(Ipv6Addr, u8)>,
     /// MAC override; `None` reads the interface's own.
     pub mac: Option<[u8; 6]>,
     /// IP MTU override; `None` reads the interface's own (else 1500).
@@ -258,6 +264,19 @@ pub struct RouteConfig {
     pub len: u8,
     /// Gateway, if not directly connected.
     pub via: Option<Ipv4Addr>,
+    /// Index into [`Config::interfaces`].
+    pub dev: usize,
+}
+
+/// A static IPv6 route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route6Config {
+    /// Destination network (host bits cleared).
+    pub net: Ipv6Addr,
+    /// Prefix length.
+    pub len: u8,
+    /// Next hop (global, or link-local with `dev`), if not directly connected.
+    pub via: Option<Ipv6Addr>,
     /// Index into [`Config::interfaces`].
     pub dev: usize,
 }
@@ -283,12 +302,18 @@ pub struct Config {
     pub routes: Vec<RouteConfig>,
     /// Static neighbours.
     pub neighbors: Vec<(Ipv4Addr, [u8; 6])>,
+    /// Static IPv6 routes.
+    pub routes6: Vec<Route6Config>,
+    /// Static IPv6 neighbours: (index into [`Config::interfaces`], address, MAC).
+    pub neighbors6: Vec<(usize, Ipv6Addr, [u8; 6])>,
     /// NAT behaviour and limits (pools come from the ruleset).
     pub nat: sluice_nat::NatConfig,
     /// Without a ruleset: indices of interfaces whose egress traffic is masqueraded.
     pub masquerade: Vec<usize>,
     /// Conntrack maximum (whole gateway; split between workers).
     pub ct_max: u64,
+    /// IPv6 conntrack maximum (whole gateway; split between workers).
+    pub ct6_max: u64,
     /// Conntrack timeouts.
     pub timeouts: sluice_conntrack::Timeouts,
 }
@@ -462,10 +487,17 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
             ));
         }
         let mut addrs = Vec::new();
+        let mut addrs6 = Vec::new();
         for (j, a) in ri.addresses.iter().enumerate() {
-            let (ip, len) = parse_cidr(a.get_ref())
-                .map_err(|m| src.err(a, &format!("{p}.addresses[{j}]"), m))?;
-            addrs.push((ip, len));
+            let at = |m| src.err(a, &format!("{p}.addresses[{j}]"), m);
+            if a.get_ref().contains(':') {
+                let (ip, len) = parse_cidr6(a.get_ref()).map_err(at)?;
+                check_unicast6(ip).map_err(at)?;
+                addrs6.push((ip, len));
+            } else {
+                let (ip, len) = parse_cidr(a.get_ref()).map_err(at)?;
+                addrs.push((ip, len));
+            }
         }
         let mac = ri
             .mac
@@ -504,6 +536,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
             name: name.clone(),
             role: ri.role,
             addrs,
+            addrs6,
             mac,
             mtu,
         });
@@ -531,10 +564,73 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
             .position(|x| x.addrs.iter().any(|&(a, l)| same_net(a, ip, l) && l > 0))
     };
 
+    let connected6 = |ip: Ipv6Addr| -> Option<usize> {
+        interfaces.iter().position(|x| {
+            x.addrs6
+                .iter()
+                .any(|&(a, l)| l > 0 && (u128::from(a) ^ u128::from(ip)) & mask6(l) == 0)
+        })
+    };
+
     // Routes.
     let mut routes = Vec::new();
+    let mut routes6 = Vec::new();
     for (i, rr) in raw.routes.iter().enumerate() {
         let p = format!("routes[{i}]");
+        if rr.to.get_ref().contains(':') {
+            let (net, len) =
+                parse_cidr6(rr.to.get_ref()).map_err(|m| src.err(&rr.to, &format!("{p}.to"), m))?;
+            let net_masked = Ipv6Addr::from(u128::from(net) & mask6(len));
+            if net_masked != net {
+                return Err(src.err(
+                    &rr.to,
+                    &format!("{p}.to"),
+                    format!("{net}/{len} has host bits set (did you mean {net_masked}/{len}?)"),
+                ));
+            }
+            let via = rr
+                .via
+                .as_ref()
+                .map(|v| {
+                    parse_ip6(v.get_ref())
+                        .and_then(|a| check_unicast6(a).map(|()| a))
+                        .map_err(|m| src.err(v, &format!("{p}.via"), m))
+                })
+                .transpose()?;
+            let dev = match (&rr.dev, via) {
+                (Some(d), _) => iface_index(d, &format!("{p}.dev"))?,
+                (None, Some(gw)) => match (gw.is_unicast_link_local(), connected6(gw)) {
+                    (false, Some(d)) => d,
+                    (link_local, _) => {
+                        let Some(v) = rr.via.as_ref() else {
+                            return Err(src.err(&rr.to, &p, "needs via or dev"));
+                        };
+                        let why = if link_local {
+                            "is link-local"
+                        } else {
+                            "is on no interface's IPv6 prefix"
+                        };
+                        return Err(src.err(
+                            v,
+                            &format!("{p}.via"),
+                            format!("{gw} {why}; add dev = \"...\""),
+                        ));
+                    }
+                },
+                (None, None) => {
+                    return Err(src.err(&rr.to, &p, "needs via = \"GATEWAY\" or dev = \"IFNAME\""))
+                }
+            };
+            routes6.push(Route6Config { net, len, via, dev });
+            continue;
+        }
+        if let Some(v) = rr.via.as_ref().filter(|v| v.get_ref().contains(':')) {
+            return Err(src.err(
+                v,
+                &format!("{p}.via"),
+                format!("{} is an IPv6 next hop for an IPv4 route", v.get_ref()),
+            ));
+        }
         let (net, len) =
             parse_cidr(rr.to.get_ref()).map_err(|m| src.err(&rr.to, &format!("{p}.to"), m))?;
         let net_masked = Ipv4Addr::from(u32::from(net) & mask(len));
@@ -574,11 +670,37 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
 
     // Neighbours.
     let mut neighbors = Vec::new();
+    let mut neighbors6 = Vec::new();
     for (i, rn) in raw.neighbors.iter().enumerate() {
         let p = format!("neighbors[{i}]");
-        let ip = parse_ip(rn.ip.get_ref()).map_err(|m| src.err(&rn.ip, &format!("{p}.ip"), m))?;
         let mac =
             parse_mac(rn.mac.get_ref()).map_err(|m| src.err(&rn.mac, &format!("{p}.mac"), m))?;
+        if rn.ip.get_ref().contains(':') {
+            let ip = parse_ip6(rn.ip.get_ref())
+                .and_then(|a| check_unicast6(a).map(|()| a))
+                .map_err(|m| src.err(&rn.ip, &format!("{p}.ip"), m))?;
+            let dev = match &rn.dev {
+                Some(d) => iface_index(d, &format!("{p}.dev"))?,
+                None => match connected6(ip).filter(|_| !ip.is_unicast_link_local()) {
+                    Some(d) => d,
+                    None => {
+                        return Err(src.err(
+                            &rn.ip,
+                            &format!("{p}.ip"),
+                            format!(
+                                "{ip} is link-local or on no interface's IPv6 prefix; add dev = \"...\""
+                            ),
+                        ))
+                    }
+                },
+            };
+            neighbors6.push((dev, ip, mac));
+            continue;
+        }
+        if let Some(d) = &rn.dev {
+            return Err(src.err(d, &format!("{p}.dev"), "is only for IPv6 neighbours"));
+        }
+        let ip = parse_ip(rn.ip.get_ref()).map_err(|m| src.err(&rn.ip, &format!("{p}.ip"), m))?;
         neighbors.push((ip, mac));
     }
 
@@ -649,6 +771,23 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
             }
         },
     };
+    let ct6_max = match &raw.conntrack.max_v6 {
+        None => 1 << 16,
+        Some(m) => match u64::try_from(*m.get_ref()) {
+            Ok(n) if n >= 1 && n <= u64::from(sluice_conntrack::MAX_CONNECTIONS) => n,
+            _ => {
+                return Err(src.err(
+                    m,
+                    "conntrack.max_v6",
+                    format!(
+                        "{} is not between 1 and {}",
+                        m.get_ref(),
+                        sluice_conntrack::MAX_CONNECTIONS
+                    ),
+                ))
+            }
+        },
+    };
     let timeouts = timeouts(&src, &raw.conntrack.timeouts)?;
 
     Ok(Config {
@@ -661,9 +800,12 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         interfaces,
         routes,
         neighbors,
+        routes6,
+        neighbors6,
         nat,
         masquerade,
         ct_max,
+        ct6_max,
         timeouts,
     })
 }
@@ -741,6 +883,49 @@ fn parse_cidr(s: &str) -> Result<(Ipv4Addr, u8), String> {
         Some(l) => match l.parse::<u8>() {
             Ok(n) if n <= 32 => n,
             _ => return Err(format!("/{l} is not a prefix length (0-32)")),
+        },
+    };
+    Ok((ip, len))
+}
+
+/// Netmask of an IPv6 prefix length (0..=128).
+pub fn mask6(len: u8) -> u128 {
+    if len == 0 {
+        0
+    } else {
+        u128::MAX << (128 - u32::from(len.min(128)))
+    }
+}
+
+fn parse_ip6(s: &str) -> Result<Ipv6Addr, String> {
+    s.parse::<Ipv6Addr>()
+        .map_err(|_| format!("{s} is not an IPv6 address"))
+}
+
+/// An address an interface, route or neighbour may use: not unspecified,
+/// loopback or multicast.
+fn check_unicast6(a: Ipv6Addr) -> Result<(), String> {
+    if a.is_unspecified() || a.is_loopback() || a.is_multicast() {
+        Err(format!("{a} is not a unicast address"))
+    } else {
+        Ok(())
+    }
+}
+
+/// `ADDR/LEN` for IPv6; a bare address means /128.
+fn parse_cidr6(s: &str) -> Result<(Ipv6Addr, u8), String> {
+    let (a, l) = match s.split_once('/') {
+        Some((a, l)) => (a, Some(l)),
+        None => (s, None),
+    };
+    let ip = a
+        .parse::<Ipv6Addr>()
+        .map_err(|_| format!("{a} is not an IPv6 address (expected ADDR/LEN)"))?;
+    let len = match l {
+        None => 128,
+        Some(l) => match l.parse::<u8>() {
+            Ok(n) if n <= 128 => n,
+            _ => return Err(format!("/{l} is not an IPv6 prefix length (0-128)")),
         },
     };
     Ok((ip, len))
@@ -994,6 +1179,140 @@ timeouts = { udp = 60, tcp_established = 3600 }
             } else {
                 format!("{extra}{base}")
             };
+            let got = err(&text);
+            assert!(got.starts_with(want), "got  {got}\nwant {want}\nfor {text}");
+        }
+    }
+
+    const V6: &str = r#"
+[[interfaces]]
+name = "lan0"
+addresses = ["10.0.0.1/24", "fd00:1::1/64"]
+
+[[interfaces]]
+name = "wan0"
+addresses = ["203.0.113.1/24", "2001:db8:ffff::1/64"]
+
+[[routes]]
+to = "::/0"
+via = "fe80::1"
+dev = "wan0"
+
+[[routes]]
+to = "2001:db8:5::/48"
+via = "2001:db8:ffff::fe"
+
+[[neighbors]]
+ip = "fe80::1"
+mac = "02:aa:bb:cc:dd:ee"
+dev = "wan0"
+
+[[neighbors]]
+ip = "fd00:1::9"
+mac = "02:aa:bb:cc:dd:09"
+
+[conntrack]
+max_v6 = 4096
+"#;
+
+    #[test]
+    fn ipv6_addresses_routes_and_neighbours_parse() {
+        let c = parse(Path::new("sluice.toml"), V6).unwrap();
+        assert_eq!(
+            c.interfaces[0].addrs,
+            vec![(Ipv4Addr::new(10, 0, 0, 1), 24)]
+        );
+        assert_eq!(
+            c.interfaces[0].addrs6,
+            vec![("fd00:1::1".parse().unwrap(), 64)]
+        );
+        assert!(c.routes.is_empty());
+        assert_eq!(
+            c.routes6,
+            vec![
+                Route6Config {
+                    net: Ipv6Addr::UNSPECIFIED,
+                    len: 0,
+                    via: Some("fe80::1".parse().unwrap()),
+                    dev: 1
+                },
+                Route6Config {
+                    net: "2001:db8:5::".parse().unwrap(),
+                    len: 48,
+                    via: Some("2001:db8:ffff::fe".parse().unwrap()),
+                    dev: 1
+                }
+            ]
+        );
+        assert_eq!(
+            c.neighbors6,
+            vec![
+                (
+                    1,
+                    "fe80::1".parse().unwrap(),
+                    [2, 0xaa, 0xbb, 0xcc, 0xdd, 0xee]
+                ),
+                (
+                    0,
+                    "fd00:1::9".parse().unwrap(),
+                    [2, 0xaa, 0xbb, 0xcc, 0xdd, 0x09]
+                )
+            ]
+        );
+        assert_eq!(c.ct6_max, 4096);
+    }
+
+    #[test]
+    fn each_ipv6_error_is_located() {
+        let base = "[[interfaces]]\nname = \"lan0\"\naddresses = [\"fd00:1::1/64\"]\n";
+        let cases: &[(&str, &str)] = &[
+            (
+                "[[interfaces]]\nname = \"x\"\naddresses = [\"fd00:2::1/129\"]\n",
+                "sluice.toml:7:14: interfaces[1].addresses[0]: /129 is not an IPv6 prefix length (0-128)",
+            ),
+            (
+                "[[interfaces]]\nname = \"x\"\naddresses = [\"fd00::zz/64\"]\n",
+                "sluice.toml:7:14: interfaces[1].addresses[0]: fd00::zz is not an IPv6 address",
+            ),
+            (
+                "[[interfaces]]\nname = \"x\"\naddresses = [\"ff02::1/64\"]\n",
+                "sluice.toml:7:14: interfaces[1].addresses[0]: ff02::1 is not a unicast address",
+            ),
+            (
+                "[[routes]]\nto = \"fd00:9::1/64\"\ndev = \"lan0\"\n",
+                "sluice.toml:6:6: routes[0].to: fd00:9::1/64 has host bits set (did you mean fd00:9::/64?)",
+            ),
+            (
+                "[[routes]]\nto = \"::/0\"\nvia = \"fe80::1\"\n",
+                "sluice.toml:7:7: routes[0].via: fe80::1 is link-local; add dev = \"...\"",
+            ),
+            (
+                "[[routes]]\nto = \"::/0\"\nvia = \"2001:db8::1\"\n",
+                "sluice.toml:7:7: routes[0].via: 2001:db8::1 is on no interface's IPv6 prefix",
+            ),
+            (
+                "[[routes]]\nto = \"::/0\"\nvia = \"10.0.0.1\"\n",
+                "sluice.toml:7:7: routes[0].via: 10.0.0.1 is not an IPv6 address",
+            ),
+            (
+                "[[routes]]\nto = \"0.0.0.0/0\"\nvia = \"fd00:1::2\"\n",
+                "sluice.toml:7:7: routes[0].via: fd00:1::2 is an IPv6 next hop for an IPv4 route",
+            ),
+            (
+                "[[neighbors]]\nip = \"fe80::2\"\nmac = \"02:00:00:00:00:01\"\n",
+                "sluice.toml:6:6: neighbors[0].ip: fe80::2 is link-local or on no interface's IPv6 prefix",
+            ),
+            (
+                "[[neighbors]]\nip = \"10.0.0.2\"\nmac = \"02:00:00:00:00:01\"\ndev = \"lan0\"\n",
+                "sluice.toml:8:7: neighbors[0].dev: is only for IPv6 neighbours",
+            ),
+            (
+                "[conntrack]\nmax_v6 = 0\n",
+                "sluice.toml:6:10: conntrack.max_v6: 0 is not between 1",
+            ),
+        ];
+        for (extra, want) in cases {
+            let text = format!("{base}\n{extra}");
             let got = err(&text);
             assert!(got.starts_with(want), "got  {got}\nwant {want}\nfor {text}");
         }

@@ -20,7 +20,7 @@
 //! [`client`] sends one request and returns the response line;
 //! [`request_from_args`] turns `sluice ctl` words into a request.
 
-use core::net::Ipv4Addr;
+use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
@@ -29,8 +29,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sluice_conntrack::Entry;
-use sluice_engine::worker::FlowInfo;
-use sluice_wire::flow::FlowKey4;
+use sluice_engine::worker::{FlowInfo, FlowInfo6};
+use sluice_wire::flow::{FlowKey4, FlowKey6};
 
 /// Longest request line accepted.
 pub const MAX_LINE: usize = 1 << 16;
@@ -159,7 +159,7 @@ pub struct CtFilter {
     /// Protocol number.
     pub proto: Option<u8>,
     /// Address on either side of either tuple.
-    pub addr: Option<Ipv4Addr>,
+    pub addr: Option<IpAddr>,
     /// Port on either side of either tuple.
     pub port: Option<u16>,
 }
@@ -176,6 +176,7 @@ impl CtFilter {
                 "tcp" => Ok(6),
                 "udp" => Ok(17),
                 "icmp" => Ok(1),
+                "icmpv6" | "ipv6-icmp" => Ok(58),
                 n => n.parse::<u8>().map_err(|_| {
                     CtlFailure::bad(format!(
                         "proto: {n:?} is not tcp, udp, icmp or a protocol number"
@@ -185,8 +186,8 @@ impl CtFilter {
             .transpose()?;
         let addr = addr
             .map(|a| {
-                a.parse::<Ipv4Addr>()
-                    .map_err(|_| CtlFailure::bad(format!("addr: {a:?} is not an IPv4 address")))
+                a.parse::<IpAddr>()
+                    .map_err(|_| CtlFailure::bad(format!("addr: {a:?} is not an IP address")))
             })
             .transpose()?;
         Ok(Self { proto, addr, port })
@@ -209,11 +210,11 @@ impl CtFilter {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Tuple {
     /// Source address.
-    pub src: Ipv4Addr,
+    pub src: IpAddr,
     /// Source port / ICMP id.
     pub sport: u16,
     /// Destination address.
-    pub dst: Ipv4Addr,
+    pub dst: IpAddr,
     /// Destination port / ICMP id.
     pub dport: u16,
 }
@@ -221,9 +222,20 @@ pub struct Tuple {
 impl From<&FlowKey4> for Tuple {
     fn from(k: &FlowKey4) -> Self {
         Self {
-            src: Ipv4Addr::from(k.src),
+            src: Ipv4Addr::from(k.src).into(),
             sport: k.sport,
-            dst: Ipv4Addr::from(k.dst),
+            dst: Ipv4Addr::from(k.dst).into(),
+            dport: k.dport,
+        }
+    }
+}
+
+impl From<&FlowKey6> for Tuple {
+    fn from(k: &FlowKey6) -> Self {
+        Self {
+            src: Ipv6Addr::from(k.src).into(),
+            sport: k.sport,
+            dst: Ipv6Addr::from(k.dst).into(),
             dport: k.dport,
         }
     }
@@ -255,6 +267,24 @@ impl CtEntry {
     pub fn of(
         worker: u16,
         e: &Entry<FlowKey4, FlowInfo>,
+        now: sluice_conntrack::Instant,
+    ) -> Option<Self> {
+        Some(Self {
+            worker,
+            proto: e.orig().proto,
+            state: format!("{:?}", e.state()),
+            orig: e.orig().into(),
+            reply: e.reply().into(),
+            assured: e.is_assured(),
+            packets: e.packets(),
+            expires_in: e.expires_in(now).as_secs(),
+        })
+    }
+
+    /// Build from an IPv6 table entry.
+    pub fn of6(
+        worker: u16,
+        e: &Entry<FlowKey6, FlowInfo6>,
         now: sluice_conntrack::Instant,
     ) -> Option<Self> {
         Some(Self {

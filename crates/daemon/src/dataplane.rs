@@ -2,16 +2,17 @@
 //! run to completion.
 //!
 //! Loop: drain the command channel (never blocks) -> for each port:
-//! `rx_batch`, learn from ARP, `process` with one monotonic clock reading
+//! `rx_batch`, learn from ARP and NDP, `process` with one monotonic clock reading
 //! per batch, transmit `Forward` frames to their port and `Reply` frames
 //! back out of the ingress port, hand `no-neighbor` drops to the resolver ->
-//! incremental GC and ARP retransmits every [`HOUSEKEEPING_NS`] -> when
+//! incremental GC, ARP and NDP retransmits and IPv6 neighbour aging every
+//! [`HOUSEKEEPING_NS`] -> when
 //! nothing arrived, wait up to 1 ms on one port's descriptor.
 //!
 //! The packet path takes no lock: the control plane talks to the worker
 //! only through its bounded command channel, polled between batches.
 
-use core::net::Ipv4Addr;
+use core::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, SyncSender, TrySendError};
@@ -23,6 +24,7 @@ use sluice_io::{BackendKind, Batch, Port, PortStats};
 
 use crate::ctl::{CtEntry, CtFilter};
 use crate::neigh::{parse_arp, Resolver, Todo};
+use crate::neigh6::{parse_ndp, Origin, Resolver6};
 
 /// Housekeeping period (GC slice, ARP retries).
 pub const HOUSEKEEPING_NS: u64 = 10_000_000;
@@ -39,6 +41,11 @@ pub enum Command {
     Flush(Sender<u64>),
     /// A neighbour learnt by another worker or configured statically.
     SetNeighbor(Ipv4Addr, [u8; 6]),
+    /// An IPv6 neighbour (interface, address, MAC, static) learnt by
+    /// another worker or configured statically.
+    SetNeighbor6(IfIndex, Ipv6Addr, [u8; 6], bool),
+    /// An IPv6 neighbour another worker learnt and found unreachable.
+    ForgetNeighbor6(IfIndex, Ipv6Addr),
 }
 
 /// A snapshot of one worker.
@@ -50,12 +57,18 @@ pub struct WorkerStatus {
     pub counters: sluice_engine::Counters,
     /// Connections tracked.
     pub connections: usize,
+    /// IPv6 connections tracked.
+    pub connections6: usize,
     /// Ports: (interface, backend description, stats).
     pub ports: Vec<PortStatus>,
     /// Neighbours known.
     pub neighbors: Vec<(Ipv4Addr, String)>,
     /// Next hops being resolved, frames held.
     pub arp_pending: (usize, usize),
+    /// IPv6 neighbours known: (address%interface index, MAC, static).
+    pub neighbors6: Vec<(String, String, bool)>,
+    /// IPv6 next hops being resolved, frames held.
+    pub ndp_pending: (usize, usize),
     /// Held frames dropped because resolution failed.
     pub arp_dropped: u64,
     /// Frames a port did not accept (ring full) after one retry.
@@ -177,6 +190,8 @@ pub struct WorkerThread {
     pub ports: Vec<Box<dyn Port>>,
     /// ARP resolution.
     pub resolver: Resolver,
+    /// NDP resolution and IPv6 neighbour aging.
+    pub resolver6: Resolver6,
     /// Commands from the control plane and peers.
     pub commands: Receiver<Command>,
     /// Peers, to share learnt neighbours.
@@ -300,6 +315,13 @@ impl WorkerThread {
                 last_house = now;
                 self.engine.gc(now, GC_BUDGET);
                 self.resolver.tick(now, &mut s.todo);
+                self.resolver6.tick(now, &mut s.todo);
+                for (oif, ip) in core::mem::take(&mut s.todo.forget6) {
+                    self.engine.clear_neighbor6(oif, ip);
+                    for p in &self.peers {
+                        let _ = p.try_send(Command::ForgetNeighbor6(oif, ip));
+                    }
+                }
                 self.send_arp(&mut s);
                 for p in &mut self.ports {
                     let _ = p.flush();
@@ -335,6 +357,7 @@ impl WorkerThread {
                         worker: self.id,
                         counters: self.engine.counters().clone(),
                         connections: self.engine.conntrack().len(),
+                        connections6: self.engine.conntrack6().len(),
                         ports,
                         neighbors: self
                             .resolver
@@ -342,6 +365,14 @@ impl WorkerThread {
                             .map(|(ip, m)| (*ip, crate::config::fmt_mac(m)))
                             .collect(),
                         arp_pending: self.resolver.pending(),
+                        neighbors6: self
+                            .resolver6
+                            .known()
+                            .map(|(o, ip, m, fixed)| {
+                                (format!("{ip}%{o}"), crate::config::fmt_mac(&m), fixed)
+                            })
+                            .collect(),
+                        ndp_pending: self.resolver6.pending(),
                         arp_dropped: s.arp_dropped,
                         tx_dropped: s.tx_dropped,
                     });
@@ -349,20 +380,32 @@ impl WorkerThread {
                 Command::List(f, limit, tx) => {
                     let now =
                         sluice_conntrack::Instant::from_millis(now_ns(self.epoch) / 1_000_000);
-                    let v = self
+                    let v4 = self
                         .engine
                         .conntrack()
                         .iter()
-                        .filter_map(|(_, e)| CtEntry::of(self.id, e, now))
-                        .filter(|e| f.matches(e))
-                        .take(limit)
-                        .collect();
+                        .filter_map(|(_, e)| CtEntry::of(self.id, e, now));
+                    let v6 = self
+                        .engine
+                        .conntrack6()
+                        .iter()
+                        .filter_map(|(_, e)| CtEntry::of6(self.id, e, now));
+                    let v = v4.chain(v6).filter(|e| f.matches(e)).take(limit).collect();
                     let _ = tx.send(v);
                 }
                 Command::Flush(tx) => {
                     let _ = tx.send(self.engine.flush());
                 }
                 Command::SetNeighbor(ip, mac) => self.learnt(ip, mac, false, s),
+                Command::SetNeighbor6(oif, ip, mac, fixed) => {
+                    let origin = if fixed { Origin::Static } else { Origin::Peer };
+                    self.learnt6(oif, ip, mac, origin, false, s)
+                }
+                Command::ForgetNeighbor6(oif, ip) => {
+                    if self.resolver6.forget_peer(oif, ip) {
+                        self.engine.clear_neighbor6(oif, ip);
+                    }
+                }
             }
         }
     }
@@ -383,6 +426,11 @@ impl WorkerThread {
             }
         }
         let held = self.resolver.set_known(ip, mac);
+        self.reprocess(held, s);
+    }
+
+    /// Process frames held for a neighbour again.
+    fn reprocess(&mut self, held: Vec<(IfIndex, Vec<u8>)>, s: &mut Scratch) {
         if held.is_empty() {
             return;
         }
@@ -409,6 +457,35 @@ impl WorkerThread {
         s.ctl = Some(ctl);
     }
 
+    /// An IPv6 neighbour became known: the same as [`Self::learnt`].
+    fn learnt6(
+        &mut self,
+        oif: IfIndex,
+        ip: Ipv6Addr,
+        mac: [u8; 6],
+        origin: Origin,
+        tell_peers: bool,
+        s: &mut Scratch,
+    ) {
+        if let Err(e) = self.engine.set_neighbor6(oif, ip, mac) {
+            tracing::warn!(worker = self.id, %ip, "cannot add neighbour: {e}");
+            return;
+        }
+        tracing::debug!(worker = self.id, %ip, mac = %crate::config::fmt_mac(&mac), "neighbour");
+        if tell_peers {
+            for p in &self.peers {
+                if let Err(TrySendError::Full(_)) =
+                    p.try_send(Command::SetNeighbor6(oif, ip, mac, false))
+                {
+                    tracing::warn!("peer command queue full; neighbour {ip} not shared");
+                }
+            }
+        }
+        let now = now_ns(self.epoch);
+        let held = self.resolver6.set_known(now, oif, ip, mac, origin);
+        self.reprocess(held, s);
+    }
+
     fn one_port(&mut self, k: usize, s: &mut Scratch) -> usize {
         let Some(mut batch) = s.batch.take() else {
             return 0;
@@ -419,7 +496,9 @@ impl WorkerThread {
             None => 0,
         };
         if n > 0 {
-            // ARP learning, before the engine rewrites requests into replies.
+            // ARP and NDP learning, before the engine rewrites requests
+            // into replies.
+            let now = now_ns(self.epoch);
             for i in 0..batch.len() {
                 let iif = batch.meta(i).map_or(0, |m| m.port);
                 let learn = batch
@@ -429,8 +508,14 @@ impl WorkerThread {
                 if let Some((ip, mac)) = learn {
                     self.learnt(ip, mac, true, s);
                 }
+                let learn6 = batch
+                    .data(i)
+                    .and_then(parse_ndp)
+                    .and_then(|f| self.resolver6.learn(now, iif, &f));
+                if let Some((oif, ip, mac)) = learn6 {
+                    self.learnt6(oif, ip, mac, Origin::Learnt, true, s);
+                }
             }
-            let now = now_ns(self.epoch);
             self.process_and_send(now, &mut batch, s, true);
         }
         batch.clear();
@@ -460,8 +545,14 @@ impl WorkerThread {
                 Action::Drop(DropReason::NoNeighbor) if hold => {
                     let iif = batch.meta(i).map_or(0, |m| m.port);
                     if let Some(f) = batch.data(i) {
-                        let hint = self.engine.missing_next_hop(i);
-                        self.resolver.on_no_neighbor(now, iif, f, hint, &mut s.todo);
+                        if f.get(12..14) == Some(&[0x86, 0xdd][..]) {
+                            let hint = self.engine.missing_next_hop6(i);
+                            self.resolver6
+                                .on_no_neighbor(now, iif, f, hint, &mut s.todo);
+                        } else {
+                            let hint = self.engine.missing_next_hop(i);
+                            self.resolver.on_no_neighbor(now, iif, f, hint, &mut s.todo);
+                        }
                     }
                     None
                 }
@@ -490,15 +581,17 @@ impl WorkerThread {
 
     fn send_arp(&mut self, s: &mut Scratch) {
         s.arp_dropped += core::mem::take(&mut s.todo.dropped);
-        if s.todo.send.is_empty() {
+        if s.todo.send.is_empty() && s.todo.send6.is_empty() {
             return;
         }
         let Some(mut b) = s.arp.take() else {
             return;
         };
-        for (oif, req) in s.todo.send.drain(..) {
+        let arp = s.todo.send.iter().map(|(o, f)| (*o, &f[..]));
+        let ndp = s.todo.send6.iter().map(|(o, f)| (*o, &f[..]));
+        for (oif, req) in arp.chain(ndp) {
             b.clear();
-            if !b.push_copy(&req, sluice_io::FrameMeta::default()) {
+            if !b.push_copy(req, sluice_io::FrameMeta::default()) {
                 continue;
             }
             if let Some(p) = usize::from(oif)
@@ -509,6 +602,8 @@ impl WorkerThread {
                 let _ = p.flush();
             }
         }
+        s.todo.send.clear();
+        s.todo.send6.clear();
         b.clear();
         s.arp = Some(b);
     }

@@ -12,6 +12,7 @@
 //!   ingress drop and the socket removed), SIGHUP reloads the configuration
 //!   and ruleset.
 //! - [`neigh`]: ARP next-hop resolution with held packets.
+//! - [`neigh6`]: the same for IPv6 with NDP, plus neighbour aging.
 //!
 //! # Invariants
 //!
@@ -65,6 +66,7 @@ pub mod config;
 pub mod ctl;
 pub mod dataplane;
 pub mod neigh;
+pub mod neigh6;
 
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
@@ -74,7 +76,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sluice_engine::{EngineConfig, Interface, Policy, Route4, StaticPolicy, Worker};
+use sluice_engine::{EngineConfig, Interface, Policy, Route4, Route6, StaticPolicy, Worker};
 use sluice_io::{BackendKind, Batch, Port, PortStats};
 use sluice_nat::Translation;
 
@@ -200,8 +202,8 @@ pub fn check(path: &Path) -> Result<Summary, ConfigError> {
     let lp = load_policy(&cfg, None)?;
     Ok(Summary {
         interfaces: cfg.interfaces.len(),
-        routes: cfg.routes.len(),
-        neighbors: cfg.neighbors.len(),
+        routes: cfg.routes.len() + cfg.routes6.len(),
+        neighbors: cfg.neighbors.len() + cfg.neighbors6.len(),
         workers: cfg.workers,
         backend: cfg.backend,
         ruleset: cfg.ruleset.as_ref().map(|p| p.display().to_string()),
@@ -386,7 +388,7 @@ impl Control {
         if old.interfaces != cfg.interfaces {
             needs_restart.push("interfaces");
         }
-        if old.routes != cfg.routes {
+        if old.routes != cfg.routes || old.routes6 != cfg.routes6 {
             needs_restart.push("routes");
         }
         if old.workers != cfg.workers || old.backend != cfg.backend {
@@ -395,13 +397,18 @@ impl Control {
         if old.nat != cfg.nat || old.masquerade != cfg.masquerade {
             needs_restart.push("nat");
         }
-        if old.ct_max != cfg.ct_max || old.timeouts != cfg.timeouts {
+        if old.ct_max != cfg.ct_max || old.ct6_max != cfg.ct6_max || old.timeouts != cfg.timeouts {
             needs_restart.push("conntrack");
         }
         self.publish(&mut st, lp)?;
         for &(ip, mac) in &cfg.neighbors {
             for w in &self.workers {
                 let _ = w.try_send(Command::SetNeighbor(ip, mac));
+            }
+        }
+        for &(dev, ip, mac) in &cfg.neighbors6 {
+            for w in &self.workers {
+                let _ = w.try_send(Command::SetNeighbor6((dev + 1) as u16, ip, mac, true));
             }
         }
         if !needs_restart.is_empty() {
@@ -413,6 +420,7 @@ impl Control {
         let ruleset = cfg.ruleset.clone();
         st.config.ruleset = ruleset;
         st.config.neighbors = cfg.neighbors;
+        st.config.neighbors6 = cfg.neighbors6;
         Ok(
             json!({"ok": true, "generation": st.generation, "ruleset": st.source,
                   "rules": st.rules, "needs_restart": needs_restart}),
@@ -437,7 +445,9 @@ impl Control {
                     .iter()
                     .map(|i| {
                         json!({"name": i.name, "role": i.role,
-                               "addresses": i.addrs.iter().map(|(a, l)| format!("{a}/{l}")).collect::<Vec<_>>()})
+                               "addresses": i.addrs.iter().map(|(a, l)| format!("{a}/{l}"))
+                                   .chain(i.addrs6.iter().map(|(a, l)| format!("{a}/{l}")))
+                                   .collect::<Vec<_>>()})
                     })
                     .collect();
                 Ok(json!({
@@ -475,7 +485,8 @@ impl Control {
             Request::ConntrackCount => {
                 let ws = self.ask(Command::Status)?;
                 let n: usize = ws.iter().map(|w| w.connections).sum();
-                Ok(json!({"ok": true, "count": n}))
+                let n6: usize = ws.iter().map(|w| w.connections6).sum();
+                Ok(json!({"ok": true, "count": n + n6, "ipv4": n, "ipv6": n6}))
             }
             Request::ConntrackFlush => {
                 let n: u64 = self.ask(Command::Flush)?.into_iter().sum();
@@ -559,6 +570,8 @@ fn counters_json(c: &sluice_engine::Counters) -> Value {
 fn worker_json(w: &WorkerStatus) -> Value {
     json!({"worker": w.worker, "connections": w.connections, "ports": w.ports,
            "neighbors": w.neighbors, "arp_pending": w.arp_pending,
+           "neighbors6": w.neighbors6, "ndp_pending": w.ndp_pending,
+           "connections6": w.connections6,
            "arp_dropped": w.arp_dropped, "tx_dropped": w.tx_dropped,
            "drops_total": w.counters.total_drops()})
 }
@@ -681,6 +694,14 @@ fn engine_config(
         interfaces,
         routes: engine_routes(cfg),
         neighbors: cfg.neighbors.clone(),
+        addrs6: engine_addrs6(cfg),
+        routes6: engine_routes6(cfg),
+        neighbors6: cfg
+            .neighbors6
+            .iter()
+            .map(|&(dev, ip, mac)| ((dev + 1) as u16, ip, mac))
+            .collect(),
+        ct6_max: cfg.ct6_max.div_ceil(u64::from(cfg.workers.max(1))),
         worker: id,
         workers: cfg.workers,
         ct_max: cfg.ct_max.div_ceil(u64::from(cfg.workers.max(1))),
@@ -696,6 +717,26 @@ fn engine_routes(cfg: &Config) -> Vec<Route4> {
         .iter()
         .map(|r| Route4 {
             net: u32::from(r.net),
+            len: r.len,
+            oif: (r.dev + 1) as u16,
+            via: r.via,
+        })
+        .collect()
+}
+
+fn engine_addrs6(cfg: &Config) -> Vec<(u16, core::net::Ipv6Addr, u8)> {
+    cfg.interfaces
+        .iter()
+        .enumerate()
+        .flat_map(|(i, ifc)| ifc.addrs6.iter().map(move |&(a, l)| ((i + 1) as u16, a, l)))
+        .collect()
+}
+
+fn engine_routes6(cfg: &Config) -> Vec<Route6> {
+    cfg.routes6
+        .iter()
+        .map(|r| Route6 {
+            net: u128::from(r.net),
             len: r.len,
             oif: (r.dev + 1) as u16,
             via: r.via,
@@ -882,6 +923,17 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
         for &(ip, mac) in &cfg.neighbors {
             resolver.set_known(ip, mac);
         }
+        let mut nifs6 = vec![neigh6::Iface6::default()];
+        for (i, ifc) in cfg.interfaces.iter().enumerate() {
+            nifs6.push(neigh6::Iface6 {
+                mac: macs.get(i).copied().unwrap_or_default(),
+                addrs: ifc.addrs6.clone(),
+            });
+        }
+        let mut resolver6 = neigh6::Resolver6::new(nifs6, &engine_routes6(&cfg));
+        for &(dev, ip, mac) in &cfg.neighbors6 {
+            resolver6.set_known(0, (dev + 1) as u16, ip, mac, neigh6::Origin::Static);
+        }
         let peers = senders
             .iter()
             .enumerate()
@@ -893,6 +945,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
             engine,
             ports,
             resolver,
+            resolver6,
             commands: rx,
             peers,
             stop: Arc::clone(&stop),

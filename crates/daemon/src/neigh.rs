@@ -131,6 +131,10 @@ struct Target {
 pub struct Todo {
     /// ARP requests to send: (engine interface, frame).
     pub send: Vec<(IfIndex, [u8; 60])>,
+    /// Neighbor solicitations to send: (engine interface, frame).
+    pub send6: Vec<(IfIndex, [u8; sluice_wire::ndp::FRAME_LEN])>,
+    /// IPv6 neighbours that stopped answering: (engine interface, address).
+    pub forget6: Vec<(IfIndex, core::net::Ipv6Addr)>,
     /// Held frames dropped because resolution failed or a queue was full.
     pub dropped: u64,
 }

@@ -64,6 +64,29 @@ drop_reasons! {
     /// Packet larger than the egress MTU without DF: the engine does not
     /// fragment.
     FragmentationUnsupported => "fragmentation-unsupported",
+    /// An NDP message that needs no answer from the engine: a neighbor
+    /// advertisement (the neighbour resolver learns from it before the
+    /// engine sees it), a router solicitation or advertisement, a redirect,
+    /// or a solicitation for an address that is not the ingress
+    /// interface's.
+    NdpIgnored => "ndp-ignored",
+    /// An NDP message that fails RFC 4861 §7.1 validation (hop limit not
+    /// 255, bad checksum, bad code or options).
+    NdpInvalid => "ndp-invalid",
+    /// An IPv6 packet to a multicast group (MLD, mDNS, ...): the engine does
+    /// not route multicast.
+    Ipv6Multicast => "ipv6-multicast",
+    /// An IPv6 packet with a link-local source or destination that is not
+    /// for the gateway: link-local scope never crosses a router (RFC 4291
+    /// §2.5.6).
+    Ipv6LinkLocal => "ipv6-link-local",
+    /// An IPv6 packet with an unspecified, loopback or multicast source, or
+    /// an unspecified or loopback destination (RFC 4291 §2.5.2-2.5.3, §2.7).
+    Ipv6BadAddress => "ipv6-bad-address",
+    /// A UDP datagram over IPv6 with a zero checksum (RFC 8200 §8.1).
+    Udp6ZeroChecksum => "udp6-zero-checksum",
+    /// An ICMPv6 error that quotes a packet of no tracked connection.
+    Icmp6ErrorUnrelated => "icmp6-error-unrelated",
 }
 
 impl fmt::Display for DropReason {

@@ -29,7 +29,7 @@ pub use drop::{Counters, DropReason};
 pub use policy::{
     CtState, Decision, Hook, Policy, PolicyPacket, PortForward, StaticPolicy, Verdict,
 };
-pub use route::{AdjIndex, Adjacency, IfIndex, Route4, RouteTable4};
+pub use route::{AdjIndex, Adjacency, IfIndex, Route4, Route6, RouteTable4, RouteTable6};
 pub use worker::{EngineConfig, EngineError, Interface, Worker};
 
 /// Largest batch the engine processes in one call.

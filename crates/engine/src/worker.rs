@@ -4,7 +4,7 @@
 //! adjacencies and its counters. Nothing on the packet path is shared with
 //! another worker.
 
-use core::net::Ipv4Addr;
+use core::net::{Ipv4Addr, Ipv6Addr};
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -15,14 +15,19 @@ use sluice_conntrack::{
 };
 use sluice_nat::{NatConfig, NatError, NatEvent, NatEventSink, Translation, WorkerNat};
 use sluice_wire::checksum;
-use sluice_wire::dissect::{dissect, dissect_plain4, Dissect, InnerKey, Net, Plain4, L4};
+use sluice_wire::dissect::{
+    dissect, dissect_plain4, dissect_plain6, Dissect, InnerKey, Net, Plain4, Plain6, L4,
+};
 use sluice_wire::flow::{proto, FlowKey4};
 
 use crate::drop::{Counters, DropReason};
 use crate::icmp_error::{self, IcmpError};
 use crate::policy::{CtState, Hook, Policy, PolicyPacket, RejectWith, Verdict};
-use crate::route::{AdjIndex, Adjacency, IfIndex, Route4, RouteTable4};
+use crate::route::{AdjIndex, Adjacency, IfIndex, Route4, Route6, RouteTable4, RouteTable6};
+
+mod v6;
 use crate::{Action, Frames, MAX_BATCH};
+pub use v6::FlowInfo6;
 
 /// An interface as the engine sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,7 +78,19 @@ pub struct EngineConfig {
     pub nat_log_capacity: usize,
     /// ICMP errors this worker may originate per second, with a burst of
     /// [`ICMP_ERROR_BURST`] (RFC 1812 §4.3.2.8 rate limiting). 0 sends none.
+    /// ICMPv4 and ICMPv6 errors share the budget.
     pub icmp_errors_per_sec: u32,
+    /// IPv6 addresses with prefix lengths, per interface. Every interface
+    /// with a MAC also has the EUI-64 link-local address derived from it
+    /// (RFC 4291 appendix A), which need not be listed.
+    pub addrs6: Vec<(IfIndex, Ipv6Addr, u8)>,
+    /// Static IPv6 routes (connected routes are derived from `addrs6`).
+    pub routes6: Vec<Route6>,
+    /// Static IPv6 neighbours: (interface, address, MAC).
+    pub neighbors6: Vec<(IfIndex, Ipv6Addr, [u8; 6])>,
+    /// Maximum IPv6 connections this worker tracks (a table of its own,
+    /// preallocated like the IPv4 one).
+    pub ct6_max: u64,
 }
 
 /// Burst size of the ICMP error rate limiter (Linux's `icmp_msgs_burst`).
@@ -93,6 +110,10 @@ impl Default for EngineConfig {
             nat: NatConfig::default(),
             nat_log_capacity: 4096,
             icmp_errors_per_sec: 1000,
+            addrs6: Vec::new(),
+            routes6: Vec::new(),
+            neighbors6: Vec::new(),
+            ct6_max: 1 << 16,
         }
     }
 }
@@ -117,6 +138,22 @@ pub enum EngineError {
     RouteInterface {
         /// Network of the route.
         net: Ipv4Addr,
+        /// Prefix length.
+        len: u8,
+        /// Bad index.
+        oif: IfIndex,
+        /// Interfaces configured.
+        count: usize,
+    },
+    /// An IPv6 route or address names an interface that does not exist.
+    #[error(
+        "IPv6 {what} {net}/{len} uses interface index {oif}, but only {count} interfaces exist"
+    )]
+    Interface6 {
+        /// "route", "address" or "neighbour".
+        what: &'static str,
+        /// Network or address.
+        net: Ipv6Addr,
         /// Prefix length.
         len: u8,
         /// Bad index.
@@ -202,6 +239,9 @@ const C_V4: u8 = 1;
 /// Parsed, but not for the IPv4 fast path (ARP, IPv6, ICMP errors, later
 /// fragments, ...).
 const C_OTHER: u8 = 2;
+/// Plain IPv6 (TCP, UDP, ICMPv6 echo without extension headers): its
+/// [`Plain6`] is in the batch scratch.
+const C_V6: u8 = 3;
 
 impl Meta {
     /// The common case, parsed by [`dissect_plain4`] (which agrees with
@@ -273,6 +313,10 @@ struct Scratch {
     /// For a frame dropped with `no-neighbor`: the next hop that is
     /// missing (egress interface, address), when the slow path knows it.
     missing: Vec<Option<(IfIndex, u32)>>,
+    /// The same for IPv6 next hops.
+    missing6: Vec<Option<(IfIndex, u128)>>,
+    /// For a [`C_V6`] frame: what the IPv6 fast path needs.
+    plain6: Vec<Plain6>,
 }
 
 /// One worker.
@@ -291,6 +335,8 @@ pub struct Worker {
     icmp: TokenBucket,
     /// The next hop the current frame's `no-neighbor` drop is waiting for.
     missing_nh: Option<(IfIndex, u32)>,
+    /// IPv6 state: its own connection table, addresses, routes, neighbours.
+    v6: v6::State,
 }
 
 /// A token bucket in thousandths of a token, refilled from the batch time
@@ -385,6 +431,7 @@ impl Worker {
             }
             routes.add(*r);
         }
+        let v6 = v6::State::new(&cfg)?;
         let mut w = Self {
             id: cfg.worker,
             ct: table,
@@ -401,12 +448,18 @@ impl Worker {
                 hash: vec![0; MAX_BATCH],
                 hit: vec![None; MAX_BATCH],
                 missing: vec![None; MAX_BATCH],
+                missing6: vec![None; MAX_BATCH],
+                plain6: vec![Plain6::default(); MAX_BATCH],
             },
             icmp: TokenBucket::new(cfg.icmp_errors_per_sec),
             missing_nh: None,
+            v6,
         };
         for (ip, mac) in cfg.neighbors {
             w.set_neighbor(ip, mac)?;
+        }
+        for (oif, ip, mac) in cfg.neighbors6 {
+            w.set_neighbor6(oif, ip, mac)?;
         }
         Ok(w)
     }
@@ -483,7 +536,7 @@ impl Worker {
     /// Remove every connection and NAT mapping in bulk; returns how many
     /// connections were removed.
     pub fn flush(&mut self) -> u64 {
-        let n = self.ct.flush();
+        let n = self.ct.flush() + self.v6.ct.flush();
         self.nat.clear();
         n as u64
     }
@@ -494,6 +547,7 @@ impl Worker {
         let nat = &mut self.nat;
         self.ct
             .gc(now, budget, &mut |e| nat.release(e.orig(), e.reply()))
+            + self.v6.ct.gc(now, budget, &mut |_| {})
     }
 
     /// Process a batch (at most [`MAX_BATCH`] frames; any beyond are dropped
@@ -517,8 +571,24 @@ impl Worker {
         for i in 0..n {
             let (buf, len) = frames.buf_mut(i);
             let frame = buf.get(..len).unwrap_or(&[]);
+            let v6 = frame.get(12..14) == Some(&[0x86, 0xdd][..]);
             let m = match dissect_plain4(frame) {
                 Some(p) => Meta::plain(&p),
+                None if v6 => match (dissect_plain6(frame), sc.plain6.get_mut(i)) {
+                    (Some(p), Some(slot)) => {
+                        *slot = p;
+                        Meta {
+                            class: C_V6,
+                            ..Meta::default()
+                        }
+                    }
+                    // Other IPv6 goes to the slow path, which dissects it
+                    // (once).
+                    _ => Meta {
+                        class: C_OTHER,
+                        ..Meta::default()
+                    },
+                },
                 None => match dissect(frame) {
                     Ok(d) => Meta::of(&d),
                     Err(_) => Meta::default(),
@@ -529,6 +599,11 @@ impl Worker {
                 if m.class == C_V4 {
                     *h = self.ct.hash(&m.key);
                     self.ct.prefetch_bucket(*h);
+                } else if m.class == C_V6 {
+                    if let Some(p) = sc.plain6.get(i) {
+                        *h = self.v6.ct.hash(&p.key);
+                        self.v6.ct.prefetch_bucket(*h);
+                    }
                 }
             }
         }
@@ -545,6 +620,11 @@ impl Worker {
                     self.ct.prefetch_entry(id);
                     *hit = Some((id, dir));
                 }
+            } else if m.class == C_V6 {
+                if let Some((id, dir)) = self.v6.ct.candidate(h) {
+                    self.v6.ct.prefetch_entry(id);
+                    *hit = Some((id, dir));
+                }
             }
         }
         // Pass 3: act.
@@ -555,9 +635,18 @@ impl Worker {
             let iif = frames.iif(i);
             let (buf, len) = frames.buf_mut(i);
             self.missing_nh = None;
-            let step = self.one(now, buf, len, iif, &m, h, cand);
+            self.v6.missing_nh = None;
+            let step = if m.class == C_V6 {
+                let p6 = sc.plain6.get(i).copied().unwrap_or_default();
+                self.one6(now, buf, len, iif, &p6, h, cand)
+            } else {
+                self.one(now, buf, len, iif, &m, h, cand)
+            };
             if let Some(x) = sc.missing.get_mut(i) {
                 *x = self.missing_nh.take();
+            }
+            if let Some(x) = sc.missing6.get_mut(i) {
+                *x = self.v6.missing_nh.take();
             }
             let action = match step {
                 Step::Done(a) => a,
@@ -611,6 +700,33 @@ impl Worker {
         self.slow(now, buf, len, iif)
     }
 
+    /// A [`C_V6`] frame: the IPv6 fast path on a conntrack hit, else the
+    /// slow path.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn one6(
+        &mut self,
+        now: ct::Instant,
+        buf: &mut [u8],
+        len: usize,
+        iif: IfIndex,
+        p: &Plain6,
+        h: u64,
+        cand: Option<(EntryId, Dir)>,
+    ) -> Step {
+        let hit = match cand {
+            Some((id, dir)) if self.v6.ct.verify(id, dir, &p.key) => Some((id, dir)),
+            Some(_) => self.v6.ct.lookup(h, &p.key),
+            None => None,
+        };
+        if let Some((id, dir)) = hit {
+            if let Some(s) = self.fast6(now, buf, len, iif, &v6::Pkt6::plain(p), id, dir) {
+                return s;
+            }
+        }
+        self.slow(now, buf, len, iif)
+    }
+
     /// Everything that is not a conntrack hit: dissect again (the scratch
     /// record holds only what the fast path needs) and dispatch.
     fn slow(&mut self, now: ct::Instant, buf: &mut [u8], len: usize, iif: IfIndex) -> Step {
@@ -620,9 +736,13 @@ impl Worker {
         match d.net {
             Net::Ipv4 { key, ttl, .. } => self.slow4(now, buf, len, iif, &d, &key, ttl),
             Net::Arp { op, spa, tpa } => self.arp(buf, len, iif, op, spa, tpa),
-            Net::Ipv6 { .. } | Net::Other(_) => {
-                Step::Done(Action::Drop(DropReason::UnsupportedProtocol))
-            }
+            Net::Ipv6 {
+                key,
+                hop_limit,
+                payload_len,
+                ..
+            } => self.slow6(now, buf, len, iif, &d, &key, hop_limit, payload_len),
+            Net::Other(_) => Step::Done(Action::Drop(DropReason::UnsupportedProtocol)),
         }
     }
 

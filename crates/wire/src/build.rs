@@ -331,6 +331,42 @@ pub fn build_tcp6(
     Ok(flen)
 }
 
+/// Eth + IPv6 + ICMPv6 echo request (or reply) with identifier `key.sport`,
+/// sequence number `seq` and `payload_len` zero bytes of data.
+pub fn build_icmp6_echo(
+    buf: &mut [u8],
+    src_mac: impl Into<EthernetAddress>,
+    dst_mac: impl Into<EthernetAddress>,
+    key: &FlowKey6,
+    seq: u16,
+    request: bool,
+    payload_len: usize,
+) -> Res {
+    let ilen = icmp::HEADER_LEN + payload_len;
+    let (l4, flen) = eth_ipv6(
+        buf,
+        src_mac.into(),
+        dst_mac.into(),
+        key.src,
+        key.dst,
+        proto::ICMPV6,
+        ilen,
+    )?;
+    let seg = buf
+        .get_mut(l4..l4 + ilen)
+        .ok_or(EmitError::BufferTooSmall)?;
+    let mut p = icmp::Packet::new_unchecked(seg);
+    p.set_msg_type(if request { 128 } else { 129 });
+    p.set_msg_code(0);
+    p.set_echo_ident(key.sport);
+    p.set_echo_seq_no(seq);
+    p.fill_checksum_v6(&IpPair::V6 {
+        src: key.src,
+        dst: key.dst,
+    });
+    Ok(flen)
+}
+
 /// Eth + IPv6 + ICMPv6 error (`ty` < 128) from `src` to `dst` quoting
 /// `quoted`.
 #[allow(clippy::too_many_arguments)]

@@ -362,6 +362,91 @@ pub fn dissect_plain4(frame: &[u8]) -> Option<Plain4> {
     })
 }
 
+/// What [`dissect_plain6`] extracts from a plain IPv6 frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Plain6 {
+    /// Flow key, as [`dissect`] would return it.
+    pub key: FlowKey6,
+    /// Hop limit.
+    pub hop_limit: u8,
+    /// Payload length from the header.
+    pub payload_len: u16,
+    /// TCP: the flags byte; ICMPv6: the echo type; UDP: 0.
+    pub l4_byte: u8,
+}
+
+impl Plain6 {
+    /// Offset of the IPv6 header of a plain frame.
+    pub const L3_OFF: u16 = 14;
+    /// Offset of the L4 header of a plain frame.
+    pub const L4_OFF: u16 = 54;
+}
+
+/// The IPv6 twin of [`dissect_plain4`]: an untagged Ethernet frame carrying
+/// an IPv6 packet without extension headers with a TCP segment, a UDP
+/// datagram with a non-zero checksum, or an ICMPv6 echo request or reply.
+/// Returns `None` for anything else, valid or not.
+///
+/// For every frame it accepts, [`dissect`] succeeds with `l3_off` =
+/// [`Plain6::L3_OFF`], `l4_off` = [`Plain6::L4_OFF`], `Frag::None` and the
+/// same key, hop limit, payload length and L4 facts (RFC 8200 payload
+/// length, TCP data offset, UDP length, 8-byte ICMPv6 header). Never panics.
+#[inline]
+pub fn dissect_plain6(frame: &[u8]) -> Option<Plain6> {
+    let f: &[u8; 62] = frame.first_chunk()?;
+    if be16(f[12], f[13]) != ETH_IPV6 || f[14] >> 4 != 6 {
+        return None;
+    }
+    let plen = usize::from(be16(f[18], f[19]));
+    if plen < 8 || plen > frame.len() - 54 {
+        return None;
+    }
+    let nh = f[20];
+    let mut key = FlowKey6 {
+        src: u128::from_be_bytes(arr16(f, 22)),
+        dst: u128::from_be_bytes(arr16(f, 38)),
+        sport: be16(f[54], f[55]),
+        dport: be16(f[56], f[57]),
+        proto: nh,
+    };
+    let l4_byte = match nh {
+        proto::UDP => {
+            let ulen = usize::from(be16(f[58], f[59]));
+            // A zero checksum is invalid over IPv6 (RFC 8200 §8.1): the
+            // slow path counts it.
+            if ulen < 8 || ulen > plen || (f[60] == 0 && f[61] == 0) {
+                return None;
+            }
+            0
+        }
+        proto::TCP => {
+            let t: &[u8; 74] = frame.first_chunk()?;
+            let hl = usize::from(t[66] >> 4) * 4;
+            if plen < 20 || hl < 20 || hl > plen {
+                return None;
+            }
+            t[67]
+        }
+        proto::ICMPV6 => {
+            let ty = f[54];
+            if !icmp_is_query(ty, true) {
+                return None;
+            }
+            let id = be16(f[58], f[59]);
+            key.sport = id;
+            key.dport = id;
+            ty
+        }
+        _ => return None,
+    };
+    Some(Plain6 {
+        key,
+        hop_limit: f[21],
+        payload_len: plen as u16,
+        l4_byte,
+    })
+}
+
 #[inline(always)]
 fn arp(l3: &[u8], off: usize, d: &mut Dissect) -> Result<(), ParseError> {
     let a: &[u8; 28] = l3.first_chunk().ok_or(ParseError::Truncated)?;
@@ -464,9 +549,9 @@ fn ipv6(l3: &[u8], off: usize, d: &mut Dissect) -> Result<(), ParseError> {
 }
 
 #[inline(always)]
-fn arr16(h: &[u8; 40], at: usize) -> [u8; 16] {
+fn arr16(h: &[u8], at: usize) -> [u8; 16] {
     let mut o = [0u8; 16];
-    // `at` is 8 or 24: in range of the 40-byte array.
+    // Callers pass fixed-size arrays that hold `at..at + 16`.
     if let Some(s) = h.get(at..at + 16) {
         o.copy_from_slice(s);
     }
@@ -699,7 +784,96 @@ mod tests {
         assert!(!plain_agrees(&frag));
     }
 
+    /// `dissect_plain6` agrees with `dissect` on every frame it accepts.
+    fn plain6_agrees(frame: &[u8]) -> bool {
+        let Some(p) = dissect_plain6(frame) else {
+            return false;
+        };
+        let d = dissect(frame).expect("plain IPv6 frames dissect");
+        assert_eq!(d.l3_off, Plain6::L3_OFF);
+        assert_eq!(d.l4_off, Plain6::L4_OFF);
+        assert_eq!(d.vlan, None);
+        let Net::Ipv6 {
+            key,
+            hop_limit,
+            payload_len,
+            frag,
+        } = d.net
+        else {
+            panic!("not ipv6: {d:?}");
+        };
+        assert_eq!(
+            (key, hop_limit, payload_len, frag),
+            (p.key, p.hop_limit, p.payload_len, Frag::None)
+        );
+        match d.l4 {
+            L4::Tcp { flags, .. } => assert_eq!(flags, p.l4_byte),
+            L4::Udp { checksum_zero } => {
+                assert_eq!(p.l4_byte, 0);
+                assert!(!checksum_zero);
+            }
+            L4::IcmpQuery { ty, .. } => assert_eq!(ty, p.l4_byte),
+            other => panic!("plain6 accepted {other:?}"),
+        }
+        true
+    }
+
+    #[test]
+    fn plain6_matches_dissect_on_built_frames() {
+        use crate::build::{build_icmp6_echo, build_icmp6_error, build_tcp6, build_udp6};
+        let k = FlowKey6 {
+            src: 0xfd00_0001 << 96 | 2,
+            dst: 0x2001_0db8 << 96 | 0x80,
+            sport: 40000,
+            dport: 53,
+            proto: proto::UDP,
+        };
+        let mut b = [0u8; 256];
+        let n = build_udp6(&mut b, [2; 6], [4; 6], &k, 10).unwrap();
+        assert!(plain6_agrees(&b[..n]));
+        // Zero UDP checksum, truncated payload, extension header: refused.
+        let mut z = b;
+        z[60] = 0;
+        z[61] = 0;
+        assert!(!plain6_agrees(&z[..n]));
+        assert!(!plain6_agrees(&b[..n - 1]));
+        let mut ext = b;
+        ext[20] = 0; // hop-by-hop options
+        assert!(!plain6_agrees(&ext[..n]));
+        let n = build_tcp6(&mut b, [2; 6], [4; 6], &k, 0x12, 1, 2, 0).unwrap();
+        assert!(plain6_agrees(&b[..n]));
+        let mut bad = b;
+        bad[66] = 0x60;
+        assert!(!plain6_agrees(&bad[..n]));
+        let n = build_icmp6_echo(&mut b, [2; 6], [4; 6], &k, 7, true, 4).unwrap();
+        assert!(plain6_agrees(&b[..n]));
+        assert_eq!(dissect_plain6(&b[..n]).unwrap().key.sport, k.sport);
+        let q = b[14..n].to_vec();
+        let n = build_icmp6_error(&mut b, [2; 6], [4; 6], 1, 2, 1, 0, 0, &q).unwrap();
+        assert!(!plain6_agrees(&b[..n]), "errors take the general path");
+    }
+
     proptest! {
+        #[test]
+        fn plain6_never_disagrees_with_dissect(
+            mut bytes in proptest::collection::vec(any::<u8>(), 0..120),
+            proto_ in prop_oneof![Just(6u8), Just(17u8), Just(58u8), any::<u8>()],
+            icmp_ty in prop_oneof![Just(128u8), Just(129u8), any::<u8>()],
+        ) {
+            if bytes.len() >= 62 {
+                bytes[12] = 0x86;
+                bytes[13] = 0xdd;
+                bytes[14] = 0x60 | (bytes[14] & 0x0f);
+                bytes[20] = proto_;
+                let plen = (bytes.len() - 54) as u16;
+                bytes[18..20].copy_from_slice(&plen.to_be_bytes());
+                if proto_ == 58 {
+                    bytes[54] = icmp_ty;
+                }
+            }
+            plain6_agrees(&bytes);
+        }
+
         #[test]
         fn plain4_never_disagrees_with_dissect(
             mut bytes in proptest::collection::vec(any::<u8>(), 0..80),

@@ -419,16 +419,17 @@ impl Daemon {
 /// `python3 -m http.server` does at start (`getfqdn`), which would wait for
 /// a resolver these namespaces cannot reach. Logs "CLIENT - - [...] GET ...".
 const HTTP_SERVER: &str = r#"
-import http.server, socketserver, sys
+import http.server, socket, socketserver, sys
 class S(http.server.ThreadingHTTPServer):
+    address_family = socket.AF_INET6 if ":" in sys.argv[1] else socket.AF_INET
     def server_bind(self):
         socketserver.TCPServer.server_bind(self)
         self.server_name, self.server_port = self.server_address[:2]
 S((sys.argv[1], int(sys.argv[2])), http.server.SimpleHTTPRequestHandler).serve_forever()
 "#;
 
-/// An HTTP server in `ns` on `addr:port`, serving a 256 KiB `blob`; waits
-/// until it answers locally.
+/// An HTTP server in `ns` on `addr:port` (IPv4 or IPv6), serving a 256 KiB
+/// `blob`; waits until it answers locally.
 pub fn http_server(t: &Topo, ns: &Netns, addr: &str, port: u16, name: &str) -> Guard {
     let www = t.dir.join(format!("www-{name}"));
     std::fs::create_dir_all(&www).expect("www");
@@ -439,10 +440,15 @@ pub fn http_server(t: &Topo, ns: &Netns, addr: &str, port: u16, name: &str) -> G
     let port_s = port.to_string();
     let log = t.dir.join(format!("http-{name}.log"));
     let g = spawn(ns, &["python3", &script, addr, &port_s], &log, Some(&www));
+    let host = if addr.contains(':') {
+        format!("[{addr}]")
+    } else {
+        addr.to_string()
+    };
     let t0 = Instant::now();
     while !sh(
         ns,
-        &format!("curl -s -o /dev/null --max-time 1 http://{addr}:{port}/"),
+        &format!("curl -s -o /dev/null --max-time 1 http://{host}:{port}/"),
     )
     .status
     .success()

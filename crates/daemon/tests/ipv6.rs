@@ -1,0 +1,378 @@
+//! IPv6 end to end, with real clients through a running gateway (the
+//! `sluiced` example binary) on AF_PACKET and on AF_XDP, in the namespace
+//! topology of `common` with IPv6 added:
+//!
+//! ```text
+//!  private  fd00:1::2/64 (br0)  -- lan0 [sluice] wan0 --  public 2001:db8:2::2/64, fe80::2,
+//!                                                              2001:db8:99::2/64 (eth0)
+//!                    fd00:1::1/64 + EUI-64 LL   2001:db8:2::1/64 + EUI-64 LL
+//! ```
+//!
+//! The private host's default route is the gateway's global address, the
+//! public host's route to the LAN is the gateway's EUI-64 link-local
+//! address, and the gateway's default route (which 2001:db8:99::2 takes) is
+//! the public host's link-local fe80::2: every next hop is resolved with
+//! NDP, none is static.
+//! The gateway namespace's kernel has IPv6 disabled on lan0/wan0, so every
+//! answer comes from sluice.
+//!
+//! Proves: `ping -6` through the gateway and to both of its addresses
+//! (global and link-local); an HTTP download over IPv6 (TCP) with the
+//! client's own address seen by the server (no NAT66); the `inet` ruleset's
+//! IPv6 drop rule blocks the port it forbids and new connections from the
+//! outside, while `ct state established,related` lets replies through;
+//! hop limit 1 is answered with time exceeded and an oversized packet with
+//! packet too big (mtu 1400), which the host's kernel accepts (it learns
+//! the path MTU); IPv6 connections show in `conntrack list`.
+//! With two workers (AF_PACKET), all IPv6 runs on worker 0, and works.
+//!
+//! Needs root, `ip`, `sysctl`, `ethtool`, `ping`, `curl` and `python3`.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+const PRIV6: &str = "fd00:1::2";
+const GW_LAN6: &str = "fd00:1::1";
+/// The public host's address on the WAN link.
+const PUB6_LINK: &str = "2001:db8:2::2";
+/// The public host's address off the WAN prefix: reached through the
+/// gateway's default route, via the public host's link-local fe80::2.
+const PUB6: &str = "2001:db8:99::2";
+const GW_WAN6: &str = "2001:db8:2::1";
+
+/// Forward: replies; from the LAN TCP 5201 (iperf3) and 8080 (not 8081,
+/// dropped by an `ip6` rule first), echo requests. Everything else, in
+/// particular anything new from the WAN, is dropped by the policy. The
+/// `inet` masquerade rule must not touch IPv6 (no NAT66).
+const RULESET: &str = r#"table inet filter {
+  chain forward {
+    type filter hook forward priority 0; policy drop;
+    ct state established,related accept
+    ip6 daddr 2001:db8:99::2 tcp dport 8081 drop
+    iifname "lan0" oifname "wan0" tcp dport { 5201, 8080, 8081 } accept
+    iifname "lan0" oifname "wan0" icmpv6 type echo-request accept
+  }
+}
+table inet nat {
+  chain postrouting {
+    type nat hook postrouting priority 100; policy accept;
+    oifname "wan0" masquerade
+  }
+}
+"#;
+
+fn gw_mac(t: &Topo, dev: &str) -> [u8; 6] {
+    let o = sh(&t.gw, &format!("cat /sys/class/net/{dev}/address"));
+    let s = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    sluice_daemon::config::mac_from_str(&s)
+        .unwrap_or_else(|| panic!("MAC of {dev}: {s:?}\n{}", text(&o)))
+}
+
+fn must(ns: &Netns, cmd: &str) {
+    let o = sh(ns, cmd);
+    assert!(o.status.success(), "{cmd}:\n{}", text(&o));
+}
+
+fn setup(tag: &str, backend: &str, workers: u16) -> (Topo, Daemon, String) {
+    require_root();
+    let t = Topo::new(tag);
+    // The gateway's kernel keeps out of IPv6 on the sluice interfaces.
+    for dev in ["lan0", "wan0"] {
+        must(
+            &t.gw,
+            &format!("sysctl -qw net.ipv6.conf.{dev}.disable_ipv6=1"),
+        );
+    }
+    must(
+        &t.private,
+        "sysctl -qw net.ipv6.conf.all.disable_ipv6=0 net.ipv6.conf.br0.disable_ipv6=0",
+    );
+    must(
+        &t.private,
+        &format!("ip -6 addr add {PRIV6}/64 dev br0 nodad"),
+    );
+    must(
+        &t.private,
+        &format!("ip -6 route add default via {GW_LAN6}"),
+    );
+    must(
+        &t.public,
+        "sysctl -qw net.ipv6.conf.all.disable_ipv6=0 net.ipv6.conf.eth0.disable_ipv6=0",
+    );
+    must(
+        &t.public,
+        &format!("ip -6 addr add {PUB6_LINK}/64 dev eth0 nodad"),
+    );
+    must(
+        &t.public,
+        &format!("ip -6 addr add {PUB6}/64 dev eth0 nodad"),
+    );
+    must(&t.public, "ip -6 addr add fe80::2/64 dev eth0 nodad");
+    let wan_ll = sluice_wire::ndp::link_local(gw_mac(&t, "wan0"));
+    must(
+        &t.public,
+        &format!("ip -6 route add fd00:1::/64 via {wan_ll} dev eth0"),
+    );
+    t.write_ruleset("gw6.nft", RULESET);
+    let cfg = t.dir.join("sluice.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"ruleset = "gw6.nft"
+backend = "{backend}"
+workers = {workers}
+control_socket = "{}"
+
+[[interfaces]]
+name = "lan0"
+role = "inside"
+addresses = ["10.0.0.1/24", "{GW_LAN6}/64"]
+
+[[interfaces]]
+name = "wan0"
+role = "outside"
+addresses = ["203.0.113.1/24", "{GW_WAN6}/64"]
+mtu = 1400
+
+[[routes]]
+to = "::/0"
+via = "fe80::2"
+dev = "wan0"
+"#,
+            t.socket().display()
+        ),
+    )
+    .expect("write toml");
+    let d = Daemon::start(&t, &cfg, backend);
+    let lan_ll = sluice_wire::ndp::link_local(gw_mac(&t, "lan0")).to_string();
+    (t, d, lan_ll)
+}
+
+fn curl6(ns: &Netns, port: u16, max_time: u32) -> (bool, String, std::process::Output) {
+    let o = sh(
+        ns,
+        &format!(
+            "curl -6 -sS --max-time {max_time} -o /dev/null -w '%{{size_download}}' http://[{PUB6}]:{port}/blob"
+        ),
+    );
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).to_string(),
+        o,
+    )
+}
+
+fn ipv6_end_to_end(backend: &str, tag: &str) {
+    let (t, d, lan_ll) = setup(tag, backend, 1);
+
+    // Through the gateway: NS for its global address, NS for the public
+    // host's link-local next hop, echo both ways.
+    let o = sh(&t.private, &format!("ping -6 -n -c 3 -i 0.2 -W 2 {PUB6}"));
+    assert!(
+        o.status.success(),
+        "ping -6 through sluice:\n{}\n{}",
+        text(&o),
+        d.context()
+    );
+    // To the gateway itself: global and link-local (EUI-64) addresses.
+    let o = sh(&t.private, &format!("ping -6 -n -c 1 -W 2 {GW_LAN6}"));
+    assert!(
+        o.status.success(),
+        "ping {GW_LAN6}:\n{}\n{}",
+        text(&o),
+        d.context()
+    );
+    let o = sh(&t.private, &format!("ping -6 -n -c 1 -W 2 {lan_ll}%br0"));
+    assert!(
+        o.status.success(),
+        "ping {lan_ll}%br0:\n{}\n{}",
+        text(&o),
+        d.context()
+    );
+    let o = sh(&t.public, &format!("ping -6 -n -c 1 -W 2 {GW_WAN6}"));
+    assert!(
+        o.status.success(),
+        "ping {GW_WAN6}:\n{}\n{}",
+        text(&o),
+        d.context()
+    );
+
+    // TCP: a 256 KiB download, and the server sees the private address.
+    let _a = http_server(&t, &t.public, PUB6, 8080, "allowed6");
+    let _b = http_server(&t, &t.public, PUB6, 8081, "forbidden6");
+    let (ok, size, o) = curl6(&t.private, 8080, 10);
+    assert!(
+        ok && size == (256 << 10).to_string(),
+        "HTTP over IPv6 failed: {}\n{}",
+        text(&o),
+        d.context()
+    );
+    let log = read(&t.dir.join("http-allowed6.log"));
+    assert!(
+        log.contains(&format!("{PRIV6} - - ")) && log.contains("GET /blob"),
+        "the server should see {PRIV6} (no NAT66):\n{log}"
+    );
+    let ct = d.ctl(&format!("conntrack list addr {PRIV6}"));
+    let entries = ct["connections"].as_array().cloned().unwrap_or_default();
+    assert!(
+        entries
+            .iter()
+            .any(|e| e["orig"]["src"] == PRIV6 && e["orig"]["dst"] == PUB6),
+        "no IPv6 connection listed: {ct}"
+    );
+
+    // The ip6 drop rule: port 8081 is forbidden.
+    let before = d.drops("policy-drop");
+    let (ok, _, o) = curl6(&t.private, 8081, 2);
+    assert!(!ok, "forbidden port 8081 answered:\n{}", text(&o));
+    assert_eq!(o.status.code(), Some(28), "{}", text(&o));
+    assert!(d.drops("policy-drop") > before, "{}", d.context());
+    let log = read(&t.dir.join("http-forbidden6.log"));
+    assert!(
+        !log.contains("GET /blob"),
+        "forbidden request reached the server:\n{log}"
+    );
+    // New connections from the WAN are dropped by the policy.
+    let before = d.drops("policy-drop");
+    let o = sh(&t.public, &format!("ping -6 -n -c 1 -W 1 {PRIV6}"));
+    assert!(
+        !o.status.success(),
+        "LAN host reachable from the WAN over IPv6"
+    );
+    assert!(d.drops("policy-drop") > before, "{}", d.context());
+
+    // Hop limit 1: time exceeded from the gateway's LAN address.
+    let o = sh(&t.private, &format!("ping -6 -n -c 1 -t 1 -W 2 {PUB6}"));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains(&format!("From {GW_LAN6}")) && out.contains("Time exceeded"),
+        "no time exceeded from {GW_LAN6}:\n{}\n{}",
+        text(&o),
+        d.context()
+    );
+    // Exactly the WAN MTU passes (1352 + 8 + 40 = 1400); 1401 does not:
+    // packet too big with mtu 1400, and the host learns the path MTU.
+    let o = sh(
+        &t.private,
+        &format!("ping -6 -n -c 1 -M do -s 1352 -W 2 {PUB6}"),
+    );
+    assert!(
+        o.status.success(),
+        "1400-byte ping failed:\n{}\n{}",
+        text(&o),
+        d.context()
+    );
+    let o = sh(
+        &t.private,
+        &format!("ping -6 -n -c 1 -M do -s 1353 -W 2 {PUB6}"),
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains(&format!("From {GW_LAN6}")) && out.contains("Packet too big: mtu=1400"),
+        "no packet too big with mtu 1400:\n{}\n{}",
+        text(&o),
+        d.context()
+    );
+    let o = sh(&t.private, &format!("ip -6 route get {PUB6}"));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("mtu 1400"),
+        "path MTU not learnt:\n{}",
+        text(&o)
+    );
+    assert!(d.drops("ttl-expired") >= 1);
+    assert!(d.drops("too-big") >= 1);
+    assert!(d.counter("icmp_errors") >= 2);
+
+    // Every next hop was learnt over NDP.
+    let st = d.ctl("status");
+    let n6 = st["worker_status"][0]["neighbors6"].to_string();
+    assert!(n6.contains("\"fe80::2%2\""), "router not learnt: {st}");
+    assert!(
+        n6.contains(&format!("\"{PRIV6}%1\"")),
+        "host not learnt: {st}"
+    );
+
+    // Bulk TCP over IPv6: iperf3 for 2 s.
+    let _srv = spawn(
+        &t.public,
+        &["iperf3", "-s", "-B", PUB6, "-p", "5201"],
+        &t.dir.join("iperf3-6.log"),
+        None,
+    );
+    wait_for("iperf3 server", Duration::from_secs(10), || {
+        sh(&t.public, "ss -ltn 'sport = :5201' | grep -q 5201")
+            .status
+            .success()
+    });
+    let o = sh(
+        &t.private,
+        &format!("timeout 20 iperf3 -6 -c {PUB6} -p 5201 -t 2 -J"),
+    );
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("iperf3 -J output is not JSON ({e}):\n{}", text(&o)));
+    let bps = j["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap_or(0.0);
+    eprintln!(
+        "{backend}: iperf3 -6 TCP through sluice: {:.1} Mbit/s",
+        bps / 1e6
+    );
+    assert!(
+        bps > 1e6,
+        "iperf3 over IPv6: {bps} bit/s\n{}\n{}",
+        text(&o),
+        d.context()
+    );
+}
+
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn ipv6_ping_http_drop_rule_and_icmpv6_errors_af_packet() {
+    ipv6_end_to_end("af_packet", "v6a");
+}
+
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn ipv6_ping_http_drop_rule_and_icmpv6_errors_af_xdp() {
+    ipv6_end_to_end("af_xdp", "v6x");
+}
+
+/// With two workers, AF_PACKET steers every non-IPv4 frame to worker 0, so
+/// both directions of every IPv6 flow (and NDP) meet there.
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn ipv6_with_two_workers_runs_on_worker_0() {
+    let (t, d, _) = setup("v6w", "af_packet", 2);
+    let o = sh(&t.private, &format!("ping -6 -n -c 3 -i 0.2 -W 2 {PUB6}"));
+    assert!(
+        o.status.success(),
+        "ping -6:\n{}\n{}",
+        text(&o),
+        d.context()
+    );
+    let _a = http_server(&t, &t.public, PUB6, 8080, "allowed6");
+    for _ in 0..4 {
+        let (ok, size, o) = curl6(&t.private, 8080, 10);
+        assert!(
+            ok && size == (256 << 10).to_string(),
+            "HTTP over IPv6 with two workers: {}\n{}",
+            text(&o),
+            d.context()
+        );
+    }
+    let st = d.ctl("status");
+    let ws = st["worker_status"].as_array().cloned().unwrap_or_default();
+    assert_eq!(ws.len(), 2, "{st}");
+    let conns6: Vec<u64> = ws
+        .iter()
+        .map(|w| w["connections6"].as_u64().unwrap_or(0))
+        .collect();
+    assert!(
+        conns6[0] >= 5,
+        "IPv6 connections on worker 0: {conns6:?}\n{st}"
+    );
+    assert_eq!(conns6[1], 0, "IPv6 reached worker 1: {st}");
+}

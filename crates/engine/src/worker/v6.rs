@@ -1,0 +1,813 @@
+//! IPv6: forwarding and filtering with neighbor discovery. No NAT66: NAT
+//! decisions of `inet` tables are ignored for IPv6 packets.
+//!
+//! IPv6 connections live in a table of their own (`Table<FlowKey6, _>`,
+//! preallocated for [`EngineConfig::ct6_max`], bounded probing, no
+//! allocation after construction), with one adjacency cached per direction.
+//! A packet of a known connection is forwarded on that adjacency after the
+//! conntrack state machine accepted it: hop limit decremented (IPv6 has no
+//! header checksum, and nothing else changes), MACs rewritten. The first
+//! packet of a connection runs prerouting -> routing (longest prefix match)
+//! -> hop limit and MTU checks -> forward -> postrouting filter chains, as
+//! the kernel's `ip6_forward` does.
+//!
+//! Addressed to the gateway: neighbor solicitations for the ingress
+//! interface's addresses (its EUI-64 link-local address included, to the
+//! address itself or its solicited-node group) are answered with a
+//! neighbor advertisement (RFC 4861 §7.2.4), echo requests with echo
+//! replies (RFC 4443 §4.2). Both pass the input hook first, as in the
+//! kernel. Learning link-layer addresses and resolving next hops is the
+//! caller's job (the daemon's resolver), as for ARP.
+//!
+//! Routers never fragment IPv6 (RFC 8200 §5): a packet larger than the
+//! egress MTU is answered with packet too big (RFC 4443 §3.2) carrying the
+//! MTU, a packet whose hop limit would reach 0 with time exceeded (§3.3),
+//! both rate-limited by the worker's ICMP token bucket and never about an
+//! ICMPv6 error or to a non-unicast source (§2.4 (e)).
+
+use super::*;
+use sluice_wire::flow::FlowKey6;
+use sluice_wire::ndp;
+
+/// RFC 4443 §2.4 (c): an ICMPv6 error must fit in the minimum IPv6 MTU.
+const MIN_MTU6: usize = 1280;
+/// The hop limit of packets the gateway originates.
+const HOP_LIMIT: u8 = 64;
+/// ff02::1, all nodes.
+const ALL_NODES: u128 = 0xff02_0000_0000_0000_0000_0000_0000_0001;
+
+/// Per-connection data of an IPv6 entry: the adjacency of each direction
+/// (index 0 original, 1 reply). Without NAT there is nothing else to cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowInfo6 {
+    adj: [AdjIndex; 2],
+}
+
+impl FlowInfo6 {
+    /// The adjacency packets of direction `dir` leave through.
+    pub fn adjacency(&self, dir: Dir) -> AdjIndex {
+        self.adj.get(dir_index(dir)).copied().unwrap_or(0)
+    }
+}
+
+/// What forwarding a packet needs to know about it, from [`dissect`] or
+/// [`sluice_wire::dissect_plain6`].
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Pkt6 {
+    /// Offset of the IPv6 header.
+    pub(super) l3: usize,
+    pub(super) hop_limit: u8,
+    pub(super) payload_len: u16,
+    /// The conntrack event of the packet.
+    pub(super) ev: L4Event,
+    /// An ICMPv6 error (or redirect): never answered with an error.
+    pub(super) about_error: bool,
+}
+
+impl Pkt6 {
+    fn of(d: &Dissect, hop_limit: u8, payload_len: u16) -> Self {
+        Pkt6 {
+            l3: usize::from(d.l3_off),
+            hop_limit,
+            payload_len,
+            ev: l4_event6(d),
+            about_error: match d.l4 {
+                L4::IcmpError { .. } => true,
+                L4::IcmpOther { ty, .. } => ty < 128 || ty == ndp::REDIRECT,
+                _ => false,
+            },
+        }
+    }
+
+    /// A frame accepted by `dissect_plain6`.
+    pub(super) fn plain(p: &sluice_wire::Plain6) -> Self {
+        let ev = match p.key.proto {
+            proto::TCP => L4Event::Tcp(TcpFlags(p.l4_byte)),
+            proto::UDP => L4Event::Udp,
+            _ => L4Event::Icmp {
+                request: icmp_is_query_request(true, p.l4_byte),
+            },
+        };
+        Pkt6 {
+            l3: usize::from(sluice_wire::Plain6::L3_OFF),
+            hop_limit: p.hop_limit,
+            payload_len: p.payload_len,
+            ev,
+            about_error: false,
+        }
+    }
+}
+
+/// The IPv6 part of a worker.
+pub(super) struct State {
+    pub(super) ct: Table<FlowKey6, FlowInfo6>,
+    /// Addresses per interface with prefix lengths, link-local ones first.
+    addrs: Vec<(IfIndex, u128, u8)>,
+    routes: RouteTable6,
+    neigh: HashMap<(IfIndex, u128), AdjIndex>,
+    /// The next hop the current frame's `no-neighbor` drop is waiting for.
+    pub(super) missing_nh: Option<(IfIndex, u128)>,
+}
+
+impl State {
+    pub(super) fn new(cfg: &EngineConfig) -> Result<Self, EngineError> {
+        let max = u32::try_from(cfg.ct6_max).map_err(|_| EngineError::CtMax(cfg.ct6_max))?;
+        let mut ctc = ct::Config::new(max.max(1), cfg.seed ^ 0x6666_6666_6666_6666);
+        ctc.timeouts = cfg.timeouts;
+        let table = Table::new(ctc)?;
+        let count = cfg.interfaces.len();
+        let mut addrs = Vec::new();
+        let mut routes = RouteTable6::new();
+        for (i, ifc) in cfg.interfaces.iter().enumerate() {
+            if ifc.mac != [0; 6] {
+                let ll = u128::from(ndp::link_local(ifc.mac));
+                addrs.push((i as IfIndex, ll, 64));
+            }
+        }
+        for &(oif, a, len) in &cfg.addrs6 {
+            if usize::from(oif) >= count {
+                return Err(EngineError::Interface6 {
+                    what: "address",
+                    net: a,
+                    len,
+                    oif,
+                    count,
+                });
+            }
+            let len = len.min(128);
+            addrs.push((oif, u128::from(a), len));
+            if !ndp::is_link_local(u128::from(a)) {
+                routes.add(Route6 {
+                    net: u128::from(a),
+                    len,
+                    oif,
+                    via: None,
+                });
+            }
+        }
+        for r in &cfg.routes6 {
+            if usize::from(r.oif) >= count {
+                return Err(EngineError::Interface6 {
+                    what: "route",
+                    net: Ipv6Addr::from(r.net),
+                    len: r.len,
+                    oif: r.oif,
+                    count,
+                });
+            }
+            routes.add(*r);
+        }
+        for &(oif, a, _) in &cfg.neighbors6 {
+            if usize::from(oif) >= count {
+                return Err(EngineError::Interface6 {
+                    what: "neighbour",
+                    net: a,
+                    len: 128,
+                    oif,
+                    count,
+                });
+            }
+        }
+        Ok(Self {
+            ct: table,
+            addrs,
+            routes,
+            neigh: HashMap::new(),
+            missing_nh: None,
+        })
+    }
+
+    /// Whether `a` is assigned to interface `iif`.
+    fn on_iface(&self, iif: IfIndex, a: u128) -> bool {
+        self.addrs.iter().any(|&(i, x, _)| i == iif && x == a)
+    }
+
+    /// Whether `a` is one of the gateway's addresses as seen from `iif`:
+    /// any global address, or a link-local address of `iif` itself.
+    fn is_local(&self, iif: IfIndex, a: u128) -> bool {
+        self.addrs
+            .iter()
+            .any(|&(i, x, _)| x == a && (i == iif || !ndp::is_link_local(a)))
+    }
+
+    /// The source address for a message to `peer` out of `oif`: the address
+    /// of `oif` on `peer`'s prefix, else its first global one, else its
+    /// link-local one (RFC 6724 rules 2 and 8, simplified). A link-local
+    /// peer always gets the link-local address.
+    fn source_for(&self, oif: IfIndex, peer: u128) -> Option<u128> {
+        let mine = || self.addrs.iter().filter(move |&&(i, _, _)| i == oif);
+        if ndp::is_link_local(peer) {
+            return mine()
+                .find(|&&(_, a, _)| ndp::is_link_local(a))
+                .map(|x| x.1);
+        }
+        mine()
+            .find(|&&(_, a, l)| !ndp::is_link_local(a) && (a ^ peer) & crate::route::mask6(l) == 0)
+            .or_else(|| mine().find(|&&(_, a, _)| !ndp::is_link_local(a)))
+            .or_else(|| mine().next())
+            .map(|x| x.1)
+    }
+
+    /// Route `dst`: the egress interface and the next hop.
+    fn route(&self, dst: u128) -> Result<(IfIndex, u128), DropReason> {
+        let r = self.routes.lookup(dst).ok_or(DropReason::NoRoute)?;
+        Ok((r.oif, r.via.map(u128::from).unwrap_or(dst)))
+    }
+}
+
+impl Worker {
+    /// Learn or update an IPv6 neighbour on `oif`. Existing adjacencies
+    /// are rewritten in place, so connections that cached them follow.
+    pub fn set_neighbor6(
+        &mut self,
+        oif: IfIndex,
+        ip: Ipv6Addr,
+        mac: [u8; 6],
+    ) -> Result<AdjIndex, EngineError> {
+        let a = u128::from(ip);
+        let (src_mac, mtu) = self
+            .ifaces
+            .get(usize::from(oif))
+            .map(|i| (i.mac, i.mtu))
+            .unwrap_or((Default::default(), Interface::DEFAULT_MTU));
+        let adj = Adjacency {
+            oif,
+            src_mac,
+            dst_mac: mac,
+            resolved: true,
+            mtu,
+        };
+        if let Some(&i) = self.v6.neigh.get(&(oif, a)) {
+            if let Some(slot) = self.adj.get_mut(usize::from(i)) {
+                *slot = adj;
+            }
+            return Ok(i);
+        }
+        let i =
+            AdjIndex::try_from(self.adj.len()).map_err(|_| EngineError::TooMany("neighbours"))?;
+        self.adj.push(adj);
+        self.v6.neigh.insert((oif, a), i);
+        Ok(i)
+    }
+
+    /// Forget an IPv6 neighbour's link-layer address (it stopped answering
+    /// reachability probes). Its adjacency stays allocated but unresolved,
+    /// so packets that would use it are dropped with `no-neighbor` and the
+    /// resolver is asked again. Returns whether it was known.
+    pub fn clear_neighbor6(&mut self, oif: IfIndex, ip: Ipv6Addr) -> bool {
+        let Some(&i) = self.v6.neigh.get(&(oif, u128::from(ip))) else {
+            return false;
+        };
+        if let Some(slot) = self.adj.get_mut(usize::from(i)) {
+            slot.resolved = false;
+            slot.dst_mac = [0; 6];
+        }
+        true
+    }
+
+    /// The IPv6 connection table.
+    pub fn conntrack6(&self) -> &Table<FlowKey6, FlowInfo6> {
+        &self.v6.ct
+    }
+
+    /// The IPv6 twin of [`Worker::missing_next_hop`].
+    pub fn missing_next_hop6(&self, i: usize) -> Option<(IfIndex, Ipv6Addr)> {
+        self.scratch
+            .missing6
+            .get(i)
+            .copied()
+            .flatten()
+            .map(|(o, a)| (o, Ipv6Addr::from(a)))
+    }
+
+    /// The IPv6 addresses of interface `iif` (its link-local one first).
+    pub fn addresses6(&self, iif: IfIndex) -> impl Iterator<Item = (Ipv6Addr, u8)> + '_ {
+        self.v6
+            .addrs
+            .iter()
+            .filter(move |x| x.0 == iif)
+            .map(|&(_, a, l)| (Ipv6Addr::from(a), l))
+    }
+
+    fn neighbor6(&self, oif: IfIndex, nh: u128) -> Result<AdjIndex, DropReason> {
+        let i = self
+            .v6
+            .neigh
+            .get(&(oif, nh))
+            .copied()
+            .ok_or(DropReason::NoNeighbor)?;
+        match self.adj.get(usize::from(i)) {
+            Some(a) if a.resolved => Ok(i),
+            _ => Err(DropReason::NoNeighbor),
+        }
+    }
+
+    /// Every IPv6 frame: NDP, connections, local delivery, new connections.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn slow6(
+        &mut self,
+        now: ct::Instant,
+        buf: &mut [u8],
+        len: usize,
+        iif: IfIndex,
+        d: &Dissect,
+        key: &FlowKey6,
+        hop_limit: u8,
+        payload_len: u16,
+    ) -> Step {
+        if let L4::IcmpOther { ty, .. } = d.l4 {
+            if (ndp::ROUTER_SOLICIT..=ndp::REDIRECT).contains(&ty) {
+                return self.ndp(buf, len, iif, d, key, hop_limit, payload_len, ty);
+            }
+        }
+        let pk = Pkt6::of(d, hop_limit, payload_len);
+        let h = self.v6.ct.hash(key);
+        if let Some((id, dir)) = self.v6.ct.lookup(h, key) {
+            if let Some(s) = self.fast6(now, buf, len, iif, &pk, id, dir) {
+                return s;
+            }
+        }
+        self.counters.slow_path += 1;
+        let drop = |r| Step::Done(Action::Drop(r));
+        if self.v6.is_local(iif, key.dst) {
+            return self.local6(buf, len, iif, d, key, payload_len);
+        }
+        if ndp::is_multicast(key.dst) {
+            return drop(DropReason::Ipv6Multicast);
+        }
+        if key.src == 0 || key.src == 1 || ndp::is_multicast(key.src) || key.dst <= 1 {
+            return drop(DropReason::Ipv6BadAddress);
+        }
+        if ndp::is_link_local(key.src) || ndp::is_link_local(key.dst) {
+            return drop(DropReason::Ipv6LinkLocal);
+        }
+        match d.l4 {
+            L4::IcmpError {
+                inner: InnerKey::V6(inner),
+                ..
+            } => return self.related6(buf, len, iif, d, key, &inner, hop_limit, payload_len),
+            L4::NonFirstFragment => return drop(DropReason::Fragment),
+            L4::Udp {
+                checksum_zero: true,
+            } => return drop(DropReason::Udp6ZeroChecksum),
+            _ => {}
+        }
+        let ev = pk.ev;
+        if !self.v6.ct.may_create(ev) {
+            return drop(DropReason::CtInvalid);
+        }
+        let mut pp = policy_packet6(iif, key, d, CtState::New, payload_len);
+        // Prerouting filter chains (NAT does not apply to IPv6).
+        let dec = self.policy.decide(Hook::Prerouting, &pp);
+        pp.mark = dec.mark;
+        if let Some(r) = refused(dec.verdict) {
+            return drop(r);
+        }
+        let (oif, nh) = match self.v6.route(key.dst) {
+            Ok(x) => x,
+            Err(r) => return drop(r),
+        };
+        // RFC 8200 §3 / RFC 4443 §3.3 and §3.2, checked after routing and
+        // before the forward hook as in the kernel's ip6_forward.
+        if hop_limit <= 1 {
+            return self.icmp6_error(now, buf, len, iif, &pk, None);
+        }
+        let mtu = self
+            .ifaces
+            .get(usize::from(oif))
+            .map_or(Interface::DEFAULT_MTU, |i| i.mtu);
+        if 40 + usize::from(payload_len) > usize::from(mtu) {
+            return self.icmp6_error(now, buf, len, iif, &pk, Some(mtu));
+        }
+        let adj_out = match self.neighbor6(oif, nh) {
+            Ok(a) => a,
+            Err(r) => {
+                self.v6.missing_nh = Some((oif, nh));
+                return drop(r);
+            }
+        };
+        pp.oif = Some(oif);
+        let dec = self.policy.decide(Hook::Forward, &pp);
+        pp.mark = dec.mark;
+        if let Some(r) = refused(dec.verdict) {
+            return drop(r);
+        }
+        let dec = self.policy.decide(Hook::Postrouting, &pp);
+        pp.mark = dec.mark;
+        if let Some(r) = refused(dec.verdict) {
+            return drop(r);
+        }
+        let adj_back = match self.v6.route(key.src) {
+            Ok((o, n)) => match self.neighbor6(o, n) {
+                Ok(a) => a,
+                Err(r) => {
+                    self.v6.missing_nh = Some((o, n));
+                    return drop(r);
+                }
+            },
+            Err(r) => return drop(r),
+        };
+        let info = FlowInfo6 {
+            adj: [adj_out, adj_back],
+        };
+        let id = match self
+            .v6
+            .ct
+            .insert(now, *key, key.reversed(), info, &mut |_| {})
+        {
+            Ok(id) => id,
+            Err(InsertError::Full) => return drop(DropReason::CtFull),
+            Err(InsertError::Exists) => return drop(DropReason::CtInvalid),
+        };
+        self.counters.ct_created += 1;
+        let t = self.v6.ct.track(id, Dir::Original, now, ev);
+        if t.verdict == ct::Verdict::Invalid {
+            self.v6.ct.remove(id);
+            return drop(DropReason::CtInvalid);
+        }
+        if pp.mark != 0 {
+            self.v6.ct.entry_mut(id).set_mark(pp.mark);
+        }
+        self.emit6(now, buf, len, iif, &pk, adj_out)
+    }
+
+    /// A packet of a known connection. `None`: the entry was removed (a
+    /// TCP SYN reopening a closed connection, or expired); treat the packet
+    /// as new.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub(super) fn fast6(
+        &mut self,
+        now: ct::Instant,
+        buf: &mut [u8],
+        len: usize,
+        iif: IfIndex,
+        pk: &Pkt6,
+        id: EntryId,
+        dir: Dir,
+    ) -> Option<Step> {
+        let tracked = self.v6.ct.track(id, dir, now, pk.ev);
+        match tracked.verdict {
+            ct::Verdict::Invalid => return Some(Step::Done(Action::Drop(DropReason::CtInvalid))),
+            ct::Verdict::Reopen | ct::Verdict::Expired => {
+                self.v6.ct.remove(id);
+                return None;
+            }
+            ct::Verdict::Valid | ct::Verdict::Ignored | ct::Verdict::Close => {}
+        }
+        if pk.hop_limit <= 1 {
+            return Some(self.icmp6_error(now, buf, len, iif, pk, None));
+        }
+        self.counters.fast_path += 1;
+        let adj = self.v6.ct.entry(id).payload().adjacency(dir);
+        let step = self.emit6(now, buf, len, iif, pk, adj);
+        if tracked.verdict == ct::Verdict::Close {
+            self.v6.ct.remove(id);
+        }
+        Some(step)
+    }
+
+    /// Forward the packet at `l3` on adjacency `adj`: MTU check, hop limit
+    /// decrement, MACs.
+    #[inline]
+    fn emit6(
+        &mut self,
+        now: ct::Instant,
+        buf: &mut [u8],
+        len: usize,
+        iif: IfIndex,
+        pk: &Pkt6,
+        adj: AdjIndex,
+    ) -> Step {
+        let Some(&a) = self.adj.get(usize::from(adj)).filter(|a| a.resolved) else {
+            return Step::Done(Action::Drop(DropReason::NoNeighbor));
+        };
+        if 40 + usize::from(pk.payload_len) > usize::from(a.mtu) {
+            return self.icmp6_error(now, buf, len, iif, pk, Some(a.mtu));
+        }
+        let Some(hl) = buf.get_mut(pk.l3 + 7) else {
+            return Step::Done(Action::Drop(DropReason::Malformed));
+        };
+        *hl = hl.saturating_sub(1);
+        if let Some(m) = buf.get_mut(0..12) {
+            m[..6].copy_from_slice(&a.dst_mac);
+            m[6..].copy_from_slice(&a.src_mac);
+        }
+        Step::Done(Action::Forward(a.oif))
+    }
+
+    /// An ICMPv6 error about a packet of a tracked connection (ct state
+    /// related): forwarded towards the quoted packet's sender.
+    #[allow(clippy::too_many_arguments)]
+    fn related6(
+        &mut self,
+        buf: &mut [u8],
+        len: usize,
+        iif: IfIndex,
+        d: &Dissect,
+        key: &FlowKey6,
+        inner: &FlowKey6,
+        hop_limit: u8,
+        payload_len: u16,
+    ) -> Step {
+        let h = self.v6.ct.hash(inner);
+        let Some((id, dir)) = self.v6.ct.lookup(h, inner) else {
+            return Step::Done(Action::Drop(DropReason::Icmp6ErrorUnrelated));
+        };
+        if hop_limit <= 1 {
+            return Step::Done(Action::Drop(DropReason::TtlExpired));
+        }
+        let adj = self.v6.ct.entry(id).payload().adjacency(dir.opposite());
+        let mut pp = policy_packet6(iif, key, d, CtState::Related, payload_len);
+        pp.oif = self.adj.get(usize::from(adj)).map(|a| a.oif);
+        if let Some(r) = refused(self.policy.decide(Hook::Forward, &pp).verdict) {
+            return Step::Done(Action::Drop(r));
+        }
+        let Some(&a) = self.adj.get(usize::from(adj)).filter(|a| a.resolved) else {
+            return Step::Done(Action::Drop(DropReason::NoNeighbor));
+        };
+        // An error is at most 1280 bytes (RFC 4443 §2.4 (c)); a smaller MTU
+        // on the way back is not worth another error.
+        if len.saturating_sub(usize::from(d.l3_off)) > usize::from(a.mtu).max(MIN_MTU6) {
+            return Step::Done(Action::Drop(DropReason::TooBig));
+        }
+        let l3 = usize::from(d.l3_off);
+        if let Some(hl) = buf.get_mut(l3 + 7) {
+            *hl = hl.saturating_sub(1);
+        }
+        if let Some(m) = buf.get_mut(0..12) {
+            m[..6].copy_from_slice(&a.dst_mac);
+            m[6..].copy_from_slice(&a.src_mac);
+        }
+        Step::Done(Action::Forward(a.oif))
+    }
+
+    /// A packet for one of the gateway's IPv6 addresses.
+    fn local6(
+        &mut self,
+        buf: &mut [u8],
+        len: usize,
+        iif: IfIndex,
+        d: &Dissect,
+        key: &FlowKey6,
+        payload_len: u16,
+    ) -> Step {
+        let pp = policy_packet6(iif, key, d, CtState::New, payload_len);
+        if let Some(r) = refused(self.policy.decide(Hook::Input, &pp).verdict) {
+            return Step::Done(Action::Drop(r));
+        }
+        match d.l4 {
+            // RFC 4443 §4.2: echo request (128) -> echo reply (129), same
+            // identifier, sequence number and data, back to the sender.
+            L4::IcmpQuery { ty: 128, .. } => {
+                let l3 = usize::from(d.l3_off);
+                let l4 = usize::from(d.l4_off);
+                let Some(my_mac) = self.ifaces.get(usize::from(iif)).map(|i| i.mac) else {
+                    return Step::Done(Action::Drop(DropReason::LocalUnhandled));
+                };
+                let (Some(type_w), Some(c)) = (read16(buf, l4), read16(buf, l4 + 2)) else {
+                    return Step::Done(Action::Drop(DropReason::Malformed));
+                };
+                // Swapping the addresses leaves the pseudo-header sum as it
+                // is; only the type word changes (RFC 1624).
+                write128(buf, l3 + 8, key.dst);
+                write128(buf, l3 + 24, key.src);
+                if let Some(hl) = buf.get_mut(l3 + 7) {
+                    *hl = HOP_LIMIT;
+                }
+                let reply_w = (129 << 8) | (type_w & 0x00ff);
+                write16(buf, l4, reply_w);
+                write16(buf, l4 + 2, checksum::update16(c, type_w, reply_w));
+                swap_macs(buf, my_mac);
+                Step::Reply(len)
+            }
+            _ => Step::Done(Action::Drop(DropReason::LocalUnhandled)),
+        }
+    }
+
+    /// NDP: answer a valid neighbor solicitation for an address of the
+    /// ingress interface; everything else is counted and dropped (the
+    /// resolver has already learnt from it).
+    #[allow(clippy::too_many_arguments)]
+    fn ndp(
+        &mut self,
+        buf: &mut [u8],
+        len: usize,
+        iif: IfIndex,
+        d: &Dissect,
+        key: &FlowKey6,
+        hop_limit: u8,
+        payload_len: u16,
+        ty: u8,
+    ) -> Step {
+        let drop = |r| Step::Done(Action::Drop(r));
+        if ty != ndp::NEIGHBOR_SOLICIT {
+            return drop(DropReason::NdpIgnored);
+        }
+        let l3 = usize::from(d.l3_off);
+        let l4 = usize::from(d.l4_off);
+        let end = (l3 + 40 + usize::from(payload_len)).min(len);
+        let Some(msg) = buf.get(l4..end) else {
+            return drop(DropReason::NdpInvalid);
+        };
+        let ns = match ndp::parse(key.src, key.dst, hop_limit, msg) {
+            Ok(r) => r,
+            Err(_) => return drop(DropReason::NdpInvalid),
+        };
+        // RFC 4861 §7.2.3: answer only for our own (here: the ingress
+        // interface's) addresses; the destination is the target itself or
+        // its solicited-node group.
+        if !self.v6.on_iface(iif, ns.target)
+            || (key.dst != ns.target && key.dst != ndp::solicited_node(ns.target))
+        {
+            return drop(DropReason::NdpIgnored);
+        }
+        let pp = policy_packet6(iif, key, d, CtState::New, payload_len);
+        if let Some(r) = refused(self.policy.decide(Hook::Input, &pp).verdict) {
+            return drop(r);
+        }
+        let Some(my_mac) = self.ifaces.get(usize::from(iif)).map(|i| i.mac) else {
+            return drop(DropReason::LocalUnhandled);
+        };
+        // The reply is written untagged at offset 0.
+        if l3 != 14 {
+            return drop(DropReason::LocalUnhandled);
+        }
+        // RFC 4861 §7.2.4: to the solicitor, solicited; a DAD probe (from
+        // the unspecified address) is answered to all nodes, unsolicited.
+        // We are a router, and override the solicitor's cache.
+        let (dst, dst_mac, flags) = if key.src == 0 {
+            (
+                ALL_NODES,
+                ndp::multicast_mac(ALL_NODES),
+                ndp::FLAG_ROUTER | ndp::FLAG_OVERRIDE,
+            )
+        } else {
+            let mut eth_src = [0u8; 6];
+            if let Some(s) = buf.get(6..12) {
+                eth_src.copy_from_slice(s);
+            }
+            (
+                key.src,
+                ns.lladdr.unwrap_or(eth_src),
+                ndp::FLAG_ROUTER | ndp::FLAG_SOLICITED | ndp::FLAG_OVERRIDE,
+            )
+        };
+        match ndp::build_na(buf, my_mac, dst_mac, ns.target, dst, flags) {
+            Some(n) => Step::Reply(n),
+            None => drop(DropReason::Malformed),
+        }
+    }
+
+    /// Drop the packet at `l3` and, when RFC 4443 §2.4 (e) allows and the
+    /// rate limit has a token, turn it into an ICMPv6 error to its sender
+    /// from the ingress interface: packet too big with `mtu` when given,
+    /// else time exceeded (hop limit exceeded in transit).
+    #[cold]
+    #[inline(never)]
+    fn icmp6_error(
+        &mut self,
+        now: ct::Instant,
+        buf: &mut [u8],
+        len: usize,
+        iif: IfIndex,
+        pk: &Pkt6,
+        mtu: Option<u16>,
+    ) -> Step {
+        let l3 = pk.l3;
+        let reason = match mtu {
+            Some(_) => DropReason::TooBig,
+            None => DropReason::TtlExpired,
+        };
+        let dropped = Step::Done(Action::Drop(reason));
+        let (Some(sender), Some(dst)) = (read128(buf, l3 + 8), read128(buf, l3 + 24)) else {
+            return dropped;
+        };
+        if pk.about_error
+            || sender == 0
+            || ndp::is_multicast(sender)
+            || (ndp::is_multicast(dst) && mtu.is_none())
+        {
+            return dropped;
+        }
+        let Some(src) = self.v6.source_for(iif, sender) else {
+            return dropped;
+        };
+        let Some(my_mac) = self.ifaces.get(usize::from(iif)).map(|i| i.mac) else {
+            return dropped;
+        };
+        if !self.icmp.take(now.as_millis()) {
+            self.counters.icmp_errors_limited += 1;
+            return dropped;
+        }
+        let (ty, rest) = match mtu {
+            Some(m) => (2, u32::from(m)),
+            None => (3, 0),
+        };
+        match icmp6_error_in_place(buf, len, l3, ty, 0, rest, src, my_mac) {
+            Some(n) => Step::Error(n, reason),
+            None => dropped,
+        }
+    }
+}
+
+/// Rewrite the IPv6 packet at `l3` (frame length `len`) in place into an
+/// ICMPv6 error of type `ty` / `code` (bytes 4..8 = `rest`) from `src` to
+/// the packet's source, quoting as much of it as fits in 1280 bytes (RFC
+/// 4443 §2.4 (c)) and the buffer. The link-layer header is kept (tags
+/// included) with the MACs swapped, `my_mac` as source. Returns the new
+/// frame length.
+#[allow(clippy::too_many_arguments)]
+pub fn icmp6_error_in_place(
+    buf: &mut [u8],
+    len: usize,
+    l3: usize,
+    ty: u8,
+    code: u8,
+    rest: u32,
+    src: u128,
+    my_mac: [u8; 6],
+) -> Option<usize> {
+    let sender = read128(buf, l3 + 8)?;
+    let plen = usize::from(read16(buf, l3 + 4)?);
+    let packet = len.checked_sub(l3)?.min(40 + plen);
+    let room = buf.len().checked_sub(l3 + 48)?;
+    let quote = packet.min(MIN_MTU6 - 48).min(room);
+    if quote < 40 {
+        return None;
+    }
+    buf.copy_within(l3..l3 + quote, l3 + 48);
+    let h = buf.get_mut(l3..l3 + 48)?;
+    h.fill(0);
+    h[0] = 0x60;
+    h[4..6].copy_from_slice(&((8 + quote) as u16).to_be_bytes());
+    h[6] = proto::ICMPV6;
+    h[7] = HOP_LIMIT;
+    h[8..24].copy_from_slice(&src.to_be_bytes());
+    h[24..40].copy_from_slice(&sender.to_be_bytes());
+    h[40] = ty;
+    h[41] = code;
+    h[44..48].copy_from_slice(&rest.to_be_bytes());
+    let end = l3 + 48 + quote;
+    let c = ndp::icmp6_sum(src, sender, buf.get(l3 + 40..end)?);
+    write16(buf, l3 + 42, c);
+    swap_macs(buf, my_mac);
+    Some(end)
+}
+
+fn l4_event6(d: &Dissect) -> L4Event {
+    match d.l4 {
+        L4::Tcp { flags, .. } => L4Event::Tcp(TcpFlags(flags)),
+        L4::Udp { .. } => L4Event::Udp,
+        L4::IcmpQuery { ty, .. } => L4Event::Icmp {
+            request: icmp_is_query_request(true, ty),
+        },
+        _ => L4Event::Other,
+    }
+}
+
+fn policy_packet6(
+    iif: IfIndex,
+    key: &FlowKey6,
+    d: &Dissect,
+    ct: CtState,
+    payload_len: u16,
+) -> PolicyPacket {
+    let (tcp_flags, icmp) = match d.l4 {
+        L4::Tcp { flags, .. } => (flags, (0, 0)),
+        L4::IcmpQuery { ty, code, .. }
+        | L4::IcmpError { ty, code, .. }
+        | L4::IcmpOther { ty, code } => (0, (ty, code)),
+        _ => (0, (0, 0)),
+    };
+    PolicyPacket {
+        iif,
+        oif: None,
+        family: 6,
+        src: key.src,
+        dst: key.dst,
+        proto: key.proto,
+        sport: key.sport,
+        dport: key.dport,
+        tcp_flags,
+        icmp,
+        ct,
+        ct_mark: 0,
+        mark: 0,
+        ct_status: 0,
+        len: payload_len.saturating_add(40),
+    }
+}
+
+fn read128(b: &[u8], off: usize) -> Option<u128> {
+    let s = b.get(off..off + 16)?;
+    let mut a = [0u8; 16];
+    a.copy_from_slice(s);
+    Some(u128::from_be_bytes(a))
+}
+
+fn write128(b: &mut [u8], off: usize, v: u128) {
+    if let Some(s) = b.get_mut(off..off + 16) {
+        s.copy_from_slice(&v.to_be_bytes());
+    }
+}
