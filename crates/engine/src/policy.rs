@@ -115,11 +115,24 @@ pub trait Policy: Send + Sync {
     /// Whether any rule of `hook` can ever apply NAT (lets the engine skip
     /// the NAT hooks entirely for pure firewalls).
     fn has_nat(&self, hook: Hook) -> bool;
+    /// Whether the filter chains accept every packet of an established
+    /// connection whatever else it carries (as `ct state established
+    /// accept` at the head of every filter chain a forwarded packet meets
+    /// does). When true, the engine forwards established packets on the
+    /// connection's cached state alone; when false it runs the prerouting,
+    /// forward and postrouting filter chains for each of them, as netfilter
+    /// does. The default, true, is the stateful-ACL model [`StaticPolicy`]
+    /// documents.
+    fn established_accepted(&self) -> bool {
+        true
+    }
 }
 
 /// A policy written in Rust types: a default verdict for the filter hooks,
 /// optional source NAT for traffic leaving through given interfaces, and
-/// destination NAT (port forwards).
+/// destination NAT (port forwards). The default verdict applies to new
+/// connections; packets of established ones are always accepted (a
+/// stateful ACL).
 #[derive(Clone, Debug)]
 pub struct StaticPolicy {
     /// Verdict for input and forward.

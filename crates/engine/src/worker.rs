@@ -325,6 +325,9 @@ pub struct Worker {
     ct: Table<FlowKey4, FlowInfo>,
     nat: WorkerNat<NatLog>,
     policy: Arc<dyn Policy>,
+    /// `!policy.established_accepted()`: run the filter chains for every
+    /// packet of an established connection.
+    filter_established: bool,
     ifaces: Vec<Interface>,
     local4: Vec<(u32, IfIndex)>,
     routes: RouteTable4,
@@ -432,11 +435,13 @@ impl Worker {
             routes.add(*r);
         }
         let v6 = v6::State::new(&cfg)?;
+        let filter_established = !policy.established_accepted();
         let mut w = Self {
             id: cfg.worker,
             ct: table,
             nat,
             policy,
+            filter_established,
             ifaces: cfg.interfaces,
             local4,
             routes,
@@ -496,6 +501,7 @@ impl Worker {
 
     /// Replace the policy. Established connections keep their entries.
     pub fn set_policy(&mut self, p: Arc<dyn Policy>) {
+        self.filter_established = !p.established_accepted();
         self.policy = p;
     }
 
@@ -768,8 +774,20 @@ impl Worker {
             }
             ct::Verdict::Valid | ct::Verdict::Ignored | ct::Verdict::Close => {}
         }
+        if self.filter_established {
+            if let Some(r) = self.filter_established4(buf, len, iif, m, id, dir, Hook::Prerouting) {
+                return Step::Done(Action::Drop(r));
+            }
+        }
         if m.ttl <= 1 {
             return self.icmp_error(now, buf, len, usize::from(m.l3), iif, None);
+        }
+        if self.filter_established {
+            for hook in [Hook::Forward, Hook::Postrouting] {
+                if let Some(r) = self.filter_established4(buf, len, iif, m, id, dir, hook) {
+                    return Step::Done(Action::Drop(r));
+                }
+            }
         }
         self.counters.fast_path += 1;
         let e = self.ct.entry(id);
@@ -789,6 +807,80 @@ impl Worker {
             self.remove(id);
         }
         step
+    }
+
+    /// The filter chains of `hook` for a packet of an established
+    /// connection (only when the policy does not accept all of them up
+    /// front, see [`Policy::established_accepted`]). The packet is seen the
+    /// way netfilter's hooks see it: as received at prerouting; with the
+    /// destination already translated back (reply) or forward (original,
+    /// DNAT) and the source not yet translated at forward and postrouting.
+    /// `Some(reason)` when the packet must be dropped.
+    #[allow(clippy::too_many_arguments)]
+    #[cold]
+    #[inline(never)]
+    fn filter_established4(
+        &mut self,
+        buf: &[u8],
+        len: usize,
+        iif: IfIndex,
+        m: &Meta,
+        id: EntryId,
+        dir: Dir,
+        hook: Hook,
+    ) -> Option<DropReason> {
+        let e = self.ct.entry(id);
+        let (orig, reply) = (*e.orig(), *e.reply());
+        let di = dir_index(dir);
+        let oif = e
+            .payload()
+            .adj
+            .get(di)
+            .and_then(|a| self.adj.get(usize::from(*a)))
+            .map(|a| a.oif);
+        // IPS_CONFIRMED, IPS_SEEN_REPLY, IPS_ASSURED, IPS_SRC_NAT, IPS_DST_NAT.
+        let mut status = 0x8;
+        if e.seen_reply() {
+            status |= 0x2;
+        }
+        if e.is_assured() {
+            status |= 0x4;
+        }
+        if reply.dst != orig.src || reply.dport != orig.sport {
+            status |= 0x10;
+        }
+        if reply.src != orig.dst || reply.sport != orig.dport {
+            status |= 0x20;
+        }
+        let ct_mark = e.mark();
+        let (src, sport, dst, dport) = match (hook, dir) {
+            (Hook::Prerouting, _) => (m.key.src, m.key.sport, m.key.dst, m.key.dport),
+            (_, Dir::Original) => (orig.src, orig.sport, reply.src, reply.sport),
+            (_, Dir::Reply) => (reply.src, reply.sport, orig.src, orig.sport),
+        };
+        let l3 = usize::from(m.l3);
+        let pp = PolicyPacket {
+            iif,
+            oif: if hook == Hook::Prerouting { None } else { oif },
+            family: 4,
+            src: u128::from(src),
+            dst: u128::from(dst),
+            proto: m.key.proto,
+            sport,
+            dport,
+            tcp_flags: m.tcp_flags,
+            icmp: (m.icmp_type, 0),
+            ct: CtState::Established,
+            ct_mark,
+            mark: 0,
+            ct_status: status,
+            len: read16(buf, l3 + 2).unwrap_or(len.saturating_sub(l3) as u16),
+        };
+        match self.policy.decide(hook, &pp).verdict {
+            Verdict::Accept => None,
+            Verdict::Drop => Some(DropReason::PolicyDrop),
+            Verdict::Reject(_) => Some(DropReason::PolicyReject),
+        }
     }
 
     /// Rewrite the packet to `to`, decrement the TTL and set the MACs of

@@ -326,6 +326,64 @@ impl CompiledPolicy {
         self.meta.bases.iter().filter(move |b| b.hook == hook)
     }
 
+    /// Whether every filter chain a forwarded packet meets (prerouting,
+    /// forward, postrouting; any family) accepts every packet of an
+    /// established connection before anything else can happen to it: the
+    /// chain's first rule tests nothing but `ct state` (a set that includes
+    /// established), has no statement other than `counter`, and accepts; or
+    /// the chain has no rules and policy accept. Then the engine may forward
+    /// established packets on their connection state alone and still give
+    /// netfilter's verdict for every packet (rule counters of that first
+    /// rule are the one difference: they count only what reaches the
+    /// policy). Otherwise the engine runs the filter chains per packet.
+    pub fn established_accepted(&self) -> bool {
+        let est = PacketFields {
+            ct_state: ct::ESTABLISHED,
+            ..PacketFields::default()
+        };
+        self.meta
+            .bases
+            .iter()
+            .filter(|b| {
+                !b.nat
+                    && matches!(
+                        b.hook,
+                        ast::Hook::Prerouting | ast::Hook::Forward | ast::Hook::Postrouting
+                    )
+            })
+            .all(|b| {
+                let first = self
+                    .store
+                    .chain_handles(b.chain)
+                    .find_map(|h| self.store.entry(h).and_then(|e| e.rules.first().cloned()));
+                match first {
+                    None => matches!(
+                        self.meta.kinds.get(b.chain.0 as usize),
+                        Some((
+                            _,
+                            sluice_classify::ChainKind::Base(sluice_classify::ir::Policy::Accept)
+                        ))
+                    ),
+                    Some(r) => {
+                        r.verdict == Some(sluice_classify::ir::Verdict::Accept)
+                            && r.stmts
+                                .iter()
+                                .all(|s| matches!(s, sluice_classify::ir::Stmt::Counter))
+                            && r.matches.iter().all(|m| {
+                                let on_ct_state = match m {
+                                    sluice_classify::ir::Match::In { field, .. }
+                                    | sluice_classify::ir::Match::Masked { field, .. } => {
+                                        *field == sluice_classify::ir::Field::CtState
+                                    }
+                                    sluice_classify::ir::Match::Concat { .. } => false,
+                                };
+                                on_ct_state && m.matches(&est)
+                            })
+                    }
+                }
+            })
+    }
+
     /// The interface map the policy was compiled with.
     pub fn interfaces(&self) -> &Interfaces {
         &self.ifaces
@@ -519,6 +577,10 @@ impl Policy for CompiledPolicy {
             .copied()
             .unwrap_or(false)
     }
+
+    fn established_accepted(&self) -> bool {
+        CompiledPolicy::established_accepted(self)
+    }
 }
 
 #[cfg(test)]
@@ -535,6 +597,62 @@ mod tests {
 
     fn pol(text: &str) -> CompiledPolicy {
         compile(text).unwrap_or_else(|e| panic!("compile failed:\n{e}"))
+    }
+
+    #[test]
+    fn established_accepted_only_when_every_filter_chain_accepts_them_first() {
+        let f = |body: &str, policy: &str| {
+            format!(
+                "table inet f {{ chain fwd {{ type filter hook forward priority 0; policy {policy};\n{body} }} }}"
+            )
+        };
+        let yes = [
+            f(
+                "ct state established,related accept\ntcp dport 22 accept",
+                "drop",
+            ),
+            f("ct state { established, related } counter accept", "drop"),
+            f("ct state established accept", "drop"),
+            f("ct state != new accept", "drop"),
+            f("", "accept"),
+        ];
+        for t in &yes {
+            assert!(pol(t).established_accepted(), "should hold for {t}");
+        }
+        let no = [
+            // Established packets reach the port rules and the policy.
+            f("ct state new tcp dport 22 accept", "drop"),
+            f("tcp dport 22 accept\nct state established accept", "drop"),
+            // More than ct state, or a mark change, or not accept.
+            f("ct state established ip saddr 10.0.0.0/8 accept", "drop"),
+            f("ct state established meta mark set 1 accept", "drop"),
+            f("ct state established drop", "accept"),
+            f("ct state new accept", "accept"),
+            f("", "drop"),
+        ];
+        for t in &no {
+            assert!(!pol(t).established_accepted(), "should not hold for {t}");
+        }
+        // Every filter chain of every forwarding hook must qualify; NAT
+        // chains and the input hook do not count.
+        let both = "table ip a { chain fwd { type filter hook forward priority 0; policy drop;\n\
+                    ct state established accept }\n\
+                    chain post { type filter hook postrouting priority 0; policy accept;\n\
+                    oifname \"eth9\" drop } }";
+        assert!(!pol(both).established_accepted());
+        let nat = "table ip a { chain fwd { type filter hook forward priority 0; policy drop;\n\
+                   ct state established accept }\n\
+                   chain post { type nat hook postrouting priority 100;\n\
+                   oifname \"eth9\" masquerade }\n\
+                   chain inp { type filter hook input priority 0; policy drop; } }";
+        assert!(pol(nat).established_accepted());
+        // An update can change the answer.
+        let p = pol(&f("ct state established accept", "drop"));
+        let (q, _) = p
+            .apply_text("cmd", "insert rule inet f fwd tcp dport 23 drop")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(p.established_accepted());
+        assert!(!q.established_accepted());
     }
 
     fn pkt(proto: u8, src: &str, sport: u16, dst: &str, dport: u16) -> TracePacket {

@@ -455,8 +455,20 @@ impl Worker {
             }
             ct::Verdict::Valid | ct::Verdict::Ignored | ct::Verdict::Close => {}
         }
+        if self.filter_established {
+            if let Some(r) = self.filter_established6(iif, pk, id, dir, Hook::Prerouting) {
+                return Some(Step::Done(Action::Drop(r)));
+            }
+        }
         if pk.hop_limit <= 1 {
             return Some(self.icmp6_error(now, buf, len, iif, pk, None));
+        }
+        if self.filter_established {
+            for hook in [Hook::Forward, Hook::Postrouting] {
+                if let Some(r) = self.filter_established6(iif, pk, id, dir, hook) {
+                    return Some(Step::Done(Action::Drop(r)));
+                }
+            }
         }
         self.counters.fast_path += 1;
         let adj = self.v6.ct.entry(id).payload().adjacency(dir);
@@ -465,6 +477,57 @@ impl Worker {
             self.v6.ct.remove(id);
         }
         Some(step)
+    }
+
+    /// The filter chains of `hook` for a packet of an established IPv6
+    /// connection, when the policy does not accept those up front (see
+    /// [`Policy::established_accepted`]); no NAT, so every hook sees the
+    /// packet as received. `Some(reason)` when it must be dropped.
+    #[cold]
+    #[inline(never)]
+    fn filter_established6(
+        &mut self,
+        iif: IfIndex,
+        pk: &Pkt6,
+        id: EntryId,
+        dir: Dir,
+        hook: Hook,
+    ) -> Option<DropReason> {
+        let e = self.v6.ct.entry(id);
+        let key = *e.key(dir);
+        let oif = (hook != Hook::Prerouting)
+            .then(|| self.adj.get(usize::from(e.payload().adjacency(dir))))
+            .flatten()
+            .map(|a| a.oif);
+        let mut status = 0x8;
+        if e.seen_reply() {
+            status |= 0x2;
+        }
+        if e.is_assured() {
+            status |= 0x4;
+        }
+        let tcp_flags = match pk.ev {
+            L4Event::Tcp(f) => f.0,
+            _ => 0,
+        };
+        let pp = PolicyPacket {
+            iif,
+            oif,
+            family: 6,
+            src: key.src,
+            dst: key.dst,
+            proto: key.proto,
+            sport: key.sport,
+            dport: key.dport,
+            tcp_flags,
+            icmp: (0, 0),
+            ct: CtState::Established,
+            ct_mark: e.mark(),
+            mark: 0,
+            ct_status: status,
+            len: pk.payload_len.saturating_add(40),
+        };
+        refused(self.policy.decide(hook, &pp).verdict)
     }
 
     /// Forward the packet at `l3` on adjacency `adj`: MTU check, hop limit
