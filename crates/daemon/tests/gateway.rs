@@ -627,3 +627,90 @@ both_backends!(
     ctl_nft_rule_and_element_updates_apply_live_af_packet,
     ctl_nft_rule_and_element_updates_apply_live_af_xdp
 );
+
+/// Netfilter runs the filter chains for every packet: a rule inserted
+/// *ahead of* `ct state established,related accept` stops a running
+/// transfer at once (the engine then evaluates established packets per
+/// packet), and deleting it lets the same connection resume.
+fn rule_ahead_of_ct_state_stops_a_running_transfer(backend: &str, tag: &str) {
+    require_root();
+    let t = Topo::new(tag);
+    t.write_ruleset("gw.nft", RULESET);
+    let cfg = t.write_config(backend, "gw.nft", "");
+    let d = Daemon::start(&t, &cfg, backend);
+    let _srv = iperf3_server(&t);
+    let list = d.ctl("rule list forward");
+    let ct = list["rules"]
+        .as_array()
+        .and_then(|a| {
+            a.iter().find(|r| {
+                r["rule"]
+                    .as_str()
+                    .is_some_and(|s| s.starts_with("ct state"))
+            })
+        })
+        .and_then(|r| r["handle"].as_u64())
+        .unwrap_or_else(|| panic!("no ct state rule in {list}"));
+    let (o, drops_while_blocked) = std::thread::scope(|s| {
+        let c = s.spawn(|| {
+            sh(
+                &t.private,
+                &format!("timeout 40 iperf3 -c {PUBLIC} -p 5201 -t 9 -i 1 -J"),
+            )
+        });
+        wait_for("iperf3 transfer", Duration::from_secs(5), || {
+            d.ctl("conntrack list proto tcp port 5201")["count"]
+                .as_u64()
+                .unwrap_or(0)
+                >= 2
+        });
+        std::thread::sleep(Duration::from_millis(1500));
+        let before = d.drops("policy-drop");
+        // `insert … position H` puts the rule before handle H.
+        let a = d.ctl(&format!(
+            "nft insert rule ip filter forward position {ct} tcp dport 5201 drop"
+        ));
+        assert_eq!(a["ok"], true, "{a}");
+        let h = a["handle"].as_u64().expect("handle");
+        std::thread::sleep(Duration::from_millis(2000));
+        let drops = d.drops("policy-drop").saturating_sub(before);
+        let del = d.ctl(&format!("nft delete rule ip filter forward handle {h}"));
+        assert_eq!(del["ok"], true, "{del}");
+        (c.join().expect("iperf3 thread"), drops)
+    });
+    assert!(
+        drops_while_blocked > 0,
+        "no established packet was dropped by the rule ahead of ct state\n{}",
+        d.context()
+    );
+    assert!(
+        o.status.success(),
+        "the transfer did not resume after the rule was deleted:\n{}\n{}",
+        text(&o),
+        d.context()
+    );
+    let j = json(&o);
+    let bytes: Vec<u64> = j["intervals"]
+        .as_array()
+        .expect("intervals")
+        .iter()
+        .map(|iv| iv["sum"]["bytes"].as_u64().unwrap_or(0))
+        .collect();
+    assert!(bytes.len() >= 8, "{bytes:?}");
+    assert!(
+        bytes.iter().any(|b| *b < 20_000),
+        "no interval was stopped by the rule: {bytes:?}"
+    );
+    assert!(
+        bytes.iter().rev().take(2).all(|b| *b > 100_000),
+        "the transfer did not resume: {bytes:?}\n{}",
+        d.context()
+    );
+}
+
+both_backends!(
+    rule_ahead_of_ct_state_stops_a_running_transfer,
+    "v",
+    rule_ahead_of_ct_state_stops_and_resumes_a_transfer_af_packet,
+    rule_ahead_of_ct_state_stops_and_resumes_a_transfer_af_xdp
+);
