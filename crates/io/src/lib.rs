@@ -50,7 +50,7 @@ mod sys;
 
 pub use afpacket::{AfPacketConfig, AfPacketPort};
 pub use afxdp::bpf::XdpMode;
-pub use afxdp::{AfXdpConfig, AfXdpPort, Umem};
+pub use afxdp::{AfXdpConfig, AfXdpPort, Umem, XdpSteer};
 pub use batch::{Batch, FrameMeta, BATCH_CAP, FRAME_CAP};
 pub use error::{IfName, IoError};
 pub use port::{wait_readable, BackendKind, Port, PortStats};

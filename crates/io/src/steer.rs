@@ -92,7 +92,7 @@ pub const fn owner_of(port: u16, workers: u16) -> u16 {
 /// The worker [`program`] picks for a frame whose network header starts at
 /// `l3`: the steering decision in plain Rust, shared by the classic-BPF
 /// fanout program (AF_PACKET) and the XDP program (AF_XDP,
-/// [`crate::afxdp::bpf::steer_program`]); both are tested against it. A
+/// `afxdp::bpf::steer_program`); both are tested against it. A
 /// load past the end of `l3` decides worker 0, as the kernel does for the
 /// cBPF program; so does a frame that is not IPv4.
 pub fn worker_for(steer: Steer, l3: &[u8]) -> u16 {
@@ -103,7 +103,12 @@ pub fn worker_for(steer: Steer, l3: &[u8]) -> u16 {
 /// frame goes to worker 0 without one (not IPv4, or truncated).
 fn key_of(key: SteerKey, l3: &[u8]) -> Option<u16> {
     let b = |o: usize| l3.get(o).copied();
-    let h = |o: usize| Some(u16::from_be_bytes([*l3.get(o)?, *l3.get(o.checked_add(1)?)?]));
+    let h = |o: usize| {
+        Some(u16::from_be_bytes([
+            *l3.get(o)?,
+            *l3.get(o.checked_add(1)?)?,
+        ]))
+    };
     let addrs = || {
         let w = |o: usize| Some(u32::from_be_bytes(l3.get(o..o + 4)?.try_into().ok()?));
         let a = w(12)? ^ w(16)?;
@@ -449,7 +454,7 @@ pub fn run(prog: &[Insn], l3: &[u8]) -> u32 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn ipv4(proto: u8, src: [u8; 4], dst: [u8; 4], l4: &[u8]) -> Vec<u8> {

@@ -173,3 +173,158 @@ fn auto_backend_prefers_af_xdp_on_veth() {
         assert!(e.to_string().starts_with("bind(AF_XDP) failed"), "{e}");
     });
 }
+
+/// An IPv4 frame from 10.9.0.1 to 10.9.0.2 with protocol `proto` and the
+/// given L4 bytes.
+fn ipv4_frame(proto: u8, l4: &[u8]) -> Vec<u8> {
+    let mut fr = vec![0u8; 34];
+    fr[0..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x02]);
+    fr[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x01]);
+    fr[12..14].copy_from_slice(&[0x08, 0x00]);
+    fr[14] = 0x45;
+    fr[16..18].copy_from_slice(&((20 + l4.len()) as u16).to_be_bytes());
+    fr[22] = 64;
+    fr[23] = proto;
+    fr[26..30].copy_from_slice(&[10, 9, 0, 1]);
+    fr[30..34].copy_from_slice(&[10, 9, 0, 2]);
+    fr.extend_from_slice(l4);
+    fr.resize(fr.len().max(60), 0);
+    fr
+}
+
+/// Several workers on one veth queue: one XSK each, bound with
+/// XDP_SHARED_UMEM to the same queue (sharing its fill and completion
+/// rings), fed by the steering XDP program. The kernel must deliver every
+/// frame to exactly the socket `steer::worker_for` names, like the
+/// AF_PACKET cBPF fanout: TCP/UDP by destination port, ICMP echo by
+/// identifier, ARP and IPv6 to worker 0.
+fn steered_rx_test(mode: XdpMode, tag: &str) {
+    use sluice_io::steer::{worker_for, Steer, SteerKey};
+    use sluice_io::XdpSteer;
+    let net = TestNet::new(tag, &["v"]);
+    net.run(|| {
+        let workers = 3u16;
+        let steer = Steer {
+            key: SteerKey::Destination,
+            workers,
+        };
+        let umem = Umem::new(8192).unwrap();
+        let mut ports: Vec<AfXdpPort> = (0..workers)
+            .map(|w| {
+                let cfg = AfXdpConfig {
+                    umem: Some(umem.clone()),
+                    ring_size: 1024,
+                    mode,
+                    steer: Some(XdpSteer { steer, worker: w }),
+                    ..AfXdpConfig::default()
+                };
+                AfXdpPort::open("v0", u16::from(w), &cfg).unwrap()
+            })
+            .collect();
+        for p in &ports {
+            eprintln!("{}", p.describe());
+            assert!(
+                p.describe().contains("steered Destination"),
+                "{}",
+                p.describe()
+            );
+        }
+        let raw = RawSocket::open("v1").unwrap();
+        // Frames, each tagged with a unique id in its last two bytes.
+        let mut sent: Vec<(Vec<u8>, u16)> = Vec::new();
+        for f in 0..60u16 {
+            let mut l4 = 443u16.to_be_bytes().to_vec();
+            l4.extend_from_slice(&(20000 + 7 * f).to_be_bytes());
+            l4.extend_from_slice(&[0; 20]);
+            sent.push((ipv4_frame(if f % 2 == 0 { 17 } else { 6 }, &l4), f));
+        }
+        for f in 0..12u16 {
+            let mut l4 = vec![0, 0, 0, 0];
+            l4.extend_from_slice(&(3000 + 5 * f).to_be_bytes());
+            l4.extend_from_slice(&[0, 1]);
+            sent.push((ipv4_frame(1, &l4), 100 + f));
+        }
+        let mut arp = vec![0xff; 6];
+        arp.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x01, 0x08, 0x06]);
+        arp.extend_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
+        arp.resize(60, 0);
+        sent.push((arp, 200));
+        let mut v6 = vec![0x02, 0, 0, 0, 0, 0x02, 0x02, 0, 0, 0, 0, 0x01, 0x86, 0xdd];
+        v6.extend_from_slice(&[0x60, 0, 0, 0, 0, 8, 17, 64]);
+        v6.extend_from_slice(&[0; 32]);
+        v6.extend_from_slice(&[0x13, 0x89, 0x13, 0x8b, 0, 8, 0, 0]);
+        sent.push((v6, 201));
+        for (fr, id) in &mut sent {
+            let n = fr.len();
+            fr.extend_from_slice(&id.to_be_bytes());
+            assert!(n >= 60);
+            raw.send(fr).unwrap();
+        }
+        let want = |fr: &[u8]| -> u16 {
+            if fr[12..14] == [8, 0] {
+                worker_for(steer, &fr[14..])
+            } else {
+                0
+            }
+        };
+        let mut got: Vec<(u16, usize)> = Vec::new();
+        let end = std::time::Instant::now() + Duration::from_secs(3);
+        while got.len() < sent.len() && std::time::Instant::now() < end {
+            for (w, p) in ports.iter_mut().enumerate() {
+                let mut b = Batch::new();
+                let n = p.rx_batch(&mut b);
+                for i in 0..n {
+                    let Some(d) = b.data(i) else { continue };
+                    let id = u16::from_be_bytes([d[d.len() - 2], d[d.len() - 1]]);
+                    if sent.iter().any(|(f, k)| *k == id && f[..] == d[..]) {
+                        got.push((id, w));
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mut per_worker = vec![0; usize::from(workers)];
+        for (fr, id) in &sent {
+            let at: Vec<usize> = got.iter().filter(|g| g.0 == *id).map(|g| g.1).collect();
+            assert_eq!(
+                at,
+                vec![usize::from(want(fr))],
+                "frame {id} reaches exactly its owner"
+            );
+            per_worker[usize::from(want(fr))] += 1;
+        }
+        assert!(per_worker.iter().all(|&n| n > 10), "{per_worker:?}");
+        for p in &mut ports {
+            assert_eq!(p.stats().rx_kernel_drops, 0);
+        }
+        // The same queue cannot be joined without the same steering.
+        let e = AfXdpPort::open(
+            "v0",
+            9,
+            &AfXdpConfig {
+                umem: Some(umem.clone()),
+                ..AfXdpConfig::default()
+            },
+        )
+        .err()
+        .unwrap();
+        assert!(e.to_string().contains("same steering"), "{e}");
+        drop(ports);
+    });
+    assert!(
+        !xdp_attached(&net, "v0"),
+        "the shared XDP program is detached when the last port drops"
+    );
+}
+
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn afxdp_native_steers_each_frame_to_its_owner() {
+    steered_rx_test(XdpMode::Native, "xdp-steer-drv");
+}
+
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn afxdp_generic_steers_each_frame_to_its_owner() {
+    steered_rx_test(XdpMode::Generic, "xdp-steer-skb");
+}

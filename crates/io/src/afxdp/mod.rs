@@ -36,13 +36,14 @@ pub mod bpf;
 mod ring;
 
 use std::os::fd::{OwnedFd, RawFd};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
 
-use self::bpf::{XdpAttachment, XdpMode};
+use self::bpf::{Program, XdpAttachment, XdpMode};
 use self::ring::{MmapOffsets, Ring, XdpDesc};
 use crate::batch::{Batch, FrameMeta, Lender, FRAME_CAP};
 use crate::error::{IfName, IoError};
 use crate::port::{BackendKind, Port, PortStats};
+use crate::steer::Steer;
 use crate::sys::{self, Mmap};
 
 const XDP_PGOFF_RX_RING: i64 = 0;
@@ -81,13 +82,67 @@ pub struct XdpKernelStats {
     pub tx_ring_empty_descs: u64,
 }
 
+/// Which sockets of a UMEM are bound where; locked while a port opens.
+#[derive(Default)]
+struct Bindings {
+    /// A duplicate of the first bound socket: sockets on other queues name
+    /// it in `sxdp_shared_umem_fd`.
+    owner: Option<OwnedFd>,
+    /// The queues this UMEM's sockets are bound to.
+    queues: Vec<Weak<QueueShare>>,
+}
+
 struct UmemInner {
-    /// A duplicate of the first bound socket: later sockets name it in
-    /// `sxdp_shared_umem_fd`. Declared first so it closes before the unmap
-    /// (the kernel pins the pages anyway, so either order is sound).
-    owner: Mutex<Option<OwnedFd>>,
+    /// Declared first so the sockets close before the unmap (the kernel
+    /// pins the pages anyway, so either order is sound).
+    bindings: Mutex<Bindings>,
     region: Mmap,
     pool: Mutex<Vec<u64>>,
+}
+
+/// The fill and completion rings of one bound queue.
+struct FillComp {
+    fill: Ring<u64>,
+    comp: Ring<u64>,
+}
+
+/// What every socket bound to one (interface, queue) of a UMEM shares.
+///
+/// The kernel keeps one buffer pool per (device, queue): a socket that
+/// binds with `XDP_SHARED_UMEM` naming a socket bound to the same device
+/// and queue joins that socket's pool and uses its fill and completion
+/// rings (it may not create its own: EINVAL), while a socket on another
+/// queue or device gets a pool, and rings, of its own
+/// (Documentation/networking/af_xdp.rst, "XDP_SHARED_UMEM bind flag").
+/// So the fill and completion rings live here, behind a mutex each port
+/// only `try_lock`s (a worker that finds it taken skips the refill or
+/// reap: the holder is doing it), and so does the XDP program: one per
+/// interface, whose XSKMAP has one slot per (queue, worker).
+struct QueueShare {
+    /// Declared first: the program is detached before the rings go.
+    xdp: XdpAttachment,
+    rings: Mutex<FillComp>,
+    /// The first socket bound here (a duplicate), named by later ones.
+    first: OwnedFd,
+    ifindex: u32,
+    queue: u32,
+    /// The steering of the program, `None` for the one-socket program.
+    steer: Option<Steer>,
+}
+
+impl QueueShare {
+    /// The shared rings, unless another worker is using them right now.
+    fn try_rings(&self) -> Option<MutexGuard<'_, FillComp>> {
+        match self.rings.try_lock() {
+            Ok(g) => Some(g),
+            Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
+    fn rings(&self) -> MutexGuard<'_, FillComp> {
+        self.rings.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl UmemInner {
@@ -135,7 +190,7 @@ impl Umem {
             inner: Arc::new(UmemInner {
                 region,
                 pool: Mutex::new(pool),
-                owner: Mutex::new(None),
+                bindings: Mutex::new(Bindings::default()),
             }),
         })
     }
@@ -163,6 +218,19 @@ pub struct AfXdpConfig {
     pub ring_size: u32,
     /// XDP attach mode.
     pub mode: XdpMode,
+    /// Several workers share the queue: steer each frame to the socket of
+    /// the worker that owns it. All sockets of the queue must use the same
+    /// [`Umem`] and the same [`Steer`].
+    pub steer: Option<XdpSteer>,
+}
+
+/// Steering between the sockets several workers bind to one queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct XdpSteer {
+    /// How the owner of a frame is found ([`crate::steer::worker_for`]).
+    pub steer: Steer,
+    /// The worker this socket belongs to (`< steer.workers`).
+    pub worker: u16,
 }
 
 /// Chunks of a private UMEM.
@@ -175,6 +243,7 @@ impl Default for AfXdpConfig {
             umem: None,
             ring_size: 4096,
             mode: XdpMode::Auto,
+            steer: None,
         }
     }
 }
@@ -182,9 +251,7 @@ impl Default for AfXdpConfig {
 /// An AF_XDP port. Field order matters: the XDP program is detached before
 /// the rings are unmapped and the socket closed.
 pub struct AfXdpPort {
-    xdp: XdpAttachment,
-    fill: Ring<u64>,
-    comp: Ring<u64>,
+    share: Arc<QueueShare>,
     rx: Ring<XdpDesc>,
     tx: Ring<XdpDesc>,
     fd: OwnedFd,
@@ -195,6 +262,8 @@ pub struct AfXdpPort {
     name: IfName,
     port_id: u16,
     queue: u32,
+    /// This socket's XSKMAP slot.
+    slot: u32,
     zero_copy: bool,
     stats: PortStats,
 }
@@ -212,6 +281,12 @@ fn sockaddr_xdp(flags: u16, ifindex: u32, queue: u32, shared_fd: u32) -> libc::s
 impl AfXdpPort {
     /// Open queue `cfg.queue` of `ifname` (in the calling thread's network
     /// namespace). Received frames carry `port_id` in their [`FrameMeta`].
+    ///
+    /// The first socket of a UMEM registers it; later ones bind with
+    /// `XDP_SHARED_UMEM`. On a queue this UMEM already serves (several
+    /// workers, `cfg.steer` set alike), the socket joins that queue's
+    /// fill/completion rings and XDP program (see [`QueueShare`]);
+    /// elsewhere it gets rings and a program of its own.
     pub fn open(ifname: &str, port_id: u16, cfg: &AfXdpConfig) -> Result<Self, IoError> {
         let name = IfName::new(ifname)?;
         let ifindex = sys::ifindex(&name)?;
@@ -222,6 +297,14 @@ impl AfXdpPort {
                 why: "ring size must be a power of two",
             });
         }
+        if let Some(st) = cfg.steer {
+            if st.worker >= st.steer.workers {
+                return Err(IoError::Unsupported {
+                    backend: BackendKind::AfXdp,
+                    why: "steered worker index out of range",
+                });
+            }
+        }
         let umem = match &cfg.umem {
             Some(u) => u.clone(),
             None => Umem::new(DEFAULT_UMEM_CHUNKS)?,
@@ -229,10 +312,30 @@ impl AfXdpPort {
         let inner = Arc::clone(&umem.inner);
         let fd = sys::socket(libc::AF_XDP, libc::SOCK_RAW, 0, "socket(AF_XDP)")?;
         let xfd = sys::raw(&fd);
+        let steer = cfg.steer.map(|s| s.steer);
+        let (workers, worker) = cfg.steer.map_or((1, 0), |s| {
+            (u32::from(s.steer.workers), u32::from(s.worker))
+        });
+        let slot = cfg.queue.saturating_mul(workers).saturating_add(worker);
 
-        // Hold the owner lock through bind so only one socket registers.
-        let mut owner = inner.owner.lock().unwrap_or_else(|e| e.into_inner());
-        if owner.is_none() {
+        // Held through bind so that one socket registers the UMEM and one
+        // socket creates each queue's rings and program.
+        let mut bind = inner.bindings.lock().unwrap_or_else(|e| e.into_inner());
+        bind.queues.retain(|w| w.strong_count() > 0);
+        let joined = bind
+            .queues
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|q| q.ifindex == ifindex && q.queue == cfg.queue);
+        if let Some(q) = &joined {
+            if q.steer.is_none() || q.steer != steer {
+                return Err(IoError::Unsupported {
+                    backend: BackendKind::AfXdp,
+                    why: "queue already bound by this UMEM without the same steering",
+                });
+            }
+        }
+        if joined.is_none() && bind.owner.is_none() {
             let reg = UmemReg {
                 addr: inner.region.as_ptr() as u64,
                 len: inner.region.len() as u64,
@@ -249,15 +352,19 @@ impl AfXdpPort {
                 "setsockopt(XDP_UMEM_REG)",
             )?;
         }
-        for (opt, call) in [
-            (libc::XDP_UMEM_FILL_RING, "setsockopt(XDP_UMEM_FILL_RING)"),
-            (
+        let mut opts: Vec<(i32, &'static str)> = Vec::with_capacity(4);
+        if joined.is_none() {
+            // A socket joining a queue must not have fill/completion rings
+            // of its own (EINVAL): it uses the first socket's.
+            opts.push((libc::XDP_UMEM_FILL_RING, "setsockopt(XDP_UMEM_FILL_RING)"));
+            opts.push((
                 libc::XDP_UMEM_COMPLETION_RING,
                 "setsockopt(XDP_UMEM_COMPLETION_RING)",
-            ),
-            (libc::XDP_RX_RING, "setsockopt(XDP_RX_RING)"),
-            (libc::XDP_TX_RING, "setsockopt(XDP_TX_RING)"),
-        ] {
+            ));
+        }
+        opts.push((libc::XDP_RX_RING, "setsockopt(XDP_RX_RING)"));
+        opts.push((libc::XDP_TX_RING, "setsockopt(XDP_TX_RING)"));
+        for (opt, call) in opts {
             sys::setsockopt(xfd, libc::SOL_XDP, opt, &rs, call)?;
         }
         let mut off = MmapOffsets::default();
@@ -268,31 +375,36 @@ impl AfXdpPort {
             &mut off,
             "getsockopt(XDP_MMAP_OFFSETS)",
         )?;
-        let fill = Ring::<u64>::map(
-            xfd,
-            &off.fr,
-            rs,
-            XDP_UMEM_PGOFF_FILL_RING,
-            "mmap(XDP fill ring)",
-        )?;
-        let comp = Ring::<u64>::map(
-            xfd,
-            &off.cr,
-            rs,
-            XDP_UMEM_PGOFF_COMPLETION_RING,
-            "mmap(XDP completion ring)",
-        )?;
+        let own_rings = if joined.is_none() {
+            let fill = Ring::<u64>::map(
+                xfd,
+                &off.fr,
+                rs,
+                XDP_UMEM_PGOFF_FILL_RING,
+                "mmap(XDP fill ring)",
+            )?;
+            let comp = Ring::<u64>::map(
+                xfd,
+                &off.cr,
+                rs,
+                XDP_UMEM_PGOFF_COMPLETION_RING,
+                "mmap(XDP completion ring)",
+            )?;
+            Some(FillComp { fill, comp })
+        } else {
+            None
+        };
         let rx = Ring::<XdpDesc>::map(xfd, &off.rx, rs, XDP_PGOFF_RX_RING, "mmap(XDP rx ring)")?;
         let tx = Ring::<XdpDesc>::map(xfd, &off.tx, rs, XDP_PGOFF_TX_RING, "mmap(XDP tx ring)")?;
 
-        let sa = match owner.as_ref() {
+        let shared_fd = match (&joined, &bind.owner) {
+            (Some(q), _) => Some(sys::raw(&q.first)),
+            (None, Some(o)) => Some(sys::raw(o)),
+            (None, None) => None,
+        };
+        let sa = match shared_fd {
             // Shared sockets may not pass mode flags; they inherit them.
-            Some(o) => sockaddr_xdp(
-                libc::XDP_SHARED_UMEM,
-                ifindex,
-                cfg.queue,
-                sys::raw(o) as u32,
-            ),
+            Some(o) => sockaddr_xdp(libc::XDP_SHARED_UMEM, ifindex, cfg.queue, o as u32),
             // No COPY/ZEROCOPY flag: the kernel tries zero-copy, else copy.
             None => sockaddr_xdp(libc::XDP_USE_NEED_WAKEUP, ifindex, cfg.queue, 0),
         };
@@ -307,13 +419,13 @@ impl AfXdpPort {
         if r < 0 {
             return Err(IoError::last("bind(AF_XDP)"));
         }
-        if owner.is_none() {
-            let dup = fd
-                .try_clone()
-                .map_err(|e| IoError::file("dup(AF_XDP socket)", &e))?;
-            *owner = Some(dup);
+        let dup = || {
+            fd.try_clone()
+                .map_err(|e| IoError::file("dup(AF_XDP socket)", &e))
+        };
+        if bind.owner.is_none() {
+            bind.owner = Some(dup()?);
         }
-        drop(owner);
 
         let mut opts = 0u32;
         sys::getsockopt(
@@ -323,13 +435,37 @@ impl AfXdpPort {
             &mut opts,
             "getsockopt(XDP_OPTIONS)",
         )?;
-        let xdp = XdpAttachment::attach(ifindex, cfg.mode, cfg.queue + 1)?;
-        xdp.set_socket(cfg.queue, xfd)?;
+        let share = match (joined, own_rings) {
+            (Some(q), _) => q,
+            (None, Some(rings)) => {
+                let (program, slots) = match steer {
+                    Some(s) => (Program::Steered(s), (cfg.queue + 1).saturating_mul(workers)),
+                    None => (Program::PerQueue, cfg.queue + 1),
+                };
+                let xdp = XdpAttachment::attach(ifindex, cfg.mode, program, slots)?;
+                let q = Arc::new(QueueShare {
+                    xdp,
+                    rings: Mutex::new(rings),
+                    first: dup()?,
+                    ifindex,
+                    queue: cfg.queue,
+                    steer,
+                });
+                bind.queues.push(Arc::downgrade(&q));
+                q
+            }
+            (None, None) => {
+                return Err(IoError::Unsupported {
+                    backend: BackendKind::AfXdp,
+                    why: "no fill ring",
+                })
+            }
+        };
+        share.xdp.set_socket(slot, xfd)?;
+        drop(bind);
         let lender: Arc<dyn Lender> = inner.clone();
         let mut port = Self {
-            xdp,
-            fill,
-            comp,
+            share,
             rx,
             tx,
             fd,
@@ -339,6 +475,7 @@ impl AfXdpPort {
             name,
             port_id,
             queue: cfg.queue,
+            slot,
             zero_copy: opts & XDP_OPTIONS_ZEROCOPY != 0,
             stats: PortStats::default(),
         };
@@ -366,40 +503,54 @@ impl AfXdpPort {
 
     /// Whether the XDP program runs in native (driver) mode.
     pub fn native_xdp(&self) -> bool {
-        self.xdp.native()
+        self.share.xdp.native()
     }
 
-    /// Keep the fill ring topped up from the pool (one lock per call, and
-    /// only when at least 1/8 of the ring is empty).
-    fn refill(&mut self) {
-        let size = self.fill.size();
-        let free = self.fill.free(size);
-        if free < size / 8 {
-            return;
-        }
-        let mut pool = self.umem.pool();
-        let n = (free as usize).min(pool.len()) as u32;
-        for k in 0..n {
-            if let Some(a) = pool.pop() {
-                self.fill.write(k, a);
+    /// Keep the (queue's shared) fill ring topped up from the pool: one
+    /// pool lock per call, and only when at least 1/8 of the ring is empty.
+    /// Returns whether the kernel asked for a wakeup. Skipped when another
+    /// worker holds the queue's rings (it is refilling them).
+    fn refill(&mut self) -> bool {
+        let Some(mut r) = self.share.try_rings() else {
+            return false;
+        };
+        let fill = &mut r.fill;
+        let size = fill.size();
+        let free = fill.free(size);
+        if free >= size / 8 {
+            let mut pool = self.umem.pool();
+            let n = (free as usize).min(pool.len()) as u32;
+            for k in 0..n {
+                if let Some(a) = pool.pop() {
+                    fill.write(k, a);
+                }
             }
+            drop(pool);
+            fill.submit(n);
         }
-        drop(pool);
-        self.fill.submit(n);
+        fill.needs_wakeup()
     }
 
-    /// Move finished transmits back to the pool.
-    fn reap(&mut self) {
-        let n = self.comp.available(self.comp.size());
+    /// Move finished transmits (of every socket on this queue) back to the
+    /// pool. `wait`: take the rings even if another worker holds them.
+    fn reap(&mut self, wait: bool) {
+        let guard = if wait {
+            Some(self.share.rings())
+        } else {
+            self.share.try_rings()
+        };
+        let Some(mut r) = guard else { return };
+        let comp = &mut r.comp;
+        let n = comp.available(comp.size());
         if n == 0 {
             return;
         }
         let mut pool = self.umem.pool();
         for k in 0..n {
-            pool.push(self.comp.read(k) & !(CHUNK - 1));
+            pool.push(comp.read(k) & !(CHUNK - 1));
         }
         drop(pool);
-        self.comp.release(n);
+        comp.release(n);
     }
 
     fn kick_tx(&mut self) {
@@ -454,17 +605,21 @@ impl Port for AfXdpPort {
     }
 
     fn describe(&self) -> String {
+        let steer = match self.share.steer {
+            Some(s) => format!(" steered {:?} slot {}/{}", s.key, self.slot, s.workers),
+            None => String::new(),
+        };
         format!(
-            "af_xdp {} queue {} {}-xdp {} (link fd {})",
+            "af_xdp {} queue {}{steer} {}-xdp {} (link fd {})",
             self.name,
             self.queue,
-            if self.xdp.native() {
+            if self.share.xdp.native() {
                 "native"
             } else {
                 "generic"
             },
             if self.zero_copy { "zero-copy" } else { "copy" },
-            self.xdp.link_fd()
+            self.share.xdp.link_fd()
         )
     }
 
@@ -475,8 +630,7 @@ impl Port for AfXdpPort {
         }
         let n = self.rx.available(room);
         if n == 0 {
-            self.refill();
-            if self.fill.needs_wakeup() {
+            if self.refill() {
                 // SAFETY: a zero-length, non-blocking recvfrom with null
                 // buffer and address only asks the kernel to run the queue.
                 unsafe {
@@ -536,7 +690,7 @@ impl Port for AfXdpPort {
     }
 
     fn tx_batch(&mut self, batch: &mut Batch, which: &[u16]) -> usize {
-        self.reap();
+        self.reap(false);
         let want = which.len().min(self.tx.size() as usize) as u32;
         let free = self.tx.free(want);
         let base = self.umem.region.as_ptr();
@@ -594,7 +748,7 @@ impl Port for AfXdpPort {
 
     fn flush(&mut self) -> Result<(), IoError> {
         self.kick_tx();
-        self.reap();
+        self.reap(true);
         Ok(())
     }
 
