@@ -218,7 +218,7 @@ fn steered_rx_test(mode: XdpMode, tag: &str) {
                     steer: Some(XdpSteer { steer, worker: w }),
                     ..AfXdpConfig::default()
                 };
-                AfXdpPort::open("v0", u16::from(w), &cfg).unwrap()
+                AfXdpPort::open("v0", w, &cfg).unwrap()
             })
             .collect();
         for p in &ports {
