@@ -410,6 +410,7 @@ pub(crate) struct XdpAttachment {
     _prog: OwnedFd,
     map: OwnedFd,
     native: bool,
+    program: Program,
 }
 
 impl XdpAttachment {
@@ -506,6 +507,7 @@ impl XdpAttachment {
             _prog: prog,
             map,
             native,
+            program,
         })
     }
 
@@ -526,6 +528,14 @@ impl XdpAttachment {
             "bpf(BPF_MAP_UPDATE_ELEM xskmap)",
         )
         .map(|_| ())
+    }
+
+    /// The steering of the program (`None`: one socket per queue).
+    pub(crate) fn steer(&self) -> Option<Steer> {
+        match self.program {
+            Program::PerQueue => None,
+            Program::Steered(s) => Some(s),
+        }
     }
 
     pub(crate) fn native(&self) -> bool {

@@ -1,18 +1,31 @@
 //! The AF_XDP backend: XDP sockets on one shared UMEM.
 //!
 //! - [`Umem`]: one anonymous mapping cut into 2048-byte chunks, registered
-//!   with the first socket that binds (`XDP_UMEM_REG`); later sockets, on any
-//!   interface, bind with `XDP_SHARED_UMEM` and their own fill/completion
-//!   rings (Linux >= 5.10). Free chunks sit in one pool (a mutex-guarded
-//!   stack, taken once per batch, never contended when one worker drives all
-//!   ports of a UMEM).
+//!   with the first socket that binds (`XDP_UMEM_REG`); later sockets bind
+//!   with `XDP_SHARED_UMEM` (Linux >= 5.10). Free chunks sit in one pool (a
+//!   mutex-guarded stack, taken once per batch; uncontended when one worker
+//!   drives a UMEM, shared by the workers when several steer one queue).
+//! - Fill and completion rings belong to a (device, queue), not to a
+//!   socket: the kernel keeps one buffer pool per (device, queue) and UMEM.
+//!   The first socket of a UMEM on a queue creates them; a socket of the
+//!   same UMEM on another queue or interface creates its own; a socket on
+//!   the same queue joins the first one's and may not create any. Receive
+//!   takes chunks from the queue's fill ring for whichever socket the XDP
+//!   program picks, and completions of every socket on the queue arrive on
+//!   its one completion ring. So each queue's two rings sit behind a mutex
+//!   that ports only `try_lock` on the packet path (`QueueShare`).
 //! - Receive hands UMEM chunks to the [`Batch`] without copying. Transmit of
 //!   a frame from the same UMEM hands the chunk to the TX ring without
 //!   copying, so forwarding between two ports of one UMEM moves descriptors
 //!   only; frames from elsewhere are copied into a free chunk.
-//! - Each port loads the small XDP program of [`bpf`] on its interface
-//!   (native mode first, else generic/SKB mode), maps its queue to its socket
-//!   and detaches it on drop (closing the BPF link).
+//! - One XDP program of [`bpf`] per interface (native mode first, else
+//!   generic/SKB mode), detached when the interface's last port drops
+//!   (closing the BPF link). Alone on a queue, a socket sits in XSKMAP slot
+//!   `queue`. With [`AfXdpConfig::steer`], one socket per worker binds the
+//!   same queue and the program computes the owner worker of each frame
+//!   exactly as the AF_PACKET fanout program does
+//!   ([`crate::steer::worker_for`]) and redirects it to slot
+//!   `queue * workers + owner`.
 //! - Binding asks for zero-copy and lets the kernel fall back to copy mode
 //!   where the driver lacks it (veth); `need_wakeup` is on. In copy mode the
 //!   kernel transmits at most a small budget of frames (32) per `sendto` and
@@ -23,14 +36,12 @@
 //! chunks (32 MiB). With 2048-entry rings a receiver descheduled for ~7 ms at
 //! 0.3 Mpps emptied the fill ring (`rx_fill_ring_empty_descs`) on a loaded
 //! 2-vCPU VM; 4096 absorbed it. Give a shared UMEM at least
-//! `ports * 2 * ring_size` chunks.
+//! `queues * 2 * ring_size + sockets * 2 * ring_size` chunks.
 //!
-//! Closing one port of a shared UMEM loses the chunks that sit in its fill
-//! and TX rings until the UMEM itself is dropped.
+//! Closing one port of a shared UMEM loses the chunks that sit in its rings
+//! until the UMEM itself is dropped.
 //!
-//! Missing: several queues of one interface in one process (each port
-//! attaches its own program, so a second port on the same interface fails
-//! with EBUSY); unaligned chunks; multi-buffer (jumbo) frames.
+//! Missing: unaligned chunks; multi-buffer (jumbo) frames.
 
 pub mod bpf;
 mod ring;
@@ -90,7 +101,14 @@ struct Bindings {
     owner: Option<OwnedFd>,
     /// The queues this UMEM's sockets are bound to.
     queues: Vec<Weak<QueueShare>>,
+    /// The XDP program of each interface (one per interface: its XSKMAP
+    /// has a slot per queue and worker), by ifindex.
+    programs: Vec<(u32, Weak<XdpAttachment>)>,
 }
+
+/// XSKMAP slots per worker: queues `0..MAP_QUEUES` of an interface can be
+/// bound.
+pub const MAP_QUEUES: u32 = 64;
 
 struct UmemInner {
     /// Declared first so the sockets close before the unmap (the kernel
@@ -116,11 +134,12 @@ struct FillComp {
 /// (Documentation/networking/af_xdp.rst, "XDP_SHARED_UMEM bind flag").
 /// So the fill and completion rings live here, behind a mutex each port
 /// only `try_lock`s (a worker that finds it taken skips the refill or
-/// reap: the holder is doing it), and so does the XDP program: one per
-/// interface, whose XSKMAP has one slot per (queue, worker).
+/// reap: the holder is doing it). The interface's XDP program is shared
+/// by all its queues: its XSKMAP has one slot per (queue, worker).
 struct QueueShare {
-    /// Declared first: the program is detached before the rings go.
-    xdp: XdpAttachment,
+    /// Declared first: the program is detached before the rings go (when
+    /// this is the interface's last queue).
+    xdp: Arc<XdpAttachment>,
     rings: Mutex<FillComp>,
     /// The first socket bound here (a duplicate), named by later ones.
     first: OwnedFd,
@@ -438,11 +457,31 @@ impl AfXdpPort {
         let share = match (joined, own_rings) {
             (Some(q), _) => q,
             (None, Some(rings)) => {
-                let (program, slots) = match steer {
-                    Some(s) => (Program::Steered(s), (cfg.queue + 1).saturating_mul(workers)),
-                    None => (Program::PerQueue, cfg.queue + 1),
+                bind.programs.retain(|p| p.1.strong_count() > 0);
+                let known = bind
+                    .programs
+                    .iter()
+                    .find(|p| p.0 == ifindex)
+                    .and_then(|p| p.1.upgrade());
+                let xdp = match known {
+                    Some(x) if x.steer() == steer => x,
+                    Some(_) => {
+                        return Err(IoError::Unsupported {
+                            backend: BackendKind::AfXdp,
+                            why:
+                                "interface already runs this UMEM's XDP program with other steering",
+                        })
+                    }
+                    None => {
+                        let (program, slots) = match steer {
+                            Some(s) => (Program::Steered(s), MAP_QUEUES.saturating_mul(workers)),
+                            None => (Program::PerQueue, MAP_QUEUES.max(cfg.queue + 1)),
+                        };
+                        let x = Arc::new(XdpAttachment::attach(ifindex, cfg.mode, program, slots)?);
+                        bind.programs.push((ifindex, Arc::downgrade(&x)));
+                        x
+                    }
                 };
-                let xdp = XdpAttachment::attach(ifindex, cfg.mode, program, slots)?;
                 let q = Arc::new(QueueShare {
                     xdp,
                     rings: Mutex::new(rings),
