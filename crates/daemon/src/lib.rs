@@ -628,15 +628,6 @@ fn warn_unsteered(cfg: &config::Config) {
     if n <= 1 || cfg.backend == config::BackendChoice::Mem {
         return;
     }
-    if cfg.backend == config::BackendChoice::AfXdp {
-        tracing::warn!(
-            workers = n,
-            "backend af_xdp with several workers: each worker reads its own NIC queue, which the \
-             NIC fills by its RSS hash, not by NAT port; NAT replies that land on another \
-             worker's queue are dropped (nat-no-mapping). Use backend = \"af_packet\" (or \
-             \"auto\") for NAT with several workers"
-        );
-    }
     if cfg.nat.hairpinning {
         tracing::warn!(
             workers = n,
@@ -836,17 +827,21 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     let mut mem_peers = Vec::new();
     let fanout_base = (std::process::id() as u16).wrapping_mul(8);
     warn_unsteered(&cfg);
-    // Only AF_PACKET can steer frames to the worker that owns them, so
-    // `auto` means AF_PACKET when several workers share an interface.
-    let io_backend = match cfg.backend.io() {
-        Some(sluice_io::Backend::Auto) if cfg.workers > 1 => {
-            tracing::info!(
-                workers = cfg.workers,
-                "backend auto with several workers: using AF_PACKET (port-steered fanout)"
-            );
-            Some(sluice_io::Backend::AfPacket)
+    // Both AF_XDP (a steering XDP program in front of one socket per worker
+    // on each queue) and AF_PACKET (a steering cBPF fanout program) send
+    // each frame to the worker that owns it.
+    let io_backend = cfg.backend.io();
+    // With several workers every worker binds the same queue of each
+    // interface, so they share one UMEM (the kernel wants one buffer pool
+    // per queue); with one worker it has a UMEM of its own, as before.
+    let shared_umem = match io_backend {
+        Some(sluice_io::Backend::AfXdp | sluice_io::Backend::Auto) if cfg.workers > 1 => {
+            sluice_io::Umem::new(
+                sluice_io::afxdp::DEFAULT_UMEM_CHUNKS.saturating_mul(u32::from(cfg.workers)),
+            )
+            .ok()
         }
-        b => b,
+        _ => None,
     };
 
     let mut threads = Vec::new();
@@ -865,6 +860,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
         let mut ports: Vec<Box<dyn Port>> = Vec::new();
         let umem = match io_backend {
             None | Some(sluice_io::Backend::AfPacket) => None,
+            _ if cfg.workers > 1 => shared_umem.clone(),
             _ => sluice_io::Umem::new(sluice_io::afxdp::DEFAULT_UMEM_CHUNKS).ok(),
         };
         for (k, ifc) in cfg.interfaces.iter().enumerate() {
@@ -875,7 +871,10 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
             if cfg.workers > 1 {
                 o.af_packet.fanout_group = Some(fanout_base.wrapping_add(k as u16));
                 o.af_packet.steer = Some(steer_for(ifc.role, cfg.workers));
-                o.af_xdp.queue = u32::from(id);
+                o.af_xdp.steer = Some(sluice_io::XdpSteer {
+                    steer: steer_for(ifc.role, cfg.workers),
+                    worker: id,
+                });
             }
             o.af_xdp.umem = umem.clone();
             let port: Box<dyn Port> = match io_backend {
