@@ -50,7 +50,7 @@ mod sys;
 
 pub use afpacket::{AfPacketConfig, AfPacketPort};
 pub use afxdp::bpf::XdpMode;
-pub use afxdp::{AfXdpConfig, AfXdpPort, Umem, XdpSteer};
+pub use afxdp::{AfXdpConfig, AfXdpPort, AfXdpQueues, Umem, XdpSteer};
 pub use batch::{Batch, FrameMeta, BATCH_CAP, FRAME_CAP};
 pub use error::{IfName, IoError};
 pub use port::{wait_readable, BackendKind, Port, PortStats};
@@ -79,20 +79,20 @@ pub struct OpenOptions {
 
 /// Open `ifname` on `backend`. With [`Backend::Auto`], AF_XDP is tried first
 /// and AF_PACKET is used if it fails; the AF_XDP error is logged.
+///
+/// With [`AfXdpConfig::steer`] (several workers), AF_XDP binds every
+/// receive queue of the interface ([`AfXdpQueues`]), not only
+/// `opts.af_xdp.queue`.
 pub fn open(ifname: &str, backend: Backend, opts: &OpenOptions) -> Result<Box<dyn Port>, IoError> {
     match backend {
-        Backend::AfXdp => Ok(Box::new(AfXdpPort::open(
-            ifname,
-            opts.port_id,
-            &opts.af_xdp,
-        )?)),
+        Backend::AfXdp => open_xdp(ifname, opts),
         Backend::AfPacket => Ok(Box::new(AfPacketPort::open(
             ifname,
             opts.port_id,
             &opts.af_packet,
         )?)),
-        Backend::Auto => match AfXdpPort::open(ifname, opts.port_id, &opts.af_xdp) {
-            Ok(p) => Ok(Box::new(p)),
+        Backend::Auto => match open_xdp(ifname, opts) {
+            Ok(p) => Ok(p),
             Err(e @ (IoError::NoSuchInterface(_) | IoError::BadInterfaceName)) => Err(e),
             Err(e) => {
                 tracing::warn!(
@@ -107,4 +107,20 @@ pub fn open(ifname: &str, backend: Backend, opts: &OpenOptions) -> Result<Box<dy
             }
         },
     }
+}
+
+fn open_xdp(ifname: &str, opts: &OpenOptions) -> Result<Box<dyn Port>, IoError> {
+    let cfg = &opts.af_xdp;
+    if cfg.steer.is_some() {
+        let queues = afxdp::rx_queues(ifname)?;
+        if queues > 1 {
+            return Ok(Box::new(AfXdpQueues::open(
+                ifname,
+                opts.port_id,
+                cfg,
+                queues,
+            )?));
+        }
+    }
+    Ok(Box::new(AfXdpPort::open(ifname, opts.port_id, cfg)?))
 }

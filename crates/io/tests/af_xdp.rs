@@ -328,3 +328,99 @@ fn afxdp_native_steers_each_frame_to_its_owner() {
 fn afxdp_generic_steers_each_frame_to_its_owner() {
     steered_rx_test(XdpMode::Generic, "xdp-steer-skb");
 }
+
+/// A veth with two receive queues: each of two workers binds both queues
+/// (`AfXdpQueues`), and every frame, whichever queue the kernel puts it
+/// on, reaches the socket of its owner on that queue.
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn afxdp_steers_on_every_queue_of_a_multiqueue_interface() {
+    use sluice_io::steer::{worker_for, Steer, SteerKey};
+    use sluice_io::{AfXdpQueues, XdpSteer};
+    let net = TestNet::new("xdp-steer-mq", &["v"]);
+    let q2 = ["numtxqueues", "2", "numrxqueues", "2"];
+    let mut args = vec!["link", "add", "m0"];
+    args.extend_from_slice(&q2);
+    args.extend_from_slice(&["type", "veth", "peer", "name", "m1"]);
+    args.extend_from_slice(&q2);
+    net.ns.ip(&args).expect("add 2-queue veth");
+    for d in ["m0", "m1"] {
+        net.ns.ip(&["link", "set", d, "up"]).expect("up");
+    }
+    net.run(|| {
+        assert_eq!(sluice_io::afxdp::rx_queues("v0").unwrap(), 1);
+        assert_eq!(sluice_io::afxdp::rx_queues("m0").unwrap(), 2);
+        let workers = 2u16;
+        let steer = Steer {
+            key: SteerKey::Source,
+            workers,
+        };
+        let umem = Umem::new(8192).unwrap();
+        let mut ports: Vec<AfXdpQueues> = (0..workers)
+            .map(|w| {
+                let cfg = AfXdpConfig {
+                    umem: Some(umem.clone()),
+                    ring_size: 512,
+                    mode: XdpMode::Native,
+                    steer: Some(XdpSteer { steer, worker: w }),
+                    ..AfXdpConfig::default()
+                };
+                AfXdpQueues::open("m0", w, &cfg, 2).unwrap()
+            })
+            .collect();
+        eprintln!("{}", ports[1].describe());
+        assert!(ports[1]
+            .describe()
+            .contains("queue 1 steered Source slot 3/2"));
+        let raw = RawSocket::open("m1").unwrap();
+        let n = 200u16;
+        for f in 0..n {
+            let mut l4 = (30000 + 3 * f).to_be_bytes().to_vec();
+            l4.extend_from_slice(&(1000 + 11 * f).to_be_bytes());
+            l4.extend_from_slice(&[0; 16]);
+            l4.extend_from_slice(&f.to_be_bytes());
+            raw.send(&ipv4_frame(17, &l4)).unwrap();
+            if f % 32 == 31 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        let mut seen = vec![0u32; usize::from(n)];
+        let end = std::time::Instant::now() + Duration::from_secs(3);
+        let mut total = 0;
+        while total < usize::from(n) && std::time::Instant::now() < end {
+            for (w, p) in ports.iter_mut().enumerate() {
+                let mut b = Batch::new();
+                let got = p.rx_batch(&mut b);
+                for i in 0..got {
+                    let Some(d) = b.data(i) else { continue };
+                    if d.len() < 56 || d[12..14] != [8, 0] {
+                        continue;
+                    }
+                    let f = u16::from_be_bytes([d[54], d[55]]);
+                    assert_eq!(
+                        usize::from(worker_for(steer, &d[14..])),
+                        w,
+                        "frame {f} reached worker {w}"
+                    );
+                    seen[usize::from(f)] += 1;
+                    total += 1;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert!(seen.iter().all(|&c| c == 1), "each frame once: {seen:?}");
+        let per_queue: Vec<Vec<u64>> = ports
+            .iter_mut()
+            .map(|p| {
+                p.queues_mut()
+                    .iter_mut()
+                    .map(|q| q.stats().rx_frames)
+                    .collect()
+            })
+            .collect();
+        eprintln!("frames per worker and queue: {per_queue:?}");
+        // The kernel spreads the 200 flows over both queues by its hash:
+        // every (worker, queue) socket carries some.
+        assert!(per_queue.iter().flatten().all(|&c| c > 0), "{per_queue:?}");
+    });
+}

@@ -808,3 +808,126 @@ impl Drop for AfXdpPort {
         self.umem.pool().append(&mut self.stash);
     }
 }
+
+/// The receive queues of `ifname` the driver uses (rx plus combined
+/// channels, `ETHTOOL_GCHANNELS`); 1 when it does not say.
+pub fn rx_queues(ifname: &str) -> Result<u32, IoError> {
+    let name = IfName::new(ifname)?;
+    sys::ifindex(&name)?;
+    Ok(sys::rx_queues(&name).unwrap_or(1))
+}
+
+/// One worker's share of every receive queue of an interface: with
+/// several workers ([`AfXdpConfig::steer`]) each worker binds a socket to
+/// each queue, since the NIC spreads frames over its queues by its own
+/// hash and the XDP program can only redirect a frame to a socket of the
+/// queue it arrived on. Receive polls the queues in turn; transmit uses
+/// queue `worker % queues`. [`Port::poll_fd`] is the first queue's socket,
+/// so an idle worker notices frames on the other queues only at its next
+/// poll timeout.
+pub struct AfXdpQueues {
+    ports: Vec<AfXdpPort>,
+    next: usize,
+    tx: usize,
+}
+
+impl AfXdpQueues {
+    /// Open queues `0..queues` of `ifname` with `cfg` (its `queue` is
+    /// ignored); `queues` is usually [`rx_queues`].
+    pub fn open(
+        ifname: &str,
+        port_id: u16,
+        cfg: &AfXdpConfig,
+        queues: u32,
+    ) -> Result<Self, IoError> {
+        let umem = match &cfg.umem {
+            Some(u) => u.clone(),
+            None => Umem::new(DEFAULT_UMEM_CHUNKS)?,
+        };
+        let mut ports = Vec::with_capacity(queues as usize);
+        for q in 0..queues.max(1) {
+            let c = AfXdpConfig {
+                queue: q,
+                umem: Some(umem.clone()),
+                ..cfg.clone()
+            };
+            ports.push(AfXdpPort::open(ifname, port_id, &c)?);
+        }
+        let worker = cfg.steer.map_or(0, |s| usize::from(s.worker));
+        Ok(Self {
+            tx: worker % ports.len(),
+            ports,
+            next: 0,
+        })
+    }
+
+    /// The per-queue ports.
+    pub fn queues_mut(&mut self) -> &mut [AfXdpPort] {
+        &mut self.ports
+    }
+}
+
+impl Port for AfXdpQueues {
+    fn name(&self) -> &str {
+        self.ports.first().map_or("", |p| p.name())
+    }
+
+    fn kind(&self) -> BackendKind {
+        BackendKind::AfXdp
+    }
+
+    fn describe(&self) -> String {
+        let d: Vec<String> = self.ports.iter().map(Port::describe).collect();
+        d.join("; ")
+    }
+
+    fn rx_batch(&mut self, batch: &mut Batch) -> usize {
+        let n = self.ports.len();
+        let mut got = 0;
+        for k in 0..n {
+            if batch.room() == 0 {
+                break;
+            }
+            if let Some(p) = self.ports.get_mut((self.next + k) % n) {
+                got += p.rx_batch(batch);
+            }
+        }
+        self.next = (self.next + 1) % n.max(1);
+        got
+    }
+
+    fn tx_batch(&mut self, batch: &mut Batch, which: &[u16]) -> usize {
+        match self.ports.get_mut(self.tx) {
+            Some(p) => p.tx_batch(batch, which),
+            None => 0,
+        }
+    }
+
+    fn flush(&mut self) -> Result<(), IoError> {
+        for p in &mut self.ports {
+            p.flush()?;
+        }
+        Ok(())
+    }
+
+    fn poll_fd(&self) -> Option<RawFd> {
+        self.ports.first().and_then(Port::poll_fd)
+    }
+
+    fn stats(&mut self) -> PortStats {
+        let mut t = PortStats::default();
+        for p in &mut self.ports {
+            let s = p.stats();
+            t.rx_frames += s.rx_frames;
+            t.rx_bytes += s.rx_bytes;
+            t.rx_kernel_drops += s.rx_kernel_drops;
+            t.rx_oversize += s.rx_oversize;
+            t.tx_frames += s.tx_frames;
+            t.tx_bytes += s.tx_bytes;
+            t.tx_ring_full += s.tx_ring_full;
+            t.tx_errors += s.tx_errors;
+            t.tx_kicks += s.tx_kicks;
+        }
+        t
+    }
+}
