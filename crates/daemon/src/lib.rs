@@ -33,22 +33,22 @@
 //!
 //! # Limits (today)
 //!
-//! - With several workers each interface is split between them by an
-//!   AF_PACKET fanout group whose classic-BPF program
-//!   ([`sluice_io::steer`]) picks the worker from the frame: outside
-//!   interfaces by destination port (a NAT reply reaches the worker that
-//!   owns its external port, `sluice_nat::owner_of`), inside interfaces by
-//!   source port, ICMP queries by identifier, ICMP errors by the quoted
-//!   flow ([`steer_for`]). Every interface then needs a `role`
-//!   (a config error otherwise). What this cannot steer, and is named at
-//!   `warn` at start: AF_XDP with several workers (the NIC's RSS hash picks
-//!   the queue; `backend = "auto"` therefore means AF_PACKET when
-//!   `workers > 1`), hairpinning (works only when both ports share a
-//!   worker), flows between two interfaces of the same role, and DNAT that
-//!   rewrites the destination port (each `dnat to ADDR:PORT` is named, at
-//!   start and on reload: it works only for original ports owned by
-//!   `PORT`'s worker). A software handoff between workers for these is not
-//!   implemented.
+//! - With several workers each interface is split between them by a
+//!   program that picks the worker from the frame ([`sluice_io::steer`]):
+//!   on AF_PACKET the classic-BPF program of a fanout group, on AF_XDP an
+//!   XDP program in front of one socket per worker on every receive queue
+//!   (the workers share one UMEM). Outside interfaces steer by destination
+//!   port (a NAT reply reaches the worker that owns its external port,
+//!   `sluice_nat::owner_of`), inside interfaces by source port, ICMP
+//!   queries by identifier, ICMP errors by the quoted flow, non-IPv4
+//!   (IPv6 included) to worker 0 ([`steer_for`]). Every interface then
+//!   needs a `role` (a config error otherwise). What this cannot steer,
+//!   and is named at `warn` at start: hairpinning (works only when both
+//!   ports share a worker), flows between two interfaces of the same role,
+//!   and DNAT that rewrites the destination port (each `dnat to
+//!   ADDR:PORT` is named, at start and on reload: it works only for
+//!   original ports owned by `PORT`'s worker). A software handoff between
+//!   workers for these is not implemented.
 //! - Changes to interfaces, routes, workers, backend, NAT behaviour or NAT
 //!   pools need a restart; a reload applies the ruleset and static
 //!   neighbours and reports the rest.

@@ -13,9 +13,11 @@
 //!   shared UMEM, zero-copy forwarding between its ports).
 //! - [`open`]: choose a backend by name, with `Auto` falling back from
 //!   AF_XDP to AF_PACKET.
-//! - [`steer`]: the classic-BPF fanout program that sends each frame to
-//!   the worker owning it (NAT replies by destination port), when several
-//!   workers share an AF_PACKET interface.
+//! - [`steer`]: which worker owns a frame (NAT replies by destination
+//!   port) when several workers share an interface, and the classic-BPF
+//!   fanout program that applies it on AF_PACKET; [`afxdp::bpf`] has the
+//!   XDP program that applies it on AF_XDP ([`AfXdpConfig::steer`],
+//!   [`AfXdpQueues`]).
 //! - [`pcap`]: `--capture` (classic pcap, rx and tx in two files).
 //! - [`nft::IngressDrop`]: keeps the kernel stack off interfaces an
 //!   AF_PACKET port owns.
@@ -26,7 +28,10 @@
 //!
 //! - Nothing on the packet path (`rx_batch`, `tx_batch`, `flush`, batch
 //!   access) allocates or panics on packet data; the only locks are the
-//!   per-batch UMEM pool lock (uncontended when one worker drives a UMEM).
+//!   per-batch UMEM pool lock (uncontended when one worker drives a UMEM,
+//!   shared by the workers when they steer one queue) and, for AF_XDP
+//!   sockets of several workers on one queue, that queue's fill/completion
+//!   ring lock, which the packet path only `try_lock`s.
 //! - A frame's bytes are reachable through exactly one `Batch` or one ring
 //!   at a time; see [`batch`] for the ownership rules.
 //! - Every kernel object a port creates (sockets, rings, XDP program and

@@ -53,6 +53,12 @@
 //! [`run`] does. IP fragments are reassembled before the program runs
 //! (`PACKET_FANOUT_FLAG_DEFRAG`); a non-first fragment that still arrives is
 //! steered by its addresses.
+//!
+//! On AF_XDP the same rule is applied by an XDP program (`afxdp::bpf`),
+//! which sees the whole frame: it parses Ethernet and one VLAN tag itself,
+//! and, with no reassembly before it, steers a non-first fragment by its
+//! addresses too. [`worker_for`] is the rule in plain Rust; the tests run
+//! both programs against it.
 
 /// What the steering key is for frames of one interface.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -304,7 +304,7 @@ impl AfXdpPort {
     /// The first socket of a UMEM registers it; later ones bind with
     /// `XDP_SHARED_UMEM`. On a queue this UMEM already serves (several
     /// workers, `cfg.steer` set alike), the socket joins that queue's
-    /// fill/completion rings and XDP program (see [`QueueShare`]);
+    /// fill/completion rings and XDP program (see the module docs);
     /// elsewhere it gets rings and a program of its own.
     pub fn open(ifname: &str, port_id: u16, cfg: &AfXdpConfig) -> Result<Self, IoError> {
         let name = IfName::new(ifname)?;
