@@ -196,8 +196,9 @@ fn ipv4_frame(proto: u8, l4: &[u8]) -> Vec<u8> {
 /// XDP_SHARED_UMEM to the same queue (sharing its fill and completion
 /// rings), fed by the steering XDP program. The kernel must deliver every
 /// frame to exactly the socket `steer::worker_for` names, like the
-/// AF_PACKET cBPF fanout: TCP/UDP by destination port, ICMP echo by
-/// identifier, ARP and IPv6 to worker 0.
+/// AF_PACKET cBPF fanout: TCP/UDP by destination port (also behind an
+/// 802.1Q tag), ICMP echo by identifier, ICMP errors by the quoted source
+/// port, ARP and IPv6 to worker 0.
 fn steered_rx_test(mode: XdpMode, tag: &str) {
     use sluice_io::steer::{worker_for, Steer, SteerKey};
     use sluice_io::XdpSteer;
@@ -244,6 +245,28 @@ fn steered_rx_test(mode: XdpMode, tag: &str) {
             l4.extend_from_slice(&[0, 1]);
             sent.push((ipv4_frame(1, &l4), 100 + f));
         }
+        // ICMP errors quoting a UDP packet that left through this
+        // interface: steered by the quoted source port.
+        for f in 0..12u16 {
+            let mut q = vec![
+                0x45, 0, 0, 28, 0, 0, 0, 0, 64, 17, 0, 0, 10, 9, 0, 2, 10, 9, 0, 1,
+            ];
+            q.extend_from_slice(&(40000 + 9 * f).to_be_bytes());
+            q.extend_from_slice(&53u16.to_be_bytes());
+            q.extend_from_slice(&[0, 8, 0, 0]);
+            let mut l4 = vec![if f % 2 == 0 { 3 } else { 11 }, 0, 0, 0, 0, 0, 0, 0];
+            l4.extend_from_slice(&q);
+            sent.push((ipv4_frame(1, &l4), 300 + f));
+        }
+        // 802.1Q-tagged TCP: the program skips the tag.
+        for f in 0..12u16 {
+            let mut l4 = 443u16.to_be_bytes().to_vec();
+            l4.extend_from_slice(&(50000 + 13 * f).to_be_bytes());
+            l4.extend_from_slice(&[0; 20]);
+            let mut fr = ipv4_frame(6, &l4);
+            fr.splice(12..12, [0x81, 0x00, 0x00, 0x07]);
+            sent.push((fr, 400 + f));
+        }
         let mut arp = vec![0xff; 6];
         arp.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x01, 0x08, 0x06]);
         arp.extend_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
@@ -261,10 +284,10 @@ fn steered_rx_test(mode: XdpMode, tag: &str) {
             raw.send(fr).unwrap();
         }
         let want = |fr: &[u8]| -> u16 {
-            if fr[12..14] == [8, 0] {
-                worker_for(steer, &fr[14..])
-            } else {
-                0
+            match fr[12..14] {
+                [8, 0] => worker_for(steer, &fr[14..]),
+                [0x81, 0] if fr[16..18] == [8, 0] => worker_for(steer, &fr[18..]),
+                _ => 0,
             }
         };
         let mut got: Vec<(u16, usize)> = Vec::new();
