@@ -447,3 +447,80 @@ fn afxdp_steers_on_every_queue_of_a_multiqueue_interface() {
         assert!(per_queue.iter().flatten().all(|&c| c > 0), "{per_queue:?}");
     });
 }
+
+/// When the queue's first socket closes while another worker's socket
+/// stays, its map slot is emptied: its frames go to the kernel stack (seen
+/// by a packet socket) instead of a ring nobody reads, and the other
+/// worker's frames still reach it.
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn afxdp_closing_the_first_steered_socket_empties_its_slot() {
+    use sluice_io::steer::{worker_for, Steer, SteerKey};
+    use sluice_io::XdpSteer;
+    let net = TestNet::new("xdp-steer-close", &["v"]);
+    net.run(|| {
+        let steer = Steer {
+            key: SteerKey::Destination,
+            workers: 2,
+        };
+        let umem = Umem::new(4096).unwrap();
+        let open_w = |w: u16| {
+            let cfg = AfXdpConfig {
+                umem: Some(umem.clone()),
+                ring_size: 512,
+                steer: Some(XdpSteer { steer, worker: w }),
+                ..AfXdpConfig::default()
+            };
+            AfXdpPort::open("v0", w, &cfg).unwrap()
+        };
+        let w0 = open_w(0);
+        let mut w1 = open_w(1);
+        drop(w0);
+        let tap = RawSocket::open("v0").unwrap();
+        let raw = RawSocket::open("v1").unwrap();
+        let mut frames = Vec::new();
+        for f in 0..40u16 {
+            let mut l4 = 443u16.to_be_bytes().to_vec();
+            l4.extend_from_slice(&(20000 + f).to_be_bytes());
+            l4.extend_from_slice(&[0; 20]);
+            let fr = ipv4_frame(17, &l4);
+            raw.send(&fr).unwrap();
+            frames.push(fr);
+        }
+        let owner1 = frames
+            .iter()
+            .filter(|f| worker_for(steer, &f[14..]) == 1)
+            .count();
+        assert!(owner1 > 10 && owner1 < 30, "{owner1}");
+        let mut at_w1 = 0;
+        let mut b = Batch::new();
+        let end = std::time::Instant::now() + Duration::from_secs(2);
+        while at_w1 < owner1 && std::time::Instant::now() < end {
+            let n = w1.rx_batch(&mut b);
+            for i in 0..n {
+                let d = b.data(i).unwrap();
+                if d.len() >= 38 && d[12..14] == [8, 0] {
+                    assert_eq!(worker_for(steer, &d[14..]), 1);
+                    at_w1 += 1;
+                }
+            }
+            b.clear();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(at_w1, owner1);
+        let mut buf = vec![0u8; 2048];
+        let mut at_stack = 0;
+        while let Some(len) = tap.recv(&mut buf, 200).unwrap() {
+            let d = &buf[..len];
+            if len >= 38 && d[12..14] == [8, 0] && d[26..30] == [10, 9, 0, 1] {
+                assert_eq!(
+                    worker_for(steer, &d[14..]),
+                    0,
+                    "only worker 0's frames pass"
+                );
+                at_stack += 1;
+            }
+        }
+        assert_eq!(at_stack, frames.len() - owner1);
+    });
+}

@@ -24,6 +24,7 @@ use crate::sys;
 
 const BPF_MAP_CREATE: i32 = 0;
 const BPF_MAP_UPDATE_ELEM: i32 = 2;
+const BPF_MAP_DELETE_ELEM: i32 = 3;
 const BPF_PROG_LOAD: i32 = 5;
 const BPF_LINK_CREATE: i32 = 28;
 const BPF_MAP_TYPE_XSKMAP: u32 = 17;
@@ -526,6 +527,24 @@ impl XdpAttachment {
             BPF_MAP_UPDATE_ELEM,
             &mut a,
             "bpf(BPF_MAP_UPDATE_ELEM xskmap)",
+        )
+        .map(|_| ())
+    }
+
+    /// Empty map slot `slot` (its frames then go to the kernel stack).
+    pub(crate) fn clear_socket(&self, slot: u32) -> Result<(), IoError> {
+        let key = slot;
+        let mut a = MapUpdateAttr {
+            map_fd: sys::raw(&self.map) as u32,
+            _pad: 0,
+            key: &key as *const u32 as u64,
+            value: 0,
+            flags: 0,
+        };
+        bpf_raw(
+            BPF_MAP_DELETE_ELEM,
+            &mut a,
+            "bpf(BPF_MAP_DELETE_ELEM xskmap)",
         )
         .map(|_| ())
     }

@@ -805,6 +805,10 @@ impl Port for AfXdpPort {
 
 impl Drop for AfXdpPort {
     fn drop(&mut self) {
+        // The queue's first socket stays open (other sockets name it) and
+        // the program may outlive this port: take the socket out of the
+        // map, or frames steered to it would fill a ring nobody reads.
+        let _ = self.share.xdp.clear_socket(self.slot);
         self.umem.pool().append(&mut self.stash);
     }
 }
