@@ -1074,6 +1074,10 @@ mod tests {
                 f.extend_from_slice(&port.to_be_bytes());
                 f.extend_from_slice(&[0; 16]);
                 assert_eq!(sluice_io::steer::run(&prog, &f), u32::from(owner));
+                // The rule the AF_XDP program applies (proven equal to it
+                // in sluice-io) agrees too.
+                let out = steer_for(Some(config::Role::Outside), workers);
+                assert_eq!(sluice_io::steer::worker_for(out, &f), owner);
                 // The untranslated other direction: 10.0.0.2:port -> 203.0.113.2:443.
                 let mut g = vec![0x45, 0, 0, 40, 0, 0, 0x40, 0, 64, 6, 0, 0];
                 g.extend_from_slice(&[10, 0, 0, 2, 203, 0, 113, 2]);
@@ -1081,6 +1085,8 @@ mod tests {
                 g.extend_from_slice(&443u16.to_be_bytes());
                 g.extend_from_slice(&[0; 16]);
                 assert_eq!(sluice_io::steer::run(&inside, &g), u32::from(owner));
+                let inn = steer_for(Some(config::Role::Inside), workers);
+                assert_eq!(sluice_io::steer::worker_for(inn, &g), owner);
             }
         }
     }
