@@ -33,22 +33,22 @@
 //!
 //! # Limits (today)
 //!
-//! - With several workers each interface is split between them by an
-//!   AF_PACKET fanout group whose classic-BPF program
-//!   ([`sluice_io::steer`]) picks the worker from the frame: outside
-//!   interfaces by destination port (a NAT reply reaches the worker that
-//!   owns its external port, `sluice_nat::owner_of`), inside interfaces by
-//!   source port, ICMP queries by identifier, ICMP errors by the quoted
-//!   flow ([`steer_for`]). Every interface then needs a `role`
-//!   (a config error otherwise). What this cannot steer, and is named at
-//!   `warn` at start: AF_XDP with several workers (the NIC's RSS hash picks
-//!   the queue; `backend = "auto"` therefore means AF_PACKET when
-//!   `workers > 1`), hairpinning (works only when both ports share a
-//!   worker), flows between two interfaces of the same role, and DNAT that
-//!   rewrites the destination port (each `dnat to ADDR:PORT` is named, at
-//!   start and on reload: it works only for original ports owned by
-//!   `PORT`'s worker). A software handoff between workers for these is not
-//!   implemented.
+//! - With several workers each interface is split between them by a
+//!   program that picks the worker from the frame ([`sluice_io::steer`]):
+//!   on AF_PACKET the classic-BPF program of a fanout group, on AF_XDP an
+//!   XDP program in front of one socket per worker on every receive queue
+//!   (the workers share one UMEM). Outside interfaces steer by destination
+//!   port (a NAT reply reaches the worker that owns its external port,
+//!   `sluice_nat::owner_of`), inside interfaces by source port, ICMP
+//!   queries by identifier, ICMP errors by the quoted flow, non-IPv4
+//!   (IPv6 included) to worker 0 ([`steer_for`]). Every interface then
+//!   needs a `role` (a config error otherwise). What this cannot steer,
+//!   and is named at `warn` at start: hairpinning (works only when both
+//!   ports share a worker), flows between two interfaces of the same role,
+//!   and DNAT that rewrites the destination port (each `dnat to
+//!   ADDR:PORT` is named, at start and on reload: it works only for
+//!   original ports owned by `PORT`'s worker). A software handoff between
+//!   workers for these is not implemented.
 //! - Changes to interfaces, routes, workers, backend, NAT behaviour or NAT
 //!   pools need a restart; a reload applies the ruleset and static
 //!   neighbours and reports the rest.
@@ -628,15 +628,6 @@ fn warn_unsteered(cfg: &config::Config) {
     if n <= 1 || cfg.backend == config::BackendChoice::Mem {
         return;
     }
-    if cfg.backend == config::BackendChoice::AfXdp {
-        tracing::warn!(
-            workers = n,
-            "backend af_xdp with several workers: each worker reads its own NIC queue, which the \
-             NIC fills by its RSS hash, not by NAT port; NAT replies that land on another \
-             worker's queue are dropped (nat-no-mapping). Use backend = \"af_packet\" (or \
-             \"auto\") for NAT with several workers"
-        );
-    }
     if cfg.nat.hairpinning {
         tracing::warn!(
             workers = n,
@@ -836,17 +827,21 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     let mut mem_peers = Vec::new();
     let fanout_base = (std::process::id() as u16).wrapping_mul(8);
     warn_unsteered(&cfg);
-    // Only AF_PACKET can steer frames to the worker that owns them, so
-    // `auto` means AF_PACKET when several workers share an interface.
-    let io_backend = match cfg.backend.io() {
-        Some(sluice_io::Backend::Auto) if cfg.workers > 1 => {
-            tracing::info!(
-                workers = cfg.workers,
-                "backend auto with several workers: using AF_PACKET (port-steered fanout)"
-            );
-            Some(sluice_io::Backend::AfPacket)
+    // Both AF_XDP (a steering XDP program in front of one socket per worker
+    // on each queue) and AF_PACKET (a steering cBPF fanout program) send
+    // each frame to the worker that owns it.
+    let io_backend = cfg.backend.io();
+    // With several workers every worker binds the same queue of each
+    // interface, so they share one UMEM (the kernel wants one buffer pool
+    // per queue); with one worker it has a UMEM of its own, as before.
+    let shared_umem = match io_backend {
+        Some(sluice_io::Backend::AfXdp | sluice_io::Backend::Auto) if cfg.workers > 1 => {
+            sluice_io::Umem::new(
+                sluice_io::afxdp::DEFAULT_UMEM_CHUNKS.saturating_mul(u32::from(cfg.workers)),
+            )
+            .ok()
         }
-        b => b,
+        _ => None,
     };
 
     let mut threads = Vec::new();
@@ -865,6 +860,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
         let mut ports: Vec<Box<dyn Port>> = Vec::new();
         let umem = match io_backend {
             None | Some(sluice_io::Backend::AfPacket) => None,
+            _ if cfg.workers > 1 => shared_umem.clone(),
             _ => sluice_io::Umem::new(sluice_io::afxdp::DEFAULT_UMEM_CHUNKS).ok(),
         };
         for (k, ifc) in cfg.interfaces.iter().enumerate() {
@@ -875,7 +871,10 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
             if cfg.workers > 1 {
                 o.af_packet.fanout_group = Some(fanout_base.wrapping_add(k as u16));
                 o.af_packet.steer = Some(steer_for(ifc.role, cfg.workers));
-                o.af_xdp.queue = u32::from(id);
+                o.af_xdp.steer = Some(sluice_io::XdpSteer {
+                    steer: steer_for(ifc.role, cfg.workers),
+                    worker: id,
+                });
             }
             o.af_xdp.umem = umem.clone();
             let port: Box<dyn Port> = match io_backend {
@@ -1075,6 +1074,10 @@ mod tests {
                 f.extend_from_slice(&port.to_be_bytes());
                 f.extend_from_slice(&[0; 16]);
                 assert_eq!(sluice_io::steer::run(&prog, &f), u32::from(owner));
+                // The rule the AF_XDP program applies (proven equal to it
+                // in sluice-io) agrees too.
+                let out = steer_for(Some(config::Role::Outside), workers);
+                assert_eq!(sluice_io::steer::worker_for(out, &f), owner);
                 // The untranslated other direction: 10.0.0.2:port -> 203.0.113.2:443.
                 let mut g = vec![0x45, 0, 0, 40, 0, 0, 0x40, 0, 64, 6, 0, 0];
                 g.extend_from_slice(&[10, 0, 0, 2, 203, 0, 113, 2]);
@@ -1082,6 +1085,8 @@ mod tests {
                 g.extend_from_slice(&443u16.to_be_bytes());
                 g.extend_from_slice(&[0; 16]);
                 assert_eq!(sluice_io::steer::run(&inside, &g), u32::from(owner));
+                let inn = steer_for(Some(config::Role::Inside), workers);
+                assert_eq!(sluice_io::steer::worker_for(inn, &g), owner);
             }
         }
     }

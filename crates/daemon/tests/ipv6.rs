@@ -345,7 +345,19 @@ fn ipv6_ping_http_drop_rule_and_icmpv6_errors_af_xdp() {
 #[test]
 #[ignore = "needs root + netns; run by .ci/run with --ignored"]
 fn ipv6_with_two_workers_runs_on_worker_0() {
-    let (t, d, _) = setup("v6w", "af_packet", 2);
+    ipv6_on_worker_0("v6w", "af_packet");
+}
+
+/// The same on AF_XDP: the steering XDP program sends non-IPv4 frames to
+/// worker 0's socket.
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn ipv6_with_two_workers_on_af_xdp_runs_on_worker_0() {
+    ipv6_on_worker_0("v6x", "af_xdp");
+}
+
+fn ipv6_on_worker_0(tag: &str, backend: &str) {
+    let (t, d, _) = setup(tag, backend, 2);
     let o = sh(&t.private, &format!("ping -6 -n -c 3 -i 0.2 -W 2 {PUB6}"));
     assert!(
         o.status.success(),

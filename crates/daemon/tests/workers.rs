@@ -1,7 +1,9 @@
 //! NAT with several workers: `workers = 2` on AF_PACKET, where each
 //! interface's fanout group is steered by a classic-BPF program (outside by
-//! destination port, inside by source port; see `sluice_io::steer`), so
-//! every NAT reply reaches the worker that owns its external port.
+//! destination port, inside by source port; see `sluice_io::steer`), and on
+//! AF_XDP, where each worker binds a socket to the same queue and the XDP
+//! program steers by the same rule; so every NAT reply reaches the worker
+//! that owns its external port.
 //!
 //! Proves: the daemon names what steering cannot handle (a port-changing
 //! DNAT, hairpinning); 20 parallel HTTP downloads and 4 parallel pings from
@@ -40,18 +42,34 @@ table ip nat {
 #[test]
 #[ignore = "needs root + netns; run by .ci/run with --ignored"]
 fn nat_with_two_workers_steers_every_reply_to_its_owner() {
+    two_workers("af_packet", "w2", "fanout cbpf group");
+}
+
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn nat_with_two_workers_on_af_xdp_steers_every_reply_to_its_owner() {
+    two_workers("af_xdp", "x2", "steered");
+}
+
+fn two_workers(backend: &str, tag: &str, steered: &str) {
     require_root();
-    let t = Topo::new("w2");
+    let t = Topo::new(tag);
     t.write_ruleset("gw.nft", RULESET);
-    let cfg = t.write_config("af_packet", "gw.nft", "");
+    let cfg = t.write_config(backend, "gw.nft", "");
     let toml = read(&cfg).replace("workers = 1", "workers = 2");
     std::fs::write(&cfg, toml).expect("rewrite config");
-    let d = Daemon::start(&t, &cfg, "af_packet");
+    let d = Daemon::start(&t, &cfg, backend);
     let log = d.log();
-    assert!(
-        log.contains("fanout cbpf group"),
-        "ports use the steered fanout:\n{log}"
+    let opened = log.lines().filter(|l| l.contains("port open")).count();
+    assert_eq!(opened, 4, "two ports per worker:\n{log}");
+    assert_eq!(
+        log.lines()
+            .filter(|l| l.contains("port open") && l.contains(steered))
+            .count(),
+        4,
+        "every port of the {backend} backend is steered:\n{log}"
     );
+    assert!(!log.contains("falling back"), "{log}");
     // What steering cannot handle is named: the port-changing DNAT and
     // hairpinning (on by default).
     assert!(

@@ -13,9 +13,11 @@
 //!   shared UMEM, zero-copy forwarding between its ports).
 //! - [`open`]: choose a backend by name, with `Auto` falling back from
 //!   AF_XDP to AF_PACKET.
-//! - [`steer`]: the classic-BPF fanout program that sends each frame to
-//!   the worker owning it (NAT replies by destination port), when several
-//!   workers share an AF_PACKET interface.
+//! - [`steer`]: which worker owns a frame (NAT replies by destination
+//!   port) when several workers share an interface, and the classic-BPF
+//!   fanout program that applies it on AF_PACKET; [`afxdp::bpf`] has the
+//!   XDP program that applies it on AF_XDP ([`AfXdpConfig::steer`],
+//!   [`AfXdpQueues`]).
 //! - [`pcap`]: `--capture` (classic pcap, rx and tx in two files).
 //! - [`nft::IngressDrop`]: keeps the kernel stack off interfaces an
 //!   AF_PACKET port owns.
@@ -26,7 +28,10 @@
 //!
 //! - Nothing on the packet path (`rx_batch`, `tx_batch`, `flush`, batch
 //!   access) allocates or panics on packet data; the only locks are the
-//!   per-batch UMEM pool lock (uncontended when one worker drives a UMEM).
+//!   per-batch UMEM pool lock (uncontended when one worker drives a UMEM,
+//!   shared by the workers when they steer one queue) and, for AF_XDP
+//!   sockets of several workers on one queue, that queue's fill/completion
+//!   ring lock, which the packet path only `try_lock`s.
 //! - A frame's bytes are reachable through exactly one `Batch` or one ring
 //!   at a time; see [`batch`] for the ownership rules.
 //! - Every kernel object a port creates (sockets, rings, XDP program and
@@ -50,7 +55,7 @@ mod sys;
 
 pub use afpacket::{AfPacketConfig, AfPacketPort};
 pub use afxdp::bpf::XdpMode;
-pub use afxdp::{AfXdpConfig, AfXdpPort, Umem};
+pub use afxdp::{AfXdpConfig, AfXdpPort, AfXdpQueues, Umem, XdpSteer};
 pub use batch::{Batch, FrameMeta, BATCH_CAP, FRAME_CAP};
 pub use error::{IfName, IoError};
 pub use port::{wait_readable, BackendKind, Port, PortStats};
@@ -79,20 +84,20 @@ pub struct OpenOptions {
 
 /// Open `ifname` on `backend`. With [`Backend::Auto`], AF_XDP is tried first
 /// and AF_PACKET is used if it fails; the AF_XDP error is logged.
+///
+/// With [`AfXdpConfig::steer`] (several workers), AF_XDP binds every
+/// receive queue of the interface ([`AfXdpQueues`]), not only
+/// `opts.af_xdp.queue`.
 pub fn open(ifname: &str, backend: Backend, opts: &OpenOptions) -> Result<Box<dyn Port>, IoError> {
     match backend {
-        Backend::AfXdp => Ok(Box::new(AfXdpPort::open(
-            ifname,
-            opts.port_id,
-            &opts.af_xdp,
-        )?)),
+        Backend::AfXdp => open_xdp(ifname, opts),
         Backend::AfPacket => Ok(Box::new(AfPacketPort::open(
             ifname,
             opts.port_id,
             &opts.af_packet,
         )?)),
-        Backend::Auto => match AfXdpPort::open(ifname, opts.port_id, &opts.af_xdp) {
-            Ok(p) => Ok(Box::new(p)),
+        Backend::Auto => match open_xdp(ifname, opts) {
+            Ok(p) => Ok(p),
             Err(e @ (IoError::NoSuchInterface(_) | IoError::BadInterfaceName)) => Err(e),
             Err(e) => {
                 tracing::warn!(
@@ -107,4 +112,20 @@ pub fn open(ifname: &str, backend: Backend, opts: &OpenOptions) -> Result<Box<dy
             }
         },
     }
+}
+
+fn open_xdp(ifname: &str, opts: &OpenOptions) -> Result<Box<dyn Port>, IoError> {
+    let cfg = &opts.af_xdp;
+    if cfg.steer.is_some() {
+        let queues = afxdp::rx_queues(ifname)?;
+        if queues > 1 {
+            return Ok(Box::new(AfXdpQueues::open(
+                ifname,
+                opts.port_id,
+                cfg,
+                queues,
+            )?));
+        }
+    }
+    Ok(Box::new(AfXdpPort::open(ifname, opts.port_id, cfg)?))
 }

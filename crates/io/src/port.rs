@@ -53,10 +53,14 @@ pub struct PortStats {
     pub tx_kicks: u64,
 }
 
-/// A packet port: one interface (one queue of it) on one backend.
+/// A packet port: one interface (one queue of it, or one worker's sockets on
+/// all its queues) on one backend.
 ///
-/// A port is driven by one thread. Nothing here blocks, allocates or takes a
-/// contended lock; the only system calls on the fast path are the transmit
+/// A port is driven by one thread. Nothing here blocks or allocates; the
+/// only lock another thread can hold is the UMEM pool's, when several
+/// AF_XDP workers share a UMEM (held for one bulk move of chunk addresses;
+/// the shared fill/completion rings are only `try_lock`ed). The only
+/// system calls on the fast path are the transmit
 /// kick (at most one per `tx_batch`/`flush`) and, for AF_XDP in need-wakeup
 /// mode, a receive wakeup when the kernel asks for one.
 pub trait Port: Send {

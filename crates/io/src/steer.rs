@@ -53,6 +53,12 @@
 //! [`run`] does. IP fragments are reassembled before the program runs
 //! (`PACKET_FANOUT_FLAG_DEFRAG`); a non-first fragment that still arrives is
 //! steered by its addresses.
+//!
+//! On AF_XDP the same rule is applied by an XDP program (`afxdp::bpf`),
+//! which sees the whole frame: it parses Ethernet and one VLAN tag itself,
+//! and, with no reassembly before it, steers a non-first fragment by its
+//! addresses too. [`worker_for`] is the rule in plain Rust; the tests run
+//! both programs against it.
 
 /// What the steering key is for frames of one interface.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -86,6 +92,68 @@ pub const fn owner_of(port: u16, workers: u16) -> u16 {
         0
     } else {
         (port >> 1) % workers
+    }
+}
+
+/// The worker [`program`] picks for a frame whose network header starts at
+/// `l3`: the steering decision in plain Rust, shared by the classic-BPF
+/// fanout program (AF_PACKET) and the XDP program (AF_XDP,
+/// `afxdp::bpf::steer_program`); both are tested against it. A
+/// load past the end of `l3` decides worker 0, as the kernel does for the
+/// cBPF program; so does a frame that is not IPv4.
+pub fn worker_for(steer: Steer, l3: &[u8]) -> u16 {
+    key_of(steer.key, l3).map_or(0, |k| owner_of(k, steer.workers.max(1)))
+}
+
+/// The 16-bit steering key of `l3` (see the table above), `None` when the
+/// frame goes to worker 0 without one (not IPv4, or truncated).
+fn key_of(key: SteerKey, l3: &[u8]) -> Option<u16> {
+    let b = |o: usize| l3.get(o).copied();
+    let h = |o: usize| {
+        Some(u16::from_be_bytes([
+            *l3.get(o)?,
+            *l3.get(o.checked_add(1)?)?,
+        ]))
+    };
+    let addrs = || {
+        let w = |o: usize| Some(u32::from_be_bytes(l3.get(o..o + 4)?.try_into().ok()?));
+        let a = w(12)? ^ w(16)?;
+        Some(((a >> 16) ^ a) as u16)
+    };
+    let ports = |base: usize, quoted: bool| match (key, quoted) {
+        (SteerKey::Destination, false) | (SteerKey::Source, true) => h(base + 2),
+        (SteerKey::Source, false) | (SteerKey::Destination, true) => h(base),
+        (SteerKey::Symmetric, _) => {
+            let a = h(base)?;
+            Some(a ^ h(base + 2)?)
+        }
+    };
+    if b(0)? >> 4 != 4 {
+        return None;
+    }
+    if h(6)? & 0x1fff != 0 {
+        return addrs();
+    }
+    let x = usize::from(b(0)? & 0x0f) * 4;
+    match b(9)? {
+        6 | 17 => ports(x, false),
+        1 => {
+            let ty = u32::from(b(x)?);
+            if ICMP_QUERIES.contains(&ty) {
+                h(x + 4)
+            } else if ICMP_ERRORS.contains(&ty) {
+                let proto = b(x + 8 + 9)?;
+                let qx = x + usize::from(b(x + 8)? & 0x0f) * 4;
+                match proto {
+                    6 | 17 => ports(qx + 8, true),
+                    1 => h(qx + 8 + 4),
+                    _ => addrs(),
+                }
+            } else {
+                addrs()
+            }
+        }
+        _ => addrs(),
     }
 }
 
@@ -206,11 +274,11 @@ impl Asm {
 /// ICMP types whose message carries an identifier (RFC 792: echo reply 0,
 /// echo 8, timestamp 13/14, information 15/16; RFC 950: address mask
 /// 17/18).
-const ICMP_QUERIES: [u32; 8] = [0, 8, 13, 14, 15, 16, 17, 18];
+pub(crate) const ICMP_QUERIES: [u32; 8] = [0, 8, 13, 14, 15, 16, 17, 18];
 /// ICMP error types that quote the offending datagram (RFC 792, RFC 1812
 /// section 4.3.2.3): unreachable 3, source quench 4, redirect 5, time
 /// exceeded 11, parameter problem 12.
-const ICMP_ERRORS: [u32; 5] = [3, 4, 5, 11, 12];
+pub(crate) const ICMP_ERRORS: [u32; 5] = [3, 4, 5, 11, 12];
 
 /// Build the fanout program for `steer`. It returns the worker index
 /// ([`owner_of`] of the key); the kernel takes the result modulo the group
@@ -392,7 +460,7 @@ pub fn run(prog: &[Insn], l3: &[u8]) -> u32 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn ipv4(proto: u8, src: [u8; 4], dst: [u8; 4], l4: &[u8]) -> Vec<u8> {
@@ -425,6 +493,79 @@ mod tests {
 
     fn steer(key: SteerKey, workers: u16) -> Vec<Insn> {
         program(Steer { key, workers })
+    }
+
+    /// Frames of every shape the program distinguishes, truncated at
+    /// every length, plus pseudo-random mutations of them.
+    pub(crate) fn corpus() -> Vec<Vec<u8>> {
+        let mut base = vec![
+            ipv4(6, IN, PUB, &ports(40000, 443)),
+            ipv4(17, PUB, EXT, &ports(53, 61001)),
+            ipv4(1, PUB, EXT, &icmp(0, 4099)),
+            ipv4(1, IN, PUB, &icmp(8, 77)),
+            ipv4(1, IN, PUB, &icmp(13, 1234)),
+            ipv4(1, IN, PUB, &icmp(9, 1234)),
+            ipv4(47, IN, PUB, &[0; 8]),
+            vec![0x60, 0, 0, 0, 0, 8, 17, 64],
+            vec![0x00, 0x01, 0x08, 0x00, 6, 4],
+        ];
+        for (proto, l4) in [
+            (6u8, ports(50001, 80)[..8].to_vec()),
+            (17, ports(80, 50002)[..8].to_vec()),
+            (1, icmp(8, 777)),
+            (47, vec![0; 8]),
+        ] {
+            let quoted = ipv4(proto, EXT, PUB, &l4);
+            for ty in [3u8, 11, 12] {
+                let mut e = vec![ty, 0, 0, 0, 0, 0, 0, 0];
+                e.extend_from_slice(&quoted);
+                base.push(ipv4(1, [192, 0, 2, 9], EXT, &e));
+            }
+        }
+        let mut opt = ipv4(17, IN, PUB, &[1, 1, 1, 1]);
+        opt[0] = 0x46;
+        opt.extend_from_slice(&ports(1001, 53));
+        base.push(opt);
+        let mut frag = ipv4(6, IN, PUB, &ports(1, 2));
+        frag[6..8].copy_from_slice(&[0x20, 0x10]);
+        base.push(frag);
+        let mut out = Vec::new();
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        for f in &base {
+            for len in 0..=f.len() {
+                out.push(f[..len].to_vec());
+            }
+            for _ in 0..200 {
+                let mut g = f.clone();
+                for _ in 0..3 {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    let at = (seed >> 8) as usize % g.len();
+                    g[at] = (seed >> 40) as u8;
+                }
+                out.push(g);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn program_and_reference_decide_alike() {
+        let frames = corpus();
+        for key in [SteerKey::Destination, SteerKey::Source, SteerKey::Symmetric] {
+            for workers in [1u16, 2, 3, 7] {
+                let s = Steer { key, workers };
+                let p = program(s);
+                for f in &frames {
+                    assert_eq!(
+                        run(&p, f),
+                        u32::from(worker_for(s, f)),
+                        "{key:?} workers {workers} frame {f:02x?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

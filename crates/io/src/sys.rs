@@ -258,3 +258,55 @@ pub(crate) fn raw(fd: &OwnedFd) -> RawFd {
 pub(crate) const fn htons(v: u16) -> u16 {
     v.to_be()
 }
+
+/// `struct ethtool_channels`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct EthtoolChannels {
+    cmd: u32,
+    max_rx: u32,
+    max_tx: u32,
+    max_other: u32,
+    max_combined: u32,
+    rx_count: u32,
+    tx_count: u32,
+    other_count: u32,
+    combined_count: u32,
+}
+
+/// `struct ifreq` with its union as the `ifr_data` pointer.
+#[repr(C)]
+struct IfreqData {
+    name: [u8; libc::IFNAMSIZ],
+    data: *mut libc::c_void,
+    _pad: [u8; 16],
+}
+
+const ETHTOOL_GCHANNELS: u32 = 0x3c;
+
+/// The receive queues of `name` in use (`ETHTOOL_GCHANNELS`: rx plus
+/// combined channels), or `None` when the driver does not say.
+pub(crate) fn rx_queues(name: &IfName) -> Option<u32> {
+    let fd = socket(libc::AF_UNIX, libc::SOCK_DGRAM, 0, "socket(AF_UNIX)").ok()?;
+    let mut ch = EthtoolChannels {
+        cmd: ETHTOOL_GCHANNELS,
+        ..EthtoolChannels::default()
+    };
+    let mut ifr = IfreqData {
+        name: [0; libc::IFNAMSIZ],
+        data: (&mut ch as *mut EthtoolChannels).cast(),
+        _pad: [0; 16],
+    };
+    let c = name.as_cstr_bytes();
+    let n = c.len().min(libc::IFNAMSIZ - 1);
+    ifr.name[..n].copy_from_slice(&c[..n]);
+    // SAFETY: `ifr` is a live ifreq whose name is NUL-terminated and whose
+    // data pointer points at `ch`, a live ethtool_channels the kernel fills
+    // (it reads `cmd` and writes the struct, nothing else).
+    let r = unsafe { libc::ioctl(raw(&fd), libc::SIOCETHTOOL, &mut ifr as *mut IfreqData) };
+    if r < 0 {
+        return None;
+    }
+    let q = ch.rx_count.saturating_add(ch.combined_count);
+    (q > 0).then_some(q)
+}

@@ -173,3 +173,354 @@ fn auto_backend_prefers_af_xdp_on_veth() {
         assert!(e.to_string().starts_with("bind(AF_XDP) failed"), "{e}");
     });
 }
+
+/// An IPv4 frame from 10.9.0.1 to 10.9.0.2 with protocol `proto` and the
+/// given L4 bytes.
+fn ipv4_frame(proto: u8, l4: &[u8]) -> Vec<u8> {
+    let mut fr = vec![0u8; 34];
+    fr[0..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x02]);
+    fr[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x01]);
+    fr[12..14].copy_from_slice(&[0x08, 0x00]);
+    fr[14] = 0x45;
+    fr[16..18].copy_from_slice(&((20 + l4.len()) as u16).to_be_bytes());
+    fr[22] = 64;
+    fr[23] = proto;
+    fr[26..30].copy_from_slice(&[10, 9, 0, 1]);
+    fr[30..34].copy_from_slice(&[10, 9, 0, 2]);
+    fr.extend_from_slice(l4);
+    fr.resize(fr.len().max(60), 0);
+    fr
+}
+
+/// Several workers on one veth queue: one XSK each, bound with
+/// XDP_SHARED_UMEM to the same queue (sharing its fill and completion
+/// rings), fed by the steering XDP program. The kernel must deliver every
+/// frame to exactly the socket `steer::worker_for` names, like the
+/// AF_PACKET cBPF fanout: TCP/UDP by destination port (also behind an
+/// 802.1Q tag), ICMP echo by identifier, ICMP errors by the quoted source
+/// port, ARP and IPv6 to worker 0.
+fn steered_rx_test(mode: XdpMode, tag: &str) {
+    use sluice_io::steer::{worker_for, Steer, SteerKey};
+    use sluice_io::XdpSteer;
+    let net = TestNet::new(tag, &["v"]);
+    net.run(|| {
+        let workers = 3u16;
+        let steer = Steer {
+            key: SteerKey::Destination,
+            workers,
+        };
+        let umem = Umem::new(8192).unwrap();
+        let mut ports: Vec<AfXdpPort> = (0..workers)
+            .map(|w| {
+                let cfg = AfXdpConfig {
+                    umem: Some(umem.clone()),
+                    ring_size: 1024,
+                    mode,
+                    steer: Some(XdpSteer { steer, worker: w }),
+                    ..AfXdpConfig::default()
+                };
+                AfXdpPort::open("v0", w, &cfg).unwrap()
+            })
+            .collect();
+        for p in &ports {
+            eprintln!("{}", p.describe());
+            assert!(
+                p.describe().contains("steered Destination"),
+                "{}",
+                p.describe()
+            );
+        }
+        let raw = RawSocket::open("v1").unwrap();
+        // Frames, each tagged with a unique id in its last two bytes.
+        let mut sent: Vec<(Vec<u8>, u16)> = Vec::new();
+        for f in 0..60u16 {
+            let mut l4 = 443u16.to_be_bytes().to_vec();
+            l4.extend_from_slice(&(20000 + 7 * f).to_be_bytes());
+            l4.extend_from_slice(&[0; 20]);
+            sent.push((ipv4_frame(if f % 2 == 0 { 17 } else { 6 }, &l4), f));
+        }
+        for f in 0..12u16 {
+            let mut l4 = vec![0, 0, 0, 0];
+            l4.extend_from_slice(&(3000 + 5 * f).to_be_bytes());
+            l4.extend_from_slice(&[0, 1]);
+            sent.push((ipv4_frame(1, &l4), 100 + f));
+        }
+        // ICMP errors quoting a UDP packet that left through this
+        // interface: steered by the quoted source port.
+        for f in 0..12u16 {
+            let mut q = vec![
+                0x45, 0, 0, 28, 0, 0, 0, 0, 64, 17, 0, 0, 10, 9, 0, 2, 10, 9, 0, 1,
+            ];
+            q.extend_from_slice(&(40000 + 9 * f).to_be_bytes());
+            q.extend_from_slice(&53u16.to_be_bytes());
+            q.extend_from_slice(&[0, 8, 0, 0]);
+            let mut l4 = vec![if f % 2 == 0 { 3 } else { 11 }, 0, 0, 0, 0, 0, 0, 0];
+            l4.extend_from_slice(&q);
+            sent.push((ipv4_frame(1, &l4), 300 + f));
+        }
+        // 802.1Q-tagged TCP: the program skips the tag.
+        for f in 0..12u16 {
+            let mut l4 = 443u16.to_be_bytes().to_vec();
+            l4.extend_from_slice(&(50000 + 13 * f).to_be_bytes());
+            l4.extend_from_slice(&[0; 20]);
+            let mut fr = ipv4_frame(6, &l4);
+            fr.splice(12..12, [0x81, 0x00, 0x00, 0x07]);
+            sent.push((fr, 400 + f));
+        }
+        let mut arp = vec![0xff; 6];
+        arp.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x01, 0x08, 0x06]);
+        arp.extend_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
+        arp.resize(60, 0);
+        sent.push((arp, 200));
+        let mut v6 = vec![0x02, 0, 0, 0, 0, 0x02, 0x02, 0, 0, 0, 0, 0x01, 0x86, 0xdd];
+        v6.extend_from_slice(&[0x60, 0, 0, 0, 0, 8, 17, 64]);
+        v6.extend_from_slice(&[0; 32]);
+        v6.extend_from_slice(&[0x13, 0x89, 0x13, 0x8b, 0, 8, 0, 0]);
+        sent.push((v6, 201));
+        for (fr, id) in &mut sent {
+            let n = fr.len();
+            fr.extend_from_slice(&id.to_be_bytes());
+            assert!(n >= 60);
+            raw.send(fr).unwrap();
+        }
+        let want = |fr: &[u8]| -> u16 {
+            match fr[12..14] {
+                [8, 0] => worker_for(steer, &fr[14..]),
+                [0x81, 0] if fr[16..18] == [8, 0] => worker_for(steer, &fr[18..]),
+                _ => 0,
+            }
+        };
+        let mut got: Vec<(u16, usize)> = Vec::new();
+        let end = std::time::Instant::now() + Duration::from_secs(3);
+        while got.len() < sent.len() && std::time::Instant::now() < end {
+            for (w, p) in ports.iter_mut().enumerate() {
+                let mut b = Batch::new();
+                let n = p.rx_batch(&mut b);
+                for i in 0..n {
+                    let Some(d) = b.data(i) else { continue };
+                    let id = u16::from_be_bytes([d[d.len() - 2], d[d.len() - 1]]);
+                    if sent.iter().any(|(f, k)| *k == id && f[..] == d[..]) {
+                        got.push((id, w));
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mut per_worker = vec![0; usize::from(workers)];
+        for (fr, id) in &sent {
+            let at: Vec<usize> = got.iter().filter(|g| g.0 == *id).map(|g| g.1).collect();
+            assert_eq!(
+                at,
+                vec![usize::from(want(fr))],
+                "frame {id} reaches exactly its owner"
+            );
+            per_worker[usize::from(want(fr))] += 1;
+        }
+        assert!(per_worker.iter().all(|&n| n > 10), "{per_worker:?}");
+        for p in &mut ports {
+            assert_eq!(p.stats().rx_kernel_drops, 0);
+        }
+        // The same queue cannot be joined without the same steering.
+        let e = AfXdpPort::open(
+            "v0",
+            9,
+            &AfXdpConfig {
+                umem: Some(umem.clone()),
+                ..AfXdpConfig::default()
+            },
+        )
+        .err()
+        .unwrap();
+        assert!(e.to_string().contains("same steering"), "{e}");
+        drop(ports);
+    });
+    assert!(
+        !xdp_attached(&net, "v0"),
+        "the shared XDP program is detached when the last port drops"
+    );
+}
+
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn afxdp_native_steers_each_frame_to_its_owner() {
+    steered_rx_test(XdpMode::Native, "xdp-steer-drv");
+}
+
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn afxdp_generic_steers_each_frame_to_its_owner() {
+    steered_rx_test(XdpMode::Generic, "xdp-steer-skb");
+}
+
+/// A veth with two receive queues: each of two workers binds both queues
+/// (`AfXdpQueues`), and every frame, whichever queue the kernel puts it
+/// on, reaches the socket of its owner on that queue.
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn afxdp_steers_on_every_queue_of_a_multiqueue_interface() {
+    use sluice_io::steer::{worker_for, Steer, SteerKey};
+    use sluice_io::{AfXdpQueues, XdpSteer};
+    let net = TestNet::new("xdp-steer-mq", &["v"]);
+    let q2 = ["numtxqueues", "2", "numrxqueues", "2"];
+    let mut args = vec!["link", "add", "m0"];
+    args.extend_from_slice(&q2);
+    args.extend_from_slice(&["type", "veth", "peer", "name", "m1"]);
+    args.extend_from_slice(&q2);
+    net.ns.ip(&args).expect("add 2-queue veth");
+    for d in ["m0", "m1"] {
+        net.ns.ip(&["link", "set", d, "up"]).expect("up");
+    }
+    net.run(|| {
+        assert_eq!(sluice_io::afxdp::rx_queues("v0").unwrap(), 1);
+        assert_eq!(sluice_io::afxdp::rx_queues("m0").unwrap(), 2);
+        let workers = 2u16;
+        let steer = Steer {
+            key: SteerKey::Source,
+            workers,
+        };
+        let umem = Umem::new(8192).unwrap();
+        let mut ports: Vec<AfXdpQueues> = (0..workers)
+            .map(|w| {
+                let cfg = AfXdpConfig {
+                    umem: Some(umem.clone()),
+                    ring_size: 512,
+                    mode: XdpMode::Native,
+                    steer: Some(XdpSteer { steer, worker: w }),
+                    ..AfXdpConfig::default()
+                };
+                AfXdpQueues::open("m0", w, &cfg, 2).unwrap()
+            })
+            .collect();
+        eprintln!("{}", ports[1].describe());
+        assert!(ports[1]
+            .describe()
+            .contains("queue 1 steered Source slot 3/2"));
+        let raw = RawSocket::open("m1").unwrap();
+        let n = 200u16;
+        for f in 0..n {
+            let mut l4 = (30000 + 3 * f).to_be_bytes().to_vec();
+            l4.extend_from_slice(&(1000 + 11 * f).to_be_bytes());
+            l4.extend_from_slice(&[0; 16]);
+            l4.extend_from_slice(&f.to_be_bytes());
+            raw.send(&ipv4_frame(17, &l4)).unwrap();
+            if f % 32 == 31 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        let mut seen = vec![0u32; usize::from(n)];
+        let end = std::time::Instant::now() + Duration::from_secs(3);
+        let mut total = 0;
+        while total < usize::from(n) && std::time::Instant::now() < end {
+            for (w, p) in ports.iter_mut().enumerate() {
+                let mut b = Batch::new();
+                let got = p.rx_batch(&mut b);
+                for i in 0..got {
+                    let Some(d) = b.data(i) else { continue };
+                    if d.len() < 56 || d[12..14] != [8, 0] {
+                        continue;
+                    }
+                    let f = u16::from_be_bytes([d[54], d[55]]);
+                    assert_eq!(
+                        usize::from(worker_for(steer, &d[14..])),
+                        w,
+                        "frame {f} reached worker {w}"
+                    );
+                    seen[usize::from(f)] += 1;
+                    total += 1;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert!(seen.iter().all(|&c| c == 1), "each frame once: {seen:?}");
+        let per_queue: Vec<Vec<u64>> = ports
+            .iter_mut()
+            .map(|p| {
+                p.queues_mut()
+                    .iter_mut()
+                    .map(|q| q.stats().rx_frames)
+                    .collect()
+            })
+            .collect();
+        eprintln!("frames per worker and queue: {per_queue:?}");
+        // The kernel spreads the 200 flows over both queues by its hash:
+        // every (worker, queue) socket carries some.
+        assert!(per_queue.iter().flatten().all(|&c| c > 0), "{per_queue:?}");
+    });
+}
+
+/// When the queue's first socket closes while another worker's socket
+/// stays, its map slot is emptied: its frames go to the kernel stack (seen
+/// by a packet socket) instead of a ring nobody reads, and the other
+/// worker's frames still reach it.
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn afxdp_closing_the_first_steered_socket_empties_its_slot() {
+    use sluice_io::steer::{worker_for, Steer, SteerKey};
+    use sluice_io::XdpSteer;
+    let net = TestNet::new("xdp-steer-close", &["v"]);
+    net.run(|| {
+        let steer = Steer {
+            key: SteerKey::Destination,
+            workers: 2,
+        };
+        let umem = Umem::new(4096).unwrap();
+        let open_w = |w: u16| {
+            let cfg = AfXdpConfig {
+                umem: Some(umem.clone()),
+                ring_size: 512,
+                steer: Some(XdpSteer { steer, worker: w }),
+                ..AfXdpConfig::default()
+            };
+            AfXdpPort::open("v0", w, &cfg).unwrap()
+        };
+        let w0 = open_w(0);
+        let mut w1 = open_w(1);
+        drop(w0);
+        let tap = RawSocket::open("v0").unwrap();
+        let raw = RawSocket::open("v1").unwrap();
+        let mut frames = Vec::new();
+        for f in 0..40u16 {
+            let mut l4 = 443u16.to_be_bytes().to_vec();
+            l4.extend_from_slice(&(20000 + f).to_be_bytes());
+            l4.extend_from_slice(&[0; 20]);
+            let fr = ipv4_frame(17, &l4);
+            raw.send(&fr).unwrap();
+            frames.push(fr);
+        }
+        let owner1 = frames
+            .iter()
+            .filter(|f| worker_for(steer, &f[14..]) == 1)
+            .count();
+        assert!(owner1 > 10 && owner1 < 30, "{owner1}");
+        let mut at_w1 = 0;
+        let mut b = Batch::new();
+        let end = std::time::Instant::now() + Duration::from_secs(2);
+        while at_w1 < owner1 && std::time::Instant::now() < end {
+            let n = w1.rx_batch(&mut b);
+            for i in 0..n {
+                let d = b.data(i).unwrap();
+                if d.len() >= 38 && d[12..14] == [8, 0] {
+                    assert_eq!(worker_for(steer, &d[14..]), 1);
+                    at_w1 += 1;
+                }
+            }
+            b.clear();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(at_w1, owner1);
+        let mut buf = vec![0u8; 2048];
+        let mut at_stack = 0;
+        while let Some(len) = tap.recv(&mut buf, 200).unwrap() {
+            let d = &buf[..len];
+            if len >= 38 && d[12..14] == [8, 0] && d[26..30] == [10, 9, 0, 1] {
+                assert_eq!(
+                    worker_for(steer, &d[14..]),
+                    0,
+                    "only worker 0's frames pass"
+                );
+                at_stack += 1;
+            }
+        }
+        assert_eq!(at_stack, frames.len() - owner1);
+    });
+}

@@ -19,10 +19,12 @@
 use std::os::fd::{FromRawFd, OwnedFd};
 
 use crate::error::IoError;
+use crate::steer::{Steer, SteerKey, ICMP_ERRORS, ICMP_QUERIES};
 use crate::sys;
 
 const BPF_MAP_CREATE: i32 = 0;
 const BPF_MAP_UPDATE_ELEM: i32 = 2;
+const BPF_MAP_DELETE_ELEM: i32 = 3;
 const BPF_PROG_LOAD: i32 = 5;
 const BPF_LINK_CREATE: i32 = 28;
 const BPF_MAP_TYPE_XSKMAP: u32 = 17;
@@ -67,6 +69,262 @@ pub(crate) const XSK_REDIRECT_PROG: [BpfInsn; 6] = [
     // BPF_JMP | BPF_EXIT
     insn(0x95, 0, 0, 0, 0),
 ];
+
+// eBPF opcodes (linux/bpf.h, linux/bpf_common.h).
+const LDX_B: u8 = 0x71; // BPF_LDX | BPF_MEM | BPF_B
+const LDX_H: u8 = 0x69; // BPF_LDX | BPF_MEM | BPF_H
+const LDX_W: u8 = 0x61; // BPF_LDX | BPF_MEM | BPF_W
+const ADD_K: u8 = 0x07; // BPF_ALU64 | BPF_ADD | BPF_K
+const ADD_X: u8 = 0x0f;
+const MUL_K: u8 = 0x27;
+const AND_K: u8 = 0x57;
+const LSH_K: u8 = 0x67;
+const RSH_K: u8 = 0x77;
+const MOD_K: u8 = 0x97;
+const XOR_X: u8 = 0xaf;
+const MOV_K: u8 = 0xb7;
+const MOV_X: u8 = 0xbf;
+const TO_BE: u8 = 0xdc; // BPF_ALU | BPF_END | BPF_TO_BE (imm = 16 or 32)
+const JA: u8 = 0x05;
+const JEQ_K: u8 = 0x15;
+const JGT_X: u8 = 0x2d;
+const JSET_K: u8 = 0x45;
+const JNE_K: u8 = 0x55;
+const CALL: u8 = 0x85;
+const EXIT: u8 = 0x95;
+const LD_IMM64: u8 = 0x18;
+const PSEUDO_MAP_FD: u8 = 1;
+const HELPER_REDIRECT_MAP: i32 = 51;
+const XDP_PASS: i32 = 2;
+
+// Registers of the steering program.
+const R0: u8 = 0; // scratch
+const R1: u8 = 1; // ctx, then scratch
+const R2: u8 = 2; // packet start
+const R3: u8 = 3; // packet end
+const R4: u8 = 4; // network header
+const R5: u8 = 5; // L4 header (variable offset)
+const R7: u8 = 7; // queue * workers: first map slot of this queue
+const R8: u8 = 8; // the key, then the worker
+const R9: u8 = 9; // header lengths
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Label {
+    L3,
+    Vlan,
+    Ports,
+    Query,
+    Error,
+    InnerPorts,
+    InnerQuery,
+    Addrs,
+    Key,
+    Out,
+}
+
+/// A tiny assembler with forward labels.
+struct Asm {
+    code: Vec<BpfInsn>,
+    fixups: Vec<(usize, Label)>,
+    labels: Vec<(Label, usize)>,
+}
+
+impl Asm {
+    fn i(&mut self, code: u8, dst: u8, src: u8, off: i16, imm: i32) {
+        self.code.push(insn(code, dst, src, off, imm));
+    }
+    fn jmp(&mut self, code: u8, dst: u8, src: u8, imm: i32, to: Label) {
+        self.fixups.push((self.code.len(), to));
+        self.i(code, dst, src, 0, imm);
+    }
+    fn label(&mut self, l: Label) {
+        self.labels.push((l, self.code.len()));
+    }
+    /// `if reg + len > data_end goto Out`: a bounds check the verifier
+    /// needs before every packet load (`reg` is a packet pointer).
+    fn need(&mut self, reg: u8, len: i32) {
+        self.i(MOV_X, R0, reg, 0, 0);
+        self.i(ADD_K, R0, 0, 0, len);
+        self.jmp(JGT_X, R0, R3, 0, Label::Out);
+    }
+    /// `dst = be16(*(u16 *)(reg + off))`.
+    fn load16(&mut self, dst: u8, reg: u8, off: i16) {
+        self.i(LDX_H, dst, reg, off, 0);
+        self.i(TO_BE, dst, 0, 0, 16);
+    }
+    fn finish(mut self) -> Vec<BpfInsn> {
+        for &(at, l) in &self.fixups {
+            let to = self
+                .labels
+                .iter()
+                .find(|x| x.0 == l)
+                .map_or(at + 1, |x| x.1);
+            if let Some(ins) = self.code.get_mut(at) {
+                ins.off = (to as i64 - at as i64 - 1) as i16;
+            }
+        }
+        self.code
+    }
+}
+
+/// Load the TCP/UDP key from the header at `R5 + base` (see
+/// `crate::steer::program`; `quoted`: the header is quoted by an ICMP
+/// error, so it travelled the other way).
+fn xdp_ports(a: &mut Asm, key: SteerKey, base: i16, quoted: bool) {
+    match (key, quoted) {
+        (SteerKey::Destination, false) | (SteerKey::Source, true) => {
+            a.need(R5, i32::from(base) + 4);
+            a.load16(R8, R5, base + 2);
+        }
+        (SteerKey::Source, false) | (SteerKey::Destination, true) => {
+            a.need(R5, i32::from(base) + 2);
+            a.load16(R8, R5, base);
+        }
+        (SteerKey::Symmetric, _) => {
+            a.need(R5, i32::from(base) + 4);
+            a.load16(R8, R5, base);
+            a.load16(R0, R5, base + 2);
+            a.i(XOR_X, R8, R0, 0, 0);
+        }
+    }
+}
+
+/// The steering XDP program for `steer`: it computes the owner worker of
+/// each frame exactly as [`crate::steer::worker_for`] (the classic-BPF
+/// fanout program's decision) and redirects the frame to the socket at
+/// XSKMAP slot `rx_queue_index * workers + owner`, or passes it to the
+/// kernel stack when that slot is empty. It parses Ethernet with at most
+/// one 802.1Q / 802.1ad tag (the kernel strips one tag before an AF_PACKET
+/// fanout program runs), then the IPv4 header as the cBPF program does;
+/// every packet load is preceded by a bounds check against `data_end`
+/// (an out-of-bounds frame, like a non-IPv4 one such as ARP or IPv6, goes
+/// to worker 0). Returns the program and the index of the `ld_imm64` to
+/// patch with the map fd.
+pub(crate) fn steer_program(steer: Steer) -> (Vec<BpfInsn>, usize) {
+    use Label::*;
+    let workers = i32::from(steer.workers.max(1));
+    let mut a = Asm {
+        code: Vec::with_capacity(160),
+        fixups: Vec::new(),
+        labels: Vec::new(),
+    };
+    // r7 = ctx->rx_queue_index * workers; r2/r3 = data/data_end; r8 = 0.
+    a.i(LDX_W, R7, R1, 16, 0);
+    a.i(MUL_K, R7, 0, 0, workers);
+    a.i(LDX_W, R2, R1, 0, 0);
+    a.i(LDX_W, R3, R1, 4, 0);
+    a.i(MOV_K, R8, 0, 0, 0);
+    // Ethernet: IPv4 at 14, or after one VLAN tag at 18.
+    a.need(R2, 14);
+    a.i(MOV_X, R4, R2, 0, 0);
+    a.i(ADD_K, R4, 0, 0, 14);
+    a.load16(R0, R2, 12);
+    a.jmp(JEQ_K, R0, 0, 0x0800, L3);
+    a.jmp(JEQ_K, R0, 0, 0x8100, Vlan);
+    a.jmp(JNE_K, R0, 0, 0x88a8, Out);
+    a.label(Vlan);
+    a.need(R2, 18);
+    a.i(ADD_K, R4, 0, 0, 4);
+    a.load16(R0, R2, 16);
+    a.jmp(JNE_K, R0, 0, 0x0800, Out);
+    // IPv4: version, fragment offset, header length, protocol.
+    a.label(L3);
+    a.need(R4, 1);
+    a.i(LDX_B, R9, R4, 0, 0);
+    a.i(MOV_X, R0, R9, 0, 0);
+    a.i(RSH_K, R0, 0, 0, 4);
+    a.jmp(JNE_K, R0, 0, 4, Out);
+    a.need(R4, 8);
+    a.load16(R0, R4, 6);
+    a.jmp(JSET_K, R0, 0, 0x1fff, Addrs);
+    a.i(AND_K, R9, 0, 0, 0x0f);
+    a.i(LSH_K, R9, 0, 0, 2);
+    a.i(MOV_X, R5, R4, 0, 0);
+    a.i(ADD_X, R5, R9, 0, 0);
+    a.need(R4, 10);
+    a.i(LDX_B, R0, R4, 9, 0);
+    a.jmp(JEQ_K, R0, 0, 6, Ports);
+    a.jmp(JEQ_K, R0, 0, 17, Ports);
+    a.jmp(JNE_K, R0, 0, 1, Addrs);
+    a.need(R5, 1);
+    a.i(LDX_B, R0, R5, 0, 0);
+    for t in ICMP_QUERIES {
+        a.jmp(JEQ_K, R0, 0, t as i32, Query);
+    }
+    for t in ICMP_ERRORS {
+        a.jmp(JEQ_K, R0, 0, t as i32, Error);
+    }
+    a.jmp(JA, 0, 0, 0, Addrs);
+
+    a.label(Ports);
+    xdp_ports(&mut a, steer.key, 0, false);
+    a.jmp(JA, 0, 0, 0, Key);
+
+    a.label(Query);
+    a.need(R5, 6);
+    a.load16(R8, R5, 4);
+    a.jmp(JA, 0, 0, 0, Key);
+
+    // ICMP error: the quoted IPv4 header at R5 + 8, its L4 header at
+    // R5 + 8 + its length (R5 moves by that length).
+    a.label(Error);
+    a.need(R5, 8 + 10);
+    a.i(LDX_B, R1, R5, 8 + 9, 0);
+    a.i(LDX_B, R9, R5, 8, 0);
+    a.i(AND_K, R9, 0, 0, 0x0f);
+    a.i(LSH_K, R9, 0, 0, 2);
+    a.i(ADD_X, R5, R9, 0, 0);
+    a.jmp(JEQ_K, R1, 0, 6, InnerPorts);
+    a.jmp(JEQ_K, R1, 0, 17, InnerPorts);
+    a.jmp(JEQ_K, R1, 0, 1, InnerQuery);
+    a.jmp(JA, 0, 0, 0, Addrs);
+    a.label(InnerPorts);
+    xdp_ports(&mut a, steer.key, 8, true);
+    a.jmp(JA, 0, 0, 0, Key);
+    a.label(InnerQuery);
+    a.need(R5, 8 + 6);
+    a.load16(R8, R5, 8 + 4);
+    a.jmp(JA, 0, 0, 0, Key);
+
+    // Anything else: a symmetric function of the addresses.
+    a.label(Addrs);
+    a.need(R4, 20);
+    a.i(LDX_W, R8, R4, 12, 0);
+    a.i(TO_BE, R8, 0, 0, 32);
+    a.i(LDX_W, R0, R4, 16, 0);
+    a.i(TO_BE, R0, 0, 0, 32);
+    a.i(XOR_X, R8, R0, 0, 0);
+    a.i(MOV_X, R0, R8, 0, 0);
+    a.i(RSH_K, R0, 0, 0, 16);
+    a.i(XOR_X, R8, R0, 0, 0);
+    a.i(AND_K, R8, 0, 0, 0xffff);
+
+    // owner_of(key) = (key >> 1) % workers.
+    a.label(Key);
+    a.i(RSH_K, R8, 0, 0, 1);
+    a.i(MOD_K, R8, 0, 0, workers);
+
+    // bpf_redirect_map(&xskmap, queue * workers + worker, XDP_PASS).
+    a.label(Out);
+    a.i(ADD_X, R8, R7, 0, 0);
+    let map_at = a.code.len();
+    a.i(LD_IMM64, R1, PSEUDO_MAP_FD, 0, 0);
+    a.i(0, 0, 0, 0, 0);
+    a.i(MOV_X, R2, R8, 0, 0);
+    a.i(MOV_K, R3, 0, 0, XDP_PASS);
+    a.i(CALL, 0, 0, 0, HELPER_REDIRECT_MAP);
+    a.i(EXIT, 0, 0, 0, 0);
+    (a.finish(), map_at)
+}
+
+/// Which program a port's interface runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Program {
+    /// Each queue to its one socket (slot = queue).
+    PerQueue,
+    /// Several sockets per queue, one per worker, by [`steer_program`].
+    Steered(Steer),
+}
 
 /// How the XDP program is attached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,21 +411,33 @@ pub(crate) struct XdpAttachment {
     _prog: OwnedFd,
     map: OwnedFd,
     native: bool,
+    program: Program,
 }
 
 impl XdpAttachment {
-    /// Create the map, load the program and attach it to `ifindex`.
-    pub(crate) fn attach(ifindex: u32, mode: XdpMode, queues: u32) -> Result<Self, IoError> {
+    /// Create the map of `slots` sockets, load `program` and attach it to
+    /// `ifindex`.
+    pub(crate) fn attach(
+        ifindex: u32,
+        mode: XdpMode,
+        program: Program,
+        slots: u32,
+    ) -> Result<Self, IoError> {
         let mut m = MapCreateAttr {
             map_type: BPF_MAP_TYPE_XSKMAP,
             key_size: 4,
             value_size: 4,
-            max_entries: queues.max(1),
+            max_entries: slots.max(1),
             map_flags: 0,
         };
         let map = bpf(BPF_MAP_CREATE, &mut m, "bpf(BPF_MAP_CREATE XSKMAP)")?;
-        let mut prog_insns = XSK_REDIRECT_PROG;
-        prog_insns[MAP_FD_INSN].imm = sys::raw(&map);
+        let (mut prog_insns, map_at) = match program {
+            Program::PerQueue => (XSK_REDIRECT_PROG.to_vec(), MAP_FD_INSN),
+            Program::Steered(s) => steer_program(s),
+        };
+        if let Some(i) = prog_insns.get_mut(map_at) {
+            i.imm = sys::raw(&map);
+        }
         let license = b"Dual MIT/GPL\0";
         let mut name = [0u8; 16];
         name[..10].copy_from_slice(b"sluice_xsk");
@@ -185,7 +455,23 @@ impl XdpAttachment {
             prog_ifindex: 0,
             expected_attach_type: BPF_XDP,
         };
-        let prog = bpf(BPF_PROG_LOAD, &mut p, "bpf(BPF_PROG_LOAD xdp)")?;
+        let prog = match bpf(BPF_PROG_LOAD, &mut p, "bpf(BPF_PROG_LOAD xdp)") {
+            Ok(fd) => fd,
+            Err(e) => {
+                // Load again with the verifier's log, for the diagnostic.
+                let mut log = vec![0u8; 1 << 16];
+                p.log_level = 1;
+                p.log_size = log.len() as u32;
+                p.log_buf = log.as_mut_ptr() as u64;
+                let _ = bpf_raw(BPF_PROG_LOAD, &mut p, "bpf(BPF_PROG_LOAD xdp)");
+                let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+                tracing::error!(
+                    "XDP program rejected: {e}; verifier log:\n{}",
+                    String::from_utf8_lossy(&log[..end])
+                );
+                return Err(e);
+            }
+        };
         let try_mode = |flags: u32, call: &'static str| {
             let mut l = LinkCreateAttr {
                 prog_fd: sys::raw(&prog) as u32,
@@ -222,12 +508,13 @@ impl XdpAttachment {
             _prog: prog,
             map,
             native,
+            program,
         })
     }
 
-    /// Point queue `queue` at socket `xsk_fd`.
-    pub(crate) fn set_socket(&self, queue: u32, xsk_fd: i32) -> Result<(), IoError> {
-        let key = queue;
+    /// Point map slot `slot` at socket `xsk_fd`.
+    pub(crate) fn set_socket(&self, slot: u32, xsk_fd: i32) -> Result<(), IoError> {
+        let key = slot;
         let value = xsk_fd as u32;
         let mut a = MapUpdateAttr {
             map_fd: sys::raw(&self.map) as u32,
@@ -242,6 +529,32 @@ impl XdpAttachment {
             "bpf(BPF_MAP_UPDATE_ELEM xskmap)",
         )
         .map(|_| ())
+    }
+
+    /// Empty map slot `slot` (its frames then go to the kernel stack).
+    pub(crate) fn clear_socket(&self, slot: u32) -> Result<(), IoError> {
+        let key = slot;
+        let mut a = MapUpdateAttr {
+            map_fd: sys::raw(&self.map) as u32,
+            _pad: 0,
+            key: &key as *const u32 as u64,
+            value: 0,
+            flags: 0,
+        };
+        bpf_raw(
+            BPF_MAP_DELETE_ELEM,
+            &mut a,
+            "bpf(BPF_MAP_DELETE_ELEM xskmap)",
+        )
+        .map(|_| ())
+    }
+
+    /// The steering of the program (`None`: one socket per queue).
+    pub(crate) fn steer(&self) -> Option<Steer> {
+        match self.program {
+            Program::PerQueue => None,
+            Program::Steered(s) => Some(s),
+        }
     }
 
     pub(crate) fn native(&self) -> bool {
@@ -278,5 +591,156 @@ mod tests {
         assert_eq!(bytes[4], [0x85, 0, 0, 0, 51, 0, 0, 0]);
         assert_eq!(bytes[5], [0x95, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(core::mem::size_of::<BpfInsn>(), 8);
+    }
+
+    /// Run `prog` on `frame` arriving on `queue` the way the kernel does,
+    /// for the instructions the steering program uses. Returns the map slot
+    /// passed to `bpf_redirect_map`. Panics on a packet load outside the
+    /// frame (a bounds check is missing) or an unknown instruction.
+    fn exec(prog: &[BpfInsn], frame: &[u8], queue: u32) -> u32 {
+        const CTX: u64 = 0x1000;
+        const PKT: u64 = 0x10_0000;
+        let len = frame.len() as u64;
+        let load = |addr: u64, size: usize| -> u64 {
+            if (CTX..CTX + 24).contains(&addr) {
+                return match addr - CTX {
+                    0 => PKT,
+                    4 => PKT + len,
+                    16 => u64::from(queue),
+                    o => panic!("ctx load at {o}"),
+                };
+            }
+            let off = addr.checked_sub(PKT).expect("load below the packet") as usize;
+            let b = frame
+                .get(off..off + size)
+                .unwrap_or_else(|| panic!("unchecked load of {size} at {off} (len {len})"));
+            let mut v = [0u8; 8];
+            v[..size].copy_from_slice(b);
+            // Host byte order, like the kernel's loads.
+            match size {
+                1 => u64::from(b[0]),
+                2 => u64::from(u16::from_ne_bytes([b[0], b[1]])),
+                _ => u64::from(u32::from_ne_bytes([b[0], b[1], b[2], b[3]])),
+            }
+        };
+        let mut r = [0u64; 11];
+        r[1] = CTX;
+        let mut pc = 0usize;
+        for _ in 0..10_000 {
+            let i = prog[pc];
+            pc += 1;
+            let (d, s) = (usize::from(i.regs & 0xf), usize::from(i.regs >> 4));
+            let k = i64::from(i.imm) as u64;
+            let jump = |c: bool, pc: &mut usize| {
+                if c {
+                    *pc = (*pc as i64 + i64::from(i.off)) as usize;
+                }
+            };
+            match i.code {
+                LDX_B => r[d] = load(r[s].wrapping_add(i64::from(i.off) as u64), 1),
+                LDX_H => r[d] = load(r[s].wrapping_add(i64::from(i.off) as u64), 2),
+                LDX_W => r[d] = load(r[s].wrapping_add(i64::from(i.off) as u64), 4),
+                ADD_K => r[d] = r[d].wrapping_add(k),
+                ADD_X => r[d] = r[d].wrapping_add(r[s]),
+                MUL_K => r[d] = r[d].wrapping_mul(k),
+                AND_K => r[d] &= k,
+                LSH_K => r[d] <<= k,
+                RSH_K => r[d] >>= k,
+                MOD_K => r[d] %= k,
+                XOR_X => r[d] ^= r[s],
+                MOV_K => r[d] = k,
+                MOV_X => r[d] = r[s],
+                TO_BE => {
+                    r[d] = match i.imm {
+                        16 => u64::from((r[d] as u16).to_be()),
+                        32 => u64::from((r[d] as u32).to_be()),
+                        n => panic!("be{n}"),
+                    }
+                }
+                JA => jump(true, &mut pc),
+                JEQ_K => jump(r[d] == k, &mut pc),
+                JNE_K => jump(r[d] != k, &mut pc),
+                JSET_K => jump(r[d] & k != 0, &mut pc),
+                JGT_X => jump(r[d] > r[s], &mut pc),
+                LD_IMM64 => {
+                    assert_eq!(s, usize::from(PSEUDO_MAP_FD));
+                    r[d] = u64::from(i.imm as u32) | (u64::from(prog[pc].imm as u32) << 32);
+                    pc += 1;
+                }
+                CALL => {
+                    assert_eq!(i.imm, HELPER_REDIRECT_MAP);
+                    assert_eq!(r[1], 0x7777, "map fd in r1");
+                    assert_eq!(r[3], XDP_PASS as u64, "flags: pass when the slot is empty");
+                    assert!(r[2] <= u64::from(u32::MAX));
+                    return r[2] as u32;
+                }
+                c => panic!("opcode {c:#x} at {}", pc - 1),
+            }
+        }
+        panic!("program did not finish");
+    }
+
+    fn ether(ethertype: u16, vlan: Option<u16>, l3: &[u8]) -> Vec<u8> {
+        let mut f = vec![0x02, 0, 0, 0, 0, 2, 0x02, 0, 0, 0, 0, 1];
+        if let Some(outer) = vlan {
+            f.extend_from_slice(&outer.to_be_bytes());
+            f.extend_from_slice(&[0, 42]);
+        }
+        f.extend_from_slice(&ethertype.to_be_bytes());
+        f.extend_from_slice(l3);
+        f
+    }
+
+    #[test]
+    fn steering_program_decides_like_the_cbpf_program() {
+        use crate::steer::{tests::corpus, worker_for};
+        let frames = corpus();
+        for key in [SteerKey::Destination, SteerKey::Source, SteerKey::Symmetric] {
+            for workers in [1u16, 2, 3, 7] {
+                let s = Steer { key, workers };
+                let (mut prog, map_at) = steer_program(s);
+                prog[map_at].imm = 0x7777;
+                for queue in [0u32, 3] {
+                    let base = queue * u32::from(workers);
+                    for l3 in &frames {
+                        let want = base + u32::from(worker_for(s, l3));
+                        for vlan in [None, Some(0x8100), Some(0x88a8)] {
+                            let f = ether(0x0800, vlan, l3);
+                            assert_eq!(exec(&prog, &f, queue), want, "{s:?} {f:02x?}");
+                        }
+                        // IPv6, ARP, a tag inside a tag: worker 0.
+                        for (et, vlan) in [(0x86dd, None), (0x0806, None), (0x8100, Some(0x88a8))] {
+                            assert_eq!(exec(&prog, &ether(et, vlan, l3), queue), base);
+                        }
+                    }
+                    // Truncated Ethernet and VLAN headers: worker 0.
+                    let f = ether(0x0800, Some(0x8100), &[0x45; 30]);
+                    for len in 0..18 {
+                        assert_eq!(exec(&prog, &f[..len], queue), base, "len {len}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn steering_program_is_well_formed() {
+        for key in [SteerKey::Destination, SteerKey::Source, SteerKey::Symmetric] {
+            let (p, map_at) = steer_program(Steer { key, workers: 4 });
+            assert!(p.len() < 4096);
+            assert_eq!(p.last().map(|i| i.code), Some(EXIT));
+            assert_eq!(p[map_at].code, LD_IMM64);
+            assert_eq!(p[map_at].regs, (PSEUDO_MAP_FD << 4) | R1);
+            assert_eq!(p[map_at + 1], insn(0, 0, 0, 0, 0));
+            for (n, i) in p.iter().enumerate() {
+                if i.code & 0x07 == 0x05 && i.code != CALL && i.code != EXIT {
+                    let to = n as i64 + 1 + i64::from(i.off);
+                    assert!(
+                        to > n as i64 && to < p.len() as i64,
+                        "jump at {n}: forward only, inside"
+                    );
+                }
+            }
+        }
     }
 }
