@@ -163,6 +163,11 @@ struct ForwardArgs {
     /// Seed of the pseudorandom flow order.
     #[arg(long, default_value_t = 0x5eed)]
     seed: u64,
+    /// After the saturation run, search for RFC 2544's zero-loss
+    /// throughput (binary search of paced trials of --duration each); fps
+    /// is then that rate and saturation_fps the drain rate.
+    #[arg(long)]
+    zero_loss: bool,
     /// Write the results as JSON: {"results": [{dut, flows, fps, ...}]}.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -302,6 +307,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     duration: std::time::Duration::from_secs_f64(a.duration),
                     warmup_pps: a.warmup_rate,
                     seed: a.seed,
+                    zero_loss: a.zero_loss,
                 },
                 a.json.as_deref(),
             )

@@ -80,3 +80,56 @@ fn bench_forward_measures_every_dut_and_writes_json() {
         "namespaces left behind:\n{listing}"
     );
 }
+
+/// `--zero-loss`: after the saturation run, RFC 2544's binary search of
+/// paced trials finds a rate that lost nothing, no higher than the drain
+/// rate, and reports every trial.
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn bench_forward_zero_loss_search_reports_a_lossless_rate() {
+    assert!(is_root(), "this test needs root");
+    let json = std::env::temp_dir().join(format!(
+        "sluice-bench-forward-zl-{}.json",
+        std::process::id()
+    ));
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "bench",
+            "forward",
+            "--dut",
+            "sluice-afpacket",
+            "--flows",
+            "1000",
+            "--duration",
+            "0.5",
+            "--zero-loss",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .expect("run sluice bench forward --zero-loss");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let text = std::fs::read_to_string(&json).expect("JSON report written");
+    let _ = std::fs::remove_file(&json);
+    let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    let r = &v["results"][0];
+    assert_eq!(r["method"].as_str(), Some("rfc2544-zero-loss"), "{r}");
+    let fps = r["fps"].as_f64().expect("fps");
+    let drain = r["saturation_fps"].as_f64().expect("saturation_fps");
+    let trials = r["trials"].as_array().expect("trials");
+    assert!(!trials.is_empty() && trials.len() <= 7, "{r}");
+    assert!(fps > 0.0, "no rate passed: {r}\n{stderr}");
+    assert!(
+        fps <= drain * 1.05,
+        "zero-loss rate above the drain rate: {r}"
+    );
+    // The reported rate is a trial that lost nothing.
+    assert!(
+        trials.iter().any(|t| {
+            let (sent, got) = (t[1].as_u64().unwrap_or(0), t[2].as_u64().unwrap_or(0));
+            sent > 0 && got >= sent && (sent as f64 / 0.5 - fps).abs() <= fps * 0.01
+        }),
+        "{r}"
+    );
+}
