@@ -70,6 +70,9 @@ pub enum InsertError {
     /// No room and no entry that may be dropped early.
     #[error("conntrack table full")]
     Full,
+    /// The original and the reply key have different protocols.
+    #[error("original and reply keys differ in protocol")]
+    ProtoMismatch,
 }
 
 /// The connection table for keys `K` with caller payload `P`.
@@ -79,7 +82,7 @@ pub enum InsertError {
 /// every hash, then [`lookup`](Self::lookup) (or the cheaper
 /// [`candidate`](Self::candidate) + [`prefetch_entry`](Self::prefetch_entry)
 /// + [`verify`](Self::verify)), then touch the entries.
-pub struct Table<K, P> {
+pub struct Table<K: Key, P> {
     entries: Vec<Entry<K, P>>,
     index: Index,
     free_head: u32,
@@ -94,7 +97,7 @@ pub struct Table<K, P> {
     pub(crate) degenerate: bool,
 }
 
-impl<K, P> fmt::Debug for Table<K, P> {
+impl<K: Key, P> fmt::Debug for Table<K, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Table")
             .field("len", &self.len)
@@ -211,7 +214,7 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         let entries = &self.entries;
         self.index
             .find(h, |idx, dir| {
-                entries.get(idx as usize).is_some_and(|e| e.key(dir) == k)
+                entries.get(idx as usize).is_some_and(|e| e.has_key(dir, k))
             })
             .map(|(i, d)| (EntryId(i), d))
     }
@@ -232,15 +235,15 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
     pub fn verify(&self, id: EntryId, dir: Dir, k: &K) -> bool {
         self.entries
             .get(id.index())
-            .is_some_and(|e| e.is_live() && e.key(dir) == k)
+            .is_some_and(|e| e.is_live() && e.has_key(dir, k))
     }
 
     /// Prefetch entry `id` (both cache lines it may span).
     #[inline]
     pub fn prefetch_entry(&self, id: EntryId) {
         if let Some(e) = self.entries.get(id.index()) {
-            prefetch(&e.orig);
-            prefetch(&e.flags);
+            prefetch(&e.keys);
+            prefetch(&e.proto);
         }
     }
 
@@ -360,7 +363,8 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
 
     // ---- slow path -------------------------------------------------------
 
-    /// Insert a connection reachable by `orig` and `reply`. The entry starts
+    /// Insert a connection reachable by `orig` and `reply` (which must have
+    /// the same protocol: the entry stores it once). The entry starts
     /// in its protocol's initial state with that state's timeout; run the
     /// first packet through [`track`](Self::track).
     ///
@@ -378,6 +382,9 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         payload: P,
         on_evict: &mut impl FnMut(&Entry<K, P>),
     ) -> Result<EntryId, InsertError> {
+        if orig.proto() != reply.proto() {
+            return Err(InsertError::ProtoMismatch);
+        }
         let h1 = self.hash(&orig);
         let h2 = self.hash(&reply);
         let same = orig == reply;
@@ -389,14 +396,14 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         }
         let state = ProtoState::initial(orig.proto());
         let entry = Entry {
-            orig,
-            reply,
+            keys: [orig.pack(), reply.pack()],
             payload,
             expiry: expiry_after(now, self.timeouts.get(state.initial_timeout())),
             mark: 0,
             packets: 0,
             state,
             flags: F_LIVE,
+            proto: orig.proto(),
         };
         let idx = self.alloc(entry);
         if !self.place(now, h1, idx, Dir::Original, on_evict) {
@@ -523,11 +530,11 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
 
     fn remove_idx(&mut self, idx: u32) -> Entry<K, P> {
         let e = self.entries[idx as usize];
-        let h1 = self.hash(&e.orig);
+        let h1 = self.hash(&e.orig());
         let removed = self.index.remove(h1, idx, Dir::Original);
         debug_assert!(removed);
-        if e.orig != e.reply {
-            let h2 = self.hash(&e.reply);
+        if e.keys[0] != e.keys[1] {
+            let h2 = self.hash(&e.reply());
             let removed = self.index.remove(h2, idx, Dir::Reply);
             debug_assert!(removed);
         }

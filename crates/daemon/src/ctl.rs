@@ -259,10 +259,10 @@ impl CtEntry {
     ) -> Option<Self> {
         Some(Self {
             worker,
-            proto: e.orig().proto,
+            proto: e.proto(),
             state: format!("{:?}", e.state()),
-            orig: e.orig().into(),
-            reply: e.reply().into(),
+            orig: (&e.orig()).into(),
+            reply: (&e.reply()).into(),
             assured: e.is_assured(),
             packets: e.packets(),
             expires_in: e.expires_in(now).as_secs(),
