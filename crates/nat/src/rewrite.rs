@@ -117,9 +117,7 @@ pub fn deltas(from: &FlowKey4, to: &FlowKey4) -> (u16, u16) {
     }
     let ip = w32(from.src, to.src) + w32(from.dst, to.dst);
     let l4 = match to.proto {
-        proto::TCP | proto::UDP => {
-            ip + w16(from.sport, to.sport) + w16(from.dport, to.dport)
-        }
+        proto::TCP | proto::UDP => ip + w16(from.sport, to.sport) + w16(from.dport, to.dport),
         proto::ICMP => w16(from.sport, to.sport),
         _ => 0,
     };

@@ -334,7 +334,7 @@ impl<S: NatEventSink> WorkerNat<S> {
             addr: orig.dst,
             port: orig.dport,
         };
-        let realm = self.by_ext.get(&ext)?.key.realm;
+        let realm = self.get_mapping(&ext)?.key.realm;
         Some(self.snat(orig, realm))
     }
 
@@ -354,7 +354,7 @@ impl<S: NatEventSink> WorkerNat<S> {
             addr: key.dst,
             port: key.dport,
         };
-        let m = self.by_ext.get(&ext)?;
+        let m = self.get_mapping(&ext)?;
         let (int_addr, int_port) = (m.key.int_addr, m.key.int_port);
         if !self.admits(ext, key.src, key.sport) {
             self.stats.filtered += 1;
@@ -450,7 +450,8 @@ impl<S: NatEventSink> WorkerNat<S> {
             addr: u32::from(ext_addr),
             port: ext_port,
         };
-        self.by_ext.get(&ext).map(|m| info(&m.key, ext, m.sessions))
+        self.get_mapping(&ext)
+            .map(|m| info(&m.key, ext, m.sessions))
     }
 
     /// Every mapping of this worker, in no particular order.
@@ -484,6 +485,28 @@ impl<S: NatEventSink> WorkerNat<S> {
 
     // ---- internals -------------------------------------------------------
 
+    /// Can `addr` be the external address of a mapping of this worker? True
+    /// for pool addresses and bound masquerade addresses: a mapping's
+    /// external address is one of those for as long as the mapping lives
+    /// (a masquerade slot stays bound while it has mappings).
+    #[inline]
+    fn is_external(&self, addr: u32) -> bool {
+        self.pool_addr.contains_key(&addr) || self.masq_slots.iter().any(|s| s.addr == Some(addr))
+    }
+
+    /// The mapping with external endpoint `ext`. Checks the (small, cached)
+    /// set of external addresses first, so that the first packet of an
+    /// ordinary outbound connection, whose destination is no external
+    /// address, does not probe the large `by_ext` table (a cache miss per
+    /// new connection once it outgrows the caches).
+    #[inline]
+    fn get_mapping(&self, ext: &ExtKey) -> Option<&Mapping> {
+        if !self.is_external(ext.addr) {
+            return None;
+        }
+        self.by_ext.get(ext)
+    }
+
     fn snat(&mut self, orig: &FlowKey4, realm: Realm) -> Result<FlowKey4, NatError> {
         let pi = proto_index(orig.proto).ok_or(NatError::UnsupportedProtocol)?;
         let icmp = orig.proto == proto::ICMP;
@@ -495,8 +518,7 @@ impl<S: NatEventSink> WorkerNat<S> {
                 addr: orig.dst,
                 port: orig.dport,
             };
-            self.by_ext
-                .get(&ext)
+            self.get_mapping(&ext)
                 .map(|m| (m.key.int_addr, m.key.int_port))
         } else {
             None
