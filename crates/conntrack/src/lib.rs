@@ -99,7 +99,7 @@ pub use proto::{
     icmp_is_query_request, CtState, L4Event, ProtoState, TcpFlags, TcpState, Tracked, UdpState,
     Verdict,
 };
-pub use table::{Config, ConfigError, InsertError, Table, MAX_CONNECTIONS};
+pub use table::{Config, ConfigError, InsertError, Table, Vacant, MAX_CONNECTIONS};
 pub use time::{Instant, Timeouts};
 
 /// A flow key the table can index.

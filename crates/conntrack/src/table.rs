@@ -75,6 +75,25 @@ pub enum InsertError {
     ProtoMismatch,
 }
 
+/// A key that [`Table::lookup_vacant`] found absent, with its hash: lets
+/// [`Table::insert_vacant`] skip hashing and looking it up a second time.
+/// It stays valid while nothing is inserted into the table that made it;
+/// after an insert it is only a key, and `insert_vacant` looks it up again.
+/// (Passing it to another table is a logic error: it may skip the check.)
+#[derive(Clone, Copy, Debug)]
+pub struct Vacant<K> {
+    key: K,
+    hash: u64,
+    stamp: u64,
+}
+
+impl<K> Vacant<K> {
+    /// The key that was looked up.
+    pub fn key(&self) -> &K {
+        &self.key
+    }
+}
+
 /// The connection table for keys `K` with caller payload `P`.
 ///
 /// Lookups are split so that a worker can pipeline a batch:
@@ -92,6 +111,8 @@ pub struct Table<K: Key, P> {
     timeouts: TimeoutTable,
     tcp_loose: bool,
     gc_cursor: usize,
+    /// Counts inserts, so that a [`Vacant`] knows whether it still holds.
+    stamp: u64,
     /// Test hook: hash every key to bucket 0.
     #[cfg(test)]
     pub(crate) degenerate: bool,
@@ -145,6 +166,7 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
             timeouts: TimeoutTable::new(&cfg.timeouts),
             tcp_loose: cfg.tcp_loose,
             gc_cursor: 0,
+            stamp: 0,
             #[cfg(test)]
             degenerate: false,
         })
@@ -217,6 +239,17 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
                 entries.get(idx as usize).is_some_and(|e| e.has_key(dir, k))
             })
             .map(|(i, d)| (EntryId(i), d))
+    }
+
+    /// [`lookup`](Self::lookup) that, on a miss, returns the proof of absence
+    /// [`insert_vacant`](Self::insert_vacant) takes.
+    #[inline]
+    pub fn lookup_vacant(&self, h: u64, k: &K) -> Result<(EntryId, Dir), Vacant<K>> {
+        self.lookup(h, k).ok_or(Vacant {
+            key: *k,
+            hash: h,
+            stamp: self.stamp,
+        })
     }
 
     /// The first entry whose tag matches `h`, reading only the index. A
@@ -382,15 +415,48 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         payload: P,
         on_evict: &mut impl FnMut(&Entry<K, P>),
     ) -> Result<EntryId, InsertError> {
+        let h1 = self.hash(&orig);
+        self.insert_hashed(now, orig, h1, true, reply, payload, on_evict)
+    }
+
+    /// [`insert`](Self::insert) with the original key from
+    /// [`lookup_vacant`](Self::lookup_vacant): when nothing was inserted
+    /// since, the original key is known to be absent and is neither hashed
+    /// nor looked up again.
+    pub fn insert_vacant(
+        &mut self,
+        now: Instant,
+        orig: Vacant<K>,
+        reply: K,
+        payload: P,
+        on_evict: &mut impl FnMut(&Entry<K, P>),
+    ) -> Result<EntryId, InsertError> {
+        let check = orig.stamp != self.stamp;
+        self.insert_hashed(now, orig.key, orig.hash, check, reply, payload, on_evict)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn insert_hashed(
+        &mut self,
+        now: Instant,
+        orig: K,
+        h1: u64,
+        check_orig: bool,
+        reply: K,
+        payload: P,
+        on_evict: &mut impl FnMut(&Entry<K, P>),
+    ) -> Result<EntryId, InsertError> {
         if orig.proto() != reply.proto() {
             return Err(InsertError::ProtoMismatch);
         }
-        let h1 = self.hash(&orig);
         let h2 = self.hash(&reply);
         let same = orig == reply;
-        if self.lookup(h1, &orig).is_some() || (!same && self.lookup(h2, &reply).is_some()) {
+        if (check_orig && self.lookup(h1, &orig).is_some())
+            || (!same && self.lookup(h2, &reply).is_some())
+        {
             return Err(InsertError::Exists);
         }
+        self.stamp = self.stamp.wrapping_add(1);
         if self.len == self.max && !self.early_drop(now, &[h1, h2], NONE, on_evict) {
             return Err(InsertError::Full);
         }

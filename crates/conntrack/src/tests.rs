@@ -97,6 +97,32 @@ fn packed_keys_round_trip() {
 }
 
 #[test]
+fn vacant_insert_skips_the_lookup_only_while_nothing_was_inserted() {
+    let mut t = table(16);
+    let (a, b) = (key(proto::UDP, 1), key(proto::UDP, 2));
+    let va = t.lookup_vacant(t.hash(&a), &a).unwrap_err();
+    let va2 = va;
+    assert_eq!(va.key(), &a);
+    let id = t
+        .insert_vacant(secs(0), va, nat_reply(&a), 1, &mut noop)
+        .unwrap();
+    assert_eq!(find(&t, &a), Some((id, Dir::Original)));
+    // Stale: `a` was inserted since; the key is looked up again.
+    assert_eq!(
+        t.insert_vacant(secs(0), va2, nat_reply(&b), 2, &mut noop),
+        Err(InsertError::Exists)
+    );
+    let vb = t.lookup_vacant(t.hash(&b), &b).unwrap_err();
+    // The reply key is still checked.
+    assert_eq!(
+        t.insert_vacant(secs(0), vb, nat_reply(&a), 3, &mut noop),
+        Err(InsertError::Exists)
+    );
+    assert!(t.lookup_vacant(t.hash(&a), &a).is_ok());
+    assert_eq!(t.len(), 1);
+}
+
+#[test]
 fn keys_of_different_protocols_are_refused() {
     let mut t = table(8);
     let k = key(proto::UDP, 1);

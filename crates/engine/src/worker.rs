@@ -836,9 +836,10 @@ impl Worker {
         // A packet that missed in pass 2 may belong to a connection created
         // by an earlier packet of this batch; its bucket is cached by now.
         let h = self.ct.hash(key);
-        if let Some((id, dir)) = self.ct.lookup(h, key) {
-            return self.fast4(now, buf, len, iif, &Meta::of(d), id, dir);
-        }
+        let vacant = match self.ct.lookup_vacant(h, key) {
+            Ok((id, dir)) => return self.fast4(now, buf, len, iif, &Meta::of(d), id, dir),
+            Err(v) => v,
+        };
         self.counters.slow_path += 1;
         match d.l4 {
             L4::IcmpError {
@@ -1008,7 +1009,7 @@ impl Worker {
             adj: [adj_out, adj_back],
         };
         let nat = &mut self.nat;
-        let id = match self.ct.insert(now, *key, reply, info, &mut |e| {
+        let id = match self.ct.insert_vacant(now, vacant, reply, info, &mut |e| {
             nat.release(&e.orig(), &e.reply())
         }) {
             Ok(id) => id,
