@@ -60,7 +60,7 @@ fn proto_index(p: u8) -> Option<usize> {
 
 /// The external realm a mapping lives in: a pool, or the address of a
 /// masquerading egress interface.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Realm {
     Pool(u16),
     Masq(u32),
@@ -68,7 +68,7 @@ enum Realm {
 
 /// Internal side of a mapping. `dst_*` are zero under endpoint-independent
 /// mapping.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct MapKey {
     realm: Realm,
     proto: u8,
@@ -80,11 +80,37 @@ struct MapKey {
 
 /// External side of a mapping; unique per worker (and, by the port split,
 /// per gateway).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct ExtKey {
     proto: u8,
     addr: u32,
     port: u16,
+}
+
+// `Hash` by hand for the two mapping keys: packing the fields into a few
+// words hashes in 2-3 writes instead of one write per field (and per enum
+// tag) as `derive(Hash)` does; these are hashed several times for every
+// new connection. Equal keys pack to equal words, as `Hash` requires.
+impl core::hash::Hash for ExtKey {
+    #[inline]
+    fn hash<H: core::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(
+            (u64::from(self.proto) << 48) | (u64::from(self.port) << 32) | u64::from(self.addr),
+        );
+    }
+}
+
+impl core::hash::Hash for MapKey {
+    #[inline]
+    fn hash<H: core::hash::Hasher>(&self, state: &mut H) {
+        let realm = match self.realm {
+            Realm::Pool(p) => u64::from(p),
+            Realm::Masq(a) => (1 << 32) | u64::from(a),
+        };
+        state.write_u64(realm | (u64::from(self.proto) << 40));
+        state.write_u64((u64::from(self.int_addr) << 32) | u64::from(self.dst_addr));
+        state.write_u32((u32::from(self.int_port) << 16) | u32::from(self.dst_port));
+    }
 }
 
 /// Which bitmap an external port came from.
