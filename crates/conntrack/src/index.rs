@@ -125,21 +125,13 @@ impl Index {
         let home = self.home(h);
         for b in home..home + WINDOW {
             let w = self.at(b);
-            let Some(bucket) = self.words.get(w..w + WORDS) else {
-                break;
-            };
-            // Compare all 7 tags without branching (the compiler turns this
-            // into a few vector compares), then visit only the matches.
-            let mut hits = 0u32;
-            for (i, &slot) in bucket[..SLOTS].iter().enumerate() {
-                hits |= u32::from(slot & !0xffff_ffff == tag) << i;
-            }
-            while hits != 0 {
-                let i = hits.trailing_zeros() as usize;
-                hits &= hits - 1;
-                let (idx, dir) = decode(bucket[i]);
-                if eq(idx, dir) {
-                    return Some((idx, dir));
+            let bucket = &self.words[w..w + WORDS];
+            for &slot in &bucket[..SLOTS] {
+                if slot & !0xffff_ffff == tag {
+                    let (idx, dir) = decode(slot);
+                    if eq(idx, dir) {
+                        return Some((idx, dir));
+                    }
                 }
             }
             if bucket[CTRL] == 0 {
