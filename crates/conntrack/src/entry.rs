@@ -18,7 +18,7 @@ pub(crate) const F_SEEN_REPLY: u8 = 4;
 /// share it. For `FlowKey4` keys that is 12 + 12 (keys), then the payload,
 /// 4 (expiry), 4 (mark), 4 (packets), 2 (state), 1 (flags) and 1
 /// (protocol): 40 bytes plus the payload. The engine's payload (two 2-byte
-/// adjacency indices) makes 44 bytes; a `u64` payload makes 48.
+/// adjacency indices and two 2-byte checksum deltas) or a `u64` makes 48.
 /// With `FlowKey6` keys it is 88 bytes plus the payload.
 ///
 /// Keys are immutable once inserted (the index points at them); only the

@@ -38,12 +38,12 @@
 //! |-------|-------|-----|
 //! | entry | 40 + payload | 2 x 12 B packed keys (no protocol, no padding), expiry, mark, packets, state, flags, one protocol byte |
 //! | index | 33.2  | two 8 B slots per connection in 64 B buckets of 7 slots, 55 % full at `max` |
-//! | total | 77.2 with the engine's 4 B payload (44 B entry), 81.2 with a `u64` | netfilter: 385 B + 8 B per bucket |
+//! | total | 81.2 with the engine's 8 B payload or a `u64` (48 B entry) | netfilter: 385 B + 8 B per bucket |
 //!
 //! The index is allocated for `max` up front (calloc, so pages are backed as
 //! they are first written, advised for huge pages); the slab is reserved for
-//! `max` and filled as connections arrive. 40 M connections take 3.1 GB
-//! (2.9 GiB) with the engine's payload. With IPv6 keys an entry is 88 B
+//! `max` and filled as connections arrive. 40 M connections take 3.25 GB
+//! (3.0 GiB) with the engine's payload. With IPv6 keys an entry is 88 B
 //! plus the payload.
 //!
 //! An entry stores its keys packed ([`Key::Packed`]) and the protocol once:
@@ -53,9 +53,9 @@
 //! stored. Lookups compare packed keys; [`Entry::orig`] and
 //! [`Entry::reply`] rebuild a key by value.
 //!
-//! 44-byte entries straddle two cache lines about 2 times in 3;
+//! 48-byte entries straddle two cache lines 1 time in 2;
 //! [`Table::prefetch_entry`] prefetches both. Aligning entries to 64 B would
-//! save that second line but cost 20 B per connection.
+//! save that second line but cost 16 B per connection.
 //!
 //! # Fast-path use (per batch)
 //!

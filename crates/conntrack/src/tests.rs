@@ -61,8 +61,8 @@ fn noop(_: &Entry<FlowKey4, u64>) {}
 #[test]
 fn entry_fits_the_memory_budget() {
     assert_eq!(core::mem::size_of::<Entry<FlowKey4, u64>>(), 48);
-    // The engine's payload: two 2-byte adjacency indices.
-    assert_eq!(core::mem::size_of::<Entry<FlowKey4, [u16; 2]>>(), 44);
+    // The engine's payload: two adjacency indices and two checksum deltas.
+    assert_eq!(core::mem::size_of::<Entry<FlowKey4, [u16; 4]>>(), 48);
     assert!(core::mem::size_of::<Entry<FlowKey6, u64>>() <= 96);
     // 96 B per connection, index included, at every size up to 40 M.
     for max in [1_000, 1_000_000, 40_000_000u32] {

@@ -127,16 +127,22 @@ pub enum EngineError {
 }
 
 /// Per-connection data cached in the conntrack entry: for each direction
-/// (index 0 original, 1 reply) the adjacency. 4 bytes, which keeps an IPv4
-/// entry at 44 bytes. Everything else the fast path needs is derived from
-/// the entry's two keys: the translated tuple is the other key reversed,
-/// and the checksum deltas of the rewrite (RFC 1624) are recomputed from
-/// the packet's key and that tuple ([`rewrite_deltas`]), a few dozen ALU
-/// instructions on data already in cache, instead of 8 more bytes per
-/// connection.
+/// (index 0 original, 1 reply) the adjacency, and the checksum deltas of
+/// the original direction's rewrite (RFC 1624; IPv4 header and L4, without
+/// the TTL decrement). 8 bytes, which makes an IPv4 entry 48 bytes.
+///
+/// The translated tuple is derived from the entry's keys (the other key,
+/// reversed), and the reply direction's deltas from the original ones
+/// ([`sluice_nat::reverse_delta`]: one's complement negation), so neither
+/// is stored. Storing the original deltas rather than recomputing them
+/// from the keys for every packet costs 4 bytes per connection and saves
+/// a few dozen instructions per packet; a 48-byte entry also straddles two
+/// cache lines less often (1 in 2) than a 44-byte one (2 in 3).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FlowInfo {
     adj: [AdjIndex; 2],
+    ip_delta: u16,
+    l4_delta: u16,
 }
 
 /// A bounded ring of NAT events for the control plane to drain and log
@@ -182,12 +188,18 @@ impl NatEventSink for NatLog {
 /// changes by -0x0100, i.e. `~m + m'` = 0xfeff.
 const TTL_DELTA: u16 = 0xfeff;
 
-/// The checksum deltas of rewriting a packet with key `from` into `to` and
-/// decrementing its TTL: `(IPv4 header delta, L4 delta)`, as
+/// The checksum deltas of a packet of direction `dir` of a connection:
+/// `(IPv4 header delta with the TTL decrement, L4 delta)`, as
 /// [`sluice_nat::apply_dissected`] takes them.
 #[inline]
-fn rewrite_deltas(from: &FlowKey4, to: &FlowKey4) -> (u16, u16) {
-    let (ipd, l4d) = sluice_nat::deltas(from, to);
+fn rewrite_deltas(info: &FlowInfo, dir: Dir) -> (u16, u16) {
+    let (ipd, l4d) = match dir {
+        Dir::Original => (info.ip_delta, info.l4_delta),
+        Dir::Reply => (
+            sluice_nat::reverse_delta(info.ip_delta),
+            sluice_nat::reverse_delta(info.l4_delta),
+        ),
+    };
     (checksum::fold(u64::from(ipd) + u64::from(TTL_DELTA)), l4d)
 }
 
@@ -665,8 +677,9 @@ impl Worker {
         self.counters.fast_path += 1;
         let e = self.ct.entry(id);
         let to = e.key(dir.opposite()).reversed();
-        let deltas = rewrite_deltas(&m.key, &to);
-        let adj = e.payload().adj.get(dir_index(dir)).copied().unwrap_or(0);
+        let info = e.payload();
+        let deltas = rewrite_deltas(info, dir);
+        let adj = info.adj.get(dir_index(dir)).copied().unwrap_or(0);
         let step = self.emit(now, buf, len, iif, m.l3, m.l4, &to, deltas, adj);
         if tracked.verdict == ct::Verdict::Close {
             self.remove(id);
@@ -1005,8 +1018,11 @@ impl Worker {
             }
         };
         let to_orig = reply.reversed();
+        let (ip_delta, l4_delta) = sluice_nat::deltas(key, &to_orig);
         let info = FlowInfo {
             adj: [adj_out, adj_back],
+            ip_delta,
+            l4_delta,
         };
         let nat = &mut self.nat;
         let id = match self.ct.insert_vacant(now, vacant, reply, info, &mut |e| {
@@ -1038,7 +1054,7 @@ impl Worker {
             d.l3_off,
             d.l4_off,
             &to_orig,
-            rewrite_deltas(key, &to_orig),
+            rewrite_deltas(&info, Dir::Original),
             adj_out,
         )
     }

@@ -124,6 +124,30 @@ pub fn deltas(from: &FlowKey4, to: &FlowKey4) -> (u16, u16) {
     (fold64(ip), fold64(l4))
 }
 
+/// The delta of the opposite rewrite, from the delta `d` of one rewrite:
+/// if `d = deltas(from, to).0` (or `.1`), then `reverse_delta(d)` is the
+/// corresponding delta of `deltas(&to.reversed(), &from.reversed())`, the
+/// rewrite of the reply direction of a NAT session. The reply direction
+/// changes the same words back, so its sum is the one's complement
+/// negation of `d` (`!d`, with `0xffff` mapping to itself, as the folded
+/// sum of a non-zero total is never `0`).
+///
+/// The one exception is a reverse sum that is exactly zero (every changed
+/// word goes from `0xffff` to `0`, e.g. an ICMP identifier 0xffff -> 0):
+/// the result is then `0xffff` where [`deltas`] gives `0`. Both are one's
+/// complement zero; applied with [`apply_with`] they give the same checksum
+/// except for an incoming checksum field of `0xffff`, which becomes `0`
+/// instead of staying `0xffff`, the other encoding of the same, valid,
+/// checksum (and a UDP checksum is unaffected).
+#[inline]
+pub fn reverse_delta(d: u16) -> u16 {
+    if d == 0xffff {
+        0xffff
+    } else {
+        !d
+    }
+}
+
 /// [`deltas`] word by word with [`Delta`] (the reference in tests).
 #[cfg(test)]
 fn deltas_reference(from: &FlowKey4, to: &FlowKey4) -> (u16, u16) {
@@ -825,6 +849,25 @@ mod tests {
             prop_assert_eq!(deltas(&from, &from), deltas_reference(&from, &from));
             let swapped = FlowKey4 { src: from.dst, dst: from.src, ..from };
             prop_assert_eq!(deltas(&from, &swapped), deltas_reference(&from, &swapped));
+        }
+
+        #[test]
+        fn reverse_delta_is_the_delta_of_the_reply_rewrite(
+            a in prop_oneof![any::<[u32; 4]>(), Just([0, 0, u32::MAX, u32::MAX]), Just([u32::MAX; 4]), Just([0; 4])],
+            p in prop_oneof![any::<[u16; 4]>(), Just([0, 0, u16::MAX, u16::MAX]), Just([u16::MAX, u16::MAX, 0, 0])],
+            pr in 0usize..4,
+        ) {
+            let pr = [proto::TCP, proto::UDP, proto::ICMP, 47][pr];
+            // ICMP query keys carry the identifier in both port fields.
+            let icmp = pr == proto::ICMP;
+            let from = FlowKey4 { src: a[0], dst: a[1], sport: p[0], dport: if icmp { p[0] } else { p[1] }, proto: pr };
+            let to = FlowKey4 { src: a[2], dst: a[3], sport: p[2], dport: if icmp { p[2] } else { p[3] }, proto: pr };
+            let (ip, l4) = deltas(&from, &to);
+            let (rip, rl4) = deltas(&to.reversed(), &from.reversed());
+            // Equal, or both one's complement zero (the documented exception).
+            let same = |derived: u16, exact: u16| derived == exact || (derived == 0xffff && exact == 0);
+            prop_assert!(same(reverse_delta(ip), rip), "{ip:#x} {rip:#x}");
+            prop_assert!(same(reverse_delta(l4), rl4), "{l4:#x} {rl4:#x}");
         }
 
         // Every checksum after `apply` equals a full RFC 1071 recompute.
