@@ -536,8 +536,20 @@ impl Worker {
         // pass 3 can borrow them while calling `&mut self` methods; moving a
         // `Vec` is a pointer swap and `Vec::new()` does not allocate.
         let mut sc = core::mem::take(&mut self.scratch);
+        // The passes walk the scratch arrays with zipped iterators over
+        // `..n` (no per-element bounds checks); they are `MAX_BATCH` long.
+        let Scratch {
+            meta,
+            hash,
+            hit,
+            missing,
+        } = &mut sc;
+        let meta = meta.get_mut(..n).unwrap_or_default();
+        let hash = hash.get_mut(..n).unwrap_or_default();
+        let hit = hit.get_mut(..n).unwrap_or_default();
+        let missing = missing.get_mut(..n).unwrap_or_default();
         // Pass 1: dissect, hash, prefetch the index buckets.
-        for i in 0..n {
+        for (i, (slot, h)) in meta.iter_mut().zip(hash.iter_mut()).enumerate() {
             let (buf, len) = frames.buf_mut(i);
             let frame = buf.get(..len).unwrap_or(&[]);
             let m = match dissect_plain4(frame) {
@@ -547,21 +559,14 @@ impl Worker {
                     Err(_) => Meta::default(),
                 },
             };
-            if let (Some(slot), Some(h)) = (sc.meta.get_mut(i), sc.hash.get_mut(i)) {
-                *slot = m;
-                if m.class == C_V4 {
-                    *h = self.ct.hash(&m.key);
-                    self.ct.prefetch_bucket(*h);
-                }
+            *slot = m;
+            if m.class == C_V4 {
+                *h = self.ct.hash(&m.key);
+                self.ct.prefetch_bucket(*h);
             }
         }
         // Pass 2: find candidates in the (now cached) buckets; prefetch entries.
-        for i in 0..n {
-            let (Some(m), Some(&h), Some(hit)) =
-                (sc.meta.get(i), sc.hash.get(i), sc.hit.get_mut(i))
-            else {
-                continue;
-            };
+        for ((m, &h), hit) in meta.iter().zip(hash.iter()).zip(hit.iter_mut()) {
             *hit = None;
             if m.class == C_V4 {
                 if let Some((id, dir)) = self.ct.candidate(h) {
@@ -571,17 +576,19 @@ impl Worker {
             }
         }
         // Pass 3: act.
-        for i in 0..n {
-            let h = sc.hash.get(i).copied().unwrap_or(0);
-            let cand = sc.hit.get(i).copied().flatten();
-            let m = sc.meta.get(i).copied().unwrap_or_default();
+        let scratch = meta
+            .iter()
+            .zip(hash.iter())
+            .zip(hit.iter())
+            .zip(missing.iter_mut());
+        let mut done = 0;
+        for (i, (((m, &h), &cand), missing)) in scratch.enumerate() {
+            done = i + 1;
             let iif = frames.iif(i);
             let (buf, len) = frames.buf_mut(i);
             self.missing_nh = None;
-            let step = self.one(now, buf, len, iif, &m, h, cand);
-            if let Some(x) = sc.missing.get_mut(i) {
-                *x = self.missing_nh.take();
-            }
+            let step = self.one(now, buf, len, iif, m, h, cand);
+            *missing = self.missing_nh.take();
             let action = match step {
                 Step::Done(a) => a,
                 Step::Reply(newlen) => {
@@ -603,6 +610,12 @@ impl Worker {
                 Action::Pending => {}
             }
             frames.set_action(i, action);
+        }
+        // Only if the scratch arrays were shorter than the batch (they are
+        // not): nothing was decided for these frames.
+        for i in done..n {
+            frames.set_action(i, Action::Drop(DropReason::Malformed));
+            self.counters.drop(DropReason::Malformed);
         }
         self.scratch = sc;
     }
