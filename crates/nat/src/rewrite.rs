@@ -92,10 +92,9 @@ impl Rewrite4 {
 /// The checksum deltas of rewriting `from` into `to`:
 /// `(ip header delta, l4 checksum delta)`.
 ///
-/// The engine calls this for every established packet (the deltas are not
-/// cached per connection), so it sums all changed words in one 64-bit
-/// accumulator and folds once, instead of folding after every word as
-/// [`Delta`] does. Both give the same value: an end-around-carry sum of
+/// It runs once for every new connection, so it sums all changed words in
+/// one 64-bit accumulator and folds once, instead of folding after every
+/// word as [`Delta`] does. Both give the same value: an end-around-carry sum of
 /// non-negative terms is 0 only when every term is 0, and otherwise the
 /// value in `1..=0xffff` congruent to the plain sum modulo `0xffff`.
 #[inline]
