@@ -12,18 +12,22 @@ pub(crate) const F_SEEN_REPLY: u8 = 4;
 
 /// One connection.
 ///
-/// Layout (`repr(C)`, so the size is predictable): for `FlowKey4` keys and a
-/// `u64` payload it is 16 + 16 (keys), 8 (payload), 4 (expiry), 4 (mark),
-/// 4 (packets), 2 (state) and 1 (flags): 55, padded to 56 bytes.
-/// With `FlowKey6` keys it is 128 bytes.
+/// Layout (`repr(C)`, so the size is predictable). Both keys are stored
+/// packed ([`Key::Packed`]: the key without its protocol, with no padding)
+/// and the protocol once, since the two directions of a connection always
+/// share it. For `FlowKey4` keys that is 12 + 12 (keys), then the payload,
+/// 4 (expiry), 4 (mark), 4 (packets), 2 (state), 1 (flags) and 1
+/// (protocol): 40 bytes plus the payload. The engine's payload (two 2-byte
+/// adjacency indices and two 2-byte checksum deltas) or a `u64` makes 48.
+/// With `FlowKey6` keys it is 88 bytes plus the payload.
 ///
 /// Keys are immutable once inserted (the index points at them); only the
 /// payload and the mark can be changed through [`Table::entry_mut`](crate::Table::entry_mut).
 #[derive(Clone, Copy, Debug, Default)]
 #[repr(C)]
-pub struct Entry<K, P> {
-    pub(crate) orig: K,
-    pub(crate) reply: K,
+pub struct Entry<K: Key, P> {
+    /// Original and reply key, packed ([`Dir`] as index).
+    pub(crate) keys: [K::Packed; 2],
     pub(crate) payload: P,
     /// Expiry tick (ms, wrapping; see [`crate::time`]).
     pub(crate) expiry: u32,
@@ -32,28 +36,39 @@ pub struct Entry<K, P> {
     pub(crate) packets: u32,
     pub(crate) state: ProtoState,
     pub(crate) flags: u8,
+    /// IP protocol of both keys.
+    pub(crate) proto: u8,
 }
 
 impl<K: Key, P: Copy + Default> Entry<K, P> {
     /// Key of the original direction (as the first packet was seen).
     #[inline]
-    pub fn orig(&self) -> &K {
-        &self.orig
+    pub fn orig(&self) -> K {
+        self.key(Dir::Original)
     }
 
     /// Key of the reply direction (after NAT: the translated tuple, reversed).
     #[inline]
-    pub fn reply(&self) -> &K {
-        &self.reply
+    pub fn reply(&self) -> K {
+        self.key(Dir::Reply)
     }
 
     /// Key of direction `dir`.
     #[inline]
-    pub fn key(&self, dir: Dir) -> &K {
-        match dir {
-            Dir::Original => &self.orig,
-            Dir::Reply => &self.reply,
-        }
+    pub fn key(&self, dir: Dir) -> K {
+        K::unpack(&self.keys[dir as usize], self.proto)
+    }
+
+    /// IP protocol of the connection (both keys have it).
+    #[inline]
+    pub fn proto(&self) -> u8 {
+        self.proto
+    }
+
+    /// True if the key of direction `dir` is `k`, compared packed.
+    #[inline]
+    pub(crate) fn has_key(&self, dir: Dir, k: &K) -> bool {
+        self.proto == k.proto() && self.keys[dir as usize] == k.pack()
     }
 
     /// The caller's payload (e.g. precomputed NAT rewrites).

@@ -70,6 +70,28 @@ pub enum InsertError {
     /// No room and no entry that may be dropped early.
     #[error("conntrack table full")]
     Full,
+    /// The original and the reply key have different protocols.
+    #[error("original and reply keys differ in protocol")]
+    ProtoMismatch,
+}
+
+/// A key that [`Table::lookup_vacant`] found absent, with its hash: lets
+/// [`Table::insert_vacant`] skip hashing and looking it up a second time.
+/// It stays valid while nothing is inserted into the table that made it;
+/// after an insert it is only a key, and `insert_vacant` looks it up again.
+/// (Passing it to another table is a logic error: it may skip the check.)
+#[derive(Clone, Copy, Debug)]
+pub struct Vacant<K> {
+    key: K,
+    hash: u64,
+    stamp: u64,
+}
+
+impl<K> Vacant<K> {
+    /// The key that was looked up.
+    pub fn key(&self) -> &K {
+        &self.key
+    }
 }
 
 /// The connection table for keys `K` with caller payload `P`.
@@ -79,7 +101,7 @@ pub enum InsertError {
 /// every hash, then [`lookup`](Self::lookup) (or the cheaper
 /// [`candidate`](Self::candidate) + [`prefetch_entry`](Self::prefetch_entry)
 /// + [`verify`](Self::verify)), then touch the entries.
-pub struct Table<K, P> {
+pub struct Table<K: Key, P> {
     entries: Vec<Entry<K, P>>,
     index: Index,
     free_head: u32,
@@ -89,12 +111,14 @@ pub struct Table<K, P> {
     timeouts: TimeoutTable,
     tcp_loose: bool,
     gc_cursor: usize,
+    /// Counts inserts, so that a [`Vacant`] knows whether it still holds.
+    stamp: u64,
     /// Test hook: hash every key to bucket 0.
     #[cfg(test)]
     pub(crate) degenerate: bool,
 }
 
-impl<K, P> fmt::Debug for Table<K, P> {
+impl<K: Key, P> fmt::Debug for Table<K, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Table")
             .field("len", &self.len)
@@ -142,6 +166,7 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
             timeouts: TimeoutTable::new(&cfg.timeouts),
             tcp_loose: cfg.tcp_loose,
             gc_cursor: 0,
+            stamp: 0,
             #[cfg(test)]
             degenerate: false,
         })
@@ -211,9 +236,20 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         let entries = &self.entries;
         self.index
             .find(h, |idx, dir| {
-                entries.get(idx as usize).is_some_and(|e| e.key(dir) == k)
+                entries.get(idx as usize).is_some_and(|e| e.has_key(dir, k))
             })
             .map(|(i, d)| (EntryId(i), d))
+    }
+
+    /// [`lookup`](Self::lookup) that, on a miss, returns the proof of absence
+    /// [`insert_vacant`](Self::insert_vacant) takes.
+    #[inline]
+    pub fn lookup_vacant(&self, h: u64, k: &K) -> Result<(EntryId, Dir), Vacant<K>> {
+        self.lookup(h, k).ok_or(Vacant {
+            key: *k,
+            hash: h,
+            stamp: self.stamp,
+        })
     }
 
     /// The first entry whose tag matches `h`, reading only the index. A
@@ -232,15 +268,15 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
     pub fn verify(&self, id: EntryId, dir: Dir, k: &K) -> bool {
         self.entries
             .get(id.index())
-            .is_some_and(|e| e.is_live() && e.key(dir) == k)
+            .is_some_and(|e| e.is_live() && e.has_key(dir, k))
     }
 
     /// Prefetch entry `id` (both cache lines it may span).
     #[inline]
     pub fn prefetch_entry(&self, id: EntryId) {
         if let Some(e) = self.entries.get(id.index()) {
-            prefetch(&e.orig);
-            prefetch(&e.flags);
+            prefetch(&e.keys);
+            prefetch(&e.proto);
         }
     }
 
@@ -360,7 +396,8 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
 
     // ---- slow path -------------------------------------------------------
 
-    /// Insert a connection reachable by `orig` and `reply`. The entry starts
+    /// Insert a connection reachable by `orig` and `reply` (which must have
+    /// the same protocol: the entry stores it once). The entry starts
     /// in its protocol's initial state with that state's timeout; run the
     /// first packet through [`track`](Self::track).
     ///
@@ -379,24 +416,60 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         on_evict: &mut impl FnMut(&Entry<K, P>),
     ) -> Result<EntryId, InsertError> {
         let h1 = self.hash(&orig);
+        self.insert_hashed(now, orig, h1, true, reply, payload, on_evict)
+    }
+
+    /// [`insert`](Self::insert) with the original key from
+    /// [`lookup_vacant`](Self::lookup_vacant): when nothing was inserted
+    /// since, the original key is known to be absent and is neither hashed
+    /// nor looked up again.
+    pub fn insert_vacant(
+        &mut self,
+        now: Instant,
+        orig: Vacant<K>,
+        reply: K,
+        payload: P,
+        on_evict: &mut impl FnMut(&Entry<K, P>),
+    ) -> Result<EntryId, InsertError> {
+        let check = orig.stamp != self.stamp;
+        self.insert_hashed(now, orig.key, orig.hash, check, reply, payload, on_evict)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn insert_hashed(
+        &mut self,
+        now: Instant,
+        orig: K,
+        h1: u64,
+        check_orig: bool,
+        reply: K,
+        payload: P,
+        on_evict: &mut impl FnMut(&Entry<K, P>),
+    ) -> Result<EntryId, InsertError> {
+        if orig.proto() != reply.proto() {
+            return Err(InsertError::ProtoMismatch);
+        }
         let h2 = self.hash(&reply);
         let same = orig == reply;
-        if self.lookup(h1, &orig).is_some() || (!same && self.lookup(h2, &reply).is_some()) {
+        if (check_orig && self.lookup(h1, &orig).is_some())
+            || (!same && self.lookup(h2, &reply).is_some())
+        {
             return Err(InsertError::Exists);
         }
+        self.stamp = self.stamp.wrapping_add(1);
         if self.len == self.max && !self.early_drop(now, &[h1, h2], NONE, on_evict) {
             return Err(InsertError::Full);
         }
         let state = ProtoState::initial(orig.proto());
         let entry = Entry {
-            orig,
-            reply,
+            keys: [orig.pack(), reply.pack()],
             payload,
             expiry: expiry_after(now, self.timeouts.get(state.initial_timeout())),
             mark: 0,
             packets: 0,
             state,
             flags: F_LIVE,
+            proto: orig.proto(),
         };
         let idx = self.alloc(entry);
         if !self.place(now, h1, idx, Dir::Original, on_evict) {
@@ -523,11 +596,11 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
 
     fn remove_idx(&mut self, idx: u32) -> Entry<K, P> {
         let e = self.entries[idx as usize];
-        let h1 = self.hash(&e.orig);
+        let h1 = self.hash(&e.orig());
         let removed = self.index.remove(h1, idx, Dir::Original);
         debug_assert!(removed);
-        if e.orig != e.reply {
-            let h2 = self.hash(&e.reply);
+        if e.keys[0] != e.keys[1] {
+            let h2 = self.hash(&e.reply());
             let removed = self.index.remove(h2, idx, Dir::Reply);
             debug_assert!(removed);
         }

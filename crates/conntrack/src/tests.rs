@@ -60,17 +60,80 @@ fn noop(_: &Entry<FlowKey4, u64>) {}
 
 #[test]
 fn entry_fits_the_memory_budget() {
-    assert!(core::mem::size_of::<Entry<FlowKey4, u64>>() <= 56);
-    assert!(core::mem::size_of::<Entry<FlowKey6, u64>>() <= 128);
+    assert_eq!(core::mem::size_of::<Entry<FlowKey4, u64>>(), 48);
+    // The engine's payload: two adjacency indices and two checksum deltas.
+    assert_eq!(core::mem::size_of::<Entry<FlowKey4, [u16; 4]>>(), 48);
+    assert!(core::mem::size_of::<Entry<FlowKey6, u64>>() <= 96);
     // 96 B per connection, index included, at every size up to 40 M.
     for max in [1_000, 1_000_000, 40_000_000u32] {
         let per = T4::memory_bytes_for(max) as f64 / f64::from(max);
         assert!(per <= 96.0, "{max}: {per} B/conn");
     }
     let per = T4::memory_bytes_for(40_000_000) as f64 / 40e6;
-    assert!((89.0..90.0).contains(&per), "{per}");
+    assert!((81.0..82.0).contains(&per), "{per}");
     // 40 M connections fit comfortably in 24 GiB.
     assert!(T4::memory_bytes_for(40_000_000) < 4 << 30);
+}
+
+#[test]
+fn packed_keys_round_trip() {
+    use crate::Key;
+    let k4 = FlowKey4 {
+        src: 0x0a00_0001,
+        dst: 0xcb00_7102,
+        sport: 0xfffe,
+        dport: 1,
+        proto: proto::TCP,
+    };
+    assert_eq!(FlowKey4::unpack(&k4.pack(), k4.proto()), k4);
+    let k6 = FlowKey6 {
+        src: 0x2001_0db8_0000_0000_0000_0000_0000_0001,
+        dst: u128::MAX - 7,
+        sport: 443,
+        dport: 0xffff,
+        proto: proto::UDP,
+    };
+    assert_eq!(FlowKey6::unpack(&k6.pack(), k6.proto()), k6);
+}
+
+#[test]
+fn vacant_insert_skips_the_lookup_only_while_nothing_was_inserted() {
+    let mut t = table(16);
+    let (a, b) = (key(proto::UDP, 1), key(proto::UDP, 2));
+    let va = t.lookup_vacant(t.hash(&a), &a).unwrap_err();
+    let va2 = va;
+    assert_eq!(va.key(), &a);
+    let id = t
+        .insert_vacant(secs(0), va, nat_reply(&a), 1, &mut noop)
+        .unwrap();
+    assert_eq!(find(&t, &a), Some((id, Dir::Original)));
+    // Stale: `a` was inserted since; the key is looked up again.
+    assert_eq!(
+        t.insert_vacant(secs(0), va2, nat_reply(&b), 2, &mut noop),
+        Err(InsertError::Exists)
+    );
+    let vb = t.lookup_vacant(t.hash(&b), &b).unwrap_err();
+    // The reply key is still checked.
+    assert_eq!(
+        t.insert_vacant(secs(0), vb, nat_reply(&a), 3, &mut noop),
+        Err(InsertError::Exists)
+    );
+    assert!(t.lookup_vacant(t.hash(&a), &a).is_ok());
+    assert_eq!(t.len(), 1);
+}
+
+#[test]
+fn keys_of_different_protocols_are_refused() {
+    let mut t = table(8);
+    let k = key(proto::UDP, 1);
+    let mut r = nat_reply(&k);
+    r.proto = proto::TCP;
+    assert_eq!(
+        t.insert(secs(0), k, r, 1, &mut noop),
+        Err(InsertError::ProtoMismatch)
+    );
+    assert_eq!(t.len(), 0);
+    assert_eq!(t.index_occupied(), 0);
 }
 
 #[test]
@@ -95,7 +158,8 @@ fn two_keys_reach_one_entry_and_remove_removes_both() {
     assert_eq!(find(&t, &r), Some((id, Dir::Reply)));
     assert_eq!(find(&t, &k.reversed()), None);
     assert_eq!(*t.entry(id).payload(), 77);
-    assert_eq!(t.entry(id).key(Dir::Reply), &r);
+    assert_eq!(t.entry(id).key(Dir::Reply), r);
+    assert_eq!(t.entry(id).proto(), proto::UDP);
     assert_eq!(t.len(), 1);
     assert_eq!(t.index_occupied(), 2);
     // The split lookup agrees.
@@ -103,7 +167,8 @@ fn two_keys_reach_one_entry_and_remove_removes_both() {
     assert!(t.verify(cid, cdir, &r));
 
     let e = t.remove(id).unwrap();
-    assert_eq!(e.orig(), &k);
+    assert_eq!(e.orig(), k);
+    assert_eq!(e.reply(), r);
     assert_eq!(find(&t, &k), None);
     assert_eq!(find(&t, &r), None);
     assert_eq!(t.candidate(t.hash(&r)), None);
@@ -527,7 +592,7 @@ fn full_probe_window_early_drops_then_reports_full() {
     assert_eq!(t.index_occupied(), cap);
     for &id in &ids {
         assert_eq!(
-            t.lookup(t.hash(t.entry(id).orig()), t.entry(id).orig()),
+            t.lookup(t.hash(&t.entry(id).orig()), &t.entry(id).orig()),
             Some((id, Dir::Original))
         );
     }
@@ -535,9 +600,7 @@ fn full_probe_window_early_drops_then_reports_full() {
     let k = key(proto::TCP, 500);
     let mut ev = Vec::new();
     let id = t
-        .insert(ms(now, 10), k, nat_reply(&k), 0, &mut |e| {
-            ev.push(*e.orig())
-        })
+        .insert(ms(now, 10), k, nat_reply(&k), 0, &mut |e| ev.push(e.orig()))
         .unwrap();
     assert_eq!(ev.len(), 1);
     assert!(find(&t, &k).is_some() && find(&t, &nat_reply(&k)).is_some());
@@ -628,7 +691,7 @@ proptest! {
                     let (o, r) = (small_key(a), small_key(b));
                     next += 1;
                     let mut evicted = Vec::new();
-                    let res = t.insert(now, o, r, next, &mut |e| evicted.push((*e.orig(), *e.reply())));
+                    let res = t.insert(now, o, r, next, &mut |e| evicted.push((e.orig(), e.reply())));
                     for (eo, er) in evicted {
                         prop_assert!(model.remove(&eo).is_some());
                         if eo != er { prop_assert!(model.remove(&er).is_some()); }
@@ -642,6 +705,7 @@ proptest! {
                         }
                         Err(InsertError::Exists) => prop_assert!(clash),
                         Err(InsertError::Full) => prop_assert!(!clash),
+                        Err(InsertError::ProtoMismatch) => prop_assert!(false, "same protocol"),
                     }
                 }
                 Op::Remove(a) => {
@@ -650,8 +714,8 @@ proptest! {
                     prop_assert_eq!(found.is_some(), model.contains_key(&k));
                     if let Some((id, _)) = found {
                         let e = t.remove(id).unwrap();
-                        model.remove(e.orig());
-                        model.remove(e.reply());
+                        model.remove(&e.orig());
+                        model.remove(&e.reply());
                     }
                 }
                 Op::Lookup(a) => {

@@ -164,14 +164,22 @@ pub enum EngineError {
 }
 
 /// Per-connection data cached in the conntrack entry: for each direction
-/// (index 0 original, 1 reply) the adjacency and the checksum deltas of the
-/// rewrite (IPv4 header delta with the TTL decrement folded in, L4 delta).
-/// 12 bytes; the translated tuple itself is derived from the entry's keys.
+/// (index 0 original, 1 reply) the adjacency, and the checksum deltas of
+/// the original direction's rewrite (RFC 1624; IPv4 header and L4, without
+/// the TTL decrement). 8 bytes, which makes an IPv4 entry 48 bytes.
+///
+/// The translated tuple is derived from the entry's keys (the other key,
+/// reversed), and the reply direction's deltas from the original ones
+/// ([`sluice_nat::reverse_delta`]: one's complement negation), so neither
+/// is stored. Storing the original deltas rather than recomputing them
+/// from the keys for every packet costs 4 bytes per connection and saves
+/// a few dozen instructions per packet; a 48-byte entry also straddles two
+/// cache lines less often (1 in 2) than a 44-byte one (2 in 3).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FlowInfo {
     adj: [AdjIndex; 2],
-    ip_delta: [u16; 2],
-    l4_delta: [u16; 2],
+    ip_delta: u16,
+    l4_delta: u16,
 }
 
 /// A bounded ring of NAT events for the control plane to drain and log
@@ -216,6 +224,21 @@ impl NatEventSink for NatLog {
 /// RFC 1624 delta of decrementing the TTL by one: the word (TTL, protocol)
 /// changes by -0x0100, i.e. `~m + m'` = 0xfeff.
 const TTL_DELTA: u16 = 0xfeff;
+
+/// The checksum deltas of a packet of direction `dir` of a connection:
+/// `(IPv4 header delta with the TTL decrement, L4 delta)`, as
+/// [`sluice_nat::apply_dissected`] takes them.
+#[inline]
+fn rewrite_deltas(info: &FlowInfo, dir: Dir) -> (u16, u16) {
+    let (ipd, l4d) = match dir {
+        Dir::Original => (info.ip_delta, info.l4_delta),
+        Dir::Reply => (
+            sluice_nat::reverse_delta(info.ip_delta),
+            sluice_nat::reverse_delta(info.l4_delta),
+        ),
+    };
+    (checksum::fold(u64::from(ipd) + u64::from(TTL_DELTA)), l4d)
+}
 
 /// What the fast path needs of one frame, extracted once in pass 1. Kept
 /// small (24 bytes) so that a batch of them stays in L1; the slow path
@@ -552,7 +575,7 @@ impl Worker {
         let now = instant(now_ns);
         let nat = &mut self.nat;
         self.ct
-            .gc(now, budget, &mut |e| nat.release(e.orig(), e.reply()))
+            .gc(now, budget, &mut |e| nat.release(&e.orig(), &e.reply()))
             + self.v6.ct.gc(now, budget, &mut |_| {})
     }
 
@@ -573,16 +596,37 @@ impl Worker {
         // pass 3 can borrow them while calling `&mut self` methods; moving a
         // `Vec` is a pointer swap and `Vec::new()` does not allocate.
         let mut sc = core::mem::take(&mut self.scratch);
+        // The passes walk the scratch arrays with zipped iterators over
+        // `..n` (no per-element bounds checks); they are `MAX_BATCH` long.
+        let Scratch {
+            meta,
+            hash,
+            hit,
+            missing,
+            missing6,
+            plain6,
+        } = &mut sc;
+        let meta = meta.get_mut(..n).unwrap_or_default();
+        let hash = hash.get_mut(..n).unwrap_or_default();
+        let hit = hit.get_mut(..n).unwrap_or_default();
+        let missing = missing.get_mut(..n).unwrap_or_default();
+        let missing6 = missing6.get_mut(..n).unwrap_or_default();
+        let plain6 = plain6.get_mut(..n).unwrap_or_default();
         // Pass 1: dissect, hash, prefetch the index buckets.
-        for i in 0..n {
+        for (i, ((slot, h), p6)) in meta
+            .iter_mut()
+            .zip(hash.iter_mut())
+            .zip(plain6.iter_mut())
+            .enumerate()
+        {
             let (buf, len) = frames.buf_mut(i);
             let frame = buf.get(..len).unwrap_or(&[]);
             let v6 = frame.get(12..14) == Some(&[0x86, 0xdd][..]);
             let m = match dissect_plain4(frame) {
                 Some(p) => Meta::plain(&p),
-                None if v6 => match (dissect_plain6(frame), sc.plain6.get_mut(i)) {
-                    (Some(p), Some(slot)) => {
-                        *slot = p;
+                None if v6 => match dissect_plain6(frame) {
+                    Some(p) => {
+                        *p6 = p;
                         Meta {
                             class: C_V6,
                             ..Meta::default()
@@ -600,26 +644,17 @@ impl Worker {
                     Err(_) => Meta::default(),
                 },
             };
-            if let (Some(slot), Some(h)) = (sc.meta.get_mut(i), sc.hash.get_mut(i)) {
-                *slot = m;
-                if m.class == C_V4 {
-                    *h = self.ct.hash(&m.key);
-                    self.ct.prefetch_bucket(*h);
-                } else if m.class == C_V6 {
-                    if let Some(p) = sc.plain6.get(i) {
-                        *h = self.v6.ct.hash(&p.key);
-                        self.v6.ct.prefetch_bucket(*h);
-                    }
-                }
+            *slot = m;
+            if m.class == C_V4 {
+                *h = self.ct.hash(&m.key);
+                self.ct.prefetch_bucket(*h);
+            } else if m.class == C_V6 {
+                *h = self.v6.ct.hash(&p6.key);
+                self.v6.ct.prefetch_bucket(*h);
             }
         }
         // Pass 2: find candidates in the (now cached) buckets; prefetch entries.
-        for i in 0..n {
-            let (Some(m), Some(&h), Some(hit)) =
-                (sc.meta.get(i), sc.hash.get(i), sc.hit.get_mut(i))
-            else {
-                continue;
-            };
+        for ((m, &h), hit) in meta.iter().zip(hash.iter()).zip(hit.iter_mut()) {
             *hit = None;
             if m.class == C_V4 {
                 if let Some((id, dir)) = self.ct.candidate(h) {
@@ -634,26 +669,26 @@ impl Worker {
             }
         }
         // Pass 3: act.
-        for i in 0..n {
-            let h = sc.hash.get(i).copied().unwrap_or(0);
-            let cand = sc.hit.get(i).copied().flatten();
-            let m = sc.meta.get(i).copied().unwrap_or_default();
+        let scratch = meta
+            .iter()
+            .zip(hash.iter())
+            .zip(hit.iter())
+            .zip(missing.iter_mut())
+            .zip(missing6.iter_mut().zip(plain6.iter()));
+        let mut done = 0;
+        for (i, ((((m, &h), &cand), missing), (missing6, p6))) in scratch.enumerate() {
+            done = i + 1;
             let iif = frames.iif(i);
             let (buf, len) = frames.buf_mut(i);
             self.missing_nh = None;
             self.v6.missing_nh = None;
             let step = if m.class == C_V6 {
-                let p6 = sc.plain6.get(i).copied().unwrap_or_default();
-                self.one6(now, buf, len, iif, &p6, h, cand)
+                self.one6(now, buf, len, iif, p6, h, cand)
             } else {
-                self.one(now, buf, len, iif, &m, h, cand)
+                self.one(now, buf, len, iif, m, h, cand)
             };
-            if let Some(x) = sc.missing.get_mut(i) {
-                *x = self.missing_nh.take();
-            }
-            if let Some(x) = sc.missing6.get_mut(i) {
-                *x = self.v6.missing_nh.take();
-            }
+            *missing = self.missing_nh.take();
+            *missing6 = self.v6.missing_nh.take();
             let action = match step {
                 Step::Done(a) => a,
                 Step::Reply(newlen) => {
@@ -675,6 +710,12 @@ impl Worker {
                 Action::Pending => {}
             }
             frames.set_action(i, action);
+        }
+        // Only if the scratch arrays were shorter than the batch (they are
+        // not): nothing was decided for these frames.
+        for i in done..n {
+            frames.set_action(i, Action::Drop(DropReason::Malformed));
+            self.counters.drop(DropReason::Malformed);
         }
         self.scratch = sc;
     }
@@ -791,17 +832,10 @@ impl Worker {
         }
         self.counters.fast_path += 1;
         let e = self.ct.entry(id);
-        let di = dir_index(dir);
-        let to = match dir {
-            Dir::Original => e.reply().reversed(),
-            Dir::Reply => e.orig().reversed(),
-        };
-        let info = *e.payload();
-        let deltas = (
-            info.ip_delta.get(di).copied().unwrap_or(0),
-            info.l4_delta.get(di).copied().unwrap_or(0),
-        );
-        let adj = info.adj.get(di).copied().unwrap_or(0);
+        let to = e.key(dir.opposite()).reversed();
+        let info = e.payload();
+        let deltas = rewrite_deltas(info, dir);
+        let adj = info.adj.get(dir_index(dir)).copied().unwrap_or(0);
         let step = self.emit(now, buf, len, iif, m.l3, m.l4, &to, deltas, adj);
         if tracked.verdict == ct::Verdict::Close {
             self.remove(id);
@@ -830,7 +864,7 @@ impl Worker {
         hook: Hook,
     ) -> Option<DropReason> {
         let e = self.ct.entry(id);
-        let (orig, reply) = (*e.orig(), *e.reply());
+        let (orig, reply) = (e.orig(), e.reply());
         let di = dir_index(dir);
         let oif = e
             .payload()
@@ -1007,7 +1041,7 @@ impl Worker {
 
     fn remove(&mut self, id: EntryId) {
         if let Some(e) = self.ct.remove(id) {
-            self.nat.release(e.orig(), e.reply());
+            self.nat.release(&e.orig(), &e.reply());
         }
     }
 
@@ -1045,9 +1079,10 @@ impl Worker {
         // A packet that missed in pass 2 may belong to a connection created
         // by an earlier packet of this batch; its bucket is cached by now.
         let h = self.ct.hash(key);
-        if let Some((id, dir)) = self.ct.lookup(h, key) {
-            return self.fast4(now, buf, len, iif, &Meta::of(d), id, dir);
-        }
+        let vacant = match self.ct.lookup_vacant(h, key) {
+            Ok((id, dir)) => return self.fast4(now, buf, len, iif, &Meta::of(d), id, dir),
+            Err(v) => v,
+        };
         self.counters.slow_path += 1;
         match d.l4 {
             L4::IcmpError {
@@ -1213,27 +1248,22 @@ impl Worker {
             }
         };
         let to_orig = reply.reversed();
-        let to_reply = key.reversed();
-        let (ipd0, l4d0) = sluice_nat::deltas(key, &to_orig);
-        let (ipd1, l4d1) = sluice_nat::deltas(&reply, &to_reply);
+        let (ip_delta, l4_delta) = sluice_nat::deltas(key, &to_orig);
         let info = FlowInfo {
             adj: [adj_out, adj_back],
-            ip_delta: [
-                checksum::fold(u64::from(ipd0) + u64::from(TTL_DELTA)),
-                checksum::fold(u64::from(ipd1) + u64::from(TTL_DELTA)),
-            ],
-            l4_delta: [l4d0, l4d1],
+            ip_delta,
+            l4_delta,
         };
         let nat = &mut self.nat;
-        let id = match self.ct.insert(now, *key, reply, info, &mut |e| {
-            nat.release(e.orig(), e.reply())
+        let id = match self.ct.insert_vacant(now, vacant, reply, info, &mut |e| {
+            nat.release(&e.orig(), &e.reply())
         }) {
             Ok(id) => id,
             Err(e) => {
                 self.nat.release(key, &reply);
                 return Step::Done(Action::Drop(match e {
                     InsertError::Full => DropReason::CtFull,
-                    InsertError::Exists => DropReason::CtInvalid,
+                    InsertError::Exists | InsertError::ProtoMismatch => DropReason::CtInvalid,
                 }));
             }
         };
@@ -1254,7 +1284,7 @@ impl Worker {
             d.l3_off,
             d.l4_off,
             &to_orig,
-            (info.ip_delta[0], info.l4_delta[0]),
+            rewrite_deltas(&info, Dir::Original),
             adj_out,
         )
     }
@@ -1295,7 +1325,7 @@ impl Worker {
             return Action::Drop(DropReason::TtlExpired);
         }
         let e = self.ct.entry(id);
-        let (orig, reply) = (*e.orig(), *e.reply());
+        let (orig, reply) = (e.orig(), e.reply());
         let adj = e
             .payload()
             .adj

@@ -185,12 +185,7 @@ fn ttl_1_on_an_established_flow_gets_time_exceeded_on_the_fast_path() {
     // The reply direction, from the outside, with TTL 1: the error goes
     // back out of the outside interface, from its address, quoting the
     // packet as the remote sent it (to the pool address).
-    let e = w
-        .conntrack()
-        .iter()
-        .next()
-        .map(|(_, e)| *e.reply())
-        .unwrap();
+    let e = w.conntrack().iter().next().map(|(_, e)| e.reply()).unwrap();
     let mut g = TestFrames::default();
     g.push(OUTSIDE, |b| {
         let n = build_udp4(b, ROUTER_MAC, GW_OUT_MAC, &e, 20).unwrap();
@@ -263,12 +258,7 @@ fn too_big_on_an_established_tcp_flow_gets_frag_needed() {
     });
     w.process(1_000_000, &mut f);
     assert_eq!(f.acts[0], Action::Forward(OUTSIDE));
-    let r = w
-        .conntrack()
-        .iter()
-        .next()
-        .map(|(_, e)| *e.reply())
-        .unwrap();
+    let r = w.conntrack().iter().next().map(|(_, e)| e.reply()).unwrap();
     let mut sa = TestFrames::default();
     sa.push(OUTSIDE, |b| {
         build_tcp4(b, ROUTER_MAC, GW_OUT_MAC, &r, 0x12, 100, 2, 0).unwrap()

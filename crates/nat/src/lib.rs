@@ -53,6 +53,7 @@ pub use error::{ConfigError, NatError, RewriteError};
 pub use event::{NatEvent, NatEventSink, NoopSink, VecSink};
 pub use ports::{owner_of, PortSlice};
 pub use rewrite::{
-    apply_dissected, apply_icmp_error, apply_with, deltas, icmp_error_inner_target, Rewrite4,
+    apply_dissected, apply_icmp_error, apply_with, deltas, icmp_error_inner_target, reverse_delta,
+    Rewrite4,
 };
 pub use worker::{MappingInfo, NatStats, WorkerNat};

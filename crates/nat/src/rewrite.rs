@@ -91,7 +91,65 @@ impl Rewrite4 {
 
 /// The checksum deltas of rewriting `from` into `to`:
 /// `(ip header delta, l4 checksum delta)`.
+///
+/// It runs once for every new connection, so it sums all changed words in
+/// one 64-bit accumulator and folds once, instead of folding after every
+/// word as [`Delta`] does. Both give the same value: an end-around-carry sum of
+/// non-negative terms is 0 only when every term is 0, and otherwise the
+/// value in `1..=0xffff` congruent to the plain sum modulo `0xffff`.
+#[inline]
 pub fn deltas(from: &FlowKey4, to: &FlowKey4) -> (u16, u16) {
+    #[inline(always)]
+    fn w16(old: u16, new: u16) -> u64 {
+        u64::from(!old) + u64::from(new)
+    }
+    #[inline(always)]
+    fn w32(old: u32, new: u32) -> u64 {
+        w16((old >> 16) as u16, (new >> 16) as u16) + w16(old as u16, new as u16)
+    }
+    #[inline(always)]
+    fn fold64(mut s: u64) -> u16 {
+        // At most 10 terms below 2^17: two rounds fold any such sum.
+        s = (s & 0xffff) + (s >> 16);
+        s = (s & 0xffff) + (s >> 16);
+        s as u16
+    }
+    let ip = w32(from.src, to.src) + w32(from.dst, to.dst);
+    let l4 = match to.proto {
+        proto::TCP | proto::UDP => ip + w16(from.sport, to.sport) + w16(from.dport, to.dport),
+        proto::ICMP => w16(from.sport, to.sport),
+        _ => 0,
+    };
+    (fold64(ip), fold64(l4))
+}
+
+/// The delta of the opposite rewrite, from the delta `d` of one rewrite:
+/// if `d = deltas(from, to).0` (or `.1`), then `reverse_delta(d)` is the
+/// corresponding delta of `deltas(&to.reversed(), &from.reversed())`, the
+/// rewrite of the reply direction of a NAT session. The reply direction
+/// changes the same words back, so its sum is the one's complement
+/// negation of `d` (`!d`, with `0xffff` mapping to itself, as the folded
+/// sum of a non-zero total is never `0`).
+///
+/// The one exception is a reverse sum that is exactly zero (every changed
+/// word goes from `0xffff` to `0`, e.g. an ICMP identifier 0xffff -> 0):
+/// the result is then `0xffff` where [`deltas`] gives `0`. Both are one's
+/// complement zero; applied with [`apply_with`] they give the same checksum
+/// except for an incoming checksum field of `0xffff`, which becomes `0`
+/// instead of staying `0xffff`, the other encoding of the same, valid,
+/// checksum (and a UDP checksum is unaffected).
+#[inline]
+pub fn reverse_delta(d: u16) -> u16 {
+    if d == 0xffff {
+        0xffff
+    } else {
+        !d
+    }
+}
+
+/// [`deltas`] word by word with [`Delta`] (the reference in tests).
+#[cfg(test)]
+fn deltas_reference(from: &FlowKey4, to: &FlowKey4) -> (u16, u16) {
     let mut ipd = Delta::default();
     ipd.addr(from.src, to.src);
     ipd.addr(from.dst, to.dst);
@@ -778,6 +836,39 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn deltas_match_word_by_word_folding(
+            a in any::<[u32; 4]>(), p in any::<[u16; 4]>(), pr in 0usize..4,
+        ) {
+            let pr = [proto::TCP, proto::UDP, proto::ICMP, 47][pr];
+            let from = FlowKey4 { src: a[0], dst: a[1], sport: p[0], dport: p[1], proto: pr };
+            let to = FlowKey4 { src: a[2], dst: a[3], sport: p[2], dport: p[3], proto: pr };
+            prop_assert_eq!(deltas(&from, &to), deltas_reference(&from, &to));
+            // Unchanged fields, and changes that cancel out.
+            prop_assert_eq!(deltas(&from, &from), deltas_reference(&from, &from));
+            let swapped = FlowKey4 { src: from.dst, dst: from.src, ..from };
+            prop_assert_eq!(deltas(&from, &swapped), deltas_reference(&from, &swapped));
+        }
+
+        #[test]
+        fn reverse_delta_is_the_delta_of_the_reply_rewrite(
+            a in prop_oneof![any::<[u32; 4]>(), Just([0, 0, u32::MAX, u32::MAX]), Just([u32::MAX; 4]), Just([0; 4])],
+            p in prop_oneof![any::<[u16; 4]>(), Just([0, 0, u16::MAX, u16::MAX]), Just([u16::MAX, u16::MAX, 0, 0])],
+            pr in 0usize..4,
+        ) {
+            let pr = [proto::TCP, proto::UDP, proto::ICMP, 47][pr];
+            // ICMP query keys carry the identifier in both port fields.
+            let icmp = pr == proto::ICMP;
+            let from = FlowKey4 { src: a[0], dst: a[1], sport: p[0], dport: if icmp { p[0] } else { p[1] }, proto: pr };
+            let to = FlowKey4 { src: a[2], dst: a[3], sport: p[2], dport: if icmp { p[2] } else { p[3] }, proto: pr };
+            let (ip, l4) = deltas(&from, &to);
+            let (rip, rl4) = deltas(&to.reversed(), &from.reversed());
+            // Equal, or both one's complement zero (the documented exception).
+            let same = |derived: u16, exact: u16| derived == exact || (derived == 0xffff && exact == 0);
+            prop_assert!(same(reverse_delta(ip), rip), "{ip:#x} {rip:#x}");
+            prop_assert!(same(reverse_delta(l4), rl4), "{l4:#x} {rl4:#x}");
+        }
+
         // Every checksum after `apply` equals a full RFC 1071 recompute.
         #[test]
         fn apply_matches_full_recompute(

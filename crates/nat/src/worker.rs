@@ -60,7 +60,7 @@ fn proto_index(p: u8) -> Option<usize> {
 
 /// The external realm a mapping lives in: a pool, or the address of a
 /// masquerading egress interface.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Realm {
     Pool(u16),
     Masq(u32),
@@ -68,7 +68,7 @@ enum Realm {
 
 /// Internal side of a mapping. `dst_*` are zero under endpoint-independent
 /// mapping.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct MapKey {
     realm: Realm,
     proto: u8,
@@ -80,18 +80,46 @@ struct MapKey {
 
 /// External side of a mapping; unique per worker (and, by the port split,
 /// per gateway).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct ExtKey {
     proto: u8,
     addr: u32,
     port: u16,
 }
 
+// `Hash` by hand for the two mapping keys: packing the fields into a few
+// words hashes in 2-3 writes instead of one write per field (and per enum
+// tag) as `derive(Hash)` does; these are hashed several times for every
+// new connection. Equal keys pack to equal words, as `Hash` requires.
+impl core::hash::Hash for ExtKey {
+    #[inline]
+    fn hash<H: core::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(
+            (u64::from(self.proto) << 48) | (u64::from(self.port) << 32) | u64::from(self.addr),
+        );
+    }
+}
+
+impl core::hash::Hash for MapKey {
+    #[inline]
+    fn hash<H: core::hash::Hasher>(&self, state: &mut H) {
+        let realm = match self.realm {
+            Realm::Pool(p) => u64::from(p),
+            Realm::Masq(a) => (1 << 32) | u64::from(a),
+        };
+        state.write_u64(realm | (u64::from(self.proto) << 40));
+        state.write_u64((u64::from(self.int_addr) << 32) | u64::from(self.dst_addr));
+        state.write_u32((u32::from(self.int_port) << 16) | u32::from(self.dst_port));
+    }
+}
+
 /// Which bitmap an external port came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Space {
-    Pool { pool: u16, map: usize },
-    Masq { slot: u16, map: usize },
+    // `u32`, not `usize`: this sits in every mapping, and 8 bytes less per
+    // mapping is 16 bytes less per `by_ext` bucket.
+    Pool { pool: u16, map: u32 },
+    Masq { slot: u16, map: u32 },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -334,7 +362,7 @@ impl<S: NatEventSink> WorkerNat<S> {
             addr: orig.dst,
             port: orig.dport,
         };
-        let realm = self.by_ext.get(&ext)?.key.realm;
+        let realm = self.get_mapping(&ext)?.key.realm;
         Some(self.snat(orig, realm))
     }
 
@@ -354,7 +382,7 @@ impl<S: NatEventSink> WorkerNat<S> {
             addr: key.dst,
             port: key.dport,
         };
-        let m = self.by_ext.get(&ext)?;
+        let m = self.get_mapping(&ext)?;
         let (int_addr, int_port) = (m.key.int_addr, m.key.int_port);
         if !self.admits(ext, key.src, key.sport) {
             self.stats.filtered += 1;
@@ -450,7 +478,8 @@ impl<S: NatEventSink> WorkerNat<S> {
             addr: u32::from(ext_addr),
             port: ext_port,
         };
-        self.by_ext.get(&ext).map(|m| info(&m.key, ext, m.sessions))
+        self.get_mapping(&ext)
+            .map(|m| info(&m.key, ext, m.sessions))
     }
 
     /// Every mapping of this worker, in no particular order.
@@ -484,6 +513,28 @@ impl<S: NatEventSink> WorkerNat<S> {
 
     // ---- internals -------------------------------------------------------
 
+    /// Can `addr` be the external address of a mapping of this worker? True
+    /// for pool addresses and bound masquerade addresses: a mapping's
+    /// external address is one of those for as long as the mapping lives
+    /// (a masquerade slot stays bound while it has mappings).
+    #[inline]
+    fn is_external(&self, addr: u32) -> bool {
+        self.pool_addr.contains_key(&addr) || self.masq_slots.iter().any(|s| s.addr == Some(addr))
+    }
+
+    /// The mapping with external endpoint `ext`. Checks the (small, cached)
+    /// set of external addresses first, so that the first packet of an
+    /// ordinary outbound connection, whose destination is no external
+    /// address, does not probe the large `by_ext` table (a cache miss per
+    /// new connection once it outgrows the caches).
+    #[inline]
+    fn get_mapping(&self, ext: &ExtKey) -> Option<&Mapping> {
+        if !self.is_external(ext.addr) {
+            return None;
+        }
+        self.by_ext.get(ext)
+    }
+
     fn snat(&mut self, orig: &FlowKey4, realm: Realm) -> Result<FlowKey4, NatError> {
         let pi = proto_index(orig.proto).ok_or(NatError::UnsupportedProtocol)?;
         let icmp = orig.proto == proto::ICMP;
@@ -495,8 +546,7 @@ impl<S: NatEventSink> WorkerNat<S> {
                 addr: orig.dst,
                 port: orig.dport,
             };
-            self.by_ext
-                .get(&ext)
+            self.get_mapping(&ext)
                 .map(|m| (m.key.int_addr, m.key.int_port))
         } else {
             None
@@ -562,8 +612,18 @@ impl<S: NatEventSink> WorkerNat<S> {
                         continue;
                     };
                     let map = ai * PROTOS + pi;
+                    let Ok(map32) = u32::try_from(map) else {
+                        continue;
+                    };
                     if let Some(port) = alloc_port(&mut pool.space, map, addr, &key) {
-                        found = Some((Space::Pool { pool: pid, map }, addr, port));
+                        found = Some((
+                            Space::Pool {
+                                pool: pid,
+                                map: map32,
+                            },
+                            addr,
+                            port,
+                        ));
                         break;
                     }
                 }
@@ -580,15 +640,27 @@ impl<S: NatEventSink> WorkerNat<S> {
                     // The egress address is also a pool address: share its
                     // bitmap so the two can never hand out the same port.
                     let map = ai * PROTOS + pi;
-                    self.pools
-                        .get_mut(usize::from(pid))
-                        .and_then(|p| alloc_port(&mut p.space, map, addr, &key))
-                        .map(|port| (Space::Pool { pool: pid, map }, port))
+                    u32::try_from(map).ok().and_then(|map32| {
+                        self.pools
+                            .get_mut(usize::from(pid))
+                            .and_then(|p| alloc_port(&mut p.space, map, addr, &key))
+                            .map(|port| {
+                                (
+                                    Space::Pool {
+                                        pool: pid,
+                                        map: map32,
+                                    },
+                                    port,
+                                )
+                            })
+                    })
                 } else {
                     let slot = self.masq_slot(addr)?;
                     let map = usize::from(slot) * PROTOS + pi;
-                    alloc_port(&mut self.masq_space, map, addr, &key)
-                        .map(|port| (Space::Masq { slot, map }, port))
+                    u32::try_from(map).ok().and_then(|map32| {
+                        alloc_port(&mut self.masq_space, map, addr, &key)
+                            .map(|port| (Space::Masq { slot, map: map32 }, port))
+                    })
                 };
                 match got {
                     Some((space, port)) => (space, addr, port),
@@ -805,11 +877,11 @@ fn free_port(pools: &mut [PoolState], masq: &mut PortSpace, space: Space, port: 
     match space {
         Space::Pool { pool, map } => {
             if let Some(p) = pools.get_mut(usize::from(pool)) {
-                p.space.release(map, port);
+                p.space.release(map as usize, port);
             }
         }
         Space::Masq { map, .. } => {
-            masq.release(map, port);
+            masq.release(map as usize, port);
         }
     }
 }

@@ -417,7 +417,7 @@ impl Worker {
         {
             Ok(id) => id,
             Err(InsertError::Full) => return drop(DropReason::CtFull),
-            Err(InsertError::Exists) => return drop(DropReason::CtInvalid),
+            Err(InsertError::Exists | InsertError::ProtoMismatch) => return drop(DropReason::CtInvalid),
         };
         self.counters.ct_created += 1;
         let t = self.v6.ct.track(id, Dir::Original, now, ev);
@@ -494,7 +494,7 @@ impl Worker {
         hook: Hook,
     ) -> Option<DropReason> {
         let e = self.v6.ct.entry(id);
-        let key = *e.key(dir);
+        let key = e.key(dir);
         let oif = (hook != Hook::Prerouting)
             .then(|| self.adj.get(usize::from(e.payload().adjacency(dir))))
             .flatten()
