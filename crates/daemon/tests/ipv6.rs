@@ -353,7 +353,7 @@ fn ipv6_with_two_workers_runs_on_worker_0() {
 #[test]
 #[ignore = "needs root + netns; run by .ci/run with --ignored"]
 fn ipv6_with_two_workers_on_af_xdp_runs_on_worker_0() {
-    ipv6_on_worker_0("v6x", "af_xdp");
+    ipv6_on_worker_0("v6y", "af_xdp");
 }
 
 fn ipv6_on_worker_0(tag: &str, backend: &str) {
