@@ -739,19 +739,23 @@ impl Lean {
         }
     }
 
+    /// Whether the packet is in the box. The protocol and the destination
+    /// port, which reject most candidates of a crowded bucket (entries that
+    /// share a key differ mostly there), are checked first.
     #[inline]
     fn holds(&self, k: &LeanKey) -> bool {
+        if !((self.proto[0] <= k.proto)
+            & (k.proto <= self.proto[1])
+            & (self.dport[0] <= k.dport)
+            & (k.dport <= self.dport[1]))
+        {
+            return false;
+        }
         let s = (self.flags & F_SANY != 0)
             | (k.s_v4 & (self.saddr[0] <= k.s4) & (k.s4 <= self.saddr[1]));
         let d = (self.flags & F_DANY != 0)
             | (k.d_v4 & (self.daddr[0] <= k.d4) & (k.d4 <= self.daddr[1]));
-        s & d
-            & (self.proto[0] <= k.proto)
-            & (k.proto <= self.proto[1])
-            & (self.dport[0] <= k.dport)
-            & (k.dport <= self.dport[1])
-            & (self.sport[0] <= k.sport)
-            & (k.sport <= self.sport[1])
+        s & d & (self.sport[0] <= k.sport) & (k.sport <= self.sport[1])
     }
 }
 
@@ -792,9 +796,64 @@ fn tag_of(fp: u64) -> u32 {
     (fp >> 32) as u32
 }
 
+/// The summary word of slot `s`'s list `v` (sorted by position): the
+/// [`bound_of`] its first position in the high half; in the low half the
+/// entries' common tag when they all share one (a *pure* slot), else
+/// `s ^ 1`, which is no tag of the slot (a tag in slot `s` has `s` in its low
+/// bits, and there are at least two slots). `u64::MAX` when the list is
+/// empty.
+fn summary(s: usize, v: &[Ent]) -> u64 {
+    match v.first() {
+        None => u64::MAX,
+        Some(f) => {
+            let pure = v.iter().all(|e| e.tag == f.tag);
+            let x = if pure { f.tag } else { s as u32 ^ 1 };
+            u64::from(bound_of(f.pos)) << 32 | u64::from(x)
+        }
+    }
+}
+
+/// The bound a summary word gives a key of tag `tag` landing in slot `s`:
+/// [`EMPTY`] when the slot is empty or pure with another tag.
+#[inline]
+fn sum_bound(w: u64, tag: u32, s: usize) -> u32 {
+    let x = w as u32;
+    if x == tag || x == s as u32 ^ 1 {
+        (w >> 32) as u32
+    } else {
+        EMPTY
+    }
+}
+
+/// Inserts `h` into `heads[..n]`, kept sorted by bound; returns the new
+/// length (`n` when `heads` is full).
+#[inline]
+fn push_sorted(heads: &mut [Head], n: usize, h: Head) -> usize {
+    let Some(hs) = heads.get_mut(..=n) else {
+        return n;
+    };
+    let mut i = n;
+    while i > 0 {
+        let Some(p) = hs.get(i - 1).copied() else {
+            break;
+        };
+        if p.bound <= h.bound {
+            break;
+        }
+        if let Some(x) = hs.get_mut(i) {
+            *x = p;
+        }
+        i -= 1;
+    }
+    if let Some(x) = hs.get_mut(i) {
+        *x = h;
+    }
+    n + 1
+}
+
 /// Slots for a table of `n` entries: a power of two, load factor 1/2 to 1.
 fn slots_for(n: usize) -> usize {
-    n.max(16).next_power_of_two()
+    (4 * n).max(16).next_power_of_two()
 }
 
 /// A tuple: one hash table for every rule key of one signature (level
@@ -817,7 +876,7 @@ struct Tuple {
     entries: usize,
     /// Slots − 1.
     mask: usize,
-    bounds: Chunks<u32>,
+    sums: Chunks<u64>,
     lists: Chunks<Option<Arc<[Ent]>>>,
 }
 
@@ -847,7 +906,7 @@ impl Tuple {
             max_pos: 0,
             entries: 0,
             mask: n - 1,
-            bounds: Chunks::filled(n, EMPTY),
+            sums: Chunks::filled(n, u64::MAX),
             lists: Chunks::filled(n, None),
         }
     }
@@ -867,9 +926,11 @@ impl Tuple {
         tag as usize & self.mask
     }
 
+    /// The summary bound of slot `s` for a key of tag `tag`: [`EMPTY`] when
+    /// the slot holds no entry of that tag as far as the summary tells.
     #[inline]
-    fn bound(&self, s: usize) -> u32 {
-        self.bounds.get(s).copied().unwrap_or(EMPTY)
+    fn bound(&self, s: usize, tag: u32) -> u32 {
+        sum_bound(self.sums.get(s).copied().unwrap_or(u64::MAX), tag, s)
     }
 
     #[inline]
@@ -888,8 +949,8 @@ impl Tuple {
 
     /// Replaces slot `s` with `v` (sorted by position) and updates its bound.
     fn set_list(&mut self, s: usize, v: Vec<Ent>) {
-        if let Some(b) = self.bounds.get_mut(s) {
-            *b = v.first().map_or(EMPTY, |e| bound_of(e.pos));
+        if let Some(b) = self.sums.get_mut(s) {
+            *b = summary(s, &v);
         }
         if let Some(l) = self.lists.get_mut(s) {
             *l = if v.is_empty() { None } else { Some(v.into()) };
@@ -927,7 +988,7 @@ impl Tuple {
         let i = v.partition_point(|e| e.pos < pos);
         v.insert(i, Ent::new(fp, pos, rule));
         self.set_list(s, v);
-        if self.entries > 2 * (self.mask + 1) {
+        if 2 * self.entries > self.mask + 1 {
             self.resize();
         }
     }
@@ -966,7 +1027,7 @@ impl Tuple {
         }
         let n = slots_for(ents.len());
         self.mask = n - 1;
-        self.bounds = Chunks::filled(n, EMPTY);
+        self.sums = Chunks::filled(n, u64::MAX);
         self.lists = Chunks::filled(n, None);
         self.fill(ents);
     }
@@ -1136,27 +1197,31 @@ impl CChain {
     ) -> Option<(u64, &CRule)> {
         let lh = self.lane_hashes(p);
         // Phase 1: fingerprint and summary bound of every tuple (independent
-        // loads, overlapped by the CPU).
-        heads.clear();
+        // loads, overlapped by the CPU), kept sorted by bound.
+        if heads.len() < self.tuples.len() {
+            heads.resize(self.tuples.len(), Head::default());
+        }
+        let mut n = 0;
         for (ti, t) in self.tuples.iter().enumerate() {
             if t.max_pos < start {
                 continue;
             }
             let tag = tag_of(t.fingerprint(&lh));
-            let b = t.bound(t.slot(tag));
+            let b = t.bound(t.slot(tag), tag);
             if b != EMPTY {
-                heads.push(Head {
+                let h = Head {
                     bound: b,
                     tag,
                     tuple: ti as u32,
-                });
+                };
+                n = push_sorted(heads, n, h);
             }
         }
-        self.resolve(p, start, heads)
+        self.resolve(p, start, heads.get(..n).unwrap_or(&[]))
     }
 
     /// Batch stage 1 (start 0): the tag of every tuple for `p` into `tags`,
-    /// with a prefetch of the summary bound and the list reference of its
+    /// with a prefetch of the summary word and the list reference of its
     /// slot.
     #[inline]
     fn stage_tags(&self, p: &PacketFields, tags: &mut [u32]) {
@@ -1164,7 +1229,7 @@ impl CChain {
         for (t, out) in self.tuples.iter().zip(tags.iter_mut()) {
             let tag = tag_of(t.fingerprint(&lh));
             let s = t.slot(tag);
-            if let Some(b) = t.bounds.get(s) {
+            if let Some(b) = t.sums.get(s) {
                 sluice_io::mem::prefetch(b);
             }
             if let Some(l) = t.lists.get(s) {
@@ -1175,56 +1240,43 @@ impl CChain {
     }
 
     /// Batch stage 2: the candidate heads of one packet from its `tags`
-    /// (as [`Self::first_match`] builds them with `start` 0), with a
-    /// prefetch of the first entry of every candidate slot. Returns how
-    /// many heads were written.
+    /// (as [`Self::first_match`] builds them with `start` 0, sorted by
+    /// bound), with a prefetch of the first entry of every candidate slot.
+    /// Returns how many heads were written.
     #[inline]
     fn stage_heads(&self, tags: &[u32], heads: &mut [Head]) -> usize {
         let mut n = 0;
         for (ti, (t, tag)) in self.tuples.iter().zip(tags.iter()).enumerate() {
             let s = t.slot(*tag);
-            let b = t.bound(s);
+            let b = t.bound(s, *tag);
             if b != EMPTY {
                 if let Some(e) = t.list(s).first() {
                     sluice_io::mem::prefetch(e);
                 }
-                if let Some(h) = heads.get_mut(n) {
-                    *h = Head {
-                        bound: b,
-                        tag: *tag,
-                        tuple: ti as u32,
-                    };
-                    n += 1;
-                }
+                let h = Head {
+                    bound: b,
+                    tag: *tag,
+                    tuple: ti as u32,
+                };
+                n = push_sorted(heads, n, h);
             }
         }
         n
     }
 
-    /// Phase 2: visits the candidate slots in increasing bound and scans each
-    /// one up to the best match so far; stops when the next bound is not
-    /// below it. Every entry below the best is verified, so the result is the
-    /// lowest-positioned match. `heads` is used as scratch (reordered).
+    /// Phase 2: visits the candidate slots `heads` (sorted by bound) in
+    /// order and scans each one up to the best match so far; stops when the
+    /// next bound is not below it. Every entry below the best is verified,
+    /// so the result is the lowest-positioned match.
     #[inline(always)]
-    fn resolve(&self, p: &PacketFields, start: u64, heads: &mut [Head]) -> Option<(u64, &CRule)> {
+    fn resolve(&self, p: &PacketFields, start: u64, heads: &[Head]) -> Option<(u64, &CRule)> {
         let k = LeanKey::of(p);
         let mut best = u64::MAX;
         let mut hit: Option<&CRule> = None;
-        let mut live = heads;
-        while let Some(mut hd) = live.first().copied() {
-            let mut at = 0;
-            for (i, x) in live.iter().enumerate().skip(1) {
-                let less = x.bound < hd.bound;
-                hd = if less { *x } else { hd };
-                at = if less { i } else { at };
-            }
+        for hd in heads {
             if u64::from(hd.bound) << 32 >= best {
                 break;
             }
-            // Remove the visited head: move the last one into its place.
-            let last = live.len() - 1;
-            live.swap(at, last);
-            live = live.split_at_mut(last).0;
             let Some(t) = self.tuples.get(hd.tuple as usize) else {
                 continue;
             };
@@ -1711,7 +1763,7 @@ impl Classifier {
         loop {
             let m = match pre.take() {
                 Some((a, n)) => {
-                    let hs = s.bheads.get_mut(a..a + n).unwrap_or_default();
+                    let hs = s.bheads.get(a..a + n).unwrap_or_default();
                     self.chains
                         .get(base.0 as usize)
                         .and_then(|c| c.resolve(&p, 0, hs))
@@ -1884,5 +1936,106 @@ mod tests {
             c.insert_rule(a, Placement::Back, &r(1, Verdict::Accept)),
             Err(UpdateError::DuplicateRule(RuleId(1)))
         );
+    }
+}
+
+#[cfg(test)]
+mod stats {
+    use super::*;
+    use crate::bench::Shape;
+
+    /// Per-lookup averages (single lookups from the first rule).
+    /// `cargo test --release -p sluice-classify lookup_stats -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn lookup_stats() {
+        for shape in [Shape::Seed001, Shape::ClassBench] {
+            for n in [20usize, 100, 1_000, 10_000, 100_000] {
+                let (prog, pkts) = shape.build(n, 4096);
+                let c = Classifier::compile(&prog).unwrap();
+                let ch = c.chains.get(0).unwrap();
+                let (mut heads_n, mut visited, mut scanned, mut tagok, mut full, mut empty_b) =
+                    (0usize, 0usize, 0usize, 0usize, 0usize, 0usize);
+                let mut heads = Vec::new();
+                let mut ents = 0usize;
+                let mut slots = 0usize;
+                let mut maxlist = 0usize;
+                let mut fail = [0usize; 5];
+                for t in &ch.tuples {
+                    ents += t.entries;
+                    slots += t.mask + 1;
+                    for s in 0..=t.mask {
+                        maxlist = maxlist.max(t.list(s).len());
+                    }
+                }
+                for p in &pkts {
+                    let lh = ch.lane_hashes(p);
+                    heads.clear();
+                    for (ti, t) in ch.tuples.iter().enumerate() {
+                        let tag = tag_of(t.fingerprint(&lh));
+                        let b = t.bound(t.slot(tag), tag);
+                        if b != EMPTY {
+                            heads.push(Head {
+                                bound: b,
+                                tag,
+                                tuple: ti as u32,
+                            });
+                        } else {
+                            empty_b += 1;
+                        }
+                    }
+                    heads_n += heads.len();
+                    heads.sort_by_key(|h| h.bound);
+                    let k = LeanKey::of(p);
+                    let mut best = u64::MAX;
+                    for hd in &heads {
+                        if u64::from(hd.bound) << 32 >= best {
+                            break;
+                        }
+                        visited += 1;
+                        let t = &ch.tuples[hd.tuple as usize];
+                        for e in t.list(t.slot(hd.tag)) {
+                            if e.pos >= best {
+                                break;
+                            }
+                            scanned += 1;
+                            if e.tag == hd.tag {
+                                tagok += 1;
+                                if e.lean.holds(&k) && e.lean.flags & F_FULL != 0 {
+                                    full += 1;
+                                }
+                                let l = &e.lean;
+                                let r = [
+                                    !((l.flags & F_SANY != 0)
+                                        | (k.s_v4 & (l.saddr[0] <= k.s4) & (k.s4 <= l.saddr[1]))),
+                                    !((l.flags & F_DANY != 0)
+                                        | (k.d_v4 & (l.daddr[0] <= k.d4) & (k.d4 <= l.daddr[1]))),
+                                    !((l.proto[0] <= k.proto) & (k.proto <= l.proto[1])),
+                                    !((l.sport[0] <= k.sport) & (k.sport <= l.sport[1])),
+                                    !((l.dport[0] <= k.dport) & (k.dport <= l.dport[1])),
+                                ];
+                                for (f, x) in fail.iter_mut().zip(r) {
+                                    *f += x as usize;
+                                }
+                                if e.matches(&k, p) {
+                                    best = e.pos;
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                }
+                let f = pkts.len() as f64;
+                println!(
+                    "{:<10} {n:>6} tuples {:>2} lanes {:>2} ents {:>7} slots {:>7} maxlist {:>3} | heads {:.2} empty {:.2} visited {:.2} scanned {:.2} tagok {:.2} full {:.2}",
+                    shape.name(), ch.tuples.len(), ch.lanes.len(), ents, slots, maxlist,
+                    heads_n as f64 / f, empty_b as f64 / f, visited as f64 / f, scanned as f64 / f, tagok as f64 / f, full as f64 / f
+                );
+                println!(
+                    "   fail s/d/proto/sport/dport {:?}",
+                    fail.map(|x| x as f64 / f)
+                );
+            }
+        }
     }
 }
