@@ -1196,15 +1196,34 @@ impl CChain {
         heads: &mut Vec<Head>,
     ) -> Option<(u64, &CRule)> {
         let lh = self.lane_hashes(p);
-        // Phase 1: fingerprint and summary bound of every tuple (independent
-        // loads, overlapped by the CPU), kept sorted by bound.
         if heads.len() < self.tuples.len() {
             heads.resize(self.tuples.len(), Head::default());
         }
-        let mut n = 0;
+        let k = LeanKey::of(p);
+        let mut best = u64::MAX;
+        let mut hit: Option<&CRule> = None;
+        // Pending candidate slots: heads[lo..n], sorted by bound. Tuples come
+        // by increasing `min_pos`: before a tuple is probed, every pending
+        // slot that starts below its `min_pos` is visited, and once the best
+        // match is at or below it, neither it nor any later tuple can hold a
+        // better one (priority-sorted tuple search).
+        let (mut lo, mut n) = (0usize, 0usize);
         for (ti, t) in self.tuples.iter().enumerate() {
             if t.max_pos < start {
                 continue;
+            }
+            while lo < n {
+                let Some(hd) = heads.get(lo).copied() else {
+                    break;
+                };
+                if u64::from(hd.bound) << 32 >= t.min_pos.min(best) {
+                    break;
+                }
+                lo += 1;
+                self.visit(hd, start, &k, p, &mut best, &mut hit);
+            }
+            if best <= t.min_pos {
+                return hit.map(|r| (best, r));
             }
             let tag = tag_of(t.fingerprint(&lh));
             let b = t.bound(t.slot(tag), tag);
@@ -1214,10 +1233,51 @@ impl CChain {
                     tag,
                     tuple: ti as u32,
                 };
-                n = push_sorted(heads, n, h);
+                if let Some(pend) = heads.get_mut(lo..) {
+                    n = lo + push_sorted(pend, n - lo, h);
+                }
             }
         }
-        self.resolve(p, start, heads.get(..n).unwrap_or(&[]))
+        for hd in heads.get(lo..n).unwrap_or(&[]) {
+            if u64::from(hd.bound) << 32 >= best {
+                break;
+            }
+            self.visit(*hd, start, &k, p, &mut best, &mut hit);
+        }
+        hit.map(|r| (best, r))
+    }
+
+    /// Scans the slot of head `hd` for a match at or after `start` and
+    /// below `best`; the first one found becomes the best.
+    #[inline(always)]
+    fn visit<'a>(
+        &'a self,
+        hd: Head,
+        start: u64,
+        k: &LeanKey,
+        p: &PacketFields,
+        best: &mut u64,
+        hit: &mut Option<&'a CRule>,
+    ) {
+        let Some(t) = self.tuples.get(hd.tuple as usize) else {
+            return;
+        };
+        let es = t.list(t.slot(hd.tag));
+        let from = if start > 0 {
+            es.partition_point(|e| e.pos < start)
+        } else {
+            0
+        };
+        for e in es.get(from..).unwrap_or(&[]) {
+            if e.pos >= *best {
+                break;
+            }
+            if e.tag == hd.tag && e.matches(k, p) {
+                *best = e.pos;
+                *hit = Some(&e.rule);
+                break;
+            }
+        }
     }
 
     /// Batch stage 1 (start 0): the tag of every tuple for `p` into `tags`,
@@ -1277,25 +1337,7 @@ impl CChain {
             if u64::from(hd.bound) << 32 >= best {
                 break;
             }
-            let Some(t) = self.tuples.get(hd.tuple as usize) else {
-                continue;
-            };
-            let es = t.list(t.slot(hd.tag));
-            let from = if start > 0 {
-                es.partition_point(|e| e.pos < start)
-            } else {
-                0
-            };
-            for e in es.get(from..).unwrap_or(&[]) {
-                if e.pos >= best {
-                    break;
-                }
-                if e.tag == hd.tag && e.matches(&k, p) {
-                    best = e.pos;
-                    hit = Some(&e.rule);
-                    break;
-                }
-            }
+            self.visit(*hd, start, &k, p, &mut best, &mut hit);
         }
         hit.map(|r| (best, r))
     }
@@ -2035,6 +2077,17 @@ mod stats {
                     "   fail s/d/proto/sport/dport {:?}",
                     fail.map(|x| x as f64 / f)
                 );
+                if n >= 10_000 {
+                    for t in &ch.tuples {
+                        println!(
+                            "     sig {:?} ents {} min {} max {}",
+                            t.sig,
+                            t.entries,
+                            t.min_pos / GAP,
+                            t.max_pos / GAP
+                        );
+                    }
+                }
             }
         }
     }
