@@ -167,8 +167,8 @@ const SEED: u64 = 0x243f_6a88_85a3_08d3;
 const MAX_LANES: usize = 16;
 /// Packets per group of [`Classifier::eval_batch`].
 pub const BATCH: usize = 32;
-/// Summary bound of an empty slot.
-const EMPTY: u32 = u32::MAX;
+/// Summary bound of an empty slot (bounds are 24 bits).
+const EMPTY: u32 = 0xff_ffff;
 
 type Sig = [u8; NDIM];
 
@@ -201,10 +201,13 @@ fn finish(h: u64) -> u64 {
     h ^ (h >> 29)
 }
 
-/// Summary bound of a position: a lower bound, coarse (the high 32 bits).
+/// Summary bound of a position: a lower bound, coarse (the high 32 bits,
+/// saturated to 24 bits: rule positions stay below `2^24 · GAP` unless a
+/// chain holds millions of rules, and a saturated bound is still a lower
+/// bound).
 #[inline]
 fn bound_of(pos: u64) -> u32 {
-    ((pos >> 32) as u32).min(EMPTY - 1)
+    (pos >> 32).min(u64::from(EMPTY - 1)) as u32
 }
 
 /// Errors of compile and update operations.
@@ -796,30 +799,37 @@ fn tag_of(fp: u64) -> u32 {
     (fp >> 32) as u32
 }
 
-/// The summary word of slot `s`'s list `v` (sorted by position): the
-/// [`bound_of`] its first position in the high half; in the low half the
-/// entries' common tag when they all share one (a *pure* slot), else
-/// `s ^ 1`, which is no tag of the slot (a tag in slot `s` has `s` in its low
-/// bits, and there are at least two slots). `u64::MAX` when the list is
-/// empty.
-fn summary(s: usize, v: &[Ent]) -> u64 {
+/// The 8-bit tag check of a summary word: the top byte of the tag (above
+/// the slot bits of any table under 2^24 slots), never 0.
+#[inline]
+fn tag8(tag: u32) -> u32 {
+    let x = tag >> 24;
+    x | u32::from(x == 0)
+}
+
+/// The summary word of a slot list `v` (sorted by position), 4 bytes: the
+/// [`bound_of`] its first position in the high 24 bits; in the low byte the
+/// [`tag8`] of the entries' common tag when they all share one (a *pure*
+/// slot), else 0. `u32::MAX` when the list is empty.
+fn summary(v: &[Ent]) -> u32 {
     match v.first() {
-        None => u64::MAX,
+        None => u32::MAX,
         Some(f) => {
             let pure = v.iter().all(|e| e.tag == f.tag);
-            let x = if pure { f.tag } else { s as u32 ^ 1 };
-            u64::from(bound_of(f.pos)) << 32 | u64::from(x)
+            let x = if pure { tag8(f.tag) } else { 0 };
+            bound_of(f.pos) << 8 | x
         }
     }
 }
 
-/// The bound a summary word gives a key of tag `tag` landing in slot `s`:
-/// [`EMPTY`] when the slot is empty or pure with another tag.
+/// The bound a summary word gives a key of tag `tag` landing in its slot:
+/// [`EMPTY`] when the slot is empty, or pure with a tag of another check
+/// byte (so certainly another tag).
 #[inline]
-fn sum_bound(w: u64, tag: u32, s: usize) -> u32 {
-    let x = w as u32;
-    if x == tag || x == s as u32 ^ 1 {
-        (w >> 32) as u32
+fn sum_bound(w: u32, tag: u32) -> u32 {
+    let x = w & 0xff;
+    if x == 0 || x == tag8(tag) {
+        w >> 8
     } else {
         EMPTY
     }
@@ -853,7 +863,7 @@ fn push_sorted(heads: &mut [Head], n: usize, h: Head) -> usize {
 
 /// Slots for a table of `n` entries: a power of two, load factor 1/2 to 1.
 fn slots_for(n: usize) -> usize {
-    (4 * n).max(16).next_power_of_two()
+    n.max(16).next_power_of_two()
 }
 
 /// A tuple: one hash table for every rule key of one signature (level
@@ -876,7 +886,7 @@ struct Tuple {
     entries: usize,
     /// Slots − 1.
     mask: usize,
-    sums: Chunks<u64>,
+    sums: Chunks<u32>,
     lists: Chunks<Option<Arc<[Ent]>>>,
 }
 
@@ -906,7 +916,7 @@ impl Tuple {
             max_pos: 0,
             entries: 0,
             mask: n - 1,
-            sums: Chunks::filled(n, u64::MAX),
+            sums: Chunks::filled(n, u32::MAX),
             lists: Chunks::filled(n, None),
         }
     }
@@ -930,7 +940,7 @@ impl Tuple {
     /// the slot holds no entry of that tag as far as the summary tells.
     #[inline]
     fn bound(&self, s: usize, tag: u32) -> u32 {
-        sum_bound(self.sums.get(s).copied().unwrap_or(u64::MAX), tag, s)
+        sum_bound(self.sums.get(s).copied().unwrap_or(u32::MAX), tag)
     }
 
     #[inline]
@@ -950,7 +960,7 @@ impl Tuple {
     /// Replaces slot `s` with `v` (sorted by position) and updates its bound.
     fn set_list(&mut self, s: usize, v: Vec<Ent>) {
         if let Some(b) = self.sums.get_mut(s) {
-            *b = summary(s, &v);
+            *b = summary(&v);
         }
         if let Some(l) = self.lists.get_mut(s) {
             *l = if v.is_empty() { None } else { Some(v.into()) };
@@ -988,7 +998,7 @@ impl Tuple {
         let i = v.partition_point(|e| e.pos < pos);
         v.insert(i, Ent::new(fp, pos, rule));
         self.set_list(s, v);
-        if 2 * self.entries > self.mask + 1 {
+        if self.entries > self.mask + 1 {
             self.resize();
         }
     }
@@ -1027,7 +1037,7 @@ impl Tuple {
         }
         let n = slots_for(ents.len());
         self.mask = n - 1;
-        self.sums = Chunks::filled(n, u64::MAX);
+        self.sums = Chunks::filled(n, u32::MAX);
         self.lists = Chunks::filled(n, None);
         self.fill(ents);
     }
