@@ -628,7 +628,7 @@ fn key_in(t: &Sig, k: &NatKey) -> u64 {
 /// Collision limit: a key is filed in the most specific existing tuple that
 /// it fits and whose bucket for it holds fewer entries than this; when there
 /// is none, in the tuple of its own signature (TupleMerge's placement rule).
-const COLLIDE: usize = 8;
+const COLLIDE: usize = 32;
 
 /// Files the natural keys of one rule (see [`COLLIDE`]); `sigs` are the
 /// chain's tuples by decreasing specificity and `load(t, fp)` the entries of
@@ -2013,6 +2013,7 @@ mod stats {
                 let mut slots = 0usize;
                 let mut maxlist = 0usize;
                 let mut fail = [0usize; 5];
+                let mut probed = 0usize;
                 for t in &ch.tuples {
                     ents += t.entries;
                     slots += t.mask + 1;
@@ -2037,6 +2038,10 @@ mod stats {
                         }
                     }
                     heads_n += heads.len();
+                    let bestpos = ch
+                        .first_match(p, 0, &mut Vec::new())
+                        .map_or(u64::MAX, |x| x.0);
+                    probed += ch.tuples.iter().filter(|t| t.min_pos < bestpos).count();
                     heads.sort_by_key(|h| h.bound);
                     let k = LeanKey::of(p);
                     let mut best = u64::MAX;
@@ -2084,8 +2089,9 @@ mod stats {
                     heads_n as f64 / f, empty_b as f64 / f, visited as f64 / f, scanned as f64 / f, tagok as f64 / f, full as f64 / f
                 );
                 println!(
-                    "   fail s/d/proto/sport/dport {:?}",
-                    fail.map(|x| x as f64 / f)
+                    "   fail s/d/proto/sport/dport {:?} probed {:.2}",
+                    fail.map(|x| x as f64 / f),
+                    probed as f64 / f
                 );
                 if n >= 10_000 {
                     for t in &ch.tuples {
