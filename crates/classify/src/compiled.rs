@@ -1254,8 +1254,14 @@ impl CChain {
                 return hit.map(|r| (best, r));
             }
             let tag = tag_of(t.fingerprint(&lh));
-            let b = t.bound(t.slot(tag), tag);
+            let s = t.slot(tag);
+            let b = t.bound(s, tag);
             if b != EMPTY {
+                // The slot is likely visited: start loading its list while
+                // the next tuples are probed.
+                if let Some(l) = t.lists.get(s) {
+                    sluice_io::mem::prefetch(l);
+                }
                 let h = Head {
                     bound: b,
                     tag,
