@@ -84,29 +84,45 @@
 //!
 //! # Cost model
 //!
-//! A lookup costs (lanes hashed) + (tuples × one summary load) + (slots
-//! visited × (one list load + entries scanned × one inline verification)).
-//! The tuple count is bounded by the ladder, and collision-limited placement
-//! keeps it low, but it still grows with the rule count as more level
-//! combinations are needed (ClassBench-style: 6 → 13 → 18 at 20 → 10 000 →
-//! 100 000 rules). Entries scanned per lookup stay small (about 1.4 at 20
-//! rules, 8 at 10 000, 10 at 100 000: buckets hold at most `COLLIDE`
-//! entries, except rules that share a natural key). Measured with callgrind
-//! (ClassBench shape, 4096 trace-style headers): about 990 instructions per
-//! packet at 20 rules, 2000 at 10 000, 2500 at 100 000. At 100 000 rules the
-//! tables (≈ 10 MB) no longer fit in L2, and the dependent misses of the
-//! visited slots (bound → list → entries → matched rule) dominate: the time
-//! ratio to 20 rules is then well above the instruction ratio. The seed-001
-//! shape (one tuple) stays flat at about 1x. Measure with
-//! `cargo run --release -p sluice-classify --example measure`.
+//! A lookup costs (lanes hashed) + (tuples probed × one summary load) +
+//! (slots visited × (one list load + entries scanned × one inline
+//! verification)). The tuple count grows with the rule count as more level
+//! combinations are needed (ClassBench-style: 6 → 8 → 10 → 11 → 16 at
+//! 20 → 100 → 1 000 → 10 000 → 100 000 rules), but priority-sorted probing
+//! stops early: 3.6 → 6.4 → 8.0 → 8.2 → 8.8 tuples probed per lookup.
+//! Candidate slots visited stay about 1–2.3, entries scanned grow with the
+//! crowding of the shared keys (1.0 → 1.6 → 4.1 → 7.2 → 10.2; most are
+//! rejected by the protocol or destination-port compare). Averages from the
+//! ignored test `lookup_stats` (`cargo test --release -p sluice-classify
+//! --lib lookup_stats -- --ignored --nocapture`).
 //!
+//! Measured with callgrind (`examples/probe.rs`, rounds 6 − 1, ClassBench
+//! shape, 4096 trace-style headers), instructions per packet at 20 / 100 /
+//! 1 000 / 10 000 / 100 000 rules: 917 / 1201 / 1526 / 1716 / 1911 (before
+//! the summary check byte, the priority-sorted probing and the collision
+//! limit 32: 982 / 1210 / 1546 / 1995 / 2509), so 1.9x the 20-rule count at
+//! 10 000 rules and 2.1x at 100 000 (were 2.0x and 2.6x). The seed-001 shape
+//! (one tuple) stays flat at about 550. The instruction ratio is not the
+//! time ratio: with 4096 headers the lines a lookup touches (the header
+//! itself, about 1.5 L2 misses per packet once the tables compete for L2,
+//! the summary words of the probed tuples, the visited lists and entries,
+//! the matched rule) no longer fit in a 512 KB L2 from about 10 000 rules
+//! (callgrind's cache model: 4.0 L2 misses per packet at 10 000 rules, 6.3
+//! at 100 000, none at 20; before: 5.1 and 8.7). On the shared 2-vCPU VM
+//! (2026-11-22, minima of interleaved runs) the wall-clock ratio to 20
+//! rules is 2.6–3.5x at 10 000 and 3.3–6x at 100 000 (before: 2.9–4.1x and
+//! 5.8–8.8x); the absolute time at those sizes dropped by 35–45 %. Measure
+//! with `cargo run --release -p sluice-classify --example measure`.
+//!
+//! A lookup prefetches the list reference of every candidate slot when it
+//! finds it, so the list miss overlaps the probes of the remaining tuples.
 //! [`Classifier::eval_batch`] runs the same lookup over groups of [`BATCH`]
 //! packets in three passes (hash all and prefetch every tuple's summary
-//! slot; read the bounds and prefetch each candidate slot's first entry;
-//! resolve), so the misses of a group overlap. It costs about 20–29 % more
-//! instructions (cachegrind: 1184 / 2498 / 3226 per packet at 20 / 10 000 /
-//! 100 000 ClassBench rules against 981 / 1994 / 2509 single) and is
-//! reported as a separate figure.
+//! slot; read the summaries and prefetch each candidate slot's first
+//! entry; resolve), so the misses of a group overlap; it probes every
+//! tuple (no early stop), so it costs more instructions (callgrind: 1161 /
+//! 1957 / 2701 per packet at 20 / 10 000 / 100 000 ClassBench rules; before:
+//! 1181 / 2487 / 3210) and is reported as a separate figure.
 //!
 //! The evaluation loop is the same as the reference evaluator's: a
 //! non-terminal rule runs its statements (a mark change is visible to the
