@@ -26,31 +26,49 @@
 //!   dimensions that would exceed the cap stay wildcard). TupleMerge's
 //!   placement: a key is filed in the most specific existing tuple whose
 //!   levels are all at most its own and whose bucket for it holds fewer than
-//!   `COLLIDE` (8) entries; only when there is none does it get (or create) the
-//!   tuple of its natural signature. So rules share few tuples (ClassBench-
-//!   style sets: 6 at 20 rules, 13 at 10 000, 18 at 100 000; the ladder bounds
-//!   them at 32), and a bucket holds at most `COLLIDE` entries unless that
-//!   many rules share a natural key. Where each key went is kept with the
-//!   rule, so delete and relabel find it. Everything not indexed (the
-//!   protocol, ranges that round to 0, masks, flags, ct mark, concat sets, the
-//!   part of a prefix below its level) is checked by verifying each candidate
-//!   against the whole rule, so fingerprint collisions and coarse keys are
-//!   harmless.
+//!   `COLLIDE` (32) entries; only when there is none does it get (or create)
+//!   the tuple of its natural signature. So rules share few tuples
+//!   (ClassBench-style sets: 6 at 20 rules, 11 at 10 000, 16 at 100 000),
+//!   and a bucket holds at most `COLLIDE` entries unless that many rules
+//!   share a natural key. The limit is high because a crowded bucket costs
+//!   little: it is sorted by position and cut short at the best match so
+//!   far, while every extra tuple costs every lookup a probe (8 gave 13 and
+//!   18 tuples and 6–9 % more instructions per lookup at 10 000 and
+//!   100 000 rules; 4 was worse still, 64 no better than 32). Where each key
+//!   went is kept with the rule, so delete and relabel find it. Everything
+//!   not indexed (the protocol, ranges that round to 0, masks, flags, ct
+//!   mark, concat sets, the part of a prefix below its level) is checked by
+//!   verifying each candidate against the whole rule, so fingerprint
+//!   collisions and coarse keys are harmless.
 //! * A table is open hashing by *slot* (the low bits of the fingerprint's high
-//!   half; one slot per entry, rounded up to a power of two): slot `s` holds,
-//!   sorted by position, every entry whose key lands there. An entry (48
-//!   bytes) carries its position, the key's 32-bit tag, the rule's 5-tuple box
-//!   in IPv4 form, and the rule: most verifications are a few compares on
-//!   the entry's own cache line, and the rule is read only when it has IPv6
-//!   bounds or conditions outside the 5-tuple. The *summary* is `bounds[s]`,
-//!   4 bytes per slot (so the summaries of all tuples stay cache resident):
-//!   the high half of the first position of slot `s`, exact after every
-//!   update.
-//! * A lookup hashes the packet once per (field, level) lane, combines the
-//!   lane hashes per tuple, reads the bound of every tuple's slot (independent
-//!   loads), then visits the slots in increasing bound, scanning each one up
-//!   to the best match found so far, and stops when the next bound is not
-//!   below it.
+//!   half; one slot per entry, rounded up to a power of two, load 1/2 to 1):
+//!   slot `s` holds, sorted by position, every entry whose key lands there.
+//!   An entry (48 bytes) carries its position, the key's 32-bit tag, the
+//!   rule's 5-tuple box in IPv4 form, and the rule: most verifications are a
+//!   few compares on the entry's own cache line (protocol and destination
+//!   port first: they reject most candidates), and the rule is read only
+//!   when it has IPv6 bounds or conditions outside the 5-tuple. The
+//!   *summary* is `sums[s]`, 4 bytes per slot (so the summaries of all
+//!   tuples stay cache resident: 0.6 MB at 100 000 ClassBench rules): the
+//!   high 32 bits of the first position of slot `s` (saturated to 24 bits),
+//!   and a check byte, the top byte of the tag when every entry of the slot
+//!   has one tag (a *pure* slot), else 0. A key whose check byte differs from
+//!   a pure slot's is certainly absent, so a slot shared with another key is
+//!   skipped without reading its list. Both are exact after every update.
+//! * A lookup hashes the packet once per (field, level) lane and takes the
+//!   tuples in increasing `min_pos` (their first position): before probing a
+//!   tuple (combine its lanes, read its summary word), it visits every
+//!   pending candidate slot whose bound is below that tuple's `min_pos`, in
+//!   increasing bound, scanning each up to the best match found so far; once
+//!   the best match is at or before the next tuple's `min_pos`, no later
+//!   tuple can hold a better one and the lookup ends without probing them
+//!   (the priority-sorted subtables of Open vSwitch's classifier, Pfaff et
+//!   al., NSDI 2015, with TupleMerge's pruning, here on first positions).
+//!   The remaining candidates are visited in increasing bound until the next
+//!   bound is not below the best match. ClassBench-style sets put
+//!   address-wildcard rules last, so their tuples start late and a packet
+//!   decided by an address-specific rule never probes them (8.2 of 11
+//!   tuples probed on average at 10 000 rules, 8.8 of 16 at 100 000).
 //! * Rule order is kept as sparse `u64` positions (initially 2^32 apart;
 //!   an insertion takes the midpoint). When no gap is left, a window of
 //!   neighbours is widened by doubling until it is sparse enough and relabelled
@@ -66,29 +84,45 @@
 //!
 //! # Cost model
 //!
-//! A lookup costs (lanes hashed) + (tuples × one summary load) + (slots
-//! visited × (one list load + entries scanned × one inline verification)).
-//! The tuple count is bounded by the ladder, and collision-limited placement
-//! keeps it low, but it still grows with the rule count as more level
-//! combinations are needed (ClassBench-style: 6 → 13 → 18 at 20 → 10 000 →
-//! 100 000 rules). Entries scanned per lookup stay small (about 1.4 at 20
-//! rules, 8 at 10 000, 10 at 100 000: buckets hold at most `COLLIDE`
-//! entries, except rules that share a natural key). Measured with callgrind
-//! (ClassBench shape, 4096 trace-style headers): about 990 instructions per
-//! packet at 20 rules, 2000 at 10 000, 2500 at 100 000. At 100 000 rules the
-//! tables (≈ 10 MB) no longer fit in L2, and the dependent misses of the
-//! visited slots (bound → list → entries → matched rule) dominate: the time
-//! ratio to 20 rules is then well above the instruction ratio. The seed-001
-//! shape (one tuple) stays flat at about 1x. Measure with
-//! `cargo run --release -p sluice-classify --example measure`.
+//! A lookup costs (lanes hashed) + (tuples probed × one summary load) +
+//! (slots visited × (one list load + entries scanned × one inline
+//! verification)). The tuple count grows with the rule count as more level
+//! combinations are needed (ClassBench-style: 6 → 8 → 10 → 11 → 16 at
+//! 20 → 100 → 1 000 → 10 000 → 100 000 rules), but priority-sorted probing
+//! stops early: 3.6 → 6.4 → 8.0 → 8.2 → 8.8 tuples probed per lookup.
+//! Candidate slots visited stay about 1–2.3, entries scanned grow with the
+//! crowding of the shared keys (1.0 → 1.6 → 4.1 → 7.2 → 10.2; most are
+//! rejected by the protocol or destination-port compare). Averages from the
+//! ignored test `lookup_stats` (`cargo test --release -p sluice-classify
+//! --lib lookup_stats -- --ignored --nocapture`).
 //!
+//! Measured with callgrind (`examples/probe.rs`, rounds 6 − 1, ClassBench
+//! shape, 4096 trace-style headers), instructions per packet at 20 / 100 /
+//! 1 000 / 10 000 / 100 000 rules: 917 / 1201 / 1526 / 1716 / 1911 (before
+//! the summary check byte, the priority-sorted probing and the collision
+//! limit 32: 982 / 1210 / 1546 / 1995 / 2509), so 1.9x the 20-rule count at
+//! 10 000 rules and 2.1x at 100 000 (were 2.0x and 2.6x). The seed-001 shape
+//! (one tuple) stays flat at about 550. The instruction ratio is not the
+//! time ratio: with 4096 headers the lines a lookup touches (the header
+//! itself, about 1.5 L2 misses per packet once the tables compete for L2,
+//! the summary words of the probed tuples, the visited lists and entries,
+//! the matched rule) no longer fit in a 512 KB L2 from about 10 000 rules
+//! (callgrind's cache model: 4.0 L2 misses per packet at 10 000 rules, 6.3
+//! at 100 000, none at 20; before: 5.1 and 8.7). On the shared 2-vCPU VM
+//! (2026-11-22, minima of interleaved runs) the wall-clock ratio to 20
+//! rules is 2.6–3.5x at 10 000 and 3.3–6x at 100 000 (before: 2.9–4.1x and
+//! 5.8–8.8x); the absolute time at those sizes dropped by 35–45 %. Measure
+//! with `cargo run --release -p sluice-classify --example measure`.
+//!
+//! A lookup prefetches the list reference of every candidate slot when it
+//! finds it, so the list miss overlaps the probes of the remaining tuples.
 //! [`Classifier::eval_batch`] runs the same lookup over groups of [`BATCH`]
 //! packets in three passes (hash all and prefetch every tuple's summary
-//! slot; read the bounds and prefetch each candidate slot's first entry;
-//! resolve), so the misses of a group overlap. It costs about 20–29 % more
-//! instructions (cachegrind: 1184 / 2498 / 3226 per packet at 20 / 10 000 /
-//! 100 000 ClassBench rules against 981 / 1994 / 2509 single) and is
-//! reported as a separate figure.
+//! slot; read the summaries and prefetch each candidate slot's first
+//! entry; resolve), so the misses of a group overlap; it probes every
+//! tuple (no early stop), so it costs more instructions (callgrind: 1161 /
+//! 1957 / 2701 per packet at 20 / 10 000 / 100 000 ClassBench rules; before:
+//! 1181 / 2487 / 3210) and is reported as a separate figure.
 //!
 //! The evaluation loop is the same as the reference evaluator's: a
 //! non-terminal rule runs its statements (a mark change is visible to the
@@ -167,8 +201,8 @@ const SEED: u64 = 0x243f_6a88_85a3_08d3;
 const MAX_LANES: usize = 16;
 /// Packets per group of [`Classifier::eval_batch`].
 pub const BATCH: usize = 32;
-/// Summary bound of an empty slot.
-const EMPTY: u32 = u32::MAX;
+/// Summary bound of an empty slot (bounds are 24 bits).
+const EMPTY: u32 = 0xff_ffff;
 
 type Sig = [u8; NDIM];
 
@@ -201,10 +235,13 @@ fn finish(h: u64) -> u64 {
     h ^ (h >> 29)
 }
 
-/// Summary bound of a position: a lower bound, coarse (the high 32 bits).
+/// Summary bound of a position: a lower bound, coarse (the high 32 bits,
+/// saturated to 24 bits: rule positions stay below `2^24 · GAP` unless a
+/// chain holds millions of rules, and a saturated bound is still a lower
+/// bound).
 #[inline]
 fn bound_of(pos: u64) -> u32 {
-    ((pos >> 32) as u32).min(EMPTY - 1)
+    (pos >> 32).min(u64::from(EMPTY - 1)) as u32
 }
 
 /// Errors of compile and update operations.
@@ -625,7 +662,7 @@ fn key_in(t: &Sig, k: &NatKey) -> u64 {
 /// Collision limit: a key is filed in the most specific existing tuple that
 /// it fits and whose bucket for it holds fewer entries than this; when there
 /// is none, in the tuple of its own signature (TupleMerge's placement rule).
-const COLLIDE: usize = 8;
+const COLLIDE: usize = 32;
 
 /// Files the natural keys of one rule (see [`COLLIDE`]); `sigs` are the
 /// chain's tuples by decreasing specificity and `load(t, fp)` the entries of
@@ -739,19 +776,23 @@ impl Lean {
         }
     }
 
+    /// Whether the packet is in the box. The protocol and the destination
+    /// port, which reject most candidates of a crowded bucket (entries that
+    /// share a key differ mostly there), are checked first.
     #[inline]
     fn holds(&self, k: &LeanKey) -> bool {
+        if !((self.proto[0] <= k.proto)
+            & (k.proto <= self.proto[1])
+            & (self.dport[0] <= k.dport)
+            & (k.dport <= self.dport[1]))
+        {
+            return false;
+        }
         let s = (self.flags & F_SANY != 0)
             | (k.s_v4 & (self.saddr[0] <= k.s4) & (k.s4 <= self.saddr[1]));
         let d = (self.flags & F_DANY != 0)
             | (k.d_v4 & (self.daddr[0] <= k.d4) & (k.d4 <= self.daddr[1]));
-        s & d
-            & (self.proto[0] <= k.proto)
-            & (k.proto <= self.proto[1])
-            & (self.dport[0] <= k.dport)
-            & (k.dport <= self.dport[1])
-            & (self.sport[0] <= k.sport)
-            & (k.sport <= self.sport[1])
+        s & d & (self.sport[0] <= k.sport) & (k.sport <= self.sport[1])
     }
 }
 
@@ -792,6 +833,68 @@ fn tag_of(fp: u64) -> u32 {
     (fp >> 32) as u32
 }
 
+/// The 8-bit tag check of a summary word: the top byte of the tag (above
+/// the slot bits of any table under 2^24 slots), never 0.
+#[inline]
+fn tag8(tag: u32) -> u32 {
+    let x = tag >> 24;
+    x | u32::from(x == 0)
+}
+
+/// The summary word of a slot list `v` (sorted by position), 4 bytes: the
+/// [`bound_of`] its first position in the high 24 bits; in the low byte the
+/// [`tag8`] of the entries' common tag when they all share one (a *pure*
+/// slot), else 0. `u32::MAX` when the list is empty.
+fn summary(v: &[Ent]) -> u32 {
+    match v.first() {
+        None => u32::MAX,
+        Some(f) => {
+            let pure = v.iter().all(|e| e.tag == f.tag);
+            let x = if pure { tag8(f.tag) } else { 0 };
+            bound_of(f.pos) << 8 | x
+        }
+    }
+}
+
+/// The bound a summary word gives a key of tag `tag` landing in its slot:
+/// [`EMPTY`] when the slot is empty, or pure with a tag of another check
+/// byte (so certainly another tag).
+#[inline]
+fn sum_bound(w: u32, tag: u32) -> u32 {
+    let x = w & 0xff;
+    if x == 0 || x == tag8(tag) {
+        w >> 8
+    } else {
+        EMPTY
+    }
+}
+
+/// Inserts `h` into `heads[..n]`, kept sorted by bound; returns the new
+/// length (`n` when `heads` is full).
+#[inline]
+fn push_sorted(heads: &mut [Head], n: usize, h: Head) -> usize {
+    let Some(hs) = heads.get_mut(..=n) else {
+        return n;
+    };
+    let mut i = n;
+    while i > 0 {
+        let Some(p) = hs.get(i - 1).copied() else {
+            break;
+        };
+        if p.bound <= h.bound {
+            break;
+        }
+        if let Some(x) = hs.get_mut(i) {
+            *x = p;
+        }
+        i -= 1;
+    }
+    if let Some(x) = hs.get_mut(i) {
+        *x = h;
+    }
+    n + 1
+}
+
 /// Slots for a table of `n` entries: a power of two, load factor 1/2 to 1.
 fn slots_for(n: usize) -> usize {
     n.max(16).next_power_of_two()
@@ -817,7 +920,7 @@ struct Tuple {
     entries: usize,
     /// Slots − 1.
     mask: usize,
-    bounds: Chunks<u32>,
+    sums: Chunks<u32>,
     lists: Chunks<Option<Arc<[Ent]>>>,
 }
 
@@ -847,7 +950,7 @@ impl Tuple {
             max_pos: 0,
             entries: 0,
             mask: n - 1,
-            bounds: Chunks::filled(n, EMPTY),
+            sums: Chunks::filled(n, u32::MAX),
             lists: Chunks::filled(n, None),
         }
     }
@@ -867,9 +970,11 @@ impl Tuple {
         tag as usize & self.mask
     }
 
+    /// The summary bound of slot `s` for a key of tag `tag`: [`EMPTY`] when
+    /// the slot holds no entry of that tag as far as the summary tells.
     #[inline]
-    fn bound(&self, s: usize) -> u32 {
-        self.bounds.get(s).copied().unwrap_or(EMPTY)
+    fn bound(&self, s: usize, tag: u32) -> u32 {
+        sum_bound(self.sums.get(s).copied().unwrap_or(u32::MAX), tag)
     }
 
     #[inline]
@@ -888,8 +993,8 @@ impl Tuple {
 
     /// Replaces slot `s` with `v` (sorted by position) and updates its bound.
     fn set_list(&mut self, s: usize, v: Vec<Ent>) {
-        if let Some(b) = self.bounds.get_mut(s) {
-            *b = v.first().map_or(EMPTY, |e| bound_of(e.pos));
+        if let Some(b) = self.sums.get_mut(s) {
+            *b = summary(&v);
         }
         if let Some(l) = self.lists.get_mut(s) {
             *l = if v.is_empty() { None } else { Some(v.into()) };
@@ -927,7 +1032,7 @@ impl Tuple {
         let i = v.partition_point(|e| e.pos < pos);
         v.insert(i, Ent::new(fp, pos, rule));
         self.set_list(s, v);
-        if self.entries > 2 * (self.mask + 1) {
+        if self.entries > self.mask + 1 {
             self.resize();
         }
     }
@@ -966,7 +1071,7 @@ impl Tuple {
         }
         let n = slots_for(ents.len());
         self.mask = n - 1;
-        self.bounds = Chunks::filled(n, EMPTY);
+        self.sums = Chunks::filled(n, u32::MAX);
         self.lists = Chunks::filled(n, None);
         self.fill(ents);
     }
@@ -1135,28 +1240,98 @@ impl CChain {
         heads: &mut Vec<Head>,
     ) -> Option<(u64, &CRule)> {
         let lh = self.lane_hashes(p);
-        // Phase 1: fingerprint and summary bound of every tuple (independent
-        // loads, overlapped by the CPU).
-        heads.clear();
+        if heads.len() < self.tuples.len() {
+            heads.resize(self.tuples.len(), Head::default());
+        }
+        let k = LeanKey::of(p);
+        let mut best = u64::MAX;
+        let mut hit: Option<&CRule> = None;
+        // Pending candidate slots: heads[lo..n], sorted by bound. Tuples come
+        // by increasing `min_pos`: before a tuple is probed, every pending
+        // slot that starts below its `min_pos` is visited, and once the best
+        // match is at or below it, neither it nor any later tuple can hold a
+        // better one (priority-sorted tuple search).
+        let (mut lo, mut n) = (0usize, 0usize);
         for (ti, t) in self.tuples.iter().enumerate() {
             if t.max_pos < start {
                 continue;
             }
+            while lo < n {
+                let Some(hd) = heads.get(lo).copied() else {
+                    break;
+                };
+                if u64::from(hd.bound) << 32 >= t.min_pos.min(best) {
+                    break;
+                }
+                lo += 1;
+                self.visit(hd, start, &k, p, &mut best, &mut hit);
+            }
+            if best <= t.min_pos {
+                return hit.map(|r| (best, r));
+            }
             let tag = tag_of(t.fingerprint(&lh));
-            let b = t.bound(t.slot(tag));
+            let s = t.slot(tag);
+            let b = t.bound(s, tag);
             if b != EMPTY {
-                heads.push(Head {
+                // The slot is likely visited: start loading its list while
+                // the next tuples are probed.
+                if let Some(l) = t.lists.get(s) {
+                    sluice_io::mem::prefetch(l);
+                }
+                let h = Head {
                     bound: b,
                     tag,
                     tuple: ti as u32,
-                });
+                };
+                if let Some(pend) = heads.get_mut(lo..) {
+                    n = lo + push_sorted(pend, n - lo, h);
+                }
             }
         }
-        self.resolve(p, start, heads)
+        for hd in heads.get(lo..n).unwrap_or(&[]) {
+            if u64::from(hd.bound) << 32 >= best {
+                break;
+            }
+            self.visit(*hd, start, &k, p, &mut best, &mut hit);
+        }
+        hit.map(|r| (best, r))
+    }
+
+    /// Scans the slot of head `hd` for a match at or after `start` and
+    /// below `best`; the first one found becomes the best.
+    #[inline(always)]
+    fn visit<'a>(
+        &'a self,
+        hd: Head,
+        start: u64,
+        k: &LeanKey,
+        p: &PacketFields,
+        best: &mut u64,
+        hit: &mut Option<&'a CRule>,
+    ) {
+        let Some(t) = self.tuples.get(hd.tuple as usize) else {
+            return;
+        };
+        let es = t.list(t.slot(hd.tag));
+        let from = if start > 0 {
+            es.partition_point(|e| e.pos < start)
+        } else {
+            0
+        };
+        for e in es.get(from..).unwrap_or(&[]) {
+            if e.pos >= *best {
+                break;
+            }
+            if e.tag == hd.tag && e.matches(k, p) {
+                *best = e.pos;
+                *hit = Some(&e.rule);
+                break;
+            }
+        }
     }
 
     /// Batch stage 1 (start 0): the tag of every tuple for `p` into `tags`,
-    /// with a prefetch of the summary bound and the list reference of its
+    /// with a prefetch of the summary word and the list reference of its
     /// slot.
     #[inline]
     fn stage_tags(&self, p: &PacketFields, tags: &mut [u32]) {
@@ -1164,7 +1339,7 @@ impl CChain {
         for (t, out) in self.tuples.iter().zip(tags.iter_mut()) {
             let tag = tag_of(t.fingerprint(&lh));
             let s = t.slot(tag);
-            if let Some(b) = t.bounds.get(s) {
+            if let Some(b) = t.sums.get(s) {
                 sluice_io::mem::prefetch(b);
             }
             if let Some(l) = t.lists.get(s) {
@@ -1175,75 +1350,44 @@ impl CChain {
     }
 
     /// Batch stage 2: the candidate heads of one packet from its `tags`
-    /// (as [`Self::first_match`] builds them with `start` 0), with a
-    /// prefetch of the first entry of every candidate slot. Returns how
-    /// many heads were written.
+    /// (as [`Self::first_match`] builds them with `start` 0, sorted by
+    /// bound), with a prefetch of the first entry of every candidate slot.
+    /// Returns how many heads were written.
     #[inline]
     fn stage_heads(&self, tags: &[u32], heads: &mut [Head]) -> usize {
         let mut n = 0;
         for (ti, (t, tag)) in self.tuples.iter().zip(tags.iter()).enumerate() {
             let s = t.slot(*tag);
-            let b = t.bound(s);
+            let b = t.bound(s, *tag);
             if b != EMPTY {
                 if let Some(e) = t.list(s).first() {
                     sluice_io::mem::prefetch(e);
                 }
-                if let Some(h) = heads.get_mut(n) {
-                    *h = Head {
-                        bound: b,
-                        tag: *tag,
-                        tuple: ti as u32,
-                    };
-                    n += 1;
-                }
+                let h = Head {
+                    bound: b,
+                    tag: *tag,
+                    tuple: ti as u32,
+                };
+                n = push_sorted(heads, n, h);
             }
         }
         n
     }
 
-    /// Phase 2: visits the candidate slots in increasing bound and scans each
-    /// one up to the best match so far; stops when the next bound is not
-    /// below it. Every entry below the best is verified, so the result is the
-    /// lowest-positioned match. `heads` is used as scratch (reordered).
+    /// Phase 2: visits the candidate slots `heads` (sorted by bound) in
+    /// order and scans each one up to the best match so far; stops when the
+    /// next bound is not below it. Every entry below the best is verified,
+    /// so the result is the lowest-positioned match.
     #[inline(always)]
-    fn resolve(&self, p: &PacketFields, start: u64, heads: &mut [Head]) -> Option<(u64, &CRule)> {
+    fn resolve(&self, p: &PacketFields, start: u64, heads: &[Head]) -> Option<(u64, &CRule)> {
         let k = LeanKey::of(p);
         let mut best = u64::MAX;
         let mut hit: Option<&CRule> = None;
-        let mut live = heads;
-        while let Some(mut hd) = live.first().copied() {
-            let mut at = 0;
-            for (i, x) in live.iter().enumerate().skip(1) {
-                let less = x.bound < hd.bound;
-                hd = if less { *x } else { hd };
-                at = if less { i } else { at };
-            }
+        for hd in heads {
             if u64::from(hd.bound) << 32 >= best {
                 break;
             }
-            // Remove the visited head: move the last one into its place.
-            let last = live.len() - 1;
-            live.swap(at, last);
-            live = live.split_at_mut(last).0;
-            let Some(t) = self.tuples.get(hd.tuple as usize) else {
-                continue;
-            };
-            let es = t.list(t.slot(hd.tag));
-            let from = if start > 0 {
-                es.partition_point(|e| e.pos < start)
-            } else {
-                0
-            };
-            for e in es.get(from..).unwrap_or(&[]) {
-                if e.pos >= best {
-                    break;
-                }
-                if e.tag == hd.tag && e.matches(&k, p) {
-                    best = e.pos;
-                    hit = Some(&e.rule);
-                    break;
-                }
-            }
+            self.visit(*hd, start, &k, p, &mut best, &mut hit);
         }
         hit.map(|r| (best, r))
     }
@@ -1711,7 +1855,7 @@ impl Classifier {
         loop {
             let m = match pre.take() {
                 Some((a, n)) => {
-                    let hs = s.bheads.get_mut(a..a + n).unwrap_or_default();
+                    let hs = s.bheads.get(a..a + n).unwrap_or_default();
                     self.chains
                         .get(base.0 as usize)
                         .and_then(|c| c.resolve(&p, 0, hs))
@@ -1884,5 +2028,123 @@ mod tests {
             c.insert_rule(a, Placement::Back, &r(1, Verdict::Accept)),
             Err(UpdateError::DuplicateRule(RuleId(1)))
         );
+    }
+}
+
+#[cfg(test)]
+mod stats {
+    use super::*;
+    use crate::bench::Shape;
+
+    /// Per-lookup averages (single lookups from the first rule).
+    /// `cargo test --release -p sluice-classify lookup_stats -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn lookup_stats() {
+        for shape in [Shape::Seed001, Shape::ClassBench] {
+            for n in [20usize, 100, 1_000, 10_000, 100_000] {
+                let (prog, pkts) = shape.build(n, 4096);
+                let c = Classifier::compile(&prog).unwrap();
+                let ch = c.chains.get(0).unwrap();
+                let (mut heads_n, mut visited, mut scanned, mut tagok, mut full, mut empty_b) =
+                    (0usize, 0usize, 0usize, 0usize, 0usize, 0usize);
+                let mut heads = Vec::new();
+                let mut ents = 0usize;
+                let mut slots = 0usize;
+                let mut maxlist = 0usize;
+                let mut fail = [0usize; 5];
+                let mut probed = 0usize;
+                for t in &ch.tuples {
+                    ents += t.entries;
+                    slots += t.mask + 1;
+                    for s in 0..=t.mask {
+                        maxlist = maxlist.max(t.list(s).len());
+                    }
+                }
+                for p in &pkts {
+                    let lh = ch.lane_hashes(p);
+                    heads.clear();
+                    for (ti, t) in ch.tuples.iter().enumerate() {
+                        let tag = tag_of(t.fingerprint(&lh));
+                        let b = t.bound(t.slot(tag), tag);
+                        if b != EMPTY {
+                            heads.push(Head {
+                                bound: b,
+                                tag,
+                                tuple: ti as u32,
+                            });
+                        } else {
+                            empty_b += 1;
+                        }
+                    }
+                    heads_n += heads.len();
+                    let bestpos = ch
+                        .first_match(p, 0, &mut Vec::new())
+                        .map_or(u64::MAX, |x| x.0);
+                    probed += ch.tuples.iter().filter(|t| t.min_pos < bestpos).count();
+                    heads.sort_by_key(|h| h.bound);
+                    let k = LeanKey::of(p);
+                    let mut best = u64::MAX;
+                    for hd in &heads {
+                        if u64::from(hd.bound) << 32 >= best {
+                            break;
+                        }
+                        visited += 1;
+                        let t = &ch.tuples[hd.tuple as usize];
+                        for e in t.list(t.slot(hd.tag)) {
+                            if e.pos >= best {
+                                break;
+                            }
+                            scanned += 1;
+                            if e.tag == hd.tag {
+                                tagok += 1;
+                                if e.lean.holds(&k) && e.lean.flags & F_FULL != 0 {
+                                    full += 1;
+                                }
+                                let l = &e.lean;
+                                let r = [
+                                    !((l.flags & F_SANY != 0)
+                                        | (k.s_v4 & (l.saddr[0] <= k.s4) & (k.s4 <= l.saddr[1]))),
+                                    !((l.flags & F_DANY != 0)
+                                        | (k.d_v4 & (l.daddr[0] <= k.d4) & (k.d4 <= l.daddr[1]))),
+                                    !((l.proto[0] <= k.proto) & (k.proto <= l.proto[1])),
+                                    !((l.sport[0] <= k.sport) & (k.sport <= l.sport[1])),
+                                    !((l.dport[0] <= k.dport) & (k.dport <= l.dport[1])),
+                                ];
+                                for (f, x) in fail.iter_mut().zip(r) {
+                                    *f += x as usize;
+                                }
+                                if e.matches(&k, p) {
+                                    best = e.pos;
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                }
+                let f = pkts.len() as f64;
+                println!(
+                    "{:<10} {n:>6} tuples {:>2} lanes {:>2} ents {:>7} slots {:>7} maxlist {:>3} | heads {:.2} empty {:.2} visited {:.2} scanned {:.2} tagok {:.2} full {:.2}",
+                    shape.name(), ch.tuples.len(), ch.lanes.len(), ents, slots, maxlist,
+                    heads_n as f64 / f, empty_b as f64 / f, visited as f64 / f, scanned as f64 / f, tagok as f64 / f, full as f64 / f
+                );
+                println!(
+                    "   fail s/d/proto/sport/dport {:?} probed {:.2}",
+                    fail.map(|x| x as f64 / f),
+                    probed as f64 / f
+                );
+                if n >= 10_000 {
+                    for t in &ch.tuples {
+                        println!(
+                            "     sig {:?} ents {} min {} max {}",
+                            t.sig,
+                            t.entries,
+                            t.min_pos / GAP,
+                            t.max_pos / GAP
+                        );
+                    }
+                }
+            }
+        }
     }
 }
