@@ -417,7 +417,9 @@ impl Worker {
         {
             Ok(id) => id,
             Err(InsertError::Full) => return drop(DropReason::CtFull),
-            Err(InsertError::Exists | InsertError::ProtoMismatch) => return drop(DropReason::CtInvalid),
+            Err(InsertError::Exists | InsertError::ProtoMismatch) => {
+                return drop(DropReason::CtInvalid)
+            }
         };
         self.counters.ct_created += 1;
         let t = self.v6.ct.track(id, Dir::Original, now, ev);
