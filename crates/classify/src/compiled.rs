@@ -1140,7 +1140,6 @@ impl CChain {
     fn build(name: &str, kind: ChainKind, rules: &[Rule]) -> Self {
         let mut c = CChain::new(name, kind);
         let n = rules.len();
-        c.by_id = Sharded::with_capacity(n);
         let mut sigs: Vec<Sig> = Vec::new();
         // Bucket loads by (signature, fingerprint), folded into one u64 (a
         // rare fold collision only makes a placement less even).

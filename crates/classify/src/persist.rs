@@ -65,10 +65,6 @@ impl<V: Clone> Sharded<V> {
             len: 0,
         }
     }
-    /// Same as [`Self::new`]; the trie needs no presizing.
-    pub(crate) fn with_capacity(_n: usize) -> Self {
-        Self::new()
-    }
     #[inline]
     pub(crate) fn get(&self, h: u64) -> Option<&V> {
         self.map.get(&h)

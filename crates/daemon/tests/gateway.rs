@@ -87,6 +87,33 @@ fn iperf3_server(t: &Topo) -> Guard {
     g
 }
 
+/// Waits until both TCP connections of an iperf3 test to port 5201 (control
+/// and data) are in the gateway's connection table.
+fn wait_for_iperf3_connections(d: &Daemon) {
+    wait_for("iperf3 transfer", Duration::from_secs(5), || {
+        d.ctl("conntrack list proto tcp port 5201")["count"]
+            .as_u64()
+            .unwrap_or(0)
+            >= 2
+    });
+}
+
+/// The handle of the forward chain's `ct state` rule, from the rule listing.
+fn ct_state_rule_handle(d: &Daemon) -> u64 {
+    let list = d.ctl("rule list forward");
+    list["rules"]
+        .as_array()
+        .and_then(|a| {
+            a.iter().find(|r| {
+                r["rule"]
+                    .as_str()
+                    .is_some_and(|s| s.starts_with("ct state"))
+            })
+        })
+        .and_then(|r| r["handle"].as_u64())
+        .unwrap_or_else(|| panic!("no ct state rule in {list}"))
+}
+
 fn json(o: &std::process::Output) -> serde_json::Value {
     serde_json::from_slice(&o.stdout)
         .unwrap_or_else(|e| panic!("iperf3 -J output is not JSON ({e}):\n{}", text(o)))
@@ -343,12 +370,7 @@ fn sighup_reload(backend: &str, tag: &str) {
                 &format!("timeout 30 iperf3 -c {PUBLIC} -p 5201 -t 5 -i 1 -J"),
             )
         });
-        wait_for("iperf3 transfer", Duration::from_secs(5), || {
-            d.ctl("conntrack list proto tcp port 5201")["count"]
-                .as_u64()
-                .unwrap_or(0)
-                >= 2
-        });
+        wait_for_iperf3_connections(&d);
         std::thread::sleep(Duration::from_millis(1500));
         std::fs::write(
             t.dir.join("gw.nft"),
@@ -525,19 +547,7 @@ fn live_rule_updates(backend: &str, tag: &str) {
     let _h = http_server(&t, &t.public, PUBLIC, 8081, "a");
     let url = format!("http://{PUBLIC}:8081/blob");
     assert!(curl(&t.private, &url, 5).0, "8081 closed at start");
-    // The handle of the ct state rule, from the rule listing.
-    let list = d.ctl("rule list forward");
-    let ct = list["rules"]
-        .as_array()
-        .and_then(|a| {
-            a.iter().find(|r| {
-                r["rule"]
-                    .as_str()
-                    .is_some_and(|s| s.starts_with("ct state"))
-            })
-        })
-        .and_then(|r| r["handle"].as_u64())
-        .unwrap_or_else(|| panic!("no ct state rule in {list}"));
+    let ct = ct_state_rule_handle(&d);
     let (o, closed, reopened, blocked, unblocked) = std::thread::scope(|s| {
         let c = s.spawn(|| {
             sh(
@@ -545,12 +555,7 @@ fn live_rule_updates(backend: &str, tag: &str) {
                 &format!("timeout 30 iperf3 -c {PUBLIC} -p 5201 -t 4 -i 1 -J"),
             )
         });
-        wait_for("iperf3 transfer", Duration::from_secs(5), || {
-            d.ctl("conntrack list proto tcp port 5201")["count"]
-                .as_u64()
-                .unwrap_or(0)
-                >= 2
-        });
+        wait_for_iperf3_connections(&d);
         // Close 8081 and, for good measure, 5201 itself: the running
         // transfer is established, so the ct state rule still accepts it.
         let a = d.ctl(&format!(
@@ -639,18 +644,7 @@ fn rule_ahead_of_ct_state_stops_a_running_transfer(backend: &str, tag: &str) {
     let cfg = t.write_config(backend, "gw.nft", "");
     let d = Daemon::start(&t, &cfg, backend);
     let _srv = iperf3_server(&t);
-    let list = d.ctl("rule list forward");
-    let ct = list["rules"]
-        .as_array()
-        .and_then(|a| {
-            a.iter().find(|r| {
-                r["rule"]
-                    .as_str()
-                    .is_some_and(|s| s.starts_with("ct state"))
-            })
-        })
-        .and_then(|r| r["handle"].as_u64())
-        .unwrap_or_else(|| panic!("no ct state rule in {list}"));
+    let ct = ct_state_rule_handle(&d);
     let (o, drops_while_blocked) = std::thread::scope(|s| {
         let c = s.spawn(|| {
             sh(
@@ -658,12 +652,7 @@ fn rule_ahead_of_ct_state_stops_a_running_transfer(backend: &str, tag: &str) {
                 &format!("timeout 40 iperf3 -c {PUBLIC} -p 5201 -t 9 -i 1 -J"),
             )
         });
-        wait_for("iperf3 transfer", Duration::from_secs(5), || {
-            d.ctl("conntrack list proto tcp port 5201")["count"]
-                .as_u64()
-                .unwrap_or(0)
-                >= 2
-        });
+        wait_for_iperf3_connections(&d);
         std::thread::sleep(Duration::from_millis(1500));
         let before = d.drops("policy-drop");
         // `insert … position H` puts the rule before handle H.

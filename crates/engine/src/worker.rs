@@ -872,14 +872,8 @@ impl Worker {
             .get(di)
             .and_then(|a| self.adj.get(usize::from(*a)))
             .map(|a| a.oif);
-        // IPS_CONFIRMED, IPS_SEEN_REPLY, IPS_ASSURED, IPS_SRC_NAT, IPS_DST_NAT.
-        let mut status = 0x8;
-        if e.seen_reply() {
-            status |= 0x2;
-        }
-        if e.is_assured() {
-            status |= 0x4;
-        }
+        let mut status = ct_status(e.seen_reply(), e.is_assured());
+        // IPS_SRC_NAT, IPS_DST_NAT.
         if reply.dst != orig.src || reply.dport != orig.sport {
             status |= 0x10;
         }
@@ -1536,6 +1530,13 @@ fn policy_packet(iif: IfIndex, key: &FlowKey4, d: &Dissect, ct: CtState) -> Poli
         ct_status: 0,
         len,
     }
+}
+
+/// `ct status` of a confirmed connection (netfilter's `IPS_*` bits):
+/// IPS_CONFIRMED, plus IPS_SEEN_REPLY and IPS_ASSURED as they hold. The
+/// NAT bits are the caller's.
+fn ct_status(seen_reply: bool, assured: bool) -> u32 {
+    0x8 | if seen_reply { 0x2 } else { 0 } | if assured { 0x4 } else { 0 }
 }
 
 fn read16(b: &[u8], off: usize) -> Option<u16> {

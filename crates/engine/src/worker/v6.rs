@@ -501,13 +501,7 @@ impl Worker {
             .then(|| self.adj.get(usize::from(e.payload().adjacency(dir))))
             .flatten()
             .map(|a| a.oif);
-        let mut status = 0x8;
-        if e.seen_reply() {
-            status |= 0x2;
-        }
-        if e.is_assured() {
-            status |= 0x4;
-        }
+        let status = ct_status(e.seen_reply(), e.is_assured());
         let tcp_flags = match pk.ev {
             L4Event::Tcp(f) => f.0,
             _ => 0,
