@@ -408,7 +408,15 @@ pub fn serve(
                     let Some(mut c) = Conn::new(conn) else {
                         continue;
                     };
-                    match c.serve_one(stop, handle, INLINE_WAIT) {
+                    // Most clients (`sluice ctl`, scripts) send one request
+                    // and close once they have the answer: wait briefly for
+                    // that close so no thread is started for them.
+                    let first = c.serve_one(stop, handle, INLINE_WAIT);
+                    let next = match first {
+                        Step::Served => c.wait_close(CLOSE_WAIT),
+                        other => other,
+                    };
+                    match next {
                         Step::Closed => {}
                         Step::Served | Step::Idle => {
                             sc.spawn(move || c.serve(stop, handle));
@@ -427,6 +435,11 @@ pub fn serve(
 /// How long the accepting thread waits for a connection's first request
 /// before handing the connection to a thread of its own.
 pub const INLINE_WAIT: Duration = Duration::from_millis(50);
+
+/// How long the accepting thread waits, after answering a connection's
+/// first request, for the client to close before it hands the connection to
+/// a thread of its own.
+pub const CLOSE_WAIT: Duration = Duration::from_millis(2);
 
 /// Wakes [`serve`] after its `stop` flag was set.
 pub fn wake(socket: &Path) {
@@ -462,6 +475,33 @@ impl Conn {
         })
     }
 
+    /// Waits up to `wait` for the client to close. Anything it sends
+    /// instead stays buffered for [`Conn::serve`]: `Served` if a byte
+    /// arrived, `Idle` if nothing did.
+    fn wait_close(&mut self, wait: Duration) -> Step {
+        if !self.r.buffer().is_empty() {
+            return Step::Served;
+        }
+        if self.r.get_ref().set_read_timeout(Some(wait)).is_err() {
+            return Step::Closed;
+        }
+        match self.r.fill_buf() {
+            Ok([]) => Step::Closed,
+            Ok(_) => Step::Served,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::Interrupted
+                ) =>
+            {
+                Step::Idle
+            }
+            Err(_) => Step::Closed,
+        }
+    }
+
     /// Serves requests until the client closes or `stop` is set.
     fn serve(
         mut self,
@@ -478,41 +518,51 @@ impl Conn {
 
     /// Reads one line (bounded by [`MAX_LINE`]) for at most `wait` and
     /// answers it.
+    ///
+    /// The read timeout is set only before a read that reaches the socket
+    /// (the buffer is empty), not per byte: one `setsockopt` and one `read`
+    /// for a typical request.
     fn serve_one(
         &mut self,
         stop: &std::sync::atomic::AtomicBool,
         handle: &(dyn Fn(Request) -> Value + Sync),
         wait: Duration,
     ) -> Step {
-        use std::io::Read;
         use std::sync::atomic::Ordering;
         let deadline = std::time::Instant::now() + wait;
         loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            if left.is_zero() || stop.load(Ordering::Relaxed) {
-                return Step::Idle;
+            if self.r.buffer().is_empty() {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() || stop.load(Ordering::Relaxed) {
+                    return Step::Idle;
+                }
+                if self.r.get_ref().set_read_timeout(Some(left)).is_err() {
+                    return Step::Closed;
+                }
             }
-            if self.r.get_ref().set_read_timeout(Some(left)).is_err() {
-                return Step::Closed;
-            }
-            let mut byte = [0u8; 1];
-            match self.r.read(&mut byte) {
-                Ok(0) => return Step::Closed,
-                Ok(_) => {}
+            let chunk = match self.r.fill_buf() {
+                Ok([]) => return Step::Closed,
+                Ok(b) => b,
                 Err(e)
                     if matches!(
                         e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        std::io::ErrorKind::WouldBlock
+                            | std::io::ErrorKind::TimedOut
+                            | std::io::ErrorKind::Interrupted
                     ) =>
                 {
                     continue
                 }
                 Err(_) => return Step::Closed,
-            }
-            if byte[0] != b'\n' {
-                if self.buf.len() < MAX_LINE {
-                    self.buf.push(byte[0]);
-                }
+            };
+            let (line, used, complete) = match chunk.iter().position(|&b| b == b'\n') {
+                Some(i) => (&chunk[..i], i + 1, true),
+                None => (chunk, chunk.len(), false),
+            };
+            let room = MAX_LINE.saturating_sub(self.buf.len());
+            self.buf.extend_from_slice(&line[..line.len().min(room)]);
+            self.r.consume(used);
+            if !complete {
                 continue;
             }
             let resp = if self.buf.len() >= MAX_LINE {
@@ -531,7 +581,9 @@ impl Conn {
                 }
             };
             self.buf.clear();
-            if self.w.write_all(format!("{resp}\n").as_bytes()).is_err() {
+            let mut out = resp.to_string().into_bytes();
+            out.push(b'\n');
+            if self.w.write_all(&out).is_err() {
                 return Step::Closed;
             }
             return Step::Served;

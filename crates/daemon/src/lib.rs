@@ -367,9 +367,20 @@ impl Control {
 
     /// Frees replaced policies no worker uses any more (called from the
     /// control loop, never from a worker).
+    ///
+    /// The freed policies are dropped after the lock is released: freeing a
+    /// large rule set takes milliseconds, and [`Self::retire`] (every rule
+    /// update) takes the same lock.
     fn reap(&self) {
-        let mut r = self.retired.lock().unwrap_or_else(|e| e.into_inner());
-        r.retain(|p| !dataplane::PolicyRef::unused(p));
+        let dead: Vec<Arc<dataplane::PolicyRef>> = {
+            let mut r = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+            let (dead, keep) = std::mem::take(&mut *r)
+                .into_iter()
+                .partition(dataplane::PolicyRef::unused);
+            *r = keep;
+            dead
+        };
+        drop(dead);
     }
 
     /// SIGHUP / `reload`: re-read the config file and its ruleset.
@@ -457,6 +468,7 @@ impl Control {
                     "ruleset": st.source,
                     "rules": st.rules,
                     "generation": st.generation,
+                    "retired_generations": self.retired.lock().unwrap_or_else(|e| e.into_inner()).len(),
                     "interfaces": ifaces,
                     "worker_status": ws.iter().map(worker_json).collect::<Vec<_>>(),
                 }))
@@ -1003,6 +1015,10 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
         policy: cell,
         retired: Mutex::new(Vec::new()),
     });
+    // From here the cell, the workers and `Published` hold the policy; a
+    // reference kept here would pin the start-up rule set in memory after
+    // the first replace.
+    drop(lp);
     tracing::info!(socket = %sock.display(), "running");
 
     let ctl_stop = Arc::clone(&stop);
