@@ -226,6 +226,20 @@ fn gateway_end_to_end(backend: &str, tag: &str) {
         "private address leaked: {seen:?}"
     );
 
+    // 1b. A 4000-byte ping, fragmented by the hosts both ways (no DF): the
+    // later fragments follow their first fragment's translation.
+    let out = sh(
+        &t.private,
+        "ping -c 3 -i 0.3 -W 2 -s 4000 -M dont 203.0.113.2",
+    );
+    assert!(
+        out.status.success(),
+        "fragmented ping failed:\n{}\n{}\ncounters: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        ctl(&sock, "counters")
+    );
+
     // 2. HTTP download from the public side; the server logs the pool address.
     let www = t.dir.join("www");
     std::fs::create_dir_all(&www).expect("www");

@@ -25,6 +25,7 @@ use crate::icmp_error::{self, IcmpError};
 use crate::policy::{CtState, Hook, Policy, PolicyPacket, RejectWith, Verdict};
 use crate::route::{AdjIndex, Adjacency, IfIndex, Route4, Route6, RouteTable4, RouteTable6};
 
+mod frag;
 mod v6;
 use crate::{Action, Frames, MAX_BATCH};
 pub use v6::FlowInfo6;
@@ -363,6 +364,8 @@ pub struct Worker {
     missing_nh: Option<(IfIndex, u32)>,
     /// IPv6 state: its own connection table, addresses, routes, neighbours.
     v6: v6::State,
+    /// Datagrams whose first fragment was forwarded ([`frag`]).
+    frags: frag::FragTable,
 }
 
 /// A token bucket in thousandths of a token, refilled from the batch time
@@ -482,6 +485,7 @@ impl Worker {
             icmp: TokenBucket::new(cfg.icmp_errors_per_sec),
             missing_nh: None,
             v6,
+            frags: frag::FragTable::new(),
         };
         for (ip, mac) in cfg.neighbors {
             w.set_neighbor(ip, mac)?;
@@ -567,6 +571,7 @@ impl Worker {
     pub fn flush(&mut self) -> u64 {
         let n = self.ct.flush() + self.v6.ct.flush();
         self.nat.clear();
+        self.frags.clear();
         n as u64
     }
 
@@ -942,12 +947,94 @@ impl Worker {
                 return s;
             }
         }
+        // A first fragment (MF set, offset 0): its datagram's identity as
+        // received, so that the later fragments follow it ([`frag`]).
+        let first_frag = match read16(buf, l3 + 6) {
+            Some(ff) if ff & 0x3fff == 0x2000 => Some(frag::DatagramId {
+                src: read32(buf, l3 + 12).unwrap_or(0),
+                dst: read32(buf, l3 + 16).unwrap_or(0),
+                proto: to.proto,
+                ident: read16(buf, l3 + 4).unwrap_or(0),
+            }),
+            _ => None,
+        };
         // `l3` / `l4` come from `dissect` (or `dissect_plain4`) of a packet
         // whose key has `to.proto` and that is not a later fragment: what
         // `apply_dissected` requires. The deltas include the TTL decrement.
         if sluice_nat::apply_dissected(buf, l3, usize::from(l4), to, deltas, true).is_err() {
             return Step::Done(Action::Drop(DropReason::RewriteFailed));
         }
+        if let Some(id) = first_frag {
+            let rw = frag::FragRewrite {
+                src: to.src,
+                dst: to.dst,
+                adj,
+            };
+            self.frags.remember(id, rw, now);
+        }
+        if let Some(m) = buf.get_mut(0..12) {
+            m[..6].copy_from_slice(&a.dst_mac);
+            m[6..].copy_from_slice(&a.src_mac);
+        }
+        Step::Done(Action::Forward(a.oif))
+    }
+
+    /// A later fragment (offset > 0) of the datagram `key` names (ports 0):
+    /// translated and forwarded like its first fragment, if that one was
+    /// ([`frag`]); otherwise dropped (`fragment`). No ICMP error is ever
+    /// sent about a later fragment (RFC 1812 section 4.3.2.7 allows errors
+    /// about first fragments only), so an expired TTL or a fragment too big
+    /// for the egress MTU is a plain drop.
+    #[cold]
+    #[inline(never)]
+    fn later_fragment(
+        &mut self,
+        now: ct::Instant,
+        buf: &mut [u8],
+        len: usize,
+        d: &Dissect,
+        key: &FlowKey4,
+        ttl: u8,
+    ) -> Step {
+        let l3 = usize::from(d.l3_off);
+        let Some(ident) = read16(buf, l3 + 4) else {
+            return Step::Done(Action::Drop(DropReason::Malformed));
+        };
+        let id = frag::DatagramId {
+            src: key.src,
+            dst: key.dst,
+            proto: key.proto,
+            ident,
+        };
+        let Some(to) = self.frags.find(&id, now) else {
+            return Step::Done(Action::Drop(DropReason::Fragment));
+        };
+        if ttl <= 1 {
+            return Step::Done(Action::Drop(DropReason::TtlExpired));
+        }
+        let Some(&a) = self.adj.get(usize::from(to.adj)) else {
+            return Step::Done(Action::Drop(DropReason::NoNeighbor));
+        };
+        if !a.resolved {
+            return Step::Done(Action::Drop(DropReason::NoNeighbor));
+        }
+        let total = read16(buf, l3 + 2).map_or(len.saturating_sub(l3), usize::from);
+        if total > usize::from(a.mtu) {
+            return Step::Done(Action::Drop(DropReason::FragmentationUnsupported));
+        }
+        let (Some(hc), Some(old_ttl_proto)) = (read16(buf, l3 + 10), read16(buf, l3 + 8)) else {
+            return Step::Done(Action::Drop(DropReason::Malformed));
+        };
+        let new_ttl_proto = old_ttl_proto.wrapping_sub(0x0100);
+        let hc = checksum::Delta::ZERO
+            .with32(key.src, to.src)
+            .with32(key.dst, to.dst)
+            .with16(old_ttl_proto, new_ttl_proto)
+            .apply(hc);
+        write32(buf, l3 + 12, to.src);
+        write32(buf, l3 + 16, to.dst);
+        write16(buf, l3 + 8, new_ttl_proto);
+        write16(buf, l3 + 10, hc);
         if let Some(m) = buf.get_mut(0..12) {
             m[..6].copy_from_slice(&a.dst_mac);
             m[6..].copy_from_slice(&a.src_mac);
@@ -1072,21 +1159,23 @@ impl Worker {
     ) -> Step {
         // A packet that missed in pass 2 may belong to a connection created
         // by an earlier packet of this batch; its bucket is cached by now.
+        if let L4::NonFirstFragment = d.l4 {
+            // No L4 header: never looked up by its (port-less) key.
+            self.counters.slow_path += 1;
+            return self.later_fragment(now, buf, len, d, key, ttl);
+        }
         let h = self.ct.hash(key);
         let vacant = match self.ct.lookup_vacant(h, key) {
             Ok((id, dir)) => return self.fast4(now, buf, len, iif, &Meta::of(d), id, dir),
             Err(v) => v,
         };
         self.counters.slow_path += 1;
-        match d.l4 {
-            L4::IcmpError {
-                inner: InnerKey::V4(inner),
-                ..
-            } => {
-                return Step::Done(self.related4(buf, iif, d, key, &inner, ttl));
-            }
-            L4::NonFirstFragment => return Step::Done(Action::Drop(DropReason::Fragment)),
-            _ => {}
+        if let L4::IcmpError {
+            inner: InnerKey::V4(inner),
+            ..
+        } = d.l4
+        {
+            return Step::Done(self.related4(buf, iif, d, key, &inner, ttl));
         }
         let ev = l4_event(d);
         let mut pp = policy_packet(iif, key, d, CtState::New);
