@@ -40,10 +40,11 @@
 //!   (the workers share one UMEM). Outside interfaces steer by destination
 //!   port (a NAT reply reaches the worker that owns its external port,
 //!   `sluice_nat::owner_of`), inside interfaces by source port, ICMP
-//!   queries by identifier, ICMP errors by the quoted flow, non-IPv4
-//!   (IPv6 included) to worker 0 ([`steer_for`]). Every interface then
-//!   needs a `role` (a config error otherwise). What this cannot steer,
-//!   and is named at `warn` at start: hairpinning (works only when both
+//!   queries by identifier, ICMP errors by the quoted flow, IPv6 by its
+//!   two addresses (ICMPv6 errors by the quoted ones), ARP and NDP to
+//!   worker 0, which shares learnt neighbours ([`steer_for`]). Every
+//!   interface then needs a `role` (a config error otherwise). What this
+//!   cannot steer, and is named at `warn` at start: hairpinning (works only when both
 //!   ports share a worker), flows between two interfaces of the same role,
 //!   and DNAT that rewrites the destination port (each `dnat to
 //!   ADDR:PORT` is named, at start and on reload: it works only for

@@ -24,7 +24,11 @@
 //! hop limit 1 is answered with time exceeded and an oversized packet with
 //! packet too big (mtu 1400), which the host's kernel accepts (it learns
 //! the path MTU); IPv6 connections show in `conntrack list`.
-//! With two workers (AF_PACKET), all IPv6 runs on worker 0, and works.
+//! With two workers (AF_PACKET and AF_XDP), IPv6 is spread over both by
+//! its addresses: ping, HTTP and iperf3 from sources steered to each
+//! worker, an ICMPv6 error from a router steered by the packet it quotes,
+//! and a worker other than 0 resolving a next hop, all under a stateful
+//! rule set.
 //!
 //! Needs root, `ip`, `sysctl`, `ethtool`, `ping`, `curl` and `python3`.
 
@@ -340,41 +344,189 @@ fn ipv6_ping_http_drop_rule_and_icmpv6_errors_af_xdp() {
     ipv6_end_to_end("af_xdp", "v6x");
 }
 
-/// With two workers, AF_PACKET steers every non-IPv4 frame to worker 0, so
-/// both directions of every IPv6 flow (and NDP) meet there.
+/// With two workers on AF_PACKET, IPv6 is spread over both workers by its
+/// addresses, and every flow still meets its connection.
 #[test]
 #[ignore = "needs root + netns; run by .ci/run with --ignored"]
-fn ipv6_with_two_workers_runs_on_worker_0() {
-    ipv6_on_worker_0("v6w", "af_packet");
+fn ipv6_with_two_workers_is_spread_over_both() {
+    ipv6_on_both_workers("v6w", "af_packet");
 }
 
-/// The same on AF_XDP: the steering XDP program sends non-IPv4 frames to
-/// worker 0's socket.
+/// The same on AF_XDP, steered by the XDP program.
 #[test]
 #[ignore = "needs root + netns; run by .ci/run with --ignored"]
-fn ipv6_with_two_workers_on_af_xdp_runs_on_worker_0() {
-    ipv6_on_worker_0("v6y", "af_xdp");
+fn ipv6_with_two_workers_on_af_xdp_is_spread_over_both() {
+    ipv6_on_both_workers("v6y", "af_xdp");
 }
 
-fn ipv6_on_worker_0(tag: &str, backend: &str) {
+/// A prefix behind the public host, which answers packets to it with an
+/// ICMPv6 destination unreachable (no route) from its own address.
+const UNREACHABLE6: &str = "2001:db8:77::";
+
+/// The worker the steering programs pick for an IPv6 packet from `src` to
+/// `dst` (on either interface: the IPv6 key does not depend on the role).
+fn worker6(src: &str, dst: &str) -> u16 {
+    let a = |s: &str| s.parse::<std::net::Ipv6Addr>().expect("address").octets();
+    let mut h = vec![0x60, 0, 0, 0, 0, 20, 6, 64];
+    h.extend_from_slice(&a(src));
+    h.extend_from_slice(&a(dst));
+    h.extend_from_slice(&[0; 20]);
+    let inside = sluice_daemon::steer_for(Some(sluice_daemon::config::Role::Inside), 2);
+    let outside = sluice_daemon::steer_for(Some(sluice_daemon::config::Role::Outside), 2);
+    let w = sluice_io::steer::worker_for(inside, &h);
+    assert_eq!(w, sluice_io::steer::worker_for(outside, &h));
+    w
+}
+
+/// Private addresses `fd00:1::N` whose flows to `PUB6` the steering puts on
+/// worker 0 and on worker 1, and a destination in `UNREACHABLE6` to which
+/// an echo from the first is on a worker other than the one the public
+/// host's error (from `PUB6_LINK`) would reach if it were steered by its
+/// own addresses rather than the quoted ones. (Xor keys: whether the two differ depends on the destination and
+/// the router's address, not on the source.)
+fn pick_addresses() -> (String, String, String) {
+    let cands: Vec<String> = (0x10..0x80).map(|n| format!("fd00:1::{n:x}")).collect();
+    let on = |w: u16| {
+        cands
+            .iter()
+            .find(|c| worker6(c, PUB6) == w)
+            .cloned()
+            .expect("a source for each worker")
+    };
+    let src0 = on(0);
+    let dst = (1..0x80)
+        .map(|n| format!("{UNREACHABLE6}{n:x}"))
+        .find(|d| {
+            let w = worker6(&src0, d);
+            worker6(PUB6_LINK, &src0) != w
+        })
+        .expect("a destination whose error is steered only by the quoted packet");
+    (src0, on(1), dst)
+}
+
+/// Proves that IPv6 runs on both workers with a stateful rule set (new
+/// connections from the WAN are dropped, so a flow whose directions met on
+/// different workers would fail): ping -6, HTTP and iperf3 over IPv6 from
+/// a source steered to each worker; worker 1 resolves the public next hop
+/// itself (its NS, worker 0 learning the NA and telling it, the held echo
+/// released); an ICMPv6 error from a router about a flow reaches the
+/// flow's worker and is forwarded as related; each connection is listed on
+/// the worker the steering rule names, and both workers carry IPv6
+/// connections.
+fn ipv6_on_both_workers(tag: &str, backend: &str) {
     let (t, d, _) = setup(tag, backend, 2);
-    let o = sh(&t.private, &format!("ping -6 -n -c 3 -i 0.2 -W 2 {PUB6}"));
+    let (src0, src1, unreachable) = pick_addresses();
+    for a in [&src0, &src1] {
+        must(&t.private, &format!("ip -6 addr add {a}/64 dev br0 nodad"));
+    }
+    // The first IPv6 packet through the gateway is steered to worker 1,
+    // which holds it while it solicits the public host's link-local next
+    // hop; the advertisement goes to worker 0 (NDP), which shares it.
+    let o = sh(
+        &t.private,
+        &format!("ping -6 -n -c 1 -W 5 -I {src1} {PUB6}"),
+    );
     assert!(
         o.status.success(),
-        "ping -6:\n{}\n{}",
+        "first ping -6 from {src1} (worker 1):\n{}\n{}",
         text(&o),
         d.context()
     );
-    let _a = http_server(&t, &t.public, PUB6, 8080, "allowed6");
-    for _ in 0..4 {
-        let (ok, size, o) = curl6(&t.private, 8080, 10);
+    let st = d.ctl("status");
+    let n6 = |w: usize| st["worker_status"][w]["neighbors6"].to_string();
+    assert!(
+        n6(1).contains("\"fe80::2%2\"") && n6(0).contains("\"fe80::2%2\""),
+        "next hop known to both workers: {st}"
+    );
+
+    let _h = http_server(&t, &t.public, PUB6, 8080, "spread6");
+    let _srv = spawn(
+        &t.public,
+        &["iperf3", "-s", "-B", PUB6, "-p", "5201"],
+        &t.dir.join("iperf3-spread6.log"),
+        None,
+    );
+    wait_for("iperf3 server", Duration::from_secs(10), || {
+        sh(&t.public, "ss -ltn 'sport = :5201' | grep -q 5201")
+            .status
+            .success()
+    });
+    for (w, src) in [(0, &src0), (1, &src1)] {
+        let o = sh(
+            &t.private,
+            &format!("ping -6 -n -c 3 -i 0.2 -W 2 -I {src} {PUB6}"),
+        );
         assert!(
-            ok && size == (256 << 10).to_string(),
-            "HTTP over IPv6 with two workers: {}\n{}",
+            o.status.success(),
+            "ping -6 from {src} (worker {w}):\n{}\n{}",
+            text(&o),
+            d.context()
+        );
+        for _ in 0..3 {
+            let o = sh(
+                &t.private,
+                &format!(
+                    "curl -6 -sS --max-time 10 --interface {src} -o /dev/null \
+                     -w '%{{size_download}}' http://[{PUB6}]:8080/blob"
+                ),
+            );
+            assert!(
+                o.status.success() && o.stdout == (256 << 10).to_string().as_bytes(),
+                "HTTP over IPv6 from {src} (worker {w}): {}\n{}",
+                text(&o),
+                d.context()
+            );
+        }
+        let o = sh(
+            &t.private,
+            &format!("timeout 20 iperf3 -6 -c {PUB6} -B {src} -p 5201 -t 2 -J"),
+        );
+        let j: serde_json::Value = serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("iperf3 -J output is not JSON ({e}):\n{}", text(&o)));
+        let bps = j["end"]["sum_received"]["bits_per_second"]
+            .as_f64()
+            .unwrap_or(0.0);
+        eprintln!(
+            "{backend}: iperf3 -6 TCP from {src} (worker {w}): {:.1} Mbit/s",
+            bps / 1e6
+        );
+        assert!(
+            bps > 1e6,
+            "iperf3 over IPv6 from {src} (worker {w}): {bps} bit/s\n{}\n{}",
             text(&o),
             d.context()
         );
     }
+
+    // An ICMPv6 error from a router (the public host, forwarding, with no
+    // route to UNREACHABLE6, answering from PUB6_LINK: the preferred
+    // source of its route back) is steered by the packet it quotes: it
+    // meets the echo's connection and is forwarded as related. Steered by
+    // its own addresses it would reach the other worker, which holds no
+    // connection, and the policy would drop it.
+    let wan_ll = sluice_wire::ndp::link_local(gw_mac(&t, "wan0"));
+    must(
+        &t.public,
+        &format!(
+            "sysctl -qw net.ipv6.conf.all.forwarding=1 && \
+             ip -6 route add unreachable {UNREACHABLE6}/64 && \
+             ip -6 route change fd00:1::/64 via {wan_ll} dev eth0 src {PUB6_LINK}"
+        ),
+    );
+    let o = sh(
+        &t.private,
+        &format!("ping -6 -n -c 1 -W 2 -I {src0} {unreachable}"),
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains(&format!("From {PUB6_LINK}")) && out.contains("Destination unreachable"),
+        "no destination unreachable for {src0} -> {unreachable}:\n{}\n{}",
+        text(&o),
+        d.context()
+    );
+
+    // Every connection lives on the worker the steering rule names, and
+    // both directions of it were seen there (assured).
     let st = d.ctl("status");
     let ws = st["worker_status"].as_array().cloned().unwrap_or_default();
     assert_eq!(ws.len(), 2, "{st}");
@@ -383,8 +535,28 @@ fn ipv6_on_worker_0(tag: &str, backend: &str) {
         .map(|w| w["connections6"].as_u64().unwrap_or(0))
         .collect();
     assert!(
-        conns6[0] >= 5,
-        "IPv6 connections on worker 0: {conns6:?}\n{st}"
+        conns6.iter().all(|&n| n >= 5),
+        "IPv6 connections on each worker: {conns6:?}\n{st}"
     );
-    assert_eq!(conns6[1], 0, "IPv6 reached worker 1: {st}");
+    for src in [&src0, &src1] {
+        let ct = d.ctl(&format!("conntrack list addr {src}"));
+        let entries = ct["connections"].as_array().cloned().unwrap_or_default();
+        let mine: Vec<_> = entries
+            .iter()
+            .filter(|e| e["orig"]["src"] == src.as_str())
+            .collect();
+        assert!(!mine.is_empty(), "no connection from {src}: {ct}");
+        for e in mine {
+            let dst = e["orig"]["dst"].as_str().unwrap_or_default();
+            assert_eq!(
+                e["worker"].as_u64(),
+                Some(u64::from(worker6(src, dst))),
+                "connection on the steered worker: {e}"
+            );
+            if e["proto"] == 6 {
+                assert_eq!(e["assured"], true, "both directions on one worker: {e}");
+            }
+        }
+    }
+    assert_eq!(d.drops("policy-drop"), 0, "{}", d.context());
 }

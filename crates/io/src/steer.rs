@@ -24,7 +24,10 @@
 //! | ICMP error quoting TCP / UDP | quoted **source** port | quoted **destination** port | quoted ports xor'd |
 //! | ICMP error quoting an ICMP query | quoted identifier | quoted identifier | quoted identifier |
 //! | other IPv4 protocols | src addr ^ dst addr | same | same |
-//! | non-IPv4 (ARP, ...) | worker 0 | worker 0 | worker 0 |
+//! | IPv6 (any next header, extension headers and fragments included) | [`addrs6`] of src and dst | same | same |
+//! | ICMPv6 error (types 1-4) right after the fixed header | [`addrs6`] of the **quoted** header | same | same |
+//! | NDP (ICMPv6 133-137 right after the fixed header) | worker 0 | worker 0 | worker 0 |
+//! | ARP, other non-IP, anything truncated | worker 0 | worker 0 | worker 0 |
 //!
 //! Why this is consistent, with an inside and an outside interface:
 //!
@@ -41,6 +44,30 @@
 //! - ICMP errors quote the packet that travelled the other way, so they use
 //!   the other port of the quoted header (RFC 5508 section 4.2).
 //!
+//! - IPv6 is never translated here (no NAT66), so it only needs both
+//!   directions of a flow, and the ICMPv6 errors about it, to meet. The
+//!   key is [`addrs6`]: the xor of the eight 32-bit words of the source
+//!   and destination addresses, folded to 16 bits. Xor is symmetric, so a
+//!   reply (addresses swapped) meets its request on either interface,
+//!   whatever the roles; an ICMPv6 error quotes the packet that caused it,
+//!   whose two addresses are the flow's, so keying it by the quoted
+//!   addresses brings `related` errors (packet too big, unreachable, time
+//!   exceeded, parameter problem) to the flow's worker. Ports would spread
+//!   one host pair's flows too, but they are not where a fixed-offset
+//!   program can find them when extension headers come first, they are
+//!   missing from non-first fragments (AF_PACKET reassembles only IPv4
+//!   before the fanout program runs), and a direction carrying an
+//!   extension header the other lacks would split the flow; the addresses
+//!   are always at fixed offsets. The price: all traffic between one pair
+//!   of hosts goes to one worker. An ICMPv6 error behind an extension
+//!   header is steered by its own addresses (RFC 4443 errors come without
+//!   them in practice).
+//! - NDP (router and neighbour solicitation and advertisement, redirect)
+//!   goes to worker 0, like ARP: worker 0 learns every neighbour and shares
+//!   it with the other workers (`sluice_daemon` `Command::SetNeighbor6`),
+//!   which is how an advertisement answering another worker's solicitation
+//!   reaches it.
+//!
 //! What it cannot steer (the daemon refuses or warns): DNAT that changes
 //! the port to a value on another worker, hairpinning, and flows between
 //! two interfaces of the same role.
@@ -49,15 +76,18 @@
 //!
 //! Loads are relative to the network header (`SKF_NET_OFF`), so the program
 //! does not depend on where the kernel's `skb->data` points when the fanout
-//! runs. Out-of-bounds loads make the kernel return 0 (worker 0), as
-//! [`run`] does. IP fragments are reassembled before the program runs
+//! runs; the IP version nibble tells IPv4 from IPv6 (an ARP frame's first
+//! byte is 0). Out-of-bounds loads make the kernel return 0 (worker 0), as
+//! [`run`] does. IPv4 fragments are reassembled before the program runs
 //! (`PACKET_FANOUT_FLAG_DEFRAG`); a non-first fragment that still arrives is
-//! steered by its addresses.
+//! steered by its addresses. IPv6 fragments are not reassembled, and need
+//! not be: IPv6 is steered by addresses only.
 //!
 //! On AF_XDP the same rule is applied by an XDP program (`afxdp::bpf`),
-//! which sees the whole frame: it parses Ethernet and one VLAN tag itself,
-//! and, with no reassembly before it, steers a non-first fragment by its
-//! addresses too. [`worker_for`] is the rule in plain Rust; the tests run
+//! which sees the whole frame: it parses Ethernet (IPv4 and IPv6
+//! ethertypes) and one VLAN tag itself, then decides on the IP version
+//! nibble as the cBPF program does, and, with no reassembly before it,
+//! steers a non-first IPv4 fragment by its addresses too. [`worker_for`] is the rule in plain Rust; the tests run
 //! both programs against it.
 
 /// What the steering key is for frames of one interface.
@@ -100,14 +130,17 @@ pub const fn owner_of(port: u16, workers: u16) -> u16 {
 /// fanout program (AF_PACKET) and the XDP program (AF_XDP,
 /// `afxdp::bpf::steer_program`); both are tested against it. A
 /// load past the end of `l3` decides worker 0, as the kernel does for the
-/// cBPF program; so does a frame that is not IPv4.
+/// cBPF program; so does a frame that is neither IPv4 nor IPv6, and NDP.
 pub fn worker_for(steer: Steer, l3: &[u8]) -> u16 {
     key_of(steer.key, l3).map_or(0, |k| owner_of(k, steer.workers.max(1)))
 }
 
 /// The 16-bit steering key of `l3` (see the table above), `None` when the
-/// frame goes to worker 0 without one (not IPv4, or truncated).
+/// frame goes to worker 0 without one (not IP, NDP, or truncated).
 fn key_of(key: SteerKey, l3: &[u8]) -> Option<u16> {
+    if l3.first()? >> 4 == 6 {
+        return key_of6(l3);
+    }
     let b = |o: usize| l3.get(o).copied();
     let h = |o: usize| {
         Some(u16::from_be_bytes([
@@ -115,11 +148,7 @@ fn key_of(key: SteerKey, l3: &[u8]) -> Option<u16> {
             *l3.get(o.checked_add(1)?)?,
         ]))
     };
-    let addrs = || {
-        let w = |o: usize| Some(u32::from_be_bytes(l3.get(o..o + 4)?.try_into().ok()?));
-        let a = w(12)? ^ w(16)?;
-        Some(((a >> 16) ^ a) as u16)
-    };
+    let addrs = || Some(fold(word(l3, 12)? ^ word(l3, 16)?));
     let ports = |base: usize, quoted: bool| match (key, quoted) {
         (SteerKey::Destination, false) | (SteerKey::Source, true) => h(base + 2),
         (SteerKey::Source, false) | (SteerKey::Destination, true) => h(base),
@@ -157,6 +186,43 @@ fn key_of(key: SteerKey, l3: &[u8]) -> Option<u16> {
     }
 }
 
+/// The IPv6 key (see the table above): [`addrs6`] of the header, or of
+/// the header an ICMPv6 error quotes; `None` for NDP and truncated frames.
+fn key_of6(l3: &[u8]) -> Option<u16> {
+    if *l3.get(6)? == ICMP6 {
+        match *l3.get(40)? {
+            ICMP6_ERRORS_FIRST..=ICMP6_ERRORS_LAST => return addrs6(l3.get(48..)?),
+            NDP_FIRST..=NDP_LAST => return None,
+            _ => {}
+        }
+    }
+    addrs6(l3)
+}
+
+/// The symmetric IPv6 address key: the xor of the eight big-endian 32-bit
+/// words of the source and destination addresses (bytes 8..40 of the
+/// header `l3` starts with), folded to 16 bits by xoring its halves.
+/// `None` when the addresses are truncated.
+pub fn addrs6(l3: &[u8]) -> Option<u16> {
+    let mut a = 0u32;
+    for i in 0..8 {
+        a ^= word(l3, 8 + 4 * i)?;
+    }
+    Some(fold(a))
+}
+
+/// The big-endian 32-bit word at `o`.
+fn word(l3: &[u8], o: usize) -> Option<u32> {
+    Some(u32::from_be_bytes(
+        l3.get(o..o.checked_add(4)?)?.try_into().ok()?,
+    ))
+}
+
+/// 32 bits to 16: the xor of the two halves.
+const fn fold(a: u32) -> u16 {
+    ((a >> 16) ^ a) as u16
+}
+
 /// One classic BPF instruction (`struct sock_filter`).
 pub type Insn = libc::sock_filter;
 
@@ -183,6 +249,8 @@ const MOD: u16 = 0x90;
 const XOR: u16 = 0xa0;
 const JA: u16 = 0x00;
 const JEQ: u16 = 0x10;
+const JGT: u16 = 0x20;
+const JGE: u16 = 0x30;
 const JSET: u16 = 0x40;
 const K: u16 = 0x00;
 const X: u16 = 0x08;
@@ -207,6 +275,10 @@ enum Label {
     InnerPorts,
     InnerQuery,
     Addrs,
+    Fold,
+    V6,
+    V6Error,
+    V6Addrs,
     Key,
     Zero,
 }
@@ -279,6 +351,23 @@ pub(crate) const ICMP_QUERIES: [u32; 8] = [0, 8, 13, 14, 15, 16, 17, 18];
 /// section 4.3.2.3): unreachable 3, source quench 4, redirect 5, time
 /// exceeded 11, parameter problem 12.
 pub(crate) const ICMP_ERRORS: [u32; 5] = [3, 4, 5, 11, 12];
+/// IPv6 next header of ICMPv6 (RFC 4443).
+pub(crate) const ICMP6: u8 = 58;
+/// ICMPv6 errors that quote the invoking packet (RFC 4443 section 3):
+/// destination unreachable 1, packet too big 2, time exceeded 3, parameter
+/// problem 4. The quoted header starts 8 bytes into the message.
+pub(crate) const ICMP6_ERRORS_FIRST: u8 = 1;
+/// See [`ICMP6_ERRORS_FIRST`].
+pub(crate) const ICMP6_ERRORS_LAST: u8 = 4;
+/// NDP messages (RFC 4861 section 4): router solicitation 133, router
+/// advertisement 134, neighbour solicitation 135, neighbour advertisement
+/// 136, redirect 137. They go to worker 0.
+pub(crate) const NDP_FIRST: u8 = 133;
+/// See [`NDP_FIRST`].
+pub(crate) const NDP_LAST: u8 = 137;
+/// Offset of the quoted IPv6 header in an ICMPv6 error after a fixed IPv6
+/// header: 40 + the 8-byte ICMPv6 error header.
+pub(crate) const QUOTED6: u32 = 48;
 
 /// Build the fanout program for `steer`. It returns the worker index
 /// ([`owner_of`] of the key); the kernel takes the result modulo the group
@@ -287,9 +376,10 @@ pub fn program(steer: Steer) -> Vec<Insn> {
     let workers = u32::from(steer.workers.max(1));
     let mut a = Asm { code: Vec::new() };
     use Label::*;
-    // IPv4?
+    // IPv4, IPv6 or neither (the version nibble)?
     a.op(LD | B | ABS, NET);
     a.op(ALU | RSH | K, 4);
+    a.jmp(JMP | JEQ | K, 6, T::L(V6), T::Next);
     a.jmp(JMP | JEQ | K, 4, T::Next, T::L(Zero));
     // A non-first fragment has no L4 header: steer by addresses.
     a.op(LD | H | ABS, NET + 6);
@@ -338,12 +428,42 @@ pub fn program(steer: Steer) -> Vec<Insn> {
     a.op(LD | H | IND, NET + 8 + 4);
     a.ja(Key);
 
+    // IPv6: ICMPv6 right after the fixed header may be an error (keyed by
+    // the quoted addresses) or NDP (worker 0); anything else is keyed by
+    // its own addresses.
+    a.label(V6);
+    a.op(LD | B | ABS, NET + 6);
+    a.jmp(JMP | JEQ | K, u32::from(ICMP6), T::Next, T::L(V6Addrs));
+    a.op(LD | B | ABS, NET + 40);
+    a.jmp(JMP | JGT | K, u32::from(NDP_LAST), T::L(V6Addrs), T::Next);
+    a.jmp(JMP | JGE | K, u32::from(NDP_FIRST), T::L(Zero), T::Next);
+    a.jmp(
+        JMP | JGT | K,
+        u32::from(ICMP6_ERRORS_LAST),
+        T::L(V6Addrs),
+        T::Next,
+    );
+    a.jmp(
+        JMP | JGE | K,
+        u32::from(ICMP6_ERRORS_FIRST),
+        T::L(V6Error),
+        T::L(V6Addrs),
+    );
+    a.label(V6Error);
+    xor_addrs6(&mut a, NET + QUOTED6);
+    a.ja(Fold);
+    a.label(V6Addrs);
+    xor_addrs6(&mut a, NET);
+    a.ja(Fold);
+
     // Anything else: a symmetric function of the addresses.
     a.label(Addrs);
     a.op(LD | W | ABS, NET + 12);
     a.op(MISC | TAX, 0);
     a.op(LD | W | ABS, NET + 16);
     a.op(ALU | XOR | X, 0);
+    // A (32 bits) -> 16: the xor of its halves.
+    a.label(Fold);
     a.op(MISC | TAX, 0);
     a.op(ALU | RSH | K, 16);
     a.op(ALU | XOR | X, 0);
@@ -357,6 +477,17 @@ pub fn program(steer: Steer) -> Vec<Insn> {
     a.label(Zero);
     a.op(RET | K, 0);
     a.finish()
+}
+
+/// A = the xor of the eight address words of the IPv6 header at `base`
+/// ([`addrs6`] before the fold).
+fn xor_addrs6(a: &mut Asm, base: u32) {
+    a.op(LD | W | ABS, base + 8);
+    for i in 1..8 {
+        a.op(MISC | TAX, 0);
+        a.op(LD | W | ABS, base + 8 + 4 * i);
+        a.op(ALU | XOR | X, 0);
+    }
 }
 
 /// Load the key from the L4 header at `X + base`. `quoted`: the header is
@@ -379,7 +510,7 @@ fn ports(a: &mut Asm, key: SteerKey, base: u32, quoted: bool) {
     }
 }
 
-/// Run `prog` on `l3` (a frame from its IPv4 header on) the way the kernel
+/// Run `prog` on `l3` (a frame from its IP header on) the way the kernel
 /// does for a fanout group: the return value, 0 when a load is out of
 /// bounds or the program is malformed. For tests and `sluice check`-style
 /// inspection; not used on the packet path.
@@ -440,6 +571,8 @@ pub fn run(prog: &[Insn], l3: &[u8]) -> u32 {
                         continue;
                     }
                     JEQ => acc == i.k,
+                    JGT => acc > i.k,
+                    JGE => acc >= i.k,
                     JSET => acc & i.k != 0,
                     _ => return 0,
                 };
@@ -522,6 +655,7 @@ pub(crate) mod tests {
                 base.push(ipv4(1, [192, 0, 2, 9], EXT, &e));
             }
         }
+        base.extend(corpus6());
         let mut opt = ipv4(17, IN, PUB, &[1, 1, 1, 1]);
         opt[0] = 0x46;
         opt.extend_from_slice(&ports(1001, 53));
@@ -550,6 +684,164 @@ pub(crate) mod tests {
         out
     }
 
+    const IN6: [u8; 16] = [0xfd, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
+    const PUB6: [u8; 16] = [0x20, 1, 0x0d, 0xb8, 0, 0x99, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
+    const RTR6: [u8; 16] = [0x20, 1, 0x0d, 0xb8, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+
+    /// An IPv6 header (next header `nh`) followed by `payload`.
+    pub(crate) fn ipv6(nh: u8, src: [u8; 16], dst: [u8; 16], payload: &[u8]) -> Vec<u8> {
+        let mut p = vec![0x60, 0x0a, 0xbc, 0xde];
+        p.extend_from_slice(&(payload.len() as u16).to_be_bytes());
+        p.extend_from_slice(&[nh, 64]);
+        p.extend_from_slice(&src);
+        p.extend_from_slice(&dst);
+        p.extend_from_slice(payload);
+        p
+    }
+
+    /// An ICMPv6 message: type, code, checksum, then `rest`.
+    fn icmp6(ty: u8, rest: &[u8]) -> Vec<u8> {
+        let mut m = vec![ty, 0, 0x12, 0x34];
+        m.extend_from_slice(rest);
+        m
+    }
+
+    /// An ICMPv6 error of type `ty` from `from` to `to` quoting `quoted`.
+    fn icmp6_error(ty: u8, from: [u8; 16], to: [u8; 16], quoted: &[u8]) -> Vec<u8> {
+        let mut rest = vec![0, 0, 5, 0x78]; // unused / MTU / pointer
+        rest.extend_from_slice(quoted);
+        ipv6(ICMP6, from, to, &icmp6(ty, &rest))
+    }
+
+    /// IPv6 frames of every shape the programs distinguish: TCP, UDP, ICMPv6
+    /// echo, errors quoting each of them (whole and cut short), NDP, other
+    /// informational ICMPv6, extension headers (hop-by-hop, a fragment
+    /// header, an error behind one), a non-first fragment.
+    pub(crate) fn corpus6() -> Vec<Vec<u8>> {
+        let tcp = ipv6(6, IN6, PUB6, &ports(40000, 443));
+        let udp = ipv6(17, PUB6, IN6, &ports(53, 61001));
+        let echo = ipv6(ICMP6, IN6, PUB6, &icmp6(128, &[0x10, 0x01, 0, 1]));
+        let mut v = vec![
+            tcp.clone(),
+            udp.clone(),
+            echo.clone(),
+            ipv6(ICMP6, PUB6, IN6, &icmp6(129, &[0x10, 0x01, 0, 1])),
+            ipv6(ICMP6, IN6, PUB6, &icmp6(0, &[0; 8])),
+            ipv6(ICMP6, IN6, PUB6, &icmp6(5, &[0; 8])),
+            ipv6(ICMP6, IN6, PUB6, &icmp6(127, &[0; 8])),
+            ipv6(ICMP6, IN6, PUB6, &icmp6(130, &[0; 20])),
+            ipv6(ICMP6, IN6, PUB6, &icmp6(132, &[0; 20])),
+            ipv6(ICMP6, IN6, PUB6, &icmp6(138, &[0; 20])),
+            ipv6(ICMP6, IN6, PUB6, &icmp6(255, &[0; 20])),
+            ipv6(59, IN6, PUB6, &[]),
+        ];
+        for ty in NDP_FIRST..=NDP_LAST {
+            let mut m = vec![0; 4];
+            m.extend_from_slice(&PUB6);
+            m.extend_from_slice(&[1, 1, 2, 0, 0, 0, 0, 9]);
+            v.push(ipv6(ICMP6, RTR6, IN6, &icmp6(ty, &m)));
+        }
+        for quoted in [&tcp, &udp, &echo] {
+            for ty in ICMP6_ERRORS_FIRST..=ICMP6_ERRORS_LAST {
+                v.push(icmp6_error(ty, RTR6, IN6, quoted));
+                v.push(icmp6_error(ty, RTR6, PUB6, &quoted[..44]));
+            }
+        }
+        // Hop-by-hop options (router alert) before TCP and before an
+        // ICMPv6 error; a fragment header before UDP; a non-first fragment.
+        let hbh = |nh: u8, inner: &[u8]| {
+            let mut p = vec![nh, 0, 5, 2, 0, 0, 1, 0];
+            p.extend_from_slice(inner);
+            p
+        };
+        v.push(ipv6(0, IN6, PUB6, &hbh(6, &ports(40000, 443))));
+        let err = icmp6(1, &[&[0, 0, 0, 0][..], &tcp].concat());
+        v.push(ipv6(0, RTR6, IN6, &hbh(ICMP6, &err)));
+        let frag = |off: u16, inner: &[u8]| {
+            let mut p = vec![17, 0];
+            p.extend_from_slice(&(off << 3 | 1).to_be_bytes());
+            p.extend_from_slice(&[0, 0, 0x42, 0x42]);
+            p.extend_from_slice(inner);
+            p
+        };
+        v.push(ipv6(44, IN6, PUB6, &frag(0, &ports(5353, 5353))));
+        v.push(ipv6(44, IN6, PUB6, &frag(185, &[0xaa; 24])));
+        v
+    }
+
+    fn all_steers() -> Vec<Steer> {
+        let keys = [SteerKey::Destination, SteerKey::Source, SteerKey::Symmetric];
+        keys.iter()
+            .flat_map(|&key| [1u16, 2, 3, 7].map(|workers| Steer { key, workers }))
+            .collect()
+    }
+
+    #[test]
+    fn ipv6_both_directions_and_their_errors_meet_on_one_worker() {
+        let flows = [
+            (6u8, ports(40000, 443)),
+            (17, ports(5353, 53)),
+            (ICMP6, icmp6(128, &[0x10, 0x01, 0, 1])),
+        ];
+        for s in all_steers() {
+            let p = program(s);
+            let mut seen = std::collections::BTreeSet::new();
+            for host in 0..32u8 {
+                let mut src = IN6;
+                src[15] = host;
+                for (nh, l4) in &flows {
+                    let fwd = ipv6(*nh, src, PUB6, l4);
+                    let rev = ipv6(*nh, PUB6, src, l4);
+                    let w = worker_for(s, &fwd);
+                    seen.insert(w);
+                    assert_eq!(worker_for(s, &rev), w, "{s:?} reply");
+                    assert_eq!(run(&p, &fwd), u32::from(w));
+                    // Errors about either direction, from a router on
+                    // either side, and the same flow behind a hop-by-hop
+                    // header.
+                    for ty in ICMP6_ERRORS_FIRST..=ICMP6_ERRORS_LAST {
+                        for (q, to) in [(&fwd, src), (&rev, PUB6)] {
+                            let e = icmp6_error(ty, RTR6, to, q);
+                            assert_eq!(worker_for(s, &e), w, "{s:?} error {ty}");
+                            assert_eq!(run(&p, &e), u32::from(w));
+                        }
+                    }
+                    let mut h = vec![*nh, 0, 5, 2, 0, 0, 1, 0];
+                    h.extend_from_slice(l4);
+                    assert_eq!(worker_for(s, &ipv6(0, src, PUB6, &h)), w);
+                }
+                // The key is the folded xor of the addresses.
+                let k = addrs6(&ipv6(59, src, PUB6, &[]));
+                assert_eq!(k, addrs6(&ipv6(59, PUB6, src, &[])));
+                let fwd = ipv6(6, src, PUB6, &ports(1, 2));
+                assert_eq!(k.map(|k| owner_of(k, s.workers)), Some(worker_for(s, &fwd)));
+            }
+            assert_eq!(seen.len(), usize::from(s.workers), "{s:?}: {seen:?}");
+        }
+    }
+
+    #[test]
+    fn ndp_and_truncated_ipv6_go_to_worker_zero() {
+        for s in all_steers() {
+            let p = program(s);
+            for ty in NDP_FIRST..=NDP_LAST {
+                let f = ipv6(ICMP6, RTR6, IN6, &icmp6(ty, &[0; 20]));
+                assert_eq!(worker_for(s, &f), 0, "NDP type {ty}");
+                assert_eq!(run(&p, &f), 0);
+            }
+            let tcp = ipv6(6, IN6, PUB6, &ports(40000, 443));
+            let err = icmp6_error(1, RTR6, IN6, &tcp);
+            for (f, whole) in [(&tcp, 40), (&err, 88)] {
+                for len in 0..whole {
+                    assert_eq!(worker_for(s, &f[..len]), 0, "{s:?} len {len}");
+                    assert_eq!(run(&p, &f[..len]), 0);
+                }
+            }
+            // ICMPv6 with no type byte.
+            assert_eq!(worker_for(s, &ipv6(ICMP6, IN6, PUB6, &[])), 0);
+        }
+    }
+
     #[test]
     fn program_and_reference_decide_alike() {
         let frames = corpus();
@@ -572,7 +864,9 @@ pub(crate) mod tests {
     fn jumps_stay_inside_and_program_ends_with_ret() {
         for key in [SteerKey::Destination, SteerKey::Source, SteerKey::Symmetric] {
             let p = steer(key, 4);
-            assert!(p.len() < 4096);
+            // Conditional jump offsets are 8 bits: a program of at most
+            // 256 instructions cannot have one truncated.
+            assert!(p.len() <= 256, "{} instructions", p.len());
             assert_eq!(p.last().map(|i| i.code & 0x07), Some(RET));
             for (n, i) in p.iter().enumerate() {
                 if i.code & 0x07 == JMP {

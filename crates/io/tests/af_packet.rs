@@ -187,6 +187,62 @@ fn afpacket_cbpf_fanout_steers_by_destination_port() {
     });
 }
 
+/// IPv6 through the kernel's cBPF fanout: every frame reaches exactly the
+/// worker `steer::worker_for` names (by the addresses, an ICMPv6 error by
+/// the quoted ones, NDP to worker 0), and the IPv6 frames are spread over
+/// all three workers.
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn afpacket_cbpf_fanout_spreads_ipv6_by_addresses() {
+    use sluice_io::steer::{worker_for, Steer, SteerKey};
+    let net = TestNet::new("pkt-cbpf6", &["v"]);
+    net.run(|| {
+        let workers = 3u16;
+        let steer = Steer {
+            key: SteerKey::Source,
+            workers,
+        };
+        let cfg = AfPacketConfig {
+            fanout_group: Some(4244),
+            steer: Some(steer),
+            ..AfPacketConfig::default()
+        };
+        let mut ports: Vec<AfPacketPort> = (0..workers)
+            .map(|_| AfPacketPort::open("v0", 0, &cfg).unwrap())
+            .collect();
+        let raw = RawSocket::open("v1").unwrap();
+        let sent = ipv6_steering_frames(1);
+        for f in &sent {
+            raw.send(f).unwrap();
+        }
+        let mut got = vec![Vec::new(); sent.len()];
+        for (w, p) in ports.iter_mut().enumerate() {
+            let mut b = Batch::new();
+            for _ in 0..40 {
+                let n = p.rx_batch(&mut b);
+                for i in 0..n {
+                    let Some(d) = b.data(i) else { continue };
+                    if let Some(k) = sent.iter().position(|f| f[..] == d[..]) {
+                        got[k].push(w);
+                    }
+                }
+                b.clear();
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        let mut used = [false; 3];
+        for (f, at) in sent.iter().zip(&got) {
+            let want = usize::from(worker_for(steer, &f[14..]));
+            assert_eq!(at, &[want], "frame {f:02x?}");
+            used[want] = true;
+            if f[20] == 58 && (f[54] == 135 || f[54] == 136) {
+                assert_eq!(want, 0, "NDP to worker 0");
+            }
+        }
+        assert_eq!(used, [true; 3], "IPv6 spread over every worker");
+    });
+}
+
 #[test]
 #[ignore = "needs root + netns; run by .ci/run with --ignored"]
 fn afpacket_fanout_splits_flows_between_two_workers() {

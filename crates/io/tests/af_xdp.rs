@@ -216,7 +216,9 @@ fn ipv4_frame(proto: u8, l4: &[u8]) -> Vec<u8> {
 /// frame to exactly the socket `steer::worker_for` names, like the
 /// AF_PACKET cBPF fanout: TCP/UDP by destination port (also behind an
 /// 802.1Q tag), ICMP echo by identifier, ICMP errors by the quoted source
-/// port, ARP and IPv6 to worker 0.
+/// port, IPv6 by its addresses (ICMPv6 errors by the quoted ones, with or
+/// without a tag), ARP and NDP to worker 0. Every IPv6 shape the kernel
+/// sees is also one the verifier had to accept.
 fn steered_rx_test(mode: XdpMode, tag: &str) {
     use sluice_io::steer::{worker_for, Steer, SteerKey};
     use sluice_io::XdpSteer;
@@ -290,11 +292,17 @@ fn steered_rx_test(mode: XdpMode, tag: &str) {
         arp.extend_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
         arp.resize(60, 0);
         sent.push((arp, 200));
-        let mut v6 = vec![0x02, 0, 0, 0, 0, 0x02, 0x02, 0, 0, 0, 0, 0x01, 0x86, 0xdd];
-        v6.extend_from_slice(&[0x60, 0, 0, 0, 0, 8, 17, 64]);
-        v6.extend_from_slice(&[0; 32]);
-        v6.extend_from_slice(&[0x13, 0x89, 0x13, 0x8b, 0, 8, 0, 0]);
-        sent.push((v6, 201));
+        // IPv6: by the addresses (an ICMPv6 error by the quoted ones), NDP
+        // to worker 0; some behind an 802.1Q tag.
+        let v6 = ipv6_steering_frames(500);
+        for (k, fr) in v6.iter().enumerate() {
+            let id = u16::from_be_bytes([fr[fr.len() - 2], fr[fr.len() - 1]]);
+            let mut fr = fr[..fr.len() - 2].to_vec();
+            if k % 5 == 1 {
+                fr.splice(12..12, [0x81, 0x00, 0x00, 0x07]);
+            }
+            sent.push((fr, id));
+        }
         for (fr, id) in &mut sent {
             let n = fr.len();
             fr.extend_from_slice(&id.to_be_bytes());
@@ -302,9 +310,10 @@ fn steered_rx_test(mode: XdpMode, tag: &str) {
             raw.send(fr).unwrap();
         }
         let want = |fr: &[u8]| -> u16 {
-            match fr[12..14] {
-                [8, 0] => worker_for(steer, &fr[14..]),
-                [0x81, 0] if fr[16..18] == [8, 0] => worker_for(steer, &fr[18..]),
+            let et = |o: usize| [fr[o], fr[o + 1]];
+            match (et(12), et(16)) {
+                ([8, 0] | [0x86, 0xdd], _) => worker_for(steer, &fr[14..]),
+                ([0x81, 0], [8, 0] | [0x86, 0xdd]) => worker_for(steer, &fr[18..]),
                 _ => 0,
             }
         };
@@ -335,6 +344,22 @@ fn steered_rx_test(mode: XdpMode, tag: &str) {
             per_worker[usize::from(want(fr))] += 1;
         }
         assert!(per_worker.iter().all(|&n| n > 10), "{per_worker:?}");
+        // IPv6 is spread over every worker, NDP stays on worker 0.
+        let mut v6_workers: Vec<u16> = sent
+            .iter()
+            .filter(|(_, id)| *id >= 500)
+            .map(|(fr, _)| want(fr))
+            .collect();
+        v6_workers.sort_unstable();
+        v6_workers.dedup();
+        assert_eq!(v6_workers, [0, 1, 2]);
+        let ndp: Vec<u16> = sent
+            .iter()
+            .filter(|(fr, _)| fr[12..14] == [0x86, 0xdd] && fr[20] == 58)
+            .filter(|(fr, _)| fr[54] == 135 || fr[54] == 136)
+            .map(|(fr, _)| want(fr))
+            .collect();
+        assert_eq!(ndp, [0, 0], "NDP to worker 0");
         for p in &mut ports {
             assert_eq!(p.stats().rx_kernel_drops, 0);
         }

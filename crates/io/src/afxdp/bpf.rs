@@ -19,7 +19,10 @@
 use std::os::fd::{FromRawFd, OwnedFd};
 
 use crate::error::IoError;
-use crate::steer::{Steer, SteerKey, ICMP_ERRORS, ICMP_QUERIES};
+use crate::steer::{
+    Steer, SteerKey, ICMP6, ICMP6_ERRORS_FIRST, ICMP6_ERRORS_LAST, ICMP_ERRORS, ICMP_QUERIES,
+    NDP_FIRST, NDP_LAST, QUOTED6,
+};
 use crate::sys;
 
 const BPF_MAP_CREATE: i32 = 0;
@@ -87,6 +90,8 @@ const MOV_X: u8 = 0xbf;
 const TO_BE: u8 = 0xdc; // BPF_ALU | BPF_END | BPF_TO_BE (imm = 16 or 32)
 const JA: u8 = 0x05;
 const JEQ_K: u8 = 0x15;
+const JGT_K: u8 = 0x25;
+const JGE_K: u8 = 0x35;
 const JGT_X: u8 = 0x2d;
 const JSET_K: u8 = 0x45;
 const JNE_K: u8 = 0x55;
@@ -118,6 +123,10 @@ enum Label {
     InnerPorts,
     InnerQuery,
     Addrs,
+    V6,
+    V6Error,
+    V6Addrs,
+    Fold6,
     Key,
     Out,
 }
@@ -195,10 +204,11 @@ fn xdp_ports(a: &mut Asm, key: SteerKey, base: i16, quoted: bool) {
 /// XSKMAP slot `rx_queue_index * workers + owner`, or passes it to the
 /// kernel stack when that slot is empty. It parses Ethernet with at most
 /// one 802.1Q / 802.1ad tag (the kernel strips one tag before an AF_PACKET
-/// fanout program runs), then the IPv4 header as the cBPF program does;
-/// every packet load is preceded by a bounds check against `data_end`
-/// (an out-of-bounds frame, like a non-IPv4 one such as ARP or IPv6, goes
-/// to worker 0). Returns the program and the index of the `ld_imm64` to
+/// fanout program runs); behind an IPv4 or IPv6 ethertype it reads the IP
+/// version nibble, as the cBPF program does, and goes on with the IPv4 or
+/// the IPv6 rule. Every packet load is preceded by a bounds check against
+/// `data_end` (an out-of-bounds frame, like one of another ethertype such
+/// as ARP, goes to worker 0). Returns the program and the index of the `ld_imm64` to
 /// patch with the map fd.
 pub(crate) fn steer_program(steer: Steer) -> (Vec<BpfInsn>, usize) {
     use Label::*;
@@ -220,20 +230,24 @@ pub(crate) fn steer_program(steer: Steer) -> (Vec<BpfInsn>, usize) {
     a.i(ADD_K, R4, 0, 0, 14);
     a.load16(R0, R2, 12);
     a.jmp(JEQ_K, R0, 0, 0x0800, L3);
+    a.jmp(JEQ_K, R0, 0, 0x86dd, L3);
     a.jmp(JEQ_K, R0, 0, 0x8100, Vlan);
     a.jmp(JNE_K, R0, 0, 0x88a8, Out);
     a.label(Vlan);
     a.need(R2, 18);
     a.i(ADD_K, R4, 0, 0, 4);
     a.load16(R0, R2, 16);
-    a.jmp(JNE_K, R0, 0, 0x0800, Out);
-    // IPv4: version, fragment offset, header length, protocol.
+    a.jmp(JEQ_K, R0, 0, 0x0800, L3);
+    a.jmp(JNE_K, R0, 0, 0x86dd, Out);
+    // The version nibble picks the rule, as in the cBPF program.
     a.label(L3);
     a.need(R4, 1);
     a.i(LDX_B, R9, R4, 0, 0);
     a.i(MOV_X, R0, R9, 0, 0);
     a.i(RSH_K, R0, 0, 0, 4);
+    a.jmp(JEQ_K, R0, 0, 6, V6);
     a.jmp(JNE_K, R0, 0, 4, Out);
+    // IPv4: fragment offset, header length, protocol.
     a.need(R4, 8);
     a.load16(R0, R4, 6);
     a.jmp(JSET_K, R0, 0, 0x1fff, Addrs);
@@ -284,6 +298,43 @@ pub(crate) fn steer_program(steer: Steer) -> (Vec<BpfInsn>, usize) {
     a.label(InnerQuery);
     a.need(R5, 8 + 6);
     a.load16(R8, R5, 8 + 4);
+    a.jmp(JA, 0, 0, 0, Key);
+
+    // IPv6: every path reads the addresses at 8..40, so a header shorter
+    // than 40 bytes goes to worker 0 whatever follows. ICMPv6 right after
+    // the fixed header: an error is keyed by the quoted header's addresses
+    // (R5 = R4 + 48), NDP goes to worker 0; the rest by their own (R5 = R4).
+    a.label(V6);
+    a.need(R4, 40);
+    a.i(LDX_B, R0, R4, 6, 0);
+    a.jmp(JNE_K, R0, 0, i32::from(ICMP6), V6Addrs);
+    a.need(R4, 41);
+    a.i(LDX_B, R0, R4, 40, 0);
+    a.jmp(JGT_K, R0, 0, i32::from(NDP_LAST), V6Addrs);
+    a.jmp(JGE_K, R0, 0, i32::from(NDP_FIRST), Out);
+    a.jmp(JGT_K, R0, 0, i32::from(ICMP6_ERRORS_LAST), V6Addrs);
+    a.jmp(JGE_K, R0, 0, i32::from(ICMP6_ERRORS_FIRST), V6Error);
+    a.jmp(JA, 0, 0, 0, V6Addrs);
+    a.label(V6Error);
+    a.need(R4, QUOTED6 as i32 + 40);
+    a.i(MOV_X, R5, R4, 0, 0);
+    a.i(ADD_K, R5, 0, 0, QUOTED6 as i32);
+    a.jmp(JA, 0, 0, 0, Fold6);
+    a.label(V6Addrs);
+    a.i(MOV_X, R5, R4, 0, 0);
+    // The xor of the eight address words at R5 + 8, in host order; one
+    // byte swap of the result is the xor of the big-endian words.
+    a.label(Fold6);
+    a.i(LDX_W, R8, R5, 8, 0);
+    for i in 1..8 {
+        a.i(LDX_W, R0, R5, 8 + 4 * i, 0);
+        a.i(XOR_X, R8, R0, 0, 0);
+    }
+    a.i(TO_BE, R8, 0, 0, 32);
+    a.i(MOV_X, R0, R8, 0, 0);
+    a.i(RSH_K, R0, 0, 0, 16);
+    a.i(XOR_X, R8, R0, 0, 0);
+    a.i(AND_K, R8, 0, 0, 0xffff);
     a.jmp(JA, 0, 0, 0, Key);
 
     // Anything else: a symmetric function of the addresses.
@@ -660,6 +711,8 @@ mod tests {
                 JA => jump(true, &mut pc),
                 JEQ_K => jump(r[d] == k, &mut pc),
                 JNE_K => jump(r[d] != k, &mut pc),
+                JGT_K => jump(r[d] > k, &mut pc),
+                JGE_K => jump(r[d] >= k, &mut pc),
                 JSET_K => jump(r[d] & k != 0, &mut pc),
                 JGT_X => jump(r[d] > r[s], &mut pc),
                 LD_IMM64 => {
@@ -704,12 +757,16 @@ mod tests {
                     let base = queue * u32::from(workers);
                     for l3 in &frames {
                         let want = base + u32::from(worker_for(s, l3));
-                        for vlan in [None, Some(0x8100), Some(0x88a8)] {
-                            let f = ether(0x0800, vlan, l3);
-                            assert_eq!(exec(&prog, &f, queue), want, "{s:?} {f:02x?}");
+                        // Behind either IP ethertype the version nibble
+                        // decides, as for the cBPF program.
+                        for et in [0x0800, 0x86dd] {
+                            for vlan in [None, Some(0x8100), Some(0x88a8)] {
+                                let f = ether(et, vlan, l3);
+                                assert_eq!(exec(&prog, &f, queue), want, "{s:?} {f:02x?}");
+                            }
                         }
-                        // IPv6, ARP, a tag inside a tag: worker 0.
-                        for (et, vlan) in [(0x86dd, None), (0x0806, None), (0x8100, Some(0x88a8))] {
+                        // ARP, a tag inside a tag: worker 0.
+                        for (et, vlan) in [(0x0806, None), (0x8100, Some(0x88a8))] {
                             assert_eq!(exec(&prog, &ether(et, vlan, l3), queue), base);
                         }
                     }

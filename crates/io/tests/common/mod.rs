@@ -140,3 +140,59 @@ pub fn assert_all_in_order(seen: &[u32], n: u32, what: &str) {
     );
     assert_eq!(seen, &want[..], "{what}: frames out of order or repeated");
 }
+
+/// An Ethernet/IPv6 frame from `fd00::S` to `2001:db8::D` (S, D: the
+/// last address bytes) with next header `nh` and `payload`.
+pub fn ipv6_frame(nh: u8, s: u8, d: u8, payload: &[u8]) -> Vec<u8> {
+    let mut fr = vec![0x02, 0, 0, 0, 0, 0x02, 0x02, 0, 0, 0, 0, 0x01, 0x86, 0xdd];
+    fr.extend_from_slice(&[0x60, 0, 0, 0]);
+    fr.extend_from_slice(&(payload.len() as u16).to_be_bytes());
+    fr.extend_from_slice(&[nh, 64]);
+    fr.extend_from_slice(&[0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, s]);
+    fr.extend_from_slice(&[0x20, 1, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, d]);
+    fr.extend_from_slice(payload);
+    fr
+}
+
+/// IPv6 frames of the shapes the steering programs tell apart, each with
+/// its id in the last two bytes (after the IPv6 payload): UDP and TCP
+/// between 24 host pairs, ICMPv6 echo, ICMPv6 errors quoting a UDP packet
+/// (keyed by the quoted addresses), TCP behind a hop-by-hop header, a
+/// non-first fragment, and NDP (neighbour solicitation and advertisement,
+/// for worker 0). At least 60 bytes each.
+pub fn ipv6_steering_frames(first_id: u16) -> Vec<Vec<u8>> {
+    let mut v = Vec::new();
+    let udp = [0x13, 0x89, 0x13, 0x8b, 0, 8, 0, 0];
+    let tcp = [
+        0x9c, 0x40, 0x01, 0xbb, 0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x02, 0, 0, 0, 0, 0, 0,
+    ];
+    for h in 0..24u8 {
+        v.push(ipv6_frame(if h % 2 == 0 { 17 } else { 6 }, h, 7, &tcp));
+        v.push(ipv6_frame(58, 7 + h, h, &[128, 0, 0, 0, 0, h, 0, 1]));
+        // Time exceeded / unreachable from a router (fd00::fe) to the
+        // sender, quoting a UDP packet of host pair (h, 9).
+        let quoted = &ipv6_frame(17, h, 9, &udp)[14..];
+        let mut err = vec![if h % 2 == 0 { 3 } else { 1 }, 0, 0, 0, 0, 0, 0, 0];
+        err.extend_from_slice(quoted);
+        v.push(ipv6_frame(58, 0xfe, h, &err));
+    }
+    let mut hbh = vec![6, 0, 5, 2, 0, 0, 1, 0];
+    hbh.extend_from_slice(&tcp);
+    v.push(ipv6_frame(0, 3, 4, &hbh));
+    v.push(ipv6_frame(
+        44,
+        5,
+        6,
+        &[17, 0, 0x05, 0xc9, 0, 0, 0, 1, 0xaa, 0xaa, 0xaa, 0xaa],
+    ));
+    for ty in [135u8, 136] {
+        let mut m = vec![ty, 0, 0, 0, 0, 0, 0, 0];
+        m.extend_from_slice(&[0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+        v.push(ipv6_frame(58, 2, 1, &m));
+    }
+    for (i, f) in v.iter_mut().enumerate() {
+        f.resize(f.len().max(58), 0);
+        f.extend_from_slice(&(first_id + i as u16).to_be_bytes());
+    }
+    v
+}
