@@ -11,6 +11,15 @@
 //!
 //! The packet path takes no lock: the control plane talks to the worker
 //! only through its bounded command channel, polled between batches.
+//!
+//! With several workers, a frame the engine hands to another worker
+//! ([`Action::Handoff`]) is copied into one of this worker's preallocated
+//! buffers and sent over the owner's bounded handoff channel ([`Handoff`]);
+//! the owner drains its channel once per loop turn, processes the frames
+//! as one batch ([`Worker::process_handed_off`]) and sends each buffer
+//! back to the worker it came from. Nothing is allocated after start; a
+//! frame that finds no free buffer or a full channel is dropped and counted
+//! (`handoff_dropped` in `status`).
 
 use core::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::RawFd;
@@ -25,6 +34,98 @@ use sluice_io::{BackendKind, Batch, Port, PortStats};
 use crate::ctl::{CtEntry, CtFilter};
 use crate::neigh::{parse_arp, Resolver, Todo};
 use crate::neigh6::{parse_ndp, Origin, Resolver6};
+
+/// Buffers each worker owns for handing frames to other workers.
+pub const HANDOFF_BUFFERS: usize = 512;
+/// Messages a worker's handoff channel holds.
+pub const HANDOFF_QUEUE: usize = 2 * HANDOFF_BUFFERS;
+/// Bytes of a handoff buffer (the largest frame the ports receive).
+pub const HANDOFF_FRAME: usize = 2048;
+
+/// A message between workers.
+pub enum HandoffMsg {
+    /// A frame for the receiving worker to process, received by worker
+    /// `from` on interface `iif`, in `buf`.
+    Frame {
+        /// The worker that sent it (and gets `buf` back).
+        from: u16,
+        /// Ingress interface.
+        iif: IfIndex,
+        /// The frame.
+        buf: Vec<u8>,
+    },
+    /// A buffer coming back to its owner.
+    Return(Vec<u8>),
+}
+
+/// A worker's side of the handoff between workers.
+pub struct Handoff {
+    inbox: Receiver<HandoffMsg>,
+    /// Every worker's inbox, by worker index.
+    outboxes: Vec<SyncSender<HandoffMsg>>,
+    free: Vec<Vec<u8>>,
+    /// Frames that could not be handed over (no buffer, channel full, too
+    /// long).
+    dropped: u64,
+}
+
+impl Handoff {
+    /// `inbox`: this worker's channel; `outboxes`: every worker's, by index.
+    pub fn new(inbox: Receiver<HandoffMsg>, outboxes: Vec<SyncSender<HandoffMsg>>) -> Self {
+        let free = if outboxes.len() > 1 {
+            (0..HANDOFF_BUFFERS)
+                .map(|_| Vec::with_capacity(HANDOFF_FRAME))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Self {
+            inbox,
+            outboxes,
+            free,
+            dropped: 0,
+        }
+    }
+
+    /// Send frame `data` (received on `iif`) to worker `to`.
+    fn send(&mut self, from: u16, to: u16, iif: IfIndex, data: &[u8]) {
+        let (Some(out), true) = (
+            self.outboxes.get(usize::from(to)),
+            data.len() <= HANDOFF_FRAME,
+        ) else {
+            self.dropped += 1;
+            return;
+        };
+        let Some(mut buf) = self.free.pop() else {
+            self.dropped += 1;
+            return;
+        };
+        buf.clear();
+        buf.extend_from_slice(data);
+        if let Err(TrySendError::Full(m) | TrySendError::Disconnected(m)) =
+            out.try_send(HandoffMsg::Frame { from, iif, buf })
+        {
+            self.dropped += 1;
+            let (HandoffMsg::Frame { buf, .. } | HandoffMsg::Return(buf)) = m;
+            self.free.push(buf);
+        }
+    }
+
+    /// Give `buf` back to worker `to` (kept here if its channel is full).
+    fn give_back(&mut self, to: u16, buf: Vec<u8>) {
+        match self.outboxes.get(usize::from(to)) {
+            Some(out) => {
+                if let Err(TrySendError::Full(m) | TrySendError::Disconnected(m)) =
+                    out.try_send(HandoffMsg::Return(buf))
+                {
+                    let (HandoffMsg::Frame { buf, .. } | HandoffMsg::Return(buf)) = m;
+                    self.free.push(buf);
+                }
+            }
+            None => self.free.push(buf),
+        }
+    }
+}
 
 /// Housekeeping period (GC slice, ARP retries).
 pub const HOUSEKEEPING_NS: u64 = 10_000_000;
@@ -73,6 +174,9 @@ pub struct WorkerStatus {
     pub arp_dropped: u64,
     /// Frames a port did not accept (ring full) after one retry.
     pub tx_dropped: u64,
+    /// Frames that could not be handed to their owner worker (no free
+    /// buffer, its channel full).
+    pub handoff_dropped: u64,
 }
 
 /// One port's status.
@@ -196,6 +300,8 @@ pub struct WorkerThread {
     pub commands: Receiver<Command>,
     /// Peers, to share learnt neighbours.
     pub peers: Vec<SyncSender<Command>>,
+    /// Frames to and from other workers.
+    pub handoff: Handoff,
     /// Set to stop.
     pub stop: Arc<AtomicBool>,
     /// Clock origin shared by all workers.
@@ -273,6 +379,7 @@ struct Scratch {
     tx_dropped: u64,
     ctl: Option<Batch>,
     arp: Option<Batch>,
+    hand: Option<Batch>,
 }
 
 impl WorkerThread {
@@ -294,6 +401,7 @@ impl WorkerThread {
             tx_dropped: 0,
             ctl: Some(Batch::new()),
             arp: Some(Batch::new()),
+            hand: Some(Batch::new()),
         };
         let fds: Vec<Option<RawFd>> = self.ports.iter().map(|p| p.poll_fd()).collect();
         let mut last_house = 0u64;
@@ -306,7 +414,7 @@ impl WorkerThread {
                 self.engine.set_policy(self.policy.load());
             }
             self.commands(&mut s);
-            let mut got = 0;
+            let mut got = self.handed_in(&mut s);
             for k in 0..nports {
                 got += self.one_port(k, &mut s);
             }
@@ -375,6 +483,7 @@ impl WorkerThread {
                         ndp_pending: self.resolver6.pending(),
                         arp_dropped: s.arp_dropped,
                         tx_dropped: s.tx_dropped,
+                        handoff_dropped: self.handoff.dropped,
                     });
                 }
                 Command::List(f, limit, tx) => {
@@ -452,7 +561,7 @@ impl WorkerThread {
             }
         }
         let now = now_ns(self.epoch);
-        self.process_and_send(now, &mut ctl, s, false);
+        self.process_and_send(now, &mut ctl, s, false, false);
         ctl.clear();
         s.ctl = Some(ctl);
     }
@@ -516,20 +625,71 @@ impl WorkerThread {
                     self.learnt6(oif, ip, mac, Origin::Learnt, true, s);
                 }
             }
-            self.process_and_send(now, &mut batch, s, true);
+            self.process_and_send(now, &mut batch, s, true, false);
         }
         batch.clear();
         s.batch = Some(batch);
         n
     }
 
+    /// Frames other workers handed to this one (at most a batch per loop
+    /// turn): processed as one batch; their buffers go back at once.
+    /// Returns how many frames there were.
+    fn handed_in(&mut self, s: &mut Scratch) -> usize {
+        let Some(mut batch) = s.hand.take() else {
+            return 0;
+        };
+        batch.clear();
+        let mut n = 0;
+        while batch.room() > 0 {
+            let Ok(m) = self.handoff.inbox.try_recv() else {
+                break;
+            };
+            match m {
+                HandoffMsg::Return(buf) => self.handoff.free.push(buf),
+                HandoffMsg::Frame { from, iif, buf } => {
+                    let meta = sluice_io::FrameMeta {
+                        port: iif,
+                        timestamp_ns: 0,
+                    };
+                    if batch.push_copy(&buf, meta) {
+                        n += 1;
+                    } else {
+                        self.handoff.dropped += 1;
+                    }
+                    self.handoff.give_back(from, buf);
+                }
+            }
+        }
+        if n > 0 {
+            let now = now_ns(self.epoch);
+            self.process_and_send(now, &mut batch, s, true, true);
+        }
+        batch.clear();
+        s.hand = Some(batch);
+        n
+    }
+
     /// Run the engine on `batch` and transmit the result. `hold` lets
     /// `no-neighbor` drops wait for ARP (not for frames that already waited).
-    fn process_and_send(&mut self, now: u64, batch: &mut Batch, s: &mut Scratch, hold: bool) {
+    /// `handed`: the frames came from another worker
+    /// ([`Worker::process_handed_off`]).
+    fn process_and_send(
+        &mut self,
+        now: u64,
+        batch: &mut Batch,
+        s: &mut Scratch,
+        hold: bool,
+        handed: bool,
+    ) {
         let count = batch.len().min(MAX_BATCH);
         {
             let mut fr = BatchFrames::new(batch, &mut s.lens, &mut s.actions);
-            self.engine.process(now, &mut fr);
+            if handed {
+                self.engine.process_handed_off(now, &mut fr);
+            } else {
+                self.engine.process(now, &mut fr);
+            }
             fr.finish();
         }
         for o in &mut s.out {
@@ -542,6 +702,13 @@ impl WorkerThread {
                 Action::Reply => batch
                     .meta(i)
                     .and_then(|m| usize::from(m.port).checked_sub(1)),
+                Action::Handoff(w) => {
+                    let iif = batch.meta(i).map_or(0, |m| m.port);
+                    if let Some(f) = batch.data(i) {
+                        self.handoff.send(self.id, w, iif, f);
+                    }
+                    None
+                }
                 Action::Drop(DropReason::NoNeighbor) if hold => {
                     let iif = batch.meta(i).map_or(0, |m| m.port);
                     if let Some(f) = batch.data(i) {

@@ -44,12 +44,11 @@
 //!   two addresses (ICMPv6 errors by the quoted ones), ARP and NDP to
 //!   worker 0, which shares learnt neighbours ([`steer_for`]). Every
 //!   interface then needs a `role` (a config error otherwise). What this
-//!   cannot steer, and is named at `warn` at start: hairpinning (works only when both
-//!   ports share a worker), flows between two interfaces of the same role,
-//!   and DNAT that rewrites the destination port (each `dnat to
-//!   ADDR:PORT` is named, at start and on reload: it works only for
-//!   original ports owned by `PORT`'s worker). A software handoff between
-//!   workers for these is not implemented.
+//!   cannot steer, hairpinning and DNAT that rewrites the destination
+//!   port, the engine hands to the owning worker
+//!   ([`sluice_engine::Action::Handoff`]; [`dataplane::Handoff`] carries
+//!   the frames); flows between two interfaces of the same role are named
+//!   at `warn` at start.
 //! - Changes to interfaces, routes, workers, backend, NAT behaviour or NAT
 //!   pools need a restart; a reload applies the ruleset and static
 //!   neighbours and reports the rest.
@@ -343,10 +342,6 @@ impl Control {
                 ),
             });
         }
-        warn_dnat_ports(
-            lp.compiled.as_deref(),
-            u16::try_from(self.workers.len()).unwrap_or(u16::MAX),
-        );
         st.generation = self.retire(self.policy.publish(Arc::clone(&lp.policy)));
         st.source = lp.source;
         st.rules = lp.rules;
@@ -576,7 +571,8 @@ fn counters_json(c: &sluice_engine::Counters) -> Value {
         .collect();
     json!({"rx": c.rx, "tx": c.tx, "fast_path": c.fast_path, "slow_path": c.slow_path,
            "ct_created": c.ct_created, "local": c.local, "icmp_errors": c.icmp_errors,
-           "icmp_errors_limited": c.icmp_errors_limited, "drops_total": c.total_drops(),
+           "icmp_errors_limited": c.icmp_errors_limited, "handed_off": c.handed_off,
+           "drops_total": c.total_drops(),
            "drops": drops})
 }
 
@@ -586,6 +582,7 @@ fn worker_json(w: &WorkerStatus) -> Value {
            "neighbors6": w.neighbors6, "ndp_pending": w.ndp_pending,
            "connections6": w.connections6,
            "arp_dropped": w.arp_dropped, "tx_dropped": w.tx_dropped,
+           "handoff_dropped": w.handoff_dropped,
            "drops_total": w.counters.total_drops()})
 }
 
@@ -606,49 +603,12 @@ pub fn steer_for(role: Option<config::Role>, workers: u16) -> sluice_io::steer::
     }
 }
 
-/// With several workers, name every `dnat to ADDR:PORT` of `compiled` at
-/// `warn`: the reply from the inside host comes back from `PORT`, which the
-/// inside steering sends to `owner_of(PORT)`, while the connection lives on
-/// the worker of the original destination port. It works only when both
-/// ports are owned by the same worker.
-fn warn_dnat_ports(compiled: Option<&sluice_policy::CompiledPolicy>, workers: u16) {
-    if workers <= 1 {
-        return;
-    }
-    let Some(c) = compiled else { return };
-    for a in c.nat_actions() {
-        if let sluice_nat::Translation::Dnat {
-            addr,
-            port: Some(port),
-        } = a.translation
-        {
-            tracing::warn!(
-                workers,
-                target = %format!("{addr}:{port}"),
-                owner = sluice_nat::owner_of(port, workers),
-                "dnat rewrites the destination port: with several workers only connections \
-                 whose original destination port p has owner_of(p) == owner (see the field) are kept \
-                 on one worker; others see their replies steered to another worker and dropped"
-            );
-        }
-    }
-}
-
 /// The combinations several workers cannot steer, each named at `warn`
 /// once at start.
 fn warn_unsteered(cfg: &config::Config) {
     let n = cfg.workers;
     if n <= 1 || cfg.backend == config::BackendChoice::Mem {
         return;
-    }
-    if cfg.nat.hairpinning {
-        tracing::warn!(
-            workers = n,
-            "nat.hairpinning with several workers: a connection is hairpinned only when the \
-             client's source port and the target mapping's external port are owned by the same \
-             worker (sluice_nat::owner_of); other hairpin attempts are not translated. Set \
-             nat.hairpinning = false to silence this"
-        );
     }
     for role in [config::Role::Inside, config::Role::Outside] {
         let same: Vec<&str> = cfg
@@ -708,6 +668,14 @@ fn engine_config(
         ct6_max: cfg.ct6_max.div_ceil(u64::from(cfg.workers.max(1))),
         worker: id,
         workers: cfg.workers,
+        // Engine interface k + 1 is config interface k.
+        steered_by_source: cfg
+            .interfaces
+            .iter()
+            .enumerate()
+            .filter(|(_, i)| i.role == Some(config::Role::Inside))
+            .map(|(k, _)| (k + 1) as sluice_engine::IfIndex)
+            .collect(),
         ct_max: cfg.ct_max.div_ceil(u64::from(cfg.workers.max(1))),
         timeouts: cfg.timeouts,
         seed: random_seed(),
@@ -781,7 +749,6 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     }
     let lp = load_policy(&cfg, None)?;
     tracing::info!(ruleset = %lp.source, rules = lp.rules, "policy compiled");
-    warn_dnat_ports(lp.compiled.as_deref(), cfg.workers);
 
     // Signals first, so a SIGTERM during start-up is not lost.
     let mut signals = signal_hook::iterator::Signals::new([
@@ -865,6 +832,10 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
         senders.push(tx);
         receivers.push(rx);
     }
+    let (hand_tx, hand_rx): (Vec<_>, Vec<_>) = (0..cfg.workers)
+        .map(|_| mpsc::sync_channel(dataplane::HANDOFF_QUEUE))
+        .unzip();
+    let mut hand_rx = hand_rx.into_iter();
     for (id, rx) in (0..cfg.workers).zip(receivers) {
         let engine = Worker::new(
             engine_config(&cfg, &macs, &mtus, &lp.pools, id),
@@ -960,6 +931,12 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
             resolver6,
             commands: rx,
             peers,
+            handoff: dataplane::Handoff::new(
+                hand_rx
+                    .next()
+                    .ok_or_else(|| RunError::Os("handoff channel missing".into()))?,
+                hand_tx.clone(),
+            ),
             stop: Arc::clone(&stop),
             epoch,
             core: cores

@@ -116,6 +116,9 @@ pub struct Counters {
     pub icmp_errors: u64,
     /// ICMP errors not sent because of the rate limit.
     pub icmp_errors_limited: u64,
+    /// Frames handed to the worker that owns their connection
+    /// ([`crate::Action::Handoff`]).
+    pub handed_off: u64,
     /// Drops, indexed by `DropReason as usize`.
     pub drops: [u64; DropReason::COUNT],
 }
@@ -151,6 +154,7 @@ impl Counters {
         self.local += o.local;
         self.icmp_errors += o.icmp_errors;
         self.icmp_errors_limited += o.icmp_errors_limited;
+        self.handed_off += o.handed_off;
         for (a, b) in self.drops.iter_mut().zip(o.drops.iter()) {
             *a += b;
         }

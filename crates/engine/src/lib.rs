@@ -49,6 +49,11 @@ pub enum Action {
     Reply,
     /// Dropped, for this reason.
     Drop(DropReason),
+    /// Belongs to a connection that lives on another worker (or will be
+    /// created there): pass the frame, unchanged, to that worker, which
+    /// processes it with [`Worker::process_handed_off`]. Only with several
+    /// workers; see the worker's module documentation.
+    Handoff(u16),
 }
 
 /// A batch of frames the engine can rewrite in place. Implemented by the io

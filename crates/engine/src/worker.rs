@@ -3,6 +3,37 @@
 //! A worker owns its connection table, its slice of the NAT port space, its
 //! adjacencies and its counters. Nothing on the packet path is shared with
 //! another worker.
+//!
+//! # Handoff between workers
+//!
+//! With several workers, frames are steered to workers by port
+//! (`sluice_io::steer`): on an inside interface by source port, on an
+//! outside one by destination port, so a NAT reply reaches the worker that
+//! allocated its external port. Two kinds of connection cannot be steered
+//! that way, and the slow path hands their frames to the worker that owns
+//! them ([`Action::Handoff`]; the daemon passes the frame over a queue and
+//! the owner runs [`Worker::process_handed_off`], which never hands off
+//! again):
+//!
+//! 1. A packet to a NAT external endpoint (a pool address, or one of the
+//!    gateway's own addresses, which masquerade uses) whose port belongs
+//!    to another worker's slice (`owner_of(dport)`): hairpinning, where an
+//!    inside host's packet to a mapping arrives at the worker of its own
+//!    source port, and the replies of hairpinned connections. The owner of
+//!    the mapping is the owner of the port.
+//! 2. A new connection whose destination prerouting rewrites (DNAT, or
+//!    hairpinning to a mapping) toward an inside interface: its replies
+//!    come back from that inside host and are steered by their source
+//!    port, the translated destination port, to `owner_of(that port)`. If
+//!    that is another worker, the connection is created there instead, and
+//!    every later packet of the original direction (steered here by its
+//!    own port) misses here and is handed over again.
+//!
+//! Prerouting runs on both workers for the first packet of such a
+//! connection (its rules have no side effects beyond the verdict). An
+//! original-direction packet of a handed-over connection pays a conntrack
+//! miss and a prerouting evaluation on the receiving worker before it is
+//! handed over.
 
 use core::net::{Ipv4Addr, Ipv6Addr};
 use std::collections::VecDeque;
@@ -92,6 +123,12 @@ pub struct EngineConfig {
     /// Maximum IPv6 connections this worker tracks (a table of its own,
     /// preallocated like the IPv4 one).
     pub ct6_max: u64,
+    /// Interfaces whose frames are steered to workers by their source port
+    /// (the inside role, `sluice_io::steer::SteerKey::Source`): a connection
+    /// DNATed toward one of them belongs to `owner_of` its translated
+    /// destination port (see the module documentation). Only matters with
+    /// several workers.
+    pub steered_by_source: Vec<IfIndex>,
 }
 
 /// Burst size of the ICMP error rate limiter (Linux's `icmp_msgs_burst`).
@@ -105,6 +142,7 @@ impl Default for EngineConfig {
             neighbors: Vec::new(),
             worker: 0,
             workers: 1,
+            steered_by_source: Vec::new(),
             ct_max: 1 << 20,
             timeouts: Timeouts::default(),
             seed: 0x5eed,
@@ -366,6 +404,13 @@ pub struct Worker {
     v6: v6::State,
     /// Datagrams whose first fragment was forwarded ([`frag`]).
     frags: frag::FragTable,
+    /// Number of workers (handoff targets are `0..workers`).
+    workers: u16,
+    /// Per interface: steered by source port ([`EngineConfig::steered_by_source`]).
+    by_source: Vec<bool>,
+    /// The batch being processed was handed over by another worker: it is
+    /// never handed off again.
+    handed_in: bool,
 }
 
 /// A token bucket in thousandths of a token, refilled from the batch time
@@ -462,6 +507,9 @@ impl Worker {
         }
         let v6 = v6::State::new(&cfg)?;
         let filter_established = !policy.established_accepted();
+        let by_source = (0..cfg.interfaces.len())
+            .map(|i| cfg.steered_by_source.contains(&(i as IfIndex)))
+            .collect();
         let mut w = Self {
             id: cfg.worker,
             ct: table,
@@ -486,6 +534,9 @@ impl Worker {
             missing_nh: None,
             v6,
             frags: frag::FragTable::new(),
+            workers: cfg.workers.max(1),
+            by_source,
+            handed_in: false,
         };
         for (ip, mac) in cfg.neighbors {
             w.set_neighbor(ip, mac)?;
@@ -712,6 +763,7 @@ impl Worker {
                 Action::Drop(r) => self.counters.drop(r),
                 Action::Forward(_) => self.counters.tx += 1,
                 Action::Reply => self.counters.local += 1,
+                Action::Handoff(_) => self.counters.handed_off += 1,
                 Action::Pending => {}
             }
             frames.set_action(i, action);
@@ -723,6 +775,29 @@ impl Worker {
             self.counters.drop(DropReason::Malformed);
         }
         self.scratch = sc;
+    }
+
+    /// [`Self::process`] for frames another worker handed over
+    /// ([`Action::Handoff`]): they are decided here, never handed on.
+    pub fn process_handed_off<F: Frames>(&mut self, now_ns: u64, frames: &mut F) {
+        self.handed_in = true;
+        self.process(now_ns, frames);
+        self.handed_in = false;
+    }
+
+    /// Rule 1 of the handoff (module documentation): the worker owning a
+    /// packet to a NAT external endpoint, when it is not this one.
+    #[inline]
+    fn external_owner(&self, key: &FlowKey4) -> Option<u16> {
+        if self.workers <= 1 || self.handed_in {
+            return None;
+        }
+        if !matches!(key.proto, proto::TCP | proto::UDP | proto::ICMP) {
+            return None;
+        }
+        let w = sluice_nat::owner_of(key.dport, self.workers);
+        (w != self.id && (self.nat.is_pool_addr(key.dst) || self.is_local(key.dst).is_some()))
+            .then_some(w)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1177,8 +1252,14 @@ impl Worker {
         {
             return Step::Done(self.related4(buf, iif, d, key, &inner, ttl));
         }
+        if let Some(w) = self.external_owner(key) {
+            return Step::Done(Action::Handoff(w));
+        }
         let ev = l4_event(d);
         let mut pp = policy_packet(iif, key, d, CtState::New);
+        // Whether prerouting rewrote the destination (DNAT, or hairpinning
+        // to a mapping): handoff rule 2.
+        let mut dst_rewritten = false;
 
         // An inbound packet to an existing mapping (endpoint-independent
         // filtering decides whether it may open a session).
@@ -1196,6 +1277,7 @@ impl Worker {
             match from_inside.then(|| self.nat.hairpin(key)).flatten() {
                 Some(Ok(r)) => {
                     reply = Some(r);
+                    dst_rewritten = true;
                     // Later hooks see the translated destination, as after
                     // DNAT, and `ct status` dnat + snat.
                     pp.dst = u128::from(r.src);
@@ -1232,6 +1314,7 @@ impl Worker {
                 match self.nat.dnat(key, addr, port) {
                     Ok(r) => {
                         reply = Some(r);
+                        dst_rewritten = true;
                         // Later hooks see the translated destination and
                         // `ct status dnat`, as in the kernel.
                         pp.dst = u128::from(r.src);
@@ -1251,6 +1334,12 @@ impl Worker {
                 return Step::Done(Action::Drop(r));
             }
         };
+        if let Some(r) = reply.filter(|_| dst_rewritten) {
+            if let Some(w) = self.reply_owner(oif, &r) {
+                self.release_pending(key, Some(&r));
+                return Step::Done(Action::Handoff(w));
+            }
+        }
         // RFC 1812 §5.3.1 and §4.3.2.3 / RFC 1191: what the kernel's
         // ip_forward checks after routing and before the forward hook, so a
         // forbidden packet still gets its ICMP error, as with netfilter.
@@ -1370,6 +1459,29 @@ impl Worker {
             rewrite_deltas(&info, Dir::Original),
             adj_out,
         )
+    }
+
+    /// Rule 2 of the handoff (module documentation): the worker the replies
+    /// of a connection whose destination was rewritten will be steered to,
+    /// when it is not this one. `reply` is the reply key; it leaves by
+    /// `oif` and its replies come back in there.
+    fn reply_owner(&self, oif: IfIndex, reply: &FlowKey4) -> Option<u16> {
+        if self.workers <= 1 || self.handed_in {
+            return None;
+        }
+        if !matches!(reply.proto, proto::TCP | proto::UDP) {
+            return None;
+        }
+        if !self
+            .by_source
+            .get(usize::from(oif))
+            .copied()
+            .unwrap_or(false)
+        {
+            return None;
+        }
+        let w = sluice_nat::owner_of(reply.sport, self.workers);
+        (w != self.id).then_some(w)
     }
 
     /// Whether prerouting would DNAT this packet (slow path, packets to the

@@ -68,9 +68,10 @@
 //!   which is how an advertisement answering another worker's solicitation
 //!   reaches it.
 //!
-//! What it cannot steer (the daemon refuses or warns): DNAT that changes
-//! the port to a value on another worker, hairpinning, and flows between
-//! two interfaces of the same role.
+//! What it cannot steer: DNAT that changes the port to a value on another
+//! worker and hairpinning (the engine hands those frames to the owning
+//! worker: `sluice_engine`'s `Action::Handoff`), and flows between two
+//! interfaces of the same role (the daemon warns).
 //!
 //! # Program shape
 //!

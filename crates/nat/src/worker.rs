@@ -489,6 +489,13 @@ impl<S: NatEventSink> WorkerNat<S> {
             .map(|(e, m)| info(&m.key, *e, m.sessions))
     }
 
+    /// Whether `addr` is an address of one of the pools (the same on every
+    /// worker).
+    #[inline]
+    pub fn is_pool_addr(&self, addr: u32) -> bool {
+        self.pool_addr.contains_key(&addr)
+    }
+
     /// Free ports of this worker on `ext_addr` for `proto` (pool addresses
     /// and currently bound masquerade addresses).
     pub fn free_ports(&self, ext_addr: Ipv4Addr, proto: u8) -> Option<u32> {

@@ -1,0 +1,253 @@
+//! Handoff between workers (the worker module's "Handoff between workers"):
+//! a port forward whose translated port belongs to another worker is
+//! created on the worker its replies are steered to, and a packet to a NAT
+//! external endpoint goes to the worker owning that port.
+
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+
+mod common;
+
+use common::TestFrames;
+use sluice_engine::{
+    Action, CtState, Decision, EngineConfig, Hook, IfIndex, Interface, Policy, PolicyPacket,
+    Route4, Verdict, Worker,
+};
+use sluice_nat::{owner_of, NatConfig, Pool, PoolId, Translation};
+use sluice_wire::build::build_tcp4;
+use sluice_wire::flow::{proto, FlowKey4};
+
+const INSIDE: IfIndex = 0;
+const OUTSIDE: IfIndex = 1;
+const GW_IN_MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
+const GW_OUT_MAC: [u8; 6] = [2, 0, 0, 0, 0, 2];
+const SERVER_MAC: [u8; 6] = [2, 0, 0, 0, 9, 9];
+const ROUTER_MAC: [u8; 6] = [2, 0, 0, 0, 8, 8];
+const SERVER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 3);
+const HOST: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+const PUBLIC: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 1);
+const CLIENT: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 80);
+const POOL: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
+/// Forwarded port; `owner_of(8082, 2) == 1`, `owner_of(80, 2) == 0`.
+const FWD_PORT: u16 = 8082;
+
+/// `iifname outside tcp dport 8082 dnat to 10.0.0.3:80`, SNAT to the pool
+/// for new connections leaving by the outside interface.
+struct PortForward;
+
+impl Policy for PortForward {
+    fn decide(&self, hook: Hook, pkt: &PolicyPacket) -> Decision {
+        let nat = match hook {
+            Hook::Prerouting
+                if pkt.iif == OUTSIDE && pkt.proto == proto::TCP && pkt.dport == FWD_PORT =>
+            {
+                Some(Translation::Dnat {
+                    addr: SERVER,
+                    port: Some(80),
+                })
+            }
+            Hook::Postrouting if pkt.ct == CtState::New && pkt.oif == Some(OUTSIDE) => {
+                Some(Translation::Snat { pool: PoolId(0) })
+            }
+            _ => None,
+        };
+        Decision {
+            verdict: Verdict::Accept,
+            mark: pkt.mark,
+            nat,
+        }
+    }
+    fn has_nat(&self, hook: Hook) -> bool {
+        matches!(hook, Hook::Prerouting | Hook::Postrouting)
+    }
+}
+
+fn worker(id: u16, workers: u16) -> Worker {
+    let cfg = EngineConfig {
+        interfaces: vec![
+            Interface {
+                name: "in".into(),
+                mac: GW_IN_MAC,
+                addrs: vec![(Ipv4Addr::new(10, 0, 0, 1), 24)],
+                mtu: Interface::DEFAULT_MTU,
+            },
+            Interface {
+                name: "out".into(),
+                mac: GW_OUT_MAC,
+                addrs: vec![(PUBLIC, 24)],
+                mtu: Interface::DEFAULT_MTU,
+            },
+        ],
+        routes: vec![Route4 {
+            net: 0,
+            len: 0,
+            oif: OUTSIDE,
+            via: Some(Ipv4Addr::new(203, 0, 113, 254)),
+        }],
+        neighbors: vec![
+            (Ipv4Addr::new(203, 0, 113, 254), ROUTER_MAC),
+            (SERVER, SERVER_MAC),
+            (HOST, SERVER_MAC),
+        ],
+        worker: id,
+        workers,
+        steered_by_source: vec![INSIDE],
+        ct_max: 1000,
+        nat: NatConfig {
+            pools: vec![Pool::new([POOL]).with_ports(1024..=65535)],
+            ..NatConfig::default()
+        },
+        ..EngineConfig::default()
+    };
+    Worker::new(cfg, Arc::new(PortForward) as Arc<dyn Policy>).unwrap()
+}
+
+fn tcp(k: &FlowKey4, macs: ([u8; 6], [u8; 6]), flags: u8) -> Vec<u8> {
+    let mut b = vec![0u8; 256];
+    let n = build_tcp4(&mut b, macs.0, macs.1, k, flags, 1, 1, 0).unwrap();
+    b.truncate(n);
+    b
+}
+
+fn run(w: &mut Worker, handed: bool, iif: IfIndex, frame: &[u8]) -> (Action, Vec<u8>) {
+    let mut t = TestFrames::default();
+    t.push(iif, |b| {
+        b[..frame.len()].copy_from_slice(frame);
+        frame.len()
+    });
+    if handed {
+        w.process_handed_off(1_000_000_000, &mut t);
+    } else {
+        w.process(1_000_000_000, &mut t);
+    }
+    (t.acts[0], t.frame(0).to_vec())
+}
+
+fn key_of(f: &[u8]) -> FlowKey4 {
+    sluice_wire::dissect::dissect(f).unwrap().key4().unwrap()
+}
+
+const SYN: u8 = 0x02;
+const SYN_ACK: u8 = 0x12;
+const ACK: u8 = 0x10;
+
+#[test]
+fn a_port_forward_lives_where_its_replies_are_steered() {
+    assert_eq!(owner_of(FWD_PORT, 2), 1);
+    assert_eq!(owner_of(80, 2), 0);
+    let mut w = [worker(0, 2), worker(1, 2)];
+    let inbound = FlowKey4 {
+        src: u32::from(CLIENT),
+        dst: u32::from(PUBLIC),
+        sport: 40000,
+        dport: FWD_PORT,
+        proto: proto::TCP,
+    };
+    let syn = tcp(&inbound, (ROUTER_MAC, GW_OUT_MAC), SYN);
+    // Steered by destination port to worker 1, which hands it to worker 0
+    // (the server's replies come from port 80) and keeps nothing.
+    let (a, f) = run(&mut w[1], false, OUTSIDE, &syn);
+    assert_eq!(a, Action::Handoff(0));
+    assert_eq!(f, syn, "a handed-off frame is unchanged");
+    assert_eq!(w[1].conntrack().len(), 0);
+    assert_eq!(w[1].counters().handed_off, 1);
+    // Worker 0 creates the connection and forwards to the server.
+    let (a, f) = run(&mut w[0], true, OUTSIDE, &syn);
+    assert_eq!(a, Action::Forward(INSIDE));
+    let k = key_of(&f);
+    assert_eq!((Ipv4Addr::from(k.dst), k.dport), (SERVER, 80));
+    assert_eq!(w[0].conntrack().len(), 1);
+    // The server's answer, steered by its source port 80 to worker 0.
+    let (a, f) = run(
+        &mut w[0],
+        false,
+        INSIDE,
+        &tcp(&k.reversed(), (SERVER_MAC, GW_IN_MAC), SYN_ACK),
+    );
+    assert_eq!(a, Action::Forward(OUTSIDE));
+    let back = key_of(&f);
+    assert_eq!(
+        back,
+        inbound.reversed(),
+        "the client sees the forwarded port"
+    );
+    // The client's next packet arrives at worker 1 again and is handed over
+    // again; worker 0 finds the connection.
+    let ack = tcp(&inbound, (ROUTER_MAC, GW_OUT_MAC), ACK);
+    assert_eq!(run(&mut w[1], false, OUTSIDE, &ack).0, Action::Handoff(0));
+    let fast = w[0].counters().fast_path;
+    assert_eq!(
+        run(&mut w[0], true, OUTSIDE, &ack).0,
+        Action::Forward(INSIDE)
+    );
+    assert_eq!(w[0].counters().fast_path, fast + 1);
+    assert_eq!(w[1].conntrack().len(), 0);
+}
+
+#[test]
+fn one_worker_never_hands_off() {
+    let mut one = worker(0, 1);
+    let inbound = FlowKey4 {
+        src: u32::from(CLIENT),
+        dst: u32::from(PUBLIC),
+        sport: 40000,
+        dport: FWD_PORT,
+        proto: proto::TCP,
+    };
+    let (a, _) = run(
+        &mut one,
+        false,
+        OUTSIDE,
+        &tcp(&inbound, (ROUTER_MAC, GW_OUT_MAC), SYN),
+    );
+    assert_eq!(a, Action::Forward(INSIDE));
+    assert_eq!(one.counters().handed_off, 0);
+}
+
+#[test]
+fn a_packet_to_an_external_endpoint_goes_to_the_owner_of_its_port() {
+    let mut w = [worker(0, 2), worker(1, 2)];
+    // An inside host opens a connection on worker 1 (its source port's
+    // owner); the mapping's external port is in worker 1's slice.
+    let out = FlowKey4 {
+        src: u32::from(HOST),
+        dst: u32::from(CLIENT),
+        sport: 5002,
+        dport: 443,
+        proto: proto::TCP,
+    };
+    assert_eq!(owner_of(5002, 2), 1);
+    let (a, f) = run(
+        &mut w[1],
+        false,
+        INSIDE,
+        &tcp(&out, (SERVER_MAC, GW_IN_MAC), SYN),
+    );
+    assert_eq!(a, Action::Forward(OUTSIDE));
+    let mapped = key_of(&f);
+    assert_eq!(Ipv4Addr::from(mapped.src), POOL);
+    assert_eq!(owner_of(mapped.sport, 2), 1);
+    // Another inside host, steered to worker 0, sends to that mapping
+    // (hairpinning): worker 0 hands it to worker 1.
+    let hairpin = FlowKey4 {
+        src: u32::from(SERVER),
+        dst: u32::from(POOL),
+        sport: 6000,
+        dport: mapped.sport,
+        proto: proto::TCP,
+    };
+    assert_eq!(owner_of(6000, 2), 0);
+    let syn = tcp(&hairpin, (SERVER_MAC, GW_IN_MAC), SYN);
+    assert_eq!(run(&mut w[0], false, INSIDE, &syn).0, Action::Handoff(1));
+    assert_eq!(w[0].conntrack().len(), 0);
+    // Worker 1 hairpins it to the mapping's internal endpoint.
+    let (a, f) = run(&mut w[1], true, INSIDE, &syn);
+    assert_eq!(a, Action::Forward(INSIDE));
+    let k = key_of(&f);
+    assert_eq!((Ipv4Addr::from(k.dst), k.dport), (HOST, 5002));
+    assert_eq!(
+        Ipv4Addr::from(k.src),
+        POOL,
+        "hairpinned with its source mapped"
+    );
+}
