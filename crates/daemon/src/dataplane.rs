@@ -380,6 +380,15 @@ struct Scratch {
     ctl: Option<Batch>,
     arp: Option<Batch>,
     hand: Option<Batch>,
+    /// Fragments of one packet being split ([`Action::Fragment`]).
+    frag: Option<Batch>,
+    /// Where each fragment is built.
+    frag_buf: Vec<u8>,
+    /// `0, 1, 2, ...`: the indices of a whole batch.
+    all: Vec<u16>,
+    /// Packets that could not be split (malformed) and fragments a port
+    /// did not take.
+    frag_dropped: u64,
 }
 
 impl WorkerThread {
@@ -402,6 +411,10 @@ impl WorkerThread {
             ctl: Some(Batch::new()),
             arp: Some(Batch::new()),
             hand: Some(Batch::new()),
+            frag: Some(Batch::new()),
+            frag_buf: vec![0; HANDOFF_FRAME],
+            all: (0..MAX_BATCH as u16).collect(),
+            frag_dropped: 0,
         };
         let fds: Vec<Option<RawFd>> = self.ports.iter().map(|p| p.poll_fd()).collect();
         let mut last_house = 0u64;
@@ -482,7 +495,7 @@ impl WorkerThread {
                             .collect(),
                         ndp_pending: self.resolver6.pending(),
                         arp_dropped: s.arp_dropped,
-                        tx_dropped: s.tx_dropped,
+                        tx_dropped: s.tx_dropped + s.frag_dropped,
                         handoff_dropped: self.handoff.dropped,
                     });
                 }
@@ -702,6 +715,12 @@ impl WorkerThread {
                 Action::Reply => batch
                     .meta(i)
                     .and_then(|m| usize::from(m.port).checked_sub(1)),
+                Action::Fragment(oif, mtu) => {
+                    if let Some(f) = batch.data(i) {
+                        self.send_fragmented(oif, mtu, f, s);
+                    }
+                    None
+                }
                 Action::Handoff(w) => {
                     let iif = batch.meta(i).map_or(0, |m| m.port);
                     if let Some(f) = batch.data(i) {
@@ -744,6 +763,56 @@ impl WorkerThread {
             s.tx_dropped += (which.len() - done.min(which.len())) as u64;
         }
         self.send_arp(s);
+    }
+
+    /// Split `frame` (IPv4, already rewritten) into fragments of at most
+    /// `mtu` bytes and transmit them on `oif`.
+    fn send_fragmented(&mut self, oif: IfIndex, mtu: u16, frame: &[u8], s: &mut Scratch) {
+        let Some(port) = usize::from(oif)
+            .checked_sub(1)
+            .and_then(|k| self.ports.get_mut(k))
+        else {
+            s.frag_dropped += 1;
+            return;
+        };
+        let Some(l3) = sluice_wire::dissect::dissect(frame)
+            .ok()
+            .map(|d| usize::from(d.l3_off))
+        else {
+            s.frag_dropped += 1;
+            return;
+        };
+        let Some(mut fb) = s.frag.take() else {
+            s.frag_dropped += 1;
+            return;
+        };
+        fb.clear();
+        let meta = sluice_io::FrameMeta::default();
+        let all = &s.all;
+        let mut lost = 0u64;
+        let r = sluice_wire::frag::fragment4(frame, l3, mtu, &mut s.frag_buf, |piece| {
+            if fb.room() == 0 {
+                let n = fb.len();
+                let done = port.tx_batch(&mut fb, all.get(..n).unwrap_or(&[]));
+                lost += (n - done.min(n)) as u64;
+                fb.clear();
+            }
+            if !fb.push_copy(piece, meta) {
+                lost += 1;
+            }
+        });
+        let n = fb.len();
+        if n > 0 {
+            let done = port.tx_batch(&mut fb, all.get(..n).unwrap_or(&[]));
+            lost += (n - done.min(n)) as u64;
+        }
+        let _ = port.flush();
+        if r.is_err() {
+            lost += 1;
+        }
+        s.frag_dropped += lost;
+        fb.clear();
+        s.frag = Some(fb);
     }
 
     fn send_arp(&mut self, s: &mut Scratch) {

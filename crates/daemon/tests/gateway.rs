@@ -456,6 +456,27 @@ fn icmp_errors(backend: &str, tag: &str) {
         "path MTU not learnt:\n{}",
         text(&o)
     );
+    // Without DF the gateway fragments (RFC 1812 section 5.2.6): a 1448-byte
+    // echo, and a 3028-byte one that the host already sent as 1500 + 1528
+    // byte fragments (its first fragment is split again), from the other
+    // private host, which has not learnt the path MTU.
+    for size in [1420, 3000] {
+        let o = sh(
+            &t.private2,
+            &format!("ping -n -c 2 -i 0.3 -M dont -s {size} -W 2 {PUBLIC}"),
+        );
+        assert!(
+            o.status.success(),
+            "{size}-byte ping without DF through the 1400 MTU failed:\n{}\n{}",
+            text(&o),
+            d.context()
+        );
+    }
+    let c = d.ctl("counters");
+    assert!(
+        c["counters"]["fragmented"].as_u64().unwrap_or(0) >= 4,
+        "the gateway split the packets: {c}"
+    );
     // From the public side too: TTL 1 towards the LAN gets time exceeded
     // from the WAN address, although the forward policy would drop it (as
     // netfilter: ip_forward checks the TTL before the forward hook).

@@ -155,6 +155,24 @@ fn two_workers(backend: &str, tag: &str, steered: &str) {
     );
     assert_eq!(d.drops("nat-no-mapping"), 0, "{}", d.context());
 
+    // 4000-byte pings without DF, fragmented by the hosts both ways: every
+    // fragment is steered by its addresses, the first handed to the worker
+    // its identifier names, the later ones after it. Ten identifiers, so
+    // both workers own some.
+    let o = sh(
+        &t.private,
+        &format!(
+            "for i in $(seq 10); do (ping -n -c 2 -i 0.2 -M dont -s 4000 -W 2 {PUBLIC} >/dev/null && echo ok) & done; wait"
+        ),
+    );
+    assert_eq!(
+        text(&o).lines().filter(|l| *l == "ok").count(),
+        10,
+        "fragmented pings through two workers:\n{}\n{}",
+        text(&o),
+        d.context()
+    );
+
     // The port forward: steered to worker 1 by its public port, handed to
     // worker 0, where the server's replies (source port 81) arrive.
     assert_eq!(sluice_nat::owner_of(8082, 2), 1);

@@ -119,6 +119,9 @@ pub struct Counters {
     /// Frames handed to the worker that owns their connection
     /// ([`crate::Action::Handoff`]).
     pub handed_off: u64,
+    /// Packets larger than the egress MTU, with DF clear, sent as
+    /// fragments ([`crate::Action::Fragment`]; also counted in `tx`).
+    pub fragmented: u64,
     /// Drops, indexed by `DropReason as usize`.
     pub drops: [u64; DropReason::COUNT],
 }
@@ -155,6 +158,7 @@ impl Counters {
         self.icmp_errors += o.icmp_errors;
         self.icmp_errors_limited += o.icmp_errors_limited;
         self.handed_off += o.handed_off;
+        self.fragmented += o.fragmented;
         for (a, b) in self.drops.iter_mut().zip(o.drops.iter()) {
             *a += b;
         }

@@ -54,6 +54,11 @@ pub enum Action {
     /// processes it with [`Worker::process_handed_off`]. Only with several
     /// workers; see the worker's module documentation.
     Handoff(u16),
+    /// Transmit on this interface, split into IPv4 fragments of at most
+    /// this many bytes (the egress MTU; DF was clear; the frame was
+    /// rewritten in place first). The io layer splits it
+    /// (`sluice_wire::frag::fragment4`).
+    Fragment(IfIndex, u16),
 }
 
 /// A batch of frames the engine can rewrite in place. Implemented by the io

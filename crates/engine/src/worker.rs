@@ -29,6 +29,11 @@
 //!    every later packet of the original direction (steered here by its
 //!    own port) misses here and is handed over again.
 //!
+//! 3. A first IPv4 fragment (which, like every fragment, is steered by its
+//!    addresses so that all fragments of a datagram meet) whose ports name
+//!    another worker, when it misses here: it goes to that worker, and the
+//!    fragment table ([`frag`]) sends the later fragments after it.
+//!
 //! Prerouting runs on both workers for the first packet of such a
 //! connection (its rules have no side effects beyond the verdict). An
 //! original-direction packet of a handed-over connection pays a conntrack
@@ -50,6 +55,7 @@ use sluice_wire::dissect::{
     dissect, dissect_plain4, dissect_plain6, Dissect, InnerKey, Net, Plain4, Plain6, L4,
 };
 use sluice_wire::flow::{proto, FlowKey4};
+use sluice_wire::ip::Frag;
 
 use crate::drop::{Counters, DropReason};
 use crate::icmp_error::{self, IcmpError};
@@ -413,6 +419,16 @@ pub struct Worker {
     handed_in: bool,
 }
 
+/// What [`Worker::too_big`] found.
+enum TooBig {
+    /// The IP total length fits the MTU after all.
+    Fits,
+    /// DF is clear: forward, fragmented on output.
+    Fragment,
+    /// Refused (DF set: the ICMP error, or a malformed header).
+    Refused(Step),
+}
+
 /// A token bucket in thousandths of a token, refilled from the batch time
 /// (the engine never reads a clock).
 #[derive(Clone, Copy, Debug)]
@@ -764,6 +780,10 @@ impl Worker {
                 Action::Forward(_) => self.counters.tx += 1,
                 Action::Reply => self.counters.local += 1,
                 Action::Handoff(_) => self.counters.handed_off += 1,
+                Action::Fragment(..) => {
+                    self.counters.tx += 1;
+                    self.counters.fragmented += 1;
+                }
                 Action::Pending => {}
             }
             frames.set_action(i, action);
@@ -1017,9 +1037,12 @@ impl Worker {
         let l3 = usize::from(l3);
         // The frame length bounds the IP total length (it only adds
         // Ethernet padding, which no frame near an MTU carries).
+        let mut split = false;
         if len.saturating_sub(l3) > usize::from(a.mtu) {
-            if let Some(s) = self.too_big(now, buf, len, l3, iif, a.mtu) {
-                return s;
+            match self.too_big(now, buf, len, l3, iif, a.mtu) {
+                TooBig::Fits => {}
+                TooBig::Fragment => split = true,
+                TooBig::Refused(s) => return s,
             }
         }
         // A first fragment (MF set, offset 0): its datagram's identity as
@@ -1045,13 +1068,17 @@ impl Worker {
                 dst: to.dst,
                 adj,
             };
-            self.frags.remember(id, rw, now);
+            self.frags.remember(id, frag::FragAction::Rewrite(rw), now);
         }
         if let Some(m) = buf.get_mut(0..12) {
             m[..6].copy_from_slice(&a.dst_mac);
             m[6..].copy_from_slice(&a.src_mac);
         }
-        Step::Done(Action::Forward(a.oif))
+        Step::Done(if split {
+            Action::Fragment(a.oif, a.mtu)
+        } else {
+            Action::Forward(a.oif)
+        })
     }
 
     /// A later fragment (offset > 0) of the datagram `key` names (ports 0):
@@ -1081,8 +1108,12 @@ impl Worker {
             proto: key.proto,
             ident,
         };
-        let Some(to) = self.frags.find(&id, now) else {
-            return Step::Done(Action::Drop(DropReason::Fragment));
+        let to = match self.frags.find(&id, now) {
+            Some(frag::FragAction::Rewrite(to)) => to,
+            Some(frag::FragAction::Handoff(w)) if !self.handed_in => {
+                return Step::Done(Action::Handoff(w))
+            }
+            _ => return Step::Done(Action::Drop(DropReason::Fragment)),
         };
         if ttl <= 1 {
             return Step::Done(Action::Drop(DropReason::TtlExpired));
@@ -1094,7 +1125,8 @@ impl Worker {
             return Step::Done(Action::Drop(DropReason::NoNeighbor));
         }
         let total = read16(buf, l3 + 2).map_or(len.saturating_sub(l3), usize::from);
-        if total > usize::from(a.mtu) {
+        let split = total > usize::from(a.mtu);
+        if split && read16(buf, l3 + 6).is_some_and(|f| f & 0x4000 != 0) {
             return Step::Done(Action::Drop(DropReason::FragmentationUnsupported));
         }
         let (Some(hc), Some(old_ttl_proto)) = (read16(buf, l3 + 10), read16(buf, l3 + 8)) else {
@@ -1114,13 +1146,17 @@ impl Worker {
             m[..6].copy_from_slice(&a.dst_mac);
             m[6..].copy_from_slice(&a.src_mac);
         }
-        Step::Done(Action::Forward(a.oif))
+        Step::Done(if split {
+            Action::Fragment(a.oif, a.mtu)
+        } else {
+            Action::Forward(a.oif)
+        })
     }
 
     /// The packet at `l3` is larger than `mtu`, judging by its frame length;
-    /// check its header. `None`: it fits after all. Otherwise the step for a
-    /// packet that does not fit: RFC 1191 fragmentation needed when DF is
-    /// set, else a drop (the engine does not fragment).
+    /// check its header: it fits after all, it is to be fragmented on
+    /// output (DF clear: [`Action::Fragment`], RFC 1812 section 5.2.6), or
+    /// it is refused with RFC 1191 fragmentation needed (DF set).
     #[cold]
     #[inline(never)]
     fn too_big(
@@ -1131,18 +1167,18 @@ impl Worker {
         l3: usize,
         iif: IfIndex,
         mtu: u16,
-    ) -> Option<Step> {
-        let total = read16(buf, l3 + 2)?;
+    ) -> TooBig {
+        let Some(total) = read16(buf, l3 + 2) else {
+            return TooBig::Refused(Step::Done(Action::Drop(DropReason::Malformed)));
+        };
         if total <= mtu {
-            return None;
+            return TooBig::Fits;
         }
         let df = read16(buf, l3 + 6).is_some_and(|f| f & 0x4000 != 0);
         if !df {
-            return Some(Step::Done(Action::Drop(
-                DropReason::FragmentationUnsupported,
-            )));
+            return TooBig::Fragment;
         }
-        Some(self.icmp_error(now, buf, len, l3, iif, Some(mtu)))
+        TooBig::Refused(self.icmp_error(now, buf, len, l3, iif, Some(mtu)))
     }
 
     /// Drop the packet at `l3` and, when allowed (RFC 1812 §4.3.2.7) and
@@ -1245,6 +1281,22 @@ impl Worker {
             Err(v) => v,
         };
         self.counters.slow_path += 1;
+        if d.frag() == Frag::First {
+            if let Some(w) = self.port_owner(iif, key) {
+                // Handoff rule 3 (module documentation), and the later
+                // fragments follow.
+                if let Some(ident) = read16(buf, usize::from(d.l3_off) + 4) {
+                    let id = frag::DatagramId {
+                        src: key.src,
+                        dst: key.dst,
+                        proto: key.proto,
+                        ident,
+                    };
+                    self.frags.remember(id, frag::FragAction::Handoff(w), now);
+                }
+                return Step::Done(Action::Handoff(w));
+            }
+        }
         if let L4::IcmpError {
             inner: InnerKey::V4(inner),
             ..
@@ -1353,7 +1405,7 @@ impl Worker {
             .get(usize::from(oif))
             .map_or(Interface::DEFAULT_MTU, |i| i.mtu);
         if len.saturating_sub(l3) > usize::from(mtu) {
-            if let Some(s) = self.too_big(now, buf, len, l3, iif, mtu) {
+            if let TooBig::Refused(s) = self.too_big(now, buf, len, l3, iif, mtu) {
                 self.release_pending(key, reply.as_ref());
                 return s;
             }
@@ -1459,6 +1511,28 @@ impl Worker {
             rewrite_deltas(&info, Dir::Original),
             adj_out,
         )
+    }
+
+    /// Rule 3 of the handoff (module documentation): the worker that port
+    /// steering would have picked for a first fragment (which was steered
+    /// by its addresses), when it is not this one: by source port on an
+    /// interface steered by source, else by destination port (an ICMP
+    /// query's identifier is both).
+    fn port_owner(&self, iif: IfIndex, key: &FlowKey4) -> Option<u16> {
+        if self.workers <= 1 || self.handed_in {
+            return None;
+        }
+        if !matches!(key.proto, proto::TCP | proto::UDP | proto::ICMP) {
+            return None;
+        }
+        let by_source = self
+            .by_source
+            .get(usize::from(iif))
+            .copied()
+            .unwrap_or(false);
+        let port = if by_source { key.sport } else { key.dport };
+        let w = sluice_nat::owner_of(port, self.workers);
+        (w != self.id).then_some(w)
     }
 
     /// Rule 2 of the handoff (module documentation): the worker the replies

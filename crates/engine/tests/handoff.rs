@@ -251,3 +251,102 @@ fn a_packet_to_an_external_endpoint_goes_to_the_owner_of_its_port() {
         "hairpinned with its source mapped"
     );
 }
+
+/// IPv4 fragments of a UDP datagram (Ethernet frames), 1480 data bytes each.
+fn udp_fragments(
+    k: &FlowKey4,
+    macs: ([u8; 6], [u8; 6]),
+    ident: u16,
+    data_len: usize,
+) -> Vec<Vec<u8>> {
+    let mut d = vec![0u8; 8 + data_len];
+    d[0..2].copy_from_slice(&k.sport.to_be_bytes());
+    d[2..4].copy_from_slice(&k.dport.to_be_bytes());
+    d[4..6].copy_from_slice(&((8 + data_len) as u16).to_be_bytes());
+    let chunks: Vec<&[u8]> = d.chunks(1480).collect();
+    let n = chunks.len();
+    chunks
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let mut f = vec![0u8; 34 + c.len()];
+            f[0..6].copy_from_slice(&macs.1);
+            f[6..12].copy_from_slice(&macs.0);
+            f[12..14].copy_from_slice(&[0x08, 0x00]);
+            let ip = &mut f[14..34];
+            ip[0] = 0x45;
+            ip[2..4].copy_from_slice(&((20 + c.len()) as u16).to_be_bytes());
+            ip[4..6].copy_from_slice(&ident.to_be_bytes());
+            let off = (i * 185) as u16 | if i + 1 < n { 0x2000 } else { 0 };
+            ip[6..8].copy_from_slice(&off.to_be_bytes());
+            ip[8] = 64;
+            ip[9] = 17;
+            ip[12..16].copy_from_slice(&k.src.to_be_bytes());
+            ip[16..20].copy_from_slice(&k.dst.to_be_bytes());
+            let c16 = sluice_wire::checksum::checksum(ip);
+            ip[10..12].copy_from_slice(&c16.to_be_bytes());
+            f[34..].copy_from_slice(c);
+            f
+        })
+        .collect()
+}
+
+#[test]
+fn fragments_steered_by_address_follow_their_first_fragment_to_the_port_owner() {
+    let mut w = [worker(0, 2), worker(1, 2)];
+    let k = FlowKey4 {
+        src: u32::from(HOST),
+        dst: u32::from(CLIENT),
+        sport: 5002,
+        dport: 53,
+        proto: proto::UDP,
+    };
+    assert_eq!(owner_of(5002, 2), 1);
+    let frags = udp_fragments(&k, (SERVER_MAC, GW_IN_MAC), 0x7777, 3500);
+    assert_eq!(frags.len(), 3);
+    // Address steering brought all three to worker 0: the first goes to
+    // worker 1 (its source port's owner), the later ones after it.
+    let mut t = TestFrames::default();
+    for f in &frags {
+        t.push(INSIDE, |b| {
+            b[..f.len()].copy_from_slice(f);
+            f.len()
+        });
+    }
+    w[0].process(1_000_000_000, &mut t);
+    assert_eq!(t.acts, vec![Action::Handoff(1); 3]);
+    assert_eq!(
+        w[0].conntrack().len(),
+        0,
+        "no connection on the wrong worker"
+    );
+    // Worker 1 creates the connection and translates all three alike.
+    let mut t = TestFrames::default();
+    for f in &frags {
+        t.push(INSIDE, |b| {
+            b[..f.len()].copy_from_slice(f);
+            f.len()
+        });
+    }
+    w[1].process_handed_off(1_000_000_000, &mut t);
+    assert_eq!(t.acts, vec![Action::Forward(OUTSIDE); 3]);
+    for i in 0..3 {
+        let f = t.frame(i);
+        assert_eq!(
+            &f[26..30],
+            &POOL.octets(),
+            "fragment {i} translated to the pool"
+        );
+        assert!(sluice_wire::checksum::verify(&f[14..34]));
+    }
+    assert_eq!(w[1].conntrack().len(), 1);
+    // A later fragment of an unknown datagram is not handed anywhere.
+    let other = udp_fragments(&k, (SERVER_MAC, GW_IN_MAC), 0x7778, 3500);
+    let mut t = TestFrames::default();
+    t.push(INSIDE, |b| {
+        b[..other[1].len()].copy_from_slice(&other[1]);
+        other[1].len()
+    });
+    w[0].process(1_000_000_000, &mut t);
+    assert_eq!(t.acts, [Action::Drop(sluice_engine::DropReason::Fragment)]);
+}

@@ -224,22 +224,23 @@ fn too_big_with_df_gets_frag_needed_with_the_next_hop_mtu() {
     let quoted = f.frame(0)[14..14 + 28].to_vec();
     // Exactly the MTU passes.
     f.push(INSIDE, |b| udp_frame(b, &udp_key(4004), 1372, 64, true));
-    // Too big without DF: dropped, no error (no fragmentation).
+    // Too big without DF: translated, and sent as fragments (the io
+    // layer splits it), no error.
     f.push(INSIDE, |b| udp_frame(b, &udp_key(4005), 1373, 64, false));
     w.process(1_000_000, &mut f);
     assert_eq!(f.acts[0], Action::Reply);
     let rest = assert_icmp_error(f.frame(0), 3, 4, GW_IN, HOST, &quoted);
     assert_eq!(u16::from_be_bytes([rest[2], rest[3]]), OUT_MTU);
     assert_eq!(f.acts[1], Action::Forward(OUTSIDE));
-    assert_eq!(
-        f.acts[2],
-        Action::Drop(DropReason::FragmentationUnsupported)
-    );
+    assert_eq!(f.acts[2], Action::Fragment(OUTSIDE, OUT_MTU));
+    let k2 = dissect(f.frame(2)).unwrap().key4().unwrap();
+    assert_ne!(k2.src, u32::from(HOST), "translated before it is split");
     let c = w.counters();
     assert_eq!(c.drops_for(DropReason::TooBig), 1);
     assert_eq!(c.icmp_errors, 1);
-    // Only the packet that fit created a connection.
-    assert_eq!(w.conntrack().len(), 1);
+    assert_eq!(c.fragmented, 1);
+    // The packets that were forwarded created connections.
+    assert_eq!(w.conntrack().len(), 2);
 }
 
 #[test]

@@ -241,7 +241,10 @@ impl AfPacketPort {
                 None => libc::PACKET_FANOUT_HASH,
                 Some(_) => PACKET_FANOUT_CBPF,
             };
-            let mode = ty | libc::PACKET_FANOUT_FLAG_DEFRAG;
+            // No PACKET_FANOUT_FLAG_DEFRAG: the steering program sends all
+            // fragments of a datagram to one worker by its addresses, and
+            // the engine forwards fragments without reassembly.
+            let mode = ty;
             let arg: u32 = u32::from(group) | (mode << 16);
             sys::setsockopt(
                 rfd,

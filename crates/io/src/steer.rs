@@ -23,7 +23,7 @@
 //! | ICMP query (echo, timestamp, info, mask) | identifier | identifier | identifier |
 //! | ICMP error quoting TCP / UDP | quoted **source** port | quoted **destination** port | quoted ports xor'd |
 //! | ICMP error quoting an ICMP query | quoted identifier | quoted identifier | quoted identifier |
-//! | other IPv4 protocols | src addr ^ dst addr | same | same |
+//! | other IPv4 protocols, and every IPv4 fragment (MF or an offset) | src addr ^ dst addr | same | same |
 //! | IPv6 (any next header, extension headers and fragments included) | [`addrs6`] of src and dst | same | same |
 //! | ICMPv6 error (types 1-4) right after the fixed header | [`addrs6`] of the **quoted** header | same | same |
 //! | NDP (ICMPv6 133-137 right after the fixed header) | worker 0 | worker 0 | worker 0 |
@@ -55,8 +55,7 @@
 //!   exceeded, parameter problem) to the flow's worker. Ports would spread
 //!   one host pair's flows too, but they are not where a fixed-offset
 //!   program can find them when extension headers come first, they are
-//!   missing from non-first fragments (AF_PACKET reassembles only IPv4
-//!   before the fanout program runs), and a direction carrying an
+//!   missing from non-first fragments, and a direction carrying an
 //!   extension header the other lacks would split the flow; the addresses
 //!   are always at fixed offsets. The price: all traffic between one pair
 //!   of hosts goes to one worker. An ICMPv6 error behind an extension
@@ -79,16 +78,18 @@
 //! does not depend on where the kernel's `skb->data` points when the fanout
 //! runs; the IP version nibble tells IPv4 from IPv6 (an ARP frame's first
 //! byte is 0). Out-of-bounds loads make the kernel return 0 (worker 0), as
-//! [`run`] does. IPv4 fragments are reassembled before the program runs
-//! (`PACKET_FANOUT_FLAG_DEFRAG`); a non-first fragment that still arrives is
-//! steered by its addresses. IPv6 fragments are not reassembled, and need
-//! not be: IPv6 is steered by addresses only.
+//! [`run`] does. Every IPv4 fragment, the first included (MF set or a
+//! non-zero offset), is steered by its addresses, so that all fragments of
+//! a datagram reach one worker, which hands the first one to the worker its
+//! ports name and the later ones after it (the engine's fragment table);
+//! there is no reassembly before the program. IPv6 is steered by addresses
+//! only.
 //!
 //! On AF_XDP the same rule is applied by an XDP program (`afxdp::bpf`),
 //! which sees the whole frame: it parses Ethernet (IPv4 and IPv6
 //! ethertypes) and one VLAN tag itself, then decides on the IP version
-//! nibble as the cBPF program does, and, with no reassembly before it,
-//! steers a non-first IPv4 fragment by its addresses too. [`worker_for`] is the rule in plain Rust; the tests run
+//! nibble as the cBPF program does, every IPv4 fragment by its addresses
+//! included. [`worker_for`] is the rule in plain Rust; the tests run
 //! both programs against it.
 
 /// What the steering key is for frames of one interface.
@@ -161,7 +162,7 @@ fn key_of(key: SteerKey, l3: &[u8]) -> Option<u16> {
     if b(0)? >> 4 != 4 {
         return None;
     }
-    if h(6)? & 0x1fff != 0 {
+    if h(6)? & 0x3fff != 0 {
         return addrs();
     }
     let x = usize::from(b(0)? & 0x0f) * 4;
@@ -382,9 +383,10 @@ pub fn program(steer: Steer) -> Vec<Insn> {
     a.op(ALU | RSH | K, 4);
     a.jmp(JMP | JEQ | K, 6, T::L(V6), T::Next);
     a.jmp(JMP | JEQ | K, 4, T::Next, T::L(Zero));
-    // A non-first fragment has no L4 header: steer by addresses.
+    // Every fragment (MF or an offset): by addresses, so all fragments of
+    // a datagram meet on one worker (later ones have no L4 header).
     a.op(LD | H | ABS, NET + 6);
-    a.jmp(JMP | JSET | K, 0x1fff, T::L(Addrs), T::Next);
+    a.jmp(JMP | JSET | K, 0x3fff, T::L(Addrs), T::Next);
     // X = outer header length.
     a.op(LDX | B | MSH, NET);
     a.op(LD | B | ABS, NET + 9);
@@ -632,7 +634,10 @@ pub(crate) mod tests {
     /// Frames of every shape the program distinguishes, truncated at
     /// every length, plus pseudo-random mutations of them.
     pub(crate) fn corpus() -> Vec<Vec<u8>> {
+        let mut first_frag = ipv4(17, IN, PUB, &ports(40000, 53));
+        first_frag[6] = 0x20;
         let mut base = vec![
+            first_frag,
             ipv4(6, IN, PUB, &ports(40000, 443)),
             ipv4(17, PUB, EXT, &ports(53, 61001)),
             ipv4(1, PUB, EXT, &icmp(0, 4099)),
@@ -954,10 +959,19 @@ pub(crate) mod tests {
         let p = steer(SteerKey::Source, 4);
         assert_eq!(run(&p, &a), run(&steer(SteerKey::Destination, 4), &b));
         assert!(run(&p, &a) < 4);
-        // A non-first fragment: addresses, like other protocols.
+        // Fragments, the first one (MF, offset 0) included: addresses,
+        // like other protocols, so a datagram's fragments meet.
         let mut f = ipv4(6, IN, PUB, &ports(1, 2));
         f[6..8].copy_from_slice(&[0x00, 0x10]);
         assert_eq!(run(&p, &f), run(&p, &a));
+        let mut first = ipv4(6, IN, PUB, &ports(1, 2));
+        first[6..8].copy_from_slice(&[0x20, 0x00]);
+        assert_eq!(run(&p, &first), run(&p, &a));
+        let rule = Steer {
+            key: SteerKey::Source,
+            workers: 4,
+        };
+        assert_eq!(worker_for(rule, &first), worker_for(rule, &a));
         // ARP (not IPv4) and truncated frames: worker 0.
         assert_eq!(run(&p, &[0x00, 0x01, 0x08, 0x00, 6, 4]), 0);
         assert_eq!(run(&p, &ipv4(6, IN, PUB, &[0x9c])), 0);

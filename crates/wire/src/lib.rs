@@ -88,6 +88,7 @@ pub mod dissect;
 mod error;
 pub mod ethernet;
 pub mod flow;
+pub mod frag;
 #[doc(hidden)]
 pub mod fuzz_support;
 pub mod icmp;

@@ -17,6 +17,12 @@
 //! that arrives before its first fragment, or after the entry expired or
 //! was overwritten, is dropped (`fragment`).
 //!
+//! With several workers, every fragment of a datagram is steered by its
+//! addresses (`sluice_io::steer`), so all of them reach one worker. If its
+//! ports name another worker, that worker owns the connection: the first
+//! fragment is handed to it, and the table remembers the handoff so that
+//! the later fragments follow it there, in order, over the same channel.
+//!
 //! The table is fixed-size and direct-mapped (a colliding datagram
 //! overwrites the older entry), allocated when the worker is built: no
 //! allocation and no unbounded state per packet. Entries expire after
@@ -42,7 +48,24 @@ pub(crate) struct DatagramId {
     pub ident: u16,
 }
 
-/// What the later fragments of a datagram get.
+/// What happens to the later fragments of a datagram.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FragAction {
+    /// Rewritten and forwarded here, like the first fragment.
+    Rewrite(FragRewrite),
+    /// Handed to this worker, like the first fragment (with several
+    /// workers all fragments of a datagram are steered by its addresses to
+    /// one worker, which hands them to the worker their ports name).
+    Handoff(u16),
+}
+
+impl Default for FragAction {
+    fn default() -> Self {
+        FragAction::Handoff(0)
+    }
+}
+
+/// The rewrite the later fragments of a datagram get.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct FragRewrite {
     /// Translated source address.
@@ -56,7 +79,7 @@ pub(crate) struct FragRewrite {
 #[derive(Clone, Copy, Debug, Default)]
 struct Slot {
     id: DatagramId,
-    to: FragRewrite,
+    to: FragAction,
     /// Expiry in ms; 0 = empty.
     expires_ms: u64,
 }
@@ -82,7 +105,7 @@ impl FragTable {
     }
 
     /// The first fragment of `id` was forwarded as `to` at `now`.
-    pub(crate) fn remember(&mut self, id: DatagramId, to: FragRewrite, now: Instant) {
+    pub(crate) fn remember(&mut self, id: DatagramId, to: FragAction, now: Instant) {
         if let Some(s) = self.slots.get_mut(Self::index(&id)) {
             *s = Slot {
                 id,
@@ -94,7 +117,7 @@ impl FragTable {
 
     /// The rewrite for a later fragment of `id`, if its first fragment was
     /// forwarded and has not expired.
-    pub(crate) fn find(&self, id: &DatagramId, now: Instant) -> Option<FragRewrite> {
+    pub(crate) fn find(&self, id: &DatagramId, now: Instant) -> Option<FragAction> {
         let s = self.slots.get(Self::index(id))?;
         (s.expires_ms > now.as_millis() && s.id == *id).then_some(s.to)
     }
@@ -118,11 +141,11 @@ mod tests {
             proto: 17,
             ident: 0x1234,
         };
-        let to = FragRewrite {
+        let to = FragAction::Rewrite(FragRewrite {
             src: 0xc633_6401,
             dst: 0xcb00_7102,
             adj: 3,
-        };
+        });
         let t0 = Instant::from_secs(100);
         assert_eq!(t.find(&id, t0), None);
         t.remember(id, to, t0);

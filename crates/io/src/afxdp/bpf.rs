@@ -250,7 +250,7 @@ pub(crate) fn steer_program(steer: Steer) -> (Vec<BpfInsn>, usize) {
     // IPv4: fragment offset, header length, protocol.
     a.need(R4, 8);
     a.load16(R0, R4, 6);
-    a.jmp(JSET_K, R0, 0, 0x1fff, Addrs);
+    a.jmp(JSET_K, R0, 0, 0x3fff, Addrs);
     a.i(AND_K, R9, 0, 0, 0x0f);
     a.i(LSH_K, R9, 0, 0, 2);
     a.i(MOV_X, R5, R4, 0, 0);
