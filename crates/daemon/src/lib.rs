@@ -524,7 +524,15 @@ impl Control {
                         None => true,
                         Some(c) => r.chain == c || r.chain.ends_with(&format!(" {c}")),
                     })
-                    .map(|r| json!({"handle": r.handle, "chain": r.chain, "rule": r.text, "location": r.location}))
+                    .map(|r| {
+                        let mut v = json!({"handle": r.handle, "chain": r.chain, "rule": r.text,
+                                           "location": r.location});
+                        if let Some((p, b)) = r.counter {
+                            v["packets"] = json!(p);
+                            v["bytes"] = json!(b);
+                        }
+                        v
+                    })
                     .collect();
                 Ok(json!({"ok": true, "count": rules.len(), "rules": rules}))
             }

@@ -109,7 +109,7 @@ impl Topo {
         std::fs::write(
             self.dir.join("gw.nft"),
             format!(
-                "table ip filter {{\n  chain forward {{\n    type filter hook forward priority 0; policy drop;\n    ct state established,related accept\n    iifname \"lan0\" oifname \"wan0\" accept\n  }}\n}}\ntable ip nat {{\n  chain postrouting {{\n    type nat hook postrouting priority 100; policy accept;\n    oifname \"wan0\" snat to {POOL}\n  }}\n}}\n"
+                "table ip filter {{\n  chain forward {{\n    type filter hook forward priority 0; policy drop;\n    ct state established,related accept\n    iifname \"lan0\" oifname \"wan0\" counter accept\n  }}\n}}\ntable ip nat {{\n  chain postrouting {{\n    type nat hook postrouting priority 100; policy accept;\n    oifname \"wan0\" snat to {POOL}\n  }}\n}}\n"
             ),
         )
         .expect("write nft");
@@ -286,6 +286,30 @@ fn gateway_end_to_end(backend: &str, tag: &str) {
         http.lines()
             .any(|l| l.starts_with(POOL) && l.contains("GET /blob")),
         "server log does not show {POOL}:\n{http}"
+    );
+
+    // 2b. The rule's counter saw the first packet of every new connection
+    // (the pings, the fragmented pings' first fragments, the HTTP SYNs);
+    // established packets are accepted by `ct state` before it.
+    let rules = ctl(&sock, "rule list");
+    let counted = rules["rules"]
+        .as_array()
+        .and_then(|rs| {
+            rs.iter()
+                .find(|r| r["rule"].as_str().is_some_and(|t| t.contains("counter")))
+        })
+        .cloned()
+        .unwrap_or_default();
+    let packets = counted["packets"].as_u64().unwrap_or(0);
+    assert!(
+        (3..100).contains(&packets) && counted["bytes"].as_u64().unwrap_or(0) >= packets * 28,
+        "rule counter: {counted} in {rules}"
+    );
+    assert!(
+        rules["rules"]
+            .as_array()
+            .is_some_and(|rs| rs.iter().any(|r| r.get("packets").is_none())),
+        "rules without a counter statement show no counts: {rules}"
     );
 
     // 3. The conntrack listing shows the connections.

@@ -79,6 +79,9 @@ pub struct CompiledPolicy {
     pub(crate) skeleton: Arc<Ruleset>,
     /// Control commands applied so far (names their rules' locations).
     pub(crate) seq: u64,
+    /// Per-rule packet and byte counts, shared with the generations
+    /// derived from this one ([`crate::counters`]).
+    pub(crate) counters: crate::counters::RuleCounters,
 }
 
 /// What an update never changes: chains and their registration.
@@ -270,7 +273,20 @@ impl CompiledPolicy {
             has_nat,
             skeleton: Arc::new(skeleton),
             seq: 0,
-        })
+            counters: crate::counters::RuleCounters::default(),
+        }
+        .with_counters())
+    }
+
+    /// Cells for every rule, seeded from the rules' `counter packets N
+    /// bytes M` values.
+    fn with_counters(mut self) -> Self {
+        self.counters.ensure(self.store.infos.len() as u64);
+        let handles: Vec<u64> = (0..self.meta.chains.len())
+            .flat_map(|c| self.store.chain_handles(ChainId(c as u32)))
+            .collect();
+        self.seed_counters(handles);
+        self
     }
 
     /// The lowered program (what the linear evaluator walks).
@@ -548,8 +564,19 @@ pub fn engine_reject(w: Option<ast::RejectWith>) -> RejectWith {
 impl Policy for CompiledPolicy {
     fn decide(&self, hook: Hook, pkt: &PolicyPacket) -> Decision {
         let p = self.packet_fields(pkt);
+        let bytes = u64::from(pkt.len);
         let run = |s: &mut Scratch| {
-            self.run_hook(ast_hook(hook), &p, Evaluator::Compiled, s, |_, _, _| {})
+            self.run_hook(
+                ast_hook(hook),
+                &p,
+                Evaluator::Compiled,
+                s,
+                |_, _, matched| {
+                    for id in matched {
+                        self.counters.add(*id, bytes);
+                    }
+                },
+            )
         };
         let o = SCRATCH.with(|cell| match cell.try_borrow_mut() {
             Ok(mut s) => run(&mut s),
@@ -964,5 +991,62 @@ mod tests {
         assert!(!p.has_nat(Hook::Prerouting));
         pp.ct = CtState::Established;
         assert_eq!(p.decide(Hook::Postrouting, &pp).nat, None);
+    }
+
+    #[test]
+    fn rule_counters_count_matches_across_generations() {
+        let p = pol(
+            "table ip t {\n set s { type ipv4_addr; elements = { 10.0.0.9 } }\n chain f {\n type filter hook forward priority 0; policy accept;\n tcp dport 22 counter packets 5 bytes 500 drop\n ip saddr @s counter accept\n tcp dport 80 accept\n }\n}\n",
+        );
+        let pk = |dport: u16, src: u128| PolicyPacket {
+            iif: 0,
+            oif: None,
+            family: 4,
+            src,
+            dst: 0x0a00_0002,
+            proto: 6,
+            sport: 1000,
+            dport,
+            tcp_flags: 2,
+            icmp: (0, 0),
+            ct: CtState::New,
+            ct_mark: 0,
+            mark: 0,
+            ct_status: 0,
+            len: 60,
+        };
+        let counts = |p: &CompiledPolicy| -> Vec<Option<(u64, u64)>> {
+            p.list_rules().iter().map(|r| r.counter).collect()
+        };
+        assert_eq!(counts(&p), [Some((5, 500)), Some((0, 0)), None]);
+        for _ in 0..3 {
+            assert_eq!(
+                p.decide(Hook::Forward, &pk(22, 0x0a00_0001)).verdict,
+                Verdict::Drop
+            );
+        }
+        p.decide(Hook::Forward, &pk(80, 0x0a00_0001));
+        assert_eq!(counts(&p), [Some((8, 680)), Some((0, 0)), None]);
+        // A new generation shares the cells: counts made on either show.
+        let (q, a) = p
+            .apply_text("cmd", "add rule ip t f udp dport 53 counter accept")
+            .unwrap_or_else(|e| panic!("{e}"));
+        p.decide(Hook::Forward, &pk(22, 0x0a00_0001));
+        q.decide(Hook::Forward, &pk(22, 0x0a00_0001));
+        assert_eq!(
+            counts(&q),
+            [Some((10, 800)), Some((0, 0)), None, Some((0, 0))]
+        );
+        assert!(a.handle.is_some());
+        // A set change re-lowers the rule that reads the set; its count
+        // moves with it.
+        q.decide(Hook::Forward, &pk(443, 0x0a00_0009));
+        let (r, a) = q
+            .apply_text("cmd", "add element ip t s { 10.0.0.7 }")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(a.relowered, 1);
+        assert_eq!(counts(&r)[1], Some((1, 60)));
+        r.decide(Hook::Forward, &pk(443, 0x0a00_0007));
+        assert_eq!(counts(&r)[1], Some((2, 120)));
     }
 }

@@ -60,6 +60,33 @@ pub struct ListedRule {
     pub text: String,
     /// Where it came from (`FILE:LINE`, or the control command).
     pub location: Option<String>,
+    /// (packets, bytes) matched, for a rule with a `counter` statement.
+    pub counter: Option<(u64, u64)>,
+}
+
+/// The `counter` statement of `r`: its given (packets, bytes), if any.
+fn counter_stmt(r: &ast::Rule) -> Option<(Option<u64>, Option<u64>)> {
+    r.stmts.iter().find_map(|s| match s.kind {
+        ast::StmtKind::Counter { packets, bytes } => Some((packets, bytes)),
+        _ => None,
+    })
+}
+
+impl CompiledPolicy {
+    /// Gives the rules `handles` the counts their `counter packets N bytes
+    /// M` statements name (on their first IR rule).
+    pub(crate) fn seed_counters(&self, handles: impl IntoIterator<Item = u64>) {
+        for h in handles {
+            let Some(e) = self.store.entry(h) else {
+                continue;
+            };
+            if let Some((p, b)) = counter_stmt(&e.ast) {
+                if let (Some(r), true) = (e.rules.first(), p.is_some() || b.is_some()) {
+                    self.counters.set(r.id, p.unwrap_or(0), b.unwrap_or(0));
+                }
+            }
+        }
+    }
 }
 
 fn refused<T>(msg: impl Into<String>) -> Result<T, UpdateFailure> {
@@ -132,6 +159,10 @@ impl CompiledPolicy {
                 elements,
             } => next.change_elements(*family, table, set, elements, false, name)?,
         };
+        next.counters.ensure(next.store.infos.len() as u64);
+        if let (Command::AddRule { .. }, Some(h)) = (cmd, applied.handle) {
+            next.seed_counters([h]);
+        }
         Ok((next, applied))
     }
 
@@ -144,11 +175,18 @@ impl CompiledPolicy {
                     continue;
                 };
                 let info = e.rules.first().and_then(|r| self.rule_info(r.id));
+                let counter = counter_stmt(&e.ast).map(|_| {
+                    e.rules.iter().fold((0, 0), |(p, b), r| {
+                        let (rp, rb) = self.counters.get(r.id);
+                        (p + rp, b + rb)
+                    })
+                });
                 out.push(ListedRule {
                     handle: h,
                     chain: c.name.clone(),
                     text: ast::rule_to_string(&e.ast),
                     location: info.map(|i| i.location.clone()),
+                    counter,
                 });
             }
         }
@@ -474,6 +512,17 @@ impl CompiledPolicy {
             }
             self.place(old.chain, old.pos, &irs)?;
             ir_rules += irs.len();
+            // The re-lowered rule keeps its counts (moved to its new first
+            // IR rule; a packet counted on the old ones while the running
+            // generation still uses them is not carried over).
+            self.counters.ensure(self.store.infos.len() as u64);
+            let counted = old.rules.iter().fold((0, 0), |(p, b), r| {
+                let (rp, rb) = self.counters.get(r.id);
+                (p + rp, b + rb)
+            });
+            if let Some(r) = irs.first() {
+                self.counters.set(r.id, counted.0, counted.1);
+            }
             self.store.put(
                 *h,
                 Entry {

@@ -1,0 +1,110 @@
+//! Per-rule packet and byte counters, kept across rule-set generations.
+//!
+//! Every IR rule has a cell, indexed by its [`RuleId`] (ids are dense: the
+//! lowerer numbers rules from 0 and updates continue from the last one).
+//! [`CompiledPolicy::decide`](crate::CompiledPolicy) adds one packet and
+//! its IP length to the cell of every rule that matched (the evaluation's
+//! trace), with relaxed atomic adds: workers share the cells, no lock is
+//! taken, and a reader may see a packet counted before its bytes. Rules
+//! without a `counter` statement are counted too but never shown, which is
+//! what nft shows.
+//!
+//! The cells live in fixed chunks of [`CHUNK`] cells behind `Arc`s. A new
+//! generation (an incremental update) clones the list of chunks, so it
+//! shares every existing cell with the running one and no count is lost
+//! while the generations swap; new rules get new chunks, allocated by the
+//! control plane, never by a worker. A rule set replace starts from zero
+//! (or from the `counter packets N bytes M` values the file gives), as
+//! `nft -f` does.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use sluice_classify::ir::RuleId;
+
+/// Cells per chunk.
+pub const CHUNK: usize = 1024;
+
+#[derive(Debug, Default)]
+struct Cell {
+    packets: AtomicU64,
+    bytes: AtomicU64,
+}
+
+/// The counters of every rule of a policy (shared across generations).
+#[derive(Debug, Clone, Default)]
+pub struct RuleCounters {
+    chunks: Vec<Arc<[Cell]>>,
+}
+
+impl RuleCounters {
+    /// Room for rule ids `0..n` (allocates the missing chunks).
+    pub fn ensure(&mut self, n: u64) {
+        let want = usize::try_from(n).unwrap_or(usize::MAX).div_ceil(CHUNK);
+        while self.chunks.len() < want {
+            self.chunks
+                .push((0..CHUNK).map(|_| Cell::default()).collect::<Arc<[Cell]>>());
+        }
+    }
+
+    fn cell(&self, id: RuleId) -> Option<&Cell> {
+        let i = usize::try_from(id.0).ok()?;
+        self.chunks.get(i / CHUNK)?.get(i % CHUNK)
+    }
+
+    /// Count one packet of `bytes` for rule `id` (ignored for an id
+    /// without a cell).
+    #[inline]
+    pub fn add(&self, id: RuleId, bytes: u64) {
+        if let Some(c) = self.cell(id) {
+            c.packets.fetch_add(1, Ordering::Relaxed);
+            c.bytes.fetch_add(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// Set rule `id`'s counts (a `counter packets N bytes M` statement).
+    pub fn set(&self, id: RuleId, packets: u64, bytes: u64) {
+        if let Some(c) = self.cell(id) {
+            c.packets.store(packets, Ordering::Relaxed);
+            c.bytes.store(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// Rule `id`'s (packets, bytes).
+    pub fn get(&self, id: RuleId) -> (u64, u64) {
+        self.cell(id).map_or((0, 0), |c| {
+            (
+                c.packets.load(Ordering::Relaxed),
+                c.bytes.load(Ordering::Relaxed),
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generations_share_cells_and_grow_without_losing_counts() {
+        let mut a = RuleCounters::default();
+        a.ensure(3);
+        a.add(RuleId(2), 100);
+        let mut b = a.clone();
+        b.ensure(CHUNK as u64 + 5);
+        b.add(RuleId(2), 60);
+        a.add(RuleId(2), 40);
+        assert_eq!(a.get(RuleId(2)), (3, 200));
+        assert_eq!(b.get(RuleId(2)), (3, 200), "one cell for both generations");
+        b.add(RuleId(CHUNK as u64 + 4), 1);
+        assert_eq!(b.get(RuleId(CHUNK as u64 + 4)), (1, 1));
+        assert_eq!(
+            a.get(RuleId(CHUNK as u64 + 4)),
+            (0, 0),
+            "not in the old one"
+        );
+        a.add(RuleId(u64::MAX), 1);
+        b.set(RuleId(0), 7, 700);
+        assert_eq!(a.get(RuleId(0)), (7, 700));
+    }
+}
