@@ -1871,9 +1871,11 @@ impl Classifier {
                     None => return out(policy.into(), None, &p),
                 }
             };
-            s.trace.push(r.id);
-            run_stmts(&r.stmts, &mut p);
             start = pos + 1;
+            if !run_stmts(&r.stmts, &mut p, s.limit.as_ref()) {
+                continue;
+            }
+            s.trace.push(r.id);
             match r.verdict {
                 None => {}
                 Some(Verdict::Accept) => return out(Final::Accept, Some(r.id), &p),

@@ -473,7 +473,9 @@ impl MarkOp {
 
 /// Non-terminal statements. They run in rule order; the classifier applies the
 /// mark changes (later rules see them) and reports the rest through the trace.
-/// `limit` is reported, not enforced: its token bucket lives in the engine.
+/// `limit` is a match: the evaluation asks the caller's buckets
+/// ([`crate::Limits`], through [`crate::Scratch::limit`]); without them every
+/// limit is within its rate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Stmt {
     /// `counter`.

@@ -45,7 +45,9 @@ mod persist;
 
 pub use compiled::{Classifier, Placement, UpdateError, BATCH};
 pub use ir::*;
-pub use linear::{eval_linear, EvalError, Final, Outcome, Scratch, MAX_CHAIN_ENTRIES, MAX_DEPTH};
+pub use linear::{
+    eval_linear, EvalError, Final, LimitCtx, Limits, Outcome, Scratch, MAX_CHAIN_ENTRIES, MAX_DEPTH,
+};
 
 /// Anything that classifies: the compiled [`Classifier`] or a [`Program`]
 /// walked linearly. Lets a benchmark time both through one loop.

@@ -73,6 +73,36 @@ pub struct Scratch {
     /// [`crate::Classifier::eval_batch`]: tags and heads of a group.
     pub(crate) tags: Vec<u32>,
     pub(crate) bheads: Vec<crate::compiled::Head>,
+    /// Rate limiters for `limit` statements; `None`: every limit is
+    /// within its rate (the rule matches).
+    pub limit: Option<LimitCtx>,
+}
+
+/// The token buckets of `limit` statements ([`Stmt::Limit`]).
+pub trait Limits: Send + Sync {
+    /// Whether the rule holding `Stmt::Limit(id)` matches a packet of
+    /// `len` bytes at `now_ms`; takes from the bucket.
+    fn matches(&self, id: u32, now_ms: u64, len: u32) -> bool;
+}
+
+/// What an evaluation needs for `limit` statements.
+#[derive(Clone)]
+pub struct LimitCtx {
+    /// The buckets.
+    pub limits: std::sync::Arc<dyn Limits>,
+    /// The packet's time (ms, monotonic).
+    pub now_ms: u64,
+    /// The packet's length (bytes, for byte rates).
+    pub len: u32,
+}
+
+impl core::fmt::Debug for LimitCtx {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("LimitCtx")
+            .field("now_ms", &self.now_ms)
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Scratch {
@@ -84,14 +114,26 @@ impl Scratch {
             heads: Vec::with_capacity(32),
             tags: Vec::new(),
             bheads: Vec::new(),
+            limit: None,
         }
     }
 }
 
 /// Applies a rule's statements to the packet view (marks); the others are
-/// side effects the engine performs from the trace.
+/// side effects the engine performs from the trace. A `limit` is a match:
+/// when one says no (its bucket, `limit`), the rule does not match after
+/// all, nothing is applied and `false` is returned.
 #[inline]
-pub(crate) fn run_stmts(stmts: &[Stmt], p: &mut PacketFields) {
+pub(crate) fn run_stmts(stmts: &[Stmt], p: &mut PacketFields, limit: Option<&LimitCtx>) -> bool {
+    if let Some(l) = limit {
+        for s in stmts {
+            if let Stmt::Limit(id) = s {
+                if !l.limits.matches(*id, l.now_ms, l.len) {
+                    return false;
+                }
+            }
+        }
+    }
     for s in stmts {
         match s {
             Stmt::MarkSet(op) => p.mark = op.apply(p.mark),
@@ -99,6 +141,7 @@ pub(crate) fn run_stmts(stmts: &[Stmt], p: &mut PacketFields) {
             Stmt::Counter | Stmt::Log(_) | Stmt::Limit(_) => {}
         }
     }
+    true
 }
 
 /// Evaluates `pkt` from base chain `base` by walking every rule in order.
@@ -142,9 +185,11 @@ pub fn eval_linear(prog: &Program, base: ChainId, pkt: &PacketFields, s: &mut Sc
                 None => return out(policy.into(), None, &p),
             }
         };
-        s.trace.push(r.id);
-        run_stmts(&r.stmts, &mut p);
         idx += 1;
+        if !run_stmts(&r.stmts, &mut p, s.limit.as_ref()) {
+            continue;
+        }
+        s.trace.push(r.id);
         match r.verdict {
             None => {}
             Some(Verdict::Accept) => return out(Final::Accept, Some(r.id), &p),

@@ -74,6 +74,9 @@ pub struct PolicyPacket {
     pub ct_status: u32,
     /// IP total length.
     pub len: u16,
+    /// The batch's time, ms on the worker's monotonic clock (for `limit`
+    /// rate buckets; the policy reads no clock).
+    pub now_ms: u64,
 }
 
 /// How a reject is answered.

@@ -417,6 +417,8 @@ pub struct Worker {
     /// The batch being processed was handed over by another worker: it is
     /// never handed off again.
     handed_in: bool,
+    /// The current batch's time in ms (for the policy's `limit` buckets).
+    now_ms: u64,
 }
 
 /// What [`Worker::too_big`] found.
@@ -553,6 +555,7 @@ impl Worker {
             workers: cfg.workers.max(1),
             by_source,
             handed_in: false,
+            now_ms: 0,
         };
         for (ip, mac) in cfg.neighbors {
             w.set_neighbor(ip, mac)?;
@@ -656,6 +659,7 @@ impl Worker {
     /// reading in nanoseconds, taken once per batch by the caller.
     pub fn process<F: Frames>(&mut self, now_ns: u64, frames: &mut F) {
         let now = instant(now_ns);
+        self.now_ms = now.as_millis();
         let total = frames.count();
         let n = total.min(MAX_BATCH);
         self.counters.rx += total as u64;
@@ -1003,6 +1007,7 @@ impl Worker {
             mark: 0,
             ct_status: status,
             len: read16(buf, l3 + 2).unwrap_or(len.saturating_sub(l3) as u16),
+            now_ms: self.now_ms,
         };
         match self.policy.decide(hook, &pp).verdict {
             Verdict::Accept => None,
@@ -1309,6 +1314,7 @@ impl Worker {
         }
         let ev = l4_event(d);
         let mut pp = policy_packet(iif, key, d, CtState::New);
+        pp.now_ms = self.now_ms;
         // Whether prerouting rewrote the destination (DNAT, or hairpinning
         // to a mapping): handoff rule 2.
         let mut dst_rewritten = false;
@@ -1601,7 +1607,8 @@ impl Worker {
             .get(dir_index(dir.opposite()))
             .copied()
             .unwrap_or(0);
-        let pp = policy_packet(iif, key, d, CtState::Related);
+        let mut pp = policy_packet(iif, key, d, CtState::Related);
+        pp.now_ms = self.now_ms;
         if self.policy.decide(Hook::Forward, &pp).verdict != Verdict::Accept {
             return Action::Drop(DropReason::PolicyDrop);
         }
@@ -1804,6 +1811,7 @@ fn policy_packet(iif: IfIndex, key: &FlowKey4, d: &Dissect, ct: CtState) -> Poli
         mark: 0,
         ct_status: 0,
         len,
+        now_ms: 0,
     }
 }
 

@@ -26,15 +26,17 @@
 //! * No match is ever dropped: a construct the IR cannot express is a
 //!   [`LowerError`] at its source location, and every such error in the
 //!   rule set is reported at once ([`CompileError`]). Refused today:
-//!   `ip ttl`, `limit rate over`, `redirect`, IPv6 NAT, `dnat`
+//!   `ip ttl`, `redirect`, IPv6 NAT, `dnat`
 //!   to an address or port range, `snat to … map`, `masquerade to :PORTS`,
 //!   masks on sets or concatenations, ordering comparisons on interfaces,
 //!   a mark change before a map lookup in a rule matching that mark, and NAT reachable
 //!   from a filter chain.
 //! * Approximations (documented, verdict-preserving for the traffic the
-//!   engine handles): `limit rate N` is treated as within its rate (the
-//!   token bucket lives in the engine); `th sport/dport` match only
+//!   engine handles): `th sport/dport` match only
 //!   TCP/UDP/DCCP/SCTP/UDP-Lite; `ip6 nexthdr` is the layer-4 protocol.
+//! * `limit rate [over]` is a match on token buckets shared by the workers
+//!   ([`limits`]); the trace treats every limit as within its rate.
+//! * `counter` counts per rule at run time ([`counters`]).
 //! * Incremental updates ([`CompiledPolicy::apply`], from nft's `add rule`,
 //!   `insert rule`, `delete rule … handle H`, `add element`, `delete
 //!   element`) derive the next generation from the running one in time
@@ -51,6 +53,7 @@
 pub mod counters;
 mod error;
 mod iface;
+pub mod limits;
 mod live;
 mod lower;
 mod policy;

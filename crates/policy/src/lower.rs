@@ -455,11 +455,6 @@ impl<'a> Lowerer<'a> {
                     pre.push(Stmt::Log(id));
                     Ok(None)
                 }
-                StmtKind::Limit(l) if l.over => Err(
-                    "'limit rate over' cannot be lowered: rate state lives in the engine and the \
-                     classifier treats every limit as within its rate"
-                        .to_string(),
-                ),
                 StmtKind::Limit(l) => {
                     let id = self.out.limits.len() as u32;
                     self.out.limits.push(*l);

@@ -82,6 +82,9 @@ pub struct CompiledPolicy {
     /// Per-rule packet and byte counts, shared with the generations
     /// derived from this one ([`crate::counters`]).
     pub(crate) counters: crate::counters::RuleCounters,
+    /// Token buckets of the `limit` statements ([`crate::limits`]), shared
+    /// with derived generations.
+    pub(crate) limiters: Arc<crate::limits::Limiters>,
 }
 
 /// What an update never changes: chains and their registration.
@@ -274,6 +277,7 @@ impl CompiledPolicy {
             skeleton: Arc::new(skeleton),
             seq: 0,
             counters: crate::counters::RuleCounters::default(),
+            limiters: Arc::default(),
         }
         .with_counters())
     }
@@ -281,6 +285,9 @@ impl CompiledPolicy {
     /// Cells for every rule, seeded from the rules' `counter packets N
     /// bytes M` values.
     fn with_counters(mut self) -> Self {
+        let mut l = crate::limits::Limiters::default();
+        l.extend_to(&self.tables.limits);
+        self.limiters = Arc::new(l);
         self.counters.ensure(self.store.infos.len() as u64);
         let handles: Vec<u64> = (0..self.meta.chains.len())
             .flat_map(|c| self.store.chain_handles(ChainId(c as u32)))
@@ -566,7 +573,12 @@ impl Policy for CompiledPolicy {
         let p = self.packet_fields(pkt);
         let bytes = u64::from(pkt.len);
         let run = |s: &mut Scratch| {
-            self.run_hook(
+            s.limit = (!self.limiters.is_empty()).then(|| sluice_classify::LimitCtx {
+                limits: Arc::clone(&self.limiters) as Arc<dyn sluice_classify::Limits>,
+                now_ms: pkt.now_ms,
+                len: u32::from(pkt.len),
+            });
+            let o = self.run_hook(
                 ast_hook(hook),
                 &p,
                 Evaluator::Compiled,
@@ -576,7 +588,9 @@ impl Policy for CompiledPolicy {
                         self.counters.add(*id, bytes);
                     }
                 },
-            )
+            );
+            s.limit = None;
+            o
         };
         let o = SCRATCH.with(|cell| match cell.try_borrow_mut() {
             Ok(mut s) => run(&mut s),
@@ -919,7 +933,7 @@ mod tests {
     #[test]
     fn every_error_is_reported_at_once() {
         let e = compile(
-            "table ip t { chain c { type nat hook prerouting priority 0;\n ip ttl 1 drop\n limit rate over 1/second drop\n redirect\n dnat to 10.0.0.1-10.0.0.2 } }",
+            "table ip t { chain c { type nat hook prerouting priority 0;\n ip ttl 1 drop\n iifname > \"eth0\" drop\n redirect\n dnat to 10.0.0.1-10.0.0.2 } }",
         )
         .err()
         .unwrap_or_default();
@@ -975,6 +989,7 @@ mod tests {
             mark: 0,
             ct_status: 0,
             len: 60,
+            now_ms: 0,
         };
         let d = p.decide(Hook::Forward, &pp);
         assert_eq!(
@@ -1014,6 +1029,7 @@ mod tests {
             mark: 0,
             ct_status: 0,
             len: 60,
+            now_ms: 0,
         };
         let counts = |p: &CompiledPolicy| -> Vec<Option<(u64, u64)>> {
             p.list_rules().iter().map(|r| r.counter).collect()
@@ -1048,5 +1064,66 @@ mod tests {
         assert_eq!(counts(&r)[1], Some((1, 60)));
         r.decide(Hook::Forward, &pk(443, 0x0a00_0007));
         assert_eq!(counts(&r)[1], Some((2, 120)));
+    }
+
+    #[test]
+    fn limit_is_a_match_on_shared_buckets() {
+        let p = pol(
+            "table ip t {\n chain f {\n type filter hook forward priority 0; policy drop;\n icmp type echo-request limit rate 2/second burst 0 packets counter accept\n tcp dport 25 limit rate over 1/second burst 0 packets drop\n tcp dport 25 accept\n }\n}\n",
+        );
+        let pk = |proto: u8, dport: u16, now_ms: u64| PolicyPacket {
+            iif: 0,
+            oif: None,
+            family: 4,
+            src: 0x0a00_0001,
+            dst: 0x0a00_0002,
+            proto,
+            sport: 1000,
+            dport,
+            tcp_flags: 2,
+            icmp: (8, 0),
+            ct: CtState::New,
+            ct_mark: 0,
+            mark: 0,
+            ct_status: 0,
+            len: 84,
+            now_ms,
+        };
+        let v = |p: &CompiledPolicy, proto, dport, t| {
+            p.decide(Hook::Forward, &pk(proto, dport, t)).verdict
+        };
+        // Two pings a second pass; the third falls through to the policy.
+        assert_eq!(
+            [v(&p, 1, 0, 1000), v(&p, 1, 0, 1000), v(&p, 1, 0, 1000)],
+            [Verdict::Accept, Verdict::Accept, Verdict::Drop]
+        );
+        assert_eq!(
+            v(&p, 1, 0, 1500),
+            Verdict::Accept,
+            "half a second refills one"
+        );
+        // Only matching packets count.
+        assert_eq!(p.list_rules()[0].counter, Some((3, 252)));
+        // `over`: the first SMTP packet in a second is accepted, the next
+        // one is over the rate and dropped.
+        assert_eq!(
+            [v(&p, 6, 25, 2000), v(&p, 6, 25, 2000)],
+            [Verdict::Accept, Verdict::Drop]
+        );
+        // An update keeps the buckets: still empty in the new generation.
+        let (q, _) = p
+            .apply_text(
+                "cmd",
+                "add rule ip t f udp dport 53 limit rate 1/minute accept",
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(v(&q, 6, 25, 2000), Verdict::Drop);
+        assert_eq!(v(&q, 1, 0, 1500), Verdict::Drop);
+        assert_eq!(v(&q, 17, 53, 0), Verdict::Accept);
+        // The trace ignores limits (every limit within its rate).
+        assert!(p
+            .trace(&pkt(1, "10.0.0.1", 0, "10.0.0.2", 0))
+            .mismatch
+            .is_none());
     }
 }

@@ -160,6 +160,11 @@ impl CompiledPolicy {
             } => next.change_elements(*family, table, set, elements, false, name)?,
         };
         next.counters.ensure(next.store.infos.len() as u64);
+        if next.tables.limits.len() > next.limiters.len() {
+            let mut l = (*next.limiters).clone();
+            l.extend_to(&next.tables.limits);
+            next.limiters = Arc::new(l);
+        }
         if let (Command::AddRule { .. }, Some(h)) = (cmd, applied.handle) {
             next.seed_counters([h]);
         }

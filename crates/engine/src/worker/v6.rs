@@ -357,6 +357,7 @@ impl Worker {
             return drop(DropReason::CtInvalid);
         }
         let mut pp = policy_packet6(iif, key, d, CtState::New, payload_len);
+        pp.now_ms = self.now_ms;
         // Prerouting filter chains (NAT does not apply to IPv6).
         let dec = self.policy.decide(Hook::Prerouting, &pp);
         pp.mark = dec.mark;
@@ -522,6 +523,7 @@ impl Worker {
             mark: 0,
             ct_status: status,
             len: pk.payload_len.saturating_add(40),
+            now_ms: self.now_ms,
         };
         refused(self.policy.decide(hook, &pp).verdict)
     }
@@ -578,6 +580,7 @@ impl Worker {
         }
         let adj = self.v6.ct.entry(id).payload().adjacency(dir.opposite());
         let mut pp = policy_packet6(iif, key, d, CtState::Related, payload_len);
+        pp.now_ms = self.now_ms;
         pp.oif = self.adj.get(usize::from(adj)).map(|a| a.oif);
         if let Some(r) = refused(self.policy.decide(Hook::Forward, &pp).verdict) {
             return Step::Done(Action::Drop(r));
@@ -611,7 +614,8 @@ impl Worker {
         key: &FlowKey6,
         payload_len: u16,
     ) -> Step {
-        let pp = policy_packet6(iif, key, d, CtState::New, payload_len);
+        let mut pp = policy_packet6(iif, key, d, CtState::New, payload_len);
+        pp.now_ms = self.now_ms;
         if let Some(r) = refused(self.policy.decide(Hook::Input, &pp).verdict) {
             return Step::Done(Action::Drop(r));
         }
@@ -681,7 +685,8 @@ impl Worker {
         {
             return drop(DropReason::NdpIgnored);
         }
-        let pp = policy_packet6(iif, key, d, CtState::New, payload_len);
+        let mut pp = policy_packet6(iif, key, d, CtState::New, payload_len);
+        pp.now_ms = self.now_ms;
         if let Some(r) = refused(self.policy.decide(Hook::Input, &pp).verdict) {
             return drop(r);
         }
@@ -855,6 +860,7 @@ fn policy_packet6(
         mark: 0,
         ct_status: 0,
         len: payload_len.saturating_add(40),
+        now_ms: 0,
     }
 }
 
