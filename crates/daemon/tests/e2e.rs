@@ -109,7 +109,7 @@ impl Topo {
         std::fs::write(
             self.dir.join("gw.nft"),
             format!(
-                "table ip filter {{\n  chain forward {{\n    type filter hook forward priority 0; policy drop;\n    ct state established,related accept\n    iifname \"lan0\" oifname \"wan0\" counter accept\n  }}\n}}\ntable ip nat {{\n  chain postrouting {{\n    type nat hook postrouting priority 100; policy accept;\n    oifname \"wan0\" snat to {POOL}\n  }}\n}}\n"
+                "table ip filter {{\n  chain forward {{\n    type filter hook forward priority 0; policy drop;\n    ct state established,related accept\n    iifname \"lan0\" oifname \"wan0\" counter log prefix \"lan-out: \" accept\n  }}\n}}\ntable ip nat {{\n  chain postrouting {{\n    type nat hook postrouting priority 100; policy accept;\n    oifname \"wan0\" snat to {POOL}\n  }}\n}}\n"
             ),
         )
         .expect("write nft");
@@ -310,6 +310,17 @@ fn gateway_end_to_end(backend: &str, tag: &str) {
             .as_array()
             .is_some_and(|rs| rs.iter().any(|r| r.get("packets").is_none())),
         "rules without a counter statement show no counts: {rules}"
+    );
+
+    // 2c. Its `log` statement wrote netfilter-style lines.
+    let log = daemon_log();
+    assert!(
+        log.lines().any(
+            |l| l.contains("lan-out: IN=lan0 OUT=wan0 SRC=10.0.0.2 DST=203.0.113.2")
+                && l.contains("PROTO=6")
+                && l.contains("DPT=8080")
+        ),
+        "no log line for the HTTP connection:\n{log}"
     );
 
     // 3. The conntrack listing shows the connections.

@@ -29,6 +29,9 @@ pub const CHUNK: usize = 1024;
 struct Cell {
     packets: AtomicU64,
     bytes: AtomicU64,
+    /// The rule's `log` statement: its id + 1, 0 for none (set by the
+    /// control plane when the rule is compiled).
+    log: std::sync::atomic::AtomicU32,
 }
 
 /// The counters of every rule of a policy (shared across generations).
@@ -68,6 +71,23 @@ impl RuleCounters {
             c.packets.store(packets, Ordering::Relaxed);
             c.bytes.store(bytes, Ordering::Relaxed);
         }
+    }
+
+    /// Rule `id` logs with log spec `log` (`Stmt::Log(log)`).
+    pub fn set_log(&self, id: RuleId, log: u32) {
+        if let Some(c) = self.cell(id) {
+            c.log.store(log.saturating_add(1), Ordering::Relaxed);
+        }
+    }
+
+    /// Count one packet of `bytes` for rule `id`; returns the rule's log
+    /// spec, if it has a `log` statement.
+    #[inline]
+    pub fn add_and_log(&self, id: RuleId, bytes: u64) -> Option<u32> {
+        let c = self.cell(id)?;
+        c.packets.fetch_add(1, Ordering::Relaxed);
+        c.bytes.fetch_add(bytes, Ordering::Relaxed);
+        c.log.load(Ordering::Relaxed).checked_sub(1)
     }
 
     /// Rule `id`'s (packets, bytes).

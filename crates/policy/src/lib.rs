@@ -36,7 +36,8 @@
 //!   TCP/UDP/DCCP/SCTP/UDP-Lite; `ip6 nexthdr` is the layer-4 protocol.
 //! * `limit rate [over]` is a match on token buckets shared by the workers
 //!   ([`limits`]); the trace treats every limit as within its rate.
-//! * `counter` counts per rule at run time ([`counters`]).
+//! * `counter` counts per rule at run time ([`counters`]); `log` writes a
+//!   line per matching packet (rate-limited, [`limits::LogBudget`]).
 //! * Incremental updates ([`CompiledPolicy::apply`], from nft's `add rule`,
 //!   `insert rule`, `delete rule … handle H`, `add element`, `delete
 //!   element`) derive the next generation from the running one in time

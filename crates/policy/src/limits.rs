@@ -141,6 +141,40 @@ impl sluice_classify::Limits for Limiters {
     }
 }
 
+/// `log` lines a policy writes per second at most (burst the same).
+pub const LOG_PER_SEC: u64 = 100;
+
+/// The rate budget of a policy's `log` lines: [`LOG_PER_SEC`] a second,
+/// shared by the workers; the lines over it are counted, not written.
+#[derive(Debug)]
+pub struct LogBudget {
+    bucket: Bucket,
+    /// Lines not written for the budget.
+    pub suppressed: AtomicU64,
+}
+
+impl Default for LogBudget {
+    fn default() -> Self {
+        LogBudget {
+            bucket: Bucket::new(&ast::Limit {
+                over: false,
+                rate: LOG_PER_SEC,
+                unit: None,
+                per: ast::TimeUnit::Second,
+                burst: Some(0),
+                burst_unit: None,
+            }),
+            suppressed: AtomicU64::new(0),
+        }
+    }
+}
+
+impl sluice_classify::Limits for LogBudget {
+    fn matches(&self, _id: u32, now_ms: u64, len: u32) -> bool {
+        self.bucket.matches(now_ms, len)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

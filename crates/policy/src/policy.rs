@@ -85,6 +85,8 @@ pub struct CompiledPolicy {
     /// Token buckets of the `limit` statements ([`crate::limits`]), shared
     /// with derived generations.
     pub(crate) limiters: Arc<crate::limits::Limiters>,
+    /// The rate budget of `log` lines.
+    pub(crate) log_budget: Arc<crate::limits::LogBudget>,
 }
 
 /// What an update never changes: chains and their registration.
@@ -278,8 +280,51 @@ impl CompiledPolicy {
             seq: 0,
             counters: crate::counters::RuleCounters::default(),
             limiters: Arc::default(),
+            log_budget: Arc::default(),
         }
         .with_counters())
+    }
+
+    /// A `log` statement's line for `pkt` (netfilter's `nf_log` fields),
+    /// at most [`crate::limits::LOG_PER_SEC`] a second per policy (shared by the workers
+    /// and by the generations derived from it); the rest are counted in
+    /// `logs_suppressed`.
+    #[cold]
+    fn log(&self, spec: u32, pkt: &PolicyPacket) {
+        use sluice_classify::Limits;
+        if !self.log_budget.matches(0, pkt.now_ms, 0) {
+            self.log_budget
+                .suppressed
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return;
+        }
+        let prefix = self
+            .tables
+            .logs
+            .get(spec as usize)
+            .and_then(|l| l.prefix.as_deref())
+            .unwrap_or("");
+        let name = |i: u32| self.ifaces.name(i).unwrap_or("").to_string();
+        let addr = |a: u128| -> std::net::IpAddr {
+            if pkt.family == 4 {
+                std::net::Ipv4Addr::from(a as u32).into()
+            } else {
+                std::net::Ipv6Addr::from(a).into()
+            }
+        };
+        tracing::info!(
+            target: "sluice::log",
+            "{prefix}IN={} OUT={} SRC={} DST={} LEN={} PROTO={} SPT={} DPT={} MARK={:#x}",
+            name(u32::from(pkt.iif)),
+            pkt.oif.map(|o| name(u32::from(o))).unwrap_or_default(),
+            addr(pkt.src),
+            addr(pkt.dst),
+            pkt.len,
+            pkt.proto,
+            pkt.sport,
+            pkt.dport,
+            pkt.mark,
+        );
     }
 
     /// Cells for every rule, seeded from the rules' `counter packets N
@@ -585,7 +630,9 @@ impl Policy for CompiledPolicy {
                 s,
                 |_, _, matched| {
                     for id in matched {
-                        self.counters.add(*id, bytes);
+                        if let Some(l) = self.counters.add_and_log(*id, bytes) {
+                            self.log(l, pkt);
+                        }
                     }
                 },
             );
@@ -1125,5 +1172,57 @@ mod tests {
             .trace(&pkt(1, "10.0.0.1", 0, "10.0.0.2", 0))
             .mismatch
             .is_none());
+    }
+
+    #[test]
+    fn log_rules_are_marked_and_their_lines_rate_limited() {
+        let p = pol(
+            "table ip t {\n chain f {\n type filter hook forward priority 0; policy accept;\n tcp dport 22 log prefix \"ssh: \" accept\n tcp dport 23 accept\n }\n}\n",
+        );
+        let rules: Vec<RuleId> = p
+            .store
+            .chain_handles(ChainId(0))
+            .filter_map(|h| p.store.entry(h).and_then(|e| e.rules.first().map(|r| r.id)))
+            .collect();
+        assert_eq!(rules.len(), 2);
+        assert_eq!(
+            p.counters.add_and_log(rules[0], 60),
+            Some(0),
+            "the ssh rule logs"
+        );
+        assert_eq!(p.counters.add_and_log(rules[1], 60), None);
+        let pk = PolicyPacket {
+            iif: 0,
+            oif: None,
+            family: 4,
+            src: 0x0a00_0001,
+            dst: 0x0a00_0002,
+            proto: 6,
+            sport: 1000,
+            dport: 22,
+            tcp_flags: 2,
+            icmp: (0, 0),
+            ct: CtState::New,
+            ct_mark: 0,
+            mark: 0,
+            ct_status: 0,
+            len: 60,
+            now_ms: 5000,
+        };
+        for _ in 0..150 {
+            assert_eq!(p.decide(Hook::Forward, &pk).verdict, Verdict::Accept);
+        }
+        let suppressed = || {
+            p.log_budget
+                .suppressed
+                .load(std::sync::atomic::Ordering::Relaxed)
+        };
+        assert_eq!(suppressed(), 50, "100 lines a second, the rest counted");
+        // A derived generation shares the budget.
+        let (q, _) = p
+            .apply_text("cmd", "add rule ip t f udp dport 53 log accept")
+            .unwrap_or_else(|e| panic!("{e}"));
+        q.decide(Hook::Forward, &pk);
+        assert_eq!(suppressed(), 51);
     }
 }

@@ -73,6 +73,17 @@ fn counter_stmt(r: &ast::Rule) -> Option<(Option<u64>, Option<u64>)> {
 }
 
 impl CompiledPolicy {
+    /// Records which of `rules` log (their cells carry the log spec).
+    pub(crate) fn mark_logs(&self, rules: &[sluice_classify::ir::Rule]) {
+        for r in rules {
+            for s in &r.stmts {
+                if let sluice_classify::ir::Stmt::Log(l) = s {
+                    self.counters.set_log(r.id, *l);
+                }
+            }
+        }
+    }
+
     /// Gives the rules `handles` the counts their `counter packets N bytes
     /// M` statements name (on their first IR rule).
     pub(crate) fn seed_counters(&self, handles: impl IntoIterator<Item = u64>) {
@@ -85,6 +96,7 @@ impl CompiledPolicy {
                     self.counters.set(r.id, p.unwrap_or(0), b.unwrap_or(0));
                 }
             }
+            self.mark_logs(&e.rules);
         }
     }
 }
@@ -528,6 +540,7 @@ impl CompiledPolicy {
             if let Some(r) = irs.first() {
                 self.counters.set(r.id, counted.0, counted.1);
             }
+            self.mark_logs(&irs);
             self.store.put(
                 *h,
                 Entry {
