@@ -244,18 +244,27 @@ pub struct ValueSet(Arc<[Range]>);
 impl ValueSet {
     /// Normalizes any collection of ranges.
     pub fn new<I: IntoIterator<Item = Range>>(ranges: I) -> Self {
-        let mut v: Vec<Range> = ranges.into_iter().collect();
+        let mut it = ranges.into_iter();
+        // One range (the common case: a value, prefix or range match) needs
+        // no sorting or merging: one allocation.
+        let (Some(a), b) = (it.next(), it.next()) else {
+            return ValueSet(Arc::new([]));
+        };
+        let Some(b) = b else {
+            return ValueSet(Arc::new([a]));
+        };
+        let mut v: Vec<Range> = [a, b].into_iter().chain(it).collect();
         v.sort_unstable();
-        let mut out: Vec<Range> = Vec::with_capacity(v.len());
-        for r in v {
-            match out.last_mut() {
-                Some(last) if r.lo <= last.hi.saturating_add(1) => {
-                    last.hi = last.hi.max(r.hi);
-                }
-                _ => out.push(r),
+        // Merge overlapping and adjacent ranges in place (`r` follows `last`).
+        v.dedup_by(|r, last| {
+            if r.lo <= last.hi.saturating_add(1) {
+                last.hi = last.hi.max(r.hi);
+                true
+            } else {
+                false
             }
-        }
-        ValueSet(out.into())
+        });
+        ValueSet(v.into())
     }
     /// A single value.
     pub fn value(v: u128) -> Self {

@@ -159,54 +159,58 @@ impl Dep {
 }
 
 /// IR field, value encoding and dependencies of an AST field in a table of
-/// family `fam`.
-fn spec(f: Field, fam: Family) -> Result<(ir::Field, Kind, Vec<Dep>), String> {
+/// family `fam`. The dependencies are static: lowering a rule allocates
+/// nothing per field.
+fn spec(f: Field, fam: Family) -> Result<(ir::Field, Kind, &'static [Dep]), String> {
     let inet = fam == Family::Inet;
-    let v4 = |mut d: Vec<Dep>| {
-        if inet {
-            d.push(Dep::V4);
-        }
-        d
+    let v4: &'static [Dep] = if inet { &[Dep::V4] } else { &[] };
+    let v6: &'static [Dep] = if inet { &[Dep::V6] } else { &[] };
+    let icmp: &'static [Dep] = if inet {
+        &[Dep::Proto(1), Dep::V4]
+    } else {
+        &[Dep::Proto(1)]
     };
-    let v6 = |mut d: Vec<Dep>| {
-        if inet {
-            d.push(Dep::V6);
-        }
-        d
+    let icmpv6: &'static [Dep] = if inet {
+        &[Dep::Proto(58), Dep::V6]
+    } else {
+        &[Dep::Proto(58)]
     };
+    const TCP: &[Dep] = &[Dep::Proto(6)];
+    const UDP: &[Dep] = &[Dep::Proto(17)];
+    const PORTS: &[Dep] = &[Dep::PortProtos];
     use ir::Field as I;
     Ok(match f {
-        Field::Iifname => (I::IifName, Kind::Ifname, vec![]),
-        Field::Oifname => (I::OifName, Kind::Ifname, vec![]),
-        Field::Iif => (I::Iif, Kind::IfIndex, vec![]),
-        Field::Oif => (I::Oif, Kind::IfIndex, vec![]),
-        Field::MetaL4proto => (I::L4Proto, Kind::Num, vec![]),
-        Field::MetaNfproto => (I::Family, Kind::Num, vec![]),
-        Field::MetaMark => (I::Mark, Kind::Num, vec![]),
-        Field::CtMark => (I::CtMark, Kind::Num, vec![]),
-        Field::CtState => (I::CtState, Kind::Num, vec![]),
-        Field::CtStatus => (I::CtStatus, Kind::Num, vec![]),
-        Field::IpSaddr => (I::Saddr, Kind::Addr4, v4(vec![])),
-        Field::IpDaddr => (I::Daddr, Kind::Addr4, v4(vec![])),
-        Field::IpProtocol => (I::L4Proto, Kind::Num, v4(vec![])),
-        Field::Ip6Saddr => (I::Saddr, Kind::Addr6, v6(vec![])),
-        Field::Ip6Daddr => (I::Daddr, Kind::Addr6, v6(vec![])),
+        Field::Iifname => (I::IifName, Kind::Ifname, &[]),
+        Field::Oifname => (I::OifName, Kind::Ifname, &[]),
+        Field::Iif => (I::Iif, Kind::IfIndex, &[]),
+        Field::Oif => (I::Oif, Kind::IfIndex, &[]),
+        Field::MetaL4proto => (I::L4Proto, Kind::Num, &[]),
+        Field::MetaNfproto => (I::Family, Kind::Num, &[]),
+        Field::MetaMark => (I::Mark, Kind::Num, &[]),
+        Field::CtMark => (I::CtMark, Kind::Num, &[]),
+        Field::CtState => (I::CtState, Kind::Num, &[]),
+        Field::CtStatus => (I::CtStatus, Kind::Num, &[]),
+        Field::IpSaddr => (I::Saddr, Kind::Addr4, v4),
+        Field::IpDaddr => (I::Daddr, Kind::Addr4, v4),
+        Field::IpProtocol => (I::L4Proto, Kind::Num, v4),
+        Field::Ip6Saddr => (I::Saddr, Kind::Addr6, v6),
+        Field::Ip6Daddr => (I::Daddr, Kind::Addr6, v6),
         // The first next-header; equal to the layer-4 protocol when the
         // packet carries no extension headers (the only case the engine sees).
-        Field::Ip6Nexthdr => (I::L4Proto, Kind::Num, v6(vec![])),
-        Field::TcpSport => (I::Sport, Kind::Num, vec![Dep::Proto(6)]),
-        Field::TcpDport => (I::Dport, Kind::Num, vec![Dep::Proto(6)]),
-        Field::TcpFlags => (I::TcpFlags, Kind::Num, vec![Dep::Proto(6)]),
-        Field::UdpSport => (I::Sport, Kind::Num, vec![Dep::Proto(17)]),
-        Field::UdpDport => (I::Dport, Kind::Num, vec![Dep::Proto(17)]),
+        Field::Ip6Nexthdr => (I::L4Proto, Kind::Num, v6),
+        Field::TcpSport => (I::Sport, Kind::Num, TCP),
+        Field::TcpDport => (I::Dport, Kind::Num, TCP),
+        Field::TcpFlags => (I::TcpFlags, Kind::Num, TCP),
+        Field::UdpSport => (I::Sport, Kind::Num, UDP),
+        Field::UdpDport => (I::Dport, Kind::Num, UDP),
         // `th` reads the first four transport bytes; only protocols that put
         // ports there can match (documented approximation).
-        Field::ThSport => (I::Sport, Kind::Num, vec![Dep::PortProtos]),
-        Field::ThDport => (I::Dport, Kind::Num, vec![Dep::PortProtos]),
-        Field::IcmpType => (I::IcmpType, Kind::Num, v4(vec![Dep::Proto(1)])),
-        Field::IcmpCode => (I::IcmpCode, Kind::Num, v4(vec![Dep::Proto(1)])),
-        Field::Icmpv6Type => (I::IcmpType, Kind::Num, v6(vec![Dep::Proto(58)])),
-        Field::Icmpv6Code => (I::IcmpCode, Kind::Num, v6(vec![Dep::Proto(58)])),
+        Field::ThSport => (I::Sport, Kind::Num, PORTS),
+        Field::ThDport => (I::Dport, Kind::Num, PORTS),
+        Field::IcmpType => (I::IcmpType, Kind::Num, icmp),
+        Field::IcmpCode => (I::IcmpCode, Kind::Num, icmp),
+        Field::Icmpv6Type => (I::IcmpType, Kind::Num, icmpv6),
+        Field::Icmpv6Code => (I::IcmpCode, Kind::Num, icmpv6),
         Field::IpTtl => {
             return Err(format!(
                 "'{}' cannot be lowered yet: the classifier IR has no such field",
@@ -216,16 +220,22 @@ fn spec(f: Field, fam: Family) -> Result<(ir::Field, Kind, Vec<Dep>), String> {
     })
 }
 
-/// Prepends the (deduplicated) dependency conditions to a rule's matches.
-fn with_deps(deps: &[Dep], ms: Vec<ir::Match>) -> Vec<ir::Match> {
-    let mut d: Vec<Dep> = Vec::new();
-    for x in deps {
-        if !d.contains(x) {
-            d.push(*x);
+/// Prepends the (deduplicated) dependency conditions to a rule's matches;
+/// the result has exactly the capacity it needs (a rule set holds many).
+fn with_deps(deps: &[Dep], ms: &[ir::Match]) -> Vec<ir::Match> {
+    let mut n = 0;
+    for (i, x) in deps.iter().enumerate() {
+        if !deps.get(..i).is_some_and(|b| b.contains(x)) {
+            n += 1;
         }
     }
-    let mut out: Vec<ir::Match> = d.into_iter().map(Dep::to_match).collect();
-    out.extend(ms);
+    let mut out: Vec<ir::Match> = Vec::with_capacity(n + ms.len());
+    for (i, x) in deps.iter().enumerate() {
+        if !deps.get(..i).is_some_and(|b| b.contains(x)) {
+            out.push(x.to_match());
+        }
+    }
+    out.extend_from_slice(ms);
     out
 }
 
@@ -275,6 +285,9 @@ pub(crate) struct Lowerer<'a> {
     next_handle: u64,
     /// Location override for rules that come from a control command.
     location: Option<String>,
+    /// Scratch for [`Self::rule`].
+    scratch_deps: Vec<Dep>,
+    scratch_matches: Vec<ir::Match>,
 }
 
 impl<'a> Lowerer<'a> {
@@ -297,6 +310,8 @@ impl<'a> Lowerer<'a> {
             id_base: 0,
             next_handle: 1,
             location: None,
+            scratch_deps: Vec::new(),
+            scratch_matches: Vec::new(),
         }
     }
 
@@ -429,12 +444,30 @@ impl<'a> Lowerer<'a> {
     }
 
     fn rule(&mut self, ti: usize, t: &Table, cid: ChainId, r: &Arc<ast::Rule>) {
-        let mut deps: Vec<Dep> = Vec::new();
-        let mut matches: Vec<ir::Match> = Vec::new();
+        // Scratch vectors reused across rules; the IR rule gets an exact copy.
+        let mut deps = std::mem::take(&mut self.scratch_deps);
+        let mut matches = std::mem::take(&mut self.scratch_matches);
+        deps.clear();
+        matches.clear();
+        self.rule_with(ti, t, cid, r, &mut deps, &mut matches);
+        matches.clear();
+        self.scratch_deps = deps;
+        self.scratch_matches = matches;
+    }
+
+    fn rule_with(
+        &mut self,
+        ti: usize,
+        t: &Table,
+        cid: ChainId,
+        r: &Arc<ast::Rule>,
+        deps: &mut Vec<Dep>,
+        matches: &mut Vec<ir::Match>,
+    ) {
         let mut ok = true;
         for m in &r.matches {
-            match self.lower_match(t, m, &mut deps) {
-                Ok(ms) => matches.extend(ms),
+            match self.lower_match(t, m, deps) {
+                Ok(m) => matches.push(m),
                 Err(e) => {
                     self.err(m.span, e);
                     ok = false;
@@ -515,12 +548,12 @@ impl<'a> Lowerer<'a> {
         };
         match term {
             None => {
-                let m = with_deps(&deps, matches);
-                self.push_rule(cid, &info, m, pre, None);
+                let m = with_deps(deps, matches);
+                self.push_rule(cid, info, m, pre, None);
             }
             Some(Term::Verdict(v)) => {
-                let m = with_deps(&deps, matches);
-                self.push_rule(cid, &info, m, pre, v);
+                let m = with_deps(deps, matches);
+                self.push_rule(cid, info, m, pre, v);
             }
             Some(Term::Reject(w)) => {
                 let kind = match w {
@@ -532,12 +565,12 @@ impl<'a> Lowerer<'a> {
                     ) => RejectKind::IcmpAdminProhibited,
                     _ => RejectKind::IcmpPortUnreachable,
                 };
-                let m = with_deps(&deps, matches);
-                self.push_rule(cid, &info, m, pre, Some(ir::Verdict::Reject(kind)));
+                let m = with_deps(deps, matches);
+                self.push_rule(cid, info, m, pre, Some(ir::Verdict::Reject(kind)));
             }
             Some(Term::Nat(id)) => {
-                let m = with_deps(&deps, matches);
-                self.push_rule(cid, &info, m, pre, Some(ir::Verdict::Nat(id)));
+                let m = with_deps(deps, matches);
+                self.push_rule(cid, info, m, pre, Some(ir::Verdict::Nat(id)));
             }
             Some(Term::Map(key, entries)) => {
                 // `stmts… KEY vmap {k: v}`: the statements run whether or not
@@ -560,8 +593,8 @@ impl<'a> Lowerer<'a> {
                         );
                         return;
                     }
-                    let m = with_deps(&deps, matches.clone());
-                    self.push_rule(cid, &info, m, pre, None);
+                    let m = with_deps(deps, matches);
+                    self.push_rule(cid, info.clone(), m, pre, None);
                 }
                 let mut kdeps = deps.clone();
                 let mut rules = Vec::new();
@@ -579,8 +612,8 @@ impl<'a> Lowerer<'a> {
                     }
                 }
                 for (ms, v) in rules {
-                    let m = with_deps(&kdeps, ms);
-                    self.push_rule(cid, &info, m, Vec::new(), v);
+                    let m = with_deps(&kdeps, &ms);
+                    self.push_rule(cid, info.clone(), m, Vec::new(), v);
                 }
             }
         }
@@ -589,13 +622,13 @@ impl<'a> Lowerer<'a> {
     fn push_rule(
         &mut self,
         cid: ChainId,
-        info: &RuleInfo,
+        info: RuleInfo,
         matches: Vec<ir::Match>,
         stmts: Vec<Stmt>,
         verdict: Option<ir::Verdict>,
     ) {
         let id = RuleId(self.id_base + self.out.rules.len() as u64);
-        self.out.rules.push(info.clone());
+        self.out.rules.push(info);
         if let Some(c) = self.out.program.chains.get_mut(cid.0 as usize) {
             c.rules.push(Rule {
                 id,
@@ -819,11 +852,11 @@ impl<'a> Lowerer<'a> {
         t: &Table,
         m: &ast::Match,
         deps: &mut Vec<Dep>,
-    ) -> Result<Vec<ir::Match>, String> {
+    ) -> Result<ir::Match, String> {
         let first = match m.left.as_slice() {
             [] => return Err("match without a field".to_string()),
             [f] => *f,
-            _ => return self.concat_match(t, m, deps).map(|c| vec![c]),
+            _ => return self.concat_match(t, m, deps),
         };
         let (field, kind, d) = spec(first, t.family)?;
         let bitmask = first.datatype().is_bitmask();
@@ -899,8 +932,8 @@ impl<'a> Lowerer<'a> {
                 }
             }
         };
-        deps.extend(d);
-        Ok(vec![out])
+        deps.extend_from_slice(d);
+        Ok(out)
     }
 
     fn concat_fields(
@@ -912,7 +945,7 @@ impl<'a> Lowerer<'a> {
         let mut out = Vec::with_capacity(fields.len());
         for f in fields {
             let (field, kind, d) = spec(*f, t.family)?;
-            deps.extend(d);
+            deps.extend_from_slice(d);
             out.push((field, kind));
         }
         Ok(out)
@@ -986,7 +1019,7 @@ impl<'a> Lowerer<'a> {
             [f] => {
                 let (field, kind, d) = spec(*f, t.family)?;
                 let r = self.scalar(field, kind, k)?;
-                deps.extend(d);
+                deps.extend_from_slice(d);
                 Ok(ir::Match::In {
                     field,
                     set: ValueSet::new([r]),
