@@ -533,27 +533,26 @@ fn expand_dim(dim: usize, ranges: &[Range]) -> Option<Vec<(u128, u8)>> {
     let width = DIM_FIELDS[dim].width();
     let full = (lv.len() - 1) as u8;
     let mut out = Vec::new();
-    let mut wild = false;
     for r in ranges {
-        // Prefix cover rounded down to the levels; a small range that would
-        // round to wildcard is enumerated value by value instead.
-        let mut cover = Vec::new();
+        // Prefix cover rounded down to the levels (pushed to `out` directly,
+        // taken back if unused); a small range that would round to wildcard
+        // is enumerated value by value instead.
+        let start = out.len();
         let mut rwild = false;
         let ok = prefixes(*r, width, DIM_CAP, |v, plen| {
             let li = level_of(dim, v, plen);
             rwild |= li == 0;
             let l = lv.get(li).copied().unwrap_or(0);
-            cover.push((v & lvl_mask(l, width), li as u8));
+            out.push((v & lvl_mask(l, width), li as u8));
         });
         if (rwild || !ok) && r.hi - r.lo < ENUM_SMALL {
+            out.truncate(start);
             let m = lvl_mask(lv.get(full as usize).copied().unwrap_or(0), width);
             out.extend((r.lo..=r.hi).map(|v| (v & m, full)));
         } else if !ok || rwild {
-            wild = true;
-        } else {
-            out.extend(cover);
+            return None;
         }
-        if wild || out.len() > DIM_CAP {
+        if out.len() > DIM_CAP {
             return None;
         }
     }
@@ -583,13 +582,21 @@ type NatKey = (Sig, [u128; NDIM]);
 fn index_keys(checks: &[Check]) -> Vec<NatKey> {
     let mut dims: Vec<(usize, Vec<(u128, u8)>)> = Vec::new();
     for (d, f) in DIM_FIELDS.iter().enumerate() {
+        let one;
         let found = checks.iter().find_map(|c| match c {
-            Check::Range { field, lo, hi } if field == f => Some(vec![Range { lo: *lo, hi: *hi }]),
-            Check::Set { field, set } if field == f => Some(set.ranges().to_vec()),
+            Check::Range { field, .. } | Check::Set { field, .. } if field == f => Some(c),
             _ => None,
         });
+        let found = match found {
+            Some(Check::Range { lo, hi, .. }) => {
+                one = [Range { lo: *lo, hi: *hi }];
+                Some(&one[..])
+            }
+            Some(Check::Set { set, .. }) => Some(set.ranges()),
+            _ => None,
+        };
         if let Some(rs) = found {
-            if let Some(e) = expand_dim(d, &rs) {
+            if let Some(e) = expand_dim(d, rs) {
                 if e.is_empty() {
                     // The condition can never hold: no entry at all.
                     return Vec::new();
@@ -615,18 +622,23 @@ fn index_keys(checks: &[Check]) -> Vec<NatKey> {
             false
         }
     });
-    let mut keys: Vec<(Sig, [u128; NDIM])> = vec![([0; NDIM], [0; NDIM])];
-    for (d, e) in &dims {
-        let mut next = Vec::with_capacity(keys.len() * e.len());
-        for (sig, vals) in &keys {
-            for (v, l) in e {
-                let (mut s2, mut v2) = (*sig, *vals);
-                s2[*d] = *l;
-                v2[*d] = *v;
-                next.push((s2, v2));
+    // The cross product, built in one allocation: key `i` takes, in every
+    // dimension, the digit of `i` in the mixed radix of the expansions.
+    let mut keys: Vec<NatKey> = Vec::with_capacity(product);
+    for i in 0..product {
+        let (mut sig, mut vals) = ([0u8; NDIM], [0u128; NDIM]);
+        let mut rest = i;
+        for (d, e) in &dims {
+            let n = e.len().max(1);
+            if let (Some(&(v, l)), Some(s), Some(x)) =
+                (e.get(rest % n), sig.get_mut(*d), vals.get_mut(*d))
+            {
+                *s = l;
+                *x = v;
             }
+            rest /= n;
         }
-        keys = next;
+        keys.push((sig, vals));
     }
     keys.sort_unstable();
     keys.dedup();
