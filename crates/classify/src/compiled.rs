@@ -415,15 +415,32 @@ struct CRule {
     verdict: Option<Verdict>,
 }
 
+/// Reusable buffers of [`CRule::compile`], [`index_keys`] and [`place`]:
+/// building a chain allocates nothing per rule for its temporaries.
+#[derive(Default)]
+struct BuildScratch {
+    checks: Vec<Check>,
+    /// Expansions of all dimensions, back to back ([`expand_dim_into`]).
+    vals: Vec<(u128, u8)>,
+    /// (dimension, start, end) of each expansion in `vals`.
+    dims: Vec<(usize, usize, usize)>,
+    /// The natural keys of the last compiled rule.
+    keys: Vec<NatKey>,
+    /// Where [`place`] filed them.
+    placed: Vec<(Sig, u64)>,
+}
+
 impl CRule {
     #[inline]
     fn matches(&self, p: &PacketFields) -> bool {
         self.quick.holds(p) && self.extra.iter().all(|c| c.holds(p))
     }
 
-    /// The compiled rule and its natural index keys ([`index_keys`]).
-    fn compile(r: &Rule) -> (CRule, Vec<NatKey>) {
-        let mut checks = Vec::with_capacity(r.matches.len());
+    /// The compiled rule; its natural index keys ([`index_keys`]) are left
+    /// in `sc.keys`.
+    fn compile(r: &Rule, sc: &mut BuildScratch) -> CRule {
+        let checks = &mut sc.checks;
+        checks.clear();
         for m in &r.matches {
             match m {
                 Match::In { field, set, negate } => {
@@ -475,10 +492,10 @@ impl CRule {
             }
         }
         checks.sort_by_key(Check::cost);
-        let keys = index_keys(&checks);
+        index_keys(checks, &mut sc.vals, &mut sc.dims, &mut sc.keys);
         let mut quick = Quick::ALL;
         let mut extra = Vec::new();
-        for c in checks {
+        for c in checks.drain(..) {
             match c {
                 Check::Range { field, lo, hi } if quick.narrow(field, lo, hi) => {}
                 // An empty set never matches: an empty box says so.
@@ -494,7 +511,7 @@ impl CRule {
             stmts: r.stmts.clone().into(),
             verdict: r.verdict,
         };
-        (c, keys)
+        c
     }
 }
 
@@ -527,12 +544,21 @@ fn prefixes(r: Range, width: u32, cap: usize, mut f: impl FnMut(u128, u32)) -> b
 }
 
 /// Index keys of one dimension: `(masked value, level index)`, or `None` when
-/// the dimension stays wildcard.
+/// the dimension stays wildcard (the tests' form of [`expand_dim_into`]).
+#[cfg(test)]
 fn expand_dim(dim: usize, ranges: &[Range]) -> Option<Vec<(u128, u8)>> {
+    let mut out = Vec::new();
+    expand_dim_into(dim, ranges, &mut out).then_some(out)
+}
+
+/// [`expand_dim`] appending to `out`: the keys go after its current
+/// contents, sorted and deduplicated; false (with `out` as it was) when the
+/// dimension stays wildcard.
+fn expand_dim_into(dim: usize, ranges: &[Range], out: &mut Vec<(u128, u8)>) -> bool {
+    let base = out.len();
     let lv = levels(dim);
     let width = DIM_FIELDS[dim].width();
     let full = (lv.len() - 1) as u8;
-    let mut out = Vec::new();
     for r in ranges {
         // Prefix cover rounded down to the levels (pushed to `out` directly,
         // taken back if unused); a small range that would round to wildcard
@@ -550,15 +576,34 @@ fn expand_dim(dim: usize, ranges: &[Range]) -> Option<Vec<(u128, u8)>> {
             let m = lvl_mask(lv.get(full as usize).copied().unwrap_or(0), width);
             out.extend((r.lo..=r.hi).map(|v| (v & m, full)));
         } else if !ok || rwild {
-            return None;
+            out.truncate(base);
+            return false;
         }
-        if out.len() > DIM_CAP {
-            return None;
+        if out.len() - base > DIM_CAP {
+            out.truncate(base);
+            return false;
         }
     }
-    out.sort_unstable();
-    out.dedup();
-    Some(out)
+    if let Some(tail) = out.get_mut(base..) {
+        tail.sort_unstable();
+    }
+    dedup_from(out, base);
+    true
+}
+
+/// Removes consecutive duplicates from `v[base..]`.
+fn dedup_from<T: PartialEq + Copy>(v: &mut Vec<T>, base: usize) {
+    let mut w = base;
+    for i in base..v.len() {
+        let Some(x) = v.get(i).copied() else { break };
+        if w == base || v.get(w - 1) != Some(&x) {
+            if let Some(d) = v.get_mut(w) {
+                *d = x;
+            }
+            w += 1;
+        }
+    }
+    v.truncate(w);
 }
 
 /// Fingerprint of a key: the lane hashes of its non-wildcard dimensions,
@@ -579,70 +624,76 @@ type NatKey = (Sig, [u128; NDIM]);
 
 /// The natural index keys of a rule: the cross product of its dimensions'
 /// expansions (no keys at all when a condition can never hold).
-fn index_keys(checks: &[Check]) -> Vec<NatKey> {
-    let mut dims: Vec<(usize, Vec<(u128, u8)>)> = Vec::new();
+/// The keys go to `keys`; `vals` and `dims` are scratch.
+fn index_keys(
+    checks: &[Check],
+    vals: &mut Vec<(u128, u8)>,
+    dims: &mut Vec<(usize, usize, usize)>,
+    keys: &mut Vec<NatKey>,
+) {
+    vals.clear();
+    dims.clear();
+    keys.clear();
     for (d, f) in DIM_FIELDS.iter().enumerate() {
         let one;
         let found = checks.iter().find_map(|c| match c {
             Check::Range { field, .. } | Check::Set { field, .. } if field == f => Some(c),
             _ => None,
         });
-        let found = match found {
+        let rs = match found {
             Some(Check::Range { lo, hi, .. }) => {
                 one = [Range { lo: *lo, hi: *hi }];
-                Some(&one[..])
+                &one[..]
             }
-            Some(Check::Set { set, .. }) => Some(set.ranges()),
-            _ => None,
+            Some(Check::Set { set, .. }) => set.ranges(),
+            _ => continue,
         };
-        if let Some(rs) = found {
-            if let Some(e) = expand_dim(d, rs) {
-                if e.is_empty() {
-                    // The condition can never hold: no entry at all.
-                    return Vec::new();
-                }
-                dims.push((d, e));
+        let start = vals.len();
+        if expand_dim_into(d, rs, vals) {
+            if vals.len() == start {
+                // The condition can never hold: no entry at all.
+                return;
             }
+            dims.push((d, start, vals.len()));
         }
     }
     // The protocol is never indexed (it splits a bucket three ways at best,
     // but would double the tuples); the source port only when nothing else
     // is (fewer tuples). Both are verified.
-    dims.retain(|(d, _)| *d != 2);
-    if dims.iter().any(|(d, _)| *d != 3) {
-        dims.retain(|(d, _)| *d != 3);
+    dims.retain(|(d, _, _)| *d != 2);
+    if dims.iter().any(|(d, _, _)| *d != 3) {
+        dims.retain(|(d, _, _)| *d != 3);
     }
-    dims.sort_by_key(|(_, e)| e.len());
+    dims.sort_by_key(|(_, a, b)| b - a);
     let mut product = 1usize;
-    dims.retain(|(_, e)| {
-        if product * e.len() <= CROSS_CAP {
-            product *= e.len();
+    dims.retain(|(_, a, b)| {
+        if product * (b - a) <= CROSS_CAP {
+            product *= b - a;
             true
         } else {
             false
         }
     });
-    // The cross product, built in one allocation: key `i` takes, in every
-    // dimension, the digit of `i` in the mixed radix of the expansions.
-    let mut keys: Vec<NatKey> = Vec::with_capacity(product);
+    // The cross product: key `i` takes, in every dimension, the digit of
+    // `i` in the mixed radix of the expansions.
+    keys.reserve(product);
     for i in 0..product {
-        let (mut sig, mut vals) = ([0u8; NDIM], [0u128; NDIM]);
+        let (mut sig, mut kv) = ([0u8; NDIM], [0u128; NDIM]);
         let mut rest = i;
-        for (d, e) in &dims {
-            let n = e.len().max(1);
+        for &(d, a, b) in dims.iter() {
+            let n = (b - a).max(1);
             if let (Some(&(v, l)), Some(s), Some(x)) =
-                (e.get(rest % n), sig.get_mut(*d), vals.get_mut(*d))
+                (vals.get(a + rest % n), sig.get_mut(d), kv.get_mut(d))
             {
                 *s = l;
                 *x = v;
             }
             rest /= n;
         }
-        keys.push((sig, vals));
+        keys.push((sig, kv));
     }
     keys.sort_unstable();
     keys.dedup();
-    keys
 }
 
 /// Whether a key of signature `k` can be filed in a tuple of signature `t`:
@@ -679,8 +730,13 @@ const COLLIDE: usize = 32;
 /// Files the natural keys of one rule (see [`COLLIDE`]); `sigs` are the
 /// chain's tuples by decreasing specificity and `load(t, fp)` the entries of
 /// bucket `fp` of tuple `t`. Keys that land in the same bucket are filed once.
-fn place(sigs: &[Sig], nat: &[NatKey], load: impl Fn(&Sig, u64) -> usize) -> Vec<(Sig, u64)> {
-    let mut out: Vec<(Sig, u64)> = Vec::with_capacity(nat.len());
+fn place(
+    sigs: &[Sig],
+    nat: &[NatKey],
+    load: impl Fn(&Sig, u64) -> usize,
+    out: &mut Vec<(Sig, u64)>,
+) {
+    out.clear();
     for k in nat {
         let mut at = None;
         for t in sigs {
@@ -697,7 +753,6 @@ fn place(sigs: &[Sig], nat: &[NatKey], load: impl Fn(&Sig, u64) -> usize) -> Vec
             out.push(at);
         }
     }
-    out
 }
 
 /// Inserts `sig` into `sigs`, kept by decreasing specificity.
@@ -1160,14 +1215,18 @@ impl CChain {
         let mut load: hashbrown::HashMap<u64, u32, IdBuild> =
             hashbrown::HashMap::with_capacity_and_hasher(n, IdBuild);
         let mut groups: Vec<(Sig, Vec<Ent>)> = Vec::new();
+        let mut sc = BuildScratch::default();
         for (i, r) in rules.iter().enumerate() {
-            let (cr, nat) = CRule::compile(r);
-            let cr = Arc::new(cr);
+            let cr = Arc::new(CRule::compile(r, &mut sc));
             let pos = (i as u64 + 1) * GAP;
-            let keys = place(&sigs, &nat, |t, fp| {
-                load.get(&lkey(t, fp)).copied().unwrap_or(0) as usize
-            });
-            for (sig, fp) in &keys {
+            place(
+                &sigs,
+                &sc.keys,
+                |t, fp| load.get(&lkey(t, fp)).copied().unwrap_or(0) as usize,
+                &mut sc.placed,
+            );
+            let keys = &sc.placed;
+            for (sig, fp) in keys {
                 add_sig(&mut sigs, *sig);
                 *load.entry(lkey(sig, *fp)).or_insert(0) += 1;
                 let g = match groups.iter().position(|(g, _)| g == sig) {
@@ -1189,7 +1248,7 @@ impl CChain {
                 prev: if i == 0 { NIL } else { i as u32 - 1 },
                 next: if i + 1 < n { i as u32 + 1 } else { NIL },
                 rule: Some(cr),
-                keys: keys.into(),
+                keys: keys.as_slice().into(),
             });
             c.by_id.insert(id_key(r.id), s as u32);
         }
@@ -1424,12 +1483,19 @@ impl CChain {
         for t in &self.tuples {
             add_sig(&mut sigs, t.sig);
         }
-        place(&sigs, nat, |sig, fp| {
-            self.tuples
-                .iter()
-                .find(|t| t.sig == *sig)
-                .map_or(0, |t| t.load(fp))
-        })
+        let mut out = Vec::with_capacity(nat.len());
+        place(
+            &sigs,
+            nat,
+            |sig, fp| {
+                self.tuples
+                    .iter()
+                    .find(|t| t.sig == *sig)
+                    .map_or(0, |t| t.load(fp))
+            },
+            &mut out,
+        );
+        out
     }
 
     fn add_entries(&mut self, rule: &Arc<CRule>, keys: &[(Sig, u64)], pos: u64) {
@@ -1533,9 +1599,9 @@ impl CChain {
             }
         };
         let pos = self.alloc_pos(prev, next);
-        let (c, nat) = CRule::compile(rule);
-        let c = Arc::new(c);
-        let keys = self.place_keys(&nat);
+        let mut sc = BuildScratch::default();
+        let c = Arc::new(CRule::compile(rule, &mut sc));
+        let keys = self.place_keys(&sc.keys);
         let new = Slot {
             pos,
             prev,
