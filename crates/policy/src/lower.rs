@@ -25,11 +25,50 @@ use crate::iface::Interfaces;
 /// TCP, UDP, DCCP, SCTP, UDP-Lite.
 const PORT_PROTOS: &[u8] = &[6, 17, 33, 132, 136];
 
+/// Where an AST rule came from: `FILE:LINE` in the rule set, or the label
+/// of the control command that added it. Formatted on demand
+/// ([`std::fmt::Display`]), so loading a large rule set formats nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RuleLocation {
+    /// Line `line` of the rule-set file `file`.
+    Line {
+        /// The file's name (shared by all its rules).
+        file: Arc<str>,
+        /// 1-based line.
+        line: u32,
+    },
+    /// A label, e.g. `command handle 7`.
+    Label(Arc<str>),
+}
+
+impl RuleLocation {
+    /// The location of `span` in rule set `rs` (as [`Ruleset::location`]).
+    pub fn of(rs: &Ruleset, span: Span) -> Self {
+        let file = rs
+            .files
+            .get(span.file as usize)
+            .map_or("<input>", String::as_str);
+        RuleLocation::Line {
+            file: file.into(),
+            line: span.line,
+        }
+    }
+}
+
+impl std::fmt::Display for RuleLocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RuleLocation::Line { file, line } => write!(f, "{file}:{line}"),
+            RuleLocation::Label(l) => f.write_str(l),
+        }
+    }
+}
+
 /// Where an IR rule came from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RuleInfo {
-    /// `FILE:LINE` of the AST rule.
-    pub location: String,
+    /// `FILE:LINE` of the AST rule (or the command that added it).
+    pub location: RuleLocation,
     /// The AST rule's source span.
     pub span: Span,
     /// The AST rule ([`RuleInfo::text`] prints it).
@@ -222,7 +261,8 @@ fn spec(f: Field, fam: Family) -> Result<(ir::Field, Kind, &'static [Dep]), Stri
 
 /// Prepends the (deduplicated) dependency conditions to a rule's matches;
 /// the result has exactly the capacity it needs (a rule set holds many).
-fn with_deps(deps: &[Dep], ms: &[ir::Match]) -> Vec<ir::Match> {
+/// `ms` is left empty.
+fn with_deps(deps: &[Dep], ms: &mut Vec<ir::Match>) -> Vec<ir::Match> {
     let mut n = 0;
     for (i, x) in deps.iter().enumerate() {
         if !deps.get(..i).is_some_and(|b| b.contains(x)) {
@@ -235,7 +275,7 @@ fn with_deps(deps: &[Dep], ms: &[ir::Match]) -> Vec<ir::Match> {
             out.push(x.to_match());
         }
     }
-    out.extend_from_slice(ms);
+    out.append(ms);
     out
 }
 
@@ -284,7 +324,9 @@ pub(crate) struct Lowerer<'a> {
     /// Next AST-rule handle.
     next_handle: u64,
     /// Location override for rules that come from a control command.
-    location: Option<String>,
+    location: Option<RuleLocation>,
+    /// The rule set's file names, shared by the locations of their rules.
+    files: Vec<Arc<str>>,
     /// Scratch for [`Self::rule`].
     scratch_deps: Vec<Dep>,
     scratch_matches: Vec<ir::Match>,
@@ -310,6 +352,7 @@ impl<'a> Lowerer<'a> {
             id_base: 0,
             next_handle: 1,
             location: None,
+            files: rs.files.iter().map(|f| Arc::from(f.as_str())).collect(),
             scratch_deps: Vec::new(),
             scratch_matches: Vec::new(),
         }
@@ -324,7 +367,7 @@ impl<'a> Lowerer<'a> {
         id_base: u64,
         handle: u64,
         tables: (Vec<NatAction>, Vec<Pool>, Vec<ast::Log>, Vec<ast::Limit>),
-        location: String,
+        location: RuleLocation,
     ) -> Self {
         let mut l = Lowerer::new(rs, ifaces);
         l.id_base = id_base;
@@ -536,10 +579,14 @@ impl<'a> Lowerer<'a> {
         let handle = self.next_handle;
         self.next_handle += 1;
         let info = RuleInfo {
-            location: self
-                .location
-                .clone()
-                .unwrap_or_else(|| self.rs.rule_location(r)),
+            location: match (&self.location, self.files.get(r.span.file as usize)) {
+                (Some(l), _) => l.clone(),
+                (None, Some(f)) => RuleLocation::Line {
+                    file: Arc::clone(f),
+                    line: r.span.line,
+                },
+                (None, None) => RuleLocation::of(self.rs, r.span),
+            },
             span: r.span,
             rule: Arc::clone(r),
             chain: cid,
@@ -593,7 +640,7 @@ impl<'a> Lowerer<'a> {
                         );
                         return;
                     }
-                    let m = with_deps(deps, matches);
+                    let m = with_deps(deps, &mut matches.clone());
                     self.push_rule(cid, info.clone(), m, pre, None);
                 }
                 let mut kdeps = deps.clone();
@@ -611,8 +658,8 @@ impl<'a> Lowerer<'a> {
                         }
                     }
                 }
-                for (ms, v) in rules {
-                    let m = with_deps(&kdeps, &ms);
+                for (mut ms, v) in rules {
+                    let m = with_deps(&kdeps, &mut ms);
                     self.push_rule(cid, info.clone(), m, Vec::new(), v);
                 }
             }
@@ -897,16 +944,17 @@ impl<'a> Lowerer<'a> {
                 negate: false,
             },
             (None, RelOp::Implicit | RelOp::Eq | RelOp::Ne, v) => {
-                let ranges = match self.set_elems(t, v)? {
-                    Some(keys) => keys
-                        .into_iter()
-                        .map(|k| self.scalar(field, kind, k))
-                        .collect::<Result<Vec<_>, _>>()?,
-                    None => vec![self.scalar(field, kind, v)?],
+                let set = match self.set_elems(t, v)? {
+                    Some(keys) => ValueSet::new(
+                        keys.into_iter()
+                            .map(|k| self.scalar(field, kind, k))
+                            .collect::<Result<Vec<_>, _>>()?,
+                    ),
+                    None => ValueSet::new([self.scalar(field, kind, v)?]),
                 };
                 ir::Match::In {
                     field,
-                    set: ValueSet::new(ranges),
+                    set,
                     negate: m.op == RelOp::Ne,
                 }
             }
