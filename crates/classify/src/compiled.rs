@@ -648,6 +648,13 @@ fn index_keys(
             Some(Check::Set { set, .. }) => set.ranges(),
             _ => continue,
         };
+        if d == 2 {
+            // Never indexed (below); an empty set still means no keys.
+            if rs.is_empty() {
+                return;
+            }
+            continue;
+        }
         let start = vals.len();
         if expand_dim_into(d, rs, vals) {
             if vals.len() == start {
@@ -1068,25 +1075,26 @@ impl Tuple {
         }
     }
 
+    /// [`Self::set_list`] from a slice (one allocation: the list itself).
+    fn set_list_from(&mut self, s: usize, v: &[Ent]) {
+        if let Some(b) = self.sums.get_mut(s) {
+            *b = summary(v);
+        }
+        if let Some(l) = self.lists.get_mut(s) {
+            *l = if v.is_empty() { None } else { Some(v.into()) };
+        }
+    }
+
     /// Files `ents` into empty slots: sorted by (slot, position), one list
     /// per slot.
     fn fill(&mut self, mut ents: Vec<Ent>) {
         let mask = self.mask;
-        ents.sort_unstable_by_key(|e| (e.tag as usize & mask, e.pos));
-        let mut run: Vec<Ent> = Vec::new();
-        for e in ents {
-            if run
-                .first()
-                .is_some_and(|f| f.tag as usize & mask != e.tag as usize & mask)
-            {
-                let s = run.first().map_or(0, |f| f.tag as usize & mask);
-                self.set_list(s, std::mem::take(&mut run));
+        let slot = |e: &Ent| e.tag as usize & mask;
+        ents.sort_unstable_by_key(|e| (slot(e), e.pos));
+        for run in ents.chunk_by(|a, b| slot(a) == slot(b)) {
+            if let Some(f) = run.first() {
+                self.set_list_from(slot(f), run);
             }
-            run.push(e);
-        }
-        if let Some(f) = run.first() {
-            let s = f.tag as usize & mask;
-            self.set_list(s, run);
         }
     }
 

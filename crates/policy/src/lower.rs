@@ -425,13 +425,20 @@ impl<'a> Lowerer<'a> {
         if !self.declare() {
             return (self.out, self.errors);
         }
-        // Pass 2: rules.
+        // Pass 2: rules. The output vectors are sized up front (most rules
+        // lower to one IR rule): growing them would copy and free large
+        // buffers repeatedly.
+        let total: usize = rules.iter().flatten().map(Vec::len).sum();
+        self.out.rules.reserve(total);
         for (ti, t) in rs.tables.iter().enumerate() {
             for (ci, c) in t.chains.iter().enumerate() {
                 let Some(&cid) = self.chain_ids.get(&(ti, c.name.as_str())) else {
                     continue;
                 };
                 let list = rules.get(ti).and_then(|t| t.get(ci));
+                if let Some(c) = self.out.program.chains.get_mut(cid.0 as usize) {
+                    c.rules.reserve(list.map_or(0, Vec::len));
+                }
                 for r in list.into_iter().flatten() {
                     self.rule(ti, t, cid, r);
                 }
