@@ -445,16 +445,22 @@ impl CRule {
             match m {
                 Match::In { field, set, negate } => {
                     let max = field.max();
+                    let owned;
                     let s = if *negate {
-                        set.complement(max)
+                        owned = set.complement(max);
+                        &owned
                     } else if set.ranges().last().is_none_or(|x| x.hi <= max) {
-                        set.clone()
+                        set
                     } else {
                         // Values above the field's width can never occur.
-                        ValueSet::new(set.ranges().iter().filter(|x| x.lo <= max).map(|x| Range {
-                            lo: x.lo,
-                            hi: x.hi.min(max),
-                        }))
+                        owned =
+                            ValueSet::new(set.ranges().iter().filter(|x| x.lo <= max).map(|x| {
+                                Range {
+                                    lo: x.lo,
+                                    hi: x.hi.min(max),
+                                }
+                            }));
+                        &owned
                     };
                     match s.ranges() {
                         [one] if one.lo == 0 && one.hi == max => {}
@@ -465,7 +471,7 @@ impl CRule {
                         }),
                         _ => checks.push(Check::Set {
                             field: *field,
-                            set: s,
+                            set: s.clone(),
                         }),
                     }
                 }
