@@ -521,6 +521,51 @@ impl CRule {
     }
 }
 
+/// Rules of a chain compiled in one go: rule `i` of `rules` has the
+/// natural keys `keys[ends[i - 1]..ends[i]]` (from 0 for the first).
+struct CompiledRules {
+    rules: Vec<Arc<CRule>>,
+    keys: Vec<NatKey>,
+    ends: Vec<usize>,
+}
+
+/// Chains at least this long are compiled on two threads.
+const PAR_COMPILE_MIN: usize = 8192;
+
+/// Compiles every rule of a chain, in order: on two threads when the chain
+/// is long and the machine has a second CPU (the result is the same).
+fn compile_rules(rules: &[Rule]) -> Vec<CompiledRules> {
+    let two = rules.len() >= PAR_COMPILE_MIN
+        && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
+    if !two {
+        return vec![compile_part(rules)];
+    }
+    let (a, b) = rules.split_at(rules.len() / 2);
+    std::thread::scope(|s| {
+        let second = s.spawn(|| compile_part(b));
+        let first = compile_part(a);
+        let second = second
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e));
+        vec![first, second]
+    })
+}
+
+fn compile_part(rules: &[Rule]) -> CompiledRules {
+    let mut sc = BuildScratch::default();
+    let mut out = CompiledRules {
+        rules: Vec::with_capacity(rules.len()),
+        keys: Vec::with_capacity(rules.len()),
+        ends: Vec::with_capacity(rules.len()),
+    };
+    for r in rules {
+        out.rules.push(Arc::new(CRule::compile(r, &mut sc)));
+        out.keys.extend_from_slice(&sc.keys);
+        out.ends.push(out.keys.len());
+    }
+    out
+}
+
 /// Calls `f(value, prefix_len)` for the minimal prefix cover of `r`; stops
 /// (returning `false`) after `cap` prefixes.
 fn prefixes(r: Range, width: u32, cap: usize, mut f: impl FnMut(u128, u32)) -> bool {
@@ -1230,12 +1275,22 @@ impl CChain {
             hashbrown::HashMap::with_capacity_and_hasher(n, IdBuild);
         let mut groups: Vec<(Sig, Vec<Ent>)> = Vec::new();
         let mut sc = BuildScratch::default();
-        for (i, r) in rules.iter().enumerate() {
-            let cr = Arc::new(CRule::compile(r, &mut sc));
+        // Compiling a rule depends on nothing else, so a large chain's rules
+        // are compiled in parallel; filing their keys is sequential.
+        let parts = compile_rules(rules);
+        let compiled = parts.iter().flat_map(|p| {
+            p.rules.iter().zip(&p.ends).scan(0, |start, (cr, &end)| {
+                let nat = p.keys.get(*start..end).unwrap_or_default();
+                *start = end;
+                Some((cr, nat))
+            })
+        });
+        for (i, (r, (cr, nat))) in rules.iter().zip(compiled).enumerate() {
+            let cr = Arc::clone(cr);
             let pos = (i as u64 + 1) * GAP;
             place(
                 &sigs,
-                &sc.keys,
+                nat,
                 |t, fp| load.get(&lkey(t, fp)).copied().unwrap_or(0) as usize,
                 &mut sc.placed,
             );
