@@ -415,7 +415,7 @@ struct CRule {
     verdict: Option<Verdict>,
 }
 
-/// Reusable buffers of [`CRule::compile`], [`index_keys`] and [`place`]:
+/// Reusable buffers of [`CRule::compile`] and [`index_keys`]:
 /// building a chain allocates nothing per rule for its temporaries.
 #[derive(Default)]
 struct BuildScratch {
@@ -426,8 +426,6 @@ struct BuildScratch {
     dims: Vec<(usize, usize, usize)>,
     /// The natural keys of the last compiled rule.
     keys: Vec<NatKey>,
-    /// Where [`place`] filed them.
-    placed: Vec<(Sig, u64)>,
 }
 
 impl CRule {
@@ -529,28 +527,10 @@ struct CompiledRules {
     ends: Vec<usize>,
 }
 
-/// Chains at least this long are compiled on two threads.
+/// Chains at least this long are compiled on two threads ([`CChain::build`]).
 const PAR_COMPILE_MIN: usize = 8192;
 
-/// Compiles every rule of a chain, in order: on two threads when the chain
-/// is long and the machine has a second CPU (the result is the same).
-fn compile_rules(rules: &[Rule]) -> Vec<CompiledRules> {
-    let two = rules.len() >= PAR_COMPILE_MIN
-        && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
-    if !two {
-        return vec![compile_part(rules)];
-    }
-    let (a, b) = rules.split_at(rules.len() / 2);
-    std::thread::scope(|s| {
-        let second = s.spawn(|| compile_part(b));
-        let first = compile_part(a);
-        let second = second
-            .join()
-            .unwrap_or_else(|e| std::panic::resume_unwind(e));
-        vec![first, second]
-    })
-}
-
+/// Compiles rules in order (the part of a chain another thread compiles).
 fn compile_part(rules: &[Rule]) -> CompiledRules {
     let mut sc = BuildScratch::default();
     let mut out = CompiledRules {
@@ -1274,28 +1254,17 @@ impl CChain {
         let mut load: hashbrown::HashMap<u64, u32, IdBuild> =
             hashbrown::HashMap::with_capacity_and_hasher(n, IdBuild);
         let mut groups: Vec<(Sig, Vec<Ent>)> = Vec::new();
-        let mut sc = BuildScratch::default();
-        // Compiling a rule depends on nothing else, so a large chain's rules
-        // are compiled in parallel; filing their keys is sequential.
-        let parts = compile_rules(rules);
-        let compiled = parts.iter().flat_map(|p| {
-            p.rules.iter().zip(&p.ends).scan(0, |start, (cr, &end)| {
-                let nat = p.keys.get(*start..end).unwrap_or_default();
-                *start = end;
-                Some((cr, nat))
-            })
-        });
-        for (i, (r, (cr, nat))) in rules.iter().zip(compiled).enumerate() {
-            let cr = Arc::clone(cr);
+        let mut placed: Vec<(Sig, u64)> = Vec::new();
+        // Files rule `i` (compiled, with its natural keys) as inserts would.
+        let mut file = |i: usize, r: &Rule, cr: Arc<CRule>, nat: &[NatKey]| {
             let pos = (i as u64 + 1) * GAP;
             place(
                 &sigs,
                 nat,
                 |t, fp| load.get(&lkey(t, fp)).copied().unwrap_or(0) as usize,
-                &mut sc.placed,
+                &mut placed,
             );
-            let keys = &sc.placed;
-            for (sig, fp) in keys {
+            for (sig, fp) in &placed {
                 add_sig(&mut sigs, *sig);
                 *load.entry(lkey(sig, *fp)).or_insert(0) += 1;
                 let g = match groups.iter().position(|(g, _)| g == sig) {
@@ -1317,10 +1286,37 @@ impl CChain {
                 prev: if i == 0 { NIL } else { i as u32 - 1 },
                 next: if i + 1 < n { i as u32 + 1 } else { NIL },
                 rule: Some(cr),
-                keys: keys.as_slice().into(),
+                keys: placed.as_slice().into(),
             });
             c.by_id.insert(id_key(r.id), s as u32);
-        }
+        };
+        // Compiling a rule depends on nothing else, so the second half of a
+        // large chain is compiled on another thread while this one compiles
+        // and files the first half; filing stays sequential, in rule order.
+        let parallel =
+            n >= PAR_COMPILE_MIN && std::thread::available_parallelism().is_ok_and(|t| t.get() > 1);
+        let (first, second) = rules.split_at(if parallel { n / 2 } else { n });
+        std::thread::scope(|scope| {
+            let later = (!second.is_empty()).then(|| scope.spawn(|| compile_part(second)));
+            let mut sc = BuildScratch::default();
+            for (i, r) in first.iter().enumerate() {
+                let cr = Arc::new(CRule::compile(r, &mut sc));
+                file(i, r, cr, &sc.keys);
+            }
+            if let Some(h) = later {
+                let part = h.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
+                let mut start = 0;
+                for (k, (r, (cr, &end))) in second
+                    .iter()
+                    .zip(part.rules.into_iter().zip(&part.ends))
+                    .enumerate()
+                {
+                    let nat = part.keys.get(start..end).unwrap_or_default();
+                    start = end;
+                    file(first.len() + k, r, cr, nat);
+                }
+            }
+        });
         if n > 0 {
             c.head = 0;
             c.tail = n as u32 - 1;
