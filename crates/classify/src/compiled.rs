@@ -150,6 +150,23 @@ const DIM_FIELDS: [Field; NDIM] = [
     Field::Mark,
     Field::CtState,
 ];
+/// The index of `f` in [`DIM_FIELDS`].
+fn dim_of(f: Field) -> Option<usize> {
+    let d = match f {
+        Field::Saddr => 0,
+        Field::Daddr => 1,
+        Field::L4Proto => 2,
+        Field::Sport => 3,
+        Field::Dport => 4,
+        Field::IifName => 5,
+        Field::OifName => 6,
+        Field::Mark => 7,
+        Field::CtState => 8,
+        _ => return None,
+    };
+    debug_assert_eq!(DIM_FIELDS.get(d), Some(&f));
+    Some(d)
+}
 /// Address levels (bits of the mapped address): IPv6 /32 and /64, IPv4 /16.
 const ADDR_LEVELS: &[u32] = &[0, 32, 64, 104, 112, 120];
 /// The IPv4-mapped prefix `::ffff:0:0/96`.
@@ -665,12 +682,17 @@ fn index_keys(
     vals.clear();
     dims.clear();
     keys.clear();
-    for (d, f) in DIM_FIELDS.iter().enumerate() {
+    // The first range or set check of each dimension, in one pass.
+    let mut first: [Option<&Check>; NDIM] = [None; NDIM];
+    for c in checks {
+        if let Check::Range { field, .. } | Check::Set { field, .. } = c {
+            if let Some(slot) = dim_of(*field).and_then(|d| first.get_mut(d)) {
+                slot.get_or_insert(c);
+            }
+        }
+    }
+    for (d, found) in first.into_iter().enumerate() {
         let one;
-        let found = checks.iter().find_map(|c| match c {
-            Check::Range { field, .. } | Check::Set { field, .. } if field == f => Some(c),
-            _ => None,
-        });
         let rs = match found {
             Some(Check::Range { lo, hi, .. }) => {
                 one = [Range { lo: *lo, hi: *hi }];
@@ -1190,7 +1212,30 @@ struct Slot {
     next: u32,
     rule: Option<Arc<CRule>>,
     /// Where the rule's keys are filed: (tuple signature, fingerprint).
-    keys: Arc<[(Sig, u64)]>,
+    keys: SlotKeys,
+}
+
+/// The keys of a [`Slot`]; one key, what most rules have, is held inline.
+#[derive(Clone, Debug)]
+enum SlotKeys {
+    One((Sig, u64)),
+    Many(Arc<[(Sig, u64)]>),
+}
+
+impl SlotKeys {
+    fn new(keys: &[(Sig, u64)]) -> Self {
+        match keys {
+            [one] => SlotKeys::One(*one),
+            _ => SlotKeys::Many(keys.into()),
+        }
+    }
+
+    fn as_slice(&self) -> &[(Sig, u64)] {
+        match self {
+            SlotKeys::One(k) => std::slice::from_ref(k),
+            SlotKeys::Many(v) => v,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -1286,7 +1331,7 @@ impl CChain {
                 prev: if i == 0 { NIL } else { i as u32 - 1 },
                 next: if i + 1 < n { i as u32 + 1 } else { NIL },
                 rule: Some(cr),
-                keys: placed.as_slice().into(),
+                keys: SlotKeys::new(&placed),
             });
             c.by_id.insert(id_key(r.id), s as u32);
         };
@@ -1590,7 +1635,7 @@ impl CChain {
         s.pos = new;
         let Some(rule) = s.rule.clone() else { return };
         let keys = s.keys.clone();
-        for (sig, fp) in keys.iter() {
+        for (sig, fp) in keys.as_slice() {
             Self::tuple_mut(&mut self.tuples, &mut self.lanes, *sig).moved(*fp, &rule, old, new);
         }
     }
@@ -1672,7 +1717,7 @@ impl CChain {
             prev,
             next,
             rule: Some(c.clone()),
-            keys: keys.clone().into(),
+            keys: SlotKeys::new(&keys),
         };
         let s = match self.free.pop() {
             Some(f) => {
@@ -1710,7 +1755,7 @@ impl CChain {
             return Err(UpdateError::UnknownRule(id));
         };
         if let Some(r) = &slot.rule {
-            self.remove_entries(r, &slot.keys, slot.pos);
+            self.remove_entries(r, slot.keys.as_slice(), slot.pos);
             self.tuples.sort_by_key(|t| t.min_pos);
             if let Some(Verdict::Jump(t) | Verdict::Goto(t)) = r.verdict {
                 if let Some(n) = self.edges.get_mut(&t.0) {
@@ -1731,7 +1776,7 @@ impl CChain {
         }
         if let Some(x) = self.slots.get_mut(s as usize) {
             x.rule = None;
-            x.keys = Arc::from([]);
+            x.keys = SlotKeys::Many(Arc::from([]));
             x.prev = NIL;
             x.next = NIL;
         }
@@ -2056,6 +2101,14 @@ impl Classifier {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dim_of_inverts_dim_fields() {
+        for (d, f) in DIM_FIELDS.iter().enumerate() {
+            assert_eq!(dim_of(*f), Some(d));
+        }
+        assert_eq!(dim_of(Field::TcpFlags), None);
+    }
     use crate::ir::*;
 
     #[test]
