@@ -524,15 +524,14 @@ impl CRule {
                 c => extra.push(c),
             }
         }
-        let c = CRule {
+        CRule {
             quick,
             lean: Lean::of(&quick, extra.is_empty()),
             extra: extra.into(),
             id: r.id,
             stmts: r.stmts.clone().into(),
             verdict: r.verdict,
-        };
-        c
+        }
     }
 }
 
