@@ -150,6 +150,23 @@ const DIM_FIELDS: [Field; NDIM] = [
     Field::Mark,
     Field::CtState,
 ];
+/// The index of `f` in [`DIM_FIELDS`].
+fn dim_of(f: Field) -> Option<usize> {
+    let d = match f {
+        Field::Saddr => 0,
+        Field::Daddr => 1,
+        Field::L4Proto => 2,
+        Field::Sport => 3,
+        Field::Dport => 4,
+        Field::IifName => 5,
+        Field::OifName => 6,
+        Field::Mark => 7,
+        Field::CtState => 8,
+        _ => return None,
+    };
+    debug_assert_eq!(DIM_FIELDS.get(d), Some(&f));
+    Some(d)
+}
 /// Address levels (bits of the mapped address): IPv6 /32 and /64, IPv4 /16.
 const ADDR_LEVELS: &[u32] = &[0, 32, 64, 104, 112, 120];
 /// The IPv4-mapped prefix `::ffff:0:0/96`.
@@ -415,29 +432,50 @@ struct CRule {
     verdict: Option<Verdict>,
 }
 
+/// Reusable buffers of [`CRule::compile`] and [`index_keys`]:
+/// building a chain allocates nothing per rule for its temporaries.
+#[derive(Default)]
+struct BuildScratch {
+    checks: Vec<Check>,
+    /// Expansions of all dimensions, back to back ([`expand_dim_into`]).
+    vals: Vec<(u128, u8)>,
+    /// (dimension, start, end) of each expansion in `vals`.
+    dims: Vec<(usize, usize, usize)>,
+    /// The natural keys of the last compiled rule.
+    keys: Vec<NatKey>,
+}
+
 impl CRule {
     #[inline]
     fn matches(&self, p: &PacketFields) -> bool {
         self.quick.holds(p) && self.extra.iter().all(|c| c.holds(p))
     }
 
-    /// The compiled rule and its natural index keys ([`index_keys`]).
-    fn compile(r: &Rule) -> (CRule, Vec<NatKey>) {
-        let mut checks = Vec::with_capacity(r.matches.len());
+    /// The compiled rule; its natural index keys ([`index_keys`]) are left
+    /// in `sc.keys`.
+    fn compile(r: &Rule, sc: &mut BuildScratch) -> CRule {
+        let checks = &mut sc.checks;
+        checks.clear();
         for m in &r.matches {
             match m {
                 Match::In { field, set, negate } => {
                     let max = field.max();
+                    let owned;
                     let s = if *negate {
-                        set.complement(max)
+                        owned = set.complement(max);
+                        &owned
                     } else if set.ranges().last().is_none_or(|x| x.hi <= max) {
-                        set.clone()
+                        set
                     } else {
                         // Values above the field's width can never occur.
-                        ValueSet::new(set.ranges().iter().filter(|x| x.lo <= max).map(|x| Range {
-                            lo: x.lo,
-                            hi: x.hi.min(max),
-                        }))
+                        owned =
+                            ValueSet::new(set.ranges().iter().filter(|x| x.lo <= max).map(|x| {
+                                Range {
+                                    lo: x.lo,
+                                    hi: x.hi.min(max),
+                                }
+                            }));
+                        &owned
                     };
                     match s.ranges() {
                         [one] if one.lo == 0 && one.hi == max => {}
@@ -448,7 +486,7 @@ impl CRule {
                         }),
                         _ => checks.push(Check::Set {
                             field: *field,
-                            set: s,
+                            set: s.clone(),
                         }),
                     }
                 }
@@ -475,10 +513,10 @@ impl CRule {
             }
         }
         checks.sort_by_key(Check::cost);
-        let keys = index_keys(&checks);
+        index_keys(checks, &mut sc.vals, &mut sc.dims, &mut sc.keys);
         let mut quick = Quick::ALL;
         let mut extra = Vec::new();
-        for c in checks {
+        for c in checks.drain(..) {
             match c {
                 Check::Range { field, lo, hi } if quick.narrow(field, lo, hi) => {}
                 // An empty set never matches: an empty box says so.
@@ -486,16 +524,42 @@ impl CRule {
                 c => extra.push(c),
             }
         }
-        let c = CRule {
+        CRule {
             quick,
             lean: Lean::of(&quick, extra.is_empty()),
             extra: extra.into(),
             id: r.id,
             stmts: r.stmts.clone().into(),
             verdict: r.verdict,
-        };
-        (c, keys)
+        }
     }
+}
+
+/// Rules of a chain compiled in one go: rule `i` of `rules` has the
+/// natural keys `keys[ends[i - 1]..ends[i]]` (from 0 for the first).
+struct CompiledRules {
+    rules: Vec<Arc<CRule>>,
+    keys: Vec<NatKey>,
+    ends: Vec<usize>,
+}
+
+/// Chains at least this long are compiled on two threads ([`CChain::build`]).
+const PAR_COMPILE_MIN: usize = 8192;
+
+/// Compiles rules in order (the part of a chain another thread compiles).
+fn compile_part(rules: &[Rule]) -> CompiledRules {
+    let mut sc = BuildScratch::default();
+    let mut out = CompiledRules {
+        rules: Vec::with_capacity(rules.len()),
+        keys: Vec::with_capacity(rules.len()),
+        ends: Vec::with_capacity(rules.len()),
+    };
+    for r in rules {
+        out.rules.push(Arc::new(CRule::compile(r, &mut sc)));
+        out.keys.extend_from_slice(&sc.keys);
+        out.ends.push(out.keys.len());
+    }
+    out
 }
 
 /// Calls `f(value, prefix_len)` for the minimal prefix cover of `r`; stops
@@ -527,39 +591,66 @@ fn prefixes(r: Range, width: u32, cap: usize, mut f: impl FnMut(u128, u32)) -> b
 }
 
 /// Index keys of one dimension: `(masked value, level index)`, or `None` when
-/// the dimension stays wildcard.
+/// the dimension stays wildcard (the tests' form of [`expand_dim_into`]).
+#[cfg(test)]
 fn expand_dim(dim: usize, ranges: &[Range]) -> Option<Vec<(u128, u8)>> {
+    let mut out = Vec::new();
+    expand_dim_into(dim, ranges, &mut out).then_some(out)
+}
+
+/// [`expand_dim`] appending to `out`: the keys go after its current
+/// contents, sorted and deduplicated; false (with `out` as it was) when the
+/// dimension stays wildcard.
+fn expand_dim_into(dim: usize, ranges: &[Range], out: &mut Vec<(u128, u8)>) -> bool {
+    let base = out.len();
     let lv = levels(dim);
     let width = DIM_FIELDS[dim].width();
     let full = (lv.len() - 1) as u8;
-    let mut out = Vec::new();
-    let mut wild = false;
     for r in ranges {
-        // Prefix cover rounded down to the levels; a small range that would
-        // round to wildcard is enumerated value by value instead.
-        let mut cover = Vec::new();
+        // Prefix cover rounded down to the levels (pushed to `out` directly,
+        // taken back if unused); a small range that would round to wildcard
+        // is enumerated value by value instead.
+        let start = out.len();
         let mut rwild = false;
         let ok = prefixes(*r, width, DIM_CAP, |v, plen| {
             let li = level_of(dim, v, plen);
             rwild |= li == 0;
             let l = lv.get(li).copied().unwrap_or(0);
-            cover.push((v & lvl_mask(l, width), li as u8));
+            out.push((v & lvl_mask(l, width), li as u8));
         });
         if (rwild || !ok) && r.hi - r.lo < ENUM_SMALL {
+            out.truncate(start);
             let m = lvl_mask(lv.get(full as usize).copied().unwrap_or(0), width);
             out.extend((r.lo..=r.hi).map(|v| (v & m, full)));
         } else if !ok || rwild {
-            wild = true;
-        } else {
-            out.extend(cover);
+            out.truncate(base);
+            return false;
         }
-        if wild || out.len() > DIM_CAP {
-            return None;
+        if out.len() - base > DIM_CAP {
+            out.truncate(base);
+            return false;
         }
     }
-    out.sort_unstable();
-    out.dedup();
-    Some(out)
+    if let Some(tail) = out.get_mut(base..) {
+        tail.sort_unstable();
+    }
+    dedup_from(out, base);
+    true
+}
+
+/// Removes consecutive duplicates from `v[base..]`.
+fn dedup_from<T: PartialEq + Copy>(v: &mut Vec<T>, base: usize) {
+    let mut w = base;
+    for i in base..v.len() {
+        let Some(x) = v.get(i).copied() else { break };
+        if w == base || v.get(w - 1) != Some(&x) {
+            if let Some(d) = v.get_mut(w) {
+                *d = x;
+            }
+            w += 1;
+        }
+    }
+    v.truncate(w);
 }
 
 /// Fingerprint of a key: the lane hashes of its non-wildcard dimensions,
@@ -580,57 +671,88 @@ type NatKey = (Sig, [u128; NDIM]);
 
 /// The natural index keys of a rule: the cross product of its dimensions'
 /// expansions (no keys at all when a condition can never hold).
-fn index_keys(checks: &[Check]) -> Vec<NatKey> {
-    let mut dims: Vec<(usize, Vec<(u128, u8)>)> = Vec::new();
-    for (d, f) in DIM_FIELDS.iter().enumerate() {
-        let found = checks.iter().find_map(|c| match c {
-            Check::Range { field, lo, hi } if field == f => Some(vec![Range { lo: *lo, hi: *hi }]),
-            Check::Set { field, set } if field == f => Some(set.ranges().to_vec()),
-            _ => None,
-        });
-        if let Some(rs) = found {
-            if let Some(e) = expand_dim(d, &rs) {
-                if e.is_empty() {
-                    // The condition can never hold: no entry at all.
-                    return Vec::new();
-                }
-                dims.push((d, e));
+/// The keys go to `keys`; `vals` and `dims` are scratch.
+fn index_keys(
+    checks: &[Check],
+    vals: &mut Vec<(u128, u8)>,
+    dims: &mut Vec<(usize, usize, usize)>,
+    keys: &mut Vec<NatKey>,
+) {
+    vals.clear();
+    dims.clear();
+    keys.clear();
+    // The first range or set check of each dimension, in one pass.
+    let mut first: [Option<&Check>; NDIM] = [None; NDIM];
+    for c in checks {
+        if let Check::Range { field, .. } | Check::Set { field, .. } = c {
+            if let Some(slot) = dim_of(*field).and_then(|d| first.get_mut(d)) {
+                slot.get_or_insert(c);
             }
+        }
+    }
+    for (d, found) in first.into_iter().enumerate() {
+        let one;
+        let rs = match found {
+            Some(Check::Range { lo, hi, .. }) => {
+                one = [Range { lo: *lo, hi: *hi }];
+                &one[..]
+            }
+            Some(Check::Set { set, .. }) => set.ranges(),
+            _ => continue,
+        };
+        if d == 2 {
+            // Never indexed (below); an empty set still means no keys.
+            if rs.is_empty() {
+                return;
+            }
+            continue;
+        }
+        let start = vals.len();
+        if expand_dim_into(d, rs, vals) {
+            if vals.len() == start {
+                // The condition can never hold: no entry at all.
+                return;
+            }
+            dims.push((d, start, vals.len()));
         }
     }
     // The protocol is never indexed (it splits a bucket three ways at best,
     // but would double the tuples); the source port only when nothing else
     // is (fewer tuples). Both are verified.
-    dims.retain(|(d, _)| *d != 2);
-    if dims.iter().any(|(d, _)| *d != 3) {
-        dims.retain(|(d, _)| *d != 3);
+    dims.retain(|(d, _, _)| *d != 2);
+    if dims.iter().any(|(d, _, _)| *d != 3) {
+        dims.retain(|(d, _, _)| *d != 3);
     }
-    dims.sort_by_key(|(_, e)| e.len());
+    dims.sort_by_key(|(_, a, b)| b - a);
     let mut product = 1usize;
-    dims.retain(|(_, e)| {
-        if product * e.len() <= CROSS_CAP {
-            product *= e.len();
+    dims.retain(|(_, a, b)| {
+        if product * (b - a) <= CROSS_CAP {
+            product *= b - a;
             true
         } else {
             false
         }
     });
-    let mut keys: Vec<(Sig, [u128; NDIM])> = vec![([0; NDIM], [0; NDIM])];
-    for (d, e) in &dims {
-        let mut next = Vec::with_capacity(keys.len() * e.len());
-        for (sig, vals) in &keys {
-            for (v, l) in e {
-                let (mut s2, mut v2) = (*sig, *vals);
-                s2[*d] = *l;
-                v2[*d] = *v;
-                next.push((s2, v2));
+    // The cross product: key `i` takes, in every dimension, the digit of
+    // `i` in the mixed radix of the expansions.
+    keys.reserve(product);
+    for i in 0..product {
+        let (mut sig, mut kv) = ([0u8; NDIM], [0u128; NDIM]);
+        let mut rest = i;
+        for &(d, a, b) in dims.iter() {
+            let n = (b - a).max(1);
+            if let (Some(&(v, l)), Some(s), Some(x)) =
+                (vals.get(a + rest % n), sig.get_mut(d), kv.get_mut(d))
+            {
+                *s = l;
+                *x = v;
             }
+            rest /= n;
         }
-        keys = next;
+        keys.push((sig, kv));
     }
     keys.sort_unstable();
     keys.dedup();
-    keys
 }
 
 /// Whether a key of signature `k` can be filed in a tuple of signature `t`:
@@ -667,8 +789,13 @@ const COLLIDE: usize = 32;
 /// Files the natural keys of one rule (see [`COLLIDE`]); `sigs` are the
 /// chain's tuples by decreasing specificity and `load(t, fp)` the entries of
 /// bucket `fp` of tuple `t`. Keys that land in the same bucket are filed once.
-fn place(sigs: &[Sig], nat: &[NatKey], load: impl Fn(&Sig, u64) -> usize) -> Vec<(Sig, u64)> {
-    let mut out: Vec<(Sig, u64)> = Vec::with_capacity(nat.len());
+fn place(
+    sigs: &[Sig],
+    nat: &[NatKey],
+    load: impl Fn(&Sig, u64) -> usize,
+    out: &mut Vec<(Sig, u64)>,
+) {
+    out.clear();
     for k in nat {
         let mut at = None;
         for t in sigs {
@@ -685,7 +812,6 @@ fn place(sigs: &[Sig], nat: &[NatKey], load: impl Fn(&Sig, u64) -> usize) -> Vec
             out.push(at);
         }
     }
-    out
 }
 
 /// Inserts `sig` into `sigs`, kept by decreasing specificity.
@@ -1001,25 +1127,26 @@ impl Tuple {
         }
     }
 
+    /// [`Self::set_list`] from a slice (one allocation: the list itself).
+    fn set_list_from(&mut self, s: usize, v: &[Ent]) {
+        if let Some(b) = self.sums.get_mut(s) {
+            *b = summary(v);
+        }
+        if let Some(l) = self.lists.get_mut(s) {
+            *l = if v.is_empty() { None } else { Some(v.into()) };
+        }
+    }
+
     /// Files `ents` into empty slots: sorted by (slot, position), one list
     /// per slot.
     fn fill(&mut self, mut ents: Vec<Ent>) {
         let mask = self.mask;
-        ents.sort_unstable_by_key(|e| (e.tag as usize & mask, e.pos));
-        let mut run: Vec<Ent> = Vec::new();
-        for e in ents {
-            if run
-                .first()
-                .is_some_and(|f| f.tag as usize & mask != e.tag as usize & mask)
-            {
-                let s = run.first().map_or(0, |f| f.tag as usize & mask);
-                self.set_list(s, std::mem::take(&mut run));
+        let slot = |e: &Ent| e.tag as usize & mask;
+        ents.sort_unstable_by_key(|e| (slot(e), e.pos));
+        for run in ents.chunk_by(|a, b| slot(a) == slot(b)) {
+            if let Some(f) = run.first() {
+                self.set_list_from(slot(f), run);
             }
-            run.push(e);
-        }
-        if let Some(f) = run.first() {
-            let s = f.tag as usize & mask;
-            self.set_list(s, run);
         }
     }
 
@@ -1084,7 +1211,30 @@ struct Slot {
     next: u32,
     rule: Option<Arc<CRule>>,
     /// Where the rule's keys are filed: (tuple signature, fingerprint).
-    keys: Arc<[(Sig, u64)]>,
+    keys: SlotKeys,
+}
+
+/// The keys of a [`Slot`]; one key, what most rules have, is held inline.
+#[derive(Clone, Debug)]
+enum SlotKeys {
+    One((Sig, u64)),
+    Many(Arc<[(Sig, u64)]>),
+}
+
+impl SlotKeys {
+    fn new(keys: &[(Sig, u64)]) -> Self {
+        match keys {
+            [one] => SlotKeys::One(*one),
+            _ => SlotKeys::Many(keys.into()),
+        }
+    }
+
+    fn as_slice(&self) -> &[(Sig, u64)] {
+        match self {
+            SlotKeys::One(k) => std::slice::from_ref(k),
+            SlotKeys::Many(v) => v,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -1148,14 +1298,17 @@ impl CChain {
         let mut load: hashbrown::HashMap<u64, u32, IdBuild> =
             hashbrown::HashMap::with_capacity_and_hasher(n, IdBuild);
         let mut groups: Vec<(Sig, Vec<Ent>)> = Vec::new();
-        for (i, r) in rules.iter().enumerate() {
-            let (cr, nat) = CRule::compile(r);
-            let cr = Arc::new(cr);
+        let mut placed: Vec<(Sig, u64)> = Vec::new();
+        // Files rule `i` (compiled, with its natural keys) as inserts would.
+        let mut file = |i: usize, r: &Rule, cr: Arc<CRule>, nat: &[NatKey]| {
             let pos = (i as u64 + 1) * GAP;
-            let keys = place(&sigs, &nat, |t, fp| {
-                load.get(&lkey(t, fp)).copied().unwrap_or(0) as usize
-            });
-            for (sig, fp) in &keys {
+            place(
+                &sigs,
+                nat,
+                |t, fp| load.get(&lkey(t, fp)).copied().unwrap_or(0) as usize,
+                &mut placed,
+            );
+            for (sig, fp) in &placed {
                 add_sig(&mut sigs, *sig);
                 *load.entry(lkey(sig, *fp)).or_insert(0) += 1;
                 let g = match groups.iter().position(|(g, _)| g == sig) {
@@ -1177,10 +1330,37 @@ impl CChain {
                 prev: if i == 0 { NIL } else { i as u32 - 1 },
                 next: if i + 1 < n { i as u32 + 1 } else { NIL },
                 rule: Some(cr),
-                keys: keys.into(),
+                keys: SlotKeys::new(&placed),
             });
             c.by_id.insert(id_key(r.id), s as u32);
-        }
+        };
+        // Compiling a rule depends on nothing else, so the second half of a
+        // large chain is compiled on another thread while this one compiles
+        // and files the first half; filing stays sequential, in rule order.
+        let parallel =
+            n >= PAR_COMPILE_MIN && std::thread::available_parallelism().is_ok_and(|t| t.get() > 1);
+        let (first, second) = rules.split_at(if parallel { n / 2 } else { n });
+        std::thread::scope(|scope| {
+            let later = (!second.is_empty()).then(|| scope.spawn(|| compile_part(second)));
+            let mut sc = BuildScratch::default();
+            for (i, r) in first.iter().enumerate() {
+                let cr = Arc::new(CRule::compile(r, &mut sc));
+                file(i, r, cr, &sc.keys);
+            }
+            if let Some(h) = later {
+                let part = h.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
+                let mut start = 0;
+                for (k, (r, (cr, &end))) in second
+                    .iter()
+                    .zip(part.rules.into_iter().zip(&part.ends))
+                    .enumerate()
+                {
+                    let nat = part.keys.get(start..end).unwrap_or_default();
+                    start = end;
+                    file(first.len() + k, r, cr, nat);
+                }
+            }
+        });
         if n > 0 {
             c.head = 0;
             c.tail = n as u32 - 1;
@@ -1412,12 +1592,19 @@ impl CChain {
         for t in &self.tuples {
             add_sig(&mut sigs, t.sig);
         }
-        place(&sigs, nat, |sig, fp| {
-            self.tuples
-                .iter()
-                .find(|t| t.sig == *sig)
-                .map_or(0, |t| t.load(fp))
-        })
+        let mut out = Vec::with_capacity(nat.len());
+        place(
+            &sigs,
+            nat,
+            |sig, fp| {
+                self.tuples
+                    .iter()
+                    .find(|t| t.sig == *sig)
+                    .map_or(0, |t| t.load(fp))
+            },
+            &mut out,
+        );
+        out
     }
 
     fn add_entries(&mut self, rule: &Arc<CRule>, keys: &[(Sig, u64)], pos: u64) {
@@ -1447,7 +1634,7 @@ impl CChain {
         s.pos = new;
         let Some(rule) = s.rule.clone() else { return };
         let keys = s.keys.clone();
-        for (sig, fp) in keys.iter() {
+        for (sig, fp) in keys.as_slice() {
             Self::tuple_mut(&mut self.tuples, &mut self.lanes, *sig).moved(*fp, &rule, old, new);
         }
     }
@@ -1521,15 +1708,15 @@ impl CChain {
             }
         };
         let pos = self.alloc_pos(prev, next);
-        let (c, nat) = CRule::compile(rule);
-        let c = Arc::new(c);
-        let keys = self.place_keys(&nat);
+        let mut sc = BuildScratch::default();
+        let c = Arc::new(CRule::compile(rule, &mut sc));
+        let keys = self.place_keys(&sc.keys);
         let new = Slot {
             pos,
             prev,
             next,
             rule: Some(c.clone()),
-            keys: keys.clone().into(),
+            keys: SlotKeys::new(&keys),
         };
         let s = match self.free.pop() {
             Some(f) => {
@@ -1567,7 +1754,7 @@ impl CChain {
             return Err(UpdateError::UnknownRule(id));
         };
         if let Some(r) = &slot.rule {
-            self.remove_entries(r, &slot.keys, slot.pos);
+            self.remove_entries(r, slot.keys.as_slice(), slot.pos);
             self.tuples.sort_by_key(|t| t.min_pos);
             if let Some(Verdict::Jump(t) | Verdict::Goto(t)) = r.verdict {
                 if let Some(n) = self.edges.get_mut(&t.0) {
@@ -1588,7 +1775,7 @@ impl CChain {
         }
         if let Some(x) = self.slots.get_mut(s as usize) {
             x.rule = None;
-            x.keys = Arc::from([]);
+            x.keys = SlotKeys::Many(Arc::from([]));
             x.prev = NIL;
             x.next = NIL;
         }
@@ -1915,6 +2102,14 @@ impl Classifier {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dim_of_inverts_dim_fields() {
+        for (d, f) in DIM_FIELDS.iter().enumerate() {
+            assert_eq!(dim_of(*f), Some(d));
+        }
+        assert_eq!(dim_of(Field::TcpFlags), None);
+    }
     use crate::ir::*;
 
     #[test]

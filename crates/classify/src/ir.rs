@@ -237,25 +237,69 @@ impl Range {
 
 /// A normalized set of values: sorted, disjoint, non-adjacent ranges. Covers a
 /// single value, a CIDR, a range, an anonymous set and a named set's contents
-/// (share a named set between rules by cloning the `ValueSet`; it is an `Arc`).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct ValueSet(Arc<[Range]>);
+/// (share a named set between rules by cloning the `ValueSet`; a set of more
+/// than one range is an `Arc`). A single range, what most matches are, is
+/// held inline: no allocation.
+#[derive(Clone)]
+pub struct ValueSet(SetRepr);
+
+#[derive(Clone)]
+enum SetRepr {
+    One(Range),
+    Many(Arc<[Range]>),
+}
+
+impl PartialEq for ValueSet {
+    fn eq(&self, other: &Self) -> bool {
+        self.ranges() == other.ranges()
+    }
+}
+
+impl Eq for ValueSet {}
+
+impl std::hash::Hash for ValueSet {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.ranges().hash(state);
+    }
+}
+
+impl std::fmt::Debug for ValueSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ValueSet").field(&self.ranges()).finish()
+    }
+}
 
 impl ValueSet {
     /// Normalizes any collection of ranges.
     pub fn new<I: IntoIterator<Item = Range>>(ranges: I) -> Self {
-        let mut v: Vec<Range> = ranges.into_iter().collect();
+        let mut it = ranges.into_iter();
+        // One range (the common case: a value, prefix or range match) needs
+        // no sorting or merging, and is held inline.
+        let (Some(a), b) = (it.next(), it.next()) else {
+            return ValueSet(SetRepr::Many(Arc::new([])));
+        };
+        let Some(b) = b else {
+            return ValueSet(SetRepr::One(a));
+        };
+        let mut v: Vec<Range> = [a, b].into_iter().chain(it).collect();
         v.sort_unstable();
-        let mut out: Vec<Range> = Vec::with_capacity(v.len());
-        for r in v {
-            match out.last_mut() {
-                Some(last) if r.lo <= last.hi.saturating_add(1) => {
-                    last.hi = last.hi.max(r.hi);
-                }
-                _ => out.push(r),
+        // Merge overlapping and adjacent ranges in place (`r` follows `last`).
+        v.dedup_by(|r, last| {
+            if r.lo <= last.hi.saturating_add(1) {
+                last.hi = last.hi.max(r.hi);
+                true
+            } else {
+                false
             }
+        });
+        ValueSet::from_sorted(v)
+    }
+    /// From normalized ranges.
+    fn from_sorted(v: Vec<Range>) -> Self {
+        match v.as_slice() {
+            [one] => ValueSet(SetRepr::One(*one)),
+            _ => ValueSet(SetRepr::Many(v.into())),
         }
-        ValueSet(out.into())
     }
     /// A single value.
     pub fn value(v: u128) -> Self {
@@ -263,12 +307,15 @@ impl ValueSet {
     }
     /// The ranges, sorted and disjoint.
     pub fn ranges(&self) -> &[Range] {
-        &self.0
+        match &self.0 {
+            SetRepr::One(r) => std::slice::from_ref(r),
+            SetRepr::Many(v) => v,
+        }
     }
     /// Membership by binary search.
     #[inline]
     pub fn contains(&self, v: u128) -> bool {
-        let r = &self.0;
+        let r = self.ranges();
         if r.len() <= 4 {
             return r.iter().any(|x| x.contains(v));
         }
@@ -277,9 +324,9 @@ impl ValueSet {
     }
     /// The complement within `0..=max`.
     pub fn complement(&self, max: u128) -> Self {
-        let mut out = Vec::with_capacity(self.0.len() + 1);
+        let mut out = Vec::with_capacity(self.ranges().len() + 1);
         let mut next = Some(0u128);
-        for r in self.0.iter() {
+        for r in self.ranges() {
             let Some(n) = next else { break };
             if r.lo > max {
                 break;
@@ -297,7 +344,7 @@ impl ValueSet {
                 out.push(Range { lo: n, hi: max });
             }
         }
-        ValueSet(out.into())
+        ValueSet::from_sorted(out)
     }
 }
 

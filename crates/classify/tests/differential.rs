@@ -364,6 +364,16 @@ fn classbench_2000_rules_compiled_equals_linear() {
     }
 }
 
+/// A chain long enough to be compiled on two threads (`PAR_COMPILE_MIN`)
+/// classifies as the linear walk does.
+#[test]
+fn classbench_10000_rules_compiled_in_parallel_equals_linear() {
+    let prog = gen::classbench(10_000, 5);
+    let c = Classifier::compile(&prog).unwrap();
+    let pkts = gen::classbench_packets(&prog, 1000, 105);
+    check(&prog, &c, &pkts).unwrap();
+}
+
 #[test]
 fn classbench_updates_at_1000_rules_equal_linear() {
     let mut prog = gen::classbench(1000, 9);

@@ -1,6 +1,7 @@
 //! Times the phases of loading an nft rule set: parse, compile (lower,
 //! classifier, rule store). `cargo run --release -p sluice-policy --example
-//! load -- FILE`.
+//! load -- FILE [--no-updates]` (`--no-updates`: skip the single-update
+//! timing, e.g. to profile the load alone).
 
 use std::time::Instant;
 
@@ -33,7 +34,12 @@ fn main() {
     let rules = p.rule_count();
     // Single updates on the loaded policy (no socket): insert at the front
     // of the first chain that has rules, then delete it again.
-    let first = p.list_rules().into_iter().next();
+    let updates = std::env::args().nth(2).as_deref() != Some("--no-updates");
+    let first = if updates {
+        p.list_rules().into_iter().next()
+    } else {
+        None
+    };
     let mut apply = Vec::new();
     if let Some(r) = first {
         let mut parts = r.chain.splitn(3, ' ');

@@ -63,7 +63,7 @@ mod update;
 
 pub use error::{CompileError, LowerError};
 pub use iface::Interfaces;
-pub use lower::{BaseInfo, ChainInfo, NatAction, RuleInfo};
+pub use lower::{BaseInfo, ChainInfo, NatAction, RuleInfo, RuleLocation};
 pub use policy::{
     ast_hook, ct_bits, engine_reject, CompiledPolicy, Evaluator, HookOutcome, HookVerdict,
 };

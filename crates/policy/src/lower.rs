@@ -25,11 +25,50 @@ use crate::iface::Interfaces;
 /// TCP, UDP, DCCP, SCTP, UDP-Lite.
 const PORT_PROTOS: &[u8] = &[6, 17, 33, 132, 136];
 
+/// Where an AST rule came from: `FILE:LINE` in the rule set, or the label
+/// of the control command that added it. Formatted on demand
+/// ([`std::fmt::Display`]), so loading a large rule set formats nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RuleLocation {
+    /// Line `line` of the rule-set file `file`.
+    Line {
+        /// The file's name (shared by all its rules).
+        file: Arc<str>,
+        /// 1-based line.
+        line: u32,
+    },
+    /// A label, e.g. `command handle 7`.
+    Label(Arc<str>),
+}
+
+impl RuleLocation {
+    /// The location of `span` in rule set `rs` (as [`Ruleset::location`]).
+    pub fn of(rs: &Ruleset, span: Span) -> Self {
+        let file = rs
+            .files
+            .get(span.file as usize)
+            .map_or("<input>", String::as_str);
+        RuleLocation::Line {
+            file: file.into(),
+            line: span.line,
+        }
+    }
+}
+
+impl std::fmt::Display for RuleLocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RuleLocation::Line { file, line } => write!(f, "{file}:{line}"),
+            RuleLocation::Label(l) => f.write_str(l),
+        }
+    }
+}
+
 /// Where an IR rule came from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RuleInfo {
-    /// `FILE:LINE` of the AST rule.
-    pub location: String,
+    /// `FILE:LINE` of the AST rule (or the command that added it).
+    pub location: RuleLocation,
     /// The AST rule's source span.
     pub span: Span,
     /// The AST rule ([`RuleInfo::text`] prints it).
@@ -159,54 +198,58 @@ impl Dep {
 }
 
 /// IR field, value encoding and dependencies of an AST field in a table of
-/// family `fam`.
-fn spec(f: Field, fam: Family) -> Result<(ir::Field, Kind, Vec<Dep>), String> {
+/// family `fam`. The dependencies are static: lowering a rule allocates
+/// nothing per field.
+fn spec(f: Field, fam: Family) -> Result<(ir::Field, Kind, &'static [Dep]), String> {
     let inet = fam == Family::Inet;
-    let v4 = |mut d: Vec<Dep>| {
-        if inet {
-            d.push(Dep::V4);
-        }
-        d
+    let v4: &'static [Dep] = if inet { &[Dep::V4] } else { &[] };
+    let v6: &'static [Dep] = if inet { &[Dep::V6] } else { &[] };
+    let icmp: &'static [Dep] = if inet {
+        &[Dep::Proto(1), Dep::V4]
+    } else {
+        &[Dep::Proto(1)]
     };
-    let v6 = |mut d: Vec<Dep>| {
-        if inet {
-            d.push(Dep::V6);
-        }
-        d
+    let icmpv6: &'static [Dep] = if inet {
+        &[Dep::Proto(58), Dep::V6]
+    } else {
+        &[Dep::Proto(58)]
     };
+    const TCP: &[Dep] = &[Dep::Proto(6)];
+    const UDP: &[Dep] = &[Dep::Proto(17)];
+    const PORTS: &[Dep] = &[Dep::PortProtos];
     use ir::Field as I;
     Ok(match f {
-        Field::Iifname => (I::IifName, Kind::Ifname, vec![]),
-        Field::Oifname => (I::OifName, Kind::Ifname, vec![]),
-        Field::Iif => (I::Iif, Kind::IfIndex, vec![]),
-        Field::Oif => (I::Oif, Kind::IfIndex, vec![]),
-        Field::MetaL4proto => (I::L4Proto, Kind::Num, vec![]),
-        Field::MetaNfproto => (I::Family, Kind::Num, vec![]),
-        Field::MetaMark => (I::Mark, Kind::Num, vec![]),
-        Field::CtMark => (I::CtMark, Kind::Num, vec![]),
-        Field::CtState => (I::CtState, Kind::Num, vec![]),
-        Field::CtStatus => (I::CtStatus, Kind::Num, vec![]),
-        Field::IpSaddr => (I::Saddr, Kind::Addr4, v4(vec![])),
-        Field::IpDaddr => (I::Daddr, Kind::Addr4, v4(vec![])),
-        Field::IpProtocol => (I::L4Proto, Kind::Num, v4(vec![])),
-        Field::Ip6Saddr => (I::Saddr, Kind::Addr6, v6(vec![])),
-        Field::Ip6Daddr => (I::Daddr, Kind::Addr6, v6(vec![])),
+        Field::Iifname => (I::IifName, Kind::Ifname, &[]),
+        Field::Oifname => (I::OifName, Kind::Ifname, &[]),
+        Field::Iif => (I::Iif, Kind::IfIndex, &[]),
+        Field::Oif => (I::Oif, Kind::IfIndex, &[]),
+        Field::MetaL4proto => (I::L4Proto, Kind::Num, &[]),
+        Field::MetaNfproto => (I::Family, Kind::Num, &[]),
+        Field::MetaMark => (I::Mark, Kind::Num, &[]),
+        Field::CtMark => (I::CtMark, Kind::Num, &[]),
+        Field::CtState => (I::CtState, Kind::Num, &[]),
+        Field::CtStatus => (I::CtStatus, Kind::Num, &[]),
+        Field::IpSaddr => (I::Saddr, Kind::Addr4, v4),
+        Field::IpDaddr => (I::Daddr, Kind::Addr4, v4),
+        Field::IpProtocol => (I::L4Proto, Kind::Num, v4),
+        Field::Ip6Saddr => (I::Saddr, Kind::Addr6, v6),
+        Field::Ip6Daddr => (I::Daddr, Kind::Addr6, v6),
         // The first next-header; equal to the layer-4 protocol when the
         // packet carries no extension headers (the only case the engine sees).
-        Field::Ip6Nexthdr => (I::L4Proto, Kind::Num, v6(vec![])),
-        Field::TcpSport => (I::Sport, Kind::Num, vec![Dep::Proto(6)]),
-        Field::TcpDport => (I::Dport, Kind::Num, vec![Dep::Proto(6)]),
-        Field::TcpFlags => (I::TcpFlags, Kind::Num, vec![Dep::Proto(6)]),
-        Field::UdpSport => (I::Sport, Kind::Num, vec![Dep::Proto(17)]),
-        Field::UdpDport => (I::Dport, Kind::Num, vec![Dep::Proto(17)]),
+        Field::Ip6Nexthdr => (I::L4Proto, Kind::Num, v6),
+        Field::TcpSport => (I::Sport, Kind::Num, TCP),
+        Field::TcpDport => (I::Dport, Kind::Num, TCP),
+        Field::TcpFlags => (I::TcpFlags, Kind::Num, TCP),
+        Field::UdpSport => (I::Sport, Kind::Num, UDP),
+        Field::UdpDport => (I::Dport, Kind::Num, UDP),
         // `th` reads the first four transport bytes; only protocols that put
         // ports there can match (documented approximation).
-        Field::ThSport => (I::Sport, Kind::Num, vec![Dep::PortProtos]),
-        Field::ThDport => (I::Dport, Kind::Num, vec![Dep::PortProtos]),
-        Field::IcmpType => (I::IcmpType, Kind::Num, v4(vec![Dep::Proto(1)])),
-        Field::IcmpCode => (I::IcmpCode, Kind::Num, v4(vec![Dep::Proto(1)])),
-        Field::Icmpv6Type => (I::IcmpType, Kind::Num, v6(vec![Dep::Proto(58)])),
-        Field::Icmpv6Code => (I::IcmpCode, Kind::Num, v6(vec![Dep::Proto(58)])),
+        Field::ThSport => (I::Sport, Kind::Num, PORTS),
+        Field::ThDport => (I::Dport, Kind::Num, PORTS),
+        Field::IcmpType => (I::IcmpType, Kind::Num, icmp),
+        Field::IcmpCode => (I::IcmpCode, Kind::Num, icmp),
+        Field::Icmpv6Type => (I::IcmpType, Kind::Num, icmpv6),
+        Field::Icmpv6Code => (I::IcmpCode, Kind::Num, icmpv6),
         Field::IpTtl => {
             return Err(format!(
                 "'{}' cannot be lowered yet: the classifier IR has no such field",
@@ -216,16 +259,23 @@ fn spec(f: Field, fam: Family) -> Result<(ir::Field, Kind, Vec<Dep>), String> {
     })
 }
 
-/// Prepends the (deduplicated) dependency conditions to a rule's matches.
-fn with_deps(deps: &[Dep], ms: Vec<ir::Match>) -> Vec<ir::Match> {
-    let mut d: Vec<Dep> = Vec::new();
-    for x in deps {
-        if !d.contains(x) {
-            d.push(*x);
+/// Prepends the (deduplicated) dependency conditions to a rule's matches;
+/// the result has exactly the capacity it needs (a rule set holds many).
+/// `ms` is left empty.
+fn with_deps(deps: &[Dep], ms: &mut Vec<ir::Match>) -> Vec<ir::Match> {
+    let mut n = 0;
+    for (i, x) in deps.iter().enumerate() {
+        if !deps.get(..i).is_some_and(|b| b.contains(x)) {
+            n += 1;
         }
     }
-    let mut out: Vec<ir::Match> = d.into_iter().map(Dep::to_match).collect();
-    out.extend(ms);
+    let mut out: Vec<ir::Match> = Vec::with_capacity(n + ms.len());
+    for (i, x) in deps.iter().enumerate() {
+        if !deps.get(..i).is_some_and(|b| b.contains(x)) {
+            out.push(x.to_match());
+        }
+    }
+    out.append(ms);
     out
 }
 
@@ -274,7 +324,12 @@ pub(crate) struct Lowerer<'a> {
     /// Next AST-rule handle.
     next_handle: u64,
     /// Location override for rules that come from a control command.
-    location: Option<String>,
+    location: Option<RuleLocation>,
+    /// The rule set's file names, shared by the locations of their rules.
+    files: Vec<Arc<str>>,
+    /// Scratch for [`Self::rule`].
+    scratch_deps: Vec<Dep>,
+    scratch_matches: Vec<ir::Match>,
 }
 
 impl<'a> Lowerer<'a> {
@@ -297,6 +352,9 @@ impl<'a> Lowerer<'a> {
             id_base: 0,
             next_handle: 1,
             location: None,
+            files: rs.files.iter().map(|f| Arc::from(f.as_str())).collect(),
+            scratch_deps: Vec::new(),
+            scratch_matches: Vec::new(),
         }
     }
 
@@ -309,7 +367,7 @@ impl<'a> Lowerer<'a> {
         id_base: u64,
         handle: u64,
         tables: (Vec<NatAction>, Vec<Pool>, Vec<ast::Log>, Vec<ast::Limit>),
-        location: String,
+        location: RuleLocation,
     ) -> Self {
         let mut l = Lowerer::new(rs, ifaces);
         l.id_base = id_base;
@@ -367,13 +425,20 @@ impl<'a> Lowerer<'a> {
         if !self.declare() {
             return (self.out, self.errors);
         }
-        // Pass 2: rules.
+        // Pass 2: rules. The output vectors are sized up front (most rules
+        // lower to one IR rule): growing them would copy and free large
+        // buffers repeatedly.
+        let total: usize = rules.iter().flatten().map(Vec::len).sum();
+        self.out.rules.reserve(total);
         for (ti, t) in rs.tables.iter().enumerate() {
             for (ci, c) in t.chains.iter().enumerate() {
                 let Some(&cid) = self.chain_ids.get(&(ti, c.name.as_str())) else {
                     continue;
                 };
                 let list = rules.get(ti).and_then(|t| t.get(ci));
+                if let Some(c) = self.out.program.chains.get_mut(cid.0 as usize) {
+                    c.rules.reserve(list.map_or(0, Vec::len));
+                }
                 for r in list.into_iter().flatten() {
                     self.rule(ti, t, cid, r);
                 }
@@ -429,12 +494,30 @@ impl<'a> Lowerer<'a> {
     }
 
     fn rule(&mut self, ti: usize, t: &Table, cid: ChainId, r: &Arc<ast::Rule>) {
-        let mut deps: Vec<Dep> = Vec::new();
-        let mut matches: Vec<ir::Match> = Vec::new();
+        // Scratch vectors reused across rules; the IR rule gets an exact copy.
+        let mut deps = std::mem::take(&mut self.scratch_deps);
+        let mut matches = std::mem::take(&mut self.scratch_matches);
+        deps.clear();
+        matches.clear();
+        self.rule_with(ti, t, cid, r, &mut deps, &mut matches);
+        matches.clear();
+        self.scratch_deps = deps;
+        self.scratch_matches = matches;
+    }
+
+    fn rule_with(
+        &mut self,
+        ti: usize,
+        t: &Table,
+        cid: ChainId,
+        r: &Arc<ast::Rule>,
+        deps: &mut Vec<Dep>,
+        matches: &mut Vec<ir::Match>,
+    ) {
         let mut ok = true;
         for m in &r.matches {
-            match self.lower_match(t, m, &mut deps) {
-                Ok(ms) => matches.extend(ms),
+            match self.lower_match(t, m, deps) {
+                Ok(m) => matches.push(m),
                 Err(e) => {
                     self.err(m.span, e);
                     ok = false;
@@ -498,10 +581,14 @@ impl<'a> Lowerer<'a> {
         let handle = self.next_handle;
         self.next_handle += 1;
         let info = RuleInfo {
-            location: self
-                .location
-                .clone()
-                .unwrap_or_else(|| self.rs.rule_location(r)),
+            location: match (&self.location, self.files.get(r.span.file as usize)) {
+                (Some(l), _) => l.clone(),
+                (None, Some(f)) => RuleLocation::Line {
+                    file: Arc::clone(f),
+                    line: r.span.line,
+                },
+                (None, None) => RuleLocation::of(self.rs, r.span),
+            },
             span: r.span,
             rule: Arc::clone(r),
             chain: cid,
@@ -510,12 +597,12 @@ impl<'a> Lowerer<'a> {
         };
         match term {
             None => {
-                let m = with_deps(&deps, matches);
-                self.push_rule(cid, &info, m, pre, None);
+                let m = with_deps(deps, matches);
+                self.push_rule(cid, info, m, pre, None);
             }
             Some(Term::Verdict(v)) => {
-                let m = with_deps(&deps, matches);
-                self.push_rule(cid, &info, m, pre, v);
+                let m = with_deps(deps, matches);
+                self.push_rule(cid, info, m, pre, v);
             }
             Some(Term::Reject(w)) => {
                 let kind = match w {
@@ -527,12 +614,12 @@ impl<'a> Lowerer<'a> {
                     ) => RejectKind::IcmpAdminProhibited,
                     _ => RejectKind::IcmpPortUnreachable,
                 };
-                let m = with_deps(&deps, matches);
-                self.push_rule(cid, &info, m, pre, Some(ir::Verdict::Reject(kind)));
+                let m = with_deps(deps, matches);
+                self.push_rule(cid, info, m, pre, Some(ir::Verdict::Reject(kind)));
             }
             Some(Term::Nat(id)) => {
-                let m = with_deps(&deps, matches);
-                self.push_rule(cid, &info, m, pre, Some(ir::Verdict::Nat(id)));
+                let m = with_deps(deps, matches);
+                self.push_rule(cid, info, m, pre, Some(ir::Verdict::Nat(id)));
             }
             Some(Term::Map(key, entries)) => {
                 // `stmts… KEY vmap {k: v}`: the statements run whether or not
@@ -555,8 +642,8 @@ impl<'a> Lowerer<'a> {
                         );
                         return;
                     }
-                    let m = with_deps(&deps, matches.clone());
-                    self.push_rule(cid, &info, m, pre, None);
+                    let m = with_deps(deps, &mut matches.clone());
+                    self.push_rule(cid, info.clone(), m, pre, None);
                 }
                 let mut kdeps = deps.clone();
                 let mut rules = Vec::new();
@@ -573,9 +660,9 @@ impl<'a> Lowerer<'a> {
                         }
                     }
                 }
-                for (ms, v) in rules {
-                    let m = with_deps(&kdeps, ms);
-                    self.push_rule(cid, &info, m, Vec::new(), v);
+                for (mut ms, v) in rules {
+                    let m = with_deps(&kdeps, &mut ms);
+                    self.push_rule(cid, info.clone(), m, Vec::new(), v);
                 }
             }
         }
@@ -584,13 +671,13 @@ impl<'a> Lowerer<'a> {
     fn push_rule(
         &mut self,
         cid: ChainId,
-        info: &RuleInfo,
+        info: RuleInfo,
         matches: Vec<ir::Match>,
         stmts: Vec<Stmt>,
         verdict: Option<ir::Verdict>,
     ) {
         let id = RuleId(self.id_base + self.out.rules.len() as u64);
-        self.out.rules.push(info.clone());
+        self.out.rules.push(info);
         if let Some(c) = self.out.program.chains.get_mut(cid.0 as usize) {
             c.rules.push(Rule {
                 id,
@@ -814,11 +901,11 @@ impl<'a> Lowerer<'a> {
         t: &Table,
         m: &ast::Match,
         deps: &mut Vec<Dep>,
-    ) -> Result<Vec<ir::Match>, String> {
+    ) -> Result<ir::Match, String> {
         let first = match m.left.as_slice() {
             [] => return Err("match without a field".to_string()),
             [f] => *f,
-            _ => return self.concat_match(t, m, deps).map(|c| vec![c]),
+            _ => return self.concat_match(t, m, deps),
         };
         let (field, kind, d) = spec(first, t.family)?;
         let bitmask = first.datatype().is_bitmask();
@@ -859,16 +946,17 @@ impl<'a> Lowerer<'a> {
                 negate: false,
             },
             (None, RelOp::Implicit | RelOp::Eq | RelOp::Ne, v) => {
-                let ranges = match self.set_elems(t, v)? {
-                    Some(keys) => keys
-                        .into_iter()
-                        .map(|k| self.scalar(field, kind, k))
-                        .collect::<Result<Vec<_>, _>>()?,
-                    None => vec![self.scalar(field, kind, v)?],
+                let set = match self.set_elems(t, v)? {
+                    Some(keys) => ValueSet::new(
+                        keys.into_iter()
+                            .map(|k| self.scalar(field, kind, k))
+                            .collect::<Result<Vec<_>, _>>()?,
+                    ),
+                    None => ValueSet::new([self.scalar(field, kind, v)?]),
                 };
                 ir::Match::In {
                     field,
-                    set: ValueSet::new(ranges),
+                    set,
                     negate: m.op == RelOp::Ne,
                 }
             }
@@ -894,8 +982,8 @@ impl<'a> Lowerer<'a> {
                 }
             }
         };
-        deps.extend(d);
-        Ok(vec![out])
+        deps.extend_from_slice(d);
+        Ok(out)
     }
 
     fn concat_fields(
@@ -907,7 +995,7 @@ impl<'a> Lowerer<'a> {
         let mut out = Vec::with_capacity(fields.len());
         for f in fields {
             let (field, kind, d) = spec(*f, t.family)?;
-            deps.extend(d);
+            deps.extend_from_slice(d);
             out.push((field, kind));
         }
         Ok(out)
@@ -981,7 +1069,7 @@ impl<'a> Lowerer<'a> {
             [f] => {
                 let (field, kind, d) = spec(*f, t.family)?;
                 let r = self.scalar(field, kind, k)?;
-                deps.extend(d);
+                deps.extend_from_slice(d);
                 Ok(ir::Match::In {
                     field,
                     set: ValueSet::new([r]),

@@ -130,19 +130,17 @@ fn build_store(rs: &Ruleset, rules: &RuleLists, lowered: &mut Lowered) -> (Store
                 .get_mut(cid as usize)
                 .map(|c| std::mem::take(&mut c.rules))
                 .unwrap_or_default();
-            let mut irs = ir_rules.into_iter().peekable();
+            let mut irs = ir_rules.into_iter();
             let list = rules.get(ti).and_then(|t| t.get(ci));
             for (k, r) in list.into_iter().flatten().enumerate() {
-                let mut mine = Vec::new();
-                while let Some(x) = irs.peek() {
-                    let hx = infos.get(x.id.0 as usize).map(|i| i.handle);
-                    if hx != Some(handle) {
-                        break;
-                    }
-                    if let Some(x) = irs.next() {
-                        mine.push(x);
-                    }
-                }
+                // The run of IR rules of this handle, moved out with exact
+                // capacity (a rule set holds many; growth slack adds up).
+                let n = irs
+                    .as_slice()
+                    .iter()
+                    .take_while(|x| infos.get(x.id.0 as usize).map(|i| i.handle) == Some(handle))
+                    .count();
+                let mine: Vec<_> = irs.by_ref().take(n).collect();
                 let uses = named_uses(r);
                 store.put(
                     handle,

@@ -560,7 +560,7 @@ impl CompiledPolicy {
 
     fn location(&self, r: RuleId) -> String {
         self.rule_info(r)
-            .map(|i| i.location.clone())
+            .map(|i| i.location.to_string())
             .unwrap_or_else(|| format!("<rule {}>", r.0))
     }
 

@@ -21,7 +21,7 @@ use sluice_ruleset::{self as ast, Command, Diagnostics, RulePos, SetFlag};
 
 use crate::error::CompileError;
 use crate::live::{named_uses, Entry};
-use crate::lower::{reachable, Lowered, Lowerer};
+use crate::lower::{reachable, Lowered, Lowerer, RuleLocation};
 use crate::policy::{CompiledPolicy, Tables};
 
 /// Why an update was refused. The running policy is unchanged.
@@ -202,7 +202,7 @@ impl CompiledPolicy {
                     handle: h,
                     chain: c.name.clone(),
                     text: ast::rule_to_string(&e.ast),
-                    location: info.map(|i| i.location.clone()),
+                    location: info.map(|i| i.location.to_string()),
                     counter,
                 });
             }
@@ -238,7 +238,7 @@ impl CompiledPolicy {
         }
     }
 
-    fn lowerer<'a>(&'a self, handle: u64, location: String) -> Lowerer<'a> {
+    fn lowerer<'a>(&'a self, handle: u64, location: RuleLocation) -> Lowerer<'a> {
         let t = &self.tables;
         Lowerer::incremental(
             &self.skeleton,
@@ -318,7 +318,10 @@ impl CompiledPolicy {
             }
         };
         let (irs, low_tables) = {
-            let mut low = self.lowerer(handle, format!("{name} handle {handle}"));
+            let mut low = self.lowerer(
+                handle,
+                RuleLocation::Label(format!("{name} handle {handle}").into()),
+            );
             let irs = low.lower_one(ti, cid, &rule).map_err(|mut es| {
                 for e in &mut es {
                     e.file = name.to_string();
@@ -512,7 +515,7 @@ impl CompiledPolicy {
                 .first()
                 .and_then(|r| self.rule_info(r.id))
                 .map(|i| i.location.clone())
-                .unwrap_or_else(|| self.skeleton.rule_location(&rule));
+                .unwrap_or_else(|| RuleLocation::of(&self.skeleton, rule.span));
             let (irs, out) = {
                 let mut low = self.lowerer(*h, location);
                 let irs = low

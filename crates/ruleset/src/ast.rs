@@ -169,12 +169,85 @@ pub struct Rule {
 /// plain value, equality otherwise. With `Ne` on a bit-mask value: "none of these bits".
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Match {
-    pub left: Vec<Field>,
+    pub left: Fields,
     pub mask: Option<u64>,
     pub op: RelOp,
     pub right: Value,
     pub span: Span,
     pub right_span: Span,
+}
+
+/// The field list on the left of a match: one field, or a concatenation.
+/// Reads as a slice (`Deref<Target = [Field]>`); a single field, what almost
+/// every match has, is held inline, so a large rule set does not allocate
+/// one list per match. Serializes and prints as a list of fields.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Fields(FieldsRepr);
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum FieldsRepr {
+    One(Field),
+    Many(Vec<Field>),
+}
+
+impl Fields {
+    /// The fields, in order.
+    pub fn as_slice(&self) -> &[Field] {
+        match &self.0 {
+            FieldsRepr::One(f) => std::slice::from_ref(f),
+            FieldsRepr::Many(v) => v,
+        }
+    }
+
+    /// Appends a field (a concatenation grows).
+    pub fn push(&mut self, f: Field) {
+        match &mut self.0 {
+            FieldsRepr::One(a) => self.0 = FieldsRepr::Many(vec![*a, f]),
+            FieldsRepr::Many(v) => v.push(f),
+        }
+    }
+}
+
+impl From<Field> for Fields {
+    fn from(f: Field) -> Self {
+        Fields(FieldsRepr::One(f))
+    }
+}
+
+impl From<Vec<Field>> for Fields {
+    fn from(v: Vec<Field>) -> Self {
+        match v.as_slice() {
+            [f] => Fields(FieldsRepr::One(*f)),
+            _ => Fields(FieldsRepr::Many(v)),
+        }
+    }
+}
+
+impl std::ops::Deref for Fields {
+    type Target = [Field];
+    fn deref(&self) -> &[Field] {
+        self.as_slice()
+    }
+}
+
+impl<'a> IntoIterator for &'a Fields {
+    type Item = &'a Field;
+    type IntoIter = std::slice::Iter<'a, Field>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.as_slice().iter()
+    }
+}
+
+impl std::fmt::Debug for Fields {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.as_slice()).finish()
+    }
+}
+
+impl Serialize for Fields {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.as_slice().serialize(s)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]

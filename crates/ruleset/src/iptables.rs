@@ -690,7 +690,7 @@ fn rule(
                     rsp: Span| {
             let op = if neg { RelOp::Ne } else { RelOp::Implicit };
             r.matches.push(Match {
-                left,
+                left: left.into(),
                 mask,
                 op,
                 right,
@@ -883,7 +883,7 @@ fn rule(
                             (false, None) => RelOp::Implicit,
                         };
                         r.matches.push(Match {
-                            left: vec![Field::MetaMark],
+                            left: Field::MetaMark.into(),
                             mask: m,
                             op,
                             right: Value::Num(v),
@@ -924,7 +924,7 @@ fn rule(
                 used_l4 = true;
                 let op = if neg { RelOp::Ne } else { RelOp::Eq };
                 r.matches.push(Match {
-                    left: vec![Field::TcpFlags],
+                    left: Field::TcpFlags.into(),
                     mask: Some(mask),
                     op,
                     right: Value::Num(comp),
@@ -1052,7 +1052,7 @@ fn rule(
         if !used_l4 || pneg {
             let op = if pneg { RelOp::Ne } else { RelOp::Implicit };
             let m = Match {
-                left: vec![Field::IpProtocol],
+                left: Field::IpProtocol.into(),
                 mask: None,
                 op,
                 right: Value::Num(p),

@@ -766,7 +766,7 @@ impl<'s> Parser<'s> {
                         self.bump();
                         self.fields().and_then(|(f, _)| {
                             key = Some(f.iter().map(|f| f.datatype()).collect());
-                            key_typeof = Some(f);
+                            key_typeof = Some(f.to_vec());
                             if is_map {
                                 self.expect(Tok::Colon)?;
                                 data = Some(if self.word().is_some_and(is_expr_keyword) {
@@ -1109,7 +1109,10 @@ impl<'s> Parser<'s> {
             if self.eat_word("vmap") {
                 let map = self.map_ref(&fields, DataType::Verdict)?;
                 stmts.push(Stmt {
-                    kind: StmtKind::VerdictMap { key: fields, map },
+                    kind: StmtKind::VerdictMap {
+                        key: fields.to_vec(),
+                        map,
+                    },
                     span: sp,
                 });
                 continue;
@@ -1123,9 +1126,9 @@ impl<'s> Parser<'s> {
         Ok(rule)
     }
 
-    fn fields(&mut self) -> P<(Vec<Field>, Span)> {
+    fn fields(&mut self) -> P<(Fields, Span)> {
         let sp = self.span();
-        let mut v = vec![self.field()?];
+        let mut v = Fields::from(self.field()?);
         while self.peek() == Tok::Dot && self.word_at(1).is_some_and(is_expr_keyword) {
             self.bump();
             v.push(self.field()?);
@@ -1230,7 +1233,7 @@ impl<'s> Parser<'s> {
         })
     }
 
-    fn relational(&mut self, left: Vec<Field>, span: Span) -> P<Match> {
+    fn relational(&mut self, left: Fields, span: Span) -> P<Match> {
         let types = KeyTypes::of(&left);
         let types = types.as_slice();
         let single = match types {
@@ -1697,7 +1700,10 @@ impl<'s> Parser<'s> {
                     _ => DataType::Ipv4Addr,
                 };
                 let map = self.map_ref(&key, data)?;
-                nat.addr = Some(NatAddr::Map { key, map });
+                nat.addr = Some(NatAddr::Map {
+                    key: key.to_vec(),
+                    map,
+                });
             } else {
                 let (w, _) = self.expect_word("NAT address")?;
                 let Some((addr, ports)) = parse_nat_target(w) else {
