@@ -286,6 +286,19 @@ fn ipv6_end_to_end(backend: &str, tag: &str) {
         "path MTU not learnt:\n{}",
         text(&o)
     );
+    // A 3000-byte ping: the host fragments it to the path MTU it learnt
+    // and the public host answers in fragments too; the later fragments
+    // follow their first fragment through the gateway.
+    let o = sh(
+        &t.private,
+        &format!("ping -6 -n -c 2 -i 0.3 -s 3000 -W 2 {PUB6}"),
+    );
+    assert!(
+        o.status.success(),
+        "fragmented ping -6 failed:\n{}\n{}",
+        text(&o),
+        d.context()
+    );
     assert!(d.drops("ttl-expired") >= 1);
     assert!(d.drops("too-big") >= 1);
     assert!(d.counter("icmp_errors") >= 2);

@@ -642,6 +642,7 @@ impl Worker {
         let n = self.ct.flush() + self.v6.ct.flush();
         self.nat.clear();
         self.frags.clear();
+        self.v6.frags.clear();
         n as u64
     }
 

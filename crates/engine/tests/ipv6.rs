@@ -576,3 +576,86 @@ fn masquerade_does_not_translate_ipv6() {
     );
     assert_eq!(w.nat().mappings().count(), 0, "no NAT state");
 }
+
+/// The fragments of a UDP datagram from the host (Ethernet frames): a
+/// fragment header (identification `ident`) in each, `chunk` bytes of the
+/// UDP datagram per fragment.
+fn udp6_fragments(ident: u32, data_len: usize, chunk: usize, hop_limit: u8) -> Vec<Vec<u8>> {
+    let mut udp = vec![0u8; 8 + data_len];
+    udp[0..2].copy_from_slice(&5000u16.to_be_bytes());
+    udp[2..4].copy_from_slice(&53u16.to_be_bytes());
+    udp[4..6].copy_from_slice(&((8 + data_len) as u16).to_be_bytes());
+    // Not verified by a router; only zero is refused (RFC 8200 section 8.1).
+    udp[6..8].copy_from_slice(&0x1234u16.to_be_bytes());
+    let pieces: Vec<&[u8]> = udp.chunks(chunk).collect();
+    let n = pieces.len();
+    pieces
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut f = vec![0u8; 14 + 40 + 8 + p.len()];
+            f[0..6].copy_from_slice(&GW_IN_MAC);
+            f[6..12].copy_from_slice(&HOST_MAC);
+            f[12..14].copy_from_slice(&[0x86, 0xdd]);
+            let ip6 = &mut f[14..];
+            ip6[0] = 0x60;
+            ip6[4..6].copy_from_slice(&((8 + p.len()) as u16).to_be_bytes());
+            ip6[6] = 44;
+            ip6[7] = hop_limit;
+            ip6[8..24].copy_from_slice(&ip(HOST).octets());
+            ip6[24..40].copy_from_slice(&ip(REMOTE).octets());
+            ip6[40] = 17;
+            let off = ((i * chunk) as u16) | u16::from(i + 1 < n);
+            ip6[42..44].copy_from_slice(&off.to_be_bytes());
+            ip6[44..48].copy_from_slice(&ident.to_be_bytes());
+            ip6[48..].copy_from_slice(p);
+            f
+        })
+        .collect()
+}
+
+#[test]
+fn later_fragments_follow_their_first_fragment() {
+    let mut w = worker(InsideOnly);
+    let frags = udp6_fragments(0x1234_5678, 2000, 1232, 64);
+    assert_eq!(frags.len(), 2);
+    let mut t = TestFrames::default();
+    for f in &frags {
+        t.push(INSIDE, |b| {
+            b[..f.len()].copy_from_slice(f);
+            f.len()
+        });
+    }
+    w.process(1_000_000_000, &mut t);
+    assert_eq!(t.acts, vec![Action::Forward(OUTSIDE); 2]);
+    for i in 0..2 {
+        let f = t.frame(i);
+        assert_eq!(
+            &f[0..6],
+            &ROUTER_MAC,
+            "fragment {i} to the first one's next hop"
+        );
+        assert_eq!(f[14 + 7], 63, "hop limit decremented");
+    }
+    // A later fragment of a datagram whose first fragment never passed,
+    // and one whose hop limit runs out, are dropped.
+    let other = udp6_fragments(0x1234_5679, 2000, 1232, 64);
+    let (act, _) = run(&mut w, INSIDE, |b| {
+        b[..other[1].len()].copy_from_slice(&other[1]);
+        other[1].len()
+    });
+    assert_eq!(act, Action::Drop(DropReason::Fragment));
+    let tired = udp6_fragments(0x1234_5678, 2000, 1232, 1);
+    let (act, _) = run(&mut w, INSIDE, |b| {
+        b[..tired[1].len()].copy_from_slice(&tired[1]);
+        tired[1].len()
+    });
+    assert_eq!(act, Action::Drop(DropReason::TtlExpired));
+    // A flush forgets the datagram.
+    w.flush();
+    let (act, _) = run(&mut w, INSIDE, |b| {
+        b[..frags[1].len()].copy_from_slice(&frags[1]);
+        frags[1].len()
+    });
+    assert_eq!(act, Action::Drop(DropReason::Fragment));
+}

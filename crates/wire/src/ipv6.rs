@@ -454,3 +454,50 @@ mod tests {
         assert_eq!(b[..40], EXT_CHAIN[..40]);
     }
 }
+
+/// The identification of the fragment header of the IPv6 packet `ip6`
+/// (starting at its fixed header), found by walking the extension headers
+/// as [`walk_ext_headers`] does; `None` without one or when truncated.
+pub fn fragment_ident(ip6: &[u8]) -> Option<u32> {
+    let mut nh = *ip6.get(6)?;
+    let mut off = 40usize;
+    for _ in 0..=MAX_EXT_HEADERS {
+        let h = ip6.get(off..)?;
+        let len = match nh {
+            44 => {
+                let f: &[u8; 8] = h.first_chunk()?;
+                return Some(u32::from_be_bytes([f[4], f[5], f[6], f[7]]));
+            }
+            0 | 43 | 60 | 135 | 139 | 140 => (usize::from(*h.get(1)?) + 1) * 8,
+            51 => (usize::from(*h.get(1)?) + 2) * 4,
+            _ => return None,
+        };
+        nh = *h.first()?;
+        off = off.checked_add(len)?;
+    }
+    None
+}
+
+#[cfg(test)]
+mod fragment_ident_tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_identification_behind_other_headers() {
+        let mut p = vec![0u8; 40 + 8 + 8 + 8];
+        p[0] = 0x60;
+        p[6] = 0; // hop-by-hop
+        p[40] = 44; // next: fragment
+        p[41] = 0; // 8 bytes
+        p[48] = 17;
+        p[52..56].copy_from_slice(&0xdead_beefu32.to_be_bytes());
+        assert_eq!(fragment_ident(&p), Some(0xdead_beef));
+        p[6] = 17;
+        assert_eq!(fragment_ident(&p), None, "no fragment header");
+        p[6] = 0;
+        assert_eq!(fragment_ident(&p[..50]), None, "truncated");
+        for n in 0..p.len() {
+            let _ = fragment_ident(&p[..n]);
+        }
+    }
+}

@@ -48,6 +48,38 @@ pub(crate) struct DatagramId {
     pub ident: u16,
 }
 
+/// An IPv6 datagram as received: source, destination and the fragment
+/// header's identification (RFC 8200 section 4.5).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct DatagramId6 {
+    pub src: u128,
+    pub dst: u128,
+    pub ident: u32,
+}
+
+/// A key of a [`FragTable`].
+pub(crate) trait FragKey: Copy + Default + Eq {
+    /// 64 mixed bits of the key.
+    fn mix(&self) -> u64;
+}
+
+impl FragKey for DatagramId {
+    fn mix(&self) -> u64 {
+        (u64::from(self.src) << 32 | u64::from(self.dst))
+            ^ (u64::from(self.ident) << 8 | u64::from(self.proto))
+                .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+}
+
+impl FragKey for DatagramId6 {
+    fn mix(&self) -> u64 {
+        let fold = |a: u128| (a as u64) ^ ((a >> 64) as u64).rotate_left(17);
+        fold(self.src)
+            ^ fold(self.dst).rotate_left(31)
+            ^ u64::from(self.ident).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+}
+
 /// What happens to the later fragments of a datagram.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum FragAction {
@@ -77,35 +109,35 @@ pub(crate) struct FragRewrite {
 }
 
 #[derive(Clone, Copy, Debug, Default)]
-struct Slot {
-    id: DatagramId,
-    to: FragAction,
+struct Slot<K, A> {
+    id: K,
+    to: A,
     /// Expiry in ms; 0 = empty.
     expires_ms: u64,
 }
 
-/// The per-worker table of datagrams whose first fragment was forwarded.
+/// The per-worker table of datagrams whose first fragment was forwarded:
+/// IPv4 ([`DatagramId`] to [`FragAction`]) and IPv6 ([`DatagramId6`] to
+/// the adjacency, no NAT).
 #[derive(Debug)]
-pub(crate) struct FragTable {
-    slots: Vec<Slot>,
+pub(crate) struct FragTable<K = DatagramId, A = FragAction> {
+    slots: Vec<Slot<K, A>>,
 }
 
-impl FragTable {
+impl<K: FragKey, A: Copy + Default> FragTable<K, A> {
     pub(crate) fn new() -> Self {
         Self {
             slots: vec![Slot::default(); FRAG_SLOTS],
         }
     }
 
-    fn index(id: &DatagramId) -> usize {
-        let x = (u64::from(id.src) << 32 | u64::from(id.dst))
-            ^ (u64::from(id.ident) << 8 | u64::from(id.proto)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        let h = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    fn index(id: &K) -> usize {
+        let h = id.mix().wrapping_mul(0xff51_afd7_ed55_8ccd);
         (h >> 54) as usize & (FRAG_SLOTS - 1)
     }
 
     /// The first fragment of `id` was forwarded as `to` at `now`.
-    pub(crate) fn remember(&mut self, id: DatagramId, to: FragAction, now: Instant) {
+    pub(crate) fn remember(&mut self, id: K, to: A, now: Instant) {
         if let Some(s) = self.slots.get_mut(Self::index(&id)) {
             *s = Slot {
                 id,
@@ -117,7 +149,7 @@ impl FragTable {
 
     /// The rewrite for a later fragment of `id`, if its first fragment was
     /// forwarded and has not expired.
-    pub(crate) fn find(&self, id: &DatagramId, now: Instant) -> Option<FragAction> {
+    pub(crate) fn find(&self, id: &K, now: Instant) -> Option<A> {
         let s = self.slots.get(Self::index(id))?;
         (s.expires_ms > now.as_millis() && s.id == *id).then_some(s.to)
     }
@@ -134,7 +166,7 @@ mod tests {
 
     #[test]
     fn remembers_until_expiry_and_matches_the_whole_identity() {
-        let mut t = FragTable::new();
+        let mut t: FragTable = FragTable::new();
         let id = DatagramId {
             src: 0x0a00_0002,
             dst: 0xcb00_7102,

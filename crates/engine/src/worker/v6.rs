@@ -62,6 +62,9 @@ pub(super) struct Pkt6 {
     pub(super) ev: L4Event,
     /// An ICMPv6 error (or redirect): never answered with an error.
     pub(super) about_error: bool,
+    /// The first fragment of a datagram (a fragment header with offset 0
+    /// and M set): its later fragments follow it ([`super::frag`]).
+    pub(super) first_frag: bool,
 }
 
 impl Pkt6 {
@@ -76,6 +79,7 @@ impl Pkt6 {
                 L4::IcmpOther { ty, .. } => ty < 128 || ty == ndp::REDIRECT,
                 _ => false,
             },
+            first_frag: d.frag() == sluice_wire::ip::Frag::First,
         }
     }
 
@@ -94,6 +98,7 @@ impl Pkt6 {
             payload_len: p.payload_len,
             ev,
             about_error: false,
+            first_frag: false,
         }
     }
 }
@@ -107,6 +112,9 @@ pub(super) struct State {
     neigh: HashMap<(IfIndex, u128), AdjIndex>,
     /// The next hop the current frame's `no-neighbor` drop is waiting for.
     pub(super) missing_nh: Option<(IfIndex, u128)>,
+    /// Datagrams whose first fragment was forwarded, to the adjacency it
+    /// left by ([`super::frag`]).
+    pub(super) frags: super::frag::FragTable<super::frag::DatagramId6, AdjIndex>,
 }
 
 impl State {
@@ -174,6 +182,7 @@ impl State {
             routes,
             neigh: HashMap::new(),
             missing_nh: None,
+            frags: super::frag::FragTable::new(),
         })
     }
 
@@ -346,7 +355,7 @@ impl Worker {
                 inner: InnerKey::V6(inner),
                 ..
             } => return self.related6(buf, len, iif, d, key, &inner, hop_limit, payload_len),
-            L4::NonFirstFragment => return drop(DropReason::Fragment),
+            L4::NonFirstFragment => return self.later_fragment6(now, buf, len, iif, &pk, key),
             L4::Udp {
                 checksum_zero: true,
             } => return drop(DropReason::Udp6ZeroChecksum),
@@ -554,7 +563,64 @@ impl Worker {
             m[..6].copy_from_slice(&a.dst_mac);
             m[6..].copy_from_slice(&a.src_mac);
         }
+        if pk.first_frag {
+            self.remember_frag6(buf, pk.l3, adj, now);
+        }
         Step::Done(Action::Forward(a.oif))
+    }
+
+    /// Files the datagram of the first fragment at `l3` (already
+    /// forwarded on `adj`) so that its later fragments follow.
+    #[cold]
+    fn remember_frag6(&mut self, buf: &[u8], l3: usize, adj: AdjIndex, now: ct::Instant) {
+        let Some(ip) = buf.get(l3..) else { return };
+        let (Some(src), Some(dst), Some(ident)) = (
+            read128(buf, l3 + 8),
+            read128(buf, l3 + 24),
+            sluice_wire::ipv6::fragment_ident(ip),
+        ) else {
+            return;
+        };
+        let id = super::frag::DatagramId6 { src, dst, ident };
+        self.v6.frags.remember(id, adj, now);
+    }
+
+    /// A later IPv6 fragment: forwarded on its first fragment's adjacency
+    /// (hop limit decrement; no NAT, so nothing else changes) if that one
+    /// was forwarded, else dropped (`fragment`). A later fragment whose hop
+    /// limit runs out is dropped without an error (its first fragment got
+    /// one); one too big for the egress MTU gets packet too big.
+    #[cold]
+    #[inline(never)]
+    fn later_fragment6(
+        &mut self,
+        now: ct::Instant,
+        buf: &mut [u8],
+        len: usize,
+        iif: IfIndex,
+        pk: &Pkt6,
+        key: &FlowKey6,
+    ) -> Step {
+        let ident = buf.get(pk.l3..).and_then(sluice_wire::ipv6::fragment_ident);
+        let Some(ident) = ident else {
+            return Step::Done(Action::Drop(DropReason::Malformed));
+        };
+        let id = super::frag::DatagramId6 {
+            src: key.src,
+            dst: key.dst,
+            ident,
+        };
+        let Some(adj) = self.v6.frags.find(&id, now) else {
+            return Step::Done(Action::Drop(DropReason::Fragment));
+        };
+        if pk.hop_limit <= 1 {
+            return Step::Done(Action::Drop(DropReason::TtlExpired));
+        }
+        let later = Pkt6 {
+            first_frag: false,
+            ..*pk
+        };
+        self.emit6(now, buf, len, iif, &later, adj)
     }
 
     /// An ICMPv6 error about a packet of a tracked connection (ct state
