@@ -49,6 +49,9 @@ pub enum HandoffMsg {
     Frame {
         /// The worker that sent it (and gets `buf` back).
         from: u16,
+        /// [`Action::Steer`]: processed as if steered here (it may be
+        /// handed on once more); else [`Action::Handoff`], decided here.
+        steer: bool,
         /// Ingress interface.
         iif: IfIndex,
         /// The frame.
@@ -88,7 +91,7 @@ impl Handoff {
     }
 
     /// Send frame `data` (received on `iif`) to worker `to`.
-    fn send(&mut self, from: u16, to: u16, iif: IfIndex, data: &[u8]) {
+    fn send(&mut self, from: u16, to: u16, steer: bool, iif: IfIndex, data: &[u8]) {
         let (Some(out), true) = (
             self.outboxes.get(usize::from(to)),
             data.len() <= HANDOFF_FRAME,
@@ -103,7 +106,12 @@ impl Handoff {
         buf.clear();
         buf.extend_from_slice(data);
         if let Err(TrySendError::Full(m) | TrySendError::Disconnected(m)) =
-            out.try_send(HandoffMsg::Frame { from, iif, buf })
+            out.try_send(HandoffMsg::Frame {
+                from,
+                steer,
+                iif,
+                buf,
+            })
         {
             self.dropped += 1;
             let (HandoffMsg::Frame { buf, .. } | HandoffMsg::Return(buf)) = m;
@@ -380,6 +388,7 @@ struct Scratch {
     ctl: Option<Batch>,
     arp: Option<Batch>,
     hand: Option<Batch>,
+    steer: Option<Batch>,
     /// Fragments of one packet being split ([`Action::Fragment`]).
     frag: Option<Batch>,
     /// Where each fragment is built.
@@ -411,6 +420,7 @@ impl WorkerThread {
             ctl: Some(Batch::new()),
             arp: Some(Batch::new()),
             hand: Some(Batch::new()),
+            steer: Some(Batch::new()),
             frag: Some(Batch::new()),
             frag_buf: vec![0; HANDOFF_FRAME],
             all: (0..MAX_BATCH as u16).collect(),
@@ -649,23 +659,30 @@ impl WorkerThread {
     /// turn): processed as one batch; their buffers go back at once.
     /// Returns how many frames there were.
     fn handed_in(&mut self, s: &mut Scratch) -> usize {
-        let Some(mut batch) = s.hand.take() else {
+        let (Some(mut hand), Some(mut steer)) = (s.hand.take(), s.steer.take()) else {
             return 0;
         };
-        batch.clear();
+        hand.clear();
+        steer.clear();
         let mut n = 0;
-        while batch.room() > 0 {
+        while hand.room() > 0 && steer.room() > 0 {
             let Ok(m) = self.handoff.inbox.try_recv() else {
                 break;
             };
             match m {
                 HandoffMsg::Return(buf) => self.handoff.free.push(buf),
-                HandoffMsg::Frame { from, iif, buf } => {
+                HandoffMsg::Frame {
+                    from,
+                    steer: steered,
+                    iif,
+                    buf,
+                } => {
                     let meta = sluice_io::FrameMeta {
                         port: iif,
                         timestamp_ns: 0,
                     };
-                    if batch.push_copy(&buf, meta) {
+                    let b = if steered { &mut steer } else { &mut hand };
+                    if b.push_copy(&buf, meta) {
                         n += 1;
                     } else {
                         self.handoff.dropped += 1;
@@ -674,12 +691,17 @@ impl WorkerThread {
                 }
             }
         }
-        if n > 0 {
-            let now = now_ns(self.epoch);
-            self.process_and_send(now, &mut batch, s, true, true);
+        let now = now_ns(self.epoch);
+        if !steer.is_empty() {
+            self.process_and_send(now, &mut steer, s, true, false);
         }
-        batch.clear();
-        s.hand = Some(batch);
+        if !hand.is_empty() {
+            self.process_and_send(now, &mut hand, s, true, true);
+        }
+        hand.clear();
+        steer.clear();
+        s.hand = Some(hand);
+        s.steer = Some(steer);
         n
     }
 
@@ -721,10 +743,11 @@ impl WorkerThread {
                     }
                     None
                 }
-                Action::Handoff(w) => {
+                Action::Handoff(w) | Action::Steer(w) => {
                     let iif = batch.meta(i).map_or(0, |m| m.port);
                     if let Some(f) = batch.data(i) {
-                        self.handoff.send(self.id, w, iif, f);
+                        let steer = matches!(action, Action::Steer(_));
+                        self.handoff.send(self.id, w, steer, iif, f);
                     }
                     None
                 }

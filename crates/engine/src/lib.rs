@@ -54,6 +54,13 @@ pub enum Action {
     /// processes it with [`Worker::process_handed_off`]. Only with several
     /// workers; see the worker's module documentation.
     Handoff(u16),
+    /// Belongs to another worker the way port steering would have decided
+    /// (a packet to a NAT external port of that worker, a first fragment
+    /// whose ports name it): pass the frame, unchanged, to that worker,
+    /// which processes it with [`Worker::process`] as if it had been
+    /// steered there (it may hand it on once more, with
+    /// [`Action::Handoff`]).
+    Steer(u16),
     /// Transmit on this interface, split into IPv4 fragments of at most
     /// this many bytes (the egress MTU; DF was clear; the frame was
     /// rewritten in place first). The io layer splits it

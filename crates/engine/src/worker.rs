@@ -10,10 +10,13 @@
 //! (`sluice_io::steer`): on an inside interface by source port, on an
 //! outside one by destination port, so a NAT reply reaches the worker that
 //! allocated its external port. Two kinds of connection cannot be steered
-//! that way, and the slow path hands their frames to the worker that owns
-//! them ([`Action::Handoff`]; the daemon passes the frame over a queue and
-//! the owner runs [`Worker::process_handed_off`], which never hands off
-//! again):
+//! that way, and the slow path passes their frames to the worker that owns
+//! them over a queue the daemon keeps. Rules 1 and 3 send a frame where port
+//! steering would have (`Action::Steer`: the receiver runs
+//! [`Worker::process`], which may hand it on once more); rule 2 decides
+//! the connection's final worker (`Action::Handoff`: the receiver runs
+//! [`Worker::process_handed_off`], which never passes it on). So a frame
+//! moves at most twice:
 //!
 //! 1. A packet to a NAT external endpoint (a pool address, or one of the
 //!    gateway's own addresses, which masquerade uses) whose port belongs
@@ -31,8 +34,9 @@
 //!
 //! 3. A first IPv4 fragment (which, like every fragment, is steered by its
 //!    addresses so that all fragments of a datagram meet) whose ports name
-//!    another worker, when it misses here: it goes to that worker, and the
-//!    fragment table ([`frag`]) sends the later fragments after it.
+//!    another worker, when it misses here and neither rule above applies:
+//!    it goes to that worker. Whenever a first fragment is passed on, the
+//!    fragment table ([`frag`]) sends its later fragments the same way.
 //!
 //! Prerouting runs on both workers for the first packet of such a
 //! connection (its rules have no side effects beyond the verdict). An
@@ -784,7 +788,7 @@ impl Worker {
                 Action::Drop(r) => self.counters.drop(r),
                 Action::Forward(_) => self.counters.tx += 1,
                 Action::Reply => self.counters.local += 1,
-                Action::Handoff(_) => self.counters.handed_off += 1,
+                Action::Handoff(_) | Action::Steer(_) => self.counters.handed_off += 1,
                 Action::Fragment(..) => {
                     self.counters.tx += 1;
                     self.counters.fragmented += 1;
@@ -1119,6 +1123,9 @@ impl Worker {
             Some(frag::FragAction::Handoff(w)) if !self.handed_in => {
                 return Step::Done(Action::Handoff(w))
             }
+            Some(frag::FragAction::Steer(w)) if !self.handed_in => {
+                return Step::Done(Action::Steer(w))
+            }
             _ => return Step::Done(Action::Drop(DropReason::Fragment)),
         };
         if ttl <= 1 {
@@ -1287,22 +1294,6 @@ impl Worker {
             Err(v) => v,
         };
         self.counters.slow_path += 1;
-        if d.frag() == Frag::First {
-            if let Some(w) = self.port_owner(iif, key) {
-                // Handoff rule 3 (module documentation), and the later
-                // fragments follow.
-                if let Some(ident) = read16(buf, usize::from(d.l3_off) + 4) {
-                    let id = frag::DatagramId {
-                        src: key.src,
-                        dst: key.dst,
-                        proto: key.proto,
-                        ident,
-                    };
-                    self.frags.remember(id, frag::FragAction::Handoff(w), now);
-                }
-                return Step::Done(Action::Handoff(w));
-            }
-        }
         if let L4::IcmpError {
             inner: InnerKey::V4(inner),
             ..
@@ -1311,7 +1302,7 @@ impl Worker {
             return Step::Done(self.related4(buf, iif, d, key, &inner, ttl));
         }
         if let Some(w) = self.external_owner(key) {
-            return Step::Done(Action::Handoff(w));
+            return self.hand_off(Action::Steer(w), buf, d, key, now);
         }
         let ev = l4_event(d);
         let mut pp = policy_packet(iif, key, d, CtState::New);
@@ -1396,7 +1387,14 @@ impl Worker {
         if let Some(r) = reply.filter(|_| dst_rewritten) {
             if let Some(w) = self.reply_owner(oif, &r) {
                 self.release_pending(key, Some(&r));
-                return Step::Done(Action::Handoff(w));
+                return self.hand_off(Action::Handoff(w), buf, d, key, now);
+            }
+        }
+        // Handoff rule 3: a first fragment (steered by its addresses) that
+        // neither rule above sends on lives where its ports name.
+        if d.frag() == Frag::First && reply.is_none() {
+            if let Some(w) = self.port_owner(iif, key) {
+                return self.hand_off(Action::Steer(w), buf, d, key, now);
             }
         }
         // RFC 1812 §5.3.1 and §4.3.2.3 / RFC 1191: what the kernel's
@@ -1518,6 +1516,36 @@ impl Worker {
             rewrite_deltas(&info, Dir::Original),
             adj_out,
         )
+    }
+
+    /// Hands the packet on (`how`: [`Action::Handoff`] or
+    /// [`Action::Steer`]); a first fragment's datagram is filed so that its
+    /// later fragments, which arrive here too, go the same way.
+    fn hand_off(
+        &mut self,
+        how: Action,
+        buf: &[u8],
+        d: &Dissect,
+        key: &FlowKey4,
+        now: ct::Instant,
+    ) -> Step {
+        let to = match how {
+            Action::Handoff(w) => frag::FragAction::Handoff(w),
+            Action::Steer(w) => frag::FragAction::Steer(w),
+            _ => return Step::Done(how),
+        };
+        if d.frag() == Frag::First {
+            if let Some(ident) = read16(buf, usize::from(d.l3_off) + 4) {
+                let id = frag::DatagramId {
+                    src: key.src,
+                    dst: key.dst,
+                    proto: key.proto,
+                    ident,
+                };
+                self.frags.remember(id, to, now);
+            }
+        }
+        Step::Done(how)
     }
 
     /// Rule 3 of the handoff (module documentation): the worker that port

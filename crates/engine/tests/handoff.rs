@@ -39,7 +39,9 @@ impl Policy for PortForward {
     fn decide(&self, hook: Hook, pkt: &PolicyPacket) -> Decision {
         let nat = match hook {
             Hook::Prerouting
-                if pkt.iif == OUTSIDE && pkt.proto == proto::TCP && pkt.dport == FWD_PORT =>
+                if pkt.iif == OUTSIDE
+                    && matches!(pkt.proto, proto::TCP | proto::UDP)
+                    && pkt.dport == FWD_PORT =>
             {
                 Some(Translation::Dnat {
                     addr: SERVER,
@@ -238,10 +240,10 @@ fn a_packet_to_an_external_endpoint_goes_to_the_owner_of_its_port() {
     };
     assert_eq!(owner_of(6000, 2), 0);
     let syn = tcp(&hairpin, (SERVER_MAC, GW_IN_MAC), SYN);
-    assert_eq!(run(&mut w[0], false, INSIDE, &syn).0, Action::Handoff(1));
+    assert_eq!(run(&mut w[0], false, INSIDE, &syn).0, Action::Steer(1));
     assert_eq!(w[0].conntrack().len(), 0);
     // Worker 1 hairpins it to the mapping's internal endpoint.
-    let (a, f) = run(&mut w[1], true, INSIDE, &syn);
+    let (a, f) = run(&mut w[1], false, INSIDE, &syn);
     assert_eq!(a, Action::Forward(INSIDE));
     let k = key_of(&f);
     assert_eq!((Ipv4Addr::from(k.dst), k.dport), (HOST, 5002));
@@ -314,7 +316,7 @@ fn fragments_steered_by_address_follow_their_first_fragment_to_the_port_owner() 
         });
     }
     w[0].process(1_000_000_000, &mut t);
-    assert_eq!(t.acts, vec![Action::Handoff(1); 3]);
+    assert_eq!(t.acts, vec![Action::Steer(1); 3]);
     assert_eq!(
         w[0].conntrack().len(),
         0,
@@ -328,7 +330,7 @@ fn fragments_steered_by_address_follow_their_first_fragment_to_the_port_owner() 
             f.len()
         });
     }
-    w[1].process_handed_off(1_000_000_000, &mut t);
+    w[1].process(1_000_000_000, &mut t);
     assert_eq!(t.acts, vec![Action::Forward(OUTSIDE); 3]);
     for i in 0..3 {
         let f = t.frame(i);
@@ -349,4 +351,59 @@ fn fragments_steered_by_address_follow_their_first_fragment_to_the_port_owner() 
     });
     w[0].process(1_000_000_000, &mut t);
     assert_eq!(t.acts, [Action::Drop(sluice_engine::DropReason::Fragment)]);
+}
+
+#[test]
+fn fragments_to_a_port_forward_end_on_the_worker_of_the_private_port() {
+    let mut w = [worker(0, 2), worker(1, 2)];
+    let k = FlowKey4 {
+        src: u32::from(CLIENT),
+        dst: u32::from(PUBLIC),
+        sport: 40000,
+        dport: FWD_PORT,
+        proto: proto::UDP,
+    };
+    let frags = udp_fragments(&k, (ROUTER_MAC, GW_OUT_MAC), 0x5151, 3000);
+    let batch = |fs: &[Vec<u8>]| {
+        let mut t = TestFrames::default();
+        for f in fs {
+            t.push(OUTSIDE, |b| {
+                b[..f.len()].copy_from_slice(f);
+                f.len()
+            });
+        }
+        t
+    };
+    // Address steering brought them to worker 0: the public port 8082
+    // belongs to worker 1, so they are steered there...
+    let mut t = batch(&frags);
+    w[0].process(1_000_000_000, &mut t);
+    assert_eq!(t.acts, vec![Action::Steer(1); 3]);
+    // ... which DNATs to port 81 and hands them to worker 0, where the
+    // server's replies (source port 81) arrive ...
+    let mut t = batch(&frags);
+    w[1].process(1_000_000_000, &mut t);
+    assert_eq!(t.acts, vec![Action::Handoff(0); 3]);
+    // ... which creates the connection and forwards all three.
+    let mut t = batch(&frags);
+    w[0].process_handed_off(1_000_000_000, &mut t);
+    assert_eq!(t.acts, vec![Action::Forward(INSIDE); 3]);
+    for i in 0..3 {
+        assert_eq!(
+            &t.frame(i)[30..34],
+            &SERVER.octets(),
+            "fragment {i} to the server"
+        );
+    }
+    assert_eq!((w[0].conntrack().len(), w[1].conntrack().len()), (1, 0));
+    // An unfragmented packet of the same flow takes the same way and finds
+    // the connection.
+    let mut b = vec![0u8; 128];
+    let n = sluice_wire::build::build_udp4(&mut b, ROUTER_MAC, GW_OUT_MAC, &k, 10).unwrap();
+    let (a, _) = run(&mut w[1], false, OUTSIDE, &b[..n]);
+    assert_eq!(a, Action::Handoff(0));
+    let fast = w[0].counters().fast_path;
+    let (a, _) = run(&mut w[0], true, OUTSIDE, &b[..n]);
+    assert_eq!(a, Action::Forward(INSIDE));
+    assert_eq!(w[0].counters().fast_path, fast + 1);
 }

@@ -89,6 +89,9 @@ pub(crate) enum FragAction {
     /// workers all fragments of a datagram are steered by its addresses to
     /// one worker, which hands them to the worker their ports name).
     Handoff(u16),
+    /// Steered to this worker, like the first fragment
+    /// ([`crate::Action::Steer`]).
+    Steer(u16),
 }
 
 impl Default for FragAction {
