@@ -61,8 +61,9 @@ drop_reasons! {
     /// Packet larger than the egress MTU with DF set (an ICMP
     /// fragmentation-needed error is sent, rate permitting).
     TooBig => "too-big",
-    /// Packet larger than the egress MTU without DF: the engine does not
-    /// fragment.
+    /// A later IPv4 fragment larger than the egress MTU with DF set: it
+    /// may not be split, and no ICMP error is sent about a later fragment.
+    /// (Any other packet above the MTU without DF is fragmented on output.)
     FragmentationUnsupported => "fragmentation-unsupported",
     /// An NDP message that needs no answer from the engine: a neighbor
     /// advertisement (the neighbour resolver learns from it before the
