@@ -1046,7 +1046,48 @@ impl Worker {
         }
         let l3 = usize::from(l3);
         // The frame length bounds the IP total length (it only adds
-        // Ethernet padding, which no frame near an MTU carries).
+        // Ethernet padding, which no frame near an MTU carries). A first
+        // fragment has MF (0x20 in the byte at l3 + 6); later fragments
+        // never get here.
+        if len.saturating_sub(l3) > usize::from(a.mtu)
+            || buf.get(l3 + 6).is_some_and(|b| b & 0x3f != 0)
+        {
+            return self.emit_unusual(now, buf, len, iif, l3, l4, to, deltas, adj);
+        }
+        // `l3` / `l4` come from `dissect` (or `dissect_plain4`) of a packet
+        // whose key has `to.proto` and that is not a later fragment: what
+        // `apply_dissected` requires. The deltas include the TTL decrement.
+        if sluice_nat::apply_dissected(buf, l3, usize::from(l4), to, deltas, true).is_err() {
+            return Step::Done(Action::Drop(DropReason::RewriteFailed));
+        }
+        if let Some(m) = buf.get_mut(0..12) {
+            m[..6].copy_from_slice(&a.dst_mac);
+            m[6..].copy_from_slice(&a.src_mac);
+        }
+        Step::Done(Action::Forward(a.oif))
+    }
+
+    /// [`Self::emit`] for a packet above the egress MTU or a first
+    /// fragment: fragmentation needed (DF) or on-output fragmentation
+    /// ([`Action::Fragment`]), and the fragment table.
+    #[allow(clippy::too_many_arguments)]
+    #[cold]
+    #[inline(never)]
+    fn emit_unusual(
+        &mut self,
+        now: ct::Instant,
+        buf: &mut [u8],
+        len: usize,
+        iif: IfIndex,
+        l3: usize,
+        l4: u16,
+        to: &FlowKey4,
+        deltas: (u16, u16),
+        adj: AdjIndex,
+    ) -> Step {
+        let Some(&a) = self.adj.get(usize::from(adj)) else {
+            return Step::Done(Action::Drop(DropReason::NoNeighbor));
+        };
         let mut split = false;
         if len.saturating_sub(l3) > usize::from(a.mtu) {
             match self.too_big(now, buf, len, l3, iif, a.mtu) {
@@ -1058,27 +1099,14 @@ impl Worker {
         // A first fragment (MF set, offset 0): its datagram's identity as
         // received, so that the later fragments follow it ([`frag`]).
         let first_frag = match read16(buf, l3 + 6) {
-            Some(ff) if ff & 0x3fff == 0x2000 => Some(frag::DatagramId {
-                src: read32(buf, l3 + 12).unwrap_or(0),
-                dst: read32(buf, l3 + 16).unwrap_or(0),
-                proto: to.proto,
-                ident: read16(buf, l3 + 4).unwrap_or(0),
-            }),
+            Some(ff) if ff & 0x3fff == 0x2000 => datagram_id(buf, l3, to.proto),
             _ => None,
         };
-        // `l3` / `l4` come from `dissect` (or `dissect_plain4`) of a packet
-        // whose key has `to.proto` and that is not a later fragment: what
-        // `apply_dissected` requires. The deltas include the TTL decrement.
         if sluice_nat::apply_dissected(buf, l3, usize::from(l4), to, deltas, true).is_err() {
             return Step::Done(Action::Drop(DropReason::RewriteFailed));
         }
         if let Some(id) = first_frag {
-            let rw = frag::FragRewrite {
-                src: to.src,
-                dst: to.dst,
-                adj,
-            };
-            self.frags.remember(id, frag::FragAction::Rewrite(rw), now);
+            self.remember_first_fragment(id, to, adj, now);
         }
         if let Some(m) = buf.get_mut(0..12) {
             m[..6].copy_from_slice(&a.dst_mac);
@@ -1518,6 +1546,25 @@ impl Worker {
         )
     }
 
+    /// A first fragment was forwarded as `to` on `adj`: its datagram's
+    /// later fragments follow.
+    #[cold]
+    #[inline(never)]
+    fn remember_first_fragment(
+        &mut self,
+        id: frag::DatagramId,
+        to: &FlowKey4,
+        adj: AdjIndex,
+        now: ct::Instant,
+    ) {
+        let rw = frag::FragRewrite {
+            src: to.src,
+            dst: to.dst,
+            adj,
+        };
+        self.frags.remember(id, frag::FragAction::Rewrite(rw), now);
+    }
+
     /// Hands the packet on (`how`: [`Action::Handoff`] or
     /// [`Action::Steer`]); a first fragment's datagram is filed so that its
     /// later fragments, which arrive here too, go the same way.
@@ -1842,6 +1889,17 @@ fn policy_packet(iif: IfIndex, key: &FlowKey4, d: &Dissect, ct: CtState) -> Poli
         len,
         now_ms: 0,
     }
+}
+
+/// The identity of the IPv4 datagram at `l3` as received (kept out of the
+/// fast path: only first fragments get here).
+fn datagram_id(buf: &[u8], l3: usize, proto: u8) -> Option<frag::DatagramId> {
+    Some(frag::DatagramId {
+        src: read32(buf, l3 + 12)?,
+        dst: read32(buf, l3 + 16)?,
+        proto,
+        ident: read16(buf, l3 + 4)?,
+    })
 }
 
 /// `ct status` of a confirmed connection (netfilter's `IPS_*` bits):

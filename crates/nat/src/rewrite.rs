@@ -286,7 +286,7 @@ pub fn apply_with(
 /// It writes the same bytes as [`apply_with`] followed by the TTL
 /// decrement, without parsing the header again: each header is bounds
 /// checked once, and on error the frame is unchanged.
-#[inline]
+#[inline(always)]
 pub fn apply_dissected(
     frame: &mut [u8],
     l3_off: usize,
