@@ -342,11 +342,49 @@ fn gateway_end_to_end(backend: &str, tag: &str) {
     let bad = sluice_daemon::ctl::client(&sock, "{\"cmd\":\"nonsense\"}").expect("answer");
     assert!(bad.contains("\"bad-request\""), "{bad}");
 
+    // 3b. `limit rate over` is a match on a live token bucket: with at most
+    //     2 new echo connections a second (no burst) allowed, 10 one-shot
+    //     pings sent at once get 2 answers (up to 5 if spawning them takes
+    //     seconds on a loaded machine); deleting the rule lets all through
+    //     again.
+    let added = ctl(
+        &sock,
+        "nft insert rule ip filter forward icmp type echo-request ct state new limit rate over 2/second burst 0 packets drop",
+    );
+    let handle = added["handle"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{added}"));
+    let burst =
+        "for i in $(seq 10); do (ping -n -c 1 -W 1 203.0.113.2 >/dev/null && echo ok) & done; wait";
+    let answered = |o: &std::process::Output| {
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter(|l| *l == "ok")
+            .count()
+    };
+    let limited = answered(&sh(&t.private, burst));
+    assert!(
+        (1..=5).contains(&limited),
+        "{limited} of 10 answered under a 2/second limit\n{}",
+        ctl(&sock, "counters")
+    );
+    let removed = ctl(
+        &sock,
+        &format!("nft delete rule ip filter forward handle {handle}"),
+    );
+    assert_eq!(removed["ok"], true, "{removed}");
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(
+        answered(&sh(&t.private, burst)),
+        10,
+        "all answered without the limit"
+    );
+
     // 4. Ruleset replace over ctl, then SIGHUP reload: both publish a new
     //    generation, and a broken ruleset is refused with the old one kept.
     let nft = t.dir.join("gw.nft");
     let r = ctl(&sock, &format!("ruleset replace {}", nft.display()));
-    assert_eq!(r["generation"], 2, "{r}");
+    assert_eq!(r["generation"], 4, "{r}");
     std::fs::write(
         t.dir.join("bad.nft"),
         "table ip filter { chain x { bogus } }\n",
@@ -365,7 +403,7 @@ fn gateway_end_to_end(backend: &str, tag: &str) {
         .expect("kill -HUP");
     assert!(hup.success());
     wait_for("reload", Duration::from_secs(5), || {
-        ctl(&sock, "status")["generation"] == 3
+        ctl(&sock, "status")["generation"] == 5
     });
     let out = sh(&t.private, "ping -c 1 -W 2 203.0.113.2");
     assert!(out.status.success(), "ping after reload failed");
