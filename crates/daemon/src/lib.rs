@@ -465,6 +465,7 @@ impl Control {
                     "rules": st.rules,
                     "generation": st.generation,
                     "retired_generations": self.retired.lock().unwrap_or_else(|e| e.into_inner()).len(),
+                    "logs_suppressed": st.compiled.as_ref().map_or(0, |c| c.logs_suppressed()),
                     "interfaces": ifaces,
                     "worker_status": ws.iter().map(worker_json).collect::<Vec<_>>(),
                 }))

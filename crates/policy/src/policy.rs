@@ -348,6 +348,14 @@ impl CompiledPolicy {
             .get_or_init(|| Arc::new(self.store.program(&self.meta.kinds)))
     }
 
+    /// `log` lines not written because of the rate budget
+    /// ([`crate::limits::LOG_PER_SEC`]) since this rule set was loaded.
+    pub fn logs_suppressed(&self) -> u64 {
+        self.log_budget
+            .suppressed
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Number of IR rules (a verdict map counts one per element).
     pub fn rule_count(&self) -> usize {
         self.store.ir_rules
@@ -1210,11 +1218,7 @@ mod tests {
         for _ in 0..150 {
             assert_eq!(p.decide(Hook::Forward, &pk).verdict, Verdict::Accept);
         }
-        let suppressed = || {
-            p.log_budget
-                .suppressed
-                .load(std::sync::atomic::Ordering::Relaxed)
-        };
+        let suppressed = || p.logs_suppressed();
         assert_eq!(suppressed(), 50, "100 lines a second, the rest counted");
         // A derived generation shares the budget.
         let (q, _) = p
