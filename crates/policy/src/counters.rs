@@ -55,16 +55,6 @@ impl RuleCounters {
         self.chunks.get(i / CHUNK)?.get(i % CHUNK)
     }
 
-    /// Count one packet of `bytes` for rule `id` (ignored for an id
-    /// without a cell).
-    #[inline]
-    pub fn add(&self, id: RuleId, bytes: u64) {
-        if let Some(c) = self.cell(id) {
-            c.packets.fetch_add(1, Ordering::Relaxed);
-            c.bytes.fetch_add(bytes, Ordering::Relaxed);
-        }
-    }
-
     /// Set rule `id`'s counts (a `counter packets N bytes M` statement).
     pub fn set(&self, id: RuleId, packets: u64, bytes: u64) {
         if let Some(c) = self.cell(id) {
@@ -109,21 +99,21 @@ mod tests {
     fn generations_share_cells_and_grow_without_losing_counts() {
         let mut a = RuleCounters::default();
         a.ensure(3);
-        a.add(RuleId(2), 100);
+        a.add_and_log(RuleId(2), 100);
         let mut b = a.clone();
         b.ensure(CHUNK as u64 + 5);
-        b.add(RuleId(2), 60);
-        a.add(RuleId(2), 40);
+        b.add_and_log(RuleId(2), 60);
+        a.add_and_log(RuleId(2), 40);
         assert_eq!(a.get(RuleId(2)), (3, 200));
         assert_eq!(b.get(RuleId(2)), (3, 200), "one cell for both generations");
-        b.add(RuleId(CHUNK as u64 + 4), 1);
+        b.add_and_log(RuleId(CHUNK as u64 + 4), 1);
         assert_eq!(b.get(RuleId(CHUNK as u64 + 4)), (1, 1));
         assert_eq!(
             a.get(RuleId(CHUNK as u64 + 4)),
             (0, 0),
             "not in the old one"
         );
-        a.add(RuleId(u64::MAX), 1);
+        a.add_and_log(RuleId(u64::MAX), 1);
         b.set(RuleId(0), 7, 700);
         assert_eq!(a.get(RuleId(0)), (7, 700));
     }

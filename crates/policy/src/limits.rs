@@ -41,21 +41,18 @@ struct Bucket {
 
 impl Bucket {
     fn new(l: &ast::Limit) -> Self {
-        let mult: u64 = match l.unit {
-            None | Some(ast::ByteUnit::Bytes) => 1,
-            Some(ast::ByteUnit::Kbytes) => 1024,
-            Some(ast::ByteUnit::Mbytes) => 1024 * 1024,
-        };
-        let bmult: u64 = match l.burst_unit {
-            None | Some(ast::ByteUnit::Bytes) => 1,
-            Some(ast::ByteUnit::Kbytes) => 1024,
-            Some(ast::ByteUnit::Mbytes) => 1024 * 1024,
+        let mult = |u: Option<ast::ByteUnit>| -> u64 {
+            match u {
+                None | Some(ast::ByteUnit::Bytes) => 1,
+                Some(ast::ByteUnit::Kbytes) => 1024,
+                Some(ast::ByteUnit::Mbytes) => 1024 * 1024,
+            }
         };
         let bytes = l.unit.is_some();
-        let rate = l.rate.saturating_mul(mult);
-        let burst = l
-            .burst
-            .map_or(if bytes { 0 } else { 5 }, |b| b.saturating_mul(bmult));
+        let rate = l.rate.saturating_mul(mult(l.unit));
+        let burst = l.burst.map_or(if bytes { 0 } else { 5 }, |b| {
+            b.saturating_mul(mult(l.burst_unit))
+        });
         let unit_ms = l.per.seconds().saturating_mul(1000).max(1);
         let cap = rate.saturating_add(burst).saturating_mul(SCALE);
         Bucket {
