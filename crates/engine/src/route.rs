@@ -206,6 +206,18 @@ pub struct Adjacency {
     pub mtu: u16,
 }
 
+impl Adjacency {
+    /// Address the Ethernet frame in `buf` to the next hop: destination and
+    /// source MAC (a frame shorter than 12 bytes is left alone).
+    #[inline(always)]
+    pub fn write_macs(&self, buf: &mut [u8]) {
+        if let Some(m) = buf.get_mut(0..12) {
+            m[..6].copy_from_slice(&self.dst_mac);
+            m[6..].copy_from_slice(&self.src_mac);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

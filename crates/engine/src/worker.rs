@@ -1060,10 +1060,7 @@ impl Worker {
         if sluice_nat::apply_dissected(buf, l3, usize::from(l4), to, deltas, true).is_err() {
             return Step::Done(Action::Drop(DropReason::RewriteFailed));
         }
-        if let Some(m) = buf.get_mut(0..12) {
-            m[..6].copy_from_slice(&a.dst_mac);
-            m[6..].copy_from_slice(&a.src_mac);
-        }
+        a.write_macs(buf);
         Step::Done(Action::Forward(a.oif))
     }
 
@@ -1108,10 +1105,7 @@ impl Worker {
         if let Some(id) = first_frag {
             self.remember_first_fragment(id, to, adj, now);
         }
-        if let Some(m) = buf.get_mut(0..12) {
-            m[..6].copy_from_slice(&a.dst_mac);
-            m[6..].copy_from_slice(&a.src_mac);
-        }
+        a.write_macs(buf);
         Step::Done(if split {
             Action::Fragment(a.oif, a.mtu)
         } else {
@@ -1183,10 +1177,7 @@ impl Worker {
         write32(buf, l3 + 16, to.dst);
         write16(buf, l3 + 8, new_ttl_proto);
         write16(buf, l3 + 10, hc);
-        if let Some(m) = buf.get_mut(0..12) {
-            m[..6].copy_from_slice(&a.dst_mac);
-            m[6..].copy_from_slice(&a.src_mac);
-        }
+        a.write_macs(buf);
         Step::Done(if split {
             Action::Fragment(a.oif, a.mtu)
         } else {
@@ -1713,10 +1704,7 @@ impl Worker {
             write16(buf, l3 + 8, nw);
             write16(buf, l3 + 10, checksum::update16(c, w, nw));
         }
-        if let Some(m) = buf.get_mut(0..12) {
-            m[..6].copy_from_slice(&a.dst_mac);
-            m[6..].copy_from_slice(&a.src_mac);
-        }
+        a.write_macs(buf);
         Action::Forward(a.oif)
     }
 

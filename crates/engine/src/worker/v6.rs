@@ -559,10 +559,7 @@ impl Worker {
             return Step::Done(Action::Drop(DropReason::Malformed));
         };
         *hl = hl.saturating_sub(1);
-        if let Some(m) = buf.get_mut(0..12) {
-            m[..6].copy_from_slice(&a.dst_mac);
-            m[6..].copy_from_slice(&a.src_mac);
-        }
+        a.write_macs(buf);
         if pk.first_frag {
             self.remember_frag6(buf, pk.l3, adj, now);
         }
@@ -663,10 +660,7 @@ impl Worker {
         if let Some(hl) = buf.get_mut(l3 + 7) {
             *hl = hl.saturating_sub(1);
         }
-        if let Some(m) = buf.get_mut(0..12) {
-            m[..6].copy_from_slice(&a.dst_mac);
-            m[6..].copy_from_slice(&a.src_mac);
-        }
+        a.write_macs(buf);
         Step::Done(Action::Forward(a.oif))
     }
 
