@@ -9,30 +9,18 @@
 //! it: as received at prerouting, with NAT undone or applied to the
 //! destination but not yet to the source at forward and postrouting.
 
-use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 
 mod common;
 
-use common::TestFrames;
+use common::*;
 use sluice_engine::{
-    Action, CtState, Decision, DropReason, EngineConfig, Hook, IfIndex, Interface, Policy,
-    PolicyPacket, Route4, Verdict, Worker,
+    Action, CtState, Decision, DropReason, Hook, Policy, PolicyPacket, Verdict, Worker,
 };
-use sluice_nat::{NatConfig, Pool, PoolId, Translation};
+use sluice_nat::{PoolId, Translation};
 use sluice_wire::build::build_udp4;
 use sluice_wire::flow::{proto, FlowKey4};
-
-const INSIDE: IfIndex = 0;
-const OUTSIDE: IfIndex = 1;
-const GW_IN_MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
-const GW_OUT_MAC: [u8; 6] = [2, 0, 0, 0, 0, 2];
-const HOST_MAC: [u8; 6] = [2, 0, 0, 0, 9, 9];
-const ROUTER_MAC: [u8; 6] = [2, 0, 0, 0, 8, 8];
-const HOST: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
-const REMOTE: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 80);
-const POOL: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
 
 /// Accepts new connections; drops established packets to or from
 /// `blocked` (0: none) at the forward hook; SNATs to the pool at
@@ -75,38 +63,7 @@ impl Policy for TestPolicy {
 }
 
 fn setup(per_packet: bool) -> (Worker, Arc<TestPolicy>) {
-    let cfg = EngineConfig {
-        interfaces: vec![
-            Interface {
-                name: "in".into(),
-                mac: GW_IN_MAC,
-                addrs: vec![(Ipv4Addr::new(10, 0, 0, 1), 24)],
-                mtu: Interface::DEFAULT_MTU,
-            },
-            Interface {
-                name: "out".into(),
-                mac: GW_OUT_MAC,
-                addrs: vec![(Ipv4Addr::new(203, 0, 113, 1), 24)],
-                mtu: Interface::DEFAULT_MTU,
-            },
-        ],
-        routes: vec![Route4 {
-            net: 0,
-            len: 0,
-            oif: OUTSIDE,
-            via: Some(Ipv4Addr::new(203, 0, 113, 254)),
-        }],
-        neighbors: vec![
-            (Ipv4Addr::new(203, 0, 113, 254), ROUTER_MAC),
-            (HOST, HOST_MAC),
-        ],
-        ct_max: 1000,
-        nat: NatConfig {
-            pools: vec![Pool::new([POOL]).with_ports(1024..=65535)],
-            ..NatConfig::default()
-        },
-        ..EngineConfig::default()
-    };
+    let cfg = nat_gateway(0, 1);
     let p = Arc::new(TestPolicy {
         per_packet: AtomicBool::new(per_packet),
         blocked: AtomicU16::new(0),

@@ -9,23 +9,12 @@ use std::sync::Arc;
 
 mod common;
 
-use common::TestFrames;
+use common::*;
 use sluice_engine::{
-    Action, CtState, Decision, DropReason, EngineConfig, Hook, IfIndex, Interface, Policy,
-    PolicyPacket, Route4, Verdict, Worker,
+    Action, CtState, Decision, DropReason, Hook, IfIndex, Policy, PolicyPacket, Verdict, Worker,
 };
-use sluice_nat::{NatConfig, Pool, PoolId, Translation};
+use sluice_nat::{PoolId, Translation};
 use sluice_wire::checksum;
-
-const INSIDE: IfIndex = 0;
-const OUTSIDE: IfIndex = 1;
-const GW_IN_MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
-const GW_OUT_MAC: [u8; 6] = [2, 0, 0, 0, 0, 2];
-const HOST_MAC: [u8; 6] = [2, 0, 0, 0, 9, 9];
-const ROUTER_MAC: [u8; 6] = [2, 0, 0, 0, 8, 8];
-const HOST: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
-const REMOTE: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 80);
-const POOL: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
 
 /// Accepts everything; SNATs new connections to the pool.
 struct Snat;
@@ -45,72 +34,10 @@ impl Policy for Snat {
 }
 
 fn worker() -> Worker {
-    let cfg = EngineConfig {
-        interfaces: vec![
-            Interface {
-                name: "in".into(),
-                mac: GW_IN_MAC,
-                addrs: vec![(Ipv4Addr::new(10, 0, 0, 1), 24)],
-                mtu: Interface::DEFAULT_MTU,
-            },
-            Interface {
-                name: "out".into(),
-                mac: GW_OUT_MAC,
-                addrs: vec![(Ipv4Addr::new(203, 0, 113, 1), 24)],
-                mtu: Interface::DEFAULT_MTU,
-            },
-        ],
-        routes: vec![Route4 {
-            net: 0,
-            len: 0,
-            oif: OUTSIDE,
-            via: Some(Ipv4Addr::new(203, 0, 113, 254)),
-        }],
-        neighbors: vec![
-            (Ipv4Addr::new(203, 0, 113, 254), ROUTER_MAC),
-            (HOST, HOST_MAC),
-        ],
-        ct_max: 1000,
-        nat: NatConfig {
-            pools: vec![Pool::new([POOL]).with_ports(1024..=65535)],
-            ..NatConfig::default()
-        },
-        ..EngineConfig::default()
-    };
-    Worker::new(cfg, Arc::new(Snat) as Arc<dyn Policy>).unwrap()
+    Worker::new(nat_gateway(0, 1), Arc::new(Snat) as Arc<dyn Policy>).unwrap()
 }
 
-/// A UDP datagram (header + `data_len` bytes) with a valid checksum.
-fn udp_datagram(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16, data_len: usize) -> Vec<u8> {
-    let len = 8 + data_len;
-    let mut d = vec![0u8; len];
-    d[0..2].copy_from_slice(&sport.to_be_bytes());
-    d[2..4].copy_from_slice(&dport.to_be_bytes());
-    d[4..6].copy_from_slice(&(len as u16).to_be_bytes());
-    for (i, b) in d[8..].iter_mut().enumerate() {
-        *b = (i * 7 + 3) as u8;
-    }
-    let c = udp_checksum(src, dst, &d);
-    d[6..8].copy_from_slice(&c.to_be_bytes());
-    d
-}
-
-fn udp_checksum(src: Ipv4Addr, dst: Ipv4Addr, udp: &[u8]) -> u16 {
-    let mut z = udp.to_vec();
-    z[6] = 0;
-    z[7] = 0;
-    let s = checksum::add(
-        checksum::pseudo_v4(u32::from(src), u32::from(dst), 17, udp.len() as u16),
-        checksum::sum(&z),
-    );
-    match checksum::finish(s) {
-        0 => 0xffff,
-        c => c,
-    }
-}
-
-/// The IPv4 fragments (Ethernet frames) of `datagram`, 1480 bytes of it
-/// per fragment.
+/// The UDP fragments of `datagram`.
 fn fragments(
     macs: ([u8; 6], [u8; 6]),
     src: Ipv4Addr,
@@ -119,32 +46,7 @@ fn fragments(
     ttl: u8,
     datagram: &[u8],
 ) -> Vec<Vec<u8>> {
-    let chunks: Vec<&[u8]> = datagram.chunks(1480).collect();
-    let n = chunks.len();
-    chunks
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            let mut f = vec![0u8; 14 + 20 + c.len()];
-            f[0..6].copy_from_slice(&macs.1);
-            f[6..12].copy_from_slice(&macs.0);
-            f[12..14].copy_from_slice(&[0x08, 0x00]);
-            let ip = &mut f[14..34];
-            ip[0] = 0x45;
-            ip[2..4].copy_from_slice(&((20 + c.len()) as u16).to_be_bytes());
-            ip[4..6].copy_from_slice(&ident.to_be_bytes());
-            let off = (i * 1480 / 8) as u16 | if i + 1 < n { 0x2000 } else { 0 };
-            ip[6..8].copy_from_slice(&off.to_be_bytes());
-            ip[8] = ttl;
-            ip[9] = 17;
-            ip[12..16].copy_from_slice(&src.octets());
-            ip[16..20].copy_from_slice(&dst.octets());
-            let c16 = checksum::checksum(ip);
-            ip[10..12].copy_from_slice(&c16.to_be_bytes());
-            f[34..].copy_from_slice(c);
-            f
-        })
-        .collect()
+    ipv4_fragments(macs, src, dst, 17, ident, ttl, datagram)
 }
 
 fn run(w: &mut Worker, now: u64, iif: IfIndex, frames: &[Vec<u8>]) -> TestFrames {

@@ -8,26 +8,18 @@ use std::sync::Arc;
 
 mod common;
 
-use common::TestFrames;
+use common::*;
 use sluice_engine::{
-    Action, CtState, Decision, EngineConfig, Hook, IfIndex, Interface, Policy, PolicyPacket,
-    Route4, Verdict, Worker,
+    Action, CtState, Decision, Hook, IfIndex, Policy, PolicyPacket, Verdict, Worker,
 };
-use sluice_nat::{owner_of, NatConfig, Pool, PoolId, Translation};
+use sluice_nat::{owner_of, PoolId, Translation};
 use sluice_wire::build::build_tcp4;
 use sluice_wire::flow::{proto, FlowKey4};
 
-const INSIDE: IfIndex = 0;
-const OUTSIDE: IfIndex = 1;
-const GW_IN_MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
-const GW_OUT_MAC: [u8; 6] = [2, 0, 0, 0, 0, 2];
-const SERVER_MAC: [u8; 6] = [2, 0, 0, 0, 9, 9];
-const ROUTER_MAC: [u8; 6] = [2, 0, 0, 0, 8, 8];
-const SERVER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 3);
-const HOST: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
-const PUBLIC: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 1);
-const CLIENT: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 80);
-const POOL: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
+/// The server's MAC (every inside host has the same one).
+const SERVER_MAC: [u8; 6] = HOST_MAC;
+/// The remote client.
+const CLIENT: Ipv4Addr = REMOTE;
 /// Forwarded port; `owner_of(8082, 2) == 1`, `owner_of(80, 2) == 0`.
 const FWD_PORT: u16 = 8082;
 
@@ -65,43 +57,11 @@ impl Policy for PortForward {
 }
 
 fn worker(id: u16, workers: u16) -> Worker {
-    let cfg = EngineConfig {
-        interfaces: vec![
-            Interface {
-                name: "in".into(),
-                mac: GW_IN_MAC,
-                addrs: vec![(Ipv4Addr::new(10, 0, 0, 1), 24)],
-                mtu: Interface::DEFAULT_MTU,
-            },
-            Interface {
-                name: "out".into(),
-                mac: GW_OUT_MAC,
-                addrs: vec![(PUBLIC, 24)],
-                mtu: Interface::DEFAULT_MTU,
-            },
-        ],
-        routes: vec![Route4 {
-            net: 0,
-            len: 0,
-            oif: OUTSIDE,
-            via: Some(Ipv4Addr::new(203, 0, 113, 254)),
-        }],
-        neighbors: vec![
-            (Ipv4Addr::new(203, 0, 113, 254), ROUTER_MAC),
-            (SERVER, SERVER_MAC),
-            (HOST, SERVER_MAC),
-        ],
-        worker: id,
-        workers,
-        steered_by_source: vec![INSIDE],
-        ct_max: 1000,
-        nat: NatConfig {
-            pools: vec![Pool::new([POOL]).with_ports(1024..=65535)],
-            ..NatConfig::default()
-        },
-        ..EngineConfig::default()
-    };
-    Worker::new(cfg, Arc::new(PortForward) as Arc<dyn Policy>).unwrap()
+    Worker::new(
+        nat_gateway(id, workers),
+        Arc::new(PortForward) as Arc<dyn Policy>,
+    )
+    .unwrap()
 }
 
 fn tcp(k: &FlowKey4, macs: ([u8; 6], [u8; 6]), flags: u8) -> Vec<u8> {
@@ -254,43 +214,17 @@ fn a_packet_to_an_external_endpoint_goes_to_the_owner_of_its_port() {
     );
 }
 
-/// IPv4 fragments of a UDP datagram (Ethernet frames), 1480 data bytes each.
+/// IPv4 fragments of a UDP datagram of `k` (Ethernet frames), 1480 data
+/// bytes each.
 fn udp_fragments(
     k: &FlowKey4,
     macs: ([u8; 6], [u8; 6]),
     ident: u16,
     data_len: usize,
 ) -> Vec<Vec<u8>> {
-    let mut d = vec![0u8; 8 + data_len];
-    d[0..2].copy_from_slice(&k.sport.to_be_bytes());
-    d[2..4].copy_from_slice(&k.dport.to_be_bytes());
-    d[4..6].copy_from_slice(&((8 + data_len) as u16).to_be_bytes());
-    let chunks: Vec<&[u8]> = d.chunks(1480).collect();
-    let n = chunks.len();
-    chunks
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            let mut f = vec![0u8; 34 + c.len()];
-            f[0..6].copy_from_slice(&macs.1);
-            f[6..12].copy_from_slice(&macs.0);
-            f[12..14].copy_from_slice(&[0x08, 0x00]);
-            let ip = &mut f[14..34];
-            ip[0] = 0x45;
-            ip[2..4].copy_from_slice(&((20 + c.len()) as u16).to_be_bytes());
-            ip[4..6].copy_from_slice(&ident.to_be_bytes());
-            let off = (i * 185) as u16 | if i + 1 < n { 0x2000 } else { 0 };
-            ip[6..8].copy_from_slice(&off.to_be_bytes());
-            ip[8] = 64;
-            ip[9] = 17;
-            ip[12..16].copy_from_slice(&k.src.to_be_bytes());
-            ip[16..20].copy_from_slice(&k.dst.to_be_bytes());
-            let c16 = sluice_wire::checksum::checksum(ip);
-            ip[10..12].copy_from_slice(&c16.to_be_bytes());
-            f[34..].copy_from_slice(c);
-            f
-        })
-        .collect()
+    let (src, dst) = (Ipv4Addr::from(k.src), Ipv4Addr::from(k.dst));
+    let d = udp_datagram(src, dst, k.sport, k.dport, data_len);
+    ipv4_fragments(macs, src, dst, proto::UDP, ident, 64, &d)
 }
 
 #[test]
