@@ -269,91 +269,9 @@ fn dnat_port_forward(backend: &str, tag: &str) {
     assert!(!ok, "an unforwarded port answered");
 }
 
-/// UDP endpoint in a namespace: bind `bind`, optionally send to `first`,
-/// then wait for one datagram (3 s), print its source, answer it, and
-/// (with `expect_answer`) wait for the answer to that and print its source.
-const UDP_PEER: &str = r#"
-import socket, sys
-bind, first, mode = sys.argv[1], sys.argv[2], sys.argv[3]
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-h, p = bind.split(":"); s.bind((h, int(p)))
-s.settimeout(6)
-if first != "-":
-    h, p = first.split(":")
-    for _ in range(3):
-        s.sendto(b"open", (h, int(p)))
-if mode == "serve":
-    while True:
-        data, src = s.recvfrom(2048)
-        if data == b"hairpin":
-            print("from %s:%d" % src, flush=True)
-            s.sendto(b"back", src)
-            break
-else:
-    data, src = s.recvfrom(2048)
-    print("answer %s from %s:%d" % (data.decode(), src[0], src[1]), flush=True)
-"#;
-
 fn hairpinning(backend: &str, tag: &str) {
     let (t, d) = setup(tag, backend, "");
-    let script = t.dir.join("udp_peer.py");
-    std::fs::write(&script, UDP_PEER).expect("script");
-    let script = script.display().to_string();
-    // A opens a mapping: UDP from 10.0.0.2:5555 to the public host.
-    let a_log = t.dir.join("a.log");
-    let mut a = spawn(
-        &t.private,
-        &[
-            "python3",
-            &script,
-            &format!("{PRIV}:5555"),
-            &format!("{PUBLIC}:9"),
-            "serve",
-        ],
-        &a_log,
-        None,
-    );
-    let mut ext_port = None;
-    wait_for("A's NAT mapping", Duration::from_secs(5), || {
-        let l = d.ctl("conntrack list proto udp port 5555");
-        ext_port = l["connections"].as_array().and_then(|v| {
-            v.iter()
-                .find(|c| c["orig"]["src"] == PRIV && c["orig"]["sport"] == 5555)
-                .and_then(|c| c["reply"]["dport"].as_u64())
-        });
-        ext_port.is_some()
-    });
-    let ext_port = ext_port.expect("mapping");
-    // B sends to A's external endpoint; A must see B's external endpoint
-    // (the pool address), and B must get A's answer from A's external
-    // endpoint (RFC 4787 REQ-9).
-    let o = sh(
-        &t.private2,
-        &format!(
-            "timeout 10 python3 -c 'import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((\"{PRIV2}\", 6666)); s.settimeout(5); s.sendto(b\"hairpin\", (\"{POOL}\", {ext_port})); d, src = s.recvfrom(2048); print(\"answer %s from %s:%d\" % (d.decode(), src[0], src[1]))'"
-        ),
-    );
-    let st = a.0.as_mut().and_then(|c| c.wait().ok());
-    let a_out = read(&a_log);
-    assert!(
-        o.status.success(),
-        "B got no answer through the hairpin:\n{}\nA: {st:?} {a_out}\n{}",
-        text(&o),
-        d.context()
-    );
-    let b_out = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        b_out.contains(&format!("answer back from {POOL}:{ext_port}")),
-        "B: {b_out}"
-    );
-    assert!(
-        a_out.contains(&format!("from {POOL}:")),
-        "A saw the hairpinned datagram from somewhere else: {a_out}"
-    );
-    assert!(
-        !a_out.contains(PRIV2),
-        "B's private address leaked: {a_out}"
-    );
+    udp_hairpin(&t, &d, 5555, 6666);
 }
 
 fn sighup_reload(backend: &str, tag: &str) {

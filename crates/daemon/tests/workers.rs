@@ -208,74 +208,10 @@ fn two_workers(backend: &str, tag: &str, steered: &str) {
     // to worker 1, which owns A's external port.
     assert_eq!(sluice_nat::owner_of(5555, 2), 1);
     assert_eq!(sluice_nat::owner_of(6664, 2), 0);
-    let script = t.dir.join("udp_peer.py");
-    std::fs::write(&script, UDP_PEER).expect("script");
-    let script = script.display().to_string();
-    let a_log = t.dir.join("a.log");
-    let mut a = spawn(
-        &t.private,
-        &[
-            "python3",
-            &script,
-            &format!("{PRIV}:5555"),
-            &format!("{PUBLIC}:9"),
-        ],
-        &a_log,
-        None,
-    );
-    let mut ext_port = None;
-    wait_for("A's NAT mapping", Duration::from_secs(5), || {
-        let l = d.ctl("conntrack list proto udp port 5555");
-        ext_port = l["connections"].as_array().and_then(|v| {
-            v.iter()
-                .find(|c| c["orig"]["src"] == PRIV && c["orig"]["sport"] == 5555)
-                .and_then(|c| c["reply"]["dport"].as_u64())
-        });
-        ext_port.is_some()
-    });
-    let ext_port = ext_port.expect("mapping");
+    let ext_port = udp_hairpin(&t, &d, 5555, 6664);
     assert_eq!(
         sluice_nat::owner_of(ext_port as u16, 2),
         1,
         "A's port slice"
     );
-    let o = sh(
-        &t.private2,
-        &format!(
-            "timeout 10 python3 -c 'import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((\"{PRIV2}\", 6664)); s.settimeout(5); s.sendto(b\"hairpin\", (\"{POOL}\", {ext_port})); d, src = s.recvfrom(2048); print(\"answer %s from %s:%d\" % (d.decode(), src[0], src[1]))'"
-        ),
-    );
-    let st = a.0.as_mut().and_then(|c| c.wait().ok());
-    let a_out = read(&a_log);
-    assert!(
-        o.status.success(),
-        "B got no answer through the hairpin:\n{}\nA: {st:?} {a_out}\n{}",
-        text(&o),
-        d.context()
-    );
-    assert!(
-        text(&o).contains(&format!("answer back from {POOL}:{ext_port}")),
-        "{}",
-        text(&o)
-    );
-    assert!(a_out.contains(&format!("from {POOL}:")), "A saw: {a_out}");
 }
-
-/// A UDP endpoint: bind, send "open" to `first` three times (opening a
-/// mapping), then answer one "hairpin" datagram and print its source.
-const UDP_PEER: &str = r#"
-import socket, sys
-bind, first = sys.argv[1], sys.argv[2]
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-h, p = bind.split(":"); s.bind((h, int(p)))
-s.settimeout(8)
-h, p = first.split(":")
-for _ in range(3):
-    s.sendto(b"open", (h, int(p)))
-while True:
-    data, src = s.recvfrom(2048)
-    if data == b"hairpin":
-        print("from %s:%d" % src, flush=True)
-        s.sendto(b"back", src)
-        break
-"#;
