@@ -80,6 +80,12 @@ fn must(ns: &Netns, cmd: &str) {
     assert!(o.status.success(), "{cmd}:\n{}", text(&o));
 }
 
+/// [`must`] through the gateway: a failure shows the daemon's state too.
+fn must_via(ns: &Netns, cmd: &str, d: &Daemon) {
+    let o = sh(ns, cmd);
+    assert!(o.status.success(), "{cmd}:\n{}\n{}", text(&o), d.context());
+}
+
 fn setup(tag: &str, backend: &str, workers: u16) -> (Topo, Daemon, String) {
     require_root();
     let t = Topo::new(tag);
@@ -174,35 +180,19 @@ fn ipv6_end_to_end(backend: &str, tag: &str) {
 
     // Through the gateway: NS for its global address, NS for the public
     // host's link-local next hop, echo both ways.
-    let o = sh(&t.private, &format!("ping -6 -n -c 3 -i 0.2 -W 2 {PUB6}"));
-    assert!(
-        o.status.success(),
-        "ping -6 through sluice:\n{}\n{}",
-        text(&o),
-        d.context()
+    must_via(
+        &t.private,
+        &format!("ping -6 -n -c 3 -i 0.2 -W 2 {PUB6}"),
+        &d,
     );
     // To the gateway itself: global and link-local (EUI-64) addresses.
-    let o = sh(&t.private, &format!("ping -6 -n -c 1 -W 2 {GW_LAN6}"));
-    assert!(
-        o.status.success(),
-        "ping {GW_LAN6}:\n{}\n{}",
-        text(&o),
-        d.context()
+    must_via(&t.private, &format!("ping -6 -n -c 1 -W 2 {GW_LAN6}"), &d);
+    must_via(
+        &t.private,
+        &format!("ping -6 -n -c 1 -W 2 {lan_ll}%br0"),
+        &d,
     );
-    let o = sh(&t.private, &format!("ping -6 -n -c 1 -W 2 {lan_ll}%br0"));
-    assert!(
-        o.status.success(),
-        "ping {lan_ll}%br0:\n{}\n{}",
-        text(&o),
-        d.context()
-    );
-    let o = sh(&t.public, &format!("ping -6 -n -c 1 -W 2 {GW_WAN6}"));
-    assert!(
-        o.status.success(),
-        "ping {GW_WAN6}:\n{}\n{}",
-        text(&o),
-        d.context()
-    );
+    must_via(&t.public, &format!("ping -6 -n -c 1 -W 2 {GW_WAN6}"), &d);
 
     // TCP: a 256 KiB download, and the server sees the private address.
     let _a = http_server(&t, &t.public, PUB6, 8080, "allowed6");
@@ -259,15 +249,10 @@ fn ipv6_end_to_end(backend: &str, tag: &str) {
     );
     // Exactly the WAN MTU passes (1352 + 8 + 40 = 1400); 1401 does not:
     // packet too big with mtu 1400, and the host learns the path MTU.
-    let o = sh(
+    must_via(
         &t.private,
         &format!("ping -6 -n -c 1 -M do -s 1352 -W 2 {PUB6}"),
-    );
-    assert!(
-        o.status.success(),
-        "1400-byte ping failed:\n{}\n{}",
-        text(&o),
-        d.context()
+        &d,
     );
     let o = sh(
         &t.private,
@@ -289,15 +274,10 @@ fn ipv6_end_to_end(backend: &str, tag: &str) {
     // A 3000-byte ping: the host fragments it to the path MTU it learnt
     // and the public host answers in fragments too; the later fragments
     // follow their first fragment through the gateway.
-    let o = sh(
+    must_via(
         &t.private,
         &format!("ping -6 -n -c 2 -i 0.3 -s 3000 -W 2 {PUB6}"),
-    );
-    assert!(
-        o.status.success(),
-        "fragmented ping -6 failed:\n{}\n{}",
-        text(&o),
-        d.context()
+        &d,
     );
     assert!(d.drops("ttl-expired") >= 1);
     assert!(d.drops("too-big") >= 1);
@@ -435,15 +415,10 @@ fn ipv6_on_both_workers(tag: &str, backend: &str) {
     // The first IPv6 packet through the gateway is steered to worker 1,
     // which holds it while it solicits the public host's link-local next
     // hop; the advertisement goes to worker 0 (NDP), which shares it.
-    let o = sh(
+    must_via(
         &t.private,
         &format!("ping -6 -n -c 1 -W 5 -I {src1} {PUB6}"),
-    );
-    assert!(
-        o.status.success(),
-        "first ping -6 from {src1} (worker 1):\n{}\n{}",
-        text(&o),
-        d.context()
+        &d,
     );
     let st = d.ctl("status");
     let n6 = |w: usize| st["worker_status"][w]["neighbors6"].to_string();
