@@ -32,7 +32,7 @@
 //! only a window of assured entries makes the insert fail. At 0.55 a hit
 //! reads its home bucket alone about 98 % of the time.
 
-use sluice_io::mem::{advise_huge_pages, prefetch};
+use sluice_io::mem::{advise_huge_pages, populate, prefetch};
 
 use crate::Dir;
 
@@ -108,6 +108,13 @@ impl Index {
     #[inline]
     fn at(&self, bucket: usize) -> usize {
         self.base + bucket * WORDS
+    }
+
+    /// Back every page of the index now (see [`Config::prefault`]).
+    ///
+    /// [`Config::prefault`]: crate::Config::prefault
+    pub(crate) fn populate(&mut self) {
+        populate(&mut self.words[..]);
     }
 
     #[inline]

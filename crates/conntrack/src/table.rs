@@ -2,7 +2,7 @@
 
 use core::fmt;
 
-use sluice_io::mem::{advise_huge_pages, prefetch};
+use sluice_io::mem::{advise_huge_pages, populate, prefetch};
 
 use crate::entry::{Entry, F_ASSURED, F_LIVE, F_SEEN_REPLY};
 use crate::index::Index;
@@ -36,6 +36,12 @@ pub struct Config {
     /// Let a mid-stream TCP ACK create an ESTABLISHED entry
     /// (`nf_conntrack_tcp_loose`, default on).
     pub tcp_loose: bool,
+    /// Back the whole table with memory at [`Table::new`] (see
+    /// [`sluice_io::mem::populate`]) instead of page by page as it fills.
+    /// Costs the memory of `max` connections up front; saves the page
+    /// faults (and the kernel's page zeroing) that would otherwise land on
+    /// the packets creating connections. Off by default.
+    pub prefault: bool,
 }
 
 impl Config {
@@ -46,6 +52,7 @@ impl Config {
             seed,
             timeouts: Timeouts::default(),
             tcp_loose: true,
+            prefault: false,
         }
     }
 }
@@ -142,8 +149,9 @@ fn splitmix(x: u64) -> u64 {
 
 impl<K: Key, P: Copy + Default> Table<K, P> {
     /// Build a table for `cfg.max` connections. The entry slab is reserved
-    /// (not touched) and the index allocated zeroed, both advised for huge
-    /// pages; see [`memory_bytes`](Self::memory_bytes).
+    /// (not touched, unless [`Config::prefault`]) and the index allocated
+    /// zeroed, both advised for huge pages; see
+    /// [`memory_bytes`](Self::memory_bytes).
     pub fn new(cfg: Config) -> Result<Self, ConfigError> {
         if cfg.max == 0 {
             return Err(ConfigError::ZeroMax);
@@ -153,9 +161,14 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         }
         let mut entries = Vec::with_capacity(cfg.max as usize);
         advise_huge_pages(entries.spare_capacity_mut());
+        let mut index = Index::new(cfg.max);
+        if cfg.prefault {
+            populate(entries.spare_capacity_mut());
+            index.populate();
+        }
         Ok(Self {
             entries,
-            index: Index::new(cfg.max),
+            index,
             free_head: NONE,
             len: 0,
             max: cfg.max,

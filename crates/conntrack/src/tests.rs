@@ -76,6 +76,27 @@ fn entry_fits_the_memory_budget() {
 }
 
 #[test]
+fn prefaulted_table_behaves_like_a_lazy_one() {
+    let mut t: T4 = Table::new(Config {
+        prefault: true,
+        ..Config::new(4096, 7)
+    })
+    .unwrap();
+    let now = secs(1);
+    for i in 0..4096 {
+        let k = key(proto::UDP, i);
+        t.insert(now, k, nat_reply(&k), u64::from(i), &mut noop)
+            .unwrap();
+    }
+    for i in 0..4096 {
+        let k = key(proto::UDP, i);
+        let (id, d) = find(&t, &k).unwrap();
+        assert_eq!((d, *t.entry(id).payload()), (Dir::Original, u64::from(i)));
+        assert_eq!(find(&t, &nat_reply(&k)).unwrap(), (id, Dir::Reply));
+    }
+}
+
+#[test]
 fn packed_keys_round_trip() {
     use crate::Key;
     let k4 = FlowKey4 {

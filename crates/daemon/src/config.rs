@@ -176,6 +176,7 @@ struct RawNat {
 struct RawConntrack {
     max: Option<Spanned<i64>>,
     max_v6: Option<Spanned<i64>>,
+    prefault: Option<bool>,
     #[serde(default)]
     timeouts: RawTimeouts,
 }
@@ -316,6 +317,10 @@ pub struct Config {
     pub ct6_max: u64,
     /// Conntrack timeouts.
     pub timeouts: sluice_conntrack::Timeouts,
+    /// Back the IPv4 conntrack tables with memory for `ct_max` connections
+    /// at start (`conntrack.prefault`), so that no packet that creates a
+    /// connection waits for a page fault.
+    pub ct_prefault: bool,
 }
 
 /// What `sluice check` prints on success.
@@ -805,6 +810,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         nat,
         masquerade,
         ct_max,
+        ct_prefault: raw.conntrack.prefault.unwrap_or(false),
         ct6_max,
         timeouts,
     })
@@ -1012,6 +1018,7 @@ masquerade_ports = "2000-60000"
 
 [conntrack]
 max = 65536
+prefault = true
 timeouts = { udp = 60, tcp_established = 3600 }
 "#;
 
@@ -1069,6 +1076,7 @@ timeouts = { udp = 60, tcp_established = 3600 }
             sluice_nat::FilteringBehaviour::AddressDependent
         );
         assert_eq!(c.ct_max, 65536);
+        assert!(c.ct_prefault);
         assert_eq!(c.timeouts.udp, Duration::from_secs(60));
         assert_eq!(c.control_socket, PathBuf::from(DEFAULT_SOCKET));
     }

@@ -404,7 +404,11 @@ impl Control {
         if old.nat != cfg.nat || old.masquerade != cfg.masquerade {
             needs_restart.push("nat");
         }
-        if old.ct_max != cfg.ct_max || old.ct6_max != cfg.ct6_max || old.timeouts != cfg.timeouts {
+        if old.ct_max != cfg.ct_max
+            || old.ct6_max != cfg.ct6_max
+            || old.timeouts != cfg.timeouts
+            || old.ct_prefault != cfg.ct_prefault
+        {
             needs_restart.push("conntrack");
         }
         self.publish(&mut st, lp)?;
@@ -687,6 +691,7 @@ fn engine_config(
             .map(|(k, _)| (k + 1) as sluice_engine::IfIndex)
             .collect(),
         ct_max: cfg.ct_max.div_ceil(u64::from(cfg.workers.max(1))),
+        ct_prefault: cfg.ct_prefault,
         timeouts: cfg.timeouts,
         seed: random_seed(),
         nat,

@@ -109,6 +109,10 @@ pub struct EngineConfig {
     pub workers: u16,
     /// Maximum connections this worker tracks.
     pub ct_max: u64,
+    /// Back the IPv4 conntrack table with memory for `ct_max` connections
+    /// when the worker is built, so no packet ever waits for a page fault
+    /// (see `sluice_conntrack::Config::prefault`). Off by default.
+    pub ct_prefault: bool,
     /// Conntrack timeouts.
     pub timeouts: Timeouts,
     /// Hash seed (random in production; fixed in tests for repeatability).
@@ -154,6 +158,7 @@ impl Default for EngineConfig {
             workers: 1,
             steered_by_source: Vec::new(),
             ct_max: 1 << 20,
+            ct_prefault: false,
             timeouts: Timeouts::default(),
             seed: 0x5eed,
             nat: NatConfig::default(),
@@ -493,6 +498,7 @@ impl Worker {
         let max = u32::try_from(cfg.ct_max).map_err(|_| EngineError::CtMax(cfg.ct_max))?;
         let mut ctc = ct::Config::new(max, cfg.seed);
         ctc.timeouts = cfg.timeouts;
+        ctc.prefault = cfg.ct_prefault;
         let table = Table::new(ctc)?;
         let mut natc = cfg.nat.clone();
         natc.workers = cfg.workers.max(1);

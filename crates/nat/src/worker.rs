@@ -126,6 +126,18 @@ enum Space {
 struct Mapping {
     key: MapKey,
     space: Space,
+}
+
+/// What `by_int` holds for a mapping: its external endpoint and the number
+/// of sessions holding it. The count lives here, not in [`Mapping`], so
+/// that the first packet of an outbound connection through an existing
+/// mapping (the common case: every connection after a host's first from
+/// that port) costs one hash lookup, `by_int`, instead of two. Releasing a
+/// session, which happens at expiry (GC) rather than on a packet's path,
+/// pays the second lookup instead.
+#[derive(Clone, Copy, Debug)]
+struct IntSide {
+    ext: ExtKey,
     sessions: u32,
 }
 
@@ -207,7 +219,7 @@ pub struct WorkerNat<S = NoopSink> {
     pool_addr: HashMap<u32, (u16, usize)>,
     masq_slots: Vec<MasqSlot>,
     masq_space: PortSpace,
-    by_int: HashMap<MapKey, ExtKey>,
+    by_int: HashMap<MapKey, IntSide>,
     by_ext: HashMap<ExtKey, Mapping>,
     subscribers: HashMap<u32, u32>,
     permits: HashMap<PermitKey, u32>,
@@ -435,10 +447,11 @@ impl<S: NatEventSink> WorkerNat<S> {
                     e.remove();
                 }
             }
-            let last = match self.by_ext.get_mut(&ext) {
-                Some(m) => {
-                    m.sessions = m.sessions.saturating_sub(1);
-                    m.sessions == 0
+            let key = self.by_ext.get(&ext).map(|m| m.key);
+            let last = match key.and_then(|k| self.by_int.get_mut(&k)) {
+                Some(v) => {
+                    v.sessions = v.sessions.saturating_sub(1);
+                    v.sessions == 0
                 }
                 None => false,
             };
@@ -479,14 +492,14 @@ impl<S: NatEventSink> WorkerNat<S> {
             port: ext_port,
         };
         self.get_mapping(&ext)
-            .map(|m| info(&m.key, ext, m.sessions))
+            .map(|m| info(&m.key, ext, self.sessions_of(&m.key)))
     }
 
     /// Every mapping of this worker, in no particular order.
     pub fn mappings(&self) -> impl Iterator<Item = MappingInfo> + '_ {
         self.by_ext
             .iter()
-            .map(|(e, m)| info(&m.key, *e, m.sessions))
+            .map(|(e, m)| info(&m.key, *e, self.sessions_of(&m.key)))
     }
 
     /// Whether `addr` is an address of one of the pools (the same on every
@@ -542,6 +555,11 @@ impl<S: NatEventSink> WorkerNat<S> {
         self.by_ext.get(ext)
     }
 
+    /// Sessions holding the mapping of internal side `key`.
+    fn sessions_of(&self, key: &MapKey) -> u32 {
+        self.by_int.get(key).map_or(0, |v| v.sessions)
+    }
+
     fn snat(&mut self, orig: &FlowKey4, realm: Realm) -> Result<FlowKey4, NatError> {
         let pi = proto_index(orig.proto).ok_or(NatError::UnsupportedProtocol)?;
         let icmp = orig.proto == proto::ICMP;
@@ -576,8 +594,13 @@ impl<S: NatEventSink> WorkerNat<S> {
             dst_addr,
             dst_port,
         };
-        let ext = match self.by_int.get(&key) {
-            Some(e) => *e,
+        // The session takes its reference on the source mapping here, in
+        // the same lookup that finds the mapping (see [`IntSide`]).
+        let ext = match self.by_int.get_mut(&key) {
+            Some(v) => {
+                v.sessions += 1;
+                v.ext
+            }
             None => self.create_mapping(key, pi)?,
         };
         let mut t = *orig;
@@ -593,10 +616,12 @@ impl<S: NatEventSink> WorkerNat<S> {
             self.stats.hairpins += 1;
         }
         let reply = t.reversed();
-        self.acquire(orig, &reply);
+        self.acquire_counted(orig, &reply, true);
         Ok(reply)
     }
 
+    /// Create the mapping of internal side `key`, held by one session (the
+    /// caller's).
     fn create_mapping(&mut self, key: MapKey, pi: usize) -> Result<ExtKey, NatError> {
         let (space, addr, port) = match key.realm {
             Realm::Pool(pid) => {
@@ -688,15 +713,8 @@ impl<S: NatEventSink> WorkerNat<S> {
             addr,
             port,
         };
-        self.by_int.insert(key, ext);
-        self.by_ext.insert(
-            ext,
-            Mapping {
-                key,
-                space,
-                sessions: 0,
-            },
-        );
+        self.by_int.insert(key, IntSide { ext, sessions: 1 });
+        self.by_ext.insert(ext, Mapping { key, space });
         self.stats.mappings_created += 1;
         self.sink.event(&NatEvent::MappingCreated {
             proto: key.proto,
@@ -805,15 +823,32 @@ impl<S: NatEventSink> WorkerNat<S> {
     }
 
     fn acquire(&mut self, orig: &FlowKey4, reply: &FlowKey4) {
+        self.acquire_counted(orig, reply, false);
+    }
+
+    /// Take the session's references on the mappings it holds. With
+    /// `source_counted`, [`Self::snat`] has already counted the session on
+    /// the source mapping (candidate 0, which it knows exists).
+    fn acquire_counted(&mut self, orig: &FlowKey4, reply: &FlowKey4, source_counted: bool) {
         let mut any = false;
-        for (r, int_port) in Self::session_candidates(orig, reply).into_iter().flatten() {
-            // One lookup both checks that the mapping is held and counts
-            // the session on it.
-            match self.by_ext.get_mut(&r.ext) {
-                Some(m) if m.key.int_addr == r.subscriber && m.key.int_port == int_port => {
-                    m.sessions += 1;
+        for (i, c) in Self::session_candidates(orig, reply)
+            .into_iter()
+            .enumerate()
+        {
+            let Some((r, int_port)) = c else {
+                continue;
+            };
+            if !(i == 0 && source_counted) {
+                let key = match self.by_ext.get(&r.ext) {
+                    Some(m) if m.key.int_addr == r.subscriber && m.key.int_port == int_port => {
+                        m.key
+                    }
+                    _ => continue,
+                };
+                match self.by_int.get_mut(&key) {
+                    Some(v) => v.sessions += 1,
+                    None => continue,
                 }
-                _ => continue,
             }
             any = true;
             *self.subscribers.entry(r.subscriber).or_insert(0) += 1;
@@ -1433,10 +1468,11 @@ mod tests {
     ) {
         // Unique external endpoint per mapping; the two indexes agree.
         assert_eq!(n.by_int.len(), n.by_ext.len());
-        for (k, e) in &n.by_int {
+        for (k, v) in &n.by_int {
+            let e = &v.ext;
             let m = n.by_ext.get(e).unwrap();
             assert_eq!(m.key, *k);
-            assert!(m.sessions > 0, "no mapping without a session");
+            assert!(v.sessions > 0, "no mapping without a session");
             assert_eq!(owner_of(e.port, c.workers), w);
             // RFC 4787 REQ-2.
             assert_eq!(
@@ -1452,7 +1488,7 @@ mod tests {
             }
         }
         for (e, m) in &n.by_ext {
-            assert_eq!(held.get(e).copied().unwrap_or(0), m.sessions);
+            assert_eq!(held.get(e).copied().unwrap_or(0), n.sessions_of(&m.key));
         }
         // Ports in use + free = slice size.
         for a in &c.pools[0].addrs {

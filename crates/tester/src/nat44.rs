@@ -182,6 +182,7 @@ pub fn topology(w: u16, cores: u16, max_conns: u64, seed: u64) -> EngineConfig {
         worker: w,
         workers: cores,
         ct_max: max_conns,
+        ct_prefault: true,
         seed: seed ^ u64::from(w),
         timeouts: bench_timeouts(),
         nat,
