@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! batch -> dissect all -> hash + prefetch buckets -> lookup + prefetch entries
+//!   (misses: prefetch the NAT mapping slot, then the predicted reply bucket)
 //!   hit  -> fast path: track state, apply the cached rewrite and adjacency
 //!   miss -> slow path: prerouting (DNAT) -> route -> filter -> postrouting (SNAT)
 //!           -> conntrack insert -> rewrite

@@ -740,18 +740,37 @@ impl Worker {
                 self.v6.ct.prefetch_bucket(*h);
             }
         }
-        // Pass 2: find candidates in the (now cached) buckets; prefetch entries.
+        // Pass 2: find candidates in the (now cached) buckets; prefetch
+        // entries. For an IPv4 miss (most likely a new connection), start
+        // loading the NAT mapping slot source NAT would read.
+        let mut misses4 = 0usize;
         for ((m, &h), hit) in meta.iter().zip(hash.iter()).zip(hit.iter_mut()) {
             *hit = None;
             if m.class == C_V4 {
                 if let Some((id, dir)) = self.ct.candidate(h) {
                     self.ct.prefetch_entry(id);
                     *hit = Some((id, dir));
+                } else {
+                    self.nat.prefetch_outbound(&m.key);
+                    misses4 += 1;
                 }
             } else if m.class == C_V6 {
                 if let Some((id, dir)) = self.v6.ct.candidate(h) {
                     self.v6.ct.prefetch_entry(id);
                     *hit = Some((id, dir));
+                }
+            }
+        }
+        // Pass 2b, for the misses: the reply key source NAT will most likely
+        // give (from the mapping slot, cached by now); start loading its
+        // conntrack bucket, which the insert reads. A wrong guess costs a
+        // wasted prefetch only.
+        if misses4 > 0 {
+            for (m, hit) in meta.iter().zip(hit.iter()) {
+                if m.class == C_V4 && hit.is_none() {
+                    if let Some(r) = self.nat.predict_outbound_reply(&m.key) {
+                        self.ct.prefetch_bucket(self.ct.hash(&r));
+                    }
                 }
             }
         }

@@ -10,7 +10,9 @@
 //!   ([`owner_of`]`(port) = (port >> 1) % workers`) and the bitmap allocator.
 //! - [`worker`]: [`WorkerNat`], the slow-path state of one worker: mapping
 //!   tables, pairing, filtering, per-subscriber limits. Never shared, never
-//!   locked.
+//!   locked. Its internal-side mapping index is a hand-written table the
+//!   engine can prefetch a batch ahead (`intmap`; see
+//!   [`WorkerNat::prefetch_outbound`]).
 //! - [`rewrite`]: the fast path: [`Rewrite4`] / [`apply_with`] and ICMP
 //!   error translation ([`apply_icmp_error`]).
 //! - [`event`]: mapping created/removed events for CGN logging.
@@ -39,6 +41,7 @@ pub mod config;
 mod csum;
 pub mod error;
 pub mod event;
+mod intmap;
 pub mod ports;
 pub mod rewrite;
 #[cfg(test)]

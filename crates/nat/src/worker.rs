@@ -43,6 +43,7 @@ use crate::config::{
 };
 use crate::error::{ConfigError, NatError};
 use crate::event::{NatEvent, NatEventSink, NoopSink};
+use crate::intmap::{self, IntKey, IntMap};
 use crate::ports::{owner_of, PortSlice, PortSpace};
 
 /// Protocols with a port (or identifier) space: TCP, UDP, ICMP.
@@ -128,17 +129,41 @@ struct Mapping {
     space: Space,
 }
 
-/// What `by_int` holds for a mapping: its external endpoint and the number
-/// of sessions holding it. The count lives here, not in [`Mapping`], so
-/// that the first packet of an outbound connection through an existing
-/// mapping (the common case: every connection after a host's first from
-/// that port) costs one hash lookup, `by_int`, instead of two. Releasing a
-/// session, which happens at expiry (GC) rather than on a packet's path,
-/// pays the second lookup instead.
-#[derive(Clone, Copy, Debug)]
-struct IntSide {
-    ext: ExtKey,
-    sessions: u32,
+impl MapKey {
+    /// The key of `by_int` ([`IntMap`]).
+    #[inline]
+    fn int_key(&self) -> IntKey {
+        let (kind, realm) = match self.realm {
+            Realm::Pool(p) => (intmap::POOL, u32::from(p)),
+            Realm::Masq(a) => (intmap::MASQ, a),
+        };
+        IntKey {
+            kind,
+            realm,
+            proto: self.proto,
+            int_addr: self.int_addr,
+            int_port: self.int_port,
+            dst_addr: self.dst_addr,
+            dst_port: self.dst_port,
+        }
+    }
+
+    /// The mapping key of a `by_int` key.
+    #[cfg(test)]
+    fn of_int(k: &IntKey) -> Self {
+        Self {
+            realm: if k.kind == intmap::POOL {
+                Realm::Pool(k.realm as u16)
+            } else {
+                Realm::Masq(k.realm)
+            },
+            proto: k.proto,
+            int_addr: k.int_addr,
+            int_port: k.int_port,
+            dst_addr: k.dst_addr,
+            dst_port: k.dst_port,
+        }
+    }
 }
 
 /// A remote endpoint that a mapping's internal endpoint has talked to
@@ -219,7 +244,14 @@ pub struct WorkerNat<S = NoopSink> {
     pool_addr: HashMap<u32, (u16, usize)>,
     masq_slots: Vec<MasqSlot>,
     masq_space: PortSpace,
-    by_int: HashMap<MapKey, IntSide>,
+    /// Internal side -> external endpoint and the sessions holding the
+    /// mapping. The count lives here, not in [`Mapping`], so that the first
+    /// packet of an outbound connection through an existing mapping (every
+    /// connection after a host's first from that port) costs one lookup,
+    /// which the engine can prefetch ([`Self::prefetch_outbound`]).
+    /// Releasing a session, at expiry rather than on a packet's path, pays
+    /// the `by_ext` lookup as well.
+    by_int: IntMap,
     by_ext: HashMap<ExtKey, Mapping>,
     subscribers: HashMap<u32, u32>,
     permits: HashMap<PermitKey, u32>,
@@ -269,7 +301,7 @@ impl<S: NatEventSink> WorkerNat<S> {
             pool_addr,
             masq_slots: vec![MasqSlot::default(); slots],
             masq_space: PortSpace::new(masq_slice, slots * PROTOS),
-            by_int: HashMap::with_capacity(cap),
+            by_int: IntMap::with_capacity(cap),
             by_ext: HashMap::with_capacity(cap),
             subscribers: HashMap::with_capacity(cap / 4),
             permits: HashMap::with_capacity(permit_cap),
@@ -447,11 +479,12 @@ impl<S: NatEventSink> WorkerNat<S> {
                     e.remove();
                 }
             }
-            let key = self.by_ext.get(&ext).map(|m| m.key);
+            let key = self.by_ext.get(&ext).map(|m| m.key.int_key());
             let last = match key.and_then(|k| self.by_int.get_mut(&k)) {
                 Some(v) => {
-                    v.sessions = v.sessions.saturating_sub(1);
-                    v.sessions == 0
+                    let n = v.sessions_mut();
+                    *n = n.saturating_sub(1);
+                    *n == 0
                 }
                 None => false,
             };
@@ -500,6 +533,60 @@ impl<S: NatEventSink> WorkerNat<S> {
         self.by_ext
             .iter()
             .map(|(e, m)| info(&m.key, *e, self.sessions_of(&m.key)))
+    }
+
+    /// The `by_int` hash [`Self::snat`] would compute for the first packet
+    /// `orig` of an outbound connection (any realm).
+    #[inline]
+    fn outbound_hash(&self, orig: &FlowKey4) -> u64 {
+        let (dst_addr, dst_port) = match self.mapping {
+            MappingBehaviour::EndpointIndependent => (0, 0),
+            MappingBehaviour::AddressAndPortDependent => (orig.dst, orig.dport),
+        };
+        self.by_int
+            .hash(orig.proto, orig.src, orig.sport, dst_addr, dst_port)
+    }
+
+    /// Start loading the mapping slot that source NAT of `orig`, the first
+    /// packet of a new connection, would read. For the engine's batch
+    /// pipeline: issued a batch ahead, the lookup in
+    /// [`Self::translate_outbound`] then hits the cache. Reads nothing.
+    #[inline]
+    pub fn prefetch_outbound(&self, orig: &FlowKey4) {
+        self.by_int.prefetch(self.outbound_hash(orig));
+    }
+
+    /// The reply key source NAT of `orig` would most likely give, read from
+    /// an existing mapping of its internal endpoint (in whatever realm
+    /// comes first), so that the engine can prefetch the reply key's
+    /// conntrack bucket before policy and NAT run. `None` when the
+    /// endpoint has no mapping yet. A guess, never used to translate: a
+    /// wrong one only wastes a prefetch. Changes nothing.
+    #[inline]
+    pub fn predict_outbound_reply(&self, orig: &FlowKey4) -> Option<FlowKey4> {
+        let (dst_addr, dst_port) = match self.mapping {
+            MappingBehaviour::EndpointIndependent => (0, 0),
+            MappingBehaviour::AddressAndPortDependent => (orig.dst, orig.dport),
+        };
+        let (addr, port) = self.by_int.peek_ext(
+            self.outbound_hash(orig),
+            orig.proto,
+            orig.src,
+            orig.sport,
+            dst_addr,
+            dst_port,
+        )?;
+        Some(FlowKey4 {
+            src: orig.dst,
+            sport: if orig.proto == proto::ICMP {
+                port
+            } else {
+                orig.dport
+            },
+            dst: addr,
+            dport: port,
+            proto: orig.proto,
+        })
     }
 
     /// Whether `addr` is an address of one of the pools (the same on every
@@ -557,7 +644,7 @@ impl<S: NatEventSink> WorkerNat<S> {
 
     /// Sessions holding the mapping of internal side `key`.
     fn sessions_of(&self, key: &MapKey) -> u32 {
-        self.by_int.get(key).map_or(0, |v| v.sessions)
+        self.by_int.get(&key.int_key()).map_or(0, |v| v.sessions())
     }
 
     fn snat(&mut self, orig: &FlowKey4, realm: Realm) -> Result<FlowKey4, NatError> {
@@ -596,10 +683,15 @@ impl<S: NatEventSink> WorkerNat<S> {
         };
         // The session takes its reference on the source mapping here, in
         // the same lookup that finds the mapping (see [`IntSide`]).
-        let ext = match self.by_int.get_mut(&key) {
+        let ext = match self.by_int.get_mut(&key.int_key()) {
             Some(v) => {
-                v.sessions += 1;
-                v.ext
+                *v.sessions_mut() += 1;
+                let (addr, port) = v.ext();
+                ExtKey {
+                    proto: key.proto,
+                    addr,
+                    port,
+                }
             }
             None => self.create_mapping(key, pi)?,
         };
@@ -713,7 +805,7 @@ impl<S: NatEventSink> WorkerNat<S> {
             addr,
             port,
         };
-        self.by_int.insert(key, IntSide { ext, sessions: 1 });
+        self.by_int.insert(key.int_key(), (addr, port), 1);
         self.by_ext.insert(ext, Mapping { key, space });
         self.stats.mappings_created += 1;
         self.sink.event(&NatEvent::MappingCreated {
@@ -753,7 +845,7 @@ impl<S: NatEventSink> WorkerNat<S> {
         let Some(m) = self.by_ext.remove(&ext) else {
             return;
         };
-        self.by_int.remove(&m.key);
+        self.by_int.remove(&m.key.int_key());
         free_port(&mut self.pools, &mut self.masq_space, m.space, ext.port);
         if let Space::Masq { slot, .. } = m.space {
             if let Some(s) = self.masq_slots.get_mut(usize::from(slot)) {
@@ -845,8 +937,8 @@ impl<S: NatEventSink> WorkerNat<S> {
                     }
                     _ => continue,
                 };
-                match self.by_int.get_mut(&key) {
-                    Some(v) => v.sessions += 1,
+                match self.by_int.get_mut(&key.int_key()) {
+                    Some(v) => *v.sessions_mut() += 1,
                     None => continue,
                 }
             }
@@ -1008,6 +1100,33 @@ mod tests {
             3
         );
         assert_eq!(n.sink().events.len(), 1);
+    }
+
+    #[test]
+    fn predicted_reply_is_the_reply_of_an_existing_mapping() {
+        for mapping in [
+            MappingBehaviour::EndpointIndependent,
+            MappingBehaviour::AddressAndPortDependent,
+        ] {
+            let mut c = cfg(2, DEFAULT_PORTS, 1);
+            c.mapping = mapping;
+            let mut n = nat(&c, 0);
+            for p in [proto::UDP, proto::TCP, proto::ICMP] {
+                let first = out(p, 1, 5000, ip(8, 8, 8, 8), 53);
+                assert_eq!(n.predict_outbound_reply(&first), None, "no mapping yet");
+                n.prefetch_outbound(&first);
+                n.translate_outbound(&first, &SNAT, None).unwrap();
+                // The next connection of the endpoint (same destination for
+                // APDM, which maps per destination).
+                let next = match mapping {
+                    MappingBehaviour::EndpointIndependent => out(p, 1, 5000, ip(9, 9, 9, 9), 54),
+                    MappingBehaviour::AddressAndPortDependent => first,
+                };
+                let guess = n.predict_outbound_reply(&next);
+                let r = n.translate_outbound(&next, &SNAT, None).unwrap();
+                assert_eq!(guess, Some(r), "{p}");
+            }
+        }
     }
 
     #[test]
@@ -1468,11 +1587,16 @@ mod tests {
     ) {
         // Unique external endpoint per mapping; the two indexes agree.
         assert_eq!(n.by_int.len(), n.by_ext.len());
-        for (k, v) in &n.by_int {
-            let e = &v.ext;
+        for (k, v) in n.by_int.iter() {
+            let k = &MapKey::of_int(&k);
+            let e = &ExtKey {
+                proto: k.proto,
+                addr: v.ext().0,
+                port: v.ext().1,
+            };
             let m = n.by_ext.get(e).unwrap();
             assert_eq!(m.key, *k);
-            assert!(v.sessions > 0, "no mapping without a session");
+            assert!(v.sessions() > 0, "no mapping without a session");
             assert_eq!(owner_of(e.port, c.workers), w);
             // RFC 4787 REQ-2.
             assert_eq!(
@@ -1564,7 +1688,7 @@ mod tests {
                     }
                 }
                 // Forget EIM reference entries whose mapping died.
-                eim.retain(|(p, a, port), _| n.by_int.keys().any(|k| k.proto == *p && k.int_addr == *a && k.int_port == *port));
+                eim.retain(|(p, a, port), _| n.by_int.iter().any(|(k, _)| k.proto == *p && k.int_addr == *a && k.int_port == *port));
                 check_invariants(&n, &c, w, &live);
             }
             for (o, r) in live.drain(..) {
