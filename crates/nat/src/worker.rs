@@ -708,7 +708,20 @@ impl<S: NatEventSink> WorkerNat<S> {
             self.stats.hairpins += 1;
         }
         let reply = t.reversed();
-        self.acquire_counted(orig, &reply, true);
+        if hairpin.is_none() && !icmp {
+            // The destination is untranslated, so the session holds the
+            // source mapping only ([`Self::session_candidates`] gives
+            // candidate 0 alone), already counted above.
+            self.count_reference(&SessionRef {
+                ext,
+                subscriber: orig.src,
+                raddr: orig.dst,
+                rport: orig.dport,
+            });
+            self.stats.sessions += 1;
+        } else {
+            self.acquire_counted(orig, &reply, true);
+        }
         Ok(reply)
     }
 
@@ -943,13 +956,20 @@ impl<S: NatEventSink> WorkerNat<S> {
                 }
             }
             any = true;
-            *self.subscribers.entry(r.subscriber).or_insert(0) += 1;
-            if let Some(pk) = self.permit_key(r.ext, r.raddr, r.rport) {
-                *self.permits.entry(pk).or_insert(0) += 1;
-            }
+            self.count_reference(&r);
         }
         if any {
             self.stats.sessions += 1;
+        }
+    }
+
+    /// The subscriber and filtering counts of one reference a new session
+    /// takes on a mapping (whose own session count the caller did).
+    #[inline]
+    fn count_reference(&mut self, r: &SessionRef) {
+        *self.subscribers.entry(r.subscriber).or_insert(0) += 1;
+        if let Some(pk) = self.permit_key(r.ext, r.raddr, r.rport) {
+            *self.permits.entry(pk).or_insert(0) += 1;
         }
     }
 

@@ -236,6 +236,58 @@ fn off16(v: usize) -> Result<u16, ParseError> {
 /// validated. Never panics, never allocates.
 #[inline]
 pub fn dissect(frame: &[u8]) -> Result<Dissect, ParseError> {
+    // The common frame (untagged IPv4 without options or fragmentation,
+    // TCP, UDP or an ICMP query) on fixed offsets: the same result as the
+    // general parse, in a third of the instructions.
+    if let Some(d) = dissect_plain4_full(frame) {
+        return Ok(d);
+    }
+    dissect_general(frame)
+}
+
+/// [`dissect`] of a frame [`dissect_plain4`] accepts, from the same fixed
+/// offsets; `None` for any other frame.
+#[inline(always)]
+fn dissect_plain4_full(frame: &[u8]) -> Option<Dissect> {
+    let p = dissect_plain4(frame)?;
+    let f: &[u8; 42] = frame.first_chunk()?;
+    let total = be16(f[16], f[17]);
+    let l4 = match p.key.proto {
+        proto::TCP => L4::Tcp {
+            flags: p.l4_byte,
+            header_len: (frame.get(46)? >> 4) * 4,
+        },
+        proto::UDP => L4::Udp {
+            checksum_zero: f[40] == 0 && f[41] == 0,
+        },
+        _ => L4::IcmpQuery {
+            ty: p.l4_byte,
+            code: f[35],
+            id: p.key.sport,
+        },
+    };
+    Some(Dissect {
+        vlan: None,
+        inner_vlan: None,
+        ethertype: ETH_IPV4,
+        l3_off: Plain4::L3_OFF,
+        l4_off: Plain4::L4_OFF,
+        l3_end: 14 + u32::from(total),
+        net: Net::Ipv4 {
+            key: p.key,
+            ttl: p.ttl,
+            df: f[20] & 0x40 != 0,
+            frag: Frag::None,
+            total_len: total,
+            header_len: 20,
+        },
+        l4,
+    })
+}
+
+/// The general parse behind [`dissect`]: VLAN tags, IPv4 options and
+/// fragments, IPv6 extension headers, ICMP errors, ARP.
+fn dissect_general(frame: &[u8]) -> Result<Dissect, ParseError> {
     let eth: &[u8; 14] = frame.first_chunk().ok_or(ParseError::Truncated)?;
     let mut ty = be16(eth[12], eth[13]);
     let mut off = 14usize;
@@ -761,8 +813,51 @@ mod tests {
         true
     }
 
+    /// The fast path inside `dissect` gives exactly what the general parse
+    /// gives, on every frame it takes.
+    fn full_agrees(frame: &[u8]) -> bool {
+        let Some(d) = dissect_plain4_full(frame) else {
+            return false;
+        };
+        assert_eq!(Ok(d), dissect_general(frame), "{frame:02x?}");
+        true
+    }
+
+    proptest! {
+        #[test]
+        fn plain4_full_equals_general(
+            base in 0usize..3,
+            edits in proptest::collection::vec((0usize..60, any::<u8>()), 0..4),
+            len in 28usize..=60,
+        ) {
+            let mut f = UDP4;
+            match base {
+                1 => {
+                    f[16..18].copy_from_slice(&40u16.to_be_bytes());
+                    f[23] = 6;
+                    f[46] = 0x50;
+                    f[47] = 0x12;
+                }
+                2 => {
+                    f[23] = 1;
+                    f[34] = 8;
+                    f[35] = 0;
+                }
+                _ => {}
+            }
+            for (i, b) in edits {
+                f[i] = b;
+            }
+            let frame = &f[..len];
+            full_agrees(frame);
+            // Whatever the fast path says, `dissect` is the general parse.
+            prop_assert_eq!(dissect(frame), dissect_general(frame));
+        }
+    }
+
     #[test]
     fn plain4_matches_dissect_on_fixtures() {
+        assert!(full_agrees(&UDP4));
         assert!(plain_agrees(&UDP4));
         assert!(!plain_agrees(&VLAN_TCP4));
         assert!(!plain_agrees(&QINQ_ARP));
