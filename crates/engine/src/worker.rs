@@ -387,11 +387,14 @@ struct Scratch {
     meta: Vec<Meta>,
     hash: Vec<u64>,
     hit: Vec<Option<(EntryId, Dir)>>,
-    /// For a frame dropped with `no-neighbor`: the next hop that is
-    /// missing (egress interface, address), when the slow path knows it.
-    missing: Vec<Option<(IfIndex, u32)>>,
+    /// Frames dropped with `no-neighbor` whose missing next hop (egress
+    /// interface, address) the slow path knows: (frame index, next hop).
+    /// A list rather than a slot per frame, so that the frames that never
+    /// miss a neighbour (all but a few) cost nothing. Capacity
+    /// [`MAX_BATCH`], at most one entry per frame: never reallocates.
+    missing: Vec<(u16, (IfIndex, u32))>,
     /// The same for IPv6 next hops.
-    missing6: Vec<Option<(IfIndex, u128)>>,
+    missing6: Vec<(u16, (IfIndex, u128))>,
     /// For a [`C_V6`] frame: what the IPv6 fast path needs.
     plain6: Vec<Plain6>,
 }
@@ -554,8 +557,8 @@ impl Worker {
                 meta: vec![Meta::default(); MAX_BATCH],
                 hash: vec![0; MAX_BATCH],
                 hit: vec![None; MAX_BATCH],
-                missing: vec![None; MAX_BATCH],
-                missing6: vec![None; MAX_BATCH],
+                missing: Vec::with_capacity(MAX_BATCH),
+                missing6: Vec::with_capacity(MAX_BATCH),
                 plain6: vec![Plain6::default(); MAX_BATCH],
             },
             icmp: TokenBucket::new(cfg.icmp_errors_per_sec),
@@ -630,10 +633,9 @@ impl Worker {
     pub fn missing_next_hop(&self, i: usize) -> Option<(IfIndex, Ipv4Addr)> {
         self.scratch
             .missing
-            .get(i)
-            .copied()
-            .flatten()
-            .map(|(o, a)| (o, Ipv4Addr::from(a)))
+            .iter()
+            .find(|(j, _)| usize::from(*j) == i)
+            .map(|&(_, (o, a))| (o, Ipv4Addr::from(a)))
     }
 
     /// The NAT state (for statistics and mapping listings).
@@ -696,8 +698,10 @@ impl Worker {
         let meta = meta.get_mut(..n).unwrap_or_default();
         let hash = hash.get_mut(..n).unwrap_or_default();
         let hit = hit.get_mut(..n).unwrap_or_default();
-        let missing = missing.get_mut(..n).unwrap_or_default();
-        let missing6 = missing6.get_mut(..n).unwrap_or_default();
+        missing.clear();
+        missing6.clear();
+        self.missing_nh = None;
+        self.v6.missing_nh = None;
         let plain6 = plain6.get_mut(..n).unwrap_or_default();
         // Pass 1: dissect, hash, prefetch the index buckets.
         for (i, ((slot, h), p6)) in meta
@@ -779,22 +783,29 @@ impl Worker {
             .iter()
             .zip(hash.iter())
             .zip(hit.iter())
-            .zip(missing.iter_mut())
-            .zip(missing6.iter_mut().zip(plain6.iter()));
+            .zip(plain6.iter());
         let mut done = 0;
-        for (i, ((((m, &h), &cand), missing), (missing6, p6))) in scratch.enumerate() {
+        for (i, (((m, &h), &cand), p6)) in scratch.enumerate() {
             done = i + 1;
             let iif = frames.iif(i);
             let (buf, len) = frames.buf_mut(i);
-            self.missing_nh = None;
-            self.v6.missing_nh = None;
             let step = if m.class == C_V6 {
                 self.one6(now, buf, len, iif, p6, h, cand)
             } else {
                 self.one(now, buf, len, iif, m, h, cand)
             };
-            *missing = self.missing_nh.take();
-            *missing6 = self.v6.missing_nh.take();
+            // The slow path names a missing next hop only for frames it
+            // drops with `no-neighbor` (or queues); taken at once so that
+            // it never carries over to the next frame.
+            if self.missing_nh.is_some() || self.v6.missing_nh.is_some() {
+                let at = i as u16;
+                if let Some(nh) = self.missing_nh.take() {
+                    missing.push((at, nh));
+                }
+                if let Some(nh) = self.v6.missing_nh.take() {
+                    missing6.push((at, nh));
+                }
+            }
             let action = match step {
                 Step::Done(a) => a,
                 Step::Reply(newlen) => {

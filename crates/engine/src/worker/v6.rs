@@ -283,10 +283,9 @@ impl Worker {
     pub fn missing_next_hop6(&self, i: usize) -> Option<(IfIndex, Ipv6Addr)> {
         self.scratch
             .missing6
-            .get(i)
-            .copied()
-            .flatten()
-            .map(|(o, a)| (o, Ipv6Addr::from(a)))
+            .iter()
+            .find(|(j, _)| usize::from(*j) == i)
+            .map(|&(_, (o, a))| (o, Ipv6Addr::from(a)))
     }
 
     /// The IPv6 addresses of interface `iif` (its link-local one first).
