@@ -68,7 +68,7 @@ use crate::route::{AdjIndex, Adjacency, IfIndex, Route4, Route6, RouteTable4, Ro
 
 mod frag;
 mod v6;
-use crate::{Action, Frames, MAX_BATCH};
+use crate::{Action, Frames, MAX_BATCH, PIPELINE};
 pub use v6::FlowInfo6;
 
 /// An interface as the engine sees it.
@@ -703,135 +703,150 @@ impl Worker {
         self.missing_nh = None;
         self.v6.missing_nh = None;
         let plain6 = plain6.get_mut(..n).unwrap_or_default();
-        // Pass 1: dissect, hash, prefetch the index buckets.
-        for (i, ((slot, h), p6)) in meta
-            .iter_mut()
-            .zip(hash.iter_mut())
-            .zip(plain6.iter_mut())
-            .enumerate()
-        {
-            let (buf, len) = frames.buf_mut(i);
-            let frame = buf.get(..len).unwrap_or(&[]);
-            let v6 = frame.get(12..14) == Some(&[0x86, 0xdd][..]);
-            let m = match dissect_plain4(frame) {
-                Some(p) => Meta::plain(&p),
-                None if v6 => match dissect_plain6(frame) {
-                    Some(p) => {
-                        *p6 = p;
-                        Meta {
-                            class: C_V6,
+        // The passes run over groups of [`PIPELINE`] frames: long enough
+        // for the misses of a group to overlap, short enough that what
+        // pass 1 and 2 bring into L1 (frame headers, index buckets,
+        // entries) is still there in pass 3.
+        let mut done = 0;
+        let mut base = 0;
+        while base < n {
+            let group = base..(base + PIPELINE).min(n);
+            let meta = meta.get_mut(group.clone()).unwrap_or_default();
+            let hash = hash.get_mut(group.clone()).unwrap_or_default();
+            let hit = hit.get_mut(group.clone()).unwrap_or_default();
+            let plain6 = plain6.get_mut(group.clone()).unwrap_or_default();
+            // Pass 1: dissect, hash, prefetch the index buckets.
+            for (j, ((slot, h), p6)) in meta
+                .iter_mut()
+                .zip(hash.iter_mut())
+                .zip(plain6.iter_mut())
+                .enumerate()
+            {
+                let i = base + j;
+                let (buf, len) = frames.buf_mut(i);
+                let frame = buf.get(..len).unwrap_or(&[]);
+                let v6 = frame.get(12..14) == Some(&[0x86, 0xdd][..]);
+                let m = match dissect_plain4(frame) {
+                    Some(p) => Meta::plain(&p),
+                    None if v6 => match dissect_plain6(frame) {
+                        Some(p) => {
+                            *p6 = p;
+                            Meta {
+                                class: C_V6,
+                                ..Meta::default()
+                            }
+                        }
+                        // Other IPv6 goes to the slow path, which dissects it
+                        // (once).
+                        _ => Meta {
+                            class: C_OTHER,
                             ..Meta::default()
+                        },
+                    },
+                    None => match dissect(frame) {
+                        Ok(d) => Meta::of(&d),
+                        Err(_) => Meta::default(),
+                    },
+                };
+                *slot = m;
+                if m.class == C_V4 {
+                    *h = self.ct.hash(&m.key);
+                    self.ct.prefetch_bucket(*h);
+                } else if m.class == C_V6 {
+                    *h = self.v6.ct.hash(&p6.key);
+                    self.v6.ct.prefetch_bucket(*h);
+                }
+            }
+            // Pass 2: find candidates in the (now cached) buckets; prefetch
+            // entries. For an IPv4 miss (most likely a new connection), start
+            // loading the NAT mapping slot source NAT would read.
+            let mut misses4 = 0usize;
+            for ((m, &h), hit) in meta.iter().zip(hash.iter()).zip(hit.iter_mut()) {
+                *hit = None;
+                if m.class == C_V4 {
+                    if let Some((id, dir)) = self.ct.candidate(h) {
+                        self.ct.prefetch_entry(id);
+                        *hit = Some((id, dir));
+                    } else {
+                        self.nat.prefetch_outbound(&m.key);
+                        misses4 += 1;
+                    }
+                } else if m.class == C_V6 {
+                    if let Some((id, dir)) = self.v6.ct.candidate(h) {
+                        self.v6.ct.prefetch_entry(id);
+                        *hit = Some((id, dir));
+                    }
+                }
+            }
+            // Pass 2b, for the misses: the reply key source NAT will most likely
+            // give (from the mapping slot, cached by now); start loading its
+            // conntrack bucket, which the insert reads. A wrong guess costs a
+            // wasted prefetch only.
+            if misses4 > 0 {
+                for (m, hit) in meta.iter().zip(hit.iter()) {
+                    if m.class == C_V4 && hit.is_none() {
+                        if let Some(r) = self.nat.predict_outbound_reply(&m.key) {
+                            self.ct.prefetch_bucket(self.ct.hash(&r));
                         }
                     }
-                    // Other IPv6 goes to the slow path, which dissects it
-                    // (once).
-                    _ => Meta {
-                        class: C_OTHER,
-                        ..Meta::default()
-                    },
-                },
-                None => match dissect(frame) {
-                    Ok(d) => Meta::of(&d),
-                    Err(_) => Meta::default(),
-                },
-            };
-            *slot = m;
-            if m.class == C_V4 {
-                *h = self.ct.hash(&m.key);
-                self.ct.prefetch_bucket(*h);
-            } else if m.class == C_V6 {
-                *h = self.v6.ct.hash(&p6.key);
-                self.v6.ct.prefetch_bucket(*h);
+                }
             }
-        }
-        // Pass 2: find candidates in the (now cached) buckets; prefetch
-        // entries. For an IPv4 miss (most likely a new connection), start
-        // loading the NAT mapping slot source NAT would read.
-        let mut misses4 = 0usize;
-        for ((m, &h), hit) in meta.iter().zip(hash.iter()).zip(hit.iter_mut()) {
-            *hit = None;
-            if m.class == C_V4 {
-                if let Some((id, dir)) = self.ct.candidate(h) {
-                    self.ct.prefetch_entry(id);
-                    *hit = Some((id, dir));
+            // Pass 3: act.
+            let scratch = meta
+                .iter()
+                .zip(hash.iter())
+                .zip(hit.iter())
+                .zip(plain6.iter());
+            for (j, (((m, &h), &cand), p6)) in scratch.enumerate() {
+                let i = base + j;
+                done = i + 1;
+                let iif = frames.iif(i);
+                let (buf, len) = frames.buf_mut(i);
+                let step = if m.class == C_V6 {
+                    self.one6(now, buf, len, iif, p6, h, cand)
                 } else {
-                    self.nat.prefetch_outbound(&m.key);
-                    misses4 += 1;
-                }
-            } else if m.class == C_V6 {
-                if let Some((id, dir)) = self.v6.ct.candidate(h) {
-                    self.v6.ct.prefetch_entry(id);
-                    *hit = Some((id, dir));
-                }
-            }
-        }
-        // Pass 2b, for the misses: the reply key source NAT will most likely
-        // give (from the mapping slot, cached by now); start loading its
-        // conntrack bucket, which the insert reads. A wrong guess costs a
-        // wasted prefetch only.
-        if misses4 > 0 {
-            for (m, hit) in meta.iter().zip(hit.iter()) {
-                if m.class == C_V4 && hit.is_none() {
-                    if let Some(r) = self.nat.predict_outbound_reply(&m.key) {
-                        self.ct.prefetch_bucket(self.ct.hash(&r));
+                    self.one(now, buf, len, iif, m, h, cand)
+                };
+                // The slow path names a missing next hop only for frames it
+                // drops with `no-neighbor` (or queues); taken at once so that
+                // it never carries over to the next frame.
+                if self.missing_nh.is_some() || self.v6.missing_nh.is_some() {
+                    let at = i as u16;
+                    if let Some(nh) = self.missing_nh.take() {
+                        missing.push((at, nh));
+                    }
+                    if let Some(nh) = self.v6.missing_nh.take() {
+                        missing6.push((at, nh));
                     }
                 }
+                let action = match step {
+                    Step::Done(a) => a,
+                    Step::Reply(newlen) => {
+                        frames.set_len(i, newlen);
+                        Action::Reply
+                    }
+                    Step::Error(newlen, r) => {
+                        frames.set_len(i, newlen);
+                        self.counters.drop(r);
+                        self.counters.icmp_errors += 1;
+                        frames.set_action(i, Action::Reply);
+                        continue;
+                    }
+                };
+                match action {
+                    Action::Drop(r) => self.counters.drop(r),
+                    Action::Forward(_) => self.counters.tx += 1,
+                    Action::Reply => self.counters.local += 1,
+                    Action::Handoff(_) | Action::Steer(_) => self.counters.handed_off += 1,
+                    Action::Fragment(..) => {
+                        self.counters.tx += 1;
+                        self.counters.fragmented += 1;
+                    }
+                    Action::Pending => {}
+                }
+                frames.set_action(i, action);
             }
-        }
-        // Pass 3: act.
-        let scratch = meta
-            .iter()
-            .zip(hash.iter())
-            .zip(hit.iter())
-            .zip(plain6.iter());
-        let mut done = 0;
-        for (i, (((m, &h), &cand), p6)) in scratch.enumerate() {
-            done = i + 1;
-            let iif = frames.iif(i);
-            let (buf, len) = frames.buf_mut(i);
-            let step = if m.class == C_V6 {
-                self.one6(now, buf, len, iif, p6, h, cand)
-            } else {
-                self.one(now, buf, len, iif, m, h, cand)
-            };
-            // The slow path names a missing next hop only for frames it
-            // drops with `no-neighbor` (or queues); taken at once so that
-            // it never carries over to the next frame.
-            if self.missing_nh.is_some() || self.v6.missing_nh.is_some() {
-                let at = i as u16;
-                if let Some(nh) = self.missing_nh.take() {
-                    missing.push((at, nh));
-                }
-                if let Some(nh) = self.v6.missing_nh.take() {
-                    missing6.push((at, nh));
-                }
-            }
-            let action = match step {
-                Step::Done(a) => a,
-                Step::Reply(newlen) => {
-                    frames.set_len(i, newlen);
-                    Action::Reply
-                }
-                Step::Error(newlen, r) => {
-                    frames.set_len(i, newlen);
-                    self.counters.drop(r);
-                    self.counters.icmp_errors += 1;
-                    frames.set_action(i, Action::Reply);
-                    continue;
-                }
-            };
-            match action {
-                Action::Drop(r) => self.counters.drop(r),
-                Action::Forward(_) => self.counters.tx += 1,
-                Action::Reply => self.counters.local += 1,
-                Action::Handoff(_) | Action::Steer(_) => self.counters.handed_off += 1,
-                Action::Fragment(..) => {
-                    self.counters.tx += 1;
-                    self.counters.fragmented += 1;
-                }
-                Action::Pending => {}
-            }
-            frames.set_action(i, action);
+            base = group.end;
         }
         // Only if the scratch arrays were shorter than the batch (they are
         // not): nothing was decided for these frames.
