@@ -937,8 +937,12 @@ impl Worker {
     /// Everything that is not a conntrack hit: dissect again (the scratch
     /// record holds only what the fast path needs) and dispatch.
     fn slow(&mut self, now: ct::Instant, buf: &mut [u8], len: usize, iif: IfIndex) -> Step {
-        let Some(Ok(d)) = buf.get(..len).map(dissect) else {
-            return Step::Done(Action::Drop(DropReason::Malformed));
+        let d = match buf
+            .get(..len)
+            .map_or(Err(sluice_wire::ParseError::Truncated), dissect)
+        {
+            Ok(d) => d,
+            Err(_) => return Step::Done(Action::Drop(DropReason::Malformed)),
         };
         match d.net {
             Net::Ipv4 { key, ttl, .. } => self.slow4(now, buf, len, iif, &d, &key, ttl),

@@ -682,7 +682,7 @@ impl<S: NatEventSink> WorkerNat<S> {
             dst_port,
         };
         // The session takes its reference on the source mapping here, in
-        // the same lookup that finds the mapping (see [`IntSide`]).
+        // the same lookup that finds the mapping (see `by_int`).
         let ext = match self.by_int.get_mut(&key.int_key()) {
             Some(v) => {
                 *v.sessions_mut() += 1;
