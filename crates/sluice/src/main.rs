@@ -187,12 +187,13 @@ struct UpdateArgs {
     /// Single inserts (and deletes) timed.
     #[arg(long, default_value_t = 200)]
     samples: usize,
-    /// One-at-a-time appends timed (to an empty chain, seed 002; and with
-    /// the objects loaded).
+    /// One-at-a-time appends timed (to an empty chain, seed 002, on one kept
+    /// connection and with a connection each; and with the objects loaded).
     #[arg(long, default_value_t = 3000)]
     appends: usize,
     /// Write the results as JSON (insert_us_at_150k, delete_us_at_150k,
-    /// load_150k_s, append_3000_s, append_3000_at_150k_s, ...).
+    /// load_150k_s, append_3000_s, append_3000_new_conn_s,
+    /// append_3000_at_150k_s, ...).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
 }
