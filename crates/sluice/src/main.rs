@@ -253,6 +253,15 @@ fn parse_count(s: &str) -> Result<u64, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The gateway's control thread loads rule sets: one glibc heap for every
+    // thread instead of a per-thread arena that grows a page per `mprotect`
+    // (see `one_malloc_arena` for the measurement). Before any thread starts.
+    if matches!(
+        cli.cmd,
+        Command::Run(_) | Command::Bench(BenchCmd::Update(_))
+    ) {
+        sluice_io::alloc::one_malloc_arena();
+    }
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
