@@ -23,6 +23,9 @@
 //!   AF_PACKET port owns.
 //! - [`netns`] and [`rawsock`]: namespace and raw-socket helpers for tests
 //!   and the tester.
+//! - [`alloc::one_malloc_arena`]: one glibc heap for all threads, for
+//!   processes that load rule sets (the control thread's heap would
+//!   otherwise grow one `mprotect`ed page at a time).
 //!
 //! # Invariants
 //!
@@ -41,6 +44,7 @@
 
 pub mod afpacket;
 pub mod afxdp;
+pub mod alloc;
 pub mod batch;
 pub mod error;
 pub mod mem;

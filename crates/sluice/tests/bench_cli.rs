@@ -78,6 +78,7 @@ fn bench_update_runs_against_a_gateway_and_writes_its_keys() {
         "delete_us_at_150k",
         "load_150k_s",
         "append_3000_s",
+        "append_3000_new_conn_s",
         "append_3000_at_150k_s",
     ] {
         assert!(j[k].as_f64().is_some_and(|v| v > 0.0), "{k}: {j}");

@@ -5,8 +5,8 @@
 //! this process, on the `mem` backend (in-memory ports, so no root and no
 //! interfaces are needed; the control plane, the policy compiler and the
 //! publication to the worker are the production code). Every figure is a
-//! client-side wall-clock time of complete control requests: connect, send
-//! the request, the daemon parses, lowers, updates and publishes, reply.
+//! client-side wall-clock time of complete control requests: send the
+//! request, the daemon parses, lowers, updates and publishes, reply.
 //!
 //! Procedure (seed 002's measurements, on Sluice):
 //! 1. load a rule set of `objects` ClassBench-style 5-tuple rules with
@@ -20,7 +20,14 @@
 //!    rule set that has none), then `appends` one-at-a-time `add rule ip
 //!    filter forward ip saddr A accept` (seed 002 ran `iptables -A FORWARD -j
 //!    ACCEPT -s A` 3000 times after `iptables -F FORWARD`: 34 s):
-//!    `append_3000_s`.
+//!    `append_3000_s`;
+//! 6. step 5 again with a new connection per request:
+//!    `append_3000_new_conn_s`.
+//!
+//! Steps 1-3 and 6 open a connection per request, as separate `sluice ctl`
+//! calls do (minus the process start); the appends of steps 4 and 5 go over
+//! one kept connection ([`Session`]), each sent only once the previous one
+//! was acknowledged, so each is still applied and published on its own.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -75,6 +82,9 @@ pub struct UpdateReport {
     /// Seconds for `appends` one-at-a-time `add rule … ip saddr A accept`
     /// requests to an empty chain (seed 002's test).
     pub append_3000_s: f64,
+    /// [`Self::append_3000_s`] with a new control connection for every
+    /// request (as separate `sluice ctl` calls, minus the process start).
+    pub append_3000_new_conn_s: f64,
     /// Seconds for `appends` one-at-a-time 5-tuple `add rule` requests to
     /// the end of the chain with `objects` rules loaded.
     pub append_3000_at_150k_s: f64,
@@ -281,6 +291,64 @@ impl Gateway {
         let v = self.request(&req)?;
         Ok((v, t.elapsed().as_secs_f64() * 1e6))
     }
+
+    /// One connection for a series of requests ([`Session`]).
+    fn session(&self) -> Result<Session, UpdateBenchError> {
+        let io = |e: std::io::Error| UpdateBenchError::Io(self.socket.display().to_string(), e);
+        let w = std::os::unix::net::UnixStream::connect(&self.socket).map_err(io)?;
+        w.set_read_timeout(Some(Duration::from_secs(30)))
+            .map_err(io)?;
+        let r = std::io::BufReader::new(w.try_clone().map_err(io)?);
+        Ok(Session {
+            w,
+            r,
+            line: String::new(),
+            answer: String::new(),
+        })
+    }
+}
+
+/// A control connection kept open for a series of requests, as a
+/// long-running client (an orchestrator, a script holding a connection)
+/// would: each request is sent only once the answer to the previous one
+/// has arrived, so every request is still applied and acknowledged on its
+/// own, one at a time.
+struct Session {
+    w: std::os::unix::net::UnixStream,
+    r: std::io::BufReader<std::os::unix::net::UnixStream>,
+    line: String,
+    answer: String,
+}
+
+impl Session {
+    /// `nft` request `cmd`; the answer must say `"ok":true`.
+    fn nft(&mut self, cmd: &str) -> Result<(), UpdateBenchError> {
+        use std::io::{BufRead, Write};
+        let fail = |m: String| UpdateBenchError::Request(cmd.chars().take(120).collect(), m);
+        self.line.clear();
+        self.line.push_str(r#"{"cmd":"nft","command":"#);
+        self.line
+            .push_str(&serde_json::Value::from(cmd).to_string());
+        self.line.push_str("}\n");
+        self.w
+            .write_all(self.line.as_bytes())
+            .map_err(|e| fail(format!("write: {e}")))?;
+        self.answer.clear();
+        self.r
+            .read_line(&mut self.answer)
+            .map_err(|e| fail(format!("read: {e}")))?;
+        if self.answer.is_empty() {
+            return Err(fail("the daemon closed the connection".into()));
+        }
+        if !self.answer.starts_with(r#"{"ok":true"#) {
+            let v: serde_json::Value =
+                serde_json::from_str(&self.answer).map_err(|e| fail(format!("bad answer: {e}")))?;
+            if v.get("ok") != Some(&serde_json::Value::Bool(true)) {
+                return Err(fail(self.answer.trim_end().to_string()));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Drop for Gateway {
@@ -366,12 +434,17 @@ pub fn run(o: &UpdateOptions) -> Result<UpdateReport, UpdateBenchError> {
         let (_, us) = g.nft(&format!("delete rule ip filter forward handle {h}"))?;
         del.push(us);
     }
-    // 4. Appends, one request each.
+    // 4. Appends, one request each, on one connection.
+    let cmds: Vec<String> = (0..o.appends)
+        .map(|_| format!("add rule ip filter forward {}", rule(&mut rng)))
+        .collect();
+    let mut session = g.session()?;
     let t = Instant::now();
-    for _ in 0..o.appends {
-        g.nft(&format!("add rule ip filter forward {}", rule(&mut rng)))?;
+    for c in &cmds {
+        session.nft(c)?;
     }
     let append_at_150k_s = t.elapsed().as_secs_f64();
+    drop(session);
     g.expect_rules((o.objects + o.appends) as u64)?;
     // 5. Seed 002: appends to an empty chain.
     let empty = dir.join("empty.nft");
@@ -384,12 +457,33 @@ pub fn run(o: &UpdateOptions) -> Result<UpdateReport, UpdateBenchError> {
     // replaced 150 k-rule generations (its control loop does that in the
     // background) before the clock starts.
     g.wait_idle()?;
+    let cmds: Vec<String> = (0..o.appends)
+        .map(|i| {
+            let a = std::net::Ipv4Addr::from(0x0a00_0000u32 + i as u32);
+            format!("add rule ip filter forward ip saddr {a} accept")
+        })
+        .collect();
+    let mut session = g.session()?;
     let t = Instant::now();
-    for i in 0..o.appends {
-        let a = std::net::Ipv4Addr::from(0x0a00_0000u32 + i as u32);
-        g.nft(&format!("add rule ip filter forward ip saddr {a} accept"))?;
+    for c in &cmds {
+        session.nft(c)?;
     }
     let append_s = t.elapsed().as_secs_f64();
+    drop(session);
+    g.expect_rules(o.appends as u64)?;
+    // 6. Step 5 again with a new connection per request, as separate
+    // `sluice ctl` calls would make them (minus the process start).
+    g.request(
+        &serde_json::json!({"cmd": "ruleset-replace", "path": empty.display().to_string()})
+            .to_string(),
+    )?;
+    g.expect_rules(0)?;
+    g.wait_idle()?;
+    let t = Instant::now();
+    for c in &cmds {
+        g.nft(c)?;
+    }
+    let append_conn_s = t.elapsed().as_secs_f64();
     g.expect_rules(o.appends as u64)?;
     drop(g);
     Ok(UpdateReport {
@@ -401,6 +495,7 @@ pub fn run(o: &UpdateOptions) -> Result<UpdateReport, UpdateBenchError> {
         insert_apply_us: median(&mut apply),
         load_150k_s: load_s,
         append_3000_s: append_s,
+        append_3000_new_conn_s: append_conn_s,
         append_3000_at_150k_s: append_at_150k_s,
         appends: o.appends,
         samples: o.samples,
@@ -416,6 +511,7 @@ pub fn table(r: &UpdateReport) -> String {
          delete one rule, median (p99)           {:>8.1} us ({:.1})  <= 1000 us\n\
          insert, daemon apply time, median       {:>8.1} us\n\
          {a} appends to an empty chain (seed 002) {:>8.3} s  < 0.5 s\n\
+         {a} appends, a new connection each       {:>8.3} s\n\
          {a} appends with {n} rules loaded     {:>8.3} s\n",
         r.load_150k_s,
         r.insert_us_at_150k,
@@ -424,6 +520,7 @@ pub fn table(r: &UpdateReport) -> String {
         r.delete_p99_us,
         r.insert_apply_us,
         r.append_3000_s,
+        r.append_3000_new_conn_s,
         r.append_3000_at_150k_s,
         n = r.objects,
         a = r.appends,
@@ -456,12 +553,14 @@ mod tests {
         assert!(r.insert_us_at_150k.is_finite() && r.insert_us_at_150k > 0.0);
         assert!(r.delete_us_at_150k.is_finite() && r.delete_us_at_150k > 0.0);
         assert!(r.load_150k_s > 0.0 && r.append_3000_s > 0.0 && r.append_3000_at_150k_s > 0.0);
+        assert!(r.append_3000_new_conn_s > 0.0);
         let j = serde_json::to_value(&r).unwrap_or_default();
         for k in [
             "insert_us_at_150k",
             "delete_us_at_150k",
             "load_150k_s",
             "append_3000_s",
+            "append_3000_new_conn_s",
             "append_3000_at_150k_s",
         ] {
             assert!(j.get(k).is_some_and(|v| v.is_number()), "{k}");
