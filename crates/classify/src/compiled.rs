@@ -524,9 +524,17 @@ impl CRule {
                 c => extra.push(c),
             }
         }
+        let mut lean = Lean::of(&quick, extra.is_empty());
+        if r.stmts.is_empty() {
+            lean.flags |= match r.verdict {
+                Some(Verdict::Accept) => F_ACCEPT,
+                Some(Verdict::Drop) => F_DROP,
+                _ => 0,
+            };
+        }
         CRule {
             quick,
-            lean: Lean::of(&quick, extra.is_empty()),
+            lean,
             extra: extra.into(),
             id: r.id,
             stmts: r.stmts.clone().into(),
@@ -830,6 +838,11 @@ const F_DANY: u8 = 2;
 /// [`Lean`] flag: the box is necessary but not sufficient; the compiled rule
 /// is checked too (IPv6 bounds, or conditions outside the 5-tuple).
 const F_FULL: u8 = 4;
+/// [`Lean`] flag: the rule has no statements and accepts (the lookup's
+/// caller decides from the entry alone, without reading the rule).
+const F_ACCEPT: u8 = 8;
+/// [`Lean`] flag: the rule has no statements and drops.
+const F_DROP: u8 = 16;
 
 /// The 5-tuple box of a rule in IPv4 form (28 bytes), stored inline in every
 /// table entry, so that verifying a candidate reads no other cache line.
@@ -922,13 +935,16 @@ impl Lean {
     }
 }
 
-/// One table entry (48 bytes): a rule's position, the tag of the key it is
-/// filed under, the rule's inline box, and the rule.
+/// One table entry (56 bytes): a rule's position, the tag of the key it is
+/// filed under, the rule's inline box, its handle, and the rule. A rule
+/// without statements whose verdict is accept or drop says so in its box
+/// flags, so a lookup that ends on it never reads the rule itself.
 #[derive(Clone, Debug)]
 struct Ent {
     pos: u64,
     tag: u32,
     lean: Lean,
+    id: RuleId,
     rule: Arc<CRule>,
 }
 
@@ -938,6 +954,7 @@ impl Ent {
             pos,
             tag: tag_of(fp),
             lean: rule.lean,
+            id: rule.id,
             rule: rule.clone(),
         }
     }
@@ -1417,14 +1434,14 @@ impl CChain {
         p: &PacketFields,
         start: u64,
         heads: &mut Vec<Head>,
-    ) -> Option<(u64, &CRule)> {
+    ) -> Option<(u64, &Ent)> {
         let lh = self.lane_hashes(p);
         if heads.len() < self.tuples.len() {
             heads.resize(self.tuples.len(), Head::default());
         }
         let k = LeanKey::of(p);
         let mut best = u64::MAX;
-        let mut hit: Option<&CRule> = None;
+        let mut hit: Option<&Ent> = None;
         // Pending candidate slots: heads[lo..n], sorted by bound. Tuples come
         // by increasing `min_pos`: before a tuple is probed, every pending
         // slot that starts below its `min_pos` is visited, and once the best
@@ -1486,7 +1503,7 @@ impl CChain {
         k: &LeanKey,
         p: &PacketFields,
         best: &mut u64,
-        hit: &mut Option<&'a CRule>,
+        hit: &mut Option<&'a Ent>,
     ) {
         let Some(t) = self.tuples.get(hd.tuple as usize) else {
             return;
@@ -1503,7 +1520,7 @@ impl CChain {
             }
             if e.tag == hd.tag && e.matches(k, p) {
                 *best = e.pos;
-                *hit = Some(&e.rule);
+                *hit = Some(e);
                 break;
             }
         }
@@ -1558,10 +1575,10 @@ impl CChain {
     /// next bound is not below it. Every entry below the best is verified,
     /// so the result is the lowest-positioned match.
     #[inline(always)]
-    fn resolve(&self, p: &PacketFields, start: u64, heads: &[Head]) -> Option<(u64, &CRule)> {
+    fn resolve(&self, p: &PacketFields, start: u64, heads: &[Head]) -> Option<(u64, &Ent)> {
         let k = LeanKey::of(p);
         let mut best = u64::MAX;
-        let mut hit: Option<&CRule> = None;
+        let mut hit: Option<&Ent> = None;
         for hd in heads {
             if u64::from(hd.bound) << 32 >= best {
                 break;
@@ -1945,7 +1962,7 @@ impl Classifier {
         p: &PacketFields,
         start: u64,
         heads: &mut Vec<Head>,
-    ) -> Option<(u64, &CRule)> {
+    ) -> Option<(u64, &Ent)> {
         self.chains
             .get(chain.0 as usize)?
             .first_match(p, start, heads)
@@ -2048,7 +2065,7 @@ impl Classifier {
                 }
                 None => self.first_match(chain, &p, start, &mut s.heads),
             };
-            let Some((pos, r)) = m else {
+            let Some((pos, e)) = m else {
                 match s.stack.pop() {
                     Some((c, i)) => {
                         chain = c;
@@ -2059,6 +2076,18 @@ impl Classifier {
                 }
             };
             start = pos + 1;
+            // A rule without statements that accepts or drops: decided from
+            // the entry (no read of the rule, a likely cache miss).
+            if e.lean.flags & (F_ACCEPT | F_DROP) != 0 {
+                s.trace.push(e.id);
+                let v = if e.lean.flags & F_ACCEPT != 0 {
+                    Final::Accept
+                } else {
+                    Final::Drop
+                };
+                return out(v, Some(e.id), &p);
+            }
+            let r = &*e.rule;
             if !run_stmts(&r.stmts, &mut p, s.limit.as_ref()) {
                 continue;
             }
