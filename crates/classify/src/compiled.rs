@@ -2228,6 +2228,70 @@ mod tests {
     }
 
     #[test]
+    fn entries_decide_only_statement_free_accept_and_drop() {
+        use crate::ir::{Chain, Program, RejectKind};
+        let r = |id: u64, port: u128, stmts: Vec<Stmt>, v| Rule {
+            id: RuleId(id),
+            matches: vec![Match::eq(Field::Dport, port)],
+            stmts,
+            verdict: v,
+        };
+        let prog = Program {
+            chains: vec![
+                Chain {
+                    name: "in".into(),
+                    kind: ChainKind::Base(Policy::Accept),
+                    rules: vec![
+                        r(1, 1, vec![], Some(Verdict::Accept)),
+                        r(2, 2, vec![], Some(Verdict::Drop)),
+                        r(3, 3, vec![Stmt::Counter], Some(Verdict::Drop)),
+                        r(4, 4, vec![], Some(Verdict::Reject(RejectKind::TcpReset))),
+                        r(5, 5, vec![], Some(Verdict::Jump(ChainId(1)))),
+                        r(6, 6, vec![], None),
+                        r(7, 6, vec![], Some(Verdict::Drop)),
+                    ],
+                },
+                Chain {
+                    name: "sub".into(),
+                    kind: ChainKind::Regular,
+                    rules: vec![r(8, 5, vec![], Some(Verdict::Drop))],
+                },
+            ],
+        };
+        let c = Classifier::compile(&prog).unwrap();
+        let ch = c.chains.get(0).unwrap();
+        let flags = |id: u64| {
+            let mut f = None;
+            for t in &ch.tuples {
+                for sl in 0..=t.mask {
+                    for e in t.list(sl) {
+                        if e.id == RuleId(id) {
+                            assert_eq!(e.id, e.rule.id);
+                            f = Some(e.lean.flags & (F_ACCEPT | F_DROP));
+                        }
+                    }
+                }
+            }
+            f.unwrap()
+        };
+        assert_eq!(flags(1), F_ACCEPT);
+        assert_eq!(flags(2), F_DROP);
+        for id in 3..=7 {
+            assert_eq!(flags(id), if id == 7 { F_DROP } else { 0 }, "rule {id}");
+        }
+        let (mut s1, mut s2) = (Scratch::new(), Scratch::new());
+        for port in 0..8u16 {
+            let p = PacketFields {
+                dport: port,
+                ..Default::default()
+            };
+            let want = crate::eval_linear(&prog, ChainId(0), &p, &mut s1);
+            assert_eq!(c.eval(ChainId(0), &p, &mut s2), want, "port {port}");
+            assert_eq!(s1.trace, s2.trace, "port {port}");
+        }
+    }
+
+    #[test]
     fn loops_and_bad_targets_are_rejected() {
         let mut c = Classifier::new();
         let base = c.add_chain("in", ChainKind::Base(Policy::Accept));
