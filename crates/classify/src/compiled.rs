@@ -43,11 +43,15 @@
 //! * A table is open hashing by *slot* (the low bits of the fingerprint's high
 //!   half; one slot per entry, rounded up to a power of two, load 1/2 to 1):
 //!   slot `s` holds, sorted by position, every entry whose key lands there.
-//!   An entry (48 bytes) carries its position, the key's 32-bit tag, the
-//!   rule's 5-tuple box in IPv4 form, and the rule: most verifications are a
-//!   few compares on the entry's own cache line (protocol and destination
-//!   port first: they reject most candidates), and the rule is read only
-//!   when it has IPv6 bounds or conditions outside the 5-tuple. The
+//!   An entry (56 bytes) carries its position, the key's 32-bit tag, the
+//!   rule's 5-tuple box in IPv4 form, the rule's handle, and the rule: most
+//!   verifications are a few compares on the entry's own cache line
+//!   (protocol and destination port first: they reject most candidates),
+//!   and the rule is read only when it has IPv6 bounds or conditions
+//!   outside the 5-tuple, or when the lookup ends on it and it has
+//!   statements or a verdict other than accept and drop (a flag in the box
+//!   says "no statements, accept" or "no statements, drop", so the common
+//!   ACL rule is decided from the entry: one dependent miss fewer). The
 //!   *summary* is `sums[s]`, 4 bytes per slot (so the summaries of all
 //!   tuples stay cache resident: 0.6 MB at 100 000 ClassBench rules): the
 //!   high 32 bits of the first position of slot `s` (saturated to 24 bits),
@@ -96,23 +100,34 @@
 //! ignored test `lookup_stats` (`cargo test --release -p sluice-classify
 //! --lib lookup_stats -- --ignored --nocapture`).
 //!
-//! Measured with callgrind (`examples/probe.rs`, rounds 6 − 1, ClassBench
-//! shape, 4096 trace-style headers), instructions per packet at 20 / 100 /
-//! 1 000 / 10 000 / 100 000 rules: 917 / 1201 / 1526 / 1716 / 1911 (before
-//! the summary check byte, the priority-sorted probing and the collision
-//! limit 32: 982 / 1210 / 1546 / 1995 / 2509), so 1.9x the 20-rule count at
-//! 10 000 rules and 2.1x at 100 000 (were 2.0x and 2.6x). The seed-001 shape
-//! (one tuple) stays flat at about 550. The instruction ratio is not the
-//! time ratio: with 4096 headers the lines a lookup touches (the header
-//! itself, about 1.5 L2 misses per packet once the tables compete for L2,
-//! the summary words of the probed tuples, the visited lists and entries,
-//! the matched rule) no longer fit in a 512 KB L2 from about 10 000 rules
-//! (callgrind's cache model: 4.0 L2 misses per packet at 10 000 rules, 6.3
-//! at 100 000, none at 20; before: 5.1 and 8.7). On the shared 2-vCPU VM
-//! (2026-11-22, minima of interleaved runs) the wall-clock ratio to 20
-//! rules is 2.6–3.5x at 10 000 and 3.3–6x at 100 000 (before: 2.9–4.1x and
-//! 5.8–8.8x); the absolute time at those sizes dropped by 35–45 %. Measure
-//! with `cargo run --release -p sluice-classify --example measure`.
+//! Measured with cachegrind (2026-11-23, 2-vCPU AMD EPYC KVM guest, 24 GiB,
+//! Linux 6.18; `valgrind --tool=cachegrind --cache-sim=yes --D1=32768,8,64
+//! --LL=524288,8,64` on `examples/probe.rs`, rounds 6 − 2, divided by
+//! 4 × 4096; ClassBench shape, 4096 trace-style headers), instructions per
+//! packet at 20 / 100 / 1 000 / 10 000 / 100 000 rules: 894 / 1173 / 1484 /
+//! 1663 / 1850 (before entries carried the handle and the accept/drop
+//! flag: 927 / 1215 / 1540 / 1727 / 1920), so 1.9x the 20-rule count at
+//! 10 000 rules and 2.1x at 100 000. The seed-001 shape (one tuple) stays
+//! flat at 528 / 536 / 552 (20 / 10 000 / 100 000). The instruction ratio
+//! is not the time ratio: with 4096 headers the lines a lookup touches (the
+//! header itself, about 1.5 misses per packet in the model, which has no
+//! hardware prefetcher; the summary words of the probed tuples, the visited
+//! lists and entries, the matched rule when it has statements) no longer
+//! fit in a 512 KB L2 from about 10 000 rules (LL read misses per packet:
+//! 3.1 at 10 000 rules and 5.7 at 100 000, none at 20; before: 4.1 and 6.6;
+//! L1 read misses 15.0 and 34.7, 1.5 at 20). Measure the time with
+//! `cargo run --release -p sluice-classify --example measure` or
+//! `sluice bench rules` (docs/benchmarks.md has the wall-clock figures).
+//!
+//! Tried on 2026-11-23 and not kept (docs/benchmarks.md): TupleMerge's
+//! relaxation of new tuples to /8 (or /16) address levels halves the
+//! tuples probed at 10 000 rules (8.2 → 4.7) but triples the entries
+//! scanned (7.2 → 20) and was slower at 10 000 and 100 000 rules; a
+//! branch-free probe loop (unsorted pending slots, selected by minimum)
+//! cut simulated mispredictions by a quarter but added 150–280
+//! instructions per packet and was slower; prefetching the first entry of
+//! every candidate slot (at probe time, or before the first visit) did not
+//! measurably help.
 //!
 //! A lookup prefetches the list reference of every candidate slot when it
 //! finds it, so the list miss overlaps the probes of the remaining tuples.
@@ -120,9 +135,9 @@
 //! packets in three passes (hash all and prefetch every tuple's summary
 //! slot; read the summaries and prefetch each candidate slot's first
 //! entry; resolve), so the misses of a group overlap; it probes every
-//! tuple (no early stop), so it costs more instructions (callgrind: 1161 /
-//! 1957 / 2701 per packet at 20 / 10 000 / 100 000 ClassBench rules; before:
-//! 1181 / 2487 / 3210) and is reported as a separate figure.
+//! tuple (no early stop), so it costs more instructions (cachegrind as
+//! above: 1180 / 1985 / 2720 per packet at 20 / 10 000 / 100 000 ClassBench
+//! rules) and is reported as a separate figure.
 //!
 //! The evaluation loop is the same as the reference evaluator's: a
 //! non-terminal rule runs its statements (a mark change is visible to the
