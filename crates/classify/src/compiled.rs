@@ -96,9 +96,10 @@
 //! combinations are needed (ClassBench-style: 6 → 8 → 10 → 11 → 16 at
 //! 20 → 100 → 1 000 → 10 000 → 100 000 rules), but priority-sorted probing
 //! stops early: 3.6 → 6.4 → 8.0 → 8.2 → 8.8 tuples probed per lookup.
-//! Candidate slots visited stay about 1–2.3, entries scanned grow with the
-//! crowding of the shared keys (1.0 → 1.6 → 4.1 → 7.2 → 10.2; most are
-//! rejected by the protocol or destination-port compare). Averages from the
+//! Candidate slots visited stay about 1–2 (0.9 → 1.0 → 1.5 → 2.0 → 1.9),
+//! entries scanned grow with the crowding of the shared keys (1.0 → 1.3 →
+//! 2.4 → 6.0 → 9.8; most are rejected by the protocol or destination-port
+//! compare). Averages from the
 //! ignored test `lookup_stats` (`cargo test --release -p sluice-classify
 //! --lib lookup_stats -- --ignored --nocapture`).
 //!
@@ -106,22 +107,28 @@
 //! Linux 6.18; `valgrind --tool=cachegrind --cache-sim=yes --D1=32768,8,64
 //! --LL=524288,8,64` on `examples/probe.rs`, rounds 6 − 2, divided by
 //! 4 × 4096; ClassBench shape, 4096 trace-style headers), instructions per
-//! packet at 20 / 100 / 1 000 / 10 000 / 100 000 rules: 894 / 1173 / 1484 /
-//! 1663 / 1850 (before entries carried the handle and the accept/drop
-//! flag: 927 / 1215 / 1540 / 1727 / 1920), so 1.9x the 20-rule count at
-//! 10 000 rules and 2.1x at 100 000. The seed-001 shape (one tuple) stays
-//! flat at 528 / 536 / 552 (20 / 10 000 / 100 000). The instruction ratio
+//! packet at 20 / 100 / 1 000 / 10 000 / 100 000 rules: 894 / 1153 / 1391 /
+//! 1599 / 1801 (before entries carried the handle and the accept/drop
+//! flag and before load 1/4 to 1/2: 927 / 1215 / 1540 / 1727 / 1920), so
+//! 1.8x the 20-rule count at 10 000 rules and 2.0x at 100 000. The seed-001
+//! shape (one tuple) stays flat at 528 / 536 / 528 (20 / 10 000 /
+//! 100 000). The instruction ratio
 //! is not the time ratio: with 4096 headers the lines a lookup touches (the
 //! header itself, about 1.5 misses per packet in the model, which has no
 //! hardware prefetcher; the summary words of the probed tuples, the visited
 //! lists and entries, the matched rule when it has statements) no longer
 //! fit in a 512 KB L2 from about 10 000 rules (LL read misses per packet:
-//! 3.1 at 10 000 rules and 5.7 at 100 000, none at 20; before: 4.1 and 6.6;
-//! L1 read misses 15.0 and 34.7, 1.5 at 20). Measure the time with
+//! 3.0 at 10 000 rules and 6.8 at 100 000, none at 20; before: 4.1 and 6.6;
+//! L1 read misses 15.0 and 36.7, 1.5 at 20). Wall clock on that machine
+//! (interleaved `probe … single 10` runs, minima; shared, load average
+//! 2.8–3.0, 02:35 UTC): 83 / 219 / 332 ns at 20 / 10 000 / 100 000 rules,
+//! 2.6x and 4.0x (before: 86 / 275 / 361 ns, 3.2x and 4.2x). Measure the
+//! time with
 //! `cargo run --release -p sluice-classify --example measure` or
 //! `sluice bench rules` (docs/benchmarks.md has the wall-clock figures).
 //!
-//! Tried on 2026-11-23 and not kept (docs/benchmarks.md): TupleMerge's
+//! Tried on 2026-11-23 (at load 1/2 to 1) and not kept
+//! (docs/benchmarks.md): TupleMerge's
 //! relaxation of new tuples to /8 (or /16) address levels halves the
 //! tuples probed at 10 000 rules (8.2 → 4.7) but triples the entries
 //! scanned (7.2 → 20) and was slower at 10 000 and 100 000 rules; a
@@ -138,7 +145,7 @@
 //! slot; read the summaries and prefetch each candidate slot's first
 //! entry; resolve), so the misses of a group overlap; it probes every
 //! tuple (no early stop), so it costs more instructions (cachegrind as
-//! above: 1180 / 1985 / 2720 per packet at 20 / 10 000 / 100 000 ClassBench
+//! above: 1180 / 1937 / 2674 per packet at 20 / 10 000 / 100 000 ClassBench
 //! rules) and is reported as a separate figure.
 //!
 //! The evaluation loop is the same as the reference evaluator's: a
@@ -1058,7 +1065,7 @@ fn push_sorted(heads: &mut [Head], n: usize, h: Head) -> usize {
 /// Slots for a table of `n` entries: a power of two, load factor 1/4 to 1/2
 /// (at 1/2 to 1, more keys shared a slot: at 10 000 ClassBench rules 4.6
 /// candidate slots, 2.3 visited and 7.2 entries scanned per lookup instead
-/// of 4.1, 2.0 and 6.0, and 14 % more time per lookup; at 1/8 to 1/4 the
+/// of 4.1, 2.0 and 6.0, and 7–16 % more time per lookup; at 1/8 to 1/4 the
 /// larger summaries and lists cost more misses than the sparser slots save).
 fn slots_for(n: usize) -> usize {
     (2 * n).max(16).next_power_of_two()
