@@ -41,15 +41,21 @@
 //!   verifying each candidate against the whole rule, so fingerprint
 //!   collisions and coarse keys are harmless.
 //! * A table is open hashing by *slot* (the low bits of the fingerprint's high
-//!   half; one slot per entry, rounded up to a power of two, load 1/2 to 1):
+//!   half; two slots per entry, rounded up to a power of two, load 1/4 to
+//!   1/2, so that few keys share a slot):
 //!   slot `s` holds, sorted by position, every entry whose key lands there.
-//!   An entry (48 bytes) carries its position, the key's 32-bit tag, the
-//!   rule's 5-tuple box in IPv4 form, and the rule: most verifications are a
-//!   few compares on the entry's own cache line (protocol and destination
-//!   port first: they reject most candidates), and the rule is read only
-//!   when it has IPv6 bounds or conditions outside the 5-tuple. The
+//!   An entry (56 bytes) carries its position, the key's 32-bit tag, the
+//!   rule's 5-tuple box in IPv4 form, the rule's handle, and the rule: most
+//!   verifications are a few compares on the entry's own cache line
+//!   (protocol and destination port first: they reject most candidates),
+//!   and the rule is read only when it has IPv6 bounds or conditions
+//!   outside the 5-tuple, or when the lookup ends on it and it has
+//!   statements or a verdict other than accept and drop (a flag in the box
+//!   says "no statements, accept" or "no statements, drop", so the common
+//!   ACL rule is decided from the entry: one dependent miss fewer). The
 //!   *summary* is `sums[s]`, 4 bytes per slot (so the summaries of all
-//!   tuples stay cache resident: 0.6 MB at 100 000 ClassBench rules): the
+//!   tuples stay cache resident: 117 KB at 10 000 ClassBench rules, 1.2 MB
+//!   at 100 000; the list references take 16 bytes per slot): the
 //!   high 32 bits of the first position of slot `s` (saturated to 24 bits),
 //!   and a check byte, the top byte of the tag when every entry of the slot
 //!   has one tag (a *pure* slot), else 0. A key whose check byte differs from
@@ -90,29 +96,47 @@
 //! combinations are needed (ClassBench-style: 6 → 8 → 10 → 11 → 16 at
 //! 20 → 100 → 1 000 → 10 000 → 100 000 rules), but priority-sorted probing
 //! stops early: 3.6 → 6.4 → 8.0 → 8.2 → 8.8 tuples probed per lookup.
-//! Candidate slots visited stay about 1–2.3, entries scanned grow with the
-//! crowding of the shared keys (1.0 → 1.6 → 4.1 → 7.2 → 10.2; most are
-//! rejected by the protocol or destination-port compare). Averages from the
+//! Candidate slots visited stay about 1–2 (0.9 → 1.0 → 1.5 → 2.0 → 1.9),
+//! entries scanned grow with the crowding of the shared keys (1.0 → 1.3 →
+//! 2.4 → 6.0 → 9.8; most are rejected by the protocol or destination-port
+//! compare). Averages from the
 //! ignored test `lookup_stats` (`cargo test --release -p sluice-classify
 //! --lib lookup_stats -- --ignored --nocapture`).
 //!
-//! Measured with callgrind (`examples/probe.rs`, rounds 6 − 1, ClassBench
-//! shape, 4096 trace-style headers), instructions per packet at 20 / 100 /
-//! 1 000 / 10 000 / 100 000 rules: 917 / 1201 / 1526 / 1716 / 1911 (before
-//! the summary check byte, the priority-sorted probing and the collision
-//! limit 32: 982 / 1210 / 1546 / 1995 / 2509), so 1.9x the 20-rule count at
-//! 10 000 rules and 2.1x at 100 000 (were 2.0x and 2.6x). The seed-001 shape
-//! (one tuple) stays flat at about 550. The instruction ratio is not the
-//! time ratio: with 4096 headers the lines a lookup touches (the header
-//! itself, about 1.5 L2 misses per packet once the tables compete for L2,
-//! the summary words of the probed tuples, the visited lists and entries,
-//! the matched rule) no longer fit in a 512 KB L2 from about 10 000 rules
-//! (callgrind's cache model: 4.0 L2 misses per packet at 10 000 rules, 6.3
-//! at 100 000, none at 20; before: 5.1 and 8.7). On the shared 2-vCPU VM
-//! (2026-11-22, minima of interleaved runs) the wall-clock ratio to 20
-//! rules is 2.6–3.5x at 10 000 and 3.3–6x at 100 000 (before: 2.9–4.1x and
-//! 5.8–8.8x); the absolute time at those sizes dropped by 35–45 %. Measure
-//! with `cargo run --release -p sluice-classify --example measure`.
+//! Measured with cachegrind (2026-11-23, 2-vCPU AMD EPYC KVM guest, 24 GiB,
+//! Linux 6.18; `valgrind --tool=cachegrind --cache-sim=yes --D1=32768,8,64
+//! --LL=524288,8,64` on `examples/probe.rs`, rounds 6 − 2, divided by
+//! 4 × 4096; ClassBench shape, 4096 trace-style headers), instructions per
+//! packet at 20 / 100 / 1 000 / 10 000 / 100 000 rules: 894 / 1153 / 1391 /
+//! 1599 / 1801 (before entries carried the handle and the accept/drop
+//! flag and before load 1/4 to 1/2: 927 / 1215 / 1540 / 1727 / 1920), so
+//! 1.8x the 20-rule count at 10 000 rules and 2.0x at 100 000. The seed-001
+//! shape (one tuple) stays flat at 528 / 536 / 528 (20 / 10 000 /
+//! 100 000). The instruction ratio
+//! is not the time ratio: with 4096 headers the lines a lookup touches (the
+//! header itself, about 1.5 misses per packet in the model, which has no
+//! hardware prefetcher; the summary words of the probed tuples, the visited
+//! lists and entries, the matched rule when it has statements) no longer
+//! fit in a 512 KB L2 from about 10 000 rules (LL read misses per packet:
+//! 3.0 at 10 000 rules and 6.8 at 100 000, none at 20; before: 4.1 and 6.6;
+//! L1 read misses 15.0 and 36.7, 1.5 at 20). Wall clock on that machine
+//! (interleaved `probe … single 10` runs, minima; shared, load average
+//! 2.8–3.0, 02:35 UTC): 83 / 219 / 332 ns at 20 / 10 000 / 100 000 rules,
+//! 2.6x and 4.0x (before: 86 / 275 / 361 ns, 3.2x and 4.2x). Measure the
+//! time with
+//! `cargo run --release -p sluice-classify --example measure` or
+//! `sluice bench rules` (docs/benchmarks.md has the wall-clock figures).
+//!
+//! Tried on 2026-11-23 (at load 1/2 to 1) and not kept
+//! (docs/benchmarks.md): TupleMerge's
+//! relaxation of new tuples to /8 (or /16) address levels halves the
+//! tuples probed at 10 000 rules (8.2 → 4.7) but triples the entries
+//! scanned (7.2 → 20) and was slower at 10 000 and 100 000 rules; a
+//! branch-free probe loop (unsorted pending slots, selected by minimum)
+//! cut simulated mispredictions by a quarter but added 150–280
+//! instructions per packet and was slower; prefetching the first entry of
+//! every candidate slot (at probe time, or before the first visit) did not
+//! measurably help.
 //!
 //! A lookup prefetches the list reference of every candidate slot when it
 //! finds it, so the list miss overlaps the probes of the remaining tuples.
@@ -120,9 +144,9 @@
 //! packets in three passes (hash all and prefetch every tuple's summary
 //! slot; read the summaries and prefetch each candidate slot's first
 //! entry; resolve), so the misses of a group overlap; it probes every
-//! tuple (no early stop), so it costs more instructions (callgrind: 1161 /
-//! 1957 / 2701 per packet at 20 / 10 000 / 100 000 ClassBench rules; before:
-//! 1181 / 2487 / 3210) and is reported as a separate figure.
+//! tuple (no early stop), so it costs more instructions (cachegrind as
+//! above: 1180 / 1937 / 2674 per packet at 20 / 10 000 / 100 000 ClassBench
+//! rules) and is reported as a separate figure.
 //!
 //! The evaluation loop is the same as the reference evaluator's: a
 //! non-terminal rule runs its statements (a mark change is visible to the
@@ -524,9 +548,17 @@ impl CRule {
                 c => extra.push(c),
             }
         }
+        let mut lean = Lean::of(&quick, extra.is_empty());
+        if r.stmts.is_empty() {
+            lean.flags |= match r.verdict {
+                Some(Verdict::Accept) => F_ACCEPT,
+                Some(Verdict::Drop) => F_DROP,
+                _ => 0,
+            };
+        }
         CRule {
             quick,
-            lean: Lean::of(&quick, extra.is_empty()),
+            lean,
             extra: extra.into(),
             id: r.id,
             stmts: r.stmts.clone().into(),
@@ -830,6 +862,11 @@ const F_DANY: u8 = 2;
 /// [`Lean`] flag: the box is necessary but not sufficient; the compiled rule
 /// is checked too (IPv6 bounds, or conditions outside the 5-tuple).
 const F_FULL: u8 = 4;
+/// [`Lean`] flag: the rule has no statements and accepts (the lookup's
+/// caller decides from the entry alone, without reading the rule).
+const F_ACCEPT: u8 = 8;
+/// [`Lean`] flag: the rule has no statements and drops.
+const F_DROP: u8 = 16;
 
 /// The 5-tuple box of a rule in IPv4 form (28 bytes), stored inline in every
 /// table entry, so that verifying a candidate reads no other cache line.
@@ -922,13 +959,16 @@ impl Lean {
     }
 }
 
-/// One table entry (48 bytes): a rule's position, the tag of the key it is
-/// filed under, the rule's inline box, and the rule.
+/// One table entry (56 bytes): a rule's position, the tag of the key it is
+/// filed under, the rule's inline box, its handle, and the rule. A rule
+/// without statements whose verdict is accept or drop says so in its box
+/// flags, so a lookup that ends on it never reads the rule itself.
 #[derive(Clone, Debug)]
 struct Ent {
     pos: u64,
     tag: u32,
     lean: Lean,
+    id: RuleId,
     rule: Arc<CRule>,
 }
 
@@ -938,6 +978,7 @@ impl Ent {
             pos,
             tag: tag_of(fp),
             lean: rule.lean,
+            id: rule.id,
             rule: rule.clone(),
         }
     }
@@ -1021,9 +1062,13 @@ fn push_sorted(heads: &mut [Head], n: usize, h: Head) -> usize {
     n + 1
 }
 
-/// Slots for a table of `n` entries: a power of two, load factor 1/2 to 1.
+/// Slots for a table of `n` entries: a power of two, load factor 1/4 to 1/2
+/// (at 1/2 to 1, more keys shared a slot: at 10 000 ClassBench rules 4.6
+/// candidate slots, 2.3 visited and 7.2 entries scanned per lookup instead
+/// of 4.1, 2.0 and 6.0, and 7–16 % more time per lookup; at 1/8 to 1/4 the
+/// larger summaries and lists cost more misses than the sparser slots save).
 fn slots_for(n: usize) -> usize {
-    n.max(16).next_power_of_two()
+    (2 * n).max(16).next_power_of_two()
 }
 
 /// A tuple: one hash table for every rule key of one signature (level
@@ -1159,7 +1204,8 @@ impl Tuple {
         let i = v.partition_point(|e| e.pos < pos);
         v.insert(i, Ent::new(fp, pos, rule));
         self.set_list(s, v);
-        if self.entries > self.mask + 1 {
+        if 2 * self.entries > self.mask + 1 {
+            // Over load 1/2: rehash into twice the slots.
             self.resize();
         }
     }
@@ -1417,14 +1463,14 @@ impl CChain {
         p: &PacketFields,
         start: u64,
         heads: &mut Vec<Head>,
-    ) -> Option<(u64, &CRule)> {
+    ) -> Option<(u64, &Ent)> {
         let lh = self.lane_hashes(p);
         if heads.len() < self.tuples.len() {
             heads.resize(self.tuples.len(), Head::default());
         }
         let k = LeanKey::of(p);
         let mut best = u64::MAX;
-        let mut hit: Option<&CRule> = None;
+        let mut hit: Option<&Ent> = None;
         // Pending candidate slots: heads[lo..n], sorted by bound. Tuples come
         // by increasing `min_pos`: before a tuple is probed, every pending
         // slot that starts below its `min_pos` is visited, and once the best
@@ -1486,7 +1532,7 @@ impl CChain {
         k: &LeanKey,
         p: &PacketFields,
         best: &mut u64,
-        hit: &mut Option<&'a CRule>,
+        hit: &mut Option<&'a Ent>,
     ) {
         let Some(t) = self.tuples.get(hd.tuple as usize) else {
             return;
@@ -1503,7 +1549,7 @@ impl CChain {
             }
             if e.tag == hd.tag && e.matches(k, p) {
                 *best = e.pos;
-                *hit = Some(&e.rule);
+                *hit = Some(e);
                 break;
             }
         }
@@ -1558,10 +1604,10 @@ impl CChain {
     /// next bound is not below it. Every entry below the best is verified,
     /// so the result is the lowest-positioned match.
     #[inline(always)]
-    fn resolve(&self, p: &PacketFields, start: u64, heads: &[Head]) -> Option<(u64, &CRule)> {
+    fn resolve(&self, p: &PacketFields, start: u64, heads: &[Head]) -> Option<(u64, &Ent)> {
         let k = LeanKey::of(p);
         let mut best = u64::MAX;
-        let mut hit: Option<&CRule> = None;
+        let mut hit: Option<&Ent> = None;
         for hd in heads {
             if u64::from(hd.bound) << 32 >= best {
                 break;
@@ -1945,7 +1991,7 @@ impl Classifier {
         p: &PacketFields,
         start: u64,
         heads: &mut Vec<Head>,
-    ) -> Option<(u64, &CRule)> {
+    ) -> Option<(u64, &Ent)> {
         self.chains
             .get(chain.0 as usize)?
             .first_match(p, start, heads)
@@ -2048,7 +2094,7 @@ impl Classifier {
                 }
                 None => self.first_match(chain, &p, start, &mut s.heads),
             };
-            let Some((pos, r)) = m else {
+            let Some((pos, e)) = m else {
                 match s.stack.pop() {
                     Some((c, i)) => {
                         chain = c;
@@ -2059,6 +2105,18 @@ impl Classifier {
                 }
             };
             start = pos + 1;
+            // A rule without statements that accepts or drops: decided from
+            // the entry (no read of the rule, a likely cache miss).
+            if e.lean.flags & (F_ACCEPT | F_DROP) != 0 {
+                s.trace.push(e.id);
+                let v = if e.lean.flags & F_ACCEPT != 0 {
+                    Final::Accept
+                } else {
+                    Final::Drop
+                };
+                return out(v, Some(e.id), &p);
+            }
+            let r = &*e.rule;
             if !run_stmts(&r.stmts, &mut p, s.limit.as_ref()) {
                 continue;
             }
@@ -2196,6 +2254,112 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(c.eval(ch, &p, &mut s).rule, Some(RuleId(999)));
+    }
+
+    #[test]
+    fn entries_decide_only_statement_free_accept_and_drop() {
+        use crate::ir::{Chain, Program, RejectKind};
+        let r = |id: u64, port: u128, stmts: Vec<Stmt>, v| Rule {
+            id: RuleId(id),
+            matches: vec![Match::eq(Field::Dport, port)],
+            stmts,
+            verdict: v,
+        };
+        let prog = Program {
+            chains: vec![
+                Chain {
+                    name: "in".into(),
+                    kind: ChainKind::Base(Policy::Accept),
+                    rules: vec![
+                        r(1, 1, vec![], Some(Verdict::Accept)),
+                        r(2, 2, vec![], Some(Verdict::Drop)),
+                        r(3, 3, vec![Stmt::Counter], Some(Verdict::Drop)),
+                        r(4, 4, vec![], Some(Verdict::Reject(RejectKind::TcpReset))),
+                        r(5, 5, vec![], Some(Verdict::Jump(ChainId(1)))),
+                        r(6, 6, vec![], None),
+                        r(7, 6, vec![], Some(Verdict::Drop)),
+                    ],
+                },
+                Chain {
+                    name: "sub".into(),
+                    kind: ChainKind::Regular,
+                    rules: vec![r(8, 5, vec![], Some(Verdict::Drop))],
+                },
+            ],
+        };
+        let c = Classifier::compile(&prog).unwrap();
+        let ch = c.chains.get(0).unwrap();
+        let flags = |id: u64| {
+            let mut f = None;
+            for t in &ch.tuples {
+                for sl in 0..=t.mask {
+                    for e in t.list(sl) {
+                        if e.id == RuleId(id) {
+                            assert_eq!(e.id, e.rule.id);
+                            f = Some(e.lean.flags & (F_ACCEPT | F_DROP));
+                        }
+                    }
+                }
+            }
+            f.unwrap()
+        };
+        assert_eq!(flags(1), F_ACCEPT);
+        assert_eq!(flags(2), F_DROP);
+        for id in 3..=7 {
+            assert_eq!(flags(id), if id == 7 { F_DROP } else { 0 }, "rule {id}");
+        }
+        let (mut s1, mut s2) = (Scratch::new(), Scratch::new());
+        for port in 0..8u16 {
+            let p = PacketFields {
+                dport: port,
+                ..Default::default()
+            };
+            let want = crate::eval_linear(&prog, ChainId(0), &p, &mut s1);
+            assert_eq!(c.eval(ChainId(0), &p, &mut s2), want, "port {port}");
+            assert_eq!(s1.trace, s2.trace, "port {port}");
+        }
+    }
+
+    #[test]
+    fn tables_grow_to_load_at_most_one_half_and_stay_exact() {
+        use crate::ir::Chain;
+        let prog = crate::gen::classbench(3000, 11);
+        let rules = &prog.chains[0].rules;
+        let mut c = Classifier::new();
+        let ch = c.add_chain("forward", ChainKind::Base(Policy::Drop));
+        // One at a time, so every table grows (and rehashes) from empty.
+        for r in rules {
+            c.insert_rule(ch, Placement::Back, r).unwrap();
+        }
+        let chain = c.chains.get(0).unwrap();
+        for t in &chain.tuples {
+            assert!(
+                2 * t.entries <= t.mask + 1,
+                "{} entries, {} slots",
+                t.entries,
+                t.mask + 1
+            );
+            let n: usize = (0..=t.mask).map(|sl| t.list(sl).len()).sum();
+            assert_eq!(n, t.entries);
+            for sl in 0..=t.mask {
+                assert_eq!(t.sums.get(sl).copied(), Some(summary(t.list(sl))));
+            }
+        }
+        let linear = Program {
+            chains: vec![Chain {
+                name: "forward".into(),
+                kind: ChainKind::Base(Policy::Drop),
+                rules: rules.clone(),
+            }],
+        };
+        let pkts = crate::gen::classbench_packets(&linear, 2000, 12);
+        let (mut s1, mut s2) = (Scratch::new(), Scratch::new());
+        for p in &pkts {
+            assert_eq!(
+                c.eval(ch, p, &mut s2),
+                crate::eval_linear(&linear, ChainId(0), p, &mut s1)
+            );
+        }
     }
 
     #[test]
