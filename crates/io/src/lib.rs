@@ -54,6 +54,7 @@ pub mod nft;
 pub mod pcap;
 pub mod port;
 pub mod rawsock;
+pub mod spin;
 pub mod steer;
 mod sys;
 

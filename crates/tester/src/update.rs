@@ -334,6 +334,12 @@ impl Session {
             .write_all(self.line.as_bytes())
             .map_err(|e| fail(format!("write: {e}")))?;
         self.answer.clear();
+        // As `sluice ctl` does: poll briefly for the answer before blocking
+        // (`sluice_daemon::ctl::SPIN`).
+        sluice_io::spin::wait_readable(
+            std::os::fd::AsFd::as_fd(self.r.get_ref()),
+            sluice_daemon::ctl::SPIN,
+        );
         self.r
             .read_line(&mut self.answer)
             .map_err(|e| fail(format!("read: {e}")))?;
