@@ -242,6 +242,10 @@ pub struct WorkerNat<S = NoopSink> {
     pools: Vec<PoolState>,
     /// External pool address -> (pool, address index).
     pool_addr: HashMap<u32, (u16, usize)>,
+    /// One bit per pool address ([`addr_bit`]): most addresses that are no
+    /// pool address (the destination of every new outbound connection) are
+    /// told apart without a lookup in `pool_addr`.
+    pool_bits: u64,
     masq_slots: Vec<MasqSlot>,
     masq_space: PortSpace,
     /// Internal side -> external endpoint and the sessions holding the
@@ -298,6 +302,7 @@ impl<S: NatEventSink> WorkerNat<S> {
             max_sessions: config.max_sessions_per_subscriber,
             seed: config.pairing_seed,
             pools,
+            pool_bits: pool_addr.keys().fold(0, |b, &a| b | addr_bit(a)),
             pool_addr,
             masq_slots: vec![MasqSlot::default(); slots],
             masq_space: PortSpace::new(masq_slice, slots * PROTOS),
@@ -593,7 +598,7 @@ impl<S: NatEventSink> WorkerNat<S> {
     /// worker).
     #[inline]
     pub fn is_pool_addr(&self, addr: u32) -> bool {
-        self.pool_addr.contains_key(&addr)
+        self.pool_bits & addr_bit(addr) != 0 && self.pool_addr.contains_key(&addr)
     }
 
     /// Free ports of this worker on `ext_addr` for `proto` (pool addresses
@@ -626,7 +631,7 @@ impl<S: NatEventSink> WorkerNat<S> {
     /// (a masquerade slot stays bound while it has mappings).
     #[inline]
     fn is_external(&self, addr: u32) -> bool {
-        self.pool_addr.contains_key(&addr) || self.masq_slots.iter().any(|s| s.addr == Some(addr))
+        self.is_pool_addr(addr) || self.masq_slots.iter().any(|s| s.addr == Some(addr))
     }
 
     /// The mapping with external endpoint `ext`. Checks the (small, cached)
@@ -1014,6 +1019,13 @@ struct SessionRef {
     rport: u16,
 }
 
+/// The bit of `addr` in [`WorkerNat`]'s pool address filter: a
+/// multiplicative hash to 6 bits.
+#[inline]
+fn addr_bit(addr: u32) -> u64 {
+    1 << (addr.wrapping_mul(0x9e37_79b1) >> 26)
+}
+
 /// Allocate a port of `map`, never the internal endpoint itself (a mapping
 /// onto itself would be indistinguishable from no translation).
 fn alloc_port(space: &mut PortSpace, map: usize, ext_addr: u32, key: &MapKey) -> Option<u16> {
@@ -1120,6 +1132,21 @@ mod tests {
             3
         );
         assert_eq!(n.sink().events.len(), 1);
+    }
+
+    #[test]
+    fn pool_address_filter_has_no_false_negatives() {
+        let c = cfg(200, DEFAULT_PORTS, 1);
+        let n = nat(&c, 0);
+        for a in &c.pools[0].addrs {
+            assert!(n.is_pool_addr(u32::from(*a)), "{a}");
+        }
+        // Other addresses: exact whatever the filter bit says.
+        for x in 0..=255u8 {
+            let a = ip(192, 0, 2, x);
+            assert_eq!(n.is_pool_addr(u32::from(a)), (1..=200).contains(&x), "{a}");
+            assert!(!n.is_pool_addr(u32::from(ip(10, 9, x, 1))));
+        }
     }
 
     #[test]
