@@ -703,150 +703,52 @@ impl Worker {
         self.missing_nh = None;
         self.v6.missing_nh = None;
         let plain6 = plain6.get_mut(..n).unwrap_or_default();
-        // The passes run over groups of [`PIPELINE`] frames: long enough
-        // for the misses of a group to overlap, short enough that what
-        // pass 1 and 2 bring into L1 (frame headers, index buckets,
-        // entries) is still there in pass 3.
+        // The passes run over groups of [`PIPELINE`] frames, software
+        // pipelined: while pass 3 acts on group k, the entries of group
+        // k + 1 (prefetched by its pass 2) and the index buckets of group
+        // k + 2 (prefetched by its pass 1) are on their way, so memory and
+        // computation overlap instead of taking turns. A group is long
+        // enough for its misses to overlap, short enough that what its
+        // first passes bring into L1 (frame headers, index buckets,
+        // entries) is still there in its pass 3. Pass 2 of a group runs
+        // after pass 3 of the group before it, so its lookups see every
+        // connection the earlier frames of the batch created or removed.
+        let groups = n.div_ceil(PIPELINE);
+        let span = |g: usize| g * PIPELINE..((g + 1) * PIPELINE).min(n);
         let mut done = 0;
-        let mut base = 0;
-        while base < n {
-            let group = base..(base + PIPELINE).min(n);
-            let meta = meta.get_mut(group.clone()).unwrap_or_default();
-            let hash = hash.get_mut(group.clone()).unwrap_or_default();
-            let hit = hit.get_mut(group.clone()).unwrap_or_default();
-            let plain6 = plain6.get_mut(group.clone()).unwrap_or_default();
-            // Pass 1: dissect, hash, prefetch the index buckets.
-            for (j, ((slot, h), p6)) in meta
-                .iter_mut()
-                .zip(hash.iter_mut())
-                .zip(plain6.iter_mut())
-                .enumerate()
-            {
-                let i = base + j;
-                let (buf, len) = frames.buf_mut(i);
-                let frame = buf.get(..len).unwrap_or(&[]);
-                let v6 = frame.get(12..14) == Some(&[0x86, 0xdd][..]);
-                let m = match dissect_plain4(frame) {
-                    Some(p) => Meta::plain(&p),
-                    None if v6 => match dissect_plain6(frame) {
-                        Some(p) => {
-                            *p6 = p;
-                            Meta {
-                                class: C_V6,
-                                ..Meta::default()
-                            }
-                        }
-                        // Other IPv6 goes to the slow path, which dissects it
-                        // (once).
-                        _ => Meta {
-                            class: C_OTHER,
-                            ..Meta::default()
-                        },
-                    },
-                    None => match dissect(frame) {
-                        Ok(d) => Meta::of(&d),
-                        Err(_) => Meta::default(),
-                    },
-                };
-                *slot = m;
-                if m.class == C_V4 {
-                    *h = self.ct.hash(&m.key);
-                    self.ct.prefetch_bucket(*h);
-                } else if m.class == C_V6 {
-                    *h = self.v6.ct.hash(&p6.key);
-                    self.v6.ct.prefetch_bucket(*h);
-                }
+        for k in 0..groups + 2 {
+            if let Some(g) = k.checked_sub(2) {
+                let r = span(g);
+                done = self.pass3(
+                    now,
+                    frames,
+                    r.start,
+                    meta.get(r.clone()).unwrap_or_default(),
+                    hash.get(r.clone()).unwrap_or_default(),
+                    hit.get(r.clone()).unwrap_or_default(),
+                    plain6.get(r.clone()).unwrap_or_default(),
+                    missing,
+                    missing6,
+                );
             }
-            // Pass 2: find candidates in the (now cached) buckets; prefetch
-            // entries. For an IPv4 miss (most likely a new connection), start
-            // loading the NAT mapping slot source NAT would read.
-            let mut misses4 = 0usize;
-            for ((m, &h), hit) in meta.iter().zip(hash.iter()).zip(hit.iter_mut()) {
-                *hit = None;
-                if m.class == C_V4 {
-                    if let Some((id, dir)) = self.ct.candidate(h) {
-                        self.ct.prefetch_entry(id);
-                        *hit = Some((id, dir));
-                    } else {
-                        self.nat.prefetch_outbound(&m.key);
-                        misses4 += 1;
-                    }
-                } else if m.class == C_V6 {
-                    if let Some((id, dir)) = self.v6.ct.candidate(h) {
-                        self.v6.ct.prefetch_entry(id);
-                        *hit = Some((id, dir));
-                    }
-                }
+            if let Some(g) = k.checked_sub(1).filter(|&g| g < groups) {
+                let r = span(g);
+                self.pass2(
+                    meta.get(r.clone()).unwrap_or_default(),
+                    hash.get(r.clone()).unwrap_or_default(),
+                    hit.get_mut(r.clone()).unwrap_or_default(),
+                );
             }
-            // Pass 2b, for the misses: the reply key source NAT will most likely
-            // give (from the mapping slot, cached by now); start loading its
-            // conntrack bucket, which the insert reads. A wrong guess costs a
-            // wasted prefetch only.
-            if misses4 > 0 {
-                for (m, hit) in meta.iter().zip(hit.iter()) {
-                    if m.class == C_V4 && hit.is_none() {
-                        if let Some(r) = self.nat.predict_outbound_reply(&m.key) {
-                            self.ct.prefetch_bucket(self.ct.hash(&r));
-                        }
-                    }
-                }
+            if k < groups {
+                let r = span(k);
+                self.pass1(
+                    frames,
+                    r.start,
+                    meta.get_mut(r.clone()).unwrap_or_default(),
+                    hash.get_mut(r.clone()).unwrap_or_default(),
+                    plain6.get_mut(r.clone()).unwrap_or_default(),
+                );
             }
-            // Pass 3: act.
-            let scratch = meta
-                .iter()
-                .zip(hash.iter())
-                .zip(hit.iter())
-                .zip(plain6.iter());
-            for (j, (((m, &h), &cand), p6)) in scratch.enumerate() {
-                let i = base + j;
-                done = i + 1;
-                let iif = frames.iif(i);
-                let (buf, len) = frames.buf_mut(i);
-                let step = if m.class == C_V6 {
-                    self.one6(now, buf, len, iif, p6, h, cand)
-                } else {
-                    self.one(now, buf, len, iif, m, h, cand)
-                };
-                // The slow path names a missing next hop only for frames it
-                // drops with `no-neighbor` (or queues); taken at once so that
-                // it never carries over to the next frame.
-                if self.missing_nh.is_some() || self.v6.missing_nh.is_some() {
-                    let at = i as u16;
-                    if let Some(nh) = self.missing_nh.take() {
-                        missing.push((at, nh));
-                    }
-                    if let Some(nh) = self.v6.missing_nh.take() {
-                        missing6.push((at, nh));
-                    }
-                }
-                let action = match step {
-                    Step::Done(a) => a,
-                    Step::Reply(newlen) => {
-                        frames.set_len(i, newlen);
-                        Action::Reply
-                    }
-                    Step::Error(newlen, r) => {
-                        frames.set_len(i, newlen);
-                        self.counters.drop(r);
-                        self.counters.icmp_errors += 1;
-                        frames.set_action(i, Action::Reply);
-                        continue;
-                    }
-                };
-                match action {
-                    Action::Drop(r) => self.counters.drop(r),
-                    Action::Forward(_) => self.counters.tx += 1,
-                    Action::Reply => self.counters.local += 1,
-                    Action::Handoff(_) | Action::Steer(_) => self.counters.handed_off += 1,
-                    Action::Fragment(..) => {
-                        self.counters.tx += 1;
-                        self.counters.fragmented += 1;
-                    }
-                    Action::Pending => {}
-                }
-                frames.set_action(i, action);
-            }
-            base = group.end;
         }
         // Only if the scratch arrays were shorter than the batch (they are
         // not): nothing was decided for these frames.
@@ -855,6 +757,178 @@ impl Worker {
             self.counters.drop(DropReason::Malformed);
         }
         self.scratch = sc;
+    }
+
+    /// Pass 1 over the frames `base..` of one group: dissect, hash,
+    /// prefetch the index buckets.
+    #[inline(always)]
+    fn pass1<F: Frames>(
+        &mut self,
+        frames: &mut F,
+        base: usize,
+        meta: &mut [Meta],
+        hash: &mut [u64],
+        plain6: &mut [Plain6],
+    ) {
+        // Pass 1: dissect, hash, prefetch the index buckets.
+        for (j, ((slot, h), p6)) in meta
+            .iter_mut()
+            .zip(hash.iter_mut())
+            .zip(plain6.iter_mut())
+            .enumerate()
+        {
+            let i = base + j;
+            let (buf, len) = frames.buf_mut(i);
+            let frame = buf.get(..len).unwrap_or(&[]);
+            let v6 = frame.get(12..14) == Some(&[0x86, 0xdd][..]);
+            let m = match dissect_plain4(frame) {
+                Some(p) => Meta::plain(&p),
+                None if v6 => match dissect_plain6(frame) {
+                    Some(p) => {
+                        *p6 = p;
+                        Meta {
+                            class: C_V6,
+                            ..Meta::default()
+                        }
+                    }
+                    // Other IPv6 goes to the slow path, which dissects it
+                    // (once).
+                    _ => Meta {
+                        class: C_OTHER,
+                        ..Meta::default()
+                    },
+                },
+                None => match dissect(frame) {
+                    Ok(d) => Meta::of(&d),
+                    Err(_) => Meta::default(),
+                },
+            };
+            *slot = m;
+            if m.class == C_V4 {
+                *h = self.ct.hash(&m.key);
+                self.ct.prefetch_bucket(*h);
+            } else if m.class == C_V6 {
+                *h = self.v6.ct.hash(&p6.key);
+                self.v6.ct.prefetch_bucket(*h);
+            }
+        }
+    }
+
+    /// Pass 2 over one group: find candidates in the (now cached) buckets;
+    /// prefetch entries. For an IPv4 miss (most likely a new connection),
+    /// prefetch the NAT mapping slot source NAT would read, then (2b) the
+    /// conntrack bucket of the reply key that mapping predicts.
+    #[inline(always)]
+    fn pass2(&mut self, meta: &[Meta], hash: &[u64], hit: &mut [Option<(EntryId, Dir)>]) {
+        // Pass 2: find candidates in the (now cached) buckets; prefetch
+        // entries. For an IPv4 miss (most likely a new connection), start
+        // loading the NAT mapping slot source NAT would read.
+        let mut misses4 = 0usize;
+        for ((m, &h), hit) in meta.iter().zip(hash.iter()).zip(hit.iter_mut()) {
+            *hit = None;
+            if m.class == C_V4 {
+                if let Some((id, dir)) = self.ct.candidate(h) {
+                    self.ct.prefetch_entry(id);
+                    *hit = Some((id, dir));
+                } else {
+                    self.nat.prefetch_outbound(&m.key);
+                    misses4 += 1;
+                }
+            } else if m.class == C_V6 {
+                if let Some((id, dir)) = self.v6.ct.candidate(h) {
+                    self.v6.ct.prefetch_entry(id);
+                    *hit = Some((id, dir));
+                }
+            }
+        }
+        // Pass 2b, for the misses: the reply key source NAT will most likely
+        // give (from the mapping slot, cached by now); start loading its
+        // conntrack bucket, which the insert reads. A wrong guess costs a
+        // wasted prefetch only.
+        if misses4 > 0 {
+            for (m, hit) in meta.iter().zip(hit.iter()) {
+                if m.class == C_V4 && hit.is_none() {
+                    if let Some(r) = self.nat.predict_outbound_reply(&m.key) {
+                        self.ct.prefetch_bucket(self.ct.hash(&r));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Pass 3 over the frames `base..` of one group: act. Returns one past
+    /// the last frame decided.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn pass3<F: Frames>(
+        &mut self,
+        now: ct::Instant,
+        frames: &mut F,
+        base: usize,
+        meta: &[Meta],
+        hash: &[u64],
+        hit: &[Option<(EntryId, Dir)>],
+        plain6: &[Plain6],
+        missing: &mut Vec<(u16, (IfIndex, u32))>,
+        missing6: &mut Vec<(u16, (IfIndex, u128))>,
+    ) -> usize {
+        let mut done = base;
+        // Pass 3: act.
+        let scratch = meta
+            .iter()
+            .zip(hash.iter())
+            .zip(hit.iter())
+            .zip(plain6.iter());
+        for (j, (((m, &h), &cand), p6)) in scratch.enumerate() {
+            let i = base + j;
+            done = i + 1;
+            let iif = frames.iif(i);
+            let (buf, len) = frames.buf_mut(i);
+            let step = if m.class == C_V6 {
+                self.one6(now, buf, len, iif, p6, h, cand)
+            } else {
+                self.one(now, buf, len, iif, m, h, cand)
+            };
+            // The slow path names a missing next hop only for frames it
+            // drops with `no-neighbor` (or queues); taken at once so that
+            // it never carries over to the next frame.
+            if self.missing_nh.is_some() || self.v6.missing_nh.is_some() {
+                let at = i as u16;
+                if let Some(nh) = self.missing_nh.take() {
+                    missing.push((at, nh));
+                }
+                if let Some(nh) = self.v6.missing_nh.take() {
+                    missing6.push((at, nh));
+                }
+            }
+            let action = match step {
+                Step::Done(a) => a,
+                Step::Reply(newlen) => {
+                    frames.set_len(i, newlen);
+                    Action::Reply
+                }
+                Step::Error(newlen, r) => {
+                    frames.set_len(i, newlen);
+                    self.counters.drop(r);
+                    self.counters.icmp_errors += 1;
+                    frames.set_action(i, Action::Reply);
+                    continue;
+                }
+            };
+            match action {
+                Action::Drop(r) => self.counters.drop(r),
+                Action::Forward(_) => self.counters.tx += 1,
+                Action::Reply => self.counters.local += 1,
+                Action::Handoff(_) | Action::Steer(_) => self.counters.handed_off += 1,
+                Action::Fragment(..) => {
+                    self.counters.tx += 1;
+                    self.counters.fragmented += 1;
+                }
+                Action::Pending => {}
+            }
+            frames.set_action(i, action);
+        }
+        done
     }
 
     /// [`Self::process`] for frames another worker handed over
