@@ -209,10 +209,13 @@ impl<'s> Parser<'s> {
     }
 
     fn bump(&mut self) -> Token {
-        let t = self.toks.get(self.pos).copied().unwrap_or(Token {
-            tok: Tok::Eof,
-            span: self.span(),
-        });
+        let t = match self.toks.get(self.pos) {
+            Some(t) => *t,
+            None => Token {
+                tok: Tok::Eof,
+                span: self.span(),
+            },
+        };
         match t.tok {
             Tok::LBrace => self.depth += 1,
             Tok::RBrace => self.depth -= 1,
@@ -1090,7 +1093,14 @@ impl<'s> Parser<'s> {
                 return self.err_help(sp, format!("unknown statement or expression '{w}'"), help);
             }
             let (fields, _) = self.fields()?;
-            if self.eat_word("set") {
+            // One look at the next word for the two rare forms.
+            let next = match self.word() {
+                Some("set") => 1,
+                Some("vmap") => 2,
+                _ => 0,
+            };
+            if next == 1 {
+                self.bump();
                 let (v, vsp) = self.expect_word("mark value")?;
                 let n = parse_num(v).and_then(|n| u32::try_from(n).ok());
                 let Some(n) = n else {
@@ -1106,7 +1116,8 @@ impl<'s> Parser<'s> {
                 stmts.push(Stmt { kind, span: sp });
                 continue;
             }
-            if self.eat_word("vmap") {
+            if next == 2 {
+                self.bump();
                 let map = self.map_ref(&fields, DataType::Verdict)?;
                 stmts.push(Stmt {
                     kind: StmtKind::VerdictMap {
