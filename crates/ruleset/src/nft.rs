@@ -1266,6 +1266,37 @@ impl<'s> Parser<'s> {
     }
 
     fn relational(&mut self, left: Fields, span: Span) -> P<Match> {
+        // Fast path, most matches: one field of a plain type, then one word
+        // (`ip saddr 10.0.0.0/8`, `tcp dport 1024-2047`) not followed by a
+        // spaced `- END`. What the general path below does for them, minus
+        // its operator, mask, set and concatenation checks.
+        if let ([f], Tok::Word(w)) = (left.as_slice(), self.peek()) {
+            let dt = f.datatype();
+            let spaced_range = match self.peek_at(1) {
+                Tok::Word(t) => self.text(t) == "-",
+                _ => false,
+            };
+            let text = self.text(w);
+            if !dt.is_bitmask()
+                && dt != DataType::Verdict
+                && !spaced_range
+                && !text.starts_with('$')
+            {
+                let sp = self.bump().span;
+                let right = self.word_value(dt, text, sp)?;
+                return Ok(Match {
+                    left,
+                    mask: None,
+                    op: RelOp::Implicit,
+                    right,
+                    span,
+                    right_span: Span {
+                        len: sp.len.max(1),
+                        ..sp
+                    },
+                });
+            }
+        }
         let types = KeyTypes::of(&left);
         let types = types.as_slice();
         let single = match types {
