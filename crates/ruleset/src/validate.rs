@@ -164,6 +164,16 @@ impl Validator {
     }
 
     fn matches(&mut self, t: &Table, sets: &HashMap<&str, &Set>, m: &Match) {
+        // Most matches: one field of the table's family and a plainly valid value.
+        if let [f] = m.left.as_slice() {
+            let family_ok = !matches!(
+                (t.family, f.family()),
+                (Family::Ip, FieldFamily::V6) | (Family::Ip6, FieldFamily::V4)
+            );
+            if family_ok && plainly_valid(f.datatype(), &m.right) {
+                return;
+            }
+        }
         for f in &m.left {
             self.family_ok(t, *f, m.span);
         }
