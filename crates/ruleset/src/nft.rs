@@ -209,10 +209,13 @@ impl<'s> Parser<'s> {
     }
 
     fn bump(&mut self) -> Token {
-        let t = self.toks.get(self.pos).copied().unwrap_or(Token {
-            tok: Tok::Eof,
-            span: self.span(),
-        });
+        let t = match self.toks.get(self.pos) {
+            Some(t) => *t,
+            None => Token {
+                tok: Tok::Eof,
+                span: self.span(),
+            },
+        };
         match t.tok {
             Tok::LBrace => self.depth += 1,
             Tok::RBrace => self.depth -= 1,
@@ -1090,7 +1093,14 @@ impl<'s> Parser<'s> {
                 return self.err_help(sp, format!("unknown statement or expression '{w}'"), help);
             }
             let (fields, _) = self.fields()?;
-            if self.eat_word("set") {
+            // One look at the next word for the two rare forms.
+            let next = match self.word() {
+                Some("set") => 1,
+                Some("vmap") => 2,
+                _ => 0,
+            };
+            if next == 1 {
+                self.bump();
                 let (v, vsp) = self.expect_word("mark value")?;
                 let n = parse_num(v).and_then(|n| u32::try_from(n).ok());
                 let Some(n) = n else {
@@ -1106,7 +1116,8 @@ impl<'s> Parser<'s> {
                 stmts.push(Stmt { kind, span: sp });
                 continue;
             }
-            if self.eat_word("vmap") {
+            if next == 2 {
+                self.bump();
                 let map = self.map_ref(&fields, DataType::Verdict)?;
                 stmts.push(Stmt {
                     kind: StmtKind::VerdictMap {
@@ -1137,6 +1148,27 @@ impl<'s> Parser<'s> {
     }
 
     fn field(&mut self) -> P<Field> {
+        // The common two-word fields in one step (no table scan); anything
+        // else, errors included, takes the general path below.
+        if let (Some(a), Some(b)) = (self.word(), self.word_at(1)) {
+            let f = match (a, b) {
+                ("ip", "saddr") => Some(Field::IpSaddr),
+                ("ip", "daddr") => Some(Field::IpDaddr),
+                ("tcp", "dport") => Some(Field::TcpDport),
+                ("udp", "dport") => Some(Field::UdpDport),
+                ("tcp", "sport") => Some(Field::TcpSport),
+                ("udp", "sport") => Some(Field::UdpSport),
+                ("ip6", "saddr") => Some(Field::Ip6Saddr),
+                ("ip6", "daddr") => Some(Field::Ip6Daddr),
+                ("ct", "state") => Some(Field::CtState),
+                _ => None,
+            };
+            if let Some(f) = f {
+                self.bump();
+                self.bump();
+                return Ok(f);
+            }
+        }
         let (w, sp) = self.expect_word("an expression")?;
         let sub = |p: &mut Self, what: &str, opts: &[(&str, Field)]| -> P<Field> {
             let (s, ssp) = p.expect_word(format_args!("{what} field"))?;
@@ -1234,6 +1266,37 @@ impl<'s> Parser<'s> {
     }
 
     fn relational(&mut self, left: Fields, span: Span) -> P<Match> {
+        // Fast path, most matches: one field of a plain type, then one word
+        // (`ip saddr 10.0.0.0/8`, `tcp dport 1024-2047`) not followed by a
+        // spaced `- END`. What the general path below does for them, minus
+        // its operator, mask, set and concatenation checks.
+        if let ([f], Tok::Word(w)) = (left.as_slice(), self.peek()) {
+            let dt = f.datatype();
+            let spaced_range = match self.peek_at(1) {
+                Tok::Word(t) => self.text(t) == "-",
+                _ => false,
+            };
+            let text = self.text(w);
+            if !dt.is_bitmask()
+                && dt != DataType::Verdict
+                && !spaced_range
+                && !text.starts_with('$')
+            {
+                let sp = self.bump().span;
+                let right = self.word_value(dt, text, sp)?;
+                return Ok(Match {
+                    left,
+                    mask: None,
+                    op: RelOp::Implicit,
+                    right,
+                    span,
+                    right_span: Span {
+                        len: sp.len.max(1),
+                        ..sp
+                    },
+                });
+            }
+        }
         let types = KeyTypes::of(&left);
         let types = types.as_slice();
         let single = match types {
@@ -1440,6 +1503,16 @@ impl<'s> Parser<'s> {
     }
 
     fn verdict(&mut self) -> P<Verdict> {
+        // The common verdicts without the keyword table (one per rule).
+        let fast = match self.word() {
+            Some("accept") => Some(Verdict::Accept),
+            Some("drop") => Some(Verdict::Drop),
+            _ => None,
+        };
+        if let Some(v) = fast {
+            self.bump();
+            return Ok(v);
+        }
         let (w, _) = self.keyword(
             "verdict",
             &["accept", "drop", "return", "continue", "jump", "goto"],
@@ -1740,23 +1813,80 @@ impl<'s> Parser<'s> {
 /// general path gives (no symbol name starts with a digit, so the symbol
 /// lookups there cannot match), or `None` to leave `w` to it.
 fn decimal_value(w: &str) -> Option<Value> {
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    let (a, b) = match w.split_once('-') {
-        Some((a, b)) => (a, Some(b)),
-        None => (w, None),
-    };
-    if !digits(a) {
-        return None;
-    }
-    let a: u64 = a.parse().ok()?;
-    match b {
+    let b = w.as_bytes();
+    let (a, i) = decimal_prefix(b, 0)?;
+    match b.get(i) {
         None => Some(Value::Num(a)),
-        Some(b) if digits(b) => {
-            let b: u64 = b.parse().ok()?;
+        Some(b'-') => {
+            let (hi, j) = decimal_prefix(b, i + 1)?;
+            if j != b.len() {
+                return None;
+            }
             Some(Value::Range(
                 Box::new(Value::Num(a)),
-                Box::new(Value::Num(b)),
+                Box::new(Value::Num(hi)),
             ))
+        }
+        Some(_) => None,
+    }
+}
+
+/// The decimal number of 1 to 19 digits at `b[i..]` and the index after
+/// it (`None`: no digit, or too many to be sure of `u64`: the general path
+/// then decides; a strict subset of what `str::parse::<u64>` accepts, with
+/// the same value). One pass, no searching for `-` first.
+#[inline(always)]
+fn decimal_prefix(b: &[u8], i: usize) -> Option<(u64, usize)> {
+    let mut n: u64 = 0;
+    let mut j = i;
+    while let Some(&c) = b.get(j) {
+        if !c.is_ascii_digit() {
+            break;
+        }
+        if j - i == 19 {
+            return None;
+        }
+        n = n * 10 + u64::from(c - b'0');
+        j += 1;
+    }
+    (j > i).then_some((n, j))
+}
+
+/// `A.B.C.D` or `A.B.C.D/LEN` in the common spelling (octets without
+/// leading zeros, a length of 1 to 3 digits up to 255), parsed in one pass;
+/// `None` leaves everything else to the general path of
+/// [`parse_addr_value`], which gives the same value for these.
+fn ipv4_fast(w: &str) -> Option<Value> {
+    let b = w.as_bytes();
+    let mut octets = [0u8; 4];
+    let mut i = 0;
+    for (k, slot) in octets.iter_mut().enumerate() {
+        if k > 0 {
+            if b.get(i) != Some(&b'.') {
+                return None;
+            }
+            i += 1;
+        }
+        let (n, j) = decimal_prefix(b, i)?;
+        // At most 3 digits, no leading zero (std rejects "01"), <= 255.
+        if j - i > 3 || (j - i > 1 && b.get(i) == Some(&b'0')) || n > 255 {
+            return None;
+        }
+        *slot = n as u8;
+        i = j;
+    }
+    let addr = IpAddr::from(octets);
+    match b.get(i) {
+        None => Some(Value::Addr(addr)),
+        Some(b'/') => {
+            let (len, j) = decimal_prefix(b, i + 1)?;
+            if j != b.len() || j - (i + 1) > 3 || len > 255 {
+                return None;
+            }
+            Some(Value::Prefix {
+                addr,
+                len: len as u8,
+            })
         }
         Some(_) => None,
     }
@@ -1773,6 +1903,9 @@ fn byte_unit(s: &str) -> Option<ByteUnit> {
 
 /// `1.2.3.4`, `10.0.0.0/8`, `10.0.0.1-10.0.0.9`, `fe80::1`.
 pub(crate) fn parse_addr_value(w: &str) -> Option<Value> {
+    if let Some(v) = ipv4_fast(w) {
+        return Some(v);
+    }
     if let Some((a, l)) = w.split_once('/') {
         let addr: IpAddr = a.parse().ok()?;
         let len: u8 = l.parse().ok()?;
@@ -2012,6 +2145,53 @@ mod tests {
                 }
                 let full = p.word_value(dt, w, Span::default()).ok();
                 assert_eq!(full, general, "{dt:?} {w}");
+            }
+        }
+    }
+
+    #[test]
+    fn ipv4_fast_path_agrees_with_the_general_path() {
+        let words = [
+            "1.2.3.4",
+            "0.0.0.0",
+            "255.255.255.255",
+            "256.1.1.1",
+            "10.0.0.0/8",
+            "10.0.0.0/32",
+            "10.0.0.0/33",
+            "10.0.0.0/255",
+            "10.0.0.0/256",
+            "10.0.0.0/008",
+            "10.0.0.0/0008",
+            "10.0.0.0/",
+            "10.0.0.0/+8",
+            "01.2.3.4",
+            "1.2.3.04",
+            "1.2.3",
+            "1.2.3.4.5",
+            "1..3.4",
+            "1.2.3.4-1.2.3.9",
+            "1.2.3.4/8/8",
+            "1.2.3.4x",
+            "1000.2.3.4",
+            "::1",
+            "fe80::1/64",
+            "",
+        ];
+        for w in words {
+            let general = (|| {
+                if let Some((a, l)) = w.split_once('/') {
+                    let addr: IpAddr = a.parse().ok()?;
+                    let len: u8 = l.parse().ok()?;
+                    return Some(Value::Prefix { addr, len });
+                }
+                w.parse::<IpAddr>().ok().map(Value::Addr)
+            })();
+            if let Some(v) = ipv4_fast(w) {
+                assert_eq!(Some(v), general, "{w}");
+            }
+            if general.is_some() {
+                assert_eq!(parse_addr_value(w), general, "{w}");
             }
         }
     }

@@ -6,6 +6,7 @@ use crate::ast::*;
 use crate::diag::{suggest, RawDiag};
 use crate::print::hook as hook_name;
 use std::collections::HashMap;
+use std::net::IpAddr;
 
 pub(crate) fn validate(r: &Ruleset) -> Vec<RawDiag> {
     let mut v = Validator { diags: Vec::new() };
@@ -32,6 +33,25 @@ fn ctx(t: &Table) -> Lookups<'_> {
         t.sets.iter().map(|s| (s.name.as_str(), s)).collect(),
         t.maps.iter().map(|m| (m.name.as_str(), m)).collect(),
     )
+}
+
+/// True if [`Validator::scalar`] would find nothing wrong with `v` as a
+/// value of type `dt` in a match (intervals allowed): the common cases,
+/// checked without its bookkeeping. False means "check in full", not "invalid".
+fn plainly_valid(dt: DataType, v: &Value) -> bool {
+    let num_ok = |n: u64| dt.max_value().is_some_and(|max| n <= max);
+    match (dt, v) {
+        (DataType::Ipv4Addr, Value::Addr(IpAddr::V4(_))) => true,
+        (DataType::Ipv4Addr, Value::Prefix { addr, len }) => addr.is_ipv4() && *len <= 32,
+        (DataType::Ipv6Addr, Value::Addr(IpAddr::V6(_))) => true,
+        (DataType::Ipv6Addr, Value::Prefix { addr, len }) => addr.is_ipv6() && *len <= 128,
+        (_, Value::Num(n)) => num_ok(*n),
+        (_, Value::Range(a, b)) => match (a.as_ref(), b.as_ref()) {
+            (Value::Num(a), Value::Num(b)) => a <= b && num_ok(*b),
+            _ => false,
+        },
+        _ => false,
+    }
 }
 
 impl Validator {
@@ -144,6 +164,16 @@ impl Validator {
     }
 
     fn matches(&mut self, t: &Table, sets: &HashMap<&str, &Set>, m: &Match) {
+        // Most matches: one field of the table's family and a plainly valid value.
+        if let [f] = m.left.as_slice() {
+            let family_ok = !matches!(
+                (t.family, f.family()),
+                (Family::Ip, FieldFamily::V6) | (Family::Ip6, FieldFamily::V4)
+            );
+            if family_ok && plainly_valid(f.datatype(), &m.right) {
+                return;
+            }
+        }
         for f in &m.left {
             self.family_ok(t, *f, m.span);
         }
@@ -180,7 +210,11 @@ impl Validator {
                     self.value(types, &e.key, e.span, true, "anonymous set");
                 }
             }
-            v => self.value(types, v, m.right_span, true, "match"),
+            v => {
+                if !matches!(types, [dt] if plainly_valid(*dt, v)) {
+                    self.value(types, v, m.right_span, true, "match");
+                }
+            }
         }
     }
 
@@ -618,4 +652,48 @@ pub(crate) fn validate_command(r: &Ruleset, cmd: &crate::command::Command) -> Ve
         }
     }
     v.diags
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plainly_valid_values_pass_the_full_check() {
+        let v4 = IpAddr::from([10, 0, 0, 0]);
+        let v6 = IpAddr::from([0xfe80, 0, 0, 0, 0, 0, 0, 1]);
+        let range = |a: u64, b: u64| Value::Range(Box::new(Value::Num(a)), Box::new(Value::Num(b)));
+        let values = [
+            Value::Addr(v4),
+            Value::Addr(v6),
+            Value::Prefix { addr: v4, len: 8 },
+            Value::Prefix { addr: v4, len: 32 },
+            Value::Prefix { addr: v4, len: 33 },
+            Value::Prefix { addr: v6, len: 64 },
+            Value::Prefix { addr: v6, len: 129 },
+            Value::Num(0),
+            Value::Num(255),
+            Value::Num(256),
+            Value::Num(65_535),
+            Value::Num(65_536),
+            Value::Num(u64::from(u32::MAX) + 1),
+            range(1, 2),
+            range(2, 1),
+            range(1, 65_536),
+            Value::Range(Box::new(Value::Addr(v4)), Box::new(Value::Addr(v4))),
+            Value::Str("eth0".into()),
+        ];
+        let mut valid = 0;
+        for dt in DataType::ALL {
+            for v in &values {
+                if plainly_valid(dt, v) {
+                    valid += 1;
+                    let mut val = Validator { diags: Vec::new() };
+                    val.scalar(dt, v, Span::default(), true, "match");
+                    assert!(val.diags.is_empty(), "{dt:?} {v:?}: {:?}", val.diags);
+                }
+            }
+        }
+        assert!(valid > 20, "{valid}");
+    }
 }
