@@ -1172,27 +1172,70 @@ impl Tuple {
         }
     }
 
-    /// [`Self::set_list`] from a slice (one allocation: the list itself).
-    fn set_list_from(&mut self, s: usize, v: &[Ent]) {
-        if let Some(b) = self.sums.get_mut(s) {
-            *b = summary(v);
-        }
-        if let Some(l) = self.lists.get_mut(s) {
-            *l = if v.is_empty() { None } else { Some(v.into()) };
-        }
-    }
-
-    /// Files `ents` into empty slots: sorted by (slot, position), one list
-    /// per slot.
-    fn fill(&mut self, mut ents: Vec<Ent>) {
+    /// Replaces the table's contents with `ents` (`self.mask + 1` slots):
+    /// one list per slot, sorted by position. A stable counting sort by
+    /// slot (the callers pass entries in position order, or at least in
+    /// position order within each future slot; a run that is not gets
+    /// sorted), then every list and summary chunk is built once at its
+    /// final size, the entries moved, not cloned.
+    fn fill(&mut self, ents: Vec<Ent>) {
+        let n = self.mask + 1;
         let mask = self.mask;
         let slot = |e: &Ent| e.tag as usize & mask;
-        ents.sort_unstable_by_key(|e| (slot(e), e.pos));
-        for run in ents.chunk_by(|a, b| slot(a) == slot(b)) {
-            if let Some(f) = run.first() {
-                self.set_list_from(slot(f), run);
+        // starts[s]..starts[s + 1]: the indices (in `order`) of slot `s`.
+        let mut starts = vec![0u32; n + 1];
+        for e in &ents {
+            if let Some(c) = starts.get_mut(slot(e) + 1) {
+                *c += 1;
             }
         }
+        for s in 1..=n {
+            let prev = starts.get(s - 1).copied().unwrap_or(0);
+            if let Some(c) = starts.get_mut(s) {
+                *c += prev;
+            }
+        }
+        let mut next: Vec<u32> = starts.clone();
+        let mut order = vec![0u32; ents.len()];
+        for (i, e) in ents.iter().enumerate() {
+            if let Some(c) = next.get_mut(slot(e)) {
+                if let Some(o) = order.get_mut(*c as usize) {
+                    *o = i as u32;
+                }
+                *c += 1;
+            }
+        }
+        drop(next);
+        let mut ents: Vec<Option<Ent>> = ents.into_iter().map(Some).collect();
+        let lists = Chunks::from_fn(n, |s| {
+            let (a, b) = (
+                starts.get(s).copied().unwrap_or(0) as usize,
+                starts.get(s + 1).copied().unwrap_or(0) as usize,
+            );
+            let idx = order.get(a..b).unwrap_or_default();
+            if idx.is_empty() {
+                return None;
+            }
+            let mut take = idx
+                .iter()
+                .filter_map(|&i| ents.get_mut(i as usize).and_then(Option::take));
+            if idx.len() == 1 {
+                // Most slots: one allocation, at the list's final size.
+                return take.next().map(|e| std::iter::once(e).collect());
+            }
+            let mut v: Vec<Ent> = take.collect();
+            if !v.is_sorted_by_key(|e| e.pos) {
+                v.sort_by_key(|e| e.pos);
+            }
+            Some(Arc::from(v))
+        });
+        self.sums = Chunks::from_fn(n, |s| {
+            lists
+                .get(s)
+                .and_then(|l| l.as_deref())
+                .map_or(u32::MAX, summary)
+        });
+        self.lists = lists;
     }
 
     fn add(&mut self, fp: u64, pos: u64, rule: &Arc<CRule>) {
@@ -1242,10 +1285,7 @@ impl Tuple {
         for c in 0..=self.mask {
             ents.extend(self.list(c).iter().cloned());
         }
-        let n = slots_for(ents.len());
-        self.mask = n - 1;
-        self.sums = Chunks::filled(n, u32::MAX);
-        self.lists = Chunks::filled(n, None);
+        self.mask = slots_for(ents.len()) - 1;
         self.fill(ents);
     }
 }
@@ -1414,12 +1454,14 @@ impl CChain {
         c.len = n;
         groups.sort_unstable_by_key(|(sig, _)| *sig);
         for (sig, ents) in groups {
-            let mut t = Tuple::new(sig, &mut c.lanes, ents.len());
+            // Sized by `fill`, not here (the empty table would be discarded).
+            let mut t = Tuple::new(sig, &mut c.lanes, 0);
             for e in &ents {
                 t.min_pos = t.min_pos.min(e.pos);
                 t.max_pos = t.max_pos.max(e.pos);
             }
             t.entries = ents.len();
+            t.mask = slots_for(ents.len()) - 1;
             t.fill(ents);
             c.tuples.push(Arc::new(t));
         }

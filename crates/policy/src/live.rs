@@ -70,8 +70,14 @@ impl Handles {
         let Ok(i) = usize::try_from(h) else {
             return;
         };
-        while self.slots.len() <= i {
+        while self.slots.len() < i {
             self.slots.push_back(None);
+        }
+        if self.slots.len() == i {
+            // The next handle (every rule of a bulk load): append.
+            self.slots.push_back(Some(e));
+            self.live += 1;
+            return;
         }
         if let Some(slot) = self.slots.get_mut(i) {
             if slot.is_none() {
@@ -243,6 +249,13 @@ impl Store {
 
     /// Records `e` under handle `h`.
     pub fn put(&mut self, h: u64, e: Entry) {
+        self.order.insert((e.chain.0, e.pos), h);
+        self.put_loaded(h, e);
+    }
+
+    /// [`Self::put`] without the `order` entry (a load builds `order`
+    /// separately, see `policy::load_order`).
+    pub fn put_loaded(&mut self, h: u64, e: Entry) {
         self.ir_rules += e.rules.len();
         for n in &e.uses {
             let mut s = self
@@ -253,7 +266,6 @@ impl Store {
             s.insert(h);
             self.users.insert((e.table, n.clone()), s);
         }
-        self.order.insert((e.chain.0, e.pos), h);
         self.handles.insert(h, Arc::new(e));
     }
 
