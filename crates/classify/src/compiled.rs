@@ -595,8 +595,8 @@ fn compile_part(rules: &[Rule]) -> CompiledRules {
 }
 
 /// Calls `f(value, prefix_len)` for the minimal prefix cover of `r`; stops
-/// (returning `false`) after `cap` prefixes.
-fn prefixes(r: Range, width: u32, cap: usize, mut f: impl FnMut(u128, u32)) -> bool {
+/// (returning `false`) after `cap` prefixes or when `f` returns `false`.
+fn prefixes(r: Range, width: u32, cap: usize, mut f: impl FnMut(u128, u32) -> bool) -> bool {
     let (mut lo, hi) = (r.lo, r.hi);
     let span = |s: u32| u128::MAX.checked_shr(128 - s).unwrap_or(0);
     let mut n = 0;
@@ -609,7 +609,9 @@ fn prefixes(r: Range, width: u32, cap: usize, mut f: impl FnMut(u128, u32)) -> b
         while s > 0 && lo.checked_add(span(s)).is_none_or(|e| e > hi) {
             s -= 1;
         }
-        f(lo, width - s);
+        if !f(lo, width - s) {
+            return false;
+        }
         n += 1;
         let end = lo + span(s);
         if end >= hi {
@@ -644,13 +646,17 @@ fn expand_dim_into(dim: usize, ranges: &[Range], out: &mut Vec<(u128, u8)>) -> b
         // is enumerated value by value instead.
         let start = out.len();
         let mut rwild = false;
+        let small = r.hi - r.lo < ENUM_SMALL;
         let ok = prefixes(*r, width, DIM_CAP, |v, plen| {
             let li = level_of(dim, v, plen);
             rwild |= li == 0;
             let l = lv.get(li).copied().unwrap_or(0);
             out.push((v & lvl_mask(l, width), li as u8));
+            // A wildcard prefix of a range too large to enumerate makes
+            // the whole dimension wildcard: the rest is not needed.
+            small || !rwild
         });
-        if (rwild || !ok) && r.hi - r.lo < ENUM_SMALL {
+        if (rwild || !ok) && small {
             out.truncate(start);
             let m = lvl_mask(lv.get(full as usize).copied().unwrap_or(0), width);
             out.extend((r.lo..=r.hi).map(|v| (v & m, full)));
@@ -2230,7 +2236,10 @@ mod tests {
     #[test]
     fn prefix_cover_of_port_range() {
         let mut v = Vec::new();
-        prefixes(Range::new(1024, 65535), 16, 64, |x, l| v.push((x, l)));
+        prefixes(Range::new(1024, 65535), 16, 64, |x, l| {
+            v.push((x, l));
+            true
+        });
         assert_eq!(
             v,
             vec![
@@ -2243,7 +2252,10 @@ mod tests {
             ]
         );
         let mut v = Vec::new();
-        prefixes(Range::new(0, u128::MAX), 128, 64, |x, l| v.push((x, l)));
+        prefixes(Range::new(0, u128::MAX), 128, 64, |x, l| {
+            v.push((x, l));
+            true
+        });
         assert_eq!(v, vec![(0, 0)]);
     }
 
