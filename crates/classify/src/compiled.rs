@@ -85,8 +85,16 @@
 //! * A [`Classifier`] is an immutable generation once published. `clone()` is
 //!   shallow (chunks and slot lists are `Arc`s) and an update copies only the
 //!   chunks and lists it writes. [`Classifier::compile`] files the keys in
-//!   rule order exactly as inserts would, then bulk-builds every table
-//!   presized.
+//!   rule order exactly as inserts would, then bulk-builds every table at
+//!   its final size (a stable counting sort of the entries by slot, each
+//!   list and summary chunk allocated once, entries moved). A chain of at
+//!   least `PAR_COMPILE_MIN` (8192) rules has its second half compiled,
+//!   and its rule-id index built, on a second thread while this one
+//!   compiles and files the first half. At 150 000 ClassBench-style rules
+//!   (callgrind, 2026-11-23, 2-vCPU AMD EPYC KVM guest, 24 GiB, Linux
+//!   6.18; `sluice-policy`'s `load` example) the main thread's share fell
+//!   from 599 M to 443 M instructions (table fill 140 M → 76 M, rule
+//!   compilation 452 M → 403 M over both threads).
 //!
 //! # Cost model
 //!
