@@ -85,8 +85,16 @@
 //! * A [`Classifier`] is an immutable generation once published. `clone()` is
 //!   shallow (chunks and slot lists are `Arc`s) and an update copies only the
 //!   chunks and lists it writes. [`Classifier::compile`] files the keys in
-//!   rule order exactly as inserts would, then bulk-builds every table
-//!   presized.
+//!   rule order exactly as inserts would, then bulk-builds every table at
+//!   its final size (a stable counting sort of the entries by slot, each
+//!   list and summary chunk allocated once, entries moved). A chain of at
+//!   least `PAR_COMPILE_MIN` (8192) rules has its second half compiled,
+//!   and its rule-id index built, on a second thread while this one
+//!   compiles and files the first half. At 150 000 ClassBench-style rules
+//!   (callgrind, 2026-11-23, 2-vCPU AMD EPYC KVM guest, 24 GiB, Linux
+//!   6.18; `sluice-policy`'s `load` example) the main thread's share fell
+//!   from 599 M to 443 M instructions (table fill 140 M → 76 M, rule
+//!   compilation 452 M → 403 M over both threads).
 //!
 //! # Cost model
 //!
@@ -595,8 +603,8 @@ fn compile_part(rules: &[Rule]) -> CompiledRules {
 }
 
 /// Calls `f(value, prefix_len)` for the minimal prefix cover of `r`; stops
-/// (returning `false`) after `cap` prefixes.
-fn prefixes(r: Range, width: u32, cap: usize, mut f: impl FnMut(u128, u32)) -> bool {
+/// (returning `false`) after `cap` prefixes or when `f` returns `false`.
+fn prefixes(r: Range, width: u32, cap: usize, mut f: impl FnMut(u128, u32) -> bool) -> bool {
     let (mut lo, hi) = (r.lo, r.hi);
     let span = |s: u32| u128::MAX.checked_shr(128 - s).unwrap_or(0);
     let mut n = 0;
@@ -609,7 +617,9 @@ fn prefixes(r: Range, width: u32, cap: usize, mut f: impl FnMut(u128, u32)) -> b
         while s > 0 && lo.checked_add(span(s)).is_none_or(|e| e > hi) {
             s -= 1;
         }
-        f(lo, width - s);
+        if !f(lo, width - s) {
+            return false;
+        }
         n += 1;
         let end = lo + span(s);
         if end >= hi {
@@ -644,13 +654,17 @@ fn expand_dim_into(dim: usize, ranges: &[Range], out: &mut Vec<(u128, u8)>) -> b
         // is enumerated value by value instead.
         let start = out.len();
         let mut rwild = false;
+        let small = r.hi - r.lo < ENUM_SMALL;
         let ok = prefixes(*r, width, DIM_CAP, |v, plen| {
             let li = level_of(dim, v, plen);
             rwild |= li == 0;
             let l = lv.get(li).copied().unwrap_or(0);
             out.push((v & lvl_mask(l, width), li as u8));
+            // A wildcard prefix of a range too large to enumerate makes
+            // the whole dimension wildcard: the rest is not needed.
+            small || !rwild
         });
-        if (rwild || !ok) && r.hi - r.lo < ENUM_SMALL {
+        if (rwild || !ok) && small {
             out.truncate(start);
             let m = lvl_mask(lv.get(full as usize).copied().unwrap_or(0), width);
             out.extend((r.lo..=r.hi).map(|v| (v & m, full)));
@@ -1172,27 +1186,70 @@ impl Tuple {
         }
     }
 
-    /// [`Self::set_list`] from a slice (one allocation: the list itself).
-    fn set_list_from(&mut self, s: usize, v: &[Ent]) {
-        if let Some(b) = self.sums.get_mut(s) {
-            *b = summary(v);
-        }
-        if let Some(l) = self.lists.get_mut(s) {
-            *l = if v.is_empty() { None } else { Some(v.into()) };
-        }
-    }
-
-    /// Files `ents` into empty slots: sorted by (slot, position), one list
-    /// per slot.
-    fn fill(&mut self, mut ents: Vec<Ent>) {
+    /// Replaces the table's contents with `ents` (`self.mask + 1` slots):
+    /// one list per slot, sorted by position. A stable counting sort by
+    /// slot (the callers pass entries in position order, or at least in
+    /// position order within each future slot; a run that is not gets
+    /// sorted), then every list and summary chunk is built once at its
+    /// final size, the entries moved, not cloned.
+    fn fill(&mut self, ents: Vec<Ent>) {
+        let n = self.mask + 1;
         let mask = self.mask;
         let slot = |e: &Ent| e.tag as usize & mask;
-        ents.sort_unstable_by_key(|e| (slot(e), e.pos));
-        for run in ents.chunk_by(|a, b| slot(a) == slot(b)) {
-            if let Some(f) = run.first() {
-                self.set_list_from(slot(f), run);
+        // starts[s]..starts[s + 1]: the indices (in `order`) of slot `s`.
+        let mut starts = vec![0u32; n + 1];
+        for e in &ents {
+            if let Some(c) = starts.get_mut(slot(e) + 1) {
+                *c += 1;
             }
         }
+        for s in 1..=n {
+            let prev = starts.get(s - 1).copied().unwrap_or(0);
+            if let Some(c) = starts.get_mut(s) {
+                *c += prev;
+            }
+        }
+        let mut next: Vec<u32> = starts.clone();
+        let mut order = vec![0u32; ents.len()];
+        for (i, e) in ents.iter().enumerate() {
+            if let Some(c) = next.get_mut(slot(e)) {
+                if let Some(o) = order.get_mut(*c as usize) {
+                    *o = i as u32;
+                }
+                *c += 1;
+            }
+        }
+        drop(next);
+        let mut ents: Vec<Option<Ent>> = ents.into_iter().map(Some).collect();
+        let lists = Chunks::from_fn(n, |s| {
+            let (a, b) = (
+                starts.get(s).copied().unwrap_or(0) as usize,
+                starts.get(s + 1).copied().unwrap_or(0) as usize,
+            );
+            let idx = order.get(a..b).unwrap_or_default();
+            if idx.is_empty() {
+                return None;
+            }
+            let mut take = idx
+                .iter()
+                .filter_map(|&i| ents.get_mut(i as usize).and_then(Option::take));
+            if idx.len() == 1 {
+                // Most slots: one allocation, at the list's final size.
+                return take.next().map(|e| std::iter::once(e).collect());
+            }
+            let mut v: Vec<Ent> = take.collect();
+            if !v.is_sorted_by_key(|e| e.pos) {
+                v.sort_by_key(|e| e.pos);
+            }
+            Some(Arc::from(v))
+        });
+        self.sums = Chunks::from_fn(n, |s| {
+            lists
+                .get(s)
+                .and_then(|l| l.as_deref())
+                .map_or(u32::MAX, summary)
+        });
+        self.lists = lists;
     }
 
     fn add(&mut self, fp: u64, pos: u64, rule: &Arc<CRule>) {
@@ -1242,10 +1299,7 @@ impl Tuple {
         for c in 0..=self.mask {
             ents.extend(self.list(c).iter().cloned());
         }
-        let n = slots_for(ents.len());
-        self.mask = n - 1;
-        self.sums = Chunks::filled(n, u32::MAX);
-        self.lists = Chunks::filled(n, None);
+        self.mask = slots_for(ents.len()) - 1;
         self.fill(ents);
     }
 }
@@ -1302,6 +1356,15 @@ struct CChain {
 
 fn id_key(id: RuleId) -> u64 {
     fmix(id.0 ^ SEED)
+}
+
+/// The id index of a chain built from `rules` (rule `i` in slot `i`).
+fn ids_of(rules: &[Rule]) -> Sharded<u32> {
+    let mut m = Sharded::new();
+    for (i, r) in rules.iter().enumerate() {
+        m.insert(id_key(r.id), i as u32);
+    }
+    m
 }
 
 /// A tuple whose summary slot for the packet is not empty: a candidate of
@@ -1378,7 +1441,7 @@ impl CChain {
                 rule: Some(cr),
                 keys: SlotKeys::new(&placed),
             });
-            c.by_id.insert(id_key(r.id), s as u32);
+            debug_assert_eq!(s, i);
         };
         // Compiling a rule depends on nothing else, so the second half of a
         // large chain is compiled on another thread while this one compiles
@@ -1387,14 +1450,18 @@ impl CChain {
             n >= PAR_COMPILE_MIN && std::thread::available_parallelism().is_ok_and(|t| t.get() > 1);
         let (first, second) = rules.split_at(if parallel { n / 2 } else { n });
         std::thread::scope(|scope| {
-            let later = (!second.is_empty()).then(|| scope.spawn(|| compile_part(second)));
+            // That thread also builds the id index (rule `i` is in slot
+            // `i`): 150 000 `imbl` inserts, which have no bulk form.
+            let later =
+                (!second.is_empty()).then(|| scope.spawn(|| (compile_part(second), ids_of(rules))));
             let mut sc = BuildScratch::default();
             for (i, r) in first.iter().enumerate() {
                 let cr = Arc::new(CRule::compile(r, &mut sc));
                 file(i, r, cr, &sc.keys);
             }
             if let Some(h) = later {
-                let part = h.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
+                let (part, ids) = h.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
+                c.by_id = ids;
                 let mut start = 0;
                 for (k, (r, (cr, &end))) in second
                     .iter()
@@ -1405,6 +1472,8 @@ impl CChain {
                     start = end;
                     file(first.len() + k, r, cr, nat);
                 }
+            } else {
+                c.by_id = ids_of(rules);
             }
         });
         if n > 0 {
@@ -1414,12 +1483,14 @@ impl CChain {
         c.len = n;
         groups.sort_unstable_by_key(|(sig, _)| *sig);
         for (sig, ents) in groups {
-            let mut t = Tuple::new(sig, &mut c.lanes, ents.len());
+            // Sized by `fill`, not here (the empty table would be discarded).
+            let mut t = Tuple::new(sig, &mut c.lanes, 0);
             for e in &ents {
                 t.min_pos = t.min_pos.min(e.pos);
                 t.max_pos = t.max_pos.max(e.pos);
             }
             t.entries = ents.len();
+            t.mask = slots_for(ents.len()) - 1;
             t.fill(ents);
             c.tuples.push(Arc::new(t));
         }
@@ -2173,7 +2244,10 @@ mod tests {
     #[test]
     fn prefix_cover_of_port_range() {
         let mut v = Vec::new();
-        prefixes(Range::new(1024, 65535), 16, 64, |x, l| v.push((x, l)));
+        prefixes(Range::new(1024, 65535), 16, 64, |x, l| {
+            v.push((x, l));
+            true
+        });
         assert_eq!(
             v,
             vec![
@@ -2186,7 +2260,10 @@ mod tests {
             ]
         );
         let mut v = Vec::new();
-        prefixes(Range::new(0, u128::MAX), 128, 64, |x, l| v.push((x, l)));
+        prefixes(Range::new(0, u128::MAX), 128, 64, |x, l| {
+            v.push((x, l));
+            true
+        });
         assert_eq!(v, vec![(0, 0)]);
     }
 

@@ -148,6 +148,17 @@ impl<T: Clone> Chunks<T> {
         }
         Chunks { chunks }
     }
+    /// `len` elements, element `i` being `f(i)` (each chunk allocated once,
+    /// at its final size).
+    pub(crate) fn from_fn(len: usize, mut f: impl FnMut(usize) -> T) -> Self {
+        let chunks = (0..len.div_ceil(FIXED_CHUNK))
+            .map(|c| {
+                let a = c * FIXED_CHUNK;
+                (a..len.min(a + FIXED_CHUNK)).map(&mut f).collect()
+            })
+            .collect();
+        Chunks { chunks }
+    }
     #[inline]
     pub(crate) fn get(&self, i: usize) -> Option<&T> {
         self.chunks.get(i / FIXED_CHUNK)?.get(i % FIXED_CHUNK)

@@ -368,9 +368,25 @@ fn classbench_2000_rules_compiled_equals_linear() {
 /// classifies as the linear walk does.
 #[test]
 fn classbench_10000_rules_compiled_in_parallel_equals_linear() {
-    let prog = gen::classbench(10_000, 5);
-    let c = Classifier::compile(&prog).unwrap();
+    let mut prog = gen::classbench(10_000, 5);
+    let mut c = Classifier::compile(&prog).unwrap();
     let pkts = gen::classbench_packets(&prog, 1000, 105);
+    check(&prog, &c, &pkts).unwrap();
+    // Deletes and inserts find the rules of both halves (the id index is
+    // built on the other thread, the tables from the bulk fill).
+    let extra = gen::classbench(100, 6);
+    let mut r = Rng::new(11);
+    for (i, mut rule) in extra.chains[0].rules.iter().cloned().enumerate() {
+        rule.id = RuleId(1_000_000 + i as u64);
+        let rules = &mut prog.chains[0].rules;
+        let k = r.below(rules.len() as u64) as usize;
+        let gone = rules.remove(k);
+        c.delete_rule(ChainId(0), gone.id).unwrap();
+        let k = r.below(rules.len() as u64) as usize;
+        c.insert_rule(ChainId(0), Placement::Before(rules[k].id), &rule)
+            .unwrap();
+        rules.insert(k, rule);
+    }
     check(&prog, &c, &pkts).unwrap();
 }
 

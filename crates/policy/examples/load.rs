@@ -1,5 +1,5 @@
 //! Times the phases of loading an nft rule set: parse, compile (lower,
-//! classifier, rule store). `cargo run --release -p sluice-policy --example
+//! classifier, rule store; by value, as the daemon does). `cargo run --release -p sluice-policy --example
 //! load -- FILE [--no-updates]` (`--no-updates`: skip the single-update
 //! timing, e.g. to profile the load alone).
 
@@ -20,10 +20,9 @@ fn main() {
     };
     let parse = t.elapsed();
     let t = Instant::now();
-    let p = match sluice_policy::CompiledPolicy::compile(
-        &rs,
-        &sluice_policy::Interfaces::from_ruleset(&rs),
-    ) {
+    // By value, as the daemon loads (no copy of the rules).
+    let ifaces = sluice_policy::Interfaces::from_ruleset(&rs);
+    let p = match sluice_policy::CompiledPolicy::compile_owned(rs, &ifaces) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("{e}");
