@@ -471,6 +471,17 @@ pub fn wake(socket: &Path) {
     let _ = UnixStream::connect(socket);
 }
 
+/// A read that ended without data or end of stream: the read timeout
+/// passed or a signal interrupted it.
+fn no_data_yet(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock
+            | std::io::ErrorKind::TimedOut
+            | std::io::ErrorKind::Interrupted
+    )
+}
+
 /// One control connection: a line reader (the partial line survives a
 /// hand-over between threads) and the writing half.
 struct Conn {
@@ -539,16 +550,7 @@ impl Conn {
         match self.r.fill_buf() {
             Ok([]) => Step::Closed,
             Ok(_) => Step::Served,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock
-                        | std::io::ErrorKind::TimedOut
-                        | std::io::ErrorKind::Interrupted
-                ) =>
-            {
-                Step::Idle
-            }
+            Err(e) if no_data_yet(&e) => Step::Idle,
             Err(_) => Step::Closed,
         }
     }
@@ -598,16 +600,7 @@ impl Conn {
             let chunk = match self.r.fill_buf() {
                 Ok([]) => return Step::Closed,
                 Ok(b) => b,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock
-                            | std::io::ErrorKind::TimedOut
-                            | std::io::ErrorKind::Interrupted
-                    ) =>
-                {
-                    continue
-                }
+                Err(e) if no_data_yet(&e) => continue,
                 Err(_) => return Step::Closed,
             };
             let (line, used, complete) = match chunk.iter().position(|&b| b == b'\n') {

@@ -1601,9 +1601,11 @@ impl Worker {
             }
         }
         let reply = reply.unwrap_or_else(|| key.reversed());
-        // The reply key is known only now; its index bucket is a random
-        // cache line that `insert` reads and writes. Start loading it so
-        // that the miss overlaps the routing and delta work below.
+        // The reply key is certain only now; its index bucket is a random
+        // cache line that `insert` reads and writes. Pass 2b prefetched it
+        // when an existing mapping predicted the key; for a new mapping (or
+        // DNAT) start loading it here, so that the miss at least overlaps
+        // the routing and delta work below.
         self.ct.prefetch_bucket(self.ct.hash(&reply));
         // The reply direction is translated back to the original source and
         // leaves towards it.

@@ -168,9 +168,9 @@ impl IntMap {
         }
     }
 
-    /// Index of `k`'s slot, if present.
+    /// Index of the first slot of `h`'s run that `hit` accepts.
     #[inline]
-    fn find(&self, h: u64, k: &IntKey) -> Option<usize> {
+    fn scan(&self, h: u64, hit: impl Fn(&Slot) -> bool) -> Option<usize> {
         let mut i = self.home(h);
         // At most half full, so the run ends at an empty slot; the bound
         // only guards against a logic error.
@@ -179,12 +179,18 @@ impl IntMap {
             if s.kind == EMPTY {
                 return None;
             }
-            if s.is(k) {
+            if hit(s) {
                 return Some(i);
             }
             i = (i + 1) & self.mask;
         }
         None
+    }
+
+    /// Index of `k`'s slot, if present.
+    #[inline]
+    fn find(&self, h: u64, k: &IntKey) -> Option<usize> {
+        self.scan(h, |s| s.is(k))
     }
 
     /// The slot of `k`.
@@ -214,23 +220,14 @@ impl IntMap {
         dst_addr: u32,
         dst_port: u16,
     ) -> Option<(u32, u16)> {
-        let mut i = self.home(h);
-        for _ in 0..=self.mask {
-            let s = self.slots.get(i)?;
-            if s.kind == EMPTY {
-                return None;
-            }
-            if s.int_addr == int_addr
+        let i = self.scan(h, |s| {
+            s.int_addr == int_addr
                 && s.int_port == int_port
                 && s.proto == proto
                 && s.dst_addr == dst_addr
                 && s.dst_port == dst_port
-            {
-                return Some(s.ext());
-            }
-            i = (i + 1) & self.mask;
-        }
-        None
+        })?;
+        self.slots.get(i).map(Slot::ext)
     }
 
     /// Insert `k` (which must be absent) with its external endpoint and

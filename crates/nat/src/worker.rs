@@ -540,14 +540,22 @@ impl<S: NatEventSink> WorkerNat<S> {
             .map(|(e, m)| info(&m.key, *e, self.sessions_of(&m.key)))
     }
 
+    /// The destination part of the mapping key of `orig`: none (zeros)
+    /// under endpoint-independent mapping, RFC 4787 REQ-1 / RFC 5382 REQ-1
+    /// (the mapping is keyed by the internal endpoint only).
+    #[inline]
+    fn mapped_destination(&self, orig: &FlowKey4) -> (u32, u16) {
+        match self.mapping {
+            MappingBehaviour::EndpointIndependent => (0, 0),
+            MappingBehaviour::AddressAndPortDependent => (orig.dst, orig.dport),
+        }
+    }
+
     /// The `by_int` hash [`Self::snat`] would compute for the first packet
     /// `orig` of an outbound connection (any realm).
     #[inline]
     fn outbound_hash(&self, orig: &FlowKey4) -> u64 {
-        let (dst_addr, dst_port) = match self.mapping {
-            MappingBehaviour::EndpointIndependent => (0, 0),
-            MappingBehaviour::AddressAndPortDependent => (orig.dst, orig.dport),
-        };
+        let (dst_addr, dst_port) = self.mapped_destination(orig);
         self.by_int
             .hash(orig.proto, orig.src, orig.sport, dst_addr, dst_port)
     }
@@ -569,10 +577,7 @@ impl<S: NatEventSink> WorkerNat<S> {
     /// wrong one only wastes a prefetch. Changes nothing.
     #[inline]
     pub fn predict_outbound_reply(&self, orig: &FlowKey4) -> Option<FlowKey4> {
-        let (dst_addr, dst_port) = match self.mapping {
-            MappingBehaviour::EndpointIndependent => (0, 0),
-            MappingBehaviour::AddressAndPortDependent => (orig.dst, orig.dport),
-        };
+        let (dst_addr, dst_port) = self.mapped_destination(orig);
         let (addr, port) = self.by_int.peek_ext(
             self.outbound_hash(orig),
             orig.proto,
@@ -672,12 +677,7 @@ impl<S: NatEventSink> WorkerNat<S> {
             self.stats.subscriber_limit += 1;
             return Err(NatError::SubscriberLimit);
         }
-        let (dst_addr, dst_port) = match self.mapping {
-            // RFC 4787 REQ-1 / RFC 5382 REQ-1: the mapping is keyed by the
-            // internal endpoint only.
-            MappingBehaviour::EndpointIndependent => (0, 0),
-            MappingBehaviour::AddressAndPortDependent => (orig.dst, orig.dport),
-        };
+        let (dst_addr, dst_port) = self.mapped_destination(orig);
         let key = MapKey {
             realm,
             proto: orig.proto,
