@@ -24,13 +24,23 @@
 //! allocated zeroed (calloc: pages are backed lazily) and advised for huge
 //! pages before first touch. There is never a rehash.
 //!
-//! Why 0.55 and 8 buckets: bounded linear probing has a heavy tail. A
+//! Why 0.55 and 32 buckets: bounded linear probing has a heavy tail. A
 //! simulation of filling to `max` (random hashes, 4 M slots) gives, for the
 //! last 10 % of inserts, a full window in 3.3e-2 of them at (0.75 load, 4
 //! buckets), 4.4e-3 at (0.75, 8), 5e-5 at (0.6, 8) and 2.5e-6 at (0.55, 8).
-//! A full window is not an error: it triggers early drop in that window, and
-//! only a window of assured entries makes the insert fail. At 0.55 a hit
-//! reads its home bucket alone about 98 % of the time.
+//! 2.5e-6 was too much: filling to 40 M connections (80 M keys) met about
+//! 21 full 8-bucket windows per fill (two seeds), each one an early drop of a
+//! live connection while the table was not full, which `sluice bench nat44
+//! --connections 40M --frames 20M` caught on 2026-11-23. The same
+//! simulation with unbounded windows (11 seeds, 40 M connections) put the
+//! longest probe at 9 to 13 buckets, so a 32-bucket window leaves a wide
+//! margin; it costs nothing on a lookup, which stops at the first bucket
+//! whose overflow count is zero, and at 0.55 a hit reads its home bucket
+//! alone about 98 % of the time. A full window is not an error: it
+//! triggers early drop in that window, and only a window of assured
+//! entries makes the insert fail. Early drop searches the window's first
+//! [`DROP_SCAN`] buckets for its victim, so its cost did not grow with the
+//! window.
 
 use sluice_io::mem::{advise_huge_pages, populate, prefetch};
 
@@ -41,7 +51,11 @@ pub(crate) const SLOTS: usize = 7;
 const WORDS: usize = 8;
 const CTRL: usize = 7;
 /// Buckets probed at most per key.
-pub(crate) const WINDOW: usize = 8;
+pub(crate) const WINDOW: usize = 32;
+/// Buckets of a window that early drop searches for a victim (the window's
+/// first ones: when the window is full they are full too, and when the
+/// table is full any entry of the window frees a slot in it).
+pub(crate) const DROP_SCAN: usize = 8;
 const IDX_MASK: u64 = 0x7fff_ffff;
 const DIR_BIT: u64 = 1 << 31;
 
@@ -184,11 +198,15 @@ impl Index {
         false
     }
 
-    /// Call `f` for every entry that occupies a slot in the window of `h`.
+    /// Call `f` for every entry that occupies a slot in the first
+    /// [`DROP_SCAN`] buckets of the window of `h`.
     pub(crate) fn for_each_in_window(&self, h: u64, mut f: impl FnMut(u32)) {
         let home = self.home(h);
         let start = self.at(home);
-        for (i, &slot) in self.words[start..start + WINDOW * WORDS].iter().enumerate() {
+        for (i, &slot) in self.words[start..start + DROP_SCAN * WORDS]
+            .iter()
+            .enumerate()
+        {
             if i % WORDS != CTRL && slot != 0 {
                 f(decode(slot).0);
             }
@@ -266,6 +284,6 @@ mod tests {
         assert!(!ix.insert(999, 999, Dir::Reply));
         let mut seen = 0;
         ix.for_each_in_window(1, |_| seen += 1);
-        assert_eq!(seen, WINDOW * SLOTS);
+        assert_eq!(seen, DROP_SCAN * SLOTS);
     }
 }

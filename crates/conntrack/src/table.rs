@@ -120,6 +120,8 @@ pub struct Table<K: Key, P> {
     gc_cursor: usize,
     /// Counts inserts, so that a [`Vacant`] knows whether it still holds.
     stamp: u64,
+    /// Entries evicted by early drop since the table was built.
+    early_drops: u64,
     /// Test hook: hash every key to bucket 0.
     #[cfg(test)]
     pub(crate) degenerate: bool,
@@ -180,6 +182,7 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
             tcp_loose: cfg.tcp_loose,
             gc_cursor: 0,
             stamp: 0,
+            early_drops: 0,
             #[cfg(test)]
             degenerate: false,
         })
@@ -195,6 +198,14 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
     #[inline]
     pub fn len(&self) -> usize {
         self.len as usize
+    }
+
+    /// Live connections evicted early (to make room for a new one) since
+    /// the table was built: netfilter's `early_drop` statistic. Each one
+    /// was a connection that stopped working before its timeout.
+    #[inline]
+    pub fn early_drops(&self) -> u64 {
+        self.early_drops
     }
 
     /// True when no connection is tracked.
@@ -671,6 +682,9 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
             return false;
         }
         let e = self.remove_idx(victim);
+        if expired == NONE {
+            self.early_drops += 1;
+        }
         on_evict(&e);
         true
     }

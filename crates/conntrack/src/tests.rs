@@ -568,6 +568,7 @@ fn full_table_keeps_established_connections_working() {
     }
     assert!(evicted > 0);
     assert_eq!(evicted + full, max as usize);
+    assert_eq!(t.early_drops(), evicted as u64);
     // Every established connection still works, in both directions.
     for k in &est {
         let (id, dir) = find(&t, k).unwrap();
@@ -596,6 +597,8 @@ fn full_table_keeps_established_connections_working() {
         evicted_assured = e.is_assured()
     });
     assert!(r.is_ok() && evicted_assured);
+    // An expired victim is not a live connection dropped early.
+    assert_eq!(t.early_drops(), evicted as u64);
 }
 
 #[test]
@@ -624,6 +627,7 @@ fn full_probe_window_early_drops_then_reports_full() {
         .insert(ms(now, 10), k, nat_reply(&k), 0, &mut |e| ev.push(e.orig()))
         .unwrap();
     assert_eq!(ev.len(), 1);
+    assert_eq!(t.early_drops(), 1, "a live connection was dropped early");
     assert!(find(&t, &k).is_some() && find(&t, &nat_reply(&k)).is_some());
     establish(&mut t, id, now);
     for &id in &ids {

@@ -168,6 +168,9 @@ pub struct WorkerStatus {
     pub connections: usize,
     /// IPv6 connections tracked.
     pub connections6: usize,
+    /// Live connections (IPv4 and IPv6) evicted early to make room for new
+    /// ones since the worker started (netfilter's `early_drop`).
+    pub ct_early_drops: u64,
     /// Ports: (interface, backend description, stats).
     pub ports: Vec<PortStatus>,
     /// Neighbours known.
@@ -489,6 +492,8 @@ impl WorkerThread {
                         counters: self.engine.counters().clone(),
                         connections: self.engine.conntrack().len(),
                         connections6: self.engine.conntrack6().len(),
+                        ct_early_drops: self.engine.conntrack().early_drops()
+                            + self.engine.conntrack6().early_drops(),
                         ports,
                         neighbors: self
                             .resolver

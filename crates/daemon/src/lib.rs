@@ -499,7 +499,9 @@ impl Control {
                 let ws = self.ask(Command::Status)?;
                 let n: usize = ws.iter().map(|w| w.connections).sum();
                 let n6: usize = ws.iter().map(|w| w.connections6).sum();
-                Ok(json!({"ok": true, "count": n + n6, "ipv4": n, "ipv6": n6}))
+                let early: u64 = ws.iter().map(|w| w.ct_early_drops).sum();
+                Ok(json!({"ok": true, "count": n + n6, "ipv4": n, "ipv6": n6,
+                          "early_drops": early}))
             }
             Request::ConntrackFlush => {
                 let n: u64 = self.ask(Command::Flush)?.into_iter().sum();
@@ -594,7 +596,7 @@ fn worker_json(w: &WorkerStatus) -> Value {
     json!({"worker": w.worker, "connections": w.connections, "ports": w.ports,
            "neighbors": w.neighbors, "arp_pending": w.arp_pending,
            "neighbors6": w.neighbors6, "ndp_pending": w.ndp_pending,
-           "connections6": w.connections6,
+           "connections6": w.connections6, "ct_early_drops": w.ct_early_drops,
            "arp_dropped": w.arp_dropped, "tx_dropped": w.tx_dropped,
            "handoff_dropped": w.handoff_dropped,
            "drops_total": w.counters.total_drops()})

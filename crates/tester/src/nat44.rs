@@ -108,8 +108,14 @@ pub struct Nat44Result {
     /// "pass" when every frame of every phase was translated correctly and
     /// every connection answered in validation; otherwise "fail".
     pub validation: &'static str,
-    /// Frames that were lost or mistranslated, over all phases.
+    /// Frames that were lost or mistranslated over all phases, plus
+    /// connections missing from the table after phase 1 or at tear-down.
     pub validation_failures: u64,
+    /// Live connections the engine evicted early (to make room for a new
+    /// one). Any is a failed run: RFC 9693 forbids losing a connection, and
+    /// an evicted one can come back unnoticed (an answer through an
+    /// endpoint-independent mapping recreates it).
+    pub ct_early_drops: u64,
     /// ns per independent random cache-line read over `memory_probe_bytes`.
     pub memory_limit_ns: f64,
     /// ns per dependent random read (memory latency).
@@ -148,6 +154,7 @@ struct CoreOut {
     flushed: u64,
     flush_s: f64,
     failures: u64,
+    early_drops: u64,
 }
 
 /// The engine configuration of the benchmark topology for worker `w`.
@@ -301,6 +308,7 @@ pub fn run(opts: &Nat44Options) -> Result<Nat44Result, BenchError> {
     let bi = sum(&|o| o.bi_frames as f64 / o.bi_s);
     let teardown = sum(&|o| o.flushed as f64 / o.flush_s.max(1e-9));
     let failures: u64 = outs.iter().map(|o| o.failures).sum();
+    let early_drops: u64 = outs.iter().map(|o| o.early_drops).sum();
     let flushed: u64 = outs.iter().map(|o| o.flushed).sum();
     let engine_ns = 1e9 / (uni / cores as f64);
     Ok(Nat44Result {
@@ -313,12 +321,13 @@ pub fn run(opts: &Nat44Options) -> Result<Nat44Result, BenchError> {
         },
         teardown_cps: teardown,
         bytes_per_connection: engine_bytes as f64 / opts.connections as f64,
-        validation: if failures == 0 && flushed == opts.connections {
+        validation: if failures == 0 && early_drops == 0 && flushed == opts.connections {
             "pass"
         } else {
             "fail"
         },
         validation_failures: failures + (opts.connections - flushed.min(opts.connections)),
+        ct_early_drops: early_drops,
         memory_limit_ns: mem.independent_ns,
         memory_latency_ns: mem.dependent_ns,
         memory_probe_bytes: mem.bytes,
@@ -416,6 +425,9 @@ fn run_core(
             }
         }
     }
+    // Every connection of phase 1 must be in the table: one evicted early
+    // (and recreated later by its answer) would otherwise go unseen.
+    failures += n.saturating_sub(wk.conntrack().len() as u64);
     barrier.wait();
     barrier.wait();
 
@@ -465,6 +477,7 @@ fn run_core(
     );
     failures += f1 + f2;
 
+    let early_drops = wk.conntrack().early_drops();
     // Tear-down.
     let t = Instant::now();
     let flushed = wk.flush();
@@ -478,6 +491,7 @@ fn run_core(
         flushed,
         flush_s,
         failures,
+        early_drops,
     }
 }
 
@@ -608,6 +622,7 @@ mod tests {
         };
         let r = run(&opts).unwrap();
         assert_eq!(r.validation_failures, 0, "{r:?}");
+        assert_eq!(r.ct_early_drops, 0, "{r:?}");
         assert_eq!(r.validation, "pass");
         assert!(r.conn_setup_cps > 0.0 && r.teardown_cps > 0.0);
     }
