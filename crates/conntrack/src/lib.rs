@@ -22,7 +22,7 @@
 //!
 //! * A live entry is reachable by exactly its two keys (one if they are
 //!   equal); removal takes both out of the index.
-//! * Probing is bounded: a lookup reads at most 8 buckets (8 cache lines),
+//! * Probing is bounded: a lookup reads at most 32 buckets (32 cache lines),
 //!   almost always 1. The hash is keyed with a caller-supplied random seed.
 //! * No stop-the-world work: the index is allocated once for `max` and never
 //!   rehashed; GC is incremental with a budget; flush is a memset.

@@ -142,6 +142,61 @@ fn fold(a: u64, b: u64) -> u64 {
     (p as u64) ^ ((p >> 64) as u64)
 }
 
+/// One packet of direction `dir` on the live entry `e`: the protocol
+/// step, the packet count, the state, flags and expiry (the body of
+/// [`Table::track`] for every case but its established fast path).
+#[inline]
+fn step_entry<K: Key, P: Copy + Default>(
+    timeouts: &TimeoutTable,
+    e: &mut Entry<K, P>,
+    dir: Dir,
+    now: Instant,
+    ev: L4Event,
+) -> Tracked {
+    if e.is_expired(now) {
+        return Tracked {
+            verdict: Verdict::Expired,
+            state: e.state,
+            ct: CtState::New,
+        };
+    }
+    e.packets = e.packets.wrapping_add(1);
+    let seen_reply = e.seen_reply();
+    let s = proto::step(e.state, seen_reply, e.is_assured(), dir, ev);
+    let ct = match s.verdict {
+        Verdict::Invalid => CtState::Invalid,
+        Verdict::Reopen | Verdict::Expired => CtState::New,
+        _ if dir == Dir::Reply || seen_reply => CtState::Established,
+        _ => CtState::New,
+    };
+    if matches!(
+        s.verdict,
+        Verdict::Valid | Verdict::Ignored | Verdict::Close
+    ) {
+        e.state = s.state;
+        if s.assured {
+            e.flags |= F_ASSURED;
+        }
+        if dir == Dir::Reply {
+            e.flags |= F_SEEN_REPLY;
+        }
+        if s.verdict == Verdict::Close {
+            e.expiry = now.tick();
+        } else if let Some(t) = s.timeout {
+            let mut ms = timeouts.get(t);
+            if s.cap_unack {
+                ms = ms.min(timeouts.get(crate::time::Tmo::TcpUnack));
+            }
+            e.expiry = expiry_after(now, ms);
+        }
+    }
+    Tracked {
+        verdict: s.verdict,
+        state: e.state,
+        ct,
+    }
+}
+
 fn splitmix(x: u64) -> u64 {
     let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -374,48 +429,7 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
                 ct: CtState::Invalid,
             };
         };
-        if e.is_expired(now) {
-            return Tracked {
-                verdict: Verdict::Expired,
-                state: e.state,
-                ct: CtState::New,
-            };
-        }
-        e.packets = e.packets.wrapping_add(1);
-        let seen_reply = e.seen_reply();
-        let s = proto::step(e.state, seen_reply, e.is_assured(), dir, ev);
-        let ct = match s.verdict {
-            Verdict::Invalid => CtState::Invalid,
-            Verdict::Reopen | Verdict::Expired => CtState::New,
-            _ if dir == Dir::Reply || seen_reply => CtState::Established,
-            _ => CtState::New,
-        };
-        if matches!(
-            s.verdict,
-            Verdict::Valid | Verdict::Ignored | Verdict::Close
-        ) {
-            e.state = s.state;
-            if s.assured {
-                e.flags |= F_ASSURED;
-            }
-            if dir == Dir::Reply {
-                e.flags |= F_SEEN_REPLY;
-            }
-            if s.verdict == Verdict::Close {
-                e.expiry = now.tick();
-            } else if let Some(t) = s.timeout {
-                let mut ms = timeouts.get(t);
-                if s.cap_unack {
-                    ms = ms.min(timeouts.get(crate::time::Tmo::TcpUnack));
-                }
-                e.expiry = expiry_after(now, ms);
-            }
-        }
-        Tracked {
-            verdict: s.verdict,
-            state: e.state,
-            ct,
-        }
+        step_entry(timeouts, e, dir, now, ev)
     }
 
     // ---- slow path -------------------------------------------------------
@@ -440,7 +454,8 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         on_evict: &mut impl FnMut(&Entry<K, P>),
     ) -> Result<EntryId, InsertError> {
         let h1 = self.hash(&orig);
-        self.insert_hashed(now, orig, h1, true, reply, payload, on_evict)
+        self.insert_hashed(now, orig, h1, true, reply, payload, None, on_evict)
+            .map(|(id, _)| id)
     }
 
     /// [`insert`](Self::insert) with the original key from
@@ -456,7 +471,45 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         on_evict: &mut impl FnMut(&Entry<K, P>),
     ) -> Result<EntryId, InsertError> {
         let check = orig.stamp != self.stamp;
-        self.insert_hashed(now, orig.key, orig.hash, check, reply, payload, on_evict)
+        self.insert_hashed(
+            now, orig.key, orig.hash, check, reply, payload, None, on_evict,
+        )
+        .map(|(id, _)| id)
+    }
+
+    /// [`insert_vacant`](Self::insert_vacant) and then
+    /// [`track`](Self::track) of the connection's first packet (event `ev`,
+    /// original direction), in one: the entry is written once, already in
+    /// the state that packet leaves it in. The result is exactly that of
+    /// the two calls; a caller that gets [`Verdict::Invalid`] removes the
+    /// entry, as after `track`.
+    pub fn insert_vacant_tracked(
+        &mut self,
+        now: Instant,
+        orig: Vacant<K>,
+        reply: K,
+        payload: P,
+        ev: L4Event,
+        on_evict: &mut impl FnMut(&Entry<K, P>),
+    ) -> Result<(EntryId, Tracked), InsertError> {
+        let check = orig.stamp != self.stamp;
+        let (id, t) = self.insert_hashed(
+            now,
+            orig.key,
+            orig.hash,
+            check,
+            reply,
+            payload,
+            Some(ev),
+            on_evict,
+        )?;
+        // `insert_hashed` tracks when given an event.
+        let t = t.unwrap_or(Tracked {
+            verdict: Verdict::Invalid,
+            state: ProtoState::Generic,
+            ct: CtState::Invalid,
+        });
+        Ok((id, t))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -468,8 +521,9 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         check_orig: bool,
         reply: K,
         payload: P,
+        first: Option<L4Event>,
         on_evict: &mut impl FnMut(&Entry<K, P>),
-    ) -> Result<EntryId, InsertError> {
+    ) -> Result<(EntryId, Option<Tracked>), InsertError> {
         if orig.proto() != reply.proto() {
             return Err(InsertError::ProtoMismatch);
         }
@@ -485,7 +539,7 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
             return Err(InsertError::Full);
         }
         let state = ProtoState::initial(orig.proto());
-        let entry = Entry {
+        let mut entry = Entry {
             keys: [orig.pack(), reply.pack()],
             payload,
             expiry: expiry_after(now, self.timeouts.get(state.initial_timeout())),
@@ -495,6 +549,8 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
             flags: F_LIVE,
             proto: orig.proto(),
         };
+        let tracked =
+            first.map(|ev| step_entry(&self.timeouts, &mut entry, Dir::Original, now, ev));
         let idx = self.alloc(entry);
         if !self.place(now, h1, idx, Dir::Original, on_evict) {
             self.release(idx);
@@ -505,7 +561,7 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
             self.release(idx);
             return Err(InsertError::Full);
         }
-        Ok(EntryId(idx))
+        Ok((EntryId(idx), tracked))
     }
 
     /// Remove entry `id`, returning it; `None` if it is not live.

@@ -767,3 +767,56 @@ proptest! {
         prop_assert_eq!((t.index_occupied(), t.index_overflow_total()), (0, 0));
     }
 }
+
+fn first_event() -> impl Strategy<Value = (u8, L4Event)> {
+    prop_oneof![
+        any::<u8>().prop_map(|f| (proto::TCP, L4Event::Tcp(TcpFlags(f)))),
+        Just((proto::UDP, L4Event::Udp)),
+        any::<bool>().prop_map(|request| (proto::ICMP, L4Event::Icmp { request })),
+        Just((47, L4Event::Other)),
+    ]
+}
+
+proptest! {
+    /// `insert_vacant_tracked` leaves the entry, and returns the result,
+    /// exactly as `insert_vacant` followed by `track` of the first packet:
+    /// for every protocol and first event (TCP: every flag byte), with the
+    /// default timeouts and with zero ones (a first packet that finds its
+    /// new entry expired).
+    #[test]
+    fn tracked_insert_equals_insert_then_track(
+        (p, ev) in first_event(),
+        zero in any::<bool>(),
+        loose in any::<bool>(),
+        at in 0u64..5_000_000,
+    ) {
+        let mut cfg = Config::new(64, 77);
+        cfg.tcp_loose = loose;
+        if zero {
+            cfg.timeouts = Timeouts {
+                tcp_syn_sent: Duration::ZERO,
+                udp: Duration::ZERO,
+                icmp: Duration::ZERO,
+                generic: Duration::ZERO,
+                ..Timeouts::default()
+            };
+        }
+        let mut a: T4 = Table::new(cfg).unwrap();
+        let mut b: T4 = Table::new(cfg).unwrap();
+        let now = Instant::from_millis(at);
+        let k = key(p, 5);
+        let va = a.lookup_vacant(a.hash(&k), &k).unwrap_err();
+        let ia = a.insert_vacant(now, va, nat_reply(&k), 9, &mut noop).unwrap();
+        let ta = a.track(ia, Dir::Original, now, ev);
+        let vb = b.lookup_vacant(b.hash(&k), &k).unwrap_err();
+        let (ib, tb) = b.insert_vacant_tracked(now, vb, nat_reply(&k), 9, ev, &mut noop).unwrap();
+        prop_assert_eq!(ia, ib);
+        prop_assert_eq!(ta, tb);
+        let (ea, eb) = (a.entry(ia), b.entry(ib));
+        prop_assert_eq!(
+            (ea.state, ea.flags, ea.expiry, ea.packets, ea.mark, ea.orig(), ea.reply(), ea.payload),
+            (eb.state, eb.flags, eb.expiry, eb.packets, eb.mark, eb.orig(), eb.reply(), eb.payload)
+        );
+        prop_assert_eq!(find(&b, &nat_reply(&k)), Some((ib, Dir::Reply)));
+    }
+}
