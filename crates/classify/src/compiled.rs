@@ -1007,88 +1007,6 @@ impl Ent {
     }
 }
 
-/// The first entry of a slot's list without its rule (48 bytes): what a
-/// lookup reads to verify it and, for a statement-free accept or drop,
-/// to decide.
-#[derive(Clone, Copy, Debug)]
-struct Lead {
-    /// `u64::MAX` in an empty slot (never below a best match).
-    pos: u64,
-    id: RuleId,
-    tag: u32,
-    lean: Lean,
-}
-
-impl Lead {
-    const NONE: Lead = Lead {
-        pos: u64::MAX,
-        id: RuleId(0),
-        tag: 0,
-        lean: Lean {
-            flags: 0,
-            proto: [1, 0],
-            sport: [1, 0],
-            dport: [1, 0],
-            saddr: [1, 0],
-            daddr: [1, 0],
-        },
-    };
-}
-
-/// One slot of a table (one cache line): a copy of its first entry and
-/// its list (which holds that entry too). Most slots hold one entry, so a
-/// visit reads this line and nothing else; before, it read a 16-byte list
-/// reference and then the entry, a dependent miss that could straddle two
-/// lines.
-#[derive(Clone, Debug)]
-#[repr(align(64))]
-struct SlotRec {
-    lead: Lead,
-    list: Option<Arc<[Ent]>>,
-}
-
-impl SlotRec {
-    const EMPTY: SlotRec = SlotRec {
-        lead: Lead::NONE,
-        list: None,
-    };
-
-    fn of(list: Option<Arc<[Ent]>>) -> Self {
-        let lead = match list.as_deref().and_then(<[Ent]>::first) {
-            Some(e) => Lead {
-                pos: e.pos,
-                id: e.id,
-                tag: e.tag,
-                lean: e.lean,
-            },
-            None => Lead::NONE,
-        };
-        SlotRec { lead, list }
-    }
-}
-
-/// A lookup's match: its position, handle and box flags, and the entry
-/// (whose rule is read only when those do not decide).
-#[derive(Clone, Copy, Debug)]
-struct Found<'a> {
-    pos: u64,
-    id: RuleId,
-    flags: u8,
-    ent: &'a Ent,
-}
-
-impl<'a> Found<'a> {
-    #[inline]
-    fn of(e: &'a Ent) -> Self {
-        Found {
-            pos: e.pos,
-            id: e.id,
-            flags: e.lean.flags,
-            ent: e,
-        }
-    }
-}
-
 /// The tag of a fingerprint: its high half (the low bits of the tag select
 /// the slot, the rest filters entries of other keys sharing the slot).
 #[inline]
@@ -1125,10 +1043,7 @@ fn summary(v: &[Ent]) -> u32 {
 #[inline]
 fn sum_bound(w: u32, tag: u32) -> u32 {
     let x = w & 0xff;
-    // Without a branch (a select): whether the check byte lets the key
-    // through is data, not a pattern a predictor can learn.
-    let pass = (x == 0) | (x == tag8(tag));
-    if pass {
+    if x == 0 || x == tag8(tag) {
         w >> 8
     } else {
         EMPTY
@@ -1191,7 +1106,7 @@ struct Tuple {
     /// Slots − 1.
     mask: usize,
     sums: Chunks<u32>,
-    lists: Chunks<SlotRec>,
+    lists: Chunks<Option<Arc<[Ent]>>>,
 }
 
 impl Tuple {
@@ -1221,7 +1136,7 @@ impl Tuple {
             entries: 0,
             mask: n - 1,
             sums: Chunks::filled(n, u32::MAX),
-            lists: Chunks::filled(n, SlotRec::EMPTY),
+            lists: Chunks::filled(n, None),
         }
     }
 
@@ -1249,15 +1164,7 @@ impl Tuple {
 
     #[inline]
     fn list(&self, s: usize) -> &[Ent] {
-        self.lists
-            .get(s)
-            .and_then(|l| l.list.as_deref())
-            .unwrap_or(&[])
-    }
-
-    #[inline]
-    fn rec(&self, s: usize) -> &SlotRec {
-        self.lists.get(s).unwrap_or(&SlotRec::EMPTY)
+        self.lists.get(s).and_then(|l| l.as_deref()).unwrap_or(&[])
     }
 
     /// Entries in the bucket of `fp`.
@@ -1275,7 +1182,7 @@ impl Tuple {
             *b = summary(&v);
         }
         if let Some(l) = self.lists.get_mut(s) {
-            *l = SlotRec::of(if v.is_empty() { None } else { Some(v.into()) });
+            *l = if v.is_empty() { None } else { Some(v.into()) };
         }
     }
 
@@ -1314,7 +1221,7 @@ impl Tuple {
         }
         drop(next);
         let mut ents: Vec<Option<Ent>> = ents.into_iter().map(Some).collect();
-        let mut list_of = |s: usize| -> Option<Arc<[Ent]>> {
+        let lists = Chunks::from_fn(n, |s| {
             let (a, b) = (
                 starts.get(s).copied().unwrap_or(0) as usize,
                 starts.get(s + 1).copied().unwrap_or(0) as usize,
@@ -1335,12 +1242,11 @@ impl Tuple {
                 v.sort_by_key(|e| e.pos);
             }
             Some(Arc::from(v))
-        };
-        let lists = Chunks::from_fn(n, |s| SlotRec::of(list_of(s)));
+        });
         self.sums = Chunks::from_fn(n, |s| {
             lists
                 .get(s)
-                .and_then(|l| l.list.as_deref())
+                .and_then(|l| l.as_deref())
                 .map_or(u32::MAX, summary)
         });
         self.lists = lists;
@@ -1628,14 +1534,14 @@ impl CChain {
         p: &PacketFields,
         start: u64,
         heads: &mut Vec<Head>,
-    ) -> Option<Found<'_>> {
+    ) -> Option<(u64, &Ent)> {
         let lh = self.lane_hashes(p);
         if heads.len() < self.tuples.len() {
             heads.resize(self.tuples.len(), Head::default());
         }
         let k = LeanKey::of(p);
         let mut best = u64::MAX;
-        let mut hit: Option<Found<'_>> = None;
+        let mut hit: Option<&Ent> = None;
         // Pending candidate slots: heads[lo..n], sorted by bound. Tuples come
         // by increasing `min_pos`: before a tuple is probed, every pending
         // slot that starts below its `min_pos` is visited, and once the best
@@ -1657,7 +1563,7 @@ impl CChain {
                 self.visit(hd, start, &k, p, &mut best, &mut hit);
             }
             if best <= t.min_pos {
-                return hit;
+                return hit.map(|r| (best, r));
             }
             let tag = tag_of(t.fingerprint(&lh));
             let s = t.slot(tag);
@@ -1684,13 +1590,11 @@ impl CChain {
             }
             self.visit(*hd, start, &k, p, &mut best, &mut hit);
         }
-        hit
+        hit.map(|r| (best, r))
     }
 
     /// Scans the slot of head `hd` for a match at or after `start` and
-    /// below `best`; the first one found becomes the best. The slot's
-    /// first entry is verified from its copy in the slot record; the list
-    /// is read only past it (or to find `start`).
+    /// below `best`; the first one found becomes the best.
     #[inline(always)]
     fn visit<'a>(
         &'a self,
@@ -1699,35 +1603,16 @@ impl CChain {
         k: &LeanKey,
         p: &PacketFields,
         best: &mut u64,
-        hit: &mut Option<Found<'a>>,
+        hit: &mut Option<&'a Ent>,
     ) {
         let Some(t) = self.tuples.get(hd.tuple as usize) else {
             return;
         };
-        let r = t.rec(t.slot(hd.tag));
-        let es = r.list.as_deref().unwrap_or(&[]);
-        let from = if start <= r.lead.pos {
-            let l = &r.lead;
-            if l.pos >= *best {
-                return;
-            }
-            if l.tag == hd.tag && l.lean.holds(k) {
-                if let Some(e) = es.first() {
-                    if l.lean.flags & F_FULL == 0 || e.rule.matches(p) {
-                        *best = l.pos;
-                        *hit = Some(Found {
-                            pos: l.pos,
-                            id: l.id,
-                            flags: l.lean.flags,
-                            ent: e,
-                        });
-                        return;
-                    }
-                }
-            }
-            1
-        } else {
+        let es = t.list(t.slot(hd.tag));
+        let from = if start > 0 {
             es.partition_point(|e| e.pos < start)
+        } else {
+            0
         };
         for e in es.get(from..).unwrap_or(&[]) {
             if e.pos >= *best {
@@ -1735,7 +1620,7 @@ impl CChain {
             }
             if e.tag == hd.tag && e.matches(k, p) {
                 *best = e.pos;
-                *hit = Some(Found::of(e));
+                *hit = Some(e);
                 break;
             }
         }
@@ -1771,9 +1656,7 @@ impl CChain {
             let s = t.slot(*tag);
             let b = t.bound(s, *tag);
             if b != EMPTY {
-                // The first entry is in the slot record (prefetched by
-                // stage 1); a crowded slot's scan goes on in its list.
-                if let Some(e) = t.list(s).get(1) {
+                if let Some(e) = t.list(s).first() {
                     sluice_io::mem::prefetch(e);
                 }
                 let h = Head {
@@ -1792,17 +1675,17 @@ impl CChain {
     /// next bound is not below it. Every entry below the best is verified,
     /// so the result is the lowest-positioned match.
     #[inline(always)]
-    fn resolve(&self, p: &PacketFields, start: u64, heads: &[Head]) -> Option<Found<'_>> {
+    fn resolve(&self, p: &PacketFields, start: u64, heads: &[Head]) -> Option<(u64, &Ent)> {
         let k = LeanKey::of(p);
         let mut best = u64::MAX;
-        let mut hit: Option<Found<'_>> = None;
+        let mut hit: Option<&Ent> = None;
         for hd in heads {
             if u64::from(hd.bound) << 32 >= best {
                 break;
             }
             self.visit(*hd, start, &k, p, &mut best, &mut hit);
         }
-        hit
+        hit.map(|r| (best, r))
     }
 
     fn tuple_mut<'a>(
@@ -2179,7 +2062,7 @@ impl Classifier {
         p: &PacketFields,
         start: u64,
         heads: &mut Vec<Head>,
-    ) -> Option<Found<'_>> {
+    ) -> Option<(u64, &Ent)> {
         self.chains
             .get(chain.0 as usize)?
             .first_match(p, start, heads)
@@ -2282,7 +2165,7 @@ impl Classifier {
                 }
                 None => self.first_match(chain, &p, start, &mut s.heads),
             };
-            let Some(e) = m else {
+            let Some((pos, e)) = m else {
                 match s.stack.pop() {
                     Some((c, i)) => {
                         chain = c;
@@ -2292,19 +2175,19 @@ impl Classifier {
                     None => return out(policy.into(), None, &p),
                 }
             };
-            start = e.pos + 1;
+            start = pos + 1;
             // A rule without statements that accepts or drops: decided from
             // the entry (no read of the rule, a likely cache miss).
-            if e.flags & (F_ACCEPT | F_DROP) != 0 {
+            if e.lean.flags & (F_ACCEPT | F_DROP) != 0 {
                 s.trace.push(e.id);
-                let v = if e.flags & F_ACCEPT != 0 {
+                let v = if e.lean.flags & F_ACCEPT != 0 {
                     Final::Accept
                 } else {
                     Final::Drop
                 };
                 return out(v, Some(e.id), &p);
             }
-            let r = &*e.ent.rule;
+            let r = &*e.rule;
             if !run_stmts(&r.stmts, &mut p, s.limit.as_ref()) {
                 continue;
             }
