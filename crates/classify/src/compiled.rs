@@ -146,6 +146,51 @@
 //! every candidate slot (at probe time, or before the first visit) did not
 //! measurably help.
 //!
+//! Also tried on 2026-11-23 (03:59–04:45 UTC) and not kept
+//! (docs/benchmarks.md has the tables). Cachegrind as above, per packet at
+//! 20 / 10 000 / 100 000 ClassBench rules; the single lookup as kept:
+//! 894 / 1599 / 1801 instructions, D1 data read misses 1.5 / 15.2 / 26.6,
+//! LL data read misses 0 / 3.07 / 7.53 (the `rd` parts of cachegrind's
+//! D1 and LLd totals; at 100 000 rules they differ from the 36.7 and 6.8
+//! above, taken from another pair of runs), and (`--branch-sim=yes`) 7.9 / 23.1 / 27.3 mispredicted
+//! branches. The growth is likely as much branches as misses (no
+//! performance counters in this guest to tell them apart):
+//! 8 of the 11 tuples at 10 000 rules hold a rule among the first 84, so
+//! first-position pruning cannot skip them for a packet decided later, and
+//! every probe, pending-slot check and candidate verification is a
+//! data-dependent branch.
+//!
+//! * An interleaved batch lookup (asynchronous memory access chaining,
+//!   Kocberber et al., VLDB 2015): 4, 8 or 16 lookups in flight, each the
+//!   single lookup's probe and visit sequence with its early stop, cut
+//!   into steps that prefetch the next line (summary word, list
+//!   reference, first entry) and yield. 1274 / 2264 / 2482 instructions
+//!   and 13.6 / 32.2 / 38.7 mispredictions (the state dispatch of every
+//!   step is one more unpredictable branch); wall clock (interleaved
+//!   `probe … batch 10` runs, minima, load average 2.2) 149–153 /
+//!   319–340 / 411–454 ns against 81 / 210 / 331 ns single and 91 / 234 /
+//!   460 ns for the three-pass batch.
+//! * A software-pipelined batch (hash the packet 4 or 8 ahead and prefetch
+//!   its summary words, then run the single lookup on the stored tags):
+//!   1140 / 1930 / 2372 instructions (on top of the slot records below);
+//!   slower at 20 rules (138–147 against 93–104 ns), not measurably faster
+//!   at 10 000 and 100 000 under load average 4–4.5.
+//! * The same prefetch of all the tuples' summary words inside the single
+//!   lookup: 1124 / 1898 / 2326 instructions, 115 against 85 ns at 20
+//!   rules.
+//! * Slot records (64 bytes: a copy of the slot's first entry beside the
+//!   list reference, so visiting a one-entry slot reads one line instead
+//!   of a list reference and then an entry that may straddle two):
+//!   904 / 1631 / 1852 instructions, D1 read misses 1.5 / 12.6 / 24.1, LL
+//!   0 / 2.06 / 6.12, but wall clock (8 interleaved runs, load average
+//!   3.9–4.7, minima) 84.4 / 198.3 / 348.8 against 81.3 / 206.6 / 354.3 ns,
+//!   medians no better, for 48 more bytes per slot (about 14 MB more at
+//!   100 000 ClassBench rules) and about 0.1 s more to compile 150 000
+//!   seed-001 rules.
+//! * A box check without its early return (one branch per candidate
+//!   instead of three): 1793 instead of 1637 instructions at 10 000 rules
+//!   and no fewer mispredictions (23.2 against 23.7).
+//!
 //! A lookup prefetches the list reference of every candidate slot when it
 //! finds it, so the list miss overlaps the probes of the remaining tuples.
 //! [`Classifier::eval_batch`] runs the same lookup over groups of [`BATCH`]
