@@ -381,20 +381,12 @@ impl Meta {
     }
 }
 
-/// What the stages of the pipeline pass on for one frame: its facts,
-/// its key's hash, and stage 2's candidate. One record per frame, so that
-/// a stage finds all of it with one bounds check and one cache line.
-#[derive(Clone, Copy, Debug, Default)]
-struct FrameState {
-    meta: Meta,
-    hash: u64,
-    hit: Option<(EntryId, Dir)>,
-}
-
 /// Scratch state for one batch: per-frame facts, hashes and lookups.
 #[derive(Default)]
 struct Scratch {
-    frames: Vec<FrameState>,
+    meta: Vec<Meta>,
+    hash: Vec<u64>,
+    hit: Vec<Option<(EntryId, Dir)>>,
     /// Frames dropped with `no-neighbor` whose missing next hop (egress
     /// interface, address) the slow path knows: (frame index, next hop).
     /// A list rather than a slot per frame, so that the frames that never
@@ -562,7 +554,9 @@ impl Worker {
             neigh: HashMap::new(),
             counters: Counters::default(),
             scratch: Scratch {
-                frames: vec![FrameState::default(); MAX_BATCH],
+                meta: vec![Meta::default(); MAX_BATCH],
+                hash: vec![0; MAX_BATCH],
+                hit: vec![None; MAX_BATCH],
                 missing: Vec::with_capacity(MAX_BATCH),
                 missing6: Vec::with_capacity(MAX_BATCH),
                 plain6: vec![Plain6::default(); MAX_BATCH],
@@ -691,51 +685,69 @@ impl Worker {
         // pass 3 can borrow them while calling `&mut self` methods; moving a
         // `Vec` is a pointer swap and `Vec::new()` does not allocate.
         let mut sc = core::mem::take(&mut self.scratch);
-        // The scratch arrays are `MAX_BATCH` long.
+        // The passes walk the scratch arrays with zipped iterators over
+        // `..n` (no per-element bounds checks); they are `MAX_BATCH` long.
         let Scratch {
-            frames: fs,
+            meta,
+            hash,
+            hit,
             missing,
             missing6,
             plain6,
         } = &mut sc;
-        let fs = fs.get_mut(..n).unwrap_or_default();
+        let meta = meta.get_mut(..n).unwrap_or_default();
+        let hash = hash.get_mut(..n).unwrap_or_default();
+        let hit = hit.get_mut(..n).unwrap_or_default();
         missing.clear();
         missing6.clear();
         self.missing_nh = None;
         self.v6.missing_nh = None;
         let plain6 = plain6.get_mut(..n).unwrap_or_default();
-        // The stages run software pipelined, [`PIPELINE`] frames apart:
-        // in one step, frame t is dissected, hashed and its index bucket
-        // prefetched (stage 1); frame t - D looks in its (now cached)
-        // bucket and prefetches its entry, or for a miss the NAT mapping
-        // slot (stage 2); frame t - 2D prefetches the bucket of the reply
-        // key that mapping predicts (stage 2b); and frame t - 3D is acted
-        // on (stage 3). So every step issues the loads of about one frame
-        // while it computes one frame: memory and computation overlap
-        // evenly instead of taking turns, and the misses in flight at any
-        // time stay few enough for the core to track. Stage 2's candidate
-        // is a hint: a frame whose connection an earlier frame of the
-        // batch created or removed after its stage 2 is verified in stage
-        // 3 and looked up again there.
-        let d = PIPELINE;
+        // The passes run over groups of [`PIPELINE`] frames, software
+        // pipelined: while pass 3 acts on group k, the entries of group
+        // k + 1 (prefetched by its pass 2) and the index buckets of group
+        // k + 2 (prefetched by its pass 1) are on their way, so memory and
+        // computation overlap instead of taking turns. A group is long
+        // enough for its misses to overlap, short enough that what its
+        // first passes bring into L1 (frame headers, index buckets,
+        // entries) is still there in its pass 3. Pass 2 of a group runs
+        // after pass 3 of the group before it, so its lookups see every
+        // connection the earlier frames of the batch created or removed.
+        let groups = n.div_ceil(PIPELINE);
+        let span = |g: usize| g * PIPELINE..((g + 1) * PIPELINE).min(n);
         let mut done = 0;
-        for t in 0..n + 3 * d {
-            if let Some(f) = fs.get_mut(t) {
-                self.stage1(frames, t, f, plain6);
+        for k in 0..groups + 2 {
+            if let Some(g) = k.checked_sub(2) {
+                let r = span(g);
+                done = self.pass3(
+                    now,
+                    frames,
+                    r.start,
+                    meta.get(r.clone()).unwrap_or_default(),
+                    hash.get(r.clone()).unwrap_or_default(),
+                    hit.get(r.clone()).unwrap_or_default(),
+                    plain6.get(r.clone()).unwrap_or_default(),
+                    missing,
+                    missing6,
+                );
             }
-            if let Some(f) = t.checked_sub(d).and_then(|i| fs.get_mut(i)) {
-                f.hit = self.stage2(&f.meta, f.hash);
+            if let Some(g) = k.checked_sub(1).filter(|&g| g < groups) {
+                let r = span(g);
+                self.pass2(
+                    meta.get(r.clone()).unwrap_or_default(),
+                    hash.get(r.clone()).unwrap_or_default(),
+                    hit.get_mut(r.clone()).unwrap_or_default(),
+                );
             }
-            if let Some(f) = t.checked_sub(2 * d).and_then(|i| fs.get(i)) {
-                if f.hit.is_none() {
-                    self.stage2b(&f.meta);
-                }
-            }
-            if let Some(i) = t.checked_sub(3 * d) {
-                if let Some(f) = fs.get(i) {
-                    self.stage3(now, frames, i, f, plain6, missing, missing6);
-                    done = i + 1;
-                }
+            if k < groups {
+                let r = span(k);
+                self.pass1(
+                    frames,
+                    r.start,
+                    meta.get_mut(r.clone()).unwrap_or_default(),
+                    hash.get_mut(r.clone()).unwrap_or_default(),
+                    plain6.get_mut(r.clone()).unwrap_or_default(),
+                );
             }
         }
         // Only if the scratch arrays were shorter than the batch (they are
@@ -747,140 +759,176 @@ impl Worker {
         self.scratch = sc;
     }
 
-    /// Stage 1 for frame `i`: dissect, hash, prefetch the index bucket.
+    /// Pass 1 over the frames `base..` of one group: dissect, hash,
+    /// prefetch the index buckets.
     #[inline(always)]
-    fn stage1<F: Frames>(
+    fn pass1<F: Frames>(
         &mut self,
         frames: &mut F,
-        i: usize,
-        f: &mut FrameState,
+        base: usize,
+        meta: &mut [Meta],
+        hash: &mut [u64],
         plain6: &mut [Plain6],
     ) {
-        let (buf, len) = frames.buf_mut(i);
-        let frame = buf.get(..len).unwrap_or(&[]);
-        let v6 = frame.get(12..14) == Some(&[0x86, 0xdd][..]);
-        let m = match dissect_plain4(frame) {
-            Some(p) => Meta::plain(&p),
-            None if v6 => match (dissect_plain6(frame), plain6.get_mut(i)) {
-                (Some(p), Some(p6)) => {
-                    *p6 = p;
-                    Meta {
-                        class: C_V6,
+        // Pass 1: dissect, hash, prefetch the index buckets.
+        for (j, ((slot, h), p6)) in meta
+            .iter_mut()
+            .zip(hash.iter_mut())
+            .zip(plain6.iter_mut())
+            .enumerate()
+        {
+            let i = base + j;
+            let (buf, len) = frames.buf_mut(i);
+            let frame = buf.get(..len).unwrap_or(&[]);
+            let v6 = frame.get(12..14) == Some(&[0x86, 0xdd][..]);
+            let m = match dissect_plain4(frame) {
+                Some(p) => Meta::plain(&p),
+                None if v6 => match dissect_plain6(frame) {
+                    Some(p) => {
+                        *p6 = p;
+                        Meta {
+                            class: C_V6,
+                            ..Meta::default()
+                        }
+                    }
+                    // Other IPv6 goes to the slow path, which dissects it
+                    // (once).
+                    _ => Meta {
+                        class: C_OTHER,
                         ..Meta::default()
+                    },
+                },
+                None => match dissect(frame) {
+                    Ok(d) => Meta::of(&d),
+                    Err(_) => Meta::default(),
+                },
+            };
+            *slot = m;
+            if m.class == C_V4 {
+                *h = self.ct.hash(&m.key);
+                self.ct.prefetch_bucket(*h);
+            } else if m.class == C_V6 {
+                *h = self.v6.ct.hash(&p6.key);
+                self.v6.ct.prefetch_bucket(*h);
+            }
+        }
+    }
+
+    /// Pass 2 over one group: find candidates in the (now cached) buckets;
+    /// prefetch entries. For an IPv4 miss (most likely a new connection),
+    /// prefetch the NAT mapping slot source NAT would read, then (2b) the
+    /// conntrack bucket of the reply key that mapping predicts.
+    #[inline(always)]
+    fn pass2(&mut self, meta: &[Meta], hash: &[u64], hit: &mut [Option<(EntryId, Dir)>]) {
+        // Pass 2: find candidates in the (now cached) buckets; prefetch
+        // entries. For an IPv4 miss (most likely a new connection), start
+        // loading the NAT mapping slot source NAT would read.
+        let mut misses4 = 0usize;
+        for ((m, &h), hit) in meta.iter().zip(hash.iter()).zip(hit.iter_mut()) {
+            *hit = None;
+            if m.class == C_V4 {
+                if let Some((id, dir)) = self.ct.candidate(h) {
+                    self.ct.prefetch_entry(id);
+                    *hit = Some((id, dir));
+                } else {
+                    self.nat.prefetch_outbound(&m.key);
+                    misses4 += 1;
+                }
+            } else if m.class == C_V6 {
+                if let Some((id, dir)) = self.v6.ct.candidate(h) {
+                    self.v6.ct.prefetch_entry(id);
+                    *hit = Some((id, dir));
+                }
+            }
+        }
+        // Pass 2b, for the misses: the reply key source NAT will most likely
+        // give (from the mapping slot, cached by now); start loading its
+        // conntrack bucket, which the insert reads. A wrong guess costs a
+        // wasted prefetch only.
+        if misses4 > 0 {
+            for (m, hit) in meta.iter().zip(hit.iter()) {
+                if m.class == C_V4 && hit.is_none() {
+                    if let Some(r) = self.nat.predict_outbound_reply(&m.key) {
+                        self.ct.prefetch_bucket(self.ct.hash(&r));
                     }
                 }
-                // Other IPv6 goes to the slow path, which dissects it
-                // (once).
-                _ => Meta {
-                    class: C_OTHER,
-                    ..Meta::default()
-                },
-            },
-            None => match dissect(frame) {
-                Ok(d) => Meta::of(&d),
-                Err(_) => Meta::default(),
-            },
-        };
-        f.meta = m;
-        if m.class == C_V4 {
-            f.hash = self.ct.hash(&m.key);
-            self.ct.prefetch_bucket(f.hash);
-        } else if let (C_V6, Some(p6)) = (m.class, plain6.get(i)) {
-            f.hash = self.v6.ct.hash(&p6.key);
-            self.v6.ct.prefetch_bucket(f.hash);
-        }
-    }
-
-    /// Stage 2 for one frame: find its candidate in the (now cached)
-    /// bucket and prefetch the entry. For an IPv4 miss (most likely a new
-    /// connection), prefetch the NAT mapping slot source NAT would read.
-    #[inline(always)]
-    fn stage2(&mut self, m: &Meta, h: u64) -> Option<(EntryId, Dir)> {
-        if m.class == C_V4 {
-            if let Some((id, dir)) = self.ct.candidate(h) {
-                self.ct.prefetch_entry(id);
-                return Some((id, dir));
-            }
-            self.nat.prefetch_outbound(&m.key);
-        } else if m.class == C_V6 {
-            if let Some((id, dir)) = self.v6.ct.candidate(h) {
-                self.v6.ct.prefetch_entry(id);
-                return Some((id, dir));
-            }
-        }
-        None
-    }
-
-    /// Stage 2b for a frame that missed in stage 2: the reply key source
-    /// NAT will most likely give (from the mapping slot, cached by now);
-    /// start loading its conntrack bucket, which the insert reads. A wrong
-    /// guess costs a wasted prefetch only.
-    #[inline(always)]
-    fn stage2b(&mut self, m: &Meta) {
-        if m.class == C_V4 {
-            if let Some(r) = self.nat.predict_outbound_reply(&m.key) {
-                self.ct.prefetch_bucket(self.ct.hash(&r));
             }
         }
     }
 
-    /// Stage 3 for frame `i`: act, count, set the action.
+    /// Pass 3 over the frames `base..` of one group: act. Returns one past
+    /// the last frame decided.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn stage3<F: Frames>(
+    fn pass3<F: Frames>(
         &mut self,
         now: ct::Instant,
         frames: &mut F,
-        i: usize,
-        f: &FrameState,
+        base: usize,
+        meta: &[Meta],
+        hash: &[u64],
+        hit: &[Option<(EntryId, Dir)>],
         plain6: &[Plain6],
         missing: &mut Vec<(u16, (IfIndex, u32))>,
         missing6: &mut Vec<(u16, (IfIndex, u128))>,
-    ) {
-        let iif = frames.iif(i);
-        let (buf, len) = frames.buf_mut(i);
-        let step = match (f.meta.class, plain6.get(i)) {
-            (C_V6, Some(p6)) => self.one6(now, buf, len, iif, p6, f.hash, f.hit),
-            _ => self.one(now, buf, len, iif, &f.meta, f.hash, f.hit),
-        };
-        // The slow path names a missing next hop only for frames it
-        // drops with `no-neighbor` (or queues); taken at once so that
-        // it never carries over to the next frame.
-        if self.missing_nh.is_some() || self.v6.missing_nh.is_some() {
-            let at = i as u16;
-            if let Some(nh) = self.missing_nh.take() {
-                missing.push((at, nh));
+    ) -> usize {
+        let mut done = base;
+        // Pass 3: act.
+        let scratch = meta
+            .iter()
+            .zip(hash.iter())
+            .zip(hit.iter())
+            .zip(plain6.iter());
+        for (j, (((m, &h), &cand), p6)) in scratch.enumerate() {
+            let i = base + j;
+            done = i + 1;
+            let iif = frames.iif(i);
+            let (buf, len) = frames.buf_mut(i);
+            let step = if m.class == C_V6 {
+                self.one6(now, buf, len, iif, p6, h, cand)
+            } else {
+                self.one(now, buf, len, iif, m, h, cand)
+            };
+            // The slow path names a missing next hop only for frames it
+            // drops with `no-neighbor` (or queues); taken at once so that
+            // it never carries over to the next frame.
+            if self.missing_nh.is_some() || self.v6.missing_nh.is_some() {
+                let at = i as u16;
+                if let Some(nh) = self.missing_nh.take() {
+                    missing.push((at, nh));
+                }
+                if let Some(nh) = self.v6.missing_nh.take() {
+                    missing6.push((at, nh));
+                }
             }
-            if let Some(nh) = self.v6.missing_nh.take() {
-                missing6.push((at, nh));
+            let action = match step {
+                Step::Done(a) => a,
+                Step::Reply(newlen) => {
+                    frames.set_len(i, newlen);
+                    Action::Reply
+                }
+                Step::Error(newlen, r) => {
+                    frames.set_len(i, newlen);
+                    self.counters.drop(r);
+                    self.counters.icmp_errors += 1;
+                    frames.set_action(i, Action::Reply);
+                    continue;
+                }
+            };
+            match action {
+                Action::Drop(r) => self.counters.drop(r),
+                Action::Forward(_) => self.counters.tx += 1,
+                Action::Reply => self.counters.local += 1,
+                Action::Handoff(_) | Action::Steer(_) => self.counters.handed_off += 1,
+                Action::Fragment(..) => {
+                    self.counters.tx += 1;
+                    self.counters.fragmented += 1;
+                }
+                Action::Pending => {}
             }
+            frames.set_action(i, action);
         }
-        let action = match step {
-            Step::Done(a) => a,
-            Step::Reply(newlen) => {
-                frames.set_len(i, newlen);
-                Action::Reply
-            }
-            Step::Error(newlen, r) => {
-                frames.set_len(i, newlen);
-                self.counters.drop(r);
-                self.counters.icmp_errors += 1;
-                frames.set_action(i, Action::Reply);
-                return;
-            }
-        };
-        match action {
-            Action::Drop(r) => self.counters.drop(r),
-            Action::Forward(_) => self.counters.tx += 1,
-            Action::Reply => self.counters.local += 1,
-            Action::Handoff(_) | Action::Steer(_) => self.counters.handed_off += 1,
-            Action::Fragment(..) => {
-                self.counters.tx += 1;
-                self.counters.fragmented += 1;
-            }
-            Action::Pending => {}
-        }
-        frames.set_action(i, action);
+        done
     }
 
     /// [`Self::process`] for frames another worker handed over
