@@ -111,14 +111,14 @@ pub(crate) struct Tables {
 /// `h`-th AST rule in table, chain, rule order (the order the lowerer
 /// numbered them in).
 /// Rule sets at least this large build the rule store's `order` map
-/// ([`load_order`]) on another thread while the classifier compiles.
+/// ([`load_order`]) on another thread while the rules are lowered.
 const PAR_ORDER_MIN: usize = 8192;
 
 /// The `order` map of a freshly loaded store: the `k`-th rule of a chain
 /// at position `(k + 1) · GAP`, handles from 1 in table, chain and rule
 /// order, chain ids in table and chain order (what [`build_store`]
 /// assigns). It needs only the rule counts, so it can be built while the
-/// classifier compiles: about 150 000 one-by-one `imbl` B-tree inserts
+/// rules are lowered: about 150 000 one-by-one `imbl` B-tree inserts
 /// (imbl has no bulk construction), a third of the store's build.
 fn load_order(rs: &Ruleset, rules: &RuleLists) -> imbl::OrdMap<(u32, u64), u64> {
     let mut order = imbl::OrdMap::new();
@@ -256,24 +256,26 @@ impl CompiledPolicy {
     pub fn compile_owned(mut rs: Ruleset, ifaces: &Interfaces) -> Result<Self, CompileError> {
         let rules = take_rules(&mut rs);
         let rs = rs;
-        let (mut lowered, mut errors) = Lowerer::new(&rs, ifaces).run(&rules);
-        if !errors.is_empty() {
-            errors.sort_by(|a, b| (&a.file, a.line, a.col).cmp(&(&b.file, b.line, b.col)));
-            return Err(CompileError { errors });
-        }
-        // The store's order map does not depend on the classifier: on a
-        // large rule set it is built on another thread meanwhile.
+        // The store's order map needs only the rule counts: on a large
+        // rule set it is built on another thread while this one lowers the
+        // rules (the other core is idle then; the classifier keeps both
+        // busy).
         let parallel = rules.iter().flatten().map(Vec::len).sum::<usize>() >= PAR_ORDER_MIN
             && std::thread::available_parallelism().is_ok_and(|t| t.get() > 1);
-        let (classifier, order) = std::thread::scope(|scope| {
+        let (mut lowered, classifier, order) = std::thread::scope(|scope| {
             let later = parallel.then(|| scope.spawn(|| load_order(&rs, &rules)));
+            let (lowered, mut errors) = Lowerer::new(&rs, ifaces).run(&rules);
+            if !errors.is_empty() {
+                errors.sort_by(|a, b| (&a.file, a.line, a.col).cmp(&(&b.file, b.line, b.col)));
+                return Err(CompileError { errors });
+            }
             let classifier = Classifier::compile(&lowered.program);
             let order = match later {
                 Some(h) => h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)),
                 None => load_order(&rs, &rules),
             };
-            (classifier, order)
-        });
+            Ok((lowered, classifier, order))
+        })?;
         let classifier = classifier.map_err(|e| {
             let span = match e {
                 sluice_classify::UpdateError::BadTarget(id)
@@ -381,10 +383,11 @@ impl CompiledPolicy {
         l.extend_to(&self.tables.limits);
         self.limiters = Arc::new(l);
         self.counters.ensure(self.store.infos.len() as u64);
-        let handles: Vec<u64> = (0..self.meta.chains.len())
-            .flat_map(|c| self.store.chain_handles(ChainId(c as u32)))
-            .collect();
-        self.seed_counters(handles);
+        // Every rule, in handle order (seeding does not depend on the
+        // order; a walk of the entries instead of one lookup per handle).
+        for e in self.store.handles.entries() {
+            self.seed_entry(e);
+        }
         self
     }
 
