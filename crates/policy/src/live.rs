@@ -94,6 +94,11 @@ impl Handles {
         }
     }
 
+    /// Every entry, by handle (a sequential walk, not one lookup each).
+    pub fn entries(&self) -> impl Iterator<Item = &Arc<Entry>> + '_ {
+        self.slots.iter().flatten()
+    }
+
     pub fn remove(&mut self, h: &u64) -> Option<Arc<Entry>> {
         let i = usize::try_from(*h).ok()?;
         let old = self.slots.get_mut(i)?.take();

@@ -381,10 +381,11 @@ impl CompiledPolicy {
         l.extend_to(&self.tables.limits);
         self.limiters = Arc::new(l);
         self.counters.ensure(self.store.infos.len() as u64);
-        let handles: Vec<u64> = (0..self.meta.chains.len())
-            .flat_map(|c| self.store.chain_handles(ChainId(c as u32)))
-            .collect();
-        self.seed_counters(handles);
+        // Every rule, in handle order (seeding does not depend on the
+        // order; a walk of the entries instead of one lookup per handle).
+        for e in self.store.handles.entries() {
+            self.seed_entry(e);
+        }
         self
     }
 

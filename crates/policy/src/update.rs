@@ -88,16 +88,20 @@ impl CompiledPolicy {
     /// M` statements name (on their first IR rule).
     pub(crate) fn seed_counters(&self, handles: impl IntoIterator<Item = u64>) {
         for h in handles {
-            let Some(e) = self.store.entry(h) else {
-                continue;
-            };
-            if let Some((p, b)) = counter_stmt(&e.ast) {
-                if let (Some(r), true) = (e.rules.first(), p.is_some() || b.is_some()) {
-                    self.counters.set(r.id, p.unwrap_or(0), b.unwrap_or(0));
-                }
+            if let Some(e) = self.store.entry(h) {
+                self.seed_entry(e);
             }
-            self.mark_logs(&e.rules);
         }
+    }
+
+    /// [`Self::seed_counters`] for one entry.
+    pub(crate) fn seed_entry(&self, e: &crate::live::Entry) {
+        if let Some((p, b)) = counter_stmt(&e.ast) {
+            if let (Some(r), true) = (e.rules.first(), p.is_some() || b.is_some()) {
+                self.counters.set(r.id, p.unwrap_or(0), b.unwrap_or(0));
+            }
+        }
+        self.mark_logs(&e.rules);
     }
 }
 
