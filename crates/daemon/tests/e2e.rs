@@ -336,6 +336,10 @@ fn gateway_end_to_end(backend: &str, tag: &str) {
     );
     let icmp = ctl(&sock, "conntrack list proto icmp");
     assert!(icmp["count"].as_u64().unwrap_or(0) >= 1, "{icmp}");
+    // A few connections in a large table: counted, none evicted early.
+    let count = ctl(&sock, "conntrack count");
+    assert!(count["count"].as_u64().unwrap_or(0) >= 2, "{count}");
+    assert_eq!(count["early_drops"], 0, "{count}");
     let counters = ctl(&sock, "counters");
     assert!(
         counters["counters"]["drops"]["no-route"].is_u64(),
