@@ -454,8 +454,8 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         on_evict: &mut impl FnMut(&Entry<K, P>),
     ) -> Result<EntryId, InsertError> {
         let h1 = self.hash(&orig);
-        self.insert_hashed(now, orig, h1, true, reply, payload, None, on_evict)
-            .map(|(id, _)| id)
+        self.insert_hashed(now, orig, h1, true, reply, payload, |_, _| (), on_evict)
+            .map(|(id, ())| id)
     }
 
     /// [`insert`](Self::insert) with the original key from
@@ -472,9 +472,16 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
     ) -> Result<EntryId, InsertError> {
         let check = orig.stamp != self.stamp;
         self.insert_hashed(
-            now, orig.key, orig.hash, check, reply, payload, None, on_evict,
+            now,
+            orig.key,
+            orig.hash,
+            check,
+            reply,
+            payload,
+            |_, _| (),
+            on_evict,
         )
-        .map(|(id, _)| id)
+        .map(|(id, ())| id)
     }
 
     /// [`insert_vacant`](Self::insert_vacant) and then
@@ -493,27 +500,20 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         on_evict: &mut impl FnMut(&Entry<K, P>),
     ) -> Result<(EntryId, Tracked), InsertError> {
         let check = orig.stamp != self.stamp;
-        let (id, t) = self.insert_hashed(
+        self.insert_hashed(
             now,
             orig.key,
             orig.hash,
             check,
             reply,
             payload,
-            Some(ev),
+            |timeouts, e| step_entry(timeouts, e, Dir::Original, now, ev),
             on_evict,
-        )?;
-        // `insert_hashed` tracks when given an event.
-        let t = t.unwrap_or(Tracked {
-            verdict: Verdict::Invalid,
-            state: ProtoState::Generic,
-            ct: CtState::Invalid,
-        });
-        Ok((id, t))
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn insert_hashed(
+    fn insert_hashed<T>(
         &mut self,
         now: Instant,
         orig: K,
@@ -521,9 +521,9 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         check_orig: bool,
         reply: K,
         payload: P,
-        first: Option<L4Event>,
+        first: impl FnOnce(&TimeoutTable, &mut Entry<K, P>) -> T,
         on_evict: &mut impl FnMut(&Entry<K, P>),
-    ) -> Result<(EntryId, Option<Tracked>), InsertError> {
+    ) -> Result<(EntryId, T), InsertError> {
         if orig.proto() != reply.proto() {
             return Err(InsertError::ProtoMismatch);
         }
@@ -549,8 +549,9 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
             flags: F_LIVE,
             proto: orig.proto(),
         };
-        let tracked =
-            first.map(|ev| step_entry(&self.timeouts, &mut entry, Dir::Original, now, ev));
+        // What the caller does to the new entry before it is stored (the
+        // first packet's tracking, or nothing).
+        let tracked = first(&self.timeouts, &mut entry);
         let idx = self.alloc(entry);
         if !self.place(now, h1, idx, Dir::Original, on_evict) {
             self.release(idx);

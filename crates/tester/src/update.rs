@@ -285,6 +285,19 @@ impl Gateway {
         }
     }
 
+    /// Replace the rule set with the empty one at `empty` and wait until
+    /// the gateway has freed the replaced generations (its control loop
+    /// does that in the background), so that the clock starts on an idle
+    /// gateway.
+    fn reset_to(&self, empty: &Path) -> Result<(), UpdateBenchError> {
+        self.request(
+            &serde_json::json!({"cmd": "ruleset-replace", "path": empty.display().to_string()})
+                .to_string(),
+        )?;
+        self.expect_rules(0)?;
+        self.wait_idle()
+    }
+
     fn nft(&self, cmd: &str) -> Result<(serde_json::Value, f64), UpdateBenchError> {
         let req = serde_json::json!({"cmd": "nft", "command": cmd}).to_string();
         let t = Instant::now();
@@ -454,15 +467,8 @@ pub fn run(o: &UpdateOptions) -> Result<UpdateReport, UpdateBenchError> {
     g.expect_rules((o.objects + o.appends) as u64)?;
     // 5. Seed 002: appends to an empty chain.
     let empty = dir.join("empty.nft");
-    g.request(
-        &serde_json::json!({"cmd": "ruleset-replace", "path": empty.display().to_string()})
-            .to_string(),
-    )?;
-    g.expect_rules(0)?;
-    // Seed 002 starts from a fresh, idle table: let the gateway free the
-    // replaced 150 k-rule generations (its control loop does that in the
-    // background) before the clock starts.
-    g.wait_idle()?;
+    // Seed 002 starts from a fresh, idle table.
+    g.reset_to(&empty)?;
     let cmds: Vec<String> = (0..o.appends)
         .map(|i| {
             let a = std::net::Ipv4Addr::from(0x0a00_0000u32 + i as u32);
@@ -479,12 +485,7 @@ pub fn run(o: &UpdateOptions) -> Result<UpdateReport, UpdateBenchError> {
     g.expect_rules(o.appends as u64)?;
     // 6. Step 5 again with a new connection per request, as separate
     // `sluice ctl` calls would make them (minus the process start).
-    g.request(
-        &serde_json::json!({"cmd": "ruleset-replace", "path": empty.display().to_string()})
-            .to_string(),
-    )?;
-    g.expect_rules(0)?;
-    g.wait_idle()?;
+    g.reset_to(&empty)?;
     let t = Instant::now();
     for c in &cmds {
         g.nft(c)?;
