@@ -1,31 +1,65 @@
-//! Allocator settings for processes that run the gateway's control plane.
+//! Allocator settings for the `sluice` process.
+//!
+//! The binary's global allocator is mimalloc, built with its `no_thp`
+//! feature: mimalloc then never asks for transparent huge pages for its own
+//! heap. A rule-set load allocates a few hundred MiB of small objects; with
+//! mimalloc's heap on huge pages, a load after the machine sat idle for a
+//! few seconds took 1.4-1.5 s instead of 0.3-0.4 s on this project's
+//! measuring VM, whose balloon driver reports free 8 MiB blocks to the host
+//! (`page_reporting.page_reporting_order=11`), so the next huge-page fault
+//! waits for the host to supply the memory again (`sluice bench update`,
+//! 2026-11-23, see docs/benchmarks.md). Small pages come from fragments the
+//! guest still holds.
+//!
+//! mimalloc implements `no_thp` with `prctl(PR_SET_THP_DISABLE)`, which
+//! also turns off the huge pages that the conntrack tables ask for
+//! ([`crate::mem::advise_huge_pages`]), for the whole process.
+//! [`allow_transparent_huge_pages`] turns that back on; mimalloc has already
+//! recorded that it must not advise huge pages itself, so only the explicitly
+//! advised tables get them.
+//!
+//! mimalloc keeps freed memory for about a second before it returns it to
+//! the kernel; [`release_freed_memory`] returns it now, so that a resident
+//! set size read just after is the live heap (`sluice bench nat44`'s bytes
+//! per connection).
 
-/// Makes every thread allocate from glibc's main heap (`M_ARENA_MAX` = 1);
-/// returns false when the C library refused or is not glibc.
-///
-/// glibc gives each new thread an arena of its own, and grows such an arena
-/// one page at a time, with one `mprotect` per 4 KiB (the `M_TOP_PAD` slack
-/// applies to the main heap only). A rule-set load allocates a few hundred
-/// MiB on the control thread: `sluice bench update` (150 000 rules) made
-/// about 115 000 `mprotect` calls; with one arena it makes 13 (and 3 500
-/// `brk`), the process's system time falls from 0.99-1.16 s to 0.56-0.69 s,
-/// its page faults from 201 000 to 148 000 (memory freed on one thread is
-/// reused by the next), and the load took 0.76-1.17 s instead of 1.27-1.82 s
-/// (`perf stat`, three alternating runs each, 2026-11-23 02:23 UTC, 2-vCPU
-/// AMD EPYC KVM guest, Linux 6.18, load average 4-5). Workers do not
-/// allocate on the packet path, so sharing the arena costs them nothing.
-///
-/// Call it first thing in `main`, before any thread starts: a thread that
-/// already has an arena keeps it.
-pub fn one_malloc_arena() -> bool {
+/// The global allocator of the `sluice` binary (mimalloc; see the module
+/// documentation).
+pub use mimalloc::MiMalloc as Allocator;
+
+/// Returns the memory that the allocators hold for reuse after frees to the
+/// kernel: mimalloc's (`mi_collect(true)`, which does nothing if mimalloc is
+/// not the global allocator) and glibc's (`malloc_trim(0)`).
+pub fn release_freed_memory() {
+    // SAFETY: mi_collect takes a flag and only walks and purges mimalloc's
+    // own free pages; it is documented as safe to call at any time.
+    unsafe { libmimalloc_sys::mi_collect(true) };
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
-        // SAFETY: mallopt(3) takes two integers and only changes the
-        // allocator's tuning parameters (under its own lock); M_ARENA_MAX
-        // with a positive value is a documented, valid setting.
-        unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) == 1 }
+        // SAFETY: malloc_trim(3) takes a padding size and only releases
+        // glibc's free heap memory; it is safe to call at any time.
+        unsafe { libc::malloc_trim(0) };
     }
-    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+}
+
+/// Clears the process's `PR_SET_THP_DISABLE` flag so that regions advised
+/// with `MADV_HUGEPAGE` get transparent huge pages again. Returns whether the
+/// flag is now clear (false off Linux, or if the kernel refused).
+///
+/// Call it first thing in `main`: the flag is inherited by child processes,
+/// and the conntrack tables are advised when they are created.
+pub fn allow_transparent_huge_pages() -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: prctl(2) with PR_SET_THP_DISABLE takes an integer flag and
+        // three zero arguments; it changes only this process's THP policy.
+        let set = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 0, 0, 0, 0) };
+        // SAFETY: PR_GET_THP_DISABLE takes four zero arguments and returns
+        // the flag; it changes nothing.
+        let now = unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) };
+        set == 0 && now == 0
+    }
+    #[cfg(not(target_os = "linux"))]
     {
         false
     }
@@ -34,12 +68,16 @@ pub fn one_malloc_arena() -> bool {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn one_arena_is_accepted() {
+    fn the_thp_disable_flag_can_be_cleared() {
         assert_eq!(
-            super::one_malloc_arena(),
-            cfg!(all(target_os = "linux", target_env = "gnu"))
+            super::allow_transparent_huge_pages(),
+            cfg!(target_os = "linux")
         );
-        let v: Vec<u64> = (0..1000).collect();
-        assert_eq!(v.iter().sum::<u64>(), 499_500);
+        #[cfg(target_os = "linux")]
+        {
+            // SAFETY: as in `allow_transparent_huge_pages`.
+            let flag = unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) };
+            assert_eq!(flag, 0);
+        }
     }
 }

@@ -23,9 +23,9 @@
 //!   AF_PACKET port owns.
 //! - [`netns`] and [`rawsock`]: namespace and raw-socket helpers for tests
 //!   and the tester.
-//! - [`alloc::one_malloc_arena`]: one glibc heap for all threads, for
-//!   processes that load rule sets (the control thread's heap would
-//!   otherwise grow one `mprotect`ed page at a time).
+//! - [`alloc::allow_transparent_huge_pages`]: huge pages for the advised
+//!   tables again after the global allocator (mimalloc, `no_thp`) disabled
+//!   them for the process.
 //!
 //! # Invariants
 //!

@@ -251,17 +251,20 @@ fn parse_count(s: &str) -> Result<u64, String> {
     Ok(v)
 }
 
+/// mimalloc, without huge pages for its own heap (see `sluice_io::alloc`).
+/// The control plane allocates many small objects per rule; against glibc's
+/// malloc (one arena), `sluice bench update` loaded 150 000 rules in
+/// 0.56-0.71 s instead of 0.59-0.85 s and made seed 002's 3000 appends in
+/// 0.19-0.52 s instead of 0.38-0.75 s (six runs each, 2026-11-23,
+/// docs/benchmarks.md).
+#[global_allocator]
+static GLOBAL: sluice_io::alloc::Allocator = sluice_io::alloc::Allocator;
+
 fn main() -> ExitCode {
+    // mimalloc's `no_thp` disabled transparent huge pages for the whole
+    // process when it started; the conntrack tables ask for them.
+    sluice_io::alloc::allow_transparent_huge_pages();
     let cli = Cli::parse();
-    // The gateway's control thread loads rule sets: one glibc heap for every
-    // thread instead of a per-thread arena that grows a page per `mprotect`
-    // (see `one_malloc_arena` for the measurement). Before any thread starts.
-    if matches!(
-        cli.cmd,
-        Command::Run(_) | Command::Bench(BenchCmd::Update(_))
-    ) {
-        sluice_io::alloc::one_malloc_arena();
-    }
     match run(cli) {
         Ok(code) => code,
         Err(e) => {

@@ -255,6 +255,9 @@ pub fn run(opts: &Nat44Options) -> Result<Nat44Result, BenchError> {
         .map(|_| vec![u16::MAX; per_core as usize])
         .collect();
     let mut batches: Vec<Batch> = (0..cores).map(|_| Batch::new()).collect();
+    // Resident sizes are read with the allocator's freed memory returned to
+    // the kernel first, so they count live memory only.
+    sluice_io::alloc::release_freed_memory();
     let base_rss = sluice_io::mem::resident_bytes().unwrap_or(0);
 
     let pol: Arc<dyn sluice_engine::Policy> = Arc::new(policy());
@@ -289,6 +292,7 @@ pub fn run(opts: &Nat44Options) -> Result<Nat44Result, BenchError> {
             })
             .collect();
         barrier.wait();
+        sluice_io::alloc::release_freed_memory();
         full_rss = sluice_io::mem::resident_bytes().unwrap_or(0);
         barrier.wait();
         handles.into_iter().filter_map(|h| h.join().ok()).collect()
