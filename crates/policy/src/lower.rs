@@ -23,6 +23,10 @@ use crate::iface::Interfaces;
 
 /// Protocols that have a port pair at the start of their header (`th`):
 /// TCP, UDP, DCCP, SCTP, UDP-Lite.
+/// Chains with at least this many rules are lowered in two halves on two
+/// threads ([`Lowerer::rules_in_halves`]).
+const PAR_LOWER_MIN: usize = 8192;
+
 const PORT_PROTOS: &[u8] = &[6, 17, 33, 132, 136];
 
 /// Where an AST rule came from: `FILE:LINE` in the rule set, or the label
@@ -330,6 +334,11 @@ pub(crate) struct Lowerer<'a> {
     /// Scratch for [`Self::rule`].
     scratch_deps: Vec<Dep>,
     scratch_matches: Vec<ir::Match>,
+    /// Chains with at least this many rules are lowered in two halves
+    /// ([`PAR_LOWER_MIN`]; tests lower it).
+    par_min: usize,
+    /// Chains whose second half lowered on another thread was used.
+    halves: usize,
 }
 
 impl<'a> Lowerer<'a> {
@@ -355,6 +364,8 @@ impl<'a> Lowerer<'a> {
             files: rs.files.iter().map(|f| Arc::from(f.as_str())).collect(),
             scratch_deps: Vec::new(),
             scratch_matches: Vec::new(),
+            par_min: PAR_LOWER_MIN,
+            halves: 0,
         }
     }
 
@@ -420,10 +431,17 @@ impl<'a> Lowerer<'a> {
     ///
     /// `rules` are the rule set's rules (see [`take_rules`]); `self.rs` is
     /// its declarations.
-    pub fn run(mut self, rules: &RuleLists) -> (Lowered, Vec<LowerError>) {
+    pub fn run(self, rules: &RuleLists) -> (Lowered, Vec<LowerError>) {
+        let (out, errors, _) = self.run_halves(rules);
+        (out, errors)
+    }
+
+    /// [`Self::run`], also returning how many chains were lowered in two
+    /// halves ([`Self::rules_in_halves`]).
+    fn run_halves(mut self, rules: &RuleLists) -> (Lowered, Vec<LowerError>, usize) {
         let rs = self.rs;
         if !self.declare() {
-            return (self.out, self.errors);
+            return (self.out, self.errors, 0);
         }
         // Pass 2: rules. The output vectors are sized up front (most rules
         // lower to one IR rule): growing them would copy and free large
@@ -436,16 +454,101 @@ impl<'a> Lowerer<'a> {
                     continue;
                 };
                 let list = rules.get(ti).and_then(|t| t.get(ci));
+                let list = list.map_or(&[][..], Vec::as_slice);
                 if let Some(c) = self.out.program.chains.get_mut(cid.0 as usize) {
-                    c.rules.reserve(list.map_or(0, Vec::len));
+                    c.rules.reserve(list.len());
                 }
-                for r in list.into_iter().flatten() {
-                    self.rule(ti, t, cid, r);
+                if list.len() >= self.par_min
+                    && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1)
+                {
+                    self.rules_in_halves(ti, t, cid, list);
+                } else {
+                    for r in list {
+                        self.rule(ti, t, cid, r);
+                    }
                 }
             }
         }
         self.check_nat_reachability();
-        (self.out, self.errors)
+        (self.out, self.errors, self.halves)
+    }
+
+    /// Lowers a large chain's rules: the second half on another thread,
+    /// by a lowerer of its own, while this one lowers the first. Its IR
+    /// rules and rule infos then follow this lowerer's, with their ids and
+    /// handles moved up (what lowering them here would have numbered them).
+    /// That is exact only when its rules added nothing to the shared tables
+    /// (NAT actions, pools, logs, limits: their ids would differ) and
+    /// failed nowhere; otherwise the second half is lowered again here, so
+    /// the result, errors included, is always the sequential one.
+    fn rules_in_halves(&mut self, ti: usize, t: &Table, cid: ChainId, list: &[Arc<ast::Rule>]) {
+        let (first, second) = list.split_at(list.len() / 2);
+        let (rs, ifaces, files) = (self.rs, self.ifaces, self.files.clone());
+        let other = std::thread::scope(|scope| {
+            let h = scope.spawn(move || {
+                let mut l = Lowerer::new(rs, ifaces);
+                l.files = files;
+                l.declare();
+                if let Some(c) = l.out.program.chains.get_mut(cid.0 as usize) {
+                    c.rules.reserve(second.len());
+                }
+                l.out.rules.reserve(second.len());
+                for r in second {
+                    l.rule(ti, t, cid, r);
+                }
+                l
+            });
+            for r in first {
+                self.rule(ti, t, cid, r);
+            }
+            h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))
+        });
+        if self.absorb(other, cid) {
+            self.halves += 1;
+        } else {
+            for r in second {
+                self.rule(ti, t, cid, r);
+            }
+        }
+    }
+
+    /// Appends what `other` (a fresh lowerer: ids from 0, handles from 1)
+    /// lowered into chain `cid` after this lowerer's rules; false (and
+    /// nothing changed) if it failed or added to a shared table.
+    fn absorb(&mut self, other: Lowerer<'_>, cid: ChainId) -> bool {
+        let Lowerer {
+            errors,
+            out,
+            next_handle,
+            ..
+        } = other;
+        let o = out;
+        if !errors.is_empty()
+            || !o.nat.is_empty()
+            || !o.pools.is_empty()
+            || !o.logs.is_empty()
+            || !o.limits.is_empty()
+        {
+            return false;
+        }
+        let Some(mine) = self.out.program.chains.get_mut(cid.0 as usize) else {
+            return false;
+        };
+        let Some(theirs) = o.program.chains.into_iter().nth(cid.0 as usize) else {
+            return false;
+        };
+        let ids = self.id_base + self.out.rules.len() as u64;
+        let handles = self.next_handle - 1;
+        mine.rules.extend(theirs.rules.into_iter().map(|mut r| {
+            r.id = RuleId(r.id.0 + ids);
+            r
+        }));
+        self.out.rules.extend(o.rules.into_iter().map(|mut i| {
+            i.handle += handles;
+            i
+        }));
+        self.next_handle += next_handle - 1;
+        true
     }
 
     /// Pass 1: chains get ids (so jumps can refer forward), base chains are
@@ -1152,4 +1255,87 @@ pub(crate) fn reachable(prog: &Program, start: ChainId) -> Vec<ChainId> {
         }
     }
     seen
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `n` rules of every kind the lowerer numbers: plain, counters, set
+    /// lookups, verdict maps (several IR rules each), jumps; rule `at` is
+    /// `extra` instead (if not empty).
+    fn ruleset(n: usize, at: usize, extra: &str) -> String {
+        let mut s = String::from(
+            "table ip t {\n set s {\n  type ipv4_addr\n  elements = { 10.0.0.1 }\n }\n \
+             chain other {\n  tcp dport 1 accept\n }\n chain fwd {\n  \
+             type filter hook forward priority 0; policy accept;\n",
+        );
+        for i in 0..n {
+            let r = match i % 5 {
+                0 => format!(
+                    "ip saddr 10.{}.{}.0/24 tcp dport {} accept",
+                    i / 256 % 256,
+                    i % 256,
+                    i % 60000 + 1
+                ),
+                1 => format!("ip daddr 10.0.{}.{} counter drop", i / 256 % 256, i % 256),
+                2 => "ip saddr @s udp dport 53 accept".to_string(),
+                3 => "tcp dport vmap { 22 : accept, 23 : drop }".to_string(),
+                _ => format!("ip saddr 192.168.{}.0/24 jump other", i % 256),
+            };
+            s.push_str("  ");
+            s.push_str(if i == at && !extra.is_empty() {
+                extra
+            } else {
+                &r
+            });
+            s.push('\n');
+        }
+        s.push_str(" }\n}\n");
+        s
+    }
+
+    fn lower(text: &str, par_min: usize) -> (String, usize) {
+        let mut rs = sluice_ruleset::parse_nft_str("t.nft", text).expect("parses");
+        let rules = take_rules(&mut rs);
+        let ifaces = Interfaces::from_ruleset(&rs);
+        let mut l = Lowerer::new(&rs, &ifaces);
+        l.par_min = par_min;
+        let (out, errors, halves) = l.run_halves(&rules);
+        (format!("{out:?} {errors:?}"), halves)
+    }
+
+    /// A chain lowered in two halves on two threads gives the sequential
+    /// lowering's rules, ids, handles, tables and errors, also when the
+    /// second half adds a log, a limit or a NAT action (then it is lowered
+    /// again) or fails.
+    #[test]
+    fn halves_lower_as_one() {
+        let n = 1200;
+        let cases = [
+            (0, "", 1),
+            (900, "", 1),
+            (900, "log prefix \"x\" accept", 0),
+            (900, "limit rate 10/second accept", 0),
+            (300, "log prefix \"y\" accept", 1),
+            (
+                900,
+                "meta mark 5 meta mark set 1 tcp dport vmap { 1 : accept }",
+                0,
+            ),
+            (
+                300,
+                "meta mark 5 meta mark set 1 tcp dport vmap { 1 : accept }",
+                1,
+            ),
+        ];
+        for (at, extra, halves) in cases {
+            let text = ruleset(n, at, extra);
+            let (seq, h0) = lower(&text, usize::MAX);
+            let (par, h1) = lower(&text, 1000);
+            assert_eq!(h0, 0);
+            assert_eq!(h1, halves, "rule {at}: {extra}");
+            assert!(seq == par, "rule {at}: {extra}: the halves differ");
+        }
+    }
 }

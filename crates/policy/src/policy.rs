@@ -107,18 +107,15 @@ pub(crate) struct Tables {
     pub limits: Vec<ast::Limit>,
 }
 
-/// Moves the lowered rules into a persistent [`Store`]: handle `h` is the
-/// `h`-th AST rule in table, chain, rule order (the order the lowerer
-/// numbered them in).
 /// Rule sets at least this large build the rule store's `order` map
-/// ([`load_order`]) on another thread while the classifier compiles.
+/// ([`load_order`]) on another thread while the rest of the store is built.
 const PAR_ORDER_MIN: usize = 8192;
 
 /// The `order` map of a freshly loaded store: the `k`-th rule of a chain
 /// at position `(k + 1) · GAP`, handles from 1 in table, chain and rule
 /// order, chain ids in table and chain order (what [`build_store`]
-/// assigns). It needs only the rule counts, so it can be built while the
-/// classifier compiles: about 150 000 one-by-one `imbl` B-tree inserts
+/// assigns). It needs only the rule counts, so it can be built while
+/// [`build_store`] runs: about 150 000 one-by-one `imbl` B-tree inserts
 /// (imbl has no bulk construction), a third of the store's build.
 fn load_order(rs: &Ruleset, rules: &RuleLists) -> imbl::OrdMap<(u32, u64), u64> {
     let mut order = imbl::OrdMap::new();
@@ -137,14 +134,11 @@ fn load_order(rs: &Ruleset, rules: &RuleLists) -> imbl::OrdMap<(u32, u64), u64> 
     order
 }
 
-/// The rule store and metadata of a loaded rule set; `order` is
-/// [`load_order`]`(rs, rules)`.
-fn build_store(
-    rs: &Ruleset,
-    rules: &RuleLists,
-    lowered: &mut Lowered,
-    order: imbl::OrdMap<(u32, u64), u64>,
-) -> (Store, Meta) {
+/// Moves the lowered rules into a persistent [`Store`]: handle `h` is the
+/// `h`-th AST rule in table, chain, rule order (the order the lowerer
+/// numbered them in). The store's `order` is left empty: the caller sets
+/// it to [`load_order`]`(rs, rules)`.
+fn build_store(rs: &Ruleset, rules: &RuleLists, lowered: &mut Lowered) -> (Store, Meta) {
     let mut store = Store::default();
     let mut chain_ids = std::collections::HashMap::new();
     let infos: Vec<Arc<RuleInfo>> = lowered.rules.drain(..).map(Arc::new).collect();
@@ -193,8 +187,6 @@ fn build_store(
         }
     }
     store.next_handle = handle;
-    debug_assert_eq!(order.len() as u64, handle - 1);
-    store.order = order;
     let kinds = lowered
         .program
         .chains
@@ -261,19 +253,7 @@ impl CompiledPolicy {
             errors.sort_by(|a, b| (&a.file, a.line, a.col).cmp(&(&b.file, b.line, b.col)));
             return Err(CompileError { errors });
         }
-        // The store's order map does not depend on the classifier: on a
-        // large rule set it is built on another thread meanwhile.
-        let parallel = rules.iter().flatten().map(Vec::len).sum::<usize>() >= PAR_ORDER_MIN
-            && std::thread::available_parallelism().is_ok_and(|t| t.get() > 1);
-        let (classifier, order) = std::thread::scope(|scope| {
-            let later = parallel.then(|| scope.spawn(|| load_order(&rs, &rules)));
-            let classifier = Classifier::compile(&lowered.program);
-            let order = match later {
-                Some(h) => h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)),
-                None => load_order(&rs, &rules),
-            };
-            (classifier, order)
-        });
+        let classifier = Classifier::compile(&lowered.program);
         let classifier = classifier.map_err(|e| {
             let span = match e {
                 sluice_classify::UpdateError::BadTarget(id)
@@ -307,7 +287,22 @@ impl CompiledPolicy {
             pools: lowered.pools.clone(),
             ..NatConfig::default()
         };
-        let (store, meta) = build_store(&rs, &rules, &mut lowered, order);
+        // The store's order map needs only the rule counts: on a large
+        // rule set it is built on another thread while this one builds the
+        // rest of the store (the other core is idle then; the lowering and
+        // the classifier keep both busy).
+        let parallel = rules.iter().flatten().map(Vec::len).sum::<usize>() >= PAR_ORDER_MIN
+            && std::thread::available_parallelism().is_ok_and(|t| t.get() > 1);
+        let (store, meta) = std::thread::scope(|scope| {
+            let later = parallel.then(|| scope.spawn(|| load_order(&rs, &rules)));
+            let (mut store, meta) = build_store(&rs, &rules, &mut lowered);
+            store.order = match later {
+                Some(h) => h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)),
+                None => load_order(&rs, &rules),
+            };
+            debug_assert_eq!(store.order.len() as u64, store.next_handle - 1);
+            (store, meta)
+        });
         let skeleton = rs;
         Ok(CompiledPolicy {
             meta: Arc::new(meta),

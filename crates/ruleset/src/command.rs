@@ -147,8 +147,9 @@ pub fn parse_nft_command(ctx: &Ruleset, name: &str, text: &str) -> Result<Comman
     parser.tables = ctx.tables.iter().map(skeleton).collect();
     let cmd = parser.ctl_command();
     let mut diags = pre.diags;
-    diags.extend(parser.lex_diags);
-    diags.extend(parser.diags);
+    diags.append(&mut parser.lex_diags);
+    diags.append(&mut parser.diags);
+    drop(parser);
     let files: Vec<SourceFile> = pre.files;
     let cmd = match cmd {
         Ok(c) if diags.is_empty() => c,

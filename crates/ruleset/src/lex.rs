@@ -196,6 +196,18 @@ impl<'t> Lexer<'t> {
         }
     }
 
+    /// A lexer over `src` from byte `at`, the start of line `line` (see
+    /// [`crate::nft::split_point`]).
+    pub fn at(file: u32, src: &'t str, at: usize, line: u32) -> Self {
+        Lexer {
+            file,
+            src,
+            i: at,
+            line,
+            col: 1,
+        }
+    }
+
     /// Lex up to and including the next newline token. Returns false at the
     /// end of the text (when nothing more will come).
     pub fn line(&mut self, out: &mut Vec<Token>, diags: &mut Vec<RawDiag>) -> bool {

@@ -82,11 +82,26 @@ fn parse_nft_owned(
     loader: &dyn SourceLoader,
     allow_lazy: bool,
 ) -> Result<Ruleset, Diagnostics> {
+    parse_nft_split(name, text, path, loader, allow_lazy, nft::SPLIT_MIN).0
+}
+
+/// [`parse_nft_owned`], parsing a plain file of at least `split_min` bytes
+/// in two halves on two threads (`nft::Split`); true if the second half's
+/// parse was used.
+fn parse_nft_split(
+    name: &str,
+    text: String,
+    path: Option<&Path>,
+    loader: &dyn SourceLoader,
+    allow_lazy: bool,
+    split_min: usize,
+) -> (Result<Ruleset, Diagnostics>, bool) {
     let mut pre = lex::Preprocessor::new(loader);
     pre.allow_lazy = allow_lazy;
     pre.run(name, path.map(|p| lex::normalize(&PathBuf::from(p))), text);
-    let mut parser = nft::Parser::new(std::mem::take(&mut pre.out), &pre.files, pre.lazy);
-    parser.parse_file();
+    let files = &pre.files;
+    let mut parser = nft::Parser::new(std::mem::take(&mut pre.out), files, pre.lazy);
+    let joined = std::thread::scope(|s| parser.parse_file_split(s, split_min));
     let mut diags = pre.diags;
     diags.extend(parser.lex_diags);
     diags.extend(parser.diags);
@@ -95,7 +110,7 @@ fn parse_nft_owned(
         defines: pre.defines,
         files: pre.files.iter().map(|f| f.name.clone()).collect(),
     };
-    finish(ruleset, diags, &pre.files)
+    (finish(ruleset, diags, &pre.files), joined)
 }
 
 /// Parse `iptables-save` / `iptables-restore` text into the same AST (tables
@@ -234,8 +249,9 @@ mod tests {
         [true, false].map(|lazy| parse_nft_owned(name, text.to_string(), path, &FsLoader, lazy))
     }
 
-    #[test]
-    fn lazily_lexed_files_parse_as_preprocessed_ones() {
+    /// The golden files, a large rule set with and without errors, and
+    /// snippets that end early, span lines or hold errors.
+    fn inputs() -> Vec<(String, String)> {
         let mut inputs: Vec<(String, String)> = Vec::new();
         for dir in ["tests/golden", "tests/golden/errors"] {
             let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -287,6 +303,12 @@ mod tests {
         for (i, s) in snippets.iter().enumerate() {
             inputs.push((format!("snippet{i}.nft"), s.to_string()));
         }
+        inputs
+    }
+
+    #[test]
+    fn lazily_lexed_files_parse_as_preprocessed_ones() {
+        let inputs = inputs();
         let plain = inputs.iter().filter(|(_, t)| lex::is_plain(t)).count();
         assert!(plain >= 16, "only {plain} inputs take the lazy path");
         for (name, text) in &inputs {
@@ -296,5 +318,52 @@ mod tests {
             }
             assert_eq!(lazy, eager, "{name}");
         }
+    }
+
+    /// A file parsed in two halves (`nft::Split`) gives the sequential
+    /// parse's AST and diagnostics wherever its middle falls: padding
+    /// before or after the text moves the split over every line.
+    #[test]
+    fn split_parses_match_sequential_ones() {
+        let tricky = "table ip t {\n set s {\n  type ipv4_addr\n  elements = {\n   10.0.0.1,\n   \
+                      10.0.0.2\n  }\n }\n chain a {\n  type filter hook input priority 0; policy drop;\n  \
+                      ip saddr @s accept\n  tcp dport { 22,\n   80 } accept # a comment\n  \
+                      tcp dport \\\n 443 accept\n\n  comment \"chain a\"\n  \
+                      udp dport 53 accept; udp dport 54 drop\n  policy accept\n  \
+                      ip saddr 10.0.0.3 counter drop\n }\n chain b {\n  \
+                      ip daddr 10.0.0.0/8 jump a\n  ip daddr 10.1.0.0/16 return\n }\n}\n\
+                      add rule ip t b tcp dport 1 accept\n";
+        let mut cases = inputs();
+        cases.push(("tricky.nft".into(), tricky.into()));
+        cases.push((
+            "tricky_error.nft".into(),
+            tricky.replace("return", "retrun"),
+        ));
+        cases.push((
+            "tricky_open.nft".into(),
+            tricky.replace(" }\n chain b", "\n chain b"),
+        ));
+        let mut joined = 0;
+        for (name, text) in &cases {
+            // Every offset of the small texts, a few of the large ones.
+            let step = match text.len() {
+                0..=4096 => (text.len() / 150).max(1),
+                n => n / 6,
+            };
+            for pad in (0..=text.len()).step_by(step) {
+                let padding = "x".repeat(pad);
+                for t in [
+                    format!("#{padding}\n{text}"),
+                    format!("{text}\n#{padding}\n"),
+                ] {
+                    let parse = |min| parse_nft_split(name, t.clone(), None, &FsLoader, true, min);
+                    let (seq, _) = parse(usize::MAX);
+                    let (split, j) = parse(0);
+                    assert_eq!(split, seq, "{name}, padded by {pad}: {t}");
+                    joined += usize::from(j);
+                }
+            }
+        }
+        assert!(joined > 300, "only {joined} split parses were used");
     }
 }

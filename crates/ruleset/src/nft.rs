@@ -18,6 +18,8 @@ use crate::symbols::{self, parse_num};
 use std::collections::HashSet;
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
 
 /// Marker: an error was recorded; the caller recovers.
 #[derive(Debug)]
@@ -116,6 +118,68 @@ pub(crate) struct Parser<'s> {
     /// Reused by [`Parser::rule`].
     scratch_matches: Vec<Match>,
     scratch_stmts: Vec<Stmt>,
+    /// The second half of a large plain file, parsed meanwhile by another
+    /// thread ([`Split`]).
+    split: Option<Split<'s>>,
+    /// A [`Split`]'s tail was used.
+    joined: bool,
+}
+
+/// A large plain file's second half, parsed on another thread as the rest
+/// of a chain body ([`Parser::tail`]) from the first line at or after the
+/// file's middle, while this parser parses the file from its start.
+///
+/// The lexer keeps no state across a newline (strings and comments end at
+/// one; a line continuation is never chosen as the split), so lexing from
+/// the split line gives the tokens the whole file's lexer gives there. The
+/// tail is used only where it is exactly what this parser would parse
+/// next: when this parser, at the top of a chain body's loop, stands on the
+/// tail's first token ([`Parser::join_split`]). Then the tail's rules are
+/// that chain's next rules, and its lexer, positioned at the `}` that ends
+/// the chain, continues the file. Anything else (the split inside a set
+/// declaration, a multi-line rule or between chains, a tail that met an
+/// error, a chain's `type`/`policy`/`comment` line or the end of the file)
+/// drops the tail and parses on as if there were none, so the AST and every
+/// diagnostic are those of a sequential parse.
+pub(crate) struct Split<'s> {
+    /// The tail's first line (1-based) in file 0.
+    line: u32,
+    rx: mpsc::Receiver<Option<Tail<'s>>>,
+    /// Tells the tail's thread to give up (its result will not be used).
+    cancel: Arc<AtomicBool>,
+}
+
+/// What [`Parser::tail`] parsed: the rules from `first` on, and the parser
+/// (its token window and lexer) standing on the `}` after them.
+pub(crate) struct Tail<'s> {
+    first: Span,
+    rules: Vec<Rule>,
+    parser: Parser<'s>,
+}
+
+/// Files at least this large (bytes) are parsed in two halves on two
+/// threads ([`Split`]): about 13 000 one-line rules.
+pub(crate) const SPLIT_MIN: usize = 1 << 20;
+
+/// Where to split `text` for [`Split`]: the start of the first line at or
+/// after the middle whose preceding newline does not end a line
+/// continuation (`\` before it), and that line's number. None if there is
+/// no such line.
+pub(crate) fn split_point(text: &str) -> Option<(usize, u32)> {
+    let b = text.as_bytes();
+    let mut i = b.len() / 2;
+    loop {
+        let nl = i + b.get(i..)?.iter().position(|&c| c == b'\n')?;
+        let before = b.get(..nl).unwrap_or_default();
+        let continued = matches!(before, [.., b'\\'] | [.., b'\\', b'\r']);
+        if !continued && nl + 1 < b.len() {
+            // Every newline byte is one line for the lexer (comments and
+            // strings stop at it; continuations count it).
+            let line = 2 + before.iter().filter(|&&c| c == b'\n').count();
+            return Some((nl + 1, u32::try_from(line).ok()?));
+        }
+        i = nl + 1;
+    }
 }
 
 impl<'s> Parser<'s> {
@@ -138,9 +202,120 @@ impl<'s> Parser<'s> {
             tables: Vec::new(),
             scratch_matches: Vec::new(),
             scratch_stmts: Vec::new(),
+            split: None,
+            joined: false,
         };
         p.fill();
         p
+    }
+
+    /// Parses file 0 (which must be the lazily lexed file) in two halves
+    /// when it is large and another core is free ([`Split`]): the second
+    /// half on a thread of `scope`, when the file has at least `min` bytes
+    /// (normally [`SPLIT_MIN`]). The same result as [`Self::parse_file`];
+    /// returns true if the second half's parse was used.
+    pub fn parse_file_split<'scope>(
+        &mut self,
+        scope: &'scope std::thread::Scope<'scope, '_>,
+        min: usize,
+    ) -> bool
+    where
+        's: 'scope,
+    {
+        let src = self.src;
+        let plan = match (&self.lexer, src.first()) {
+            (Some(_), Some(f)) if f.text.len() >= min => split_point(&f.text),
+            _ => None,
+        };
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if let (Some((at, line)), true) = (plan, cores > 1) {
+            let (tx, rx) = mpsc::sync_channel(1);
+            let cancel = Arc::new(AtomicBool::new(false));
+            let stop = Arc::clone(&cancel);
+            let spawned = std::thread::Builder::new()
+                .name("nft-parse".into())
+                .spawn_scoped(scope, move || {
+                    let _ = tx.send(Parser::tail(src, at, line, &stop));
+                });
+            if spawned.is_ok() {
+                self.split = Some(Split { line, rx, cancel });
+            }
+        }
+        self.parse_file();
+        match self.split.take() {
+            // Never reached: the tail's thread may stop early.
+            Some(split) => {
+                split.cancel.store(true, Ordering::Relaxed);
+                false
+            }
+            None => plan.is_some() && self.joined,
+        }
+    }
+
+    /// The second half of file 0 from byte `at` (line `line`), parsed as
+    /// the rest of a chain body: rules up to the chain's `}`. None on
+    /// anything else (see [`Split`]) or when `cancel` is set.
+    fn tail(src: &'s [SourceFile], at: usize, line: u32, cancel: &AtomicBool) -> Option<Tail<'s>> {
+        let f = src.first()?;
+        let mut p = Parser::new(Vec::new(), src, None);
+        p.lexer = Some(Lexer::at(0, &f.text, at, line));
+        p.fill();
+        p.skip_separators();
+        let first = p.span();
+        let mut rules = Vec::new();
+        loop {
+            p.skip_separators();
+            match p.peek() {
+                Tok::RBrace => break,
+                Tok::Eof => return None,
+                Tok::Word(w) if matches!(p.text(w), "type" | "policy" | "comment") => return None,
+                _ => {}
+            }
+            if cancel.load(Ordering::Relaxed) {
+                return None;
+            }
+            let r = p.rule().ok()?;
+            p.end_stmt().ok()?;
+            rules.push(r);
+        }
+        let clean = p.depth == 0 && p.diags.is_empty() && p.lex_diags.is_empty();
+        clean.then_some(Tail {
+            first,
+            rules,
+            parser: p,
+        })
+    }
+
+    /// At the top of chain `ci`'s body loop: if a [`Split`] is pending and
+    /// this parser has reached its line, wait for the tail and take it when
+    /// it starts exactly here (its rules join the chain, its token window
+    /// and lexer replace this parser's); drop it otherwise.
+    fn join_split(&mut self, ti: usize, ci: usize) {
+        let here = self.span();
+        let Some(split) = &self.split else {
+            return;
+        };
+        if here.file != 0 || here.line < split.line {
+            return;
+        }
+        let tail = split.rx.recv().ok().flatten();
+        self.split = None;
+        let Some(tail) = tail else {
+            return;
+        };
+        if tail.first != here {
+            return;
+        }
+        let Tail {
+            mut rules, parser, ..
+        } = tail;
+        if let Some(c) = self.chain_mut(ti, ci) {
+            c.rules.append(&mut rules);
+        }
+        self.toks = parser.toks;
+        self.pos = parser.pos;
+        self.lexer = parser.lexer;
+        self.joined = true;
     }
 
     /// With a lazy lexer, make sure the current and next tokens are in the
@@ -572,6 +747,9 @@ impl<'s> Parser<'s> {
         let open = self.span();
         loop {
             self.skip_separators();
+            if self.split.is_some() {
+                self.join_split(ti, ci);
+            }
             let depth = self.depth;
             let r = match self.peek() {
                 Tok::RBrace => {
