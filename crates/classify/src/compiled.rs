@@ -654,14 +654,19 @@ fn prefixes(r: Range, width: u32, cap: usize, mut f: impl FnMut(u128, u32) -> bo
     let span = |s: u32| u128::MAX.checked_shr(128 - s).unwrap_or(0);
     let mut n = 0;
     loop {
-        let mut s = if lo == 0 {
+        // The largest block of 2^s values that starts at `lo` (aligned:
+        // s <= trailing zeros of lo) and ends at or before `hi`
+        // (2^s <= hi - lo + 1), in constant time.
+        let aligned = if lo == 0 {
             width
         } else {
             lo.trailing_zeros().min(width)
         };
-        while s > 0 && lo.checked_add(span(s)).is_none_or(|e| e > hi) {
-            s -= 1;
-        }
+        let fits = hi
+            .saturating_sub(lo)
+            .checked_add(1)
+            .map_or(128, |c| 127 - c.leading_zeros());
+        let s = aligned.min(fits);
         if !f(lo, width - s) {
             return false;
         }
@@ -2310,6 +2315,60 @@ mod tests {
             true
         });
         assert_eq!(v, vec![(0, 0)]);
+    }
+
+    /// The step-by-step search `prefixes` used before its block size was
+    /// computed in constant time: the reference it must equal.
+    fn prefixes_reference(r: Range, width: u32, cap: usize) -> (bool, Vec<(u128, u32)>) {
+        let (mut lo, hi) = (r.lo, r.hi);
+        let span = |s: u32| u128::MAX.checked_shr(128 - s).unwrap_or(0);
+        let mut out = Vec::new();
+        loop {
+            let mut s = if lo == 0 {
+                width
+            } else {
+                lo.trailing_zeros().min(width)
+            };
+            while s > 0 && lo.checked_add(span(s)).is_none_or(|e| e > hi) {
+                s -= 1;
+            }
+            out.push((lo, width - s));
+            let end = lo + span(s);
+            if end >= hi {
+                return (true, out);
+            }
+            if out.len() >= cap {
+                return (false, out);
+            }
+            lo = end + 1;
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn prefix_cover_equals_the_stepwise_search(
+            width in proptest::sample::select(vec![8u32, 16, 32, 128]),
+            a in proptest::prelude::any::<u128>(),
+            b in proptest::prelude::any::<u128>(),
+            small in proptest::prelude::any::<bool>(),
+            cap in 1usize..80,
+        ) {
+            let max = u128::MAX.checked_shr(128 - width).unwrap_or(0);
+            let (mut lo, mut hi) = (a & max, b & max);
+            if small {
+                hi = lo.saturating_add(b % 5000).min(max);
+            }
+            if lo > hi {
+                std::mem::swap(&mut lo, &mut hi);
+            }
+            let r = Range::new(lo, hi);
+            let mut got = Vec::new();
+            let ok = prefixes(r, width, cap, |x, l| {
+                got.push((x, l));
+                true
+            });
+            proptest::prop_assert_eq!((ok, got), prefixes_reference(r, width, cap));
+        }
     }
 
     #[test]
