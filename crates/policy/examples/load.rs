@@ -1,9 +1,15 @@
 //! Times the phases of loading an nft rule set: parse, compile (lower,
 //! classifier, rule store; by value, as the daemon does). `cargo run --release -p sluice-policy --example
 //! load -- FILE [--no-updates]` (`--no-updates`: skip the single-update
-//! timing, e.g. to profile the load alone).
+//! timing, e.g. to profile the load alone). It allocates with the `sluice`
+//! binary's allocator (mimalloc).
 
 use std::time::Instant;
+
+/// The `sluice` binary's allocator, so that the phases cost what they cost
+/// in the gateway.
+#[global_allocator]
+static GLOBAL: sluice_io::alloc::Allocator = sluice_io::alloc::Allocator;
 
 fn main() {
     let Some(path) = std::env::args().nth(1) else {
