@@ -171,6 +171,9 @@ pub enum LiveFramesError {
     /// The arguments cannot describe a run (empty flow list, frame too
     /// short for the patch, batch too large).
     BadArgument(&'static str),
+    /// A signal interrupted the run (`EINTR`); how many frames it sent
+    /// is unknown.
+    Interrupted,
 }
 
 impl fmt::Display for LiveFramesError {
@@ -186,6 +189,7 @@ impl fmt::Display for LiveFramesError {
                 "BPF_PROG_RUN live frames (BPF_F_TEST_XDP_LIVE_FRAMES, Linux 5.18+) not supported by this kernel: {e}"
             ),
             LiveFramesError::BadArgument(why) => write!(f, "XDP live-frames generator: {why}"),
+            LiveFramesError::Interrupted => f.write_str("BPF_PROG_RUN interrupted by a signal"),
         }
     }
 }
@@ -357,6 +361,7 @@ impl LiveFrames {
             "bpf(BPF_PROG_RUN, BPF_F_TEST_XDP_LIVE_FRAMES)",
         ) {
             Ok(_) => Ok(()),
+            Err(e) if e.errno() == Some(libc::EINTR) => Err(LiveFramesError::Interrupted),
             Err(e) if matches!(e.errno(), Some(libc::EINVAL) | Some(libc::EOPNOTSUPP)) => {
                 Err(LiveFramesError::NotSupported(e))
             }
