@@ -16,7 +16,12 @@
 //! the frame: 4 bytes at [`PORTS_OFF`] (source and destination port of an
 //! IPv4 UDP header without options) and the 2-byte UDP checksum at
 //! [`CSUM_OFF`], both taken from an array map of [`flow_entry`] values that
-//! userspace filled in the sending order; a 1-entry array holds the index of
+//! userspace filled in the sending order. It also rewrites bytes 0..34
+//! (Ethernet and IPv4 headers) and 38..40 (UDP length) from the template:
+//! live-frames pages are recycled without their data being reset, and a
+//! receiver that forwards the page itself (the kernel's IP forwarding on
+//! the skb veth builds around it) rewrites MACs, addresses, TTL and
+//! checksums in place. A 1-entry array holds the index of
 //! the next flow, incremented modulo the number of flows (one CPU runs the
 //! program, so no atomics are needed).
 //!
@@ -35,6 +40,7 @@
 //! r2 = ctx->data ; r3 = ctx->data_end ; r4 = r2 + 42
 //! if r4 > r3 goto drop
 //! *(u32 *)(r2 + 34) = r7 ; *(u16 *)(r2 + 40) = r8
+//! *(u32 *)(r2 + 0) = template[0..4] ... *(u16 *)(r2 + 32), *(u16 *)(r2 + 38)
 //! r1 = ifindex ; r2 = 0 ; call bpf_redirect ; exit
 //! drop: r0 = XDP_DROP ; exit
 //! ```
@@ -74,6 +80,7 @@ const LDX_W: u8 = 0x61;
 const STX_H: u8 = 0x6b;
 const STX_W: u8 = 0x63;
 const ST_W: u8 = 0x62;
+const ST_H: u8 = 0x6a;
 const ADD_K: u8 = 0x07;
 const MOV_K: u8 = 0xb7;
 const MOV_X: u8 = 0xbf;
@@ -97,10 +104,19 @@ pub fn flow_entry(sport: u16, dport: u16, udp_csum: u16) -> [u8; 8] {
 }
 
 /// Instructions of the program from [`program`], its length in instructions.
-pub const PROGRAM_LEN: usize = 36;
+pub const PROGRAM_LEN: usize = 46;
+
+/// Header bytes of the template the program rewrites in every frame.
+pub const HDR_LEN: usize = CSUM_OFF + 2;
 
 /// The generator program: maps by fd, `flows` entries, redirect to `ifindex`.
-pub(crate) fn program(counter_fd: i32, flows_fd: i32, flows: u32, ifindex: u32) -> Vec<BpfInsn> {
+pub(crate) fn program(
+    counter_fd: i32,
+    flows_fd: i32,
+    flows: u32,
+    ifindex: u32,
+    hdr: &[u8; HDR_LEN],
+) -> Vec<BpfInsn> {
     // Jump offsets below are counted by hand; the unit test checks that
     // every jump to `drop` lands on the `r0 = XDP_DROP` at the end.
     let drop_at = PROGRAM_LEN as i64 - 2;
@@ -140,7 +156,29 @@ pub(crate) fn program(counter_fd: i32, flows_fd: i32, flows: u32, ifindex: u32) 
     p.push(insn(JGT_X, 4, 3, to_drop(at), 0)); // 27
     p.push(insn(STX_W, 2, 7, PORTS_OFF as i16, 0)); // 28
     p.push(insn(STX_H, 2, 8, CSUM_OFF as i16, 0)); // 29
-                                                   // The redirect: r1 = ifindex, r2 = flags 0.
+                                                   // 30..40: the Ethernet and IPv4 headers and the UDP length, from the
+                                                   // template. Live-frames pages are recycled without being reset, and a
+                                                   // DUT that forwards the frame's own page (the kernel) rewrote its MACs,
+                                                   // addresses, TTL and checksums in place.
+    for (k, w) in hdr[..32].chunks_exact(4).enumerate() {
+        let v = i32::from_ne_bytes([w[0], w[1], w[2], w[3]]);
+        p.push(insn(ST_W, 2, 0, 4 * k as i16, v));
+    }
+    p.push(insn(
+        ST_H,
+        2,
+        0,
+        32,
+        i32::from(u16::from_ne_bytes([hdr[32], hdr[33]])),
+    ));
+    p.push(insn(
+        ST_H,
+        2,
+        0,
+        38,
+        i32::from(u16::from_ne_bytes([hdr[38], hdr[39]])),
+    ));
+    // The redirect: r1 = ifindex, r2 = flags 0.
     let mut tail = vec![
         insn(MOV_K, 1, 0, 0, ifindex as i32),
         insn(MOV_K, 2, 0, 0, 0),
@@ -315,7 +353,9 @@ impl LiveFrames {
             map_update(&flow_map, i as u32, v)?;
         }
         map_update(&counter, 0, &0u32.to_ne_bytes())?;
-        let insns = program(sys::raw(&counter), sys::raw(&flow_map), n, ifindex);
+        let mut hdr = [0u8; HDR_LEN];
+        hdr.copy_from_slice(&frame[..HDR_LEN]);
+        let insns = program(sys::raw(&counter), sys::raw(&flow_map), n, ifindex, &hdr);
         let prog = load(&insns)?;
         Ok(Self {
             prog,
@@ -458,7 +498,11 @@ mod tests {
 
     #[test]
     fn program_has_the_documented_shape() {
-        let p = program(7, 8, 1000, 42);
+        let mut hdr = [0u8; HDR_LEN];
+        for (i, b) in hdr.iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        let p = program(7, 8, 1000, 42, &hdr);
         assert_eq!(p.len(), PROGRAM_LEN);
         assert_eq!(core::mem::size_of::<TestRunAttr>(), 80);
         assert_eq!(core::mem::size_of::<XdpMd>(), 24);
@@ -484,6 +528,21 @@ mod tests {
         assert_eq!(p[26].imm, 42);
         assert_eq!(p[28].off, 34);
         assert_eq!(p[29].off, 40);
+        // The header stores cover bytes 0..34 and 38..40 with the template.
+        let mut img = [0xffu8; HDR_LEN];
+        for i in &p[30..40] {
+            let off = i.off as usize;
+            let b = i.imm.to_ne_bytes();
+            match i.code {
+                ST_W => img[off..off + 4].copy_from_slice(&b),
+                ST_H => img[off..off + 2].copy_from_slice(&b[..2]),
+                c => panic!("opcode {c:#x}"),
+            }
+            assert_eq!(i.regs & 0xf, 2);
+        }
+        assert_eq!(&img[..34], &hdr[..34]);
+        assert_eq!(&img[38..40], &hdr[38..40]);
+        assert_eq!(&img[34..38], &[0xff; 4]);
     }
 
     #[test]

@@ -1149,8 +1149,18 @@ fn point(
         // and its NAPI thread on the DUT core, where the veth runs the XDP
         // program or builds the skb, as a NIC driver's NAPI poll does.
         ns_exec(&topo.dut, &["ethtool", "-K", &topo.lan, "gro", "on"])?;
+        // The NAPI thread already runs on the DUT core: no RPS hand-off
+        // (a NIC's receive processing runs in its NAPI poll too).
+        ns_exec(
+            &topo.dut,
+            &[
+                "sh",
+                "-c",
+                &format!("echo 0 > /sys/class/net/{}/queues/rx-0/rps_cpus", topo.lan),
+            ],
+        )?;
         if dut == Dut::SluiceAfXdp {
-            dut_mode.push_str("; GRO on");
+            dut_mode.push_str("; GRO on, RPS off");
         } else {
             let n = pin_napi_threads(&topo, &topo.lan, dut_core)?;
             if n == 0 {
@@ -1159,7 +1169,9 @@ fn point(
                     format!("no threaded NAPI thread of {} found", topo.lan),
                 ));
             }
-            dut_mode.push_str(&format!("; GRO on, threaded NAPI ({n}) on the DUT core"));
+            dut_mode.push_str(&format!(
+                "; GRO on, RPS off, threaded NAPI ({n}) on the DUT core"
+            ));
         }
     }
 
