@@ -61,6 +61,14 @@
 //! 3. `saturated` is true when at least 1 % was lost, i.e. the DUT and not
 //!    the sender was the limit. Otherwise `fps` is only a lower bound.
 //!
+//! With [`Sender::Xdp`] the measurement's frames (not the warm-up's) are XDP
+//! live frames (`BPF_PROG_RUN` with `BPF_F_TEST_XDP_LIVE_FRAMES`, see
+//! [`sluice_io::xdpgen`]) redirected into the sender's veth, so they reach
+//! the DUT's veth as `xdp_frame`s, as from a NIC's receive ring, not as
+//! skbs. Every DUT's inside veth then has GRO on (veth needs NAPI to accept
+//! them), RPS off and its threaded NAPI pinned to the DUT core; `sent`
+//! moves in steps of [`XDP_REPEAT`] frames.
+//!
 //! This is the rate one DUT core drains when offered more than it can take.
 //!
 //! # Method: RFC 2544 throughput (`zero_loss`)
