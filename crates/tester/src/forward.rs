@@ -67,7 +67,7 @@
 //! the DUT's veth as `xdp_frame`s, as from a NIC's receive ring, not as
 //! skbs. Every DUT's inside veth then has GRO on (veth needs NAPI to accept
 //! them), RPS off and its threaded NAPI pinned to the DUT core; `sent`
-//! moves in steps of [`XDP_REPEAT`] frames.
+//! moves in steps of `XDP_REPEAT` (2^20) frames.
 //!
 //! This is the rate one DUT core drains when offered more than it can take.
 //!
