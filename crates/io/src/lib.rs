@@ -18,6 +18,8 @@
 //!   fanout program that applies it on AF_PACKET; [`afxdp::bpf`] has the
 //!   XDP program that applies it on AF_XDP ([`AfXdpConfig::steer`],
 //!   [`AfXdpQueues`]).
+//! - [`xdpgen`]: a traffic generator that enters a veth as XDP frames
+//!   (`BPF_PROG_RUN` with live frames), for `sluice bench forward`.
 //! - [`pcap`]: `--capture` (classic pcap, rx and tx in two files).
 //! - [`nft::IngressDrop`]: keeps the kernel stack off interfaces an
 //!   AF_PACKET port owns.
@@ -57,6 +59,7 @@ pub mod rawsock;
 pub mod spin;
 pub mod steer;
 mod sys;
+pub mod xdpgen;
 
 pub use afpacket::{AfPacketConfig, AfPacketPort};
 pub use afxdp::bpf::XdpMode;

@@ -168,6 +168,12 @@ struct ForwardArgs {
     /// is then that rate and saturation_fps the drain rate.
     #[arg(long)]
     zero_loss: bool,
+    /// Sender of the saturation measurement: socket (AF_PACKET sendmmsg,
+    /// frames reach the DUT as skbs) or xdp (BPF_PROG_RUN live XDP frames
+    /// redirected into the sender's veth, like a NIC's receive ring; Linux
+    /// 5.18+). Warm-up and zero-loss trials use the socket sender.
+    #[arg(long, value_parser = parse_sender, default_value = "socket")]
+    sender: sluice_tester::forward::Sender,
     /// Write the results as JSON: {"results": [{dut, flows, fps, ...}]}.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -177,6 +183,11 @@ fn parse_dut(s: &str) -> Result<sluice_tester::forward::Dut, String> {
     sluice_tester::forward::Dut::parse(s.trim()).ok_or_else(|| {
         format!("'{s}': expected sluice-afxdp, sluice-afpacket, kernel-nftables or sender-only")
     })
+}
+
+fn parse_sender(s: &str) -> Result<sluice_tester::forward::Sender, String> {
+    sluice_tester::forward::Sender::parse(s.trim())
+        .ok_or_else(|| format!("'{s}': expected socket or xdp"))
 }
 
 #[derive(Args, Debug)]
@@ -321,6 +332,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     warmup_pps: a.warmup_rate,
                     seed: a.seed,
                     zero_loss: a.zero_loss,
+                    sender: a.sender,
                 },
                 a.json.as_deref(),
             )

@@ -67,6 +67,7 @@ fn bench_forward_measures_every_dut_and_writes_json() {
             "{r}"
         );
         assert_eq!(r["method"].as_str(), Some("saturation"), "{r}");
+        assert_eq!(r["sender"].as_str(), Some("socket"), "{r}");
     }
     // Everything it built is gone (its namespaces carry its PID).
     let left = Command::new("ip")
@@ -132,4 +133,50 @@ fn bench_forward_zero_loss_search_reports_a_lossless_rate() {
         }),
         "{r}"
     );
+}
+
+/// `--sender xdp`: the saturation measurement's frames enter the DUT's
+/// veth as XDP live frames (BPF_PROG_RUN); every DUT still forwards
+/// thousands of frames and the report names the sender.
+#[test]
+#[ignore = "needs root + netns + BPF_PROG_RUN live frames; run by .ci/run with --ignored"]
+fn bench_forward_xdp_sender_reaches_every_dut() {
+    assert!(is_root(), "this test needs root");
+    let json = std::env::temp_dir().join(format!(
+        "sluice-bench-forward-xdp-{}.json",
+        std::process::id()
+    ));
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "bench",
+            "forward",
+            "--flows",
+            "1000",
+            "--duration",
+            "1",
+            "--sender",
+            "xdp",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .expect("run sluice bench forward --sender xdp");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.contains("sender of the saturation measurement: xdp"));
+    let text = std::fs::read_to_string(&json).expect("JSON report written");
+    let _ = std::fs::remove_file(&json);
+    let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    let results = v["results"].as_array().expect("results array");
+    assert_eq!(results.len(), 3, "{text}");
+    for r in results {
+        assert_eq!(r["sender"].as_str(), Some("xdp"), "{r}");
+        let received = r["received"].as_u64().expect("received");
+        assert!(received >= 5_000, "{r}\n{stderr}");
+        assert!(
+            r["dut_mode"].as_str().unwrap_or("").contains("GRO on"),
+            "{r}"
+        );
+    }
 }

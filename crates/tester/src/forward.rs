@@ -61,6 +61,14 @@
 //! 3. `saturated` is true when at least 1 % was lost, i.e. the DUT and not
 //!    the sender was the limit. Otherwise `fps` is only a lower bound.
 //!
+//! With [`Sender::Xdp`] the measurement's frames (not the warm-up's) are XDP
+//! live frames (`BPF_PROG_RUN` with `BPF_F_TEST_XDP_LIVE_FRAMES`, see
+//! [`sluice_io::xdpgen`]) redirected into the sender's veth, so they reach
+//! the DUT's veth as `xdp_frame`s, as from a NIC's receive ring, not as
+//! skbs. Every DUT's inside veth then has GRO on (veth needs NAPI to accept
+//! them), RPS off and its threaded NAPI pinned to the DUT core; `sent`
+//! moves in steps of `XDP_REPEAT` (2^20) frames.
+//!
 //! This is the rate one DUT core drains when offered more than it can take.
 //!
 //! # Method: RFC 2544 throughput (`zero_loss`)
@@ -132,6 +140,47 @@ impl Dut {
     }
 }
 
+/// How the saturation measurement's frames enter the DUT's inside veth.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Sender {
+    /// An AF_PACKET socket, `sendmmsg` of 256-frame batches: each frame is
+    /// an skb when it reaches the DUT.
+    #[default]
+    Socket,
+    /// XDP live frames (`BPF_PROG_RUN` with `BPF_F_TEST_XDP_LIVE_FRAMES`)
+    /// redirected into the sender's veth: each frame reaches the DUT's veth
+    /// as an `xdp_frame` in a page-pool page, like a NIC's receive ring
+    /// (see [`sluice_io::xdpgen`]).
+    Xdp,
+}
+
+impl Sender {
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Sender::Socket => "socket",
+            Sender::Xdp => "xdp",
+        }
+    }
+
+    /// Parse a name of [`Sender::name`].
+    pub fn parse(s: &str) -> Option<Self> {
+        [Sender::Socket, Sender::Xdp]
+            .into_iter()
+            .find(|x| x.name() == s)
+    }
+}
+
+/// Frames per `BPF_PROG_RUN` call of the XDP sender (the granularity of
+/// its `sent` counter and of stopping: about 0.2-0.3 s at the 3.5-5 Mpps
+/// it reaches on the development VM). Each call sets up and tears down a
+/// page pool; with 32 k frames per call that overhead held the sender to
+/// about 1.1 Mpps and the DUTs' drain rates fell by half or more, with 1 k
+/// frames per call the sender offered only 40 k frames/s.
+const XDP_REPEAT: u32 = 1 << 20;
+/// Frames per kernel batch of the XDP sender (the kernel's maximum).
+const XDP_BATCH: u32 = 256;
+
 /// What to measure.
 #[derive(Debug, Clone)]
 pub struct ForwardOptions {
@@ -148,6 +197,9 @@ pub struct ForwardOptions {
     /// Also search for RFC 2544's zero-loss throughput (see the module
     /// doc); `fps` is then that rate.
     pub zero_loss: bool,
+    /// The sender of the saturation measurement (warm-up and zero-loss
+    /// trials always use the paced socket sender).
+    pub sender: Sender,
 }
 
 /// Trials of the zero-loss binary search after the first one.
@@ -162,6 +214,7 @@ impl Default for ForwardOptions {
             warmup_pps: 200_000,
             seed: 0x5eed,
             zero_loss: false,
+            sender: Sender::Socket,
         }
     }
 }
@@ -208,6 +261,8 @@ pub struct ForwardResult {
     pub sender_core: usize,
     /// How the DUT ran (backend mode, where its receive work ran).
     pub dut_mode: String,
+    /// The saturation measurement's sender ([`Sender::name`]).
+    pub sender: &'static str,
 }
 
 /// Why a run failed.
@@ -341,6 +396,23 @@ pub fn flow_ports(n: u64, seed: u64) -> Result<Vec<(u16, u16)>, ForwardError> {
     let ranges = PortRanges::for_connections(n, 50_000).ok_or(ForwardError::Flows(n))?;
     let perm = Permutation::new(n, seed);
     Ok((0..n).map(|i| ranges.pair(perm.at(i))).collect())
+}
+
+/// The XDP sender's flow table: for each flow, in sending order, the port
+/// and UDP checksum bytes [`Template::patch`] writes (so both senders send
+/// the same frames, with a valid checksum).
+pub fn xdp_flow_entries(ports: &[(u16, u16)]) -> Vec<[u8; 8]> {
+    let tpl = Template::new();
+    let mut f = [0u8; FRAME_LEN];
+    f.copy_from_slice(tpl.bytes());
+    ports
+        .iter()
+        .map(|&(sp, dp)| {
+            tpl.patch(&mut f, sp, dp);
+            let c = u16::from_be_bytes([f[UCSUM_OFF], f[UCSUM_OFF + 1]]);
+            sluice_io::xdpgen::flow_entry(sp, dp, c)
+        })
+        .collect()
 }
 
 // ----------------------------------------------------------------- commands
@@ -879,6 +951,41 @@ fn sender(
     Ok(())
 }
 
+/// The XDP sender: live XDP frames redirected into the sender's veth, as
+/// fast as the sender core runs them, until `stop`; `sent` counts frames
+/// in steps of [`XDP_REPEAT`].
+fn xdp_sender(
+    t: &Topo,
+    core: usize,
+    entries: &[[u8; 8]],
+    stop: &AtomicBool,
+    sent: &AtomicU64,
+) -> Result<(), ForwardError> {
+    // BPF_PROG_RUN runs on the calling thread's CPU, and resolves the
+    // ingress and redirect interfaces in its network namespace.
+    core_affinity::set_for_current(core_affinity::CoreId { id: core });
+    t.sender
+        .enter_this_thread()
+        .map_err(|e| setup_err("enter the sender namespace", e))?;
+    let tpl = Template::new();
+    let gen = sluice_io::xdpgen::LiveFrames::new(HOST_IF, tpl.bytes(), entries, XDP_BATCH)
+        .map_err(|e| setup_err("xdp sender", e))?;
+    let mut total = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        match gen.run(XDP_REPEAT) {
+            Ok(()) => {
+                total += u64::from(XDP_REPEAT);
+                sent.store(total, Ordering::Relaxed);
+            }
+            // A signal (SIGINT) cut the run short: the caller sees the
+            // interrupt flag.
+            Err(sluice_io::xdpgen::LiveFramesError::Interrupted) => {}
+            Err(e) => return Err(setup_err("xdp sender", e)),
+        }
+    }
+    Ok(())
+}
+
 /// One RFC 2544 trial: `pps` for `duration`, then 200 ms for frames in
 /// flight; returns (frames sent, frames received).
 fn trial(
@@ -950,10 +1057,15 @@ pub fn run(
     let mut out = Vec::new();
     for (fi, &flows) in opts.flows.iter().enumerate() {
         let ports = flow_ports(flows, opts.seed)?;
+        let entries = match opts.sender {
+            Sender::Xdp => xdp_flow_entries(&ports),
+            Sender::Socket => Vec::new(),
+        };
         for (di, &dut) in opts.duts.iter().enumerate() {
             progress(&format!(
-                "bench forward: {} with {flows} flows (DUT core {dut_core}, sender core {sender_core}) ...",
-                dut.name()
+                "bench forward: {} with {flows} flows (DUT core {dut_core}, sender core {sender_core}, {} sender) ...",
+                dut.name(),
+                opts.sender.name()
             ));
             let tag = format!("{fi}{di}");
             let r = point(
@@ -961,6 +1073,7 @@ pub fn run(
                 dut,
                 flows,
                 &ports,
+                &entries,
                 &tag,
                 (dut_core, sender_core),
                 interrupted,
@@ -984,6 +1097,7 @@ fn point(
     dut: Dut,
     flows: u64,
     ports: &[(u16, u16)],
+    entries: &[[u8; 8]],
     tag: &str,
     (dut_core, sender_core): (usize, usize),
     interrupted: &AtomicBool,
@@ -993,7 +1107,7 @@ fn point(
     // Declared after `topo`, so it stops before the namespaces go.
     let mut sluice = None;
     let mut _ct_max = None;
-    let dut_mode = match dut {
+    let mut dut_mode = match dut {
         Dut::KernelNftables => {
             start_kernel(&topo)?;
             // The masquerade rule has loaded nf_conntrack by now.
@@ -1041,6 +1155,37 @@ fn point(
             mode
         }
     };
+    if opts.sender == Sender::Xdp {
+        // veth queues redirected xdp_frames only onto a peer with NAPI: an
+        // XDP program (the AF_XDP DUT's) or GRO on. Every DUT gets GRO on
+        // and its NAPI thread on the DUT core, where the veth runs the XDP
+        // program or builds the skb, as a NIC driver's NAPI poll does.
+        ns_exec(&topo.dut, &["ethtool", "-K", &topo.lan, "gro", "on"])?;
+        // The NAPI thread already runs on the DUT core: no RPS hand-off
+        // (a NIC's receive processing runs in its NAPI poll too).
+        ns_exec(
+            &topo.dut,
+            &[
+                "sh",
+                "-c",
+                &format!("echo 0 > /sys/class/net/{}/queues/rx-0/rps_cpus", topo.lan),
+            ],
+        )?;
+        if dut == Dut::SluiceAfXdp {
+            dut_mode.push_str("; GRO on, RPS off");
+        } else {
+            let n = pin_napi_threads(&topo, &topo.lan, dut_core)?;
+            if n == 0 {
+                return Err(setup_err(
+                    "xdp sender",
+                    format!("no threaded NAPI thread of {} found", topo.lan),
+                ));
+            }
+            dut_mode.push_str(&format!(
+                "; GRO on, RPS off, threaded NAPI ({n}) on the DUT core"
+            ));
+        }
+    }
 
     // Warm-up: every flow once, paced; again slower if much was lost.
     let mut pps = opts.warmup_pps.max(1000);
@@ -1092,8 +1237,20 @@ fn point(
     let sent = AtomicU64::new(0);
     let stop = AtomicBool::new(false);
     let m = std::thread::scope(|s| {
-        let h = s.spawn(|| sender(&topo, sender_core, ports, Pace::Flat, &stop, &sent));
+        let h = s.spawn(|| match opts.sender {
+            Sender::Socket => sender(&topo, sender_core, ports, Pace::Flat, &stop, &sent),
+            Sender::Xdp => xdp_sender(&topo, sender_core, entries, &stop, &sent),
+        });
         let r = (|| {
+            // The pre-roll starts with the first frames (the XDP sender
+            // fills its flow table first: a second at 1 M flows).
+            let t0 = Instant::now();
+            while sent.load(Ordering::Relaxed) == 0 && !h.is_finished() {
+                if t0.elapsed() > Duration::from_secs(60) {
+                    return Err(setup_err("sender", "sent nothing within 60 s"));
+                }
+                sleep(Duration::from_millis(5), interrupted)?;
+            }
             sleep(Duration::from_millis(500), interrupted)?;
             let (rx0, tx0, t0) = (
                 rx_packets(&topo.recv, HOST_IF)?,
@@ -1182,12 +1339,22 @@ fn point(
         dut_core,
         sender_core,
         dut_mode,
+        sender: opts.sender.name(),
     })
 }
 
 /// The results as a table.
 pub fn table(rows: &[ForwardResult]) -> String {
     let mut s = String::new();
+    let mut senders: Vec<&str> = rows.iter().map(|r| r.sender).collect();
+    senders.dedup();
+    if !senders.is_empty() {
+        let _ = writeln!(
+            s,
+            "sender of the saturation measurement: {} (warm-up and zero-loss trials: socket)",
+            senders.join(", ")
+        );
+    }
     let _ = writeln!(
         s,
         "{:<16} {:>9} {:>10} {:>10} {:>10} {:>7} {:>9} {:>10}",
@@ -1290,6 +1457,35 @@ mod tests {
             assert_eq!(n, FRAME_LEN);
             assert_eq!(f, want, "ports {sp} {dp}");
         }
+    }
+
+    #[test]
+    fn xdp_flow_entries_patch_like_the_socket_sender() {
+        assert_eq!(SPORT_OFF, sluice_io::xdpgen::PORTS_OFF);
+        assert_eq!(UCSUM_OFF, sluice_io::xdpgen::CSUM_OFF);
+        let tpl = Template::new();
+        let ports = flow_ports(1000, 7).unwrap();
+        let entries = xdp_flow_entries(&ports);
+        assert_eq!(entries.len(), ports.len());
+        for (&(sp, dp), e) in ports.iter().zip(&entries) {
+            let mut want = [0u8; FRAME_LEN];
+            want.copy_from_slice(tpl.bytes());
+            tpl.patch(&mut want, sp, dp);
+            // What the XDP program does to its copy of the template.
+            let mut got = [0u8; FRAME_LEN];
+            got.copy_from_slice(tpl.bytes());
+            got[SPORT_OFF..SPORT_OFF + 4].copy_from_slice(&e[..4]);
+            got[UCSUM_OFF..UCSUM_OFF + 2].copy_from_slice(&e[4..6]);
+            assert_eq!(got, want, "ports {sp} {dp}");
+        }
+    }
+
+    #[test]
+    fn sender_names_round_trip() {
+        for x in [Sender::Socket, Sender::Xdp] {
+            assert_eq!(Sender::parse(x.name()), Some(x));
+        }
+        assert_eq!(Sender::parse("nope"), None);
     }
 
     #[test]

@@ -40,13 +40,13 @@ const XDP_FLAGS_DRV_MODE: u32 = 1 << 2;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct BpfInsn {
-    code: u8,
-    regs: u8,
-    off: i16,
-    imm: i32,
+    pub(crate) code: u8,
+    pub(crate) regs: u8,
+    pub(crate) off: i16,
+    pub(crate) imm: i32,
 }
 
-const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> BpfInsn {
+pub(crate) const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> BpfInsn {
     BpfInsn {
         code,
         regs: (src << 4) | dst,
@@ -388,13 +388,13 @@ pub enum XdpMode {
     Generic,
 }
 
-fn bpf<A>(cmd: i32, attr: &mut A, call: &'static str) -> Result<OwnedFd, IoError> {
+pub(crate) fn bpf<A>(cmd: i32, attr: &mut A, call: &'static str) -> Result<OwnedFd, IoError> {
     let r = bpf_raw(cmd, attr, call)?;
     // SAFETY: these commands return a new descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(r) })
 }
 
-fn bpf_raw<A>(cmd: i32, attr: &mut A, call: &'static str) -> Result<i32, IoError> {
+pub(crate) fn bpf_raw<A>(cmd: i32, attr: &mut A, call: &'static str) -> Result<i32, IoError> {
     // SAFETY: `attr` is a live, fully initialised `repr(C)` bpf_attr prefix
     // for `cmd`, and we pass its exact size; the kernel zero-extends it and
     // may write back into it (within that size).

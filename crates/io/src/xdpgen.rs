@@ -1,0 +1,588 @@
+//! A traffic generator that enters a veth as XDP frames, the way a NIC's
+//! receive ring hands frames to its driver: `BPF_PROG_RUN` of an XDP
+//! program with `BPF_F_TEST_XDP_LIVE_FRAMES` (Linux 5.18+), as
+//! xdp-trafficgen does.
+//!
+//! The kernel builds each frame in a page-pool page from a template, runs
+//! the program on it on the calling thread's CPU, and acts on the verdict:
+//! the program below returns `bpf_redirect(ifindex)`, so the frame goes to
+//! that device's `ndo_xdp_xmit`. On a veth that queues an `xdp_frame` onto
+//! the peer's receive ring, which the peer's NAPI drains (the peer needs
+//! NAPI: an XDP program attached, or GRO on). No skb exists on the sending
+//! side; the peer builds one (like a NIC driver) only if it has no XDP
+//! program or its program passes the frame.
+//!
+//! The program (raw eBPF, see [`program`]) writes the next flow's patch into
+//! the frame: 4 bytes at [`PORTS_OFF`] (source and destination port of an
+//! IPv4 UDP header without options) and the 2-byte UDP checksum at
+//! [`CSUM_OFF`], both taken from an array map of [`flow_entry`] values that
+//! userspace filled in the sending order. It also rewrites bytes 0..34
+//! (Ethernet and IPv4 headers) and 38..40 (UDP length) from the template:
+//! live-frames pages are recycled without their data being reset, and a
+//! receiver that forwards the page itself (the kernel's IP forwarding on
+//! the skb veth builds around it) rewrites MACs, addresses, TTL and
+//! checksums in place. A 1-entry array holds the index of
+//! the next flow, incremented modulo the number of flows (one CPU runs the
+//! program, so no atomics are needed).
+//!
+//! ```text
+//! r6 = r1                         ; ctx
+//! *(u32 *)(r10 - 4) = 0
+//! r1 = counter map ll ; r2 = r10 - 4 ; call bpf_map_lookup_elem
+//! if r0 == 0 goto drop
+//! r7 = *(u32 *)(r0 + 0)           ; this frame's flow
+//! r8 = r7 + 1 ; if r8 != flows goto +1 ; r8 = 0
+//! *(u32 *)(r0 + 0) = r8
+//! *(u32 *)(r10 - 8) = r7
+//! r1 = flow map ll ; r2 = r10 - 8 ; call bpf_map_lookup_elem
+//! if r0 == 0 goto drop
+//! r7 = *(u32 *)(r0 + 0) ; r8 = *(u16 *)(r0 + 4)
+//! r2 = ctx->data ; r3 = ctx->data_end ; r4 = r2 + 42
+//! if r4 > r3 goto drop
+//! *(u32 *)(r2 + 34) = r7 ; *(u16 *)(r2 + 40) = r8
+//! *(u32 *)(r2 + 0) = template[0..4] ... *(u16 *)(r2 + 32), *(u16 *)(r2 + 38)
+//! r1 = ifindex ; r2 = 0 ; call bpf_redirect ; exit
+//! drop: r0 = XDP_DROP ; exit
+//! ```
+
+use core::fmt;
+use std::os::fd::OwnedFd;
+
+use crate::afxdp::bpf::{bpf, bpf_raw, insn, BpfInsn};
+use crate::error::{IfName, IoError};
+use crate::sys;
+
+const BPF_MAP_CREATE: i32 = 0;
+const BPF_MAP_LOOKUP_ELEM: i32 = 1;
+const BPF_MAP_UPDATE_ELEM: i32 = 2;
+const BPF_PROG_LOAD: i32 = 5;
+const BPF_PROG_TEST_RUN: i32 = 10;
+const BPF_MAP_TYPE_ARRAY: u32 = 2;
+const BPF_PROG_TYPE_XDP: u32 = 6;
+/// `BPF_F_TEST_XDP_LIVE_FRAMES`.
+const LIVE_FRAMES: u32 = 1 << 1;
+/// The kernel's upper bound of `batch_size` (`TEST_XDP_MAX_BATCH`).
+pub const MAX_BATCH: u32 = 256;
+
+/// Offset of the UDP source port in an Ethernet + IPv4 (no options) frame;
+/// the destination port follows.
+pub const PORTS_OFF: usize = 14 + 20;
+/// Offset of the UDP checksum in the same frame.
+pub const CSUM_OFF: usize = 14 + 20 + 6;
+
+const HELPER_MAP_LOOKUP: i32 = 1;
+const HELPER_REDIRECT: i32 = 23;
+const XDP_DROP: i32 = 1;
+
+// eBPF opcodes (linux/bpf.h, linux/bpf_common.h).
+const LDX_H: u8 = 0x69;
+const LDX_W: u8 = 0x61;
+const STX_H: u8 = 0x6b;
+const STX_W: u8 = 0x63;
+const ST_W: u8 = 0x62;
+const ST_H: u8 = 0x6a;
+const ADD_K: u8 = 0x07;
+const MOV_K: u8 = 0xb7;
+const MOV_X: u8 = 0xbf;
+const JEQ_K: u8 = 0x15;
+const JNE_K: u8 = 0x55;
+const JGT_X: u8 = 0x2d;
+const CALL: u8 = 0x85;
+const EXIT: u8 = 0x95;
+const LD_IMM64: u8 = 0x18;
+const PSEUDO_MAP_FD: u8 = 1;
+
+/// The map value of one flow: the 4 port bytes and the 2 checksum bytes as
+/// they appear on the wire (network byte order), padded to 8 bytes.
+pub fn flow_entry(sport: u16, dport: u16, udp_csum: u16) -> [u8; 8] {
+    let (s, d, c) = (
+        sport.to_be_bytes(),
+        dport.to_be_bytes(),
+        udp_csum.to_be_bytes(),
+    );
+    [s[0], s[1], d[0], d[1], c[0], c[1], 0, 0]
+}
+
+/// Instructions of the program from [`program`], its length in instructions.
+pub const PROGRAM_LEN: usize = 46;
+
+/// Header bytes of the template the program rewrites in every frame.
+pub const HDR_LEN: usize = CSUM_OFF + 2;
+
+/// The generator program: maps by fd, `flows` entries, redirect to `ifindex`.
+pub(crate) fn program(
+    counter_fd: i32,
+    flows_fd: i32,
+    flows: u32,
+    ifindex: u32,
+    hdr: &[u8; HDR_LEN],
+) -> Vec<BpfInsn> {
+    // Jump offsets below are counted by hand; the unit test checks that
+    // every jump to `drop` lands on the `r0 = XDP_DROP` at the end.
+    let drop_at = PROGRAM_LEN as i64 - 2;
+    let mut p: Vec<BpfInsn> = Vec::with_capacity(PROGRAM_LEN);
+    let to_drop = |at: usize| (drop_at - at as i64 - 1) as i16;
+    p.push(insn(MOV_X, 6, 1, 0, 0)); // 0: r6 = ctx
+    p.push(insn(ST_W, 10, 0, -4, 0)); // 1: key 0
+    p.push(insn(LD_IMM64, 1, PSEUDO_MAP_FD, 0, counter_fd)); // 2
+    p.push(insn(0, 0, 0, 0, 0)); // 3
+    p.push(insn(MOV_X, 2, 10, 0, 0)); // 4
+    p.push(insn(ADD_K, 2, 0, 0, -4)); // 5
+    p.push(insn(CALL, 0, 0, 0, HELPER_MAP_LOOKUP)); // 6
+    let at = p.len();
+    p.push(insn(JEQ_K, 0, 0, to_drop(at), 0)); // 7
+    p.push(insn(LDX_W, 7, 0, 0, 0)); // 8: r7 = index
+    p.push(insn(MOV_X, 8, 7, 0, 0)); // 9
+    p.push(insn(ADD_K, 8, 0, 0, 1)); // 10
+    p.push(insn(JNE_K, 8, 0, 1, flows as i32)); // 11
+    p.push(insn(MOV_K, 8, 0, 0, 0)); // 12
+    p.push(insn(STX_W, 0, 8, 0, 0)); // 13: counter = next
+    p.push(insn(STX_W, 10, 7, -8, 0)); // 14: key = index
+    p.push(insn(LD_IMM64, 1, PSEUDO_MAP_FD, 0, flows_fd)); // 15
+    p.push(insn(0, 0, 0, 0, 0)); // 16
+    p.push(insn(MOV_X, 2, 10, 0, 0)); // 17
+    p.push(insn(ADD_K, 2, 0, 0, -8)); // 18
+    p.push(insn(CALL, 0, 0, 0, HELPER_MAP_LOOKUP)); // 19
+    let at = p.len();
+    p.push(insn(JEQ_K, 0, 0, to_drop(at), 0)); // 20
+    p.push(insn(LDX_W, 7, 0, 0, 0)); // 21: ports
+    p.push(insn(LDX_H, 8, 0, 4, 0)); // 22: checksum
+                                     // Packet pointers from the ctx, after the helper calls.
+    p.push(insn(LDX_W, 2, 6, 0, 0)); // 23: data
+    p.push(insn(LDX_W, 3, 6, 4, 0)); // 24: data_end
+    p.push(insn(MOV_X, 4, 2, 0, 0)); // 25
+    p.push(insn(ADD_K, 4, 0, 0, CSUM_OFF as i32 + 2)); // 26
+    let at = p.len();
+    p.push(insn(JGT_X, 4, 3, to_drop(at), 0)); // 27
+    p.push(insn(STX_W, 2, 7, PORTS_OFF as i16, 0)); // 28
+    p.push(insn(STX_H, 2, 8, CSUM_OFF as i16, 0)); // 29
+                                                   // 30..40: the Ethernet and IPv4 headers and the UDP length, from the
+                                                   // template. Live-frames pages are recycled without being reset, and a
+                                                   // DUT that forwards the frame's own page (the kernel) rewrote its MACs,
+                                                   // addresses, TTL and checksums in place.
+    for (k, w) in hdr[..32].chunks_exact(4).enumerate() {
+        let v = i32::from_ne_bytes([w[0], w[1], w[2], w[3]]);
+        p.push(insn(ST_W, 2, 0, 4 * k as i16, v));
+    }
+    p.push(insn(
+        ST_H,
+        2,
+        0,
+        32,
+        i32::from(u16::from_ne_bytes([hdr[32], hdr[33]])),
+    ));
+    p.push(insn(
+        ST_H,
+        2,
+        0,
+        38,
+        i32::from(u16::from_ne_bytes([hdr[38], hdr[39]])),
+    ));
+    // The redirect: r1 = ifindex, r2 = flags 0.
+    let mut tail = vec![
+        insn(MOV_K, 1, 0, 0, ifindex as i32),
+        insn(MOV_K, 2, 0, 0, 0),
+        insn(CALL, 0, 0, 0, HELPER_REDIRECT),
+        insn(EXIT, 0, 0, 0, 0),
+        insn(MOV_K, 0, 0, 0, XDP_DROP),
+        insn(EXIT, 0, 0, 0, 0),
+    ];
+    p.append(&mut tail);
+    p
+}
+
+/// Why the generator could not be set up or run.
+#[derive(Debug, Clone)]
+pub enum LiveFramesError {
+    /// A `bpf(2)` call or another system call failed.
+    Sys(IoError),
+    /// The verifier rejected the program.
+    Rejected {
+        /// The failed `BPF_PROG_LOAD`.
+        error: IoError,
+        /// The verifier's log.
+        log: String,
+    },
+    /// `BPF_PROG_RUN` refused live frames (kernel older than 5.18, or an
+    /// argument it does not accept).
+    NotSupported(IoError),
+    /// The arguments cannot describe a run (empty flow list, frame too
+    /// short for the patch, batch too large).
+    BadArgument(&'static str),
+    /// A signal interrupted the run (`EINTR`); how many frames it sent
+    /// is unknown.
+    Interrupted,
+}
+
+impl fmt::Display for LiveFramesError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LiveFramesError::Sys(e) => write!(f, "{e}"),
+            LiveFramesError::Rejected { error, log } => write!(
+                f,
+                "the XDP generator program was rejected: {error}; verifier log:\n{log}"
+            ),
+            LiveFramesError::NotSupported(e) => write!(
+                f,
+                "BPF_PROG_RUN live frames (BPF_F_TEST_XDP_LIVE_FRAMES, Linux 5.18+) not supported by this kernel: {e}"
+            ),
+            LiveFramesError::BadArgument(why) => write!(f, "XDP live-frames generator: {why}"),
+            LiveFramesError::Interrupted => f.write_str("BPF_PROG_RUN interrupted by a signal"),
+        }
+    }
+}
+
+impl std::error::Error for LiveFramesError {}
+
+impl From<IoError> for LiveFramesError {
+    fn from(e: IoError) -> Self {
+        LiveFramesError::Sys(e)
+    }
+}
+
+#[repr(C)]
+struct MapCreateAttr {
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    map_flags: u32,
+}
+
+#[repr(C)]
+struct MapElemAttr {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
+#[repr(C)]
+struct ProgLoadAttr {
+    prog_type: u32,
+    insn_cnt: u32,
+    insns: u64,
+    license: u64,
+    log_level: u32,
+    log_size: u32,
+    log_buf: u64,
+    kern_version: u32,
+    prog_flags: u32,
+    prog_name: [u8; 16],
+    prog_ifindex: u32,
+    expected_attach_type: u32,
+}
+
+/// The `test` member of `union bpf_attr` (`BPF_PROG_TEST_RUN`).
+#[repr(C)]
+struct TestRunAttr {
+    prog_fd: u32,
+    retval: u32,
+    data_size_in: u32,
+    data_size_out: u32,
+    data_in: u64,
+    data_out: u64,
+    repeat: u32,
+    duration: u32,
+    ctx_size_in: u32,
+    ctx_size_out: u32,
+    ctx_in: u64,
+    ctx_out: u64,
+    flags: u32,
+    cpu: u32,
+    batch_size: u32,
+    _pad: u32,
+}
+
+/// `struct xdp_md`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct XdpMd {
+    data: u32,
+    data_end: u32,
+    data_meta: u32,
+    ingress_ifindex: u32,
+    rx_queue_index: u32,
+    egress_ifindex: u32,
+}
+
+/// A loaded generator: frames of `frame`, patched with each flow in turn,
+/// redirected out of one interface.
+#[derive(Debug)]
+pub struct LiveFrames {
+    prog: OwnedFd,
+    _flows: OwnedFd,
+    counter: OwnedFd,
+    frame: Vec<u8>,
+    ifindex: u32,
+    batch: u32,
+}
+
+impl LiveFrames {
+    /// Load the program for `flows` ([`flow_entry`] values, in sending
+    /// order), which transmits copies of `frame` out of `ifname` (in the
+    /// calling thread's network namespace), `batch` frames per kernel
+    /// batch (0: the kernel's default, 64; at most [`MAX_BATCH`]).
+    pub fn new(
+        ifname: &str,
+        frame: &[u8],
+        flows: &[[u8; 8]],
+        batch: u32,
+    ) -> Result<Self, LiveFramesError> {
+        if flows.is_empty() {
+            return Err(LiveFramesError::BadArgument("no flows"));
+        }
+        let n = u32::try_from(flows.len())
+            .ok()
+            .filter(|&n| n <= i32::MAX as u32)
+            .ok_or(LiveFramesError::BadArgument("too many flows"))?;
+        if frame.len() < CSUM_OFF + 2 {
+            return Err(LiveFramesError::BadArgument(
+                "the frame is too short for an IPv4 UDP header",
+            ));
+        }
+        if batch > MAX_BATCH {
+            return Err(LiveFramesError::BadArgument("batch larger than 256"));
+        }
+        let name = IfName::new(ifname)?;
+        let ifindex = sys::ifindex(&name)?;
+        let counter = map_create(4, 1, "bpf(BPF_MAP_CREATE generator counter)")?;
+        let flow_map = map_create(8, n, "bpf(BPF_MAP_CREATE generator flows)")?;
+        for (i, v) in flows.iter().enumerate() {
+            map_update(&flow_map, i as u32, v)?;
+        }
+        map_update(&counter, 0, &0u32.to_ne_bytes())?;
+        let mut hdr = [0u8; HDR_LEN];
+        hdr.copy_from_slice(&frame[..HDR_LEN]);
+        let insns = program(sys::raw(&counter), sys::raw(&flow_map), n, ifindex, &hdr);
+        let prog = load(&insns)?;
+        Ok(Self {
+            prog,
+            _flows: flow_map,
+            counter,
+            frame: frame.to_vec(),
+            ifindex,
+            batch,
+        })
+    }
+
+    /// Run the program `repeat` times on the calling thread's CPU: that
+    /// many frames are built and redirected (or dropped by the
+    /// redirect's target when its ring is full). Returns when done.
+    pub fn run(&self, repeat: u32) -> Result<(), LiveFramesError> {
+        let mut ctx = XdpMd {
+            data: 0,
+            data_end: self.frame.len() as u32,
+            ingress_ifindex: self.ifindex,
+            ..XdpMd::default()
+        };
+        let mut a = TestRunAttr {
+            prog_fd: sys::raw(&self.prog) as u32,
+            retval: 0,
+            data_size_in: self.frame.len() as u32,
+            data_size_out: 0,
+            data_in: self.frame.as_ptr() as u64,
+            data_out: 0,
+            repeat: repeat.max(1),
+            duration: 0,
+            ctx_size_in: core::mem::size_of::<XdpMd>() as u32,
+            ctx_size_out: 0,
+            ctx_in: (&mut ctx as *mut XdpMd) as u64,
+            ctx_out: 0,
+            flags: LIVE_FRAMES,
+            cpu: 0,
+            batch_size: self.batch,
+            _pad: 0,
+        };
+        match bpf_raw(
+            BPF_PROG_TEST_RUN,
+            &mut a,
+            "bpf(BPF_PROG_RUN, BPF_F_TEST_XDP_LIVE_FRAMES)",
+        ) {
+            Ok(_) => Ok(()),
+            Err(e) if e.errno() == Some(libc::EINTR) => Err(LiveFramesError::Interrupted),
+            Err(e) if matches!(e.errno(), Some(libc::EINVAL) | Some(libc::EOPNOTSUPP)) => {
+                Err(LiveFramesError::NotSupported(e))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Index of the flow the next frame carries.
+    pub fn next_flow(&self) -> Result<u32, LiveFramesError> {
+        let key = 0u32;
+        let mut value = 0u32;
+        let mut a = MapElemAttr {
+            map_fd: sys::raw(&self.counter) as u32,
+            _pad: 0,
+            key: &key as *const u32 as u64,
+            value: &mut value as *mut u32 as u64,
+            flags: 0,
+        };
+        bpf_raw(
+            BPF_MAP_LOOKUP_ELEM,
+            &mut a,
+            "bpf(BPF_MAP_LOOKUP_ELEM generator counter)",
+        )?;
+        Ok(value)
+    }
+}
+
+fn map_create(value_size: u32, entries: u32, call: &'static str) -> Result<OwnedFd, IoError> {
+    let mut m = MapCreateAttr {
+        map_type: BPF_MAP_TYPE_ARRAY,
+        key_size: 4,
+        value_size,
+        max_entries: entries,
+        map_flags: 0,
+    };
+    bpf(BPF_MAP_CREATE, &mut m, call)
+}
+
+fn map_update(map: &OwnedFd, key: u32, value: &[u8]) -> Result<(), IoError> {
+    let mut a = MapElemAttr {
+        map_fd: sys::raw(map) as u32,
+        _pad: 0,
+        key: &key as *const u32 as u64,
+        value: value.as_ptr() as u64,
+        flags: 0,
+    };
+    bpf_raw(
+        BPF_MAP_UPDATE_ELEM,
+        &mut a,
+        "bpf(BPF_MAP_UPDATE_ELEM generator)",
+    )
+    .map(|_| ())
+}
+
+fn load(insns: &[BpfInsn]) -> Result<OwnedFd, LiveFramesError> {
+    let license = b"Dual MIT/GPL\0";
+    let mut name = [0u8; 16];
+    name[..10].copy_from_slice(b"sluice_gen");
+    let mut p = ProgLoadAttr {
+        prog_type: BPF_PROG_TYPE_XDP,
+        insn_cnt: insns.len() as u32,
+        insns: insns.as_ptr() as u64,
+        license: license.as_ptr() as u64,
+        log_level: 0,
+        log_size: 0,
+        log_buf: 0,
+        kern_version: 0,
+        prog_flags: 0,
+        prog_name: name,
+        prog_ifindex: 0,
+        expected_attach_type: 0,
+    };
+    match bpf(BPF_PROG_LOAD, &mut p, "bpf(BPF_PROG_LOAD xdp generator)") {
+        Ok(fd) => Ok(fd),
+        Err(error) => {
+            // Load again with the verifier's log, for the diagnostic.
+            let mut log = vec![0u8; 1 << 16];
+            p.log_level = 1;
+            p.log_size = log.len() as u32;
+            p.log_buf = log.as_mut_ptr() as u64;
+            let _ = bpf_raw(BPF_PROG_LOAD, &mut p, "bpf(BPF_PROG_LOAD xdp generator)");
+            let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+            Err(LiveFramesError::Rejected {
+                error,
+                log: String::from_utf8_lossy(&log[..end]).into_owned(),
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn program_has_the_documented_shape() {
+        let mut hdr = [0u8; HDR_LEN];
+        for (i, b) in hdr.iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        let p = program(7, 8, 1000, 42, &hdr);
+        assert_eq!(p.len(), PROGRAM_LEN);
+        assert_eq!(core::mem::size_of::<TestRunAttr>(), 80);
+        assert_eq!(core::mem::size_of::<XdpMd>(), 24);
+        // Both map loads are ld_imm64 with BPF_PSEUDO_MAP_FD and the fds.
+        for (at, fd) in [(2, 7), (15, 8)] {
+            assert_eq!(p[at].code, LD_IMM64);
+            assert_eq!(p[at].regs, (PSEUDO_MAP_FD << 4) | 1);
+            assert_eq!(p[at].imm, fd);
+            assert_eq!(p[at + 1], insn(0, 0, 0, 0, 0));
+        }
+        // Every conditional jump to `drop` lands on r0 = XDP_DROP.
+        let drop_at = PROGRAM_LEN - 2;
+        assert_eq!(p[drop_at], insn(MOV_K, 0, 0, 0, XDP_DROP));
+        for at in [7usize, 20, 27] {
+            assert_eq!(at as i64 + 1 + i64::from(p[at].off), drop_at as i64);
+        }
+        // The wrap-around compares with the flow count; the redirect's
+        // target is the interface.
+        assert_eq!(p[11], insn(JNE_K, 8, 0, 1, 1000));
+        assert_eq!(p[drop_at - 4], insn(MOV_K, 1, 0, 0, 42));
+        assert_eq!(p[drop_at - 2], insn(CALL, 0, 0, 0, HELPER_REDIRECT));
+        // Bounds check before the writes covers the checksum's last byte.
+        assert_eq!(p[26].imm, 42);
+        assert_eq!(p[28].off, 34);
+        assert_eq!(p[29].off, 40);
+        // The header stores cover bytes 0..34 and 38..40 with the template.
+        let mut img = [0xffu8; HDR_LEN];
+        for i in &p[30..40] {
+            let off = i.off as usize;
+            let b = i.imm.to_ne_bytes();
+            match i.code {
+                ST_W => img[off..off + 4].copy_from_slice(&b),
+                ST_H => img[off..off + 2].copy_from_slice(&b[..2]),
+                c => panic!("opcode {c:#x}"),
+            }
+            assert_eq!(i.regs & 0xf, 2);
+        }
+        assert_eq!(&img[..34], &hdr[..34]);
+        assert_eq!(&img[38..40], &hdr[38..40]);
+        assert_eq!(&img[34..38], &[0xff; 4]);
+    }
+
+    #[test]
+    fn flow_entries_are_wire_bytes() {
+        assert_eq!(
+            flow_entry(0x1234, 0xabcd, 0xbeef),
+            [0x12, 0x34, 0xab, 0xcd, 0xbe, 0xef, 0, 0]
+        );
+    }
+
+    /// A little-endian store of the loaded words puts the entry's bytes at
+    /// the frame offsets unchanged (loads and stores are the same width and
+    /// byte order).
+    #[test]
+    fn patch_is_a_byte_copy() {
+        let e = flow_entry(1025, 7, 0x1f2e);
+        let mut frame = [0u8; 60];
+        let ports = u32::from_ne_bytes([e[0], e[1], e[2], e[3]]);
+        let csum = u16::from_ne_bytes([e[4], e[5]]);
+        frame[PORTS_OFF..PORTS_OFF + 4].copy_from_slice(&ports.to_ne_bytes());
+        frame[CSUM_OFF..CSUM_OFF + 2].copy_from_slice(&csum.to_ne_bytes());
+        assert_eq!(&frame[34..36], &1025u16.to_be_bytes());
+        assert_eq!(&frame[36..38], &7u16.to_be_bytes());
+        assert_eq!(&frame[40..42], &0x1f2eu16.to_be_bytes());
+    }
+
+    #[test]
+    fn bad_arguments_are_errors() {
+        let f = [0u8; 60];
+        assert!(matches!(
+            LiveFrames::new("lo", &f, &[], 0),
+            Err(LiveFramesError::BadArgument(_))
+        ));
+        assert!(matches!(
+            LiveFrames::new("lo", &f[..20], &[[0; 8]], 0),
+            Err(LiveFramesError::BadArgument(_))
+        ));
+        assert!(matches!(
+            LiveFrames::new("lo", &f, &[[0; 8]], 999),
+            Err(LiveFramesError::BadArgument(_))
+        ));
+    }
+}
