@@ -388,12 +388,19 @@ pub enum XdpMode {
     Generic,
 }
 
+/// `bpf(cmd, attr)` for a command that returns a new descriptor. The
+/// contract of [`bpf_raw`] applies.
 pub(crate) fn bpf<A>(cmd: i32, attr: &mut A, call: &'static str) -> Result<OwnedFd, IoError> {
     let r = bpf_raw(cmd, attr, call)?;
     // SAFETY: these commands return a new descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(r) })
 }
 
+/// `bpf(cmd, attr)`. Crate-internal contract (the callers in `afxdp` and
+/// `xdpgen` keep it): `A` is the `repr(C)` `bpf_attr` prefix of `cmd`, fully
+/// initialised, and every address in it (instructions, map keys and values,
+/// `data_in`, `ctx_in`, log buffers) points to memory that stays alive and
+/// is large enough for the whole call; output pointers are 0 or writable.
 pub(crate) fn bpf_raw<A>(cmd: i32, attr: &mut A, call: &'static str) -> Result<i32, IoError> {
     // SAFETY: `attr` is a live, fully initialised `repr(C)` bpf_attr prefix
     // for `cmd`, and we pass its exact size; the kernel zero-extends it and
