@@ -48,17 +48,14 @@
 use core::fmt;
 use std::os::fd::OwnedFd;
 
-use crate::afxdp::bpf::{bpf, bpf_raw, insn, BpfInsn};
+use crate::afxdp::bpf::{
+    bpf_raw, insn, map_create, map_lookup, map_update, prog_load_xdp, BpfInsn,
+};
 use crate::error::{IfName, IoError};
 use crate::sys;
 
-const BPF_MAP_CREATE: i32 = 0;
-const BPF_MAP_LOOKUP_ELEM: i32 = 1;
-const BPF_MAP_UPDATE_ELEM: i32 = 2;
-const BPF_PROG_LOAD: i32 = 5;
 const BPF_PROG_TEST_RUN: i32 = 10;
 const BPF_MAP_TYPE_ARRAY: u32 = 2;
-const BPF_PROG_TYPE_XDP: u32 = 6;
 /// `BPF_F_TEST_XDP_LIVE_FRAMES`.
 const LIVE_FRAMES: u32 = 1 << 1;
 /// The kernel's upper bound of `batch_size` (`TEST_XDP_MAX_BATCH`).
@@ -240,40 +237,6 @@ impl From<IoError> for LiveFramesError {
     }
 }
 
-#[repr(C)]
-struct MapCreateAttr {
-    map_type: u32,
-    key_size: u32,
-    value_size: u32,
-    max_entries: u32,
-    map_flags: u32,
-}
-
-#[repr(C)]
-struct MapElemAttr {
-    map_fd: u32,
-    _pad: u32,
-    key: u64,
-    value: u64,
-    flags: u64,
-}
-
-#[repr(C)]
-struct ProgLoadAttr {
-    prog_type: u32,
-    insn_cnt: u32,
-    insns: u64,
-    license: u64,
-    log_level: u32,
-    log_size: u32,
-    log_buf: u64,
-    kern_version: u32,
-    prog_flags: u32,
-    prog_name: [u8; 16],
-    prog_ifindex: u32,
-    expected_attach_type: u32,
-}
-
 /// The `test` member of `union bpf_attr` (`BPF_PROG_TEST_RUN`).
 #[repr(C)]
 struct TestRunAttr {
@@ -347,16 +310,28 @@ impl LiveFrames {
         }
         let name = IfName::new(ifname)?;
         let ifindex = sys::ifindex(&name)?;
-        let counter = map_create(4, 1, "bpf(BPF_MAP_CREATE generator counter)")?;
-        let flow_map = map_create(8, n, "bpf(BPF_MAP_CREATE generator flows)")?;
+        let counter = map_create(
+            BPF_MAP_TYPE_ARRAY,
+            4,
+            1,
+            "bpf(BPF_MAP_CREATE generator counter)",
+        )?;
+        let flow_map = map_create(
+            BPF_MAP_TYPE_ARRAY,
+            8,
+            n,
+            "bpf(BPF_MAP_CREATE generator flows)",
+        )?;
         for (i, v) in flows.iter().enumerate() {
-            map_update(&flow_map, i as u32, v)?;
+            map_update(&flow_map, i as u32, v, UPDATE)?;
         }
-        map_update(&counter, 0, &0u32.to_ne_bytes())?;
+        map_update(&counter, 0, &0u32.to_ne_bytes(), UPDATE)?;
         let mut hdr = [0u8; HDR_LEN];
         hdr.copy_from_slice(&frame[..HDR_LEN]);
         let insns = program(sys::raw(&counter), sys::raw(&flow_map), n, ifindex, &hdr);
-        let prog = load(&insns)?;
+        // Attach type 0: the program is only run by BPF_PROG_RUN.
+        let prog = prog_load_xdp(&insns, b"sluice_gen", 0, "bpf(BPF_PROG_LOAD xdp generator)")
+            .map_err(|(error, log)| LiveFramesError::Rejected { error, log })?;
         Ok(Self {
             prog,
             _flows: flow_map,
@@ -411,86 +386,18 @@ impl LiveFrames {
 
     /// Index of the flow the next frame carries.
     pub fn next_flow(&self) -> Result<u32, LiveFramesError> {
-        let key = 0u32;
-        let mut value = 0u32;
-        let mut a = MapElemAttr {
-            map_fd: sys::raw(&self.counter) as u32,
-            _pad: 0,
-            key: &key as *const u32 as u64,
-            value: &mut value as *mut u32 as u64,
-            flags: 0,
-        };
-        bpf_raw(
-            BPF_MAP_LOOKUP_ELEM,
-            &mut a,
+        let mut value = [0u8; 4];
+        map_lookup(
+            &self.counter,
+            0,
+            &mut value,
             "bpf(BPF_MAP_LOOKUP_ELEM generator counter)",
         )?;
-        Ok(value)
+        Ok(u32::from_ne_bytes(value))
     }
 }
 
-fn map_create(value_size: u32, entries: u32, call: &'static str) -> Result<OwnedFd, IoError> {
-    let mut m = MapCreateAttr {
-        map_type: BPF_MAP_TYPE_ARRAY,
-        key_size: 4,
-        value_size,
-        max_entries: entries,
-        map_flags: 0,
-    };
-    bpf(BPF_MAP_CREATE, &mut m, call)
-}
-
-fn map_update(map: &OwnedFd, key: u32, value: &[u8]) -> Result<(), IoError> {
-    let mut a = MapElemAttr {
-        map_fd: sys::raw(map) as u32,
-        _pad: 0,
-        key: &key as *const u32 as u64,
-        value: value.as_ptr() as u64,
-        flags: 0,
-    };
-    bpf_raw(
-        BPF_MAP_UPDATE_ELEM,
-        &mut a,
-        "bpf(BPF_MAP_UPDATE_ELEM generator)",
-    )
-    .map(|_| ())
-}
-
-fn load(insns: &[BpfInsn]) -> Result<OwnedFd, LiveFramesError> {
-    let license = b"Dual MIT/GPL\0";
-    let mut name = [0u8; 16];
-    name[..10].copy_from_slice(b"sluice_gen");
-    let mut p = ProgLoadAttr {
-        prog_type: BPF_PROG_TYPE_XDP,
-        insn_cnt: insns.len() as u32,
-        insns: insns.as_ptr() as u64,
-        license: license.as_ptr() as u64,
-        log_level: 0,
-        log_size: 0,
-        log_buf: 0,
-        kern_version: 0,
-        prog_flags: 0,
-        prog_name: name,
-        prog_ifindex: 0,
-        expected_attach_type: 0,
-    };
-    match bpf(BPF_PROG_LOAD, &mut p, "bpf(BPF_PROG_LOAD xdp generator)") {
-        Ok(fd) => Ok(fd),
-        Err(error) => {
-            // Load again with the verifier's log, for the diagnostic.
-            let mut log = vec![0u8; 1 << 16];
-            p.log_level = 1;
-            p.log_size = log.len() as u32;
-            p.log_buf = log.as_mut_ptr() as u64;
-            let _ = bpf_raw(BPF_PROG_LOAD, &mut p, "bpf(BPF_PROG_LOAD xdp generator)");
-            let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
-            Err(LiveFramesError::Rejected {
-                error,
-                log: String::from_utf8_lossy(&log[..end]).into_owned(),
-            })
-        }
-    }
-}
+const UPDATE: &str = "bpf(BPF_MAP_UPDATE_ELEM generator)";
 
 #[cfg(test)]
 mod tests {

@@ -10,6 +10,29 @@ fn is_root() -> bool {
     String::from_utf8_lossy(&out.stdout).trim() == "0"
 }
 
+/// Runs `sluice bench forward ARGS --json FILE`, asserts it succeeded, and
+/// returns the parsed report with stdout and stderr.
+fn bench_forward(tag: &str, args: &[&str]) -> (serde_json::Value, String, String) {
+    let json = std::env::temp_dir().join(format!(
+        "sluice-bench-forward-{tag}-{}.json",
+        std::process::id()
+    ));
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["bench", "forward"])
+        .args(args)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run sluice bench forward");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let text = std::fs::read_to_string(&json).expect("JSON report written");
+    let _ = std::fs::remove_file(&json);
+    let v = serde_json::from_str(&text).expect("valid JSON");
+    (v, stdout, stderr)
+}
+
 #[test]
 #[ignore = "needs root + netns; run by .ci/run with --ignored"]
 fn bench_forward_measures_every_dut_and_writes_json() {
@@ -89,14 +112,9 @@ fn bench_forward_measures_every_dut_and_writes_json() {
 #[ignore = "needs root + netns; run by .ci/run with --ignored"]
 fn bench_forward_zero_loss_search_reports_a_lossless_rate() {
     assert!(is_root(), "this test needs root");
-    let json = std::env::temp_dir().join(format!(
-        "sluice-bench-forward-zl-{}.json",
-        std::process::id()
-    ));
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args([
-            "bench",
-            "forward",
+    let (v, _, stderr) = bench_forward(
+        "zl",
+        &[
             "--dut",
             "sluice-afpacket",
             "--flows",
@@ -104,16 +122,8 @@ fn bench_forward_zero_loss_search_reports_a_lossless_rate() {
             "--duration",
             "0.5",
             "--zero-loss",
-            "--json",
-        ])
-        .arg(&json)
-        .output()
-        .expect("run sluice bench forward --zero-loss");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let text = std::fs::read_to_string(&json).expect("JSON report written");
-    let _ = std::fs::remove_file(&json);
-    let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+        ],
+    );
     let r = &v["results"][0];
     assert_eq!(r["method"].as_str(), Some("rfc2544-zero-loss"), "{r}");
     let fps = r["fps"].as_f64().expect("fps");
@@ -142,34 +152,13 @@ fn bench_forward_zero_loss_search_reports_a_lossless_rate() {
 #[ignore = "needs root + netns + BPF_PROG_RUN live frames; run by .ci/run with --ignored"]
 fn bench_forward_xdp_sender_reaches_every_dut() {
     assert!(is_root(), "this test needs root");
-    let json = std::env::temp_dir().join(format!(
-        "sluice-bench-forward-xdp-{}.json",
-        std::process::id()
-    ));
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args([
-            "bench",
-            "forward",
-            "--flows",
-            "1000",
-            "--duration",
-            "1",
-            "--sender",
-            "xdp",
-            "--json",
-        ])
-        .arg(&json)
-        .output()
-        .expect("run sluice bench forward --sender xdp");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let (v, stdout, stderr) = bench_forward(
+        "xdp",
+        &["--flows", "1000", "--duration", "1", "--sender", "xdp"],
+    );
     assert!(stdout.contains("sender of the saturation measurement: xdp"));
-    let text = std::fs::read_to_string(&json).expect("JSON report written");
-    let _ = std::fs::remove_file(&json);
-    let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
     let results = v["results"].as_array().expect("results array");
-    assert_eq!(results.len(), 3, "{text}");
+    assert_eq!(results.len(), 3, "{v}");
     for r in results {
         assert_eq!(r["sender"].as_str(), Some("xdp"), "{r}");
         let received = r["received"].as_u64().expect("received");

@@ -879,6 +879,15 @@ enum Pace {
     Flat,
 }
 
+/// Pins the calling thread to the sender core and moves it into the
+/// sender namespace.
+fn enter_sender(t: &Topo, core: usize) -> Result<(), ForwardError> {
+    core_affinity::set_for_current(core_affinity::CoreId { id: core });
+    t.sender
+        .enter_this_thread()
+        .map_err(|e| setup_err("enter the sender namespace", e))
+}
+
 /// Send on the sender's veth until the plan is done or `stop`; `sent`
 /// counts queued frames as they go.
 fn sender(
@@ -889,10 +898,7 @@ fn sender(
     stop: &AtomicBool,
     sent: &AtomicU64,
 ) -> Result<(), ForwardError> {
-    core_affinity::set_for_current(core_affinity::CoreId { id: core });
-    t.sender
-        .enter_this_thread()
-        .map_err(|e| setup_err("enter the sender namespace", e))?;
+    enter_sender(t, core)?;
     let tx = BatchSender::open(HOST_IF, SNDBUF).map_err(|e| setup_err("sender AF_PACKET", e))?;
     let tpl = Template::new();
     let burst = match pace {
@@ -963,10 +969,7 @@ fn xdp_sender(
 ) -> Result<(), ForwardError> {
     // BPF_PROG_RUN runs on the calling thread's CPU, and resolves the
     // ingress and redirect interfaces in its network namespace.
-    core_affinity::set_for_current(core_affinity::CoreId { id: core });
-    t.sender
-        .enter_this_thread()
-        .map_err(|e| setup_err("enter the sender namespace", e))?;
+    enter_sender(t, core)?;
     let tpl = Template::new();
     let gen = sluice_io::xdpgen::LiveFrames::new(HOST_IF, tpl.bytes(), entries, XDP_BATCH)
         .map_err(|e| setup_err("xdp sender", e))?;

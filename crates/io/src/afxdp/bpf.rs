@@ -26,13 +26,15 @@ use crate::steer::{
 use crate::sys;
 
 const BPF_MAP_CREATE: i32 = 0;
+const BPF_MAP_LOOKUP_ELEM: i32 = 1;
 const BPF_MAP_UPDATE_ELEM: i32 = 2;
 const BPF_MAP_DELETE_ELEM: i32 = 3;
 const BPF_PROG_LOAD: i32 = 5;
 const BPF_LINK_CREATE: i32 = 28;
 const BPF_MAP_TYPE_XSKMAP: u32 = 17;
 const BPF_PROG_TYPE_XDP: u32 = 6;
-const BPF_XDP: u32 = 37;
+/// `BPF_XDP`, the attach type of an XDP program on a device.
+pub(crate) const BPF_XDP: u32 = 37;
 const XDP_FLAGS_SKB_MODE: u32 = 1 << 1;
 const XDP_FLAGS_DRV_MODE: u32 = 1 << 2;
 
@@ -429,7 +431,7 @@ struct MapCreateAttr {
 }
 
 #[repr(C)]
-struct MapUpdateAttr {
+struct MapElemAttr {
     map_fd: u32,
     _pad: u32,
     key: u64,
@@ -451,6 +453,113 @@ struct ProgLoadAttr {
     prog_name: [u8; 16],
     prog_ifindex: u32,
     expected_attach_type: u32,
+}
+
+/// A new BPF map (`BPF_MAP_CREATE`) with 4-byte keys.
+pub(crate) fn map_create(
+    map_type: u32,
+    value_size: u32,
+    max_entries: u32,
+    call: &'static str,
+) -> Result<OwnedFd, IoError> {
+    let mut m = MapCreateAttr {
+        map_type,
+        key_size: 4,
+        value_size,
+        max_entries,
+        map_flags: 0,
+    };
+    bpf(BPF_MAP_CREATE, &mut m, call)
+}
+
+/// `BPF_MAP_*_ELEM` on `key` of `map`; `value` is the address of the value
+/// (0 for a delete), valid for the map's value size.
+fn map_elem(
+    cmd: i32,
+    map: &OwnedFd,
+    key: u32,
+    value: u64,
+    call: &'static str,
+) -> Result<(), IoError> {
+    let mut a = MapElemAttr {
+        map_fd: sys::raw(map) as u32,
+        _pad: 0,
+        key: &key as *const u32 as u64,
+        value,
+        flags: 0,
+    };
+    bpf_raw(cmd, &mut a, call).map(|_| ())
+}
+
+/// Writes `value` (exactly the map's value size) at `key` of `map`.
+pub(crate) fn map_update(
+    map: &OwnedFd,
+    key: u32,
+    value: &[u8],
+    call: &'static str,
+) -> Result<(), IoError> {
+    map_elem(BPF_MAP_UPDATE_ELEM, map, key, value.as_ptr() as u64, call)
+}
+
+/// Reads the value at `key` of `map` into `value` (exactly the map's value
+/// size).
+pub(crate) fn map_lookup(
+    map: &OwnedFd,
+    key: u32,
+    value: &mut [u8],
+    call: &'static str,
+) -> Result<(), IoError> {
+    map_elem(
+        BPF_MAP_LOOKUP_ELEM,
+        map,
+        key,
+        value.as_mut_ptr() as u64,
+        call,
+    )
+}
+
+/// Empties `key` of `map`.
+pub(crate) fn map_delete(map: &OwnedFd, key: u32, call: &'static str) -> Result<(), IoError> {
+    map_elem(BPF_MAP_DELETE_ELEM, map, key, 0, call)
+}
+
+/// Loads an XDP program named `name` (at most 15 bytes). If the verifier
+/// rejects it, loads it again with a log and returns the log with the
+/// error.
+pub(crate) fn prog_load_xdp(
+    insns: &[BpfInsn],
+    name: &[u8],
+    expected_attach_type: u32,
+    call: &'static str,
+) -> Result<OwnedFd, (IoError, String)> {
+    let license = b"Dual MIT/GPL\0";
+    let mut prog_name = [0u8; 16];
+    for (d, s) in prog_name.iter_mut().take(15).zip(name) {
+        *d = *s;
+    }
+    let mut p = ProgLoadAttr {
+        prog_type: BPF_PROG_TYPE_XDP,
+        insn_cnt: insns.len() as u32,
+        insns: insns.as_ptr() as u64,
+        license: license.as_ptr() as u64,
+        log_level: 0,
+        log_size: 0,
+        log_buf: 0,
+        kern_version: 0,
+        prog_flags: 0,
+        prog_name,
+        prog_ifindex: 0,
+        expected_attach_type,
+    };
+    bpf(BPF_PROG_LOAD, &mut p, call).map_err(|e| {
+        let mut log = vec![0u8; 1 << 16];
+        p.log_level = 1;
+        p.log_size = log.len() as u32;
+        p.log_buf = log.as_mut_ptr() as u64;
+        let _ = bpf_raw(BPF_PROG_LOAD, &mut p, call);
+        let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+        (e, String::from_utf8_lossy(&log[..end]).into_owned())
+    })
 }
 
 #[repr(C)]
@@ -481,14 +590,12 @@ impl XdpAttachment {
         program: Program,
         slots: u32,
     ) -> Result<Self, IoError> {
-        let mut m = MapCreateAttr {
-            map_type: BPF_MAP_TYPE_XSKMAP,
-            key_size: 4,
-            value_size: 4,
-            max_entries: slots.max(1),
-            map_flags: 0,
-        };
-        let map = bpf(BPF_MAP_CREATE, &mut m, "bpf(BPF_MAP_CREATE XSKMAP)")?;
+        let map = map_create(
+            BPF_MAP_TYPE_XSKMAP,
+            4,
+            slots.max(1),
+            "bpf(BPF_MAP_CREATE XSKMAP)",
+        )?;
         let (mut prog_insns, map_at) = match program {
             Program::PerQueue => (XSK_REDIRECT_PROG.to_vec(), MAP_FD_INSN),
             Program::Steered(s) => steer_program(s),
@@ -496,40 +603,16 @@ impl XdpAttachment {
         if let Some(i) = prog_insns.get_mut(map_at) {
             i.imm = sys::raw(&map);
         }
-        let license = b"Dual MIT/GPL\0";
-        let mut name = [0u8; 16];
-        name[..10].copy_from_slice(b"sluice_xsk");
-        let mut p = ProgLoadAttr {
-            prog_type: BPF_PROG_TYPE_XDP,
-            insn_cnt: prog_insns.len() as u32,
-            insns: prog_insns.as_ptr() as u64,
-            license: license.as_ptr() as u64,
-            log_level: 0,
-            log_size: 0,
-            log_buf: 0,
-            kern_version: 0,
-            prog_flags: 0,
-            prog_name: name,
-            prog_ifindex: 0,
-            expected_attach_type: BPF_XDP,
-        };
-        let prog = match bpf(BPF_PROG_LOAD, &mut p, "bpf(BPF_PROG_LOAD xdp)") {
-            Ok(fd) => fd,
-            Err(e) => {
-                // Load again with the verifier's log, for the diagnostic.
-                let mut log = vec![0u8; 1 << 16];
-                p.log_level = 1;
-                p.log_size = log.len() as u32;
-                p.log_buf = log.as_mut_ptr() as u64;
-                let _ = bpf_raw(BPF_PROG_LOAD, &mut p, "bpf(BPF_PROG_LOAD xdp)");
-                let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
-                tracing::error!(
-                    "XDP program rejected: {e}; verifier log:\n{}",
-                    String::from_utf8_lossy(&log[..end])
-                );
-                return Err(e);
-            }
-        };
+        let prog = prog_load_xdp(
+            &prog_insns,
+            b"sluice_xsk",
+            BPF_XDP,
+            "bpf(BPF_PROG_LOAD xdp)",
+        )
+        .map_err(|(e, log)| {
+            tracing::error!("XDP program rejected: {e}; verifier log:\n{log}");
+            e
+        })?;
         let try_mode = |flags: u32, call: &'static str| {
             let mut l = LinkCreateAttr {
                 prog_fd: sys::raw(&prog) as u32,
@@ -572,39 +655,17 @@ impl XdpAttachment {
 
     /// Point map slot `slot` at socket `xsk_fd`.
     pub(crate) fn set_socket(&self, slot: u32, xsk_fd: i32) -> Result<(), IoError> {
-        let key = slot;
-        let value = xsk_fd as u32;
-        let mut a = MapUpdateAttr {
-            map_fd: sys::raw(&self.map) as u32,
-            _pad: 0,
-            key: &key as *const u32 as u64,
-            value: &value as *const u32 as u64,
-            flags: 0,
-        };
-        bpf_raw(
-            BPF_MAP_UPDATE_ELEM,
-            &mut a,
+        map_update(
+            &self.map,
+            slot,
+            &(xsk_fd as u32).to_ne_bytes(),
             "bpf(BPF_MAP_UPDATE_ELEM xskmap)",
         )
-        .map(|_| ())
     }
 
     /// Empty map slot `slot` (its frames then go to the kernel stack).
     pub(crate) fn clear_socket(&self, slot: u32) -> Result<(), IoError> {
-        let key = slot;
-        let mut a = MapUpdateAttr {
-            map_fd: sys::raw(&self.map) as u32,
-            _pad: 0,
-            key: &key as *const u32 as u64,
-            value: 0,
-            flags: 0,
-        };
-        bpf_raw(
-            BPF_MAP_DELETE_ELEM,
-            &mut a,
-            "bpf(BPF_MAP_DELETE_ELEM xskmap)",
-        )
-        .map(|_| ())
+        map_delete(&self.map, slot, "bpf(BPF_MAP_DELETE_ELEM xskmap)")
     }
 
     /// The steering of the program (`None`: one socket per queue).
