@@ -63,6 +63,7 @@ pub mod xdpgen;
 
 pub use afpacket::{AfPacketConfig, AfPacketPort};
 pub use afxdp::bpf::XdpMode;
+pub use afxdp::offload::{OffloadAction, OffloadKey, OffloadStats, XdpOffload};
 pub use afxdp::{AfXdpConfig, AfXdpPort, AfXdpQueues, Umem, XdpSteer};
 pub use batch::{Batch, FrameMeta, BATCH_CAP, FRAME_CAP};
 pub use error::{IfName, IoError};

@@ -26,9 +26,10 @@ use crate::steer::{
 use crate::sys;
 
 const BPF_MAP_CREATE: i32 = 0;
-const BPF_MAP_LOOKUP_ELEM: i32 = 1;
-const BPF_MAP_UPDATE_ELEM: i32 = 2;
-const BPF_MAP_DELETE_ELEM: i32 = 3;
+pub(crate) const BPF_MAP_LOOKUP_ELEM: i32 = 1;
+pub(crate) const BPF_MAP_UPDATE_ELEM: i32 = 2;
+pub(crate) const BPF_MAP_DELETE_ELEM: i32 = 3;
+pub(crate) const BPF_MAP_GET_NEXT_KEY: i32 = 4;
 const BPF_PROG_LOAD: i32 = 5;
 const BPF_LINK_CREATE: i32 = 28;
 const BPF_MAP_TYPE_XSKMAP: u32 = 17;
@@ -462,14 +463,50 @@ pub(crate) fn map_create(
     max_entries: u32,
     call: &'static str,
 ) -> Result<OwnedFd, IoError> {
+    map_create_kv(map_type, 4, value_size, max_entries, 0, call)
+}
+
+/// A new BPF map (`BPF_MAP_CREATE`) with `key_size`-byte keys and
+/// `map_flags` (e.g. `BPF_F_NO_PREALLOC`).
+pub(crate) fn map_create_kv(
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    map_flags: u32,
+    call: &'static str,
+) -> Result<OwnedFd, IoError> {
     let mut m = MapCreateAttr {
         map_type,
-        key_size: 4,
+        key_size,
         value_size,
         max_entries,
-        map_flags: 0,
+        map_flags,
     };
     bpf(BPF_MAP_CREATE, &mut m, call)
+}
+
+/// `BPF_MAP_*_ELEM` and `BPF_MAP_GET_NEXT_KEY` with a key of any size:
+/// `key` must be exactly the map's key size, `value` the address of a
+/// buffer of the map's value size (or of its key size for
+/// `BPF_MAP_GET_NEXT_KEY`; 0 for a delete). `key` 0 (null) is allowed for
+/// `BPF_MAP_GET_NEXT_KEY` (the first key).
+pub(crate) fn map_elem_raw(
+    cmd: i32,
+    map: &OwnedFd,
+    key: u64,
+    value: u64,
+    flags: u64,
+    call: &'static str,
+) -> Result<(), IoError> {
+    let mut a = MapElemAttr {
+        map_fd: sys::raw(map) as u32,
+        _pad: 0,
+        key,
+        value,
+        flags,
+    };
+    bpf_raw(cmd, &mut a, call).map(|_| ())
 }
 
 /// `BPF_MAP_*_ELEM` on `key` of `map`; `value` is the address of the value
@@ -481,14 +518,7 @@ fn map_elem(
     value: u64,
     call: &'static str,
 ) -> Result<(), IoError> {
-    let mut a = MapElemAttr {
-        map_fd: sys::raw(map) as u32,
-        _pad: 0,
-        key: &key as *const u32 as u64,
-        value,
-        flags: 0,
-    };
-    bpf_raw(cmd, &mut a, call).map(|_| ())
+    map_elem_raw(cmd, map, &key as *const u32 as u64, value, 0, call)
 }
 
 /// Writes `value` (exactly the map's value size) at `key` of `map`.
@@ -589,6 +619,7 @@ impl XdpAttachment {
         mode: XdpMode,
         program: Program,
         slots: u32,
+        offload: Option<&super::offload::XdpOffload>,
     ) -> Result<Self, IoError> {
         let map = map_create(
             BPF_MAP_TYPE_XSKMAP,
@@ -596,9 +627,13 @@ impl XdpAttachment {
             slots.max(1),
             "bpf(BPF_MAP_CREATE XSKMAP)",
         )?;
-        let (mut prog_insns, map_at) = match program {
+        let (prog_insns, map_at) = match program {
             Program::PerQueue => (XSK_REDIRECT_PROG.to_vec(), MAP_FD_INSN),
             Program::Steered(s) => steer_program(s),
+        };
+        let (mut prog_insns, map_at) = match offload {
+            Some(o) => super::offload::prepend(o, prog_insns, map_at),
+            None => (prog_insns, map_at),
         };
         if let Some(i) = prog_insns.get_mut(map_at) {
             i.imm = sys::raw(&map);

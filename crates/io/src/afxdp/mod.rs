@@ -44,6 +44,7 @@
 //! Missing: unaligned chunks; multi-buffer (jumbo) frames.
 
 pub mod bpf;
+pub mod offload;
 mod ring;
 
 use std::os::fd::{OwnedFd, RawFd};
@@ -241,6 +242,10 @@ pub struct AfXdpConfig {
     /// the worker that owns it. All sockets of the queue must use the same
     /// [`Umem`] and the same [`Steer`].
     pub steer: Option<XdpSteer>,
+    /// Put the offload fast path ([`offload`]) in front of the socket
+    /// redirect of this port's XDP program. Every port of a UMEM must pass
+    /// the same map (or none).
+    pub offload: Option<Arc<offload::XdpOffload>>,
 }
 
 /// Steering between the sockets several workers bind to one queue.
@@ -263,6 +268,7 @@ impl Default for AfXdpConfig {
             ring_size: 4096,
             mode: XdpMode::Auto,
             steer: None,
+            offload: None,
         }
     }
 }
@@ -477,7 +483,13 @@ impl AfXdpPort {
                             Some(s) => (Program::Steered(s), MAP_QUEUES.saturating_mul(workers)),
                             None => (Program::PerQueue, MAP_QUEUES.max(cfg.queue + 1)),
                         };
-                        let x = Arc::new(XdpAttachment::attach(ifindex, cfg.mode, program, slots)?);
+                        let x = Arc::new(XdpAttachment::attach(
+                            ifindex,
+                            cfg.mode,
+                            program,
+                            slots,
+                            cfg.offload.as_deref(),
+                        )?);
                         bind.programs.push((ifindex, Arc::downgrade(&x)));
                         x
                     }
