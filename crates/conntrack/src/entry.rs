@@ -9,6 +9,11 @@ use crate::{Dir, Key};
 pub(crate) const F_LIVE: u8 = 1;
 pub(crate) const F_ASSURED: u8 = 2;
 pub(crate) const F_SEEN_REPLY: u8 = 4;
+/// The original direction is offloaded (see [`Table::set_offloaded`](crate::Table::set_offloaded)).
+pub(crate) const F_OFFLOAD_ORIG: u8 = 8;
+/// The reply direction is offloaded.
+pub(crate) const F_OFFLOAD_REPLY: u8 = 16;
+pub(crate) const F_OFFLOAD: u8 = F_OFFLOAD_ORIG | F_OFFLOAD_REPLY;
 
 /// One connection.
 ///
@@ -113,6 +118,15 @@ impl<K: Key, P: Copy + Default> Entry<K, P> {
         self.flags & F_SEEN_REPLY != 0
     }
 
+    /// Whether direction `dir` is offloaded: its packets are forwarded by
+    /// a lower layer (XDP) that the table does not see, so before expiring
+    /// the entry the GC asks when that layer last used it
+    /// ([`Table::gc_offloaded`](crate::Table::gc_offloaded)).
+    #[inline]
+    pub fn is_offloaded(&self, dir: Dir) -> bool {
+        self.flags & offload_bit(dir) != 0
+    }
+
     /// Packets tracked in both directions (wraps at 2^32).
     #[inline]
     pub fn packets(&self) -> u32 {
@@ -133,5 +147,14 @@ impl<K: Key, P: Copy + Default> Entry<K, P> {
     #[inline]
     pub(crate) fn is_live(&self) -> bool {
         self.flags & F_LIVE != 0
+    }
+}
+
+/// The flag of an offloaded direction.
+#[inline]
+pub(crate) fn offload_bit(dir: Dir) -> u8 {
+    match dir {
+        Dir::Original => F_OFFLOAD_ORIG,
+        Dir::Reply => F_OFFLOAD_REPLY,
     }
 }

@@ -191,6 +191,17 @@ impl ProtoState {
         }
     }
 
+    /// The timeout a packet leaves this state with (what a refresh of an
+    /// offloaded entry applies; UDP after a reply as netfilter's stream
+    /// once assured).
+    pub(crate) fn idle_timeout(self, assured: bool) -> Tmo {
+        match self {
+            Self::Udp(UdpState::Stream) => Tmo::UdpStream,
+            Self::Udp(_) if assured => Tmo::UdpStream,
+            other => other.initial_timeout(),
+        }
+    }
+
     pub(crate) fn initial_timeout(self) -> Tmo {
         match self {
             Self::Tcp(s) => s.timeout(),

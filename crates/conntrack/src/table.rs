@@ -4,7 +4,7 @@ use core::fmt;
 
 use sluice_io::mem::{advise_huge_pages, populate, prefetch};
 
-use crate::entry::{Entry, F_ASSURED, F_LIVE, F_SEEN_REPLY};
+use crate::entry::{offload_bit, Entry, F_ASSURED, F_LIVE, F_OFFLOAD, F_SEEN_REPLY};
 use crate::index::Index;
 use crate::proto::{
     self, CtState, L4Event, ProtoState, TcpFlags, TcpState, Tracked, UdpState, Verdict,
@@ -581,6 +581,45 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         budget: usize,
         on_remove: &mut impl FnMut(&Entry<K, P>),
     ) -> usize {
+        self.gc_offloaded(now, budget, &mut |_| None, on_remove)
+    }
+
+    /// Mark which directions of entry `id` are offloaded (`[original,
+    /// reply]`); the marks go with the entry when it is removed.
+    pub fn set_offloaded(&mut self, id: EntryId, dirs: [bool; 2]) {
+        if let Some(e) = self.entries.get_mut(id.index()).filter(|e| e.is_live()) {
+            e.flags &= !F_OFFLOAD;
+            if dirs[0] {
+                e.flags |= offload_bit(Dir::Original);
+            }
+            if dirs[1] {
+                e.flags |= offload_bit(Dir::Reply);
+            }
+        }
+    }
+
+    /// Clear the offload marks of every entry (visits the whole slab; for
+    /// rare events such as a policy or neighbour change that takes every
+    /// offload back).
+    pub fn clear_offloaded(&mut self) {
+        for e in self.entries.iter_mut() {
+            e.flags &= !F_OFFLOAD;
+        }
+    }
+
+    /// [`gc`](Self::gc) for a table with offloaded entries: an expired
+    /// entry with an offloaded direction is first offered to `last_used`,
+    /// which returns when the lower layer last forwarded a packet of it
+    /// (`None`: never, or not known). If that time plus the entry's idle
+    /// timeout is still ahead, the entry's expiry moves there and it
+    /// stays; otherwise it is removed like any other.
+    pub fn gc_offloaded(
+        &mut self,
+        now: Instant,
+        budget: usize,
+        last_used: &mut impl FnMut(&Entry<K, P>) -> Option<Instant>,
+        on_remove: &mut impl FnMut(&Entry<K, P>),
+    ) -> usize {
         let n = self.entries.len();
         if n == 0 {
             return 0;
@@ -594,9 +633,22 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         for _ in 0..budget.min(n) {
             let e = &self.entries[cur];
             if e.is_live() && e.is_expired(now) {
-                let e = self.remove_idx(cur as u32);
-                on_remove(&e);
-                removed += 1;
+                let refreshed = if e.flags & F_OFFLOAD != 0 {
+                    last_used(e).map(|t| {
+                        let tmo = e.state.idle_timeout(e.is_assured());
+                        expiry_after(t, self.timeouts.get(tmo))
+                    })
+                } else {
+                    None
+                };
+                match refreshed {
+                    Some(x) if !crate::time::is_expired(x, now) => self.entries[cur].expiry = x,
+                    _ => {
+                        let e = self.remove_idx(cur as u32);
+                        on_remove(&e);
+                        removed += 1;
+                    }
+                }
             }
             cur += 1;
             if cur == n {

@@ -22,6 +22,7 @@
 
 pub mod drop;
 pub mod icmp_error;
+pub mod offload;
 pub mod policy;
 pub mod route;
 pub mod worker;

@@ -63,6 +63,7 @@ use sluice_wire::ip::Frag;
 
 use crate::drop::{Counters, DropReason};
 use crate::icmp_error::{self, IcmpError};
+use crate::offload::{NoOffload, OffloadFlow, OffloadOp, OffloadProbe, OffloadQueue};
 use crate::policy::{CtState, Hook, Policy, PolicyPacket, RejectWith, Verdict};
 use crate::route::{AdjIndex, Adjacency, IfIndex, Route4, Route6, RouteTable4, RouteTable6};
 
@@ -143,6 +144,10 @@ pub struct EngineConfig {
     /// destination port (see the module documentation). Only matters with
     /// several workers.
     pub steered_by_source: Vec<IfIndex>,
+    /// Hand established IPv4 TCP/UDP connections to a lower layer
+    /// ([`crate::offload`]) through a queue of this many requests; 0 (the
+    /// default) offloads nothing.
+    pub offload_queue: usize,
 }
 
 /// Burst size of the ICMP error rate limiter (Linux's `icmp_msgs_burst`).
@@ -168,6 +173,7 @@ impl Default for EngineConfig {
             routes6: Vec::new(),
             neighbors6: Vec::new(),
             ct6_max: 1 << 16,
+            offload_queue: 0,
         }
     }
 }
@@ -431,6 +437,8 @@ pub struct Worker {
     handed_in: bool,
     /// The current batch's time in ms (for the policy's `limit` buckets).
     now_ms: u64,
+    /// Offload requests for the lower layer (`None`: offload is off).
+    offload: Option<OffloadQueue>,
 }
 
 /// What [`Worker::too_big`] found.
@@ -569,6 +577,7 @@ impl Worker {
             by_source,
             handed_in: false,
             now_ms: 0,
+            offload: (cfg.offload_queue > 0).then(|| OffloadQueue::new(cfg.offload_queue)),
         };
         for (ip, mac) in cfg.neighbors {
             w.set_neighbor(ip, mac)?;
@@ -597,6 +606,14 @@ impl Worker {
             mtu,
         };
         if let Some(&i) = self.neigh.get(&(oif, a)) {
+            let stale = self
+                .adj
+                .get(usize::from(i))
+                .is_some_and(|old| old.resolved && *old != adj);
+            if stale {
+                // Offloaded directions carry the old MACs.
+                self.offload_clear();
+            }
             if let Some(slot) = self.adj.get_mut(usize::from(i)) {
                 *slot = adj;
             }
@@ -612,7 +629,25 @@ impl Worker {
     /// Replace the policy. Established connections keep their entries.
     pub fn set_policy(&mut self, p: Arc<dyn Policy>) {
         self.filter_established = !p.established_accepted();
+        if self.filter_established {
+            // Established packets must run the filter chains again.
+            self.offload_clear();
+        }
         self.policy = p;
+    }
+
+    /// The offload requests to apply (`None` when offload is off); drain
+    /// them after each batch and after [`Self::gc_with`].
+    pub fn offload_ops(&mut self) -> Option<&mut OffloadQueue> {
+        self.offload.as_mut()
+    }
+
+    /// Take every offloaded direction back.
+    fn offload_clear(&mut self) {
+        if let Some(q) = &mut self.offload {
+            q.push_must(OffloadOp::Clear);
+            self.ct.clear_offloaded();
+        }
     }
 
     /// This worker's counters.
@@ -651,6 +686,9 @@ impl Worker {
     /// Remove every connection and NAT mapping in bulk; returns how many
     /// connections were removed.
     pub fn flush(&mut self) -> u64 {
+        if let Some(q) = &mut self.offload {
+            q.push_must(OffloadOp::Clear);
+        }
         let n = self.ct.flush() + self.v6.ct.flush();
         self.nat.clear();
         self.frags.clear();
@@ -660,11 +698,41 @@ impl Worker {
 
     /// Remove expired connections, looking at no more than `budget` entries.
     pub fn gc(&mut self, now_ns: u64, budget: usize) -> usize {
+        self.gc_with(now_ns, budget, &mut NoOffload)
+    }
+
+    /// [`Self::gc`] for a worker with offload: before an offloaded
+    /// connection expires, `probe` says when the lower layer last forwarded
+    /// one of its packets; one used within its idle timeout stays.
+    pub fn gc_with(&mut self, now_ns: u64, budget: usize, probe: &mut dyn OffloadProbe) -> usize {
         let now = instant(now_ns);
         let nat = &mut self.nat;
-        self.ct
-            .gc(now, budget, &mut |e| nat.release(&e.orig(), &e.reply()))
-            + self.v6.ct.gc(now, budget, &mut |_| {})
+        let (q, adj) = (&mut self.offload, &self.adj);
+        let mut overflow = false;
+        let n = self.ct.gc_offloaded(
+            now,
+            budget,
+            &mut |e| {
+                let mut last: Option<u64> = None;
+                for dir in [Dir::Original, Dir::Reply] {
+                    if e.is_offloaded(dir) {
+                        let iif = offload_iif(e, adj, dir);
+                        if let Some(t) = probe.last_used_ns(iif, &e.key(dir)) {
+                            last = Some(last.map_or(t, |l| l.max(t)));
+                        }
+                    }
+                }
+                last.map(instant)
+            },
+            &mut |e| {
+                nat.release(&e.orig(), &e.reply());
+                overflow |= !offload_removals(q.as_mut(), e, adj);
+            },
+        );
+        if overflow {
+            self.ct.clear_offloaded();
+        }
+        n + self.v6.ct.gc(now, budget, &mut |_| {})
     }
 
     /// Process a batch (at most [`MAX_BATCH`] frames; any beyond are dropped
@@ -1077,6 +1145,8 @@ impl Worker {
         let step = self.emit(now, buf, len, iif, m.l3, m.l4, &to, deltas, adj);
         if tracked.verdict == ct::Verdict::Close {
             self.remove(id);
+        } else if self.offload.is_some() && matches!(step, Step::Done(Action::Forward(_))) {
+            self.offload_after(id, dir, iif, tracked.state);
         }
         step
     }
@@ -1395,7 +1465,69 @@ impl Worker {
     fn remove(&mut self, id: EntryId) {
         if let Some(e) = self.ct.remove(id) {
             self.nat.release(&e.orig(), &e.reply());
+            if !offload_removals(self.offload.as_mut(), &e, &self.adj) {
+                self.ct.clear_offloaded();
+            }
         }
+    }
+
+    /// After a fast-path packet of `dir` on entry `id` arriving on `iif`
+    /// was forwarded: offload both directions if they qualify (see
+    /// [`crate::offload`]), or take them back when a TCP connection left
+    /// ESTABLISHED.
+    #[cold]
+    #[inline(never)]
+    fn offload_after(&mut self, id: EntryId, dir: Dir, iif: IfIndex, state: ct::ProtoState) {
+        let Some(q) = &mut self.offload else {
+            return;
+        };
+        let e = self.ct.entry(id);
+        let offloaded = e.is_offloaded(Dir::Original) || e.is_offloaded(Dir::Reply);
+        let eligible = !self.filter_established
+            && matches!(
+                state,
+                ct::ProtoState::Tcp(ct::TcpState::Established) | ct::ProtoState::Udp(_)
+            );
+        if offloaded {
+            if !eligible {
+                if !offload_removals(Some(q), e, &self.adj) {
+                    self.ct.clear_offloaded();
+                }
+                self.ct.set_offloaded(id, [false, false]);
+            }
+            return;
+        }
+        if !eligible || !q.has_room(2) {
+            if eligible {
+                q.dropped += 1;
+            }
+            return;
+        }
+        let info = *e.payload();
+        let opp = dir.opposite();
+        let (Some(&out), Some(&back)) = (
+            self.adj.get(usize::from(info.adj[dir_index(dir)])),
+            self.adj.get(usize::from(info.adj[dir_index(opp)])),
+        ) else {
+            return;
+        };
+        // Symmetric routing: the reply of this packet arrives where this
+        // one leaves, and this one arrived where the reply leaves.
+        if !out.resolved || !back.resolved || back.oif != iif {
+            return;
+        }
+        for (d, a) in [(dir, out), (opp, back)] {
+            let (ip_delta, l4_delta) = rewrite_deltas(&info, d);
+            q.push_install(OffloadFlow {
+                iif: offload_iif(e, &self.adj, d),
+                key: e.key(d),
+                to: e.key(d.opposite()).reversed(),
+                ip_delta,
+                l4_delta,
+                adj: a,
+            });
+        }
+        self.ct.set_offloaded(id, [true, true]);
     }
 
     fn is_local(&self, a: u32) -> Option<IfIndex> {
@@ -1634,11 +1766,18 @@ impl Worker {
             l4_delta,
         };
         let nat = &mut self.nat;
-        let (id, t) = match self
+        let (q, adjs) = (&mut self.offload, &self.adj);
+        let mut overflow = false;
+        let inserted = self
             .ct
             .insert_vacant_tracked(now, vacant, reply, info, ev, &mut |e| {
-                nat.release(&e.orig(), &e.reply())
-            }) {
+                nat.release(&e.orig(), &e.reply());
+                overflow |= !offload_removals(q.as_mut(), e, adjs);
+            });
+        if overflow {
+            self.ct.clear_offloaded();
+        }
+        let (id, t) = match inserted {
             Ok(x) => x,
             Err(e) => {
                 self.nat.release(key, &reply);
@@ -1939,6 +2078,35 @@ enum Step {
 }
 
 #[inline]
+/// The interface packets of direction `dir` of `e` arrive on: the one its
+/// opposite direction leaves by (offload requires symmetric routing).
+fn offload_iif(e: &ct::Entry<FlowKey4, FlowInfo>, adj: &[Adjacency], dir: Dir) -> IfIndex {
+    let a = e.payload().adj[dir_index(dir.opposite())];
+    adj.get(usize::from(a)).map_or(0, |a| a.oif)
+}
+
+/// Queue the removal of `e`'s offloaded directions. `false` when the queue
+/// overflowed into a `Clear` (the caller clears every entry's marks).
+fn offload_removals(
+    q: Option<&mut OffloadQueue>,
+    e: &ct::Entry<FlowKey4, FlowInfo>,
+    adj: &[Adjacency],
+) -> bool {
+    let Some(q) = q else {
+        return true;
+    };
+    let mut ok = true;
+    for dir in [Dir::Original, Dir::Reply] {
+        if e.is_offloaded(dir) {
+            ok &= q.push_must(OffloadOp::Remove {
+                iif: offload_iif(e, adj, dir),
+                key: e.key(dir),
+            });
+        }
+    }
+    ok
+}
+
 fn instant(now_ns: u64) -> ct::Instant {
     ct::Instant::from_millis(now_ns / 1_000_000)
 }

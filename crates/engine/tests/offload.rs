@@ -1,0 +1,288 @@
+//! Flow offload requests (`sluice_engine::offload`): what the worker hands
+//! to the lower layer must be exactly its own fast path's rewrite, and it
+//! must take offloads back whenever the fast path alone no longer decides.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+mod common;
+
+use common::*;
+use sluice_engine::offload::{OffloadFlow, OffloadOp, OffloadProbe};
+use sluice_engine::{
+    Action, CtState, Decision, Hook, IfIndex, Policy, PolicyPacket, Verdict, Worker,
+};
+use sluice_nat::{PoolId, Translation};
+use sluice_wire::build::{build_tcp4, build_udp4};
+use sluice_wire::flow::{proto, FlowKey4};
+use sluice_wire::tcp::flags as tf;
+
+/// Accepts everything, SNATs new connections to the pool; established
+/// packets accepted up front unless `per_packet`.
+struct Accept {
+    per_packet: AtomicBool,
+}
+
+impl Policy for Accept {
+    fn decide(&self, hook: Hook, pkt: &PolicyPacket) -> Decision {
+        Decision {
+            verdict: Verdict::Accept,
+            mark: pkt.mark,
+            nat: (hook == Hook::Postrouting && pkt.ct == CtState::New)
+                .then_some(Translation::Snat { pool: PoolId(0) }),
+        }
+    }
+    fn has_nat(&self, hook: Hook) -> bool {
+        hook == Hook::Postrouting
+    }
+    fn established_accepted(&self) -> bool {
+        !self.per_packet.load(Ordering::Relaxed)
+    }
+}
+
+fn worker() -> (Worker, Arc<Accept>) {
+    let mut cfg = nat_gateway(0, 1);
+    cfg.offload_queue = 64;
+    let p = Arc::new(Accept {
+        per_packet: AtomicBool::new(false),
+    });
+    let w = Worker::new(cfg, Arc::clone(&p) as Arc<dyn Policy>).unwrap();
+    (w, p)
+}
+
+fn key(p: u8, sport: u16) -> FlowKey4 {
+    FlowKey4 {
+        src: u32::from(HOST),
+        dst: u32::from(REMOTE),
+        sport,
+        dport: 80,
+        proto: p,
+    }
+}
+
+fn udp(iif: IfIndex, k: &FlowKey4) -> (IfIndex, Vec<u8>) {
+    let mut b = vec![0u8; 2048];
+    let (s, d) = if iif == INSIDE {
+        (HOST_MAC, GW_IN_MAC)
+    } else {
+        (ROUTER_MAC, GW_OUT_MAC)
+    };
+    let n = build_udp4(&mut b, s, d, k, 20).unwrap();
+    b.truncate(n);
+    (iif, b)
+}
+
+fn tcp(iif: IfIndex, k: &FlowKey4, flags: u8) -> (IfIndex, Vec<u8>) {
+    let mut b = vec![0u8; 2048];
+    let (s, d) = if iif == INSIDE {
+        (HOST_MAC, GW_IN_MAC)
+    } else {
+        (ROUTER_MAC, GW_OUT_MAC)
+    };
+    let n = build_tcp4(&mut b, s, d, k, flags, 1, 1, 10).unwrap();
+    b.truncate(n);
+    (iif, b)
+}
+
+/// Processes one frame; returns its action and the frame as it left.
+fn send(w: &mut Worker, now: u64, f: &(IfIndex, Vec<u8>)) -> (Action, Vec<u8>) {
+    let mut t = TestFrames::default();
+    t.push(f.0, |b| {
+        b[..f.1.len()].copy_from_slice(&f.1);
+        f.1.len()
+    });
+    w.process(now, &mut t);
+    (t.acts[0], t.frame(0).to_vec())
+}
+
+fn ops(w: &mut Worker) -> Vec<OffloadOp> {
+    w.offload_ops().expect("offload on").drain().collect()
+}
+
+fn installs(ops: &[OffloadOp]) -> Vec<OffloadFlow> {
+    ops.iter()
+        .filter_map(|o| match o {
+            OffloadOp::Install(f) => Some(*f),
+            _ => None,
+        })
+        .collect()
+}
+
+/// What the lower layer does with a frame of `f` (as the XDP program
+/// does it: the checksum deltas, TTL, tuple and MACs of the request).
+fn lower_layer(f: &OffloadFlow, frame: &[u8]) -> Vec<u8> {
+    let mut b = frame.to_vec();
+    sluice_nat::apply_dissected(&mut b, 14, 34, &f.to, (f.ip_delta, f.l4_delta), true).unwrap();
+    f.adj.write_macs(&mut b);
+    b
+}
+
+/// The connection's reply as it arrives from outside.
+fn reply_of(w: &Worker) -> FlowKey4 {
+    w.conntrack().iter().next().map(|(_, e)| e.reply()).unwrap()
+}
+
+#[test]
+fn both_directions_are_offloaded_with_the_fast_paths_own_rewrite() {
+    for p in [proto::UDP, proto::TCP] {
+        let (mut w, _) = worker();
+        let k = key(p, 5000);
+        let pkt = |iif, k: &FlowKey4| {
+            if p == proto::UDP {
+                udp(iif, k)
+            } else {
+                tcp(iif, k, tf::ACK)
+            }
+        };
+        if p == proto::TCP {
+            // Handshake: nothing is offloaded before ESTABLISHED.
+            assert_eq!(
+                send(&mut w, 1_000_000, &tcp(INSIDE, &k, tf::SYN)).0,
+                Action::Forward(OUTSIDE)
+            );
+            let r = reply_of(&w);
+            assert_eq!(
+                send(&mut w, 2_000_000, &tcp(OUTSIDE, &r, tf::SYN | tf::ACK)).0,
+                Action::Forward(INSIDE)
+            );
+            assert!(ops(&mut w).is_empty(), "not offloaded before ESTABLISHED");
+        } else {
+            assert_eq!(
+                send(&mut w, 1_000_000, &pkt(INSIDE, &k)).0,
+                Action::Forward(OUTSIDE)
+            );
+            assert!(ops(&mut w).is_empty(), "the slow path offloads nothing");
+        }
+        // The next fast-path packet offloads both directions.
+        let out = pkt(INSIDE, &k);
+        let (act, sent) = send(&mut w, 3_000_000, &out);
+        assert_eq!(act, Action::Forward(OUTSIDE));
+        let o = ops(&mut w);
+        let fl = installs(&o);
+        assert_eq!(fl.len(), 2, "{p}: {o:?}");
+        let r = reply_of(&w);
+        let orig = fl.iter().find(|f| f.key == k).expect("original direction");
+        let back = fl.iter().find(|f| f.key == r).expect("reply direction");
+        assert_eq!((orig.iif, orig.adj.oif), (INSIDE, OUTSIDE));
+        assert_eq!((back.iif, back.adj.oif), (OUTSIDE, INSIDE));
+        assert_eq!(
+            lower_layer(orig, &out.1),
+            sent,
+            "{p}: original as the fast path"
+        );
+        // The reply: what the engine's fast path sends equals the request.
+        let inb = pkt(OUTSIDE, &r);
+        let (act, sent) = send(&mut w, 4_000_000, &inb);
+        assert_eq!(act, Action::Forward(INSIDE));
+        assert_eq!(
+            lower_layer(back, &inb.1),
+            sent,
+            "{p}: reply as the fast path"
+        );
+        assert!(ops(&mut w).is_empty(), "installed once");
+    }
+}
+
+#[test]
+fn a_tcp_connection_leaving_established_is_taken_back() {
+    let (mut w, _) = worker();
+    let k = key(proto::TCP, 6000);
+    send(&mut w, 1_000_000, &tcp(INSIDE, &k, tf::SYN));
+    let r = reply_of(&w);
+    send(&mut w, 2_000_000, &tcp(OUTSIDE, &r, tf::SYN | tf::ACK));
+    send(&mut w, 3_000_000, &tcp(INSIDE, &k, tf::ACK));
+    assert_eq!(installs(&ops(&mut w)).len(), 2);
+    // FIN (the lower layer passes it up): both directions come back.
+    let (act, _) = send(&mut w, 4_000_000, &tcp(INSIDE, &k, tf::FIN | tf::ACK));
+    assert_eq!(act, Action::Forward(OUTSIDE));
+    let o = ops(&mut w);
+    let removed: Vec<FlowKey4> = o
+        .iter()
+        .filter_map(|o| match o {
+            OffloadOp::Remove { key, .. } => Some(*key),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(removed.len(), 2, "{o:?}");
+    assert!(removed.contains(&k) && removed.contains(&r));
+    // And is not offloaded again.
+    send(&mut w, 5_000_000, &tcp(OUTSIDE, &r, tf::ACK));
+    assert!(installs(&ops(&mut w)).is_empty());
+}
+
+struct Probe(Option<u64>, usize);
+
+impl OffloadProbe for Probe {
+    fn last_used_ns(&mut self, _: IfIndex, _: &FlowKey4) -> Option<u64> {
+        self.1 += 1;
+        self.0
+    }
+}
+
+#[test]
+fn the_gc_keeps_connections_the_lower_layer_still_forwards() {
+    let (mut w, _) = worker();
+    let k = key(proto::UDP, 7000);
+    send(&mut w, 1_000_000_000, &udp(INSIDE, &k));
+    send(&mut w, 1_100_000_000, &udp(INSIDE, &k));
+    assert_eq!(installs(&ops(&mut w)).len(), 2);
+    // 40 s later (UDP's 30 s are over): used 1 s ago below, so it stays.
+    let now = 41_000_000_000;
+    let mut used = Probe(Some(now - 1_000_000_000), 0);
+    assert_eq!(w.gc_with(now, 1000, &mut used), 0);
+    assert_eq!(used.1, 2, "asked about both directions");
+    assert_eq!(w.conntrack().len(), 1);
+    assert!(ops(&mut w).is_empty());
+    // Not used for longer than the timeout: removed, offload taken back.
+    let later = now + 31_000_000_000;
+    assert_eq!(w.gc_with(later, 1000, &mut used), 1);
+    assert_eq!(w.conntrack().len(), 0);
+    let o = ops(&mut w);
+    assert_eq!(
+        o.iter()
+            .filter(|o| matches!(o, OffloadOp::Remove { .. }))
+            .count(),
+        2,
+        "{o:?}"
+    );
+    // A connection that is not offloaded never asks.
+    let mut never = Probe(None, 0);
+    let k2 = key(proto::UDP, 7001);
+    send(&mut w, later, &udp(INSIDE, &k2));
+    assert_eq!(w.gc_with(later + 40_000_000_000, 1000, &mut never), 1);
+    assert_eq!(never.1, 0);
+}
+
+#[test]
+fn per_packet_filtering_a_flush_and_a_new_neighbour_mac_take_everything_back() {
+    let (mut w, p) = worker();
+    let k = key(proto::UDP, 8000);
+    send(&mut w, 1_000_000, &udp(INSIDE, &k));
+    send(&mut w, 2_000_000, &udp(INSIDE, &k));
+    assert_eq!(installs(&ops(&mut w)).len(), 2);
+    // The policy starts filtering established packets.
+    p.per_packet.store(true, Ordering::Relaxed);
+    w.set_policy(Arc::clone(&p) as Arc<dyn Policy>);
+    assert_eq!(ops(&mut w), [OffloadOp::Clear]);
+    send(&mut w, 3_000_000, &udp(INSIDE, &k));
+    assert!(ops(&mut w).is_empty(), "nothing offloaded while filtering");
+    // Accepted up front again: offloaded again on the next packet.
+    p.per_packet.store(false, Ordering::Relaxed);
+    w.set_policy(Arc::clone(&p) as Arc<dyn Policy>);
+    send(&mut w, 4_000_000, &udp(INSIDE, &k));
+    assert_eq!(installs(&ops(&mut w)).len(), 2);
+    // The router's MAC changes.
+    w.set_neighbor(
+        std::net::Ipv4Addr::new(203, 0, 113, 254),
+        [2, 0, 0, 0, 7, 7],
+    )
+    .unwrap();
+    assert_eq!(ops(&mut w), [OffloadOp::Clear]);
+    send(&mut w, 5_000_000, &udp(INSIDE, &k));
+    let fl = installs(&ops(&mut w));
+    assert_eq!(fl.len(), 2);
+    assert!(fl.iter().any(|f| f.adj.dst_mac == [2, 0, 0, 0, 7, 7]));
+    // Flush.
+    w.flush();
+    assert_eq!(ops(&mut w), [OffloadOp::Clear]);
+}
