@@ -114,6 +114,7 @@ struct RawConfig {
     ruleset: Option<Spanned<String>>,
     #[serde(default)]
     backend: BackendChoice,
+    xdp_offload: Option<Spanned<bool>>,
     workers: Option<Spanned<i64>>,
     capture: Option<Spanned<String>>,
     control_socket: Option<Spanned<String>>,
@@ -291,6 +292,9 @@ pub struct Config {
     pub ruleset: Option<PathBuf>,
     /// io backend.
     pub backend: BackendChoice,
+    /// Forward established IPv4 TCP/UDP connections in the XDP program
+    /// (`xdp_offload`, AF_XDP only; see `sluice_io::afxdp::offload`).
+    pub xdp_offload: bool,
     /// Worker threads.
     pub workers: u16,
     /// pcap capture base path.
@@ -794,11 +798,28 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         },
     };
     let timeouts = timeouts(&src, &raw.conntrack.timeouts)?;
+    let xdp_offload = match &raw.xdp_offload {
+        Some(o) if *o.get_ref() => {
+            if matches!(raw.backend, BackendChoice::AfPacket | BackendChoice::Mem) {
+                return Err(src.err(
+                    o,
+                    "xdp_offload",
+                    format!(
+                        "xdp_offload needs the AF_XDP backend (backend = \"af_xdp\" or \"auto\"), not {:?}",
+                        raw.backend
+                    ),
+                ));
+            }
+            true
+        }
+        _ => false,
+    };
 
     Ok(Config {
         path: path.to_path_buf(),
         ruleset,
         backend: raw.backend,
+        xdp_offload,
         workers,
         capture,
         control_socket,
@@ -1118,6 +1139,11 @@ timeouts = { udp = 60, tcp_established = 3600 }
         let cases: &[(&str, &str)] = &[
             ("workers = 0\n", "sluice.toml:1:11: workers: 0 is not between 1 and 64"),
             ("backend = \"dpdk\"\n", "sluice.toml:1:11: unknown variant `dpdk`"),
+            (
+                "backend = \"af_packet\"\nxdp_offload = true\n",
+                "sluice.toml:2:15: xdp_offload: xdp_offload needs the AF_XDP backend",
+            ),
+            ("xdp_offload = 1\n", "sluice.toml:1:15: invalid type: integer `1`, expected a boolean"),
             ("ruleset = \"\"\n", "sluice.toml:1:11: ruleset: must not be empty"),
             (
                 "[[interfaces]]\nname = \"lan0\"\n",

@@ -28,8 +28,11 @@ use std::sync::mpsc::{Receiver, Sender, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::Instant;
 
+use sluice_engine::offload::{OffloadOp, OffloadProbe};
 use sluice_engine::{Action, DropReason, Frames, IfIndex, Policy, Worker, MAX_BATCH};
-use sluice_io::{BackendKind, Batch, Port, PortStats};
+use sluice_io::afxdp::offload;
+use sluice_io::{BackendKind, Batch, OffloadAction, OffloadKey, Port, PortStats, XdpOffload};
+use sluice_wire::flow::FlowKey4;
 
 use crate::ctl::{CtEntry, CtFilter};
 use crate::neigh::{parse_arp, Resolver, Todo};
@@ -188,6 +191,132 @@ pub struct WorkerStatus {
     /// Frames that could not be handed to their owner worker (no free
     /// buffer, its channel full).
     pub handoff_dropped: u64,
+    /// XDP offload (`xdp_offload = true`), if on.
+    pub offload: Option<OffloadStatus>,
+}
+
+/// One worker's XDP offload counters.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct OffloadStatus {
+    /// Directions handed to the XDP program.
+    pub installed: u64,
+    /// Directions taken back.
+    pub removed: u64,
+    /// Installs the kernel refused (map full) or the queue had no room for.
+    pub failed: u64,
+    /// Times every direction was taken back (policy, neighbour, flush).
+    pub clears: u64,
+}
+
+/// The XDP offload map as one worker drives it: it applies the engine's
+/// [`OffloadOp`]s and answers the engine's GC from the map's counters.
+pub struct OffloadLink {
+    /// The map (shared by every worker and port).
+    pub map: Arc<XdpOffload>,
+    /// Kernel ifindex of engine interface `i` (0: none).
+    pub ifindex: Vec<u32>,
+    /// CLOCK_MONOTONIC ns at the workers' `epoch` (engine time 0).
+    pub mono_at_epoch: u64,
+    /// Counters.
+    pub status: OffloadStatus,
+    /// Installs gathered for one batch update.
+    pub keys: Vec<[u8; offload::KEY_SIZE]>,
+    /// Their values.
+    pub values: Vec<[u8; offload::VALUE_SIZE]>,
+}
+
+impl OffloadLink {
+    fn key(&self, iif: IfIndex, k: &FlowKey4) -> OffloadKey {
+        OffloadKey {
+            ifindex: self.ifindex.get(usize::from(iif)).copied().unwrap_or(0),
+            src: k.src,
+            dst: k.dst,
+            sport: k.sport,
+            dport: k.dport,
+            proto: k.proto,
+        }
+    }
+
+    /// Apply every request the engine queued, in order; consecutive
+    /// installs go down in one `BPF_MAP_UPDATE_BATCH`.
+    fn apply(&mut self, engine: &mut Worker) {
+        let Some(q) = engine.offload_ops() else {
+            return;
+        };
+        if q.is_empty() && q.dropped == 0 {
+            return;
+        }
+        self.status.failed += core::mem::take(&mut q.dropped);
+        for op in q.drain() {
+            match op {
+                OffloadOp::Install(f) => {
+                    let k = self.key(f.iif, &f.key);
+                    let a = OffloadAction {
+                        src: f.to.src,
+                        dst: f.to.dst,
+                        sport: f.to.sport,
+                        dport: f.to.dport,
+                        ip_delta: f.ip_delta,
+                        l4_delta: f.l4_delta,
+                        dst_mac: f.adj.dst_mac,
+                        src_mac: f.adj.src_mac,
+                        oif: self
+                            .ifindex
+                            .get(usize::from(f.adj.oif))
+                            .copied()
+                            .unwrap_or(0),
+                        mtu: f.adj.mtu,
+                    };
+                    if k.ifindex == 0 || a.oif == 0 {
+                        self.status.failed += 1;
+                    } else {
+                        self.keys.push(offload::key(&k));
+                        self.values.push(offload::value(&a));
+                    }
+                }
+                OffloadOp::Remove { iif, key } => {
+                    self.flush_installs();
+                    if matches!(self.map.remove(&self.key(iif, &key)), Ok(true)) {
+                        self.status.removed += 1;
+                    }
+                }
+                OffloadOp::Clear => {
+                    self.keys.clear();
+                    self.values.clear();
+                    self.status.clears += 1;
+                    if let Err(e) = self.map.clear() {
+                        tracing::warn!("XDP offload clear failed: {e}");
+                    }
+                }
+            }
+        }
+        self.flush_installs();
+    }
+
+    fn flush_installs(&mut self) {
+        if self.keys.is_empty() {
+            return;
+        }
+        let (n, err) = self.map.install_batch(&self.keys, &self.values);
+        self.status.installed += n as u64;
+        let failed = self.keys.len() - n;
+        if failed > 0 {
+            if self.status.failed == 0 {
+                let why = err.map_or_else(|| "short write".to_string(), |e| e.to_string());
+                tracing::warn!("XDP offload install failed ({why}); such flows stay in userspace");
+            }
+            self.status.failed += failed as u64;
+        }
+        self.keys.clear();
+        self.values.clear();
+    }
+}
+
+impl OffloadProbe for OffloadLink {
+    fn last_used_ns(&mut self, iif: IfIndex, key: &FlowKey4) -> Option<u64> {
+        let st = self.map.stats(&self.key(iif, key)).ok()??;
+        (st.last_ns > 0).then(|| st.last_ns.saturating_sub(self.mono_at_epoch))
+    }
 }
 
 /// One port's status.
@@ -321,6 +450,8 @@ pub struct WorkerThread {
     pub core: Option<core_affinity::CoreId>,
     /// The published policy.
     pub policy: Arc<PolicyCell>,
+    /// XDP offload (`None`: off).
+    pub offload: Option<OffloadLink>,
 }
 
 /// The published policy. The control plane swaps in a new generation with
@@ -447,7 +578,14 @@ impl WorkerThread {
             let now = now_ns(self.epoch);
             if now.saturating_sub(last_house) >= HOUSEKEEPING_NS {
                 last_house = now;
-                self.engine.gc(now, GC_BUDGET);
+                match &mut self.offload {
+                    Some(o) => {
+                        self.engine.gc_with(now, GC_BUDGET, o);
+                    }
+                    None => {
+                        self.engine.gc(now, GC_BUDGET);
+                    }
+                }
                 self.resolver.tick(now, &mut s.todo);
                 self.resolver6.tick(now, &mut s.todo);
                 for (oif, ip) in core::mem::take(&mut s.todo.forget6) {
@@ -460,6 +598,9 @@ impl WorkerThread {
                 for p in &mut self.ports {
                     let _ = p.flush();
                 }
+            }
+            if let Some(o) = &mut self.offload {
+                o.apply(&mut self.engine);
             }
             if got == 0 && nports > 0 {
                 idle_turn = (idle_turn + 1) % nports;
@@ -512,6 +653,7 @@ impl WorkerThread {
                         arp_dropped: s.arp_dropped,
                         tx_dropped: s.tx_dropped + s.frag_dropped,
                         handoff_dropped: self.handoff.dropped,
+                        offload: self.offload.as_ref().map(|o| o.status.clone()),
                     });
                 }
                 Command::List(f, limit, tx) => {

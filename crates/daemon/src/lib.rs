@@ -307,6 +307,9 @@ struct Published {
 }
 
 const CMD_QUEUE: usize = 64;
+/// Offload requests a worker queues between two loop turns (more are
+/// counted as failed and those connections stay in userspace).
+const OFFLOAD_QUEUE: usize = 4096;
 const CMD_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Control {
@@ -598,7 +601,7 @@ fn worker_json(w: &WorkerStatus) -> Value {
            "neighbors6": w.neighbors6, "ndp_pending": w.ndp_pending,
            "connections6": w.connections6, "ct_early_drops": w.ct_early_drops,
            "arp_dropped": w.arp_dropped, "tx_dropped": w.tx_dropped,
-           "handoff_dropped": w.handoff_dropped,
+           "handoff_dropped": w.handoff_dropped, "offload": w.offload,
            "drops_total": w.counters.total_drops()})
 }
 
@@ -841,6 +844,31 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
         _ => None,
     };
 
+    // One offload map for every worker and port.
+    let offload = if cfg.xdp_offload {
+        let max = u32::try_from(cfg.ct_max.saturating_mul(2)).unwrap_or(u32::MAX);
+        Some(
+            sluice_io::XdpOffload::new(max)
+                .map_err(|e| RunError::Os(format!("XDP offload map: {e}")))?,
+        )
+    } else {
+        None
+    };
+    // Kernel ifindex of engine interface `i` (0: none).
+    let mut offload_ifindex = vec![0u32];
+    if offload.is_some() {
+        for ifc in &cfg.interfaces {
+            offload_ifindex.push(sluice_io::afxdp::offload::ifindex(&ifc.name).map_err(|e| {
+                RunError::Interface {
+                    name: ifc.name.clone(),
+                    reason: e.to_string(),
+                }
+            })?);
+        }
+    }
+    let mono_at_epoch =
+        sluice_io::afxdp::offload::monotonic_ns().saturating_sub(dataplane::now_ns(epoch));
+
     let mut threads = Vec::new();
     let mut senders = Vec::new();
     let mut receivers = Vec::new();
@@ -854,10 +882,11 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
         .unzip();
     let mut hand_rx = hand_rx.into_iter();
     for (id, rx) in (0..cfg.workers).zip(receivers) {
-        let engine = Worker::new(
-            engine_config(&cfg, &macs, &mtus, &lp.pools, id),
-            Arc::clone(&lp.policy),
-        )?;
+        let mut ecfg = engine_config(&cfg, &macs, &mtus, &lp.pools, id);
+        if offload.is_some() {
+            ecfg.offload_queue = OFFLOAD_QUEUE;
+        }
+        let engine = Worker::new(ecfg, Arc::clone(&lp.policy))?;
         let mut ports: Vec<Box<dyn Port>> = Vec::new();
         let umem = match io_backend {
             None | Some(sluice_io::Backend::AfPacket) => None,
@@ -878,6 +907,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
                 });
             }
             o.af_xdp.umem = umem.clone();
+            o.af_xdp.offload = offload.clone();
             let port: Box<dyn Port> = match io_backend {
                 None => {
                     let (port, peer) = sluice_io::memport::MemPort::new(&ifc.name, o.port_id);
@@ -890,6 +920,15 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
                 })?,
             };
             tracing::info!(worker = id, interface = %ifc.name, mode = %port.describe(), "port open");
+            if offload.is_some() && port.kind() != sluice_io::BackendKind::AfXdp {
+                return Err(RunError::Interface {
+                    name: ifc.name.clone(),
+                    reason: format!(
+                        "xdp_offload needs AF_XDP, but the port opened as {}",
+                        port.describe()
+                    ),
+                });
+            }
             let port: Box<dyn Port> = match &cfg.capture {
                 Some(base) => {
                     let mut b = base.clone().into_os_string();
@@ -960,6 +999,14 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
                 .as_ref()
                 .and_then(|c| c.get(usize::from(id) % c.len().max(1)).copied()),
             policy: Arc::clone(&cell),
+            offload: offload.as_ref().map(|m| dataplane::OffloadLink {
+                map: Arc::clone(m),
+                ifindex: offload_ifindex.clone(),
+                mono_at_epoch,
+                status: Default::default(),
+                keys: Vec::with_capacity(OFFLOAD_QUEUE),
+                values: Vec::with_capacity(OFFLOAD_QUEUE),
+            }),
         };
         let h = std::thread::Builder::new()
             .name(format!("sluice-w{id}"))

@@ -183,6 +183,27 @@ fn iperf3_tcp_and_udp(backend: &str, tag: &str) {
         rx_bps / 1e6,
         d.context()
     );
+    if backend.ends_with("_offload") {
+        // The XDP program forwarded the bulk: the engine's fast path saw
+        // a small part of the UDP datagrams alone.
+        let st = d.ctl("status");
+        let installed: u64 = st["worker_status"]
+            .as_array()
+            .expect("worker_status")
+            .iter()
+            .map(|w| w["offload"]["installed"].as_u64().expect("offload status"))
+            .sum();
+        let fast = d.counter("fast_path");
+        eprintln!(
+            "{backend}: {installed} directions offloaded, {fast} packets on the engine's fast path"
+        );
+        assert!(installed >= 4, "TCP and UDP, both directions: {st}");
+        assert!(
+            fast < packets / 2,
+            "{fast} fast-path packets for {packets} datagrams: not offloaded\n{}",
+            d.context()
+        );
+    }
     // Both went through NAT: the server saw the pool address.
     let log = read(&t.dir.join("iperf3-server.log"));
     assert!(
@@ -410,6 +431,9 @@ fn icmp_errors(backend: &str, tag: &str) {
     assert!(d.counter("icmp_errors") >= 3);
 }
 
+/// Each test on AF_PACKET, on AF_XDP, and on AF_XDP with `xdp_offload`
+/// (module `offload`: the same name, established flows forwarded by the
+/// XDP program).
 macro_rules! both_backends {
     ($f:ident, $tag:literal, $packet:ident, $xdp:ident) => {
         #[test]
@@ -422,6 +446,14 @@ macro_rules! both_backends {
         #[ignore = "needs root + netns; run by .ci/run with --ignored"]
         fn $xdp() {
             $f("af_xdp", concat!($tag, "x"));
+        }
+
+        mod $xdp {
+            #[test]
+            #[ignore = "needs root + netns; run by .ci/run with --ignored"]
+            fn offload() {
+                super::$f("af_xdp_offload", concat!($tag, "o"));
+            }
         }
     };
 }

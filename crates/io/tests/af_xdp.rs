@@ -694,5 +694,20 @@ fn afxdp_offload_forwards_installed_flows_in_xdp() {
         assert_eq!(offload.stats(&k).unwrap(), None);
         offload.install(&k, &act).unwrap();
         assert_eq!(offload.clear().unwrap(), 1);
+        // A batch: every entry in, counters zero.
+        let keys: Vec<_> = (0..100u16)
+            .map(|i| {
+                sluice_io::afxdp::offload::key(&OffloadKey {
+                    sport: 1000 + i,
+                    ..k
+                })
+            })
+            .collect();
+        let vals = vec![sluice_io::afxdp::offload::value(&act); 100];
+        let (n, err) = offload.install_batch(&keys, &vals);
+        assert_eq!((n, err.map(|e| e.to_string())), (100, None));
+        let k7 = OffloadKey { sport: 1007, ..k };
+        assert_eq!(offload.stats(&k7).unwrap().map(|s| s.packets), Some(0));
+        assert_eq!(offload.clear().unwrap(), 100);
     });
 }

@@ -109,8 +109,18 @@ pub enum Dut {
     SluiceAfXdp,
     /// `sluice run`, AF_PACKET backend, one worker.
     SluiceAfPacket,
+    /// `sluice run`, AF_XDP backend with `xdp_offload = true`: established
+    /// flows are translated and forwarded by Sluice's XDP program
+    /// (`sluice_io::afxdp::offload`), one worker.
+    SluiceXdpOffload,
     /// The kernel's IPv4 forwarding with an nftables masquerade rule.
     KernelNftables,
+    /// The same with an nftables flowtable on both veths and `flow add`
+    /// for TCP and UDP in the forward chain: the kernel's software fast
+    /// path for established flows, the counterpart of Sluice's offload.
+    /// Needs a kernel with `CONFIG_NF_FLOW_TABLE` (not in the default set:
+    /// the development machine's kernel lacks it).
+    KernelFlowtable,
     /// No DUT: the DUT namespace drops every frame on its inside veth
     /// (netdev ingress, on the DUT core). Measures the sender's ceiling
     /// (`offered_fps`); `fps` is 0 by design. Not in the default set.
@@ -119,14 +129,21 @@ pub enum Dut {
 
 impl Dut {
     /// Every DUT, in the default order.
-    pub const ALL: [Dut; 3] = [Dut::SluiceAfXdp, Dut::SluiceAfPacket, Dut::KernelNftables];
+    pub const ALL: [Dut; 4] = [
+        Dut::SluiceAfXdp,
+        Dut::SluiceAfPacket,
+        Dut::SluiceXdpOffload,
+        Dut::KernelNftables,
+    ];
 
     /// The name used on the command line and in reports.
     pub fn name(self) -> &'static str {
         match self {
             Dut::SluiceAfXdp => "sluice-afxdp",
             Dut::SluiceAfPacket => "sluice-afpacket",
+            Dut::SluiceXdpOffload => "sluice-xdp-offload",
             Dut::KernelNftables => "kernel-nftables",
+            Dut::KernelFlowtable => "kernel-flowtable",
             Dut::SenderOnly => "sender-only",
         }
     }
@@ -135,7 +152,7 @@ impl Dut {
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL
             .into_iter()
-            .chain([Dut::SenderOnly])
+            .chain([Dut::KernelFlowtable, Dut::SenderOnly])
             .find(|d| d.name() == s)
     }
 }
@@ -574,6 +591,10 @@ impl Topo {
         ns_ip(&t.sender, &["link", "set", HOST_IF, "up"])?;
         ns_ip(&t.recv, &["addr", "add", "203.0.113.2/24", "dev", HOST_IF])?;
         ns_ip(&t.recv, &["link", "set", HOST_IF, "up"])?;
+        // The receiver's veth has NAPI (GRO on), so that the DUT's egress
+        // veth accepts XDP redirects (Sluice's offload) as a NIC would;
+        // every DUT runs with it.
+        ns_exec(&t.recv, &["ethtool", "-K", HOST_IF, "gro", "on"])?;
         // Receive Packet Steering: the DUT's receive work on the DUT core.
         let mask = format!("{:x}", 1u128 << dut_core.min(127));
         ns_exec(
@@ -641,6 +662,7 @@ impl SluiceDut {
     fn start(
         t: &Topo,
         backend: sluice_daemon::config::BackendChoice,
+        offload: bool,
         flows: u64,
         dut_core: usize,
         interrupted: &AtomicBool,
@@ -657,7 +679,7 @@ impl SluiceDut {
         std::fs::write(
             &cfg,
             format!(
-                "ruleset = \"fwd.nft\"\nbackend = \"{bname}\"\nworkers = 1\ncontrol_socket = \"{}\"\n\n\
+                "ruleset = \"fwd.nft\"\nbackend = \"{bname}\"\nxdp_offload = {offload}\nworkers = 1\ncontrol_socket = \"{}\"\n\n\
                  [[interfaces]]\nname = \"{}\"\nrole = \"inside\"\naddresses = [\"10.0.0.1/24\"]\n\n\
                  [[interfaces]]\nname = \"{}\"\nrole = \"outside\"\naddresses = [\"203.0.113.1/24\"]\n\n\
                  [[neighbors]]\nip = \"203.0.113.2\"\nmac = \"{}\"\n\n\
@@ -782,14 +804,23 @@ impl Drop for SluiceDut {
 }
 
 /// The NAT rule both Sluice and the kernel run (one ruleset text).
+/// [`masquerade_ruleset`] with a flowtable on both veths that TCP and UDP
+/// connections are added to in the forward chain.
+fn flowtable_ruleset(lan: &str, wan: &str) -> String {
+    format!(
+        "table ip sluicebench {{\n  flowtable ft {{\n    hook ingress priority 0; devices = {{ \"{lan}\", \"{wan}\" }};\n  }}\n  chain forward {{\n    type filter hook forward priority 0; policy accept;\n    ip protocol {{ tcp, udp }} flow add @ft\n  }}\n  chain postrouting {{\n    type nat hook postrouting priority 100; policy accept;\n    oifname \"{wan}\" masquerade\n  }}\n}}\n"
+    )
+}
+
 fn masquerade_ruleset(wan: &str) -> String {
     format!(
         "table ip sluicebench {{\n  chain postrouting {{\n    type nat hook postrouting priority 100; policy accept;\n    oifname \"{wan}\" masquerade\n  }}\n}}\n"
     )
 }
 
-/// Kernel forwarding with the masquerade rule in the DUT namespace.
-fn start_kernel(t: &Topo) -> Result<(), ForwardError> {
+/// Kernel forwarding with the masquerade rule (and with `flowtable`, the
+/// flowtable) in the DUT namespace.
+fn start_kernel(t: &Topo, flowtable: bool) -> Result<(), ForwardError> {
     let d = &*t.dut;
     ns_ip(d, &["addr", "add", "10.0.0.1/24", "dev", &t.lan])?;
     ns_ip(d, &["addr", "add", "203.0.113.1/24", "dev", &t.wan])?;
@@ -823,8 +854,24 @@ fn start_kernel(t: &Topo) -> Result<(), ForwardError> {
     )?;
     ns_exec(d, &["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
     let nft = t.dir.join("kernel.nft");
-    std::fs::write(&nft, masquerade_ruleset(&t.wan)).map_err(|e| setup_err("write nft", e))?;
-    ns_exec(d, &["nft", "-f", &nft.display().to_string()])?;
+    let rules = if flowtable {
+        flowtable_ruleset(&t.lan, &t.wan)
+    } else {
+        masquerade_ruleset(&t.wan)
+    };
+    std::fs::write(&nft, rules).map_err(|e| setup_err("write nft", e))?;
+    ns_exec(d, &["nft", "-f", &nft.display().to_string()]).map_err(|e| {
+        if flowtable {
+            setup_err(
+                "kernel-flowtable",
+                format!(
+                    "the kernel refused the flowtable (built without CONFIG_NF_FLOW_TABLE?): {e}"
+                ),
+            )
+        } else {
+            e
+        }
+    })?;
     Ok(())
 }
 
@@ -1111,8 +1158,9 @@ fn point(
     let mut sluice = None;
     let mut _ct_max = None;
     let mut dut_mode = match dut {
-        Dut::KernelNftables => {
-            start_kernel(&topo)?;
+        Dut::KernelNftables | Dut::KernelFlowtable => {
+            let ft = dut == Dut::KernelFlowtable;
+            start_kernel(&topo, ft)?;
             // The masquerade rule has loaded nf_conntrack by now.
             _ct_max = Some(ConntrackMax::at_least(flows + flows / 4 + 65_536));
             let read = |k: &str| {
@@ -1121,7 +1169,8 @@ fn point(
                     .unwrap_or_else(|_| "?".into())
             };
             format!(
-                "kernel ip_forward + nft masquerade, RPS to the DUT core, nf_conntrack_max {}, buckets {}",
+                "kernel ip_forward + nft masquerade{}, RPS to the DUT core, nf_conntrack_max {}, buckets {}",
+                if ft { " + flowtable (flow add @ft)" } else { "" },
                 read("net.netfilter.nf_conntrack_max"),
                 read("net.netfilter.nf_conntrack_buckets")
             )
@@ -1135,15 +1184,20 @@ fn point(
             ns_exec(&topo.dut, &["nft", "-f", &f.display().to_string()])?;
             "no DUT: netdev ingress drop on the inside veth, RPS to the DUT core".into()
         }
-        Dut::SluiceAfXdp | Dut::SluiceAfPacket => {
-            let backend = if dut == Dut::SluiceAfXdp {
+        Dut::SluiceAfXdp | Dut::SluiceAfPacket | Dut::SluiceXdpOffload => {
+            let xdp = dut != Dut::SluiceAfPacket;
+            let backend = if xdp {
                 sluice_daemon::config::BackendChoice::AfXdp
             } else {
                 sluice_daemon::config::BackendChoice::AfPacket
             };
-            let s = SluiceDut::start(&topo, backend, flows, dut_core, interrupted)?;
+            let offload = dut == Dut::SluiceXdpOffload;
+            let s = SluiceDut::start(&topo, backend, offload, flows, dut_core, interrupted)?;
             let mut mode = s.modes();
-            if dut == Dut::SluiceAfXdp {
+            if offload {
+                mode.push_str("; XDP offload of established flows");
+            }
+            if xdp {
                 let n = pin_napi_threads(&topo, &topo.lan, dut_core)?;
                 if n == 0 {
                     progress("  warning: no threaded NAPI thread found: XDP receive runs on the sender's core");
@@ -1174,7 +1228,7 @@ fn point(
                 &format!("echo 0 > /sys/class/net/{}/queues/rx-0/rps_cpus", topo.lan),
             ],
         )?;
-        if dut == Dut::SluiceAfXdp {
+        if matches!(dut, Dut::SluiceAfXdp | Dut::SluiceXdpOffload) {
             dut_mode.push_str("; GRO on, RPS off");
         } else {
             let n = pin_napi_threads(&topo, &topo.lan, dut_core)?;
@@ -1191,14 +1245,14 @@ fn point(
     }
 
     // Warm-up: every flow once, paced; again slower if much was lost.
+    // Then every flow once more at the rate that worked: the second packet
+    // of a connection is the first an offloading DUT (Sluice's XDP
+    // offload, a kernel flowtable) hands to its fast path, so the
+    // measurement starts with every flow established on it.
     let mut pps = opts.warmup_pps.max(1000);
     let mut passes = 0;
     let mut warmup_loss = 0.0;
-    loop {
-        if dut == Dut::SenderOnly {
-            break;
-        }
-        passes += 1;
+    let warm_pass = |pps: u64| -> Result<f64, ForwardError> {
         let rx0 = rx_packets(&topo.recv, HOST_IF)?;
         let sent = AtomicU64::new(0);
         let stop = AtomicBool::new(false);
@@ -1225,7 +1279,14 @@ fn point(
         sleep(Duration::from_millis(300), interrupted)?;
         let got = rx_packets(&topo.recv, HOST_IF)?.saturating_sub(rx0);
         let n = sent.load(Ordering::Relaxed).max(1);
-        warmup_loss = 1.0 - (got as f64 / n as f64).min(1.0);
+        Ok(1.0 - (got as f64 / n as f64).min(1.0))
+    };
+    loop {
+        if dut == Dut::SenderOnly {
+            break;
+        }
+        passes += 1;
+        warmup_loss = warm_pass(pps)?;
         if warmup_loss <= 0.01 || passes >= 3 {
             break;
         }
@@ -1234,6 +1295,15 @@ fn point(
             warmup_loss * 100.0
         ));
         pps /= 2;
+    }
+    if dut != Dut::SenderOnly {
+        let second = warm_pass(pps)?;
+        if second > 0.01 {
+            progress(&format!(
+                "  warm-up second packets at {pps} fps lost {:.1} %",
+                second * 100.0
+            ));
+        }
     }
 
     // Measurement at the sender's maximum.
@@ -1399,7 +1469,12 @@ pub fn table(rows: &[ForwardResult]) -> String {
     flows.dedup();
     for &f in &flows {
         if let Some(k) = fps(Dut::KernelNftables, f).filter(|&k| k > 0.0) {
-            for d in [Dut::SluiceAfXdp, Dut::SluiceAfPacket] {
+            for d in [
+                Dut::SluiceAfXdp,
+                Dut::SluiceAfPacket,
+                Dut::SluiceXdpOffload,
+                Dut::KernelFlowtable,
+            ] {
                 if let Some(v) = fps(d, f) {
                     let _ = writeln!(
                         s,

@@ -142,7 +142,9 @@ pub struct Topo {
 fn ethtool_tx_off(ns: &Netns, dev: &str) {
     // The hosts' kernels leave TCP/UDP checksums to "hardware" on veth
     // (CHECKSUM_PARTIAL); an AF_PACKET gateway would forward them
-    // unfinished. Make the hosts compute them, as a real NIC would.
+    // unfinished. Make the hosts compute them, as a real NIC would. GRO on
+    // gives the hosts' veths NAPI, so that the gateway's veths accept XDP
+    // redirects to them (`xdp_offload`), as a NIC does.
     let st = Command::new("ip")
         .args([
             "netns",
@@ -153,6 +155,8 @@ fn ethtool_tx_off(ns: &Netns, dev: &str) {
             dev,
             "tx",
             "off",
+            "gro",
+            "on",
         ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -296,12 +300,18 @@ impl Topo {
     /// Write `sluice.toml` using ruleset file `ruleset` (relative to the
     /// test directory); `wan_extra` is added to the wan0 interface table
     /// (e.g. `mtu = 1400`).
+    /// `backend`: `af_packet`, `af_xdp`, or `af_xdp_offload` (AF_XDP with
+    /// `xdp_offload = true`).
     pub fn write_config(&self, backend: &str, ruleset: &str, wan_extra: &str) -> PathBuf {
         let cfg = self.dir.join("sluice.toml");
+        let (backend, offload) = match backend.strip_suffix("_offload") {
+            Some(b) => (b, true),
+            None => (backend, false),
+        };
         std::fs::write(
             &cfg,
             format!(
-                "ruleset = \"{ruleset}\"\nbackend = \"{backend}\"\nworkers = 1\ncontrol_socket = \"{}\"\n\n[[interfaces]]\nname = \"lan0\"\nrole = \"inside\"\naddresses = [\"10.0.0.1/24\"]\n\n[[interfaces]]\nname = \"wan0\"\nrole = \"outside\"\naddresses = [\"203.0.113.1/24\"]\n{wan_extra}\n",
+                "ruleset = \"{ruleset}\"\nbackend = \"{backend}\"\nxdp_offload = {offload}\nworkers = 1\ncontrol_socket = \"{}\"\n\n[[interfaces]]\nname = \"lan0\"\nrole = \"inside\"\naddresses = [\"10.0.0.1/24\"]\n\n[[interfaces]]\nname = \"wan0\"\nrole = \"outside\"\naddresses = [\"203.0.113.1/24\"]\n{wan_extra}\n",
                 self.socket().display()
             ),
         )
@@ -335,7 +345,7 @@ impl Daemon {
             .arg(&bin)
             .arg("run")
             .arg(cfg)
-            .arg(backend)
+            .arg(backend.trim_end_matches("_offload"))
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

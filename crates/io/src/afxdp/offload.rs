@@ -50,6 +50,20 @@ use crate::error::IoError;
 use crate::sys;
 
 const BPF_MAP_TYPE_HASH: u32 = 1;
+const BPF_MAP_UPDATE_BATCH: i32 = 26;
+
+/// `bpf_attr` of the `BPF_MAP_*_BATCH` commands.
+#[repr(C)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
 const BPF_F_NO_PREALLOC: u32 = 1;
 
 /// Size of a map key.
@@ -220,6 +234,40 @@ impl XdpOffload {
         )
     }
 
+    /// Offload many directions with one `BPF_MAP_UPDATE_BATCH` (Linux
+    /// 5.6+): `keys` and `values` as built by [`key`] and [`value`], the
+    /// same number of each. Returns how many were written; on an error
+    /// (the map full: `E2BIG`) the ones before it are in and the count says
+    /// how many.
+    pub fn install_batch(
+        &self,
+        keys: &[[u8; KEY_SIZE]],
+        values: &[[u8; VALUE_SIZE]],
+    ) -> (usize, Option<IoError>) {
+        let n = keys.len().min(values.len());
+        if n == 0 {
+            return (0, None);
+        }
+        let mut a = BatchAttr {
+            in_batch: 0,
+            out_batch: 0,
+            keys: keys.as_ptr() as u64,
+            values: values.as_ptr() as u64,
+            count: n as u32,
+            map_fd: sys::raw(&self.map) as u32,
+            elem_flags: 0,
+            flags: 0,
+        };
+        match crate::afxdp::bpf::bpf_raw(
+            BPF_MAP_UPDATE_BATCH,
+            &mut a,
+            "bpf(BPF_MAP_UPDATE_BATCH offload)",
+        ) {
+            Ok(_) => (n, None),
+            Err(e) => ((a.count as usize).min(n), Some(e)),
+        }
+    }
+
     /// Take one direction back; `false` if it was not offloaded.
     pub fn remove(&self, k: &OffloadKey) -> Result<bool, IoError> {
         let kb = key(k);
@@ -288,6 +336,29 @@ impl XdpOffload {
     pub(crate) fn fd(&self) -> i32 {
         sys::raw(&self.map)
     }
+}
+
+/// Kernel ifindex of `name` in the calling thread's network namespace (the
+/// ifindex that offload keys and actions name).
+pub fn ifindex(name: &str) -> Result<u32, IoError> {
+    sys::ifindex(&crate::error::IfName::new(name)?)
+}
+
+/// CLOCK_MONOTONIC now, in ns: the clock of [`OffloadStats::last_ns`]
+/// (`bpf_ktime_get_ns`).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the call.
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    if r != 0 {
+        return 0;
+    }
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
 }
 
 // eBPF opcodes (linux/bpf.h, linux/bpf_common.h).
