@@ -137,17 +137,18 @@ enum BenchCmd {
     Update(UpdateArgs),
     /// 64-byte frames per second forwarded with NAT on one core, between
     /// network namespaces it builds and removes (needs root): Sluice on
-    /// AF_XDP and AF_PACKET against the kernel with an nftables masquerade
-    /// rule, at saturation.
+    /// AF_XDP, AF_PACKET and the XDP offload against the kernel with an
+    /// nftables masquerade rule, at saturation.
     Forward(ForwardArgs),
 }
 
 #[derive(Args, Debug)]
 struct ForwardArgs {
     /// Devices under test, comma separated: sluice-afxdp, sluice-afpacket,
-    /// kernel-nftables.
+    /// sluice-xdp-offload, kernel-nftables; also kernel-flowtable (needs
+    /// CONFIG_NF_FLOW_TABLE) and sender-only.
     #[arg(long, value_delimiter = ',', value_parser = parse_dut,
-          default_value = "sluice-afxdp,sluice-afpacket,kernel-nftables")]
+          default_value = "sluice-afxdp,sluice-afpacket,sluice-xdp-offload,kernel-nftables")]
     dut: Vec<sluice_tester::forward::Dut>,
     /// Distinct flows, comma separated (each must split into source x
     /// destination port ranges, e.g. 1000 or 1M).
@@ -181,7 +182,10 @@ struct ForwardArgs {
 
 fn parse_dut(s: &str) -> Result<sluice_tester::forward::Dut, String> {
     sluice_tester::forward::Dut::parse(s.trim()).ok_or_else(|| {
-        format!("'{s}': expected sluice-afxdp, sluice-afpacket, kernel-nftables or sender-only")
+        format!(
+            "'{s}': expected sluice-afxdp, sluice-afpacket, sluice-xdp-offload, \
+             kernel-nftables, kernel-flowtable or sender-only"
+        )
     })
 }
 

@@ -75,7 +75,12 @@ fn bench_forward_measures_every_dut_and_writes_json() {
     duts.sort_unstable();
     assert_eq!(
         duts,
-        ["kernel-nftables", "sluice-afpacket", "sluice-afxdp"],
+        [
+            "kernel-nftables",
+            "sluice-afpacket",
+            "sluice-afxdp",
+            "sluice-xdp-offload"
+        ],
         "{text}"
     );
     for r in results {
@@ -158,7 +163,7 @@ fn bench_forward_xdp_sender_reaches_every_dut() {
     );
     assert!(stdout.contains("sender of the saturation measurement: xdp"));
     let results = v["results"].as_array().expect("results array");
-    assert_eq!(results.len(), 3, "{v}");
+    assert_eq!(results.len(), 4, "{v}");
     for r in results {
         assert_eq!(r["sender"].as_str(), Some("xdp"), "{r}");
         let received = r["received"].as_u64().expect("received");
@@ -168,4 +173,23 @@ fn bench_forward_xdp_sender_reaches_every_dut() {
             "{r}"
         );
     }
+    // The offload DUT forwarded the measurement in its XDP program: the
+    // gateway's counters (in the progress output) show its engine saw
+    // about the two warm-up passes' packets, not the measurement's.
+    let off = results
+        .iter()
+        .find(|r| r["dut"].as_str() == Some("sluice-xdp-offload"))
+        .expect("offload result");
+    let received = off["received"].as_u64().expect("received");
+    let fast = stderr
+        .lines()
+        .skip_while(|l| !l.contains("sluice-xdp-offload with"))
+        .find_map(|l| l.split("fast_path=").nth(1))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no fast_path counter for the offload DUT:\n{stderr}"));
+    assert!(
+        fast < received / 2,
+        "{fast} packets on the engine's fast path of {received} received: not offloaded\n{stderr}"
+    );
 }
