@@ -610,14 +610,17 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
     /// [`gc`](Self::gc) for a table with offloaded entries: an expired
     /// entry with an offloaded direction is first offered to `last_used`,
     /// which returns when the lower layer last forwarded a packet of it
-    /// (`None`: never, or not known). If that time plus the entry's idle
-    /// timeout is still ahead, the entry's expiry moves there and it
-    /// stays; otherwise it is removed like any other.
+    /// (`None`: never, or not known) and whether it forwarded any in the
+    /// reply direction. A reply the table did not see still counts as one
+    /// (UDP becomes an assured stream, as its packets would have made it).
+    /// If the last use plus the entry's idle timeout is still ahead, the
+    /// entry's expiry moves there and it stays; otherwise it is removed
+    /// like any other.
     pub fn gc_offloaded(
         &mut self,
         now: Instant,
         budget: usize,
-        last_used: &mut impl FnMut(&Entry<K, P>) -> Option<Instant>,
+        last_used: &mut impl FnMut(&Entry<K, P>) -> Option<(Instant, bool)>,
         on_remove: &mut impl FnMut(&Entry<K, P>),
     ) -> usize {
         let n = self.entries.len();
@@ -633,14 +636,22 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         for _ in 0..budget.min(n) {
             let e = &self.entries[cur];
             if e.is_live() && e.is_expired(now) {
-                let refreshed = if e.flags & F_OFFLOAD != 0 {
-                    last_used(e).map(|t| {
-                        let tmo = e.state.idle_timeout(e.is_assured());
-                        expiry_after(t, self.timeouts.get(tmo))
-                    })
+                let used = if e.flags & F_OFFLOAD != 0 {
+                    last_used(e)
                 } else {
                     None
                 };
+                let refreshed = used.map(|(t, replied)| {
+                    let e = &mut self.entries[cur];
+                    if replied && !e.seen_reply() {
+                        e.flags |= F_SEEN_REPLY | F_ASSURED;
+                        if let ProtoState::Udp(_) = e.state {
+                            e.state = ProtoState::Udp(crate::proto::UdpState::Stream);
+                        }
+                    }
+                    let tmo = e.state.idle_timeout(e.is_assured());
+                    expiry_after(t, self.timeouts.get(tmo))
+                });
                 match refreshed {
                     Some(x) if !crate::time::is_expired(x, now) => self.entries[cur].expiry = x,
                     _ => {

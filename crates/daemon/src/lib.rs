@@ -858,6 +858,13 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     let mut offload_ifindex = vec![0u32];
     if offload.is_some() {
         for ifc in &cfg.interfaces {
+            if sluice_io::afxdp::offload::driver(&ifc.name).as_deref() == Some("veth") {
+                tracing::warn!(
+                    interface = %ifc.name,
+                    "xdp_offload on a veth: its peer must have GRO on (ethtool -K PEER gro on) \
+                     or an XDP program, or the offloaded flows it sends are dropped"
+                );
+            }
             offload_ifindex.push(sluice_io::afxdp::offload::ifindex(&ifc.name).map_err(|e| {
                 RunError::Interface {
                     name: ifc.name.clone(),

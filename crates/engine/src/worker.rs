@@ -714,15 +714,17 @@ impl Worker {
             budget,
             &mut |e| {
                 let mut last: Option<u64> = None;
+                let mut replied = false;
                 for dir in [Dir::Original, Dir::Reply] {
                     if e.is_offloaded(dir) {
                         let iif = offload_iif(e, adj, dir);
                         if let Some(t) = probe.last_used_ns(iif, &e.key(dir)) {
                             last = Some(last.map_or(t, |l| l.max(t)));
+                            replied |= dir == Dir::Reply;
                         }
                     }
                 }
-                last.map(instant)
+                last.map(|t| (instant(t), replied))
             },
             &mut |e| {
                 nat.release(&e.orig(), &e.reply());
@@ -1145,7 +1147,10 @@ impl Worker {
         let step = self.emit(now, buf, len, iif, m.l3, m.l4, &to, deltas, adj);
         if tracked.verdict == ct::Verdict::Close {
             self.remove(id);
-        } else if self.offload.is_some() && matches!(step, Step::Done(Action::Forward(_))) {
+        } else if self.offload.is_some()
+            && !self.filter_established
+            && matches!(step, Step::Done(Action::Forward(_)))
+        {
             self.offload_after(id, dir, iif, tracked.state);
         }
         step

@@ -233,8 +233,14 @@ fn the_gc_keeps_connections_the_lower_layer_still_forwards() {
     assert_eq!(used.1, 2, "asked about both directions");
     assert_eq!(w.conntrack().len(), 1);
     assert!(ops(&mut w).is_empty());
+    // The probe reported use in the reply direction too: the connection
+    // became an assured UDP stream (120 s), as the replies would have made
+    // it had the engine seen them.
+    let (_, e) = w.conntrack().iter().next().unwrap();
+    assert!(e.is_assured() && e.seen_reply());
+    assert_eq!(e.state().name(), "STREAM");
     // Not used for longer than the timeout: removed, offload taken back.
-    let later = now + 31_000_000_000;
+    let later = now + 121_000_000_000;
     assert_eq!(w.gc_with(later, 1000, &mut used), 1);
     assert_eq!(w.conntrack().len(), 0);
     let o = ops(&mut w);

@@ -283,6 +283,61 @@ struct IfreqData {
 }
 
 const ETHTOOL_GCHANNELS: u32 = 0x3c;
+const ETHTOOL_GDRVINFO: u32 = 0x03;
+
+/// `struct ethtool_drvinfo`.
+#[repr(C)]
+struct EthtoolDrvinfo {
+    cmd: u32,
+    driver: [u8; 32],
+    version: [u8; 32],
+    fw_version: [u8; 32],
+    bus_info: [u8; 32],
+    erom_version: [u8; 32],
+    reserved2: [u8; 12],
+    n_priv_flags: u32,
+    n_stats: u32,
+    testinfo_len: u32,
+    eedump_len: u32,
+    regdump_len: u32,
+}
+
+/// The driver of `name` (`ETHTOOL_GDRVINFO`, what `ethtool -i` prints),
+/// or `None` when it cannot be read.
+pub(crate) fn driver(name: &IfName) -> Option<String> {
+    let fd = socket(libc::AF_UNIX, libc::SOCK_DGRAM, 0, "socket(AF_UNIX)").ok()?;
+    let mut info = EthtoolDrvinfo {
+        cmd: ETHTOOL_GDRVINFO,
+        driver: [0; 32],
+        version: [0; 32],
+        fw_version: [0; 32],
+        bus_info: [0; 32],
+        erom_version: [0; 32],
+        reserved2: [0; 12],
+        n_priv_flags: 0,
+        n_stats: 0,
+        testinfo_len: 0,
+        eedump_len: 0,
+        regdump_len: 0,
+    };
+    let mut ifr = IfreqData {
+        name: [0; libc::IFNAMSIZ],
+        data: (&mut info as *mut EthtoolDrvinfo).cast(),
+        _pad: [0; 16],
+    };
+    let c = name.as_cstr_bytes();
+    let n = c.len().min(libc::IFNAMSIZ - 1);
+    ifr.name[..n].copy_from_slice(&c[..n]);
+    // SAFETY: `ifr` is a live ifreq whose name is NUL-terminated and whose
+    // data pointer points at `info`, a live ethtool_drvinfo the kernel
+    // fills (it reads `cmd` and writes the struct, nothing else).
+    let r = unsafe { libc::ioctl(raw(&fd), libc::SIOCETHTOOL, &mut ifr as *mut IfreqData) };
+    if r < 0 {
+        return None;
+    }
+    let end = info.driver.iter().position(|&b| b == 0).unwrap_or(32);
+    Some(String::from_utf8_lossy(&info.driver[..end]).into_owned())
+}
 
 /// The receive queues of `name` in use (`ETHTOOL_GCHANNELS`: rx plus
 /// combined channels), or `None` when the driver does not say.

@@ -280,6 +280,16 @@ pub struct ForwardResult {
     pub dut_mode: String,
     /// The saturation measurement's sender ([`Sender::name`]).
     pub sender: &'static str,
+    /// Fraction of the DUT core's time spent busy (user, system, irq,
+    /// softirq; /proc/stat) during the saturation measurement: everything
+    /// that ran there (NAPI, softirq, Sluice's worker, the receiver's drop).
+    pub dut_core_busy: f64,
+    /// Forwarding capacity of the DUT core: `saturation_fps /
+    /// dut_core_busy`, frames per second of busy DUT-core time. Equal to
+    /// the drain rate when the core is saturated; above it when the core
+    /// idled while frames were lost (veth wake-ups: the DUT could not keep
+    /// its core busy, the sender's overflow was dropped meanwhile).
+    pub capacity_fps: f64,
 }
 
 /// Why a run failed.
@@ -1330,13 +1340,26 @@ fn point(
                 sent.load(Ordering::Relaxed),
                 Instant::now(),
             );
+            let c0 = cpu_times(dut_core);
             sleep(opts.duration, interrupted)?;
+            let c1 = cpu_times(dut_core);
             let (rx1, tx1, t1) = (
                 rx_packets(&topo.recv, HOST_IF)?,
                 sent.load(Ordering::Relaxed),
                 Instant::now(),
             );
-            Ok((rx1.saturating_sub(rx0), tx1.saturating_sub(tx0), t1 - t0))
+            let busy = match (c0, c1) {
+                (Some((b0, a0)), Some((b1, a1))) if a1 > a0 => {
+                    (b1.saturating_sub(b0)) as f64 / (a1 - a0) as f64
+                }
+                _ => f64::NAN,
+            };
+            Ok((
+                rx1.saturating_sub(rx0),
+                tx1.saturating_sub(tx0),
+                t1 - t0,
+                busy,
+            ))
         })();
         stop.store(true, Ordering::Relaxed);
         let joined = h
@@ -1344,9 +1367,14 @@ fn point(
             .unwrap_or_else(|_| Err(setup_err("sender", "panicked")));
         joined.and(r)
     });
-    let (received, sent, dt) = m?;
+    let (received, sent, dt, dut_core_busy) = m?;
     let secs = dt.as_secs_f64().max(1e-9);
     let saturation_fps = received as f64 / secs;
+    let capacity_fps = if dut_core_busy > 0.0 {
+        saturation_fps / dut_core_busy.min(1.0)
+    } else {
+        f64::NAN
+    };
     // RFC 2544 §26.1: the highest rate without loss, by binary search.
     let mut trials = Vec::new();
     let mut fps = saturation_fps;
@@ -1413,7 +1441,29 @@ fn point(
         sender_core,
         dut_mode,
         sender: opts.sender.name(),
+        dut_core_busy,
+        capacity_fps,
     })
+}
+
+/// Jiffies of CPU `core` from /proc/stat: (busy, all), where busy is user,
+/// nice, system, irq and softirq, and all adds idle, iowait and steal
+/// (time the hypervisor gave to someone else is not the DUT's work).
+fn cpu_times(core: usize) -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let name = format!("cpu{core}");
+    let line = stat
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(name.as_str()))?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    let at = |i: usize| v.get(i).copied().unwrap_or(0);
+    // user nice system idle iowait irq softirq steal
+    let busy = at(0) + at(1) + at(2) + at(5) + at(6);
+    Some((busy, busy + at(3) + at(4) + at(7)))
 }
 
 /// The results as a table.
@@ -1430,7 +1480,7 @@ pub fn table(rows: &[ForwardResult]) -> String {
     }
     let _ = writeln!(
         s,
-        "{:<16} {:>9} {:>10} {:>10} {:>10} {:>7} {:>9} {:>10}",
+        "{:<18} {:>9} {:>10} {:>10} {:>10} {:>7} {:>9} {:>10} {:>7} {:>9}",
         "dut",
         "flows",
         "fwd Mpps",
@@ -1438,12 +1488,14 @@ pub fn table(rows: &[ForwardResult]) -> String {
         "offer Mpps",
         "loss %",
         "saturated",
-        "warmup loss"
+        "warmup loss",
+        "busy %",
+        "cap Mpps"
     );
     for r in rows {
         let _ = writeln!(
             s,
-            "{:<16} {:>9} {:>10.3} {:>10.3} {:>10.3} {:>7.1} {:>9} {:>10.1}%",
+            "{:<18} {:>9} {:>10.3} {:>10.3} {:>10.3} {:>7.1} {:>9} {:>10.1}% {:>7.1} {:>9.3}",
             r.dut,
             r.flows,
             r.fps / 1e6,
@@ -1451,9 +1503,16 @@ pub fn table(rows: &[ForwardResult]) -> String {
             r.offered_fps / 1e6,
             r.loss * 100.0,
             if r.saturated { "yes" } else { "NO" },
-            r.warmup_loss * 100.0
+            r.warmup_loss * 100.0,
+            r.dut_core_busy * 100.0,
+            r.capacity_fps / 1e6
         );
     }
+    let _ = writeln!(
+        s,
+        "busy %: the DUT core's busy time during the measurement; cap Mpps: drain Mpps / busy, \
+         frames per second of busy DUT-core time"
+    );
     if rows.iter().any(|r| r.method == "rfc2544-zero-loss") {
         let _ = writeln!(
             s,
@@ -1464,6 +1523,12 @@ pub fn table(rows: &[ForwardResult]) -> String {
         rows.iter()
             .find(|r| r.dut == d.name() && r.flows == f)
             .map(|r| r.fps)
+    };
+    let cap = |d: Dut, f: u64| {
+        rows.iter()
+            .find(|r| r.dut == d.name() && r.flows == f)
+            .map(|r| r.capacity_fps)
+            .filter(|c| c.is_finite())
     };
     let mut flows: Vec<u64> = rows.iter().map(|r| r.flows).collect();
     flows.dedup();
@@ -1476,9 +1541,13 @@ pub fn table(rows: &[ForwardResult]) -> String {
                 Dut::KernelFlowtable,
             ] {
                 if let Some(v) = fps(d, f) {
+                    let c = match (cap(d, f), cap(Dut::KernelNftables, f)) {
+                        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
+                        _ => "-".into(),
+                    };
                     let _ = writeln!(
                         s,
-                        "{} / kernel-nftables at {f} flows: {:.2}x (target >= 2x)",
+                        "{} / kernel-nftables at {f} flows: {:.2}x drained, {c} per busy core second (target >= 2x)",
                         d.name(),
                         v / k
                     );

@@ -344,6 +344,14 @@ pub fn ifindex(name: &str) -> Result<u32, IoError> {
     sys::ifindex(&crate::error::IfName::new(name)?)
 }
 
+/// The kernel driver of interface `name` (`ethtool -i`), if it says. The
+/// daemon warns about `veth` egress interfaces: a veth accepts XDP
+/// redirects only when its peer has NAPI (GRO on or an XDP program), and
+/// drops them silently otherwise.
+pub fn driver(name: &str) -> Option<String> {
+    sys::driver(&crate::error::IfName::new(name).ok()?)
+}
+
 /// CLOCK_MONOTONIC now, in ns: the clock of [`OffloadStats::last_ns`]
 /// (`bpf_ktime_get_ns`).
 pub fn monotonic_ns() -> u64 {
