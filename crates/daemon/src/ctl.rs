@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use sluice_conntrack::Entry;
+use sluice_conntrack::{Dir, Entry};
 use sluice_engine::worker::{FlowInfo, FlowInfo6};
 use sluice_wire::flow::{FlowKey4, FlowKey6};
 
@@ -273,10 +273,17 @@ pub struct CtEntry {
     pub reply: Tuple,
     /// Seen traffic both ways and stable.
     pub assured: bool,
-    /// Packets counted.
+    /// Packets counted by the engine.
     pub packets: u32,
-    /// Seconds until expiry.
+    /// Seconds until expiry (an offloaded connection's expiry moves when
+    /// the GC finds it was used, see `offload_packets`).
     pub expires_in: u64,
+    /// Forwarded by the XDP offload (`xdp_offload`) in some direction.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub offloaded: bool,
+    /// Packets the XDP offload forwarded, both directions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offload_packets: Option<u64>,
 }
 
 impl CtEntry {
@@ -295,6 +302,8 @@ impl CtEntry {
             assured: e.is_assured(),
             packets: e.packets(),
             expires_in: e.expires_in(now).as_secs(),
+            offloaded: e.is_offloaded(Dir::Original) || e.is_offloaded(Dir::Reply),
+            offload_packets: None,
         })
     }
 
@@ -313,6 +322,8 @@ impl CtEntry {
             assured: e.is_assured(),
             packets: e.packets(),
             expires_in: e.expires_in(now).as_secs(),
+            offloaded: false,
+            offload_packets: None,
         })
     }
 }

@@ -659,17 +659,34 @@ impl WorkerThread {
                 Command::List(f, limit, tx) => {
                     let now =
                         sluice_conntrack::Instant::from_millis(now_ns(self.epoch) / 1_000_000);
-                    let v4 = self
-                        .engine
+                    let (engine, offload) = (&self.engine, &self.offload);
+                    // The offload counters are read (one map lookup per
+                    // offloaded direction) only for the entries listed.
+                    let v4 = engine
                         .conntrack()
                         .iter()
-                        .filter_map(|(_, e)| CtEntry::of(self.id, e, now));
-                    let v6 = self
-                        .engine
+                        .filter_map(|(_, e)| Some((CtEntry::of(self.id, e, now)?, Some(e))));
+                    let v6 = engine
                         .conntrack6()
                         .iter()
-                        .filter_map(|(_, e)| CtEntry::of6(self.id, e, now));
-                    let v = v4.chain(v6).filter(|e| f.matches(e)).take(limit).collect();
+                        .filter_map(|(_, e)| Some((CtEntry::of6(self.id, e, now)?, None)));
+                    let v = v4
+                        .chain(v6)
+                        .filter(|(c, _)| f.matches(c))
+                        .take(limit)
+                        .map(|(mut c, e)| {
+                            if let (Some(e), Some(o), true) = (e, offload, c.offloaded) {
+                                c.offload_packets = Some(
+                                    engine
+                                        .offloaded_directions(e)
+                                        .filter_map(|(iif, k)| o.map.stats(&o.key(iif, &k)).ok()?)
+                                        .map(|st| st.packets)
+                                        .sum(),
+                                );
+                            }
+                            c
+                        })
+                        .collect();
                     let _ = tx.send(v);
                 }
                 Command::Flush(tx) => {

@@ -198,6 +198,17 @@ fn iperf3_tcp_and_udp(backend: &str, tag: &str) {
             "{backend}: {installed} directions offloaded, {fast} packets on the engine's fast path"
         );
         assert!(installed >= 4, "TCP and UDP, both directions: {st}");
+        // The listing shows the UDP connection offloaded, with the
+        // datagrams the XDP program forwarded.
+        let l = d.ctl("conntrack list proto udp port 5201");
+        let fwd: u64 = l["connections"]
+            .as_array()
+            .expect("connections")
+            .iter()
+            .filter(|c| c["offloaded"].as_bool() == Some(true))
+            .map(|c| c["offload_packets"].as_u64().expect("offload_packets"))
+            .sum();
+        assert!(fwd >= packets / 2, "{fwd} offloaded packets of {packets}: {l}");
         assert!(
             fast < packets / 2,
             "{fast} fast-path packets for {packets} datagrams: not offloaded\n{}",

@@ -642,6 +642,20 @@ impl Worker {
         self.offload.as_mut()
     }
 
+    /// The offloaded directions of connection `e` of this worker's table,
+    /// as (interface their packets arrive on, their tuple): the keys the
+    /// lower layer knows them by.
+    pub fn offloaded_directions(
+        &self,
+        e: &ct::Entry<FlowKey4, FlowInfo>,
+    ) -> impl Iterator<Item = (IfIndex, FlowKey4)> + '_ {
+        let e = *e;
+        [Dir::Original, Dir::Reply]
+            .into_iter()
+            .filter(move |d| e.is_offloaded(*d))
+            .map(move |d| (offload_iif(&e, &self.adj, d), e.key(d)))
+    }
+
     /// Take every offloaded direction back.
     fn offload_clear(&mut self) {
         if let Some(q) = &mut self.offload {
