@@ -23,6 +23,7 @@ mod diag;
 mod iptables;
 mod lex;
 mod nft;
+mod packed;
 mod print;
 mod symbols;
 mod validate;
@@ -31,6 +32,7 @@ pub use ast::*;
 pub use command::{parse_nft_command, Command, RulePos};
 pub use diag::{Diagnostic, Diagnostics};
 pub use lex::{FsLoader, MemLoader, SourceLoader};
+pub use packed::PackedRule;
 pub use print::{print_ruleset, rule_to_string};
 
 use diag::{RawDiag, SourceFile};
