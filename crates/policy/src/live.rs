@@ -51,9 +51,9 @@ pub(crate) struct Entry {
     pub pos: u64,
     /// The IR rules it lowered to, in order.
     pub rules: Vec<ir::Rule>,
-    /// The AST rule (shared with the rule infos; an element change
-    /// re-lowers it, listings print it).
-    pub ast: Arc<ast::Rule>,
+    /// The AST rule, packed (shared with the rule infos; an element
+    /// change re-lowers it, listings print it).
+    pub ast: ast::PackedRule,
     /// Named sets and maps it reads.
     pub uses: Vec<String>,
 }

@@ -13,9 +13,9 @@ use sluice_ruleset::{self as ast, Family, Ruleset};
 
 use crate::error::{CompileError, LowerError};
 use crate::iface::Interfaces;
-use crate::live::{named_uses, Entry, Store, GAP};
+use crate::live::{Entry, Store, GAP};
 use crate::lower::{
-    reachable, take_rules, BaseInfo, ChainInfo, Lowered, Lowerer, NatAction, RuleInfo, RuleLists,
+    reachable, take_rules, BaseInfo, ChainInfo, Lowered, Lowerer, NatAction, RuleInfo,
 };
 
 /// Which evaluator runs the chains.
@@ -111,19 +111,22 @@ pub(crate) struct Tables {
 /// ([`load_order`]) on another thread while the rest of the store is built.
 const PAR_ORDER_MIN: usize = 8192;
 
+/// The number of rules of each chain: `[table][chain]`.
+type RuleCounts = Vec<Vec<usize>>;
+
 /// The `order` map of a freshly loaded store: the `k`-th rule of a chain
 /// at position `(k + 1) · GAP`, handles from 1 in table, chain and rule
 /// order, chain ids in table and chain order (what [`build_store`]
 /// assigns). It needs only the rule counts, so it can be built while
 /// [`build_store`] runs: about 150 000 one-by-one `imbl` B-tree inserts
 /// (imbl has no bulk construction), a third of the store's build.
-fn load_order(rs: &Ruleset, rules: &RuleLists) -> imbl::OrdMap<(u32, u64), u64> {
+fn load_order(rs: &Ruleset, counts: &RuleCounts) -> imbl::OrdMap<(u32, u64), u64> {
     let mut order = imbl::OrdMap::new();
     let mut handle = 1u64;
     let mut cid = 0u32;
     for (ti, t) in rs.tables.iter().enumerate() {
         for ci in 0..t.chains.len() {
-            let n = rules.get(ti).and_then(|t| t.get(ci)).map_or(0, Vec::len);
+            let n = counts.get(ti).and_then(|t| t.get(ci)).copied().unwrap_or(0);
             for k in 0..n {
                 order.insert((cid, (k as u64 + 1).saturating_mul(GAP)), handle);
                 handle += 1;
@@ -137,8 +140,8 @@ fn load_order(rs: &Ruleset, rules: &RuleLists) -> imbl::OrdMap<(u32, u64), u64> 
 /// Moves the lowered rules into a persistent [`Store`]: handle `h` is the
 /// `h`-th AST rule in table, chain, rule order (the order the lowerer
 /// numbered them in). The store's `order` is left empty: the caller sets
-/// it to [`load_order`]`(rs, rules)`.
-fn build_store(rs: &Ruleset, rules: &RuleLists, lowered: &mut Lowered) -> (Store, Meta) {
+/// it to [`load_order`]`(rs, counts)`.
+fn build_store(rs: &Ruleset, counts: &RuleCounts, lowered: &mut Lowered) -> (Store, Meta) {
     let mut store = Store::default();
     let mut chain_ids = std::collections::HashMap::new();
     let infos: Vec<Arc<RuleInfo>> = lowered.rules.drain(..).map(Arc::new).collect();
@@ -147,6 +150,7 @@ fn build_store(rs: &Ruleset, rules: &RuleLists, lowered: &mut Lowered) -> (Store
         info_vec.push_back(Some(Arc::clone(i)));
     }
     store.infos = info_vec;
+    let mut sources = std::mem::take(&mut lowered.sources).into_iter();
     let mut handle = 1u64;
     let mut cid = 0u32;
     for (ti, t) in rs.tables.iter().enumerate() {
@@ -159,8 +163,8 @@ fn build_store(rs: &Ruleset, rules: &RuleLists, lowered: &mut Lowered) -> (Store
                 .map(|c| std::mem::take(&mut c.rules))
                 .unwrap_or_default();
             let mut irs = ir_rules.into_iter();
-            let list = rules.get(ti).and_then(|t| t.get(ci));
-            for (k, r) in list.into_iter().flatten().enumerate() {
+            let n = counts.get(ti).and_then(|t| t.get(ci)).copied().unwrap_or(0);
+            for (k, src) in sources.by_ref().take(n).enumerate() {
                 // The run of IR rules of this handle, moved out with exact
                 // capacity (a rule set holds many; growth slack adds up).
                 let n = irs
@@ -169,7 +173,6 @@ fn build_store(rs: &Ruleset, rules: &RuleLists, lowered: &mut Lowered) -> (Store
                     .take_while(|x| infos.get(x.id.0 as usize).map(|i| i.handle) == Some(handle))
                     .count();
                 let mine: Vec<_> = irs.by_ref().take(n).collect();
-                let uses = named_uses(r);
                 store.put_loaded(
                     handle,
                     Entry {
@@ -177,8 +180,8 @@ fn build_store(rs: &Ruleset, rules: &RuleLists, lowered: &mut Lowered) -> (Store
                         chain: ChainId(cid),
                         pos: (k as u64 + 1).saturating_mul(GAP),
                         rules: mine,
-                        ast: Arc::clone(r),
-                        uses,
+                        ast: src.packed,
+                        uses: src.uses,
                     },
                 );
                 handle += 1;
@@ -249,6 +252,13 @@ impl CompiledPolicy {
         let rules = take_rules(&mut rs);
         let rs = rs;
         let (mut lowered, mut errors) = Lowerer::new(&rs, ifaces).run(&rules);
+        // The lowerer kept every rule packed: the AST rules go now, so that
+        // what follows reuses their memory instead of touching fresh pages.
+        let counts: RuleCounts = rules
+            .iter()
+            .map(|t| t.iter().map(Vec::len).collect())
+            .collect();
+        drop(rules);
         if !errors.is_empty() {
             errors.sort_by(|a, b| (&a.file, a.line, a.col).cmp(&(&b.file, b.line, b.col)));
             return Err(CompileError { errors });
@@ -291,14 +301,14 @@ impl CompiledPolicy {
         // rule set it is built on another thread while this one builds the
         // rest of the store (the other core is idle then; the lowering and
         // the classifier keep both busy).
-        let parallel = rules.iter().flatten().map(Vec::len).sum::<usize>() >= PAR_ORDER_MIN
+        let parallel = counts.iter().flatten().sum::<usize>() >= PAR_ORDER_MIN
             && std::thread::available_parallelism().is_ok_and(|t| t.get() > 1);
         let (store, meta) = std::thread::scope(|scope| {
-            let later = parallel.then(|| scope.spawn(|| load_order(&rs, &rules)));
-            let (mut store, meta) = build_store(&rs, &rules, &mut lowered);
+            let later = parallel.then(|| scope.spawn(|| load_order(&rs, &counts)));
+            let (mut store, meta) = build_store(&rs, &counts, &mut lowered);
             store.order = match later {
                 Some(h) => h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)),
-                None => load_order(&rs, &rules),
+                None => load_order(&rs, &counts),
             };
             debug_assert_eq!(store.order.len() as u64, store.next_handle - 1);
             (store, meta)
