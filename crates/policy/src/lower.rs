@@ -113,6 +113,14 @@ pub(crate) fn take_rules(rs: &mut Ruleset) -> RuleLists {
         .collect()
 }
 
+/// Frees what a rule holds (its matches, statements and comment), once it
+/// is lowered and kept packed; the span and handle stay.
+fn free_rule(r: &mut ast::Rule) {
+    r.matches = Vec::new();
+    r.stmts = Vec::new();
+    r.comment = None;
+}
+
 /// What a policy keeps of one AST rule: the rule packed (about 90 bytes
 /// instead of the AST's 560 for a typical rule) and the named sets and maps
 /// it reads.
@@ -441,15 +449,19 @@ impl<'a> Lowerer<'a> {
     /// Lowers everything; errors are collected in [`Self::errors`].
     ///
     /// `rules` are the rule set's rules (see [`take_rules`]); `self.rs` is
-    /// its declarations.
-    pub fn run(self, rules: &RuleLists) -> (Lowered, Vec<LowerError>) {
+    /// its declarations. Each rule is emptied ([`free_rule`]) once lowered
+    /// without error: the policy keeps it packed ([`Lowered::sources`]),
+    /// and freeing it here, on the thread that lowered it, lets the
+    /// lowering's own allocations reuse its memory. The lists keep their
+    /// lengths.
+    pub fn run(self, rules: &mut RuleLists) -> (Lowered, Vec<LowerError>) {
         let (out, errors, _) = self.run_halves(rules);
         (out, errors)
     }
 
     /// [`Self::run`], also returning how many chains were lowered in two
     /// halves ([`Self::rules_in_halves`]).
-    fn run_halves(mut self, rules: &RuleLists) -> (Lowered, Vec<LowerError>, usize) {
+    fn run_halves(mut self, rules: &mut RuleLists) -> (Lowered, Vec<LowerError>, usize) {
         let rs = self.rs;
         if !self.declare() {
             return (self.out, self.errors, 0);
@@ -465,8 +477,8 @@ impl<'a> Lowerer<'a> {
                 let Some(&cid) = self.chain_ids.get(&(ti, c.name.as_str())) else {
                     continue;
                 };
-                let list = rules.get(ti).and_then(|t| t.get(ci));
-                let list = list.map_or(&[][..], Vec::as_slice);
+                let list = rules.get_mut(ti).and_then(|t| t.get_mut(ci));
+                let list = list.map_or(&mut [][..], Vec::as_mut_slice);
                 if let Some(c) = self.out.program.chains.get_mut(cid.0 as usize) {
                     c.rules.reserve(list.len());
                 }
@@ -477,6 +489,9 @@ impl<'a> Lowerer<'a> {
                 } else {
                     for r in list {
                         self.rule(ti, t, cid, r);
+                        if self.errors.is_empty() {
+                            free_rule(r);
+                        }
                     }
                 }
             }
@@ -493,10 +508,15 @@ impl<'a> Lowerer<'a> {
     /// (NAT actions, pools, logs, limits: their ids would differ) and
     /// failed nowhere; otherwise the second half is lowered again here, so
     /// the result, errors included, is always the sequential one.
-    fn rules_in_halves(&mut self, ti: usize, t: &Table, cid: ChainId, list: &[ast::Rule]) {
-        let (first, second) = list.split_at(list.len() / 2);
+    ///
+    /// Both threads free their rules as they lower them ([`Self::run`]);
+    /// the other thread only while it can still be absorbed, so that a
+    /// second half lowered again here reads the rules it freed back from
+    /// their packed forms (lossless) and the rest from the AST.
+    fn rules_in_halves(&mut self, ti: usize, t: &Table, cid: ChainId, list: &mut [ast::Rule]) {
+        let (first, second) = list.split_at_mut(list.len() / 2);
         let (rs, ifaces, files) = (self.rs, self.ifaces, self.files.clone());
-        let other = std::thread::scope(|scope| {
+        let (other, freed, second) = std::thread::scope(|scope| {
             let h = scope.spawn(move || {
                 let mut l = Lowerer::new(rs, ifaces);
                 l.files = files;
@@ -506,49 +526,75 @@ impl<'a> Lowerer<'a> {
                 }
                 l.out.rules.reserve(second.len());
                 l.out.sources.reserve(second.len());
-                for r in second {
+                let mut freed = 0;
+                for r in second.iter_mut() {
                     l.rule(ti, t, cid, r);
+                    if freed + 1 == l.out.sources.len() && l.absorbable() {
+                        free_rule(r);
+                        freed += 1;
+                    }
                 }
-                l
+                (l, freed, second)
             });
             for r in first {
                 self.rule(ti, t, cid, r);
+                if self.errors.is_empty() {
+                    free_rule(r);
+                }
             }
             h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))
         });
-        if self.absorb(other, cid) {
-            self.halves += 1;
-        } else {
-            for r in second {
+        let sources = match self.absorb(other, cid) {
+            Ok(()) => {
+                self.halves += 1;
+                return;
+            }
+            Err(sources) => sources,
+        };
+        for (i, r) in second.iter_mut().enumerate() {
+            if i < freed {
+                match sources.get(i).and_then(|s| s.packed.unpack()) {
+                    Some(full) => self.rule(ti, t, cid, &full),
+                    None => self.err(t.span, "internal: a packed rule does not unpack"),
+                }
+            } else {
                 self.rule(ti, t, cid, r);
+            }
+            if self.errors.is_empty() {
+                free_rule(r);
             }
         }
     }
 
+    /// Whether [`Self::absorb`] would take what this lowerer has lowered so
+    /// far: no errors, nothing added to a shared table. Once false, it
+    /// stays false.
+    fn absorbable(&self) -> bool {
+        self.errors.is_empty()
+            && self.out.nat.is_empty()
+            && self.out.pools.is_empty()
+            && self.out.logs.is_empty()
+            && self.out.limits.is_empty()
+    }
+
     /// Appends what `other` (a fresh lowerer: ids from 0, handles from 1)
-    /// lowered into chain `cid` after this lowerer's rules; false (and
-    /// nothing changed) if it failed or added to a shared table.
-    fn absorb(&mut self, other: Lowerer<'_>, cid: ChainId) -> bool {
+    /// lowered into chain `cid` after this lowerer's rules; if it failed or
+    /// added to a shared table, changes nothing and gives back its
+    /// [`Lowered::sources`].
+    fn absorb(&mut self, other: Lowerer<'_>, cid: ChainId) -> Result<(), Vec<RuleSource>> {
+        if !other.absorbable() {
+            return Err(other.out.sources);
+        }
         let Lowerer {
-            errors,
-            out,
+            out: o,
             next_handle,
             ..
         } = other;
-        let o = out;
-        if !errors.is_empty()
-            || !o.nat.is_empty()
-            || !o.pools.is_empty()
-            || !o.logs.is_empty()
-            || !o.limits.is_empty()
-        {
-            return false;
-        }
         let Some(mine) = self.out.program.chains.get_mut(cid.0 as usize) else {
-            return false;
+            return Err(o.sources);
         };
         let Some(theirs) = o.program.chains.into_iter().nth(cid.0 as usize) else {
-            return false;
+            return Err(o.sources);
         };
         let ids = self.id_base + self.out.rules.len() as u64;
         let handles = self.next_handle - 1;
@@ -562,7 +608,7 @@ impl<'a> Lowerer<'a> {
         }));
         self.out.sources.extend(o.sources);
         self.next_handle += next_handle - 1;
-        true
+        Ok(())
     }
 
     /// Pass 1: chains get ids (so jumps can refer forward), base chains are
@@ -1316,11 +1362,11 @@ mod tests {
 
     fn lower(text: &str, par_min: usize) -> (String, usize) {
         let mut rs = sluice_ruleset::parse_nft_str("t.nft", text).expect("parses");
-        let rules = take_rules(&mut rs);
+        let mut rules = take_rules(&mut rs);
         let ifaces = Interfaces::from_ruleset(&rs);
         let mut l = Lowerer::new(&rs, &ifaces);
         l.par_min = par_min;
-        let (out, errors, halves) = l.run_halves(&rules);
+        let (out, errors, halves) = l.run_halves(&mut rules);
         (format!("{out:?} {errors:?}"), halves)
     }
 

@@ -249,11 +249,12 @@ impl CompiledPolicy {
     /// [`Self::compile`] taking the rule set by value: its rules move into
     /// the policy instead of being copied (what the daemon does on load).
     pub fn compile_owned(mut rs: Ruleset, ifaces: &Interfaces) -> Result<Self, CompileError> {
-        let rules = take_rules(&mut rs);
+        let mut rules = take_rules(&mut rs);
         let rs = rs;
-        let (mut lowered, mut errors) = Lowerer::new(&rs, ifaces).run(&rules);
-        // The lowerer kept every rule packed: the AST rules go now, so that
-        // what follows reuses their memory instead of touching fresh pages.
+        // The lowerer keeps every rule packed and frees the AST rules as it
+        // goes (so that what follows reuses their memory instead of
+        // touching fresh pages); their emptied lists go now.
+        let (mut lowered, mut errors) = Lowerer::new(&rs, ifaces).run(&mut rules);
         let counts: RuleCounts = rules
             .iter()
             .map(|t| t.iter().map(Vec::len).collect())

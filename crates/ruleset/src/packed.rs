@@ -43,8 +43,10 @@ impl PackedRule {
 
     fn pack_into(r: &Rule, buf: &mut Vec<u8>) {
         buf.clear();
+        buf.reserve(24 + 24 * (r.matches.len() + r.stmts.len()));
         let mut w = Writer {
             buf,
+            file: r.span.file,
             line: r.span.line,
         };
         let mut flags = 0;
@@ -83,6 +85,7 @@ impl PackedRule {
         let mut rd = Reader {
             b: &self.0,
             pos: 0,
+            file: 0,
             line: 0,
         };
         rd.u8()?;
@@ -92,7 +95,7 @@ impl PackedRule {
             col: rd.u32()?,
             len: rd.u32()?,
         };
-        rd.line = span.line;
+        (rd.file, rd.line) = (span.file, span.line);
         let handle = rd.opt_num()?;
         let comment = rd.opt_str()?;
         let n = rd.len()?;
@@ -211,7 +214,9 @@ const NAT_FLAGS: [NatFlag; 3] = [NatFlag::Random, NatFlag::FullyRandom, NatFlag:
 
 struct Writer<'b> {
     buf: &'b mut Vec<u8>,
-    /// The rule's line (spans inside it store theirs relative to it).
+    /// The rule's file and line (spans inside it store theirs relative to
+    /// them).
+    file: u32,
     line: u32,
 }
 
@@ -220,7 +225,16 @@ impl Writer<'_> {
         self.buf.push(v);
     }
 
-    fn num(&mut self, mut v: u64) {
+    #[inline]
+    fn num(&mut self, v: u64) {
+        if v < 0x80 {
+            self.buf.push(v as u8);
+        } else {
+            self.num_long(v);
+        }
+    }
+
+    fn num_long(&mut self, mut v: u64) {
         while v >= 0x80 {
             self.buf.push((v as u8) | 0x80);
             v >>= 7;
@@ -257,7 +271,20 @@ impl Writer<'_> {
         self.u8(v.map_or(0, |v| v + 1));
     }
 
+    /// A span inside the rule: two bytes (column, length) when it is on the
+    /// rule's line with a column below 128 and a length below 256 (almost
+    /// every one), else 0x80 and the four numbers.
+    #[inline]
     fn span(&mut self, s: Span) {
+        if s.file == self.file && s.line == self.line && s.col < 0x80 && s.len < 0x100 {
+            self.buf.extend_from_slice(&[s.col as u8, s.len as u8]);
+        } else {
+            self.span_long(s);
+        }
+    }
+
+    fn span_long(&mut self, s: Span) {
+        self.u8(0x80);
         self.num(u64::from(s.file));
         // Zig-zag: a span on an earlier line than the rule is possible in
         // principle (a rule spans lines, its parts keep their own lines).
@@ -268,6 +295,10 @@ impl Writer<'_> {
     }
 
     fn fields(&mut self, fs: &[Field]) {
+        if let [f] = fs {
+            self.buf.extend_from_slice(&[1, *f as u8]);
+            return;
+        }
         self.num(fs.len() as u64);
         for f in fs {
             self.u8(*f as u8);
@@ -296,6 +327,13 @@ impl Writer<'_> {
             Value::Addr(a) => {
                 self.u8(1);
                 self.addr(a);
+            }
+            Value::Prefix {
+                addr: IpAddr::V4(a),
+                len,
+            } => {
+                let [a, b, c, d] = a.octets();
+                self.buf.extend_from_slice(&[2, 4, a, b, c, d, *len]);
             }
             Value::Prefix { addr, len } => {
                 self.u8(2);
@@ -477,6 +515,7 @@ impl Writer<'_> {
 struct Reader<'b> {
     b: &'b [u8],
     pos: usize,
+    file: u32,
     line: u32,
 }
 
@@ -554,6 +593,18 @@ impl Reader<'_> {
     }
 
     fn span(&mut self) -> Option<Span> {
+        match self.u8()? {
+            0x80 => {}
+            col @ 0..0x80 => {
+                return Some(Span {
+                    file: self.file,
+                    line: self.line,
+                    col: u32::from(col),
+                    len: u32::from(self.u8()?),
+                })
+            }
+            _ => return None,
+        }
         let file = self.u32()?;
         let z = self.num()?;
         let d = ((z >> 1) as i64) ^ -((z & 1) as i64);
@@ -780,6 +831,7 @@ table inet t {
         icmp type echo-request reject with icmp type admin-prohibited
         ip ttl 1-10 meta mark 0xff ip saddr 10.0.0.1 ip daddr != 10.0.0.0-10.0.0.255 return
         ip daddr . tcp dport { 192.0.2.1 . 443, 192.0.2.2 . 80-88 } continue
+        iifname "a-very-long-interface-name*" oifname "another-long-name" ip saddr 192.168.100.100 ip daddr 192.168.200.200 tcp sport 1024-65535 tcp dport 443 counter accept comment "columns past 128"
     }
     chain pre {
         type nat hook prerouting priority -100;
@@ -816,7 +868,7 @@ table inet t {
                 }
             }
         }
-        assert_eq!(n, 16);
+        assert_eq!(n, 17);
     }
 
     #[test]
