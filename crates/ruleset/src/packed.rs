@@ -29,54 +29,29 @@ const COUNTER_VALUES: u8 = 2;
 impl PackedRule {
     /// Packs `r`.
     pub fn pack(r: &Rule) -> Self {
-        let mut buf = Vec::with_capacity(128);
-        Self::pack_into(r, &mut buf);
-        PackedRule(Arc::from(buf.as_slice()))
+        Self::pack_with(r, &mut Vec::new())
     }
 
-    /// [`Self::pack`], encoding in `scratch` (cleared first; reuse it across
-    /// rules to save an allocation per rule).
+    /// [`Self::pack`]; a rule too large for a stack buffer is encoded in
+    /// `scratch` (reuse it across rules).
     pub fn pack_with(r: &Rule, scratch: &mut Vec<u8>) -> Self {
-        Self::pack_into(r, scratch);
+        // Most rules fit the stack buffer: encoding there keeps the write
+        // cursor in a register (about 3x fewer instructions than pushing
+        // to a vector).
+        let a = encode(
+            r,
+            ArraySink {
+                buf: [0; 192],
+                n: 0,
+                full: false,
+            },
+        );
+        if let (false, Some(b)) = (a.full, a.buf.get(..a.n)) {
+            return PackedRule(Arc::from(b));
+        }
+        scratch.clear();
+        encode(r, &mut *scratch);
         PackedRule(Arc::from(scratch.as_slice()))
-    }
-
-    fn pack_into(r: &Rule, buf: &mut Vec<u8>) {
-        buf.clear();
-        buf.reserve(24 + 24 * (r.matches.len() + r.stmts.len()));
-        let mut w = Writer {
-            buf,
-            file: r.span.file,
-            line: r.span.line,
-        };
-        let mut flags = 0;
-        if let Some((p, b)) = counter_of(r) {
-            flags |= HAS_COUNTER;
-            if p.is_some() || b.is_some() {
-                flags |= COUNTER_VALUES;
-            }
-        }
-        w.u8(flags);
-        w.num(u64::from(r.span.file));
-        w.num(u64::from(r.span.line));
-        w.num(u64::from(r.span.col));
-        w.num(u64::from(r.span.len));
-        w.opt_num(r.handle);
-        w.opt_str(r.comment.as_deref());
-        w.num(r.matches.len() as u64);
-        for m in &r.matches {
-            w.fields(&m.left);
-            w.opt_num(m.mask);
-            w.u8(m.op as u8);
-            w.value(&m.right);
-            w.span(m.span);
-            w.span(m.right_span);
-        }
-        w.num(r.stmts.len() as u64);
-        for s in &r.stmts {
-            w.stmt(&s.kind);
-            w.span(s.span);
-        }
     }
 
     /// The rule. `None` only if the bytes are not a packed rule, which
@@ -212,23 +187,100 @@ const NAT_KINDS: [NatKind; 4] = [
 ];
 const NAT_FLAGS: [NatFlag; 3] = [NatFlag::Random, NatFlag::FullyRandom, NatFlag::Persistent];
 
-struct Writer<'b> {
-    buf: &'b mut Vec<u8>,
+/// Where [`Writer`] puts bytes.
+trait Sink {
+    fn put(&mut self, b: &[u8]);
+}
+
+impl Sink for &mut Vec<u8> {
+    #[inline]
+    fn put(&mut self, b: &[u8]) {
+        self.extend_from_slice(b);
+    }
+}
+
+/// A fixed buffer; `full` once a write did not fit (the bytes are then
+/// useless).
+struct ArraySink {
+    buf: [u8; 192],
+    n: usize,
+    full: bool,
+}
+
+impl Sink for ArraySink {
+    #[inline(always)]
+    fn put(&mut self, b: &[u8]) {
+        match self.buf.get_mut(self.n..self.n + b.len()) {
+            Some(d) => {
+                d.copy_from_slice(b);
+                self.n += b.len();
+            }
+            None => self.full = true,
+        }
+    }
+}
+
+/// Encodes `r` into `out`.
+fn encode<S: Sink>(r: &Rule, out: S) -> S {
+    let mut w = Writer {
+        out,
+        file: r.span.file,
+        line: r.span.line,
+    };
+    let mut flags = 0;
+    if let Some((p, b)) = counter_of(r) {
+        flags |= HAS_COUNTER;
+        if p.is_some() || b.is_some() {
+            flags |= COUNTER_VALUES;
+        }
+    }
+    w.u8(flags);
+    w.num(u64::from(r.span.file));
+    w.num(u64::from(r.span.line));
+    w.num(u64::from(r.span.col));
+    w.num(u64::from(r.span.len));
+    w.opt_num(r.handle);
+    w.opt_str(r.comment.as_deref());
+    w.num(r.matches.len() as u64);
+    for m in &r.matches {
+        w.fields(&m.left);
+        w.opt_num(m.mask);
+        w.u8(m.op as u8);
+        w.value(&m.right);
+        w.span(m.span);
+        w.span(m.right_span);
+    }
+    w.num(r.stmts.len() as u64);
+    for s in &r.stmts {
+        w.stmt(&s.kind);
+        w.span(s.span);
+    }
+    w.out
+}
+
+struct Writer<S> {
+    out: S,
     /// The rule's file and line (spans inside it store theirs relative to
     /// them).
     file: u32,
     line: u32,
 }
 
-impl Writer<'_> {
+impl<S: Sink> Writer<S> {
+    #[inline(always)]
+    fn put1(&mut self, v: u8) {
+        self.out.put(&[v]);
+    }
+
+    #[inline(always)]
     fn u8(&mut self, v: u8) {
-        self.buf.push(v);
+        self.put1(v);
     }
 
     #[inline]
     fn num(&mut self, v: u64) {
         if v < 0x80 {
-            self.buf.push(v as u8);
+            self.put1(v as u8);
         } else {
             self.num_long(v);
         }
@@ -236,12 +288,13 @@ impl Writer<'_> {
 
     fn num_long(&mut self, mut v: u64) {
         while v >= 0x80 {
-            self.buf.push((v as u8) | 0x80);
+            self.put1((v as u8) | 0x80);
             v >>= 7;
         }
-        self.buf.push(v as u8);
+        self.put1(v as u8);
     }
 
+    #[inline]
     fn opt_num(&mut self, v: Option<u64>) {
         match v {
             None => self.u8(0),
@@ -254,7 +307,7 @@ impl Writer<'_> {
 
     fn str(&mut self, s: &str) {
         self.num(s.len() as u64);
-        self.buf.extend_from_slice(s.as_bytes());
+        self.out.put(s.as_bytes());
     }
 
     fn opt_str(&mut self, s: Option<&str>) {
@@ -277,7 +330,7 @@ impl Writer<'_> {
     #[inline]
     fn span(&mut self, s: Span) {
         if s.file == self.file && s.line == self.line && s.col < 0x80 && s.len < 0x100 {
-            self.buf.extend_from_slice(&[s.col as u8, s.len as u8]);
+            self.out.put(&[s.col as u8, s.len as u8]);
         } else {
             self.span_long(s);
         }
@@ -294,9 +347,10 @@ impl Writer<'_> {
         self.num(u64::from(s.len));
     }
 
+    #[inline]
     fn fields(&mut self, fs: &[Field]) {
         if let [f] = fs {
-            self.buf.extend_from_slice(&[1, *f as u8]);
+            self.out.put(&[1, *f as u8]);
             return;
         }
         self.num(fs.len() as u64);
@@ -309,15 +363,16 @@ impl Writer<'_> {
         match a {
             IpAddr::V4(a) => {
                 self.u8(4);
-                self.buf.extend_from_slice(&a.octets());
+                self.out.put(&a.octets());
             }
             IpAddr::V6(a) => {
                 self.u8(6);
-                self.buf.extend_from_slice(&a.octets());
+                self.out.put(&a.octets());
             }
         }
     }
 
+    #[inline]
     fn value(&mut self, v: &Value) {
         match v {
             Value::Num(n) => {
@@ -333,7 +388,7 @@ impl Writer<'_> {
                 len,
             } => {
                 let [a, b, c, d] = a.octets();
-                self.buf.extend_from_slice(&[2, 4, a, b, c, d, *len]);
+                self.out.put(&[2, 4, a, b, c, d, *len]);
             }
             Value::Prefix { addr, len } => {
                 self.u8(2);
@@ -386,6 +441,7 @@ impl Writer<'_> {
         }
     }
 
+    #[inline]
     fn verdict(&mut self, v: &Verdict) {
         match v {
             Verdict::Accept => self.u8(0),
@@ -416,6 +472,7 @@ impl Writer<'_> {
         }
     }
 
+    #[inline]
     fn stmt(&mut self, k: &StmtKind) {
         match k {
             StmtKind::Counter { packets, bytes } => {
@@ -869,6 +926,21 @@ table inet t {
             }
         }
         assert_eq!(n, 17);
+    }
+
+    /// A rule larger than the stack buffer is encoded in the scratch vector.
+    #[test]
+    fn a_large_rule_round_trips() {
+        let set: Vec<String> = (0..100).map(|i| format!("10.0.{i}.1")).collect();
+        let text = format!(
+            "table ip t {{ chain c {{ ip saddr {{ {} }} counter accept }} }}",
+            set.join(", ")
+        );
+        let rs = crate::parse_nft_str("t.nft", &text).unwrap_or_else(|d| panic!("{d}"));
+        let r = &rs.tables[0].chains[0].rules[0];
+        let p = PackedRule::pack(r);
+        assert!(p.len() > 192, "{} bytes", p.len());
+        assert_eq!(p.unpack().as_ref(), Some(r));
     }
 
     #[test]
