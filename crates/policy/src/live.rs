@@ -140,18 +140,20 @@ pub(crate) fn named_uses(r: &ast::Rule) -> Vec<String> {
     }
     for s in &r.stmts {
         match &s.kind {
-            ast::StmtKind::VerdictMap {
-                map: ast::MapRef::Named(n),
-                ..
-            } => add(n),
-            ast::StmtKind::Nat(ast::Nat {
-                addr:
-                    Some(ast::NatAddr::Map {
-                        map: ast::MapRef::Named(n),
-                        ..
-                    }),
-                ..
-            }) => add(n),
+            ast::StmtKind::VerdictMap { map, .. } => {
+                if let ast::MapRef::Named(n) = &**map {
+                    add(n);
+                }
+            }
+            ast::StmtKind::Nat(nat) => {
+                if let Some(ast::NatAddr::Map {
+                    map: ast::MapRef::Named(n),
+                    ..
+                }) = &nat.addr
+                {
+                    add(n);
+                }
+            }
             _ => {}
         }
     }

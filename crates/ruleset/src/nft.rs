@@ -1337,7 +1337,7 @@ impl<'s> Parser<'s> {
                 stmts.push(Stmt {
                     kind: StmtKind::VerdictMap {
                         key: fields.to_vec(),
-                        map,
+                        map: Box::new(map),
                     },
                     span: sp,
                 });
@@ -1883,7 +1883,7 @@ impl<'s> Parser<'s> {
                     _ => NatKind::Redirect,
                 };
                 self.bump();
-                Ok(StmtKind::Nat(self.nat(kind)?))
+                Ok(StmtKind::Nat(Box::new(self.nat(kind)?)))
             }
         }
     }

@@ -818,17 +818,17 @@ impl Reader<'_> {
                 for _ in 0..n {
                     flags.push(*NAT_FLAGS.get(usize::from(self.u8()?))?);
                 }
-                StmtKind::Nat(Nat {
+                StmtKind::Nat(Box::new(Nat {
                     kind,
                     family,
                     addr,
                     ports,
                     flags,
-                })
+                }))
             }
             8 => StmtKind::VerdictMap {
                 key: self.fields()?,
-                map: self.map_ref()?,
+                map: Box::new(self.map_ref()?),
             },
             _ => return None,
         })

@@ -539,28 +539,24 @@ impl Validator {
                     };
                     match &s.kind {
                         StmtKind::Verdict(v) => add(v, s.span),
-                        StmtKind::VerdictMap {
-                            map: MapRef::Anon(elems),
-                            ..
-                        } => {
-                            for el in elems {
-                                if let Some(Value::Verdict(v)) = &el.data {
-                                    add(v, s.span);
-                                }
-                            }
-                        }
-                        StmtKind::VerdictMap {
-                            map: MapRef::Named(m),
-                            ..
-                        } => {
-                            if let Some(m) = t.maps.iter().find(|x| &x.name == m) {
-                                for el in &m.elements {
+                        StmtKind::VerdictMap { map, .. } => match &**map {
+                            MapRef::Anon(elems) => {
+                                for el in elems {
                                     if let Some(Value::Verdict(v)) = &el.data {
                                         add(v, s.span);
                                     }
                                 }
                             }
-                        }
+                            MapRef::Named(m) => {
+                                if let Some(m) = t.maps.iter().find(|x| &x.name == m) {
+                                    for el in &m.elements {
+                                        if let Some(Value::Verdict(v)) = &el.data {
+                                            add(v, s.span);
+                                        }
+                                    }
+                                }
+                            }
+                        },
                         _ => {}
                     }
                 }
