@@ -172,7 +172,9 @@ pub struct NatAction {
 #[derive(Debug, Clone)]
 pub(crate) struct Lowered {
     pub program: Program,
-    pub rules: Vec<RuleInfo>,
+    /// By IR rule id. Shared: the IR rules of one AST rule (a verdict
+    /// map's elements) share one, and the rule store keeps them as they are.
+    pub rules: Vec<Arc<RuleInfo>>,
     pub chains: Vec<ChainInfo>,
     pub bases: Vec<BaseInfo>,
     pub nat: Vec<NatAction>,
@@ -516,9 +518,12 @@ impl<'a> Lowerer<'a> {
     fn rules_in_halves(&mut self, ti: usize, t: &Table, cid: ChainId, list: &mut [ast::Rule]) {
         let (first, second) = list.split_at_mut(list.len() / 2);
         let (rs, ifaces, files) = (self.rs, self.ifaces, self.files.clone());
+        // Every rule of the first half takes one handle.
+        let first_handle = self.next_handle + first.len() as u64;
         let (other, freed, second) = std::thread::scope(|scope| {
             let h = scope.spawn(move || {
                 let mut l = Lowerer::new(rs, ifaces);
+                l.next_handle = first_handle;
                 l.files = files;
                 l.declare();
                 if let Some(c) = l.out.program.chains.get_mut(cid.0 as usize) {
@@ -544,7 +549,7 @@ impl<'a> Lowerer<'a> {
             }
             h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))
         });
-        let sources = match self.absorb(other, cid) {
+        let sources = match self.absorb(other, first_handle, cid) {
             Ok(()) => {
                 self.halves += 1;
                 return;
@@ -577,11 +582,17 @@ impl<'a> Lowerer<'a> {
             && self.out.limits.is_empty()
     }
 
-    /// Appends what `other` (a fresh lowerer: ids from 0, handles from 1)
+    /// Appends what `other` (a fresh lowerer: ids from 0, handles from
+    /// `first_handle`)
     /// lowered into chain `cid` after this lowerer's rules; if it failed or
     /// added to a shared table, changes nothing and gives back its
     /// [`Lowered::sources`].
-    fn absorb(&mut self, other: Lowerer<'_>, cid: ChainId) -> Result<(), Vec<RuleSource>> {
+    fn absorb(
+        &mut self,
+        other: Lowerer<'_>,
+        first_handle: u64,
+        cid: ChainId,
+    ) -> Result<(), Vec<RuleSource>> {
         if !other.absorbable() {
             return Err(other.out.sources);
         }
@@ -597,17 +608,24 @@ impl<'a> Lowerer<'a> {
             return Err(o.sources);
         };
         let ids = self.id_base + self.out.rules.len() as u64;
-        let handles = self.next_handle - 1;
+        // `other` numbered its handles from `first_handle`, which is what
+        // this lowerer hands out next unless a rule of the first half
+        // failed (then the result is an error anyway).
+        let handles = self.next_handle.wrapping_sub(first_handle);
         mine.rules.extend(theirs.rules.into_iter().map(|mut r| {
             r.id = RuleId(r.id.0 + ids);
             r
         }));
-        self.out.rules.extend(o.rules.into_iter().map(|mut i| {
-            i.handle += handles;
-            i
-        }));
+        if handles == 0 {
+            self.out.rules.extend(o.rules);
+        } else {
+            self.out.rules.extend(o.rules.into_iter().map(|mut i| {
+                Arc::make_mut(&mut i).handle += handles;
+                i
+            }));
+        }
         self.out.sources.extend(o.sources);
-        self.next_handle += next_handle - 1;
+        self.next_handle += next_handle - first_handle;
         Ok(())
     }
 
@@ -748,7 +766,7 @@ impl<'a> Lowerer<'a> {
             packed: packed.clone(),
             uses: crate::live::named_uses(r),
         });
-        let info = RuleInfo {
+        let info = Arc::new(RuleInfo {
             location: match (&self.location, self.files.get(r.span.file as usize)) {
                 (Some(l), _) => l.clone(),
                 (None, Some(f)) => RuleLocation::Line {
@@ -762,7 +780,7 @@ impl<'a> Lowerer<'a> {
             chain: cid,
             reject,
             handle,
-        };
+        });
         match term {
             None => {
                 let m = with_deps(deps, matches);
@@ -811,7 +829,7 @@ impl<'a> Lowerer<'a> {
                         return;
                     }
                     let m = with_deps(deps, &mut matches.clone());
-                    self.push_rule(cid, info.clone(), m, pre, None);
+                    self.push_rule(cid, Arc::clone(&info), m, pre, None);
                 }
                 let mut kdeps = deps.clone();
                 let mut rules = Vec::new();
@@ -830,7 +848,7 @@ impl<'a> Lowerer<'a> {
                 }
                 for (mut ms, v) in rules {
                     let m = with_deps(&kdeps, &mut ms);
-                    self.push_rule(cid, info.clone(), m, Vec::new(), v);
+                    self.push_rule(cid, Arc::clone(&info), m, Vec::new(), v);
                 }
             }
         }
@@ -839,7 +857,7 @@ impl<'a> Lowerer<'a> {
     fn push_rule(
         &mut self,
         cid: ChainId,
-        info: RuleInfo,
+        info: Arc<RuleInfo>,
         matches: Vec<ir::Match>,
         stmts: Vec<Stmt>,
         verdict: Option<ir::Verdict>,

@@ -144,7 +144,7 @@ fn load_order(rs: &Ruleset, counts: &RuleCounts) -> imbl::OrdMap<(u32, u64), u64
 fn build_store(rs: &Ruleset, counts: &RuleCounts, lowered: &mut Lowered) -> (Store, Meta) {
     let mut store = Store::default();
     let mut chain_ids = std::collections::HashMap::new();
-    let infos: Vec<Arc<RuleInfo>> = lowered.rules.drain(..).map(Arc::new).collect();
+    let infos: Vec<Arc<RuleInfo>> = std::mem::take(&mut lowered.rules);
     let mut info_vec = imbl::Vector::new();
     for i in &infos {
         info_vec.push_back(Some(Arc::clone(i)));

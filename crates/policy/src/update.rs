@@ -388,7 +388,7 @@ impl CompiledPolicy {
         let base = self.store.infos.len() as u64;
         for (i, info) in out.rules.iter().enumerate() {
             self.store
-                .set_info(RuleId(base + i as u64), Arc::new(info.clone()));
+                .set_info(RuleId(base + i as u64), Arc::clone(info));
         }
         Ok(())
     }
