@@ -49,7 +49,11 @@ pub(crate) struct Entry {
     pub chain: ChainId,
     /// Position key in `order`.
     pub pos: u64,
-    /// The IR rules it lowered to, in order.
+    /// The IR rules it lowered to, in order, without their matches
+    /// ([`without_matches`]): ids, statements and verdicts. The matches are
+    /// in the classifier; [`crate::CompiledPolicy::program`] lowers them
+    /// again from `ast` (at 150 000 rules they are 38 MB, a sixth of a
+    /// load's memory).
     pub rules: Vec<ir::Rule>,
     /// The AST rule, packed (shared with the rule infos; an element
     /// change re-lowers it, listings print it).
@@ -123,6 +127,14 @@ pub(crate) struct Store {
     pub next_handle: u64,
     /// Number of IR rules.
     pub ir_rules: usize,
+}
+
+/// `rules` without their matches, as an [`Entry`] keeps them.
+pub(crate) fn without_matches(mut rules: Vec<ir::Rule>) -> Vec<ir::Rule> {
+    for r in &mut rules {
+        r.matches = Vec::new();
+    }
+    rules
 }
 
 /// Named sets and maps an AST rule reads.
@@ -318,8 +330,10 @@ impl Store {
         }
     }
 
-    /// The linear program: every chain's IR rules in order.
-    pub fn program(&self, chains: &[(String, ir::ChainKind)]) -> Program {
+    /// Every chain's IR rules in order, without their matches (what the
+    /// entries keep): the shape of the chain graph, for checks that read
+    /// only verdicts.
+    pub fn shape(&self, chains: &[(String, ir::ChainKind)]) -> Program {
         let mut p = Program::default();
         for (ci, (name, kind)) in chains.iter().enumerate() {
             let rules = self

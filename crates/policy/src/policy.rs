@@ -13,7 +13,7 @@ use sluice_ruleset::{self as ast, Family, Ruleset};
 
 use crate::error::{CompileError, LowerError};
 use crate::iface::Interfaces;
-use crate::live::{Entry, Store, GAP};
+use crate::live::{without_matches, Entry, Store, GAP};
 use crate::lower::{
     reachable, take_rules, BaseInfo, ChainInfo, Lowered, Lowerer, NatAction, RuleInfo,
 };
@@ -172,7 +172,8 @@ fn build_store(rs: &Ruleset, counts: &RuleCounts, lowered: &mut Lowered) -> (Sto
                     .iter()
                     .take_while(|x| infos.get(x.id.0 as usize).map(|i| i.handle) == Some(handle))
                     .count();
-                let mine: Vec<_> = irs.by_ref().take(n).collect();
+                // Without their matches: the classifier has them now.
+                let mine = without_matches(irs.by_ref().take(n).collect());
                 store.put_loaded(
                     handle,
                     Entry {
@@ -397,11 +398,67 @@ impl CompiledPolicy {
 
     /// The lowered program (what the linear evaluator walks).
     ///
-    /// Materialised from the rule store on first use (an O(rules) walk),
-    /// so updates do not pay for it.
+    /// Materialised on first use, so updates do not pay for it: the rule
+    /// store keeps each rule's IR rules without their matches, which are
+    /// lowered again from the packed rule (the same AST, rule set and
+    /// interfaces, so the same matches).
     pub fn program(&self) -> &Program {
-        self.program
-            .get_or_init(|| Arc::new(self.store.program(&self.meta.kinds)))
+        self.program.get_or_init(|| {
+            let mut low = self.relowerer();
+            let mut p = Program::default();
+            for (ci, (name, kind)) in self.meta.kinds.iter().enumerate() {
+                let mut rules = Vec::new();
+                for h in self.store.chain_handles(ChainId(ci as u32)) {
+                    if let Some(e) = self.store.entry(h) {
+                        rules.extend(Self::with_matches(&mut low, e));
+                    }
+                }
+                p.chains.push(sluice_classify::ir::Chain {
+                    name: name.clone(),
+                    kind: *kind,
+                    rules,
+                });
+            }
+            Arc::new(p)
+        })
+    }
+
+    /// A lowerer for [`Self::with_matches`].
+    fn relowerer(&self) -> Lowerer<'_> {
+        let t = &self.tables;
+        Lowerer::incremental(
+            &self.skeleton,
+            &self.ifaces,
+            0,
+            1,
+            (
+                t.nat.clone(),
+                t.pools.clone(),
+                t.logs.clone(),
+                t.limits.clone(),
+            ),
+            crate::lower::RuleLocation::Label("program".into()),
+        )
+    }
+
+    /// The IR rules of entry `e` with their matches, lowered again.
+    fn with_matches(low: &mut Lowerer<'_>, e: &Entry) -> Vec<sluice_classify::ir::Rule> {
+        let fresh = e
+            .ast
+            .unpack()
+            .and_then(|r| low.lower_one(e.table, e.chain, &r).ok())
+            .unwrap_or_default();
+        debug_assert_eq!(fresh.len(), e.rules.len());
+        let mut fresh = fresh.into_iter();
+        e.rules
+            .iter()
+            .map(|s| sluice_classify::ir::Rule {
+                id: s.id,
+                matches: fresh.next().map(|f| f.matches).unwrap_or_default(),
+                stmts: s.stmts.clone(),
+                verdict: s.verdict,
+            })
+            .collect()
     }
 
     /// `log` lines not written because of the rate budget
@@ -485,7 +542,13 @@ impl CompiledPolicy {
                 let first = self
                     .store
                     .chain_handles(b.chain)
-                    .find_map(|h| self.store.entry(h).and_then(|e| e.rules.first().cloned()));
+                    .filter_map(|h| self.store.entry(h))
+                    .find(|e| !e.rules.is_empty())
+                    .and_then(|e| {
+                        Self::with_matches(&mut self.relowerer(), e)
+                            .into_iter()
+                            .next()
+                    });
                 match first {
                     None => matches!(
                         self.meta.kinds.get(b.chain.0 as usize),
@@ -747,6 +810,60 @@ mod tests {
 
     fn pol(text: &str) -> CompiledPolicy {
         compile(text).unwrap_or_else(|e| panic!("compile failed:\n{e}"))
+    }
+
+    /// The store keeps no matches; the linear program lowers them again
+    /// from the packed rules and must be the program the load lowered
+    /// (sets, maps, verdict maps, NAT, interfaces, concatenations).
+    #[test]
+    fn program_relowers_the_loaded_matches() {
+        let text = "table inet f {\n\
+             set s { type ipv4_addr; flags interval; elements = { 10.0.0.0/8, 192.0.2.1 } }\n\
+             map m { type inet_service : verdict; elements = { 22 : accept, 23 : jump o } }\n\
+             chain o { ip daddr . tcp dport { 10.0.0.1 . 80, 10.0.0.2 . 443 } counter accept }\n\
+             chain fwd { type filter hook forward priority 0; policy drop;\n\
+               ct state established,related accept\n\
+               iifname \"lan*\" ip saddr @s tcp dport vmap @m\n\
+               meta mark set 3 udp dport vmap { 53 : accept, 54 : drop }\n\
+               tcp flags & (syn | ack) == syn ip6 saddr fe80::/10 log prefix \"x\" drop\n\
+               ip saddr != 10.1.0.0/16 tcp dport 1000-2000 limit rate 5/second jump o\n\
+             }\n\
+             }\n\
+             table ip nat { chain pre { type nat hook prerouting priority -100;\n\
+               tcp dport 8080 dnat to 10.0.0.2:80\n\
+               dnat to ip daddr map { 192.0.2.1 : 10.0.0.3 } } }\n";
+        let rs = sluice_ruleset::parse_nft_str("t.nft", text).unwrap_or_else(|d| panic!("{d}"));
+        let ifaces = Interfaces::from_ruleset(&rs);
+        let mut decls = rs.clone();
+        let mut rules = take_rules(&mut decls);
+        let (lowered, errors) = Lowerer::new(&decls, &ifaces).run(&mut rules);
+        assert!(errors.is_empty(), "{errors:?}");
+        let p = CompiledPolicy::compile(&rs, &ifaces).unwrap_or_else(|e| panic!("{e}"));
+        // Compared printed, without a concatenated set's hash set (printed
+        // in no fixed order; its elements are printed in order too).
+        let stable = |d: String| {
+            let mut out = String::new();
+            let mut rest = d.as_str();
+            while let Some(i) = rest.find("exact: {") {
+                out.push_str(&rest[..i]);
+                rest = &rest[i..];
+                let end = rest.find('}').map_or(rest.len(), |e| e + 1);
+                rest = &rest[end..];
+            }
+            out + rest
+        };
+        assert_eq!(
+            stable(format!("{:?}", p.program())),
+            stable(format!("{:?}", lowered.program))
+        );
+        assert!(
+            p.program()
+                .chains
+                .iter()
+                .map(|c| c.rules.len())
+                .sum::<usize>()
+                >= 11
+        );
     }
 
     #[test]

@@ -20,7 +20,7 @@ use sluice_classify::Placement;
 use sluice_ruleset::{self as ast, Command, Diagnostics, RulePos, SetFlag};
 
 use crate::error::CompileError;
-use crate::live::{named_uses, Entry};
+use crate::live::{named_uses, without_matches, Entry};
 use crate::lower::{reachable, Lowered, Lowerer, RuleLocation, RuleSource};
 use crate::policy::{CompiledPolicy, Tables};
 
@@ -349,7 +349,7 @@ impl CompiledPolicy {
                 table: ti,
                 chain: cid,
                 pos,
-                rules: irs,
+                rules: without_matches(irs),
                 ast: src.packed,
                 uses: src.uses,
             },
@@ -398,7 +398,7 @@ impl CompiledPolicy {
     /// graph (O(rules)); only NAT and jump rules pay for it. The program is
     /// built for the check and dropped, not cached in this generation.
     fn check_nat_placement(&mut self) -> Result<(), UpdateFailure> {
-        let prog = &self.store.program(&self.meta.kinds);
+        let prog = &self.store.shape(&self.meta.kinds);
         let has_nat_rule = |c: ChainId| {
             prog.chains.get(c.0 as usize).is_some_and(|ch| {
                 ch.rules
@@ -551,7 +551,7 @@ impl CompiledPolicy {
             self.store.put(
                 *h,
                 Entry {
-                    rules: irs,
+                    rules: without_matches(irs),
                     ..(*old).clone()
                 },
             );
