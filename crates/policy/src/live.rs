@@ -44,7 +44,7 @@ pub(crate) const GAP: u64 = 1 << 32;
 #[derive(Debug, Clone)]
 pub(crate) struct Entry {
     /// Table index in the policy's rule set.
-    pub table: usize,
+    pub table: u32,
     /// Its chain.
     pub chain: ChainId,
     /// Position key in `order`.
@@ -54,12 +54,12 @@ pub(crate) struct Entry {
     /// in the classifier; [`crate::CompiledPolicy::program`] lowers them
     /// again from `ast` (at 150 000 rules they are 38 MB, a sixth of a
     /// load's memory).
-    pub rules: Vec<ir::Rule>,
+    pub rules: Box<[ir::Rule]>,
     /// The AST rule, packed (shared with the rule infos; an element
     /// change re-lowers it, listings print it).
     pub ast: ast::PackedRule,
     /// Named sets and maps it reads.
-    pub uses: Vec<String>,
+    pub uses: Box<[String]>,
 }
 
 /// Entries by handle. Handles are dense and never reused (nft's are too),
@@ -130,11 +130,11 @@ pub(crate) struct Store {
 }
 
 /// `rules` without their matches, as an [`Entry`] keeps them.
-pub(crate) fn without_matches(mut rules: Vec<ir::Rule>) -> Vec<ir::Rule> {
+pub(crate) fn without_matches(mut rules: Vec<ir::Rule>) -> Box<[ir::Rule]> {
     for r in &mut rules {
         r.matches = Vec::new();
     }
-    rules
+    rules.into_boxed_slice()
 }
 
 /// Named sets and maps an AST rule reads.
@@ -286,11 +286,11 @@ impl Store {
         for n in &e.uses {
             let mut s = self
                 .users
-                .get(&(e.table, n.clone()))
+                .get(&(e.table as usize, n.clone()))
                 .cloned()
                 .unwrap_or_default();
             s.insert(h);
-            self.users.insert((e.table, n.clone()), s);
+            self.users.insert((e.table as usize, n.clone()), s);
         }
         self.handles.insert(h, Arc::new(e));
     }
@@ -306,7 +306,7 @@ impl Store {
             }
         }
         for n in &e.uses {
-            let key = (e.table, n.clone());
+            let key = (e.table as usize, n.clone());
             if let Some(mut s) = self.users.get(&key).cloned() {
                 s.remove(&h);
                 if s.is_empty() {
@@ -348,5 +348,21 @@ impl Store {
             });
         }
         p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An entry is 64 bytes (80 with its `Arc` counts, a mimalloc size
+    /// class): one per rule of a loaded rule set.
+    #[test]
+    fn an_entry_is_64_bytes() {
+        assert!(
+            std::mem::size_of::<Entry>() <= 64,
+            "{}",
+            std::mem::size_of::<Entry>()
+        );
     }
 }

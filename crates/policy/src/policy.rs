@@ -177,12 +177,12 @@ fn build_store(rs: &Ruleset, counts: &RuleCounts, lowered: &mut Lowered) -> (Sto
                 store.put_loaded(
                     handle,
                     Entry {
-                        table: ti,
+                        table: ti as u32,
                         chain: ChainId(cid),
                         pos: (k as u64 + 1).saturating_mul(GAP),
                         rules: mine,
                         ast: src.packed,
-                        uses: src.uses,
+                        uses: src.uses.into_boxed_slice(),
                     },
                 );
                 handle += 1;
@@ -446,7 +446,7 @@ impl CompiledPolicy {
         let fresh = e
             .ast
             .unpack()
-            .and_then(|r| low.lower_one(e.table, e.chain, &r).ok())
+            .and_then(|r| low.lower_one(e.table as usize, e.chain, &r).ok())
             .unwrap_or_default();
         debug_assert_eq!(fresh.len(), e.rules.len());
         let mut fresh = fresh.into_iter();

@@ -346,12 +346,12 @@ impl CompiledPolicy {
         self.store.put(
             handle,
             Entry {
-                table: ti,
+                table: ti as u32,
                 chain: cid,
                 pos,
                 rules: without_matches(irs),
                 ast: src.packed,
-                uses: src.uses,
+                uses: src.uses.into_boxed_slice(),
             },
         );
         self.store.next_handle = handle + 1;
@@ -523,7 +523,7 @@ impl CompiledPolicy {
             let (irs, out) = {
                 let mut low = self.lowerer(*h, location);
                 let irs = low
-                    .lower_one(old.table, old.chain, &rule)
+                    .lower_one(old.table as usize, old.chain, &rule)
                     .map_err(|es| UpdateFailure::Lower(CompileError { errors: es }))?;
                 (irs, low.tables().clone())
             };
