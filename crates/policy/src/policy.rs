@@ -568,9 +568,10 @@ impl CompiledPolicy {
                                 .iter()
                                 .all(|m| m.left.iter().all(|f| *f == ast::Field::CtState))
                         });
-                        let relowered = plausible
-                            .then(|| Self::with_matches(&mut self.relowerer(), e))
-                            .unwrap_or_default();
+                        if !plausible {
+                            return false;
+                        }
+                        let relowered = Self::with_matches(&mut self.relowerer(), e);
                         let Some(r) = relowered.first() else {
                             return false;
                         };
