@@ -610,7 +610,9 @@ impl<'a> Lowerer<'a> {
         let ids = self.id_base + self.out.rules.len() as u64;
         // `other` numbered its handles from `first_handle`, which is what
         // this lowerer hands out next unless a rule of the first half
-        // failed (then the result is an error anyway).
+        // failed before taking one (then the result is an error anyway, but
+        // the numbering stays the sequential one): the shift is added
+        // modulo 2^64, so it moves handles down as well as up.
         let handles = self.next_handle.wrapping_sub(first_handle);
         mine.rules.extend(theirs.rules.into_iter().map(|mut r| {
             r.id = RuleId(r.id.0 + ids);
@@ -620,7 +622,8 @@ impl<'a> Lowerer<'a> {
             self.out.rules.extend(o.rules);
         } else {
             self.out.rules.extend(o.rules.into_iter().map(|mut i| {
-                Arc::make_mut(&mut i).handle += handles;
+                let info = Arc::make_mut(&mut i);
+                info.handle = info.handle.wrapping_add(handles);
                 i
             }));
         }
@@ -1411,6 +1414,9 @@ mod tests {
                 "meta mark 5 meta mark set 1 tcp dport vmap { 1 : accept }",
                 1,
             ),
+            // Fails before taking a handle: the second half's handles,
+            // numbered from where the first half should end, move down.
+            (300, "iif \"nosuchif\" accept", 1),
         ];
         for (at, extra, halves) in cases {
             let text = ruleset(n, at, extra);
