@@ -61,12 +61,10 @@ impl Interfaces {
                         collect_match(m, &mut names);
                     }
                     for s in &r.stmts {
-                        if let StmtKind::VerdictMap {
-                            key,
-                            map: MapRef::Anon(elems),
-                        } = &s.kind
-                        {
-                            if key.iter().any(|f| is_iface_field(*f)) {
+                        if let StmtKind::VerdictMap { key, map } = &s.kind {
+                            if let (MapRef::Anon(elems), true) =
+                                (&**map, key.iter().any(|f| is_iface_field(*f)))
+                            {
                                 for e in elems {
                                     collect_value(&e.key, &mut names);
                                 }

@@ -44,18 +44,22 @@ pub(crate) const GAP: u64 = 1 << 32;
 #[derive(Debug, Clone)]
 pub(crate) struct Entry {
     /// Table index in the policy's rule set.
-    pub table: usize,
+    pub table: u32,
     /// Its chain.
     pub chain: ChainId,
     /// Position key in `order`.
     pub pos: u64,
-    /// The IR rules it lowered to, in order.
-    pub rules: Vec<ir::Rule>,
-    /// The AST rule (shared with the rule infos; an element change
-    /// re-lowers it, listings print it).
-    pub ast: Arc<ast::Rule>,
+    /// The IR rules it lowered to, in order, without their matches
+    /// ([`without_matches`]): ids, statements and verdicts. The matches are
+    /// in the classifier; [`crate::CompiledPolicy::program`] lowers them
+    /// again from `ast` (at 150 000 rules they are 38 MB, a sixth of a
+    /// load's memory).
+    pub rules: Box<[ir::Rule]>,
+    /// The AST rule, packed (shared with the rule infos; an element
+    /// change re-lowers it, listings print it).
+    pub ast: ast::PackedRule,
     /// Named sets and maps it reads.
-    pub uses: Vec<String>,
+    pub uses: Box<[String]>,
 }
 
 /// Entries by handle. Handles are dense and never reused (nft's are too),
@@ -125,6 +129,14 @@ pub(crate) struct Store {
     pub ir_rules: usize,
 }
 
+/// `rules` without their matches, as an [`Entry`] keeps them.
+pub(crate) fn without_matches(mut rules: Vec<ir::Rule>) -> Box<[ir::Rule]> {
+    for r in &mut rules {
+        r.matches = Vec::new();
+    }
+    rules.into_boxed_slice()
+}
+
 /// Named sets and maps an AST rule reads.
 pub(crate) fn named_uses(r: &ast::Rule) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
@@ -140,18 +152,20 @@ pub(crate) fn named_uses(r: &ast::Rule) -> Vec<String> {
     }
     for s in &r.stmts {
         match &s.kind {
-            ast::StmtKind::VerdictMap {
-                map: ast::MapRef::Named(n),
-                ..
-            } => add(n),
-            ast::StmtKind::Nat(ast::Nat {
-                addr:
-                    Some(ast::NatAddr::Map {
-                        map: ast::MapRef::Named(n),
-                        ..
-                    }),
-                ..
-            }) => add(n),
+            ast::StmtKind::VerdictMap { map, .. } => {
+                if let ast::MapRef::Named(n) = &**map {
+                    add(n);
+                }
+            }
+            ast::StmtKind::Nat(nat) => {
+                if let Some(ast::NatAddr::Map {
+                    map: ast::MapRef::Named(n),
+                    ..
+                }) = &nat.addr
+                {
+                    add(n);
+                }
+            }
             _ => {}
         }
     }
@@ -272,11 +286,11 @@ impl Store {
         for n in &e.uses {
             let mut s = self
                 .users
-                .get(&(e.table, n.clone()))
+                .get(&(e.table as usize, n.clone()))
                 .cloned()
                 .unwrap_or_default();
             s.insert(h);
-            self.users.insert((e.table, n.clone()), s);
+            self.users.insert((e.table as usize, n.clone()), s);
         }
         self.handles.insert(h, Arc::new(e));
     }
@@ -292,7 +306,7 @@ impl Store {
             }
         }
         for n in &e.uses {
-            let key = (e.table, n.clone());
+            let key = (e.table as usize, n.clone());
             if let Some(mut s) = self.users.get(&key).cloned() {
                 s.remove(&h);
                 if s.is_empty() {
@@ -316,8 +330,10 @@ impl Store {
         }
     }
 
-    /// The linear program: every chain's IR rules in order.
-    pub fn program(&self, chains: &[(String, ir::ChainKind)]) -> Program {
+    /// Every chain's IR rules in order, without their matches (what the
+    /// entries keep): the shape of the chain graph, for checks that read
+    /// only verdicts.
+    pub fn shape(&self, chains: &[(String, ir::ChainKind)]) -> Program {
         let mut p = Program::default();
         for (ci, (name, kind)) in chains.iter().enumerate() {
             let rules = self
@@ -332,5 +348,21 @@ impl Store {
             });
         }
         p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An entry is 64 bytes (80 with its `Arc` counts, a mimalloc size
+    /// class): one per rule of a loaded rule set.
+    #[test]
+    fn an_entry_is_64_bytes() {
+        assert!(
+            std::mem::size_of::<Entry>() <= 64,
+            "{}",
+            std::mem::size_of::<Entry>()
+        );
     }
 }

@@ -75,8 +75,8 @@ pub struct RuleInfo {
     pub location: RuleLocation,
     /// The AST rule's source span.
     pub span: Span,
-    /// The AST rule ([`RuleInfo::text`] prints it).
-    pub rule: Arc<ast::Rule>,
+    /// The AST rule, packed ([`RuleInfo::text`] prints it).
+    pub rule: ast::PackedRule,
     /// The chain holding the rule.
     pub chain: ChainId,
     /// The exact `reject with` of the rule, if it rejects (the IR keeps only
@@ -91,34 +91,43 @@ impl RuleInfo {
     /// The AST rule in canonical nft form (printed on demand, so loading a
     /// large rule set does not format every rule).
     pub fn text(&self) -> String {
-        ast::rule_to_string(&self.rule)
+        self.rule.text()
     }
 }
 
 /// The rules of a rule set, taken out of its chains: `[table][chain][rule]`.
-pub(crate) type RuleLists = Vec<Vec<Vec<Arc<ast::Rule>>>>;
+pub(crate) type RuleLists = Vec<Vec<Vec<ast::Rule>>>;
 
 /// Moves every rule of `rs` out of its chain (leaving the declarations).
+/// The lowerer keeps each rule packed ([`RuleSource`]), so the AST rules
+/// can be freed as soon as they are lowered.
 pub(crate) fn take_rules(rs: &mut Ruleset) -> RuleLists {
     rs.tables
         .iter_mut()
         .map(|t| {
             t.chains
                 .iter_mut()
-                .map(|c| {
-                    // Into a new vector of exactly the rules' length: a
-                    // collect in place would keep the parser's vector (with
-                    // its growth slack, 27 MB for 150 000 rules) alive to
-                    // hold 8-byte pointers; freed now, its memory serves
-                    // the allocations that follow.
-                    let rules = std::mem::take(&mut c.rules);
-                    let mut out = Vec::with_capacity(rules.len());
-                    out.extend(rules.into_iter().map(Arc::new));
-                    out
-                })
+                .map(|c| std::mem::take(&mut c.rules))
                 .collect()
         })
         .collect()
+}
+
+/// Frees what a rule holds (its matches, statements and comment), once it
+/// is lowered and kept packed; the span and handle stay.
+fn free_rule(r: &mut ast::Rule) {
+    r.matches = Vec::new();
+    r.stmts = Vec::new();
+    r.comment = None;
+}
+
+/// What a policy keeps of one AST rule: the rule packed (about 90 bytes
+/// instead of the AST's 560 for a typical rule) and the named sets and maps
+/// it reads.
+#[derive(Debug, Clone)]
+pub(crate) struct RuleSource {
+    pub packed: ast::PackedRule,
+    pub uses: Vec<String>,
 }
 
 /// A chain of the lowered program.
@@ -163,13 +172,17 @@ pub struct NatAction {
 #[derive(Debug, Clone)]
 pub(crate) struct Lowered {
     pub program: Program,
-    pub rules: Vec<RuleInfo>,
+    /// By IR rule id. Shared: the IR rules of one AST rule (a verdict
+    /// map's elements) share one, and the rule store keeps them as they are.
+    pub rules: Vec<Arc<RuleInfo>>,
     pub chains: Vec<ChainInfo>,
     pub bases: Vec<BaseInfo>,
     pub nat: Vec<NatAction>,
     pub pools: Vec<Pool>,
     pub logs: Vec<ast::Log>,
     pub limits: Vec<ast::Limit>,
+    /// One per AST rule lowered without error, in handle order.
+    pub sources: Vec<RuleSource>,
 }
 
 /// How values of a field are encoded.
@@ -339,6 +352,7 @@ pub(crate) struct Lowerer<'a> {
     /// Scratch for [`Self::rule`].
     scratch_deps: Vec<Dep>,
     scratch_matches: Vec<ir::Match>,
+    scratch_pack: Vec<u8>,
     /// Chains with at least this many rules are lowered in two halves
     /// ([`PAR_LOWER_MIN`]; tests lower it).
     par_min: usize,
@@ -362,6 +376,7 @@ impl<'a> Lowerer<'a> {
                 pools: Vec::new(),
                 logs: Vec::new(),
                 limits: Vec::new(),
+                sources: Vec::new(),
             },
             id_base: 0,
             next_handle: 1,
@@ -369,6 +384,7 @@ impl<'a> Lowerer<'a> {
             files: rs.files.iter().map(|f| Arc::from(f.as_str())).collect(),
             scratch_deps: Vec::new(),
             scratch_matches: Vec::new(),
+            scratch_pack: Vec::new(),
             par_min: PAR_LOWER_MIN,
             halves: 0,
         }
@@ -400,7 +416,7 @@ impl<'a> Lowerer<'a> {
         &mut self,
         ti: usize,
         cid: ChainId,
-        r: &Arc<ast::Rule>,
+        r: &ast::Rule,
     ) -> Result<Vec<Rule>, Vec<LowerError>> {
         let rs = self.rs;
         let Some(t) = rs.tables.get(ti) else {
@@ -435,15 +451,19 @@ impl<'a> Lowerer<'a> {
     /// Lowers everything; errors are collected in [`Self::errors`].
     ///
     /// `rules` are the rule set's rules (see [`take_rules`]); `self.rs` is
-    /// its declarations.
-    pub fn run(self, rules: &RuleLists) -> (Lowered, Vec<LowerError>) {
+    /// its declarations. Each rule is emptied ([`free_rule`]) once lowered
+    /// without error: the policy keeps it packed ([`Lowered::sources`]),
+    /// and freeing it here, on the thread that lowered it, lets the
+    /// lowering's own allocations reuse its memory. The lists keep their
+    /// lengths.
+    pub fn run(self, rules: &mut RuleLists) -> (Lowered, Vec<LowerError>) {
         let (out, errors, _) = self.run_halves(rules);
         (out, errors)
     }
 
     /// [`Self::run`], also returning how many chains were lowered in two
     /// halves ([`Self::rules_in_halves`]).
-    fn run_halves(mut self, rules: &RuleLists) -> (Lowered, Vec<LowerError>, usize) {
+    fn run_halves(mut self, rules: &mut RuleLists) -> (Lowered, Vec<LowerError>, usize) {
         let rs = self.rs;
         if !self.declare() {
             return (self.out, self.errors, 0);
@@ -453,13 +473,14 @@ impl<'a> Lowerer<'a> {
         // buffers repeatedly.
         let total: usize = rules.iter().flatten().map(Vec::len).sum();
         self.out.rules.reserve(total);
+        self.out.sources.reserve(total);
         for (ti, t) in rs.tables.iter().enumerate() {
             for (ci, c) in t.chains.iter().enumerate() {
                 let Some(&cid) = self.chain_ids.get(&(ti, c.name.as_str())) else {
                     continue;
                 };
-                let list = rules.get(ti).and_then(|t| t.get(ci));
-                let list = list.map_or(&[][..], Vec::as_slice);
+                let list = rules.get_mut(ti).and_then(|t| t.get_mut(ci));
+                let list = list.map_or(&mut [][..], Vec::as_mut_slice);
                 if let Some(c) = self.out.program.chains.get_mut(cid.0 as usize) {
                     c.rules.reserve(list.len());
                 }
@@ -470,6 +491,9 @@ impl<'a> Lowerer<'a> {
                 } else {
                     for r in list {
                         self.rule(ti, t, cid, r);
+                        if self.errors.is_empty() {
+                            free_rule(r);
+                        }
                     }
                 }
             }
@@ -486,74 +510,126 @@ impl<'a> Lowerer<'a> {
     /// (NAT actions, pools, logs, limits: their ids would differ) and
     /// failed nowhere; otherwise the second half is lowered again here, so
     /// the result, errors included, is always the sequential one.
-    fn rules_in_halves(&mut self, ti: usize, t: &Table, cid: ChainId, list: &[Arc<ast::Rule>]) {
-        let (first, second) = list.split_at(list.len() / 2);
+    ///
+    /// Both threads free their rules as they lower them ([`Self::run`]);
+    /// the other thread only while it can still be absorbed, so that a
+    /// second half lowered again here reads the rules it freed back from
+    /// their packed forms (lossless) and the rest from the AST.
+    fn rules_in_halves(&mut self, ti: usize, t: &Table, cid: ChainId, list: &mut [ast::Rule]) {
+        let (first, second) = list.split_at_mut(list.len() / 2);
         let (rs, ifaces, files) = (self.rs, self.ifaces, self.files.clone());
-        let other = std::thread::scope(|scope| {
+        // Every rule of the first half takes one handle.
+        let first_handle = self.next_handle + first.len() as u64;
+        let (other, freed, second) = std::thread::scope(|scope| {
             let h = scope.spawn(move || {
                 let mut l = Lowerer::new(rs, ifaces);
+                l.next_handle = first_handle;
                 l.files = files;
                 l.declare();
                 if let Some(c) = l.out.program.chains.get_mut(cid.0 as usize) {
                     c.rules.reserve(second.len());
                 }
                 l.out.rules.reserve(second.len());
-                for r in second {
+                l.out.sources.reserve(second.len());
+                let mut freed = 0;
+                for r in second.iter_mut() {
                     l.rule(ti, t, cid, r);
+                    if freed + 1 == l.out.sources.len() && l.absorbable() {
+                        free_rule(r);
+                        freed += 1;
+                    }
                 }
-                l
+                (l, freed, second)
             });
             for r in first {
                 self.rule(ti, t, cid, r);
+                if self.errors.is_empty() {
+                    free_rule(r);
+                }
             }
             h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))
         });
-        if self.absorb(other, cid) {
-            self.halves += 1;
-        } else {
-            for r in second {
+        let sources = match self.absorb(other, first_handle, cid) {
+            Ok(()) => {
+                self.halves += 1;
+                return;
+            }
+            Err(sources) => sources,
+        };
+        for (i, r) in second.iter_mut().enumerate() {
+            if i < freed {
+                match sources.get(i).and_then(|s| s.packed.unpack()) {
+                    Some(full) => self.rule(ti, t, cid, &full),
+                    None => self.err(t.span, "internal: a packed rule does not unpack"),
+                }
+            } else {
                 self.rule(ti, t, cid, r);
+            }
+            if self.errors.is_empty() {
+                free_rule(r);
             }
         }
     }
 
-    /// Appends what `other` (a fresh lowerer: ids from 0, handles from 1)
-    /// lowered into chain `cid` after this lowerer's rules; false (and
-    /// nothing changed) if it failed or added to a shared table.
-    fn absorb(&mut self, other: Lowerer<'_>, cid: ChainId) -> bool {
+    /// Whether [`Self::absorb`] would take what this lowerer has lowered so
+    /// far: no errors, nothing added to a shared table. Once false, it
+    /// stays false.
+    fn absorbable(&self) -> bool {
+        self.errors.is_empty()
+            && self.out.nat.is_empty()
+            && self.out.pools.is_empty()
+            && self.out.logs.is_empty()
+            && self.out.limits.is_empty()
+    }
+
+    /// Appends what `other` (a fresh lowerer: ids from 0, handles from
+    /// `first_handle`)
+    /// lowered into chain `cid` after this lowerer's rules; if it failed or
+    /// added to a shared table, changes nothing and gives back its
+    /// [`Lowered::sources`].
+    fn absorb(
+        &mut self,
+        other: Lowerer<'_>,
+        first_handle: u64,
+        cid: ChainId,
+    ) -> Result<(), Vec<RuleSource>> {
+        if !other.absorbable() {
+            return Err(other.out.sources);
+        }
         let Lowerer {
-            errors,
-            out,
+            out: o,
             next_handle,
             ..
         } = other;
-        let o = out;
-        if !errors.is_empty()
-            || !o.nat.is_empty()
-            || !o.pools.is_empty()
-            || !o.logs.is_empty()
-            || !o.limits.is_empty()
-        {
-            return false;
-        }
         let Some(mine) = self.out.program.chains.get_mut(cid.0 as usize) else {
-            return false;
+            return Err(o.sources);
         };
         let Some(theirs) = o.program.chains.into_iter().nth(cid.0 as usize) else {
-            return false;
+            return Err(o.sources);
         };
         let ids = self.id_base + self.out.rules.len() as u64;
-        let handles = self.next_handle - 1;
+        // `other` numbered its handles from `first_handle`, which is what
+        // this lowerer hands out next unless a rule of the first half
+        // failed before taking one (then the result is an error anyway, but
+        // the numbering stays the sequential one): the shift is added
+        // modulo 2^64, so it moves handles down as well as up.
+        let handles = self.next_handle.wrapping_sub(first_handle);
         mine.rules.extend(theirs.rules.into_iter().map(|mut r| {
             r.id = RuleId(r.id.0 + ids);
             r
         }));
-        self.out.rules.extend(o.rules.into_iter().map(|mut i| {
-            i.handle += handles;
-            i
-        }));
-        self.next_handle += next_handle - 1;
-        true
+        if handles == 0 {
+            self.out.rules.extend(o.rules);
+        } else {
+            self.out.rules.extend(o.rules.into_iter().map(|mut i| {
+                let info = Arc::make_mut(&mut i);
+                info.handle = info.handle.wrapping_add(handles);
+                i
+            }));
+        }
+        self.out.sources.extend(o.sources);
+        self.next_handle += next_handle - first_handle;
+        Ok(())
     }
 
     /// Pass 1: chains get ids (so jumps can refer forward), base chains are
@@ -601,7 +677,7 @@ impl<'a> Lowerer<'a> {
         true
     }
 
-    fn rule(&mut self, ti: usize, t: &Table, cid: ChainId, r: &Arc<ast::Rule>) {
+    fn rule(&mut self, ti: usize, t: &Table, cid: ChainId, r: &ast::Rule) {
         // Scratch vectors reused across rules; the IR rule gets an exact copy.
         let mut deps = std::mem::take(&mut self.scratch_deps);
         let mut matches = std::mem::take(&mut self.scratch_matches);
@@ -618,7 +694,7 @@ impl<'a> Lowerer<'a> {
         ti: usize,
         t: &Table,
         cid: ChainId,
-        r: &Arc<ast::Rule>,
+        r: &ast::Rule,
         deps: &mut Vec<Dep>,
         matches: &mut Vec<ir::Match>,
     ) {
@@ -688,7 +764,12 @@ impl<'a> Lowerer<'a> {
         };
         let handle = self.next_handle;
         self.next_handle += 1;
-        let info = RuleInfo {
+        let packed = ast::PackedRule::pack_with(r, &mut self.scratch_pack);
+        self.out.sources.push(RuleSource {
+            packed: packed.clone(),
+            uses: crate::live::named_uses(r),
+        });
+        let info = Arc::new(RuleInfo {
             location: match (&self.location, self.files.get(r.span.file as usize)) {
                 (Some(l), _) => l.clone(),
                 (None, Some(f)) => RuleLocation::Line {
@@ -698,11 +779,11 @@ impl<'a> Lowerer<'a> {
                 (None, None) => RuleLocation::of(self.rs, r.span),
             },
             span: r.span,
-            rule: Arc::clone(r),
+            rule: packed,
             chain: cid,
             reject,
             handle,
-        };
+        });
         match term {
             None => {
                 let m = with_deps(deps, matches);
@@ -751,7 +832,7 @@ impl<'a> Lowerer<'a> {
                         return;
                     }
                     let m = with_deps(deps, &mut matches.clone());
-                    self.push_rule(cid, info.clone(), m, pre, None);
+                    self.push_rule(cid, Arc::clone(&info), m, pre, None);
                 }
                 let mut kdeps = deps.clone();
                 let mut rules = Vec::new();
@@ -770,7 +851,7 @@ impl<'a> Lowerer<'a> {
                 }
                 for (mut ms, v) in rules {
                     let m = with_deps(&kdeps, &mut ms);
-                    self.push_rule(cid, info.clone(), m, Vec::new(), v);
+                    self.push_rule(cid, Arc::clone(&info), m, Vec::new(), v);
                 }
             }
         }
@@ -779,7 +860,7 @@ impl<'a> Lowerer<'a> {
     fn push_rule(
         &mut self,
         cid: ChainId,
-        info: RuleInfo,
+        info: Arc<RuleInfo>,
         matches: Vec<ir::Match>,
         stmts: Vec<Stmt>,
         verdict: Option<ir::Verdict>,
@@ -1302,11 +1383,11 @@ mod tests {
 
     fn lower(text: &str, par_min: usize) -> (String, usize) {
         let mut rs = sluice_ruleset::parse_nft_str("t.nft", text).expect("parses");
-        let rules = take_rules(&mut rs);
+        let mut rules = take_rules(&mut rs);
         let ifaces = Interfaces::from_ruleset(&rs);
         let mut l = Lowerer::new(&rs, &ifaces);
         l.par_min = par_min;
-        let (out, errors, halves) = l.run_halves(&rules);
+        let (out, errors, halves) = l.run_halves(&mut rules);
         (format!("{out:?} {errors:?}"), halves)
     }
 
@@ -1333,6 +1414,9 @@ mod tests {
                 "meta mark 5 meta mark set 1 tcp dport vmap { 1 : accept }",
                 1,
             ),
+            // Fails before taking a handle: the second half's handles,
+            // numbered from where the first half should end, move down.
+            (300, "iif \"nosuchif\" accept", 1),
         ];
         for (at, extra, halves) in cases {
             let text = ruleset(n, at, extra);

@@ -13,9 +13,9 @@ use sluice_ruleset::{self as ast, Family, Ruleset};
 
 use crate::error::{CompileError, LowerError};
 use crate::iface::Interfaces;
-use crate::live::{named_uses, Entry, Store, GAP};
+use crate::live::{without_matches, Entry, Store, GAP};
 use crate::lower::{
-    reachable, take_rules, BaseInfo, ChainInfo, Lowered, Lowerer, NatAction, RuleInfo, RuleLists,
+    reachable, take_rules, BaseInfo, ChainInfo, Lowered, Lowerer, NatAction, RuleInfo,
 };
 
 /// Which evaluator runs the chains.
@@ -111,19 +111,22 @@ pub(crate) struct Tables {
 /// ([`load_order`]) on another thread while the rest of the store is built.
 const PAR_ORDER_MIN: usize = 8192;
 
+/// The number of rules of each chain: `[table][chain]`.
+type RuleCounts = Vec<Vec<usize>>;
+
 /// The `order` map of a freshly loaded store: the `k`-th rule of a chain
 /// at position `(k + 1) · GAP`, handles from 1 in table, chain and rule
 /// order, chain ids in table and chain order (what [`build_store`]
 /// assigns). It needs only the rule counts, so it can be built while
 /// [`build_store`] runs: about 150 000 one-by-one `imbl` B-tree inserts
 /// (imbl has no bulk construction), a third of the store's build.
-fn load_order(rs: &Ruleset, rules: &RuleLists) -> imbl::OrdMap<(u32, u64), u64> {
+fn load_order(rs: &Ruleset, counts: &RuleCounts) -> imbl::OrdMap<(u32, u64), u64> {
     let mut order = imbl::OrdMap::new();
     let mut handle = 1u64;
     let mut cid = 0u32;
     for (ti, t) in rs.tables.iter().enumerate() {
         for ci in 0..t.chains.len() {
-            let n = rules.get(ti).and_then(|t| t.get(ci)).map_or(0, Vec::len);
+            let n = counts.get(ti).and_then(|t| t.get(ci)).copied().unwrap_or(0);
             for k in 0..n {
                 order.insert((cid, (k as u64 + 1).saturating_mul(GAP)), handle);
                 handle += 1;
@@ -137,16 +140,17 @@ fn load_order(rs: &Ruleset, rules: &RuleLists) -> imbl::OrdMap<(u32, u64), u64> 
 /// Moves the lowered rules into a persistent [`Store`]: handle `h` is the
 /// `h`-th AST rule in table, chain, rule order (the order the lowerer
 /// numbered them in). The store's `order` is left empty: the caller sets
-/// it to [`load_order`]`(rs, rules)`.
-fn build_store(rs: &Ruleset, rules: &RuleLists, lowered: &mut Lowered) -> (Store, Meta) {
+/// it to [`load_order`]`(rs, counts)`.
+fn build_store(rs: &Ruleset, counts: &RuleCounts, lowered: &mut Lowered) -> (Store, Meta) {
     let mut store = Store::default();
     let mut chain_ids = std::collections::HashMap::new();
-    let infos: Vec<Arc<RuleInfo>> = lowered.rules.drain(..).map(Arc::new).collect();
+    let infos: Vec<Arc<RuleInfo>> = std::mem::take(&mut lowered.rules);
     let mut info_vec = imbl::Vector::new();
     for i in &infos {
         info_vec.push_back(Some(Arc::clone(i)));
     }
     store.infos = info_vec;
+    let mut sources = std::mem::take(&mut lowered.sources).into_iter();
     let mut handle = 1u64;
     let mut cid = 0u32;
     for (ti, t) in rs.tables.iter().enumerate() {
@@ -159,8 +163,8 @@ fn build_store(rs: &Ruleset, rules: &RuleLists, lowered: &mut Lowered) -> (Store
                 .map(|c| std::mem::take(&mut c.rules))
                 .unwrap_or_default();
             let mut irs = ir_rules.into_iter();
-            let list = rules.get(ti).and_then(|t| t.get(ci));
-            for (k, r) in list.into_iter().flatten().enumerate() {
+            let n = counts.get(ti).and_then(|t| t.get(ci)).copied().unwrap_or(0);
+            for (k, src) in sources.by_ref().take(n).enumerate() {
                 // The run of IR rules of this handle, moved out with exact
                 // capacity (a rule set holds many; growth slack adds up).
                 let n = irs
@@ -168,17 +172,17 @@ fn build_store(rs: &Ruleset, rules: &RuleLists, lowered: &mut Lowered) -> (Store
                     .iter()
                     .take_while(|x| infos.get(x.id.0 as usize).map(|i| i.handle) == Some(handle))
                     .count();
-                let mine: Vec<_> = irs.by_ref().take(n).collect();
-                let uses = named_uses(r);
+                // Without their matches: the classifier has them now.
+                let mine = without_matches(irs.by_ref().take(n).collect());
                 store.put_loaded(
                     handle,
                     Entry {
-                        table: ti,
+                        table: ti as u32,
                         chain: ChainId(cid),
                         pos: (k as u64 + 1).saturating_mul(GAP),
                         rules: mine,
-                        ast: Arc::clone(r),
-                        uses,
+                        ast: src.packed,
+                        uses: src.uses.into_boxed_slice(),
                     },
                 );
                 handle += 1;
@@ -246,9 +250,17 @@ impl CompiledPolicy {
     /// [`Self::compile`] taking the rule set by value: its rules move into
     /// the policy instead of being copied (what the daemon does on load).
     pub fn compile_owned(mut rs: Ruleset, ifaces: &Interfaces) -> Result<Self, CompileError> {
-        let rules = take_rules(&mut rs);
+        let mut rules = take_rules(&mut rs);
         let rs = rs;
-        let (mut lowered, mut errors) = Lowerer::new(&rs, ifaces).run(&rules);
+        // The lowerer keeps every rule packed and frees the AST rules as it
+        // goes (so that what follows reuses their memory instead of
+        // touching fresh pages); their emptied lists go now.
+        let (mut lowered, mut errors) = Lowerer::new(&rs, ifaces).run(&mut rules);
+        let counts: RuleCounts = rules
+            .iter()
+            .map(|t| t.iter().map(Vec::len).collect())
+            .collect();
+        drop(rules);
         if !errors.is_empty() {
             errors.sort_by(|a, b| (&a.file, a.line, a.col).cmp(&(&b.file, b.line, b.col)));
             return Err(CompileError { errors });
@@ -291,14 +303,14 @@ impl CompiledPolicy {
         // rule set it is built on another thread while this one builds the
         // rest of the store (the other core is idle then; the lowering and
         // the classifier keep both busy).
-        let parallel = rules.iter().flatten().map(Vec::len).sum::<usize>() >= PAR_ORDER_MIN
+        let parallel = counts.iter().flatten().sum::<usize>() >= PAR_ORDER_MIN
             && std::thread::available_parallelism().is_ok_and(|t| t.get() > 1);
         let (store, meta) = std::thread::scope(|scope| {
-            let later = parallel.then(|| scope.spawn(|| load_order(&rs, &rules)));
-            let (mut store, meta) = build_store(&rs, &rules, &mut lowered);
+            let later = parallel.then(|| scope.spawn(|| load_order(&rs, &counts)));
+            let (mut store, meta) = build_store(&rs, &counts, &mut lowered);
             store.order = match later {
                 Some(h) => h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)),
-                None => load_order(&rs, &rules),
+                None => load_order(&rs, &counts),
             };
             debug_assert_eq!(store.order.len() as u64, store.next_handle - 1);
             (store, meta)
@@ -386,11 +398,67 @@ impl CompiledPolicy {
 
     /// The lowered program (what the linear evaluator walks).
     ///
-    /// Materialised from the rule store on first use (an O(rules) walk),
-    /// so updates do not pay for it.
+    /// Materialised on first use, so updates do not pay for it: the rule
+    /// store keeps each rule's IR rules without their matches, which are
+    /// lowered again from the packed rule (the same AST, rule set and
+    /// interfaces, so the same matches).
     pub fn program(&self) -> &Program {
-        self.program
-            .get_or_init(|| Arc::new(self.store.program(&self.meta.kinds)))
+        self.program.get_or_init(|| {
+            let mut low = self.relowerer();
+            let mut p = Program::default();
+            for (ci, (name, kind)) in self.meta.kinds.iter().enumerate() {
+                let mut rules = Vec::new();
+                for h in self.store.chain_handles(ChainId(ci as u32)) {
+                    if let Some(e) = self.store.entry(h) {
+                        rules.extend(Self::with_matches(&mut low, e));
+                    }
+                }
+                p.chains.push(sluice_classify::ir::Chain {
+                    name: name.clone(),
+                    kind: *kind,
+                    rules,
+                });
+            }
+            Arc::new(p)
+        })
+    }
+
+    /// A lowerer for [`Self::with_matches`].
+    fn relowerer(&self) -> Lowerer<'_> {
+        let t = &self.tables;
+        Lowerer::incremental(
+            &self.skeleton,
+            &self.ifaces,
+            0,
+            1,
+            (
+                t.nat.clone(),
+                t.pools.clone(),
+                t.logs.clone(),
+                t.limits.clone(),
+            ),
+            crate::lower::RuleLocation::Label("program".into()),
+        )
+    }
+
+    /// The IR rules of entry `e` with their matches, lowered again.
+    fn with_matches(low: &mut Lowerer<'_>, e: &Entry) -> Vec<sluice_classify::ir::Rule> {
+        let fresh = e
+            .ast
+            .unpack()
+            .and_then(|r| low.lower_one(e.table as usize, e.chain, &r).ok())
+            .unwrap_or_default();
+        debug_assert_eq!(fresh.len(), e.rules.len());
+        let mut fresh = fresh.into_iter();
+        e.rules
+            .iter()
+            .map(|s| sluice_classify::ir::Rule {
+                id: s.id,
+                matches: fresh.next().map(|f| f.matches).unwrap_or_default(),
+                stmts: s.stmts.clone(),
+                verdict: s.verdict,
+            })
+            .collect()
     }
 
     /// `log` lines not written because of the rate budget
@@ -474,7 +542,8 @@ impl CompiledPolicy {
                 let first = self
                     .store
                     .chain_handles(b.chain)
-                    .find_map(|h| self.store.entry(h).and_then(|e| e.rules.first().cloned()));
+                    .filter_map(|h| self.store.entry(h))
+                    .find(|e| !e.rules.is_empty());
                 match first {
                     None => matches!(
                         self.meta.kinds.get(b.chain.0 as usize),
@@ -483,7 +552,29 @@ impl CompiledPolicy {
                             sluice_classify::ChainKind::Base(sluice_classify::ir::Policy::Accept)
                         ))
                     ),
-                    Some(r) => {
+                    Some(e) => {
+                        // The store keeps no matches: only a rule that can
+                        // pass (it accepts, counts at most, and its AST
+                        // matches only `ct state`) is lowered again to test
+                        // them. This runs on every publish, so the usual
+                        // first rule costs an unpack only.
+                        let plausible = e.rules.first().is_some_and(|r| {
+                            r.verdict == Some(sluice_classify::ir::Verdict::Accept)
+                                && r.stmts
+                                    .iter()
+                                    .all(|s| matches!(s, sluice_classify::ir::Stmt::Counter))
+                        }) && e.ast.unpack().is_some_and(|a| {
+                            a.matches
+                                .iter()
+                                .all(|m| m.left.iter().all(|f| *f == ast::Field::CtState))
+                        });
+                        if !plausible {
+                            return false;
+                        }
+                        let relowered = Self::with_matches(&mut self.relowerer(), e);
+                        let Some(r) = relowered.first() else {
+                            return false;
+                        };
                         r.verdict == Some(sluice_classify::ir::Verdict::Accept)
                             && r.stmts
                                 .iter()
@@ -736,6 +827,60 @@ mod tests {
 
     fn pol(text: &str) -> CompiledPolicy {
         compile(text).unwrap_or_else(|e| panic!("compile failed:\n{e}"))
+    }
+
+    /// The store keeps no matches; the linear program lowers them again
+    /// from the packed rules and must be the program the load lowered
+    /// (sets, maps, verdict maps, NAT, interfaces, concatenations).
+    #[test]
+    fn program_relowers_the_loaded_matches() {
+        let text = "table inet f {\n\
+             set s { type ipv4_addr; flags interval; elements = { 10.0.0.0/8, 192.0.2.1 } }\n\
+             map m { type inet_service : verdict; elements = { 22 : accept, 23 : jump o } }\n\
+             chain o { ip daddr . tcp dport { 10.0.0.1 . 80, 10.0.0.2 . 443 } counter accept }\n\
+             chain fwd { type filter hook forward priority 0; policy drop;\n\
+               ct state established,related accept\n\
+               iifname \"lan*\" ip saddr @s tcp dport vmap @m\n\
+               meta mark set 3 udp dport vmap { 53 : accept, 54 : drop }\n\
+               tcp flags & (syn | ack) == syn ip6 saddr fe80::/10 log prefix \"x\" drop\n\
+               ip saddr != 10.1.0.0/16 tcp dport 1000-2000 limit rate 5/second jump o\n\
+             }\n\
+             }\n\
+             table ip nat { chain pre { type nat hook prerouting priority -100;\n\
+               tcp dport 8080 dnat to 10.0.0.2:80\n\
+               dnat to ip daddr map { 192.0.2.1 : 10.0.0.3 } } }\n";
+        let rs = sluice_ruleset::parse_nft_str("t.nft", text).unwrap_or_else(|d| panic!("{d}"));
+        let ifaces = Interfaces::from_ruleset(&rs);
+        let mut decls = rs.clone();
+        let mut rules = take_rules(&mut decls);
+        let (lowered, errors) = Lowerer::new(&decls, &ifaces).run(&mut rules);
+        assert!(errors.is_empty(), "{errors:?}");
+        let p = CompiledPolicy::compile(&rs, &ifaces).unwrap_or_else(|e| panic!("{e}"));
+        // Compared printed, without a concatenated set's hash set (printed
+        // in no fixed order; its elements are printed in order too).
+        let stable = |d: String| {
+            let mut out = String::new();
+            let mut rest = d.as_str();
+            while let Some(i) = rest.find("exact: {") {
+                out.push_str(&rest[..i]);
+                rest = &rest[i..];
+                let end = rest.find('}').map_or(rest.len(), |e| e + 1);
+                rest = &rest[end..];
+            }
+            out + rest
+        };
+        assert_eq!(
+            stable(format!("{:?}", p.program())),
+            stable(format!("{:?}", lowered.program))
+        );
+        assert!(
+            p.program()
+                .chains
+                .iter()
+                .map(|c| c.rules.len())
+                .sum::<usize>()
+                >= 11
+        );
     }
 
     #[test]

@@ -20,8 +20,8 @@ use sluice_classify::Placement;
 use sluice_ruleset::{self as ast, Command, Diagnostics, RulePos, SetFlag};
 
 use crate::error::CompileError;
-use crate::live::{named_uses, Entry};
-use crate::lower::{reachable, Lowered, Lowerer, RuleLocation};
+use crate::live::{named_uses, without_matches, Entry};
+use crate::lower::{reachable, Lowered, Lowerer, RuleLocation, RuleSource};
 use crate::policy::{CompiledPolicy, Tables};
 
 /// Why an update was refused. The running policy is unchanged.
@@ -64,14 +64,6 @@ pub struct ListedRule {
     pub counter: Option<(u64, u64)>,
 }
 
-/// The `counter` statement of `r`: its given (packets, bytes), if any.
-fn counter_stmt(r: &ast::Rule) -> Option<(Option<u64>, Option<u64>)> {
-    r.stmts.iter().find_map(|s| match s.kind {
-        ast::StmtKind::Counter { packets, bytes } => Some((packets, bytes)),
-        _ => None,
-    })
-}
-
 impl CompiledPolicy {
     /// Records which of `rules` log (their cells carry the log spec).
     pub(crate) fn mark_logs(&self, rules: &[sluice_classify::ir::Rule]) {
@@ -96,7 +88,7 @@ impl CompiledPolicy {
 
     /// [`Self::seed_counters`] for one entry.
     pub(crate) fn seed_entry(&self, e: &crate::live::Entry) {
-        if let Some((p, b)) = counter_stmt(&e.ast) {
+        if let Some((p, b)) = e.ast.counter() {
             if let (Some(r), true) = (e.rules.first(), p.is_some() || b.is_some()) {
                 self.counters.set(r.id, p.unwrap_or(0), b.unwrap_or(0));
             }
@@ -196,7 +188,7 @@ impl CompiledPolicy {
                     continue;
                 };
                 let info = e.rules.first().and_then(|r| self.rule_info(r.id));
-                let counter = counter_stmt(&e.ast).map(|_| {
+                let counter = e.ast.counter().map(|_| {
                     e.rules.iter().fold((0, 0), |(p, b), r| {
                         let (rp, rb) = self.counters.get(r.id);
                         (p + rp, b + rb)
@@ -205,7 +197,7 @@ impl CompiledPolicy {
                 out.push(ListedRule {
                     handle: h,
                     chain: c.name.clone(),
-                    text: ast::rule_to_string(&e.ast),
+                    text: e.ast.text(),
                     location: info.map(|i| i.location.to_string()),
                     counter,
                 });
@@ -292,7 +284,6 @@ impl CompiledPolicy {
         rule: &ast::Rule,
         name: &str,
     ) -> Result<Applied, UpdateFailure> {
-        let rule = Arc::new(rule.clone());
         let handle = self.store.next_handle;
         let missing = |what: String| UpdateFailure::Refused(what);
         let (lo, hi) = match at {
@@ -326,7 +317,7 @@ impl CompiledPolicy {
                 handle,
                 RuleLocation::Label(format!("{name} handle {handle}").into()),
             );
-            let irs = low.lower_one(ti, cid, &rule).map_err(|mut es| {
+            let irs = low.lower_one(ti, cid, rule).map_err(|mut es| {
                 for e in &mut es {
                     e.file = name.to_string();
                 }
@@ -334,7 +325,14 @@ impl CompiledPolicy {
             })?;
             (irs, low.tables().clone())
         };
-        let uses = named_uses(&rule);
+        // What the lowerer kept of the rule (packed, shared with its infos).
+        let src = match low_tables.sources.last() {
+            Some(s) => s.clone(),
+            None => RuleSource {
+                packed: ast::PackedRule::pack(rule),
+                uses: named_uses(rule),
+            },
+        };
         self.adopt_lowered(&low_tables)?;
         let pos = self.store.position_between(cid, lo, hi);
         self.place(cid, pos, &irs)?;
@@ -348,12 +346,12 @@ impl CompiledPolicy {
         self.store.put(
             handle,
             Entry {
-                table: ti,
+                table: ti as u32,
                 chain: cid,
                 pos,
-                rules: irs,
-                ast: rule,
-                uses,
+                rules: without_matches(irs),
+                ast: src.packed,
+                uses: src.uses.into_boxed_slice(),
             },
         );
         self.store.next_handle = handle + 1;
@@ -390,7 +388,7 @@ impl CompiledPolicy {
         let base = self.store.infos.len() as u64;
         for (i, info) in out.rules.iter().enumerate() {
             self.store
-                .set_info(RuleId(base + i as u64), Arc::new(info.clone()));
+                .set_info(RuleId(base + i as u64), Arc::clone(info));
         }
         Ok(())
     }
@@ -400,7 +398,7 @@ impl CompiledPolicy {
     /// graph (O(rules)); only NAT and jump rules pay for it. The program is
     /// built for the check and dropped, not cached in this generation.
     fn check_nat_placement(&mut self) -> Result<(), UpdateFailure> {
-        let prog = &self.store.program(&self.meta.kinds);
+        let prog = &self.store.shape(&self.meta.kinds);
         let has_nat_rule = |c: ChainId| {
             prog.chains.get(c.0 as usize).is_some_and(|ch| {
                 ch.rules
@@ -513,7 +511,9 @@ impl CompiledPolicy {
             let Some(old) = self.store.entry(*h).cloned() else {
                 continue;
             };
-            let rule = Arc::clone(&old.ast);
+            let Some(rule) = old.ast.unpack() else {
+                return refused(format!("internal: rule handle {h} does not unpack"));
+            };
             let location = old
                 .rules
                 .first()
@@ -523,7 +523,7 @@ impl CompiledPolicy {
             let (irs, out) = {
                 let mut low = self.lowerer(*h, location);
                 let irs = low
-                    .lower_one(old.table, old.chain, &rule)
+                    .lower_one(old.table as usize, old.chain, &rule)
                     .map_err(|es| UpdateFailure::Lower(CompileError { errors: es }))?;
                 (irs, low.tables().clone())
             };
@@ -551,7 +551,7 @@ impl CompiledPolicy {
             self.store.put(
                 *h,
                 Entry {
-                    rules: irs,
+                    rules: without_matches(irs),
                     ..(*old).clone()
                 },
             );

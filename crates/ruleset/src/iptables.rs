@@ -1375,7 +1375,7 @@ fn lower_target(
             if has("--persistent") {
                 nat.flags.push(NatFlag::Persistent);
             }
-            StmtKind::Nat(nat)
+            StmtKind::Nat(Box::new(nat))
         }
         chain => {
             if chain.chars().all(|c| c.is_ascii_uppercase()) && !opts.is_empty() {

@@ -23,6 +23,7 @@ mod diag;
 mod iptables;
 mod lex;
 mod nft;
+mod packed;
 mod print;
 mod symbols;
 mod validate;
@@ -31,6 +32,7 @@ pub use ast::*;
 pub use command::{parse_nft_command, Command, RulePos};
 pub use diag::{Diagnostic, Diagnostics};
 pub use lex::{FsLoader, MemLoader, SourceLoader};
+pub use packed::PackedRule;
 pub use print::{print_ruleset, rule_to_string};
 
 use diag::{RawDiag, SourceFile};
@@ -365,5 +367,39 @@ mod tests {
             }
         }
         assert!(joined > 300, "only {joined} split parses were used");
+    }
+
+    /// Chains large enough to be given room up to the split at once
+    /// (`nft::HEAD_RESERVE_AT`), one ending before the split and one holding
+    /// it, parse as sequentially; the first keeps no unused room.
+    #[test]
+    fn split_parses_of_large_chains_match_sequential_ones() {
+        let rule = |i: usize| {
+            format!(
+                "  ip saddr 10.{}.{}.0/24 tcp dport {} accept\n",
+                i / 256 % 256,
+                i % 256,
+                i % 60000 + 1
+            )
+        };
+        let mut text = String::from("table ip t {\n chain a {\n");
+        for i in 0..5000 {
+            text.push_str(&rule(i));
+        }
+        text.push_str(" }\n chain b {\n");
+        for i in 0..12000 {
+            text.push_str(&rule(i));
+        }
+        text.push_str(" }\n}\n");
+        let parse = |min| parse_nft_split("t.nft", text.clone(), None, &FsLoader, true, min);
+        let (seq, _) = parse(usize::MAX);
+        let (split, joined) = parse(0);
+        assert!(joined);
+        let split = split.unwrap_or_else(|d| panic!("{d}"));
+        assert_eq!(Ok(&split), seq.as_ref());
+        let a = &split.tables[0].chains[0].rules;
+        assert_eq!(a.len(), 5000);
+        assert!(a.capacity() < 2 * a.len(), "{}", a.capacity());
+        assert_eq!(split.tables[0].chains[1].rules.len(), 12000);
     }
 }

@@ -157,9 +157,27 @@ pub(crate) struct Tail<'s> {
     parser: Parser<'s>,
 }
 
+/// A chain's rule count at which, while a [`Split`] is pending, its vector
+/// is given room for the rules up to the split at once.
+const HEAD_RESERVE_AT: usize = 4096;
+
 /// Files at least this large (bytes) are parsed in two halves on two
 /// threads ([`Split`]): about 13 000 one-line rules.
 pub(crate) const SPLIT_MIN: usize = 1 << 20;
+
+/// The number of `\n` bytes in `b`. Counted per block of 255 bytes in a
+/// `u8`, which the compiler turns into vector compares and adds: about 9x
+/// faster than `filter().count()` (11 MB: 1-2.5 ms instead of 8.5 ms).
+pub(crate) fn count_newlines(b: &[u8]) -> usize {
+    b.chunks(255)
+        .map(|c| {
+            let n = c
+                .iter()
+                .fold(0u8, |n, &x| n.wrapping_add(u8::from(x == b'\n')));
+            usize::from(n)
+        })
+        .sum()
+}
 
 /// Where to split `text` for [`Split`]: the start of the first line at or
 /// after the middle whose preceding newline does not end a line
@@ -175,7 +193,7 @@ pub(crate) fn split_point(text: &str) -> Option<(usize, u32)> {
         if !continued && nl + 1 < b.len() {
             // Every newline byte is one line for the lexer (comments and
             // strings stop at it; continuations count it).
-            let line = 2 + before.iter().filter(|&&c| c == b'\n').count();
+            let line = 2 + count_newlines(before);
             return Some((nl + 1, u32::try_from(line).ok()?));
         }
         i = nl + 1;
@@ -262,7 +280,13 @@ impl<'s> Parser<'s> {
         p.fill();
         p.skip_separators();
         let first = p.span();
-        let mut rules = Vec::new();
+        // Room for a rule per line of the whole file: the head's rules are
+        // moved in front of these when they join ([`Parser::join_split`]),
+        // so the chain's vector is never copied into a larger one (at
+        // 150 000 rules each copy writes 15 MB of fresh pages). Capacity
+        // that is never written costs address space, not memory.
+        let lines = count_newlines(f.text.as_bytes());
+        let mut rules = Vec::with_capacity(lines + 1);
         loop {
             p.skip_separators();
             match p.peek() {
@@ -310,7 +334,13 @@ impl<'s> Parser<'s> {
             mut rules, parser, ..
         } = tail;
         if let Some(c) = self.chain_mut(ti, ci) {
-            c.rules.append(&mut rules);
+            if rules.capacity() - rules.len() >= c.rules.len() {
+                // In place: the tail's vector has room for the head's rules.
+                rules.splice(0..0, c.rules.drain(..));
+                c.rules = rules;
+            } else {
+                c.rules.append(&mut rules);
+            }
         }
         self.toks = parser.toks;
         self.pos = parser.pos;
@@ -754,6 +784,15 @@ impl<'s> Parser<'s> {
             let r = match self.peek() {
                 Tok::RBrace => {
                     self.bump();
+                    let pending = self.split.is_some();
+                    if let Some(c) = self.chain_mut(ti, ci) {
+                        // The room given below, unused: the chain ended
+                        // before the split.
+                        let n = c.rules.len();
+                        if pending && n >= HEAD_RESERVE_AT && c.rules.capacity() > n + n / 4 {
+                            c.rules.shrink_to_fit();
+                        }
+                    }
                     return Ok(());
                 }
                 Tok::Eof => return self.err(open, "missing '}' at end of chain"),
@@ -776,7 +815,19 @@ impl<'s> Parser<'s> {
                     Ok(())
                 }
                 _ => self.rule().map(|r| {
+                    let split_line = self.split.as_ref().map(|s| s.line);
+                    let here = r.span;
                     if let Some(c) = self.chain_mut(ti, ci) {
+                        if c.rules.len() == HEAD_RESERVE_AT {
+                            // A large chain while the file's second half is
+                            // parsed elsewhere: room for a rule per line up to
+                            // the split instead of doubling (which writes each
+                            // rule twice and leaves the smaller vectors' pages
+                            // behind). Unused room goes at the chain's end.
+                            if let (Some(l), 0) = (split_line, here.file) {
+                                c.rules.reserve(l.saturating_sub(here.line) as usize);
+                            }
+                        }
                         c.rules.push(r);
                     }
                 }),
@@ -1300,7 +1351,7 @@ impl<'s> Parser<'s> {
                 stmts.push(Stmt {
                     kind: StmtKind::VerdictMap {
                         key: fields.to_vec(),
-                        map,
+                        map: Box::new(map),
                     },
                     span: sp,
                 });
@@ -1846,7 +1897,7 @@ impl<'s> Parser<'s> {
                     _ => NatKind::Redirect,
                 };
                 self.bump();
-                Ok(StmtKind::Nat(self.nat(kind)?))
+                Ok(StmtKind::Nat(Box::new(self.nat(kind)?)))
             }
         }
     }
@@ -2268,6 +2319,19 @@ impl Parser<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The block count agrees with a plain count, blocks of newlines only
+    /// (255 fit a block's `u8`) and block edges included.
+    #[test]
+    fn count_newlines_counts_every_newline() {
+        let mut text = vec![b'\n'; 1000];
+        text.extend((0..5000u32).map(|i| if i % 7 == 0 { b'\n' } else { b'x' }));
+        for n in [0, 1, 254, 255, 256, 510, 1000, 1001, 6000] {
+            let b = &text[..n];
+            let plain = b.iter().filter(|&&c| c == b'\n').count();
+            assert_eq!(count_newlines(b), plain, "{n}");
+        }
+    }
 
     #[test]
     fn decimal_fast_path_agrees_with_the_general_path() {

@@ -16,6 +16,10 @@ pub(crate) fn validate(r: &Ruleset) -> Vec<RawDiag> {
     v.diags
 }
 
+/// Chains with at least this many rules are checked in two halves on two
+/// threads ([`Validator::table`]).
+const PAR_VALIDATE_MIN: usize = 8192;
+
 struct Validator {
     diags: Vec<RawDiag>,
 }
@@ -92,27 +96,51 @@ impl Validator {
     }
 
     fn table(&mut self, t: &Table) {
-        let (chains, sets, maps) = ctx(t);
+        let lookups = ctx(t);
+        let (chains, _, _) = &lookups;
         for s in &t.sets {
             self.set_elements(s, &s.elements);
         }
         for m in &t.maps {
-            self.map_elements(&chains, m, &m.elements);
+            self.map_elements(chains, m, &m.elements);
         }
         for c in &t.chains {
             if let Some(b) = &c.base {
                 self.base_chain(c, b);
             }
-            for r in &c.rules {
-                for m in &r.matches {
-                    self.matches(t, &sets, m);
-                }
-                for s in &r.stmts {
-                    self.stmt(t, &chains, &maps, c, s);
-                }
+            let parallel = c.rules.len() >= PAR_VALIDATE_MIN
+                && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
+            if parallel {
+                // A large chain's second half is checked on another thread;
+                // its diagnostics follow the first half's, as in one pass.
+                let (first, second) = c.rules.split_at(c.rules.len() / 2);
+                let theirs = std::thread::scope(|scope| {
+                    let h = scope.spawn(|| {
+                        let mut v = Validator { diags: Vec::new() };
+                        v.rules(t, &lookups, c, second);
+                        v.diags
+                    });
+                    self.rules(t, &lookups, c, first);
+                    h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))
+                });
+                self.diags.extend(theirs);
+            } else {
+                self.rules(t, &lookups, c, &c.rules);
             }
         }
-        self.loops(t, &chains);
+        self.loops(t, chains);
+    }
+
+    /// The matches and statements of `rules`, rules of chain `c`.
+    fn rules(&mut self, t: &Table, (chains, sets, maps): &Lookups<'_>, c: &Chain, rules: &[Rule]) {
+        for r in rules {
+            for m in &r.matches {
+                self.matches(t, sets, m);
+            }
+            for s in &r.stmts {
+                self.stmt(t, chains, maps, c, s);
+            }
+        }
     }
 
     fn base_chain(&mut self, c: &Chain, b: &BaseChain) {
@@ -539,28 +567,24 @@ impl Validator {
                     };
                     match &s.kind {
                         StmtKind::Verdict(v) => add(v, s.span),
-                        StmtKind::VerdictMap {
-                            map: MapRef::Anon(elems),
-                            ..
-                        } => {
-                            for el in elems {
-                                if let Some(Value::Verdict(v)) = &el.data {
-                                    add(v, s.span);
-                                }
-                            }
-                        }
-                        StmtKind::VerdictMap {
-                            map: MapRef::Named(m),
-                            ..
-                        } => {
-                            if let Some(m) = t.maps.iter().find(|x| &x.name == m) {
-                                for el in &m.elements {
+                        StmtKind::VerdictMap { map, .. } => match &**map {
+                            MapRef::Anon(elems) => {
+                                for el in elems {
                                     if let Some(Value::Verdict(v)) = &el.data {
                                         add(v, s.span);
                                     }
                                 }
                             }
-                        }
+                            MapRef::Named(m) => {
+                                if let Some(m) = t.maps.iter().find(|x| &x.name == m) {
+                                    for el in &m.elements {
+                                        if let Some(Value::Verdict(v)) = &el.data {
+                                            add(v, s.span);
+                                        }
+                                    }
+                                }
+                            }
+                        },
                         _ => {}
                     }
                 }
@@ -657,6 +681,29 @@ pub(crate) fn validate_command(r: &Ruleset, cmd: &crate::command::Command) -> Ve
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A chain checked in two halves reports every error, in order, as
+    /// one pass does.
+    #[test]
+    fn a_large_chain_checked_in_halves_reports_in_order() {
+        let n = PAR_VALIDATE_MIN + 100;
+        let bad = [3, n / 2 - 1, n / 2, n - 1];
+        let mut text = String::from("table ip t { chain c {\n");
+        for i in 0..n {
+            if bad.contains(&i) {
+                text.push_str(&format!(" tcp dport {} accept\n", 70000 + i));
+            } else {
+                text.push_str(&format!(" tcp dport {} accept\n", i % 60000));
+            }
+        }
+        text.push_str("} }\n");
+        let Err(d) = crate::parse_nft_str("t.nft", &text) else {
+            panic!("parsed");
+        };
+        let lines: Vec<u32> = d.items.iter().map(|i| i.line).collect();
+        let want: Vec<u32> = bad.iter().map(|i| *i as u32 + 2).collect();
+        assert_eq!(lines, want);
+    }
 
     #[test]
     fn plainly_valid_values_pass_the_full_check() {

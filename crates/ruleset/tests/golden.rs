@@ -3,7 +3,9 @@
 //! Inputs under `tests/golden/errors/` must fail with exactly the `.err` text.
 //! Set `UPDATE_GOLDEN=1` to rewrite the expected files.
 
-use sluice_ruleset::{parse_iptables_restore_str, parse_nft_str, Diagnostics, Ruleset};
+use sluice_ruleset::{
+    parse_iptables_restore_str, parse_nft_str, rule_to_string, Diagnostics, PackedRule, Ruleset,
+};
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -83,6 +85,26 @@ fn golden_canonical_output_and_fixed_point() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A loaded policy keeps its rules packed ([`PackedRule`]) and lists them
+/// from that form: every golden rule (both front ends) must come back
+/// equal, spans included, and print the same.
+#[test]
+fn golden_rules_round_trip_through_their_packed_form() {
+    let mut rules = 0;
+    for p in inputs("tests/golden") {
+        let Ok(r) = parse(&p) else { continue };
+        for c in r.tables.iter().flat_map(|t| &t.chains) {
+            for rule in &c.rules {
+                let packed = PackedRule::pack(rule);
+                assert_eq!(packed.unpack().as_ref(), Some(rule), "{}", p.display());
+                assert_eq!(packed.text(), rule_to_string(rule));
+                rules += 1;
+            }
+        }
+    }
+    assert!(rules >= 50, "only {rules} golden rules");
 }
 
 #[test]
