@@ -208,7 +208,10 @@ fn iperf3_tcp_and_udp(backend: &str, tag: &str) {
             .filter(|c| c["offloaded"].as_bool() == Some(true))
             .map(|c| c["offload_packets"].as_u64().expect("offload_packets"))
             .sum();
-        assert!(fwd >= packets / 2, "{fwd} offloaded packets of {packets}: {l}");
+        assert!(
+            fwd >= packets / 2,
+            "{fwd} offloaded packets of {packets}: {l}"
+        );
         assert!(
             fast < packets / 2,
             "{fast} fast-path packets for {packets} datagrams: not offloaded\n{}",

@@ -449,12 +449,35 @@ impl CompiledPolicy {
             .and_then(|r| low.lower_one(e.table as usize, e.chain, &r).ok())
             .unwrap_or_default();
         debug_assert_eq!(fresh.len(), e.rules.len());
+        // Never expected (a test pins that the re-lowered program is the
+        // loaded one); should it happen, the rules must not turn into
+        // match-all rules: they match nothing, and the error says why.
+        let consistent = fresh.len() == e.rules.len();
+        if !consistent {
+            tracing::error!(
+                handle = e.rules.first().map(|r| r.id.0),
+                "re-lowering a rule for the linear program gave {} IR rules, the store has {}; \
+                 they match nothing in the program",
+                fresh.len(),
+                e.rules.len()
+            );
+        }
+        let never = || {
+            vec![sluice_classify::ir::Match::In {
+                field: sluice_classify::ir::Field::Family,
+                set: sluice_classify::ir::ValueSet::new([]),
+                negate: false,
+            }]
+        };
         let mut fresh = fresh.into_iter();
         e.rules
             .iter()
             .map(|s| sluice_classify::ir::Rule {
                 id: s.id,
-                matches: fresh.next().map(|f| f.matches).unwrap_or_default(),
+                matches: match fresh.next() {
+                    Some(f) if consistent => f.matches,
+                    _ => never(),
+                },
                 stmts: s.stmts.clone(),
                 verdict: s.verdict,
             })
