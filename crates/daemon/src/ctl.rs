@@ -762,6 +762,8 @@ mod tests {
             assured: true,
             packets: 3,
             expires_in: 10,
+            offloaded: false,
+            offload_packets: None,
         };
         assert!(f.matches(&e));
         e.proto = 17;
