@@ -215,8 +215,11 @@ pub struct OffloadLink {
     pub map: Arc<XdpOffload>,
     /// Kernel ifindex of engine interface `i` (0: none).
     pub ifindex: Vec<u32>,
-    /// CLOCK_MONOTONIC ns at the workers' `epoch` (engine time 0).
-    pub mono_at_epoch: u64,
+    /// Engine time of the current housekeeping turn (what the GC probe
+    /// answers for a direction that was used).
+    pub now_ns: u64,
+    /// Per offloaded direction, its packet count when the GC last looked.
+    pub seen: std::collections::HashMap<OffloadKey, u64>,
     /// Counters.
     pub status: OffloadStatus,
     /// Installs gathered for one batch update.
@@ -276,13 +279,16 @@ impl OffloadLink {
                 }
                 OffloadOp::Remove { iif, key } => {
                     self.flush_installs();
-                    if matches!(self.map.remove(&self.key(iif, &key)), Ok(true)) {
+                    let k = self.key(iif, &key);
+                    self.seen.remove(&k);
+                    if matches!(self.map.remove(&k), Ok(true)) {
                         self.status.removed += 1;
                     }
                 }
                 OffloadOp::Clear => {
                     self.keys.clear();
                     self.values.clear();
+                    self.seen.clear();
                     self.status.clears += 1;
                     if let Err(e) = self.map.clear() {
                         tracing::warn!("XDP offload clear failed: {e}");
@@ -312,10 +318,18 @@ impl OffloadLink {
     }
 }
 
+/// The program keeps no clock (a clock read per packet costs more than the
+/// answer is worth): a direction counts as used now when its packet count
+/// moved since the GC last looked at it (or since it was installed). An
+/// idle offloaded connection therefore expires between one and two idle
+/// timeouts after its last packet, where the engine's own entries expire
+/// after one (netfilter's flowtable also ages offloaded flows coarsely).
 impl OffloadProbe for OffloadLink {
     fn last_used_ns(&mut self, iif: IfIndex, key: &FlowKey4) -> Option<u64> {
-        let st = self.map.stats(&self.key(iif, key)).ok()??;
-        (st.last_ns > 0).then(|| st.last_ns.saturating_sub(self.mono_at_epoch))
+        let k = self.key(iif, key);
+        let st = self.map.stats(&k).ok()??;
+        let before = self.seen.insert(k, st.packets).unwrap_or(0);
+        (st.packets > before).then_some(self.now_ns)
     }
 }
 
@@ -580,6 +594,7 @@ impl WorkerThread {
                 last_house = now;
                 match &mut self.offload {
                     Some(o) => {
+                        o.now_ns = now;
                         self.engine.gc_with(now, GC_BUDGET, o);
                     }
                     None => {

@@ -873,8 +873,6 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
             })?);
         }
     }
-    let mono_at_epoch =
-        sluice_io::afxdp::offload::monotonic_ns().saturating_sub(dataplane::now_ns(epoch));
 
     let mut threads = Vec::new();
     let mut senders = Vec::new();
@@ -1009,7 +1007,8 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
             offload: offload.as_ref().map(|m| dataplane::OffloadLink {
                 map: Arc::clone(m),
                 ifindex: offload_ifindex.clone(),
-                mono_at_epoch,
+                now_ns: 0,
+                seen: Default::default(),
                 status: Default::default(),
                 keys: Vec::with_capacity(OFFLOAD_QUEUE),
                 values: Vec::with_capacity(OFFLOAD_QUEUE),

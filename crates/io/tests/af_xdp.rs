@@ -675,7 +675,6 @@ fn afxdp_offload_forwards_installed_flows_in_xdp() {
         let st = offload.stats(&k).unwrap().expect("entry");
         assert_eq!(st.packets, 10);
         assert_eq!(st.bytes, 10 * 60);
-        assert!(st.last_ns > 0);
         // The other flow reached the socket, untouched.
         let mut batch = Batch::new();
         let end = std::time::Instant::now() + Duration::from_secs(5);

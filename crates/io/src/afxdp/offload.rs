@@ -17,9 +17,10 @@
 //!   adjusted by the entry's precomputed RFC 1624 delta (TTL included),
 //! - the new ports with the TCP or UDP checksum adjusted the same way (a
 //!   zero UDP checksum stays zero; a computed zero is sent as all ones),
-//! - the entry's packet and byte counters (atomic adds) and its last-use
-//!   time (`bpf_ktime_get_ns`, CLOCK_MONOTONIC), which the engine's
-//!   connection GC reads before it expires an offloaded connection,
+//! - the entry's packet and byte counters (plain adds: a flow's packets
+//!   arrive on one receive queue, so one CPU, at a time; no lock prefix),
+//!   which the engine's connection GC reads before it expires an
+//!   offloaded connection (has the count moved since it last looked?),
 //! - `bpf_redirect` to the egress interface.
 //!
 //! Anything else goes on to the socket redirect, unchanged: a miss, IPv4
@@ -121,8 +122,6 @@ pub struct OffloadStats {
     pub packets: u64,
     /// Bytes (IPv4 total length plus the Ethernet header) the program forwarded.
     pub bytes: u64,
-    /// CLOCK_MONOTONIC ns of the last packet looked up (0: none yet).
-    pub last_ns: u64,
 }
 
 /// The key's bytes as the program builds them on its stack: addresses and
@@ -151,7 +150,6 @@ const V_OIF: i16 = 28;
 const V_MTU: i16 = 32;
 const V_PACKETS: i16 = 40;
 const V_BYTES: i16 = 48;
-const V_LAST: i16 = 56;
 
 /// The value's bytes: everything the program writes into the frame in
 /// frame (network) order; the checksum deltas byte-swapped the same way,
@@ -184,7 +182,6 @@ fn stats_of(v: &[u8; VALUE_SIZE]) -> OffloadStats {
     OffloadStats {
         packets: u(V_PACKETS),
         bytes: u(V_BYTES),
-        last_ns: u(V_LAST),
     }
 }
 
@@ -352,23 +349,6 @@ pub fn driver(name: &str) -> Option<String> {
     sys::driver(&crate::error::IfName::new(name).ok()?)
 }
 
-/// CLOCK_MONOTONIC now, in ns: the clock of [`OffloadStats::last_ns`]
-/// (`bpf_ktime_get_ns`).
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec for the call.
-    let r = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    if r != 0 {
-        return 0;
-    }
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
-}
-
 // eBPF opcodes (linux/bpf.h, linux/bpf_common.h).
 const LDX_B: u8 = 0x71;
 const LDX_H: u8 = 0x69;
@@ -377,8 +357,7 @@ const STX_B: u8 = 0x73;
 const STX_H: u8 = 0x6b;
 const STX_W: u8 = 0x63;
 const STX_DW: u8 = 0x7b;
-/// `BPF_STX | BPF_ATOMIC | BPF_DW` with `imm = BPF_ADD`: `lock *(u64 *)(dst + off) += src`.
-const ATOMIC_ADD_DW: u8 = 0xdb;
+const LDX_DW: u8 = 0x79;
 const ADD_K: u8 = 0x07;
 const ADD_X: u8 = 0x0f;
 const AND_K: u8 = 0x57;
@@ -398,7 +377,6 @@ const EXIT: u8 = 0x95;
 const LD_IMM64: u8 = 0x18;
 const PSEUDO_MAP_FD: u8 = 1;
 const HELPER_MAP_LOOKUP: i32 = 1;
-const HELPER_KTIME_GET_NS: i32 = 5;
 const HELPER_REDIRECT: i32 = 23;
 
 const R0: u8 = 0;
@@ -555,9 +533,7 @@ pub(crate) fn prefix() -> (Vec<BpfInsn>, usize) {
     a.i(CALL, 0, 0, 0, HELPER_MAP_LOOKUP);
     a.jmp(JEQ_K, R0, 0, 0, Miss);
     a.i(MOV_X, R7, R0, 0, 0);
-    a.i(CALL, 0, 0, 0, HELPER_KTIME_GET_NS);
-    a.i(STX_DW, R7, R0, V_LAST, 0);
-    // The helper calls clobbered r1-r5: reload and re-check the bounds
+    // The helper call clobbered r1-r5: reload and re-check the bounds
     // before the first write (TCP needs its checksum at 50..52).
     a.packet();
     a.need(i32::from(L4) + 8);
@@ -597,9 +573,12 @@ pub(crate) fn prefix() -> (Vec<BpfInsn>, usize) {
     a.i(LDX_H, R1, R2, IP_LEN, 0);
     a.i(TO_BE, R1, 0, 0, 16);
     a.i(ADD_K, R1, 0, 0, i32::from(IP));
-    a.i(ATOMIC_ADD_DW, R7, R1, V_BYTES, 0);
-    a.i(MOV_K, R1, 0, 0, 1);
-    a.i(ATOMIC_ADD_DW, R7, R1, V_PACKETS, 0);
+    a.i(LDX_DW, R0, R7, V_BYTES, 0);
+    a.i(ADD_X, R0, R1, 0, 0);
+    a.i(STX_DW, R7, R0, V_BYTES, 0);
+    a.i(LDX_DW, R0, R7, V_PACKETS, 0);
+    a.i(ADD_K, R0, 0, 0, 1);
+    a.i(STX_DW, R7, R0, V_PACKETS, 0);
     a.i(LDX_W, R1, R7, V_OIF, 0);
     a.i(MOV_K, R2, 0, 0, 0);
     a.i(CALL, 0, 0, 0, HELPER_REDIRECT);
