@@ -340,6 +340,8 @@ pub struct Summary {
     pub workers: u16,
     /// Backend.
     pub backend: BackendChoice,
+    /// `xdp_offload` is on.
+    pub xdp_offload: bool,
     /// Ruleset file, if any.
     pub ruleset: Option<String>,
     /// Rules in the compiled ruleset (0 without one).
@@ -352,12 +354,13 @@ impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "ok: {} interfaces, {} routes, {} neighbours, {} workers ({:?}), ruleset {} ({} rules, {} NAT pools)",
+            "ok: {} interfaces, {} routes, {} neighbours, {} workers ({:?}{}), ruleset {} ({} rules, {} NAT pools)",
             self.interfaces,
             self.routes,
             self.neighbors,
             self.workers,
             self.backend,
+            if self.xdp_offload { ", XDP offload" } else { "" },
             self.ruleset.as_deref().unwrap_or("none"),
             self.rules,
             self.nat_pools

@@ -206,6 +206,7 @@ pub fn check(path: &Path) -> Result<Summary, ConfigError> {
         neighbors: cfg.neighbors.len() + cfg.neighbors6.len(),
         workers: cfg.workers,
         backend: cfg.backend,
+        xdp_offload: cfg.xdp_offload,
         ruleset: cfg.ruleset.as_ref().map(|p| p.display().to_string()),
         rules: lp.rules,
         nat_pools: lp.pools.len(),

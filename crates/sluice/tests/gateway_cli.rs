@@ -53,6 +53,48 @@ fn check_reports_a_bad_route_with_file_line_and_caret() {
     assert!(err.contains('^'), "no caret: {err}");
 }
 
+/// `xdp_offload` shows in the summary with AF_XDP and is refused, with
+/// its line, on AF_PACKET.
+#[test]
+fn check_shows_xdp_offload_and_refuses_it_without_af_xdp() {
+    let dir = std::env::temp_dir().join(format!("sluice-cli-off-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = std::fs::read_to_string(example()).unwrap();
+    let nft = example().with_extension("nft");
+    std::fs::copy(&nft, dir.join(nft.file_name().unwrap())).unwrap();
+    assert!(
+        src.contains("backend = \"auto\"\n"),
+        "example sets no backend"
+    );
+    let line = src.lines().position(|l| l == "backend = \"auto\"").unwrap() + 2;
+    let run = |backend: &str, name: &str| {
+        let text = src.replace(
+            "backend = \"auto\"\n",
+            &format!("backend = \"{backend}\"\nxdp_offload = true\n"),
+        );
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        sluice().args(["check", "-c"]).arg(&path).output().unwrap()
+    };
+    let ok = run("af_xdp", "xdp.toml");
+    let bad = run("af_packet", "packet.toml");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let text = String::from_utf8_lossy(&ok.stdout);
+    assert!(text.contains("(AfXdp, XDP offload)"), "{text}");
+    assert_eq!(bad.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains(&format!("packet.toml:{line}:"))
+            && err.contains("xdp_offload needs the AF_XDP backend"),
+        "{err}"
+    );
+}
+
 #[test]
 fn run_with_a_missing_config_fails_with_one_clear_message() {
     let out = sluice()

@@ -1579,6 +1579,13 @@ mod tests {
     use super::*;
 
     #[test]
+    fn cpu_times_reads_this_machines_cores() {
+        let (busy, all) = cpu_times(0).expect("cpu0 in /proc/stat");
+        assert!(all > 0 && busy <= all, "{busy} {all}");
+        assert!(cpu_times(100_000).is_none());
+    }
+
+    #[test]
     fn patched_frame_matches_a_built_one() {
         let tpl = Template::new();
         for (sp, dp) in [(1024u16, 1u16), (65535, 65535), (40000, 7), (1, 0xfffe)] {
