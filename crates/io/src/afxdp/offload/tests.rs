@@ -254,7 +254,7 @@ fn action(f: &[u8], src: u32, dst: u32, sport: u16, dport: u16) -> OffloadAction
     new.extend_from_slice(&dst.to_be_bytes());
     let ip_addr = delta(&old, &new);
     // TTL 64 -> 63 in the (TTL, protocol) word.
-    let ttl = delta(&[f[22], f[23]], &[f[22] - 1, f[23]]);
+    let ttl = delta(&[f[22], f[23]], &[f[22].wrapping_sub(1), f[23]]);
     let mut old4 = old.clone();
     old4.extend_from_slice(&f[34..38]);
     let mut new4 = new.clone();
@@ -416,6 +416,60 @@ fn the_prefix_is_well_formed() {
                 to > n as i64 && to <= p.len() as i64,
                 "jump at {n}: forward, inside or to the end"
             );
+        }
+    }
+}
+
+proptest::proptest! {
+    /// Any byte string, installed as a flow or not: the program never reads
+    /// or writes outside the frame (the interpreter panics if it does), a
+    /// miss leaves the frame as it was, and a hit keeps its length and
+    /// leaves a valid IPv4 header checksum when the frame had one.
+    #[test]
+    fn any_frame_is_handled_within_its_bounds(
+        mut f in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..120),
+        ipv4 in proptest::prelude::any::<bool>(),
+        install in proptest::prelude::any::<bool>(),
+    ) {
+        if ipv4 && f.len() >= 54 {
+            f[12] = 0x08;
+            f[13] = 0x00;
+            f[14] = 0x45;
+            let tot = (f.len() - 14) as u16;
+            f[16..18].copy_from_slice(&tot.to_be_bytes());
+            f[20] &= 0x40;
+            f[21] = 0;
+            f[22] = f[22].max(2);
+            f[23] = if f[23] & 1 == 0 { 6 } else { 17 };
+            if f[23] == 6 {
+                f[47] &= !0x07;
+            }
+            let c = ip_csum(&f[14..34]);
+            f[24..26].copy_from_slice(&c.to_be_bytes());
+        }
+        let mut map = HashMap::new();
+        if install && f.len() >= 38 {
+            let a = action(&f, 0xcb00_7101, 0xcb00_7102, 61_234, 53);
+            map.insert(key(&key_of(&f, 3)), value(&a));
+        }
+        let before = f.clone();
+        let out = run(&mut map, &mut f, 3);
+        if ipv4 && install && before.len() >= 54 {
+            // A plain IPv4 TCP/UDP frame of an installed flow is a hit.
+            proptest::prop_assert_eq!(&out, &Outcome::Redirect(7));
+        }
+        match out {
+            Outcome::Miss => proptest::prop_assert_eq!(&f, &before),
+            Outcome::Redirect(oif) => {
+                proptest::prop_assert_eq!(oif, 7);
+                proptest::prop_assert_eq!(f.len(), before.len());
+                if ip_csum(&before[14..34]) == u16::from_be_bytes([before[24], before[25]]) {
+                    proptest::prop_assert_eq!(
+                        u16::from_be_bytes([f[24], f[25]]),
+                        ip_csum(&f[14..34])
+                    );
+                }
+            }
         }
     }
 }
