@@ -89,8 +89,6 @@ pub struct OffloadQueue {
     cap: usize,
     /// Install requests not queued because the queue was full.
     pub dropped: u64,
-    /// Directions installed (requests queued).
-    pub installed: u64,
 }
 
 impl OffloadQueue {
@@ -99,7 +97,6 @@ impl OffloadQueue {
             ops: VecDeque::with_capacity(cap.max(2)),
             cap: cap.max(2),
             dropped: 0,
-            installed: 0,
         }
     }
 
@@ -124,7 +121,6 @@ impl OffloadQueue {
 
     pub(crate) fn push_install(&mut self, f: OffloadFlow) {
         self.ops.push_back(OffloadOp::Install(f));
-        self.installed += 1;
     }
 
     /// Take every pending request, in order.

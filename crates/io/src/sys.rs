@@ -287,6 +287,7 @@ const ETHTOOL_GDRVINFO: u32 = 0x03;
 
 /// `struct ethtool_drvinfo`.
 #[repr(C)]
+#[derive(Clone, Copy)]
 struct EthtoolDrvinfo {
     cmd: u32,
     driver: [u8; 32],
@@ -302,10 +303,32 @@ struct EthtoolDrvinfo {
     regdump_len: u32,
 }
 
+/// An ethtool request (`SIOCETHTOOL`) on `name`. `T` is the `repr(C)`
+/// ethtool struct of the command that `cmd` (its first `u32`) names;
+/// `false` when the call fails.
+fn ethtool<T: Copy>(name: &IfName, cmd: &mut T) -> bool {
+    let Ok(fd) = socket(libc::AF_UNIX, libc::SOCK_DGRAM, 0, "socket(AF_UNIX)") else {
+        return false;
+    };
+    let mut ifr = IfreqData {
+        name: [0; libc::IFNAMSIZ],
+        data: (cmd as *mut T).cast(),
+        _pad: [0; 16],
+    };
+    let c = name.as_cstr_bytes();
+    let n = c.len().min(libc::IFNAMSIZ - 1);
+    ifr.name[..n].copy_from_slice(&c[..n]);
+    // SAFETY: `ifr` is a live ifreq whose name is NUL-terminated and whose
+    // data pointer points at `cmd`, a live ethtool struct of the command
+    // its first word names (the callers pair them); the kernel reads that
+    // word and writes at most the struct, nothing else.
+    let r = unsafe { libc::ioctl(raw(&fd), libc::SIOCETHTOOL, &mut ifr as *mut IfreqData) };
+    r >= 0
+}
+
 /// The driver of `name` (`ETHTOOL_GDRVINFO`, what `ethtool -i` prints),
 /// or `None` when it cannot be read.
 pub(crate) fn driver(name: &IfName) -> Option<String> {
-    let fd = socket(libc::AF_UNIX, libc::SOCK_DGRAM, 0, "socket(AF_UNIX)").ok()?;
     let mut info = EthtoolDrvinfo {
         cmd: ETHTOOL_GDRVINFO,
         driver: [0; 32],
@@ -320,19 +343,7 @@ pub(crate) fn driver(name: &IfName) -> Option<String> {
         eedump_len: 0,
         regdump_len: 0,
     };
-    let mut ifr = IfreqData {
-        name: [0; libc::IFNAMSIZ],
-        data: (&mut info as *mut EthtoolDrvinfo).cast(),
-        _pad: [0; 16],
-    };
-    let c = name.as_cstr_bytes();
-    let n = c.len().min(libc::IFNAMSIZ - 1);
-    ifr.name[..n].copy_from_slice(&c[..n]);
-    // SAFETY: `ifr` is a live ifreq whose name is NUL-terminated and whose
-    // data pointer points at `info`, a live ethtool_drvinfo the kernel
-    // fills (it reads `cmd` and writes the struct, nothing else).
-    let r = unsafe { libc::ioctl(raw(&fd), libc::SIOCETHTOOL, &mut ifr as *mut IfreqData) };
-    if r < 0 {
+    if !ethtool(name, &mut info) {
         return None;
     }
     let end = info.driver.iter().position(|&b| b == 0).unwrap_or(32);
@@ -342,24 +353,11 @@ pub(crate) fn driver(name: &IfName) -> Option<String> {
 /// The receive queues of `name` in use (`ETHTOOL_GCHANNELS`: rx plus
 /// combined channels), or `None` when the driver does not say.
 pub(crate) fn rx_queues(name: &IfName) -> Option<u32> {
-    let fd = socket(libc::AF_UNIX, libc::SOCK_DGRAM, 0, "socket(AF_UNIX)").ok()?;
     let mut ch = EthtoolChannels {
         cmd: ETHTOOL_GCHANNELS,
         ..EthtoolChannels::default()
     };
-    let mut ifr = IfreqData {
-        name: [0; libc::IFNAMSIZ],
-        data: (&mut ch as *mut EthtoolChannels).cast(),
-        _pad: [0; 16],
-    };
-    let c = name.as_cstr_bytes();
-    let n = c.len().min(libc::IFNAMSIZ - 1);
-    ifr.name[..n].copy_from_slice(&c[..n]);
-    // SAFETY: `ifr` is a live ifreq whose name is NUL-terminated and whose
-    // data pointer points at `ch`, a live ethtool_channels the kernel fills
-    // (it reads `cmd` and writes the struct, nothing else).
-    let r = unsafe { libc::ioctl(raw(&fd), libc::SIOCETHTOOL, &mut ifr as *mut IfreqData) };
-    if r < 0 {
+    if !ethtool(name, &mut ch) {
         return None;
     }
     let q = ch.rx_count.saturating_add(ch.combined_count);

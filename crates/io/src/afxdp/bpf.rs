@@ -134,37 +134,52 @@ enum Label {
     Out,
 }
 
-/// A tiny assembler with forward labels.
-struct Asm {
+/// A tiny eBPF assembler with forward labels `L` (each program has its own
+/// label type): the steering program below and the offload prefix
+/// (`super::offload`).
+pub(crate) struct Asm<L> {
     code: Vec<BpfInsn>,
-    fixups: Vec<(usize, Label)>,
-    labels: Vec<(Label, usize)>,
+    fixups: Vec<(usize, L)>,
+    labels: Vec<(L, usize)>,
 }
 
-impl Asm {
-    fn i(&mut self, code: u8, dst: u8, src: u8, off: i16, imm: i32) {
+impl<L: Copy + PartialEq> Asm<L> {
+    pub(crate) fn with_capacity(n: usize) -> Self {
+        Self {
+            code: Vec::with_capacity(n),
+            fixups: Vec::new(),
+            labels: Vec::new(),
+        }
+    }
+    /// Instructions emitted so far.
+    pub(crate) fn len(&self) -> usize {
+        self.code.len()
+    }
+    pub(crate) fn i(&mut self, code: u8, dst: u8, src: u8, off: i16, imm: i32) {
         self.code.push(insn(code, dst, src, off, imm));
     }
-    fn jmp(&mut self, code: u8, dst: u8, src: u8, imm: i32, to: Label) {
+    /// A jump to label `to` (resolved by [`Self::finish`]).
+    pub(crate) fn jmp(&mut self, code: u8, dst: u8, src: u8, imm: i32, to: L) {
         self.fixups.push((self.code.len(), to));
         self.i(code, dst, src, 0, imm);
     }
-    fn label(&mut self, l: Label) {
+    pub(crate) fn label(&mut self, l: L) {
         self.labels.push((l, self.code.len()));
     }
-    /// `if reg + len > data_end goto Out`: a bounds check the verifier
-    /// needs before every packet load (`reg` is a packet pointer).
-    fn need(&mut self, reg: u8, len: i32) {
+    /// `if reg + len > r3 (data_end) goto to`: a bounds check the verifier
+    /// needs before every packet access (`reg` is a packet pointer; r0 is
+    /// clobbered).
+    pub(crate) fn need(&mut self, reg: u8, len: i32, to: L) {
         self.i(MOV_X, R0, reg, 0, 0);
         self.i(ADD_K, R0, 0, 0, len);
-        self.jmp(JGT_X, R0, R3, 0, Label::Out);
+        self.jmp(JGT_X, R0, R3, 0, to);
     }
     /// `dst = be16(*(u16 *)(reg + off))`.
     fn load16(&mut self, dst: u8, reg: u8, off: i16) {
         self.i(LDX_H, dst, reg, off, 0);
         self.i(TO_BE, dst, 0, 0, 16);
     }
-    fn finish(mut self) -> Vec<BpfInsn> {
+    pub(crate) fn finish(mut self) -> Vec<BpfInsn> {
         for &(at, l) in &self.fixups {
             let to = self
                 .labels
@@ -182,18 +197,18 @@ impl Asm {
 /// Load the TCP/UDP key from the header at `R5 + base` (see
 /// `crate::steer::program`; `quoted`: the header is quoted by an ICMP
 /// error, so it travelled the other way).
-fn xdp_ports(a: &mut Asm, key: SteerKey, base: i16, quoted: bool) {
+fn xdp_ports(a: &mut Asm<Label>, key: SteerKey, base: i16, quoted: bool) {
     match (key, quoted) {
         (SteerKey::Destination, false) | (SteerKey::Source, true) => {
-            a.need(R5, i32::from(base) + 4);
+            a.need(R5, i32::from(base) + 4, Label::Out);
             a.load16(R8, R5, base + 2);
         }
         (SteerKey::Source, false) | (SteerKey::Destination, true) => {
-            a.need(R5, i32::from(base) + 2);
+            a.need(R5, i32::from(base) + 2, Label::Out);
             a.load16(R8, R5, base);
         }
         (SteerKey::Symmetric, _) => {
-            a.need(R5, i32::from(base) + 4);
+            a.need(R5, i32::from(base) + 4, Label::Out);
             a.load16(R8, R5, base);
             a.load16(R0, R5, base + 2);
             a.i(XOR_X, R8, R0, 0, 0);
@@ -216,11 +231,7 @@ fn xdp_ports(a: &mut Asm, key: SteerKey, base: i16, quoted: bool) {
 pub(crate) fn steer_program(steer: Steer) -> (Vec<BpfInsn>, usize) {
     use Label::*;
     let workers = i32::from(steer.workers.max(1));
-    let mut a = Asm {
-        code: Vec::with_capacity(160),
-        fixups: Vec::new(),
-        labels: Vec::new(),
-    };
+    let mut a = Asm::with_capacity(160);
     // r7 = ctx->rx_queue_index * workers; r2/r3 = data/data_end; r8 = 0.
     a.i(LDX_W, R7, R1, 16, 0);
     a.i(MUL_K, R7, 0, 0, workers);
@@ -228,7 +239,7 @@ pub(crate) fn steer_program(steer: Steer) -> (Vec<BpfInsn>, usize) {
     a.i(LDX_W, R3, R1, 4, 0);
     a.i(MOV_K, R8, 0, 0, 0);
     // Ethernet: IPv4 at 14, or after one VLAN tag at 18.
-    a.need(R2, 14);
+    a.need(R2, 14, Label::Out);
     a.i(MOV_X, R4, R2, 0, 0);
     a.i(ADD_K, R4, 0, 0, 14);
     a.load16(R0, R2, 12);
@@ -237,33 +248,33 @@ pub(crate) fn steer_program(steer: Steer) -> (Vec<BpfInsn>, usize) {
     a.jmp(JEQ_K, R0, 0, 0x8100, Vlan);
     a.jmp(JNE_K, R0, 0, 0x88a8, Out);
     a.label(Vlan);
-    a.need(R2, 18);
+    a.need(R2, 18, Label::Out);
     a.i(ADD_K, R4, 0, 0, 4);
     a.load16(R0, R2, 16);
     a.jmp(JEQ_K, R0, 0, 0x0800, L3);
     a.jmp(JNE_K, R0, 0, 0x86dd, Out);
     // The version nibble picks the rule, as in the cBPF program.
     a.label(L3);
-    a.need(R4, 1);
+    a.need(R4, 1, Label::Out);
     a.i(LDX_B, R9, R4, 0, 0);
     a.i(MOV_X, R0, R9, 0, 0);
     a.i(RSH_K, R0, 0, 0, 4);
     a.jmp(JEQ_K, R0, 0, 6, V6);
     a.jmp(JNE_K, R0, 0, 4, Out);
     // IPv4: fragment offset, header length, protocol.
-    a.need(R4, 8);
+    a.need(R4, 8, Label::Out);
     a.load16(R0, R4, 6);
     a.jmp(JSET_K, R0, 0, 0x3fff, Addrs);
     a.i(AND_K, R9, 0, 0, 0x0f);
     a.i(LSH_K, R9, 0, 0, 2);
     a.i(MOV_X, R5, R4, 0, 0);
     a.i(ADD_X, R5, R9, 0, 0);
-    a.need(R4, 10);
+    a.need(R4, 10, Label::Out);
     a.i(LDX_B, R0, R4, 9, 0);
     a.jmp(JEQ_K, R0, 0, 6, Ports);
     a.jmp(JEQ_K, R0, 0, 17, Ports);
     a.jmp(JNE_K, R0, 0, 1, Addrs);
-    a.need(R5, 1);
+    a.need(R5, 1, Label::Out);
     a.i(LDX_B, R0, R5, 0, 0);
     for t in ICMP_QUERIES {
         a.jmp(JEQ_K, R0, 0, t as i32, Query);
@@ -278,14 +289,14 @@ pub(crate) fn steer_program(steer: Steer) -> (Vec<BpfInsn>, usize) {
     a.jmp(JA, 0, 0, 0, Key);
 
     a.label(Query);
-    a.need(R5, 6);
+    a.need(R5, 6, Label::Out);
     a.load16(R8, R5, 4);
     a.jmp(JA, 0, 0, 0, Key);
 
     // ICMP error: the quoted IPv4 header at R5 + 8, its L4 header at
     // R5 + 8 + its length (R5 moves by that length).
     a.label(Error);
-    a.need(R5, 8 + 10);
+    a.need(R5, 8 + 10, Label::Out);
     a.i(LDX_B, R1, R5, 8 + 9, 0);
     a.i(LDX_B, R9, R5, 8, 0);
     a.i(AND_K, R9, 0, 0, 0x0f);
@@ -299,7 +310,7 @@ pub(crate) fn steer_program(steer: Steer) -> (Vec<BpfInsn>, usize) {
     xdp_ports(&mut a, steer.key, 8, true);
     a.jmp(JA, 0, 0, 0, Key);
     a.label(InnerQuery);
-    a.need(R5, 8 + 6);
+    a.need(R5, 8 + 6, Label::Out);
     a.load16(R8, R5, 8 + 4);
     a.jmp(JA, 0, 0, 0, Key);
 
@@ -308,10 +319,10 @@ pub(crate) fn steer_program(steer: Steer) -> (Vec<BpfInsn>, usize) {
     // the fixed header: an error is keyed by the quoted header's addresses
     // (R5 = R4 + 48), NDP goes to worker 0; the rest by their own (R5 = R4).
     a.label(V6);
-    a.need(R4, 40);
+    a.need(R4, 40, Label::Out);
     a.i(LDX_B, R0, R4, 6, 0);
     a.jmp(JNE_K, R0, 0, i32::from(ICMP6), V6Addrs);
-    a.need(R4, 41);
+    a.need(R4, 41, Label::Out);
     a.i(LDX_B, R0, R4, 40, 0);
     a.jmp(JGT_K, R0, 0, i32::from(NDP_LAST), V6Addrs);
     a.jmp(JGE_K, R0, 0, i32::from(NDP_FIRST), Out);
@@ -319,7 +330,7 @@ pub(crate) fn steer_program(steer: Steer) -> (Vec<BpfInsn>, usize) {
     a.jmp(JGE_K, R0, 0, i32::from(ICMP6_ERRORS_FIRST), V6Error);
     a.jmp(JA, 0, 0, 0, V6Addrs);
     a.label(V6Error);
-    a.need(R4, QUOTED6 as i32 + 40);
+    a.need(R4, QUOTED6 as i32 + 40, Label::Out);
     a.i(MOV_X, R5, R4, 0, 0);
     a.i(ADD_K, R5, 0, 0, QUOTED6 as i32);
     a.jmp(JA, 0, 0, 0, Fold6);
@@ -342,7 +353,7 @@ pub(crate) fn steer_program(steer: Steer) -> (Vec<BpfInsn>, usize) {
 
     // Anything else: a symmetric function of the addresses.
     a.label(Addrs);
-    a.need(R4, 20);
+    a.need(R4, 20, Label::Out);
     a.i(LDX_W, R8, R4, 12, 0);
     a.i(TO_BE, R8, 0, 0, 32);
     a.i(LDX_W, R0, R4, 16, 0);
@@ -361,7 +372,7 @@ pub(crate) fn steer_program(steer: Steer) -> (Vec<BpfInsn>, usize) {
     // bpf_redirect_map(&xskmap, queue * workers + worker, XDP_PASS).
     a.label(Out);
     a.i(ADD_X, R8, R7, 0, 0);
-    let map_at = a.code.len();
+    let map_at = a.len();
     a.i(LD_IMM64, R1, PSEUDO_MAP_FD, 0, 0);
     a.i(0, 0, 0, 0, 0);
     a.i(MOV_X, R2, R8, 0, 0);

@@ -44,7 +44,7 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use crate::afxdp::bpf::{
-    insn, map_create_kv, map_elem_raw, BpfInsn, BPF_MAP_DELETE_ELEM, BPF_MAP_GET_NEXT_KEY,
+    map_create_kv, map_elem_raw, BpfInsn, BPF_MAP_DELETE_ELEM, BPF_MAP_GET_NEXT_KEY,
     BPF_MAP_LOOKUP_ELEM, BPF_MAP_UPDATE_ELEM,
 };
 use crate::error::IoError;
@@ -409,42 +409,36 @@ const KEY: i16 = -24;
 enum Label {
     Key,
     Bounded,
+    TcpCsum,
     Count,
     Miss,
 }
 
-struct Asm {
-    code: Vec<BpfInsn>,
-    fixups: Vec<(usize, Label)>,
-    labels: Vec<(Label, usize)>,
+type Asm = crate::afxdp::bpf::Asm<Label>;
+
+/// The offload prefix's own instruction patterns.
+trait Emit {
+    /// `if r2 + len > r3 goto Miss`.
+    fn need_miss(&mut self, len: i32);
+    /// `r2 = ctx->data; r3 = ctx->data_end`.
+    fn packet(&mut self);
+    /// `*(u16 *)(r2 + at) = ~(~*(u16 *)(r2 + at) + delta)` folded, with
+    /// the delta at `r7 + delta`; leaves the result in r0. `udp`: a zero
+    /// checksum is left alone (UDP without checksum) and a computed zero
+    /// becomes 0xffff.
+    fn adjust(&mut self, at: i16, delta: i16, udp: bool);
+    /// `*(size *)(r2 + at) = *(size *)(r7 + from)`.
+    fn copy(&mut self, ldx: u8, stx: u8, at: i16, from: i16);
 }
 
-impl Asm {
-    fn i(&mut self, code: u8, dst: u8, src: u8, off: i16, imm: i32) {
-        self.code.push(insn(code, dst, src, off, imm));
+impl Emit for Asm {
+    fn need_miss(&mut self, len: i32) {
+        self.need(R2, len, Label::Miss);
     }
-    fn jmp(&mut self, code: u8, dst: u8, src: u8, imm: i32, to: Label) {
-        self.fixups.push((self.code.len(), to));
-        self.i(code, dst, src, 0, imm);
-    }
-    fn label(&mut self, l: Label) {
-        self.labels.push((l, self.code.len()));
-    }
-    /// `if r2 + len > r3 goto Miss`.
-    fn need(&mut self, len: i32) {
-        self.i(MOV_X, R0, R2, 0, 0);
-        self.i(ADD_K, R0, 0, 0, len);
-        self.jmp(JGT_X, R0, R3, 0, Label::Miss);
-    }
-    /// `r2 = ctx->data; r3 = ctx->data_end`.
     fn packet(&mut self) {
         self.i(LDX_W, R2, R6, 0, 0);
         self.i(LDX_W, R3, R6, 4, 0);
     }
-    /// `*(u16 *)(r2 + at) = ~(~*(u16 *)(r2 + at) + delta)` folded, with
-    /// the delta at `r7 + delta`; leaves the result in r0. `zero_stays`:
-    /// a zero checksum is left alone (UDP without checksum) and a computed
-    /// zero becomes 0xffff.
     fn adjust(&mut self, at: i16, delta: i16, udp: bool) {
         self.i(LDX_H, R0, R2, at, 0);
         if udp {
@@ -465,23 +459,9 @@ impl Asm {
         }
         self.i(STX_H, R2, R0, at, 0);
     }
-    /// `*(size *)(r2 + at) = *(size *)(r7 + from)`.
     fn copy(&mut self, ldx: u8, stx: u8, at: i16, from: i16) {
         self.i(ldx, R0, R7, from, 0);
         self.i(stx, R2, R0, at, 0);
-    }
-    fn finish(mut self) -> Vec<BpfInsn> {
-        for &(at, l) in &self.fixups {
-            let to = self
-                .labels
-                .iter()
-                .find(|x| x.0 == l)
-                .map_or(at + 1, |x| x.1);
-            if let Some(ins) = self.code.get_mut(at) {
-                ins.off = (to as i64 - at as i64 - 1) as i16;
-            }
-        }
-        self.code
     }
 }
 
@@ -491,15 +471,11 @@ impl Asm {
 /// fd.
 pub(crate) fn prefix() -> (Vec<BpfInsn>, usize) {
     use Label::*;
-    let mut a = Asm {
-        code: Vec::with_capacity(96),
-        fixups: Vec::new(),
-        labels: Vec::new(),
-    };
+    let mut a = Asm::with_capacity(96);
     a.i(MOV_X, R6, R1, 0, 0);
     a.packet();
     // Ethernet + IPv4 without options + 8 bytes of L4 header.
-    a.need(i32::from(L4) + 8);
+    a.need_miss(i32::from(L4) + 8);
     a.i(LDX_H, R0, R2, ETH_TYPE, 0);
     a.jmp(JNE_K, R0, 0, i32::from(0x0800u16.to_be()), Miss);
     a.i(LDX_B, R0, R2, IP, 0);
@@ -512,7 +488,7 @@ pub(crate) fn prefix() -> (Vec<BpfInsn>, usize) {
     a.i(LDX_B, R8, R2, IP_PROTO, 0);
     a.jmp(JEQ_K, R8, 0, 17, Key);
     a.jmp(JNE_K, R8, 0, 6, Miss);
-    a.need(i32::from(L4) + 20);
+    a.need_miss(i32::from(L4) + 20);
     a.i(LDX_B, R0, R2, TCP_FLAGS, 0);
     // FIN, SYN, RST.
     a.jmp(JSET_K, R0, 0, 0x07, Miss);
@@ -525,7 +501,7 @@ pub(crate) fn prefix() -> (Vec<BpfInsn>, usize) {
     // ctx->ingress_ifindex
     a.i(LDX_W, R0, R6, 12, 0);
     a.i(STX_W, R10, R0, KEY + 16, 0);
-    let map_at = a.code.len();
+    let map_at = a.len();
     a.i(LD_IMM64, R1, PSEUDO_MAP_FD, 0, 0);
     a.i(0, 0, 0, 0, 0);
     a.i(MOV_X, R2, R10, 0, 0);
@@ -536,9 +512,9 @@ pub(crate) fn prefix() -> (Vec<BpfInsn>, usize) {
     // The helper call clobbered r1-r5: reload and re-check the bounds
     // before the first write (TCP needs its checksum at 50..52).
     a.packet();
-    a.need(i32::from(L4) + 8);
+    a.need_miss(i32::from(L4) + 8);
     a.jmp(JNE_K, R8, 0, 6, Bounded);
-    a.need(i32::from(L4) + 20);
+    a.need_miss(i32::from(L4) + 20);
     a.label(Bounded);
     // Longer than the egress MTU: the engine decides.
     a.i(LDX_H, R0, R2, IP_LEN, 0);
@@ -559,15 +535,11 @@ pub(crate) fn prefix() -> (Vec<BpfInsn>, usize) {
     a.adjust(IP_CSUM, V_IP_DELTA, false);
     // Ports and the L4 checksum.
     a.copy(LDX_W, STX_W, L4, V_PORTS);
-    let udp_at = a.code.len();
-    a.i(JEQ_K, R8, 0, 0, 6);
+    a.jmp(JEQ_K, R8, 0, 6, TcpCsum);
     a.adjust(UDP_CSUM, V_L4_DELTA, true);
     a.jmp(JA, 0, 0, 0, Count);
-    let tcp_at = a.code.len();
+    a.label(TcpCsum);
     a.adjust(TCP_CSUM, V_L4_DELTA, false);
-    if let Some(j) = a.code.get_mut(udp_at) {
-        j.off = (tcp_at - udp_at - 1) as i16;
-    }
     a.label(Count);
     // Bytes: the IPv4 total length plus the Ethernet header.
     a.i(LDX_H, R1, R2, IP_LEN, 0);
