@@ -30,7 +30,6 @@ use std::time::Instant;
 
 use sluice_engine::offload::{OffloadOp, OffloadProbe};
 use sluice_engine::{Action, DropReason, Frames, IfIndex, Policy, Worker, MAX_BATCH};
-use sluice_io::afxdp::offload;
 use sluice_io::{BackendKind, Batch, OffloadAction, OffloadKey, Port, PortStats, XdpOffload};
 use sluice_wire::flow::FlowKey4;
 
@@ -202,7 +201,8 @@ pub struct OffloadStatus {
     pub installed: u64,
     /// Directions taken back.
     pub removed: u64,
-    /// Installs the kernel refused (map full) or the queue had no room for.
+    /// Installs that found no room (the key's window of the table full)
+    /// or that the queue had no room for.
     pub failed: u64,
     /// Times every direction was taken back (policy, neighbour, flush).
     pub clears: u64,
@@ -222,10 +222,6 @@ pub struct OffloadLink {
     pub seen: std::collections::HashMap<OffloadKey, u64>,
     /// Counters.
     pub status: OffloadStatus,
-    /// Installs gathered for one batch update.
-    pub keys: Vec<[u8; offload::KEY_SIZE]>,
-    /// Their values.
-    pub values: Vec<[u8; offload::VALUE_SIZE]>,
 }
 
 impl OffloadLink {
@@ -240,8 +236,8 @@ impl OffloadLink {
         }
     }
 
-    /// Apply every request the engine queued, in order; consecutive
-    /// installs go down in one `BPF_MAP_UPDATE_BATCH`.
+    /// Apply every request the engine queued, in order (writes into the
+    /// shared table, no system call).
     fn apply(&mut self, engine: &mut Worker) {
         let Some(q) = engine.offload_ops() else {
             return;
@@ -270,51 +266,32 @@ impl OffloadLink {
                             .unwrap_or(0),
                         mtu: f.adj.mtu,
                     };
-                    if k.ifindex == 0 || a.oif == 0 {
-                        self.status.failed += 1;
+                    if k.ifindex != 0 && a.oif != 0 && self.map.install(&k, &a) {
+                        self.status.installed += 1;
                     } else {
-                        self.keys.push(offload::key(&k));
-                        self.values.push(offload::value(&a));
+                        if self.status.failed == 0 {
+                            tracing::warn!(
+                                "XDP offload install failed (no room in the table); \
+                                 such flows stay in userspace"
+                            );
+                        }
+                        self.status.failed += 1;
                     }
                 }
                 OffloadOp::Remove { iif, key } => {
-                    self.flush_installs();
                     let k = self.key(iif, &key);
                     self.seen.remove(&k);
-                    if matches!(self.map.remove(&k), Ok(true)) {
+                    if self.map.remove(&k) {
                         self.status.removed += 1;
                     }
                 }
                 OffloadOp::Clear => {
-                    self.keys.clear();
-                    self.values.clear();
                     self.seen.clear();
                     self.status.clears += 1;
-                    if let Err(e) = self.map.clear() {
-                        tracing::warn!("XDP offload clear failed: {e}");
-                    }
+                    self.map.clear();
                 }
             }
         }
-        self.flush_installs();
-    }
-
-    fn flush_installs(&mut self) {
-        if self.keys.is_empty() {
-            return;
-        }
-        let (n, err) = self.map.install_batch(&self.keys, &self.values);
-        self.status.installed += n as u64;
-        let failed = self.keys.len() - n;
-        if failed > 0 {
-            if self.status.failed == 0 {
-                let why = err.map_or_else(|| "short write".to_string(), |e| e.to_string());
-                tracing::warn!("XDP offload install failed ({why}); such flows stay in userspace");
-            }
-            self.status.failed += failed as u64;
-        }
-        self.keys.clear();
-        self.values.clear();
     }
 }
 
@@ -327,7 +304,7 @@ impl OffloadLink {
 impl OffloadProbe for OffloadLink {
     fn last_used_ns(&mut self, iif: IfIndex, key: &FlowKey4) -> Option<u64> {
         let k = self.key(iif, key);
-        let st = self.map.stats(&k).ok()??;
+        let st = self.map.stats(&k)?;
         let before = self.seen.insert(k, st.packets).unwrap_or(0);
         (st.packets > before).then_some(self.now_ns)
     }
@@ -694,7 +671,7 @@ impl WorkerThread {
                                 c.offload_packets = Some(
                                     engine
                                         .offloaded_directions(e)
-                                        .filter_map(|(iif, k)| o.map.stats(&o.key(iif, &k)).ok()?)
+                                        .filter_map(|(iif, k)| o.map.stats(&o.key(iif, &k)))
                                         .map(|st| st.packets)
                                         .sum(),
                                 );

@@ -848,10 +848,14 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     // One offload map for every worker and port.
     let offload = if cfg.xdp_offload {
         let max = u32::try_from(cfg.ct_max.saturating_mul(2)).unwrap_or(u32::MAX);
-        Some(
-            sluice_io::XdpOffload::new(max)
-                .map_err(|e| RunError::Os(format!("XDP offload map: {e}")))?,
-        )
+        let t = sluice_io::XdpOffload::new(max)
+            .map_err(|e| RunError::Os(format!("XDP offload table: {e}")))?;
+        tracing::info!(
+            slots = t.slots(),
+            mib = (u64::from(t.slots()) * sluice_io::afxdp::offload::SLOT_SIZE as u64) >> 20,
+            "XDP offload table"
+        );
+        Some(t)
     } else {
         None
     };
@@ -1011,8 +1015,6 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
                 now_ns: 0,
                 seen: Default::default(),
                 status: Default::default(),
-                keys: Vec::with_capacity(OFFLOAD_QUEUE),
-                values: Vec::with_capacity(OFFLOAD_QUEUE),
             }),
         };
         let h = std::thread::Builder::new()

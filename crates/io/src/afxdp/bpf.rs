@@ -29,7 +29,6 @@ const BPF_MAP_CREATE: i32 = 0;
 pub(crate) const BPF_MAP_LOOKUP_ELEM: i32 = 1;
 pub(crate) const BPF_MAP_UPDATE_ELEM: i32 = 2;
 pub(crate) const BPF_MAP_DELETE_ELEM: i32 = 3;
-pub(crate) const BPF_MAP_GET_NEXT_KEY: i32 = 4;
 const BPF_PROG_LOAD: i32 = 5;
 const BPF_LINK_CREATE: i32 = 28;
 const BPF_MAP_TYPE_XSKMAP: u32 = 17;

@@ -1,15 +1,16 @@
 //! The offload prefix run by a small eBPF interpreter (the instructions it
-//! uses, the kernel's memory model for ctx, packet, stack and map value),
-//! checked against checksums recomputed from scratch.
+//! uses, the kernel's memory model for ctx, packet, stack and array map
+//! values), against the table the workers write, and checked against
+//! checksums recomputed from scratch.
 
-use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::*;
 
 const CTX: u64 = 0x1000;
 const PKT: u64 = 0x10_0000;
 const STACK_TOP: u64 = 0x20_0000;
-const VAL: u64 = 0x30_0000;
+const VAL: u64 = 0x1_0000_0000;
 const MAP_FD: i32 = 0x7777;
 
 #[derive(Debug, PartialEq, Eq)]
@@ -20,13 +21,48 @@ enum Outcome {
     Redirect(u32),
 }
 
+/// A table in plain memory, as the mmap'ed array.
+struct TestTable {
+    words: Vec<AtomicU64>,
+    layout: Layout,
+}
+
+impl TestTable {
+    /// `slots` slots and fixed multipliers (so a failure reproduces).
+    fn new(slots: u32) -> Self {
+        Self {
+            words: (0..slots as usize * WORDS)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            layout: Layout {
+                slots,
+                mult: [
+                    0x9e37_79b9_7f4a_7c15,
+                    0xc2b2_ae3d_27d4_eb4f,
+                    0x1656_67b1_9e37_79f9,
+                ],
+            },
+        }
+    }
+
+    fn table(&self) -> Table<'_> {
+        Table {
+            words: &self.words,
+            layout: self.layout,
+        }
+    }
+}
+
 struct Vm<'a> {
     frame: &'a mut Vec<u8>,
     ifindex: u32,
-    map: &'a mut HashMap<[u8; KEY_SIZE], [u8; VALUE_SIZE]>,
+    table: &'a TestTable,
     stack: [u8; 512],
-    /// Key of the value mapped at `VAL`, if any.
-    mapped: Option<[u8; KEY_SIZE]>,
+    /// Slots a lookup returned (the only map memory the program may touch).
+    looked_up: Vec<usize>,
+    /// Make a writer bump the hit's sequence when the program first reads
+    /// its rewrite words (a race the seqlock check must catch).
+    race: bool,
 }
 
 impl Vm<'_> {
@@ -41,15 +77,33 @@ impl Vm<'_> {
         }
         if (STACK_TOP - 512..STACK_TOP).contains(&addr) {
             let o = (addr - (STACK_TOP - 512)) as usize;
+            assert_eq!(o % size, 0, "unaligned stack access of {size} at {o}");
             return &mut self.stack[o..o + size];
         }
-        if (VAL..VAL + VALUE_SIZE as u64).contains(&addr) {
-            let k = self.mapped.expect("value access without a lookup");
-            let o = (addr - VAL) as usize;
-            assert!(o + size <= VALUE_SIZE, "value access beyond its size");
-            return &mut self.map.get_mut(&k).expect("mapped")[o..o + size];
-        }
         panic!("access of {size} at {addr:#x}");
+    }
+
+    /// The map word and byte offset of a value access, checked like the
+    /// verifier does (inside one slot a lookup returned).
+    fn map_at(&self, addr: u64, size: usize) -> Option<usize> {
+        if addr < VAL {
+            return None;
+        }
+        let o = (addr - VAL) as usize;
+        let slot = o / SLOT_SIZE;
+        assert!(
+            self.looked_up.contains(&slot),
+            "value access without a lookup"
+        );
+        assert!(
+            o % SLOT_SIZE + size <= SLOT_SIZE,
+            "value access beyond its size"
+        );
+        Some(o)
+    }
+
+    fn map_byte(&self, o: usize) -> u8 {
+        (self.table.words[o / 8].load(Ordering::Relaxed) >> (8 * (o % 8))) as u8
     }
 
     fn load(&mut self, addr: u64, size: usize) -> u64 {
@@ -62,6 +116,17 @@ impl Vm<'_> {
                 o => panic!("ctx load at {o}"),
             };
         }
+        if let Some(o) = self.map_at(addr, size) {
+            if self.race && o % SLOT_SIZE == S_DATA as usize {
+                self.race = false;
+                self.table.words[o / 8 - 4].fetch_add(2, Ordering::Relaxed);
+            }
+            let mut v = [0u8; 8];
+            for (i, b) in v[..size].iter_mut().enumerate() {
+                *b = self.map_byte(o + i);
+            }
+            return u64::from_ne_bytes(v);
+        }
         let b = self.mem(addr, size);
         let mut v = [0u8; 8];
         v[..size].copy_from_slice(b);
@@ -70,6 +135,19 @@ impl Vm<'_> {
 
     fn store(&mut self, addr: u64, size: usize, v: u64) {
         let b = v.to_ne_bytes();
+        if let Some(o) = self.map_at(addr, size) {
+            for (i, byte) in b[..size].iter().enumerate() {
+                let at = o + i;
+                let shift = 8 * (at % 8);
+                let w = &self.table.words[at / 8];
+                let old = w.load(Ordering::Relaxed);
+                w.store(
+                    (old & !(0xff << shift)) | u64::from(*byte) << shift,
+                    Ordering::Relaxed,
+                );
+            }
+            return;
+        }
         self.mem(addr, size).copy_from_slice(&b[..size]);
     }
 
@@ -96,14 +174,17 @@ impl Vm<'_> {
                 LDX_B => r[d] = self.load(r[s].wrapping_add(off), 1),
                 LDX_H => r[d] = self.load(r[s].wrapping_add(off), 2),
                 LDX_W => r[d] = self.load(r[s].wrapping_add(off), 4),
+                LDX_DW => r[d] = self.load(r[s].wrapping_add(off), 8),
                 STX_B => self.store(r[d].wrapping_add(off), 1, r[s]),
                 STX_H => self.store(r[d].wrapping_add(off), 2, r[s]),
                 STX_W => self.store(r[d].wrapping_add(off), 4, r[s]),
                 STX_DW => self.store(r[d].wrapping_add(off), 8, r[s]),
-                LDX_DW => r[d] = self.load(r[s].wrapping_add(off), 8),
                 ADD_K => r[d] = r[d].wrapping_add(k),
                 ADD_X => r[d] = r[d].wrapping_add(r[s]),
+                MUL_X => r[d] = r[d].wrapping_mul(r[s]),
+                OR_X => r[d] |= r[s],
                 AND_K => r[d] &= k,
+                LSH_K => r[d] <<= k,
                 RSH_K => r[d] >>= k,
                 XOR_K => r[d] ^= k,
                 MOV_K => r[d] = k,
@@ -118,23 +199,28 @@ impl Vm<'_> {
                 JA => jump(true),
                 JEQ_K => jump(r[d] == k),
                 JNE_K => jump(r[d] != k),
+                JNE_X => jump(r[d] != r[s]),
                 JLE_K => jump(r[d] <= k),
                 JSET_K => jump(r[d] & k != 0),
                 JGT_X => jump(r[d] > r[s]),
                 LD_IMM64 => {
-                    assert_eq!(s, usize::from(PSEUDO_MAP_FD));
-                    r[d] = u64::from(i.imm as u32);
+                    let hi = prog[pc].imm as u32;
+                    r[d] = if s == usize::from(PSEUDO_MAP_FD) {
+                        u64::from(i.imm as u32)
+                    } else {
+                        assert_eq!(s, 0);
+                        u64::from(i.imm as u32) | u64::from(hi) << 32
+                    };
                     pc += 1;
                 }
                 CALL => {
                     match i.imm {
                         HELPER_MAP_LOOKUP => {
                             assert_eq!(r[1], MAP_FD as u64);
-                            let mut key = [0u8; KEY_SIZE];
-                            key.copy_from_slice(self.mem(r[2], KEY_SIZE));
-                            r[0] = if self.map.contains_key(&key) {
-                                self.mapped = Some(key);
-                                VAL
+                            let idx = self.load(r[2], 4) as u32;
+                            r[0] = if idx < self.table.layout.slots {
+                                self.looked_up.push(idx as usize);
+                                VAL + u64::from(idx) * SLOT_SIZE as u64
                             } else {
                                 0
                             };
@@ -158,9 +244,12 @@ impl Vm<'_> {
     }
 }
 
-fn program() -> Vec<BpfInsn> {
-    let (mut p, at) = prefix();
-    p[at].imm = MAP_FD;
+fn program(t: &TestTable) -> Vec<BpfInsn> {
+    let (mut p, maps) = prefix(&t.layout);
+    assert_eq!(maps.len(), PROBES as usize);
+    for at in maps {
+        p[at].imm = MAP_FD;
+    }
     p
 }
 
@@ -286,19 +375,20 @@ fn key_of(f: &[u8], ifindex: u32) -> OffloadKey {
     }
 }
 
-fn run(
-    map: &mut HashMap<[u8; KEY_SIZE], [u8; VALUE_SIZE]>,
-    f: &mut Vec<u8>,
-    ifindex: u32,
-) -> Outcome {
+fn run(t: &TestTable, f: &mut Vec<u8>, ifindex: u32) -> Outcome {
+    run_with(t, f, ifindex, false)
+}
+
+fn run_with(t: &TestTable, f: &mut Vec<u8>, ifindex: u32, race: bool) -> Outcome {
     let mut vm = Vm {
         frame: f,
         ifindex,
-        map,
+        table: t,
         stack: [0; 512],
-        mapped: None,
+        looked_up: Vec::new(),
+        race,
     };
-    vm.run(&program())
+    vm.run(&program(t))
 }
 
 #[test]
@@ -308,10 +398,9 @@ fn a_hit_is_translated_with_valid_checksums_and_counted() {
             let mut f = frame(proto, 0x0a00_0002, 0xcb00_7102, 40_000, 53, payload);
             let a = action(&f, 0xcb00_7101, 0xcb00_7102, 61_234, 53);
             let k = key_of(&f, 3);
-            let mut map = HashMap::new();
-            map.insert(key(&k), value(&a));
-            let len = f.len() as u64;
-            assert_eq!(run(&mut map, &mut f, 3), Outcome::Redirect(7));
+            let t = TestTable::new(64);
+            assert!(t.table().install(&k, &a));
+            assert_eq!(run(&t, &mut f, 3), Outcome::Redirect(7));
             assert_eq!(f[0..6], a.dst_mac);
             assert_eq!(f[6..12], a.src_mac);
             assert_eq!(f[22], 63, "TTL");
@@ -324,14 +413,7 @@ fn a_hit_is_translated_with_valid_checksums_and_counted() {
                 l4_csum(&f),
                 "{proto} {payload}"
             );
-            let st = stats_of(&map[&key(&k)]);
-            assert_eq!(
-                st,
-                OffloadStats {
-                    packets: 1,
-                    bytes: len,
-                }
-            );
+            assert_eq!(t.table().stats(&k), Some(OffloadStats { packets: 1 }));
         }
     }
 }
@@ -342,9 +424,9 @@ fn a_zero_udp_checksum_stays_zero() {
     f[40] = 0;
     f[41] = 0;
     let a = action(&f, 0xcb00_7101, 0xcb00_7102, 61_234, 53);
-    let mut map = HashMap::new();
-    map.insert(key(&key_of(&f, 3)), value(&a));
-    assert_eq!(run(&mut map, &mut f, 3), Outcome::Redirect(7));
+    let t = TestTable::new(64);
+    assert!(t.table().install(&key_of(&f, 3), &a));
+    assert_eq!(run(&t, &mut f, 3), Outcome::Redirect(7));
     assert_eq!(f[40..42], [0, 0]);
     assert_eq!(u16::from_be_bytes([f[24], f[25]]), ip_csum(&f[14..34]));
 }
@@ -353,8 +435,8 @@ fn a_zero_udp_checksum_stays_zero() {
 fn everything_else_falls_through_untouched() {
     let base = frame(6, 0x0a00_0002, 0xcb00_7102, 40_000, 80, 10);
     let a = action(&base, 0xcb00_7101, 0xcb00_7102, 61_234, 80);
-    let mut map = HashMap::new();
-    map.insert(key(&key_of(&base, 3)), value(&a));
+    let t = TestTable::new(64);
+    assert!(t.table().install(&key_of(&base, 3), &a));
     type Edit = Box<dyn Fn(&mut Vec<u8>)>;
     let cases: Vec<(&str, Edit, u32)> = vec![
         ("other ifindex", Box::new(|_| {}), 4),
@@ -382,32 +464,35 @@ fn everything_else_falls_through_untouched() {
         let mut f = base.clone();
         edit(&mut f);
         let want = f.clone();
-        assert_eq!(run(&mut map, &mut f, ifindex), Outcome::Miss, "{what}");
+        assert_eq!(run(&t, &mut f, ifindex), Outcome::Miss, "{what}");
         assert_eq!(f, want, "{what}: frame untouched");
     }
     // Truncated frames: every length below a TCP header's end.
     for len in 0..54 {
         let mut f = base[..len].to_vec();
-        assert_eq!(run(&mut map, &mut f, 3), Outcome::Miss, "len {len}");
+        assert_eq!(run(&t, &mut f, 3), Outcome::Miss, "len {len}");
         assert_eq!(f, base[..len], "len {len}");
     }
     // A UDP frame needs only its 8-byte header.
     let mut u = frame(17, 0x0a00_0002, 0xcb00_7102, 40_000, 53, 0);
     let a = action(&u, 0xcb00_7101, 0xcb00_7102, 61_234, 53);
-    map.insert(key(&key_of(&u, 3)), value(&a));
+    assert!(t.table().install(&key_of(&u, 3), &a));
     assert_eq!(u.len(), 42);
-    assert_eq!(run(&mut map, &mut u, 3), Outcome::Redirect(7));
+    assert_eq!(run(&t, &mut u, 3), Outcome::Redirect(7));
     for len in 0..42 {
         let mut f = u[..len].to_vec();
-        assert_eq!(run(&mut map, &mut f, 3), Outcome::Miss, "len {len}");
+        assert_eq!(run(&t, &mut f, 3), Outcome::Miss, "len {len}");
     }
 }
 
 #[test]
 fn the_prefix_is_well_formed() {
-    let (p, at) = prefix();
-    assert_eq!(p[at].code, LD_IMM64);
-    assert_eq!(p[at].regs, (PSEUDO_MAP_FD << 4) | R1);
+    let (p, maps) = prefix(&TestTable::new(1 << 24).layout);
+    assert_eq!(maps.len(), PROBES as usize);
+    for at in maps {
+        assert_eq!(p[at].code, LD_IMM64);
+        assert_eq!(p[at].regs, (PSEUDO_MAP_FD << 4) | R1);
+    }
     assert_eq!(p.last().map(|i| i.code), Some(MOV_X), "ends with r1 = ctx");
     for (n, i) in p.iter().enumerate() {
         if i.code & 0x07 == 0x05 && i.code != CALL && i.code != EXIT {
@@ -420,7 +505,150 @@ fn the_prefix_is_well_formed() {
     }
 }
 
+/// A flow key with source port `i` (all in one table, many colliding).
+fn flow(i: u16, ifindex: u32) -> (Vec<u8>, OffloadKey) {
+    let f = frame(17, 0x0a00_0002, 0xcb00_7102, 1000 + i, 53, 18);
+    let k = key_of(&f, ifindex);
+    (f, k)
+}
+
+#[test]
+fn the_table_sizes_for_a_load_of_at_most_one_half() {
+    assert_eq!(Layout::for_directions(1).slots, MIN_SLOTS);
+    assert_eq!(Layout::for_directions(1000).slots, 2048);
+    assert_eq!(Layout::for_directions(1024).slots, 2048);
+    assert_eq!(Layout::for_directions(2_000_000).slots, 4 << 20);
+    assert_eq!(Layout::for_directions(u32::MAX).slots, MAX_SLOTS);
+    let l = Layout::for_directions(1000);
+    assert!(l.mult.iter().all(|m| m & 1 == 1), "odd multipliers");
+}
+
+#[test]
+fn colliding_keys_are_found_replaced_removed_and_their_slots_reused() {
+    let t = TestTable::new(16);
+    let tab = t.table();
+    let base = frame(17, 0x0a00_0002, 0xcb00_7102, 1000, 53, 18);
+    let a = action(&base, 0xcb00_7101, 0xcb00_7102, 61_234, 53);
+    // 16 slots: installs succeed until some key's window of 8 is full.
+    let mut ins = Vec::new();
+    for i in 0..16u16 {
+        let (_, k) = flow(i, 3);
+        if tab.install(&k, &a) {
+            ins.push(i);
+        }
+    }
+    assert!(ins.len() >= 8, "{ins:?}");
+    // Every installed key is a hit for the program and for `stats`.
+    for &i in &ins {
+        let (mut f, k) = flow(i, 3);
+        let a = action(&f, 0xcb00_7101, 0xcb00_7102, 61_234, 53);
+        assert!(tab.install(&k, &a), "replace in place");
+        assert_eq!(run(&t, &mut f, 3), Outcome::Redirect(7), "{i}");
+        assert_eq!(u16::from_be_bytes([f[40], f[41]]), l4_csum(&f), "{i}");
+        assert_eq!(tab.stats(&k), Some(OffloadStats { packets: 1 }));
+    }
+    // A key that is not in is a miss, whatever its neighbours.
+    let (mut f, k) = flow(999, 3);
+    let want = f.clone();
+    if !ins.contains(&999) {
+        assert_eq!(run(&t, &mut f, 3), Outcome::Miss);
+        assert_eq!(f, want);
+        assert_eq!(tab.stats(&k), None);
+        assert!(!tab.remove(&k));
+    }
+    // Remove every other key: the rest stay reachable past the tombstones.
+    for (n, &i) in ins.iter().enumerate() {
+        if n % 2 == 0 {
+            assert!(tab.remove(&flow(i, 3).1));
+            assert!(!tab.remove(&flow(i, 3).1));
+        }
+    }
+    for (n, &i) in ins.iter().enumerate() {
+        let (mut f, k) = flow(i, 3);
+        let hit = run(&t, &mut f, 3);
+        if n % 2 == 0 {
+            assert_eq!(hit, Outcome::Miss, "{i} removed");
+            assert_eq!(tab.stats(&k), None);
+        } else {
+            assert_eq!(hit, Outcome::Redirect(7), "{i} kept");
+            assert_eq!(tab.stats(&k), Some(OffloadStats { packets: 2 }));
+        }
+    }
+    // Tombstones are reused: the removed keys go back in.
+    for (n, &i) in ins.iter().enumerate() {
+        if n % 2 == 0 {
+            assert!(tab.install(&flow(i, 3).1, &a), "{i} back in");
+        }
+    }
+    assert_eq!(tab.clear(), ins.len());
+    assert_eq!(tab.clear(), 0);
+    for &i in &ins {
+        let (mut f, k) = flow(i, 3);
+        assert_eq!(run(&t, &mut f, 3), Outcome::Miss);
+        assert_eq!(tab.stats(&k), None);
+    }
+    // The ifindex values that mark empty and removed slots are no keys.
+    assert!(!tab.install(&flow(1, EMPTY).1, &a));
+    assert!(!tab.install(&flow(1, TOMBSTONE).1, &a));
+}
+
+#[test]
+fn a_slot_being_written_or_rewritten_under_the_program_is_a_miss() {
+    let t = TestTable::new(64);
+    let (f0, k) = flow(1, 3);
+    let a = action(&f0, 0xcb00_7101, 0xcb00_7102, 61_234, 53);
+    assert!(t.table().install(&k, &a));
+    let Found::At(s, w0) = t.table().probe(&k) else {
+        panic!("installed");
+    };
+    // A writer in the slot (odd sequence): skipped.
+    assert!(t.table().claim(s, w0));
+    let mut f = f0.clone();
+    assert_eq!(run(&t, &mut f, 3), Outcome::Miss);
+    assert_eq!(f, f0);
+    assert!(!t.table().install(&k, &a), "a busy slot is not taken");
+    t.table().release(s, w0, a.mtu, k.ifindex);
+    // A writer that finishes between the key check and the copy of the
+    // rewrite: the sequence moved, the frame is left alone.
+    let mut f = f0.clone();
+    assert_eq!(run_with(&t, &mut f, 3, true), Outcome::Miss);
+    assert_eq!(f, f0);
+    let mut f = f0.clone();
+    assert_eq!(run(&t, &mut f, 3), Outcome::Redirect(7));
+}
+
 proptest::proptest! {
+    /// The table against a model: random installs and removals of keys
+    /// that collide in a small table; every key the model holds is found
+    /// (by the program too), no other.
+    #[test]
+    fn the_table_agrees_with_a_model(
+        ops in proptest::collection::vec((0u16..40, proptest::prelude::any::<bool>()), 0..200),
+    ) {
+        let t = TestTable::new(32);
+        let tab = t.table();
+        let mut model = std::collections::HashSet::new();
+        for (i, add) in ops {
+            let (f, k) = flow(i, 3);
+            if add {
+                let a = action(&f, 0xcb00_7101, 0xcb00_7102, 61_234, 53);
+                if tab.install(&k, &a) {
+                    model.insert(i);
+                } else {
+                    proptest::prop_assert!(!model.contains(&i), "a replace never fails");
+                }
+            } else {
+                proptest::prop_assert_eq!(tab.remove(&k), model.remove(&i));
+            }
+        }
+        for i in 0..40 {
+            let (mut f, k) = flow(i, 3);
+            let hit = run(&t, &mut f, 3) == Outcome::Redirect(7);
+            proptest::prop_assert_eq!(hit, model.contains(&i), "program, key {}", i);
+            proptest::prop_assert_eq!(tab.stats(&k).is_some(), model.contains(&i));
+        }
+    }
+
     /// Any byte string, installed as a flow or not: the program never reads
     /// or writes outside the frame (the interpreter panics if it does), a
     /// miss leaves the frame as it was, and a hit keeps its length and
@@ -447,13 +675,13 @@ proptest::proptest! {
             let c = ip_csum(&f[14..34]);
             f[24..26].copy_from_slice(&c.to_be_bytes());
         }
-        let mut map = HashMap::new();
+        let t = TestTable::new(16);
         if install && f.len() >= 38 {
             let a = action(&f, 0xcb00_7101, 0xcb00_7102, 61_234, 53);
-            map.insert(key(&key_of(&f, 3)), value(&a));
+            proptest::prop_assert!(t.table().install(&key_of(&f, 3), &a));
         }
         let before = f.clone();
-        let out = run(&mut map, &mut f, 3);
+        let out = run(&t, &mut f, 3);
         if ipv4 && install && before.len() >= 54 {
             // A plain IPv4 TCP/UDP frame of an installed flow is a hit.
             proptest::prop_assert_eq!(&out, &Outcome::Redirect(7));
