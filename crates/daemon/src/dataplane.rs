@@ -22,7 +22,6 @@
 //! (`handoff_dropped` in `status`).
 
 use core::net::{Ipv4Addr, Ipv6Addr};
-use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, SyncSender, TrySendError};
 use std::sync::Arc;
@@ -551,9 +550,8 @@ impl WorkerThread {
             all: (0..MAX_BATCH as u16).collect(),
             frag_dropped: 0,
         };
-        let fds: Vec<Option<RawFd>> = self.ports.iter().map(|p| p.poll_fd()).collect();
+        let mut pollset = sluice_io::PollSet::new(self.ports.iter().map(|p| p.as_ref()));
         let mut last_house = 0u64;
-        let mut idle_turn = 0usize;
         let mut policy_gen = self.policy.generation();
         while !self.stop.load(Ordering::Relaxed) {
             let g = self.policy.generation();
@@ -595,13 +593,13 @@ impl WorkerThread {
                 o.apply(&mut self.engine);
             }
             if got == 0 && nports > 0 {
-                idle_turn = (idle_turn + 1) % nports;
-                if let Some(p) = self.ports.get(idle_turn) {
-                    if fds.get(idle_turn).copied().flatten().is_some() {
-                        let _ = sluice_io::wait_readable(p.as_ref(), 1);
-                    } else {
-                        std::thread::sleep(std::time::Duration::from_millis(1));
-                    }
+                // Sleep until any port has frames, for at most 1 ms (the
+                // housekeeping and command checks above run at least that
+                // often).
+                if pollset.is_empty() {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                } else {
+                    let _ = pollset.wait(1);
                 }
             }
         }

@@ -114,6 +114,44 @@ fn ct_state_rule_handle(d: &Daemon) -> u64 {
         .unwrap_or_else(|| panic!("no ct state rule in {list}"))
 }
 
+/// The `Udp:` counters of `/proc/net/snmp` in `ns` (names and values), to
+/// tell a receiver's socket overflow (`RcvbufErrors`) from a loss on the
+/// way.
+fn udp_snmp(ns: &Netns) -> String {
+    let o = sh(ns, "grep '^Udp:' /proc/net/snmp");
+    let text = String::from_utf8_lossy(&o.stdout);
+    let mut lines = text.lines();
+    match (lines.next(), lines.next()) {
+        (Some(names), Some(values)) => names
+            .split_whitespace()
+            .zip(values.split_whitespace())
+            .skip(1)
+            .map(|(n, v)| format!("{n}={v}"))
+            .collect::<Vec<_>>()
+            .join(" "),
+        _ => format!("(no Udp counters: {})", text.trim()),
+    }
+}
+
+/// Each gateway port's (interface, rx_frames, tx_frames, rx_kernel_drops).
+fn port_frames(d: &Daemon) -> Vec<(String, u64, u64, u64)> {
+    let st = d.ctl("status");
+    st["worker_status"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|w| w["ports"].as_array().into_iter().flatten())
+        .map(|p| {
+            (
+                p["interface"].as_str().unwrap_or("?").to_string(),
+                p["rx_frames"].as_u64().unwrap_or(0),
+                p["tx_frames"].as_u64().unwrap_or(0),
+                p["rx_kernel_drops"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
 fn json(o: &std::process::Output) -> serde_json::Value {
     serde_json::from_slice(&o.stdout)
         .unwrap_or_else(|e| panic!("iperf3 -J output is not JSON ({e}):\n{}", text(o)))
@@ -154,10 +192,15 @@ fn iperf3_tcp_and_udp(backend: &str, tag: &str) {
         d.context()
     );
 
-    // UDP, 2 s at 50 Mbit/s offered.
+    // UDP, 2 s at 50 Mbit/s offered. `-w 4M` gives both ends' sockets a
+    // 4 MiB buffer: with the default (208 KiB, about 90 datagrams) a
+    // receiving iperf3 that a loaded 2-core CI machine deschedules for
+    // 20 ms overflows its socket, which is not the gateway's loss.
+    let snmp_before = udp_snmp(&t.public);
+    let ports_before = port_frames(&d);
     let o = sh(
         &t.private,
-        &format!("timeout 20 iperf3 -c {PUBLIC} -p 5201 -u -b 50M -l 1200 -t 2 -J"),
+        &format!("timeout 20 iperf3 -c {PUBLIC} -p 5201 -u -b 50M -l 1200 -w 4M -t 2 -J"),
     );
     assert!(
         o.status.success(),
@@ -179,8 +222,14 @@ fn iperf3_tcp_and_udp(backend: &str, tag: &str) {
     assert!(packets > 1000, "only {packets} UDP datagrams sent");
     assert!(
         rx_bps > 35e6 && lost * 10 < packets,
-        "UDP: {received} of {packets} datagrams arrived ({:.1} Mbit/s)\n{}",
+        "UDP: {received} of {packets} datagrams arrived ({:.1} Mbit/s)\n\
+         public host UDP counters before: {snmp_before}\n\
+         public host UDP counters after:  {}\n\
+         gateway port frames (rx, tx) before: {ports_before:?}\n\
+         gateway port frames (rx, tx) after:  {:?}\n{}",
         rx_bps / 1e6,
+        udp_snmp(&t.public),
+        port_frames(&d),
         d.context()
     );
     if backend.ends_with("_offload") {

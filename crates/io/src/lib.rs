@@ -67,7 +67,7 @@ pub use afxdp::offload::{OffloadAction, OffloadKey, OffloadStats, XdpOffload};
 pub use afxdp::{AfXdpConfig, AfXdpPort, AfXdpQueues, Umem, XdpSteer};
 pub use batch::{Batch, FrameMeta, BATCH_CAP, FRAME_CAP};
 pub use error::{IfName, IoError};
-pub use port::{wait_readable, BackendKind, Port, PortStats};
+pub use port::{wait_readable, BackendKind, PollSet, Port, PortStats};
 
 /// Which backend [`open`] should use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

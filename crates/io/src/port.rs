@@ -97,6 +97,41 @@ pub trait Port: Send {
     fn stats(&mut self) -> PortStats;
 }
 
+/// The receive descriptors of a worker's ports, to sleep until any of them
+/// has frames: one `poll(2)` over all of them. Waiting on one port at a time
+/// leaves a frame that arrives on another waiting for the timeout.
+#[derive(Debug)]
+pub struct PollSet {
+    fds: Vec<libc::pollfd>,
+}
+
+impl PollSet {
+    /// The descriptors of `ports` that have one ([`Port::poll_fd`]).
+    pub fn new<'a>(ports: impl IntoIterator<Item = &'a dyn Port>) -> Self {
+        let fds = ports
+            .into_iter()
+            .filter_map(|p| p.poll_fd())
+            .map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        Self { fds }
+    }
+
+    /// Whether no port has a descriptor (a caller then sleeps instead).
+    pub fn is_empty(&self) -> bool {
+        self.fds.is_empty()
+    }
+
+    /// Waits up to `timeout_ms` for any of the descriptors to be readable.
+    /// Returns whether one is (false on the timeout or a signal).
+    pub fn wait(&mut self, timeout_ms: i32) -> Result<bool, IoError> {
+        crate::sys::poll_any(&mut self.fds, timeout_ms)
+    }
+}
+
 /// Wait up to `timeout_ms` for `port` to have frames (poll on its descriptor).
 /// Ports without a descriptor (mem) return `Ok(true)` at once.
 pub fn wait_readable(port: &dyn Port, timeout_ms: i32) -> Result<bool, IoError> {

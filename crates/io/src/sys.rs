@@ -162,6 +162,28 @@ pub(crate) fn poll_in(fd: RawFd, timeout_ms: i32) -> Result<bool, IoError> {
     Ok(r > 0 && p.revents & libc::POLLIN != 0)
 }
 
+/// Wait up to `timeout_ms` for any of `fds` (with `events` set) to be
+/// readable. Returns whether one is (false on the timeout or EINTR).
+pub(crate) fn poll_any(fds: &mut [libc::pollfd], timeout_ms: i32) -> Result<bool, IoError> {
+    for p in fds.iter_mut() {
+        p.revents = 0;
+    }
+    // SAFETY: `fds` is a live, writable slice of pollfd structures and we
+    // pass its length, so the kernel reads and writes only within it.
+    let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+    if r < 0 {
+        let e = crate::error::errno();
+        if e == libc::EINTR {
+            return Ok(false);
+        }
+        return Err(IoError::Syscall {
+            call: "poll",
+            errno: e,
+        });
+    }
+    Ok(fds.iter().any(|p| p.revents & libc::POLLIN != 0))
+}
+
 /// A shared memory mapping, unmapped on drop.
 ///
 /// The region is either anonymous (UMEM) or a ring mapped from a socket. Its

@@ -757,9 +757,9 @@ impl<'a> Preprocessor<'a> {
 /// Conservative: a directive word in a comment makes it false.
 pub(crate) fn is_plain(text: &str) -> bool {
     u32::try_from(text.len()).is_ok()
-        && !text.as_bytes().contains(&b'$')
-        && !text.contains("include")
-        && !text.contains("define")
+        && memchr::memchr(b'$', text.as_bytes()).is_none()
+        && memchr::memmem::find(text.as_bytes(), b"include").is_none()
+        && memchr::memmem::find(text.as_bytes(), b"define").is_none()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -285,7 +285,9 @@ impl<'s> Parser<'s> {
         // so the chain's vector is never copied into a larger one (at
         // 150 000 rules each copy writes 15 MB of fresh pages). Capacity
         // that is never written costs address space, not memory.
-        let lines = count_newlines(f.text.as_bytes());
+        // Lines before `at`: `line - 1`, counted by `split_point` already.
+        let tail_lines = count_newlines(f.text.as_bytes().get(at..).unwrap_or_default());
+        let lines = tail_lines + line as usize;
         let mut rules = Vec::with_capacity(lines + 1);
         loop {
             p.skip_separators();

@@ -162,10 +162,14 @@ fn bench_forward_xdp_sender_reaches_every_dut() {
         &["--flows", "1000", "--duration", "1", "--sender", "xdp"],
     );
     assert!(stdout.contains("sender of the saturation measurement: xdp"));
+    assert!(stdout.contains("receiver: xdp-drop"), "{stdout}");
     let results = v["results"].as_array().expect("results array");
     assert_eq!(results.len(), 4, "{v}");
     for r in results {
         assert_eq!(r["sender"].as_str(), Some("xdp"), "{r}");
+        // The receiver's XDP program dropped the frames; its veth counted
+        // them (`received` is read from rx_packets).
+        assert_eq!(r["receiver"].as_str(), Some("xdp-drop"), "{r}");
         let received = r["received"].as_u64().expect("received");
         assert!(received >= 5_000, "{r}\n{stderr}");
         assert!(

@@ -18,10 +18,15 @@
 //!  10.0.0.2 -> 203.0.113.2   masquerade to 203.0.113.1
 //! ```
 //!
-//! No frame leaves these namespaces. The DUT's next hop (203.0.113.2) is a
-//! static neighbour with a MAC that is not the receiver's, so the
-//! receiver's kernel counts each frame on its veth and drops it at once
-//! (`PACKET_OTHERHOST`), without sending anything back.
+//! No frame leaves these namespaces. The receiver's veth runs an XDP
+//! program that drops every frame ([`sluice_io::xdpgen::XdpSink`]; the veth
+//! still counts it in `rx_packets`), so nothing is sent back and the
+//! receiver costs what a NIC's transmit would. (Before 2026-11-23 16:40 UTC
+//! the receiver's kernel took each frame through GRO and the IP layer and
+//! dropped it there, `PACKET_OTHERHOST`: on the DUT core, see below, which
+//! then spent about half its time on the receiver with Sluice's offload.)
+//! The DUT's next hop (203.0.113.2) is a static neighbour with a MAC that
+//! is not the receiver's.
 //!
 //! # One core for the DUT
 //!
@@ -36,8 +41,9 @@
 //!   the UMEM run) is made threaded and its kernel thread pinned to the DUT
 //!   core;
 //! - Sluice runs one worker, pinned to the DUT core;
-//! - the DUT's own transmit (and the receiver's drop, which veth runs in
-//!   the transmitting context) is on the DUT core for every DUT alike.
+//! - the DUT's own transmit (and the receiver's XDP drop, which veth runs
+//!   in the transmitting CPU's softirq) is on the DUT core for every DUT
+//!   alike.
 //!
 //! # Traffic (RFC 4814 §4.5)
 //!
@@ -236,6 +242,11 @@ impl Default for ForwardOptions {
     }
 }
 
+/// The receiver of every run: an XDP program on its veth drops each frame
+/// ([`sluice_io::xdpgen::XdpSink`]); the frame still counts in the veth's
+/// `rx_packets`.
+pub const RECEIVER: &str = "xdp-drop";
+
 /// One measured point.
 #[derive(Debug, Clone, Serialize)]
 pub struct ForwardResult {
@@ -280,6 +291,8 @@ pub struct ForwardResult {
     pub dut_mode: String,
     /// The saturation measurement's sender ([`Sender::name`]).
     pub sender: &'static str,
+    /// How the receiver takes the frames: [`RECEIVER`].
+    pub receiver: &'static str,
     /// Fraction of the DUT core's time spent busy (user, system, irq,
     /// softirq; /proc/stat) during the saturation measurement: everything
     /// that ran there (NAPI, softirq, Sluice's worker, the receiver's drop).
@@ -525,6 +538,9 @@ fn remove_stale_namespaces() {
 struct Topo {
     sender: Netns,
     dut: Arc<Netns>,
+    /// The receiver's dropping XDP program (detached before the namespace
+    /// goes).
+    sink: Option<sluice_io::xdpgen::XdpSink>,
     recv: Netns,
     lan: String,
     wan: String,
@@ -546,9 +562,10 @@ impl Topo {
         let lan = format!("fl{pid:x}{tag}");
         let wan = format!("fw{pid:x}{tag}");
         let dir = std::env::temp_dir().join(format!("{NS_PREFIX}{pid}-{tag}"));
-        let t = Self {
+        let mut t = Self {
             sender,
             dut,
+            sink: None,
             recv,
             lan,
             wan,
@@ -601,10 +618,22 @@ impl Topo {
         ns_ip(&t.sender, &["link", "set", HOST_IF, "up"])?;
         ns_ip(&t.recv, &["addr", "add", "203.0.113.2/24", "dev", HOST_IF])?;
         ns_ip(&t.recv, &["link", "set", HOST_IF, "up"])?;
-        // The receiver's veth has NAPI (GRO on), so that the DUT's egress
-        // veth accepts XDP redirects (Sluice's offload) as a NIC would;
-        // every DUT runs with it.
-        ns_exec(&t.recv, &["ethtool", "-K", HOST_IF, "gro", "on"])?;
+        // The receiver drops every frame in an XDP program on its veth
+        // ([`sluice_io::xdpgen::XdpSink`]): veth runs the receiver's side
+        // of a transmit on the transmitting CPU, which is the DUT core, and
+        // a frame that went through the receiver's GRO and IP layers before
+        // its drop cost that core about as much as the forwarding itself
+        // (`perf record -C <dut core>`: GRO, skb building and freeing,
+        // ip_rcv; about half of the samples with Sluice's offload). The
+        // program also gives the veth NAPI, so that the DUT's egress veth
+        // accepts XDP redirects (Sluice's offload) as a NIC would. Every
+        // DUT runs with it; frames it drops still count in `rx_packets`.
+        let sink = t
+            .recv
+            .run(|| sluice_io::xdpgen::XdpSink::attach(HOST_IF))
+            .map_err(|e| setup_err("receiver XDP sink", e))?
+            .map_err(|e| setup_err("receiver XDP sink", e))?;
+        t.sink = Some(sink);
         // Receive Packet Steering: the DUT's receive work on the DUT core.
         let mask = format!("{:x}", 1u128 << dut_core.min(127));
         ns_exec(
@@ -1441,6 +1470,7 @@ fn point(
         sender_core,
         dut_mode,
         sender: opts.sender.name(),
+        receiver: RECEIVER,
         dut_core_busy,
         capacity_fps,
     })
@@ -1474,7 +1504,8 @@ pub fn table(rows: &[ForwardResult]) -> String {
     if !senders.is_empty() {
         let _ = writeln!(
             s,
-            "sender of the saturation measurement: {} (warm-up and zero-loss trials: socket)",
+            "sender of the saturation measurement: {} (warm-up and zero-loss trials: socket); \
+             receiver: {RECEIVER} (an XDP program drops every frame on the receiver's veth)",
             senders.join(", ")
         );
     }

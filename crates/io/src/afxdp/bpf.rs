@@ -610,6 +610,19 @@ struct LinkCreateAttr {
     flags: u32,
 }
 
+/// Attaches `prog` to `ifindex` (in the calling thread's network
+/// namespace) in native (driver) mode through a BPF link; closing the
+/// returned link detaches it.
+pub(crate) fn link_xdp_native(prog: &OwnedFd, ifindex: u32) -> Result<OwnedFd, IoError> {
+    let mut l = LinkCreateAttr {
+        prog_fd: sys::raw(prog) as u32,
+        target_ifindex: ifindex,
+        attach_type: BPF_XDP,
+        flags: XDP_FLAGS_DRV_MODE,
+    };
+    bpf(BPF_LINK_CREATE, &mut l, "bpf(BPF_LINK_CREATE xdp native)")
+}
+
 /// A loaded and attached program with its XSKMAP. Dropping it detaches the
 /// program (the link closes first, then the program and map).
 #[derive(Debug)]
