@@ -116,6 +116,7 @@ struct RawConfig {
     backend: BackendChoice,
     xdp_offload: Option<Spanned<bool>>,
     workers: Option<Spanned<i64>>,
+    worker_priority: Option<Spanned<i64>>,
     capture: Option<Spanned<String>>,
     control_socket: Option<Spanned<String>>,
     #[serde(default)]
@@ -297,6 +298,9 @@ pub struct Config {
     pub xdp_offload: bool,
     /// Worker threads.
     pub workers: u16,
+    /// Real-time (`SCHED_FIFO`) priority of the worker threads
+    /// (`worker_priority`, 1-99); `None`: ordinary scheduling.
+    pub worker_priority: Option<u8>,
     /// pcap capture base path.
     pub capture: Option<PathBuf>,
     /// Control socket path.
@@ -445,6 +449,23 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
                     w,
                     "workers",
                     format!("{} is not between 1 and {MAX_WORKERS}", w.get_ref()),
+                ))
+            }
+        },
+    };
+    let worker_priority = match &raw.worker_priority {
+        None => None,
+        Some(p) => match u8::try_from(*p.get_ref()) {
+            Ok(n) if (1..=sluice_io::sched::MAX_PRIORITY).contains(&n) => Some(n),
+            _ => {
+                return Err(src.err(
+                    p,
+                    "worker_priority",
+                    format!(
+                        "{} is not a SCHED_FIFO priority (1-{})",
+                        p.get_ref(),
+                        sluice_io::sched::MAX_PRIORITY
+                    ),
                 ))
             }
         },
@@ -824,6 +845,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         backend: raw.backend,
         xdp_offload,
         workers,
+        worker_priority,
         capture,
         control_socket,
         interfaces,
@@ -1014,6 +1036,7 @@ mod tests {
 ruleset = "gw.nft"
 backend = "af_packet"
 workers = 1
+worker_priority = 20
 
 [[interfaces]]
 name = "lan0"
@@ -1077,6 +1100,7 @@ timeouts = { udp = 60, tcp_established = 3600 }
         let c = parse(Path::new("/etc/sluice/sluice.toml"), GOOD).unwrap();
         assert_eq!(c.ruleset.as_deref(), Some(Path::new("/etc/sluice/gw.nft")));
         assert_eq!(c.backend, BackendChoice::AfPacket);
+        assert_eq!(c.worker_priority, Some(20));
         assert_eq!(c.interfaces.len(), 2);
         assert_eq!(c.interfaces[1].mac, Some([2, 0, 0, 0, 0, 2]));
         assert_eq!(
@@ -1141,6 +1165,18 @@ timeouts = { udp = 60, tcp_established = 3600 }
         let base = "[[interfaces]]\nname = \"lan0\"\naddresses = [\"10.0.0.1/24\"]\n";
         let cases: &[(&str, &str)] = &[
             ("workers = 0\n", "sluice.toml:1:11: workers: 0 is not between 1 and 64"),
+            (
+                "worker_priority = 0\n",
+                "sluice.toml:1:19: worker_priority: 0 is not a SCHED_FIFO priority (1-99)",
+            ),
+            (
+                "worker_priority = 100\n",
+                "sluice.toml:1:19: worker_priority: 100 is not a SCHED_FIFO priority (1-99)",
+            ),
+            (
+                "worker_priority = \"high\"\n",
+                "sluice.toml:1:19: invalid type: string \"high\", expected i64",
+            ),
             ("backend = \"dpdk\"\n", "sluice.toml:1:11: unknown variant `dpdk`"),
             (
                 "backend = \"af_packet\"\nxdp_offload = true\n",

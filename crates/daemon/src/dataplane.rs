@@ -438,6 +438,8 @@ pub struct WorkerThread {
     pub epoch: Instant,
     /// CPU to pin to.
     pub core: Option<core_affinity::CoreId>,
+    /// `SCHED_FIFO` priority (`worker_priority`), checked at start.
+    pub priority: Option<u8>,
     /// The published policy.
     pub policy: Arc<PolicyCell>,
     /// XDP offload (`None`: off).
@@ -530,6 +532,18 @@ impl WorkerThread {
         if let Some(c) = self.core {
             if !core_affinity::set_for_current(c) {
                 tracing::warn!(worker = self.id, core = c.id, "could not pin worker");
+            }
+        }
+        if let Some(p) = self.priority {
+            // Checked at start (`sluice_io::sched::check_fifo`); a failure
+            // now leaves the worker at ordinary priority, loudly.
+            match sluice_io::sched::set_fifo(p) {
+                Ok(()) => tracing::info!(worker = self.id, priority = p, "worker runs SCHED_FIFO"),
+                Err(e) => tracing::error!(
+                    worker = self.id,
+                    priority = p,
+                    "worker_priority not applied: {e}; running at ordinary priority"
+                ),
             }
         }
         let nports = self.ports.len();

@@ -402,7 +402,10 @@ impl Control {
         if old.routes != cfg.routes || old.routes6 != cfg.routes6 {
             needs_restart.push("routes");
         }
-        if old.workers != cfg.workers || old.backend != cfg.backend {
+        if old.workers != cfg.workers
+            || old.backend != cfg.backend
+            || old.worker_priority != cfg.worker_priority
+        {
             needs_restart.push("workers/backend");
         }
         if old.nat != cfg.nat || old.masquerade != cfg.masquerade {
@@ -812,6 +815,17 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
         .clone()
         .unwrap_or_else(|| Arc::new(AtomicBool::new(false)));
     let epoch = Instant::now();
+    // A worker priority the process may not use is refused here, before
+    // any interface is touched, not found out by a worker.
+    if let Some(p) = cfg.worker_priority {
+        sluice_io::sched::check_fifo(p).map_err(|e| {
+            RunError::Os(format!(
+                "worker_priority = {p}: {e} (SCHED_FIFO needs CAP_SYS_NICE and a real-time \
+                 budget in the process's cgroup; remove worker_priority to run workers at \
+                 ordinary priority)"
+            ))
+        })?;
+    }
     let cores = if opts.no_pin {
         None
     } else {
@@ -1008,6 +1022,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
             core: cores
                 .as_ref()
                 .and_then(|c| c.get(usize::from(id) % c.len().max(1)).copied()),
+            priority: cfg.worker_priority,
             policy: Arc::clone(&cell),
             offload: offload.as_ref().map(|m| dataplane::OffloadLink {
                 map: Arc::clone(m),

@@ -737,3 +737,72 @@ both_backends!(
     rule_ahead_of_ct_state_stops_and_resumes_a_transfer_af_packet,
     rule_ahead_of_ct_state_stops_and_resumes_a_transfer_af_xdp
 );
+
+/// `worker_priority = 10`: the worker thread runs `SCHED_FIFO` at priority
+/// 10 (read from /proc), and the gateway still forwards (a ping through
+/// NAT and an iperf3 TCP transfer).
+fn worker_priority(backend: &str, tag: &str) {
+    require_root();
+    let t = Topo::new(tag);
+    t.write_ruleset("gw.nft", RULESET);
+    let cfg = t.write_config(backend, "gw.nft", "");
+    let base = std::fs::read_to_string(&cfg).expect("config");
+    std::fs::write(&cfg, format!("worker_priority = 10\n{base}")).expect("config");
+    let d = Daemon::start(&t, &cfg, backend);
+    let pid = d.child.pid();
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("tasks");
+    let mut workers = Vec::new();
+    for task in tasks.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim() == "sluice-w0" {
+            // /proc/PID/task/TID/stat: the policy and the real-time
+            // priority are fields 41 and 40 (after the `(comm)` field).
+            let stat = std::fs::read_to_string(task.path().join("stat")).expect("stat");
+            let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            // `rest` starts at field 3.
+            let field = |n: usize| f.get(n - 3).map(|v| v.to_string());
+            workers.push((field(40), field(41)));
+        }
+    }
+    assert_eq!(
+        workers,
+        vec![(Some("10".to_string()), Some("1".to_string()))],
+        "worker (rt_priority, policy); SCHED_FIFO is 1\n{}",
+        d.context()
+    );
+    assert!(
+        d.log().contains("worker runs SCHED_FIFO"),
+        "no log line:\n{}",
+        d.log()
+    );
+    let out = sh(&t.private, &format!("ping -c 3 -i 0.3 -W 2 {PUBLIC}"));
+    assert!(
+        out.status.success(),
+        "ping:\n{}\n{}",
+        text(&out),
+        d.context()
+    );
+    let _srv = iperf3_server(&t);
+    let o = sh(
+        &t.private,
+        &format!("timeout 20 iperf3 -c {PUBLIC} -p 5201 -t 1 -J"),
+    );
+    assert!(o.status.success(), "iperf3:\n{}\n{}", text(&o), d.context());
+    let bytes = json(&o)["end"]["sum_received"]["bytes"]
+        .as_u64()
+        .expect("bytes");
+    assert!(bytes > 1 << 20, "{bytes} bytes in 1 s\n{}", d.context());
+}
+
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn worker_priority_runs_the_worker_sched_fifo_af_packet() {
+    worker_priority("af_packet", "pa");
+}
+
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn worker_priority_runs_the_worker_sched_fifo_af_xdp() {
+    worker_priority("af_xdp", "px");
+}

@@ -56,6 +56,7 @@ pub mod nft;
 pub mod pcap;
 pub mod port;
 pub mod rawsock;
+pub mod sched;
 pub mod spin;
 pub mod steer;
 mod sys;

@@ -242,6 +242,13 @@ impl Default for ForwardOptions {
     }
 }
 
+/// The `worker_priority` (`SCHED_FIFO`) of Sluice's worker in every
+/// Sluice DUT: the worker shares the DUT core with the kernel's receive
+/// work, and at ordinary priority the kernel spends half the core filling
+/// a ring the worker has no time to drain (`sluice_io::sched`). An
+/// operator running Sluice on one core would set it the same way.
+pub const WORKER_PRIORITY: u8 = 10;
+
 /// The receiver of every run: an XDP program on its veth drops each frame
 /// ([`sluice_io::xdpgen::XdpSink`]); the frame still counts in the veth's
 /// `rx_packets`.
@@ -718,7 +725,7 @@ impl SluiceDut {
         std::fs::write(
             &cfg,
             format!(
-                "ruleset = \"fwd.nft\"\nbackend = \"{bname}\"\nxdp_offload = {offload}\nworkers = 1\ncontrol_socket = \"{}\"\n\n\
+                "ruleset = \"fwd.nft\"\nbackend = \"{bname}\"\nxdp_offload = {offload}\nworkers = 1\nworker_priority = {WORKER_PRIORITY}\ncontrol_socket = \"{}\"\n\n\
                  [[interfaces]]\nname = \"{}\"\nrole = \"inside\"\naddresses = [\"10.0.0.1/24\"]\n\n\
                  [[interfaces]]\nname = \"{}\"\nrole = \"outside\"\naddresses = [\"203.0.113.1/24\"]\n\n\
                  [[neighbors]]\nip = \"203.0.113.2\"\nmac = \"{}\"\n\n\
@@ -1233,6 +1240,7 @@ fn point(
             let offload = dut == Dut::SluiceXdpOffload;
             let s = SluiceDut::start(&topo, backend, offload, flows, dut_core, interrupted)?;
             let mut mode = s.modes();
+            mode.push_str(&format!("; worker SCHED_FIFO {WORKER_PRIORITY}"));
             if offload {
                 mode.push_str("; XDP offload of established flows");
             }
