@@ -191,6 +191,9 @@ pub struct WorkerStatus {
     pub handoff_dropped: u64,
     /// XDP offload (`xdp_offload = true`), if on.
     pub offload: Option<OffloadStatus>,
+    /// The worker thread's scheduling as the kernel reports it: `"other"`
+    /// or `"fifo N"` (`worker_priority`).
+    pub scheduler: String,
 }
 
 /// One worker's XDP offload counters.
@@ -658,6 +661,8 @@ impl WorkerThread {
                         tx_dropped: s.tx_dropped + s.frag_dropped,
                         handoff_dropped: self.handoff.dropped,
                         offload: self.offload.as_ref().map(|o| o.status.clone()),
+                        // Read on this (the worker's) thread.
+                        scheduler: sluice_io::sched::describe(),
                     });
                 }
                 Command::List(f, limit, tx) => {

@@ -771,6 +771,12 @@ fn worker_priority(backend: &str, tag: &str) {
         "worker (rt_priority, policy); SCHED_FIFO is 1\n{}",
         d.context()
     );
+    let st = d.ctl("status");
+    assert_eq!(
+        st["worker_status"][0]["scheduler"].as_str(),
+        Some("fifo 10"),
+        "{st}"
+    );
     assert!(
         d.log().contains("worker runs SCHED_FIFO"),
         "no log line:\n{}",

@@ -76,6 +76,17 @@ pub fn current() -> Result<(i32, i32), IoError> {
     Ok((policy, param.sched_priority))
 }
 
+/// The calling thread's scheduling, for status output: `"other"`,
+/// `"fifo N"`, or the raw policy and priority for anything else.
+pub fn describe() -> String {
+    match current() {
+        Ok((libc::SCHED_OTHER, _)) => "other".into(),
+        Ok((libc::SCHED_FIFO, p)) => format!("fifo {p}"),
+        Ok((policy, p)) => format!("policy {policy} priority {p}"),
+        Err(e) => format!("unknown ({e})"),
+    }
+}
+
 /// Whether this process may make a thread `SCHED_FIFO` with `priority`:
 /// tries it on a short-lived thread (the caller's own policy is left
 /// alone). Lets a daemon refuse a configuration at start rather than in a
@@ -117,5 +128,12 @@ mod tests {
         }
         // The test thread itself is untouched.
         assert_eq!(current().expect("getscheduler").0, libc::SCHED_OTHER);
+        assert_eq!(describe(), "other");
+        let fifo = std::thread::spawn(|| set_fifo(7).map(|()| describe()))
+            .join()
+            .expect("thread");
+        if let Ok(d) = fifo {
+            assert_eq!(d, "fifo 7");
+        }
     }
 }
