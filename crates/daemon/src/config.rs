@@ -346,6 +346,8 @@ pub struct Summary {
     pub backend: BackendChoice,
     /// `xdp_offload` is on.
     pub xdp_offload: bool,
+    /// `worker_priority`, if set.
+    pub worker_priority: Option<u8>,
     /// Ruleset file, if any.
     pub ruleset: Option<String>,
     /// Rules in the compiled ruleset (0 without one).
@@ -358,13 +360,17 @@ impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "ok: {} interfaces, {} routes, {} neighbours, {} workers ({:?}{}), ruleset {} ({} rules, {} NAT pools)",
+            "ok: {} interfaces, {} routes, {} neighbours, {} workers ({:?}{}{}), ruleset {} ({} rules, {} NAT pools)",
             self.interfaces,
             self.routes,
             self.neighbors,
             self.workers,
             self.backend,
             if self.xdp_offload { ", XDP offload" } else { "" },
+            match self.worker_priority {
+                Some(p) => format!(", SCHED_FIFO {p}"),
+                None => String::new(),
+            },
             self.ruleset.as_deref().unwrap_or("none"),
             self.rules,
             self.nat_pools

@@ -207,6 +207,7 @@ pub fn check(path: &Path) -> Result<Summary, ConfigError> {
         workers: cfg.workers,
         backend: cfg.backend,
         xdp_offload: cfg.xdp_offload,
+        worker_priority: cfg.worker_priority,
         ruleset: cfg.ruleset.as_ref().map(|p| p.display().to_string()),
         rules: lp.rules,
         nat_pools: lp.pools.len(),

@@ -95,6 +95,53 @@ fn check_shows_xdp_offload_and_refuses_it_without_af_xdp() {
     );
 }
 
+/// `worker_priority` shows in the summary; an out-of-range one is refused
+/// with its line and the allowed range.
+#[test]
+fn check_shows_worker_priority_and_refuses_one_out_of_range() {
+    let dir = std::env::temp_dir().join(format!("sluice-cli-prio-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = std::fs::read_to_string(example()).unwrap();
+    let nft = example().with_extension("nft");
+    std::fs::copy(&nft, dir.join(nft.file_name().unwrap())).unwrap();
+    assert!(
+        src.contains("# worker_priority = 10\n"),
+        "example lacks the key"
+    );
+    let line = src
+        .lines()
+        .position(|l| l == "# worker_priority = 10")
+        .unwrap()
+        + 1;
+    let run = |prio: &str, name: &str| {
+        let text = src.replace(
+            "# worker_priority = 10\n",
+            &format!("worker_priority = {prio}\n"),
+        );
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        sluice().args(["check", "-c"]).arg(&path).output().unwrap()
+    };
+    let ok = run("10", "ok.toml");
+    let bad = run("150", "bad.toml");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let text = String::from_utf8_lossy(&ok.stdout);
+    assert!(text.contains(", SCHED_FIFO 10)"), "{text}");
+    assert_eq!(bad.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains(&format!(
+            "bad.toml:{line}:19: worker_priority: 150 is not a SCHED_FIFO priority (1-99)"
+        )),
+        "{err}"
+    );
+}
+
 #[test]
 fn run_with_a_missing_config_fails_with_one_clear_message() {
     let out = sluice()
