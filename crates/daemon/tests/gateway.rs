@@ -192,10 +192,16 @@ fn iperf3_tcp_and_udp(backend: &str, tag: &str) {
         d.context()
     );
 
-    // UDP, 2 s at 50 Mbit/s offered. `-w 4M` gives both ends' sockets a
-    // 4 MiB buffer: with the default (208 KiB, about 90 datagrams) a
-    // receiving iperf3 that a loaded 2-core CI machine deschedules for
-    // 20 ms overflows its socket, which is not the gateway's loss.
+    // UDP, 2 s at 50 Mbit/s offered. One CI run (2026-11-23 14:25 UTC,
+    // AF_XDP) lost 11.5 % while the gateway's ports counted no receive
+    // drop and forwarded what they received; it did not recur in six
+    // runs of this test here, with and without two busy-looping
+    // processes. The likely place is the receiving iperf3's socket, whose
+    // default buffer (208 KiB, about 90 datagrams) overflows if a loaded
+    // 2-core machine deschedules it for 20 ms: `-w 4M` gives both ends'
+    // sockets 4 MiB, and a failure now prints the public host's UDP
+    // counters (`RcvbufErrors`) and the gateway's port counters around
+    // the run, to tell where the datagrams went.
     let snmp_before = udp_snmp(&t.public);
     let ports_before = port_frames(&d);
     let o = sh(
