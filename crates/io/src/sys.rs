@@ -385,3 +385,38 @@ pub(crate) fn rx_queues(name: &IfName) -> Option<u32> {
     let q = ch.rx_count.saturating_add(ch.combined_count);
     (q > 0).then_some(q)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::os::fd::{AsRawFd, RawFd};
+    use std::os::unix::net::UnixStream;
+
+    fn pfd(fd: RawFd) -> libc::pollfd {
+        libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        }
+    }
+
+    #[test]
+    fn poll_any_wakes_for_any_descriptor_and_times_out_otherwise() {
+        let (mut a1, b1) = UnixStream::pair().expect("pair");
+        let (mut a2, b2) = UnixStream::pair().expect("pair");
+        let mut fds = [pfd(b1.as_raw_fd()), pfd(b2.as_raw_fd())];
+        // Nothing queued: the timeout.
+        assert!(!super::poll_any(&mut fds, 10).expect("poll"));
+        // Data on the second descriptor only: readable, and it is the one
+        // reported.
+        a2.write_all(b"x").expect("write");
+        assert!(super::poll_any(&mut fds, 1000).expect("poll"));
+        assert_eq!(fds[0].revents & libc::POLLIN, 0);
+        assert_ne!(fds[1].revents & libc::POLLIN, 0);
+        // Stale revents are cleared on the next call.
+        a1.write_all(b"y").expect("write");
+        assert!(super::poll_any(&mut fds, 1000).expect("poll"));
+        assert_ne!(fds[0].revents & libc::POLLIN, 0);
+        drop((b1, b2));
+    }
+}
