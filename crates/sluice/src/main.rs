@@ -175,6 +175,12 @@ struct ForwardArgs {
     /// 5.18+). Warm-up and zero-loss trials use the socket sender.
     #[arg(long, value_parser = parse_sender, default_value = "socket")]
     sender: sluice_tester::forward::Sender,
+    /// How the receiver takes the forwarded frames: xdp-drop (an XDP
+    /// program drops them on its veth, as cheap as a NIC's transmit) or
+    /// stack (its GRO and IP layers drop them, on the DUT core; the method
+    /// of figures before 2026-11-23 16:40 UTC).
+    #[arg(long, value_parser = parse_receiver, default_value = "xdp-drop")]
+    receiver: sluice_tester::forward::Receiver,
     /// Write the results as JSON: {"results": [{dut, flows, fps, ...}]}.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -187,6 +193,11 @@ fn parse_dut(s: &str) -> Result<sluice_tester::forward::Dut, String> {
              kernel-nftables, kernel-flowtable or sender-only"
         )
     })
+}
+
+fn parse_receiver(s: &str) -> Result<sluice_tester::forward::Receiver, String> {
+    sluice_tester::forward::Receiver::parse(s.trim())
+        .ok_or_else(|| format!("'{s}': expected xdp-drop or stack"))
 }
 
 fn parse_sender(s: &str) -> Result<sluice_tester::forward::Sender, String> {
@@ -337,6 +348,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     seed: a.seed,
                     zero_loss: a.zero_loss,
                     sender: a.sender,
+                    receiver: a.receiver,
                 },
                 a.json.as_deref(),
             )

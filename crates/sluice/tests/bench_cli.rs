@@ -98,3 +98,18 @@ fn bench_update_rejects_bad_arguments() {
     );
     assert!(String::from_utf8_lossy(&o.stderr).contains("--objects"));
 }
+
+/// `bench forward`'s sender and receiver choices are checked before
+/// anything is set up (no root needed to see the error).
+#[test]
+fn bench_forward_rejects_an_unknown_sender_or_receiver() {
+    for (flag, value, want) in [
+        ("--receiver", "nic", "'nic': expected xdp-drop or stack"),
+        ("--sender", "pktgen", "'pktgen': expected socket or xdp"),
+    ] {
+        let o = sluice(&["bench", "forward", flag, value]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(err.contains(flag) && err.contains(want), "{err}");
+    }
+}

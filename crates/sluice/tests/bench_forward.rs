@@ -5,6 +5,16 @@
 
 use std::process::{Command, Stdio};
 
+/// Each test runs a benchmark that pins its DUT to the last core and its
+/// sender to the first, and Sluice's worker runs `SCHED_FIFO` there: two
+/// at once would share those cores and starve each other's kernel threads.
+/// The tests of this file take turns.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn is_root() -> bool {
     let out = Command::new("id").arg("-u").output().expect("run id -u");
     String::from_utf8_lossy(&out.stdout).trim() == "0"
@@ -36,6 +46,7 @@ fn bench_forward(tag: &str, args: &[&str]) -> (serde_json::Value, String, String
 #[test]
 #[ignore = "needs root + netns; run by .ci/run with --ignored"]
 fn bench_forward_measures_every_dut_and_writes_json() {
+    let _turn = serial();
     assert!(
         is_root(),
         "this test needs root (network namespaces, AF_PACKET, AF_XDP, nft)"
@@ -116,6 +127,7 @@ fn bench_forward_measures_every_dut_and_writes_json() {
 #[test]
 #[ignore = "needs root + netns; run by .ci/run with --ignored"]
 fn bench_forward_zero_loss_search_reports_a_lossless_rate() {
+    let _turn = serial();
     assert!(is_root(), "this test needs root");
     let (v, _, stderr) = bench_forward(
         "zl",
@@ -156,6 +168,7 @@ fn bench_forward_zero_loss_search_reports_a_lossless_rate() {
 #[test]
 #[ignore = "needs root + netns + BPF_PROG_RUN live frames; run by .ci/run with --ignored"]
 fn bench_forward_xdp_sender_reaches_every_dut() {
+    let _turn = serial();
     assert!(is_root(), "this test needs root");
     let (v, stdout, stderr) = bench_forward(
         "xdp",
@@ -195,5 +208,35 @@ fn bench_forward_xdp_sender_reaches_every_dut() {
     assert!(
         fast < received / 2,
         "{fast} packets on the engine's fast path of {received} received: not offloaded\n{stderr}"
+    );
+}
+
+/// `--receiver stack`: the method of the figures before the XDP sink (the
+/// receiver's GRO and IP layers drop the frames) still runs, and the
+/// report says which receiver it used.
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn bench_forward_stack_receiver_still_counts_frames() {
+    let _turn = serial();
+    assert!(is_root(), "this test needs root");
+    let (v, stdout, stderr) = bench_forward(
+        "stack",
+        &[
+            "--dut",
+            "kernel-nftables",
+            "--flows",
+            "1000",
+            "--duration",
+            "0.5",
+            "--receiver",
+            "stack",
+        ],
+    );
+    assert!(stdout.contains("receiver: stack"), "{stdout}");
+    let r = &v["results"][0];
+    assert_eq!(r["receiver"].as_str(), Some("stack"), "{r}");
+    assert!(
+        r["received"].as_u64().expect("received") >= 1_000,
+        "{r}\n{stderr}"
     );
 }

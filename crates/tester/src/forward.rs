@@ -194,6 +194,36 @@ impl Sender {
     }
 }
 
+/// How the receiver takes the frames the DUT forwards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Receiver {
+    /// An XDP program on the receiver's veth drops every frame
+    /// ([`sluice_io::xdpgen::XdpSink`]): the cost of a NIC's transmit.
+    #[default]
+    XdpDrop,
+    /// The receiver's kernel takes every frame through GRO and the IP
+    /// layer and drops it there (`PACKET_OTHERHOST`), on the DUT core: the
+    /// method before 2026-11-23 16:40 UTC, kept to reproduce those figures.
+    Stack,
+}
+
+impl Receiver {
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Receiver::XdpDrop => "xdp-drop",
+            Receiver::Stack => "stack",
+        }
+    }
+
+    /// Parse a name of [`Receiver::name`].
+    pub fn parse(s: &str) -> Option<Self> {
+        [Receiver::XdpDrop, Receiver::Stack]
+            .into_iter()
+            .find(|x| x.name() == s)
+    }
+}
+
 /// Frames per `BPF_PROG_RUN` call of the XDP sender (the granularity of
 /// its `sent` counter and of stopping: about 0.2-0.3 s at the 3.5-5 Mpps
 /// it reaches on the development VM). Each call sets up and tears down a
@@ -223,6 +253,8 @@ pub struct ForwardOptions {
     /// The sender of the saturation measurement (warm-up and zero-loss
     /// trials always use the paced socket sender).
     pub sender: Sender,
+    /// How the receiver takes the forwarded frames.
+    pub receiver: Receiver,
 }
 
 /// Trials of the zero-loss binary search after the first one.
@@ -238,6 +270,7 @@ impl Default for ForwardOptions {
             seed: 0x5eed,
             zero_loss: false,
             sender: Sender::Socket,
+            receiver: Receiver::XdpDrop,
         }
     }
 }
@@ -248,11 +281,6 @@ impl Default for ForwardOptions {
 /// a ring the worker has no time to drain (`sluice_io::sched`). An
 /// operator running Sluice on one core would set it the same way.
 pub const WORKER_PRIORITY: u8 = 10;
-
-/// The receiver of every run: an XDP program on its veth drops each frame
-/// ([`sluice_io::xdpgen::XdpSink`]); the frame still counts in the veth's
-/// `rx_packets`.
-pub const RECEIVER: &str = "xdp-drop";
 
 /// One measured point.
 #[derive(Debug, Clone, Serialize)]
@@ -298,7 +326,7 @@ pub struct ForwardResult {
     pub dut_mode: String,
     /// The saturation measurement's sender ([`Sender::name`]).
     pub sender: &'static str,
-    /// How the receiver takes the frames: [`RECEIVER`].
+    /// How the receiver took the frames ([`Receiver::name`]).
     pub receiver: &'static str,
     /// Fraction of the DUT core's time spent busy (user, system, irq,
     /// softirq; /proc/stat) during the saturation measurement: everything
@@ -555,7 +583,7 @@ struct Topo {
 }
 
 impl Topo {
-    fn new(tag: &str, dut_core: usize) -> Result<Self, ForwardError> {
+    fn new(tag: &str, dut_core: usize, receiver: Receiver) -> Result<Self, ForwardError> {
         let pid = std::process::id();
         let ns = |s: &str| {
             let name = format!("{NS_PREFIX}{pid}-{tag}{s}");
@@ -635,12 +663,19 @@ impl Topo {
         // program also gives the veth NAPI, so that the DUT's egress veth
         // accepts XDP redirects (Sluice's offload) as a NIC would. Every
         // DUT runs with it; frames it drops still count in `rx_packets`.
-        let sink = t
-            .recv
-            .run(|| sluice_io::xdpgen::XdpSink::attach(HOST_IF))
-            .map_err(|e| setup_err("receiver XDP sink", e))?
-            .map_err(|e| setup_err("receiver XDP sink", e))?;
-        t.sink = Some(sink);
+        // With `Receiver::Stack` GRO on gives the receiver's veth its NAPI
+        // instead, and its kernel drops the frames.
+        if receiver == Receiver::Stack {
+            ns_exec(&t.recv, &["ethtool", "-K", HOST_IF, "gro", "on"])?;
+        }
+        if receiver == Receiver::XdpDrop {
+            let sink = t
+                .recv
+                .run(|| sluice_io::xdpgen::XdpSink::attach(HOST_IF))
+                .map_err(|e| setup_err("receiver XDP sink", e))?
+                .map_err(|e| setup_err("receiver XDP sink", e))?;
+            t.sink = Some(sink);
+        }
         // Receive Packet Steering: the DUT's receive work on the DUT core.
         let mask = format!("{:x}", 1u128 << dut_core.min(127));
         ns_exec(
@@ -1199,7 +1234,7 @@ fn point(
     interrupted: &AtomicBool,
     progress: &mut dyn FnMut(&str),
 ) -> Result<ForwardResult, ForwardError> {
-    let topo = Topo::new(tag, dut_core)?;
+    let topo = Topo::new(tag, dut_core, opts.receiver)?;
     // Declared after `topo`, so it stops before the namespaces go.
     let mut sluice = None;
     let mut _ct_max = None;
@@ -1478,7 +1513,7 @@ fn point(
         sender_core,
         dut_mode,
         sender: opts.sender.name(),
-        receiver: RECEIVER,
+        receiver: opts.receiver.name(),
         dut_core_busy,
         capacity_fps,
     })
@@ -1509,12 +1544,20 @@ pub fn table(rows: &[ForwardResult]) -> String {
     let mut s = String::new();
     let mut senders: Vec<&str> = rows.iter().map(|r| r.sender).collect();
     senders.dedup();
+    let mut receivers: Vec<&str> = rows.iter().map(|r| r.receiver).collect();
+    receivers.dedup();
     if !senders.is_empty() {
+        let how = match receivers.as_slice() {
+            ["xdp-drop"] => " (an XDP program drops every frame on the receiver's veth)",
+            ["stack"] => " (the receiver's GRO and IP layers drop every frame)",
+            _ => "",
+        };
         let _ = writeln!(
             s,
             "sender of the saturation measurement: {} (warm-up and zero-loss trials: socket); \
-             receiver: {RECEIVER} (an XDP program drops every frame on the receiver's veth)",
-            senders.join(", ")
+             receiver: {}{how}",
+            senders.join(", "),
+            receivers.join(", ")
         );
     }
     let _ = writeln!(
