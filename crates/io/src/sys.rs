@@ -142,24 +142,12 @@ pub(crate) fn kick_tx(fd: RawFd) -> Result<(), i32> {
 
 /// Wait up to `timeout_ms` for `fd` to become readable. Returns whether it is.
 pub(crate) fn poll_in(fd: RawFd, timeout_ms: i32) -> Result<bool, IoError> {
-    let mut p = libc::pollfd {
+    let mut p = [libc::pollfd {
         fd,
         events: libc::POLLIN,
         revents: 0,
-    };
-    // SAFETY: `p` is one valid pollfd and we pass a count of 1.
-    let r = unsafe { libc::poll(&mut p, 1, timeout_ms) };
-    if r < 0 {
-        let e = crate::error::errno();
-        if e == libc::EINTR {
-            return Ok(false);
-        }
-        return Err(IoError::Syscall {
-            call: "poll",
-            errno: e,
-        });
-    }
-    Ok(r > 0 && p.revents & libc::POLLIN != 0)
+    }];
+    poll_any(&mut p, timeout_ms)
 }
 
 /// Wait up to `timeout_ms` for any of `fds` (with `events` set) to be

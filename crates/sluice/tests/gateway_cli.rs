@@ -2,7 +2,7 @@
 //! command line: exit codes and error text on good and bad input.
 
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Output};
 
 fn sluice() -> Command {
     Command::new(env!("CARGO_BIN_EXE_sluice"))
@@ -53,32 +53,50 @@ fn check_reports_a_bad_route_with_file_line_and_caret() {
     assert!(err.contains('^'), "no caret: {err}");
 }
 
-/// `xdp_offload` shows in the summary with AF_XDP and is refused, with
-/// its line, on AF_PACKET.
-#[test]
-fn check_shows_xdp_offload_and_refuses_it_without_af_xdp() {
-    let dir = std::env::temp_dir().join(format!("sluice-cli-off-{}", std::process::id()));
+/// Runs `sluice check -c` on copies of the example config (with its
+/// ruleset beside them) in which the line `find` is replaced by each of
+/// `variants`; returns the 1-based line number of `find` and the outputs.
+fn check_example_with(tag: &str, find: &str, variants: &[&str]) -> (usize, Vec<Output>) {
+    let dir = std::env::temp_dir().join(format!("sluice-cli-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let src = std::fs::read_to_string(example()).unwrap();
     let nft = example().with_extension("nft");
     std::fs::copy(&nft, dir.join(nft.file_name().unwrap())).unwrap();
-    assert!(
-        src.contains("backend = \"auto\"\n"),
-        "example sets no backend"
-    );
-    let line = src.lines().position(|l| l == "backend = \"auto\"").unwrap() + 2;
-    let run = |backend: &str, name: &str| {
-        let text = src.replace(
-            "backend = \"auto\"\n",
-            &format!("backend = \"{backend}\"\nxdp_offload = true\n"),
-        );
-        let path = dir.join(name);
-        std::fs::write(&path, text).unwrap();
-        sluice().args(["check", "-c"]).arg(&path).output().unwrap()
-    };
-    let ok = run("af_xdp", "xdp.toml");
-    let bad = run("af_packet", "packet.toml");
+    let line = src
+        .lines()
+        .position(|l| l == find)
+        .unwrap_or_else(|| panic!("the example has no line {find:?}"))
+        + 1;
+    let outs = variants
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let path = dir.join(format!("{i}.toml"));
+            std::fs::write(
+                &path,
+                src.replacen(&format!("{find}\n"), &format!("{v}\n"), 1),
+            )
+            .unwrap();
+            sluice().args(["check", "-c"]).arg(&path).output().unwrap()
+        })
+        .collect();
     let _ = std::fs::remove_dir_all(&dir);
+    (line, outs)
+}
+
+/// `xdp_offload` shows in the summary with AF_XDP and is refused, with
+/// its line, on AF_PACKET.
+#[test]
+fn check_shows_xdp_offload_and_refuses_it_without_af_xdp() {
+    let (line, outs) = check_example_with(
+        "off",
+        "backend = \"auto\"",
+        &[
+            "backend = \"af_xdp\"\nxdp_offload = true",
+            "backend = \"af_packet\"\nxdp_offload = true",
+        ],
+    );
+    let (ok, bad) = (&outs[0], &outs[1]);
     assert!(
         ok.status.success(),
         "{}",
@@ -89,7 +107,7 @@ fn check_shows_xdp_offload_and_refuses_it_without_af_xdp() {
     assert_eq!(bad.status.code(), Some(1));
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(
-        err.contains(&format!("packet.toml:{line}:"))
+        err.contains(&format!("1.toml:{}:", line + 1))
             && err.contains("xdp_offload needs the AF_XDP backend"),
         "{err}"
     );
@@ -99,32 +117,12 @@ fn check_shows_xdp_offload_and_refuses_it_without_af_xdp() {
 /// with its line and the allowed range.
 #[test]
 fn check_shows_worker_priority_and_refuses_one_out_of_range() {
-    let dir = std::env::temp_dir().join(format!("sluice-cli-prio-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = std::fs::read_to_string(example()).unwrap();
-    let nft = example().with_extension("nft");
-    std::fs::copy(&nft, dir.join(nft.file_name().unwrap())).unwrap();
-    assert!(
-        src.contains("# worker_priority = 10\n"),
-        "example lacks the key"
+    let (line, outs) = check_example_with(
+        "prio",
+        "# worker_priority = 10",
+        &["worker_priority = 10", "worker_priority = 150"],
     );
-    let line = src
-        .lines()
-        .position(|l| l == "# worker_priority = 10")
-        .unwrap()
-        + 1;
-    let run = |prio: &str, name: &str| {
-        let text = src.replace(
-            "# worker_priority = 10\n",
-            &format!("worker_priority = {prio}\n"),
-        );
-        let path = dir.join(name);
-        std::fs::write(&path, text).unwrap();
-        sluice().args(["check", "-c"]).arg(&path).output().unwrap()
-    };
-    let ok = run("10", "ok.toml");
-    let bad = run("150", "bad.toml");
-    let _ = std::fs::remove_dir_all(&dir);
+    let (ok, bad) = (&outs[0], &outs[1]);
     assert!(
         ok.status.success(),
         "{}",
@@ -136,7 +134,7 @@ fn check_shows_worker_priority_and_refuses_one_out_of_range() {
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(
         err.contains(&format!(
-            "bad.toml:{line}:19: worker_priority: 150 is not a SCHED_FIFO priority (1-99)"
+            "1.toml:{line}:19: worker_priority: 150 is not a SCHED_FIFO priority (1-99)"
         )),
         "{err}"
     );

@@ -653,28 +653,29 @@ impl Topo {
         ns_ip(&t.sender, &["link", "set", HOST_IF, "up"])?;
         ns_ip(&t.recv, &["addr", "add", "203.0.113.2/24", "dev", HOST_IF])?;
         ns_ip(&t.recv, &["link", "set", HOST_IF, "up"])?;
-        // The receiver drops every frame in an XDP program on its veth
-        // ([`sluice_io::xdpgen::XdpSink`]): veth runs the receiver's side
-        // of a transmit on the transmitting CPU, which is the DUT core, and
-        // a frame that went through the receiver's GRO and IP layers before
-        // its drop cost that core about as much as the forwarding itself
-        // (`perf record -C <dut core>`: GRO, skb building and freeing,
-        // ip_rcv; about half of the samples with Sluice's offload). The
-        // program also gives the veth NAPI, so that the DUT's egress veth
-        // accepts XDP redirects (Sluice's offload) as a NIC would. Every
-        // DUT runs with it; frames it drops still count in `rx_packets`.
-        // With `Receiver::Stack` GRO on gives the receiver's veth its NAPI
-        // instead, and its kernel drops the frames.
-        if receiver == Receiver::Stack {
-            ns_exec(&t.recv, &["ethtool", "-K", HOST_IF, "gro", "on"])?;
-        }
-        if receiver == Receiver::XdpDrop {
-            let sink = t
-                .recv
-                .run(|| sluice_io::xdpgen::XdpSink::attach(HOST_IF))
-                .map_err(|e| setup_err("receiver XDP sink", e))?
-                .map_err(|e| setup_err("receiver XDP sink", e))?;
-            t.sink = Some(sink);
+        // The receiver's veth needs NAPI, so that the DUT's egress veth
+        // accepts XDP redirects (Sluice's offload) as a NIC would.
+        match receiver {
+            // An XDP program that drops every frame
+            // ([`sluice_io::xdpgen::XdpSink`]; the frames still count in
+            // `rx_packets`) gives it NAPI. veth runs the receiver's side of
+            // a transmit on the transmitting CPU, the DUT core, where a
+            // frame taken through the receiver's GRO and IP layers before
+            // its drop cost about as much as the forwarding itself (`perf
+            // record -C <dut core>`: about half of the samples with
+            // Sluice's offload).
+            Receiver::XdpDrop => {
+                let sink = t
+                    .recv
+                    .run(|| sluice_io::xdpgen::XdpSink::attach(HOST_IF))
+                    .map_err(|e| setup_err("receiver XDP sink", e))?
+                    .map_err(|e| setup_err("receiver XDP sink", e))?;
+                t.sink = Some(sink);
+            }
+            // GRO on gives it NAPI, and its kernel drops the frames.
+            Receiver::Stack => {
+                ns_exec(&t.recv, &["ethtool", "-K", HOST_IF, "gro", "on"])?;
+            }
         }
         // Receive Packet Steering: the DUT's receive work on the DUT core.
         let mask = format!("{:x}", 1u128 << dut_core.min(127));

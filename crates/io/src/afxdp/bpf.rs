@@ -611,16 +611,32 @@ struct LinkCreateAttr {
 }
 
 /// Attaches `prog` to `ifindex` (in the calling thread's network
-/// namespace) in native (driver) mode through a BPF link; closing the
-/// returned link detaches it.
-pub(crate) fn link_xdp_native(prog: &OwnedFd, ifindex: u32) -> Result<OwnedFd, IoError> {
+/// namespace) through a BPF link, in the mode `flags` names
+/// (`XDP_FLAGS_DRV_MODE` or `XDP_FLAGS_SKB_MODE`); closing the returned
+/// link detaches it.
+fn link_xdp(
+    prog: &OwnedFd,
+    ifindex: u32,
+    flags: u32,
+    call: &'static str,
+) -> Result<OwnedFd, IoError> {
     let mut l = LinkCreateAttr {
         prog_fd: sys::raw(prog) as u32,
         target_ifindex: ifindex,
         attach_type: BPF_XDP,
-        flags: XDP_FLAGS_DRV_MODE,
+        flags,
     };
-    bpf(BPF_LINK_CREATE, &mut l, "bpf(BPF_LINK_CREATE xdp native)")
+    bpf(BPF_LINK_CREATE, &mut l, call)
+}
+
+/// [`link_xdp`] in native (driver) mode.
+pub(crate) fn link_xdp_native(prog: &OwnedFd, ifindex: u32) -> Result<OwnedFd, IoError> {
+    link_xdp(
+        prog,
+        ifindex,
+        XDP_FLAGS_DRV_MODE,
+        "bpf(BPF_LINK_CREATE xdp native)",
+    )
 }
 
 /// A loaded and attached program with its XSKMAP. Dropping it detaches the
@@ -671,15 +687,7 @@ impl XdpAttachment {
             tracing::error!("XDP program rejected: {e}; verifier log:\n{log}");
             e
         })?;
-        let try_mode = |flags: u32, call: &'static str| {
-            let mut l = LinkCreateAttr {
-                prog_fd: sys::raw(&prog) as u32,
-                target_ifindex: ifindex,
-                attach_type: BPF_XDP,
-                flags,
-            };
-            bpf(BPF_LINK_CREATE, &mut l, call)
-        };
+        let try_mode = |flags: u32, call: &'static str| link_xdp(&prog, ifindex, flags, call);
         let (link, native) = match mode {
             XdpMode::Native => (
                 try_mode(XDP_FLAGS_DRV_MODE, "bpf(BPF_LINK_CREATE xdp native)")?,
