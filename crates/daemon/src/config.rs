@@ -25,6 +25,10 @@ pub const DEFAULT_SOCKET: &str = "/run/sluice.sock";
 /// Most workers accepted.
 pub const MAX_WORKERS: u16 = 64;
 
+/// Largest `heap_reserve_mib` (256 GiB); the daemon also refuses at start
+/// a reserve larger than the memory the kernel says is available.
+pub const MAX_HEAP_RESERVE_MIB: u32 = 256 * 1024;
+
 /// Smallest `mtu` accepted (RFC 791: 68 bytes pass unfragmented).
 pub const MIN_MTU: u16 = 68;
 /// Largest `mtu` accepted: frames live in [`sluice_io::FRAME_CAP`]-byte
@@ -117,6 +121,7 @@ struct RawConfig {
     xdp_offload: Option<Spanned<bool>>,
     workers: Option<Spanned<i64>>,
     worker_priority: Option<Spanned<i64>>,
+    heap_reserve_mib: Option<Spanned<i64>>,
     capture: Option<Spanned<String>>,
     control_socket: Option<Spanned<String>>,
     #[serde(default)]
@@ -301,6 +306,9 @@ pub struct Config {
     /// Real-time (`SCHED_FIFO`) priority of the worker threads
     /// (`worker_priority`, 1-99); `None`: ordinary scheduling.
     pub worker_priority: Option<u8>,
+    /// MiB of heap backed with memory at start and kept resident
+    /// (`heap_reserve_mib`, see `sluice_io::alloc::reserve_heap`); 0: none.
+    pub heap_reserve_mib: u32,
     /// pcap capture base path.
     pub capture: Option<PathBuf>,
     /// Control socket path.
@@ -348,6 +356,8 @@ pub struct Summary {
     pub xdp_offload: bool,
     /// `worker_priority`, if set.
     pub worker_priority: Option<u8>,
+    /// `heap_reserve_mib` (0: none).
+    pub heap_reserve_mib: u32,
     /// Ruleset file, if any.
     pub ruleset: Option<String>,
     /// Rules in the compiled ruleset (0 without one).
@@ -360,7 +370,7 @@ impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "ok: {} interfaces, {} routes, {} neighbours, {} workers ({:?}{}{}), ruleset {} ({} rules, {} NAT pools)",
+            "ok: {} interfaces, {} routes, {} neighbours, {} workers ({:?}{}{}), {}ruleset {} ({} rules, {} NAT pools)",
             self.interfaces,
             self.routes,
             self.neighbors,
@@ -370,6 +380,10 @@ impl fmt::Display for Summary {
             match self.worker_priority {
                 Some(p) => format!(", SCHED_FIFO {p}"),
                 None => String::new(),
+            },
+            match self.heap_reserve_mib {
+                0 => String::new(),
+                m => format!("heap {m} MiB reserved, "),
             },
             self.ruleset.as_deref().unwrap_or("none"),
             self.rules,
@@ -471,6 +485,22 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
                         "{} is not a SCHED_FIFO priority (1-{})",
                         p.get_ref(),
                         sluice_io::sched::MAX_PRIORITY
+                    ),
+                ))
+            }
+        },
+    };
+    let heap_reserve_mib = match &raw.heap_reserve_mib {
+        None => 0,
+        Some(m) => match u32::try_from(*m.get_ref()) {
+            Ok(n) if n <= MAX_HEAP_RESERVE_MIB => n,
+            _ => {
+                return Err(src.err(
+                    m,
+                    "heap_reserve_mib",
+                    format!(
+                        "{} is not between 0 and {MAX_HEAP_RESERVE_MIB} (MiB)",
+                        m.get_ref()
                     ),
                 ))
             }
@@ -852,6 +882,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         xdp_offload,
         workers,
         worker_priority,
+        heap_reserve_mib,
         capture,
         control_socket,
         interfaces,
@@ -1043,6 +1074,7 @@ ruleset = "gw.nft"
 backend = "af_packet"
 workers = 1
 worker_priority = 20
+heap_reserve_mib = 256
 
 [[interfaces]]
 name = "lan0"
@@ -1107,6 +1139,7 @@ timeouts = { udp = 60, tcp_established = 3600 }
         assert_eq!(c.ruleset.as_deref(), Some(Path::new("/etc/sluice/gw.nft")));
         assert_eq!(c.backend, BackendChoice::AfPacket);
         assert_eq!(c.worker_priority, Some(20));
+        assert_eq!(c.heap_reserve_mib, 256);
         assert_eq!(c.interfaces.len(), 2);
         assert_eq!(c.interfaces[1].mac, Some([2, 0, 0, 0, 0, 2]));
         assert_eq!(
@@ -1182,6 +1215,18 @@ timeouts = { udp = 60, tcp_established = 3600 }
             (
                 "worker_priority = \"high\"\n",
                 "sluice.toml:1:19: invalid type: string \"high\", expected i64",
+            ),
+            (
+                "heap_reserve_mib = -1\n",
+                "sluice.toml:1:20: heap_reserve_mib: -1 is not between 0 and 262144 (MiB)",
+            ),
+            (
+                "heap_reserve_mib = 262145\n",
+                "sluice.toml:1:20: heap_reserve_mib: 262145 is not between 0 and 262144 (MiB)",
+            ),
+            (
+                "heap_reserve_mib = \"512M\"\n",
+                "sluice.toml:1:20: invalid type: string \"512M\", expected i64",
             ),
             ("backend = \"dpdk\"\n", "sluice.toml:1:11: unknown variant `dpdk`"),
             (

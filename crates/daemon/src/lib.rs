@@ -208,10 +208,45 @@ pub fn check(path: &Path) -> Result<Summary, ConfigError> {
         backend: cfg.backend,
         xdp_offload: cfg.xdp_offload,
         worker_priority: cfg.worker_priority,
+        heap_reserve_mib: cfg.heap_reserve_mib,
         ruleset: cfg.ruleset.as_ref().map(|p| p.display().to_string()),
         rules: lp.rules,
         nat_pools: lp.pools.len(),
     })
+}
+
+/// `heap_reserve_mib`: back that much of the heap with memory now and keep
+/// freed heap memory resident (`sluice_io::alloc::reserve_heap`). Refused
+/// when the kernel says less memory is available.
+fn reserve_heap(mib: u32) -> Result<(), RunError> {
+    if mib == 0 {
+        return Ok(());
+    }
+    let bytes = u64::from(mib) << 20;
+    if let Some(avail) = sluice_io::alloc::available_memory() {
+        if bytes > avail {
+            return Err(RunError::Os(format!(
+                "heap_reserve_mib = {mib}: only {} MiB of memory is available \
+                 (MemAvailable in /proc/meminfo); lower it or remove it",
+                avail >> 20
+            )));
+        }
+    }
+    let r = sluice_io::alloc::reserve_heap(bytes as usize);
+    if r.kept {
+        tracing::info!(
+            mib,
+            ms = r.elapsed.as_secs_f64() * 1e3,
+            "heap reserved: freed heap memory now stays resident"
+        );
+    } else {
+        tracing::warn!(
+            mib,
+            "heap_reserve_mib has no effect: this process does not allocate with \
+             mimalloc (only the sluice binary does)"
+        );
+    }
+    Ok(())
 }
 
 /// Read an interface's MAC with `ip -o link show dev IF` (works in the
@@ -412,6 +447,9 @@ impl Control {
         if old.nat != cfg.nat || old.masquerade != cfg.masquerade {
             needs_restart.push("nat");
         }
+        if old.heap_reserve_mib != cfg.heap_reserve_mib {
+            needs_restart.push("heap_reserve_mib");
+        }
         if old.ct_max != cfg.ct_max
             || old.ct6_max != cfg.ct6_max
             || old.timeouts != cfg.timeouts
@@ -478,6 +516,7 @@ impl Control {
                     "generation": st.generation,
                     "retired_generations": self.retired.lock().unwrap_or_else(|e| e.into_inner()).len(),
                     "logs_suppressed": st.compiled.as_ref().map_or(0, |c| c.logs_suppressed()),
+                    "heap_reserve_mib": st.config.heap_reserve_mib,
                     "interfaces": ifaces,
                     "worker_status": ws.iter().map(worker_json).collect::<Vec<_>>(),
                 }))
@@ -773,6 +812,9 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     if let Some(s) = &opts.control_socket {
         cfg.control_socket = s.clone();
     }
+    // Before the first rule set is compiled, so that it too takes its
+    // memory from the reserve.
+    reserve_heap(cfg.heap_reserve_mib)?;
     let lp = load_policy(&cfg, None)?;
     tracing::info!(ruleset = %lp.source, rules = lp.rules, "policy compiled");
 

@@ -217,6 +217,12 @@ struct UpdateArgs {
     /// connection and with a connection each; and with the objects loaded).
     #[arg(long, default_value_t = 3000)]
     appends: usize,
+    /// The gateway's `heap_reserve_mib` (MiB of heap backed with memory at
+    /// start and kept resident; 0: none).
+    #[arg(long, value_name = "MIB",
+          default_value_t = sluice_tester::update::DEFAULT_HEAP_RESERVE_MIB,
+          value_parser = clap::value_parser!(u32).range(0..=i64::from(sluice_daemon::config::MAX_HEAP_RESERVE_MIB)))]
+    heap_reserve_mib: u32,
     /// Write the results as JSON (insert_us_at_150k, delete_us_at_150k,
     /// load_150k_s, append_3000_s, append_3000_new_conn_s,
     /// append_3000_at_150k_s, ...).
@@ -331,6 +337,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 objects: usize::try_from(a.objects).unwrap_or(usize::MAX),
                 samples: a.samples.max(1),
                 appends: a.appends,
+                heap_reserve_mib: a.heap_reserve_mib,
                 ..Default::default()
             },
             a.json.as_deref(),

@@ -140,6 +140,36 @@ fn check_shows_worker_priority_and_refuses_one_out_of_range() {
     );
 }
 
+/// `heap_reserve_mib` shows in the summary; a negative one is refused with
+/// its line and the allowed range.
+#[test]
+fn check_shows_the_heap_reserve_and_refuses_a_negative_one() {
+    let (line, outs) = check_example_with(
+        "heap",
+        "# heap_reserve_mib = 512",
+        &["heap_reserve_mib = 512", "heap_reserve_mib = -5"],
+    );
+    let (ok, bad) = (&outs[0], &outs[1]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let text = String::from_utf8_lossy(&ok.stdout);
+    assert!(
+        text.contains("), heap 512 MiB reserved, ruleset "),
+        "{text}"
+    );
+    assert_eq!(bad.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains(&format!(
+            "1.toml:{line}:20: heap_reserve_mib: -5 is not between 0 and 262144 (MiB)"
+        )),
+        "{err}"
+    );
+}
+
 #[test]
 fn run_with_a_missing_config_fails_with_one_clear_message() {
     let out = sluice()

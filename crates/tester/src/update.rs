@@ -48,7 +48,15 @@ pub struct UpdateOptions {
     pub appends: usize,
     /// Generator seed.
     pub seed: u64,
+    /// The gateway's `heap_reserve_mib`: heap backed with memory when it
+    /// starts, so that the load reuses resident pages (0: none).
+    pub heap_reserve_mib: u32,
 }
+
+/// The default [`UpdateOptions::heap_reserve_mib`]: enough for the default
+/// 150 000-rule load (its peak is about 400 MiB of the process's heap,
+/// client side included).
+pub const DEFAULT_HEAP_RESERVE_MIB: u32 = 512;
 
 impl Default for UpdateOptions {
     fn default() -> Self {
@@ -57,6 +65,7 @@ impl Default for UpdateOptions {
             samples: 200,
             appends: 3000,
             seed: 1,
+            heap_reserve_mib: DEFAULT_HEAP_RESERVE_MIB,
         }
     }
 }
@@ -92,6 +101,23 @@ pub struct UpdateReport {
     pub appends: usize,
     /// Single inserts and deletes timed.
     pub samples: usize,
+    /// The gateway's `heap_reserve_mib`.
+    pub heap_reserve_mib: u32,
+    /// Seconds from starting the gateway until it answered `status`
+    /// (the heap reserve included).
+    pub gateway_start_s: f64,
+    /// Minor page faults of this process (client and gateway) during the
+    /// load; `None` where `/proc/self/stat` is unreadable.
+    pub load_page_faults: Option<u64>,
+}
+
+/// This process's minor page faults so far (`minflt`, field 10 of
+/// `/proc/self/stat`).
+fn minor_faults() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces.
+    let rest = stat.get(stat.rfind(')')? + 1..)?;
+    rest.split_whitespace().nth(7)?.parse().ok()
 }
 
 /// Errors of the procedure.
@@ -191,7 +217,7 @@ struct Gateway {
 }
 
 impl Gateway {
-    fn start(dir: &Path) -> Result<Gateway, UpdateBenchError> {
+    fn start(dir: &Path, heap_reserve_mib: u32) -> Result<Gateway, UpdateBenchError> {
         let io = |what: &Path| {
             let w = what.display().to_string();
             move |e| UpdateBenchError::Io(w, e)
@@ -202,7 +228,8 @@ impl Gateway {
         let socket = dir.join("ctl.sock");
         let cfg = dir.join("sluice.toml");
         let text = format!(
-            "backend = \"mem\"\nworkers = 1\nruleset = {:?}\ncontrol_socket = {:?}\n\n\
+            "backend = \"mem\"\nworkers = 1\nheap_reserve_mib = {heap_reserve_mib}\n\
+             ruleset = {:?}\ncontrol_socket = {:?}\n\n\
              [[interfaces]]\nname = \"bench0\"\naddresses = [\"192.0.2.1/24\"]\n",
             empty.display().to_string(),
             socket.display().to_string()
@@ -383,7 +410,20 @@ impl Drop for Gateway {
 /// Runs the procedure.
 pub fn run(o: &UpdateOptions) -> Result<UpdateReport, UpdateBenchError> {
     let dir = std::env::temp_dir().join(format!("sluice-bench-update-{}", std::process::id()));
-    let g = Gateway::start(&dir)?;
+    let t = Instant::now();
+    let g = Gateway::start(&dir, o.heap_reserve_mib)?;
+    let gateway_start_s = t.elapsed().as_secs_f64();
+    let status = g.request(r#"{"cmd":"status"}"#)?;
+    let reserved = status.get("heap_reserve_mib").and_then(|v| v.as_u64());
+    if reserved != Some(u64::from(o.heap_reserve_mib)) {
+        return Err(UpdateBenchError::Request(
+            "status".into(),
+            format!(
+                "heap_reserve_mib {reserved:?}, expected {}",
+                o.heap_reserve_mib
+            ),
+        ));
+    }
     let big = dir.join("loaded.nft");
     std::fs::write(&big, ruleset_text(o.objects, o.seed))
         .map_err(|e| UpdateBenchError::Io(big.display().to_string(), e))?;
@@ -391,9 +431,13 @@ pub fn run(o: &UpdateOptions) -> Result<UpdateReport, UpdateBenchError> {
     // 1. Load.
     let req = serde_json::json!({"cmd": "ruleset-replace", "path": big.display().to_string()})
         .to_string();
+    let faults0 = minor_faults();
     let t = Instant::now();
     let v = g.request(&req)?;
     let load_s = t.elapsed().as_secs_f64();
+    let load_page_faults = minor_faults()
+        .zip(faults0)
+        .map(|(b, a)| b.saturating_sub(a));
     let loaded = v.get("rules").and_then(|r| r.as_u64()).unwrap_or(0);
     if loaded != o.objects as u64 {
         return Err(UpdateBenchError::Request(
@@ -506,6 +550,9 @@ pub fn run(o: &UpdateOptions) -> Result<UpdateReport, UpdateBenchError> {
         append_3000_at_150k_s: append_at_150k_s,
         appends: o.appends,
         samples: o.samples,
+        heap_reserve_mib: o.heap_reserve_mib,
+        gateway_start_s,
+        load_page_faults,
     })
 }
 
@@ -519,7 +566,9 @@ pub fn table(r: &UpdateReport) -> String {
          insert, daemon apply time, median       {:>8.1} us\n\
          {a} appends to an empty chain (seed 002) {:>8.3} s  < 0.5 s\n\
          {a} appends, a new connection each       {:>8.3} s\n\
-         {a} appends with {n} rules loaded     {:>8.3} s\n",
+         {a} appends with {n} rules loaded     {:>8.3} s\n\
+         (gateway: heap_reserve_mib = {h}, started in {:.3} s; \
+         page faults during the load: {f})\n",
         r.load_150k_s,
         r.insert_us_at_150k,
         r.insert_p99_us,
@@ -529,8 +578,13 @@ pub fn table(r: &UpdateReport) -> String {
         r.append_3000_s,
         r.append_3000_new_conn_s,
         r.append_3000_at_150k_s,
+        r.gateway_start_s,
         n = r.objects,
         a = r.appends,
+        h = r.heap_reserve_mib,
+        f = r
+            .load_page_faults
+            .map_or_else(|| "unknown".to_string(), |f| f.to_string()),
     )
 }
 
@@ -554,9 +608,14 @@ mod tests {
             samples: 20,
             appends: 50,
             seed: 3,
+            heap_reserve_mib: 16,
         })
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(r.objects, 2000);
+        // The gateway answered `status` with the reserve it was given.
+        assert_eq!(r.heap_reserve_mib, 16);
+        assert!(r.gateway_start_s > 0.0);
+        assert!(r.load_page_faults.is_some());
         assert!(r.insert_us_at_150k.is_finite() && r.insert_us_at_150k > 0.0);
         assert!(r.delete_us_at_150k.is_finite() && r.delete_us_at_150k > 0.0);
         assert!(r.load_150k_s > 0.0 && r.append_3000_s > 0.0 && r.append_3000_at_150k_s > 0.0);
@@ -569,6 +628,9 @@ mod tests {
             "append_3000_s",
             "append_3000_new_conn_s",
             "append_3000_at_150k_s",
+            "heap_reserve_mib",
+            "gateway_start_s",
+            "load_page_faults",
         ] {
             assert!(j.get(k).is_some_and(|v| v.is_number()), "{k}");
         }
