@@ -222,17 +222,10 @@ fn reserve_heap(mib: u32) -> Result<(), RunError> {
     if mib == 0 {
         return Ok(());
     }
-    let bytes = u64::from(mib) << 20;
-    if let Some(avail) = sluice_io::alloc::available_memory() {
-        if bytes > avail {
-            return Err(RunError::Os(format!(
-                "heap_reserve_mib = {mib}: only {} MiB of memory is available \
-                 (MemAvailable in /proc/meminfo); lower it or remove it",
-                avail >> 20
-            )));
-        }
+    if let Some(refusal) = reserve_refusal(mib, sluice_io::alloc::available_memory()) {
+        return Err(RunError::Os(refusal));
     }
-    let r = sluice_io::alloc::reserve_heap(bytes as usize);
+    let r = sluice_io::alloc::reserve_heap((u64::from(mib) << 20) as usize);
     if r.kept {
         tracing::info!(
             mib,
@@ -247,6 +240,19 @@ fn reserve_heap(mib: u32) -> Result<(), RunError> {
         );
     }
     Ok(())
+}
+
+/// Why a reserve of `mib` MiB is refused with `avail` bytes available
+/// (`MemAvailable`; unknown: not refused).
+fn reserve_refusal(mib: u32, avail: Option<u64>) -> Option<String> {
+    let avail = avail?;
+    (u64::from(mib) << 20 > avail).then(|| {
+        format!(
+            "heap_reserve_mib = {mib}: only {} MiB of memory is available \
+             (MemAvailable in /proc/meminfo); lower it or remove it",
+            avail >> 20
+        )
+    })
 }
 
 /// Read an interface's MAC with `ip -o link show dev IF` (works in the
@@ -1214,6 +1220,54 @@ mod tests {
                 let inn = steer_for(Some(config::Role::Inside), workers);
                 assert_eq!(sluice_io::steer::worker_for(inn, &g), owner);
             }
+        }
+    }
+
+    #[test]
+    fn a_heap_reserve_above_the_available_memory_is_refused() {
+        assert_eq!(reserve_refusal(512, Some(1 << 30)), None);
+        assert_eq!(reserve_refusal(1024, Some(1 << 30)), None);
+        assert_eq!(
+            reserve_refusal(1025, Some(1 << 30)).as_deref(),
+            Some(
+                "heap_reserve_mib = 1025: only 1024 MiB of memory is available \
+                 (MemAvailable in /proc/meminfo); lower it or remove it"
+            )
+        );
+        assert_eq!(reserve_refusal(1025, None), None);
+    }
+
+    /// The whole path: a gateway asked for more heap than the machine has
+    /// refuses to start, naming the setting, before it touches anything.
+    #[test]
+    fn run_refuses_a_heap_reserve_the_machine_cannot_hold() {
+        let avail = sluice_io::alloc::available_memory().expect("MemAvailable");
+        let mib = config::MAX_HEAP_RESERVE_MIB;
+        assert!(
+            avail < u64::from(mib) << 20,
+            "this test needs less than {mib} MiB of available memory"
+        );
+        let dir = std::env::temp_dir().join(format!("sluice-heap-refusal-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let cfg = dir.join("sluice.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "backend = \"mem\"\nheap_reserve_mib = {mib}\ncontrol_socket = {:?}\n\
+                 [[interfaces]]\nname = \"t0\"\naddresses = [\"192.0.2.1/24\"]\n",
+                dir.join("ctl.sock").display().to_string()
+            ),
+        )
+        .expect("config");
+        let r = run(&cfg, &RunOptions::default());
+        let _ = std::fs::remove_dir_all(&dir);
+        match r {
+            Err(RunError::Os(m)) => assert!(
+                m.starts_with(&format!("heap_reserve_mib = {mib}: only "))
+                    && m.contains("MiB of memory is available"),
+                "{m}"
+            ),
+            other => panic!("expected a refusal, got {other:?}"),
         }
     }
 
