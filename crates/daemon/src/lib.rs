@@ -523,6 +523,7 @@ impl Control {
                     "retired_generations": self.retired.lock().unwrap_or_else(|e| e.into_inner()).len(),
                     "logs_suppressed": st.compiled.as_ref().map_or(0, |c| c.logs_suppressed()),
                     "heap_reserve_mib": st.config.heap_reserve_mib,
+                    "resident_bytes": sluice_io::mem::resident_bytes(),
                     "interfaces": ifaces,
                     "worker_status": ws.iter().map(worker_json).collect::<Vec<_>>(),
                 }))

@@ -6,13 +6,7 @@
 static GLOBAL: sluice_io::alloc::Allocator = sluice_io::alloc::Allocator;
 
 fn resident_bytes() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").expect("statm");
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .expect("resident pages");
-    pages * 4096
+    sluice_io::mem::resident_bytes().expect("resident set size")
 }
 
 #[test]

@@ -109,6 +109,9 @@ pub struct UpdateReport {
     /// Minor page faults of this process (client and gateway) during the
     /// load; `None` where `/proc/self/stat` is unreadable.
     pub load_page_faults: Option<u64>,
+    /// The process's resident set after the load, as the gateway's
+    /// `status` reports it (`resident_bytes`).
+    pub resident_after_load_bytes: Option<u64>,
 }
 
 /// This process's minor page faults so far (`minflt`, field 10 of
@@ -445,6 +448,10 @@ pub fn run(o: &UpdateOptions) -> Result<UpdateReport, UpdateBenchError> {
             format!("{loaded} rules loaded, expected {}", o.objects),
         ));
     }
+    let resident_after_load_bytes = g
+        .request(r#"{"cmd":"status"}"#)?
+        .get("resident_bytes")
+        .and_then(|v| v.as_u64());
     let list = g.request(r#"{"cmd":"rule-list"}"#)?;
     let handles: Vec<u64> = list
         .get("rules")
@@ -553,6 +560,7 @@ pub fn run(o: &UpdateOptions) -> Result<UpdateReport, UpdateBenchError> {
         heap_reserve_mib: o.heap_reserve_mib,
         gateway_start_s,
         load_page_faults,
+        resident_after_load_bytes,
     })
 }
 
@@ -568,7 +576,7 @@ pub fn table(r: &UpdateReport) -> String {
          {a} appends, a new connection each       {:>8.3} s\n\
          {a} appends with {n} rules loaded     {:>8.3} s\n\
          (gateway: heap_reserve_mib = {h}, started in {:.3} s; \
-         page faults during the load: {f})\n",
+         page faults during the load: {f}; resident after it: {m} MiB)\n",
         r.load_150k_s,
         r.insert_us_at_150k,
         r.insert_p99_us,
@@ -585,6 +593,9 @@ pub fn table(r: &UpdateReport) -> String {
         f = r
             .load_page_faults
             .map_or_else(|| "unknown".to_string(), |f| f.to_string()),
+        m = r
+            .resident_after_load_bytes
+            .map_or_else(|| "unknown".to_string(), |b| (b >> 20).to_string()),
     )
 }
 
@@ -616,6 +627,7 @@ mod tests {
         assert_eq!(r.heap_reserve_mib, 16);
         assert!(r.gateway_start_s > 0.0);
         assert!(r.load_page_faults.is_some());
+        assert!(r.resident_after_load_bytes.is_some_and(|b| b > 1 << 20));
         assert!(r.insert_us_at_150k.is_finite() && r.insert_us_at_150k > 0.0);
         assert!(r.delete_us_at_150k.is_finite() && r.delete_us_at_150k > 0.0);
         assert!(r.load_150k_s > 0.0 && r.append_3000_s > 0.0 && r.append_3000_at_150k_s > 0.0);
@@ -631,6 +643,7 @@ mod tests {
             "heap_reserve_mib",
             "gateway_start_s",
             "load_page_faults",
+            "resident_after_load_bytes",
         ] {
             assert!(j.get(k).is_some_and(|v| v.is_number()), "{k}");
         }
