@@ -53,6 +53,11 @@ fn main() {
     // of N entries (the tester's learned ports) when set.
     let noise = std::env::var_os("NOISE").is_some();
     let learned = vec![1u16; if noise { n } else { 1 }];
+    // With FRAMES, every packet also reads (pass 1) and writes (pass 3) 64
+    // bytes of its frame in a batch buffer of BATCH frames of 2 KiB (the
+    // io crate's frame size), on ordinary pages.
+    let frames = std::env::var_os("FRAMES").is_some();
+    let mut fbuf = vec![0u8; if frames { 256 * 2048 } else { 2048 }];
     let mut lr = Rng(3);
     let buckets = (n * 40 / 77).max(1);
     let mut index = vec![0u64; buckets * 8];
@@ -98,11 +103,15 @@ fn main() {
         }
         for k in 0..gs + 2 {
             if let Some(g) = k.checked_sub(2) {
-                for &e in &entry_of[g % 3] {
+                for (j, &e) in entry_of[g % 3].iter().enumerate() {
                     let v = ents[e * 6];
                     sum = sum.wrapping_add(v);
                     if write {
                         ents[e * 6 + 4] = v.wrapping_add(1);
+                    }
+                    if frames {
+                        let f = ((g % 4) * group + j) % 256 * 2048;
+                        fbuf[f + 26] = v as u8;
                     }
                 }
             }
@@ -116,7 +125,11 @@ fn main() {
                 }
             }
             if k < gs {
-                for b in bucket_of[k % 3].iter_mut() {
+                for (j, b) in bucket_of[k % 3].iter_mut().enumerate() {
+                    if frames {
+                        let f = ((k % 4) * group + j) % 256 * 2048;
+                        sum = sum.wrapping_add(u64::from(fbuf[f + 30]));
+                    }
                     *b = pick.below(buckets);
                     prefetch(&index[*b * 8]);
                 }
