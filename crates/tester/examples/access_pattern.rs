@@ -14,15 +14,24 @@
 //! writes a word of it, as the expiry update does. The pipeline restarts
 //! every `BATCH` packets (a `process` call; 0: never). With `NOISE`, 256
 //! random reads of an `N`-entry `u16` array (the tester's learned ports)
-//! run between batches, untimed. Nothing else: no frame, no hashing beyond
-//! a PRNG, no rewrite.
+//! run between batches, untimed. With `FRAMES`, each packet also reads and
+//! writes 64 bytes of a 512 KiB frame buffer. With `WORK=n`, pass 3 runs a
+//! dependent chain of `n` multiply-adds per packet, standing in for the
+//! engine's computation. With `FUSED`, the three passes are interleaved per
+//! packet instead of per group (same prefetch distances). Nothing else: no
+//! hashing beyond a PRNG, no rewrite.
 //!
 //! 2026-11-23 19:25-19:40 UTC, the 2-vCPU AMD EPYC KVM guest (24 GiB,
 //! Linux 6.18): 26-30 ns per packet at 1 M and 10 M, 32-45 ns at 40 M
 //! (41 with `BATCH=256`, 58-82 with `NOISE`). `sluice bench nat44` in the
 //! same hour: 72-129 ns at 1 M, 94-168 ns at 10 M, 251 ns at 40 M. The
 //! engine's memory pattern does not explain its cost, nor its growth from
-//! 10 M to 40 M (docs/benchmarks.md).
+//! 10 M to 40 M (docs/benchmarks.md). With `WORK` (19:50 UTC, `ro`):
+//! 8 / 27 / 64 ns at 10 connections for `WORK=0/20/40`, 42 / 77 / 98 ns at
+//! 1 M and 51 / 111 / 121 ns at 40 M: the memory time adds to the
+//! computation instead of hiding under it, on this VM; `FUSED` does not
+//! change that (1 M: 33 and 49 ns against 36 and 49 for `WORK=0/20`; 40 M
+//! worse, 106 and 154 against 52 and 101).
 
 use std::time::Instant;
 
@@ -57,6 +66,13 @@ fn main() {
     // bytes of its frame in a batch buffer of BATCH frames of 2 KiB (the
     // io crate's frame size), on ordinary pages.
     let frames = std::env::var_os("FRAMES").is_some();
+    // With WORK=n, pass 3 also runs a dependent chain of n multiply-adds
+    // per packet (about 4n cycles), standing in for the engine's compute.
+    let fused = std::env::var_os("FUSED").is_some();
+    let work: u64 = std::env::var("WORK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     let mut fbuf = vec![0u8; if frames { 256 * 2048 } else { 2048 }];
     let mut lr = Rng(3);
     let buckets = (n * 40 / 77).max(1);
@@ -101,11 +117,52 @@ fn main() {
             }
             noise_ns += tn.elapsed().as_nanos();
         }
+        if fused {
+            // The three passes interleaved per packet: packet j of group
+            // k - 2 acts, packet j of group k - 1 reads its bucket and
+            // prefetches its entry, packet j of group k prefetches its
+            // bucket; the same distances, prefetches spread out.
+            for k in 0..gs + 2 {
+                for j in 0..group {
+                    if let Some(g) = k.checked_sub(2) {
+                        let e = entry_of[g % 3][j];
+                        let v = ents[e * 6];
+                        sum = sum.wrapping_add(v);
+                        let mut w = v;
+                        for _ in 0..work {
+                            w = std::hint::black_box(w.wrapping_mul(31).wrapping_add(1));
+                        }
+                        sum = sum.wrapping_add(w);
+                        if write {
+                            ents[e * 6 + 4] = v.wrapping_add(1);
+                        }
+                    }
+                    if let Some(g) = k.checked_sub(1).filter(|&g| g < gs) {
+                        let g = g % 3;
+                        let e = index[bucket_of[g][j] * 8] as usize;
+                        entry_of[g][j] = e;
+                        prefetch(&ents[e * 6]);
+                        prefetch(&ents[e * 6 + 5]);
+                    }
+                    if k < gs {
+                        let b = pick.below(buckets);
+                        bucket_of[k % 3][j] = b;
+                        prefetch(&index[b * 8]);
+                    }
+                }
+            }
+            continue;
+        }
         for k in 0..gs + 2 {
             if let Some(g) = k.checked_sub(2) {
                 for (j, &e) in entry_of[g % 3].iter().enumerate() {
                     let v = ents[e * 6];
                     sum = sum.wrapping_add(v);
+                    let mut w = v;
+                    for _ in 0..work {
+                        w = std::hint::black_box(w.wrapping_mul(31).wrapping_add(1));
+                    }
+                    sum = sum.wrapping_add(w);
                     if write {
                         ents[e * 6 + 4] = v.wrapping_add(1);
                     }
