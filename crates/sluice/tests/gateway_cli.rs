@@ -84,28 +84,36 @@ fn check_example_with(tag: &str, find: &str, variants: &[&str]) -> (usize, Vec<O
     (line, outs)
 }
 
-/// `xdp_offload` shows in the summary with AF_XDP and is refused, with
-/// its line, on AF_PACKET.
-#[test]
-fn check_shows_xdp_offload_and_refuses_it_without_af_xdp() {
-    let (line, outs) = check_example_with(
-        "off",
-        "backend = \"auto\"",
-        &[
-            "backend = \"af_xdp\"\nxdp_offload = true",
-            "backend = \"af_packet\"\nxdp_offload = true",
-        ],
-    );
-    let (ok, bad) = (&outs[0], &outs[1]);
+/// [`check_example_with`] with one variant that must pass and one that must
+/// be refused (exit 1): returns the line of `find`, the accepted check's
+/// stdout and the refused check's stderr.
+fn check_good_and_bad(tag: &str, find: &str, good: &str, bad: &str) -> (usize, String, String) {
+    let (line, outs) = check_example_with(tag, find, &[good, bad]);
+    let (ok, refused) = (&outs[0], &outs[1]);
     assert!(
         ok.status.success(),
         "{}",
         String::from_utf8_lossy(&ok.stderr)
     );
-    let text = String::from_utf8_lossy(&ok.stdout);
+    assert_eq!(refused.status.code(), Some(1));
+    (
+        line,
+        String::from_utf8_lossy(&ok.stdout).into_owned(),
+        String::from_utf8_lossy(&refused.stderr).into_owned(),
+    )
+}
+
+/// `xdp_offload` shows in the summary with AF_XDP and is refused, with
+/// its line, on AF_PACKET.
+#[test]
+fn check_shows_xdp_offload_and_refuses_it_without_af_xdp() {
+    let (line, text, err) = check_good_and_bad(
+        "off",
+        "backend = \"auto\"",
+        "backend = \"af_xdp\"\nxdp_offload = true",
+        "backend = \"af_packet\"\nxdp_offload = true",
+    );
     assert!(text.contains("(AfXdp, XDP offload)"), "{text}");
-    assert_eq!(bad.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&bad.stderr);
     assert!(
         err.contains(&format!("1.toml:{}:", line + 1))
             && err.contains("xdp_offload needs the AF_XDP backend"),
@@ -117,21 +125,13 @@ fn check_shows_xdp_offload_and_refuses_it_without_af_xdp() {
 /// with its line and the allowed range.
 #[test]
 fn check_shows_worker_priority_and_refuses_one_out_of_range() {
-    let (line, outs) = check_example_with(
+    let (line, text, err) = check_good_and_bad(
         "prio",
         "# worker_priority = 10",
-        &["worker_priority = 10", "worker_priority = 150"],
+        "worker_priority = 10",
+        "worker_priority = 150",
     );
-    let (ok, bad) = (&outs[0], &outs[1]);
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
-    let text = String::from_utf8_lossy(&ok.stdout);
     assert!(text.contains(", SCHED_FIFO 10)"), "{text}");
-    assert_eq!(bad.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&bad.stderr);
     assert!(
         err.contains(&format!(
             "1.toml:{line}:19: worker_priority: 150 is not a SCHED_FIFO priority (1-99)"
@@ -144,24 +144,16 @@ fn check_shows_worker_priority_and_refuses_one_out_of_range() {
 /// its line and the allowed range.
 #[test]
 fn check_shows_the_heap_reserve_and_refuses_a_negative_one() {
-    let (line, outs) = check_example_with(
+    let (line, text, err) = check_good_and_bad(
         "heap",
         "# heap_reserve_mib = 512",
-        &["heap_reserve_mib = 512", "heap_reserve_mib = -5"],
+        "heap_reserve_mib = 512",
+        "heap_reserve_mib = -5",
     );
-    let (ok, bad) = (&outs[0], &outs[1]);
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
-    let text = String::from_utf8_lossy(&ok.stdout);
     assert!(
         text.contains("), heap 512 MiB reserved, ruleset "),
         "{text}"
     );
-    assert_eq!(bad.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&bad.stderr);
     assert!(
         err.contains(&format!(
             "1.toml:{line}:20: heap_reserve_mib: -5 is not between 0 and 262144 (MiB)"

@@ -2,7 +2,7 @@
 //! how fast this machine runs it, to compare with `sluice bench nat44`'s
 //! ns per packet at the same connection count.
 //!
-//! `[BATCH=256] [NOISE=1] cargo run --release -p sluice-tester --example access_pattern -- N [GROUP] [ro]`
+//! `[BATCH=256] [NOISE=1] [FRAMES=1] [WORK=n] [FUSED=1] cargo run --release -p sluice-tester --example access_pattern -- N [GROUP] [ro]`
 //!
 //! An index of `N * 40 / 77` 64-byte buckets and `N` 48-byte entries (the
 //! conntrack table's sizes for `N` connections), both advised for
@@ -23,10 +23,11 @@
 //!
 //! 2026-11-23 19:25-19:40 UTC, the 2-vCPU AMD EPYC KVM guest (24 GiB,
 //! Linux 6.18): 26-30 ns per packet at 1 M and 10 M, 32-45 ns at 40 M
-//! (41 with `BATCH=256`, 58-82 with `NOISE`). `sluice bench nat44` in the
+//! with one pipeline over every packet (`BATCH=0`); 41 ns at 40 M with the
+//! default `BATCH=256`, 58-82 with `NOISE`. `sluice bench nat44` in the
 //! same hour: 72-129 ns at 1 M, 94-168 ns at 10 M, 251 ns at 40 M. The
 //! engine's memory pattern does not explain its cost, nor its growth from
-//! 10 M to 40 M (docs/benchmarks.md). With `WORK` (19:50 UTC, `ro`):
+//! 10 M to 40 M (docs/benchmarks.md). With `WORK` (about 19:45 UTC, `ro`):
 //! 8 / 27 / 64 ns at 10 connections for `WORK=0/20/40`, 42 / 77 / 98 ns at
 //! 1 M and 51 / 111 / 121 ns at 40 M: the memory time adds to the
 //! computation instead of hiding under it, on this VM; `FUSED` does not
@@ -49,6 +50,77 @@ impl Rng {
     }
 }
 
+/// The tables and the per-packet steps of the three passes.
+struct Sim {
+    index: Vec<u64>,
+    ents: Vec<u64>,
+    buckets: usize,
+    group: usize,
+    /// Write a word of each entry (the expiry update).
+    write: bool,
+    /// Multiply-adds per packet in pass 3 (the computation's stand-in).
+    work: u64,
+    /// The batch's frames (2 KiB each), when `FRAMES` is set.
+    frames: Option<Vec<u8>>,
+    /// Bucket and entry of packet `j` of the last three groups.
+    bucket_of: [Vec<usize>; 3],
+    entry_of: [Vec<usize>; 3],
+    pick: Rng,
+    sum: u64,
+}
+
+impl Sim {
+    /// Offset of packet `j` of group `g`'s frame in the batch buffer.
+    fn frame_at(&self, g: usize, j: usize) -> usize {
+        ((g % 4) * self.group + j) % 256 * 2048
+    }
+
+    /// Pass 1: read the frame, pick a random bucket, prefetch it.
+    fn pass1(&mut self, k: usize, j: usize) {
+        if let Some(f) = &self.frames {
+            self.sum = self
+                .sum
+                .wrapping_add(u64::from(f[self.frame_at(k, j) + 30]));
+        }
+        let b = self.pick.below(self.buckets);
+        self.bucket_of[k % 3][j] = b;
+        prefetch(&self.index[b * 8]);
+    }
+
+    /// Pass 2: read the bucket, prefetch both lines of its entry.
+    fn pass2(&mut self, g: usize, j: usize) {
+        let e = self.index[self.bucket_of[g % 3][j] * 8] as usize;
+        self.entry_of[g % 3][j] = e;
+        prefetch(&self.ents[e * 6]);
+        prefetch(&self.ents[e * 6 + 5]);
+    }
+
+    /// Pass 3: read the entry, compute, write the entry and the frame.
+    fn pass3(&mut self, g: usize, j: usize) {
+        let e = self.entry_of[g % 3][j];
+        let v = self.ents[e * 6];
+        let mut w = v;
+        for _ in 0..self.work {
+            w = std::hint::black_box(w.wrapping_mul(31).wrapping_add(1));
+        }
+        self.sum = self.sum.wrapping_add(v).wrapping_add(w);
+        if self.write {
+            self.ents[e * 6 + 4] = v.wrapping_add(1);
+        }
+        let at = self.frame_at(g, j);
+        if let Some(f) = &mut self.frames {
+            f[at + 26] = v as u8;
+        }
+    }
+}
+
+fn env_num(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 fn main() {
     let a: Vec<String> = std::env::args().collect();
     let n: usize = a
@@ -57,24 +129,9 @@ fn main() {
         .unwrap_or(1_000_000)
         .max(1);
     let group: usize = a.get(2).and_then(|s| s.parse().ok()).unwrap_or(64).max(1);
-    let write = a.get(3).map(String::as_str) != Some("ro");
-    // Between batches of 256 packets, 256 random reads of a 2-byte array
-    // of N entries (the tester's learned ports) when set.
     let noise = std::env::var_os("NOISE").is_some();
-    let learned = vec![1u16; if noise { n } else { 1 }];
-    // With FRAMES, every packet also reads (pass 1) and writes (pass 3) 64
-    // bytes of its frame in a batch buffer of BATCH frames of 2 KiB (the
-    // io crate's frame size), on ordinary pages.
-    let frames = std::env::var_os("FRAMES").is_some();
-    // With WORK=n, pass 3 also runs a dependent chain of n multiply-adds
-    // per packet (about 4n cycles), standing in for the engine's compute.
     let fused = std::env::var_os("FUSED").is_some();
-    let work: u64 = std::env::var("WORK")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let mut fbuf = vec![0u8; if frames { 256 * 2048 } else { 2048 }];
-    let mut lr = Rng(3);
+    let batch = env_num("BATCH", 256);
     let buckets = (n * 40 / 77).max(1);
     let mut index = vec![0u64; buckets * 8];
     advise_huge_pages(&mut index[..]);
@@ -87,25 +144,30 @@ fn main() {
     for (e, w) in ents.chunks_mut(6).enumerate() {
         w[0] = e as u64;
     }
-    let packets = 20_000_000usize;
-    let groups = packets / group;
-    let mut bucket_of = vec![vec![0usize; group]; 3];
-    let mut entry_of = vec![vec![0usize; group]; 3];
-    let mut sum = 0u64;
-    let mut pick = Rng(7);
-    let t = Instant::now();
-    let mut noise_ns = 0u128;
-    // The engine restarts its pipeline in every `process` call (a batch of
-    // BATCH packets); BATCH=0 runs one pipeline over every packet.
-    let batch: usize = std::env::var("BATCH")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(256);
+    let mut sim = Sim {
+        index,
+        ents,
+        buckets,
+        group,
+        write: a.get(3).map(String::as_str) != Some("ro"),
+        work: env_num("WORK", 0) as u64,
+        frames: std::env::var_os("FRAMES").map(|_| vec![0u8; 256 * 2048]),
+        bucket_of: std::array::from_fn(|_| vec![0; group]),
+        entry_of: std::array::from_fn(|_| vec![0; group]),
+        pick: Rng(7),
+        sum: 0,
+    };
+    let learned = vec![1u16; if noise { n } else { 1 }];
+    let mut lr = Rng(3);
+    let groups = 20_000_000 / group;
+    // The engine restarts its pipeline in every `process` call.
     let per_call = if batch == 0 {
         groups
     } else {
         (batch / group).max(1)
     };
+    let t = Instant::now();
+    let mut noise_ns = 0u128;
     let mut left = groups;
     while left > 0 {
         let gs = per_call.min(left);
@@ -113,86 +175,43 @@ fn main() {
         if noise {
             let tn = Instant::now();
             for _ in 0..256 {
-                sum = sum.wrapping_add(u64::from(learned[lr.below(learned.len())]));
+                let v = learned[lr.below(learned.len())];
+                sim.sum = sim.sum.wrapping_add(u64::from(v));
             }
             noise_ns += tn.elapsed().as_nanos();
         }
-        if fused {
-            // The three passes interleaved per packet: packet j of group
-            // k - 2 acts, packet j of group k - 1 reads its bucket and
-            // prefetches its entry, packet j of group k prefetches its
-            // bucket; the same distances, prefetches spread out.
-            for k in 0..gs + 2 {
-                for j in 0..group {
-                    if let Some(g) = k.checked_sub(2) {
-                        let e = entry_of[g % 3][j];
-                        let v = ents[e * 6];
-                        sum = sum.wrapping_add(v);
-                        let mut w = v;
-                        for _ in 0..work {
-                            w = std::hint::black_box(w.wrapping_mul(31).wrapping_add(1));
-                        }
-                        sum = sum.wrapping_add(w);
-                        if write {
-                            ents[e * 6 + 4] = v.wrapping_add(1);
-                        }
-                    }
-                    if let Some(g) = k.checked_sub(1).filter(|&g| g < gs) {
-                        let g = g % 3;
-                        let e = index[bucket_of[g][j] * 8] as usize;
-                        entry_of[g][j] = e;
-                        prefetch(&ents[e * 6]);
-                        prefetch(&ents[e * 6 + 5]);
-                    }
-                    if k < gs {
-                        let b = pick.below(buckets);
-                        bucket_of[k % 3][j] = b;
-                        prefetch(&index[b * 8]);
-                    }
-                }
-            }
-            continue;
-        }
+        // Group k: pass 3 of group k - 2, pass 2 of group k - 1, pass 1 of
+        // group k; per group, or (FUSED) interleaved packet by packet.
         for k in 0..gs + 2 {
-            if let Some(g) = k.checked_sub(2) {
-                for (j, &e) in entry_of[g % 3].iter().enumerate() {
-                    let v = ents[e * 6];
-                    sum = sum.wrapping_add(v);
-                    let mut w = v;
-                    for _ in 0..work {
-                        w = std::hint::black_box(w.wrapping_mul(31).wrapping_add(1));
-                    }
-                    sum = sum.wrapping_add(w);
-                    if write {
-                        ents[e * 6 + 4] = v.wrapping_add(1);
-                    }
-                    if frames {
-                        let f = ((g % 4) * group + j) % 256 * 2048;
-                        fbuf[f + 26] = v as u8;
-                    }
-                }
-            }
-            if let Some(g) = k.checked_sub(1).filter(|&g| g < gs) {
-                let g = g % 3;
+            let passes = [
+                (3, k.checked_sub(2)),
+                (2, k.checked_sub(1).filter(|&g| g < gs)),
+                (1, (k < gs).then_some(k)),
+            ];
+            let mut step = |pass: u8, g: Option<usize>, j: usize| match (pass, g) {
+                (3, Some(g)) => sim.pass3(g, j),
+                (2, Some(g)) => sim.pass2(g, j),
+                (1, Some(g)) => sim.pass1(g, j),
+                _ => {}
+            };
+            if fused {
                 for j in 0..group {
-                    let e = index[bucket_of[g][j] * 8] as usize;
-                    entry_of[g][j] = e;
-                    prefetch(&ents[e * 6]);
-                    prefetch(&ents[e * 6 + 5]);
-                }
-            }
-            if k < gs {
-                for (j, b) in bucket_of[k % 3].iter_mut().enumerate() {
-                    if frames {
-                        let f = ((k % 4) * group + j) % 256 * 2048;
-                        sum = sum.wrapping_add(u64::from(fbuf[f + 30]));
+                    for (pass, g) in passes {
+                        step(pass, g, j);
                     }
-                    *b = pick.below(buckets);
-                    prefetch(&index[*b * 8]);
+                }
+            } else {
+                for (pass, g) in passes {
+                    for j in 0..group {
+                        step(pass, g, j);
+                    }
                 }
             }
         }
     }
     let ns = (t.elapsed().as_nanos() - noise_ns) as f64 / (groups * group) as f64;
-    println!("{n} connections, groups of {group}, writes {write}: {ns:.1} ns per packet ({sum})");
+    println!(
+        "{n} connections, groups of {group}, writes {}: {ns:.1} ns per packet ({})",
+        sim.write, sim.sum
+    );
 }

@@ -61,26 +61,24 @@ pub fn probe(bytes: u64, reads: u64, seed: u64) -> MemLimit {
 
     // Independent reads: addresses come from a PRNG, not from loaded data.
     let mask_lines = lines as u64;
-    let mut x = seed;
-    let mut sum = 0u64;
-    let t = Instant::now();
-    for _ in 0..reads {
-        x = x
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        // Multiply-shift range reduction: no division in the loop.
-        let line = (((x >> 32) * mask_lines) >> 32) as usize;
-        sum = sum.wrapping_add(buf[line * 8]);
-    }
-    let independent_ns = t.elapsed().as_nanos() as f64 / reads as f64;
-
-    // The same reads, each address prefetched PREFETCH_AHEAD reads ahead.
+    // The next random line (an LCG step, then multiply-shift range
+    // reduction: no division in the loop).
     let next = |x: &mut u64| {
         *x = x
             .wrapping_mul(6_364_136_223_846_793_005)
             .wrapping_add(1_442_695_040_888_963_407);
         (((*x >> 32) * mask_lines) >> 32) as usize
     };
+    let mut x = seed;
+    let mut sum = 0u64;
+    let t = Instant::now();
+    for _ in 0..reads {
+        let line = next(&mut x);
+        sum = sum.wrapping_add(buf[line * 8]);
+    }
+    let independent_ns = t.elapsed().as_nanos() as f64 / reads as f64;
+
+    // The same reads, each address prefetched PREFETCH_AHEAD reads ahead.
     let mut x = seed ^ 0x5eed;
     let mut ahead = [0usize; PREFETCH_AHEAD];
     for a in ahead.iter_mut() {

@@ -188,8 +188,9 @@ fn data_words(a: &OffloadAction) -> [u64; 4] {
 /// Table geometry and the hash the program computes: a slot count that is
 /// a power of two and four random odd multipliers. The home slot of a key
 /// is the top bits of `(h ^ h >> 32) * m3`, where
-/// `h = addrs * m0 + ports * m1 + ifindex * m2` (multiply-shift, Dietzfelbinger et al. 1997: a
-/// universal family for random odd multipliers, and cheap in eBPF). The
+/// `h = addrs * m0 + ports * m1 + ifindex * m2` (multiply-shift,
+/// Dietzfelbinger et al. 1997: a universal family for random odd
+/// multipliers, and cheap in eBPF). The
 /// final xor-shift and multiply (a step of the usual 64-bit finalizers) are
 /// there because `h` alone maps keys that differ in consecutive ports, an
 /// arithmetic progression, onto a few clusters for some multipliers: 100
