@@ -418,6 +418,49 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         self.track_general(id, dir, now, ev)
     }
 
+    /// [`verify`](Self::verify) and the established fast path of
+    /// [`track`](Self::track) in one visit to the entry, for a caller that
+    /// can finish the packet only under conditions of its own.
+    ///
+    /// If entry `id` is live, has `k` in direction `dir`, and the packet
+    /// (`ev`) is one that [`track`](Self::track) would only count and
+    /// refresh (see there), `accept` is called with the entry. When it
+    /// returns `Some`, the packet is counted and the expiry refreshed,
+    /// exactly as `track` would (verdict valid, `ct state` established),
+    /// and its value is returned. In every other case the table is left
+    /// untouched and `None` returned, so the caller can take its general
+    /// path ([`verify`](Self::verify), [`lookup`](Self::lookup),
+    /// [`track`](Self::track)) as if this had not been called.
+    #[inline(always)]
+    pub fn track_established<R>(
+        &mut self,
+        id: EntryId,
+        dir: Dir,
+        k: &K,
+        now: Instant,
+        ev: L4Event,
+        accept: impl FnOnce(&Entry<K, P>) -> Option<R>,
+    ) -> Option<R> {
+        const HOT: u8 = F_LIVE | F_ASSURED | F_SEEN_REPLY;
+        let e = self.entries.get_mut(id.index())?;
+        if e.flags & HOT != HOT || !e.has_key(dir, k) || e.is_expired(now) {
+            return None;
+        }
+        let t = match (e.state, ev) {
+            (ProtoState::Udp(UdpState::Stream), L4Event::Udp) => Tmo::UdpStream,
+            (ProtoState::Tcp(TcpState::Established), L4Event::Tcp(f))
+                if f.0 & TCP_CLASS_BITS == TcpFlags::ACK =>
+            {
+                Tmo::TcpEstablished
+            }
+            _ => return None,
+        };
+        let r = accept(e)?;
+        e.packets = e.packets.wrapping_add(1);
+        e.expiry = expiry_after(now, self.timeouts.get(t));
+        Some(r)
+    }
+
     /// [`track`](Self::track) for every case but the established fast path.
     #[inline(never)]
     fn track_general(&mut self, id: EntryId, dir: Dir, now: Instant, ev: L4Event) -> Tracked {

@@ -820,3 +820,160 @@ proptest! {
         prop_assert_eq!(find(&b, &nat_reply(&k)), Some((ib, Dir::Reply)));
     }
 }
+
+/// One packet of a connection in [`established_equals_track`]: its
+/// protocol's event (TCP: any flag byte), its direction (true: reply), the
+/// milliseconds since the previous packet, and whether the caller accepts
+/// it on the established path.
+fn packet(p: u8) -> impl Strategy<Value = (L4Event, bool, u64, bool)> {
+    let ev = match p {
+        proto::TCP => prop_oneof![
+            // Mostly the handshake and bare ACKs, so connections get
+            // established; any flag byte now and then.
+            Just(S),
+            Just(S | A),
+            Just(A),
+            Just(A),
+            Just(A),
+            any::<u8>(),
+        ]
+        .prop_map(tcp)
+        .boxed(),
+        proto::UDP => Just(L4Event::Udp).boxed(),
+        proto::ICMP => any::<bool>()
+            .prop_map(|request| L4Event::Icmp { request })
+            .boxed(),
+        _ => Just(L4Event::Other).boxed(),
+    };
+    (
+        ev,
+        any::<bool>(),
+        prop_oneof![0u64..2_000, 0u64..400_000],
+        prop::bool::weighted(0.8),
+    )
+}
+
+proptest! {
+    /// `track_established` is `verify` plus `track` for the packets it
+    /// takes, and touches nothing for the ones it leaves: a table that
+    /// falls back to `verify` + `track` whenever it returns `None` (or the
+    /// caller refuses) ends every step exactly like one that only ever
+    /// calls `verify` + `track`, and it takes a packet only where `track`
+    /// says valid and established.
+    #[test]
+    fn established_equals_track(
+        (p, pkts) in prop_oneof![Just(proto::TCP), Just(proto::UDP), Just(proto::ICMP), Just(47u8)]
+            .prop_flat_map(|p| (Just(p), prop::collection::vec(packet(p), 1..40))),
+        wrong_key in any::<bool>(),
+    ) {
+        let mut a = table(64);
+        let mut b = table(64);
+        let k = key(p, 5);
+        let mut now = secs(3);
+        let ia = a.insert(now, k, nat_reply(&k), 9, &mut noop).unwrap();
+        let ib = b.insert(now, k, nat_reply(&k), 9, &mut noop).unwrap();
+        let mut taken = 0;
+        for (ev, reply, dt, accept) in pkts {
+            now = ms(now, dt);
+            let dir = if reply { Dir::Reply } else { Dir::Original };
+            let mut pk = if reply { nat_reply(&k) } else { k };
+            if wrong_key {
+                pk.dport ^= 1;
+            }
+            let got = a.track_established(ia, dir, &pk, now, ev, |e| {
+                accept.then_some((e.orig(), e.payload))
+            });
+            if got.is_none() && a.verify(ia, dir, &pk) {
+                a.track(ia, dir, now, ev);
+            }
+            let valid = b.verify(ib, dir, &pk);
+            if valid {
+                let tb = b.track(ib, dir, now, ev);
+                if got.is_some() {
+                    taken += 1;
+                    prop_assert_eq!((tb.verdict, tb.ct), (Verdict::Valid, CtState::Established));
+                }
+            } else {
+                prop_assert!(got.is_none());
+            }
+            if let Some((orig, payload)) = got {
+                prop_assert_eq!((orig, payload), (k, 9));
+                prop_assert!(accept);
+            }
+            let (ea, eb) = (a.entry(ia), b.entry(ib));
+            prop_assert_eq!(
+                (ea.state, ea.flags, ea.expiry, ea.packets),
+                (eb.state, eb.flags, eb.expiry, eb.packets)
+            );
+        }
+        // Some cases must take the established path at all.
+        if wrong_key {
+            prop_assert_eq!(taken, 0);
+        }
+    }
+}
+
+#[test]
+fn established_path_takes_stream_and_established_packets() {
+    let mut t = table(16);
+    let now = secs(10);
+    let k = key(proto::UDP, 1);
+    let id = t.insert(now, k, nat_reply(&k), 7, &mut noop).unwrap();
+    let ev = L4Event::Udp;
+    // Unreplied, then replied: not yet.
+    assert!(t
+        .track_established(id, Dir::Original, &k, now, ev, |_| Some(()))
+        .is_none());
+    t.track(id, Dir::Original, now, ev);
+    t.track(id, Dir::Reply, now, ev);
+    assert!(t
+        .track_established(id, Dir::Original, &k, now, ev, |_| Some(()))
+        .is_none());
+    t.track(id, Dir::Original, now, ev);
+    // Stream and assured: taken, counted and refreshed.
+    let later = secs(70);
+    let before = t.entry(id).packets();
+    assert_eq!(
+        t.track_established(id, Dir::Reply, &nat_reply(&k), later, ev, |e| Some(
+            *e.payload()
+        )),
+        Some(7)
+    );
+    assert_eq!(t.entry(id).packets(), before + 1);
+    assert_eq!(t.entry(id).expires_in(later), Duration::from_secs(120));
+    // Refused by the caller: untouched.
+    let untouched = secs(80);
+    assert!(t
+        .track_established(
+            id,
+            Dir::Reply,
+            &nat_reply(&k),
+            untouched,
+            ev,
+            |_| None::<()>
+        )
+        .is_none());
+    assert_eq!(t.entry(id).packets(), before + 1);
+    assert_eq!(t.entry(id).expires_in(later), Duration::from_secs(120));
+    // Expired: left to `track`.
+    assert!(t
+        .track_established(id, Dir::Original, &k, secs(500), ev, |_| Some(()))
+        .is_none());
+
+    // TCP: an established connection's bare ACK only.
+    let k = key(proto::TCP, 2);
+    let id = t.insert(now, k, nat_reply(&k), 0, &mut noop).unwrap();
+    t.track(id, Dir::Original, now, tcp(S));
+    t.track(id, Dir::Reply, now, tcp(S | A));
+    t.track(id, Dir::Original, now, tcp(A));
+    assert_eq!(t.entry(id).state(), ProtoState::Tcp(TcpState::Established));
+    assert!(t
+        .track_established(id, Dir::Original, &k, now, tcp(A), |_| Some(()))
+        .is_some());
+    assert!(t
+        .track_established(id, Dir::Original, &k, now, tcp(A | F), |_| Some(()))
+        .is_none());
+    assert!(t
+        .track_established(id, Dir::Original, &k, now, tcp(R), |_| Some(()))
+        .is_none());
+}

@@ -864,10 +864,14 @@ impl Worker {
             let i = base + j;
             let (buf, len) = frames.buf_mut(i);
             let frame = buf.get(..len).unwrap_or(&[]);
-            let v6 = frame.get(12..14) == Some(&[0x86, 0xdd][..]);
-            let m = match dissect_plain4(frame) {
-                Some(p) => Meta::plain(&p),
-                None if v6 => match dissect_plain6(frame) {
+            if let Some(p) = dissect_plain4(frame) {
+                *slot = Meta::plain(&p);
+                *h = self.ct.hash(&p.key);
+                self.ct.prefetch_bucket(*h);
+                continue;
+            }
+            let m = if frame.get(12..14) == Some(&[0x86, 0xdd][..]) {
+                match dissect_plain6(frame) {
                     Some(p) => {
                         *p6 = p;
                         Meta {
@@ -881,11 +885,12 @@ impl Worker {
                         class: C_OTHER,
                         ..Meta::default()
                     },
-                },
-                None => match dissect(frame) {
+                }
+            } else {
+                match dissect(frame) {
                     Ok(d) => Meta::of(&d),
                     Err(_) => Meta::default(),
-                },
+                }
             };
             *slot = m;
             if m.class == C_V4 {
@@ -968,6 +973,25 @@ impl Worker {
             done = i + 1;
             let iif = frames.iif(i);
             let (buf, len) = frames.buf_mut(i);
+            // The common case first, with nothing generic around it: a
+            // packet of an established IPv4 connection that needs nothing
+            // but its rewrite.
+            if let (C_V4, Some((id, dir)), false, true) = (
+                m.class,
+                cand,
+                self.filter_established,
+                self.offload.is_none(),
+            ) {
+                if let Some(action) = self.hot4(now, buf, len, m, id, dir) {
+                    self.counters.fast_path += 1;
+                    match action {
+                        Action::Drop(r) => self.counters.drop(r),
+                        _ => self.counters.tx += 1,
+                    }
+                    frames.set_action(i, action);
+                    continue;
+                }
+            }
             let step = if m.class == C_V6 {
                 self.one6(now, buf, len, iif, p6, h, cand)
             } else {
@@ -1113,6 +1137,51 @@ impl Worker {
             } => self.slow6(now, buf, len, iif, &d, &key, hop_limit, payload_len),
             Net::Other(_) => Step::Done(Action::Drop(DropReason::UnsupportedProtocol)),
         }
+    }
+
+    /// The fast path's common case, decided in one visit to the entry
+    /// ([`Table::track_established`]): a packet that conntrack only counts
+    /// and refreshes, with a TTL to spare, not a first fragment, within
+    /// the MTU of a resolved next hop, on a worker that neither filters
+    /// established traffic nor offloads. `Some(Forward)` (or, for a frame
+    /// the rewrite refuses, `Some(Drop)`, counted like [`Self::fast4`]
+    /// counts it); `None`, with nothing changed, for everything else,
+    /// which [`Self::one`] then decides.
+    #[inline(always)]
+    fn hot4(
+        &mut self,
+        now: ct::Instant,
+        buf: &mut [u8],
+        len: usize,
+        m: &Meta,
+        id: EntryId,
+        dir: Dir,
+    ) -> Option<Action> {
+        let l3 = usize::from(m.l3);
+        if m.ttl <= 1 || !matches!(buf.get(l3 + 6), Some(b) if b & 0x3f == 0) {
+            return None;
+        }
+        let ip_len = len.saturating_sub(l3);
+        let adjs = &self.adj;
+        let (to, deltas, a) = self
+            .ct
+            .track_established(id, dir, &m.key, now, m.event(), |e| {
+                let info = e.payload();
+                let a = *adjs.get(usize::from(*info.adj.get(dir_index(dir))?))?;
+                if !a.resolved || ip_len > usize::from(a.mtu) {
+                    return None;
+                }
+                Some((
+                    e.key(dir.opposite()).reversed(),
+                    rewrite_deltas(info, dir),
+                    a,
+                ))
+            })?;
+        if sluice_nat::apply_dissected(buf, l3, usize::from(m.l4), &to, deltas, true).is_err() {
+            return Some(Action::Drop(DropReason::RewriteFailed));
+        }
+        a.write_macs(buf);
+        Some(Action::Forward(a.oif))
     }
 
     /// The fast path: a packet of a known connection.
