@@ -39,6 +39,16 @@ const POOL: [Ipv4Addr; 2] = [
 ];
 
 fn worker(ct_max: u64) -> Worker {
+    Worker::new(config(ct_max), Arc::new(snat_policy())).unwrap()
+}
+
+fn snat_policy() -> StaticPolicy {
+    let mut p = StaticPolicy::accept_all();
+    p.snat = vec![(OUTSIDE, Translation::Snat { pool: PoolId(0) })];
+    p
+}
+
+fn config(ct_max: u64) -> EngineConfig {
     let iface = |name: &str, mac, addr, len| Interface {
         name: name.into(),
         mac,
@@ -47,7 +57,7 @@ fn worker(ct_max: u64) -> Worker {
     };
     let mut neighbors = vec![(Ipv4Addr::new(203, 0, 113, 254), [2, 0, 0, 0, 8, 8])];
     neighbors.extend((2..40u8).map(|h| (Ipv4Addr::new(10, 0, 0, h), HOST_MAC)));
-    let cfg = EngineConfig {
+    EngineConfig {
         interfaces: vec![
             iface("in", GW_IN_MAC, Ipv4Addr::new(10, 0, 0, 1), 16),
             iface("out", GW_OUT_MAC, Ipv4Addr::new(203, 0, 113, 1), 24),
@@ -65,10 +75,7 @@ fn worker(ct_max: u64) -> Worker {
             ..NatConfig::default()
         },
         ..EngineConfig::default()
-    };
-    let mut p = StaticPolicy::accept_all();
-    p.snat = vec![(OUTSIDE, Translation::Snat { pool: PoolId(0) })];
-    Worker::new(cfg, Arc::new(p)).unwrap()
+    }
 }
 
 /// Build a frame for `k` (TCP SYN, UDP, or ICMP echo request/reply).
@@ -316,4 +323,45 @@ fn echo_request_to_the_gateway_gets_a_valid_echo_reply() {
     assert_eq!(d.key4(), Some(k.reversed()));
     assert!(matches!(d.net, Net::Ipv4 { ttl: 64, .. }));
     assert_eq!((&out[..6], &out[6..12]), (&HOST_MAC[..], &GW_IN_MAC[..]));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+
+    /// Pass 1 prefetches index buckets one by one below
+    /// `BATCHED_PREFETCH_FROM` connections and in a loop of their own from
+    /// there on. Only the order of the prefetches differs: on the same
+    /// traffic (new connections, their replies, then established traffic
+    /// both ways, in batches longer than a pipeline group), the two
+    /// workers decide every frame alike and emit the same bytes.
+    #[test]
+    fn both_prefetch_schedules_decide_alike(flows in prop::collection::vec(arb_flow(), 1..200)) {
+        let big = sluice_engine::worker::BATCHED_PREFETCH_FROM;
+        let mut ws = [worker(10_000), worker(big)];
+        let mut outs: Vec<Vec<(Action, Vec<u8>)>> = Vec::new();
+        for w in &mut ws {
+            let mut seen = Vec::new();
+            let mut out = TestFrames::default();
+            for k in &flows {
+                out.push(INSIDE, |b| build(b, k, false));
+            }
+            w.process(1_000_000, &mut out);
+            let translated: Vec<FlowKey4> = (0..flows.len())
+                .filter_map(|i| dissect(out.frame(i)).ok()?.key4())
+                .collect();
+            seen.extend((0..flows.len()).map(|i| (out.acts[i], out.frame(i).to_vec())));
+            for round in 0..3u64 {
+                let mut f = TestFrames::default();
+                for (k, t) in flows.iter().zip(&translated) {
+                    f.push(OUTSIDE, |b| build(b, &t.reversed(), true));
+                    f.push(INSIDE, |b| build(b, k, false));
+                }
+                w.process(2_000_000 + round, &mut f);
+                seen.extend((0..f.acts.len()).map(|i| (f.acts[i], f.frame(i).to_vec())));
+            }
+            prop_assert!(w.counters().fast_path > 0);
+            outs.push(seen);
+        }
+        prop_assert_eq!(&outs[0], &outs[1]);
+    }
 }
