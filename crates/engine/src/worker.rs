@@ -162,13 +162,14 @@ pub struct EngineConfig {
 /// about 50 instructions of dissection between two of them, only a few do.
 /// Small tables have cheap walks, and there the tight loop loses to the
 /// spread one. Measured in one process on the same table, alternating the
-/// two schedules (16 or 12 rounds of 3 M frames each, median
-/// unidirectional frames per second, spread over 8-12 % per setting):
-/// 1 M connections 14.8 M spread vs 13.7 M tight (-7 %), 2 M 13.1 vs
-/// 12.4 (-5 %), 4 M 10.0 vs 10.7 (+7 %), 10 M 8.3 vs 9.9 (+19 %), 40 M
-/// 5.7 vs 7.8 (+37 %). Issuing the entry prefetches of pass 2 in a loop of
-/// their own as well helped at 10 M in one series and not at 40 M, and
-/// cost 40 % at 1 M; not done.
+/// two schedules round by round (`sluice bench nat44`, 3 M frames a
+/// round, median unidirectional Mpps, spread vs tight, 2026-11-23
+/// 20:40-20:52 UTC): 1 M connections 14.2 vs 12.8, 14.0 vs 12.4 and 14.8
+/// vs 13.7 (three series, -7 to -11 %); 2 M 13.1 vs 12.4; 4 M 10.0 vs
+/// 10.7; 10 M 8.2 vs 9.5 and 8.3 vs 9.9 (+16 to +19 %); 40 M 5.7 vs 7.8
+/// (+37 %). Issuing the entry prefetches of pass 2 in a loop of their own
+/// as well did not add to that at 10 M or 40 M and cost 40 % at 1 M; not
+/// done.
 pub const BATCHED_PREFETCH_FROM: u64 = 3_000_000;
 
 /// Burst size of the ICMP error rate limiter (Linux's `icmp_msgs_burst`).
