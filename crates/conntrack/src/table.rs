@@ -418,18 +418,21 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         self.track_general(id, dir, now, ev)
     }
 
-    /// [`verify`](Self::verify) and the established fast path of
-    /// [`track`](Self::track) in one visit to the entry, for a caller that
-    /// can finish the packet only under conditions of its own.
+    /// [`verify`](Self::verify) and [`track`](Self::track) in one visit
+    /// to the entry, for the packets of established connections that
+    /// change nothing but the entry's counters and expiry (the established
+    /// fast path of `track`) or that only make a replied UDP connection a
+    /// stream (its first packet after the reply, which netfilter marks
+    /// assured), for a caller that can finish the packet only under
+    /// conditions of its own.
     ///
     /// If entry `id` is live, has `k` in direction `dir`, and the packet
-    /// (`ev`) is one that [`track`](Self::track) would only count and
-    /// refresh (see there), `accept` is called with the entry. When it
-    /// returns `Some`, the packet is counted and the expiry refreshed,
-    /// exactly as `track` would (verdict valid, `ct state` established),
-    /// and its value is returned. In every other case the table is left
-    /// untouched and `None` returned, so the caller can take its general
-    /// path ([`verify`](Self::verify), [`lookup`](Self::lookup),
+    /// (`ev`) is one of those, `accept` is called with the entry. When it
+    /// returns `Some`, the entry is updated exactly as `track` would update
+    /// it (verdict valid, `ct state` established), and `accept`'s value is
+    /// returned. In every other case the table is left untouched and `None`
+    /// returned, so the caller can take its general path
+    /// ([`verify`](Self::verify), [`lookup`](Self::lookup),
     /// [`track`](Self::track)) as if this had not been called.
     #[inline(always)]
     pub fn track_established<R>(
@@ -441,21 +444,29 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         ev: L4Event,
         accept: impl FnOnce(&Entry<K, P>) -> Option<R>,
     ) -> Option<R> {
-        const HOT: u8 = F_LIVE | F_ASSURED | F_SEEN_REPLY;
+        const REPLIED: u8 = F_LIVE | F_SEEN_REPLY;
         let e = self.entries.get_mut(id.index())?;
-        if e.flags & HOT != HOT || !e.has_key(dir, k) || e.is_expired(now) {
+        if e.flags & REPLIED != REPLIED || !e.has_key(dir, k) || e.is_expired(now) {
             return None;
         }
-        let t = match (e.state, ev) {
-            (ProtoState::Udp(UdpState::Stream), L4Event::Udp) => Tmo::UdpStream,
+        let assured = e.flags & F_ASSURED != 0;
+        // (timeout, whether the packet makes the connection an assured
+        // stream): what `proto::step` gives for these states and events.
+        let (t, becomes_stream) = match (e.state, ev) {
+            (ProtoState::Udp(UdpState::Stream), L4Event::Udp) if assured => (Tmo::UdpStream, false),
+            (ProtoState::Udp(UdpState::Replied), L4Event::Udp) => (Tmo::UdpStream, true),
             (ProtoState::Tcp(TcpState::Established), L4Event::Tcp(f))
-                if f.0 & TCP_CLASS_BITS == TcpFlags::ACK =>
+                if assured && f.0 & TCP_CLASS_BITS == TcpFlags::ACK =>
             {
-                Tmo::TcpEstablished
+                (Tmo::TcpEstablished, false)
             }
             _ => return None,
         };
         let r = accept(e)?;
+        if becomes_stream {
+            e.state = ProtoState::Udp(UdpState::Stream);
+            e.flags |= F_ASSURED;
+        }
         e.packets = e.packets.wrapping_add(1);
         e.expiry = expiry_after(now, self.timeouts.get(t));
         Some(r)

@@ -855,7 +855,8 @@ fn packet(p: u8) -> impl Strategy<Value = (L4Event, bool, u64, bool)> {
 
 proptest! {
     /// `track_established` is `verify` plus `track` for the packets it
-    /// takes, and touches nothing for the ones it leaves: a table that
+    /// takes (established, and a replied UDP connection's first packet
+    /// after the reply), and touches nothing for the ones it leaves: a table that
     /// falls back to `verify` + `track` whenever it returns `None` (or the
     /// caller refuses) ends every step exactly like one that only ever
     /// calls `verify` + `track`, and it takes a packet only where `track`
@@ -920,16 +921,27 @@ fn established_path_takes_stream_and_established_packets() {
     let k = key(proto::UDP, 1);
     let id = t.insert(now, k, nat_reply(&k), 7, &mut noop).unwrap();
     let ev = L4Event::Udp;
-    // Unreplied, then replied: not yet.
+    // Unreplied: not taken.
     assert!(t
         .track_established(id, Dir::Original, &k, now, ev, |_| Some(()))
         .is_none());
     t.track(id, Dir::Original, now, ev);
+    assert_eq!(t.entry(id).packets(), 1);
     t.track(id, Dir::Reply, now, ev);
+    // Replied: the next packet makes it an assured stream, unless the
+    // caller refuses it.
+    assert!(t
+        .track_established(id, Dir::Original, &k, now, ev, |_| None::<()>)
+        .is_none());
+    assert_eq!(t.entry(id).state(), ProtoState::Udp(UdpState::Replied));
+    assert!(!t.entry(id).is_assured());
     assert!(t
         .track_established(id, Dir::Original, &k, now, ev, |_| Some(()))
-        .is_none());
-    t.track(id, Dir::Original, now, ev);
+        .is_some());
+    assert_eq!(t.entry(id).state(), ProtoState::Udp(UdpState::Stream));
+    assert!(t.entry(id).is_assured());
+    assert_eq!(t.entry(id).packets(), 3);
+    assert_eq!(t.entry(id).expires_in(now), Duration::from_secs(120));
     // Stream and assured: taken, counted and refreshed.
     let later = secs(70);
     let before = t.entry(id).packets();

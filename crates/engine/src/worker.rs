@@ -1187,7 +1187,8 @@ impl Worker {
 
     /// The fast path's common case, decided in one visit to the entry
     /// ([`Table::track_established`]): a packet that conntrack only counts
-    /// and refreshes, with a TTL to spare, not a first fragment, within
+    /// and refreshes (or, the first after a UDP reply, makes an assured
+    /// stream), with a TTL to spare, not a first fragment, within
     /// the MTU of a resolved next hop, on a worker that neither filters
     /// established traffic nor offloads. `Some(Forward)` (or, for a frame
     /// the rewrite refuses, `Some(Drop)`, counted like [`Self::fast4`]
