@@ -444,21 +444,24 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         ev: L4Event,
         accept: impl FnOnce(&Entry<K, P>) -> Option<R>,
     ) -> Option<R> {
+        const HOT: u8 = F_LIVE | F_ASSURED | F_SEEN_REPLY;
         const REPLIED: u8 = F_LIVE | F_SEEN_REPLY;
         let e = self.entries.get_mut(id.index())?;
-        if e.flags & REPLIED != REPLIED || !e.has_key(dir, k) || e.is_expired(now) {
+        if !e.has_key(dir, k) || e.is_expired(now) {
             return None;
         }
-        let assured = e.flags & F_ASSURED != 0;
+        let hot = e.flags & HOT == HOT;
         // (timeout, whether the packet makes the connection an assured
         // stream): what `proto::step` gives for these states and events.
         let (t, becomes_stream) = match (e.state, ev) {
-            (ProtoState::Udp(UdpState::Stream), L4Event::Udp) if assured => (Tmo::UdpStream, false),
-            (ProtoState::Udp(UdpState::Replied), L4Event::Udp) => (Tmo::UdpStream, true),
+            (ProtoState::Udp(UdpState::Stream), L4Event::Udp) if hot => (Tmo::UdpStream, false),
             (ProtoState::Tcp(TcpState::Established), L4Event::Tcp(f))
-                if assured && f.0 & TCP_CLASS_BITS == TcpFlags::ACK =>
+                if hot && f.0 & TCP_CLASS_BITS == TcpFlags::ACK =>
             {
                 (Tmo::TcpEstablished, false)
+            }
+            (ProtoState::Udp(UdpState::Replied), L4Event::Udp) if e.flags & REPLIED == REPLIED => {
+                (Tmo::UdpStream, true)
             }
             _ => return None,
         };
