@@ -579,7 +579,7 @@ fn established(
     (secs, sent, failures)
 }
 
-/// The default sweep of `sluice bench nat44` (about 15 s on the 2-vCPU
+/// The default sweep of `sluice bench nat44` (about 13 s on the 2-vCPU
 /// development VM, 2026-11-23).
 pub const DEFAULT_SWEEP: &[u64] = &[100_000, 1_000_000, 4_000_000];
 
