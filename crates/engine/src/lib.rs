@@ -32,7 +32,7 @@ pub use policy::{
     CtState, Decision, Hook, Policy, PolicyPacket, PortForward, StaticPolicy, Verdict,
 };
 pub use route::{AdjIndex, Adjacency, IfIndex, Route4, Route6, RouteTable4, RouteTable6};
-pub use worker::{EngineConfig, EngineError, Interface, Worker};
+pub use worker::{BucketPrefetch, EngineConfig, EngineError, Interface, Worker};
 
 /// Largest batch the engine processes in one call.
 pub const MAX_BATCH: usize = 256;

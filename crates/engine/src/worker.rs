@@ -172,6 +172,17 @@ pub struct EngineConfig {
 /// done.
 pub const BATCHED_PREFETCH_FROM: u64 = 3_000_000;
 
+/// How pass 1 of the pipeline prefetches the index buckets of a group
+/// (see [`BATCHED_PREFETCH_FROM`], which picks one by the table's size).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BucketPrefetch {
+    /// One prefetch per frame, as the frame is dissected.
+    PerFrame,
+    /// The whole group dissected first, then its buckets prefetched in a
+    /// loop of their own.
+    Batched,
+}
+
 /// Burst size of the ICMP error rate limiter (Linux's `icmp_msgs_burst`).
 pub const ICMP_ERROR_BURST: u32 = 50;
 
@@ -689,6 +700,23 @@ impl Worker {
             q.push_must(OffloadOp::Clear);
             self.ct.clear_offloaded();
         }
+    }
+
+    /// How pass 1 prefetches index buckets: chosen from `ct_max` when the
+    /// worker is built ([`BATCHED_PREFETCH_FROM`]).
+    pub fn bucket_prefetch(&self) -> BucketPrefetch {
+        if self.batched_prefetch {
+            BucketPrefetch::Batched
+        } else {
+            BucketPrefetch::PerFrame
+        }
+    }
+
+    /// Override the bucket prefetch schedule (what `sluice bench nat44
+    /// --compare-prefetch` measures); it changes no decision, only the
+    /// order of the prefetches.
+    pub fn set_bucket_prefetch(&mut self, p: BucketPrefetch) {
+        self.batched_prefetch = p == BucketPrefetch::Batched;
     }
 
     /// This worker's counters.

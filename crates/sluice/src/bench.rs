@@ -12,6 +12,7 @@ pub fn nat44(
     cores: u16,
     frames: Option<u64>,
     seed: u64,
+    prefetch_rounds: u32,
     json: Option<&Path>,
 ) -> Result<ExitCode> {
     let mut rows = Vec::with_capacity(counts.len());
@@ -22,12 +23,18 @@ pub fn nat44(
             cores: usize::from(cores),
             seed,
             throughput_frames: frames,
+            prefetch_rounds,
             ..Nat44Options::default()
         };
         let r = nat44::run(&opts).with_context(|| format!("{n} connections"))?;
         rows.push(r);
     }
     print!("{}", nat44::table(&rows));
+    for r in &rows {
+        if let Some(c) = &r.prefetch_comparison {
+            println!("{}", nat44::prefetch_line(r.connections, c));
+        }
+    }
     if let Some(p) = json {
         let text = if rows.len() == 1 {
             serde_json::to_string_pretty(&rows[0])?

@@ -260,6 +260,12 @@ struct Nat44Args {
     /// Write the results as JSON (an object for one count, an array for a sweep).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// After the real test phase, measure the engine's two bucket prefetch
+    /// schedules against each other on the same table: ROUNDS rounds of
+    /// --frames unidirectional frames with each, alternating (JSON key
+    /// `prefetch_comparison`).
+    #[arg(long, value_name = "ROUNDS", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    compare_prefetch: Option<u32>,
 }
 
 /// Parse a count, accepting `_` separators and k/M/G suffixes.
@@ -314,7 +320,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
             } else {
                 a.connections.clone()
             };
-            bench::nat44(&counts, a.cores, a.frames, a.seed, a.json.as_deref())
+            bench::nat44(
+                &counts,
+                a.cores,
+                a.frames,
+                a.seed,
+                a.compare_prefetch.unwrap_or(0),
+                a.json.as_deref(),
+            )
         }
         Command::Check(c) if gateway::is_gateway_config(&c.config) => gateway::check(&c.config),
         Command::Check(c) => ruleset_cmd::check(&c.config, c.format, c.ipsets.as_deref()),

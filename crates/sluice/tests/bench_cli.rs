@@ -1,4 +1,4 @@
-//! CLI tests of `sluice bench rules` and `sluice bench update` at small
+//! CLI tests of `sluice bench rules`, `update` and `nat44` at small
 //! sizes: the commands run, print their tables and write the JSON keys the
 //! README and the issue name. (These check the plumbing; the figures
 //! themselves come from full runs, never from tests.)
@@ -111,5 +111,54 @@ fn bench_forward_rejects_an_unknown_sender_or_receiver() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{err}");
         assert!(err.contains(flag) && err.contains(want), "{err}");
+    }
+}
+
+#[test]
+fn bench_nat44_compares_the_prefetch_schedules_when_asked() {
+    let p = json_file("nat44-prefetch");
+    let o = sluice(&[
+        "bench",
+        "nat44",
+        "--connections",
+        "2000",
+        "--frames",
+        "2000",
+        "--compare-prefetch",
+        "2",
+        "--json",
+        p.to_str().unwrap(),
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        out.contains(
+            "bucket prefetch at 2000 connections (2 rounds of 2000 frames, default per-frame)"
+        ),
+        "{out}"
+    );
+    let j = read_json(&p);
+    assert_eq!(j["validation"], "pass");
+    let c = &j["prefetch_comparison"];
+    assert_eq!(c["rounds"], 2);
+    assert_eq!(c["per_frame_rounds"].as_array().map(Vec::len), Some(2));
+    assert!(c["batched_fps"].as_f64().is_some_and(|f| f > 0.0), "{c}");
+}
+
+#[test]
+fn bench_nat44_rejects_bad_arguments() {
+    for (args, want) in [
+        (&["--compare-prefetch", "0"][..], "--compare-prefetch"),
+        (&["--compare-prefetch", "many"][..], "--compare-prefetch"),
+        (&["--connections", "0"][..], "must be at least 1"),
+    ] {
+        let o = sluice(&[&["bench", "nat44"][..], args].concat());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
     }
 }

@@ -30,7 +30,9 @@ use core::net::Ipv4Addr;
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
-use sluice_engine::{Action, EngineConfig, Interface, Route4, StaticPolicy, Worker};
+use sluice_engine::{
+    Action, BucketPrefetch, EngineConfig, Interface, Route4, StaticPolicy, Worker,
+};
 use sluice_wire::flow::{proto, FlowKey4};
 use sluice_wire::EthernetAddress;
 
@@ -67,6 +69,10 @@ pub struct Nat44Options {
     pub throughput_frames: Option<u64>,
     /// Random reads for the memory-limit probe.
     pub probe_reads: u64,
+    /// After the real test phase, this many rounds of unidirectional
+    /// traffic with each bucket prefetch schedule of the engine in turn
+    /// ([`PrefetchComparison`]); 0: none.
+    pub prefetch_rounds: u32,
 }
 
 impl Default for Nat44Options {
@@ -77,6 +83,7 @@ impl Default for Nat44Options {
             seed: 0x5eed,
             throughput_frames: None,
             probe_reads: 40_000_000,
+            prefetch_rounds: 0,
         }
     }
 }
@@ -135,6 +142,35 @@ pub struct Nat44Result {
     pub engine_cost_in_prefetched_reads: f64,
     /// Source ports x destination ports used per core (RFC 9693 §4.1).
     pub port_ranges: (u32, u32),
+    /// The engine's two bucket prefetch schedules measured against each
+    /// other on the same table (only with `prefetch_rounds`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefetch_comparison: Option<PrefetchComparison>,
+}
+
+/// Unidirectional established-traffic throughput with each of the engine's
+/// bucket prefetch schedules ([`sluice_engine::BucketPrefetch`]), measured
+/// in one process on one table, alternating round by round (the order
+/// within a round alternates too). On a noisy machine this is far steadier
+/// than comparing separate runs, which also differ in where their memory
+/// landed. Rates are totals over the cores (the sum of the cores'
+/// medians).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PrefetchComparison {
+    /// Rounds measured.
+    pub rounds: u32,
+    /// Frames per round and schedule.
+    pub frames_per_round: u64,
+    /// The schedule the engine picks for this table size.
+    pub default: &'static str,
+    /// Median frames per second, one prefetch per frame.
+    pub per_frame_fps: f64,
+    /// Median frames per second, buckets prefetched in a loop of their own.
+    pub batched_fps: f64,
+    /// Every round's rate, per frame (core 0).
+    pub per_frame_rounds: Vec<f64>,
+    /// Every round's rate, batched (core 0).
+    pub batched_rounds: Vec<f64>,
 }
 
 /// Errors of a run.
@@ -152,6 +188,8 @@ pub enum BenchError {
 }
 
 struct CoreOut {
+    /// Per round: (per-frame fps, batched fps), with `prefetch_rounds`.
+    prefetch: Vec<(f64, f64)>,
     setup_s: f64,
     uni_s: f64,
     uni_frames: u64,
@@ -272,6 +310,9 @@ pub fn run(opts: &Nat44Options) -> Result<Nat44Result, BenchError> {
         let cfg = topology(w as u16, cores as u16, per_core, opts.seed);
         workers.push(Worker::new(cfg, pol.clone()).map_err(|e| BenchError::Engine(e.to_string()))?);
     }
+    let workers_default = workers
+        .first()
+        .map_or(BucketPrefetch::PerFrame, Worker::bucket_prefetch);
 
     let barrier = Barrier::new(cores + 1);
     let mut full_rss = 0u64;
@@ -291,6 +332,7 @@ pub fn run(opts: &Nat44Options) -> Result<Nat44Result, BenchError> {
                         batch,
                         ranges,
                         tput_frames,
+                        opts.prefetch_rounds,
                         opts.seed,
                         barrier,
                     )
@@ -346,7 +388,48 @@ pub fn run(opts: &Nat44Options) -> Result<Nat44Result, BenchError> {
         engine_cost_in_memory_reads: engine_ns / mem.independent_ns,
         engine_cost_in_prefetched_reads: engine_ns / mem.prefetched_ns,
         port_ranges: (ranges.sports, ranges.dports),
+        prefetch_comparison: (opts.prefetch_rounds > 0).then(|| {
+            let default = match workers_default {
+                BucketPrefetch::PerFrame => "per-frame",
+                BucketPrefetch::Batched => "batched",
+            };
+            let med = |i: usize| {
+                outs.iter()
+                    .map(|o| median(o.prefetch.iter().map(|p| if i == 0 { p.0 } else { p.1 })))
+                    .sum::<f64>()
+            };
+            let rounds = |i: usize| -> Vec<f64> {
+                outs.first()
+                    .map(|o| {
+                        o.prefetch
+                            .iter()
+                            .map(|p| if i == 0 { p.0 } else { p.1 })
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            };
+            PrefetchComparison {
+                rounds: opts.prefetch_rounds,
+                frames_per_round: tput_frames,
+                default,
+                per_frame_fps: med(0),
+                batched_fps: med(1),
+                per_frame_rounds: rounds(0),
+                batched_rounds: rounds(1),
+            }
+        }),
     })
+}
+
+/// The median of some rates (0 for none).
+fn median(v: impl Iterator<Item = f64>) -> f64 {
+    let mut v: Vec<f64> = v.collect();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 /// Key of the Initiator's frame for combination `c`.
@@ -393,6 +476,7 @@ fn run_core(
     batch: &mut Batch,
     ranges: PortRanges,
     tput_frames: u64,
+    prefetch_rounds: u32,
     seed: u64,
     barrier: &Barrier,
 ) -> CoreOut {
@@ -489,12 +573,45 @@ fn run_core(
     );
     failures += f1 + f2;
 
+    // The prefetch schedules against each other, on this table.
+    let default = wk.bucket_prefetch();
+    let mut prefetch = Vec::with_capacity(prefetch_rounds as usize);
+    for round in 0..prefetch_rounds {
+        let mut fps = [0.0f64; 2];
+        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for i in order {
+            wk.set_bucket_prefetch(if i == 0 {
+                BucketPrefetch::PerFrame
+            } else {
+                BucketPrefetch::Batched
+            });
+            let (s, f, fail) = established(
+                wk,
+                batch,
+                &ranges,
+                learned,
+                core,
+                &traffic,
+                tput_frames,
+                false,
+                &clock,
+            );
+            failures += fail;
+            if let Some(x) = fps.get_mut(i) {
+                *x = f as f64 / s;
+            }
+        }
+        prefetch.push((fps[0], fps[1]));
+    }
+    wk.set_bucket_prefetch(default);
+
     let early_drops = wk.conntrack().early_drops();
     // Tear-down.
     let t = Instant::now();
     let flushed = wk.flush();
     let flush_s = t.elapsed().as_secs_f64();
     CoreOut {
+        prefetch,
         setup_s,
         uni_s,
         uni_frames,
@@ -583,6 +700,27 @@ fn established(
 /// development VM, 2026-11-23).
 pub const DEFAULT_SWEEP: &[u64] = &[100_000, 1_000_000, 4_000_000];
 
+/// One line on a [`PrefetchComparison`]: both medians with their rounds'
+/// range, and the engine's default for the table size.
+pub fn prefetch_line(connections: u64, c: &PrefetchComparison) -> String {
+    let range = |v: &[f64]| {
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(0.0, f64::max);
+        format!("{:.2}-{:.2}", lo / 1e6, hi / 1e6)
+    };
+    format!(
+        "bucket prefetch at {connections} connections ({} rounds of {} frames, default {}): \
+         per-frame {:.2} M fps [{}], batched {:.2} M fps [{}] (medians, rounds' range of core 0)",
+        c.rounds,
+        c.frames_per_round,
+        c.default,
+        c.per_frame_fps / 1e6,
+        range(&c.per_frame_rounds),
+        c.batched_fps / 1e6,
+        range(&c.batched_rounds),
+    )
+}
+
 /// Render results as a table.
 pub fn table(rows: &[Nat44Result]) -> String {
     let mut s = String::new();
@@ -635,12 +773,55 @@ mod tests {
             seed: 9,
             throughput_frames: Some(5_000),
             probe_reads: 10_000,
+            prefetch_rounds: 0,
         };
         let r = run(&opts).unwrap();
         assert_eq!(r.validation_failures, 0, "{r:?}");
         assert_eq!(r.ct_early_drops, 0, "{r:?}");
         assert_eq!(r.validation, "pass");
         assert!(r.conn_setup_cps > 0.0 && r.teardown_cps > 0.0);
+        assert!(r.prefetch_comparison.is_none());
+    }
+
+    #[test]
+    fn prefetch_comparison_runs_both_schedules_on_validated_traffic() {
+        let opts = Nat44Options {
+            connections: 2_000,
+            cores: 2,
+            seed: 5,
+            throughput_frames: Some(3_000),
+            probe_reads: 10_000,
+            prefetch_rounds: 3,
+        };
+        let r = run(&opts).unwrap();
+        // Every frame of the extra rounds is checked like the real test
+        // phase's.
+        assert_eq!(r.validation, "pass", "{r:?}");
+        let c = r.prefetch_comparison.clone().expect("requested");
+        assert_eq!((c.rounds, c.frames_per_round), (3, 3_000));
+        assert_eq!(c.default, "per-frame");
+        assert_eq!(c.per_frame_rounds.len(), 3);
+        assert_eq!(c.batched_rounds.len(), 3);
+        assert!(c
+            .per_frame_rounds
+            .iter()
+            .chain(&c.batched_rounds)
+            .all(|&f| f > 0.0));
+        assert!(c.per_frame_fps > 0.0 && c.batched_fps > 0.0);
+        let line = prefetch_line(r.connections, &c);
+        assert!(
+            line.contains("per-frame") && line.contains("batched"),
+            "{line}"
+        );
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["prefetch_comparison"]["rounds"], 3);
+    }
+
+    #[test]
+    fn median_of_rates() {
+        assert_eq!(median([3.0, 1.0, 2.0].into_iter()), 2.0);
+        assert_eq!(median([4.0, 1.0, 2.0, 3.0].into_iter()), 2.5);
+        assert_eq!(median(core::iter::empty()), 0.0);
     }
 
     #[test]
@@ -651,6 +832,7 @@ mod tests {
             seed: 3,
             throughput_frames: Some(4_000),
             probe_reads: 10_000,
+            prefetch_rounds: 0,
         };
         let r = run(&opts).unwrap();
         assert_eq!(r.validation, "pass", "{r:?}");
