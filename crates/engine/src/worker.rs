@@ -157,20 +157,19 @@ pub struct EngineConfig {
 ///
 /// Why: every index access of a large table misses the TLB, and on the
 /// development VM (2 vCPU KVM guest, AMD EPYC, 2026-11-23) a prefetch
-/// holds retirement until its page walk is done. In the tight loop a
-/// reorder buffer holds dozens of prefetches, so their walks overlap; with
-/// about 50 instructions of dissection between two of them, only a few do.
-/// Small tables have cheap walks, and there the tight loop loses to the
-/// spread one. Measured in one process on the same table, alternating the
-/// two schedules round by round (`sluice bench nat44`, 3 M frames a
-/// round, median unidirectional Mpps, spread vs tight, 2026-11-23
-/// 20:40-20:52 UTC): 1 M connections 14.2 vs 12.8, 14.0 vs 12.4 and 14.8
-/// vs 13.7 (three series, -7 to -11 %); 2 M 13.1 vs 12.4; 4 M 10.0 vs
-/// 10.7; 10 M 8.2 vs 9.5 and 8.3 vs 9.9 (+16 to +19 %); 40 M 5.7 vs 7.8
-/// (+37 %). Issuing the entry prefetches of pass 2 in a loop of their own
-/// as well did not add to that at 10 M or 40 M and cost 40 % at 1 M; not
-/// done.
-pub const BATCHED_PREFETCH_FROM: u64 = 3_000_000;
+/// seems to hold retirement until its page walk is done. In the tight
+/// loop a reorder buffer holds dozens of prefetches, so their walks
+/// overlap; with about 50 instructions of dissection between two of them,
+/// only a few do. Small tables have cheap walks, and there the tight loop
+/// loses to the spread one. `sluice bench nat44 --connections
+/// 1M,4M,10M,40M --frames 3M --compare-prefetch 12` and `--connections
+/// 4M,6M,8M` (21:27-21:30 UTC; medians of 12 alternating rounds on one
+/// table, per frame vs batched, unidirectional Mpps): 1 M 16.7 vs 14.1,
+/// 4 M 15.9 vs 13.8 and 15.5 vs 14.9, 6 M 7.1 vs 10.0, 8 M 9.6 vs 12.2,
+/// 10 M 10.5 vs 12.1, 40 M 8.3 vs 10.2. Issuing the entry prefetches of
+/// pass 2 in a loop of their own as well did not add to that at 10 M or
+/// 40 M and cost 40 % at 1 M; not done.
+pub const BATCHED_PREFETCH_FROM: u64 = 5_000_000;
 
 /// How pass 1 of the pipeline prefetches the index buckets of a group
 /// (see [`BATCHED_PREFETCH_FROM`], which picks one by the table's size).
