@@ -142,6 +142,65 @@ fn fold(a: u64, b: u64) -> u64 {
     (p as u64) ^ ((p >> 64) as u64)
 }
 
+/// A packet of a live, replied entry that changes nothing but its expiry
+/// and packet count, or only makes a replied UDP connection an assured
+/// stream: what [`Table::track`]'s established fast path and
+/// [`Table::track_established`] take without the full state machine.
+#[derive(Clone, Copy)]
+struct QuickStep {
+    /// The timeout the packet leaves the entry with.
+    tmo: Tmo,
+    /// UDP `REPLIED` -> `STREAM`, and the entry becomes assured.
+    becomes_stream: bool,
+}
+
+impl QuickStep {
+    /// Update `e` as `proto::step` would for this packet (the caller has
+    /// checked that `e` has not expired).
+    #[inline(always)]
+    fn apply<K: Key, P: Copy + Default>(
+        self,
+        e: &mut Entry<K, P>,
+        now: Instant,
+        timeouts: &TimeoutTable,
+    ) {
+        if self.becomes_stream {
+            e.state = ProtoState::Udp(UdpState::Stream);
+            e.flags |= F_ASSURED;
+        }
+        e.packets = e.packets.wrapping_add(1);
+        e.expiry = expiry_after(now, timeouts.get(self.tmo));
+    }
+}
+
+/// The [`QuickStep`] for packet `ev` on entry `e`, if it is one: a UDP
+/// stream or a TCP ESTABLISHED connection's bare ACK (netfilter maps ES ->
+/// ES) on a live, assured, replied entry, or any UDP packet on a live,
+/// replied entry in `REPLIED`. These are the results `proto::step` gives
+/// for them (verdict valid, `ct state` established).
+#[inline(always)]
+fn quick_step<K: Key, P: Copy + Default>(e: &Entry<K, P>, ev: L4Event) -> Option<QuickStep> {
+    const HOT: u8 = F_LIVE | F_ASSURED | F_SEEN_REPLY;
+    const REPLIED: u8 = F_LIVE | F_SEEN_REPLY;
+    let hot = e.flags & HOT == HOT;
+    let (tmo, becomes_stream) = match (e.state, ev) {
+        (ProtoState::Udp(UdpState::Stream), L4Event::Udp) if hot => (Tmo::UdpStream, false),
+        (ProtoState::Tcp(TcpState::Established), L4Event::Tcp(f))
+            if hot && f.0 & TCP_CLASS_BITS == TcpFlags::ACK =>
+        {
+            (Tmo::TcpEstablished, false)
+        }
+        (ProtoState::Udp(UdpState::Replied), L4Event::Udp) if e.flags & REPLIED == REPLIED => {
+            (Tmo::UdpStream, true)
+        }
+        _ => return None,
+    };
+    Some(QuickStep {
+        tmo,
+        becomes_stream,
+    })
+}
+
 /// One packet of direction `dir` on the live entry `e`: the protocol
 /// step, the packet count, the state, flags and expiry (the body of
 /// [`Table::track`] for every case but its established fast path).
@@ -388,25 +447,13 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
     /// [`insert`](Self::insert) (netfilter's `new()` then `packet()`).
     #[inline]
     pub fn track(&mut self, id: EntryId, dir: Dir, now: Instant, ev: L4Event) -> Tracked {
-        // The established fast path: a live, assured, replied entry in a
-        // state the packet cannot change (UDP stream; TCP ESTABLISHED and a
-        // bare ACK, which netfilter maps ES -> ES). Only the expiry and the
-        // packet count move; the result is what `proto::step` would return.
-        const HOT: u8 = F_LIVE | F_ASSURED | F_SEEN_REPLY;
+        // The established fast path ([`quick_step`]): only the expiry, the
+        // packet count and at most a replied UDP connection's state move;
+        // the result is what `proto::step` would return.
         if let Some(e) = self.entries.get_mut(id.index()) {
-            if e.flags & HOT == HOT && !e.is_expired(now) {
-                let tmo = match (e.state, ev) {
-                    (ProtoState::Udp(UdpState::Stream), L4Event::Udp) => Some(Tmo::UdpStream),
-                    (ProtoState::Tcp(TcpState::Established), L4Event::Tcp(f))
-                        if f.0 & TCP_CLASS_BITS == TcpFlags::ACK =>
-                    {
-                        Some(Tmo::TcpEstablished)
-                    }
-                    _ => None,
-                };
-                if let Some(t) = tmo {
-                    e.packets = e.packets.wrapping_add(1);
-                    e.expiry = expiry_after(now, self.timeouts.get(t));
+            if !e.is_expired(now) {
+                if let Some(q) = quick_step(e, ev) {
+                    q.apply(e, now, &self.timeouts);
                     return Tracked {
                         verdict: Verdict::Valid,
                         state: e.state,
@@ -419,11 +466,10 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
     }
 
     /// [`verify`](Self::verify) and [`track`](Self::track) in one visit
-    /// to the entry, for the packets of established connections that
-    /// change nothing but the entry's counters and expiry (the established
-    /// fast path of `track`) or that only make a replied UDP connection a
-    /// stream (its first packet after the reply, which netfilter marks
-    /// assured), for a caller that can finish the packet only under
+    /// to the entry, for the packets `track` takes on its established fast
+    /// path ([`quick_step`]: counters and expiry only, or a replied UDP
+    /// connection's first packet after the reply, which makes it an assured
+    /// stream), for a caller that can finish the packet only under
     /// conditions of its own.
     ///
     /// If entry `id` is live, has `k` in direction `dir`, and the packet
@@ -444,40 +490,26 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         ev: L4Event,
         accept: impl FnOnce(&Entry<K, P>) -> Option<R>,
     ) -> Option<R> {
-        const HOT: u8 = F_LIVE | F_ASSURED | F_SEEN_REPLY;
-        const REPLIED: u8 = F_LIVE | F_SEEN_REPLY;
         let e = self.entries.get_mut(id.index())?;
         if !e.has_key(dir, k) || e.is_expired(now) {
             return None;
         }
-        let hot = e.flags & HOT == HOT;
-        // (timeout, whether the packet makes the connection an assured
-        // stream): what `proto::step` gives for these states and events.
-        let (t, becomes_stream) = match (e.state, ev) {
-            (ProtoState::Udp(UdpState::Stream), L4Event::Udp) if hot => (Tmo::UdpStream, false),
-            (ProtoState::Tcp(TcpState::Established), L4Event::Tcp(f))
-                if hot && f.0 & TCP_CLASS_BITS == TcpFlags::ACK =>
-            {
-                (Tmo::TcpEstablished, false)
-            }
-            (ProtoState::Udp(UdpState::Replied), L4Event::Udp) if e.flags & REPLIED == REPLIED => {
-                (Tmo::UdpStream, true)
-            }
-            _ => return None,
-        };
+        let q = quick_step(e, ev)?;
         let r = accept(e)?;
-        if becomes_stream {
-            e.state = ProtoState::Udp(UdpState::Stream);
-            e.flags |= F_ASSURED;
-        }
-        e.packets = e.packets.wrapping_add(1);
-        e.expiry = expiry_after(now, self.timeouts.get(t));
+        q.apply(e, now, &self.timeouts);
         Some(r)
     }
 
-    /// [`track`](Self::track) for every case but the established fast path.
+    /// [`track`](Self::track) for every case but the established fast path:
+    /// the full state machine (`proto::step`).
     #[inline(never)]
-    fn track_general(&mut self, id: EntryId, dir: Dir, now: Instant, ev: L4Event) -> Tracked {
+    pub(crate) fn track_general(
+        &mut self,
+        id: EntryId,
+        dir: Dir,
+        now: Instant,
+        ev: L4Event,
+    ) -> Tracked {
         let timeouts = &self.timeouts;
         let Some(e) = self.entries.get_mut(id.index()).filter(|e| e.is_live()) else {
             return Tracked {

@@ -854,13 +854,15 @@ fn packet(p: u8) -> impl Strategy<Value = (L4Event, bool, u64, bool)> {
 }
 
 proptest! {
-    /// `track_established` is `verify` plus `track` for the packets it
-    /// takes (established, and a replied UDP connection's first packet
-    /// after the reply), and touches nothing for the ones it leaves: a table that
+    /// `track_established`, and `track` with its established fast path,
+    /// agree with the full state machine (`track_general`, which runs
+    /// `proto::step`): a table that tries `track_established` first and
     /// falls back to `verify` + `track` whenever it returns `None` (or the
     /// caller refuses) ends every step exactly like one that only ever
-    /// calls `verify` + `track`, and it takes a packet only where `track`
-    /// says valid and established.
+    /// calls `verify` + `track_general`, returns the same results, and
+    /// `track_established` takes a packet only where the state machine
+    /// says valid and established (established packets, and a replied UDP
+    /// connection's first packet after the reply).
     #[test]
     fn established_equals_track(
         (p, pkts) in prop_oneof![Just(proto::TCP), Just(proto::UDP), Just(proto::ICMP), Just(47u8)]
@@ -884,12 +886,13 @@ proptest! {
             let got = a.track_established(ia, dir, &pk, now, ev, |e| {
                 accept.then_some((e.orig(), e.payload))
             });
-            if got.is_none() && a.verify(ia, dir, &pk) {
-                a.track(ia, dir, now, ev);
-            }
+            let ta = (got.is_none() && a.verify(ia, dir, &pk)).then(|| a.track(ia, dir, now, ev));
             let valid = b.verify(ib, dir, &pk);
             if valid {
-                let tb = b.track(ib, dir, now, ev);
+                let tb = b.track_general(ib, dir, now, ev);
+                if let Some(ta) = ta {
+                    prop_assert_eq!(ta, tb);
+                }
                 if got.is_some() {
                     taken += 1;
                     prop_assert_eq!((tb.verdict, tb.ct), (Verdict::Valid, CtState::Established));
