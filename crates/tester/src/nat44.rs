@@ -187,9 +187,13 @@ pub enum BenchError {
     Option(String),
 }
 
+/// The engine's bucket prefetch schedules, in the order of a
+/// [`CoreOut::prefetch`] round.
+const SCHEDULES: [BucketPrefetch; 2] = [BucketPrefetch::PerFrame, BucketPrefetch::Batched];
+
 struct CoreOut {
-    /// Per round: (per-frame fps, batched fps), with `prefetch_rounds`.
-    prefetch: Vec<(f64, f64)>,
+    /// Per round, fps with each of [`SCHEDULES`], with `prefetch_rounds`.
+    prefetch: Vec<[f64; 2]>,
     setup_s: f64,
     uni_s: f64,
     uni_frames: u64,
@@ -395,17 +399,12 @@ pub fn run(opts: &Nat44Options) -> Result<Nat44Result, BenchError> {
             };
             let med = |i: usize| {
                 outs.iter()
-                    .map(|o| median(o.prefetch.iter().map(|p| if i == 0 { p.0 } else { p.1 })))
+                    .map(|o| median(o.prefetch.iter().map(|p| p[i])))
                     .sum::<f64>()
             };
             let rounds = |i: usize| -> Vec<f64> {
                 outs.first()
-                    .map(|o| {
-                        o.prefetch
-                            .iter()
-                            .map(|p| if i == 0 { p.0 } else { p.1 })
-                            .collect()
-                    })
+                    .map(|o| o.prefetch.iter().map(|p| p[i]).collect())
                     .unwrap_or_default()
             };
             PrefetchComparison {
@@ -549,59 +548,37 @@ fn run_core(
 
     // Real test phase.
     let traffic = Permutation::new(n, seed ^ 0x2222 ^ u64::from(core));
-    let (uni_s, uni_frames, f1) = established(
-        wk,
-        batch,
-        &ranges,
-        learned,
-        core,
-        &traffic,
-        tput_frames,
-        false,
-        &clock,
-    );
-    let (bi_s, bi_frames, f2) = established(
-        wk,
-        batch,
-        &ranges,
-        learned,
-        core,
-        &traffic,
-        tput_frames,
-        true,
-        &clock,
-    );
+    let mut measure = |wk: &mut Worker, bidirectional: bool| {
+        established(
+            wk,
+            batch,
+            &ranges,
+            learned,
+            core,
+            &traffic,
+            tput_frames,
+            bidirectional,
+            &clock,
+        )
+    };
+    let (uni_s, uni_frames, f1) = measure(wk, false);
+    let (bi_s, bi_frames, f2) = measure(wk, true);
     failures += f1 + f2;
 
-    // The prefetch schedules against each other, on this table.
+    // The prefetch schedules against each other, on this table, in
+    // alternating order.
     let default = wk.bucket_prefetch();
     let mut prefetch = Vec::with_capacity(prefetch_rounds as usize);
     for round in 0..prefetch_rounds {
         let mut fps = [0.0f64; 2];
         let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
         for i in order {
-            wk.set_bucket_prefetch(if i == 0 {
-                BucketPrefetch::PerFrame
-            } else {
-                BucketPrefetch::Batched
-            });
-            let (s, f, fail) = established(
-                wk,
-                batch,
-                &ranges,
-                learned,
-                core,
-                &traffic,
-                tput_frames,
-                false,
-                &clock,
-            );
+            wk.set_bucket_prefetch(SCHEDULES[i]);
+            let (s, f, fail) = measure(wk, false);
             failures += fail;
-            if let Some(x) = fps.get_mut(i) {
-                *x = f as f64 / s;
-            }
+            fps[i] = f as f64 / s;
         }
-        prefetch.push((fps[0], fps[1]));
+        prefetch.push(fps);
     }
     wk.set_bucket_prefetch(default);
 
