@@ -88,6 +88,25 @@ drop_reasons! {
     Udp6ZeroChecksum => "udp6-zero-checksum",
     /// An ICMPv6 error that quotes a packet of no tracked connection.
     Icmp6ErrorUnrelated => "icmp6-error-unrelated",
+    /// A frame addressed to another station's MAC address (seen when the
+    /// port is promiscuous or a switch floods unknown unicast): not for the
+    /// gateway. The kernel drops these as `PACKET_OTHERHOST` before any
+    /// hook.
+    OtherHost => "other-host",
+    /// A packet received in a link-layer broadcast or multicast frame that
+    /// would be forwarded: a router does not forward those (RFC 1812
+    /// §5.3.4; the kernel's `ip_forward` and `ip6_forward` drop them).
+    LinkBroadcast => "link-broadcast",
+    /// An IPv4 packet from a source no host may use: multicast, the limited
+    /// broadcast, `0.0.0.0/8` (except to the limited broadcast, as DHCP
+    /// clients send) or `127.0.0.0/8` (the kernel's `martian_source`).
+    MartianSource => "martian-source",
+    /// An IPv4 packet to `0.0.0.0/8` or `127.0.0.0/8` (the kernel's
+    /// `martian_destination`).
+    MartianDestination => "martian-destination",
+    /// An IPv4 packet to a multicast group: the engine does not route
+    /// multicast and joins no group.
+    Ipv4Multicast => "ipv4-multicast",
 }
 
 impl fmt::Display for DropReason {

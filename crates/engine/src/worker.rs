@@ -357,6 +357,8 @@ const C_OTHER: u8 = 2;
 /// Plain IPv6 (TCP, UDP, ICMPv6 echo without extension headers): its
 /// [`Plain6`] is in the batch scratch.
 const C_V6: u8 = 3;
+/// A frame to another station's MAC address ([`DropReason::OtherHost`]).
+const C_NOT_OURS: u8 = 4;
 
 impl Meta {
     /// The common case, parsed by [`dissect_plain4`] (which agrees with
@@ -452,6 +454,13 @@ pub struct Worker {
     batched_prefetch: bool,
     ifaces: Vec<Interface>,
     local4: Vec<(u32, IfIndex)>,
+    /// The subnet broadcast address of every interface prefix of /30 or
+    /// shorter: like the limited broadcast, for the gateway itself (the
+    /// kernel's `RTN_BROADCAST` routes), never forwarded.
+    bcast4: Vec<u32>,
+    /// Every interface's MAC address as the low 48 bits of a little-endian
+    /// `u64` (see [`Self::l2_dest`]).
+    l2_macs: Vec<u64>,
     routes: RouteTable4,
     adj: Vec<Adjacency>,
     neigh: HashMap<(IfIndex, u32), AdjIndex>,
@@ -557,10 +566,14 @@ impl Worker {
 
         let mut routes = RouteTable4::new();
         let mut local4 = Vec::new();
+        let mut bcast4 = Vec::new();
         for (i, ifc) in cfg.interfaces.iter().enumerate() {
             let oif = i as IfIndex;
             for &(a, len) in &ifc.addrs {
                 local4.push((u32::from(a), oif));
+                if (1..=30).contains(&len) {
+                    bcast4.push(u32::from(a) | (u32::MAX >> len));
+                }
                 routes.add(Route4 {
                     net: u32::from(a),
                     len,
@@ -592,8 +605,10 @@ impl Worker {
             policy,
             filter_established,
             batched_prefetch: cfg.ct_max >= BATCHED_PREFETCH_FROM,
+            l2_macs: cfg.interfaces.iter().map(|i| mac48(&i.mac)).collect(),
             ifaces: cfg.interfaces,
             local4,
+            bcast4,
             routes,
             adj: Vec::new(),
             neigh: HashMap::new(),
@@ -916,8 +931,23 @@ impl Worker {
             .enumerate()
         {
             let i = base + j;
+            let iif = frames.iif(i);
             let (buf, len) = frames.buf_mut(i);
             let frame = buf.get(..len).unwrap_or(&[]);
+            // Only frames to the interface's own address take the fast
+            // path: group frames (broadcast, multicast) go to the slow path,
+            // which delivers them to the gateway or drops them
+            // (`link-broadcast`); frames to other stations are dropped.
+            match self.l2_dest(frame, iif) {
+                L2_HOST => {}
+                c => {
+                    *slot = Meta {
+                        class: if c == L2_GROUP { C_OTHER } else { C_NOT_OURS },
+                        ..Meta::default()
+                    };
+                    continue;
+                }
+            }
             if let Some(p) = dissect_plain4(frame) {
                 *slot = Meta::plain(&p);
                 *h = self.ct.hash(&p.key);
@@ -1158,6 +1188,8 @@ impl Worker {
             }
         } else if m.class == C_BAD {
             return Step::Done(Action::Drop(DropReason::Malformed));
+        } else if m.class == C_NOT_OURS {
+            return Step::Done(Action::Drop(DropReason::OtherHost));
         }
         self.slow(now, buf, len, iif)
     }
@@ -1696,6 +1728,37 @@ impl Worker {
         self.local4.iter().find(|(l, _)| *l == a).map(|&(_, i)| i)
     }
 
+    /// Whether an IPv4 packet from `src` to `dst` is a broadcast for the
+    /// gateway: to the limited broadcast, to the subnet broadcast of one of
+    /// its prefixes, or from and to `0.0.0.0` (the kernel's `brd_input`).
+    fn is_broadcast4(&self, src: u32, dst: u32) -> bool {
+        dst == u32::MAX || (src == 0 && dst == 0) || self.bcast4.contains(&dst)
+    }
+
+    /// How frame `frame`'s destination MAC address relates to interface
+    /// `iif`: [`L2_HOST`] (its own address, or an interface the worker does
+    /// not know, which it leaves to the later checks), [`L2_GROUP`]
+    /// (broadcast or multicast) or [`L2_OTHER`].
+    #[inline(always)]
+    fn l2_dest(&self, frame: &[u8], iif: IfIndex) -> u8 {
+        // One 8-byte load and compare: the destination MAC is the frame's
+        // first 6 bytes (a frame too short for that is malformed anyway).
+        let Some(w) = frame.first_chunk::<8>() else {
+            return L2_HOST;
+        };
+        let dst = u64::from_le_bytes(*w) & MAC48;
+        match self.l2_macs.get(usize::from(iif)) {
+            Some(&m) if m != dst => {
+                if dst & 1 != 0 {
+                    L2_GROUP
+                } else {
+                    L2_OTHER
+                }
+            }
+            _ => L2_HOST,
+        }
+    }
+
     /// Route `dst`: the egress interface and the next hop.
     fn route(&self, dst: u32) -> Result<(IfIndex, u32), DropReason> {
         let r = self.routes.lookup(dst).ok_or(DropReason::NoRoute)?;
@@ -1723,6 +1786,16 @@ impl Worker {
         key: &FlowKey4,
         ttl: u8,
     ) -> Step {
+        // Addresses the kernel's input routing refuses, and link-layer group
+        // frames for anything but the gateway itself, before the connection
+        // table is consulted (a group frame never takes the fast path).
+        if let Some(r) = martian4(key.src, key.dst) {
+            return Step::Done(Action::Drop(r));
+        }
+        let broadcast = self.is_broadcast4(key.src, key.dst);
+        if is_group(buf) && !broadcast && self.is_local(key.dst).is_none() {
+            return Step::Done(Action::Drop(DropReason::LinkBroadcast));
+        }
         // A packet that missed in pass 2 may belong to a connection created
         // by an earlier packet of this batch; its bucket is cached by now.
         if let L4::NonFirstFragment = d.l4 {
@@ -1749,6 +1822,11 @@ impl Worker {
         let ev = l4_event(d);
         let mut pp = policy_packet(iif, key, d, CtState::New);
         pp.now_ms = self.now_ms;
+        if broadcast {
+            // For the gateway, which serves nothing on a broadcast address:
+            // the input hook sees it, then it is dropped (`local-unhandled`).
+            return self.local4(buf, len, iif, d, key, &pp);
+        }
         // Whether prerouting rewrote the destination (DNAT, or hairpinning
         // to a mapping): handoff rule 2.
         let mut dst_rewritten = false;
@@ -2160,8 +2238,9 @@ impl Worker {
             }
         }
         match d.l4 {
-            // RFC 792: echo request (8) -> echo reply (0) to the sender.
-            L4::IcmpQuery { ty: 8, .. } => {
+            // RFC 792: echo request (8) -> echo reply (0) to the sender; not
+            // to a broadcast (the kernel's `icmp_echo_ignore_broadcasts`).
+            L4::IcmpQuery { ty: 8, .. } if self.is_local(key.dst).is_some() => {
                 let l3 = usize::from(d.l3_off);
                 let l4 = usize::from(d.l4_off);
                 let Some(src_mac) = self.ifaces.get(usize::from(iif)).map(|i| i.mac) else {
@@ -2357,6 +2436,57 @@ fn datagram_id(buf: &[u8], l3: usize, proto: u8) -> Option<frag::DatagramId> {
 /// NAT bits are the caller's.
 fn ct_status(seen_reply: bool, assured: bool) -> u32 {
     0x8 | if seen_reply { 0x2 } else { 0 } | if assured { 0x4 } else { 0 }
+}
+
+/// [`Worker::l2_dest`]: the frame is to the interface's own MAC address.
+const L2_HOST: u8 = 0;
+/// To a group address (broadcast or multicast: the I/G bit is set).
+const L2_GROUP: u8 = 1;
+/// To another station.
+const L2_OTHER: u8 = 2;
+
+/// The low 48 bits of a `u64`.
+const MAC48: u64 = (1 << 48) - 1;
+
+/// A MAC address as [`Worker::l2_dest`] compares it.
+fn mac48(m: &[u8; 6]) -> u64 {
+    let mut w = [0u8; 8];
+    w[..6].copy_from_slice(m);
+    u64::from_le_bytes(w)
+}
+
+/// Whether the frame in `buf` went to a link-layer group address.
+fn is_group(buf: &[u8]) -> bool {
+    buf.first().is_some_and(|b| b & 1 != 0)
+}
+
+/// The IPv4 addresses the kernel's input routing (`ip_route_input_slow`)
+/// refuses, in its order: a multicast destination (the engine joins no
+/// group and routes no multicast), a multicast or limited-broadcast source;
+/// then, unless the packet is a broadcast to the limited broadcast address
+/// (or from and to `0.0.0.0`), a source in `0.0.0.0/8`, a destination in
+/// `0.0.0.0/8`, a destination or else a source in `127.0.0.0/8`.
+fn martian4(src: u32, dst: u32) -> Option<DropReason> {
+    let multicast = |a: u32| a >> 28 == 0xe;
+    if multicast(dst) {
+        return Some(DropReason::Ipv4Multicast);
+    }
+    if multicast(src) || src == u32::MAX {
+        return Some(DropReason::MartianSource);
+    }
+    if dst == u32::MAX || (src == 0 && dst == 0) {
+        return None;
+    }
+    if src >> 24 == 0 {
+        return Some(DropReason::MartianSource);
+    }
+    if dst >> 24 == 0 || dst >> 24 == 127 {
+        return Some(DropReason::MartianDestination);
+    }
+    if src >> 24 == 127 {
+        return Some(DropReason::MartianSource);
+    }
+    None
 }
 
 fn read16(b: &[u8], off: usize) -> Option<u16> {

@@ -659,3 +659,23 @@ fn later_fragments_follow_their_first_fragment() {
     });
     assert_eq!(act, Action::Drop(DropReason::Fragment));
 }
+
+/// A packet in a link-layer multicast frame is never forwarded (the
+/// kernel's `ip6_forward`), not even for a tracked connection; one in a
+/// frame to another station is not for the gateway at all.
+#[test]
+fn group_and_foreign_frames_are_not_forwarded() {
+    let mut w = worker(StaticPolicy::accept_all());
+    let k = key(proto::UDP, HOST, 1000, REMOTE, 53);
+    let group = [0x33, 0x33, 0, 0, 0, 1];
+    let other = [2, 0, 0, 0, 0x77, 0x77];
+    let send = |w: &mut Worker, mac: [u8; 6]| {
+        run(w, INSIDE, |b| build_udp6(b, HOST_MAC, mac, &k, 4).unwrap()).0
+    };
+    assert_eq!(send(&mut w, group), Action::Drop(DropReason::LinkBroadcast));
+    assert_eq!(send(&mut w, other), Action::Drop(DropReason::OtherHost));
+    assert_eq!(send(&mut w, GW_IN_MAC), Action::Forward(OUTSIDE));
+    assert_eq!(send(&mut w, group), Action::Drop(DropReason::LinkBroadcast));
+    assert_eq!(send(&mut w, other), Action::Drop(DropReason::OtherHost));
+    assert_eq!(send(&mut w, GW_IN_MAC), Action::Forward(OUTSIDE));
+}

@@ -78,9 +78,15 @@ fn config(ct_max: u64) -> EngineConfig {
     }
 }
 
-/// Build a frame for `k` (TCP SYN, UDP, or ICMP echo request/reply).
+/// Build a frame for `k` (TCP SYN, UDP, or ICMP echo request/reply): from
+/// an inside host to the inside interface, or (`reply`) from the outside
+/// to the outside interface.
 fn build(buf: &mut [u8], k: &FlowKey4, reply: bool) -> usize {
-    let (s, d) = (HOST_MAC, GW_IN_MAC);
+    let (s, d) = if reply {
+        (HOST_MAC, GW_OUT_MAC)
+    } else {
+        (HOST_MAC, GW_IN_MAC)
+    };
     match k.proto {
         proto::TCP => build_tcp4(buf, s, d, k, if reply { 0x12 } else { 0x02 }, 1, 0, 0).unwrap(),
         proto::ICMP => build_icmp4_echo(buf, s, d, k, 1, !reply, 8).unwrap(),
@@ -288,6 +294,7 @@ fn garbage_frames_are_dropped_as_malformed_and_counted() {
     let mut f = TestFrames::default();
     // IPv4 ethertype with a header length of 0 words.
     f.push(INSIDE, |b| {
+        b[..6].copy_from_slice(&GW_IN_MAC);
         b[12..14].copy_from_slice(&[0x08, 0x00]);
         b[14] = 0x40;
         60

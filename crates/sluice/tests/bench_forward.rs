@@ -101,8 +101,12 @@ fn bench_forward_measures_every_dut_and_writes_json() {
         // Non-trivial: thousands of frames through each DUT in one second
         // (debug build, shared CI machine).
         assert!(received >= 5_000 && fps >= 5_000.0, "{r}\n{stderr}");
+        // What the receiver counts in the window may include frames the
+        // sender queued in the pre-roll just before it (they wait in the
+        // DUT's queues when it falls behind, as on a loaded CI machine: 2.4 %
+        // more received than sent was seen once), so allow a few percent.
         assert!(
-            r["offered_fps"].as_f64().expect("offered_fps") >= fps * 0.99,
+            r["offered_fps"].as_f64().expect("offered_fps") >= fps * 0.95,
             "{r}"
         );
         assert_eq!(r["method"].as_str(), Some("saturation"), "{r}");

@@ -328,6 +328,11 @@ impl Worker {
                 return self.ndp(buf, len, iif, d, key, hop_limit, payload_len, ty);
             }
         }
+        // A link-layer group frame is for the gateway itself or not at all
+        // (a group frame never takes the fast path, see `pass1`).
+        if super::is_group(buf) && !self.v6.is_local(iif, key.dst) && !ndp::is_multicast(key.dst) {
+            return Step::Done(Action::Drop(DropReason::LinkBroadcast));
+        }
         let pk = Pkt6::of(d, hop_limit, payload_len);
         let h = self.v6.ct.hash(key);
         if let Some((id, dir)) = self.v6.ct.lookup(h, key) {

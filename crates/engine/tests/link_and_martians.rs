@@ -1,0 +1,214 @@
+//! What the engine accepts from the link and from the network before it
+//! forwards anything, as the kernel's receive path does:
+//!
+//! - a frame to another station's MAC address is not for the gateway
+//!   (`other-host`), whatever it carries, even a packet of a connection it
+//!   tracks;
+//! - a packet in a link-layer broadcast or multicast frame is for the
+//!   gateway itself or for nobody: it is never forwarded (`link-broadcast`,
+//!   RFC 1812 §5.3.4), again not even for a tracked connection; ARP
+//!   requests, which are broadcasts, are still answered;
+//! - IPv4 addresses the kernel's input routing refuses are dropped
+//!   (`martian-source`, `martian-destination`), multicast destinations too
+//!   (`ipv4-multicast`: the engine routes no multicast);
+//! - broadcasts (the limited broadcast, an interface subnet's broadcast
+//!   address, a DHCP discover from `0.0.0.0`) go to the gateway itself,
+//!   which answers no echo request sent to them, and are never forwarded.
+
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+
+mod common;
+
+use common::*;
+use sluice_engine::{Action, DropReason, StaticPolicy, Worker};
+use sluice_nat::{PoolId, Translation};
+use sluice_wire::build::{build_icmp4_echo, build_udp4};
+use sluice_wire::flow::{proto, FlowKey4};
+
+const OTHER_MAC: [u8; 6] = [2, 0, 0, 0, 0x77, 0x77];
+const BROADCAST_MAC: [u8; 6] = [0xff; 6];
+
+fn gateway() -> Worker {
+    let mut p = StaticPolicy::accept_all();
+    p.snat = vec![(OUTSIDE, Translation::Snat { pool: PoolId(0) })];
+    Worker::new(nat_gateway(0, 1), Arc::new(p)).unwrap()
+}
+
+fn udp(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) -> FlowKey4 {
+    FlowKey4 {
+        src: u32::from(src),
+        dst: u32::from(dst),
+        sport,
+        dport,
+        proto: proto::UDP,
+    }
+}
+
+/// One UDP frame from an inside host to `dst_mac`; the action taken.
+fn send(w: &mut Worker, dst_mac: [u8; 6], k: &FlowKey4) -> Action {
+    let mut f = TestFrames::default();
+    f.push(INSIDE, |b| build_udp4(b, HOST_MAC, dst_mac, k, 20).unwrap());
+    w.process(1_000_000, &mut f);
+    f.acts[0]
+}
+
+#[test]
+fn frames_to_other_stations_are_never_forwarded() {
+    let mut w = gateway();
+    let k = udp(HOST, 4000, REMOTE, 53);
+    assert_eq!(
+        send(&mut w, OTHER_MAC, &k),
+        Action::Drop(DropReason::OtherHost)
+    );
+    assert_eq!(w.conntrack().len(), 0, "no connection from a foreign frame");
+    // The connection exists once the host sends to the gateway; a copy of
+    // its packet to another station is still not forwarded (fast path).
+    assert_eq!(send(&mut w, GW_IN_MAC, &k), Action::Forward(OUTSIDE));
+    assert_eq!(
+        send(&mut w, OTHER_MAC, &k),
+        Action::Drop(DropReason::OtherHost)
+    );
+    assert_eq!(send(&mut w, GW_IN_MAC, &k), Action::Forward(OUTSIDE));
+    assert_eq!(w.counters().drops_for(DropReason::OtherHost), 2);
+}
+
+#[test]
+fn link_broadcasts_reach_only_the_gateway() {
+    let mut w = gateway();
+    let k = udp(HOST, 4001, REMOTE, 53);
+    assert_eq!(
+        send(&mut w, BROADCAST_MAC, &k),
+        Action::Drop(DropReason::LinkBroadcast)
+    );
+    assert_eq!(
+        send(&mut w, [0x01, 0x00, 0x5e, 0, 0, 1], &k),
+        Action::Drop(DropReason::LinkBroadcast),
+        "a multicast frame neither"
+    );
+    assert_eq!(w.conntrack().len(), 0);
+    // Not even for a tracked connection.
+    assert_eq!(send(&mut w, GW_IN_MAC, &k), Action::Forward(OUTSIDE));
+    assert_eq!(
+        send(&mut w, BROADCAST_MAC, &k),
+        Action::Drop(DropReason::LinkBroadcast)
+    );
+    assert_eq!(w.counters().drops_for(DropReason::LinkBroadcast), 3);
+
+    // A broadcast ARP request for the gateway's address is answered.
+    let mut f = TestFrames::default();
+    f.push(INSIDE, |b| {
+        b[..6].copy_from_slice(&BROADCAST_MAC);
+        b[6..12].copy_from_slice(&HOST_MAC);
+        b[12..14].copy_from_slice(&[0x08, 0x06]);
+        b[14..22].copy_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
+        b[22..28].copy_from_slice(&HOST_MAC);
+        b[28..32].copy_from_slice(&HOST.octets());
+        b[38..42].copy_from_slice(&[10, 0, 0, 1]);
+        60
+    });
+    // And an ARP request to another station is not for the gateway.
+    f.push(INSIDE, |b| {
+        b[..6].copy_from_slice(&OTHER_MAC);
+        b[6..12].copy_from_slice(&HOST_MAC);
+        b[12..14].copy_from_slice(&[0x08, 0x06]);
+        b[14..22].copy_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
+        b[22..28].copy_from_slice(&HOST_MAC);
+        b[28..32].copy_from_slice(&HOST.octets());
+        b[38..42].copy_from_slice(&[10, 0, 0, 1]);
+        60
+    });
+    w.process(2_000_000, &mut f);
+    assert_eq!(f.acts[0], Action::Reply);
+    assert_eq!(&f.frame(0)[..6], &HOST_MAC, "the reply goes to the asker");
+    assert_eq!(f.acts[1], Action::Drop(DropReason::OtherHost));
+}
+
+#[test]
+fn martian_and_multicast_addresses_are_refused_as_the_kernel_does() {
+    let ip = Ipv4Addr::new;
+    let cases = [
+        (ip(127, 0, 0, 1), REMOTE, DropReason::MartianSource),
+        (ip(0, 0, 0, 0), REMOTE, DropReason::MartianSource),
+        (ip(0, 1, 2, 3), REMOTE, DropReason::MartianSource),
+        (ip(224, 0, 0, 1), REMOTE, DropReason::MartianSource),
+        (ip(255, 255, 255, 255), REMOTE, DropReason::MartianSource),
+        (HOST, ip(127, 0, 0, 1), DropReason::MartianDestination),
+        (HOST, ip(0, 0, 0, 5), DropReason::MartianDestination),
+        (HOST, ip(224, 0, 0, 251), DropReason::Ipv4Multicast),
+        (HOST, ip(239, 1, 2, 3), DropReason::Ipv4Multicast),
+        // A loopback destination is refused before a loopback source.
+        (
+            ip(127, 0, 0, 1),
+            ip(127, 0, 0, 2),
+            DropReason::MartianDestination,
+        ),
+    ];
+    let mut w = gateway();
+    for (i, (s, d, want)) in cases.iter().enumerate() {
+        let k = udp(*s, 5000 + i as u16, *d, 53);
+        assert_eq!(
+            send(&mut w, GW_IN_MAC, &k),
+            Action::Drop(*want),
+            "{s} -> {d}"
+        );
+    }
+    assert_eq!(w.conntrack().len(), 0);
+    assert_eq!(w.nat().mappings().count(), 0, "no mapping for a martian");
+    // Neither class E nor a broadcast address of a remote network is
+    // special to the kernel's routing: both are forwarded.
+    for (i, d) in [ip(240, 0, 0, 1), ip(192, 0, 2, 255)].iter().enumerate() {
+        let k = udp(HOST, 6000 + i as u16, *d, 53);
+        assert_eq!(send(&mut w, GW_IN_MAC, &k), Action::Forward(OUTSIDE));
+    }
+}
+
+#[test]
+fn broadcasts_are_for_the_gateway_and_never_forwarded() {
+    let mut w = gateway();
+    let ip = Ipv4Addr::new;
+    // DHCP discover, the limited broadcast, the inside subnet's broadcast
+    // (10.0.0.0/24 in `nat_gateway`), as broadcast frames and (for the two
+    // broadcast addresses) sent to the gateway's own MAC.
+    let cases = [
+        (
+            BROADCAST_MAC,
+            udp(ip(0, 0, 0, 0), 68, Ipv4Addr::BROADCAST, 67),
+        ),
+        (BROADCAST_MAC, udp(HOST, 137, Ipv4Addr::BROADCAST, 137)),
+        (BROADCAST_MAC, udp(HOST, 138, ip(10, 0, 0, 255), 138)),
+        (GW_IN_MAC, udp(HOST, 139, Ipv4Addr::BROADCAST, 139)),
+        (GW_IN_MAC, udp(HOST, 140, ip(10, 0, 0, 255), 140)),
+    ];
+    for (mac, k) in cases {
+        assert_eq!(
+            send(&mut w, mac, &k),
+            Action::Drop(DropReason::LocalUnhandled),
+            "{k}"
+        );
+    }
+    // No echo reply to a broadcast ping; a ping to the gateway is answered.
+    let mut f = TestFrames::default();
+    let bping = FlowKey4 {
+        src: u32::from(HOST),
+        dst: u32::from(ip(10, 0, 0, 255)),
+        sport: 7,
+        dport: 7,
+        proto: proto::ICMP,
+    };
+    let ping = FlowKey4 {
+        dst: u32::from(ip(10, 0, 0, 1)),
+        ..bping
+    };
+    f.push(INSIDE, |b| {
+        build_icmp4_echo(b, HOST_MAC, BROADCAST_MAC, &bping, 1, true, 8).unwrap()
+    });
+    f.push(INSIDE, |b| {
+        build_icmp4_echo(b, HOST_MAC, GW_IN_MAC, &ping, 1, true, 8).unwrap()
+    });
+    w.process(2_000_000, &mut f);
+    assert_eq!(f.acts[0], Action::Drop(DropReason::LocalUnhandled));
+    assert_eq!(f.acts[1], Action::Reply);
+    assert_eq!(w.conntrack().len(), 0);
+    assert_eq!(w.counters().tx, 0, "nothing was forwarded");
+}
