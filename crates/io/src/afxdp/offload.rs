@@ -24,7 +24,9 @@
 //!   offloaded connection (has the count moved since it last looked?),
 //! - `bpf_redirect` to the egress interface.
 //!
-//! Anything else goes on to the socket redirect, unchanged: a miss, IPv4
+//! Anything else goes on to the socket redirect, unchanged: a frame to a
+//! link-layer broadcast or multicast address (the engine never forwards
+//! those), a miss, IPv4
 //! with options or fragmented, a TTL of 1 or less (the engine answers with
 //! time exceeded), TCP with SYN, FIN or RST (the engine's state machine
 //! must see them, and takes the offload back down when the connection
@@ -670,6 +672,10 @@ pub(crate) fn prefix(layout: &Layout) -> (Vec<BpfInsn>, Vec<usize>) {
     a.packet();
     // Ethernet + IPv4 without options + 8 bytes of L4 header.
     a.need_miss(i32::from(L4) + 8);
+    // A link-layer broadcast or multicast frame (the I/G bit of the
+    // destination) is never forwarded: the engine takes it.
+    a.i(LDX_B, R0, R2, 0, 0);
+    a.jmp(JSET_K, R0, 0, 1, Miss);
     a.i(LDX_H, R0, R2, ETH_TYPE, 0);
     a.jmp(JNE_K, R0, 0, i32::from(0x0800u16.to_be()), Miss);
     a.i(LDX_B, R0, R2, IP, 0);

@@ -451,6 +451,8 @@ fn everything_else_falls_through_untouched() {
         ("more fragments", Box::new(|f| f[20] = 0x20), 3),
         ("fragment offset", Box::new(|f| f[21] = 1), 3),
         ("ARP", Box::new(|f| f[13] = 0x06), 3),
+        ("broadcast frame", Box::new(|f| f[0..6].fill(0xff)), 3),
+        ("multicast frame", Box::new(|f| f[0] = 0x01), 3),
         (
             "VLAN",
             Box::new(|f| f[12..14].copy_from_slice(&[0x81, 0])),
@@ -690,6 +692,8 @@ proptest::proptest! {
         install in proptest::prelude::any::<bool>(),
     ) {
         if ipv4 && f.len() >= 54 {
+            // To a unicast MAC address (a group frame is never forwarded).
+            f[0] &= !1;
             f[12] = 0x08;
             f[13] = 0x00;
             f[14] = 0x45;
@@ -713,7 +717,8 @@ proptest::proptest! {
         let before = f.clone();
         let out = run(&t, &mut f, 3);
         if ipv4 && install && before.len() >= 54 {
-            // A plain IPv4 TCP/UDP frame of an installed flow is a hit.
+            // A plain IPv4 TCP/UDP unicast frame of an installed flow is a
+            // hit.
             proptest::prop_assert_eq!(&out, &Outcome::Redirect(7));
         }
         match out {
