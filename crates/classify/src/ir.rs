@@ -535,7 +535,14 @@ pub enum Stmt {
     CtMarkSet(MarkOp),
     /// `limit` (opaque id of the limiter).
     Limit(u32),
+    /// `tcp option maxseg size set`: [`TCP_MSS_RT_MTU`] for `rt mtu`, else
+    /// the value. A side effect on the packet the engine performs; the
+    /// classifier's fields do not change.
+    TcpMss(u32),
 }
+
+/// [`Stmt::TcpMss`] of `rt mtu`.
+pub const TCP_MSS_RT_MTU: u32 = 0x1_0000;
 
 /// `reject with …`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -138,7 +138,7 @@ pub(crate) fn run_stmts(stmts: &[Stmt], p: &mut PacketFields, limit: Option<&Lim
         match s {
             Stmt::MarkSet(op) => p.mark = op.apply(p.mark),
             Stmt::CtMarkSet(op) => p.ct_mark = op.apply(p.ct_mark),
-            Stmt::Counter | Stmt::Log(_) | Stmt::Limit(_) => {}
+            Stmt::Counter | Stmt::Log(_) | Stmt::Limit(_) | Stmt::TcpMss(_) => {}
         }
     }
     true

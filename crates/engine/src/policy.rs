@@ -108,6 +108,51 @@ pub struct Decision {
     pub mark: u32,
     /// NAT for a new connection (only NAT hooks return one).
     pub nat: Option<Translation>,
+    /// The `tcp option maxseg size set` statements the packet met.
+    pub mss: MssClamp,
+}
+
+/// The `tcp option maxseg size set` statements (iptables `TCPMSS`) a packet
+/// met: its TCP MSS option is lowered to the smallest of them, never
+/// raised (the kernel's `nft_exthdr` and `xt_TCPMSS`), and a segment
+/// without the option is left alone.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MssClamp {
+    /// The smallest fixed value set.
+    pub value: Option<u16>,
+    /// Whether `set rt mtu` was met: the smaller MTU of the routes to the
+    /// destination and back to the source, less 40 (IPv4) or 60 (IPv6)
+    /// bytes of headers.
+    pub rt_mtu: bool,
+}
+
+impl MssClamp {
+    /// Whether no statement was met.
+    pub fn is_none(&self) -> bool {
+        self.value.is_none() && !self.rt_mtu
+    }
+
+    /// Both sets of statements.
+    pub fn and(self, o: MssClamp) -> MssClamp {
+        MssClamp {
+            value: match (self.value, o.value) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            },
+            rt_mtu: self.rt_mtu || o.rt_mtu,
+        }
+    }
+
+    /// The MSS to clamp to, given what `rt mtu` gives for the packet's
+    /// route (the kernel's `get_tcpmss`: 536 when the MTU is not above the
+    /// headers).
+    pub fn limit(&self, rt_mss: u16) -> Option<u16> {
+        let rt = self.rt_mtu.then_some(rt_mss);
+        match (self.value, rt) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
 }
 
 /// A ruleset as the engine sees it. Implementations are immutable once
@@ -179,6 +224,7 @@ impl Policy for StaticPolicy {
             verdict: Verdict::Accept,
             mark: pkt.mark,
             nat: None,
+            mss: MssClamp::default(),
         };
         match hook {
             Hook::Input | Hook::Forward => d.verdict = self.default,

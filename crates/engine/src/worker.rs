@@ -64,7 +64,7 @@ use sluice_wire::ip::Frag;
 use crate::drop::{Counters, DropReason};
 use crate::icmp_error::{self, IcmpError};
 use crate::offload::{NoOffload, OffloadFlow, OffloadOp, OffloadProbe, OffloadQueue};
-use crate::policy::{CtState, Hook, Policy, PolicyPacket, RejectWith, Verdict};
+use crate::policy::{CtState, Hook, MssClamp, Policy, PolicyPacket, RejectWith, Verdict};
 use crate::route::{AdjIndex, Adjacency, IfIndex, Route4, Route6, RouteTable4, RouteTable6};
 
 mod frag;
@@ -1312,9 +1312,11 @@ impl Worker {
             }
             ct::Verdict::Valid | ct::Verdict::Ignored | ct::Verdict::Close => {}
         }
+        let mut mss = MssClamp::default();
         if self.filter_established {
-            if let Some(r) = self.filter_established4(buf, len, iif, m, id, dir, Hook::Prerouting) {
-                return Step::Done(Action::Drop(r));
+            match self.filter_established4(buf, len, iif, m, id, dir, Hook::Prerouting) {
+                Ok(c) => mss = mss.and(c),
+                Err(r) => return Step::Done(Action::Drop(r)),
             }
         }
         if m.ttl <= 1 {
@@ -1322,8 +1324,9 @@ impl Worker {
         }
         if self.filter_established {
             for hook in [Hook::Forward, Hook::Postrouting] {
-                if let Some(r) = self.filter_established4(buf, len, iif, m, id, dir, hook) {
-                    return Step::Done(Action::Drop(r));
+                match self.filter_established4(buf, len, iif, m, id, dir, hook) {
+                    Ok(c) => mss = mss.and(c),
+                    Err(r) => return Step::Done(Action::Drop(r)),
                 }
             }
         }
@@ -1333,6 +1336,16 @@ impl Worker {
         let info = e.payload();
         let deltas = rewrite_deltas(info, dir);
         let adj = info.adj.get(dir_index(dir)).copied().unwrap_or(0);
+        if !mss.is_none() && m.key.proto == proto::TCP {
+            // The routes of the two directions: their adjacencies' MTUs.
+            let back = info
+                .adj
+                .get(dir_index(dir.opposite()))
+                .copied()
+                .unwrap_or(0);
+            let rt = self.adj_mtu(adj).min(self.adj_mtu(back));
+            clamp_mss(buf, len, usize::from(m.l4), mss, rt, 40);
+        }
         let step = self.emit(now, buf, len, iif, m.l3, m.l4, &to, deltas, adj);
         if tracked.verdict == ct::Verdict::Close {
             self.remove(id);
@@ -1351,7 +1364,8 @@ impl Worker {
     /// way netfilter's hooks see it: as received at prerouting; with the
     /// destination already translated back (reply) or forward (original,
     /// DNAT) and the source not yet translated at forward and postrouting.
-    /// `Some(reason)` when the packet must be dropped.
+    /// The `tcp option maxseg size set` statements met, or the reason to
+    /// drop the packet.
     #[allow(clippy::too_many_arguments)]
     #[cold]
     #[inline(never)]
@@ -1364,7 +1378,7 @@ impl Worker {
         id: EntryId,
         dir: Dir,
         hook: Hook,
-    ) -> Option<DropReason> {
+    ) -> Result<MssClamp, DropReason> {
         let e = self.ct.entry(id);
         let (orig, reply) = (e.orig(), e.reply());
         let di = dir_index(dir);
@@ -1407,10 +1421,11 @@ impl Worker {
             len: read16(buf, l3 + 2).unwrap_or(len.saturating_sub(l3) as u16),
             now_ms: self.now_ms,
         };
-        match self.policy.decide(hook, &pp).verdict {
-            Verdict::Accept => None,
-            Verdict::Drop => Some(DropReason::PolicyDrop),
-            Verdict::Reject(_) => Some(DropReason::PolicyReject),
+        let dec = self.policy.decide(hook, &pp);
+        match dec.verdict {
+            Verdict::Accept => Ok(dec.mss),
+            Verdict::Drop => Err(DropReason::PolicyDrop),
+            Verdict::Reject(_) => Err(DropReason::PolicyReject),
         }
     }
 
@@ -1724,6 +1739,13 @@ impl Worker {
         self.ct.set_offloaded(id, [true, true]);
     }
 
+    /// The MTU of adjacency `adj`'s interface.
+    fn adj_mtu(&self, adj: AdjIndex) -> u16 {
+        self.adj
+            .get(usize::from(adj))
+            .map_or(Interface::DEFAULT_MTU, |a| a.mtu)
+    }
+
     fn is_local(&self, a: u32) -> Option<IfIndex> {
         self.local4.iter().find(|(l, _)| *l == a).map(|&(_, i)| i)
     }
@@ -1875,6 +1897,7 @@ impl Worker {
         // already bound to a mapping.
         let dec = self.policy.decide(Hook::Prerouting, &pp);
         pp.mark = dec.mark;
+        let mut mss = dec.mss;
         if let Some(r) = refused(dec.verdict) {
             self.release_pending(key, reply.as_ref());
             return Step::Done(Action::Drop(r));
@@ -1947,6 +1970,7 @@ impl Worker {
         // Forward filter.
         let dec = self.policy.decide(Hook::Forward, &pp);
         pp.mark = dec.mark;
+        mss = mss.and(dec.mss);
         if let Some(r) = refused(dec.verdict) {
             self.release_pending(key, reply.as_ref());
             return Step::Done(Action::Drop(r));
@@ -1955,6 +1979,7 @@ impl Worker {
         // not yet translated by a mapping or DNAT.
         let dec = self.policy.decide(Hook::Postrouting, &pp);
         pp.mark = dec.mark;
+        mss = mss.and(dec.mss);
         if let Some(r) = refused(dec.verdict) {
             self.release_pending(key, reply.as_ref());
             return Step::Done(Action::Drop(r));
@@ -2034,6 +2059,10 @@ impl Worker {
         }
         if pp.mark != 0 {
             self.ct.entry_mut(id).set_mark(pp.mark);
+        }
+        if !mss.is_none() && key.proto == proto::TCP {
+            let rt = self.adj_mtu(adj_out).min(self.adj_mtu(adj_back));
+            clamp_mss(buf, len, usize::from(d.l4_off), mss, rt, 40);
         }
         self.emit(
             now,
@@ -2444,6 +2473,19 @@ const L2_HOST: u8 = 0;
 const L2_GROUP: u8 = 1;
 /// To another station.
 const L2_OTHER: u8 = 2;
+
+/// Applies the `tcp option maxseg size set` statements `mss` to the TCP
+/// segment at `l4` of the frame (`len` bytes): its MSS option is lowered to
+/// their limit. `rt_mtu` is the smaller MTU of the routes of the two
+/// directions, `hdrs` the IP and TCP header bytes `rt mtu` takes off it
+/// (40 for IPv4, 60 for IPv6; the kernel's `get_tcpmss`, which gives 536
+/// when the MTU is not larger).
+fn clamp_mss(buf: &mut [u8], len: usize, l4: usize, mss: MssClamp, rt_mtu: u16, hdrs: u16) {
+    let rt = if rt_mtu > hdrs { rt_mtu - hdrs } else { 536 };
+    if let (Some(limit), Some(seg)) = (mss.limit(rt), buf.get_mut(l4..len)) {
+        sluice_wire::tcp::clamp_mss(seg, limit);
+    }
+}
 
 /// The low 48 bits of a `u64`.
 const MAC48: u64 = (1 << 48) - 1;

@@ -52,6 +52,7 @@ impl Policy for TestPolicy {
             verdict,
             mark: pkt.mark,
             nat,
+            mss: Default::default(),
         }
     }
     fn has_nat(&self, hook: Hook) -> bool {

@@ -49,6 +49,7 @@ impl Policy for PortForward {
             verdict: Verdict::Accept,
             mark: pkt.mark,
             nat,
+            mss: Default::default(),
         }
     }
     fn has_nat(&self, hook: Hook) -> bool {

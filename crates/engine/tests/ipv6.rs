@@ -72,6 +72,7 @@ impl Policy for InsideOnly {
             verdict: if ok { Verdict::Accept } else { Verdict::Drop },
             mark: p.mark,
             nat: None,
+            mss: Default::default(),
         }
     }
     fn has_nat(&self, _: Hook) -> bool {

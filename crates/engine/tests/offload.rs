@@ -30,6 +30,7 @@ impl Policy for Accept {
             mark: pkt.mark,
             nat: (hook == Hook::Postrouting && pkt.ct == CtState::New)
                 .then_some(Translation::Snat { pool: PoolId(0) }),
+            mss: Default::default(),
         }
     }
     fn has_nat(&self, hook: Hook) -> bool {

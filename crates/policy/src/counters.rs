@@ -32,6 +32,9 @@ struct Cell {
     /// The rule's `log` statement: its id + 1, 0 for none (set by the
     /// control plane when the rule is compiled).
     log: std::sync::atomic::AtomicU32,
+    /// The rule's `tcp option maxseg size set` value + 1 (`Stmt::TcpMss`),
+    /// 0 for none.
+    mss: std::sync::atomic::AtomicU32,
 }
 
 /// The counters of every rule of a policy (shared across generations).
@@ -68,6 +71,19 @@ impl RuleCounters {
         if let Some(c) = self.cell(id) {
             c.log.store(log.saturating_add(1), Ordering::Relaxed);
         }
+    }
+
+    /// Rule `id` sets the TCP MSS (`Stmt::TcpMss(mss)`).
+    pub fn set_mss(&self, id: RuleId, mss: u32) {
+        if let Some(c) = self.cell(id) {
+            c.mss.store(mss.saturating_add(1), Ordering::Relaxed);
+        }
+    }
+
+    /// Rule `id`'s `Stmt::TcpMss` value, if it has one.
+    #[inline]
+    pub fn mss(&self, id: RuleId) -> Option<u32> {
+        self.cell(id)?.mss.load(Ordering::Relaxed).checked_sub(1)
     }
 
     /// Count one packet of `bytes` for rule `id`; returns the rule's log

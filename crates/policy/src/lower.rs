@@ -736,6 +736,16 @@ impl<'a> Lowerer<'a> {
                     pre.push(Stmt::CtMarkSet(MarkOp::set(*v)));
                     Ok(None)
                 }
+                StmtKind::TcpMssSet(m) => {
+                    // nft adds `meta l4proto tcp` for a TCP option
+                    // statement: the rule does not match other packets.
+                    deps.push(Dep::Proto(6));
+                    pre.push(Stmt::TcpMss(match m {
+                        ast::TcpMss::RtMtu => sluice_classify::ir::TCP_MSS_RT_MTU,
+                        ast::TcpMss::Value(v) => u32::from(*v),
+                    }));
+                    Ok(None)
+                }
                 StmtKind::Verdict(v) => self.verdict(ti, v).map(|v| Some(Term::Verdict(v))),
                 StmtKind::Reject(w) => Ok(Some(Term::Reject(*w))),
                 StmtKind::Nat(n) => self.nat(t, n),

@@ -782,7 +782,8 @@ impl Policy for CompiledPolicy {
     fn decide(&self, hook: Hook, pkt: &PolicyPacket) -> Decision {
         let p = self.packet_fields(pkt);
         let bytes = u64::from(pkt.len);
-        let run = |s: &mut Scratch| {
+        let mut mss = sluice_engine::MssClamp::default();
+        let mut run = |s: &mut Scratch| {
             s.limit = (!self.limiters.is_empty()).then(|| sluice_classify::LimitCtx {
                 limits: Arc::clone(&self.limiters) as Arc<dyn sluice_classify::Limits>,
                 now_ms: pkt.now_ms,
@@ -797,6 +798,10 @@ impl Policy for CompiledPolicy {
                     for id in matched {
                         if let Some(l) = self.counters.add_and_log(*id, bytes) {
                             self.log(l, pkt);
+                        }
+                        // The same cell, just read: a rule's MSS statement.
+                        if let Some(m) = self.counters.mss(*id) {
+                            mss = mss.and(mss_clamp(m));
                         }
                     }
                 },
@@ -821,6 +826,7 @@ impl Policy for CompiledPolicy {
             verdict,
             mark: o.mark,
             nat,
+            mss,
         }
     }
 
@@ -833,6 +839,21 @@ impl Policy for CompiledPolicy {
 
     fn established_accepted(&self) -> bool {
         CompiledPolicy::established_accepted(self)
+    }
+}
+
+/// The engine's form of a `Stmt::TcpMss` value.
+fn mss_clamp(m: u32) -> sluice_engine::MssClamp {
+    if m == sluice_classify::ir::TCP_MSS_RT_MTU {
+        sluice_engine::MssClamp {
+            value: None,
+            rt_mtu: true,
+        }
+    } else {
+        sluice_engine::MssClamp {
+            value: u16::try_from(m).ok(),
+            rt_mtu: false,
+        }
     }
 }
 

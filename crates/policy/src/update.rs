@@ -65,12 +65,15 @@ pub struct ListedRule {
 }
 
 impl CompiledPolicy {
-    /// Records which of `rules` log (their cells carry the log spec).
+    /// Records which of `rules` log or set the TCP MSS (their cells carry
+    /// the log spec and the MSS).
     pub(crate) fn mark_logs(&self, rules: &[sluice_classify::ir::Rule]) {
         for r in rules {
             for s in &r.stmts {
-                if let sluice_classify::ir::Stmt::Log(l) = s {
-                    self.counters.set_log(r.id, *l);
+                match s {
+                    sluice_classify::ir::Stmt::Log(l) => self.counters.set_log(r.id, *l),
+                    sluice_classify::ir::Stmt::TcpMss(m) => self.counters.set_mss(r.id, *m),
+                    _ => {}
                 }
             }
         }

@@ -572,6 +572,20 @@ pub enum StmtKind {
         key: Vec<Field>,
         map: Box<MapRef>,
     },
+    /// `tcp option maxseg size set rt mtu | N` (iptables `-j TCPMSS`): the
+    /// MSS option of a TCP segment is lowered to the value, never raised.
+    TcpMssSet(TcpMss),
+}
+
+/// The value of [`StmtKind::TcpMssSet`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TcpMss {
+    /// `rt mtu` (`--clamp-mss-to-pmtu`): the smaller MTU of the routes to
+    /// the destination and back to the source, less the IP and TCP headers.
+    RtMtu,
+    /// A fixed value (`--set-mss N`).
+    Value(u16),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]

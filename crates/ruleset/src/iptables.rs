@@ -614,6 +614,8 @@ const OPTIONS: &[&str] = &[
     "--log-level",
     "--set-mark",
     "--set-xmark",
+    "--set-mss",
+    "--clamp-mss-to-pmtu",
     "--to-source",
     "--to-destination",
     "--to-ports",
@@ -1020,11 +1022,13 @@ fn rule(
                 target = Some((a, w.text.starts_with("-g") || w.text == "--goto"));
             }
             "--reject-with" | "--log-prefix" | "--log-level" | "--set-mark" | "--set-xmark"
-            | "--to-source" | "--to-destination" | "--to-ports" | "--to" => {
+            | "--set-mss" | "--to-source" | "--to-destination" | "--to-ports" | "--to" => {
                 let a = arg!(w);
                 topts.push((w.clone(), Some(a)));
             }
-            "--random" | "--random-fully" | "--persistent" => topts.push((w.clone(), None)),
+            "--random" | "--random-fully" | "--persistent" | "--clamp-mss-to-pmtu" => {
+                topts.push((w.clone(), None))
+            }
             other => {
                 let norm: String = other.replace(['\u{2013}', '\u{2014}'], "-");
                 let help = if OPTIONS.contains(&norm.as_str()) {
@@ -1308,6 +1312,29 @@ fn lower_target(
                 }
             }
         }
+        // xt_TCPMSS; unlike it, Sluice never adds an MSS option to a SYN
+        // that has none (nft's `tcp option maxseg size set` does not
+        // either).
+        "TCPMSS" => match (opt("--set-mss"), has("--clamp-mss-to-pmtu")) {
+            (Some(w), false) => match parse_num(&w.text).and_then(|n| u16::try_from(n).ok()) {
+                Some(n) => StmtKind::TcpMssSet(TcpMss::Value(n)),
+                None => {
+                    cx.err(
+                        &w,
+                        format!("invalid --set-mss '{}': expected 0-65535", w.text),
+                    );
+                    return false;
+                }
+            },
+            (None, true) => StmtKind::TcpMssSet(TcpMss::RtMtu),
+            _ => {
+                cx.err(
+                    t,
+                    "TCPMSS needs exactly one of --set-mss N and --clamp-mss-to-pmtu",
+                );
+                return false;
+            }
+        },
         "SNAT" | "DNAT" | "MASQUERADE" | "REDIRECT" => {
             let kind = match t.text.as_str() {
                 "SNAT" => NatKind::Snat,

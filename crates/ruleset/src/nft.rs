@@ -1319,6 +1319,11 @@ impl<'s> Parser<'s> {
                 stmts.push(Stmt { kind, span: sp });
                 continue;
             }
+            if w == "tcp" && self.word_at(1) == Some("option") {
+                let kind = self.tcp_option()?;
+                stmts.push(Stmt { kind, span: sp });
+                continue;
+            }
             if !is_expr_keyword(w) {
                 let help = suggest(w, STMT_KEYWORDS.iter().chain(EXPR_KEYWORDS).copied());
                 return self.err_help(sp, format!("unknown statement or expression '{w}'"), help);
@@ -1801,6 +1806,42 @@ impl<'s> Parser<'s> {
     }
 
     // ---- statements ---------------------------------------------------------
+
+    /// `tcp option maxseg size set rt mtu | N` (the cursor is on `tcp`).
+    fn tcp_option(&mut self) -> P<StmtKind> {
+        self.bump();
+        self.bump();
+        let (o, osp) = self.expect_word("TCP option")?;
+        if o != "maxseg" {
+            let help = suggest(o, ["maxseg"]);
+            return self.err_help(
+                osp,
+                format!("unsupported TCP option '{o}': only 'tcp option maxseg size set' is"),
+                help,
+            );
+        }
+        self.keyword("TCP option field", &["size"])?;
+        let sp = self.span();
+        if !self.eat_word("set") {
+            return self.err(
+                sp,
+                "matching on TCP options is not supported; expected 'set' \
+                 ('tcp option maxseg size set rt mtu' or 'set N')",
+            );
+        }
+        if self.eat_word("rt") {
+            self.keyword("route expression", &["mtu"])?;
+            return Ok(StmtKind::TcpMssSet(TcpMss::RtMtu));
+        }
+        let (v, vsp) = self.expect_word("an MSS value or 'rt mtu'")?;
+        match parse_num(v).and_then(|n| u16::try_from(n).ok()) {
+            Some(n) => Ok(StmtKind::TcpMssSet(TcpMss::Value(n))),
+            None => self.err(
+                vsp,
+                format!("invalid MSS '{v}': expected 0-65535 or 'rt mtu'"),
+            ),
+        }
+    }
 
     fn stmt(&mut self, w: &str) -> P<StmtKind> {
         match w {

@@ -526,6 +526,11 @@ impl<S: Sink> Writer<S> {
                 self.u8(6);
                 self.num(u64::from(*m));
             }
+            StmtKind::TcpMssSet(TcpMss::RtMtu) => self.u8(9),
+            StmtKind::TcpMssSet(TcpMss::Value(v)) => {
+                self.u8(10);
+                self.num(u64::from(*v));
+            }
             StmtKind::Nat(n) => {
                 self.u8(7);
                 self.u8(n.kind as u8);
@@ -830,6 +835,8 @@ impl Reader<'_> {
                 key: self.fields()?,
                 map: Box::new(self.map_ref()?),
             },
+            9 => StmtKind::TcpMssSet(TcpMss::RtMtu),
+            10 => StmtKind::TcpMssSet(TcpMss::Value(self.u16()?)),
             _ => return None,
         })
     }

@@ -399,6 +399,8 @@ fn stmt(s: &StmtKind) -> String {
         }
         StmtKind::MetaMarkSet(m) => format!("meta mark set 0x{m:08x}"),
         StmtKind::CtMarkSet(m) => format!("ct mark set 0x{m:08x}"),
+        StmtKind::TcpMssSet(TcpMss::RtMtu) => "tcp option maxseg size set rt mtu".to_string(),
+        StmtKind::TcpMssSet(TcpMss::Value(v)) => format!("tcp option maxseg size set {v}"),
         StmtKind::Nat(n) => nat(n),
         StmtKind::VerdictMap { key, map } => {
             format!(

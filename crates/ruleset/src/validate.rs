@@ -418,6 +418,18 @@ impl Validator {
                     "'reject with icmpv6' in an ip table; use icmp or icmpx",
                 );
             }
+            // The kernel's nft_rt validation: a route exists only from
+            // forward on.
+            StmtKind::TcpMssSet(TcpMss::RtMtu)
+                if c.base
+                    .is_some_and(|b| matches!(b.hook, Hook::Prerouting | Hook::Input)) =>
+            {
+                self.err(
+                    s.span,
+                    "'rt mtu' needs a route: it is valid in forward, output and \
+                     postrouting chains only",
+                );
+            }
             _ => {}
         }
     }

@@ -129,3 +129,65 @@ fn regression_ipv6_icmp_protocol_alias_is_not_a_range() {
         "{printed}"
     );
 }
+
+/// `tcp option maxseg size set` (nft) and `-j TCPMSS` (iptables) give one
+/// statement, printed canonically and parsed back to the same text; bad
+/// forms get specific errors.
+#[test]
+fn tcp_mss_clamping_in_both_syntaxes() {
+    let nft = "table ip mangle {\n chain FORWARD { type filter hook forward priority -150; policy accept;\n  tcp flags syn tcp option maxseg size set rt mtu\n  tcp flags syn tcp option maxseg size set 1400\n }\n}\n";
+    let rs = parse_nft_str("mss.nft", nft).expect("nft");
+    let printed = print_ruleset(&rs);
+    assert!(
+        printed.contains("tcp option maxseg size set rt mtu")
+            && printed.contains("tcp option maxseg size set 1400"),
+        "{printed}"
+    );
+    let again = parse_nft_str("again.nft", &printed).expect("printed form parses");
+    assert_eq!(print_ruleset(&again), printed, "fixed point");
+
+    let ipt = "*mangle\n:FORWARD ACCEPT [0:0]\n-A FORWARD -p tcp --tcp-flags SYN,RST SYN -j TCPMSS --clamp-mss-to-pmtu\n-A FORWARD -p tcp --tcp-flags SYN,RST SYN -j TCPMSS --set-mss 1400\nCOMMIT\n";
+    let rs = parse_iptables_restore_str("mss.rules", ipt, None).expect("iptables");
+    let text = rs.to_nft();
+    assert!(
+        text.contains("tcp option maxseg size set rt mtu")
+            && text.contains("tcp option maxseg size set 1400"),
+        "{text}"
+    );
+
+    for (bad, want) in [
+        (
+            "tcp option maxseg size set 70000",
+            "invalid MSS '70000': expected 0-65535 or 'rt mtu'",
+        ),
+        (
+            "tcp option maxseg size 1400 accept",
+            "matching on TCP options is not supported",
+        ),
+        (
+            "tcp option window size set 5",
+            "unsupported TCP option 'window'",
+        ),
+    ] {
+        let text = format!(
+            "table ip t {{\n chain c {{ type filter hook forward priority 0;\n  {bad}\n }}\n}}\n"
+        );
+        let d = parse_nft_str("bad.nft", &text).expect_err(bad).to_string();
+        assert!(d.contains(want), "{bad}: {d}");
+    }
+    let d = parse_nft_str(
+        "pre.nft",
+        "table ip t {\n chain c { type filter hook prerouting priority 0;\n  tcp option maxseg size set rt mtu\n }\n}\n",
+    )
+    .expect_err("rt mtu in prerouting")
+    .to_string();
+    assert!(d.contains("'rt mtu' needs a route"), "{d}");
+    let d = parse_iptables_restore_str(
+        "x.rules",
+        "*mangle\n:FORWARD ACCEPT [0:0]\n-A FORWARD -p tcp -j TCPMSS\nCOMMIT\n",
+        None,
+    )
+    .expect_err("TCPMSS without an option")
+    .to_string();
+    assert!(d.contains("TCPMSS needs exactly one of"), "{d}");
+}

@@ -314,6 +314,60 @@ impl<'a> TcpRepr<'a> {
     }
 }
 
+/// TCP option kind of the maximum segment size (RFC 9293 §3.2).
+pub const OPT_MSS: u8 = 2;
+
+/// Lowers the MSS option of the TCP segment `seg` (its header first, as
+/// much of the segment as the buffer holds) to `limit` when it is larger,
+/// and updates the checksum (RFC 1624; the option's value may sit at an
+/// odd offset, so the update covers the two aligned 16-bit words around
+/// it). Never raises the MSS and never adds the option (the kernel's
+/// `nft_exthdr` and `xt_TCPMSS`, except that the latter adds one). Returns
+/// the old value when it changed something. A malformed option list is
+/// left alone.
+pub fn clamp_mss(seg: &mut [u8], limit: u16) -> Option<u16> {
+    let hl = usize::from(*seg.get(field::DATA_OFF)? >> 4) * 4;
+    if hl < HEADER_LEN || hl > seg.len() {
+        return None;
+    }
+    let mut at = HEADER_LEN;
+    while at < hl {
+        match *seg.get(at)? {
+            0 => return None,
+            1 => at += 1,
+            kind => {
+                let olen = usize::from(*seg.get(at + 1)?);
+                if olen < 2 || at + olen > hl {
+                    return None;
+                }
+                if kind == OPT_MSS && olen == 4 {
+                    let v = at + 2;
+                    let old = u16::from_be_bytes([*seg.get(v)?, *seg.get(v + 1)?]);
+                    if old <= limit {
+                        return None;
+                    }
+                    // The aligned 32-bit span that holds the value.
+                    let w = v & !1;
+                    let span = w..w + 4;
+                    let before = u32::from_be_bytes(seg.get(span.clone())?.try_into().ok()?);
+                    seg.get_mut(v..v + 2)?.copy_from_slice(&limit.to_be_bytes());
+                    let after = u32::from_be_bytes(seg.get(span)?.try_into().ok()?);
+                    let c = u16::from_be_bytes([
+                        *seg.get(field::CHECKSUM.start)?,
+                        *seg.get(field::CHECKSUM.start + 1)?,
+                    ]);
+                    let c = checksum::update32(c, before, after);
+                    seg.get_mut(field::CHECKSUM)?
+                        .copy_from_slice(&c.to_be_bytes());
+                    return Some(old);
+                }
+                at += olen;
+            }
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -381,5 +435,73 @@ mod tests {
             r.emit(&mut Packet::new_unchecked(&mut b[..]), None),
             Err(EmitError::OptionsLen)
         );
+    }
+
+    /// A SYN with `opts`, its checksum valid between 10.0.0.2 and 10.0.0.1.
+    fn syn_with(opts: &[u8]) -> Vec<u8> {
+        let hl = HEADER_LEN + opts.len();
+        let mut seg = vec![0u8; hl + 3];
+        seg[0..2].copy_from_slice(&1234u16.to_be_bytes());
+        seg[2..4].copy_from_slice(&80u16.to_be_bytes());
+        seg[12] = ((hl / 4) as u8) << 4;
+        seg[13] = flags::SYN;
+        seg[HEADER_LEN..hl].copy_from_slice(opts);
+        seg[hl..].copy_from_slice(b"abc");
+        let pair = IpPair::V4 {
+            src: 0x0a00_0002,
+            dst: 0x0a00_0001,
+        };
+        let c = checksum::finish(checksum::add(
+            pair.pseudo_sum(6, seg.len() as u32),
+            checksum::sum(&seg),
+        ));
+        seg[16..18].copy_from_slice(&c.to_be_bytes());
+        assert!(Packet::new_unchecked(&seg[..]).verify_checksum(&pair));
+        seg
+    }
+
+    #[test]
+    fn clamp_mss_lowers_never_raises_and_keeps_the_checksum() {
+        let pair = IpPair::V4 {
+            src: 0x0a00_0002,
+            dst: 0x0a00_0001,
+        };
+        // MSS first (aligned), after one NOP (odd offset), after SACK-permitted.
+        for opts in [
+            &[2, 4, 0x05, 0xb4, 1, 1, 4, 2][..],
+            &[1, 2, 4, 0x05, 0xb4, 1, 1, 1][..],
+            &[4, 2, 2, 4, 0x05, 0xb4, 0, 0][..],
+        ] {
+            let mut seg = syn_with(opts);
+            assert_eq!(clamp_mss(&mut seg, 1400), Some(1460), "{opts:?}");
+            let p = Packet::new_unchecked(&seg[..]);
+            assert!(p.verify_checksum(&pair), "{opts:?}");
+            assert!(
+                p.options().windows(4).any(|w| w == [2, 4, 0x05, 0x78]),
+                "{opts:?}"
+            );
+            let again = seg.clone();
+            assert_eq!(clamp_mss(&mut seg, 1400), None, "equal: unchanged");
+            assert_eq!(clamp_mss(&mut seg, 1500), None, "never raised");
+            assert_eq!(seg, again);
+        }
+        // No MSS option, an end of list before it, a malformed length.
+        for opts in [
+            &[1, 1, 4, 2][..],
+            &[0, 0, 2, 4, 0x05, 0xb4, 0, 0][..],
+            &[3, 9, 2, 4, 0x05, 0xb4, 0, 0][..],
+        ] {
+            let mut seg = syn_with(opts);
+            let before = seg.clone();
+            assert_eq!(clamp_mss(&mut seg, 536), None, "{opts:?}");
+            assert_eq!(seg, before);
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn clamp_mss_never_panics(mut seg in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..80), limit: u16) {
+            let _ = clamp_mss(&mut seg, limit);
+        }
     }
 }

@@ -374,6 +374,7 @@ impl Worker {
         // Prerouting filter chains (NAT does not apply to IPv6).
         let dec = self.policy.decide(Hook::Prerouting, &pp);
         pp.mark = dec.mark;
+        let mut mss = dec.mss;
         if let Some(r) = refused(dec.verdict) {
             return drop(r);
         }
@@ -403,11 +404,13 @@ impl Worker {
         pp.oif = Some(oif);
         let dec = self.policy.decide(Hook::Forward, &pp);
         pp.mark = dec.mark;
+        mss = mss.and(dec.mss);
         if let Some(r) = refused(dec.verdict) {
             return drop(r);
         }
         let dec = self.policy.decide(Hook::Postrouting, &pp);
         pp.mark = dec.mark;
+        mss = mss.and(dec.mss);
         if let Some(r) = refused(dec.verdict) {
             return drop(r);
         }
@@ -444,6 +447,7 @@ impl Worker {
         if pp.mark != 0 {
             self.v6.ct.entry_mut(id).set_mark(pp.mark);
         }
+        self.clamp_mss6(buf, len, &pk, mss, [adj_out, adj_back]);
         self.emit6(now, buf, len, iif, &pk, adj_out)
     }
 
@@ -471,9 +475,11 @@ impl Worker {
             }
             ct::Verdict::Valid | ct::Verdict::Ignored | ct::Verdict::Close => {}
         }
+        let mut mss = MssClamp::default();
         if self.filter_established {
-            if let Some(r) = self.filter_established6(iif, pk, id, dir, Hook::Prerouting) {
-                return Some(Step::Done(Action::Drop(r)));
+            match self.filter_established6(iif, pk, id, dir, Hook::Prerouting) {
+                Ok(c) => mss = mss.and(c),
+                Err(r) => return Some(Step::Done(Action::Drop(r))),
             }
         }
         if pk.hop_limit <= 1 {
@@ -481,13 +487,17 @@ impl Worker {
         }
         if self.filter_established {
             for hook in [Hook::Forward, Hook::Postrouting] {
-                if let Some(r) = self.filter_established6(iif, pk, id, dir, hook) {
-                    return Some(Step::Done(Action::Drop(r)));
+                match self.filter_established6(iif, pk, id, dir, hook) {
+                    Ok(c) => mss = mss.and(c),
+                    Err(r) => return Some(Step::Done(Action::Drop(r))),
                 }
             }
         }
         self.counters.fast_path += 1;
-        let adj = self.v6.ct.entry(id).payload().adjacency(dir);
+        let info = self.v6.ct.entry(id).payload();
+        let adj = info.adjacency(dir);
+        let back = info.adjacency(dir.opposite());
+        self.clamp_mss6(buf, len, pk, mss, [adj, back]);
         let step = self.emit6(now, buf, len, iif, pk, adj);
         if tracked.verdict == ct::Verdict::Close {
             self.v6.ct.remove(id);
@@ -498,7 +508,8 @@ impl Worker {
     /// The filter chains of `hook` for a packet of an established IPv6
     /// connection, when the policy does not accept those up front (see
     /// [`Policy::established_accepted`]); no NAT, so every hook sees the
-    /// packet as received. `Some(reason)` when it must be dropped.
+    /// packet as received. The `tcp option maxseg size set` statements met,
+    /// or the reason to drop the packet.
     #[cold]
     #[inline(never)]
     fn filter_established6(
@@ -508,7 +519,7 @@ impl Worker {
         id: EntryId,
         dir: Dir,
         hook: Hook,
-    ) -> Option<DropReason> {
+    ) -> Result<MssClamp, DropReason> {
         let e = self.v6.ct.entry(id);
         let key = e.key(dir);
         let oif = (hook != Hook::Prerouting)
@@ -538,7 +549,29 @@ impl Worker {
             len: pk.payload_len.saturating_add(40),
             now_ms: self.now_ms,
         };
-        refused(self.policy.decide(hook, &pp).verdict)
+        let dec = self.policy.decide(hook, &pp);
+        match refused(dec.verdict) {
+            Some(r) => Err(r),
+            None => Ok(dec.mss),
+        }
+    }
+
+    /// [`clamp_mss`] for an IPv6 packet whose TCP header follows the IPv6
+    /// header (a segment behind extension headers is left alone); `adjs`
+    /// are the adjacencies of the two directions.
+    fn clamp_mss6(
+        &self,
+        buf: &mut [u8],
+        len: usize,
+        pk: &Pkt6,
+        mss: MssClamp,
+        adjs: [AdjIndex; 2],
+    ) {
+        if mss.is_none() || buf.get(pk.l3 + 6) != Some(&proto::TCP) {
+            return;
+        }
+        let rt = self.adj_mtu(adjs[0]).min(self.adj_mtu(adjs[1]));
+        clamp_mss(buf, len, pk.l3 + 40, mss, rt, 60);
     }
 
     /// Forward the packet at `l3` on adjacency `adj`: MTU check, hop limit

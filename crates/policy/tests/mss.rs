@@ -1,0 +1,238 @@
+//! `tcp option maxseg size set` (iptables `-j TCPMSS`) from a rule set,
+//! through the compiled policy and the engine: the MSS option of a
+//! forwarded SYN (and, when the rule runs for established packets, of the
+//! SYN-ACK) is lowered, never raised, with a valid checksum; `rt mtu` takes
+//! the smaller MTU of the two directions' interfaces, less 40 bytes.
+
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+
+use sluice_engine::{Action, EngineConfig, Frames, IfIndex, Interface, Policy, Route4, Worker};
+use sluice_policy::{CompiledPolicy, Interfaces};
+use sluice_wire::build::build_tcp4;
+use sluice_wire::flow::{proto, FlowKey4};
+use sluice_wire::tcp;
+use sluice_wire::IpPair;
+
+const LAN: IfIndex = 1;
+const WAN: IfIndex = 2;
+const GW_LAN_MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
+const GW_WAN_MAC: [u8; 6] = [2, 0, 0, 0, 0, 2];
+const HOST_MAC: [u8; 6] = [2, 0, 0, 0, 9, 9];
+const ROUTER_MAC: [u8; 6] = [2, 0, 0, 0, 8, 8];
+const HOST: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+const REMOTE: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 80);
+
+#[derive(Default)]
+struct Batch {
+    bufs: Vec<Vec<u8>>,
+    lens: Vec<usize>,
+    iifs: Vec<IfIndex>,
+    acts: Vec<Action>,
+}
+
+impl Frames for Batch {
+    fn count(&self) -> usize {
+        self.bufs.len()
+    }
+    fn buf_mut(&mut self, i: usize) -> (&mut [u8], usize) {
+        (&mut self.bufs[i][..], self.lens[i])
+    }
+    fn set_len(&mut self, i: usize, len: usize) {
+        self.lens[i] = len;
+    }
+    fn iif(&self, i: usize) -> IfIndex {
+        self.iifs[i]
+    }
+    fn set_action(&mut self, i: usize, a: Action) {
+        self.acts[i] = a;
+    }
+}
+
+fn gateway(rules: &str, wan_mtu: u16) -> Worker {
+    let rs = sluice_ruleset::parse_nft_str("mss.nft", rules).unwrap_or_else(|d| panic!("{d}"));
+    let mut ifs = Interfaces::new();
+    ifs.insert("lan", u32::from(LAN));
+    ifs.insert("wan", u32::from(WAN));
+    let policy = CompiledPolicy::compile(&rs, &ifs).unwrap_or_else(|e| panic!("{e}"));
+    let iface = |name: &str, mac, addr, mtu| Interface {
+        name: name.into(),
+        mac,
+        addrs: vec![(addr, 24)],
+        mtu,
+    };
+    let cfg = EngineConfig {
+        interfaces: vec![
+            Interface {
+                name: "-".into(),
+                mac: [0; 6],
+                addrs: vec![],
+                mtu: Interface::DEFAULT_MTU,
+            },
+            iface("lan", GW_LAN_MAC, Ipv4Addr::new(10, 0, 0, 1), 1500),
+            iface("wan", GW_WAN_MAC, Ipv4Addr::new(203, 0, 113, 1), wan_mtu),
+        ],
+        routes: vec![Route4 {
+            net: 0,
+            len: 0,
+            oif: WAN,
+            via: Some(Ipv4Addr::new(203, 0, 113, 254)),
+        }],
+        neighbors: vec![
+            (Ipv4Addr::new(203, 0, 113, 254), ROUTER_MAC),
+            (HOST, HOST_MAC),
+        ],
+        ct_max: 100,
+        ..EngineConfig::default()
+    };
+    Worker::new(cfg, Arc::new(policy) as Arc<dyn Policy>).unwrap()
+}
+
+/// A TCP segment with `flags` and an MSS option of `mss`.
+fn segment(k: &FlowKey4, flags: u8, mss: u16, to_mac: [u8; 6], from_mac: [u8; 6]) -> Vec<u8> {
+    let mut b = vec![0u8; 2048];
+    let n = build_tcp4(&mut b, from_mac, to_mac, k, flags, 1000, 0, 0).unwrap();
+    // Rebuild with options: data offset 6 words, MSS option, checksum.
+    let l4 = 34;
+    let mut f = b[..n].to_vec();
+    f.splice(l4 + 20..l4 + 20, [2, 4, (mss >> 8) as u8, mss as u8]);
+    f[l4 + 12] = 6 << 4;
+    let ip_len = (f.len() - 14) as u16;
+    f[16..18].copy_from_slice(&ip_len.to_be_bytes());
+    f[24..26].copy_from_slice(&[0, 0]);
+    let c = sluice_wire::checksum::checksum(&f[14..34]);
+    f[24..26].copy_from_slice(&c.to_be_bytes());
+    f[l4 + 16..l4 + 18].copy_from_slice(&[0, 0]);
+    let pair = IpPair::V4 {
+        src: k.src,
+        dst: k.dst,
+    };
+    let s = sluice_wire::checksum::add(
+        pair.pseudo_sum(6, (f.len() - l4) as u32),
+        sluice_wire::checksum::sum(&f[l4..]),
+    );
+    let c = sluice_wire::checksum::finish(s);
+    f[l4 + 16..l4 + 18].copy_from_slice(&c.to_be_bytes());
+    f
+}
+
+/// Sends `f` on `iif`; the action and the frame afterwards.
+fn send(w: &mut Worker, iif: IfIndex, f: Vec<u8>) -> (Action, Vec<u8>) {
+    let len = f.len();
+    let mut buf = f;
+    buf.resize(2048, 0);
+    let mut b = Batch {
+        bufs: vec![buf],
+        lens: vec![len],
+        iifs: vec![iif],
+        acts: vec![Action::Pending],
+    };
+    w.process(1_000_000, &mut b);
+    let n = b.lens[0];
+    (b.acts[0], b.bufs[0][..n].to_vec())
+}
+
+/// The MSS option of a forwarded frame, and whether its TCP checksum holds.
+fn mss_of(f: &[u8]) -> (u16, bool) {
+    let l4 = 34;
+    let src = u32::from_be_bytes(f[26..30].try_into().unwrap());
+    let dst = u32::from_be_bytes(f[30..34].try_into().unwrap());
+    let p = tcp::Packet::new_unchecked(&f[l4..]);
+    let o = p.options();
+    assert_eq!(&o[..2], &[2, 4], "MSS option kept in place");
+    (
+        u16::from_be_bytes([o[2], o[3]]),
+        p.verify_checksum(&IpPair::V4 { src, dst }),
+    )
+}
+
+fn key(sport: u16) -> FlowKey4 {
+    FlowKey4 {
+        src: u32::from(HOST),
+        dst: u32::from(REMOTE),
+        sport,
+        dport: 443,
+        proto: proto::TCP,
+    }
+}
+
+const CLAMP_FIRST: &str = "table inet f {
+  chain fwd {
+    type filter hook forward priority filter; policy drop;
+    tcp flags syn tcp option maxseg size set rt mtu
+    ct state established,related accept
+    iifname \"lan\" accept
+  }
+}
+table ip nat {
+  chain post { type nat hook postrouting priority srcnat; oifname \"wan\" masquerade }
+}";
+
+#[test]
+fn rt_mtu_clamps_syn_and_syn_ack_to_the_smaller_mtu() {
+    let mut w = gateway(CLAMP_FIRST, 1400);
+    let k = key(40_000);
+    let (a, out) = send(&mut w, LAN, segment(&k, 0x02, 1460, GW_LAN_MAC, HOST_MAC));
+    assert_eq!(a, Action::Forward(WAN));
+    assert_eq!(mss_of(&out), (1360, true), "1400 - 40, checksum valid");
+    // The SYN-ACK comes back to the masqueraded address: clamped too, as
+    // the rule runs before `ct state established accept`.
+    let src = u32::from_be_bytes(out[26..30].try_into().unwrap());
+    let sport = u16::from_be_bytes(out[34..36].try_into().unwrap());
+    let back = FlowKey4 {
+        src: u32::from(REMOTE),
+        dst: src,
+        sport: 443,
+        dport: sport,
+        proto: proto::TCP,
+    };
+    let (a, out) = send(
+        &mut w,
+        WAN,
+        segment(&back, 0x12, 1460, GW_WAN_MAC, ROUTER_MAC),
+    );
+    assert_eq!(a, Action::Forward(LAN));
+    assert_eq!(mss_of(&out), (1360, true));
+    // A smaller MSS is never raised.
+    let k2 = key(40_001);
+    let (a, out) = send(&mut w, LAN, segment(&k2, 0x02, 1200, GW_LAN_MAC, HOST_MAC));
+    assert_eq!(a, Action::Forward(WAN));
+    assert_eq!(mss_of(&out), (1200, true));
+}
+
+#[test]
+fn a_fixed_value_and_rt_mtu_give_the_smaller_and_other_packets_are_untouched() {
+    let rules = "table inet f {
+  chain mangle { type filter hook forward priority mangle; tcp flags syn tcp option maxseg size set 1300 }
+  chain fwd { type filter hook forward priority filter; policy accept;
+    tcp flags syn tcp option maxseg size set rt mtu }
+}";
+    let mut w = gateway(rules, 1500);
+    let k = key(40_002);
+    let (a, out) = send(&mut w, LAN, segment(&k, 0x02, 1460, GW_LAN_MAC, HOST_MAC));
+    assert_eq!(a, Action::Forward(WAN));
+    assert_eq!(mss_of(&out), (1300, true), "min(1300, 1500 - 40)");
+    // Not a SYN (another connection, picked up mid-stream): the rule does
+    // not match, the option stays.
+    let (a, out) = send(
+        &mut w,
+        LAN,
+        segment(&key(40_004), 0x10, 1460, GW_LAN_MAC, HOST_MAC),
+    );
+    assert_eq!(a, Action::Forward(WAN));
+    assert_eq!(mss_of(&out), (1460, true));
+}
+
+#[test]
+fn without_a_rule_nothing_changes() {
+    let rules =
+        "table inet f { chain fwd { type filter hook forward priority filter; policy accept; } }";
+    let mut w = gateway(rules, 1400);
+    let (a, out) = send(
+        &mut w,
+        LAN,
+        segment(&key(40_003), 0x02, 1460, GW_LAN_MAC, HOST_MAC),
+    );
+    assert_eq!(a, Action::Forward(WAN));
+    assert_eq!(mss_of(&out), (1460, true));
+}
