@@ -109,7 +109,7 @@ impl Topo {
         std::fs::write(
             self.dir.join("gw.nft"),
             format!(
-                "table ip filter {{\n  chain forward {{\n    type filter hook forward priority 0; policy drop;\n    ct state established,related accept\n    iifname \"lan0\" oifname \"wan0\" counter log prefix \"lan-out: \" accept\n  }}\n}}\ntable ip nat {{\n  chain postrouting {{\n    type nat hook postrouting priority 100; policy accept;\n    oifname \"wan0\" snat to {POOL}\n  }}\n}}\n"
+                "table ip filter {{\n  chain forward {{\n    type filter hook forward priority 0; policy drop;\n    ct state established,related accept\n    iifname \"lan0\" oifname \"wan0\" tcp flags syn tcp option maxseg size set 1200\n    iifname \"lan0\" oifname \"wan0\" counter log prefix \"lan-out: \" accept\n  }}\n}}\ntable ip nat {{\n  chain postrouting {{\n    type nat hook postrouting priority 100; policy accept;\n    oifname \"wan0\" snat to {POOL}\n  }}\n}}\n"
             ),
         )
         .expect("write nft");
@@ -267,9 +267,43 @@ fn gateway_end_to_end(backend: &str, tag: &str) {
             .status
             .success()
     });
+    // The public side captures the download's SYN: the ruleset clamps its
+    // MSS (1460 from the private host's 1500-byte link) to 1200.
+    let syn_cap = t.dir.join("syn.txt");
+    let capture = Command::new("ip")
+        .args(["netns", "exec", t.public.name()])
+        .args([
+            "timeout",
+            "20",
+            "tcpdump",
+            "-i",
+            "eth0",
+            "-nn",
+            "-v",
+            "-l",
+            "-c",
+            "1",
+            "tcp dst port 8080 and tcp[tcpflags] & tcp-syn != 0",
+        ])
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&syn_cap).expect("syn capture"))
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start tcpdump (Debian package tcpdump)");
+    let mut capture = Guard(Some(capture));
+    std::thread::sleep(Duration::from_millis(1500));
     let out = sh(
         &t.private,
         "curl -sS --max-time 20 -o /dev/null -w '%{size_download}' http://203.0.113.2:8080/blob",
+    );
+    wait_for("the SYN capture", Duration::from_secs(10), || {
+        std::fs::read_to_string(&syn_cap).is_ok_and(|c| c.contains("Flags [S]"))
+    });
+    drop(capture.0.take().map(|mut c| c.wait()));
+    let syn = std::fs::read_to_string(&syn_cap).unwrap_or_default();
+    assert!(
+        syn.contains("mss 1200,"),
+        "the SYN's MSS was not clamped to 1200:\n{syn}"
     );
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
