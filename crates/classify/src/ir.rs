@@ -105,6 +105,17 @@ pub struct PacketFields {
     /// expected 1, seen-reply 2, assured 4, confirmed 8, snat 16, dnat 32,
     /// dying 512.
     pub ct_status: u32,
+    /// IPv4 TTL or IPv6 hop limit, as received.
+    pub ttl: u8,
+    /// The IP header's length field: IPv4 total length, IPv6 payload
+    /// length (`ip length`, `ip6 length`).
+    pub ip_len: u16,
+    /// DiffServ code point (the top 6 bits of the TOS / traffic class).
+    pub dscp: u8,
+    /// Packet length from the network header on (`meta length`).
+    pub length: u32,
+    /// `meta pkttype`: 0 host, 1 broadcast, 2 multicast, 3 other host.
+    pub pkttype: u8,
 }
 
 /// A field a condition can test. Every field reads as a zero-extended `u128`.
@@ -144,13 +155,29 @@ pub enum Field {
     Mark,
     /// `ct status`.
     CtStatus,
+    /// `ip ttl`, `ip6 hoplimit`.
+    Ttl,
+    /// `ip length`, `ip6 length`.
+    IpLen,
+    /// `ip dscp`, `ip6 dscp`.
+    Dscp,
+    /// `meta length`.
+    Length,
+    /// `meta pkttype`.
+    PktType,
 }
 
 impl Field {
     /// Width of the field in bits.
     pub const fn width(self) -> u32 {
         match self {
-            Field::Iif | Field::Oif | Field::CtMark | Field::Mark | Field::CtStatus => 32,
+            Field::Iif
+            | Field::Oif
+            | Field::CtMark
+            | Field::Mark
+            | Field::CtStatus
+            | Field::Length => 32,
+            Field::IpLen => 16,
             Field::IifName | Field::OifName | Field::Saddr | Field::Daddr => 128,
             Field::Sport | Field::Dport => 16,
             Field::Family
@@ -158,7 +185,10 @@ impl Field {
             | Field::TcpFlags
             | Field::IcmpType
             | Field::IcmpCode
-            | Field::CtState => 8,
+            | Field::CtState
+            | Field::Ttl
+            | Field::Dscp
+            | Field::PktType => 8,
         }
     }
     /// Largest value of the field.
@@ -189,6 +219,11 @@ impl PacketFields {
             Field::CtMark => self.ct_mark as u128,
             Field::Mark => self.mark as u128,
             Field::CtStatus => self.ct_status as u128,
+            Field::Ttl => self.ttl as u128,
+            Field::IpLen => self.ip_len as u128,
+            Field::Dscp => self.dscp as u128,
+            Field::Length => self.length as u128,
+            Field::PktType => self.pkttype as u128,
         }
     }
 }

@@ -26,7 +26,7 @@ fn addr(r: &mut Rng) -> u128 {
 
 fn rand_match(r: &mut Rng) -> Match {
     let negate = r.pct(20);
-    match r.below(13) {
+    match r.below(14) {
         0 | 1 => {
             let f = if r.pct(50) {
                 Field::Saddr
@@ -149,6 +149,23 @@ fn rand_match(r: &mut Rng) -> Match {
                 negate,
             }
         }
+        // The IP header and meta fields (ttl, lengths, dscp, pkttype).
+        12 => {
+            let (f, rs) = match r.below(5) {
+                0 => (Field::Ttl, vec![Range::new(0, r.below(3) as u128)]),
+                1 => (Field::IpLen, vec![Range::new(1000, 1500)]),
+                2 => (
+                    Field::Dscp,
+                    vec![Range::value([0u128, 46, 10][r.below(3) as usize])],
+                ),
+                3 => (
+                    Field::Length,
+                    vec![Range::new(r.below(1600) as u128, 65535)],
+                ),
+                _ => (Field::PktType, vec![Range::value(r.below(3) as u128)]),
+            };
+            Match::in_ranges(f, rs, negate)
+        }
         _ => Match::in_ranges(Field::Iif, [Range::value(1 + r.below(3) as u128)], negate),
     }
 }
@@ -250,6 +267,11 @@ fn rand_packet(r: &mut Rng) -> PacketFields {
         ct_mark: r.below(3) as u32,
         mark: r.below(4) as u32,
         ct_status: [0u32, 0x20, 0x10, 0x0a][r.below(4) as usize],
+        ttl: r.below(4) as u8,
+        ip_len: [40u16, 1000, 1400, 1500][r.below(4) as usize],
+        dscp: [0u8, 46, 10, 8][r.below(4) as usize],
+        length: r.below(1600) as u32,
+        pkttype: r.below(3) as u8,
     }
 }
 

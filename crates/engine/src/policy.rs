@@ -74,6 +74,13 @@ pub struct PolicyPacket {
     pub ct_status: u32,
     /// IP total length.
     pub len: u16,
+    /// IPv4 TTL or IPv6 hop limit, as received.
+    pub ttl: u8,
+    /// IPv4 TOS or IPv6 traffic class byte (DSCP in the top 6 bits).
+    pub tos: u8,
+    /// How the frame was addressed (`meta pkttype`): 0 to the interface, 1
+    /// link-layer broadcast, 2 multicast.
+    pub pkttype: u8,
     /// The batch's time, ms on the worker's monotonic clock (for `limit`
     /// rate buckets; the policy reads no clock).
     pub now_ms: u64,

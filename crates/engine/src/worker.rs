@@ -1419,6 +1419,14 @@ impl Worker {
             mark: 0,
             ct_status: status,
             len: read16(buf, l3 + 2).unwrap_or(len.saturating_sub(l3) as u16),
+            // Decremented before the forward hook (`ip_forward`).
+            ttl: if hook == Hook::Prerouting {
+                m.ttl
+            } else {
+                m.ttl.saturating_sub(1)
+            },
+            tos: buf.get(l3 + 1).copied().unwrap_or(0),
+            pkttype: 0,
             now_ms: self.now_ms,
         };
         let dec = self.policy.decide(hook, &pp);
@@ -1842,7 +1850,7 @@ impl Worker {
             return self.hand_off(Action::Steer(w), buf, d, key, now);
         }
         let ev = l4_event(d);
-        let mut pp = policy_packet(iif, key, d, CtState::New);
+        let mut pp = policy_packet(iif, key, d, CtState::New, buf);
         pp.now_ms = self.now_ms;
         if broadcast {
             // For the gateway, which serves nothing on a broadcast address:
@@ -1967,6 +1975,8 @@ impl Worker {
             }
         };
         pp.oif = Some(oif);
+        // The TTL is decremented before the forward hook (`ip_forward`).
+        pp.ttl = pp.ttl.saturating_sub(1);
         // Forward filter.
         let dec = self.policy.decide(Hook::Forward, &pp);
         pp.mark = dec.mark;
@@ -2214,7 +2224,7 @@ impl Worker {
             .get(dir_index(dir.opposite()))
             .copied()
             .unwrap_or(0);
-        let mut pp = policy_packet(iif, key, d, CtState::Related);
+        let mut pp = policy_packet(iif, key, d, CtState::Related, buf);
         pp.now_ms = self.now_ms;
         if self.policy.decide(Hook::Forward, &pp).verdict != Verdict::Accept {
             return Action::Drop(DropReason::PolicyDrop);
@@ -2417,7 +2427,13 @@ fn nat_drop(e: NatError) -> DropReason {
     }
 }
 
-fn policy_packet(iif: IfIndex, key: &FlowKey4, d: &Dissect, ct: CtState) -> PolicyPacket {
+fn policy_packet(
+    iif: IfIndex,
+    key: &FlowKey4,
+    d: &Dissect,
+    ct: CtState,
+    buf: &[u8],
+) -> PolicyPacket {
     let (tcp_flags, icmp) = match d.l4 {
         L4::Tcp { flags, .. } => (flags, (0, 0)),
         L4::IcmpQuery { ty, code, .. }
@@ -2425,14 +2441,17 @@ fn policy_packet(iif: IfIndex, key: &FlowKey4, d: &Dissect, ct: CtState) -> Poli
         | L4::IcmpOther { ty, code } => (0, (ty, code)),
         _ => (0, (0, 0)),
     };
-    let len = match d.net {
-        Net::Ipv4 { total_len, .. } => total_len,
-        _ => 0,
+    let (len, ttl) = match d.net {
+        Net::Ipv4 { total_len, ttl, .. } => (total_len, ttl),
+        _ => (0, 0),
     };
     PolicyPacket {
         iif,
         oif: None,
         family: 4,
+        ttl,
+        tos: buf.get(usize::from(d.l3_off) + 1).copied().unwrap_or(0),
+        pkttype: pkttype(buf),
         src: u128::from(key.src),
         dst: u128::from(key.dst),
         proto: key.proto,
@@ -2458,6 +2477,16 @@ fn datagram_id(buf: &[u8], l3: usize, proto: u8) -> Option<frag::DatagramId> {
         proto,
         ident: read16(buf, l3 + 4)?,
     })
+}
+
+/// `meta pkttype` of the frame in `buf` (one that reached the policy is to
+/// the interface or to a group): 0 host, 1 broadcast, 2 multicast.
+fn pkttype(buf: &[u8]) -> u8 {
+    match buf.get(..6) {
+        Some([0xff, 0xff, 0xff, 0xff, 0xff, 0xff]) => 1,
+        _ if is_group(buf) => 2,
+        _ => 0,
+    }
 }
 
 /// `ct status` of a confirmed connection (netfilter's `IPS_*` bits):

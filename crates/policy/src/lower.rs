@@ -272,12 +272,14 @@ fn spec(f: Field, fam: Family) -> Result<(ir::Field, Kind, &'static [Dep]), Stri
         Field::IcmpCode => (I::IcmpCode, Kind::Num, icmp),
         Field::Icmpv6Type => (I::IcmpType, Kind::Num, icmpv6),
         Field::Icmpv6Code => (I::IcmpCode, Kind::Num, icmpv6),
-        Field::IpTtl => {
-            return Err(format!(
-                "'{}' cannot be lowered yet: the classifier IR has no such field",
-                f.name()
-            ))
-        }
+        Field::IpTtl => (I::Ttl, Kind::Num, v4),
+        Field::Ip6Hoplimit => (I::Ttl, Kind::Num, v6),
+        Field::IpLength => (I::IpLen, Kind::Num, v4),
+        Field::Ip6Length => (I::IpLen, Kind::Num, v6),
+        Field::IpDscp => (I::Dscp, Kind::Num, v4),
+        Field::Ip6Dscp => (I::Dscp, Kind::Num, v6),
+        Field::MetaLength => (I::Length, Kind::Num, &[]),
+        Field::MetaPkttype => (I::PktType, Kind::Num, &[]),
     })
 }
 

@@ -746,6 +746,16 @@ impl CompiledPolicy {
             ct_mark: pkt.ct_mark,
             mark: pkt.mark,
             ct_status: pkt.ct_status,
+            ttl: pkt.ttl,
+            // IPv6's length field leaves the 40-byte header out.
+            ip_len: if v6 {
+                pkt.len.saturating_sub(40)
+            } else {
+                pkt.len
+            },
+            dscp: pkt.tos >> 2,
+            length: u32::from(pkt.len),
+            pkttype: pkt.pkttype,
         }
     }
 }
@@ -1220,7 +1230,7 @@ mod tests {
     #[test]
     fn every_error_is_reported_at_once() {
         let e = compile(
-            "table ip t { chain c { type nat hook prerouting priority 0;\n ip ttl 1 drop\n iifname > \"eth0\" drop\n redirect\n dnat to 10.0.0.1-10.0.0.2 } }",
+            "table ip t { chain c { type nat hook prerouting priority 0;\n dnat to 10.0.0.1:80-90\n iifname > \"eth0\" drop\n redirect\n dnat to 10.0.0.1-10.0.0.2 } }",
         )
         .err()
         .unwrap_or_default();
@@ -1276,6 +1286,9 @@ mod tests {
             mark: 0,
             ct_status: 0,
             len: 60,
+            ttl: 64,
+            tos: 0,
+            pkttype: 0,
             now_ms: 0,
         };
         let d = p.decide(Hook::Forward, &pp);
@@ -1316,6 +1329,9 @@ mod tests {
             mark: 0,
             ct_status: 0,
             len: 60,
+            ttl: 64,
+            tos: 0,
+            pkttype: 0,
             now_ms: 0,
         };
         let counts = |p: &CompiledPolicy| -> Vec<Option<(u64, u64)>> {
@@ -1374,6 +1390,9 @@ mod tests {
             mark: 0,
             ct_status: 0,
             len: 84,
+            ttl: 64,
+            tos: 0,
+            pkttype: 0,
             now_ms,
         };
         let v = |p: &CompiledPolicy, proto, dport, t| {
@@ -1447,6 +1466,9 @@ mod tests {
             mark: 0,
             ct_status: 0,
             len: 60,
+            ttl: 64,
+            tos: 0,
+            pkttype: 0,
             now_ms: 5000,
         };
         for _ in 0..150 {

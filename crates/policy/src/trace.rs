@@ -62,6 +62,16 @@ pub struct TracePacket {
     /// Conntrack status bits (`ct status`); `None` derives them from `ct`
     /// (established: seen-reply) and from NAT applied on the trace's path.
     pub ct_status: Option<u32>,
+    /// IPv4 TTL or IPv6 hop limit (default 64).
+    pub ttl: u8,
+    /// IP total length, header included (`meta length`; `ip length`, and
+    /// for IPv6 `ip6 length` is this less 40). `None`: the bare headers
+    /// (IP and the protocol's minimal header).
+    pub length: Option<u16>,
+    /// DiffServ code point (default 0).
+    pub dscp: u8,
+    /// `meta pkttype`: 0 host (default), 1 broadcast, 2 multicast.
+    pub pkttype: u8,
 }
 
 impl Default for TracePacket {
@@ -82,6 +92,10 @@ impl Default for TracePacket {
             mark: 0,
             ct_mark: 0,
             ct_status: None,
+            ttl: 64,
+            length: None,
+            dscp: 0,
+            pkttype: 0,
         }
     }
 }
@@ -185,6 +199,68 @@ fn parse_u8(s: &str, what: &str) -> Result<u8, PacketError> {
         .or_else(|_| perr(format!("{what} '{s}' is not a number 0-255")))
 }
 
+/// An IP total length (header included), 20-65535.
+pub fn parse_length(s: &str) -> Result<u16, PacketError> {
+    match s.parse::<u16>() {
+        Ok(n) if n >= 20 => Ok(n),
+        _ => perr(format!("length '{s}' is not an IP total length 20-65535")),
+    }
+}
+
+/// A DiffServ code point: a number 0-63 or a name (`cs1`, `af41`, `ef`).
+pub fn parse_dscp(s: &str) -> Result<u8, PacketError> {
+    const NAMES: &[(&str, u8)] = &[
+        ("cs0", 0),
+        ("cs1", 8),
+        ("cs2", 16),
+        ("cs3", 24),
+        ("cs4", 32),
+        ("cs5", 40),
+        ("cs6", 48),
+        ("cs7", 56),
+        ("df", 0),
+        ("be", 0),
+        ("lephb", 1),
+        ("af11", 10),
+        ("af12", 12),
+        ("af13", 14),
+        ("af21", 18),
+        ("af22", 20),
+        ("af23", 22),
+        ("af31", 26),
+        ("af32", 28),
+        ("af33", 30),
+        ("af41", 34),
+        ("af42", 36),
+        ("af43", 38),
+        ("va", 44),
+        ("ef", 46),
+    ];
+    if let Some((_, v)) = NAMES.iter().find(|(n, _)| *n == s) {
+        return Ok(*v);
+    }
+    match s.parse::<u8>() {
+        Ok(n) if n <= 63 => Ok(n),
+        _ => perr(format!(
+            "dscp '{s}' is not 0-63 or a name (cs0-cs7, af11-af43, ef, va, lephb)"
+        )),
+    }
+}
+
+/// `host` (or `unicast`), `broadcast` or `multicast`.
+pub fn parse_pkttype(s: &str) -> Result<u8, PacketError> {
+    Ok(match s {
+        "host" | "unicast" => 0,
+        "broadcast" => 1,
+        "multicast" => 2,
+        _ => {
+            return perr(format!(
+                "unknown pkttype '{s}' (host, broadcast, multicast)"
+            ))
+        }
+    })
+}
+
 /// `ADDR`, `ADDR:PORT`, `[V6]:PORT` or a bare IPv6 address.
 fn parse_endpoint(s: &str) -> Result<(IpAddr, Option<u16>), PacketError> {
     if let Ok(a) = s.parse::<IpAddr>() {
@@ -215,7 +291,8 @@ fn parse_endpoint(s: &str) -> Result<(IpAddr, Option<u16>), PacketError> {
 
 impl TracePacket {
     /// Parses `[PROTO] SRC[:PORT] > DST[:PORT] [iif NAME] [oif NAME] [ct STATE]
-    /// [mark N] [ctmark N] [flags FLAGS] [type N] [code N] [hook HOOK]`,
+    /// [mark N] [ctmark N] [flags FLAGS] [type N] [code N] [hook HOOK] [ttl N]
+    /// [length N] [dscp N|NAME] [pkttype host|broadcast|multicast]`,
     /// e.g. `tcp 10.0.0.2:1234 > 192.0.2.1:80 iif eth0 oif eth1 ct new flags S`.
     /// IPv6 endpoints with a port are written `[2001:db8::1]:80`.
     pub fn parse(spec: &str) -> Result<Self, PacketError> {
@@ -255,9 +332,13 @@ impl TracePacket {
                 "type" => p.icmp_type = parse_u8(val, "ICMP type")?,
                 "code" => p.icmp_code = parse_u8(val, "ICMP code")?,
                 "hook" => p.hook = parse_hook(val)?,
+                "ttl" => p.ttl = parse_u8(val, "TTL")?,
+                "length" => p.length = Some(parse_length(val)?),
+                "dscp" => p.dscp = parse_dscp(val)?,
+                "pkttype" => p.pkttype = parse_pkttype(val)?,
                 _ => {
                     return perr(format!(
-                        "unknown key '{key}' (iif, oif, ct, status, mark, ctmark, flags, type, code, hook)"
+                        "unknown key '{key}' (iif, oif, ct, status, mark, ctmark, flags, type, code, hook, ttl, length, dscp, pkttype)"
                     ))
                 }
             }
@@ -298,6 +379,14 @@ impl TracePacket {
         let (iif, iifname) = ifx(&self.iif);
         let (oif, oifname) = ifx(&self.oif);
         let icmp = matches!(self.proto, 1 | 58);
+        let hdr: u16 = if v6 { 40 } else { 20 };
+        let length = self.length.unwrap_or(
+            hdr + match self.proto {
+                6 => 20,
+                17 | 1 | 58 => 8,
+                _ => 0,
+            },
+        );
         PacketFields {
             iif,
             oif,
@@ -316,6 +405,15 @@ impl TracePacket {
             ct_mark: self.ct_mark,
             mark: self.mark,
             ct_status: self.ct_status.unwrap_or(default_ct_status(self.ct)),
+            ttl: self.ttl,
+            ip_len: if v6 {
+                length.saturating_sub(40)
+            } else {
+                length
+            },
+            dscp: self.dscp,
+            length: u32::from(length),
+            pkttype: self.pkttype,
         }
     }
 }
@@ -473,6 +571,11 @@ impl CompiledPolicy {
             mismatch: None,
         };
         for &hook in path(pkt.hook) {
+            // A forwarded packet's TTL / hop limit is decremented before
+            // the forward hook (`ip_forward`, `ip6_forward`).
+            if hook == ast::Hook::Forward {
+                p.ttl = p.ttl.saturating_sub(1);
+            }
             let mut lin: Visits = Vec::new();
             let lo = self.run_hook(hook, &p, Evaluator::Linear, &mut s, |b, o, t| {
                 lin.push((b.chain, *o, t.to_vec()))

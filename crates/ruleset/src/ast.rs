@@ -313,6 +313,13 @@ pub enum Field {
     CtState,
     CtStatus,
     CtMark,
+    IpLength,
+    IpDscp,
+    Ip6Hoplimit,
+    Ip6Length,
+    Ip6Dscp,
+    MetaLength,
+    MetaPkttype,
 }
 
 /// Which network-layer family a field requires.
@@ -325,7 +332,7 @@ pub enum FieldFamily {
 
 impl Field {
     /// All fields, for lookups and suggestions.
-    pub const ALL: [Field; 28] = [
+    pub const ALL: [Field; 35] = [
         Field::Iifname,
         Field::Oifname,
         Field::Iif,
@@ -354,6 +361,13 @@ impl Field {
         Field::CtState,
         Field::CtStatus,
         Field::CtMark,
+        Field::IpLength,
+        Field::IpDscp,
+        Field::Ip6Hoplimit,
+        Field::Ip6Length,
+        Field::Ip6Dscp,
+        Field::MetaLength,
+        Field::MetaPkttype,
     ];
 
     /// Canonical nft spelling (`"ip saddr"`).
@@ -387,6 +401,13 @@ impl Field {
             Field::CtState => "ct state",
             Field::CtStatus => "ct status",
             Field::CtMark => "ct mark",
+            Field::IpLength => "ip length",
+            Field::IpDscp => "ip dscp",
+            Field::Ip6Hoplimit => "ip6 hoplimit",
+            Field::Ip6Length => "ip6 length",
+            Field::Ip6Dscp => "ip6 dscp",
+            Field::MetaLength => "meta length",
+            Field::MetaPkttype => "meta pkttype",
         }
     }
 
@@ -399,7 +420,13 @@ impl Field {
             Field::MetaMark | Field::CtMark => DataType::Mark,
             Field::IpSaddr | Field::IpDaddr => DataType::Ipv4Addr,
             Field::Ip6Saddr | Field::Ip6Daddr => DataType::Ipv6Addr,
-            Field::IpTtl | Field::IcmpCode | Field::Icmpv6Code => DataType::Integer8,
+            Field::IpTtl | Field::Ip6Hoplimit | Field::IcmpCode | Field::Icmpv6Code => {
+                DataType::Integer8
+            }
+            Field::IpLength | Field::Ip6Length => DataType::Integer16,
+            Field::MetaLength => DataType::Integer32,
+            Field::IpDscp | Field::Ip6Dscp => DataType::Dscp,
+            Field::MetaPkttype => DataType::PktType,
             Field::TcpSport
             | Field::TcpDport
             | Field::UdpSport
@@ -416,7 +443,13 @@ impl Field {
 
     pub fn family(self) -> FieldFamily {
         match self {
-            Field::IpSaddr | Field::IpDaddr | Field::IpProtocol | Field::IpTtl => FieldFamily::V4,
+            Field::IpSaddr
+            | Field::IpDaddr
+            | Field::IpProtocol
+            | Field::IpTtl
+            | Field::IpLength
+            | Field::IpDscp => FieldFamily::V4,
+            Field::Ip6Hoplimit | Field::Ip6Length | Field::Ip6Dscp => FieldFamily::V6,
             Field::IcmpType | Field::IcmpCode => FieldFamily::V4,
             Field::Ip6Saddr | Field::Ip6Daddr | Field::Ip6Nexthdr => FieldFamily::V6,
             Field::Icmpv6Type | Field::Icmpv6Code => FieldFamily::V6,
@@ -444,10 +477,14 @@ pub enum DataType {
     Icmpv6Type,
     Integer8,
     Verdict,
+    Integer16,
+    Integer32,
+    Dscp,
+    PktType,
 }
 
 impl DataType {
-    pub const ALL: [DataType; 15] = [
+    pub const ALL: [DataType; 19] = [
         DataType::Ipv4Addr,
         DataType::Ipv6Addr,
         DataType::InetService,
@@ -463,6 +500,10 @@ impl DataType {
         DataType::Icmpv6Type,
         DataType::Integer8,
         DataType::Verdict,
+        DataType::Integer16,
+        DataType::Integer32,
+        DataType::Dscp,
+        DataType::PktType,
     ];
 
     /// nft type name as used in `set { type ... }`.
@@ -483,6 +524,12 @@ impl DataType {
             DataType::Icmpv6Type => "icmpv6_type",
             DataType::Integer8 => "integer",
             DataType::Verdict => "verdict",
+            // Unique names for `type` in set declarations; nft calls all
+            // three "integer" and tells them apart by size.
+            DataType::Integer16 => "integer16",
+            DataType::Integer32 => "integer32",
+            DataType::Dscp => "dscp",
+            DataType::PktType => "pkt_type",
         }
     }
 
@@ -496,6 +543,10 @@ impl DataType {
             | DataType::IcmpType
             | DataType::Icmpv6Type
             | DataType::Integer8 => Some(u64::from(u8::MAX)),
+            DataType::Integer16 => Some(u64::from(u16::MAX)),
+            DataType::Integer32 => Some(u64::from(u32::MAX)),
+            DataType::Dscp => Some(63),
+            DataType::PktType => Some(3),
             DataType::Mark | DataType::CtState | DataType::CtStatus => Some(u64::from(u32::MAX)),
             _ => None,
         }

@@ -47,8 +47,8 @@ const STMT_KEYWORDS: &[&str] = &[
     "comment",
 ];
 const EXPR_KEYWORDS: &[&str] = &[
-    "iifname", "oifname", "iif", "oif", "meta", "mark", "l4proto", "nfproto", "ip", "ip6", "tcp",
-    "udp", "th", "icmp", "icmpv6", "ct",
+    "iifname", "oifname", "iif", "oif", "meta", "mark", "l4proto", "nfproto", "pkttype", "ip",
+    "ip6", "tcp", "udp", "th", "icmp", "icmpv6", "ct",
 ];
 
 /// `STMT_KEYWORDS.contains(&w)`, as one `match` (checked once per rule word).
@@ -85,6 +85,7 @@ fn is_expr_keyword(w: &str) -> bool {
             | "mark"
             | "l4proto"
             | "nfproto"
+            | "pkttype"
             | "ip"
             | "ip6"
             | "tcp"
@@ -1424,6 +1425,7 @@ impl<'s> Parser<'s> {
             "mark" => Field::MetaMark,
             "l4proto" => Field::MetaL4proto,
             "nfproto" => Field::MetaNfproto,
+            "pkttype" => Field::MetaPkttype,
             "meta" => sub(
                 self,
                 "meta",
@@ -1435,6 +1437,8 @@ impl<'s> Parser<'s> {
                     ("l4proto", Field::MetaL4proto),
                     ("nfproto", Field::MetaNfproto),
                     ("mark", Field::MetaMark),
+                    ("length", Field::MetaLength),
+                    ("pkttype", Field::MetaPkttype),
                 ],
             )?,
             "ip" => sub(
@@ -1445,6 +1449,8 @@ impl<'s> Parser<'s> {
                     ("daddr", Field::IpDaddr),
                     ("protocol", Field::IpProtocol),
                     ("ttl", Field::IpTtl),
+                    ("length", Field::IpLength),
+                    ("dscp", Field::IpDscp),
                 ],
             )?,
             "ip6" => sub(
@@ -1454,6 +1460,9 @@ impl<'s> Parser<'s> {
                     ("saddr", Field::Ip6Saddr),
                     ("daddr", Field::Ip6Daddr),
                     ("nexthdr", Field::Ip6Nexthdr),
+                    ("hoplimit", Field::Ip6Hoplimit),
+                    ("length", Field::Ip6Length),
+                    ("dscp", Field::Ip6Dscp),
                 ],
             )?,
             "tcp" => sub(

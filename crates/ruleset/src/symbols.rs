@@ -168,6 +168,45 @@ pub(crate) const ICMPX_REJECT: &[(&str, u8)] = &[
     ("admin-prohibited", 3),
 ];
 
+/// DiffServ code points (RFC 2474, RFC 2597, RFC 3246, RFC 5865, RFC 8622),
+/// nft's names.
+pub(crate) const DSCP: &[(&str, u64)] = &[
+    ("cs0", 0x00),
+    ("cs1", 0x08),
+    ("cs2", 0x10),
+    ("cs3", 0x18),
+    ("cs4", 0x20),
+    ("cs5", 0x28),
+    ("cs6", 0x30),
+    ("cs7", 0x38),
+    ("df", 0x00),
+    ("be", 0x00),
+    ("lephb", 0x01),
+    ("af11", 0x0a),
+    ("af12", 0x0c),
+    ("af13", 0x0e),
+    ("af21", 0x12),
+    ("af22", 0x14),
+    ("af23", 0x16),
+    ("af31", 0x1a),
+    ("af32", 0x1c),
+    ("af33", 0x1e),
+    ("af41", 0x22),
+    ("af42", 0x24),
+    ("af43", 0x26),
+    ("va", 0x2c),
+    ("ef", 0x2e),
+];
+
+/// `meta pkttype` (the kernel's `PACKET_*`).
+pub(crate) const PKTTYPE: &[(&str, u64)] = &[
+    ("host", 0),
+    ("unicast", 0),
+    ("broadcast", 1),
+    ("multicast", 2),
+    ("other", 3),
+];
+
 /// Symbol table for a data type (empty for non-symbolic types).
 pub(crate) fn table(dt: DataType) -> &'static [(&'static str, u64)] {
     match dt {
@@ -179,6 +218,8 @@ pub(crate) fn table(dt: DataType) -> &'static [(&'static str, u64)] {
         DataType::TcpFlag => TCP_FLAGS,
         DataType::IcmpType => ICMP_TYPES,
         DataType::Icmpv6Type => ICMPV6_TYPES,
+        DataType::Dscp => DSCP,
+        DataType::PktType => PKTTYPE,
         _ => &[],
     }
 }

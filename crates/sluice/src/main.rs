@@ -112,7 +112,8 @@ struct TraceArgs {
     #[command(flatten)]
     cfg: ConfigArgs,
     /// One packet, e.g. 'tcp 10.0.0.2:1234 > 192.0.2.1:80 iif eth0 oif eth1
-    /// ct new [mark N] [flags S] [hook input]'.
+    /// ct new [mark N] [flags S] [hook input] [ttl N] [length N] [dscp ef]
+    /// [pkttype broadcast]'.
     #[arg(long, value_name = "SPEC")]
     packet: Option<String>,
     /// Batch mode: one JSON object per line in, one JSON result per line out

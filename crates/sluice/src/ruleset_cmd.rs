@@ -222,7 +222,7 @@ impl From<&Trace> for TraceJson {
 }
 
 const KEYS: &str =
-    "hook, iif, oif, proto, src, sport, dst, dport, tcp_flags, ct, ct_status, mark, ctmark, type, code";
+    "hook, iif, oif, proto, src, sport, dst, dport, tcp_flags, ct, ct_status, mark, ctmark, type, code, ttl, length, dscp, pkttype";
 
 /// Parses one `--packets` line.
 fn packet_from_json(line: &str) -> Result<TracePacket, String> {
@@ -280,6 +280,24 @@ fn packet_from_json(line: &str) -> Result<TracePacket, String> {
             }
             "type" => p.icmp_type = num(255)? as u8,
             "code" => p.icmp_code = num(255)? as u8,
+            "ttl" => p.ttl = num(255)? as u8,
+            "length" => {
+                p.length = Some(
+                    match v {
+                        Json::Number(_) => sluice_policy::parse_length(&num(65535)?.to_string()),
+                        _ => sluice_policy::parse_length(s()?),
+                    }
+                    .map_err(e)?,
+                )
+            }
+            "dscp" => {
+                p.dscp = match v {
+                    Json::Number(_) => sluice_policy::parse_dscp(&num(63)?.to_string()),
+                    _ => sluice_policy::parse_dscp(s()?),
+                }
+                .map_err(e)?
+            }
+            "pkttype" => p.pkttype = sluice_policy::parse_pkttype(s()?).map_err(e)?,
             _ => return Err(format!("unknown key '{k}' (keys: {KEYS})")),
         }
     }

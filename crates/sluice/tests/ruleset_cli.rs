@@ -70,8 +70,9 @@ fn check_reports_every_unsupported_construct() {
     assert_eq!(o.status.code(), Some(1));
     let err = text(&o.stderr);
     for want in [
-        "tests/data/unsupported.nft:5:3-4: Error: 'ip ttl' cannot be lowered yet\
-         : the classifier IR has no such field\n\t\tip ttl 1 drop\n\t\t^^\n",
+        "tests/data/unsupported.nft:11:16-23: Error: 'redirect' cannot be lowered yet; NAT44 \
+         translations are snat, dnat and masquerade\n\t\ttcp dport 80 redirect to :8080\n\
+         \t\t             ^^^^^^^^\n",
         "tests/data/unsupported.nft:7:3-9: Error: '>' on interface names cannot be lowered",
         "2 errors",
     ] {

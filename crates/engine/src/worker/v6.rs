@@ -369,7 +369,7 @@ impl Worker {
         if !self.v6.ct.may_create(ev) {
             return drop(DropReason::CtInvalid);
         }
-        let mut pp = policy_packet6(iif, key, d, CtState::New, payload_len);
+        let mut pp = policy_packet6(iif, key, d, CtState::New, payload_len, buf);
         pp.now_ms = self.now_ms;
         // Prerouting filter chains (NAT does not apply to IPv6).
         let dec = self.policy.decide(Hook::Prerouting, &pp);
@@ -402,6 +402,9 @@ impl Worker {
             }
         };
         pp.oif = Some(oif);
+        // The hop limit is decremented before the forward hook
+        // (`ip6_forward`).
+        pp.ttl = pp.ttl.saturating_sub(1);
         let dec = self.policy.decide(Hook::Forward, &pp);
         pp.mark = dec.mark;
         mss = mss.and(dec.mss);
@@ -477,7 +480,7 @@ impl Worker {
         }
         let mut mss = MssClamp::default();
         if self.filter_established {
-            match self.filter_established6(iif, pk, id, dir, Hook::Prerouting) {
+            match self.filter_established6(buf, iif, pk, id, dir, Hook::Prerouting) {
                 Ok(c) => mss = mss.and(c),
                 Err(r) => return Some(Step::Done(Action::Drop(r))),
             }
@@ -487,7 +490,7 @@ impl Worker {
         }
         if self.filter_established {
             for hook in [Hook::Forward, Hook::Postrouting] {
-                match self.filter_established6(iif, pk, id, dir, hook) {
+                match self.filter_established6(buf, iif, pk, id, dir, hook) {
                     Ok(c) => mss = mss.and(c),
                     Err(r) => return Some(Step::Done(Action::Drop(r))),
                 }
@@ -514,6 +517,7 @@ impl Worker {
     #[inline(never)]
     fn filter_established6(
         &mut self,
+        buf: &[u8],
         iif: IfIndex,
         pk: &Pkt6,
         id: EntryId,
@@ -547,6 +551,13 @@ impl Worker {
             mark: 0,
             ct_status: status,
             len: pk.payload_len.saturating_add(40),
+            ttl: if hook == Hook::Prerouting {
+                pk.hop_limit
+            } else {
+                pk.hop_limit.saturating_sub(1)
+            },
+            tos: traffic_class(buf, pk.l3),
+            pkttype: 0,
             now_ms: self.now_ms,
         };
         let dec = self.policy.decide(hook, &pp);
@@ -679,7 +690,7 @@ impl Worker {
             return Step::Done(Action::Drop(DropReason::TtlExpired));
         }
         let adj = self.v6.ct.entry(id).payload().adjacency(dir.opposite());
-        let mut pp = policy_packet6(iif, key, d, CtState::Related, payload_len);
+        let mut pp = policy_packet6(iif, key, d, CtState::Related, payload_len, buf);
         pp.now_ms = self.now_ms;
         pp.oif = self.adj.get(usize::from(adj)).map(|a| a.oif);
         if let Some(r) = refused(self.policy.decide(Hook::Forward, &pp).verdict) {
@@ -711,7 +722,7 @@ impl Worker {
         key: &FlowKey6,
         payload_len: u16,
     ) -> Step {
-        let mut pp = policy_packet6(iif, key, d, CtState::New, payload_len);
+        let mut pp = policy_packet6(iif, key, d, CtState::New, payload_len, buf);
         pp.now_ms = self.now_ms;
         if let Some(r) = refused(self.policy.decide(Hook::Input, &pp).verdict) {
             return Step::Done(Action::Drop(r));
@@ -782,7 +793,7 @@ impl Worker {
         {
             return drop(DropReason::NdpIgnored);
         }
-        let mut pp = policy_packet6(iif, key, d, CtState::New, payload_len);
+        let mut pp = policy_packet6(iif, key, d, CtState::New, payload_len, buf);
         pp.now_ms = self.now_ms;
         if let Some(r) = refused(self.policy.decide(Hook::Input, &pp).verdict) {
             return drop(r);
@@ -933,7 +944,9 @@ fn policy_packet6(
     d: &Dissect,
     ct: CtState,
     payload_len: u16,
+    buf: &[u8],
 ) -> PolicyPacket {
+    let l3 = usize::from(d.l3_off);
     let (tcp_flags, icmp) = match d.l4 {
         L4::Tcp { flags, .. } => (flags, (0, 0)),
         L4::IcmpQuery { ty, code, .. }
@@ -957,7 +970,18 @@ fn policy_packet6(
         mark: 0,
         ct_status: 0,
         len: payload_len.saturating_add(40),
+        ttl: buf.get(l3 + 7).copied().unwrap_or(0),
+        tos: traffic_class(buf, l3),
+        pkttype: super::pkttype(buf),
         now_ms: 0,
+    }
+}
+
+/// The traffic class of the IPv6 header at `l3` (its bits 4-11).
+fn traffic_class(buf: &[u8], l3: usize) -> u8 {
+    match buf.get(l3..l3 + 2) {
+        Some(&[a, b]) => (a << 4) | (b >> 4),
+        _ => 0,
     }
 }
 

@@ -18,7 +18,8 @@ import random
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
 _sport = [20000]
 
-FIELDS = ["hook", "iif", "oif", "proto", "src", "sport", "dst", "dport", "type", "code", "tcp_flags", "ct", "mark"]
+FIELDS = ["hook", "iif", "oif", "proto", "src", "sport", "dst", "dport", "type", "code", "tcp_flags", "ct", "mark",
+          "ttl", "length", "dscp", "pkttype"]
 
 
 def pkt(**kw):
@@ -517,6 +518,57 @@ def classbench(n, seed):
     return "\n".join(lines) + "\n", out
 
 
+# ------------------------------------------------------------- IP header and meta fields
+
+HEADER_FIELDS = """# IP header and meta fields: TTL / hop limit (the forward hook sees them
+# decremented), lengths, DSCP, meta pkttype.
+table inet hdr {
+    chain hdr_fwd {
+        type filter hook forward priority filter; policy accept;
+        ip ttl 7 drop
+        ip6 hoplimit 7 drop
+        ip length > 1000 drop
+        ip6 length > 1000 drop
+        meta length 300-400 reject
+        ip dscp ef meta mark set 0x2e
+        ip dscp { cs1, af41 } drop
+        ip6 dscp ef meta mark set 0x2f
+    }
+    chain hdr_in {
+        type filter hook input priority filter; policy accept;
+        meta pkttype broadcast drop
+        ip ttl < 3 drop
+        ip6 hoplimit < 3 drop
+        ip dscp cs6 drop
+    }
+}
+"""
+
+
+def header_fields():
+    fw = dict(hook="forward", iif="eth0", oif="eth1", src="10.0.0.5", dst="192.0.2.80")
+    fw6 = dict(hook="forward", iif="eth0", oif="eth1", src="2001:db8::5", dst="2001:db8:2::80")
+    out = []
+    out += rule(dict(fw, proto="udp", dport=53, ttl=8), above=dict(ttl=9), at=dict(ttl=7))
+    out += rule(dict(fw6, proto="udp", dport=53, ttl=8), above=dict(ttl=9))
+    out += rule(dict(fw, proto="udp", dport=80, length=1200), short=dict(length=1000),
+                tcp=dict(proto="tcp", length=1001))
+    out += rule(dict(fw6, proto="udp", dport=80, length=1100), short=dict(length=1040))
+    out += rule(dict(fw, proto="udp", dport=81, length=350), low=dict(length=299), high=dict(length=401),
+                lo=dict(length=300), hi=dict(length=400), v6=dict(src="2001:db8::5", dst="2001:db8:2::80"))
+    out += rule(dict(fw, proto="tcp", dport=443, dscp=46), be=dict(dscp=0), af41=dict(dscp=34),
+                cs1=dict(dscp=8), cs2=dict(dscp=16))
+    out += rule(dict(fw6, proto="tcp", dport=443, dscp=46), be=dict(dscp=0), cs1=dict(dscp=8))
+    inp = dict(hook="input", iif="eth0", src="10.0.0.5", dst="10.0.0.1")
+    inp6 = dict(hook="input", iif="eth0", src="2001:db8::5", dst="2001:db8::1")
+    out += rule(dict(inp, proto="udp", dport=5000, pkttype="broadcast"), host=dict(pkttype="host"),
+                multicast=dict(pkttype="multicast"))
+    out += rule(dict(inp, proto="udp", dport=5001, ttl=2), ttl=dict(ttl=3), dscp=dict(dscp=48),
+                v6=dict(src="2001:db8::5", dst="2001:db8::1"))
+    out += rule(dict(inp6, proto="udp", dport=5002, ttl=2), ttl=dict(ttl=3))
+    return out
+
+
 def main():
     seed_pk = seed001()
     for name in ("seed001_appendix_b", "seed001_appendix_c", "seed001_appendix_d", "seed001_appendix_e"):
@@ -540,6 +592,10 @@ def main():
         with open(os.path.join(HERE, "classbench_%d.nft" % n), "w") as f:
             f.write(text)
         write("classbench_%d" % n, pk)
+    # Last, so that the source ports of the rulesets above stay as they were.
+    with open(os.path.join(HERE, "header_fields.nft"), "w") as f:
+        f.write(HEADER_FIELDS)
+    write("header_fields", header_fields())
 
 
 if __name__ == "__main__":

@@ -159,12 +159,12 @@ def l4_bytes(p, src, dst, seq=1000, ack=0, payload=b"", echo_id=None, inner=None
     raise ValueError("unsupported proto %r" % proto)
 
 
-def ip_packet(src, dst, proto_num, l4, ident):
+def ip_packet(src, dst, proto_num, l4, ident, ttl=64, dscp=0):
     if is_v6(src):
-        first = (6 << 28) | (ident & 0xFFFFF)
-        return struct.pack("!IHBB", first, len(l4), proto_num, 64) + \
+        first = (6 << 28) | ((dscp << 2) << 20) | (ident & 0xFFFFF)
+        return struct.pack("!IHBB", first, len(l4), proto_num, ttl) + \
             socket.inet_pton(socket.AF_INET6, src) + socket.inet_pton(socket.AF_INET6, dst) + l4
-    hdr = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(l4), ident & 0xFFFF, 0, 64, proto_num, 0,
+    hdr = struct.pack("!BBHHHBBH4s4s", 0x45, dscp << 2, 20 + len(l4), ident & 0xFFFF, 0, ttl, proto_num, 0,
                       socket.inet_aton(src), socket.inet_aton(dst))
     hdr = hdr[:10] + struct.pack("!H", csum(hdr)) + hdr[12:]
     return hdr + l4
@@ -417,8 +417,17 @@ class Ruleset:
         iif = via or p["iif"]
         k = self.ifnames.index(iif)
         proto = p["proto"]
-        l4 = l4_bytes(p, p["src"], p["dst"], seq=seq, ack=ack, echo_id=echo_id, inner=inner)
-        return frame(mac(k, 1), mac(k, 2), ip_packet(p["src"], p["dst"], PROTO_NUM[proto], l4, ident))
+        # "length": the IP total length, reached with a zero payload.
+        payload = b""
+        if "length" in p and inner is None:
+            hdr = (40 if is_v6(p["src"]) else 20) + (20 if proto == "tcp" else 8)
+            payload = b"\0" * max(0, p["length"] - hdr)
+        l4 = l4_bytes(p, p["src"], p["dst"], seq=seq, ack=ack, payload=payload, echo_id=echo_id,
+                      inner=inner)
+        dmac = {"broadcast": b"\xff" * 6, "multicast": b"\x01\x00\x5e\x00\x00\x01"}.get(
+            p.get("pkttype"), mac(k, 1))
+        return frame(dmac, mac(k, 2), ip_packet(p["src"], p["dst"], PROTO_NUM[proto], l4, ident,
+                                                ttl=p.get("ttl", 64), dscp=p.get("dscp", 0)))
 
     def run(self):
         pk = self.packets

@@ -1,8 +1,13 @@
-//! `tcp option maxseg size set` (iptables `-j TCPMSS`) from a rule set,
-//! through the compiled policy and the engine: the MSS option of a
-//! forwarded SYN (and, when the rule runs for established packets, of the
-//! SYN-ACK) is lowered, never raised, with a valid checksum; `rt mtu` takes
-//! the smaller MTU of the two directions' interfaces, less 40 bytes.
+//! Rule sets through the compiled policy and the engine, on crafted frames.
+//!
+//! - `tcp option maxseg size set` (iptables `-j TCPMSS`): the MSS option of
+//!   a forwarded SYN (and, when the rule runs for established packets, of
+//!   the SYN-ACK) is lowered, never raised, with a valid checksum; `rt mtu`
+//!   takes the smaller MTU of the two directions' interfaces, less 40 bytes.
+//! - IP header fields (`ip ttl`, `ip length`, `ip dscp`): the engine gives
+//!   the policy what the packet carries, with the TTL decremented from the
+//!   forward hook on, as the kernel does (the kernel oracle checks the same
+//!   rules against `sluice trace`).
 
 use std::net::Ipv4Addr;
 use std::sync::Arc;
@@ -235,4 +240,71 @@ fn without_a_rule_nothing_changes() {
     );
     assert_eq!(a, Action::Forward(WAN));
     assert_eq!(mss_of(&out), (1460, true));
+}
+
+/// A UDP frame from the LAN host with `ttl`, `dscp` and `payload` bytes.
+fn udp(sport: u16, ttl: u8, dscp: u8, payload: usize) -> Vec<u8> {
+    let k = FlowKey4 {
+        proto: proto::UDP,
+        sport,
+        dport: 53,
+        ..key(0)
+    };
+    let mut b = vec![0u8; 2048];
+    let n = sluice_wire::build::build_udp4(&mut b, HOST_MAC, GW_LAN_MAC, &k, payload).unwrap();
+    let mut f = b[..n].to_vec();
+    f[15] = dscp << 2;
+    f[22] = ttl;
+    f[24..26].copy_from_slice(&[0, 0]);
+    let c = sluice_wire::checksum::checksum(&f[14..34]);
+    f[24..26].copy_from_slice(&c.to_be_bytes());
+    f
+}
+
+#[test]
+fn ip_header_fields_reach_the_rules_with_the_forward_ttl() {
+    let rules = "table inet f {
+  chain fwd { type filter hook forward priority filter; policy accept;
+    ip ttl 7 drop
+    ip length > 1000 drop
+    ip dscp { cs1, af41 } drop
+  }
+  chain pre { type filter hook prerouting priority filter; policy accept;
+    ip ttl 5 drop
+  }
+}";
+    let mut w = gateway(rules, 1500);
+    let cases = [
+        // The forward hook sees the TTL less one: 8 arrives as 7.
+        (
+            udp(1, 8, 0, 10),
+            Action::Drop(sluice_engine::DropReason::PolicyDrop),
+        ),
+        (udp(2, 7, 0, 10), Action::Forward(WAN)),
+        (udp(3, 9, 0, 10), Action::Forward(WAN)),
+        // Prerouting sees it as received.
+        (
+            udp(4, 5, 0, 10),
+            Action::Drop(sluice_engine::DropReason::PolicyDrop),
+        ),
+        // IP total length 20 + 8 + payload.
+        (
+            udp(5, 64, 0, 973),
+            Action::Drop(sluice_engine::DropReason::PolicyDrop),
+        ),
+        (udp(6, 64, 0, 972), Action::Forward(WAN)),
+        (
+            udp(7, 64, 34, 10),
+            Action::Drop(sluice_engine::DropReason::PolicyDrop),
+        ),
+        (
+            udp(8, 64, 8, 10),
+            Action::Drop(sluice_engine::DropReason::PolicyDrop),
+        ),
+        (udp(9, 64, 46, 10), Action::Forward(WAN)),
+    ];
+    for (i, (f, want)) in cases.into_iter().enumerate() {
+        let (a, _) = send(&mut w, LAN, f);
+        assert_eq!(a, want, "case {i}");
+    }
 }
