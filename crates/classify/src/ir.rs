@@ -116,6 +116,11 @@ pub struct PacketFields {
     pub length: u32,
     /// `meta pkttype`: 0 host, 1 broadcast, 2 multicast, 3 other host.
     pub pkttype: u8,
+    /// `fib daddr type`: the route type of the destination (`RTN_*`: 1
+    /// unicast, 2 local, 3 broadcast, 5 multicast).
+    pub daddr_type: u8,
+    /// `fib saddr type`.
+    pub saddr_type: u8,
 }
 
 /// A field a condition can test. Every field reads as a zero-extended `u128`.
@@ -165,6 +170,10 @@ pub enum Field {
     Length,
     /// `meta pkttype`.
     PktType,
+    /// `fib daddr type`.
+    DaddrType,
+    /// `fib saddr type`.
+    SaddrType,
 }
 
 impl Field {
@@ -188,7 +197,9 @@ impl Field {
             | Field::CtState
             | Field::Ttl
             | Field::Dscp
-            | Field::PktType => 8,
+            | Field::PktType
+            | Field::DaddrType
+            | Field::SaddrType => 8,
         }
     }
     /// Largest value of the field.
@@ -224,6 +235,8 @@ impl PacketFields {
             Field::Dscp => self.dscp as u128,
             Field::Length => self.length as u128,
             Field::PktType => self.pkttype as u128,
+            Field::DaddrType => self.daddr_type as u128,
+            Field::SaddrType => self.saddr_type as u128,
         }
     }
 }

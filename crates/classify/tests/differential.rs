@@ -151,7 +151,7 @@ fn rand_match(r: &mut Rng) -> Match {
         }
         // The IP header and meta fields (ttl, lengths, dscp, pkttype).
         12 => {
-            let (f, rs) = match r.below(5) {
+            let (f, rs) = match r.below(6) {
                 0 => (Field::Ttl, vec![Range::new(0, r.below(3) as u128)]),
                 1 => (Field::IpLen, vec![Range::new(1000, 1500)]),
                 2 => (
@@ -162,7 +162,15 @@ fn rand_match(r: &mut Rng) -> Match {
                     Field::Length,
                     vec![Range::new(r.below(1600) as u128, 65535)],
                 ),
-                _ => (Field::PktType, vec![Range::value(r.below(3) as u128)]),
+                4 => (Field::PktType, vec![Range::value(r.below(3) as u128)]),
+                _ => (
+                    if r.pct(50) {
+                        Field::DaddrType
+                    } else {
+                        Field::SaddrType
+                    },
+                    vec![Range::value(1 + r.below(3) as u128)],
+                ),
             };
             Match::in_ranges(f, rs, negate)
         }
@@ -272,6 +280,8 @@ fn rand_packet(r: &mut Rng) -> PacketFields {
         dscp: [0u8, 46, 10, 8][r.below(4) as usize],
         length: r.below(1600) as u32,
         pkttype: r.below(3) as u8,
+        daddr_type: [1u8, 2, 3][r.below(3) as usize],
+        saddr_type: [1u8, 2][r.below(2) as usize],
     }
 }
 

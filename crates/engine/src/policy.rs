@@ -81,6 +81,11 @@ pub struct PolicyPacket {
     /// How the frame was addressed (`meta pkttype`): 0 to the interface, 1
     /// link-layer broadcast, 2 multicast.
     pub pkttype: u8,
+    /// The route type of `dst` (`fib daddr type`, the kernel's `RTN_*`):
+    /// 1 unicast, 2 local, 3 broadcast, 5 multicast.
+    pub daddr_type: u8,
+    /// The route type of `src` (`fib saddr type`).
+    pub saddr_type: u8,
     /// The batch's time, ms on the worker's monotonic clock (for `limit`
     /// rate buckets; the policy reads no clock).
     pub now_ms: u64,

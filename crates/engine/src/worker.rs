@@ -1427,6 +1427,8 @@ impl Worker {
             },
             tos: buf.get(l3 + 1).copied().unwrap_or(0),
             pkttype: 0,
+            daddr_type: self.addr_type4(dst),
+            saddr_type: self.addr_type4(src),
             now_ms: self.now_ms,
         };
         let dec = self.policy.decide(hook, &pp);
@@ -1747,6 +1749,31 @@ impl Worker {
         self.ct.set_offloaded(id, [true, true]);
     }
 
+    /// The route type of `a` as `fib daddr type` gives it (the kernel's
+    /// `inet_addr_type`: `0.0.0.0/8` and the limited broadcast are
+    /// broadcast, multicast is multicast, the local table's addresses are
+    /// local or broadcast, anything else unicast).
+    fn addr_type4(&self, a: u32) -> u8 {
+        if a >> 24 == 0 || a == u32::MAX {
+            3
+        } else if a >> 28 == 0xe {
+            5
+        } else if a >> 24 == 127 || self.is_local(a).is_some() {
+            2
+        } else if self.bcast4.contains(&a) {
+            3
+        } else {
+            1
+        }
+    }
+
+    /// `fib daddr type` and `fib saddr type` of a packet about to meet the
+    /// policy.
+    fn addr_types4(&self, pp: &mut PolicyPacket) {
+        pp.daddr_type = self.addr_type4(pp.dst as u32);
+        pp.saddr_type = self.addr_type4(pp.src as u32);
+    }
+
     /// The MTU of adjacency `adj`'s interface.
     fn adj_mtu(&self, adj: AdjIndex) -> u16 {
         self.adj
@@ -1851,6 +1878,7 @@ impl Worker {
         }
         let ev = l4_event(d);
         let mut pp = policy_packet(iif, key, d, CtState::New, buf);
+        self.addr_types4(&mut pp);
         pp.now_ms = self.now_ms;
         if broadcast {
             // For the gateway, which serves nothing on a broadcast address:
@@ -1921,6 +1949,7 @@ impl Worker {
                         pp.dst = u128::from(r.src);
                         pp.dport = r.sport;
                         pp.ct_status |= 0x20;
+                        pp.daddr_type = self.addr_type4(r.src);
                     }
                     Err(e) => return Step::Done(Action::Drop(nat_drop(e))),
                 }
@@ -2225,6 +2254,7 @@ impl Worker {
             .copied()
             .unwrap_or(0);
         let mut pp = policy_packet(iif, key, d, CtState::Related, buf);
+        self.addr_types4(&mut pp);
         pp.now_ms = self.now_ms;
         if self.policy.decide(Hook::Forward, &pp).verdict != Verdict::Accept {
             return Action::Drop(DropReason::PolicyDrop);
@@ -2452,6 +2482,9 @@ fn policy_packet(
         ttl,
         tos: buf.get(usize::from(d.l3_off) + 1).copied().unwrap_or(0),
         pkttype: pkttype(buf),
+        // The worker's: `Worker::addr_types4`.
+        daddr_type: 0,
+        saddr_type: 0,
         src: u128::from(key.src),
         dst: u128::from(key.dst),
         proto: key.proto,

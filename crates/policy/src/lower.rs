@@ -280,6 +280,8 @@ fn spec(f: Field, fam: Family) -> Result<(ir::Field, Kind, &'static [Dep]), Stri
         Field::Ip6Dscp => (I::Dscp, Kind::Num, v6),
         Field::MetaLength => (I::Length, Kind::Num, &[]),
         Field::MetaPkttype => (I::PktType, Kind::Num, &[]),
+        Field::FibDaddrType => (I::DaddrType, Kind::Num, &[]),
+        Field::FibSaddrType => (I::SaddrType, Kind::Num, &[]),
     })
 }
 

@@ -756,6 +756,8 @@ impl CompiledPolicy {
             dscp: pkt.tos >> 2,
             length: u32::from(pkt.len),
             pkttype: pkt.pkttype,
+            daddr_type: pkt.daddr_type,
+            saddr_type: pkt.saddr_type,
         }
     }
 }
@@ -1289,6 +1291,8 @@ mod tests {
             ttl: 64,
             tos: 0,
             pkttype: 0,
+            daddr_type: 1,
+            saddr_type: 1,
             now_ms: 0,
         };
         let d = p.decide(Hook::Forward, &pp);
@@ -1332,6 +1336,8 @@ mod tests {
             ttl: 64,
             tos: 0,
             pkttype: 0,
+            daddr_type: 1,
+            saddr_type: 1,
             now_ms: 0,
         };
         let counts = |p: &CompiledPolicy| -> Vec<Option<(u64, u64)>> {
@@ -1393,6 +1399,8 @@ mod tests {
             ttl: 64,
             tos: 0,
             pkttype: 0,
+            daddr_type: 1,
+            saddr_type: 1,
             now_ms,
         };
         let v = |p: &CompiledPolicy, proto, dport, t| {
@@ -1469,6 +1477,8 @@ mod tests {
             ttl: 64,
             tos: 0,
             pkttype: 0,
+            daddr_type: 1,
+            saddr_type: 1,
             now_ms: 5000,
         };
         for _ in 0..150 {

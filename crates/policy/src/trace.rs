@@ -72,6 +72,14 @@ pub struct TracePacket {
     pub dscp: u8,
     /// `meta pkttype`: 0 host (default), 1 broadcast, 2 multicast.
     pub pkttype: u8,
+    /// `fib daddr type` (the kernel's `RTN_*`). `None`: from the address
+    /// (broadcast, multicast, loopback) and the hook (`input`: local),
+    /// else unicast; give it for a packet to one of the gateway's addresses
+    /// that is then DNATed onward.
+    pub daddr_type: Option<u8>,
+    /// `fib saddr type`. `None`: from the address and the hook (`output`:
+    /// local), else unicast.
+    pub saddr_type: Option<u8>,
 }
 
 impl Default for TracePacket {
@@ -96,6 +104,8 @@ impl Default for TracePacket {
             length: None,
             dscp: 0,
             pkttype: 0,
+            daddr_type: None,
+            saddr_type: None,
         }
     }
 }
@@ -247,6 +257,61 @@ pub fn parse_dscp(s: &str) -> Result<u8, PacketError> {
     }
 }
 
+/// The route type an address has whatever the box's addresses: broadcast
+/// (`0.0.0.0/8`, 255.255.255.255), multicast, local (loopback); `None` for
+/// the rest (an unset address is `0.0.0.0` or `::`).
+fn addr_type(a: Option<IpAddr>, v6: bool) -> Option<u8> {
+    match a {
+        Some(IpAddr::V4(a)) => {
+            let a = u32::from(a);
+            if a >> 24 == 0 || a == u32::MAX {
+                Some(3)
+            } else if a >> 28 == 0xe {
+                Some(5)
+            } else if a >> 24 == 127 {
+                Some(2)
+            } else {
+                None
+            }
+        }
+        Some(IpAddr::V6(a)) if a.is_multicast() => Some(5),
+        Some(IpAddr::V6(a)) if a.is_loopback() => Some(2),
+        Some(IpAddr::V6(_)) => None,
+        None if v6 => None,
+        None => Some(3),
+    }
+}
+
+/// A route type: `unicast`, `local`, `broadcast`, `multicast`, ... (the
+/// kernel's `RTN_*` names, as nft and iptables `addrtype` spell them, in
+/// either case) or a number 0-11.
+pub fn parse_addr_type(s: &str) -> Result<u8, PacketError> {
+    const NAMES: [&str; 12] = [
+        "unspec",
+        "unicast",
+        "local",
+        "broadcast",
+        "anycast",
+        "multicast",
+        "blackhole",
+        "unreachable",
+        "prohibit",
+        "throw",
+        "nat",
+        "xresolve",
+    ];
+    let l = s.to_ascii_lowercase();
+    if let Some(i) = NAMES.iter().position(|n| *n == l) {
+        return Ok(i as u8);
+    }
+    match s.parse::<u8>() {
+        Ok(n) if n <= 11 => Ok(n),
+        _ => perr(format!(
+            "unknown address type '{s}' (unicast, local, broadcast, multicast, ...)"
+        )),
+    }
+}
+
 /// `host` (or `unicast`), `broadcast` or `multicast`.
 pub fn parse_pkttype(s: &str) -> Result<u8, PacketError> {
     Ok(match s {
@@ -336,9 +401,11 @@ impl TracePacket {
                 "length" => p.length = Some(parse_length(val)?),
                 "dscp" => p.dscp = parse_dscp(val)?,
                 "pkttype" => p.pkttype = parse_pkttype(val)?,
+                "daddr_type" => p.daddr_type = Some(parse_addr_type(val)?),
+                "saddr_type" => p.saddr_type = Some(parse_addr_type(val)?),
                 _ => {
                     return perr(format!(
-                        "unknown key '{key}' (iif, oif, ct, status, mark, ctmark, flags, type, code, hook, ttl, length, dscp, pkttype)"
+                        "unknown key '{key}' (iif, oif, ct, status, mark, ctmark, flags, type, code, hook, ttl, length, dscp, pkttype, daddr_type, saddr_type)"
                     ))
                 }
             }
@@ -414,6 +481,16 @@ impl TracePacket {
             dscp: self.dscp,
             length: u32::from(length),
             pkttype: self.pkttype,
+            daddr_type: self.daddr_type.unwrap_or_else(|| {
+                addr_type(self.dst, v6).unwrap_or(if self.hook == ast::Hook::Input { 2 } else { 1 })
+            }),
+            saddr_type: self.saddr_type.unwrap_or_else(|| {
+                addr_type(self.src, v6).unwrap_or(if self.hook == ast::Hook::Output {
+                    2
+                } else {
+                    1
+                })
+            }),
         }
     }
 }
@@ -619,6 +696,9 @@ impl CompiledPolicy {
                             // `ct status dnat`, as in the kernel.
                             p.ct_status |= IPS_DST_NAT;
                             p.daddr = map_v4(u32::from(addr));
+                            // A DNAT target is not one of the gateway's
+                            // addresses (the path goes on through forward).
+                            p.daddr_type = addr_type(Some(IpAddr::V4(addr)), false).unwrap_or(1);
                             if let Some(port) = port {
                                 if matches!(p.l4proto, 6 | 17 | 33 | 132 | 136) {
                                     p.dport = port;

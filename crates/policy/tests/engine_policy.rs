@@ -308,3 +308,62 @@ fn ip_header_fields_reach_the_rules_with_the_forward_ttl() {
         assert_eq!(a, want, "case {i}");
     }
 }
+
+/// `fib daddr type local` (iptables `-m addrtype --dst-type LOCAL`, as in
+/// Docker's port publishing): a packet to the gateway's own address is
+/// DNATed onward, and the forward hook then sees the new destination as
+/// unicast; a packet to another address is not.
+#[test]
+fn fib_daddr_type_local_before_and_after_dnat() {
+    let rules = "table ip nat {
+  chain pre { type nat hook prerouting priority dstnat;
+    fib daddr type local tcp dport 8080 dnat to 10.0.0.2:80 }
+  chain post { type nat hook postrouting priority srcnat; oifname \"wan\" masquerade }
+}
+table inet f {
+  chain fwd { type filter hook forward priority filter; policy accept;
+    fib daddr type local drop
+    fib saddr type local drop
+  }
+}";
+    let mut w = gateway(rules, 1500);
+    let to = |dst: Ipv4Addr, sport: u16| FlowKey4 {
+        src: u32::from(REMOTE),
+        dst: u32::from(dst),
+        sport,
+        dport: 8080,
+        proto: proto::TCP,
+    };
+    let (a, out) = send(
+        &mut w,
+        WAN,
+        segment(
+            &to(Ipv4Addr::new(203, 0, 113, 1), 1000),
+            0x02,
+            1460,
+            GW_WAN_MAC,
+            ROUTER_MAC,
+        ),
+    );
+    assert_eq!(
+        a,
+        Action::Forward(LAN),
+        "to the gateway: DNATed and forwarded"
+    );
+    assert_eq!(&out[30..34], &HOST.octets(), "to the DNAT target");
+    // Not one of the gateway's addresses: no DNAT, routed back out of the
+    // WAN (and not dropped: neither address is local).
+    let (a, out) = send(
+        &mut w,
+        WAN,
+        segment(
+            &to(Ipv4Addr::new(198, 51, 100, 7), 1001),
+            0x02,
+            1460,
+            GW_WAN_MAC,
+            ROUTER_MAC,
+        ),
+    );
+    assert_eq!(a, Action::Forward(WAN));
+    assert_eq!(&out[30..34], &[198, 51, 100, 7]);
+}

@@ -320,6 +320,8 @@ pub enum Field {
     Ip6Dscp,
     MetaLength,
     MetaPkttype,
+    FibDaddrType,
+    FibSaddrType,
 }
 
 /// Which network-layer family a field requires.
@@ -332,7 +334,7 @@ pub enum FieldFamily {
 
 impl Field {
     /// All fields, for lookups and suggestions.
-    pub const ALL: [Field; 35] = [
+    pub const ALL: [Field; 37] = [
         Field::Iifname,
         Field::Oifname,
         Field::Iif,
@@ -368,6 +370,8 @@ impl Field {
         Field::Ip6Dscp,
         Field::MetaLength,
         Field::MetaPkttype,
+        Field::FibDaddrType,
+        Field::FibSaddrType,
     ];
 
     /// Canonical nft spelling (`"ip saddr"`).
@@ -408,6 +412,8 @@ impl Field {
             Field::Ip6Dscp => "ip6 dscp",
             Field::MetaLength => "meta length",
             Field::MetaPkttype => "meta pkttype",
+            Field::FibDaddrType => "fib daddr type",
+            Field::FibSaddrType => "fib saddr type",
         }
     }
 
@@ -427,6 +433,7 @@ impl Field {
             Field::MetaLength => DataType::Integer32,
             Field::IpDscp | Field::Ip6Dscp => DataType::Dscp,
             Field::MetaPkttype => DataType::PktType,
+            Field::FibDaddrType | Field::FibSaddrType => DataType::AddrType,
             Field::TcpSport
             | Field::TcpDport
             | Field::UdpSport
@@ -481,10 +488,11 @@ pub enum DataType {
     Integer32,
     Dscp,
     PktType,
+    AddrType,
 }
 
 impl DataType {
-    pub const ALL: [DataType; 19] = [
+    pub const ALL: [DataType; 20] = [
         DataType::Ipv4Addr,
         DataType::Ipv6Addr,
         DataType::InetService,
@@ -504,6 +512,7 @@ impl DataType {
         DataType::Integer32,
         DataType::Dscp,
         DataType::PktType,
+        DataType::AddrType,
     ];
 
     /// nft type name as used in `set { type ... }`.
@@ -530,6 +539,7 @@ impl DataType {
             DataType::Integer32 => "integer32",
             DataType::Dscp => "dscp",
             DataType::PktType => "pkt_type",
+            DataType::AddrType => "fib_addrtype",
         }
     }
 
@@ -547,6 +557,7 @@ impl DataType {
             DataType::Integer32 => Some(u64::from(u32::MAX)),
             DataType::Dscp => Some(63),
             DataType::PktType => Some(3),
+            DataType::AddrType => Some(11),
             DataType::Mark | DataType::CtState | DataType::CtStatus => Some(u64::from(u32::MAX)),
             _ => None,
         }

@@ -601,6 +601,8 @@ const OPTIONS: &[&str] = &[
     "--dports",
     "--ctstate",
     "--state",
+    "--src-type",
+    "--dst-type",
     "--match-set",
     "--mark",
     "--comment",
@@ -780,6 +782,7 @@ fn rule(
                     "mark",
                     "comment",
                     "limit",
+                    "addrtype",
                 ];
                 if !known.contains(&a.text.as_str()) {
                     let help = suggest(&a.text, known);
@@ -833,6 +836,45 @@ fn rule(
                         ok = false;
                     }
                 }
+            }
+            // `-m addrtype`: nft's `fib daddr type` / `fib saddr type`.
+            "--src-type" | "--dst-type" => {
+                let a = arg!(w);
+                let f = if w.text == "--src-type" {
+                    Field::FibSaddrType
+                } else {
+                    Field::FibDaddrType
+                };
+                let mut vals = Vec::new();
+                for t in a.text.split(',') {
+                    match symbols::lookup(DataType::AddrType, &t.to_ascii_lowercase()) {
+                        Some(v) => vals.push(Value::Num(v)),
+                        None => {
+                            let names: Vec<String> = symbols::ADDRTYPE
+                                .iter()
+                                .map(|(n, _)| n.to_ascii_uppercase())
+                                .collect();
+                            let help = suggest(t, names.iter().map(String::as_str));
+                            cx.err_help(&a, format!("unknown address type '{t}'"), help);
+                            ok = false;
+                        }
+                    }
+                }
+                let sp = cx.span(&a);
+                let right = if vals.len() == 1 {
+                    vals.remove(0)
+                } else {
+                    Value::Set(
+                        vals.into_iter()
+                            .map(|key| Elem {
+                                key,
+                                data: None,
+                                span: sp,
+                            })
+                            .collect(),
+                    )
+                };
+                push(&mut r, vec![f], None, neg, right, sp);
             }
             "--ctstate" | "--state" => {
                 let a = arg!(w);

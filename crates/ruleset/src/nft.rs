@@ -86,6 +86,7 @@ fn is_expr_keyword(w: &str) -> bool {
             | "l4proto"
             | "nfproto"
             | "pkttype"
+            | "fib"
             | "ip"
             | "ip6"
             | "tcp"
@@ -1494,6 +1495,29 @@ impl<'s> Parser<'s> {
                 "icmpv6",
                 &[("type", Field::Icmpv6Type), ("code", Field::Icmpv6Code)],
             )?,
+            "fib" => {
+                // `fib daddr type` / `fib saddr type`: the route type of
+                // the address. The other fib forms (`. iif`, `oif`) are not
+                // supported.
+                let (a, asp) = self.expect_word("fib field")?;
+                let f = match a {
+                    "daddr" => Field::FibDaddrType,
+                    "saddr" => Field::FibSaddrType,
+                    _ => {
+                        let help = suggest(a, ["daddr", "saddr"]);
+                        return self.err_help(asp, format!("unknown fib field '{a}'"), help);
+                    }
+                };
+                if !self.eat_word("type") {
+                    let sp = self.span();
+                    return self.err(
+                        sp,
+                        "unsupported fib form: only 'fib daddr type' and 'fib saddr type' \
+                         are supported (not '. iif', '. oif', 'oif' or 'oifname')",
+                    );
+                }
+                f
+            }
             "ct" => sub(
                 self,
                 "ct",

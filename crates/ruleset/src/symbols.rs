@@ -207,6 +207,22 @@ pub(crate) const PKTTYPE: &[(&str, u64)] = &[
     ("other", 3),
 ];
 
+/// `fib … type` (the kernel's `RTN_*` route types).
+pub(crate) const ADDRTYPE: &[(&str, u64)] = &[
+    ("unspec", 0),
+    ("unicast", 1),
+    ("local", 2),
+    ("broadcast", 3),
+    ("anycast", 4),
+    ("multicast", 5),
+    ("blackhole", 6),
+    ("unreachable", 7),
+    ("prohibit", 8),
+    ("throw", 9),
+    ("nat", 10),
+    ("xresolve", 11),
+];
+
 /// Symbol table for a data type (empty for non-symbolic types).
 pub(crate) fn table(dt: DataType) -> &'static [(&'static str, u64)] {
     match dt {
@@ -220,6 +236,7 @@ pub(crate) fn table(dt: DataType) -> &'static [(&'static str, u64)] {
         DataType::Icmpv6Type => ICMPV6_TYPES,
         DataType::Dscp => DSCP,
         DataType::PktType => PKTTYPE,
+        DataType::AddrType => ADDRTYPE,
         _ => &[],
     }
 }

@@ -191,3 +191,44 @@ fn tcp_mss_clamping_in_both_syntaxes() {
     .to_string();
     assert!(d.contains("TCPMSS needs exactly one of"), "{d}");
 }
+
+/// `fib daddr type` / `fib saddr type` (nft) and `-m addrtype` (iptables)
+/// are one match; other fib forms get a specific error.
+#[test]
+fn fib_address_types_in_both_syntaxes() {
+    let ipt = "*nat\n:PREROUTING ACCEPT [0:0]\n:DOCKER - [0:0]\n-A PREROUTING -m addrtype --dst-type LOCAL -j DOCKER\n-A PREROUTING -m addrtype ! --src-type LOCAL,BROADCAST -j RETURN\nCOMMIT\n";
+    let text = parse_iptables_restore_str("d.rules", ipt, None)
+        .expect("iptables")
+        .to_nft();
+    assert!(text.contains("fib daddr type local jump DOCKER"), "{text}");
+    assert!(
+        text.contains("fib saddr type != { local, broadcast } return"),
+        "{text}"
+    );
+    let again = parse_nft_str("again.nft", &text).expect("printed form parses");
+    assert_eq!(again.to_nft(), text, "fixed point");
+    let d = parse_iptables_restore_str(
+        "x.rules",
+        "*nat\n:PREROUTING ACCEPT [0:0]\n-A PREROUTING -m addrtype --dst-type LOCALL -j ACCEPT\nCOMMIT\n",
+        None,
+    )
+    .expect_err("bad type")
+    .to_string();
+    assert!(
+        d.contains("unknown address type 'LOCALL'") && d.contains("did you mean \"LOCAL\"?"),
+        "{d}"
+    );
+    for (bad, want) in [
+        (
+            "fib saddr . iif oif missing drop",
+            "unsupported fib form: only 'fib daddr type' and 'fib saddr type'",
+        ),
+        ("fib dst type local drop", "unknown fib field 'dst'"),
+    ] {
+        let text = format!(
+            "table inet t {{\n chain c {{ type filter hook prerouting priority 0;\n  {bad}\n }}\n}}\n"
+        );
+        let d = parse_nft_str("bad.nft", &text).expect_err(bad).to_string();
+        assert!(d.contains(want), "{bad}: {d}");
+    }
+}

@@ -222,7 +222,7 @@ impl From<&Trace> for TraceJson {
 }
 
 const KEYS: &str =
-    "hook, iif, oif, proto, src, sport, dst, dport, tcp_flags, ct, ct_status, mark, ctmark, type, code, ttl, length, dscp, pkttype";
+    "hook, iif, oif, proto, src, sport, dst, dport, tcp_flags, ct, ct_status, mark, ctmark, type, code, ttl, length, dscp, pkttype, daddr_type, saddr_type";
 
 /// Parses one `--packets` line.
 fn packet_from_json(line: &str) -> Result<TracePacket, String> {
@@ -298,6 +298,18 @@ fn packet_from_json(line: &str) -> Result<TracePacket, String> {
                 .map_err(e)?
             }
             "pkttype" => p.pkttype = sluice_policy::parse_pkttype(s()?).map_err(e)?,
+            "daddr_type" | "saddr_type" => {
+                let t = match v {
+                    Json::Number(_) => sluice_policy::parse_addr_type(&num(11)?.to_string()),
+                    _ => sluice_policy::parse_addr_type(s()?),
+                }
+                .map_err(e)?;
+                if k == "daddr_type" {
+                    p.daddr_type = Some(t);
+                } else {
+                    p.saddr_type = Some(t);
+                }
+            }
             _ => return Err(format!("unknown key '{k}' (keys: {KEYS})")),
         }
     }

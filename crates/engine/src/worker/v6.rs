@@ -370,6 +370,7 @@ impl Worker {
             return drop(DropReason::CtInvalid);
         }
         let mut pp = policy_packet6(iif, key, d, CtState::New, payload_len, buf);
+        self.addr_types6(iif, &mut pp);
         pp.now_ms = self.now_ms;
         // Prerouting filter chains (NAT does not apply to IPv6).
         let dec = self.policy.decide(Hook::Prerouting, &pp);
@@ -558,6 +559,8 @@ impl Worker {
             },
             tos: traffic_class(buf, pk.l3),
             pkttype: 0,
+            daddr_type: self.addr_type6(iif, key.dst),
+            saddr_type: self.addr_type6(iif, key.src),
             now_ms: self.now_ms,
         };
         let dec = self.policy.decide(hook, &pp);
@@ -565,6 +568,26 @@ impl Worker {
             Some(r) => Err(r),
             None => Ok(dec.mss),
         }
+    }
+
+    /// The route type of `a` as `fib daddr type` gives it for a packet
+    /// received on `iif`: multicast, local (the gateway's own addresses and
+    /// `::1`) or unicast.
+    fn addr_type6(&self, iif: IfIndex, a: u128) -> u8 {
+        if ndp::is_multicast(a) {
+            5
+        } else if a == 1 || self.v6.is_local(iif, a) {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// `fib daddr type` and `fib saddr type` of a packet about to meet the
+    /// policy.
+    fn addr_types6(&self, iif: IfIndex, pp: &mut PolicyPacket) {
+        pp.daddr_type = self.addr_type6(iif, pp.dst);
+        pp.saddr_type = self.addr_type6(iif, pp.src);
     }
 
     /// [`clamp_mss`] for an IPv6 packet whose TCP header follows the IPv6
@@ -691,6 +714,7 @@ impl Worker {
         }
         let adj = self.v6.ct.entry(id).payload().adjacency(dir.opposite());
         let mut pp = policy_packet6(iif, key, d, CtState::Related, payload_len, buf);
+        self.addr_types6(iif, &mut pp);
         pp.now_ms = self.now_ms;
         pp.oif = self.adj.get(usize::from(adj)).map(|a| a.oif);
         if let Some(r) = refused(self.policy.decide(Hook::Forward, &pp).verdict) {
@@ -723,6 +747,7 @@ impl Worker {
         payload_len: u16,
     ) -> Step {
         let mut pp = policy_packet6(iif, key, d, CtState::New, payload_len, buf);
+        self.addr_types6(iif, &mut pp);
         pp.now_ms = self.now_ms;
         if let Some(r) = refused(self.policy.decide(Hook::Input, &pp).verdict) {
             return Step::Done(Action::Drop(r));
@@ -794,6 +819,7 @@ impl Worker {
             return drop(DropReason::NdpIgnored);
         }
         let mut pp = policy_packet6(iif, key, d, CtState::New, payload_len, buf);
+        self.addr_types6(iif, &mut pp);
         pp.now_ms = self.now_ms;
         if let Some(r) = refused(self.policy.decide(Hook::Input, &pp).verdict) {
             return drop(r);
@@ -973,6 +999,9 @@ fn policy_packet6(
         ttl: buf.get(l3 + 7).copied().unwrap_or(0),
         tos: traffic_class(buf, l3),
         pkttype: super::pkttype(buf),
+        // The worker's: `Worker::addr_types6`.
+        daddr_type: 0,
+        saddr_type: 0,
         now_ms: 0,
     }
 }

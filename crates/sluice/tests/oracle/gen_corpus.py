@@ -521,7 +521,7 @@ def classbench(n, seed):
 # ------------------------------------------------------------- IP header and meta fields
 
 HEADER_FIELDS = """# IP header and meta fields: TTL / hop limit (the forward hook sees them
-# decremented), lengths, DSCP, meta pkttype.
+# decremented), lengths, DSCP, meta pkttype, fib address types.
 table inet hdr {
     chain hdr_fwd {
         type filter hook forward priority filter; policy accept;
@@ -533,6 +533,8 @@ table inet hdr {
         ip dscp ef meta mark set 0x2e
         ip dscp { cs1, af41 } drop
         ip6 dscp ef meta mark set 0x2f
+        fib daddr type local drop
+        fib saddr type { local, broadcast, multicast } drop
     }
     chain hdr_in {
         type filter hook input priority filter; policy accept;
@@ -540,6 +542,8 @@ table inet hdr {
         ip ttl < 3 drop
         ip6 hoplimit < 3 drop
         ip dscp cs6 drop
+        fib daddr type != local drop
+        fib daddr type local fib saddr type unicast meta mark set 0x7
     }
 }
 """
