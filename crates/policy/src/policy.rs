@@ -368,12 +368,14 @@ impl CompiledPolicy {
         };
         tracing::info!(
             target: "sluice::log",
-            "{prefix}IN={} OUT={} SRC={} DST={} LEN={} PROTO={} SPT={} DPT={} MARK={:#x}",
+            "{prefix}IN={} OUT={} SRC={} DST={} LEN={} TOS={:#04x} TTL={} PROTO={} SPT={} DPT={} MARK={:#x}",
             name(u32::from(pkt.iif)),
             pkt.oif.map(|o| name(u32::from(o))).unwrap_or_default(),
             addr(pkt.src),
             addr(pkt.dst),
             pkt.len,
+            pkt.tos,
+            pkt.ttl,
             pkt.proto,
             pkt.sport,
             pkt.dport,

@@ -668,6 +668,24 @@ pub struct Log {
     pub prefix: Option<String>,
     pub level: Option<LogLevel>,
     pub group: Option<u16>,
+    /// `flags ...`, the kernel's `NF_LOG_*` bits ([`log_flags`]).
+    pub flags: u8,
+}
+
+/// `log flags` bits (the kernel's `NF_LOG_*`).
+pub mod log_flags {
+    /// `tcp sequence`.
+    pub const TCP_SEQ: u8 = 0x01;
+    /// `tcp options`.
+    pub const TCP_OPT: u8 = 0x02;
+    /// `ip options`.
+    pub const IP_OPT: u8 = 0x04;
+    /// `skuid`.
+    pub const UID: u8 = 0x08;
+    /// `ether`.
+    pub const MAC: u8 = 0x20;
+    /// `all`.
+    pub const ALL: u8 = TCP_SEQ | TCP_OPT | IP_OPT | UID | MAC;
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]

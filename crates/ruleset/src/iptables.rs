@@ -1332,6 +1332,7 @@ fn lower_target(
                 prefix: opt("--log-prefix").map(|w| w.text),
                 level,
                 group: None,
+                flags: 0,
             })
         }
         "MARK" => {

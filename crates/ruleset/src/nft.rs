@@ -1840,6 +1840,36 @@ impl<'s> Parser<'s> {
 
     // ---- statements ---------------------------------------------------------
 
+    /// What follows `log flags`: `all`, `tcp sequence[,options]`, `ip
+    /// options`, `skuid` or `ether`.
+    fn log_flags(&mut self) -> P<u8> {
+        use crate::ast::log_flags as f;
+        let (w, _) = self.keyword("log flag", &["all", "tcp", "ip", "skuid", "ether"])?;
+        Ok(match w {
+            "all" => f::ALL,
+            "skuid" => f::UID,
+            "ether" => f::MAC,
+            "ip" => {
+                self.keyword("ip log flag", &["options"])?;
+                f::IP_OPT
+            }
+            _ => {
+                let mut bits = 0;
+                loop {
+                    let (t, _) = self.keyword("tcp log flag", &["sequence", "options"])?;
+                    bits |= if t == "sequence" {
+                        f::TCP_SEQ
+                    } else {
+                        f::TCP_OPT
+                    };
+                    if !self.eat(&Tok::Comma) {
+                        break bits;
+                    }
+                }
+            }
+        })
+    }
+
     /// `tcp option maxseg size set rt mtu | N` (the cursor is on `tcp`).
     fn tcp_option(&mut self) -> P<StmtKind> {
         self.bump();
@@ -1937,6 +1967,7 @@ impl<'s> Parser<'s> {
                     prefix: None,
                     level: None,
                     group: None,
+                    flags: 0,
                 };
                 loop {
                     if self.eat_word("prefix") {
@@ -1955,6 +1986,8 @@ impl<'s> Parser<'s> {
                         log.group = Some(
                             u16::try_from(n).or_else(|_| self.err(sp, "log group out of range"))?,
                         );
+                    } else if self.eat_word("flags") {
+                        log.flags |= self.log_flags()?;
                     } else {
                         break;
                     }

@@ -508,6 +508,7 @@ impl<S: Sink> Writer<S> {
                 self.opt_str(l.prefix.as_deref());
                 self.opt_index(l.level.map(|l| l as u8));
                 self.opt_num(l.group.map(u64::from));
+                self.u8(l.flags);
             }
             StmtKind::Limit(l) => {
                 self.u8(4);
@@ -785,6 +786,7 @@ impl Reader<'_> {
                     None => None,
                     Some(g) => Some(u16::try_from(g).ok()?),
                 },
+                flags: self.u8()?,
             }),
             4 => StmtKind::Limit(Limit {
                 over: match self.u8()? {

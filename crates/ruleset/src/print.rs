@@ -373,6 +373,28 @@ fn stmt(s: &StmtKind) -> String {
             if let Some(g) = l.group {
                 let _ = write!(s, " group {g}");
             }
+            use crate::ast::log_flags as f;
+            if l.flags == f::ALL {
+                s.push_str(" flags all");
+            } else {
+                let tcp: Vec<&str> = [(f::TCP_SEQ, "sequence"), (f::TCP_OPT, "options")]
+                    .iter()
+                    .filter(|(b, _)| l.flags & b != 0)
+                    .map(|(_, n)| *n)
+                    .collect();
+                if !tcp.is_empty() {
+                    let _ = write!(s, " flags tcp {}", tcp.join(","));
+                }
+                for (b, n) in [
+                    (f::IP_OPT, "ip options"),
+                    (f::UID, "skuid"),
+                    (f::MAC, "ether"),
+                ] {
+                    if l.flags & b != 0 {
+                        let _ = write!(s, " flags {n}");
+                    }
+                }
+            }
             s
         }
         StmtKind::Limit(l) => {

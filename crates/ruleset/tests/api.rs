@@ -232,3 +232,42 @@ fn fib_address_types_in_both_syntaxes() {
         assert!(d.contains(want), "{bad}: {d}");
     }
 }
+
+/// `log flags` in its forms, printed canonically and parsed back.
+#[test]
+fn log_flags_parse_and_print() {
+    for (input, want) in [
+        (
+            "log prefix \"x: \" level info flags all",
+            "log prefix \"x: \" level info flags all",
+        ),
+        (
+            "log flags tcp sequence,options",
+            "log flags tcp sequence,options",
+        ),
+        (
+            "log flags ip options flags ether",
+            "log flags ip options flags ether",
+        ),
+        ("log flags skuid", "log flags skuid"),
+        (
+            "log flags tcp sequence,options flags ip options flags skuid flags ether",
+            "log flags all",
+        ),
+    ] {
+        let text = format!(
+            "table inet t {{\n chain c {{ type filter hook input priority 0;\n  {input}\n }}\n}}\n"
+        );
+        let printed = print_ruleset(&parse_nft_str("l.nft", &text).expect(input));
+        assert!(printed.contains(want), "{input}: {printed}");
+        let again = parse_nft_str("again.nft", &printed).expect("printed form parses");
+        assert_eq!(print_ruleset(&again), printed, "fixed point");
+    }
+    let d = parse_nft_str(
+        "bad.nft",
+        "table inet t {\n chain c {\n  log flags tcp seq\n }\n}\n",
+    )
+    .expect_err("bad flag")
+    .to_string();
+    assert!(d.contains("unknown tcp log flag 'seq'"), "{d}");
+}
