@@ -426,9 +426,9 @@ impl Field {
             Field::MetaMark | Field::CtMark => DataType::Mark,
             Field::IpSaddr | Field::IpDaddr => DataType::Ipv4Addr,
             Field::Ip6Saddr | Field::Ip6Daddr => DataType::Ipv6Addr,
-            Field::IpTtl | Field::Ip6Hoplimit | Field::IcmpCode | Field::Icmpv6Code => {
-                DataType::Integer8
-            }
+            Field::IpTtl | Field::Ip6Hoplimit => DataType::Integer8,
+            Field::IcmpCode => DataType::IcmpCode,
+            Field::Icmpv6Code => DataType::Icmpv6Code,
             Field::IpLength | Field::Ip6Length => DataType::Integer16,
             Field::MetaLength => DataType::Integer32,
             Field::IpDscp | Field::Ip6Dscp => DataType::Dscp,
@@ -489,10 +489,12 @@ pub enum DataType {
     Dscp,
     PktType,
     AddrType,
+    IcmpCode,
+    Icmpv6Code,
 }
 
 impl DataType {
-    pub const ALL: [DataType; 20] = [
+    pub const ALL: [DataType; 22] = [
         DataType::Ipv4Addr,
         DataType::Ipv6Addr,
         DataType::InetService,
@@ -513,6 +515,8 @@ impl DataType {
         DataType::Dscp,
         DataType::PktType,
         DataType::AddrType,
+        DataType::IcmpCode,
+        DataType::Icmpv6Code,
     ];
 
     /// nft type name as used in `set { type ... }`.
@@ -540,6 +544,8 @@ impl DataType {
             DataType::Dscp => "dscp",
             DataType::PktType => "pkt_type",
             DataType::AddrType => "fib_addrtype",
+            DataType::IcmpCode => "icmp_code",
+            DataType::Icmpv6Code => "icmpv6_code",
         }
     }
 
@@ -558,6 +564,7 @@ impl DataType {
             DataType::Dscp => Some(63),
             DataType::PktType => Some(3),
             DataType::AddrType => Some(11),
+            DataType::IcmpCode | DataType::Icmpv6Code => Some(u64::from(u8::MAX)),
             DataType::Mark | DataType::CtState | DataType::CtStatus => Some(u64::from(u32::MAX)),
             _ => None,
         }

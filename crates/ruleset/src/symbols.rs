@@ -223,6 +223,28 @@ pub(crate) const ADDRTYPE: &[(&str, u64)] = &[
     ("xresolve", 11),
 ];
 
+/// `icmp code` names (nft's `icmp_code`).
+pub(crate) const ICMP_CODES: &[(&str, u64)] = &[
+    ("net-unreachable", 0),
+    ("host-unreachable", 1),
+    ("prot-unreachable", 2),
+    ("port-unreachable", 3),
+    ("frag-needed", 4),
+    ("net-prohibited", 9),
+    ("host-prohibited", 10),
+    ("admin-prohibited", 13),
+];
+
+/// `icmpv6 code` names (nft's `icmpv6_code`).
+pub(crate) const ICMPV6_CODES: &[(&str, u64)] = &[
+    ("no-route", 0),
+    ("admin-prohibited", 1),
+    ("addr-unreachable", 3),
+    ("port-unreachable", 4),
+    ("policy-fail", 5),
+    ("reject-route", 6),
+];
+
 /// Symbol table for a data type (empty for non-symbolic types).
 pub(crate) fn table(dt: DataType) -> &'static [(&'static str, u64)] {
     match dt {
@@ -237,6 +259,8 @@ pub(crate) fn table(dt: DataType) -> &'static [(&'static str, u64)] {
         DataType::Dscp => DSCP,
         DataType::PktType => PKTTYPE,
         DataType::AddrType => ADDRTYPE,
+        DataType::IcmpCode => ICMP_CODES,
+        DataType::Icmpv6Code => ICMPV6_CODES,
         _ => &[],
     }
 }

@@ -518,6 +518,115 @@ def classbench(n, seed):
     return "\n".join(lines) + "\n", out
 
 
+# ------------------------------------------------------------- OpenWrt fw4-style router
+
+OPENWRT_FW4 = """# An OpenWrt fw4-style router rule set (zones lan/wan, syn flood limit,
+# reject chains, MSS clamping on the wan zone, masquerade).
+table inet fw4 {
+	chain input {
+		type filter hook input priority filter; policy drop;
+		iifname "lo" accept comment "!fw4: Accept traffic from loopback"
+		ct state vmap { established : accept, related : accept }
+		tcp flags syn / fin,syn,rst,ack jump syn_flood comment "!fw4: Rate limit TCP syn packets"
+		iifname "br-lan" jump input_lan comment "!fw4: Handle lan IPv4/IPv6 input traffic"
+		iifname "pppoe-wan" jump input_wan comment "!fw4: Handle wan IPv4/IPv6 input traffic"
+	}
+	chain forward {
+		type filter hook forward priority filter; policy drop;
+		ct state vmap { established : accept, related : accept }
+		iifname "br-lan" jump forward_lan
+		iifname "pppoe-wan" jump forward_wan
+		jump handle_reject
+	}
+	chain handle_reject {
+		meta l4proto tcp reject with tcp reset comment "!fw4: Reject TCP traffic"
+		reject comment "!fw4: Reject any other traffic"
+	}
+	chain syn_flood {
+		limit rate 25/second burst 50 packets return comment "!fw4: Accept SYN packets below rate-limit"
+		drop comment "!fw4: Drop excess packets"
+	}
+	chain input_lan {
+		ct status dnat accept
+		jump accept_from_lan
+	}
+	chain forward_lan {
+		jump accept_to_wan
+		jump accept_to_lan
+	}
+	chain accept_from_lan {
+		iifname "br-lan" counter accept
+	}
+	chain accept_to_lan {
+		oifname "br-lan" counter accept
+	}
+	chain accept_to_wan {
+		meta nfproto ipv4 oifname "pppoe-wan" ct state invalid counter drop comment "!fw4: Prevent NAT leakage"
+		oifname "pppoe-wan" counter accept
+	}
+	chain input_wan {
+		meta nfproto ipv4 udp dport 68 counter accept comment "!fw4: Allow-DHCP-Renew"
+		icmp type echo-request counter accept comment "!fw4: Allow-Ping"
+		meta nfproto ipv4 meta l4proto igmp counter accept comment "!fw4: Allow-IGMP"
+		meta nfproto ipv6 udp dport 546 counter accept comment "!fw4: Allow-DHCPv6"
+		ip6 saddr fe80::/10 icmpv6 type . icmpv6 code { mld-listener-query . no-route, mld-listener-report . no-route } counter accept comment "!fw4: Allow-MLD"
+		icmpv6 type { destination-unreachable, time-exceeded, echo-request, echo-reply, nd-router-solicit, nd-router-advert } limit rate 1000/second counter accept comment "!fw4: Allow-ICMPv6-Input"
+		jump reject_from_wan
+	}
+	chain forward_wan {
+		icmpv6 type { destination-unreachable, time-exceeded, echo-request, echo-reply } limit rate 1000/second counter accept comment "!fw4: Allow-ICMPv6-Forward"
+		meta l4proto esp counter jump accept_to_lan comment "!fw4: Allow-IPSec-ESP"
+		ct status dnat accept
+		jump reject_to_wan
+	}
+	chain reject_from_wan {
+		iifname "pppoe-wan" counter jump handle_reject
+	}
+	chain reject_to_wan {
+		oifname "pppoe-wan" counter jump handle_reject
+	}
+	chain dstnat {
+		type nat hook prerouting priority dstnat; policy accept;
+	}
+	chain srcnat {
+		type nat hook postrouting priority srcnat; policy accept;
+		oifname "pppoe-wan" jump srcnat_wan
+	}
+	chain srcnat_wan {
+		meta nfproto ipv4 masquerade comment "!fw4: Masquerade IPv4 wan traffic"
+	}
+	chain mangle_forward {
+		type filter hook forward priority mangle; policy accept;
+		iifname "pppoe-wan" tcp flags syn tcp option maxseg size set rt mtu comment "!fw4: Zone wan IPv4/IPv6 ingress MTU fixing"
+		oifname "pppoe-wan" tcp flags syn tcp option maxseg size set rt mtu comment "!fw4: Zone wan IPv4/IPv6 egress MTU fixing"
+	}
+}
+"""
+
+
+def openwrt_fw4():
+    lan = dict(hook="forward", iif="br-lan", oif="pppoe-wan", src="192.168.1.20", dst="198.51.100.7")
+    wan = dict(hook="forward", iif="pppoe-wan", oif="br-lan", src="198.51.100.7", dst="192.168.1.20")
+    lan6 = dict(lan, src="2001:db8:1::20", dst="2001:db8:ff::7")
+    wan6 = dict(wan, src="2001:db8:ff::7", dst="2001:db8:1::20")
+    out = []
+    out += rule(dict(lan, proto="tcp", dport=443), udp=dict(proto="udp", dport=53), icmp=dict(proto="icmp"),
+                v6=dict(lan6, proto="tcp", dport=443), invalid=dict(tcp_flags="SF", ct="invalid"), ack=dict(tcp_flags="A"))
+    out += rule(dict(wan, proto="tcp", dport=22), udp=dict(proto="udp", dport=5000),
+                est=dict(tcp_flags="A", ct="established"), v6=dict(wan6, proto="tcp", dport=22))
+    out += rule(dict(wan6, proto="icmpv6", type=128), v4=dict(wan, proto="icmp", type=8))
+    out += rule(dict(wan, proto="udp", dport=5001, ct="established"))
+    iw = dict(hook="input", iif="pppoe-wan", src="198.51.100.7", dst="203.0.113.2")
+    iw6 = dict(hook="input", iif="pppoe-wan", src="2001:db8:ff::7", dst="2001:db8:1::1")
+    out += rule(dict(iw, proto="udp", dport=68), miss=dict(dport=69), icmp=dict(proto="icmp", type=8),
+                tcp=dict(proto="tcp", dport=22), v6=dict(iw6, proto="udp", dport=546),
+                echo6=dict(iw6, proto="icmpv6", type=128))
+    il = dict(hook="input", iif="br-lan", src="192.168.1.20", dst="192.168.1.1")
+    out += rule(dict(il, proto="tcp", dport=22), udp=dict(proto="udp", dport=53),
+                ack=dict(tcp_flags="A"), est=dict(tcp_flags="A", ct="established"))
+    return out
+
+
 # ------------------------------------------------------------- IP header and meta fields
 
 HEADER_FIELDS = """# IP header and meta fields: TTL / hop limit (the forward hook sees them
@@ -600,6 +709,9 @@ def main():
     with open(os.path.join(HERE, "header_fields.nft"), "w") as f:
         f.write(HEADER_FIELDS)
     write("header_fields", header_fields())
+    with open(os.path.join(HERE, "openwrt_fw4.nft"), "w") as f:
+        f.write(OPENWRT_FW4)
+    write("openwrt_fw4", openwrt_fw4())
 
 
 if __name__ == "__main__":
