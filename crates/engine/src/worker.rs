@@ -1769,6 +1769,7 @@ impl Worker {
 
     /// `fib daddr type` and `fib saddr type` of a packet about to meet the
     /// policy.
+    #[inline(never)]
     fn addr_types4(&self, pp: &mut PolicyPacket) {
         pp.daddr_type = self.addr_type4(pp.dst as u32);
         pp.saddr_type = self.addr_type4(pp.src as u32);
@@ -2542,6 +2543,8 @@ const L2_OTHER: u8 = 2;
 /// directions, `hdrs` the IP and TCP header bytes `rt mtu` takes off it
 /// (40 for IPv4, 60 for IPv6; the kernel's `get_tcpmss`, which gives 536
 /// when the MTU is not larger).
+#[cold]
+#[inline(never)]
 fn clamp_mss(buf: &mut [u8], len: usize, l4: usize, mss: MssClamp, rt_mtu: u16, hdrs: u16) {
     let rt = if rt_mtu > hdrs { rt_mtu - hdrs } else { 536 };
     if let (Some(limit), Some(seg)) = (mss.limit(rt), buf.get_mut(l4..len)) {
