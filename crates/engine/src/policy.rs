@@ -118,6 +118,9 @@ pub struct Decision {
     pub verdict: Verdict,
     /// The packet mark afterwards.
     pub mark: u32,
+    /// The connection mark afterwards (`ct mark set`; kept in the
+    /// connection's entry).
+    pub ct_mark: u32,
     /// NAT for a new connection (only NAT hooks return one).
     pub nat: Option<Translation>,
     /// The `tcp option maxseg size set` statements the packet met.
@@ -235,6 +238,7 @@ impl Policy for StaticPolicy {
         let mut d = Decision {
             verdict: Verdict::Accept,
             mark: pkt.mark,
+            ct_mark: pkt.ct_mark,
             nat: None,
             mss: MssClamp::default(),
         };

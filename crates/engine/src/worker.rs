@@ -1432,6 +1432,11 @@ impl Worker {
             now_ms: self.now_ms,
         };
         let dec = self.policy.decide(hook, &pp);
+        if dec.ct_mark != ct_mark {
+            // `ct mark set` on an established packet: the connection keeps
+            // it.
+            self.ct.entry_mut(id).set_mark(dec.ct_mark);
+        }
         match dec.verdict {
             Verdict::Accept => Ok(dec.mss),
             Verdict::Drop => Err(DropReason::PolicyDrop),
@@ -1934,6 +1939,7 @@ impl Worker {
         // already bound to a mapping.
         let dec = self.policy.decide(Hook::Prerouting, &pp);
         pp.mark = dec.mark;
+        pp.ct_mark = dec.ct_mark;
         let mut mss = dec.mss;
         if let Some(r) = refused(dec.verdict) {
             self.release_pending(key, reply.as_ref());
@@ -2010,6 +2016,7 @@ impl Worker {
         // Forward filter.
         let dec = self.policy.decide(Hook::Forward, &pp);
         pp.mark = dec.mark;
+        pp.ct_mark = dec.ct_mark;
         mss = mss.and(dec.mss);
         if let Some(r) = refused(dec.verdict) {
             self.release_pending(key, reply.as_ref());
@@ -2019,6 +2026,7 @@ impl Worker {
         // not yet translated by a mapping or DNAT.
         let dec = self.policy.decide(Hook::Postrouting, &pp);
         pp.mark = dec.mark;
+        pp.ct_mark = dec.ct_mark;
         mss = mss.and(dec.mss);
         if let Some(r) = refused(dec.verdict) {
             self.release_pending(key, reply.as_ref());
@@ -2097,8 +2105,10 @@ impl Worker {
             self.remove(id);
             return Step::Done(Action::Drop(DropReason::CtInvalid));
         }
-        if pp.mark != 0 {
-            self.ct.entry_mut(id).set_mark(pp.mark);
+        // The connection mark the rules set (`ct mark set`); the packet
+        // mark is the packet's own and is not kept.
+        if pp.ct_mark != 0 {
+            self.ct.entry_mut(id).set_mark(pp.ct_mark);
         }
         if !mss.is_none() && key.proto == proto::TCP {
             let rt = self.adj_mtu(adj_out).min(self.adj_mtu(adj_back));

@@ -52,6 +52,7 @@ impl Policy for TestPolicy {
             verdict,
             mark: pkt.mark,
             nat,
+            ct_mark: pkt.ct_mark,
             mss: Default::default(),
         }
     }

@@ -26,6 +26,7 @@ impl Policy for Snat {
             mark: pkt.mark,
             nat: (hook == Hook::Postrouting && pkt.ct == CtState::New)
                 .then_some(Translation::Snat { pool: PoolId(0) }),
+            ct_mark: pkt.ct_mark,
             mss: Default::default(),
         }
     }

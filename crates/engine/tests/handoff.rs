@@ -49,6 +49,7 @@ impl Policy for PortForward {
             verdict: Verdict::Accept,
             mark: pkt.mark,
             nat,
+            ct_mark: pkt.ct_mark,
             mss: Default::default(),
         }
     }

@@ -72,6 +72,7 @@ impl Policy for InsideOnly {
             verdict: if ok { Verdict::Accept } else { Verdict::Drop },
             mark: p.mark,
             nat: None,
+            ct_mark: p.ct_mark,
             mss: Default::default(),
         }
     }

@@ -839,6 +839,7 @@ impl Policy for CompiledPolicy {
         Decision {
             verdict,
             mark: o.mark,
+            ct_mark: o.ct_mark,
             nat,
             mss,
         }

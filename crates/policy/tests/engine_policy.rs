@@ -367,3 +367,45 @@ table inet f {
     assert_eq!(a, Action::Forward(WAN));
     assert_eq!(&out[30..34], &[198, 51, 100, 7]);
 }
+
+/// `ct mark set` marks the connection, not the packet: the reply sees it
+/// (and the packet mark, which is the packet's own, is not kept); set on
+/// an established packet, it stays for the next one.
+#[test]
+fn ct_mark_set_is_kept_by_the_connection() {
+    let rules = "table inet f {
+  chain fwd { type filter hook forward priority filter; policy drop;
+    ct state new ct mark set 0x5 meta mark set 0x9 accept
+    ct state established ct mark 0x5 meta mark 0 ct mark set 0x6 accept
+    ct state established ct mark 0x6 accept
+  }
+}";
+    let mut w = gateway(rules, 1500);
+    let k = key(41_000);
+    let (a, out) = send(&mut w, LAN, segment(&k, 0x02, 1460, GW_LAN_MAC, HOST_MAC));
+    assert_eq!(a, Action::Forward(WAN));
+    let back = FlowKey4 {
+        src: u32::from(REMOTE),
+        dst: u32::from_be_bytes(out[26..30].try_into().unwrap()),
+        sport: 443,
+        dport: u16::from_be_bytes(out[34..36].try_into().unwrap()),
+        proto: proto::TCP,
+    };
+    // The SYN-ACK: ct mark 5, packet mark 0 (second rule, which sets 6).
+    let (a, _) = send(
+        &mut w,
+        WAN,
+        segment(&back, 0x12, 1460, GW_WAN_MAC, ROUTER_MAC),
+    );
+    assert_eq!(a, Action::Forward(LAN));
+    // The ACK: ct mark 6 now (third rule).
+    let (a, _) = send(&mut w, LAN, segment(&k, 0x10, 1460, GW_LAN_MAC, HOST_MAC));
+    assert_eq!(a, Action::Forward(WAN));
+    assert_eq!(
+        w.conntrack()
+            .iter()
+            .map(|(_, e)| e.mark())
+            .collect::<Vec<_>>(),
+        vec![6]
+    );
+}

@@ -375,6 +375,7 @@ impl Worker {
         // Prerouting filter chains (NAT does not apply to IPv6).
         let dec = self.policy.decide(Hook::Prerouting, &pp);
         pp.mark = dec.mark;
+        pp.ct_mark = dec.ct_mark;
         let mut mss = dec.mss;
         if let Some(r) = refused(dec.verdict) {
             return drop(r);
@@ -408,12 +409,14 @@ impl Worker {
         pp.ttl = pp.ttl.saturating_sub(1);
         let dec = self.policy.decide(Hook::Forward, &pp);
         pp.mark = dec.mark;
+        pp.ct_mark = dec.ct_mark;
         mss = mss.and(dec.mss);
         if let Some(r) = refused(dec.verdict) {
             return drop(r);
         }
         let dec = self.policy.decide(Hook::Postrouting, &pp);
         pp.mark = dec.mark;
+        pp.ct_mark = dec.ct_mark;
         mss = mss.and(dec.mss);
         if let Some(r) = refused(dec.verdict) {
             return drop(r);
@@ -448,8 +451,9 @@ impl Worker {
             self.v6.ct.remove(id);
             return drop(DropReason::CtInvalid);
         }
-        if pp.mark != 0 {
-            self.v6.ct.entry_mut(id).set_mark(pp.mark);
+        // The connection mark the rules set (`ct mark set`).
+        if pp.ct_mark != 0 {
+            self.v6.ct.entry_mut(id).set_mark(pp.ct_mark);
         }
         self.clamp_mss6(buf, len, &pk, mss, [adj_out, adj_back]);
         self.emit6(now, buf, len, iif, &pk, adj_out)
@@ -563,7 +567,13 @@ impl Worker {
             saddr_type: self.addr_type6(iif, key.src),
             now_ms: self.now_ms,
         };
+        let ct_mark = pp.ct_mark;
         let dec = self.policy.decide(hook, &pp);
+        if dec.ct_mark != ct_mark {
+            // `ct mark set` on an established packet: the connection keeps
+            // it.
+            self.v6.ct.entry_mut(id).set_mark(dec.ct_mark);
+        }
         match refused(dec.verdict) {
             Some(r) => Err(r),
             None => Ok(dec.mss),
