@@ -579,6 +579,10 @@ pub enum Stmt {
     Log(u32),
     /// `meta mark set`.
     MarkSet(MarkOp),
+    /// `meta mark set ct mark` (iptables `CONNMARK --restore-mark`).
+    MarkFromCtMark,
+    /// `ct mark set meta mark` (iptables `CONNMARK --save-mark`).
+    CtMarkFromMark,
     /// `ct mark set`.
     CtMarkSet(MarkOp),
     /// `limit` (opaque id of the limiter).

@@ -138,6 +138,8 @@ pub(crate) fn run_stmts(stmts: &[Stmt], p: &mut PacketFields, limit: Option<&Lim
         match s {
             Stmt::MarkSet(op) => p.mark = op.apply(p.mark),
             Stmt::CtMarkSet(op) => p.ct_mark = op.apply(p.ct_mark),
+            Stmt::MarkFromCtMark => p.mark = p.ct_mark,
+            Stmt::CtMarkFromMark => p.ct_mark = p.mark,
             Stmt::Counter | Stmt::Log(_) | Stmt::Limit(_) | Stmt::TcpMss(_) => {}
         }
     }

@@ -184,8 +184,10 @@ fn rand_rule(r: &mut Rng, id: u64, ci: usize, nchains: usize) -> Rule {
     let matches = (0..r.below(4)).map(|_| rand_match(r)).collect();
     let mut stmts = Vec::new();
     if r.pct(30) {
-        stmts.push(match r.below(4) {
+        stmts.push(match r.below(6) {
             0 => Stmt::MarkSet(MarkOp::set(r.below(4) as u32)),
+            4 => Stmt::MarkFromCtMark,
+            5 => Stmt::CtMarkFromMark,
             1 => Stmt::MarkSet(MarkOp {
                 and: 0xfffe,
                 xor: 1,

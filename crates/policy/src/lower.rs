@@ -740,6 +740,14 @@ impl<'a> Lowerer<'a> {
                     pre.push(Stmt::CtMarkSet(MarkOp::set(*v)));
                     Ok(None)
                 }
+                StmtKind::MetaMarkFromCt => {
+                    pre.push(Stmt::MarkFromCtMark);
+                    Ok(None)
+                }
+                StmtKind::CtMarkFromMeta => {
+                    pre.push(Stmt::CtMarkFromMark);
+                    Ok(None)
+                }
                 StmtKind::TcpMssSet(m) => {
                     // nft adds `meta l4proto tcp` for a TCP option
                     // statement: the rule does not match other packets.
@@ -834,8 +842,8 @@ impl<'a> Lowerer<'a> {
                 if !pre.is_empty() {
                     let reads = |f: Field| r.matches.iter().any(|m| m.left.contains(&f));
                     if pre.iter().any(|s| match s {
-                        Stmt::MarkSet(_) => reads(Field::MetaMark),
-                        Stmt::CtMarkSet(_) => reads(Field::CtMark),
+                        Stmt::MarkSet(_) | Stmt::MarkFromCtMark => reads(Field::MetaMark),
+                        Stmt::CtMarkSet(_) | Stmt::CtMarkFromMark => reads(Field::CtMark),
                         _ => false,
                     }) {
                         self.err(

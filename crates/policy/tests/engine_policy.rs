@@ -409,3 +409,44 @@ fn ct_mark_set_is_kept_by_the_connection() {
         vec![6]
     );
 }
+
+/// Connmark save and restore: the first packet's mark is saved to the
+/// connection; the reply restores it into its own packet mark.
+#[test]
+fn connmark_saves_and_restores_the_mark() {
+    let rules = "table inet f {
+  chain fwd { type filter hook forward priority filter; policy drop;
+    ct state new meta mark set 0x3 ct mark set meta mark accept
+    ct state established meta mark set ct mark
+    meta mark 0x3 accept
+  }
+}";
+    let mut w = gateway(rules, 1500);
+    let k = key(42_000);
+    let (a, out) = send(&mut w, LAN, segment(&k, 0x02, 1460, GW_LAN_MAC, HOST_MAC));
+    assert_eq!(a, Action::Forward(WAN));
+    let back = FlowKey4 {
+        src: u32::from(REMOTE),
+        dst: u32::from_be_bytes(out[26..30].try_into().unwrap()),
+        sport: 443,
+        dport: u16::from_be_bytes(out[34..36].try_into().unwrap()),
+        proto: proto::TCP,
+    };
+    let (a, _) = send(
+        &mut w,
+        WAN,
+        segment(&back, 0x12, 1460, GW_WAN_MAC, ROUTER_MAC),
+    );
+    assert_eq!(
+        a,
+        Action::Forward(LAN),
+        "the restored mark accepts the reply"
+    );
+    assert_eq!(
+        w.conntrack()
+            .iter()
+            .map(|(_, e)| e.mark())
+            .collect::<Vec<_>>(),
+        vec![3]
+    );
+}

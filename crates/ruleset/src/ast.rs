@@ -632,6 +632,10 @@ pub enum StmtKind {
     Limit(Limit),
     MetaMarkSet(u32),
     CtMarkSet(u32),
+    /// `meta mark set ct mark` (iptables `CONNMARK --restore-mark`).
+    MetaMarkFromCt,
+    /// `ct mark set meta mark` (iptables `CONNMARK --save-mark`).
+    CtMarkFromMeta,
     /// Boxed, like the map of [`StmtKind::VerdictMap`]: the two largest
     /// variants would otherwise make every statement of a rule set as large
     /// as they are (104 bytes instead of 56).

@@ -618,6 +618,8 @@ const OPTIONS: &[&str] = &[
     "--set-xmark",
     "--set-mss",
     "--clamp-mss-to-pmtu",
+    "--save-mark",
+    "--restore-mark",
     "--to-source",
     "--to-destination",
     "--to-ports",
@@ -1068,9 +1070,12 @@ fn rule(
                 let a = arg!(w);
                 topts.push((w.clone(), Some(a)));
             }
-            "--random" | "--random-fully" | "--persistent" | "--clamp-mss-to-pmtu" => {
-                topts.push((w.clone(), None))
-            }
+            "--random"
+            | "--random-fully"
+            | "--persistent"
+            | "--clamp-mss-to-pmtu"
+            | "--save-mark"
+            | "--restore-mark" => topts.push((w.clone(), None)),
             other => {
                 let norm: String = other.replace(['\u{2013}', '\u{2014}'], "-");
                 let help = if OPTIONS.contains(&norm.as_str()) {
@@ -1355,6 +1360,38 @@ fn lower_target(
                 }
             }
         }
+        // xt_CONNMARK, full-mask forms only.
+        "CONNMARK" => match (
+            opt("--set-mark").or_else(|| opt("--set-xmark")),
+            has("--save-mark"),
+            has("--restore-mark"),
+        ) {
+            (Some(w), false, false) => {
+                let (v, m) = match w.text.split_once('/') {
+                    Some((v, m)) => (parse_num(v), parse_num(m)),
+                    None => (parse_num(&w.text), Some(0xffff_ffff)),
+                };
+                match (v.and_then(|v| u32::try_from(v).ok()), m) {
+                    (Some(v), Some(0xffff_ffff)) => StmtKind::CtMarkSet(v),
+                    _ => {
+                        cx.err(
+                            &w,
+                            format!("unsupported mark '{}' (only full-mask --set-mark)", w.text),
+                        );
+                        return false;
+                    }
+                }
+            }
+            (None, true, false) => StmtKind::CtMarkFromMeta,
+            (None, false, true) => StmtKind::MetaMarkFromCt,
+            _ => {
+                cx.err(
+                    t,
+                    "CONNMARK needs exactly one of --set-mark, --save-mark and --restore-mark",
+                );
+                return false;
+            }
+        },
         // xt_TCPMSS; unlike it, Sluice never adds an MSS option to a SYN
         // that has none (nft's `tcp option maxseg size set` does not
         // either).

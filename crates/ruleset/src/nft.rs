@@ -1339,6 +1339,25 @@ impl<'s> Parser<'s> {
             };
             if next == 1 {
                 self.bump();
+                // Connmark: `meta mark set ct mark`, `ct mark set meta mark`
+                // (also `mark set ct mark`, `ct mark set mark`).
+                let copy = match (fields.as_slice(), self.word(), self.word_at(1)) {
+                    ([Field::MetaMark], Some("ct"), Some("mark")) => {
+                        Some((2, StmtKind::MetaMarkFromCt))
+                    }
+                    ([Field::CtMark], Some("meta"), Some("mark")) => {
+                        Some((2, StmtKind::CtMarkFromMeta))
+                    }
+                    ([Field::CtMark], Some("mark"), _) => Some((1, StmtKind::CtMarkFromMeta)),
+                    _ => None,
+                };
+                if let Some((words, kind)) = copy {
+                    for _ in 0..words {
+                        self.bump();
+                    }
+                    stmts.push(Stmt { kind, span: sp });
+                    continue;
+                }
                 let (v, vsp) = self.expect_word("mark value")?;
                 let n = parse_num(v).and_then(|n| u32::try_from(n).ok());
                 let Some(n) = n else {

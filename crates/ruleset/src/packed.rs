@@ -528,6 +528,8 @@ impl<S: Sink> Writer<S> {
                 self.num(u64::from(*m));
             }
             StmtKind::TcpMssSet(TcpMss::RtMtu) => self.u8(9),
+            StmtKind::MetaMarkFromCt => self.u8(11),
+            StmtKind::CtMarkFromMeta => self.u8(12),
             StmtKind::TcpMssSet(TcpMss::Value(v)) => {
                 self.u8(10);
                 self.num(u64::from(*v));
@@ -839,6 +841,8 @@ impl Reader<'_> {
             },
             9 => StmtKind::TcpMssSet(TcpMss::RtMtu),
             10 => StmtKind::TcpMssSet(TcpMss::Value(self.u16()?)),
+            11 => StmtKind::MetaMarkFromCt,
+            12 => StmtKind::CtMarkFromMeta,
             _ => return None,
         })
     }

@@ -421,6 +421,8 @@ fn stmt(s: &StmtKind) -> String {
         }
         StmtKind::MetaMarkSet(m) => format!("meta mark set 0x{m:08x}"),
         StmtKind::CtMarkSet(m) => format!("ct mark set 0x{m:08x}"),
+        StmtKind::MetaMarkFromCt => "meta mark set ct mark".to_string(),
+        StmtKind::CtMarkFromMeta => "ct mark set meta mark".to_string(),
         StmtKind::TcpMssSet(TcpMss::RtMtu) => "tcp option maxseg size set rt mtu".to_string(),
         StmtKind::TcpMssSet(TcpMss::Value(v)) => format!("tcp option maxseg size set {v}"),
         StmtKind::Nat(n) => nat(n),

@@ -271,3 +271,42 @@ fn log_flags_parse_and_print() {
     .to_string();
     assert!(d.contains("unknown tcp log flag 'seq'"), "{d}");
 }
+
+/// Connmark: `meta mark set ct mark` / `ct mark set meta mark` (nft) and
+/// `-j CONNMARK --restore-mark / --save-mark / --set-mark` (iptables).
+#[test]
+fn connmark_save_and_restore_in_both_syntaxes() {
+    let nft = "table inet t {\n chain c { type filter hook prerouting priority mangle;\n  meta mark set ct mark\n  ct mark set meta mark\n  ct mark set mark\n  mark set ct mark\n }\n}\n";
+    let printed = print_ruleset(&parse_nft_str("c.nft", nft).expect("nft"));
+    assert_eq!(
+        printed.matches("meta mark set ct mark").count(),
+        2,
+        "{printed}"
+    );
+    assert_eq!(
+        printed.matches("ct mark set meta mark").count(),
+        2,
+        "{printed}"
+    );
+    let again = parse_nft_str("again.nft", &printed).expect("printed form parses");
+    assert_eq!(print_ruleset(&again), printed, "fixed point");
+    let ipt = "*mangle\n:PREROUTING ACCEPT [0:0]\n-A PREROUTING -j CONNMARK --restore-mark\n-A PREROUTING -m mark --mark 0 -j MARK --set-mark 7\n-A PREROUTING -j CONNMARK --save-mark\n-A PREROUTING -j CONNMARK --set-mark 9\nCOMMIT\n";
+    let text = parse_iptables_restore_str("c.rules", ipt, None)
+        .expect("iptables")
+        .to_nft();
+    for want in [
+        "meta mark set ct mark",
+        "ct mark set meta mark",
+        "ct mark set 0x00000009",
+    ] {
+        assert!(text.contains(want), "{want}: {text}");
+    }
+    let d = parse_iptables_restore_str(
+        "x.rules",
+        "*mangle\n:PREROUTING ACCEPT [0:0]\n-A PREROUTING -j CONNMARK --save-mark --restore-mark\nCOMMIT\n",
+        None,
+    )
+    .expect_err("both")
+    .to_string();
+    assert!(d.contains("CONNMARK needs exactly one of"), "{d}");
+}

@@ -653,6 +653,8 @@ table inet hdr {
         ip dscp cs6 drop
         fib daddr type != local drop
         fib daddr type local fib saddr type unicast meta mark set 0x7
+        udp dport 5003 ct mark set 0x11 meta mark set ct mark
+        udp dport 5004 meta mark set 0x12 ct mark set meta mark meta mark set 0x13 meta mark set ct mark
     }
 }
 """
@@ -679,6 +681,8 @@ def header_fields():
     out += rule(dict(inp, proto="udp", dport=5001, ttl=2), ttl=dict(ttl=3), dscp=dict(dscp=48),
                 v6=dict(src="2001:db8::5", dst="2001:db8::1"))
     out += rule(dict(inp6, proto="udp", dport=5002, ttl=2), ttl=dict(ttl=3))
+    out += rule(dict(inp, proto="udp", dport=5003), other=dict(dport=5004),
+                v6=dict(src="2001:db8::5", dst="2001:db8::1"))
     return out
 
 
