@@ -121,6 +121,10 @@ pub struct PacketFields {
     pub daddr_type: u8,
     /// `fib saddr type`.
     pub saddr_type: u8,
+    /// `ether saddr`: the frame's source MAC, first byte most significant.
+    pub ether_saddr: u64,
+    /// `ether daddr`.
+    pub ether_daddr: u64,
 }
 
 /// A field a condition can test. Every field reads as a zero-extended `u128`.
@@ -174,6 +178,10 @@ pub enum Field {
     DaddrType,
     /// `fib saddr type`.
     SaddrType,
+    /// `ether saddr`.
+    EtherSaddr,
+    /// `ether daddr`.
+    EtherDaddr,
 }
 
 impl Field {
@@ -187,6 +195,7 @@ impl Field {
             | Field::CtStatus
             | Field::Length => 32,
             Field::IpLen => 16,
+            Field::EtherSaddr | Field::EtherDaddr => 48,
             Field::IifName | Field::OifName | Field::Saddr | Field::Daddr => 128,
             Field::Sport | Field::Dport => 16,
             Field::Family
@@ -237,6 +246,8 @@ impl PacketFields {
             Field::PktType => self.pkttype as u128,
             Field::DaddrType => self.daddr_type as u128,
             Field::SaddrType => self.saddr_type as u128,
+            Field::EtherSaddr => self.ether_saddr as u128,
+            Field::EtherDaddr => self.ether_daddr as u128,
         }
     }
 }

@@ -151,7 +151,7 @@ fn rand_match(r: &mut Rng) -> Match {
         }
         // The IP header and meta fields (ttl, lengths, dscp, pkttype).
         12 => {
-            let (f, rs) = match r.below(6) {
+            let (f, rs) = match r.below(7) {
                 0 => (Field::Ttl, vec![Range::new(0, r.below(3) as u128)]),
                 1 => (Field::IpLen, vec![Range::new(1000, 1500)]),
                 2 => (
@@ -163,6 +163,10 @@ fn rand_match(r: &mut Rng) -> Match {
                     vec![Range::new(r.below(1600) as u128, 65535)],
                 ),
                 4 => (Field::PktType, vec![Range::value(r.below(3) as u128)]),
+                5 => (
+                    Field::EtherSaddr,
+                    vec![Range::value(0x0200_0000_0000 | r.below(3) as u128)],
+                ),
                 _ => (
                     if r.pct(50) {
                         Field::DaddrType
@@ -284,6 +288,8 @@ fn rand_packet(r: &mut Rng) -> PacketFields {
         pkttype: r.below(3) as u8,
         daddr_type: [1u8, 2, 3][r.below(3) as usize],
         saddr_type: [1u8, 2][r.below(2) as usize],
+        ether_saddr: 0x0200_0000_0000 | r.below(3),
+        ether_daddr: 0x0200_0000_0010,
     }
 }
 

@@ -86,6 +86,9 @@ pub struct PolicyPacket {
     pub daddr_type: u8,
     /// The route type of `src` (`fib saddr type`).
     pub saddr_type: u8,
+    /// The frame's source and destination MAC addresses (`ether saddr`,
+    /// `ether daddr`), first byte most significant.
+    pub ether: (u64, u64),
     /// The batch's time, ms on the worker's monotonic clock (for `limit`
     /// rate buckets; the policy reads no clock).
     pub now_ms: u64,

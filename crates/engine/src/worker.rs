@@ -1429,6 +1429,7 @@ impl Worker {
             pkttype: 0,
             daddr_type: self.addr_type4(dst),
             saddr_type: self.addr_type4(src),
+            ether: frame_macs(buf),
             now_ms: self.now_ms,
         };
         let dec = self.policy.decide(hook, &pp);
@@ -2496,6 +2497,7 @@ fn policy_packet(
         // The worker's: `Worker::addr_types4`.
         daddr_type: 0,
         saddr_type: 0,
+        ether: frame_macs(buf),
         src: u128::from(key.src),
         dst: u128::from(key.dst),
         proto: key.proto,
@@ -2521,6 +2523,16 @@ fn datagram_id(buf: &[u8], l3: usize, proto: u8) -> Option<frag::DatagramId> {
         proto,
         ident: read16(buf, l3 + 4)?,
     })
+}
+
+/// The frame's (source, destination) MAC addresses, first byte most
+/// significant.
+fn frame_macs(buf: &[u8]) -> (u64, u64) {
+    let mac = |r: core::ops::Range<usize>| {
+        buf.get(r)
+            .map_or(0, |b| b.iter().fold(0u64, |v, x| v << 8 | u64::from(*x)))
+    };
+    (mac(6..12), mac(0..6))
 }
 
 /// `meta pkttype` of the frame in `buf` (one that reached the policy is to

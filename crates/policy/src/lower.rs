@@ -282,6 +282,8 @@ fn spec(f: Field, fam: Family) -> Result<(ir::Field, Kind, &'static [Dep]), Stri
         Field::MetaPkttype => (I::PktType, Kind::Num, &[]),
         Field::FibDaddrType => (I::DaddrType, Kind::Num, &[]),
         Field::FibSaddrType => (I::SaddrType, Kind::Num, &[]),
+        Field::EtherSaddr => (I::EtherSaddr, Kind::Num, &[]),
+        Field::EtherDaddr => (I::EtherDaddr, Kind::Num, &[]),
     })
 }
 

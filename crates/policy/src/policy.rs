@@ -760,6 +760,8 @@ impl CompiledPolicy {
             pkttype: pkt.pkttype,
             daddr_type: pkt.daddr_type,
             saddr_type: pkt.saddr_type,
+            ether_saddr: pkt.ether.0,
+            ether_daddr: pkt.ether.1,
         }
     }
 }
@@ -1296,6 +1298,7 @@ mod tests {
             pkttype: 0,
             daddr_type: 1,
             saddr_type: 1,
+            ether: (0, 0),
             now_ms: 0,
         };
         let d = p.decide(Hook::Forward, &pp);
@@ -1341,6 +1344,7 @@ mod tests {
             pkttype: 0,
             daddr_type: 1,
             saddr_type: 1,
+            ether: (0, 0),
             now_ms: 0,
         };
         let counts = |p: &CompiledPolicy| -> Vec<Option<(u64, u64)>> {
@@ -1404,6 +1408,7 @@ mod tests {
             pkttype: 0,
             daddr_type: 1,
             saddr_type: 1,
+            ether: (0, 0),
             now_ms,
         };
         let v = |p: &CompiledPolicy, proto, dport, t| {
@@ -1482,6 +1487,7 @@ mod tests {
             pkttype: 0,
             daddr_type: 1,
             saddr_type: 1,
+            ether: (0, 0),
             now_ms: 5000,
         };
         for _ in 0..150 {

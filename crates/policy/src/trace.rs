@@ -80,6 +80,9 @@ pub struct TracePacket {
     /// `fib saddr type`. `None`: from the address and the hook (`output`:
     /// local), else unicast.
     pub saddr_type: Option<u8>,
+    /// The frame's source and destination MAC addresses (`ether saddr`,
+    /// `ether daddr`; default 0).
+    pub ether: (u64, u64),
 }
 
 impl Default for TracePacket {
@@ -106,6 +109,7 @@ impl Default for TracePacket {
             pkttype: 0,
             daddr_type: None,
             saddr_type: None,
+            ether: (0, 0),
         }
     }
 }
@@ -312,6 +316,19 @@ pub fn parse_addr_type(s: &str) -> Result<u8, PacketError> {
     }
 }
 
+/// A MAC address `aa:bb:cc:dd:ee:ff`, as the low 48 bits of a `u64`.
+pub fn parse_mac(s: &str) -> Result<u64, PacketError> {
+    let parts: Vec<&str> = s.split(':').collect();
+    let mut v = 0u64;
+    for p in &parts {
+        match u8::from_str_radix(p, 16) {
+            Ok(b) if parts.len() == 6 && p.len() <= 2 => v = v << 8 | u64::from(b),
+            _ => return perr(format!("'{s}' is not a MAC address (aa:bb:cc:dd:ee:ff)")),
+        }
+    }
+    Ok(v)
+}
+
 /// `host` (or `unicast`), `broadcast` or `multicast`.
 pub fn parse_pkttype(s: &str) -> Result<u8, PacketError> {
     Ok(match s {
@@ -403,9 +420,11 @@ impl TracePacket {
                 "pkttype" => p.pkttype = parse_pkttype(val)?,
                 "daddr_type" => p.daddr_type = Some(parse_addr_type(val)?),
                 "saddr_type" => p.saddr_type = Some(parse_addr_type(val)?),
+                "ether_saddr" => p.ether.0 = parse_mac(val)?,
+                "ether_daddr" => p.ether.1 = parse_mac(val)?,
                 _ => {
                     return perr(format!(
-                        "unknown key '{key}' (iif, oif, ct, status, mark, ctmark, flags, type, code, hook, ttl, length, dscp, pkttype, daddr_type, saddr_type)"
+                        "unknown key '{key}' (iif, oif, ct, status, mark, ctmark, flags, type, code, hook, ttl, length, dscp, pkttype, daddr_type, saddr_type, ether_saddr, ether_daddr)"
                     ))
                 }
             }
@@ -484,6 +503,8 @@ impl TracePacket {
             daddr_type: self.daddr_type.unwrap_or_else(|| {
                 addr_type(self.dst, v6).unwrap_or(if self.hook == ast::Hook::Input { 2 } else { 1 })
             }),
+            ether_saddr: self.ether.0,
+            ether_daddr: self.ether.1,
             saddr_type: self.saddr_type.unwrap_or_else(|| {
                 addr_type(self.src, v6).unwrap_or(if self.hook == ast::Hook::Output {
                     2

@@ -450,3 +450,29 @@ fn connmark_saves_and_restores_the_mark() {
         vec![3]
     );
 }
+
+/// `ether saddr` sees the frame's source MAC, on the first packet and on
+/// established ones.
+#[test]
+fn ether_saddr_matches_the_frame() {
+    let rules = "table inet f {
+  chain fwd { type filter hook forward priority filter; policy accept;
+    ether saddr 02:00:00:00:09:09 udp dport 7 drop
+  }
+}";
+    let mut w = gateway(rules, 1500);
+    let (a, _) = send(&mut w, LAN, udp(2000, 64, 0, 10));
+    assert_eq!(a, Action::Forward(WAN), "dport 53");
+    let mut f = udp(2001, 64, 0, 10);
+    f[36..38].copy_from_slice(&7u16.to_be_bytes());
+    f[40..42].copy_from_slice(&[0, 0]);
+    let (a, _) = send(&mut w, LAN, f.clone());
+    assert_eq!(
+        a,
+        Action::Drop(sluice_engine::DropReason::PolicyDrop),
+        "HOST_MAC, dport 7"
+    );
+    f[6..12].copy_from_slice(&[2, 0, 0, 0, 9, 8]);
+    let (a, _) = send(&mut w, LAN, f);
+    assert_eq!(a, Action::Forward(WAN), "another source MAC");
+}

@@ -322,6 +322,8 @@ pub enum Field {
     MetaPkttype,
     FibDaddrType,
     FibSaddrType,
+    EtherSaddr,
+    EtherDaddr,
 }
 
 /// Which network-layer family a field requires.
@@ -334,7 +336,7 @@ pub enum FieldFamily {
 
 impl Field {
     /// All fields, for lookups and suggestions.
-    pub const ALL: [Field; 37] = [
+    pub const ALL: [Field; 39] = [
         Field::Iifname,
         Field::Oifname,
         Field::Iif,
@@ -372,6 +374,8 @@ impl Field {
         Field::MetaPkttype,
         Field::FibDaddrType,
         Field::FibSaddrType,
+        Field::EtherSaddr,
+        Field::EtherDaddr,
     ];
 
     /// Canonical nft spelling (`"ip saddr"`).
@@ -414,6 +418,8 @@ impl Field {
             Field::MetaPkttype => "meta pkttype",
             Field::FibDaddrType => "fib daddr type",
             Field::FibSaddrType => "fib saddr type",
+            Field::EtherSaddr => "ether saddr",
+            Field::EtherDaddr => "ether daddr",
         }
     }
 
@@ -434,6 +440,7 @@ impl Field {
             Field::IpDscp | Field::Ip6Dscp => DataType::Dscp,
             Field::MetaPkttype => DataType::PktType,
             Field::FibDaddrType | Field::FibSaddrType => DataType::AddrType,
+            Field::EtherSaddr | Field::EtherDaddr => DataType::EtherAddr,
             Field::TcpSport
             | Field::TcpDport
             | Field::UdpSport
@@ -491,10 +498,11 @@ pub enum DataType {
     AddrType,
     IcmpCode,
     Icmpv6Code,
+    EtherAddr,
 }
 
 impl DataType {
-    pub const ALL: [DataType; 22] = [
+    pub const ALL: [DataType; 23] = [
         DataType::Ipv4Addr,
         DataType::Ipv6Addr,
         DataType::InetService,
@@ -517,6 +525,7 @@ impl DataType {
         DataType::AddrType,
         DataType::IcmpCode,
         DataType::Icmpv6Code,
+        DataType::EtherAddr,
     ];
 
     /// nft type name as used in `set { type ... }`.
@@ -546,6 +555,7 @@ impl DataType {
             DataType::AddrType => "fib_addrtype",
             DataType::IcmpCode => "icmp_code",
             DataType::Icmpv6Code => "icmpv6_code",
+            DataType::EtherAddr => "ether_addr",
         }
     }
 
@@ -565,6 +575,7 @@ impl DataType {
             DataType::PktType => Some(3),
             DataType::AddrType => Some(11),
             DataType::IcmpCode | DataType::Icmpv6Code => Some(u64::from(u8::MAX)),
+            DataType::EtherAddr => Some((1 << 48) - 1),
             DataType::Mark | DataType::CtState | DataType::CtStatus => Some(u64::from(u32::MAX)),
             _ => None,
         }

@@ -620,6 +620,7 @@ const OPTIONS: &[&str] = &[
     "--clamp-mss-to-pmtu",
     "--save-mark",
     "--restore-mark",
+    "--mac-source",
     "--to-source",
     "--to-destination",
     "--to-ports",
@@ -785,6 +786,7 @@ fn rule(
                     "comment",
                     "limit",
                     "addrtype",
+                    "mac",
                 ];
                 if !known.contains(&a.text.as_str()) {
                     let help = suggest(&a.text, known);
@@ -835,6 +837,24 @@ fn rule(
                     }
                     _ => {
                         cx.err(&a, format!("invalid port '{}'", a.text));
+                        ok = false;
+                    }
+                }
+            }
+            // `-m mac --mac-source`: nft's `ether saddr`.
+            "--mac-source" => {
+                let a = arg!(w);
+                match symbols::parse_mac(&a.text) {
+                    Some(m) => push(
+                        &mut r,
+                        vec![Field::EtherSaddr],
+                        None,
+                        neg,
+                        Value::Num(m),
+                        cx.span(&a),
+                    ),
+                    None => {
+                        cx.err(&a, format!("invalid MAC address '{}'", a.text));
                         ok = false;
                     }
                 }

@@ -48,7 +48,7 @@ const STMT_KEYWORDS: &[&str] = &[
 ];
 const EXPR_KEYWORDS: &[&str] = &[
     "iifname", "oifname", "iif", "oif", "meta", "mark", "l4proto", "nfproto", "pkttype", "ip",
-    "ip6", "tcp", "udp", "th", "icmp", "icmpv6", "ct",
+    "ip6", "tcp", "udp", "th", "icmp", "icmpv6", "ct", "fib", "ether",
 ];
 
 /// `STMT_KEYWORDS.contains(&w)`, as one `match` (checked once per rule word).
@@ -87,6 +87,7 @@ fn is_expr_keyword(w: &str) -> bool {
             | "nfproto"
             | "pkttype"
             | "fib"
+            | "ether"
             | "ip"
             | "ip6"
             | "tcp"
@@ -1514,6 +1515,11 @@ impl<'s> Parser<'s> {
                 "icmpv6",
                 &[("type", Field::Icmpv6Type), ("code", Field::Icmpv6Code)],
             )?,
+            "ether" => sub(
+                self,
+                "ether",
+                &[("saddr", Field::EtherSaddr), ("daddr", Field::EtherDaddr)],
+            )?,
             "fib" => {
                 // `fib daddr type` / `fib saddr type`: the route type of
                 // the address. The other fib forms (`. iif`, `oif`) are not
@@ -1766,6 +1772,10 @@ impl<'s> Parser<'s> {
                 None => self.err(sp, format!("invalid {} '{w}'", dt.name())),
             },
             DataType::Verdict => self.err(sp, format!("expected a verdict, found '{w}'")),
+            DataType::EtherAddr => match symbols::parse_mac(w) {
+                Some(n) => Ok(Value::Num(n)),
+                None => self.err(sp, format!("invalid ether_addr '{w}'")),
+            },
             _ => {
                 if let Some(v) = decimal_value(w) {
                     return Ok(v);

@@ -256,6 +256,7 @@ fn match_to_string(m: &Match) -> String {
 fn num(n: u64, dt: DataType) -> String {
     match dt {
         DataType::Mark => format!("0x{n:08x}"),
+        DataType::EtherAddr => symbols::format_mac(n),
         d if d.is_bitmask() => {
             let tab = symbols::table(d);
             let mut rest = n;
@@ -282,6 +283,7 @@ fn num(n: u64, dt: DataType) -> String {
 fn plain_num(n: u64, dt: DataType) -> String {
     match dt {
         DataType::Mark => format!("0x{n:08x}"),
+        DataType::EtherAddr => symbols::format_mac(n),
         d if d.is_bitmask() => format!("0x{n:x}"),
         _ => n.to_string(),
     }

@@ -285,6 +285,32 @@ pub(crate) fn code_lookup(tab: &[(&str, u8)], name: &str) -> Option<u8> {
     tab.iter().find(|(n, _)| *n == name).map(|(_, c)| *c)
 }
 
+/// Parse a MAC address `aa:bb:cc:dd:ee:ff` (or with `-`) into the low 48
+/// bits of a `u64`, first byte most significant.
+pub(crate) fn parse_mac(s: &str) -> Option<u64> {
+    let parts: Vec<&str> = s.split([':', '-']).collect();
+    if parts.len() != 6 {
+        return None;
+    }
+    let mut v = 0u64;
+    for p in parts {
+        if p.is_empty() || p.len() > 2 {
+            return None;
+        }
+        v = v << 8 | u64::from_str_radix(p, 16).ok()?;
+    }
+    Some(v)
+}
+
+/// A MAC address as [`parse_mac`] reads it, in its canonical form.
+pub(crate) fn format_mac(v: u64) -> String {
+    let b = v.to_be_bytes();
+    format!(
+        "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+        b[2], b[3], b[4], b[5], b[6], b[7]
+    )
+}
+
 /// Parse a decimal or `0x` hexadecimal number.
 ///
 /// (No symbol name in the tables above starts with a digit, so a word that

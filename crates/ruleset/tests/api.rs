@@ -310,3 +310,37 @@ fn connmark_save_and_restore_in_both_syntaxes() {
     .to_string();
     assert!(d.contains("CONNMARK needs exactly one of"), "{d}");
 }
+
+/// `ether saddr` / `ether daddr` (nft) and `-m mac --mac-source` (iptables).
+#[test]
+fn ether_addresses_in_both_syntaxes() {
+    let nft = "table inet t {\n set macs { type ether_addr; elements = { 02:00:00:00:BE:EF, 02:00:00:00:be:f0 } }\n chain c { type filter hook forward priority 0;\n  ether saddr @macs drop\n  ether daddr != 00:11:22:33:44:55 accept\n }\n}\n";
+    let printed = print_ruleset(&parse_nft_str("e.nft", nft).expect("nft"));
+    for want in [
+        "02:00:00:00:be:ef, 02:00:00:00:be:f0",
+        "ether saddr @macs drop",
+        "ether daddr != 00:11:22:33:44:55 accept",
+    ] {
+        assert!(printed.contains(want), "{want}: {printed}");
+    }
+    let again = parse_nft_str("again.nft", &printed).expect("printed form parses");
+    assert_eq!(print_ruleset(&again), printed, "fixed point");
+    let text = parse_iptables_restore_str(
+        "m.rules",
+        "*filter\n:FORWARD ACCEPT [0:0]\n-A FORWARD -m mac ! --mac-source 02:00:00:00:be:ef -j DROP\nCOMMIT\n",
+        None,
+    )
+    .expect("iptables")
+    .to_nft();
+    assert!(
+        text.contains("ether saddr != 02:00:00:00:be:ef drop"),
+        "{text}"
+    );
+    let d = parse_nft_str(
+        "bad.nft",
+        "table inet t {\n chain c {\n  ether saddr 02:00:00:be:ef drop\n }\n}\n",
+    )
+    .expect_err("5 bytes")
+    .to_string();
+    assert!(d.contains("invalid ether_addr '02:00:00:be:ef'"), "{d}");
+}

@@ -565,6 +565,7 @@ impl Worker {
             pkttype: 0,
             daddr_type: self.addr_type6(iif, key.dst),
             saddr_type: self.addr_type6(iif, key.src),
+            ether: super::frame_macs(buf),
             now_ms: self.now_ms,
         };
         let ct_mark = pp.ct_mark;
@@ -1012,6 +1013,7 @@ fn policy_packet6(
         // The worker's: `Worker::addr_types6`.
         daddr_type: 0,
         saddr_type: 0,
+        ether: super::frame_macs(buf),
         now_ms: 0,
     }
 }

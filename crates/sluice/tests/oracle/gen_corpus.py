@@ -19,7 +19,7 @@ HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
 _sport = [20000]
 
 FIELDS = ["hook", "iif", "oif", "proto", "src", "sport", "dst", "dport", "type", "code", "tcp_flags", "ct", "mark",
-          "ttl", "length", "dscp", "pkttype"]
+          "ttl", "length", "dscp", "pkttype", "ether_saddr"]
 
 
 def pkt(**kw):
@@ -644,6 +644,8 @@ table inet hdr {
         ip6 dscp ef meta mark set 0x2f
         fib daddr type local drop
         fib saddr type { local, broadcast, multicast } drop
+        ether saddr { 02:00:00:00:be:ef, 02:00:00:00:be:f0 } reject
+        ether saddr 02:00:00:00:be:f1 meta mark set 0x21
     }
     chain hdr_in {
         type filter hook input priority filter; policy accept;
@@ -681,6 +683,10 @@ def header_fields():
     out += rule(dict(inp, proto="udp", dport=5001, ttl=2), ttl=dict(ttl=3), dscp=dict(dscp=48),
                 v6=dict(src="2001:db8::5", dst="2001:db8::1"))
     out += rule(dict(inp6, proto="udp", dport=5002, ttl=2), ttl=dict(ttl=3))
+    # The peer's frames come from 02:5c:00:00:00:02 (eth0's peer).
+    out += rule(dict(fw, proto="udp", dport=5005, ether_saddr="02:00:00:00:be:ef"),
+                other=dict(ether_saddr="02:00:00:00:be:f1"), own=dict(ether_saddr="02:5c:00:00:00:02"),
+                v6=dict(fw6, proto="udp", dport=5005, ether_saddr="02:00:00:00:be:f0"))
     out += rule(dict(inp, proto="udp", dport=5003), other=dict(dport=5004),
                 v6=dict(src="2001:db8::5", dst="2001:db8::1"))
     return out

@@ -426,7 +426,8 @@ class Ruleset:
                       inner=inner)
         dmac = {"broadcast": b"\xff" * 6, "multicast": b"\x01\x00\x5e\x00\x00\x01"}.get(
             p.get("pkttype"), mac(k, 1))
-        return frame(dmac, mac(k, 2), ip_packet(p["src"], p["dst"], PROTO_NUM[proto], l4, ident,
+        smac = bytes.fromhex(p["ether_saddr"].replace(":", "")) if "ether_saddr" in p else mac(k, 2)
+        return frame(dmac, smac, ip_packet(p["src"], p["dst"], PROTO_NUM[proto], l4, ident,
                                                 ttl=p.get("ttl", 64), dscp=p.get("dscp", 0)))
 
     def run(self):
