@@ -125,6 +125,8 @@ pub struct PacketFields {
     pub ether_saddr: u64,
     /// `ether daddr`.
     pub ether_daddr: u64,
+    /// `ct direction`: 0 original, 1 reply.
+    pub ct_dir: u8,
 }
 
 /// A field a condition can test. Every field reads as a zero-extended `u128`.
@@ -182,6 +184,8 @@ pub enum Field {
     EtherSaddr,
     /// `ether daddr`.
     EtherDaddr,
+    /// `ct direction`.
+    CtDir,
 }
 
 impl Field {
@@ -208,7 +212,8 @@ impl Field {
             | Field::Dscp
             | Field::PktType
             | Field::DaddrType
-            | Field::SaddrType => 8,
+            | Field::SaddrType
+            | Field::CtDir => 8,
         }
     }
     /// Largest value of the field.
@@ -248,6 +253,7 @@ impl PacketFields {
             Field::SaddrType => self.saddr_type as u128,
             Field::EtherSaddr => self.ether_saddr as u128,
             Field::EtherDaddr => self.ether_daddr as u128,
+            Field::CtDir => self.ct_dir as u128,
         }
     }
 }

@@ -151,7 +151,7 @@ fn rand_match(r: &mut Rng) -> Match {
         }
         // The IP header and meta fields (ttl, lengths, dscp, pkttype).
         12 => {
-            let (f, rs) = match r.below(7) {
+            let (f, rs) = match r.below(8) {
                 0 => (Field::Ttl, vec![Range::new(0, r.below(3) as u128)]),
                 1 => (Field::IpLen, vec![Range::new(1000, 1500)]),
                 2 => (
@@ -163,6 +163,7 @@ fn rand_match(r: &mut Rng) -> Match {
                     vec![Range::new(r.below(1600) as u128, 65535)],
                 ),
                 4 => (Field::PktType, vec![Range::value(r.below(3) as u128)]),
+                6 => (Field::CtDir, vec![Range::value(r.below(2) as u128)]),
                 5 => (
                     Field::EtherSaddr,
                     vec![Range::value(0x0200_0000_0000 | r.below(3) as u128)],
@@ -290,6 +291,7 @@ fn rand_packet(r: &mut Rng) -> PacketFields {
         saddr_type: [1u8, 2][r.below(2) as usize],
         ether_saddr: 0x0200_0000_0000 | r.below(3),
         ether_daddr: 0x0200_0000_0010,
+        ct_dir: r.below(2) as u8,
     }
 }
 

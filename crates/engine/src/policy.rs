@@ -89,6 +89,9 @@ pub struct PolicyPacket {
     /// The frame's source and destination MAC addresses (`ether saddr`,
     /// `ether daddr`), first byte most significant.
     pub ether: (u64, u64),
+    /// `ct direction`: 0 original (a new packet, or one in the direction of
+    /// the connection's first), 1 reply.
+    pub ct_dir: u8,
     /// The batch's time, ms on the worker's monotonic clock (for `limit`
     /// rate buckets; the policy reads no clock).
     pub now_ms: u64,

@@ -1430,6 +1430,7 @@ impl Worker {
             daddr_type: self.addr_type4(dst),
             saddr_type: self.addr_type4(src),
             ether: frame_macs(buf),
+            ct_dir: u8::from(dir == Dir::Reply),
             now_ms: self.now_ms,
         };
         let dec = self.policy.decide(hook, &pp);
@@ -2498,6 +2499,7 @@ fn policy_packet(
         daddr_type: 0,
         saddr_type: 0,
         ether: frame_macs(buf),
+        ct_dir: 0,
         src: u128::from(key.src),
         dst: u128::from(key.dst),
         proto: key.proto,

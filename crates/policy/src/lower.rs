@@ -284,6 +284,7 @@ fn spec(f: Field, fam: Family) -> Result<(ir::Field, Kind, &'static [Dep]), Stri
         Field::FibSaddrType => (I::SaddrType, Kind::Num, &[]),
         Field::EtherSaddr => (I::EtherSaddr, Kind::Num, &[]),
         Field::EtherDaddr => (I::EtherDaddr, Kind::Num, &[]),
+        Field::CtDirection => (I::CtDir, Kind::Num, &[]),
     })
 }
 

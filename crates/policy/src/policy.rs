@@ -762,6 +762,7 @@ impl CompiledPolicy {
             saddr_type: pkt.saddr_type,
             ether_saddr: pkt.ether.0,
             ether_daddr: pkt.ether.1,
+            ct_dir: pkt.ct_dir,
         }
     }
 }
@@ -1299,6 +1300,7 @@ mod tests {
             daddr_type: 1,
             saddr_type: 1,
             ether: (0, 0),
+            ct_dir: 0,
             now_ms: 0,
         };
         let d = p.decide(Hook::Forward, &pp);
@@ -1345,6 +1347,7 @@ mod tests {
             daddr_type: 1,
             saddr_type: 1,
             ether: (0, 0),
+            ct_dir: 0,
             now_ms: 0,
         };
         let counts = |p: &CompiledPolicy| -> Vec<Option<(u64, u64)>> {
@@ -1409,6 +1412,7 @@ mod tests {
             daddr_type: 1,
             saddr_type: 1,
             ether: (0, 0),
+            ct_dir: 0,
             now_ms,
         };
         let v = |p: &CompiledPolicy, proto, dport, t| {
@@ -1488,6 +1492,7 @@ mod tests {
             daddr_type: 1,
             saddr_type: 1,
             ether: (0, 0),
+            ct_dir: 0,
             now_ms: 5000,
         };
         for _ in 0..150 {

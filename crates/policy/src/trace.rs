@@ -83,6 +83,8 @@ pub struct TracePacket {
     /// The frame's source and destination MAC addresses (`ether saddr`,
     /// `ether daddr`; default 0).
     pub ether: (u64, u64),
+    /// `ct direction`: 0 original (default), 1 reply.
+    pub ct_dir: u8,
 }
 
 impl Default for TracePacket {
@@ -110,6 +112,7 @@ impl Default for TracePacket {
             daddr_type: None,
             saddr_type: None,
             ether: (0, 0),
+            ct_dir: 0,
         }
     }
 }
@@ -316,6 +319,15 @@ pub fn parse_addr_type(s: &str) -> Result<u8, PacketError> {
     }
 }
 
+/// `original` or `reply`.
+pub fn parse_ct_direction(s: &str) -> Result<u8, PacketError> {
+    match s {
+        "original" => Ok(0),
+        "reply" => Ok(1),
+        _ => perr(format!("unknown ct direction '{s}' (original, reply)")),
+    }
+}
+
 /// A MAC address `aa:bb:cc:dd:ee:ff`, as the low 48 bits of a `u64`.
 pub fn parse_mac(s: &str) -> Result<u64, PacketError> {
     let parts: Vec<&str> = s.split(':').collect();
@@ -422,9 +434,10 @@ impl TracePacket {
                 "saddr_type" => p.saddr_type = Some(parse_addr_type(val)?),
                 "ether_saddr" => p.ether.0 = parse_mac(val)?,
                 "ether_daddr" => p.ether.1 = parse_mac(val)?,
+                "ct_direction" => p.ct_dir = parse_ct_direction(val)?,
                 _ => {
                     return perr(format!(
-                        "unknown key '{key}' (iif, oif, ct, status, mark, ctmark, flags, type, code, hook, ttl, length, dscp, pkttype, daddr_type, saddr_type, ether_saddr, ether_daddr)"
+                        "unknown key '{key}' (iif, oif, ct, status, mark, ctmark, flags, type, code, hook, ttl, length, dscp, pkttype, daddr_type, saddr_type, ether_saddr, ether_daddr, ct_direction)"
                     ))
                 }
             }
@@ -505,6 +518,7 @@ impl TracePacket {
             }),
             ether_saddr: self.ether.0,
             ether_daddr: self.ether.1,
+            ct_dir: self.ct_dir,
             saddr_type: self.saddr_type.unwrap_or_else(|| {
                 addr_type(self.src, v6).unwrap_or(if self.hook == ast::Hook::Output {
                     2

@@ -476,3 +476,43 @@ fn ether_saddr_matches_the_frame() {
     let (a, _) = send(&mut w, LAN, f);
     assert_eq!(a, Action::Forward(WAN), "another source MAC");
 }
+
+/// `ct direction`: the reply of a connection is `reply`, its original
+/// direction `original`.
+#[test]
+fn ct_direction_tells_replies_apart() {
+    let rules = "table inet f {
+  chain fwd { type filter hook forward priority filter; policy accept;
+    ct state established ct direction reply tcp flags & (syn|ack) == ack drop
+  }
+}";
+    let mut w = gateway(rules, 1500);
+    let k = key(43_000);
+    let (a, out) = send(&mut w, LAN, segment(&k, 0x02, 1460, GW_LAN_MAC, HOST_MAC));
+    assert_eq!(a, Action::Forward(WAN));
+    let back = FlowKey4 {
+        src: u32::from(REMOTE),
+        dst: u32::from_be_bytes(out[26..30].try_into().unwrap()),
+        sport: 443,
+        dport: u16::from_be_bytes(out[34..36].try_into().unwrap()),
+        proto: proto::TCP,
+    };
+    let (a, _) = send(
+        &mut w,
+        WAN,
+        segment(&back, 0x12, 1460, GW_WAN_MAC, ROUTER_MAC),
+    );
+    assert_eq!(a, Action::Forward(LAN), "SYN-ACK: not a bare ACK");
+    let (a, _) = send(&mut w, LAN, segment(&k, 0x10, 1460, GW_LAN_MAC, HOST_MAC));
+    assert_eq!(a, Action::Forward(WAN), "original direction");
+    let (a, _) = send(
+        &mut w,
+        WAN,
+        segment(&back, 0x10, 1460, GW_WAN_MAC, ROUTER_MAC),
+    );
+    assert_eq!(
+        a,
+        Action::Drop(sluice_engine::DropReason::PolicyDrop),
+        "a reply ACK"
+    );
+}

@@ -324,6 +324,7 @@ pub enum Field {
     FibSaddrType,
     EtherSaddr,
     EtherDaddr,
+    CtDirection,
 }
 
 /// Which network-layer family a field requires.
@@ -336,7 +337,7 @@ pub enum FieldFamily {
 
 impl Field {
     /// All fields, for lookups and suggestions.
-    pub const ALL: [Field; 39] = [
+    pub const ALL: [Field; 40] = [
         Field::Iifname,
         Field::Oifname,
         Field::Iif,
@@ -376,6 +377,7 @@ impl Field {
         Field::FibSaddrType,
         Field::EtherSaddr,
         Field::EtherDaddr,
+        Field::CtDirection,
     ];
 
     /// Canonical nft spelling (`"ip saddr"`).
@@ -420,6 +422,7 @@ impl Field {
             Field::FibSaddrType => "fib saddr type",
             Field::EtherSaddr => "ether saddr",
             Field::EtherDaddr => "ether daddr",
+            Field::CtDirection => "ct direction",
         }
     }
 
@@ -441,6 +444,7 @@ impl Field {
             Field::MetaPkttype => DataType::PktType,
             Field::FibDaddrType | Field::FibSaddrType => DataType::AddrType,
             Field::EtherSaddr | Field::EtherDaddr => DataType::EtherAddr,
+            Field::CtDirection => DataType::CtDir,
             Field::TcpSport
             | Field::TcpDport
             | Field::UdpSport
@@ -499,10 +503,11 @@ pub enum DataType {
     IcmpCode,
     Icmpv6Code,
     EtherAddr,
+    CtDir,
 }
 
 impl DataType {
-    pub const ALL: [DataType; 23] = [
+    pub const ALL: [DataType; 24] = [
         DataType::Ipv4Addr,
         DataType::Ipv6Addr,
         DataType::InetService,
@@ -526,6 +531,7 @@ impl DataType {
         DataType::IcmpCode,
         DataType::Icmpv6Code,
         DataType::EtherAddr,
+        DataType::CtDir,
     ];
 
     /// nft type name as used in `set { type ... }`.
@@ -556,6 +562,7 @@ impl DataType {
             DataType::IcmpCode => "icmp_code",
             DataType::Icmpv6Code => "icmpv6_code",
             DataType::EtherAddr => "ether_addr",
+            DataType::CtDir => "ct_dir",
         }
     }
 
@@ -576,6 +583,7 @@ impl DataType {
             DataType::AddrType => Some(11),
             DataType::IcmpCode | DataType::Icmpv6Code => Some(u64::from(u8::MAX)),
             DataType::EtherAddr => Some((1 << 48) - 1),
+            DataType::CtDir => Some(1),
             DataType::Mark | DataType::CtState | DataType::CtStatus => Some(u64::from(u32::MAX)),
             _ => None,
         }

@@ -1550,6 +1550,7 @@ impl<'s> Parser<'s> {
                     ("state", Field::CtState),
                     ("status", Field::CtStatus),
                     ("mark", Field::CtMark),
+                    ("direction", Field::CtDirection),
                 ],
             )?,
             _ => {

@@ -245,6 +245,9 @@ pub(crate) const ICMPV6_CODES: &[(&str, u64)] = &[
     ("reject-route", 6),
 ];
 
+/// `ct direction`.
+pub(crate) const CT_DIR: &[(&str, u64)] = &[("original", 0), ("reply", 1)];
+
 /// Symbol table for a data type (empty for non-symbolic types).
 pub(crate) fn table(dt: DataType) -> &'static [(&'static str, u64)] {
     match dt {
@@ -261,6 +264,7 @@ pub(crate) fn table(dt: DataType) -> &'static [(&'static str, u64)] {
         DataType::AddrType => ADDRTYPE,
         DataType::IcmpCode => ICMP_CODES,
         DataType::Icmpv6Code => ICMPV6_CODES,
+        DataType::CtDir => CT_DIR,
         _ => &[],
     }
 }

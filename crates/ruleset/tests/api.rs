@@ -344,3 +344,19 @@ fn ether_addresses_in_both_syntaxes() {
     .to_string();
     assert!(d.contains("invalid ether_addr '02:00:00:be:ef'"), "{d}");
 }
+
+#[test]
+fn ct_direction_parses_and_prints() {
+    let nft = "table inet t {\n chain c { type filter hook forward priority 0;\n  ct direction reply ct state established accept\n  ct direction != original drop\n }\n}\n";
+    let printed = print_ruleset(&parse_nft_str("d.nft", nft).expect("nft"));
+    assert!(
+        printed.contains("ct direction reply ct state established accept"),
+        "{printed}"
+    );
+    assert!(
+        printed.contains("ct direction != original drop"),
+        "{printed}"
+    );
+    let again = parse_nft_str("again.nft", &printed).expect("printed form parses");
+    assert_eq!(print_ruleset(&again), printed, "fixed point");
+}

@@ -566,6 +566,7 @@ impl Worker {
             daddr_type: self.addr_type6(iif, key.dst),
             saddr_type: self.addr_type6(iif, key.src),
             ether: super::frame_macs(buf),
+            ct_dir: u8::from(dir == Dir::Reply),
             now_ms: self.now_ms,
         };
         let ct_mark = pp.ct_mark;
@@ -1014,6 +1015,7 @@ fn policy_packet6(
         daddr_type: 0,
         saddr_type: 0,
         ether: super::frame_macs(buf),
+        ct_dir: 0,
         now_ms: 0,
     }
 }
