@@ -127,6 +127,11 @@ pub struct PacketFields {
     pub ether_daddr: u64,
     /// `ct direction`: 0 original, 1 reply.
     pub ct_dir: u8,
+    /// `fib saddr . iif oif`: 1 when a route back to the source leaves
+    /// through the input interface, else 0 (missing).
+    pub rpf_iif: u8,
+    /// `fib saddr oif`: 1 when any route back to the source exists.
+    pub rpf_any: u8,
 }
 
 /// A field a condition can test. Every field reads as a zero-extended `u128`.
@@ -186,6 +191,10 @@ pub enum Field {
     EtherDaddr,
     /// `ct direction`.
     CtDir,
+    /// `fib saddr . iif oif` (present or missing).
+    RpfIif,
+    /// `fib saddr oif`.
+    RpfAny,
 }
 
 impl Field {
@@ -213,7 +222,9 @@ impl Field {
             | Field::PktType
             | Field::DaddrType
             | Field::SaddrType
-            | Field::CtDir => 8,
+            | Field::CtDir
+            | Field::RpfIif
+            | Field::RpfAny => 8,
         }
     }
     /// Largest value of the field.
@@ -254,6 +265,8 @@ impl PacketFields {
             Field::EtherSaddr => self.ether_saddr as u128,
             Field::EtherDaddr => self.ether_daddr as u128,
             Field::CtDir => self.ct_dir as u128,
+            Field::RpfIif => self.rpf_iif as u128,
+            Field::RpfAny => self.rpf_any as u128,
         }
     }
 }

@@ -151,7 +151,7 @@ fn rand_match(r: &mut Rng) -> Match {
         }
         // The IP header and meta fields (ttl, lengths, dscp, pkttype).
         12 => {
-            let (f, rs) = match r.below(8) {
+            let (f, rs) = match r.below(9) {
                 0 => (Field::Ttl, vec![Range::new(0, r.below(3) as u128)]),
                 1 => (Field::IpLen, vec![Range::new(1000, 1500)]),
                 2 => (
@@ -164,6 +164,7 @@ fn rand_match(r: &mut Rng) -> Match {
                 ),
                 4 => (Field::PktType, vec![Range::value(r.below(3) as u128)]),
                 6 => (Field::CtDir, vec![Range::value(r.below(2) as u128)]),
+                7 => (Field::RpfIif, vec![Range::value(0)]),
                 5 => (
                     Field::EtherSaddr,
                     vec![Range::value(0x0200_0000_0000 | r.below(3) as u128)],
@@ -292,6 +293,8 @@ fn rand_packet(r: &mut Rng) -> PacketFields {
         ether_saddr: 0x0200_0000_0000 | r.below(3),
         ether_daddr: 0x0200_0000_0010,
         ct_dir: r.below(2) as u8,
+        rpf_iif: r.below(2) as u8,
+        rpf_any: 1,
     }
 }
 

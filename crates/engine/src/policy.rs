@@ -92,6 +92,9 @@ pub struct PolicyPacket {
     /// `ct direction`: 0 original (a new packet, or one in the direction of
     /// the connection's first), 1 reply.
     pub ct_dir: u8,
+    /// Reverse path (`fib saddr [. iif] oif`): whether a route back to the
+    /// source leaves through the input interface, and whether any does.
+    pub rpf: (bool, bool),
     /// The batch's time, ms on the worker's monotonic clock (for `limit`
     /// rate buckets; the policy reads no clock).
     pub now_ms: u64,

@@ -1431,6 +1431,7 @@ impl Worker {
             saddr_type: self.addr_type4(src),
             ether: frame_macs(buf),
             ct_dir: u8::from(dir == Dir::Reply),
+            rpf: self.rpf4(iif, m.key.src),
             now_ms: self.now_ms,
         };
         let dec = self.policy.decide(hook, &pp);
@@ -1780,6 +1781,17 @@ impl Worker {
     fn addr_types4(&self, pp: &mut PolicyPacket) {
         pp.daddr_type = self.addr_type4(pp.dst as u32);
         pp.saddr_type = self.addr_type4(pp.src as u32);
+        pp.rpf = self.rpf4(pp.iif, pp.src as u32);
+    }
+
+    /// `fib saddr . iif oif` and `fib saddr oif` of a packet from `src`
+    /// received on `iif`: does the route back to `src` leave through
+    /// `iif`, does any route to it exist.
+    fn rpf4(&self, iif: IfIndex, src: u32) -> (bool, bool) {
+        match self.route(src) {
+            Ok((oif, _)) => (oif == iif, true),
+            Err(_) => (false, false),
+        }
     }
 
     /// The MTU of adjacency `adj`'s interface.
@@ -2500,6 +2512,8 @@ fn policy_packet(
         saddr_type: 0,
         ether: frame_macs(buf),
         ct_dir: 0,
+        // The worker's: `Worker::addr_types4`.
+        rpf: (true, true),
         src: u128::from(key.src),
         dst: u128::from(key.dst),
         proto: key.proto,

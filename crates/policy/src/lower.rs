@@ -285,6 +285,8 @@ fn spec(f: Field, fam: Family) -> Result<(ir::Field, Kind, &'static [Dep]), Stri
         Field::EtherSaddr => (I::EtherSaddr, Kind::Num, &[]),
         Field::EtherDaddr => (I::EtherDaddr, Kind::Num, &[]),
         Field::CtDirection => (I::CtDir, Kind::Num, &[]),
+        Field::FibSaddrIifOif => (I::RpfIif, Kind::Num, &[]),
+        Field::FibSaddrOif => (I::RpfAny, Kind::Num, &[]),
     })
 }
 

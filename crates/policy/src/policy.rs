@@ -763,6 +763,8 @@ impl CompiledPolicy {
             ether_saddr: pkt.ether.0,
             ether_daddr: pkt.ether.1,
             ct_dir: pkt.ct_dir,
+            rpf_iif: u8::from(pkt.rpf.0),
+            rpf_any: u8::from(pkt.rpf.1),
         }
     }
 }
@@ -1301,6 +1303,7 @@ mod tests {
             saddr_type: 1,
             ether: (0, 0),
             ct_dir: 0,
+            rpf: (true, true),
             now_ms: 0,
         };
         let d = p.decide(Hook::Forward, &pp);
@@ -1348,6 +1351,7 @@ mod tests {
             saddr_type: 1,
             ether: (0, 0),
             ct_dir: 0,
+            rpf: (true, true),
             now_ms: 0,
         };
         let counts = |p: &CompiledPolicy| -> Vec<Option<(u64, u64)>> {
@@ -1413,6 +1417,7 @@ mod tests {
             saddr_type: 1,
             ether: (0, 0),
             ct_dir: 0,
+            rpf: (true, true),
             now_ms,
         };
         let v = |p: &CompiledPolicy, proto, dport, t| {
@@ -1493,6 +1498,7 @@ mod tests {
             saddr_type: 1,
             ether: (0, 0),
             ct_dir: 0,
+            rpf: (true, true),
             now_ms: 5000,
         };
         for _ in 0..150 {

@@ -85,6 +85,10 @@ pub struct TracePacket {
     pub ether: (u64, u64),
     /// `ct direction`: 0 original (default), 1 reply.
     pub ct_dir: u8,
+    /// Reverse path: a route back to the source through the input
+    /// interface, any route back (`rpf` `ok` (default), `other-iif`,
+    /// `none`).
+    pub rpf: (bool, bool),
 }
 
 impl Default for TracePacket {
@@ -113,6 +117,7 @@ impl Default for TracePacket {
             saddr_type: None,
             ether: (0, 0),
             ct_dir: 0,
+            rpf: (true, true),
         }
     }
 }
@@ -319,6 +324,17 @@ pub fn parse_addr_type(s: &str) -> Result<u8, PacketError> {
     }
 }
 
+/// Reverse-path result: `ok` (a route back through the input interface),
+/// `other-iif` (a route back, through another interface) or `none`.
+pub fn parse_rpf(s: &str) -> Result<(bool, bool), PacketError> {
+    match s {
+        "ok" => Ok((true, true)),
+        "other-iif" => Ok((false, true)),
+        "none" => Ok((false, false)),
+        _ => perr(format!("unknown rpf '{s}' (ok, other-iif, none)")),
+    }
+}
+
 /// `original` or `reply`.
 pub fn parse_ct_direction(s: &str) -> Result<u8, PacketError> {
     match s {
@@ -435,9 +451,10 @@ impl TracePacket {
                 "ether_saddr" => p.ether.0 = parse_mac(val)?,
                 "ether_daddr" => p.ether.1 = parse_mac(val)?,
                 "ct_direction" => p.ct_dir = parse_ct_direction(val)?,
+                "rpf" => p.rpf = parse_rpf(val)?,
                 _ => {
                     return perr(format!(
-                        "unknown key '{key}' (iif, oif, ct, status, mark, ctmark, flags, type, code, hook, ttl, length, dscp, pkttype, daddr_type, saddr_type, ether_saddr, ether_daddr, ct_direction)"
+                        "unknown key '{key}' (iif, oif, ct, status, mark, ctmark, flags, type, code, hook, ttl, length, dscp, pkttype, daddr_type, saddr_type, ether_saddr, ether_daddr, ct_direction, rpf)"
                     ))
                 }
             }
@@ -519,6 +536,8 @@ impl TracePacket {
             ether_saddr: self.ether.0,
             ether_daddr: self.ether.1,
             ct_dir: self.ct_dir,
+            rpf_iif: u8::from(self.rpf.0),
+            rpf_any: u8::from(self.rpf.1),
             saddr_type: self.saddr_type.unwrap_or_else(|| {
                 addr_type(self.src, v6).unwrap_or(if self.hook == ast::Hook::Output {
                     2

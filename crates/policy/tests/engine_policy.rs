@@ -516,3 +516,49 @@ fn ct_direction_tells_replies_apart() {
         "a reply ACK"
     );
 }
+
+/// Reverse-path filtering: `fib saddr . iif oif missing drop` drops a LAN
+/// packet whose source routes back through the WAN (spoofed); the loose
+/// form `fib saddr oif missing` accepts it (the default route covers it).
+#[test]
+fn fib_saddr_iif_oif_is_a_strict_reverse_path_check() {
+    let strict = "table inet f {
+  chain raw { type filter hook prerouting priority raw; policy accept;
+    fib saddr . mark . iif oif missing drop
+  }
+}";
+    let loose = "table inet f {
+  chain raw { type filter hook prerouting priority raw; policy accept;
+    fib saddr oif missing drop
+  }
+}";
+    let spoofed = |sport| {
+        let mut f = udp(sport, 64, 0, 10);
+        f[26..30].copy_from_slice(&[192, 0, 2, 99]);
+        f[24..26].copy_from_slice(&[0, 0]);
+        let c = sluice_wire::checksum::checksum(&f[14..34]);
+        f[24..26].copy_from_slice(&c.to_be_bytes());
+        f[40..42].copy_from_slice(&[0, 0]);
+        f
+    };
+    let mut w = gateway(strict, 1500);
+    let (a, _) = send(&mut w, LAN, udp(3000, 64, 0, 10));
+    assert_eq!(
+        a,
+        Action::Forward(WAN),
+        "10.0.0.2 routes back through the LAN"
+    );
+    let (a, _) = send(&mut w, LAN, spoofed(3001));
+    assert_eq!(
+        a,
+        Action::Drop(sluice_engine::DropReason::PolicyDrop),
+        "spoofed"
+    );
+    let mut w = gateway(loose, 1500);
+    let (a, _) = send(&mut w, LAN, spoofed(3002));
+    assert_eq!(
+        a,
+        Action::Forward(WAN),
+        "loose: the default route is a route"
+    );
+}

@@ -325,6 +325,11 @@ pub enum Field {
     EtherSaddr,
     EtherDaddr,
     CtDirection,
+    /// `fib saddr . iif oif`: a route back to the source through the input
+    /// interface (strict reverse-path check).
+    FibSaddrIifOif,
+    /// `fib saddr oif`: any route back to the source (loose).
+    FibSaddrOif,
 }
 
 /// Which network-layer family a field requires.
@@ -337,7 +342,7 @@ pub enum FieldFamily {
 
 impl Field {
     /// All fields, for lookups and suggestions.
-    pub const ALL: [Field; 40] = [
+    pub const ALL: [Field; 42] = [
         Field::Iifname,
         Field::Oifname,
         Field::Iif,
@@ -378,6 +383,8 @@ impl Field {
         Field::EtherSaddr,
         Field::EtherDaddr,
         Field::CtDirection,
+        Field::FibSaddrIifOif,
+        Field::FibSaddrOif,
     ];
 
     /// Canonical nft spelling (`"ip saddr"`).
@@ -423,6 +430,8 @@ impl Field {
             Field::EtherSaddr => "ether saddr",
             Field::EtherDaddr => "ether daddr",
             Field::CtDirection => "ct direction",
+            Field::FibSaddrIifOif => "fib saddr . iif oif",
+            Field::FibSaddrOif => "fib saddr oif",
         }
     }
 
@@ -445,6 +454,7 @@ impl Field {
             Field::FibDaddrType | Field::FibSaddrType => DataType::AddrType,
             Field::EtherSaddr | Field::EtherDaddr => DataType::EtherAddr,
             Field::CtDirection => DataType::CtDir,
+            Field::FibSaddrIifOif | Field::FibSaddrOif => DataType::FibPresence,
             Field::TcpSport
             | Field::TcpDport
             | Field::UdpSport
@@ -504,10 +514,11 @@ pub enum DataType {
     Icmpv6Code,
     EtherAddr,
     CtDir,
+    FibPresence,
 }
 
 impl DataType {
-    pub const ALL: [DataType; 24] = [
+    pub const ALL: [DataType; 25] = [
         DataType::Ipv4Addr,
         DataType::Ipv6Addr,
         DataType::InetService,
@@ -532,6 +543,7 @@ impl DataType {
         DataType::Icmpv6Code,
         DataType::EtherAddr,
         DataType::CtDir,
+        DataType::FibPresence,
     ];
 
     /// nft type name as used in `set { type ... }`.
@@ -563,6 +575,7 @@ impl DataType {
             DataType::Icmpv6Code => "icmpv6_code",
             DataType::EtherAddr => "ether_addr",
             DataType::CtDir => "ct_dir",
+            DataType::FibPresence => "fib_presence",
         }
     }
 
@@ -583,7 +596,7 @@ impl DataType {
             DataType::AddrType => Some(11),
             DataType::IcmpCode | DataType::Icmpv6Code => Some(u64::from(u8::MAX)),
             DataType::EtherAddr => Some((1 << 48) - 1),
-            DataType::CtDir => Some(1),
+            DataType::CtDir | DataType::FibPresence => Some(1),
             DataType::Mark | DataType::CtState | DataType::CtStatus => Some(u64::from(u32::MAX)),
             _ => None,
         }

@@ -1522,26 +1522,51 @@ impl<'s> Parser<'s> {
             )?,
             "fib" => {
                 // `fib daddr type` / `fib saddr type`: the route type of
-                // the address. The other fib forms (`. iif`, `oif`) are not
-                // supported.
+                // the address; `fib saddr [. mark] [. iif] oif`: is there a
+                // route back to the source (through the input interface)?
+                // `. mark` is accepted and has no effect: Sluice routes by
+                // destination only.
                 let (a, asp) = self.expect_word("fib field")?;
-                let f = match a {
-                    "daddr" => Field::FibDaddrType,
-                    "saddr" => Field::FibSaddrType,
+                let saddr = match a {
+                    "daddr" => false,
+                    "saddr" => true,
                     _ => {
                         let help = suggest(a, ["daddr", "saddr"]);
                         return self.err_help(asp, format!("unknown fib field '{a}'"), help);
                     }
                 };
-                if !self.eat_word("type") {
-                    let sp = self.span();
-                    return self.err(
-                        sp,
-                        "unsupported fib form: only 'fib daddr type' and 'fib saddr type' \
-                         are supported (not '. iif', '. oif', 'oif' or 'oifname')",
-                    );
+                let (mut iif, mut other) = (false, false);
+                while self.eat(&Tok::Dot) {
+                    let (k, _) = self.keyword("fib key", &["iif", "mark", "oif"])?;
+                    iif |= k == "iif";
+                    other |= k == "oif";
                 }
-                f
+                let unsupported = |p: &mut Self| {
+                    let sp = p.span();
+                    p.err(
+                        sp,
+                        "unsupported fib form: 'fib daddr type', 'fib saddr type' and \
+                         'fib saddr [. mark] [. iif] oif missing|exists' are supported",
+                    )
+                };
+                if self.eat_word("type") {
+                    if iif || other {
+                        return unsupported(self);
+                    }
+                    if saddr {
+                        Field::FibSaddrType
+                    } else {
+                        Field::FibDaddrType
+                    }
+                } else if saddr && !other && self.eat_word("oif") {
+                    if iif {
+                        Field::FibSaddrIifOif
+                    } else {
+                        Field::FibSaddrOif
+                    }
+                } else {
+                    return unsupported(self);
+                }
             }
             "ct" => sub(
                 self,

@@ -245,6 +245,9 @@ pub(crate) const ICMPV6_CODES: &[(&str, u64)] = &[
     ("reject-route", 6),
 ];
 
+/// `fib … oif missing | exists`.
+pub(crate) const FIB_PRESENCE: &[(&str, u64)] = &[("missing", 0), ("exists", 1)];
+
 /// `ct direction`.
 pub(crate) const CT_DIR: &[(&str, u64)] = &[("original", 0), ("reply", 1)];
 
@@ -265,6 +268,7 @@ pub(crate) fn table(dt: DataType) -> &'static [(&'static str, u64)] {
         DataType::IcmpCode => ICMP_CODES,
         DataType::Icmpv6Code => ICMPV6_CODES,
         DataType::CtDir => CT_DIR,
+        DataType::FibPresence => FIB_PRESENCE,
         _ => &[],
     }
 }

@@ -220,8 +220,8 @@ fn fib_address_types_in_both_syntaxes() {
     );
     for (bad, want) in [
         (
-            "fib saddr . iif oif missing drop",
-            "unsupported fib form: only 'fib daddr type' and 'fib saddr type'",
+            "fib daddr . iif type local drop",
+            "unsupported fib form: 'fib daddr type', 'fib saddr type' and",
         ),
         ("fib dst type local drop", "unknown fib field 'dst'"),
     ] {

@@ -222,7 +222,7 @@ impl From<&Trace> for TraceJson {
 }
 
 const KEYS: &str =
-    "hook, iif, oif, proto, src, sport, dst, dport, tcp_flags, ct, ct_status, mark, ctmark, type, code, ttl, length, dscp, pkttype, daddr_type, saddr_type, ether_saddr, ether_daddr, ct_direction";
+    "hook, iif, oif, proto, src, sport, dst, dport, tcp_flags, ct, ct_status, mark, ctmark, type, code, ttl, length, dscp, pkttype, daddr_type, saddr_type, ether_saddr, ether_daddr, ct_direction, rpf";
 
 /// Parses one `--packets` line.
 fn packet_from_json(line: &str) -> Result<TracePacket, String> {
@@ -300,6 +300,7 @@ fn packet_from_json(line: &str) -> Result<TracePacket, String> {
             "pkttype" => p.pkttype = sluice_policy::parse_pkttype(s()?).map_err(e)?,
             "ether_saddr" => p.ether.0 = sluice_policy::parse_mac(s()?).map_err(e)?,
             "ct_direction" => p.ct_dir = sluice_policy::parse_ct_direction(s()?).map_err(e)?,
+            "rpf" => p.rpf = sluice_policy::parse_rpf(s()?).map_err(e)?,
             "ether_daddr" => p.ether.1 = sluice_policy::parse_mac(s()?).map_err(e)?,
             "daddr_type" | "saddr_type" => {
                 let t = match v {

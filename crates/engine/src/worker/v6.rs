@@ -567,6 +567,7 @@ impl Worker {
             saddr_type: self.addr_type6(iif, key.src),
             ether: super::frame_macs(buf),
             ct_dir: u8::from(dir == Dir::Reply),
+            rpf: self.rpf6(iif, key.src),
             now_ms: self.now_ms,
         };
         let ct_mark = pp.ct_mark;
@@ -600,6 +601,19 @@ impl Worker {
     fn addr_types6(&self, iif: IfIndex, pp: &mut PolicyPacket) {
         pp.daddr_type = self.addr_type6(iif, pp.dst);
         pp.saddr_type = self.addr_type6(iif, pp.src);
+        pp.rpf = self.rpf6(iif, pp.src);
+    }
+
+    /// [`Worker::rpf4`] for IPv6. A link-local source is on the input
+    /// interface's link (the kernel has `fe80::/64` on every interface).
+    fn rpf6(&self, iif: IfIndex, src: u128) -> (bool, bool) {
+        if ndp::is_link_local(src) {
+            return (true, true);
+        }
+        match self.v6.route(src) {
+            Ok((oif, _)) => (oif == iif, true),
+            Err(_) => (false, false),
+        }
     }
 
     /// [`clamp_mss`] for an IPv6 packet whose TCP header follows the IPv6
@@ -1016,6 +1030,8 @@ fn policy_packet6(
         saddr_type: 0,
         ether: super::frame_macs(buf),
         ct_dir: 0,
+        // The worker's: `Worker::addr_types6`.
+        rpf: (true, true),
         now_ms: 0,
     }
 }

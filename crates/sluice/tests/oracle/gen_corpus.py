@@ -632,6 +632,11 @@ def openwrt_fw4():
 HEADER_FIELDS = """# IP header and meta fields: TTL / hop limit (the forward hook sees them
 # decremented), lengths, DSCP, meta pkttype, fib address types.
 table inet hdr {
+    chain hdr_pre {
+        type filter hook prerouting priority raw; policy accept;
+        fib saddr . iif oif missing drop
+        fib saddr oif missing drop
+    }
     chain hdr_fwd {
         type filter hook forward priority filter; policy accept;
         ip ttl 7 drop
