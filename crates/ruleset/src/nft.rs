@@ -73,6 +73,21 @@ fn is_stmt_keyword(w: &str) -> bool {
     )
 }
 
+/// nft statements Sluice knows and does not implement, with the reason
+/// (docs/configuration.md, "Not yet supported"); anything else unknown gets
+/// the generic error with a suggestion.
+fn unsupported_keyword(w: &str) -> Option<&'static str> {
+    Some(match w {
+        "quota" => "byte quotas are not implemented yet",
+        "notrack" => "Sluice tracks every connection; untracked traffic is not implemented",
+        "synproxy" => "SYN proxying is not implemented",
+        "queue" => "there is no userspace queue to hand packets to",
+        "dup" | "fwd" => "packet duplication and forwarding by rule are not implemented",
+        "vlan" => "VLAN tag matches are not implemented",
+        _ => return None,
+    })
+}
+
 /// `is_expr_keyword(w)`, as one `match`.
 fn is_expr_keyword(w: &str) -> bool {
     matches!(
@@ -1326,6 +1341,9 @@ impl<'s> Parser<'s> {
                 let kind = self.tcp_option()?;
                 stmts.push(Stmt { kind, span: sp });
                 continue;
+            }
+            if let Some(why) = unsupported_keyword(w) {
+                return self.err(sp, format!("'{w}' is not supported: {why}"));
             }
             if !is_expr_keyword(w) {
                 let help = suggest(w, STMT_KEYWORDS.iter().chain(EXPR_KEYWORDS).copied());
