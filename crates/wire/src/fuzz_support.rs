@@ -182,6 +182,14 @@ pub fn exercise_views(data: &[u8]) {
             p.checksum(),
         );
         let _ = (p.verify_checksum(&pair4), p.verify_checksum(&pair6));
+        // MSS clamping: never panics, and keeps a valid checksum valid.
+        if let Some(seg) = scratch.get_mut(..data.len()) {
+            seg.copy_from_slice(data);
+            let valid = tcp::Packet::new_unchecked(&*seg).verify_checksum(&pair4);
+            if tcp::clamp_mss(seg, 536).is_some() && valid {
+                assert!(tcp::Packet::new_unchecked(&*seg).verify_checksum(&pair4));
+            }
+        }
         if let Ok(r) = tcp::TcpRepr::parse(&p, None) {
             let n = r.buffer_len() + r.payload_len;
             if let Some(out) = scratch.get_mut(..n) {
