@@ -6,7 +6,7 @@
 //! [`Policy`]. [`StaticPolicy`] is the Rust-typed policy used by the
 //! benchmark and by tests: a default verdict per hook plus NAT rules.
 
-use core::net::Ipv4Addr;
+use core::net::{IpAddr, Ipv4Addr};
 
 use sluice_nat::Translation;
 
@@ -134,6 +134,30 @@ pub struct Decision {
     pub nat: Option<Translation>,
     /// The `tcp option maxseg size set` statements the packet met.
     pub mss: MssClamp,
+}
+
+/// The route type (`fib daddr|saddr type`, the kernel's `RTN_*`) an address
+/// has on any box, before its own addresses are looked at: 3 broadcast
+/// (`0.0.0.0/8`, 255.255.255.255), 5 multicast, 2 local (loopback); `None`
+/// otherwise (local if it is one of the box's addresses, else unicast).
+pub fn fixed_addr_type(a: IpAddr) -> Option<u8> {
+    match a {
+        IpAddr::V4(a) => {
+            let a = u32::from(a);
+            if a >> 24 == 0 || a == u32::MAX {
+                Some(3)
+            } else if a >> 28 == 0xe {
+                Some(5)
+            } else if a >> 24 == 127 {
+                Some(2)
+            } else {
+                None
+            }
+        }
+        IpAddr::V6(a) if a.is_multicast() => Some(5),
+        IpAddr::V6(a) if a.is_loopback() => Some(2),
+        IpAddr::V6(_) => None,
+    }
 }
 
 /// The `tcp option maxseg size set` statements (iptables `TCPMSS`) a packet

@@ -1762,11 +1762,9 @@ impl Worker {
     /// broadcast, multicast is multicast, the local table's addresses are
     /// local or broadcast, anything else unicast).
     fn addr_type4(&self, a: u32) -> u8 {
-        if a >> 24 == 0 || a == u32::MAX {
-            3
-        } else if a >> 28 == 0xe {
-            5
-        } else if a >> 24 == 127 || self.is_local(a).is_some() {
+        if let Some(t) = crate::policy::fixed_addr_type(Ipv4Addr::from(a).into()) {
+            t
+        } else if self.is_local(a).is_some() {
             2
         } else if self.bcast4.contains(&a) {
             3

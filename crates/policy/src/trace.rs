@@ -229,66 +229,26 @@ pub fn parse_length(s: &str) -> Result<u16, PacketError> {
     }
 }
 
-/// A DiffServ code point: a number 0-63 or a name (`cs1`, `af41`, `ef`).
+/// A DiffServ code point: a number 0-63 or one of nft's names (`cs1`,
+/// `af41`, `ef`, ...).
 pub fn parse_dscp(s: &str) -> Result<u8, PacketError> {
-    const NAMES: &[(&str, u8)] = &[
-        ("cs0", 0),
-        ("cs1", 8),
-        ("cs2", 16),
-        ("cs3", 24),
-        ("cs4", 32),
-        ("cs5", 40),
-        ("cs6", 48),
-        ("cs7", 56),
-        ("df", 0),
-        ("be", 0),
-        ("lephb", 1),
-        ("af11", 10),
-        ("af12", 12),
-        ("af13", 14),
-        ("af21", 18),
-        ("af22", 20),
-        ("af23", 22),
-        ("af31", 26),
-        ("af32", 28),
-        ("af33", 30),
-        ("af41", 34),
-        ("af42", 36),
-        ("af43", 38),
-        ("va", 44),
-        ("ef", 46),
-    ];
-    if let Some((_, v)) = NAMES.iter().find(|(n, _)| *n == s) {
-        return Ok(*v);
-    }
-    match s.parse::<u8>() {
-        Ok(n) if n <= 63 => Ok(n),
+    match ast::DataType::Dscp
+        .symbol(s)
+        .or_else(|| s.parse().ok())
+        .and_then(|n| u8::try_from(n).ok())
+    {
+        Some(n) if n <= 63 => Ok(n),
         _ => perr(format!(
             "dscp '{s}' is not 0-63 or a name (cs0-cs7, af11-af43, ef, va, lephb)"
         )),
     }
 }
 
-/// The route type an address has whatever the box's addresses: broadcast
-/// (`0.0.0.0/8`, 255.255.255.255), multicast, local (loopback); `None` for
-/// the rest (an unset address is `0.0.0.0` or `::`).
+/// [`sluice_engine::fixed_addr_type`] of an address of the packet; an unset
+/// IPv4 address is `0.0.0.0` (broadcast), an unset IPv6 one `::`.
 fn addr_type(a: Option<IpAddr>, v6: bool) -> Option<u8> {
     match a {
-        Some(IpAddr::V4(a)) => {
-            let a = u32::from(a);
-            if a >> 24 == 0 || a == u32::MAX {
-                Some(3)
-            } else if a >> 28 == 0xe {
-                Some(5)
-            } else if a >> 24 == 127 {
-                Some(2)
-            } else {
-                None
-            }
-        }
-        Some(IpAddr::V6(a)) if a.is_multicast() => Some(5),
-        Some(IpAddr::V6(a)) if a.is_loopback() => Some(2),
-        Some(IpAddr::V6(_)) => None,
+        Some(a) => sluice_engine::fixed_addr_type(a),
         None if v6 => None,
         None => Some(3),
     }
@@ -298,26 +258,12 @@ fn addr_type(a: Option<IpAddr>, v6: bool) -> Option<u8> {
 /// kernel's `RTN_*` names, as nft and iptables `addrtype` spell them, in
 /// either case) or a number 0-11.
 pub fn parse_addr_type(s: &str) -> Result<u8, PacketError> {
-    const NAMES: [&str; 12] = [
-        "unspec",
-        "unicast",
-        "local",
-        "broadcast",
-        "anycast",
-        "multicast",
-        "blackhole",
-        "unreachable",
-        "prohibit",
-        "throw",
-        "nat",
-        "xresolve",
-    ];
-    let l = s.to_ascii_lowercase();
-    if let Some(i) = NAMES.iter().position(|n| *n == l) {
-        return Ok(i as u8);
-    }
-    match s.parse::<u8>() {
-        Ok(n) if n <= 11 => Ok(n),
+    match ast::DataType::AddrType
+        .symbol(&s.to_ascii_lowercase())
+        .or_else(|| s.parse().ok())
+        .and_then(|n| u8::try_from(n).ok())
+    {
+        Some(n) if n <= 11 => Ok(n),
         _ => perr(format!(
             "unknown address type '{s}' (unicast, local, broadcast, multicast, ...)"
         )),
@@ -337,38 +283,28 @@ pub fn parse_rpf(s: &str) -> Result<(bool, bool), PacketError> {
 
 /// `original` or `reply`.
 pub fn parse_ct_direction(s: &str) -> Result<u8, PacketError> {
-    match s {
-        "original" => Ok(0),
-        "reply" => Ok(1),
-        _ => perr(format!("unknown ct direction '{s}' (original, reply)")),
+    match ast::DataType::CtDir.symbol(s) {
+        Some(n) => Ok(n as u8),
+        None => perr(format!("unknown ct direction '{s}' (original, reply)")),
     }
 }
 
 /// A MAC address `aa:bb:cc:dd:ee:ff`, as the low 48 bits of a `u64`.
 pub fn parse_mac(s: &str) -> Result<u64, PacketError> {
-    let parts: Vec<&str> = s.split(':').collect();
-    let mut v = 0u64;
-    for p in &parts {
-        match u8::from_str_radix(p, 16) {
-            Ok(b) if parts.len() == 6 && p.len() <= 2 => v = v << 8 | u64::from(b),
-            _ => return perr(format!("'{s}' is not a MAC address (aa:bb:cc:dd:ee:ff)")),
-        }
-    }
-    Ok(v)
+    sluice_ruleset::parse_mac(s).map_or_else(
+        || perr(format!("'{s}' is not a MAC address (aa:bb:cc:dd:ee:ff)")),
+        Ok,
+    )
 }
 
 /// `host` (or `unicast`), `broadcast` or `multicast`.
 pub fn parse_pkttype(s: &str) -> Result<u8, PacketError> {
-    Ok(match s {
-        "host" | "unicast" => 0,
-        "broadcast" => 1,
-        "multicast" => 2,
-        _ => {
-            return perr(format!(
-                "unknown pkttype '{s}' (host, broadcast, multicast)"
-            ))
-        }
-    })
+    match ast::DataType::PktType.symbol(s) {
+        Some(n) if n <= 2 => Ok(n as u8),
+        _ => perr(format!(
+            "unknown pkttype '{s}' (host, broadcast, multicast)"
+        )),
+    }
 }
 
 /// `ADDR`, `ADDR:PORT`, `[V6]:PORT` or a bare IPv6 address.

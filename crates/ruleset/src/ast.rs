@@ -602,6 +602,12 @@ impl DataType {
         }
     }
 
+    /// The value of symbol `name` of this type (`ef` for `dscp`, `local`
+    /// for `fib_addrtype`, ...), as the parsers read it.
+    pub fn symbol(self, name: &str) -> Option<u64> {
+        crate::symbols::lookup(self, name)
+    }
+
     /// Bit-mask types accept `a,b,c` lists and masks.
     pub fn is_bitmask(self) -> bool {
         matches!(

@@ -35,6 +35,13 @@ pub use lex::{FsLoader, MemLoader, SourceLoader};
 pub use packed::PackedRule;
 pub use print::{print_ruleset, rule_to_string};
 
+/// A MAC address `aa:bb:cc:dd:ee:ff` (or `aa-bb-...`) as the low 48 bits
+/// of a `u64`, first byte most significant: how `ether saddr` values are
+/// read.
+pub fn parse_mac(s: &str) -> Option<u64> {
+    symbols::parse_mac(s)
+}
+
 use diag::{RawDiag, SourceFile};
 use std::path::{Path, PathBuf};
 

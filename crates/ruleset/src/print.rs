@@ -438,7 +438,7 @@ fn stmt(s: &StmtKind) -> String {
     }
 }
 
-fn code(tab: &[(&'static str, u8)], c: u8) -> String {
+fn code(tab: &[(&'static str, u64)], c: u8) -> String {
     symbols::code_name(tab, c)
         .map(str::to_string)
         .unwrap_or_else(|| c.to_string())

@@ -142,7 +142,7 @@ pub(crate) const ICMPV6_TYPES: &[(&str, u64)] = &[
 ];
 
 /// ICMP destination-unreachable codes usable with `reject with icmp`.
-pub(crate) const ICMP_REJECT: &[(&str, u8)] = &[
+pub(crate) const ICMP_REJECT: &[(&str, u64)] = &[
     ("net-unreachable", 0),
     ("host-unreachable", 1),
     ("prot-unreachable", 2),
@@ -152,16 +152,10 @@ pub(crate) const ICMP_REJECT: &[(&str, u8)] = &[
     ("admin-prohibited", 13),
 ];
 
-pub(crate) const ICMPV6_REJECT: &[(&str, u8)] = &[
-    ("no-route", 0),
-    ("admin-prohibited", 1),
-    ("addr-unreachable", 3),
-    ("port-unreachable", 4),
-    ("policy-fail", 5),
-    ("reject-route", 6),
-];
+/// `reject with icmpv6`: every ICMPv6 destination-unreachable code.
+pub(crate) const ICMPV6_REJECT: &[(&str, u64)] = ICMPV6_CODES;
 
-pub(crate) const ICMPX_REJECT: &[(&str, u8)] = &[
+pub(crate) const ICMPX_REJECT: &[(&str, u64)] = &[
     ("no-route", 0),
     ("port-unreachable", 1),
     ("host-unreachable", 2),
@@ -285,12 +279,16 @@ pub(crate) fn name_of(dt: DataType, v: u64) -> Option<&'static str> {
     table(dt).iter().find(|(_, x)| *x == v).map(|(n, _)| *n)
 }
 
-pub(crate) fn code_name(tab: &[(&'static str, u8)], code: u8) -> Option<&'static str> {
-    tab.iter().find(|(_, c)| *c == code).map(|(n, _)| *n)
+pub(crate) fn code_name(tab: &[(&'static str, u64)], code: u8) -> Option<&'static str> {
+    tab.iter()
+        .find(|(_, c)| *c == u64::from(code))
+        .map(|(n, _)| *n)
 }
 
-pub(crate) fn code_lookup(tab: &[(&str, u8)], name: &str) -> Option<u8> {
-    tab.iter().find(|(n, _)| *n == name).map(|(_, c)| *c)
+pub(crate) fn code_lookup(tab: &[(&str, u64)], name: &str) -> Option<u8> {
+    tab.iter()
+        .find(|(n, _)| *n == name)
+        .and_then(|(_, c)| u8::try_from(*c).ok())
 }
 
 /// Parse a MAC address `aa:bb:cc:dd:ee:ff` (or with `-`) into the low 48

@@ -587,9 +587,9 @@ impl Worker {
     /// received on `iif`: multicast, local (the gateway's own addresses and
     /// `::1`) or unicast.
     fn addr_type6(&self, iif: IfIndex, a: u128) -> u8 {
-        if ndp::is_multicast(a) {
-            5
-        } else if a == 1 || self.v6.is_local(iif, a) {
+        if let Some(t) = crate::policy::fixed_addr_type(Ipv6Addr::from(a).into()) {
+            t
+        } else if self.v6.is_local(iif, a) {
             2
         } else {
             1
