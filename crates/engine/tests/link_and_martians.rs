@@ -45,6 +45,19 @@ fn udp(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) -> FlowKey4 {
     }
 }
 
+/// An ARP request from the inside host for the gateway's inside address
+/// (10.0.0.1), in a frame to `dst_mac`; its length.
+fn arp_request(b: &mut [u8], dst_mac: [u8; 6]) -> usize {
+    b[..6].copy_from_slice(&dst_mac);
+    b[6..12].copy_from_slice(&HOST_MAC);
+    b[12..14].copy_from_slice(&[0x08, 0x06]);
+    b[14..22].copy_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
+    b[22..28].copy_from_slice(&HOST_MAC);
+    b[28..32].copy_from_slice(&HOST.octets());
+    b[38..42].copy_from_slice(&[10, 0, 0, 1]);
+    60
+}
+
 /// One UDP frame from an inside host to `dst_mac`; the action taken.
 fn send(w: &mut Worker, dst_mac: [u8; 6], k: &FlowKey4) -> Action {
     let mut f = TestFrames::default();
@@ -95,29 +108,11 @@ fn link_broadcasts_reach_only_the_gateway() {
     );
     assert_eq!(w.counters().drops_for(DropReason::LinkBroadcast), 3);
 
-    // A broadcast ARP request for the gateway's address is answered.
+    // A broadcast ARP request for the gateway's address is answered; the
+    // same request to another station is not for the gateway.
     let mut f = TestFrames::default();
-    f.push(INSIDE, |b| {
-        b[..6].copy_from_slice(&BROADCAST_MAC);
-        b[6..12].copy_from_slice(&HOST_MAC);
-        b[12..14].copy_from_slice(&[0x08, 0x06]);
-        b[14..22].copy_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
-        b[22..28].copy_from_slice(&HOST_MAC);
-        b[28..32].copy_from_slice(&HOST.octets());
-        b[38..42].copy_from_slice(&[10, 0, 0, 1]);
-        60
-    });
-    // And an ARP request to another station is not for the gateway.
-    f.push(INSIDE, |b| {
-        b[..6].copy_from_slice(&OTHER_MAC);
-        b[6..12].copy_from_slice(&HOST_MAC);
-        b[12..14].copy_from_slice(&[0x08, 0x06]);
-        b[14..22].copy_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
-        b[22..28].copy_from_slice(&HOST_MAC);
-        b[28..32].copy_from_slice(&HOST.octets());
-        b[38..42].copy_from_slice(&[10, 0, 0, 1]);
-        60
-    });
+    f.push(INSIDE, |b| arp_request(b, BROADCAST_MAC));
+    f.push(INSIDE, |b| arp_request(b, OTHER_MAC));
     w.process(2_000_000, &mut f);
     assert_eq!(f.acts[0], Action::Reply);
     assert_eq!(&f.frame(0)[..6], &HOST_MAC, "the reply goes to the asker");

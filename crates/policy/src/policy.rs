@@ -889,6 +889,37 @@ mod tests {
         CompiledPolicy::compile(&rs, &Interfaces::from_ruleset(&rs))
     }
 
+    /// A new TCP SYN from 10.0.0.1:1000 to 10.0.0.2:22 on interface 0; the
+    /// tests below change what they need.
+    fn packet() -> PolicyPacket {
+        PolicyPacket {
+            iif: 0,
+            oif: None,
+            family: 4,
+            src: 0x0a00_0001,
+            dst: 0x0a00_0002,
+            proto: 6,
+            sport: 1000,
+            dport: 22,
+            tcp_flags: 2,
+            icmp: (0, 0),
+            ct: CtState::New,
+            ct_mark: 0,
+            mark: 0,
+            ct_status: 0,
+            len: 60,
+            ttl: 64,
+            tos: 0,
+            pkttype: 0,
+            daddr_type: 1,
+            saddr_type: 1,
+            ether: (0, 0),
+            ct_dir: 0,
+            rpf: (true, true),
+            now_ms: 0,
+        }
+    }
+
     fn pol(text: &str) -> CompiledPolicy {
         compile(text).unwrap_or_else(|e| panic!("compile failed:\n{e}"))
     }
@@ -1283,28 +1314,8 @@ mod tests {
         let mut pp = PolicyPacket {
             iif: 3,
             oif: Some(4),
-            family: 4,
-            src: 0x0a00_0001,
-            dst: 0x0a00_0002,
-            proto: 6,
-            sport: 1000,
             dport: 23,
-            tcp_flags: 2,
-            icmp: (0, 0),
-            ct: CtState::New,
-            ct_mark: 0,
-            mark: 0,
-            ct_status: 0,
-            len: 60,
-            ttl: 64,
-            tos: 0,
-            pkttype: 0,
-            daddr_type: 1,
-            saddr_type: 1,
-            ether: (0, 0),
-            ct_dir: 0,
-            rpf: (true, true),
-            now_ms: 0,
+            ..packet()
         };
         let d = p.decide(Hook::Forward, &pp);
         assert_eq!(
@@ -1329,30 +1340,9 @@ mod tests {
             "table ip t {\n set s { type ipv4_addr; elements = { 10.0.0.9 } }\n chain f {\n type filter hook forward priority 0; policy accept;\n tcp dport 22 counter packets 5 bytes 500 drop\n ip saddr @s counter accept\n tcp dport 80 accept\n }\n}\n",
         );
         let pk = |dport: u16, src: u128| PolicyPacket {
-            iif: 0,
-            oif: None,
-            family: 4,
             src,
-            dst: 0x0a00_0002,
-            proto: 6,
-            sport: 1000,
             dport,
-            tcp_flags: 2,
-            icmp: (0, 0),
-            ct: CtState::New,
-            ct_mark: 0,
-            mark: 0,
-            ct_status: 0,
-            len: 60,
-            ttl: 64,
-            tos: 0,
-            pkttype: 0,
-            daddr_type: 1,
-            saddr_type: 1,
-            ether: (0, 0),
-            ct_dir: 0,
-            rpf: (true, true),
-            now_ms: 0,
+            ..packet()
         };
         let counts = |p: &CompiledPolicy| -> Vec<Option<(u64, u64)>> {
             p.list_rules().iter().map(|r| r.counter).collect()
@@ -1395,30 +1385,12 @@ mod tests {
             "table ip t {\n chain f {\n type filter hook forward priority 0; policy drop;\n icmp type echo-request limit rate 2/second burst 0 packets counter accept\n tcp dport 25 limit rate over 1/second burst 0 packets drop\n tcp dport 25 accept\n }\n}\n",
         );
         let pk = |proto: u8, dport: u16, now_ms: u64| PolicyPacket {
-            iif: 0,
-            oif: None,
-            family: 4,
-            src: 0x0a00_0001,
-            dst: 0x0a00_0002,
             proto,
-            sport: 1000,
             dport,
-            tcp_flags: 2,
             icmp: (8, 0),
-            ct: CtState::New,
-            ct_mark: 0,
-            mark: 0,
-            ct_status: 0,
             len: 84,
-            ttl: 64,
-            tos: 0,
-            pkttype: 0,
-            daddr_type: 1,
-            saddr_type: 1,
-            ether: (0, 0),
-            ct_dir: 0,
-            rpf: (true, true),
             now_ms,
+            ..packet()
         };
         let v = |p: &CompiledPolicy, proto, dport, t| {
             p.decide(Hook::Forward, &pk(proto, dport, t)).verdict
@@ -1476,30 +1448,8 @@ mod tests {
         );
         assert_eq!(p.counters.add_and_log(rules[1], 60), None);
         let pk = PolicyPacket {
-            iif: 0,
-            oif: None,
-            family: 4,
-            src: 0x0a00_0001,
-            dst: 0x0a00_0002,
-            proto: 6,
-            sport: 1000,
-            dport: 22,
-            tcp_flags: 2,
-            icmp: (0, 0),
-            ct: CtState::New,
-            ct_mark: 0,
-            mark: 0,
-            ct_status: 0,
-            len: 60,
-            ttl: 64,
-            tos: 0,
-            pkttype: 0,
-            daddr_type: 1,
-            saddr_type: 1,
-            ether: (0, 0),
-            ct_dir: 0,
-            rpf: (true, true),
             now_ms: 5000,
+            ..packet()
         };
         for _ in 0..150 {
             assert_eq!(p.decide(Hook::Forward, &pk).verdict, Verdict::Accept);

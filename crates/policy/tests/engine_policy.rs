@@ -151,6 +151,18 @@ fn mss_of(f: &[u8]) -> (u16, bool) {
     )
 }
 
+/// The remote server's answer to the translated TCP frame `out` (sent to
+/// its source address and port, from port 443).
+fn reply_to(out: &[u8]) -> FlowKey4 {
+    FlowKey4 {
+        src: u32::from(REMOTE),
+        dst: u32::from_be_bytes(out[26..30].try_into().unwrap()),
+        sport: 443,
+        dport: u16::from_be_bytes(out[34..36].try_into().unwrap()),
+        proto: proto::TCP,
+    }
+}
+
 fn key(sport: u16) -> FlowKey4 {
     FlowKey4 {
         src: u32::from(HOST),
@@ -182,15 +194,7 @@ fn rt_mtu_clamps_syn_and_syn_ack_to_the_smaller_mtu() {
     assert_eq!(mss_of(&out), (1360, true), "1400 - 40, checksum valid");
     // The SYN-ACK comes back to the masqueraded address: clamped too, as
     // the rule runs before `ct state established accept`.
-    let src = u32::from_be_bytes(out[26..30].try_into().unwrap());
-    let sport = u16::from_be_bytes(out[34..36].try_into().unwrap());
-    let back = FlowKey4 {
-        src: u32::from(REMOTE),
-        dst: src,
-        sport: 443,
-        dport: sport,
-        proto: proto::TCP,
-    };
+    let back = reply_to(&out);
     let (a, out) = send(
         &mut w,
         WAN,
@@ -384,13 +388,7 @@ fn ct_mark_set_is_kept_by_the_connection() {
     let k = key(41_000);
     let (a, out) = send(&mut w, LAN, segment(&k, 0x02, 1460, GW_LAN_MAC, HOST_MAC));
     assert_eq!(a, Action::Forward(WAN));
-    let back = FlowKey4 {
-        src: u32::from(REMOTE),
-        dst: u32::from_be_bytes(out[26..30].try_into().unwrap()),
-        sport: 443,
-        dport: u16::from_be_bytes(out[34..36].try_into().unwrap()),
-        proto: proto::TCP,
-    };
+    let back = reply_to(&out);
     // The SYN-ACK: ct mark 5, packet mark 0 (second rule, which sets 6).
     let (a, _) = send(
         &mut w,
@@ -425,13 +423,7 @@ fn connmark_saves_and_restores_the_mark() {
     let k = key(42_000);
     let (a, out) = send(&mut w, LAN, segment(&k, 0x02, 1460, GW_LAN_MAC, HOST_MAC));
     assert_eq!(a, Action::Forward(WAN));
-    let back = FlowKey4 {
-        src: u32::from(REMOTE),
-        dst: u32::from_be_bytes(out[26..30].try_into().unwrap()),
-        sport: 443,
-        dport: u16::from_be_bytes(out[34..36].try_into().unwrap()),
-        proto: proto::TCP,
-    };
+    let back = reply_to(&out);
     let (a, _) = send(
         &mut w,
         WAN,
@@ -490,13 +482,7 @@ fn ct_direction_tells_replies_apart() {
     let k = key(43_000);
     let (a, out) = send(&mut w, LAN, segment(&k, 0x02, 1460, GW_LAN_MAC, HOST_MAC));
     assert_eq!(a, Action::Forward(WAN));
-    let back = FlowKey4 {
-        src: u32::from(REMOTE),
-        dst: u32::from_be_bytes(out[26..30].try_into().unwrap()),
-        sport: 443,
-        dport: u16::from_be_bytes(out[34..36].try_into().unwrap()),
-        proto: proto::TCP,
-    };
+    let back = reply_to(&out);
     let (a, _) = send(
         &mut w,
         WAN,
