@@ -617,6 +617,16 @@ pub enum Stmt {
     CtMarkSet(MarkOp),
     /// `limit` (opaque id of the limiter).
     Limit(u32),
+    /// A dynamic set's lookup (`ip saddr @s`) or update (`add`, `update`,
+    /// `delete @s { ... }`), opaque id of the operation: a match the
+    /// caller's state answers ([`crate::Limits::set_op`]); `stateless` is
+    /// the answer without state (every dynamic set empty).
+    SetOp {
+        /// The operation.
+        id: u32,
+        /// The result when the evaluation has no state.
+        stateless: bool,
+    },
     /// `tcp option maxseg size set`: [`TCP_MSS_RT_MTU`] for `rt mtu`, else
     /// the value. A side effect on the packet the engine performs; the
     /// classifier's fields do not change.

@@ -83,6 +83,15 @@ pub trait Limits: Send + Sync {
     /// Whether the rule holding `Stmt::Limit(id)` matches a packet of
     /// `len` bytes at `now_ms`; takes from the bucket.
     fn matches(&self, id: u32, now_ms: u64, len: u32) -> bool;
+
+    /// Whether the rule holding [`Stmt::SetOp`] `id` goes on for packet
+    /// `p` of `len` bytes at `now_ms`, after the operation's side effect
+    /// (an element added, refreshed or deleted). Without dynamic sets:
+    /// `stateless`.
+    fn set_op(&self, id: u32, p: &PacketFields, now_ms: u64, len: u32, stateless: bool) -> bool {
+        let _ = (id, p, now_ms, len);
+        stateless
+    }
 }
 
 /// What an evaluation needs for `limit` statements.
@@ -125,13 +134,21 @@ impl Scratch {
 /// all, nothing is applied and `false` is returned.
 #[inline]
 pub(crate) fn run_stmts(stmts: &[Stmt], p: &mut PacketFields, limit: Option<&LimitCtx>) -> bool {
-    if let Some(l) = limit {
-        for s in stmts {
-            if let Stmt::Limit(id) = s {
-                if !l.limits.matches(*id, l.now_ms, l.len) {
-                    return false;
-                }
+    // The statements that are matches, in rule order: the first that says
+    // no ends the rule; the side effects of the ones before it stay, as in
+    // the kernel (a dynamic set's element is added even if a later limit
+    // stops the rule).
+    for s in stmts {
+        let ok = match (s, limit) {
+            (Stmt::Limit(id), Some(l)) => l.limits.matches(*id, l.now_ms, l.len),
+            (Stmt::SetOp { id, stateless }, Some(l)) => {
+                l.limits.set_op(*id, p, l.now_ms, l.len, *stateless)
             }
+            (Stmt::SetOp { stateless, .. }, None) => *stateless,
+            _ => true,
+        };
+        if !ok {
+            return false;
         }
     }
     for s in stmts {
@@ -140,7 +157,11 @@ pub(crate) fn run_stmts(stmts: &[Stmt], p: &mut PacketFields, limit: Option<&Lim
             Stmt::CtMarkSet(op) => p.ct_mark = op.apply(p.ct_mark),
             Stmt::MarkFromCtMark => p.mark = p.ct_mark,
             Stmt::CtMarkFromMark => p.ct_mark = p.mark,
-            Stmt::Counter | Stmt::Log(_) | Stmt::Limit(_) | Stmt::TcpMss(_) => {}
+            Stmt::Counter
+            | Stmt::Log(_)
+            | Stmt::Limit(_)
+            | Stmt::SetOp { .. }
+            | Stmt::TcpMss(_) => {}
         }
     }
     true

@@ -52,6 +52,7 @@
 #![warn(missing_docs)]
 
 pub mod counters;
+pub mod dynset;
 mod error;
 mod iface;
 pub mod limits;

@@ -18,14 +18,18 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use sluice_classify::ir::PacketFields;
 use sluice_ruleset::ast;
+
+use crate::lower::{DynSetSpec, SetOpSpec};
 
 /// Bucket units per packet or byte: nano-units keep slow rates (one per
 /// week) exact enough per millisecond of refill.
 const SCALE: u64 = 1_000_000_000;
 
-#[derive(Debug)]
-struct Bucket {
+/// A `limit`'s rate, burst and sense: the bucket's constants.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rate {
     /// Refill per unit time, in nano-units (the rate x `SCALE`).
     per_unit: u128,
     /// The time unit, ms.
@@ -34,13 +38,10 @@ struct Bucket {
     cap: u64,
     bytes: bool,
     over: bool,
-    tokens: AtomicU64,
-    /// Last refill, ms; `u64::MAX` before the first packet.
-    last_ms: AtomicU64,
 }
 
-impl Bucket {
-    fn new(l: &ast::Limit) -> Self {
+impl Rate {
+    pub(crate) fn new(l: &ast::Limit) -> Self {
         let mult = |u: Option<ast::ByteUnit>| -> u64 {
             match u {
                 None | Some(ast::ByteUnit::Bytes) => 1,
@@ -54,14 +55,64 @@ impl Bucket {
             b.saturating_mul(mult(l.burst_unit))
         });
         let unit_ms = l.per.seconds().saturating_mul(1000).max(1);
-        let cap = rate.saturating_add(burst).saturating_mul(SCALE);
-        Bucket {
+        Rate {
             per_unit: u128::from(rate) * u128::from(SCALE),
             unit_ms: u128::from(unit_ms),
-            cap,
+            cap: rate.saturating_add(burst).saturating_mul(SCALE),
             bytes,
             over: l.over,
-            tokens: AtomicU64::new(cap),
+        }
+    }
+
+    /// Refill for `ms` milliseconds, rounded up so that refills in pieces
+    /// add up to the rate.
+    fn refill(&self, ms: u64) -> u64 {
+        let add = (u128::from(ms) * self.per_unit).div_ceil(self.unit_ms);
+        u64::try_from(add).unwrap_or(u64::MAX)
+    }
+
+    fn cost(&self, len: u32) -> u64 {
+        if self.bytes { u64::from(len) } else { 1 }.saturating_mul(SCALE)
+    }
+
+    /// The limit on a bucket held by its owner (a dynamic set's element,
+    /// under the set's lock): `tokens` `u64::MAX` is a full bucket,
+    /// `last_ms` `u64::MAX` one that has seen no packet yet.
+    pub(crate) fn take(&self, tokens: &mut u64, last_ms: &mut u64, now_ms: u64, len: u32) -> bool {
+        if *tokens == u64::MAX {
+            *tokens = self.cap;
+        }
+        if *last_ms == u64::MAX {
+            *last_ms = now_ms;
+        } else if now_ms > *last_ms {
+            *tokens = tokens
+                .saturating_add(self.refill(now_ms - *last_ms))
+                .min(self.cap);
+            *last_ms = now_ms;
+        }
+        let cost = self.cost(len);
+        let took = *tokens >= cost;
+        if took {
+            *tokens -= cost;
+        }
+        took != self.over
+    }
+}
+
+#[derive(Debug)]
+struct Bucket {
+    rate: Rate,
+    tokens: AtomicU64,
+    /// Last refill, ms; `u64::MAX` before the first packet.
+    last_ms: AtomicU64,
+}
+
+impl Bucket {
+    fn new(l: &ast::Limit) -> Self {
+        let rate = Rate::new(l);
+        Bucket {
+            rate,
+            tokens: AtomicU64::new(rate.cap),
             last_ms: AtomicU64::new(u64::MAX),
         }
     }
@@ -83,31 +134,37 @@ impl Bucket {
                 .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         {
-            // Rounded up, so that refills in pieces add up to the rate.
-            let add = (u128::from(now_ms - last) * self.per_unit).div_ceil(self.unit_ms);
-            let add = u64::try_from(add).unwrap_or(u64::MAX);
+            let add = self.rate.refill(now_ms - last);
             let _ = self
                 .tokens
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
-                    Some(t.saturating_add(add).min(self.cap))
+                    Some(t.saturating_add(add).min(self.rate.cap))
                 });
         }
-        let cost = if self.bytes { u64::from(len) } else { 1 }.saturating_mul(SCALE);
+        let cost = self.rate.cost(len);
         let took = self
             .tokens
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
                 t.checked_sub(cost)
             })
             .is_ok();
-        took != self.over
+        took != self.rate.over
     }
 }
 
 /// The buckets of a policy's `limit` statements, by limit id (the index in
 /// the policy's limit table); shared with the generations derived from it.
+///
+/// It also holds the live elements of the policy's dynamic sets and the
+/// operations on them ([`crate::dynset`]), which generations share the
+/// same way.
 #[derive(Debug, Clone, Default)]
 pub struct Limiters {
     buckets: Vec<Arc<Bucket>>,
+    sets: Vec<Arc<crate::dynset::DynSet>>,
+    /// By [`sluice_classify::ir::Stmt::SetOp`] id, with the element limit's
+    /// rate.
+    ops: Arc<[(SetOpSpec, Option<Rate>)]>,
 }
 
 impl Limiters {
@@ -119,9 +176,34 @@ impl Limiters {
         }
     }
 
-    /// Whether there are any.
+    /// State for the dynamic sets `sets` and the operations `ops` (both
+    /// indexed by id): the sets this one has keep their elements, new ones
+    /// start with their declared elements.
+    pub(crate) fn extend_sets(&mut self, sets: &[DynSetSpec], ops: &[SetOpSpec]) {
+        for s in sets.iter().skip(self.sets.len()) {
+            self.sets.push(Arc::new(crate::dynset::DynSet::new(s)));
+        }
+        if ops.len() > self.ops.len() {
+            self.ops = ops
+                .iter()
+                .map(|o| (o.clone(), o.limit.as_ref().map(Rate::new)))
+                .collect();
+        }
+    }
+
+    /// Dynamic-set operations known.
+    pub(crate) fn set_ops(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Dynamic set `i`.
+    pub(crate) fn set(&self, i: usize) -> Option<&crate::dynset::DynSet> {
+        self.sets.get(i).map(|s| &**s)
+    }
+
+    /// Whether there are any (buckets or dynamic-set operations).
     pub fn is_empty(&self) -> bool {
-        self.buckets.is_empty()
+        self.buckets.is_empty() && self.ops.is_empty()
     }
 
     /// How many.
@@ -135,6 +217,16 @@ impl sluice_classify::Limits for Limiters {
         self.buckets
             .get(id as usize)
             .is_none_or(|b| b.matches(now_ms, len))
+    }
+
+    fn set_op(&self, id: u32, p: &PacketFields, now_ms: u64, len: u32, stateless: bool) -> bool {
+        let Some((op, rate)) = self.ops.get(id as usize) else {
+            return stateless;
+        };
+        match self.sets.get(op.set as usize) {
+            Some(set) => crate::dynset::run(set, op, rate.as_ref(), p, now_ms, len),
+            None => stateless,
+        }
     }
 }
 

@@ -156,6 +156,72 @@ pub struct BaseInfo {
     pub family: Family,
 }
 
+/// The most fields a dynamic set's key may concatenate.
+pub const MAX_SET_KEY: usize = 4;
+
+/// A dynamic set's key: the fields' values ([`ir::PacketFields::get`]),
+/// unused places zero.
+pub type SetKey = [u128; MAX_SET_KEY];
+
+/// A named set the packet path reads or changes (`flags dynamic`,
+/// `timeout`, or the target of `add`/`update`/`delete @set`), indexed by
+/// [`SetOpSpec::set`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DynSetSpec {
+    /// `"FAMILY TABLE SET"`, e.g. `"inet filter ssh"`.
+    pub name: String,
+    /// Default element timeout, ms (`None`: elements stay until deleted).
+    pub timeout_ms: Option<u64>,
+    /// The most elements (`size`; default [`DEFAULT_SET_SIZE`]).
+    pub size: u32,
+    /// The elements the set is declared with (they never time out).
+    pub elements: Vec<SetKey>,
+}
+
+/// nft's default size of a set the packet path fills.
+pub const DEFAULT_SET_SIZE: u32 = 65_535;
+
+/// What a [`SetOpSpec`] does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetOpKind {
+    /// `KEY @set` (`negate`: `KEY != @set`): a match.
+    Lookup {
+        /// `!=`.
+        negate: bool,
+    },
+    /// `add @set { ... }`.
+    Add,
+    /// `update @set { ... }`.
+    Update,
+    /// `delete @set { ... }`.
+    Delete,
+}
+
+/// Where one value of a dynamic set's key comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeySrc {
+    /// A field of the packet.
+    Field(ir::Field),
+    /// A constant (`ip saddr . 22`), encoded as the field's values are.
+    Const(u128),
+}
+
+/// One dynamic-set operation of a rule, indexed by the id in
+/// [`ir::Stmt::SetOp`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetOpSpec {
+    /// The set, an index into the dynamic sets.
+    pub set: u32,
+    /// The key's values.
+    pub key: Vec<KeySrc>,
+    /// The operation.
+    pub kind: SetOpKind,
+    /// The element's timeout (`add`/`update`), ms; default: the set's.
+    pub timeout_ms: Option<u64>,
+    /// A `limit` kept per element.
+    pub limit: Option<ast::Limit>,
+}
+
 /// One NAT action, indexed by the id in [`ir::Verdict::Nat`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NatAction {
@@ -181,6 +247,10 @@ pub(crate) struct Lowered {
     pub pools: Vec<Pool>,
     pub logs: Vec<ast::Log>,
     pub limits: Vec<ast::Limit>,
+    /// Dynamic sets, by the index in [`SetOpSpec::set`].
+    pub sets: Vec<DynSetSpec>,
+    /// Dynamic-set operations, by the id in [`ir::Stmt::SetOp`].
+    pub set_ops: Vec<SetOpSpec>,
     /// One per AST rule lowered without error, in handle order.
     pub sources: Vec<RuleSource>,
 }
@@ -222,6 +292,32 @@ impl Dep {
 /// IR field, value encoding and dependencies of an AST field in a table of
 /// family `fam`. The dependencies are static: lowering a rule allocates
 /// nothing per field.
+/// The IR field and encoding of a set declared with `type T`: the field
+/// whose values have that type (e.g. `ipv4_addr`: `ip saddr`).
+fn type_kind(d: ast::DataType, fam: Family) -> Result<(ir::Field, Kind), String> {
+    use ast::DataType as D;
+    let f = match d {
+        D::Ipv4Addr => Field::IpSaddr,
+        D::Ipv6Addr => Field::Ip6Saddr,
+        D::InetService => Field::TcpDport,
+        D::InetProto => Field::MetaL4proto,
+        D::Mark => Field::MetaMark,
+        D::Ifname => Field::Iifname,
+        other => {
+            return Err(format!(
+                "a set of type {} cannot be used by the packet path yet",
+                other.name()
+            ))
+        }
+    };
+    let fam = match (d, fam) {
+        (D::Ipv4Addr, Family::Inet) => Family::Ip,
+        (D::Ipv6Addr, Family::Inet) => Family::Ip6,
+        _ => fam,
+    };
+    spec(f, fam).map(|(i, k, _)| (i, k))
+}
+
 fn spec(f: Field, fam: Family) -> Result<(ir::Field, Kind, &'static [Dep]), String> {
     let inet = fam == Family::Inet;
     let v4: &'static [Dep] = if inet { &[Dep::V4] } else { &[] };
@@ -385,6 +481,8 @@ impl<'a> Lowerer<'a> {
                 pools: Vec::new(),
                 logs: Vec::new(),
                 limits: Vec::new(),
+                sets: Vec::new(),
+                set_ops: Vec::new(),
                 sources: Vec::new(),
             },
             id_base: 0,
@@ -408,6 +506,7 @@ impl<'a> Lowerer<'a> {
         id_base: u64,
         handle: u64,
         tables: (Vec<NatAction>, Vec<Pool>, Vec<ast::Log>, Vec<ast::Limit>),
+        dynamic: (Vec<DynSetSpec>, Vec<SetOpSpec>),
         location: RuleLocation,
     ) -> Self {
         let mut l = Lowerer::new(rs, ifaces);
@@ -415,6 +514,7 @@ impl<'a> Lowerer<'a> {
         l.next_handle = handle;
         l.location = Some(location);
         (l.out.nat, l.out.pools, l.out.logs, l.out.limits) = tables;
+        (l.out.sets, l.out.set_ops) = dynamic;
         l.declare();
         l
     }
@@ -589,6 +689,8 @@ impl<'a> Lowerer<'a> {
             && self.out.pools.is_empty()
             && self.out.logs.is_empty()
             && self.out.limits.is_empty()
+            && self.out.sets.is_empty()
+            && self.out.set_ops.is_empty()
     }
 
     /// Appends what `other` (a fresh lowerer: ids from 0, handles from
@@ -708,7 +810,24 @@ impl<'a> Lowerer<'a> {
         matches: &mut Vec<ir::Match>,
     ) {
         let mut ok = true;
+        let mut pre: Vec<Stmt> = Vec::new();
         for m in &r.matches {
+            // A dynamic set's lookup reads the live elements: a match the
+            // policy's state answers, in rule order before the statements.
+            if let Value::SetRef(name) = &m.right {
+                if let Some(set) = t.sets.iter().find(|s| &s.name == name) {
+                    if set.is_dynamic() {
+                        match self.set_lookup(t, set, m, deps) {
+                            Ok(st) => pre.push(st),
+                            Err(e) => {
+                                self.err(m.span, e);
+                                ok = false;
+                            }
+                        }
+                        continue;
+                    }
+                }
+            }
             match self.lower_match(t, m, deps) {
                 Ok(m) => matches.push(m),
                 Err(e) => {
@@ -717,7 +836,6 @@ impl<'a> Lowerer<'a> {
                 }
             }
         }
-        let mut pre: Vec<Stmt> = Vec::new();
         let mut term: Option<Term> = None;
         for s in &r.stmts {
             let res: Result<Option<Term>, String> = match &s.kind {
@@ -737,6 +855,10 @@ impl<'a> Lowerer<'a> {
                     pre.push(Stmt::Limit(id));
                     Ok(None)
                 }
+                StmtKind::SetUpdate(u) => self.set_update(t, u, deps).map(|st| {
+                    pre.push(st);
+                    None
+                }),
                 StmtKind::MetaMarkSet(v) => {
                     pre.push(Stmt::MarkSet(MarkOp::set(*v)));
                     Ok(None)
@@ -1110,6 +1232,198 @@ impl<'a> Lowerer<'a> {
                 .ok_or_else(|| format!("no such set '{n}'")),
             _ => Ok(None),
         }
+    }
+
+    /// The index of dynamic set `set` of table `t`, registered (with its
+    /// declared elements) on first use.
+    fn dyn_set(&mut self, t: &Table, set: &ast::Set) -> Result<u32, String> {
+        let name = format!("{} {} {}", t.family.name(), t.name, set.name);
+        if let Some(i) = self.out.sets.iter().position(|s| s.name == name) {
+            return Ok(i as u32);
+        }
+        if set.key.len() > MAX_SET_KEY {
+            return Err(format!(
+                "set '{}': a set the packet path uses takes at most {MAX_SET_KEY} \
+                 concatenated fields",
+                set.name
+            ));
+        }
+        // The declared elements, in the key's fields' encodings.
+        let fields: Vec<(ir::Field, Kind)> = match &set.key_typeof {
+            Some(f) => f
+                .iter()
+                .map(|f| spec(*f, t.family).map(|(i, k, _)| (i, k)))
+                .collect::<Result<_, _>>()?,
+            None => set
+                .key
+                .iter()
+                .map(|d| type_kind(*d, t.family))
+                .collect::<Result<_, _>>()?,
+        };
+        let mut elements = Vec::with_capacity(set.elements.len());
+        for e in &set.elements {
+            let vals: Vec<&Value> = match &e.key {
+                Value::Concat(vs) => vs.iter().collect(),
+                v => vec![v],
+            };
+            if vals.len() != fields.len() {
+                return Err(format!("set '{}': element does not fit the key", set.name));
+            }
+            let mut key: SetKey = [0; MAX_SET_KEY];
+            for (slot, ((f, k), v)) in key.iter_mut().zip(fields.iter().zip(vals)) {
+                let r = self.scalar(*f, *k, v)?;
+                if r.lo != r.hi {
+                    return Err(format!(
+                        "set '{}': a set the packet path uses holds single values, \
+                         not ranges or prefixes",
+                        set.name
+                    ));
+                }
+                *slot = r.lo;
+            }
+            elements.push(key);
+        }
+        let Ok(i) = u32::try_from(self.out.sets.len()) else {
+            return Err("too many dynamic sets".into());
+        };
+        self.out.sets.push(DynSetSpec {
+            name,
+            timeout_ms: set.timeout_ms,
+            size: set.size.unwrap_or(DEFAULT_SET_SIZE),
+            elements,
+        });
+        Ok(i)
+    }
+
+    /// The key fields of a dynamic-set operation (with their dependencies).
+    fn set_key(
+        &self,
+        t: &Table,
+        key: &[Field],
+        deps: &mut Vec<Dep>,
+    ) -> Result<Vec<KeySrc>, String> {
+        if key.len() > MAX_SET_KEY {
+            return Err(format!(
+                "a set key takes at most {MAX_SET_KEY} concatenated fields"
+            ));
+        }
+        Ok(self
+            .concat_fields(t, key, deps)?
+            .into_iter()
+            .map(|(f, _)| KeySrc::Field(f))
+            .collect())
+    }
+
+    /// The key of an `add`/`update`/`delete` on `set`: fields and
+    /// constants (in the set's key types' encodings).
+    fn update_key(
+        &self,
+        t: &Table,
+        set: &ast::Set,
+        key: &[ast::KeyPart],
+        deps: &mut Vec<Dep>,
+    ) -> Result<Vec<KeySrc>, String> {
+        if key.len() > MAX_SET_KEY {
+            return Err(format!(
+                "a set key takes at most {MAX_SET_KEY} concatenated fields"
+            ));
+        }
+        let mut out = Vec::with_capacity(key.len());
+        for (i, k) in key.iter().enumerate() {
+            out.push(match k {
+                ast::KeyPart::Field(f) => {
+                    let (field, _, d) = spec(*f, t.family)?;
+                    deps.extend_from_slice(d);
+                    KeySrc::Field(field)
+                }
+                ast::KeyPart::Const(v) => {
+                    let dt = set
+                        .key
+                        .get(i)
+                        .copied()
+                        .ok_or_else(|| format!("set '{}': the key is too long", set.name))?;
+                    let (field, kind) = match set.key_typeof.as_ref().and_then(|f| f.get(i)) {
+                        Some(f) => spec(*f, t.family).map(|(f, k, _)| (f, k))?,
+                        None => type_kind(dt, t.family)?,
+                    };
+                    let r = self.scalar(field, kind, v)?;
+                    if r.lo != r.hi {
+                        return Err("a constant in a set key must be a single value".into());
+                    }
+                    KeySrc::Const(r.lo)
+                }
+            });
+        }
+        Ok(out)
+    }
+
+    fn push_set_op(&mut self, op: SetOpSpec, stateless: bool) -> Result<Stmt, String> {
+        let Ok(id) = u32::try_from(self.out.set_ops.len()) else {
+            return Err("too many set operations".into());
+        };
+        self.out.set_ops.push(op);
+        Ok(Stmt::SetOp { id, stateless })
+    }
+
+    /// `KEY [!=] @set` on a dynamic set.
+    fn set_lookup(
+        &mut self,
+        t: &Table,
+        set: &ast::Set,
+        m: &ast::Match,
+        deps: &mut Vec<Dep>,
+    ) -> Result<Stmt, String> {
+        let negate = match (m.mask, m.op) {
+            (None, RelOp::Implicit | RelOp::Eq) => false,
+            (None, RelOp::Ne) => true,
+            _ => {
+                return Err(format!(
+                    "only '@{0}' and '!= @{0}' can look up a dynamic set",
+                    set.name
+                ))
+            }
+        };
+        let key = self.set_key(t, &m.left, deps)?;
+        let id = self.dyn_set(t, set)?;
+        self.push_set_op(
+            SetOpSpec {
+                set: id,
+                key,
+                kind: SetOpKind::Lookup { negate },
+                timeout_ms: None,
+                limit: None,
+            },
+            // Without state every dynamic set is empty.
+            negate,
+        )
+    }
+
+    /// `add | update | delete @set { ... }`.
+    fn set_update(
+        &mut self,
+        t: &Table,
+        u: &ast::SetUpdate,
+        deps: &mut Vec<Dep>,
+    ) -> Result<Stmt, String> {
+        let Some(set) = t.sets.iter().find(|s| s.name == u.set) else {
+            return Err(format!("no such set '{}'", u.set));
+        };
+        let key = self.update_key(t, set, &u.key, deps)?;
+        let id = self.dyn_set(t, set)?;
+        self.push_set_op(
+            SetOpSpec {
+                set: id,
+                key,
+                kind: match u.op {
+                    ast::SetOp::Add => SetOpKind::Add,
+                    ast::SetOp::Update => SetOpKind::Update,
+                    ast::SetOp::Delete => SetOpKind::Delete,
+                },
+                timeout_ms: u.timeout_ms,
+                limit: u.limit,
+            },
+            true,
+        )
     }
 
     fn lower_match(

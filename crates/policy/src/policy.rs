@@ -105,6 +105,8 @@ pub(crate) struct Tables {
     pub pools: Vec<sluice_nat::Pool>,
     pub logs: Vec<ast::Log>,
     pub limits: Vec<ast::Limit>,
+    pub sets: Vec<crate::lower::DynSetSpec>,
+    pub set_ops: Vec<crate::lower::SetOpSpec>,
 }
 
 /// Rule sets at least this large build the rule store's `order` map
@@ -323,6 +325,8 @@ impl CompiledPolicy {
                 pools: lowered.pools,
                 logs: lowered.logs,
                 limits: lowered.limits,
+                sets: lowered.sets,
+                set_ops: lowered.set_ops,
             }),
             store,
             program: OnceLock::new(),
@@ -388,6 +392,7 @@ impl CompiledPolicy {
     fn with_counters(mut self) -> Self {
         let mut l = crate::limits::Limiters::default();
         l.extend_to(&self.tables.limits);
+        l.extend_sets(&self.tables.sets, &self.tables.set_ops);
         self.limiters = Arc::new(l);
         self.counters.ensure(self.store.infos.len() as u64);
         // Every rule, in handle order (seeding does not depend on the
@@ -439,6 +444,7 @@ impl CompiledPolicy {
                 t.logs.clone(),
                 t.limits.clone(),
             ),
+            (t.sets.clone(), t.set_ops.clone()),
             crate::lower::RuleLocation::Label("program".into()),
         )
     }
@@ -627,6 +633,30 @@ impl CompiledPolicy {
     /// `log` statement specs, indexed by `Stmt::Log(id)`.
     pub fn logs(&self) -> &[ast::Log] {
         &self.tables.logs
+    }
+
+    /// The live elements of dynamic set `name` (`"FAMILY TABLE SET"`, as
+    /// [`Self::dynamic_sets`] lists them) at `now_ms` (the workers' clock),
+    /// sorted by key; `None` for a set no rule uses.
+    pub fn dynamic_set_elements(
+        &self,
+        name: &str,
+        now_ms: u64,
+    ) -> Option<Vec<crate::dynset::ListedElem>> {
+        let i = self.tables.sets.iter().position(|s| s.name == name)?;
+        let set = self.limiters.set(i)?;
+        let key_len = self
+            .tables
+            .set_ops
+            .iter()
+            .find(|o| o.set as usize == i)
+            .map_or(1, |o| o.key.len());
+        Some(set.elements(key_len, now_ms))
+    }
+
+    /// The dynamic sets rules use (`"FAMILY TABLE SET"`), in id order.
+    pub fn dynamic_sets(&self) -> impl Iterator<Item = &str> {
+        self.tables.sets.iter().map(|s| s.name.as_str())
     }
 
     /// `limit` specs, indexed by `Stmt::Limit(id)`.
@@ -1428,6 +1458,175 @@ mod tests {
             .trace(&pkt(1, "10.0.0.1", 0, "10.0.0.2", 0))
             .mismatch
             .is_none());
+    }
+
+    /// A rule set with dynamic sets: a per-source SSH meter, a deny list
+    /// that a probe of port 23 puts the source on for 10 s, and a set of
+    /// two at most.
+    const DYNAMIC: &str = "table inet f {\n\
+        set ssh { type ipv4_addr; flags dynamic; }\n\
+        set deny { type ipv4_addr; flags dynamic,timeout; timeout 10s; elements = { 192.0.2.9 } }\n\
+        set two { typeof ip saddr . tcp dport; flags dynamic; size 2; }\n\
+        chain input { type filter hook input priority 0; policy drop;\n\
+          ip saddr @deny drop\n\
+          tcp dport 23 update @deny { ip saddr } drop\n\
+          tcp dport 22 ct state new add @ssh { ip saddr limit rate over 2/minute burst 1 packets } drop\n\
+          tcp dport 22 accept\n\
+          tcp dport 80 add @two { ip saddr . tcp dport } accept\n\
+          tcp dport 81 delete @deny { ip saddr } accept\n\
+          ip saddr != @deny tcp dport 82 accept\n\
+        }\n}\n";
+
+    fn input(p: &CompiledPolicy, src: u32, dport: u16, now_ms: u64) -> Verdict {
+        p.decide(
+            Hook::Input,
+            &PolicyPacket {
+                src: u128::from(src),
+                dport,
+                now_ms,
+                ..packet()
+            },
+        )
+        .verdict
+    }
+
+    #[test]
+    fn a_dynamic_set_meters_each_source_on_its_own() {
+        let p = pol(DYNAMIC);
+        let (a, b) = (0x0a00_0001, 0x0a00_0003);
+        // 2/minute + a burst of 1: three new SSH connections pass, the
+        // fourth is over the rate; another source has its own element.
+        let four: Vec<Verdict> = (0..4).map(|_| input(&p, a, 22, 1000)).collect();
+        assert_eq!(
+            four,
+            [
+                Verdict::Accept,
+                Verdict::Accept,
+                Verdict::Accept,
+                Verdict::Drop
+            ]
+        );
+        assert_eq!(input(&p, b, 22, 1000), Verdict::Accept);
+        // Half a minute later one token is back.
+        assert_eq!(input(&p, a, 22, 31_000), Verdict::Accept);
+        assert_eq!(input(&p, a, 22, 31_000), Verdict::Drop);
+        let listed = p
+            .dynamic_set_elements("inet f ssh", 31_000)
+            .unwrap_or_else(|| panic!("no set"));
+        assert_eq!(listed.len(), 2);
+        assert_eq!(listed[0].key, vec![u128::from(a) | 0xffff << 32]);
+        assert_eq!((listed[0].packets, listed[0].expires_in_ms), (6, None));
+    }
+
+    #[test]
+    fn a_deny_list_fills_from_the_packet_path_and_times_out() {
+        let p = pol(DYNAMIC);
+        let a = 0x0a00_0001;
+        assert_eq!(input(&p, a, 22, 0), Verdict::Accept);
+        // A probe of port 23 puts the source on the list for 10 s.
+        assert_eq!(input(&p, a, 23, 1000), Verdict::Drop);
+        assert_eq!(input(&p, a, 22, 1000), Verdict::Drop);
+        assert_eq!(input(&p, a, 82, 1000), Verdict::Drop, "!= @deny");
+        assert_eq!(input(&p, a, 22, 10_999), Verdict::Drop);
+        assert_eq!(input(&p, a, 22, 11_000), Verdict::Accept, "expired");
+        assert_eq!(input(&p, a, 82, 11_000), Verdict::Accept);
+        // A listed source's probes never reach the update (the deny rule
+        // drops them first): listed from 20 s to 30 s.
+        assert_eq!(input(&p, a, 23, 20_000), Verdict::Drop);
+        assert_eq!(input(&p, a, 23, 25_000), Verdict::Drop);
+        assert_eq!(input(&p, a, 22, 29_999), Verdict::Drop);
+        assert_eq!(input(&p, a, 22, 30_000), Verdict::Accept);
+        // A declared element never expires.
+        assert_eq!(input(&p, 0xc000_0209, 22, 99_000_000), Verdict::Drop);
+        // Without the deny rule: `update` refreshes the timeout, and
+        // `delete` takes the element out.
+        let q = pol(&DYNAMIC.replace("ip saddr @deny drop\n", ""));
+        assert_eq!(input(&q, a, 23, 0), Verdict::Drop);
+        assert_eq!(input(&q, a, 23, 5000), Verdict::Drop);
+        assert_eq!(input(&q, a, 82, 14_999), Verdict::Drop, "refreshed at 5 s");
+        assert_eq!(input(&q, a, 82, 15_000), Verdict::Accept);
+        assert_eq!(input(&q, a, 23, 20_000), Verdict::Drop);
+        assert_eq!(input(&q, a, 82, 20_000), Verdict::Drop);
+        assert_eq!(input(&q, a, 81, 20_000), Verdict::Accept);
+        assert_eq!(input(&q, a, 82, 20_000), Verdict::Accept, "deleted");
+        // Without state (the trace) every dynamic set is empty.
+        assert!(p
+            .trace(&pkt(6, "10.0.0.1", 1000, "10.0.0.2", 22))
+            .mismatch
+            .is_none());
+    }
+
+    #[test]
+    fn a_full_dynamic_set_stops_the_rule_and_updates_keep_the_elements() {
+        let p = pol(DYNAMIC);
+        let srcs = [0x0a00_0001u32, 0x0a00_0002, 0x0a00_0003];
+        let v: Vec<Verdict> = srcs.iter().map(|s| input(&p, *s, 80, 0)).collect();
+        assert_eq!(
+            v,
+            [Verdict::Accept, Verdict::Accept, Verdict::Drop],
+            "size 2: the third source falls through to the policy"
+        );
+        assert_eq!(input(&p, srcs[0], 80, 0), Verdict::Accept, "already in");
+        // A rule update keeps the live elements (and the meters).
+        assert_eq!(input(&p, srcs[0], 23, 0), Verdict::Drop);
+        let (q, _) = p
+            .apply_text("cmd", "add rule inet f input udp dport 53 accept")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(input(&q, srcs[0], 22, 1), Verdict::Drop, "still denied");
+        assert_eq!(input(&q, srcs[2], 80, 1), Verdict::Drop, "still full");
+        // A rule added later may use a dynamic set no rule used before.
+        let (r, _) = q
+            .apply_text(
+                "cmd",
+                "insert rule inet f input ip saddr @ssh tcp dport 8080 accept",
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(input(&r, srcs[1], 8080, 2), Verdict::Drop, "not metered");
+        assert_eq!(input(&r, srcs[1], 22, 2), Verdict::Accept);
+        assert_eq!(input(&r, srcs[1], 8080, 2), Verdict::Accept, "metered now");
+    }
+
+    /// The golden file's port knocking (the nftables wiki's rules): 123,
+    /// 234, 345, 456 each within a second of the last open SSH for 10 s.
+    #[test]
+    fn port_knocking_through_concatenated_keys_with_constants() {
+        let p = pol(include_str!("../../ruleset/tests/golden/dynamic_sets.nft"));
+        let a = 0x0a00_0001;
+        let b = 0x0a00_0005;
+        assert_eq!(input(&p, a, 22, 0), Verdict::Drop, "no knock");
+        for (i, port) in [123u16, 234, 345, 456].into_iter().enumerate() {
+            // Each knock falls through to the policy (drop), as in the wiki.
+            assert_eq!(input(&p, a, port, 500 * i as u64), Verdict::Drop);
+        }
+        assert_eq!(input(&p, a, 22, 2000), Verdict::Accept, "knocked");
+        assert_eq!(input(&p, b, 22, 2000), Verdict::Drop, "another source");
+        assert_eq!(input(&p, a, 22, 11_499), Verdict::Accept);
+        assert_eq!(input(&p, a, 22, 11_500), Verdict::Drop, "10 s after 456");
+        // Out of order, or too slow, opens nothing.
+        for (t, port) in [
+            (20_000, 123u16),
+            (20_100, 345),
+            (20_200, 234),
+            (20_300, 456),
+        ] {
+            input(&p, b, port, t);
+        }
+        assert_eq!(input(&p, b, 22, 20_400), Verdict::Drop, "out of order");
+        for (t, port) in [(30_000, 123u16), (31_000, 234)] {
+            input(&p, b, port, t);
+        }
+        assert_eq!(input(&p, b, 345, 31_500), Verdict::Drop);
+        assert_eq!(input(&p, b, 456, 32_000), Verdict::Drop);
+        assert_eq!(input(&p, b, 22, 32_100), Verdict::Drop, "234 came 1 s late");
+        // Probes of closed ports put the source on the deny list.
+        assert_eq!(input(&p, b, 3389, 40_000), Verdict::Drop);
+        let listed = p
+            .dynamic_set_elements("inet filter denylist", 40_000)
+            .unwrap_or_else(|| panic!("no set"));
+        let keys: Vec<u128> = listed.iter().map(|e| e.key[0]).collect();
+        assert_eq!(keys, [0xffff_0a00_0005, 0xffff_c633_6442]);
+        assert_eq!(listed[0].expires_in_ms, Some(3_600_000));
+        assert_eq!(listed[1].expires_in_ms, None, "declared");
     }
 
     #[test]

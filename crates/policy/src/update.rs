@@ -171,9 +171,12 @@ impl CompiledPolicy {
             } => next.change_elements(*family, table, set, elements, false, name)?,
         };
         next.counters.ensure(next.store.infos.len() as u64);
-        if next.tables.limits.len() > next.limiters.len() {
+        if next.tables.limits.len() > next.limiters.len()
+            || next.tables.set_ops.len() > next.limiters.set_ops()
+        {
             let mut l = (*next.limiters).clone();
             l.extend_to(&next.tables.limits);
+            l.extend_sets(&next.tables.sets, &next.tables.set_ops);
             next.limiters = Arc::new(l);
         }
         if let (Command::AddRule { .. }, Some(h)) = (cmd, applied.handle) {
@@ -250,6 +253,7 @@ impl CompiledPolicy {
                 t.logs.clone(),
                 t.limits.clone(),
             ),
+            (t.sets.clone(), t.set_ops.clone()),
             location,
         )
     }
@@ -380,12 +384,16 @@ impl CompiledPolicy {
         if out.nat.len() != self.tables.nat.len()
             || out.logs.len() != self.tables.logs.len()
             || out.limits.len() != self.tables.limits.len()
+            || out.sets.len() != self.tables.sets.len()
+            || out.set_ops.len() != self.tables.set_ops.len()
         {
             self.tables = Arc::new(Tables {
                 nat: out.nat.clone(),
                 pools: out.pools.clone(),
                 logs: out.logs.clone(),
                 limits: out.limits.clone(),
+                sets: out.sets.clone(),
+                set_ops: out.set_ops.clone(),
             });
         }
         let base = self.store.infos.len() as u64;

@@ -125,9 +125,25 @@ pub struct Set {
     /// Set when declared with `typeof`; printed back that way.
     pub key_typeof: Option<Vec<Field>>,
     pub flags: Vec<SetFlag>,
+    /// `timeout T`: how long an element the packet path adds lives, in ms
+    /// (`None`: until deleted).
+    pub timeout_ms: Option<u64>,
+    /// `size N`: the most elements the set holds.
+    pub size: Option<u32>,
     pub elements: Vec<Elem>,
     pub comment: Option<String>,
     pub span: Span,
+}
+
+impl Set {
+    /// Whether the packet path changes the set (`flags dynamic` or
+    /// `timeout`): its lookups read the live elements, not compiled ones.
+    pub fn is_dynamic(&self) -> bool {
+        self.flags
+            .iter()
+            .any(|f| matches!(f, SetFlag::Dynamic | SetFlag::Timeout))
+            || self.timeout_ms.is_some()
+    }
 }
 
 /// A named map (`data` is [`DataType::Verdict`] for verdict maps).
@@ -686,6 +702,125 @@ pub enum StmtKind {
     /// `tcp option maxseg size set rt mtu | N` (iptables `-j TCPMSS`): the
     /// MSS option of a TCP segment is lowered to the value, never raised.
     TcpMssSet(TcpMss),
+    /// `add | update | delete @set { KEY [timeout T] [limit ...] [counter] }`
+    /// (nft's dynamic set statement).
+    SetUpdate(Box<SetUpdate>),
+}
+
+/// What [`SetUpdate`] does with the packet's key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SetOp {
+    /// `add`: insert the key unless present (an existing element keeps its
+    /// expiry).
+    Add,
+    /// `update`: insert the key, or give an existing element a fresh
+    /// timeout.
+    Update,
+    /// `delete`: remove the key if present.
+    Delete,
+}
+
+impl SetOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            SetOp::Add => "add",
+            SetOp::Update => "update",
+            SetOp::Delete => "delete",
+        }
+    }
+}
+
+/// `add | update | delete @set { KEY [timeout T] [limit ...] [counter] }`.
+/// The statement is also a match, as in the kernel's `nft_dynset`: the rule
+/// stops when the set is full or the element's `limit` does not match.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SetUpdate {
+    pub op: SetOp,
+    pub set: String,
+    /// The key (a concatenation when more than one part).
+    pub key: Vec<KeyPart>,
+    /// The element's timeout in ms (default: the set's `timeout`).
+    pub timeout_ms: Option<u64>,
+    /// A `limit` kept per element.
+    pub limit: Option<Limit>,
+    /// A `counter` kept per element.
+    pub counter: bool,
+}
+
+/// One part of a [`SetUpdate`]'s key: a field of the packet, or a constant
+/// (`add @knock { ip saddr . 234 }`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyPart {
+    Field(Field),
+    /// A number or an address, of the set's key type at that place.
+    Const(Value),
+}
+
+/// `1d2h3m4s500ms` → milliseconds: nft's time format (at least one part,
+/// each unit at most once, in this order).
+pub fn parse_duration(s: &str) -> Option<u64> {
+    const UNITS: [(&str, u64); 5] = [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("ms", 1),
+        ("m", 60_000),
+        ("s", 1000),
+    ];
+    let mut rest = s;
+    let mut total: u64 = 0;
+    let mut last_rank = 0usize;
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return None;
+        }
+        let n: u64 = rest.get(..digits)?.parse().ok()?;
+        rest = rest.get(digits..)?;
+        let (unit, mult) = UNITS.iter().find(|(u, _)| rest.starts_with(u))?;
+        // d < h < m < s < ms in the order they may appear.
+        let rank = match *unit {
+            "d" => 1,
+            "h" => 2,
+            "m" => 3,
+            "s" => 4,
+            _ => 5,
+        };
+        if rank <= last_rank {
+            return None;
+        }
+        last_rank = rank;
+        total = total.checked_add(n.checked_mul(*mult)?)?;
+        rest = rest.get(unit.len()..)?;
+    }
+    Some(total)
+}
+
+/// Milliseconds in nft's time format (`90000` → `1m30s`).
+pub fn format_duration(ms: u64) -> String {
+    if ms == 0 {
+        return "0s".into();
+    }
+    let mut out = String::new();
+    let mut left = ms;
+    for (unit, mult) in [
+        ("d", 86_400_000u64),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1000),
+        ("ms", 1),
+    ] {
+        let n = left / mult;
+        if n > 0 {
+            out.push_str(&format!("{n}{unit}"));
+            left -= n * mult;
+        }
+    }
+    out
 }
 
 /// The value of [`StmtKind::TcpMssSet`].

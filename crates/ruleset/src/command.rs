@@ -111,6 +111,8 @@ impl Set {
             key: self.key.clone(),
             key_typeof: self.key_typeof.clone(),
             flags: self.flags.clone(),
+            timeout_ms: self.timeout_ms,
+            size: self.size,
             elements: Vec::new(),
             comment: None,
             span: self.span,

@@ -1262,6 +1262,8 @@ fn match_set(
             } else {
                 Vec::new()
             },
+            timeout_ms: None,
+            size: None,
             elements: ipset.elems.clone(),
             comment: None,
             span: cx.span(name),

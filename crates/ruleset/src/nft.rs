@@ -45,6 +45,9 @@ const STMT_KEYWORDS: &[&str] = &[
     "masquerade",
     "redirect",
     "comment",
+    "add",
+    "update",
+    "delete",
 ];
 const EXPR_KEYWORDS: &[&str] = &[
     "iifname", "oifname", "iif", "oif", "meta", "mark", "l4proto", "nfproto", "pkttype", "ip",
@@ -70,6 +73,9 @@ fn is_stmt_keyword(w: &str) -> bool {
             | "masquerade"
             | "redirect"
             | "comment"
+            | "add"
+            | "update"
+            | "delete"
     )
 }
 
@@ -991,6 +997,8 @@ impl<'s> Parser<'s> {
         let mut flags = Vec::new();
         let mut elements = Vec::new();
         let mut comment = None;
+        let mut timeout_ms = None;
+        let mut size = None;
         let mut failed = false;
         loop {
             self.skip_separators();
@@ -1066,7 +1074,26 @@ impl<'s> Parser<'s> {
                             _ => self.err(isp, "expected a string after 'comment'"),
                         }
                     }
-                    "size" | "timeout" | "gc-interval" | "policy" => {
+                    "timeout" => {
+                        self.bump();
+                        self.duration("set timeout").map(|t| timeout_ms = Some(t))
+                    }
+                    "size" => {
+                        self.bump();
+                        let sp = self.span();
+                        self.number("set size")
+                            .and_then(|n| match u32::try_from(n) {
+                                Ok(n) if n > 0 => {
+                                    size = Some(n);
+                                    Ok(())
+                                }
+                                _ => self.err(
+                                    sp,
+                                    format!("set size {n} is not between 1 and 4294967295"),
+                                ),
+                            })
+                    }
+                    "gc-interval" | "policy" => {
                         self.bump();
                         self.expect_word("value").map(|_| ())
                     }
@@ -1122,6 +1149,8 @@ impl<'s> Parser<'s> {
                 key,
                 key_typeof,
                 flags,
+                timeout_ms,
+                size,
                 elements,
                 comment,
                 span: sp,
@@ -2071,6 +2100,7 @@ impl<'s> Parser<'s> {
                 self.bump();
                 Ok(StmtKind::Limit(self.limit()?))
             }
+            "add" | "update" | "delete" => self.set_update(),
             _ => {
                 let kind = match w {
                     "snat" => NatKind::Snat,
@@ -2087,6 +2117,121 @@ impl<'s> Parser<'s> {
     fn number(&mut self, what: &str) -> P<u64> {
         let (w, sp) = self.expect_word(what)?;
         parse_num(w).map_or_else(|| self.err(sp, format!("invalid {what} '{w}'")), Ok)
+    }
+
+    /// nft's time format (`30s`, `1h30m`, `2d`), in ms.
+    fn duration(&mut self, what: &str) -> P<u64> {
+        let (w, sp) = self.expect_word(what)?;
+        match crate::ast::parse_duration(w) {
+            Some(ms) => Ok(ms),
+            None => self.err(
+                sp,
+                format!("invalid {what} '{w}': expected a time such as 30s, 10m, 1h30m or 2d"),
+            ),
+        }
+    }
+
+    /// `add | update | delete @set { KEY [timeout T] [limit ...] [counter] }`
+    /// (the cursor is on the operation).
+    fn set_update(&mut self) -> P<StmtKind> {
+        let (w, _) = self.expect_word("set operation")?;
+        let op = match w {
+            "add" => SetOp::Add,
+            "update" => SetOp::Update,
+            _ => SetOp::Delete,
+        };
+        let sp = self.span();
+        if !self.eat(&Tok::At) {
+            return self.err(
+                sp,
+                format!("expected '@set' after '{w}' (e.g. '{w} @name {{ ip saddr }}')"),
+            );
+        }
+        let (set, _) = self.name("set name")?;
+        self.expect(Tok::LBrace)?;
+        let mut key = Vec::new();
+        loop {
+            if self.word().is_some_and(is_expr_keyword) {
+                key.push(KeyPart::Field(self.field()?));
+            } else {
+                let (w, wsp) = self.expect_word("a key expression or value")?;
+                let v = match parse_num(w) {
+                    Some(n) => Value::Num(n),
+                    None => match parse_addr_value(w) {
+                        Some(v @ Value::Addr(_)) => v,
+                        _ => {
+                            return self.err(
+                                wsp,
+                                format!(
+                                    "'{w}' is neither an expression nor a number or address \
+                                     (a set key is e.g. 'ip saddr' or 'ip saddr . 22')"
+                                ),
+                            )
+                        }
+                    },
+                };
+                key.push(KeyPart::Const(v));
+            }
+            if !self.eat(&Tok::Dot) {
+                break;
+            }
+        }
+        if !key.iter().any(|k| matches!(k, KeyPart::Field(_))) {
+            return self.err(sp, "a set key needs at least one expression of the packet");
+        }
+        let mut u = SetUpdate {
+            op,
+            set,
+            key,
+            timeout_ms: None,
+            limit: None,
+            counter: false,
+        };
+        loop {
+            let isp = self.span();
+            if self.eat(&Tok::RBrace) {
+                break;
+            }
+            match self.word() {
+                Some("timeout") if op != SetOp::Delete => {
+                    self.bump();
+                    u.timeout_ms = Some(self.duration("element timeout")?);
+                }
+                Some("limit") if op != SetOp::Delete => {
+                    self.bump();
+                    u.limit = Some(self.limit()?);
+                }
+                Some("counter") if op != SetOp::Delete => {
+                    self.bump();
+                    u.counter = true;
+                    // `counter packets N bytes M` as nft lists it: the
+                    // values are per element and start at zero here.
+                    loop {
+                        if self.eat_word("packets") || self.eat_word("bytes") {
+                            self.number("count")?;
+                        } else {
+                            break;
+                        }
+                    }
+                }
+                Some(x @ ("ct" | "quota")) => {
+                    let x = x.to_string();
+                    return self.err(
+                        isp,
+                        format!("'{x}' in a set element is not supported yet (timeout, limit and counter are)"),
+                    );
+                }
+                _ => {
+                    let expect = if op == SetOp::Delete {
+                        "'}' (a delete takes only the key)"
+                    } else {
+                        "'timeout', 'limit', 'counter' or '}'"
+                    };
+                    return self.unexpected(expect);
+                }
+            }
+        }
+        Ok(StmtKind::SetUpdate(Box::new(u)))
     }
 
     fn limit(&mut self) -> P<Limit> {

@@ -172,6 +172,7 @@ const RELOPS: [RelOp; 7] = [
 ];
 const FAMILIES: [Family; 3] = [Family::Ip, Family::Ip6, Family::Inet];
 const BYTE_UNITS: [ByteUnit; 3] = [ByteUnit::Bytes, ByteUnit::Kbytes, ByteUnit::Mbytes];
+const SET_OPS: [SetOp; 3] = [SetOp::Add, SetOp::Update, SetOp::Delete];
 const TIME_UNITS: [TimeUnit; 5] = [
     TimeUnit::Second,
     TimeUnit::Minute,
@@ -530,6 +531,33 @@ impl<S: Sink> Writer<S> {
             StmtKind::TcpMssSet(TcpMss::RtMtu) => self.u8(9),
             StmtKind::MetaMarkFromCt => self.u8(11),
             StmtKind::CtMarkFromMeta => self.u8(12),
+            StmtKind::SetUpdate(u) => {
+                self.u8(13);
+                self.u8(u.op as u8);
+                self.str(&u.set);
+                self.num(u.key.len() as u64);
+                for k in &u.key {
+                    match k {
+                        KeyPart::Field(f) => {
+                            self.u8(0);
+                            self.fields(std::slice::from_ref(f));
+                        }
+                        KeyPart::Const(v) => {
+                            self.u8(1);
+                            self.value(v);
+                        }
+                    }
+                }
+                self.opt_num(u.timeout_ms);
+                match &u.limit {
+                    None => self.u8(0),
+                    Some(l) => {
+                        self.u8(1);
+                        self.stmt(&StmtKind::Limit(*l));
+                    }
+                }
+                self.u8(u8::from(u.counter));
+            }
             StmtKind::TcpMssSet(TcpMss::Value(v)) => {
                 self.u8(10);
                 self.num(u64::from(*v));
@@ -843,6 +871,41 @@ impl Reader<'_> {
             10 => StmtKind::TcpMssSet(TcpMss::Value(self.u16()?)),
             11 => StmtKind::MetaMarkFromCt,
             12 => StmtKind::CtMarkFromMeta,
+            13 => {
+                let op = *SET_OPS.get(usize::from(self.u8()?))?;
+                let set = self.str()?;
+                let n = self.len()?;
+                let mut key = Vec::with_capacity(n.min(8));
+                for _ in 0..n {
+                    key.push(match self.u8()? {
+                        0 => KeyPart::Field(*self.fields()?.first()?),
+                        1 => KeyPart::Const(self.value()?),
+                        _ => return None,
+                    });
+                }
+                let timeout_ms = self.opt_num()?;
+                let limit = match self.u8()? {
+                    0 => None,
+                    1 => match self.stmt()? {
+                        StmtKind::Limit(l) => Some(l),
+                        _ => return None,
+                    },
+                    _ => return None,
+                };
+                let counter = match self.u8()? {
+                    0 => false,
+                    1 => true,
+                    _ => return None,
+                };
+                StmtKind::SetUpdate(Box::new(SetUpdate {
+                    op,
+                    set,
+                    key,
+                    timeout_ms,
+                    limit,
+                    counter,
+                }))
+            }
             _ => return None,
         })
     }
@@ -856,6 +919,9 @@ mod tests {
     /// writes (declaration order).
     #[test]
     fn enum_tables_follow_declaration_order() {
+        for (i, o) in SET_OPS.iter().enumerate() {
+            assert_eq!(*o as usize, i);
+        }
         for (i, f) in Field::ALL.iter().enumerate() {
             assert_eq!(*f as usize, i);
         }

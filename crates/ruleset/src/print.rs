@@ -33,6 +33,12 @@ fn print_table(out: &mut String, t: &Table) {
         sep(out);
         let _ = writeln!(out, "\tset {} {{", name(&s.name));
         print_key(out, &s.key, s.key_typeof.as_deref(), None);
+        if let Some(t) = s.timeout_ms {
+            let _ = writeln!(out, "\t\ttimeout {}", crate::ast::format_duration(t));
+        }
+        if let Some(n) = s.size {
+            let _ = writeln!(out, "\t\tsize {n}");
+        }
         print_set_tail(
             out,
             &s.flags,
@@ -397,6 +403,28 @@ fn stmt(s: &StmtKind) -> String {
                     }
                 }
             }
+            s
+        }
+        StmtKind::SetUpdate(u) => {
+            let key: Vec<String> = u
+                .key
+                .iter()
+                .map(|k| match k {
+                    KeyPart::Field(f) => fields(std::slice::from_ref(f)),
+                    KeyPart::Const(v) => value(v, &[DataType::Integer8]),
+                })
+                .collect();
+            let mut s = format!("{} @{} {{ {}", u.op.name(), name(&u.set), key.join(" . "));
+            if let Some(t) = u.timeout_ms {
+                let _ = write!(s, " timeout {}", crate::ast::format_duration(t));
+            }
+            if let Some(l) = &u.limit {
+                let _ = write!(s, " {}", stmt(&StmtKind::Limit(*l)));
+            }
+            if u.counter {
+                s.push_str(" counter");
+            }
+            s.push_str(" }");
             s
         }
         StmtKind::Limit(l) => {

@@ -138,6 +138,9 @@ impl Validator {
                 self.matches(t, sets, m);
             }
             for s in &r.stmts {
+                if let StmtKind::SetUpdate(u) = &s.kind {
+                    self.set_update(t, sets, maps, u, s.span);
+                }
                 self.stmt(t, chains, maps, c, s);
             }
         }
@@ -386,6 +389,109 @@ impl Validator {
                 self.err(span, format!("cannot jump to base chain '{target}'"));
             }
             Some(_) => {}
+        }
+    }
+
+    /// `add | update | delete @set { KEY ... }`: a set (not a map) of the
+    /// key's type that the packet path may change.
+    fn set_update(
+        &mut self,
+        t: &Table,
+        sets: &HashMap<&str, &Set>,
+        maps: &HashMap<&str, &Map>,
+        u: &SetUpdate,
+        span: Span,
+    ) {
+        for k in &u.key {
+            if let KeyPart::Field(f) = k {
+                self.family_ok(t, *f, span);
+            }
+        }
+        let Some(s) = sets.get(u.set.as_str()) else {
+            if maps.contains_key(u.set.as_str()) {
+                self.err(
+                    span,
+                    format!("'{}' is a map; '{}' works on sets", u.set, u.op.name()),
+                );
+            } else {
+                let help = suggest(&u.set, sets.keys().copied());
+                self.diags
+                    .push(RawDiag::new(span, format!("no such set '{}'", u.set)).help(help));
+            }
+            return;
+        };
+        // A constant takes the set's type at its place, and must be a
+        // value of it.
+        let types: Vec<DataType> = u
+            .key
+            .iter()
+            .enumerate()
+            .map(|(i, k)| match k {
+                KeyPart::Field(f) => f.datatype(),
+                KeyPart::Const(_) => s.key.get(i).copied().unwrap_or(DataType::Verdict),
+            })
+            .collect();
+        for (k, dt) in u.key.iter().zip(&types) {
+            if let KeyPart::Const(v) = k {
+                self.value(&[*dt], v, span, false, "set key");
+            }
+        }
+        if s.key != types {
+            let want: Vec<&str> = types.iter().map(|d| d.name()).collect();
+            let got: Vec<&str> = s.key.iter().map(|d| d.name()).collect();
+            self.err(
+                span,
+                format!(
+                    "datatype mismatch: key has type {}, set '{}' has type {}",
+                    want.join(" . "),
+                    u.set,
+                    got.join(" . ")
+                ),
+            );
+        }
+        if s.flags.contains(&SetFlag::Constant) {
+            self.err(
+                span,
+                format!(
+                    "set '{}' is constant; the packet path cannot change it",
+                    u.set
+                ),
+            );
+        }
+        if s.flags.contains(&SetFlag::Interval) {
+            self.err(
+                span,
+                format!(
+                    "set '{}' has flags interval; the packet path adds single keys \
+                     only (drop the interval flag)",
+                    u.set
+                ),
+            );
+        }
+        if !s.is_dynamic() {
+            self.diags.push(
+                RawDiag::new(
+                    span,
+                    format!(
+                        "set '{}' is not dynamic; the packet path changes only sets \
+                         declared with 'flags dynamic' or a timeout",
+                        u.set
+                    ),
+                )
+                .help(Some(format!("add 'flags dynamic' to set '{}'", u.set))),
+            );
+        } else if u.timeout_ms.is_some()
+            && !s.flags.contains(&SetFlag::Timeout)
+            && s.timeout_ms.is_none()
+        {
+            self.err(
+                span,
+                format!(
+                    "set '{}' has no timeouts; give it 'flags timeout' or a 'timeout' \
+                     for element timeouts",
+                    u.set
+                ),
+            );
         }
     }
 

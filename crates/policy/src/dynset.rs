@@ -1,0 +1,270 @@
+//! The live elements of dynamic sets: `add @s { ip saddr }`, `update @s {
+//! ip saddr limit rate over 3/minute }`, `delete @s { ... }` and the
+//! lookups `ip saddr @s` (the kernel's `nft_dynset` and `nft_lookup` on a
+//! set with `flags dynamic`).
+//!
+//! Semantics, as the kernel's:
+//! - `add` inserts the key unless present (an existing element keeps its
+//!   expiry); `update` inserts it or gives the element a fresh timeout;
+//!   both then run the element's `limit`, and the rule goes on only if it
+//!   matches. A full set (`size`, default 65 535) takes no new key and the
+//!   rule stops there.
+//! - `delete` removes the key if present; the rule always goes on.
+//! - An element expires `timeout` after it was added or updated (the
+//!   statement's `timeout`, else the set's; none: it stays). Expired
+//!   elements are absent for lookups and are reclaimed when the set is full.
+//! - The elements a set is declared with never expire (the kernel gives
+//!   them the set's timeout counted from the load).
+//! - A full rule-set load starts every dynamic set afresh, as `nft -f` of a
+//!   file with `flush ruleset` does; rule and element updates through the
+//!   control socket keep the live elements.
+//!
+//! Concurrency: the workers share the sets. Each set is split into
+//! [`SHARDS`] hash maps behind a mutex each, every map allocated for its
+//! share of the set's size when the set is created, so an insert does not
+//! allocate while the shares stay even. This is the policy's slow path (a
+//! connection's first packet, or every packet of a rule set that filters
+//! established traffic); an uncontended lock is one atomic exchange, as
+//! the kernel's per-bucket spinlock of `nft_set_hash` is.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use hashbrown::HashMap;
+use sluice_classify::ir::PacketFields;
+
+use crate::limits::Rate;
+use crate::lower::{DynSetSpec, KeySrc, SetKey, SetOpKind, SetOpSpec, MAX_SET_KEY};
+
+/// Maps per set.
+pub(crate) const SHARDS: usize = 16;
+
+/// Expiry of an element that never expires.
+const NEVER: u64 = u64::MAX;
+
+#[derive(Debug, Clone, Copy)]
+struct Elem {
+    /// ms; [`NEVER`] for none.
+    expires_ms: u64,
+    /// The element's `limit` bucket (nano-units) and its last refill (ms;
+    /// `u64::MAX` before the first packet).
+    tokens: u64,
+    last_ms: u64,
+    /// Packets and bytes that hit the element through `add`/`update`.
+    packets: u64,
+    bytes: u64,
+}
+
+impl Elem {
+    fn live(&self, now_ms: u64) -> bool {
+        self.expires_ms > now_ms
+    }
+}
+
+/// One dynamic set.
+#[derive(Debug)]
+pub(crate) struct DynSet {
+    timeout_ms: Option<u64>,
+    cap: usize,
+    /// Elements in all shards, expired ones included until reclaimed.
+    len: AtomicUsize,
+    shards: Box<[Mutex<HashMap<SetKey, Elem>>]>,
+}
+
+/// An element as [`DynSet::elements`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedElem {
+    /// The key's values.
+    pub key: Vec<u128>,
+    /// ms left, `None` when it does not expire.
+    pub expires_in_ms: Option<u64>,
+    /// Packets and bytes counted on it.
+    pub packets: u64,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+fn shard_of(k: &SetKey) -> usize {
+    let mut h = 0u64;
+    for v in k {
+        h = (h ^ (*v as u64) ^ ((*v >> 64) as u64)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    (h >> 60) as usize % SHARDS
+}
+
+impl DynSet {
+    pub(crate) fn new(spec: &DynSetSpec) -> Self {
+        let cap = spec.size.max(1) as usize;
+        let per = cap.div_ceil(SHARDS) + cap.div_ceil(SHARDS) / 2 + 8;
+        let shards = (0..SHARDS)
+            .map(|_| Mutex::new(HashMap::with_capacity(per)))
+            .collect::<Vec<_>>()
+            .into_boxed_slice();
+        let set = DynSet {
+            timeout_ms: spec.timeout_ms,
+            cap,
+            len: AtomicUsize::new(0),
+            shards,
+        };
+        for k in spec.elements.iter().take(cap) {
+            let mut m = set.shard(k);
+            if m.insert(*k, fresh(NEVER)).is_none() {
+                set.len.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        set
+    }
+
+    fn shard(&self, k: &SetKey) -> std::sync::MutexGuard<'_, HashMap<SetKey, Elem>> {
+        // A poisoned map is still a valid map: a panic elsewhere does not
+        // take the set down with it.
+        self.shards[shard_of(k)]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether `k` is a live element.
+    pub(crate) fn contains(&self, k: &SetKey, now_ms: u64) -> bool {
+        self.shard(k).get(k).is_some_and(|e| e.live(now_ms))
+    }
+
+    /// Removes `k`; whether it was there (live or not).
+    pub(crate) fn delete(&self, k: &SetKey) -> bool {
+        let gone = self.shard(k).remove(k).is_some();
+        if gone {
+            self.len.fetch_sub(1, Ordering::Relaxed);
+        }
+        gone
+    }
+
+    /// Removes every expired element; how many.
+    fn reclaim(&self, now_ms: u64) -> usize {
+        let mut n = 0;
+        for s in self.shards.iter() {
+            let mut m = s.lock().unwrap_or_else(PoisonError::into_inner);
+            let before = m.len();
+            m.retain(|_, e| e.live(now_ms));
+            n += before - m.len();
+        }
+        self.len.fetch_sub(n, Ordering::Relaxed);
+        n
+    }
+
+    /// `add` (`refresh` false) or `update` (true) of `k`, then the
+    /// element's `limit`; whether the rule goes on.
+    pub(crate) fn upsert(
+        &self,
+        k: &SetKey,
+        refresh: bool,
+        timeout_ms: Option<u64>,
+        limit: Option<&Rate>,
+        now_ms: u64,
+        len: u32,
+    ) -> bool {
+        let expires = match timeout_ms.or(self.timeout_ms) {
+            Some(t) => now_ms.saturating_add(t),
+            None => NEVER,
+        };
+        let mut reclaimed = false;
+        loop {
+            let mut m = self.shard(k);
+            match m.get_mut(k) {
+                Some(e) if e.live(now_ms) => {
+                    if refresh {
+                        e.expires_ms = expires;
+                    }
+                    return hit(e, limit, now_ms, len);
+                }
+                Some(e) => {
+                    // Expired: it is added afresh.
+                    *e = fresh(expires);
+                    return hit(e, limit, now_ms, len);
+                }
+                None => {}
+            }
+            if self.len.load(Ordering::Relaxed) < self.cap {
+                self.len.fetch_add(1, Ordering::Relaxed);
+                let e = m.entry(*k).or_insert(fresh(expires));
+                return hit(e, limit, now_ms, len);
+            }
+            drop(m);
+            // Full: make room from expired elements once, else the rule
+            // stops (the kernel's dynset breaks when the set is full).
+            if reclaimed || self.reclaim(now_ms) == 0 {
+                return false;
+            }
+            reclaimed = true;
+        }
+    }
+
+    /// The live elements, keys cut to `key_len` values.
+    pub(crate) fn elements(&self, key_len: usize, now_ms: u64) -> Vec<ListedElem> {
+        let mut out = Vec::new();
+        for s in self.shards.iter() {
+            let m = s.lock().unwrap_or_else(PoisonError::into_inner);
+            for (k, e) in m.iter().filter(|(_, e)| e.live(now_ms)) {
+                out.push(ListedElem {
+                    key: k.iter().take(key_len.min(MAX_SET_KEY)).copied().collect(),
+                    expires_in_ms: (e.expires_ms != NEVER).then(|| e.expires_ms - now_ms),
+                    packets: e.packets,
+                    bytes: e.bytes,
+                });
+            }
+        }
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        out
+    }
+}
+
+fn fresh(expires_ms: u64) -> Elem {
+    Elem {
+        expires_ms,
+        tokens: u64::MAX,
+        last_ms: u64::MAX,
+        packets: 0,
+        bytes: 0,
+    }
+}
+
+/// Counts the packet on the element and runs its `limit`.
+fn hit(e: &mut Elem, limit: Option<&Rate>, now_ms: u64, len: u32) -> bool {
+    e.packets += 1;
+    e.bytes += u64::from(len);
+    match limit {
+        None => true,
+        Some(r) => r.take(&mut e.tokens, &mut e.last_ms, now_ms, len),
+    }
+}
+
+/// The key of operation `op` for packet `p`.
+pub(crate) fn key_of(op: &SetOpSpec, p: &PacketFields) -> SetKey {
+    let mut k: SetKey = [0; MAX_SET_KEY];
+    for (slot, src) in k.iter_mut().zip(&op.key) {
+        *slot = match src {
+            KeySrc::Field(f) => p.get(*f),
+            KeySrc::Const(v) => *v,
+        };
+    }
+    k
+}
+
+/// Runs operation `op` on `set`; whether the rule goes on.
+pub(crate) fn run(
+    set: &DynSet,
+    op: &SetOpSpec,
+    rate: Option<&Rate>,
+    p: &PacketFields,
+    now_ms: u64,
+    len: u32,
+) -> bool {
+    let k = key_of(op, p);
+    match op.kind {
+        SetOpKind::Lookup { negate } => set.contains(&k, now_ms) != negate,
+        SetOpKind::Add => set.upsert(&k, false, op.timeout_ms, rate, now_ms, len),
+        SetOpKind::Update => set.upsert(&k, true, op.timeout_ms, rate, now_ms, len),
+        SetOpKind::Delete => {
+            set.delete(&k);
+            true
+        }
+    }
+}
