@@ -115,6 +115,20 @@ impl DynSet {
         set
     }
 
+    /// A copy of the set and its elements (a trace's throw-away state).
+    pub(crate) fn snapshot(&self) -> Self {
+        DynSet {
+            timeout_ms: self.timeout_ms,
+            cap: self.cap,
+            len: AtomicUsize::new(self.len.load(Ordering::Relaxed)),
+            shards: self
+                .shards
+                .iter()
+                .map(|s| Mutex::new(s.lock().unwrap_or_else(PoisonError::into_inner).clone()))
+                .collect(),
+        }
+    }
+
     fn shard(&self, k: &SetKey) -> std::sync::MutexGuard<'_, HashMap<SetKey, Elem>> {
         // A poisoned map is still a valid map: a panic elsewhere does not
         // take the set down with it.

@@ -2,11 +2,14 @@
 //!
 //! nft's `limit` is a match (the kernel's `nft_limit`): a packet takes its
 //! cost from the bucket and the rule matches while there was enough; with
-//! `over` the rule matches only when there was not. The bucket holds one
-//! time unit's rate plus the burst (the kernel's `tokens_max`), starts
-//! full, and refills continuously. A packet costs 1 for a packet rate and
-//! its length for a byte rate. The burst defaults to 5 packets for packet
-//! rates (what nft lists) and 0 for byte rates.
+//! `over` the rule matches only when there was not. The bucket starts full
+//! and refills continuously at the rate. Its size is the kernel's
+//! `tokens_max` (`nft_limit_init`, Linux 6.x): for a packet rate the burst
+//! alone, where a burst of 0 or none is 5 packets (so `limit rate
+//! 2/second` passes 5 packets at once, then 2 a second); for a byte rate
+//! one time unit's rate plus the burst (default 0). A packet costs 1 for a
+//! packet rate and its length for a byte rate. The kernel oracle's
+//! `dynamic_sets` rule set checks the packet case against the kernel.
 //!
 //! Buckets are shared by every worker (atomics, no lock; under contention a
 //! refill may be counted twice or a take retried, so the rate holds only
@@ -51,14 +54,18 @@ impl Rate {
         };
         let bytes = l.unit.is_some();
         let rate = l.rate.saturating_mul(mult(l.unit));
-        let burst = l.burst.map_or(if bytes { 0 } else { 5 }, |b| {
-            b.saturating_mul(mult(l.burst_unit))
-        });
         let unit_ms = l.per.seconds().saturating_mul(1000).max(1);
+        let cap = if bytes {
+            let burst = l.burst.map_or(0, |b| b.saturating_mul(mult(l.burst_unit)));
+            rate.saturating_add(burst)
+        } else {
+            // NFT_LIMIT_PKT_BURST_DEFAULT, also for an explicit 0.
+            l.burst.filter(|b| *b > 0).unwrap_or(5)
+        };
         Rate {
             per_unit: u128::from(rate) * u128::from(SCALE),
             unit_ms: u128::from(unit_ms),
-            cap: rate.saturating_add(burst).saturating_mul(SCALE),
+            cap: cap.saturating_mul(SCALE),
             bytes,
             over: l.over,
         }
@@ -191,6 +198,16 @@ impl Limiters {
         }
     }
 
+    /// A copy whose dynamic sets are copies of this one's (the buckets
+    /// are shared).
+    pub(crate) fn snapshot(&self) -> Self {
+        Limiters {
+            buckets: self.buckets.clone(),
+            sets: self.sets.iter().map(|s| Arc::new(s.snapshot())).collect(),
+            ops: Arc::clone(&self.ops),
+        }
+    }
+
     /// Dynamic-set operations known.
     pub(crate) fn set_ops(&self) -> usize {
         self.ops.len()
@@ -230,6 +247,21 @@ impl sluice_classify::Limits for Limiters {
     }
 }
 
+/// The state a trace keeps from packet to packet: the dynamic sets; every
+/// plain `limit` is within its rate, as in a stateless trace.
+#[derive(Debug)]
+pub(crate) struct SetsOnly(pub Limiters);
+
+impl sluice_classify::Limits for SetsOnly {
+    fn matches(&self, _id: u32, _now_ms: u64, _len: u32) -> bool {
+        true
+    }
+
+    fn set_op(&self, id: u32, p: &PacketFields, now_ms: u64, len: u32, stateless: bool) -> bool {
+        self.0.set_op(id, p, now_ms, len, stateless)
+    }
+}
+
 /// `log` lines a policy writes per second at most (burst the same).
 pub const LOG_PER_SEC: u64 = 100;
 
@@ -250,7 +282,7 @@ impl Default for LogBudget {
                 rate: LOG_PER_SEC,
                 unit: None,
                 per: ast::TimeUnit::Second,
-                burst: Some(0),
+                burst: Some(LOG_PER_SEC),
                 burst_unit: None,
             }),
             suppressed: AtomicU64::new(0),
@@ -281,28 +313,50 @@ mod tests {
     }
 
     #[test]
-    fn a_packet_rate_allows_rate_plus_burst_then_refills() {
+    fn a_packet_rate_allows_the_burst_then_refills_at_the_rate() {
         let mut l = Limiters::default();
         l.extend_to(&[
-            limit(2, ast::TimeUnit::Second, Some(1), false),
-            limit(2, ast::TimeUnit::Second, Some(0), true),
+            limit(2, ast::TimeUnit::Second, Some(3), false),
+            limit(2, ast::TimeUnit::Second, Some(2), true),
             limit(1, ast::TimeUnit::Minute, None, false),
+            limit(1, ast::TimeUnit::Minute, Some(0), false),
         ]);
-        // 2/second + 1: three at once, then none.
+        // A bucket of the burst (3): three at once, then none.
         let at = |ms| (0..5).map(|_| l.matches(0, ms, 60)).collect::<Vec<_>>();
         assert_eq!(at(1000), [true, true, true, false, false]);
-        // 500 ms later one more token.
+        // 500 ms later one more token (2/second).
         assert_eq!(at(1500), [true, false, false, false, false]);
-        // `over`: matches once the two are spent.
+        // `over`: matches once the burst of two is spent.
         let over = (0..4).map(|_| l.matches(1, 1000, 60)).collect::<Vec<_>>();
         assert_eq!(over, [false, false, true, true]);
-        // 1/minute with the default burst of 5: six, then one a minute.
-        let m = (0..8).map(|_| l.matches(2, 0, 60)).filter(|x| *x).count();
-        assert_eq!(m, 6);
-        assert!(!l.matches(2, 59_000, 60));
-        assert!(l.matches(2, 60_000, 60));
+        // 1/minute with the default burst of 5 (also for `burst 0`): five,
+        // then one a minute.
+        for id in [2, 3] {
+            let m = (0..8).map(|_| l.matches(id, 0, 60)).filter(|x| *x).count();
+            assert_eq!(m, 5);
+            assert!(!l.matches(id, 59_000, 60));
+            assert!(l.matches(id, 60_000, 60));
+        }
         // An unknown id matches (as without limits).
         assert!(l.matches(9, 0, 60));
+    }
+
+    #[test]
+    fn an_owned_bucket_behaves_as_a_shared_one() {
+        let r = Rate::new(&limit(2, ast::TimeUnit::Second, Some(3), false));
+        let (mut tokens, mut last) = (u64::MAX, u64::MAX);
+        let mut at = |ms| {
+            (0..5)
+                .map(|_| r.take(&mut tokens, &mut last, ms, 60))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(at(1000), [true, true, true, false, false]);
+        assert_eq!(at(1500), [true, false, false, false, false]);
+        assert_eq!(
+            at(60_000),
+            [true, true, true, false, false],
+            "capped at the burst"
+        );
     }
 
     #[test]

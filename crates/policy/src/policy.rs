@@ -1412,7 +1412,7 @@ mod tests {
     #[test]
     fn limit_is_a_match_on_shared_buckets() {
         let p = pol(
-            "table ip t {\n chain f {\n type filter hook forward priority 0; policy drop;\n icmp type echo-request limit rate 2/second burst 0 packets counter accept\n tcp dport 25 limit rate over 1/second burst 0 packets drop\n tcp dport 25 accept\n }\n}\n",
+            "table ip t {\n chain f {\n type filter hook forward priority 0; policy drop;\n icmp type echo-request limit rate 2/second burst 2 packets counter accept\n tcp dport 25 limit rate over 1/second burst 1 packets drop\n tcp dport 25 accept\n }\n}\n",
         );
         let pk = |proto: u8, dport: u16, now_ms: u64| PolicyPacket {
             proto,
@@ -1470,7 +1470,7 @@ mod tests {
         chain input { type filter hook input priority 0; policy drop;\n\
           ip saddr @deny drop\n\
           tcp dport 23 update @deny { ip saddr } drop\n\
-          tcp dport 22 ct state new add @ssh { ip saddr limit rate over 2/minute burst 1 packets } drop\n\
+          tcp dport 22 ct state new add @ssh { ip saddr limit rate over 2/minute burst 3 packets } drop\n\
           tcp dport 22 accept\n\
           tcp dport 80 add @two { ip saddr . tcp dport } accept\n\
           tcp dport 81 delete @deny { ip saddr } accept\n\
@@ -1494,7 +1494,7 @@ mod tests {
     fn a_dynamic_set_meters_each_source_on_its_own() {
         let p = pol(DYNAMIC);
         let (a, b) = (0x0a00_0001, 0x0a00_0003);
-        // 2/minute + a burst of 1: three new SSH connections pass, the
+        // A burst of 3 at 2/minute: three new SSH connections pass, the
         // fourth is over the rate; another source has its own element.
         let four: Vec<Verdict> = (0..4).map(|_| input(&p, a, 22, 1000)).collect();
         assert_eq!(

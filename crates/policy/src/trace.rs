@@ -10,6 +10,7 @@
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
 
 use sluice_classify::ir::{map_v4, Family as IrFamily, IfName, PacketFields, RuleId};
 use sluice_classify::{Outcome, Scratch};
@@ -622,11 +623,48 @@ pub fn path(hook: ast::Hook) -> &'static [ast::Hook] {
 
 type Visits = Vec<(sluice_classify::ChainId, Outcome, Vec<RuleId>)>;
 
+/// What a sequence of traced packets shares: the elements of the rule
+/// set's dynamic sets (`add @s`, `ip saddr @s`), so that a packet sees
+/// what the ones before it added, as in the kernel. Plain `limit`
+/// statements stay within their rate in a trace.
+#[derive(Debug)]
+pub struct TraceState {
+    sets: Arc<crate::limits::SetsOnly>,
+}
+
 impl CompiledPolicy {
-    /// Traces one packet along the path of its hook.
+    /// Fresh trace state: every dynamic set with its declared elements.
+    pub fn trace_state(&self) -> TraceState {
+        let mut l = crate::limits::Limiters::default();
+        l.extend_sets(&self.tables.sets, &self.tables.set_ops);
+        TraceState {
+            sets: Arc::new(crate::limits::SetsOnly(l)),
+        }
+    }
+
+    /// Traces one packet along the path of its hook, every dynamic set
+    /// empty.
     pub fn trace(&self, pkt: &TracePacket) -> Trace {
+        self.trace_in(pkt, None)
+    }
+
+    /// Traces one packet at `now_ms` with the dynamic sets of `state`,
+    /// which it updates.
+    pub fn trace_stateful(&self, pkt: &TracePacket, state: &TraceState, now_ms: u64) -> Trace {
+        self.trace_in(pkt, Some((state, now_ms)))
+    }
+
+    fn trace_in(&self, pkt: &TracePacket, state: Option<(&TraceState, u64)>) -> Trace {
         let mut p = pkt.fields(self);
         let mut s = Scratch::new();
+        let len = u32::from(pkt.length.unwrap_or(0));
+        // The linear reference runs on a copy of the sets, so that only the
+        // compiled run's changes stay.
+        let ctx = |sets: Arc<crate::limits::SetsOnly>, now_ms| sluice_classify::LimitCtx {
+            limits: sets as Arc<dyn sluice_classify::Limits>,
+            now_ms,
+            len,
+        };
         let mut out = Trace {
             hooks: Vec::new(),
             verdict: TraceVerdict::Accept,
@@ -644,13 +682,19 @@ impl CompiledPolicy {
                 p.ttl = p.ttl.saturating_sub(1);
             }
             let mut lin: Visits = Vec::new();
+            s.limit = state.map(|(st, now)| {
+                let copy = crate::limits::SetsOnly(st.sets.0.snapshot());
+                ctx(Arc::new(copy), now)
+            });
             let lo = self.run_hook(hook, &p, Evaluator::Linear, &mut s, |b, o, t| {
                 lin.push((b.chain, *o, t.to_vec()))
             });
             let mut comp: Visits = Vec::new();
+            s.limit = state.map(|(st, now)| ctx(Arc::clone(&st.sets), now));
             let co = self.run_hook(hook, &p, Evaluator::Compiled, &mut s, |b, o, t| {
                 comp.push((b.chain, *o, t.to_vec()))
             });
+            s.limit = None;
             debug_assert_eq!(
                 lin, comp,
                 "compiled classifier disagrees with linear evaluator"

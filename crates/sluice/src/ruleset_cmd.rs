@@ -159,6 +159,9 @@ pub fn trace(
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let mut failed = false;
+    // Dynamic sets carry from line to line (what `add @s` put in, a later
+    // `ip saddr @s` sees), at each line's `time_ms`.
+    let state = pol.trace_state();
     for (i, line) in reader.lines().enumerate() {
         let n = i + 1;
         let line = line.with_context(|| format!("{}: line {n}", file.display()))?;
@@ -166,8 +169,8 @@ pub fn trace(
             continue;
         }
         let json = match packet_from_json(&line) {
-            Ok(pkt) => {
-                let t = pol.trace(&pkt);
+            Ok((pkt, now_ms)) => {
+                let t = pol.trace_stateful(&pkt, &state, now_ms);
                 if let Some(m) = &t.mismatch {
                     eprintln!("line {n}: evaluator mismatch: {m}");
                     failed = true;
@@ -222,15 +225,17 @@ impl From<&Trace> for TraceJson {
 }
 
 const KEYS: &str =
-    "hook, iif, oif, proto, src, sport, dst, dport, tcp_flags, ct, ct_status, mark, ctmark, type, code, ttl, length, dscp, pkttype, daddr_type, saddr_type, ether_saddr, ether_daddr, ct_direction, rpf";
+    "time_ms, hook, iif, oif, proto, src, sport, dst, dport, tcp_flags, ct, ct_status, mark, ctmark, type, code, ttl, length, dscp, pkttype, daddr_type, saddr_type, ether_saddr, ether_daddr, ct_direction, rpf";
 
-/// Parses one `--packets` line.
-fn packet_from_json(line: &str) -> Result<TracePacket, String> {
+/// Parses one `--packets` line: the packet and its `time_ms` (default 0),
+/// the clock of the dynamic sets' timeouts and meters.
+fn packet_from_json(line: &str) -> Result<(TracePacket, u64), String> {
     let v: Json = serde_json::from_str(line).map_err(|e| format!("invalid JSON: {e}"))?;
     let Json::Object(obj) = v else {
         return Err("expected a JSON object".to_string());
     };
     let mut p = TracePacket::default();
+    let mut now_ms = 0;
     for (k, v) in &obj {
         let s = || match v {
             Json::String(s) => Ok(s.as_str()),
@@ -247,6 +252,13 @@ fn packet_from_json(line: &str) -> Result<TracePacket, String> {
         };
         let e = |e: sluice_policy::PacketError| e.to_string();
         match k.as_str() {
+            "time_ms" => {
+                now_ms = match v {
+                    Json::Number(n) => n.as_u64(),
+                    _ => None,
+                }
+                .ok_or_else(|| format!("'{k}' must be a number of milliseconds"))?
+            }
             "hook" => p.hook = parse_hook(s()?).map_err(e)?,
             "iif" => p.iif = Some(s()?.to_string()),
             "oif" => p.oif = Some(s()?.to_string()),
@@ -318,7 +330,7 @@ fn packet_from_json(line: &str) -> Result<TracePacket, String> {
         }
     }
     p.check().map_err(|e| e.to_string())?;
-    Ok(p)
+    Ok((p, now_ms))
 }
 
 #[cfg(test)]
@@ -337,9 +349,10 @@ mod tests {
     #[test]
     fn json_packets_parse_and_bad_ones_explain() {
         let p = packet_from_json(
-            r#"{"hook":"input","proto":"tcp","src":"10.0.0.2","sport":1234,"dst":"192.0.2.1","dport":80,"tcp_flags":"S","ct":"new","mark":7}"#,
+            r#"{"hook":"input","proto":"tcp","src":"10.0.0.2","sport":1234,"dst":"192.0.2.1","dport":80,"tcp_flags":"S","ct":"new","mark":7,"time_ms":1500}"#,
         );
-        let p = p.unwrap_or_default();
+        let (p, t) = p.unwrap_or_default();
+        assert_eq!(t, 1500);
         assert_eq!(
             (p.proto, p.sport, p.dport, p.tcp_flags, p.mark),
             (6, 1234, 80, 2, 7)
@@ -349,5 +362,7 @@ mod tests {
         assert!(packet_from_json(r#"{"dprot":1}"#).is_err());
         assert!(packet_from_json(r#"{"src":"10.0.0.1","dst":"::1"}"#).is_err());
         assert!(packet_from_json("{").is_err());
+        assert!(packet_from_json(r#"{"time_ms":-1}"#).is_err());
+        assert!(packet_from_json(r#"{"time_ms":"soon"}"#).is_err());
     }
 }

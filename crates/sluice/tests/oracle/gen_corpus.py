@@ -697,6 +697,61 @@ def header_fields():
     return out
 
 
+DYNAMIC_SETS = """# Sets the packet path fills (nft dynset): a deny list fed by probes of
+# closed ports, port knocking with a constant in the key, a per-source
+# meter, a set of two at most, and a delete. The packets are sent in order,
+# so each one sees what the ones before it added.
+table inet dyn {
+    set deny { type ipv4_addr; flags dynamic,timeout; timeout 1h; elements = { 10.0.0.66 } }
+    set deny6 { type ipv6_addr; flags dynamic,timeout; timeout 1h; }
+    set knock { type ipv4_addr . inet_service; flags timeout; }
+    set clients { type ipv4_addr; flags timeout; }
+    set metered { type ipv4_addr; flags dynamic; }
+    set pairs { typeof ip saddr . tcp dport; flags dynamic; size 2; }
+    chain dyn_in {
+        type filter hook input priority filter; policy accept;
+        ip saddr @deny drop
+        ip6 saddr @deny6 drop
+        tcp dport { 23, 3389 } update @deny { ip saddr } drop
+        tcp dport 23 update @deny6 { ip6 saddr } drop
+        tcp dport 7001 add @knock { ip saddr . 7002 timeout 5s } drop
+        tcp dport 7002 ip saddr . tcp dport @knock add @clients { ip saddr timeout 10s } drop
+        tcp dport 2222 ip saddr @clients accept
+        tcp dport 2222 drop
+        tcp dport 8001 delete @clients { ip saddr } accept
+        udp dport 5353 add @metered { ip saddr limit rate over 2/minute burst 1 packets } drop
+        udp dport 5353 accept
+        tcp dport 8000 add @pairs { ip saddr . tcp dport } accept
+        tcp dport 8000 reject
+        ip saddr != @deny udp dport 9000 meta mark set 0x9
+    }
+}
+"""
+
+
+def dynamic_sets():
+    inp = dict(hook="input", iif="eth0", dst="10.0.0.1")
+    inp6 = dict(hook="input", iif="eth0", dst="2001:db8::1")
+
+    def p(src, proto, dport, **kw):
+        return pkt(**dict(inp6 if ":" in src else inp, src=src, proto=proto, dport=dport, **kw))
+
+    a, b = "10.0.0.5", "10.0.0.6"
+    out = [p(a, "tcp", 2222), p(a, "tcp", 7002), p(a, "tcp", 2222),   # no knock yet
+           p(a, "tcp", 7001), p(a, "tcp", 7002), p(a, "tcp", 2222),   # knocked: accept
+           p(b, "tcp", 2222),                                         # another source
+           p(a, "tcp", 8001), p(a, "tcp", 2222)]                      # deleted again
+    out += [p("10.0.0.7", "udp", 5353) for _ in range(4)]             # 3 pass, then over
+    out += [p("10.0.0.8", "udp", 5353)]
+    out += [p("10.0.0.9", "tcp", 8000), p("10.0.0.10", "tcp", 8000),
+            p("10.0.0.11", "tcp", 8000), p("10.0.0.9", "tcp", 8000)]  # size 2: the third is rejected
+    out += [p("10.0.0.12", "udp", 9000), p("10.0.0.12", "tcp", 3389),
+            p("10.0.0.12", "udp", 9000), p("10.0.0.66", "udp", 9000)]
+    out += [p("2001:db8::5", "udp", 9000), p("2001:db8::5", "tcp", 23),
+            p("2001:db8::5", "udp", 9000), p("2001:db8::6", "udp", 9000)]
+    return out
+
+
 def main():
     seed_pk = seed001()
     for name in ("seed001_appendix_b", "seed001_appendix_c", "seed001_appendix_d", "seed001_appendix_e"):
@@ -727,6 +782,9 @@ def main():
     with open(os.path.join(HERE, "openwrt_fw4.nft"), "w") as f:
         f.write(OPENWRT_FW4)
     write("openwrt_fw4", openwrt_fw4())
+    with open(os.path.join(HERE, "dynamic_sets.nft"), "w") as f:
+        f.write(DYNAMIC_SETS)
+    write("dynamic_sets", dynamic_sets())
 
 
 if __name__ == "__main__":
