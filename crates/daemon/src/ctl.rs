@@ -95,6 +95,12 @@ pub enum Request {
         /// The command, in nft syntax.
         command: String,
     },
+    /// The live elements of the dynamic sets (or of one).
+    SetList {
+        /// Only this set (`"inet filter denylist"` or just `"denylist"`).
+        #[serde(default)]
+        set: Option<String>,
+    },
     /// The running rules with their handles.
     RuleList {
         /// Only this chain (`"inet filter forward"` or just `"forward"`).
@@ -361,7 +367,7 @@ pub fn client(socket: &Path, request: &str) -> Result<String, CtlError> {
 pub fn request_from_args(args: &[String]) -> Result<String, CtlError> {
     let usage = || {
         CtlError::Usage(
-            "usage: status | counters | conntrack list [proto P] [addr A] [port N] [limit N] | conntrack count | conntrack flush | ruleset replace FILE | reload | rule list [CHAIN] | nft add|insert|delete rule ... | nft add|delete element ..."
+            "usage: status | counters | conntrack list [proto P] [addr A] [port N] [limit N] | conntrack count | conntrack flush | ruleset replace FILE | reload | rule list [CHAIN] | set list [SET] | nft add|insert|delete rule ... | nft add|delete element ..."
                 .into(),
         )
     };
@@ -371,6 +377,10 @@ pub fn request_from_args(args: &[String]) -> Result<String, CtlError> {
         ["counters"] => json!({"cmd": "counters"}),
         ["reload"] => json!({"cmd": "reload"}),
         ["rule", "list"] => json!({"cmd": "rule-list"}),
+        ["set", "list"] => json!({"cmd": "set-list"}),
+        ["set", "list", set @ ..] if !set.is_empty() => {
+            json!({"cmd": "set-list", "set": set.join(" ")})
+        }
         ["rule", "list", chain @ ..] if !chain.is_empty() => {
             json!({"cmd": "rule-list", "chain": chain.join(" ")})
         }
@@ -806,5 +816,14 @@ mod tests {
                 chain: Some("forward".into())
             }
         );
+        let r = request_from_args(&a("set list inet filter deny")).unwrap();
+        assert_eq!(
+            parse_request(&r).unwrap(),
+            Request::SetList {
+                set: Some("inet filter deny".into())
+            }
+        );
+        let r = request_from_args(&a("set list")).unwrap();
+        assert_eq!(parse_request(&r).unwrap(), Request::SetList { set: None });
     }
 }

@@ -327,6 +327,8 @@ impl Port for DynPort {
 /// Control-plane state shared by the signal loop and the control socket.
 struct Control {
     started: Instant,
+    /// The workers' clock (`dataplane::now_ns`), for dynamic sets' expiry.
+    epoch: Instant,
     config_path: PathBuf,
     workers: Vec<SyncSender<Command>>,
     state: Mutex<Published>,
@@ -573,6 +575,43 @@ impl Control {
             }
             Request::Reload => self.reload(),
             Request::Nft { command } => self.nft(&command),
+            Request::SetList { set } => {
+                let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                let Some(p) = &st.compiled else {
+                    return Ok(json!({"ok": true, "sets": []}));
+                };
+                let now_ms = dataplane::now_ns(self.epoch) / 1_000_000;
+                let names: Vec<String> = p
+                    .dynamic_sets()
+                    .filter(|n| match set.as_deref() {
+                        None => true,
+                        Some(s) => *n == s || n.ends_with(&format!(" {s}")),
+                    })
+                    .map(str::to_string)
+                    .collect();
+                if let (Some(s), true) = (&set, names.is_empty()) {
+                    return Err(CtlFailure::bad(format!(
+                        "no dynamic set '{s}' in use (dynamic sets: {})",
+                        p.dynamic_sets().collect::<Vec<_>>().join(", ")
+                    )));
+                }
+                let sets: Vec<Value> = names
+                    .iter()
+                    .map(|n| {
+                        let elems = p.dynamic_set_elements(n, now_ms).unwrap_or_default();
+                        let list: Vec<Value> = elems
+                            .iter()
+                            .map(|e| {
+                                json!({"key": p.format_set_key(n, &e.key),
+                                       "expires_ms": e.expires_in_ms,
+                                       "packets": e.packets, "bytes": e.bytes})
+                            })
+                            .collect();
+                        json!({"set": n, "count": list.len(), "elements": list})
+                    })
+                    .collect();
+                Ok(json!({"ok": true, "sets": sets}))
+            }
             Request::RuleList { chain } => {
                 let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
                 let Some(p) = &st.compiled else {
@@ -1118,6 +1157,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     let sock_guard = SocketFile(sock.clone());
     let control = Arc::new(Control {
         started: Instant::now(),
+        epoch,
         config_path: config_path.to_path_buf(),
         workers: senders,
         state: Mutex::new(Published {

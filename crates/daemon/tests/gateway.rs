@@ -10,6 +10,8 @@
 //!   external (pool) endpoint, and sees the pool address as the source;
 //! - a SIGHUP reload with a changed ruleset keeps a running TCP transfer
 //!   alive, and the new rules apply to new connections;
+//! - a deny list the packet path fills (a dynamic set) blocks a probing
+//!   host until an operator deletes its element;
 //! - the gateway answers TTL 1 with ICMP time exceeded and an oversized DF
 //!   packet with ICMP fragmentation needed carrying the egress MTU.
 //!
@@ -500,6 +502,75 @@ fn icmp_errors(backend: &str, tag: &str) {
     assert!(d.counter("icmp_errors") >= 3);
 }
 
+/// A deny list the packet path fills (`update @probers { ip saddr }`): a
+/// probe of port 23 puts the private host on it, after which its new
+/// connections are dropped while the other private host's are not;
+/// `sluice ctl set list` shows the element, and deleting it through the
+/// control socket lets the host through again.
+fn deny_list(backend: &str, tag: &str) {
+    require_root();
+    let t = Topo::new(tag);
+    let rules = RULESET
+        .replace(
+            "table ip filter {\n",
+            "table ip filter {\n  set probers { type ipv4_addr; flags dynamic,timeout; timeout 1h; }\n",
+        )
+        .replace(
+            "    ct state established,related accept\n",
+            "    ct state established,related accept\n    ip saddr @probers drop\n    \
+             iifname \"lan0\" tcp dport 23 update @probers { ip saddr } drop\n",
+        );
+    t.write_ruleset("gw.nft", &rules);
+    let cfg = t.write_config(backend, "gw.nft", "");
+    let d = Daemon::start(&t, &cfg, backend);
+    let _h = http_server(&t, &t.public, PUBLIC, 8081, "a");
+    let url = format!("http://{PUBLIC}:8081/blob");
+    assert!(
+        curl(&t.private, &url, 5).0,
+        "8081 closed at start\n{}",
+        d.context()
+    );
+    let empty = d.ctl("set list probers");
+    assert_eq!(empty["sets"][0]["count"], 0, "{empty}");
+    // The probe's SYN is dropped (curl times out) and lists its source.
+    let (ok, _, o) = curl(&t.private, &format!("http://{PUBLIC}:23/"), 2);
+    assert_eq!(
+        o.status.code(),
+        Some(28),
+        "probe answered: {ok} {}",
+        text(&o)
+    );
+    let list = d.ctl("set list ip filter probers");
+    assert_eq!(list["sets"][0]["set"], "ip filter probers", "{list}");
+    assert_eq!(list["sets"][0]["elements"][0]["key"], PRIV, "{list}");
+    let left = list["sets"][0]["elements"][0]["expires_ms"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(
+        left > 3_500_000 && left <= 3_600_000,
+        "expiry {left} ms\n{list}"
+    );
+    // Now the allowed port is closed to it, not to the other host.
+    let (ok, _, _) = curl(&t.private, &url, 2);
+    assert!(!ok, "a listed host still connects\n{}", d.context());
+    assert!(
+        curl(&t.private2, &url, 5).0,
+        "the host that did not probe is blocked\n{}",
+        d.context()
+    );
+    // The operator lifts it.
+    let rm = d.ctl(&format!(
+        "nft delete element ip filter probers {{ {PRIV} }}"
+    ));
+    assert_eq!(rm["ok"], true, "{rm}");
+    assert_eq!(d.ctl("set list probers")["sets"][0]["count"], 0);
+    assert!(
+        curl(&t.private, &url, 5).0,
+        "deleting the element did not let the host through\n{}",
+        d.context()
+    );
+}
+
 /// Each test on AF_PACKET, on AF_XDP, and on AF_XDP with `xdp_offload`
 /// (module `offload`: the same name, established flows forwarded by the
 /// XDP program).
@@ -556,6 +627,12 @@ both_backends!(
     "r",
     sighup_reload_keeps_a_tcp_transfer_and_applies_new_rules_af_packet,
     sighup_reload_keeps_a_tcp_transfer_and_applies_new_rules_af_xdp
+);
+both_backends!(
+    deny_list,
+    "y",
+    deny_list_filled_by_probes_and_lifted_by_ctl_af_packet,
+    deny_list_filled_by_probes_and_lifted_by_ctl_af_xdp
 );
 both_backends!(
     icmp_errors,

@@ -142,6 +142,25 @@ impl DynSet {
         self.shard(k).get(k).is_some_and(|e| e.live(now_ms))
     }
 
+    /// Whether `n` more elements fit.
+    pub(crate) fn has_room(&self, n: usize) -> bool {
+        self.len.load(Ordering::Relaxed).saturating_add(n) <= self.cap
+    }
+
+    /// Inserts `k` to stay until deleted (the control plane's `add
+    /// element`); an element already there keeps its state but no longer
+    /// expires.
+    pub(crate) fn insert_forever(&self, k: &SetKey) {
+        let mut m = self.shard(k);
+        match m.get_mut(k) {
+            Some(e) => e.expires_ms = NEVER,
+            None => {
+                m.insert(*k, fresh(NEVER));
+                self.len.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Removes `k`; whether it was there (live or not).
     pub(crate) fn delete(&self, k: &SetKey) -> bool {
         let gone = self.shard(k).remove(k).is_some();

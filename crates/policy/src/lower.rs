@@ -174,6 +174,8 @@ pub struct DynSetSpec {
     pub timeout_ms: Option<u64>,
     /// The most elements (`size`; default [`DEFAULT_SET_SIZE`]).
     pub size: u32,
+    /// The key's types (how its values print).
+    pub key_types: Vec<ast::DataType>,
     /// The elements the set is declared with (they never time out).
     pub elements: Vec<SetKey>,
 }
@@ -1248,7 +1250,28 @@ impl<'a> Lowerer<'a> {
                 set.name
             ));
         }
-        // The declared elements, in the key's fields' encodings.
+        let elements = self.set_elem_keys(t, set, &set.elements)?;
+        let Ok(i) = u32::try_from(self.out.sets.len()) else {
+            return Err("too many dynamic sets".into());
+        };
+        self.out.sets.push(DynSetSpec {
+            name,
+            timeout_ms: set.timeout_ms,
+            size: set.size.unwrap_or(DEFAULT_SET_SIZE),
+            key_types: set.key.clone(),
+            elements,
+        });
+        Ok(i)
+    }
+
+    /// Elements of dynamic set `set` of table `t` as keys (the values in
+    /// the encodings of the key's fields).
+    pub(crate) fn set_elem_keys(
+        &self,
+        t: &Table,
+        set: &ast::Set,
+        elems: &[Elem],
+    ) -> Result<Vec<SetKey>, String> {
         let fields: Vec<(ir::Field, Kind)> = match &set.key_typeof {
             Some(f) => f
                 .iter()
@@ -1260,8 +1283,8 @@ impl<'a> Lowerer<'a> {
                 .map(|d| type_kind(*d, t.family))
                 .collect::<Result<_, _>>()?,
         };
-        let mut elements = Vec::with_capacity(set.elements.len());
-        for e in &set.elements {
+        let mut out = Vec::with_capacity(elems.len());
+        for e in elems {
             let vals: Vec<&Value> = match &e.key {
                 Value::Concat(vs) => vs.iter().collect(),
                 v => vec![v],
@@ -1281,18 +1304,9 @@ impl<'a> Lowerer<'a> {
                 }
                 *slot = r.lo;
             }
-            elements.push(key);
+            out.push(key);
         }
-        let Ok(i) = u32::try_from(self.out.sets.len()) else {
-            return Err("too many dynamic sets".into());
-        };
-        self.out.sets.push(DynSetSpec {
-            name,
-            timeout_ms: set.timeout_ms,
-            size: set.size.unwrap_or(DEFAULT_SET_SIZE),
-            elements,
-        });
-        Ok(i)
+        Ok(out)
     }
 
     /// The key fields of a dynamic-set operation (with their dependencies).

@@ -654,6 +654,31 @@ impl CompiledPolicy {
         Some(set.elements(key_len, now_ms))
     }
 
+    /// A dynamic set's key as nft writes it (`192.0.2.1 . 22`).
+    pub fn format_set_key(&self, set: &str, key: &[u128]) -> String {
+        let types = self
+            .tables
+            .sets
+            .iter()
+            .find(|s| s.name == set)
+            .map(|s| s.key_types.as_slice())
+            .unwrap_or(&[]);
+        key.iter()
+            .enumerate()
+            .map(|(i, v)| match types.get(i) {
+                Some(ast::DataType::Ipv4Addr) => std::net::Ipv4Addr::from(*v as u32).to_string(),
+                Some(ast::DataType::Ipv6Addr) => std::net::Ipv6Addr::from(*v).to_string(),
+                Some(ast::DataType::Ifname) => {
+                    let b = v.to_be_bytes();
+                    let end = b.iter().position(|c| *c == 0).unwrap_or(b.len());
+                    format!("\"{}\"", String::from_utf8_lossy(&b[..end]))
+                }
+                _ => v.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(" . ")
+    }
+
     /// The dynamic sets rules use (`"FAMILY TABLE SET"`), in id order.
     pub fn dynamic_sets(&self) -> impl Iterator<Item = &str> {
         self.tables.sets.iter().map(|s| s.name.as_str())
@@ -1584,6 +1609,55 @@ mod tests {
         assert_eq!(input(&r, srcs[1], 8080, 2), Verdict::Drop, "not metered");
         assert_eq!(input(&r, srcs[1], 22, 2), Verdict::Accept);
         assert_eq!(input(&r, srcs[1], 8080, 2), Verdict::Accept, "metered now");
+    }
+
+    #[test]
+    fn control_plane_elements_change_the_live_dynamic_set() {
+        let p = pol(DYNAMIC);
+        let (a, b) = (0x0a00_0001u32, 0x0a00_0007u32);
+        assert_eq!(input(&p, a, 23, 0), Verdict::Drop);
+        assert_eq!(input(&p, a, 22, 0), Verdict::Drop, "listed by the probe");
+        // An operator takes a source off the deny list and puts another on.
+        let (q, _) = p
+            .apply_text("cmd", "delete element inet f deny { 10.0.0.1 }")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(input(&q, a, 22, 1), Verdict::Accept);
+        let (r, _) = q
+            .apply_text("cmd", "add element inet f deny { 10.0.0.7, 192.0.2.10 }")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(input(&r, b, 22, 1), Verdict::Drop);
+        assert_eq!(
+            input(&r, b, 22, 999_999_999),
+            Verdict::Drop,
+            "added by hand: never expires"
+        );
+        let listed = r
+            .dynamic_set_elements("inet f deny", 2)
+            .unwrap_or_else(|| panic!("no set"));
+        let keys: Vec<String> = listed
+            .iter()
+            .map(|e| r.format_set_key("inet f deny", &e.key))
+            .collect();
+        assert_eq!(keys, ["10.0.0.7", "192.0.2.9", "192.0.2.10"]);
+        // Deleting what is in neither the declaration nor the live set is
+        // refused, and so is a range in a dynamic set.
+        assert!(r
+            .apply_text("cmd", "delete element inet f deny { 10.9.9.9 }")
+            .is_err());
+        assert!(r
+            .apply_text("cmd", "add element inet f deny { 10.0.0.0-10.0.0.9 }")
+            .is_err());
+        // A dynamic set no rule uses yet keeps what is added for later.
+        let lone = "table ip t {\n set s { type ipv4_addr; flags dynamic; }\n \
+                    chain c { type filter hook input priority 0; policy accept; }\n}\n";
+        let (l1, _) = pol(lone)
+            .apply_text("cmd", "add element ip t s { 10.0.0.1 }")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (l2, _) = l1
+            .apply_text("cmd", "add rule ip t c ip saddr @s drop")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(input(&l2, a, 22, 0), Verdict::Drop);
+        assert_eq!(input(&l2, b, 22, 0), Verdict::Accept);
     }
 
     /// The golden file's port knocking (the nftables wiki's rules): 123,

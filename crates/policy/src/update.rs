@@ -468,6 +468,90 @@ impl CompiledPolicy {
         })
     }
 
+    /// `add element` / `delete element` on a dynamic set: the live
+    /// elements change at once (an added one never expires, as a declared
+    /// one); the declared elements in the skeleton follow, for a set no
+    /// rule uses yet. No rule is lowered again: lookups read the live set.
+    #[allow(clippy::too_many_arguments)]
+    fn change_dynamic(
+        &mut self,
+        family: ast::Family,
+        ti: usize,
+        mut sk: ast::Ruleset,
+        set: &str,
+        elements: &[ast::Elem],
+        add: bool,
+        name: &str,
+    ) -> Result<Applied, UpdateFailure> {
+        let Some(t) = sk.tables.get(ti) else {
+            return refused(format!("no such table in family {}", family.name()));
+        };
+        let Some(decl) = t.sets.iter().find(|s| s.name == set) else {
+            return refused(format!("no such set '{set}'"));
+        };
+        let full = format!("{} {} {}", family.name(), t.name, set);
+        let keys = {
+            let l = self.lowerer(self.store.next_handle, RuleLocation::Label(name.into()));
+            l.set_elem_keys(t, decl, elements)
+                .or_else(|e| refused(format!("{name}: {e}")))?
+        };
+        let live = self
+            .tables
+            .sets
+            .iter()
+            .position(|s| s.name == full)
+            .and_then(|i| self.limiters.set(i));
+        if let Some(live) = live {
+            if add && !live.has_room(keys.len()) {
+                return refused(format!(
+                    "set '{set}' is full; delete elements or give it a larger size"
+                ));
+            }
+        }
+        let Some(elems) = sk
+            .tables
+            .get_mut(ti)
+            .and_then(|t| t.sets.iter_mut().find(|s| s.name == set))
+            .map(|s| &mut s.elements)
+        else {
+            return refused(format!("no such set '{set}'"));
+        };
+        let mut missing = Vec::new();
+        for (e, k) in elements.iter().zip(&keys) {
+            let have = elems.iter().position(|x| same_elem(x, e));
+            match (add, have) {
+                (true, None) => elems.push(e.clone()),
+                (false, Some(i)) => {
+                    elems.remove(i);
+                }
+                _ => {}
+            }
+            let in_live = live.is_some_and(|l| {
+                if add {
+                    l.insert_forever(k);
+                    true
+                } else {
+                    l.delete(k)
+                }
+            });
+            if !add && have.is_none() && !in_live {
+                missing.push(e);
+            }
+        }
+        if let Some(e) = missing.first() {
+            return refused(format!(
+                "{name}:{}:{}: element is not in set '{set}'",
+                e.span.line, e.span.col
+            ));
+        }
+        self.skeleton = Arc::new(sk);
+        Ok(Applied {
+            handle: None,
+            ir_rules: 0,
+            relowered: 0,
+        })
+    }
+
     fn change_elements(
         &mut self,
         family: ast::Family,
@@ -482,6 +566,9 @@ impl CompiledPolicy {
         let Some(t) = sk.tables.get_mut(ti) else {
             return refused(format!("no such table '{} {table}'", family.name()));
         };
+        if t.sets.iter().any(|s| s.name == set && s.is_dynamic()) {
+            return self.change_dynamic(family, ti, sk, set, elements, add, name);
+        }
         let (flags, elems) = if let Some(s) = t.sets.iter_mut().find(|s| s.name == set) {
             (s.flags.clone(), &mut s.elements)
         } else if let Some(m) = t.maps.iter_mut().find(|m| m.name == set) {
