@@ -611,6 +611,18 @@ const OPTIONS: &[&str] = &[
     "--icmp-type",
     "--limit",
     "--limit-burst",
+    "--hashlimit",
+    "--hashlimit-upto",
+    "--hashlimit-above",
+    "--hashlimit-burst",
+    "--hashlimit-mode",
+    "--hashlimit-name",
+    "--hashlimit-htable-expire",
+    "--hashlimit-htable-max",
+    "--hashlimit-htable-size",
+    "--hashlimit-htable-gcinterval",
+    "--hashlimit-srcmask",
+    "--hashlimit-dstmask",
     "--reject-with",
     "--log-prefix",
     "--log-level",
@@ -673,6 +685,7 @@ fn rule(
     let mut topts: Vec<(Word, Option<Word>)> = Vec::new();
     let mut limit: Option<Limit> = None;
     let mut limit_span = span;
+    let mut hl = HashLimit::default();
     let mut ok = true;
     let mut i = 0;
     macro_rules! arg {
@@ -785,6 +798,7 @@ fn rule(
                     "mark",
                     "comment",
                     "limit",
+                    "hashlimit",
                     "addrtype",
                     "mac",
                 ];
@@ -1022,6 +1036,117 @@ fn rule(
                     }
                 }
             }
+            "--hashlimit" | "--hashlimit-upto" | "--hashlimit-above" => {
+                let a = arg!(w);
+                hl.span = Some(wsp);
+                match parse_rate(&a.text) {
+                    Some((rate, unit, per)) => {
+                        hl.rate = Some((w.text == "--hashlimit-above", rate, unit, per))
+                    }
+                    None => {
+                        cx.err(
+                            &a,
+                            format!(
+                                "invalid rate '{}', expected N[b|kb|mb]/second|minute|hour|day",
+                                a.text
+                            ),
+                        );
+                        ok = false;
+                    }
+                }
+            }
+            "--hashlimit-burst" | "--hashlimit-htable-expire" | "--hashlimit-htable-max" => {
+                let a = arg!(w);
+                let bytes_burst = w.text == "--hashlimit-burst"
+                    && a.text.ends_with('b')
+                    && a.text
+                        .trim_end_matches(['k', 'm', 'b'])
+                        .parse::<u64>()
+                        .is_ok();
+                let v = if bytes_burst {
+                    // `--hashlimit-burst 64kb` for a byte rate.
+                    let n: u64 = a
+                        .text
+                        .trim_end_matches(['k', 'm', 'b'])
+                        .parse()
+                        .unwrap_or(0);
+                    Some(if a.text.ends_with("mb") {
+                        n.saturating_mul(1 << 20)
+                    } else if a.text.ends_with("kb") {
+                        n.saturating_mul(1 << 10)
+                    } else {
+                        n
+                    })
+                } else {
+                    parse_num(&a.text)
+                };
+                match (w.text.as_str(), v) {
+                    ("--hashlimit-burst", Some(n)) => hl.burst = Some(n),
+                    ("--hashlimit-htable-expire", Some(n)) if n > 0 => hl.expire_ms = Some(n),
+                    ("--hashlimit-htable-max", Some(n)) if n > 0 && n <= u64::from(u32::MAX) => {
+                        hl.max = Some(n as u32)
+                    }
+                    _ => {
+                        cx.err(&a, format!("invalid {} value '{}'", w.text, a.text));
+                        ok = false;
+                    }
+                }
+            }
+            "--hashlimit-htable-size" | "--hashlimit-htable-gcinterval" => {
+                // Hash buckets and the garbage-collection interval have no
+                // meaning here: elements expire on their own.
+                let a = arg!(w);
+                if parse_num(&a.text).is_none() {
+                    cx.err(&a, format!("invalid {} value '{}'", w.text, a.text));
+                    ok = false;
+                }
+            }
+            "--hashlimit-srcmask" | "--hashlimit-dstmask" => {
+                let a = arg!(w);
+                if a.text != "32" {
+                    cx.err(
+                        &a,
+                        format!(
+                            "{} {} is not supported: a dynamic set's key is the whole address",
+                            w.text, a.text
+                        ),
+                    );
+                    ok = false;
+                }
+            }
+            "--hashlimit-mode" => {
+                let a = arg!(w);
+                for m in a.text.split(',') {
+                    match m {
+                        "srcip" | "dstip" | "srcport" | "dstport" => hl.mode.push(m.to_string()),
+                        _ => {
+                            let help = suggest(m, ["srcip", "dstip", "srcport", "dstport"]);
+                            cx.err_help(&a, format!("unknown hashlimit mode '{m}'"), help);
+                            ok = false;
+                        }
+                    }
+                }
+            }
+            "--hashlimit-name" => {
+                let a = arg!(w);
+                let valid = !a.text.is_empty()
+                    && a.text
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+                    && a.text.starts_with(|c: char| c.is_ascii_alphabetic());
+                if valid {
+                    hl.name = Some((a.text.clone(), cx.span(&a)));
+                } else {
+                    cx.err(
+                        &a,
+                        format!(
+                            "hashlimit name '{}' is not a valid set name (letters, digits, _ - .)",
+                            a.text
+                        ),
+                    );
+                    ok = false;
+                }
+            }
             "--limit" => {
                 let a = arg!(w);
                 limit_span = wsp;
@@ -1139,6 +1264,16 @@ fn rule(
             span: limit_span,
         });
     }
+    // (An option already refused says enough.)
+    if let (Some(hsp), true) = (hl.span.or(hl.name.as_ref().map(|n| n.1)), ok) {
+        match hashlimit(&hl, proto.map(|p| p.0), sets, hsp) {
+            Ok(st) => r.stmts.push(st),
+            Err(e) => {
+                cx.diags.push(RawDiag::new(hsp, e));
+                ok = false;
+            }
+        }
+    }
     if let Some((p, b)) = counters {
         r.stmts.push(Stmt {
             kind: StmtKind::Counter {
@@ -1182,6 +1317,113 @@ fn parse_limit(s: &str) -> Option<(u64, TimeUnit)> {
         _ => return None,
     };
     Some((n.parse().ok()?, per))
+}
+
+/// What `-m hashlimit` options a rule gave.
+#[derive(Default)]
+struct HashLimit {
+    /// (above, rate, byte unit, per).
+    rate: Option<(bool, u64, Option<ByteUnit>, TimeUnit)>,
+    burst: Option<u64>,
+    mode: Vec<String>,
+    name: Option<(String, Span)>,
+    expire_ms: Option<u64>,
+    max: Option<u32>,
+    span: Option<Span>,
+}
+
+/// `N[/unit]` or `N{b,kb,mb}/unit` (a byte rate).
+fn parse_rate(s: &str) -> Option<(u64, Option<ByteUnit>, TimeUnit)> {
+    let (n, per) = s.split_once('/').unwrap_or((s, "second"));
+    let (n, unit) = if let Some(n) = n.strip_suffix("mb") {
+        (n, Some(ByteUnit::Mbytes))
+    } else if let Some(n) = n.strip_suffix("kb") {
+        (n, Some(ByteUnit::Kbytes))
+    } else if let Some(n) = n.strip_suffix('b') {
+        (n, Some(ByteUnit::Bytes))
+    } else {
+        (n, None)
+    };
+    let (rate, per) = parse_limit(&format!("{n}/{per}"))?;
+    (rate > 0).then_some((rate, unit, per))
+}
+
+/// `-m hashlimit` as iptables-translate writes it: a limit per key in a
+/// dynamic set named after `--hashlimit-name`, whose elements expire
+/// `--hashlimit-htable-expire` ms (default 10 s) after their last packet:
+/// `update @NAME { ip saddr limit rate over 10/minute burst 5 packets }`.
+/// Without `--hashlimit-mode` every packet shares one bucket, a plain
+/// `limit`.
+fn hashlimit(
+    hl: &HashLimit,
+    proto: Option<u64>,
+    sets: &mut Vec<Set>,
+    span: Span,
+) -> Result<Stmt, String> {
+    let Some((over, rate, unit, per)) = hl.rate else {
+        return Err("-m hashlimit needs --hashlimit-upto or --hashlimit-above".into());
+    };
+    let limit = Limit {
+        over,
+        rate,
+        unit,
+        per,
+        burst: Some(hl.burst.unwrap_or(if unit.is_some() { 0 } else { 5 })),
+        burst_unit: unit.map(|_| ByteUnit::Bytes),
+    };
+    if hl.mode.is_empty() {
+        return Ok(Stmt {
+            kind: StmtKind::Limit(limit),
+            span,
+        });
+    }
+    let Some((name, _)) = &hl.name else {
+        return Err("-m hashlimit needs --hashlimit-name".into());
+    };
+    let mut key = Vec::with_capacity(hl.mode.len());
+    for m in &hl.mode {
+        key.push(match (m.as_str(), proto) {
+            ("srcip", _) => Field::IpSaddr,
+            ("dstip", _) => Field::IpDaddr,
+            ("srcport", Some(6)) => Field::TcpSport,
+            ("dstport", Some(6)) => Field::TcpDport,
+            ("srcport", Some(17)) => Field::UdpSport,
+            ("dstport", Some(17)) => Field::UdpDport,
+            (m, _) => return Err(format!("--hashlimit-mode {m} requires -p tcp or -p udp")),
+        });
+    }
+    let timeout = hl.expire_ms.unwrap_or(10_000);
+    match sets.iter_mut().find(|s| &s.name == name) {
+        Some(s) => {
+            if s.key_typeof.as_deref() != Some(key.as_slice()) {
+                return Err(format!(
+                    "hashlimit '{name}' is used with another --hashlimit-mode in an earlier rule"
+                ));
+            }
+        }
+        None => sets.push(Set {
+            name: name.clone(),
+            key: key.iter().map(|f| f.datatype()).collect(),
+            key_typeof: Some(key.clone()),
+            flags: vec![SetFlag::Dynamic, SetFlag::Timeout],
+            timeout_ms: Some(timeout),
+            size: hl.max,
+            elements: Vec::new(),
+            comment: None,
+            span,
+        }),
+    }
+    Ok(Stmt {
+        kind: StmtKind::SetUpdate(Box::new(SetUpdate {
+            op: SetOp::Update,
+            set: name.clone(),
+            key: key.into_iter().map(KeyPart::Field).collect(),
+            timeout_ms: None,
+            limit: Some(limit),
+            counter: false,
+        })),
+        span,
+    })
 }
 
 fn match_set(

@@ -752,6 +752,30 @@ def dynamic_sets():
     return out
 
 
+HASHLIMIT_RULES = """# iptables -m hashlimit (per-key token buckets), which Sluice reads as
+# dynamic sets with a limit per element, as iptables-translate writes it.
+*filter
+:INPUT ACCEPT [0:0]
+:FORWARD ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+-A INPUT -p tcp --dport 22 -m conntrack --ctstate NEW -m hashlimit --hashlimit-above 1/min --hashlimit-burst 3 --hashlimit-mode srcip --hashlimit-name ssh -j DROP
+-A INPUT -p tcp --dport 22 -j ACCEPT
+-A INPUT -p udp -m hashlimit --hashlimit-upto 1/min --hashlimit-burst 2 --hashlimit-mode srcip,dstport --hashlimit-name dns -j ACCEPT
+-A INPUT -p udp -j DROP
+COMMIT
+"""
+
+
+def hashlimit():
+    inp = dict(hook="input", iif="eth0", dst="10.0.0.1")
+    out = [pkt(**dict(inp, src="10.0.0.5", proto="tcp", dport=22)) for _ in range(4)]
+    out += [pkt(**dict(inp, src="10.0.0.6", proto="tcp", dport=22))]
+    out += [pkt(**dict(inp, src="10.0.0.5", proto="udp", dport=53)) for _ in range(3)]
+    out += [pkt(**dict(inp, src="10.0.0.5", proto="udp", dport=54)),
+            pkt(**dict(inp, src="10.0.0.6", proto="udp", dport=53))]
+    return out
+
+
 def main():
     seed_pk = seed001()
     for name in ("seed001_appendix_b", "seed001_appendix_c", "seed001_appendix_d", "seed001_appendix_e"):
@@ -785,6 +809,9 @@ def main():
     with open(os.path.join(HERE, "dynamic_sets.nft"), "w") as f:
         f.write(DYNAMIC_SETS)
     write("dynamic_sets", dynamic_sets())
+    with open(os.path.join(HERE, "hashlimit.rules"), "w") as f:
+        f.write(HASHLIMIT_RULES)
+    write("hashlimit", hashlimit())
 
 
 if __name__ == "__main__":
