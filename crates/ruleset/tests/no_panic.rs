@@ -66,6 +66,15 @@ const NFT_WORDS: &[&str] = &[
     "flush",
     "ruleset",
     "add",
+    "update",
+    "delete",
+    "dynamic",
+    "timeout",
+    "1m30s",
+    "size",
+    "over",
+    "@s {",
+    "ip saddr . 22",
 ];
 
 fn words(pool: &'static [&'static str]) -> impl Strategy<Value = String> {
@@ -109,6 +118,15 @@ const IPT_WORDS: &[&str] = &[
     "\"x",
     "MASQUERADE",
     "-",
+    "hashlimit",
+    "--hashlimit-above",
+    "--hashlimit-upto",
+    "3/min",
+    "--hashlimit-mode",
+    "srcip,dstport",
+    "--hashlimit-name",
+    "--hashlimit-burst",
+    "--hashlimit-htable-expire",
 ];
 
 proptest! {
