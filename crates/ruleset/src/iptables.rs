@@ -302,6 +302,8 @@ struct Ctx<'a> {
     diags: Vec<RawDiag>,
     sets: &'a [IpSet],
     line: u32,
+    /// ip6tables-restore input: `ip6` tables, IPv6 addresses, ICMPv6.
+    v6: bool,
 }
 
 impl Ctx<'_> {
@@ -323,7 +325,7 @@ impl Ctx<'_> {
     }
 }
 
-pub(crate) fn parse(text: &str, ipsets: Option<&str>) -> (Vec<Table>, Vec<RawDiag>) {
+pub(crate) fn parse(text: &str, ipsets: Option<&str>, v6: bool) -> (Vec<Table>, Vec<RawDiag>) {
     let mut diags = Vec::new();
     let sets = ipsets
         .map(|s| parse_ipsets(s, &mut diags))
@@ -332,6 +334,7 @@ pub(crate) fn parse(text: &str, ipsets: Option<&str>) -> (Vec<Table>, Vec<RawDia
         diags,
         sets: &sets,
         line: 0,
+        v6,
     };
     let mut tables: Vec<Table> = Vec::new();
     let mut cur: Option<Table> = None;
@@ -366,7 +369,7 @@ pub(crate) fn parse(text: &str, ipsets: Option<&str>) -> (Vec<Table>, Vec<RawDia
             }
             let span = cx.span(first);
             cur = Some(Table {
-                family: Family::Ip,
+                family: if cx.v6 { Family::Ip6 } else { Family::Ip },
                 name: name.to_string(),
                 chains: Vec::new(),
                 sets: Vec::new(),
@@ -609,6 +612,7 @@ const OPTIONS: &[&str] = &[
     "--tcp-flags",
     "--syn",
     "--icmp-type",
+    "--icmpv6-type",
     "--limit",
     "--limit-burst",
     "--hashlimit",
@@ -655,7 +659,7 @@ fn addr_value(s: &str) -> Option<Value> {
                 len: bits.leading_ones() as u8,
             });
         }
-        if m == "32" {
+        if m == "32" || (m == "128" && a.contains(':')) {
             return Some(Value::Addr(a.parse().ok()?));
         }
     }
@@ -726,13 +730,33 @@ fn rule(
             }
             "-s" | "--source" | "--src" | "-d" | "--destination" | "--dst" => {
                 let a = arg!(w);
-                let f = if w.text.starts_with("-s") || w.text.starts_with("--s") {
-                    Field::IpSaddr
-                } else {
-                    Field::IpDaddr
+                let src = w.text.starts_with("-s") || w.text.starts_with("--s");
+                let f = match (cx.v6, src) {
+                    (false, true) => Field::IpSaddr,
+                    (false, false) => Field::IpDaddr,
+                    (true, true) => Field::Ip6Saddr,
+                    (true, false) => Field::Ip6Daddr,
+                };
+                let v6 = cx.v6;
+                let family_ok = |v: &Value| match v {
+                    Value::Addr(a) | Value::Prefix { addr: a, .. } => a.is_ipv6() == v6,
+                    Value::Range(a, _) => matches!(&**a, Value::Addr(a) if a.is_ipv6() == v6),
+                    _ => true,
                 };
                 let vals: Option<Vec<Value>> = a.text.split(',').map(addr_value).collect();
-                match vals {
+                if vals.as_ref().is_some_and(|v| !v.iter().all(family_ok)) {
+                    let (want, tool) = if v6 {
+                        ("an IPv6", "ip6tables")
+                    } else {
+                        ("an IPv4", "iptables")
+                    };
+                    cx.err(
+                        &a,
+                        format!("'{}' is not {want} address ({tool}-restore input)", a.text),
+                    );
+                    ok = false;
+                }
+                match vals.filter(|v| v.iter().all(family_ok)) {
                     Some(mut v) if v.len() == 1 => {
                         push(&mut r, vec![f], None, neg, v.remove(0), cx.span(&a))
                     }
@@ -748,6 +772,8 @@ fn rule(
                             .collect();
                         push(&mut r, vec![f], None, neg, Value::Set(elems), sp);
                     }
+                    // A family mismatch was reported above.
+                    None if a.text.split(',').all(|x| addr_value(x).is_some()) => {}
                     None => {
                         cx.err(
                             &a,
@@ -772,7 +798,10 @@ fn rule(
             }
             "-p" | "--protocol" => {
                 let a = arg!(w);
-                let lower = a.text.to_ascii_lowercase();
+                let mut lower = a.text.to_ascii_lowercase();
+                if matches!(lower.as_str(), "icmp6" | "ipv6-icmp") {
+                    lower = "icmpv6".into();
+                }
                 if lower != "all" {
                     match symbols::lookup(DataType::InetProto, &lower).or_else(|| parse_num(&lower))
                     {
@@ -791,6 +820,8 @@ fn rule(
                     "tcp",
                     "udp",
                     "icmp",
+                    "icmp6",
+                    "icmpv6",
                     "multiport",
                     "conntrack",
                     "state",
@@ -1011,6 +1042,66 @@ fn rule(
                     span: wsp,
                     right_span: asp,
                 });
+            }
+            "--icmp-type" if cx.v6 => {
+                cx.err(
+                    w,
+                    "--icmp-type is an iptables option; ip6tables input uses --icmpv6-type",
+                );
+                ok = false;
+                i += 1;
+            }
+            "--icmpv6-type" if !cx.v6 => {
+                cx.err(
+                    w,
+                    "--icmpv6-type is an ip6tables option (this is iptables-restore input; \
+                     give --format ip6tables for an ip6tables-save file)",
+                );
+                ok = false;
+                i += 1;
+            }
+            "--icmpv6-type" => {
+                let a = arg!(w);
+                // ip6tables' names (`ip6tables -p icmpv6 -h`) name a type, or
+                // a type and a code.
+                let named = IP6T_ICMPV6.iter().find(|(n, _, _)| *n == a.text);
+                let (t, c) = match (named, a.text.split_once('/')) {
+                    (Some((_, t, c)), _) => (t.to_string(), c.map(|c| c.to_string())),
+                    (None, Some((t, c))) => (t.to_string(), Some(c.to_string())),
+                    (None, None) => (a.text.clone(), None),
+                };
+                let tv = parse_num(&t).or_else(|| symbols::lookup(DataType::Icmpv6Type, &t));
+                let cv = c.as_deref().map(parse_num);
+                match (tv, cv) {
+                    (Some(tv), None | Some(Some(_))) => {
+                        used_l4 = true;
+                        let sp = cx.span(&a);
+                        push(
+                            &mut r,
+                            vec![Field::Icmpv6Type],
+                            None,
+                            neg,
+                            Value::Num(tv),
+                            sp,
+                        );
+                        if let Some(Some(cv)) = cv {
+                            push(
+                                &mut r,
+                                vec![Field::Icmpv6Code],
+                                None,
+                                neg,
+                                Value::Num(cv),
+                                sp,
+                            );
+                        }
+                    }
+                    _ => {
+                        let names = IP6T_ICMPV6.iter().map(|(n, _, _)| *n);
+                        let help = suggest(&t, names);
+                        cx.err_help(&a, format!("invalid ICMPv6 type '{}'", a.text), help);
+                        ok = false;
+                    }
+                }
             }
             "--icmp-type" => {
                 let a = arg!(w);
@@ -1247,8 +1338,15 @@ fn rule(
     if let Some((p, pneg, at, psp, rsp)) = proto {
         if !used_l4 || pneg {
             let op = if pneg { RelOp::Ne } else { RelOp::Implicit };
+            // ip6tables' -p is the upper-layer protocol, past extension
+            // headers: nft's `meta l4proto` (what ip6tables-translate writes).
             let m = Match {
-                left: Field::IpProtocol.into(),
+                left: if cx.v6 {
+                    Field::MetaL4proto
+                } else {
+                    Field::IpProtocol
+                }
+                .into(),
                 mask: None,
                 op,
                 right: Value::Num(p),
@@ -1266,7 +1364,7 @@ fn rule(
     }
     // (An option already refused says enough.)
     if let (Some(hsp), true) = (hl.span.or(hl.name.as_ref().map(|n| n.1)), ok) {
-        match hashlimit(&hl, proto.map(|p| p.0), sets, hsp) {
+        match hashlimit(&hl, proto.map(|p| p.0), cx.v6, sets, hsp) {
             Ok(st) => r.stmts.push(st),
             Err(e) => {
                 cx.diags.push(RawDiag::new(hsp, e));
@@ -1319,6 +1417,39 @@ fn parse_limit(s: &str) -> Option<(u64, TimeUnit)> {
     Some((n.parse().ok()?, per))
 }
 
+/// ip6tables' ICMPv6 names (libxt_icmp6): type, and code when the name
+/// stands for one.
+const IP6T_ICMPV6: &[(&str, &str, Option<&str>)] = &[
+    ("destination-unreachable", "1", None),
+    ("no-route", "1", Some("0")),
+    ("communication-prohibited", "1", Some("1")),
+    ("beyond-scope", "1", Some("2")),
+    ("address-unreachable", "1", Some("3")),
+    ("port-unreachable", "1", Some("4")),
+    ("failed-policy", "1", Some("5")),
+    ("reject-route", "1", Some("6")),
+    ("packet-too-big", "2", None),
+    ("time-exceeded", "3", None),
+    ("ttl-exceeded", "3", None),
+    ("ttl-zero-during-transit", "3", Some("0")),
+    ("ttl-zero-during-reassembly", "3", Some("1")),
+    ("parameter-problem", "4", None),
+    ("bad-header", "4", Some("0")),
+    ("unknown-header-type", "4", Some("1")),
+    ("unknown-option", "4", Some("2")),
+    ("echo-request", "128", None),
+    ("ping", "128", None),
+    ("echo-reply", "129", None),
+    ("pong", "129", None),
+    ("router-solicitation", "133", None),
+    ("router-advertisement", "134", None),
+    ("neighbour-solicitation", "135", None),
+    ("neighbor-solicitation", "135", None),
+    ("neighbour-advertisement", "136", None),
+    ("neighbor-advertisement", "136", None),
+    ("redirect", "137", None),
+];
+
 /// What `-m hashlimit` options a rule gave.
 #[derive(Default)]
 struct HashLimit {
@@ -1357,6 +1488,7 @@ fn parse_rate(s: &str) -> Option<(u64, Option<ByteUnit>, TimeUnit)> {
 fn hashlimit(
     hl: &HashLimit,
     proto: Option<u64>,
+    v6: bool,
     sets: &mut Vec<Set>,
     span: Span,
 ) -> Result<Stmt, String> {
@@ -1383,6 +1515,8 @@ fn hashlimit(
     let mut key = Vec::with_capacity(hl.mode.len());
     for m in &hl.mode {
         key.push(match (m.as_str(), proto) {
+            ("srcip", _) if v6 => Field::Ip6Saddr,
+            ("dstip", _) if v6 => Field::Ip6Daddr,
             ("srcip", _) => Field::IpSaddr,
             ("dstip", _) => Field::IpDaddr,
             ("srcport", Some(6)) => Field::TcpSport,
@@ -1545,6 +1679,36 @@ fn lower_target(
         "RETURN" => StmtKind::Verdict(Verdict::Return),
         "REJECT" => match opt("--reject-with") {
             None => StmtKind::Reject(None),
+            Some(w) if cx.v6 => {
+                // ip6t_REJECT's names, with and without the icmp6- prefix.
+                let code = match w.text.as_str() {
+                    "tcp-reset" => Some(RejectWith::TcpReset),
+                    "icmp6-no-route" | "no-route" => Some(RejectWith::Icmpv6(0)),
+                    "icmp6-adm-prohibited" | "adm-prohibited" => Some(RejectWith::Icmpv6(1)),
+                    "icmp6-addr-unreachable" | "addr-unreach" => Some(RejectWith::Icmpv6(3)),
+                    "icmp6-port-unreachable" | "port-unreach" => Some(RejectWith::Icmpv6(4)),
+                    _ => None,
+                };
+                match code {
+                    Some(c) => StmtKind::Reject(Some(c)),
+                    None => {
+                        let names = [
+                            "icmp6-no-route",
+                            "icmp6-adm-prohibited",
+                            "icmp6-addr-unreachable",
+                            "icmp6-port-unreachable",
+                            "tcp-reset",
+                        ];
+                        let help = suggest(&w.text, names);
+                        cx.err_help(
+                            &w,
+                            format!("invalid ip6tables --reject-with '{}'", w.text),
+                            help,
+                        );
+                        return false;
+                    }
+                }
+            }
             Some(w) => {
                 let code = match w.text.as_str() {
                     "tcp-reset" => Some(RejectWith::TcpReset),
@@ -1688,6 +1852,17 @@ fn lower_target(
             };
             if table != "nat" {
                 cx.err(t, format!("{} is only valid in the nat table", t.text));
+                return false;
+            }
+            if cx.v6 {
+                cx.err(
+                    t,
+                    format!(
+                        "{}: Sluice does not translate IPv6 (no NAT66); IPv6 is forwarded \
+                         and filtered only",
+                        t.text
+                    ),
+                );
                 return false;
             }
             let mut nat = Nat {

@@ -130,6 +130,21 @@ pub fn parse_iptables_restore_str(
     text: &str,
     ipsets: Option<&str>,
 ) -> Result<Ruleset, Diagnostics> {
+    restore(name, text, ipsets, false)
+}
+
+/// Parse `ip6tables-save` / `ip6tables-restore` text (tables `ip6 filter`,
+/// `ip6 mangle`, `ip6 raw`; IPv6 addresses, `--icmpv6-type`, ip6t_REJECT's
+/// codes). The `nat` table's targets are refused: Sluice has no NAT66.
+pub fn parse_ip6tables_restore_str(
+    name: &str,
+    text: &str,
+    ipsets: Option<&str>,
+) -> Result<Ruleset, Diagnostics> {
+    restore(name, text, ipsets, true)
+}
+
+fn restore(name: &str, text: &str, ipsets: Option<&str>, v6: bool) -> Result<Ruleset, Diagnostics> {
     let mut files = vec![SourceFile {
         name: name.to_string(),
         text: text.to_string(),
@@ -140,7 +155,7 @@ pub fn parse_iptables_restore_str(
             text: s.to_string(),
         });
     }
-    let (tables, diags) = iptables::parse(text, ipsets);
+    let (tables, diags) = iptables::parse(text, ipsets, v6);
     let ruleset = Ruleset {
         tables,
         defines: Vec::new(),

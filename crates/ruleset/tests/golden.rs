@@ -4,7 +4,8 @@
 //! Set `UPDATE_GOLDEN=1` to rewrite the expected files.
 
 use sluice_ruleset::{
-    parse_iptables_restore_str, parse_nft_str, rule_to_string, Diagnostics, PackedRule, Ruleset,
+    parse_ip6tables_restore_str, parse_iptables_restore_str, parse_nft_str, rule_to_string,
+    Diagnostics, PackedRule, Ruleset,
 };
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -16,7 +17,7 @@ fn inputs(dir: &str) -> Vec<PathBuf> {
     v.retain(|p| {
         matches!(
             p.extension().and_then(|e| e.to_str()),
-            Some("nft" | "rules")
+            Some("nft" | "rules" | "rules6")
         )
     });
     v.sort();
@@ -26,9 +27,13 @@ fn inputs(dir: &str) -> Vec<PathBuf> {
 fn parse(path: &Path) -> Result<Ruleset, Diagnostics> {
     let name = path.to_string_lossy().to_string();
     let text = fs::read_to_string(path).unwrap_or_default();
-    if path.extension().and_then(|e| e.to_str()) == Some("rules") {
+    let ext = path.extension().and_then(|e| e.to_str());
+    if ext == Some("rules") {
         let ipset = fs::read_to_string(path.with_extension("ipset")).ok();
         parse_iptables_restore_str(&name, &text, ipset.as_deref())
+    } else if ext == Some("rules6") {
+        let ipset = fs::read_to_string(path.with_extension("ipset")).ok();
+        parse_ip6tables_restore_str(&name, &text, ipset.as_deref())
     } else {
         parse_nft_str(&name, &text)
     }

@@ -97,7 +97,8 @@ struct ConfigArgs {
     #[arg(short = 'c', long = "config", value_name = "FILE")]
     config: PathBuf,
     /// Input syntax; default: iptables if the file has `*filter`-style table
-    /// headers, nft otherwise.
+    /// headers (ip6tables when it is an ip6tables-save file or its rules
+    /// have IPv6 addresses or ICMPv6), nft otherwise.
     #[arg(long, value_enum)]
     format: Option<ruleset_cmd::Format>,
     /// `ipset save` file providing the sets of `-m set --match-set`

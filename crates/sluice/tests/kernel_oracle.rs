@@ -53,6 +53,7 @@ fn preflight(rules_files: bool) {
     ];
     if rules_files {
         tools.push(("iptables-restore", "iptables"));
+        tools.push(("ip6tables-restore", "iptables"));
         tools.push(("ipset", "ipset"));
     }
     for (tool, pkg) in tools {
@@ -168,7 +169,7 @@ fn kernel_oracle() {
         .filter(|p| {
             matches!(
                 p.extension().and_then(|e| e.to_str()),
-                Some("nft" | "rules")
+                Some("nft" | "rules" | "rules6")
             )
         })
         .filter(|p| {
@@ -185,7 +186,7 @@ fn kernel_oracle() {
     preflight(
         files
             .iter()
-            .any(|f| f.extension().is_some_and(|e| e == "rules")),
+            .any(|f| f.extension().is_some_and(|e| e == "rules" || e == "rules6")),
     );
 
     let out = std::env::temp_dir().join(format!("sluice-oracle-{}", std::process::id()));
@@ -231,6 +232,9 @@ fn kernel_oracle() {
         let ipsets = corpus.join(format!("{stem}.ipset"));
         if ipsets.exists() {
             cmd.arg("--ipsets").arg(&ipsets);
+        }
+        if file.extension().is_some_and(|e| e == "rules6") {
+            cmd.arg("--format").arg("ip6tables");
         }
         let run = cmd.output().expect("running sluice trace");
         let traced = if run.status.success() {

@@ -3,7 +3,7 @@
 
 For each ruleset of the corpus this script builds a fresh pair of network
 namespaces, loads the ruleset into the kernel (nft -f, or iptables-restore and
-ipset restore for *.rules), sends every packet of the ruleset's .jsonl file as
+ipset restore for *.rules, ip6tables-restore for *.rules6), sends every packet of the ruleset's .jsonl file as
 a real Ethernet frame into the router namespace and records what the kernel
 did with it:
 
@@ -366,12 +366,13 @@ class Ruleset:
 
     # -- ruleset
     def load_ruleset(self):
-        base = self.path[:-len(".rules")] if self.path.endswith(".rules") else None
+        v6 = self.path.endswith(".rules6")
+        base = self.path.rsplit(".", 1)[0] if v6 or self.path.endswith(".rules") else None
         if base is not None:
             ips = base + ".ipset"
             if os.path.exists(ips):
                 nsexec(self.dut, ["ipset", "restore", "-f", ips])
-            nsexec(self.dut, ["iptables-restore", self.path])
+            nsexec(self.dut, ["ip6tables-restore" if v6 else "iptables-restore", self.path])
         else:
             nsexec(self.dut, ["nft", "-f", self.path])
 
