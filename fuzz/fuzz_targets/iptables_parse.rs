@@ -1,5 +1,6 @@
 #![no_main]
-//! Fuzz the iptables-restore + ipset front end: no panics on any input.
+//! Fuzz the iptables-restore and ip6tables-restore + ipset front ends: no
+//! panics on any input, and whatever parses prints to a fixed point.
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -9,7 +10,16 @@ fuzz_target!(|data: &[u8]| {
         Some((r, s)) => (r, Some(s)),
         None => (text, None),
     };
-    if let Ok(r) = sluice_ruleset::parse_iptables_restore_str("fuzz.rules", rules, sets) {
-        let _ = r.to_nft();
+    for v6 in [false, true] {
+        let parsed = if v6 {
+            sluice_ruleset::parse_ip6tables_restore_str("fuzz.rules", rules, sets)
+        } else {
+            sluice_ruleset::parse_iptables_restore_str("fuzz.rules", rules, sets)
+        };
+        if let Ok(r) = parsed {
+            let printed = r.to_nft();
+            let again = sluice_ruleset::parse_nft_str("fuzz.nft", &printed).map(|r| r.to_nft());
+            assert_eq!(again.ok().as_deref(), Some(printed.as_str()), "printer is not a fixed point");
+        }
     }
 });

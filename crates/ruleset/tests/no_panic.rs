@@ -1,7 +1,7 @@
 //! Arbitrary input never panics either parser (and printing what parses is a fixed point).
 
 use proptest::prelude::*;
-use sluice_ruleset::{parse_iptables_restore_str, parse_nft_str};
+use sluice_ruleset::{parse_ip6tables_restore_str, parse_iptables_restore_str, parse_nft_str};
 
 const NFT_WORDS: &[&str] = &[
     "table",
@@ -127,6 +127,13 @@ const IPT_WORDS: &[&str] = &[
     "--hashlimit-name",
     "--hashlimit-burst",
     "--hashlimit-htable-expire",
+    "2001:db8::/32",
+    "ipv6-icmp",
+    "--icmpv6-type",
+    "neighbour-solicitation",
+    "REJECT",
+    "--reject-with",
+    "icmp6-adm-prohibited",
 ];
 
 proptest! {
@@ -153,6 +160,17 @@ proptest! {
 
     #[test]
     fn iptables_token_soup(s in words(IPT_WORDS)) {
-        let _ = parse_iptables_restore_str("fuzz.rules", &s, Some("create s hash:ip,port\nadd s 1.2.3.4,tcp:80\n"));
+        let sets = Some("create s hash:ip,port\nadd s 1.2.3.4,tcp:80\n");
+        for r in [
+            parse_iptables_restore_str("fuzz.rules", &s, sets),
+            parse_ip6tables_restore_str("fuzz.rules", &s, sets),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let p = r.to_nft();
+            let again = parse_nft_str("fuzz.nft", &p).map(|r| r.to_nft());
+            prop_assert_eq!(again.ok(), Some(p));
+        }
     }
 }
