@@ -617,6 +617,15 @@ pub enum Stmt {
     CtMarkSet(MarkOp),
     /// `limit` (opaque id of the limiter).
     Limit(u32),
+    /// `quota` (opaque id): a match on the bytes the rule has seen, the
+    /// caller's state answers ([`crate::Limits::quota`]); `stateless` is
+    /// the answer without state (a quota not yet used up).
+    Quota {
+        /// The quota.
+        id: u32,
+        /// The result when the evaluation has no state.
+        stateless: bool,
+    },
     /// A dynamic set's lookup (`ip saddr @s`) or update (`add`, `update`,
     /// `delete @s { ... }`), opaque id of the operation: a match the
     /// caller's state answers ([`crate::Limits::set_op`]); `stateless` is

@@ -92,6 +92,14 @@ pub trait Limits: Send + Sync {
         let _ = (id, p, now_ms, len);
         stateless
     }
+
+    /// Whether the rule holding [`Stmt::Quota`] `id` matches a packet of
+    /// `len` bytes, which it adds to the quota's used bytes. Without
+    /// quotas: `stateless`.
+    fn quota(&self, id: u32, len: u32, stateless: bool) -> bool {
+        let _ = (id, len);
+        stateless
+    }
 }
 
 /// What an evaluation needs for `limit` statements.
@@ -145,6 +153,8 @@ pub(crate) fn run_stmts(stmts: &[Stmt], p: &mut PacketFields, limit: Option<&Lim
                 l.limits.set_op(*id, p, l.now_ms, l.len, *stateless)
             }
             (Stmt::SetOp { stateless, .. }, None) => *stateless,
+            (Stmt::Quota { id, stateless }, Some(l)) => l.limits.quota(*id, l.len, *stateless),
+            (Stmt::Quota { stateless, .. }, None) => *stateless,
             _ => true,
         };
         if !ok {
@@ -161,6 +171,7 @@ pub(crate) fn run_stmts(stmts: &[Stmt], p: &mut PacketFields, limit: Option<&Lim
             | Stmt::Log(_)
             | Stmt::Limit(_)
             | Stmt::SetOp { .. }
+            | Stmt::Quota { .. }
             | Stmt::TcpMss(_) => {}
         }
     }

@@ -172,6 +172,30 @@ pub struct Limiters {
     /// By [`sluice_classify::ir::Stmt::SetOp`] id, with the element limit's
     /// rate.
     ops: Arc<[(SetOpSpec, Option<Rate>)]>,
+    /// `quota` statements: (quota bytes, over, bytes used).
+    quotas: Vec<Arc<QuotaState>>,
+}
+
+/// One `quota`'s bytes and the bytes its rule has seen.
+#[derive(Debug)]
+struct QuotaState {
+    quota: u64,
+    over: bool,
+    used: AtomicU64,
+}
+
+impl QuotaState {
+    /// The kernel's `nft_quota` (Linux 6.15 and later): the packet's
+    /// length is added first, and the quota is exceeded once the used bytes
+    /// are more than the quota (a packet that uses up exactly the rest is
+    /// still within it).
+    fn matches(&self, len: u32) -> bool {
+        let used = self
+            .used
+            .fetch_add(u64::from(len), Ordering::Relaxed)
+            .saturating_add(u64::from(len));
+        (used > self.quota) == self.over
+    }
 }
 
 impl Limiters {
@@ -205,7 +229,35 @@ impl Limiters {
             buckets: self.buckets.clone(),
             sets: self.sets.iter().map(|s| Arc::new(s.snapshot())).collect(),
             ops: Arc::clone(&self.ops),
+            quotas: self
+                .quotas
+                .iter()
+                .map(|q| {
+                    Arc::new(QuotaState {
+                        quota: q.quota,
+                        over: q.over,
+                        used: AtomicU64::new(q.used.load(Ordering::Relaxed)),
+                    })
+                })
+                .collect(),
         }
+    }
+
+    /// State for the `quota` statements `specs` (ids `0..specs.len()`):
+    /// the ones this set has keep their used bytes.
+    pub(crate) fn extend_quotas(&mut self, specs: &[ast::Quota]) {
+        for q in specs.iter().skip(self.quotas.len()) {
+            self.quotas.push(Arc::new(QuotaState {
+                quota: q.bytes(),
+                over: q.over,
+                used: AtomicU64::new(q.used_bytes()),
+            }));
+        }
+    }
+
+    /// `quota` statements known.
+    pub(crate) fn quotas(&self) -> usize {
+        self.quotas.len()
     }
 
     /// Dynamic-set operations known.
@@ -218,9 +270,9 @@ impl Limiters {
         self.sets.get(i).map(|s| &**s)
     }
 
-    /// Whether there are any (buckets or dynamic-set operations).
+    /// Whether there are any (buckets, dynamic-set operations, quotas).
     pub fn is_empty(&self) -> bool {
-        self.buckets.is_empty() && self.ops.is_empty()
+        self.buckets.is_empty() && self.ops.is_empty() && self.quotas.is_empty()
     }
 
     /// How many.
@@ -245,6 +297,12 @@ impl sluice_classify::Limits for Limiters {
             None => stateless,
         }
     }
+
+    fn quota(&self, id: u32, len: u32, stateless: bool) -> bool {
+        self.quotas
+            .get(id as usize)
+            .map_or(stateless, |q| q.matches(len))
+    }
 }
 
 /// The state a trace keeps from packet to packet: the dynamic sets; every
@@ -259,6 +317,10 @@ impl sluice_classify::Limits for SetsOnly {
 
     fn set_op(&self, id: u32, p: &PacketFields, now_ms: u64, len: u32, stateless: bool) -> bool {
         self.0.set_op(id, p, now_ms, len, stateless)
+    }
+
+    fn quota(&self, id: u32, len: u32, stateless: bool) -> bool {
+        sluice_classify::Limits::quota(&self.0, id, len, stateless)
     }
 }
 

@@ -253,6 +253,8 @@ pub(crate) struct Lowered {
     pub sets: Vec<DynSetSpec>,
     /// Dynamic-set operations, by the id in [`ir::Stmt::SetOp`].
     pub set_ops: Vec<SetOpSpec>,
+    /// `quota` statements, by the id in [`ir::Stmt::Quota`].
+    pub quotas: Vec<ast::Quota>,
     /// One per AST rule lowered without error, in handle order.
     pub sources: Vec<RuleSource>,
 }
@@ -485,6 +487,7 @@ impl<'a> Lowerer<'a> {
                 limits: Vec::new(),
                 sets: Vec::new(),
                 set_ops: Vec::new(),
+                quotas: Vec::new(),
                 sources: Vec::new(),
             },
             id_base: 0,
@@ -508,7 +511,7 @@ impl<'a> Lowerer<'a> {
         id_base: u64,
         handle: u64,
         tables: (Vec<NatAction>, Vec<Pool>, Vec<ast::Log>, Vec<ast::Limit>),
-        dynamic: (Vec<DynSetSpec>, Vec<SetOpSpec>),
+        dynamic: (Vec<DynSetSpec>, Vec<SetOpSpec>, Vec<ast::Quota>),
         location: RuleLocation,
     ) -> Self {
         let mut l = Lowerer::new(rs, ifaces);
@@ -516,7 +519,7 @@ impl<'a> Lowerer<'a> {
         l.next_handle = handle;
         l.location = Some(location);
         (l.out.nat, l.out.pools, l.out.logs, l.out.limits) = tables;
-        (l.out.sets, l.out.set_ops) = dynamic;
+        (l.out.sets, l.out.set_ops, l.out.quotas) = dynamic;
         l.declare();
         l
     }
@@ -693,6 +696,7 @@ impl<'a> Lowerer<'a> {
             && self.out.limits.is_empty()
             && self.out.sets.is_empty()
             && self.out.set_ops.is_empty()
+            && self.out.quotas.is_empty()
     }
 
     /// Appends what `other` (a fresh lowerer: ids from 0, handles from
@@ -857,6 +861,17 @@ impl<'a> Lowerer<'a> {
                     pre.push(Stmt::Limit(id));
                     Ok(None)
                 }
+                StmtKind::Quota(q) => match u32::try_from(self.out.quotas.len()) {
+                    Ok(id) => {
+                        self.out.quotas.push(*q);
+                        pre.push(Stmt::Quota {
+                            id,
+                            stateless: !q.over,
+                        });
+                        Ok(None)
+                    }
+                    Err(_) => Err("too many quotas".into()),
+                },
                 StmtKind::SetUpdate(u) => self.set_update(t, u, deps).map(|st| {
                     pre.push(st);
                     None

@@ -107,6 +107,7 @@ pub(crate) struct Tables {
     pub limits: Vec<ast::Limit>,
     pub sets: Vec<crate::lower::DynSetSpec>,
     pub set_ops: Vec<crate::lower::SetOpSpec>,
+    pub quotas: Vec<ast::Quota>,
 }
 
 /// Rule sets at least this large build the rule store's `order` map
@@ -327,6 +328,7 @@ impl CompiledPolicy {
                 limits: lowered.limits,
                 sets: lowered.sets,
                 set_ops: lowered.set_ops,
+                quotas: lowered.quotas,
             }),
             store,
             program: OnceLock::new(),
@@ -393,6 +395,7 @@ impl CompiledPolicy {
         let mut l = crate::limits::Limiters::default();
         l.extend_to(&self.tables.limits);
         l.extend_sets(&self.tables.sets, &self.tables.set_ops);
+        l.extend_quotas(&self.tables.quotas);
         self.limiters = Arc::new(l);
         self.counters.ensure(self.store.infos.len() as u64);
         // Every rule, in handle order (seeding does not depend on the
@@ -444,7 +447,7 @@ impl CompiledPolicy {
                 t.logs.clone(),
                 t.limits.clone(),
             ),
-            (t.sets.clone(), t.set_ops.clone()),
+            (t.sets.clone(), t.set_ops.clone(), t.quotas.clone()),
             crate::lower::RuleLocation::Label("program".into()),
         )
     }
@@ -1701,6 +1704,54 @@ mod tests {
         assert_eq!(keys, [0xffff_0a00_0005, 0xffff_c633_6442]);
         assert_eq!(listed[0].expires_in_ms, Some(3_600_000));
         assert_eq!(listed[1].expires_in_ms, None, "declared");
+    }
+
+    #[test]
+    fn quota_counts_the_bytes_of_its_rule_and_updates_keep_them() {
+        let p = pol(
+            "table ip t {\n chain f {\n type filter hook forward priority 0; policy accept;\n \
+             udp dport 7000 quota over 200 bytes drop\n \
+             udp dport 7001 quota until 100 bytes used 40 bytes accept\n \
+             udp dport 7001 drop\n }\n}\n",
+        );
+        let v = |p: &CompiledPolicy, dport| {
+            p.decide(
+                Hook::Forward,
+                &PolicyPacket {
+                    proto: 17,
+                    dport,
+                    len: 60,
+                    ..packet()
+                },
+            )
+            .verdict
+        };
+        // 60, 120, 180 bytes used: within; 240: over.
+        let over: Vec<Verdict> = (0..4).map(|_| v(&p, 7000)).collect();
+        assert_eq!(
+            over,
+            [
+                Verdict::Accept,
+                Verdict::Accept,
+                Verdict::Accept,
+                Verdict::Drop
+            ]
+        );
+        // 40 used at load: 100 after the first (exactly the quota: still
+        // within, as the kernel counts it), 160 after the second.
+        assert_eq!(v(&p, 7001), Verdict::Accept);
+        assert_eq!(v(&p, 7001), Verdict::Drop);
+        // Other packets do not count; an update keeps the used bytes.
+        let (q, _) = p
+            .apply_text("cmd", "add rule ip t f tcp dport 1 accept")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(v(&q, 7000), Verdict::Drop);
+        assert_eq!(v(&q, 7001), Verdict::Drop);
+        // Without state (a single trace) a quota is not used up.
+        assert!(p
+            .trace(&pkt(17, "10.0.0.1", 1000, "10.0.0.2", 7000))
+            .mismatch
+            .is_none());
     }
 
     #[test]

@@ -637,6 +637,7 @@ impl CompiledPolicy {
     pub fn trace_state(&self) -> TraceState {
         let mut l = crate::limits::Limiters::default();
         l.extend_sets(&self.tables.sets, &self.tables.set_ops);
+        l.extend_quotas(&self.tables.quotas);
         TraceState {
             sets: Arc::new(crate::limits::SetsOnly(l)),
         }
@@ -657,7 +658,8 @@ impl CompiledPolicy {
     fn trace_in(&self, pkt: &TracePacket, state: Option<(&TraceState, u64)>) -> Trace {
         let mut p = pkt.fields(self);
         let mut s = Scratch::new();
-        let len = u32::from(pkt.length.unwrap_or(0));
+        // `meta length`, what the kernel charges a quota.
+        let len = p.length;
         // The linear reference runs on a copy of the sets, so that only the
         // compiled run's changes stay.
         let ctx = |sets: Arc<crate::limits::SetsOnly>, now_ms| sluice_classify::LimitCtx {

@@ -173,10 +173,12 @@ impl CompiledPolicy {
         next.counters.ensure(next.store.infos.len() as u64);
         if next.tables.limits.len() > next.limiters.len()
             || next.tables.set_ops.len() > next.limiters.set_ops()
+            || next.tables.quotas.len() > next.limiters.quotas()
         {
             let mut l = (*next.limiters).clone();
             l.extend_to(&next.tables.limits);
             l.extend_sets(&next.tables.sets, &next.tables.set_ops);
+            l.extend_quotas(&next.tables.quotas);
             next.limiters = Arc::new(l);
         }
         if let (Command::AddRule { .. }, Some(h)) = (cmd, applied.handle) {
@@ -253,7 +255,7 @@ impl CompiledPolicy {
                 t.logs.clone(),
                 t.limits.clone(),
             ),
-            (t.sets.clone(), t.set_ops.clone()),
+            (t.sets.clone(), t.set_ops.clone(), t.quotas.clone()),
             location,
         )
     }
@@ -386,6 +388,7 @@ impl CompiledPolicy {
             || out.limits.len() != self.tables.limits.len()
             || out.sets.len() != self.tables.sets.len()
             || out.set_ops.len() != self.tables.set_ops.len()
+            || out.quotas.len() != self.tables.quotas.len()
         {
             self.tables = Arc::new(Tables {
                 nat: out.nat.clone(),
@@ -394,6 +397,7 @@ impl CompiledPolicy {
                 limits: out.limits.clone(),
                 sets: out.sets.clone(),
                 set_ops: out.set_ops.clone(),
+                quotas: out.quotas.clone(),
             });
         }
         let base = self.store.infos.len() as u64;

@@ -705,6 +705,32 @@ pub enum StmtKind {
     /// `add | update | delete @set { KEY [timeout T] [limit ...] [counter] }`
     /// (nft's dynamic set statement).
     SetUpdate(Box<SetUpdate>),
+    /// `quota [over | until] N UNIT [used N UNIT]`.
+    Quota(Quota),
+}
+
+/// `quota [over | until] N UNIT [used N UNIT]` (the kernel's `nft_quota`):
+/// every packet adds its length to the bytes used; the rule matches while
+/// the used bytes stay under the quota, or with `over` once they reach it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Quota {
+    pub over: bool,
+    pub amount: u64,
+    pub unit: ByteUnit,
+    /// Bytes already used when the rule is loaded.
+    pub used: Option<(u64, ByteUnit)>,
+}
+
+impl Quota {
+    /// The quota in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.amount.saturating_mul(self.unit.bytes())
+    }
+
+    /// The bytes used at load.
+    pub fn used_bytes(&self) -> u64 {
+        self.used.map_or(0, |(n, u)| n.saturating_mul(u.bytes()))
+    }
 }
 
 /// What [`SetUpdate`] does with the packet's key.
@@ -958,6 +984,15 @@ impl ByteUnit {
             ByteUnit::Bytes => "bytes",
             ByteUnit::Kbytes => "kbytes",
             ByteUnit::Mbytes => "mbytes",
+        }
+    }
+
+    /// Bytes per unit.
+    pub fn bytes(self) -> u64 {
+        match self {
+            ByteUnit::Bytes => 1,
+            ByteUnit::Kbytes => 1024,
+            ByteUnit::Mbytes => 1024 * 1024,
         }
     }
 }

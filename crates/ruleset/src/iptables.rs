@@ -615,6 +615,7 @@ const OPTIONS: &[&str] = &[
     "--icmpv6-type",
     "--limit",
     "--limit-burst",
+    "--quota",
     "--hashlimit",
     "--hashlimit-upto",
     "--hashlimit-above",
@@ -830,6 +831,7 @@ fn rule(
                     "comment",
                     "limit",
                     "hashlimit",
+                    "quota",
                     "addrtype",
                     "mac",
                 ];
@@ -1123,6 +1125,29 @@ fn rule(
                     _ => {
                         let help = suggest(&t, symbols::ICMP_TYPES.iter().map(|(n, _)| *n));
                         cx.err_help(&a, format!("invalid ICMP type '{}'", a.text), help);
+                        ok = false;
+                    }
+                }
+            }
+            "--quota" => {
+                // xt_quota: matches while the bytes left cover the packet;
+                // `!` matches once they do not (nft `quota over`).
+                let a = arg!(w);
+                match parse_num(&a.text) {
+                    Some(n) => r.stmts.push(Stmt {
+                        kind: StmtKind::Quota(Quota {
+                            over: neg,
+                            amount: n,
+                            unit: ByteUnit::Bytes,
+                            used: None,
+                        }),
+                        span: wsp,
+                    }),
+                    None => {
+                        cx.err(
+                            &a,
+                            format!("invalid quota '{}' (a number of bytes)", a.text),
+                        );
                         ok = false;
                     }
                 }

@@ -48,6 +48,7 @@ const STMT_KEYWORDS: &[&str] = &[
     "add",
     "update",
     "delete",
+    "quota",
 ];
 const EXPR_KEYWORDS: &[&str] = &[
     "iifname", "oifname", "iif", "oif", "meta", "mark", "l4proto", "nfproto", "pkttype", "ip",
@@ -76,6 +77,7 @@ fn is_stmt_keyword(w: &str) -> bool {
             | "add"
             | "update"
             | "delete"
+            | "quota"
     )
 }
 
@@ -84,7 +86,6 @@ fn is_stmt_keyword(w: &str) -> bool {
 /// the generic error with a suggestion.
 fn unsupported_keyword(w: &str) -> Option<&'static str> {
     Some(match w {
-        "quota" => "byte quotas are not implemented yet",
         "notrack" => "Sluice tracks every connection; untracked traffic is not implemented",
         "synproxy" => "SYN proxying is not implemented",
         "queue" => "there is no userspace queue to hand packets to",
@@ -2101,6 +2102,10 @@ impl<'s> Parser<'s> {
                 Ok(StmtKind::Limit(self.limit()?))
             }
             "add" | "update" | "delete" => self.set_update(),
+            "quota" => {
+                self.bump();
+                Ok(StmtKind::Quota(self.quota()?))
+            }
             _ => {
                 let kind = match w {
                     "snat" => NatKind::Snat,
@@ -2232,6 +2237,52 @@ impl<'s> Parser<'s> {
             }
         }
         Ok(StmtKind::SetUpdate(Box::new(u)))
+    }
+
+    /// `N UNIT` of a quota (`25 mbytes`, also `25mbytes`).
+    fn byte_amount(&mut self, what: &str) -> P<(u64, ByteUnit)> {
+        let (w, sp) = self.expect_word(what)?;
+        let split = w.find(|c: char| !c.is_ascii_digit()).unwrap_or(w.len());
+        let (n, u) = w.split_at(split);
+        let Some(n) = parse_num(n) else {
+            return self.err(sp, format!("invalid {what} '{w}'"));
+        };
+        let u = if u.is_empty() {
+            self.expect_word("byte unit")?.0
+        } else {
+            u
+        };
+        match byte_unit(u) {
+            Some(b) => Ok((n, b)),
+            None => self.err(
+                sp,
+                format!("invalid byte unit '{u}' (bytes, kbytes, mbytes)"),
+            ),
+        }
+    }
+
+    /// What follows `quota`: `[over | until] N UNIT [used N UNIT]`.
+    fn quota(&mut self) -> P<Quota> {
+        if self.is_word("name") {
+            let sp = self.span();
+            return self.err(sp, "named quotas are not supported; give the quota inline");
+        }
+        let over = self.eat_word("over");
+        if !over {
+            self.eat_word("until");
+        }
+        let (amount, unit) = self.byte_amount("quota")?;
+        let used = if self.eat_word("used") {
+            Some(self.byte_amount("used amount")?)
+        } else {
+            None
+        };
+        Ok(Quota {
+            over,
+            amount,
+            unit,
+            used,
+        })
     }
 
     fn limit(&mut self) -> P<Limit> {

@@ -531,6 +531,20 @@ impl<S: Sink> Writer<S> {
             StmtKind::TcpMssSet(TcpMss::RtMtu) => self.u8(9),
             StmtKind::MetaMarkFromCt => self.u8(11),
             StmtKind::CtMarkFromMeta => self.u8(12),
+            StmtKind::Quota(q) => {
+                self.u8(14);
+                self.u8(u8::from(q.over));
+                self.num(q.amount);
+                self.u8(q.unit as u8);
+                match q.used {
+                    None => self.u8(0),
+                    Some((n, u)) => {
+                        self.u8(1);
+                        self.num(n);
+                        self.u8(u as u8);
+                    }
+                }
+            }
             StmtKind::SetUpdate(u) => {
                 self.u8(13);
                 self.u8(u.op as u8);
@@ -871,6 +885,26 @@ impl Reader<'_> {
             10 => StmtKind::TcpMssSet(TcpMss::Value(self.u16()?)),
             11 => StmtKind::MetaMarkFromCt,
             12 => StmtKind::CtMarkFromMeta,
+            14 => {
+                let over = match self.u8()? {
+                    0 => false,
+                    1 => true,
+                    _ => return None,
+                };
+                let amount = self.num()?;
+                let unit = *BYTE_UNITS.get(usize::from(self.u8()?))?;
+                let used = match self.u8()? {
+                    0 => None,
+                    1 => Some((self.num()?, *BYTE_UNITS.get(usize::from(self.u8()?))?)),
+                    _ => return None,
+                };
+                StmtKind::Quota(Quota {
+                    over,
+                    amount,
+                    unit,
+                    used,
+                })
+            }
             13 => {
                 let op = *SET_OPS.get(usize::from(self.u8()?))?;
                 let set = self.str()?;

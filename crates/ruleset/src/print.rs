@@ -405,6 +405,17 @@ fn stmt(s: &StmtKind) -> String {
             }
             s
         }
+        StmtKind::Quota(q) => {
+            let mut s = String::from("quota ");
+            if q.over {
+                s.push_str("over ");
+            }
+            let _ = write!(s, "{} {}", q.amount, q.unit.name());
+            if let Some((n, u)) = q.used {
+                let _ = write!(s, " used {n} {}", u.name());
+            }
+            s
+        }
         StmtKind::SetUpdate(u) => {
             let key: Vec<String> = u
                 .key

@@ -826,6 +826,29 @@ def host6():
     return out
 
 
+QUOTA_NFT = """# Byte quotas (nft_quota): every packet adds its length (the IP total
+# length) before the check; a packet that uses up exactly the rest of a
+# quota is still within it.
+table inet q {
+    chain q_in {
+        type filter hook input priority filter; policy accept;
+        udp dport 7000 quota over 200 bytes drop
+        udp dport 7001 quota 100 bytes accept
+        udp dport 7001 drop
+        udp dport 7002 quota until 1 kbytes used 900 bytes meta mark set 0x7
+    }
+}
+"""
+
+
+def quota():
+    inp = dict(hook="input", iif="eth0", dst="10.0.0.1", src="10.0.0.5", proto="udp", length=100)
+    out = [pkt(**dict(inp, dport=7000)) for _ in range(3)]
+    out += [pkt(**dict(inp, dport=7001)) for _ in range(2)]
+    out += [pkt(**dict(inp, dport=7002, length=124)), pkt(**dict(inp, dport=7002, length=20 + 8))]
+    return out
+
+
 def main():
     seed_pk = seed001()
     for name in ("seed001_appendix_b", "seed001_appendix_c", "seed001_appendix_d", "seed001_appendix_e"):
@@ -865,6 +888,9 @@ def main():
     with open(os.path.join(HERE, "host6.rules6"), "w") as f:
         f.write(HOST6_RULES6)
     write("host6", host6())
+    with open(os.path.join(HERE, "quota.nft"), "w") as f:
+        f.write(QUOTA_NFT)
+    write("quota", quota())
 
 
 if __name__ == "__main__":
