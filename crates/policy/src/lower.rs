@@ -884,6 +884,20 @@ impl<'a> Lowerer<'a> {
                     pre.push(Stmt::CtMarkSet(MarkOp::set(*v)));
                     Ok(None)
                 }
+                StmtKind::MetaMarkMod { and, xor } => {
+                    pre.push(Stmt::MarkSet(MarkOp {
+                        and: *and,
+                        xor: *xor,
+                    }));
+                    Ok(None)
+                }
+                StmtKind::CtMarkMod { and, xor } => {
+                    pre.push(Stmt::CtMarkSet(MarkOp {
+                        and: *and,
+                        xor: *xor,
+                    }));
+                    Ok(None)
+                }
                 StmtKind::MetaMarkFromCt => {
                     pre.push(Stmt::MarkFromCtMark);
                     Ok(None)

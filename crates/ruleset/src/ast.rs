@@ -690,6 +690,18 @@ pub enum StmtKind {
     MetaMarkFromCt,
     /// `ct mark set meta mark` (iptables `CONNMARK --save-mark`).
     CtMarkFromMeta,
+    /// `meta mark set meta mark & A | O ^ X`, kept as `(mark & and) ^
+    /// xor` (iptables `MARK --set-xmark V/M`, `--or-mark`, ...).
+    MetaMarkMod {
+        and: u32,
+        xor: u32,
+    },
+    /// `ct mark set ct mark & A | O ^ X` (iptables `CONNMARK --set-xmark
+    /// V/M`, ...).
+    CtMarkMod {
+        and: u32,
+        xor: u32,
+    },
     /// Boxed, like the map of [`StmtKind::VerdictMap`]: the two largest
     /// variants would otherwise make every statement of a rule set as large
     /// as they are (104 bytes instead of 56).

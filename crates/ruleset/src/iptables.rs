@@ -341,6 +341,11 @@ pub(crate) fn parse(text: &str, ipsets: Option<&str>, v6: bool) -> (Vec<Table>, 
     let mut cur_word: Option<Word> = None;
     for (ln, line) in text.lines().enumerate() {
         cx.line = ln as u32 + 1;
+        // A comment line is skipped whole, quotes and all (as
+        // iptables-restore does).
+        if line.trim_start().starts_with('#') {
+            continue;
+        }
         let words = match tokenize(line) {
             Ok(w) => w,
             Err(c) => {
@@ -633,6 +638,9 @@ const OPTIONS: &[&str] = &[
     "--log-level",
     "--set-mark",
     "--set-xmark",
+    "--and-mark",
+    "--or-mark",
+    "--xor-mark",
     "--set-mss",
     "--clamp-mss-to-pmtu",
     "--save-mark",
@@ -1327,7 +1335,8 @@ fn rule(
                 target = Some((a, w.text.starts_with("-g") || w.text == "--goto"));
             }
             "--reject-with" | "--log-prefix" | "--log-level" | "--set-mark" | "--set-xmark"
-            | "--set-mss" | "--to-source" | "--to-destination" | "--to-ports" | "--to" => {
+            | "--and-mark" | "--or-mark" | "--xor-mark" | "--set-mss" | "--to-source"
+            | "--to-destination" | "--to-ports" | "--to" => {
                 let a = arg!(w);
                 topts.push((w.clone(), Some(a)));
             }
@@ -1793,50 +1802,97 @@ fn lower_target(
                 flags: 0,
             })
         }
-        "MARK" => {
-            let Some(w) = opt("--set-mark").or_else(|| opt("--set-xmark")) else {
-                cx.err(t, "MARK needs --set-mark");
+        // xt_MARK and xt_CONNMARK's mark changes: `--set-xmark V/M` is
+        // (mark & ~M) ^ V, `--set-mark V/M` (mark & ~M) | V, `--and-mark`,
+        // `--or-mark`, `--xor-mark`; a full mask is a plain set.
+        "MARK" | "CONNMARK"
+            if [
+                "--set-mark",
+                "--set-xmark",
+                "--and-mark",
+                "--or-mark",
+                "--xor-mark",
+            ]
+            .iter()
+            .any(|o| has(o)) =>
+        {
+            let ct = t.text == "CONNMARK";
+            let ops: Vec<Word> = [
+                "--set-mark",
+                "--set-xmark",
+                "--and-mark",
+                "--or-mark",
+                "--xor-mark",
+            ]
+            .iter()
+            .filter_map(|o| {
+                opt(o).map(|w| Word {
+                    text: format!("{o} {}", w.text),
+                    ..w
+                })
+            })
+            .collect();
+            if ops.len() != 1 || (ct && (has("--save-mark") || has("--restore-mark"))) {
+                cx.err(
+                    t,
+                    format!(
+                        "{} needs exactly one of --set-mark, --set-xmark, --and-mark, \
+                         --or-mark, --xor-mark{}",
+                        t.text,
+                        if ct {
+                            ", --save-mark and --restore-mark"
+                        } else {
+                            ""
+                        }
+                    ),
+                );
+                return false;
+            }
+            let w = &ops[0];
+            let (o, arg) = w.text.split_once(' ').unwrap_or((&w.text, ""));
+            let (v, m) = match arg.split_once('/') {
+                Some((v, m)) => (parse_num(v), parse_num(m)),
+                None => (parse_num(arg), Some(0xffff_ffff)),
+            };
+            let (Some(v), Some(m)) = (
+                v.and_then(|v| u32::try_from(v).ok()),
+                m.and_then(|m| u32::try_from(m).ok()),
+            ) else {
+                cx.err(
+                    w,
+                    format!("invalid mark '{arg}' for {o} (VALUE[/MASK], 32-bit)"),
+                );
                 return false;
             };
-            let (v, m) = match w.text.split_once('/') {
-                Some((v, m)) => (parse_num(v), parse_num(m)),
-                None => (parse_num(&w.text), Some(0xffff_ffff)),
+            if matches!(o, "--and-mark" | "--or-mark" | "--xor-mark") && arg.contains('/') {
+                cx.err(w, format!("{o} takes a value without a mask"));
+                return false;
+            }
+            let (and, xor) = match o {
+                "--set-xmark" => (!m, v),
+                "--set-mark" => (!m & !v, v),
+                "--and-mark" => (v, 0),
+                "--or-mark" => (!v, v),
+                _ => (u32::MAX, v),
             };
-            match (v.and_then(|v| u32::try_from(v).ok()), m) {
-                (Some(v), Some(0xffff_ffff)) => StmtKind::MetaMarkSet(v),
-                _ => {
-                    cx.err(
-                        &w,
-                        format!("unsupported mark '{}' (only full-mask --set-mark)", w.text),
-                    );
-                    return false;
-                }
+            match (ct, and) {
+                (false, 0) => StmtKind::MetaMarkSet(xor),
+                (true, 0) => StmtKind::CtMarkSet(xor),
+                (false, _) => StmtKind::MetaMarkMod { and, xor },
+                (true, _) => StmtKind::CtMarkMod { and, xor },
             }
         }
-        // xt_CONNMARK, full-mask forms only.
-        "CONNMARK" => match (
-            opt("--set-mark").or_else(|| opt("--set-xmark")),
-            has("--save-mark"),
-            has("--restore-mark"),
-        ) {
-            (Some(w), false, false) => {
-                let (v, m) = match w.text.split_once('/') {
-                    Some((v, m)) => (parse_num(v), parse_num(m)),
-                    None => (parse_num(&w.text), Some(0xffff_ffff)),
-                };
-                match (v.and_then(|v| u32::try_from(v).ok()), m) {
-                    (Some(v), Some(0xffff_ffff)) => StmtKind::CtMarkSet(v),
-                    _ => {
-                        cx.err(
-                            &w,
-                            format!("unsupported mark '{}' (only full-mask --set-mark)", w.text),
-                        );
-                        return false;
-                    }
-                }
-            }
-            (None, true, false) => StmtKind::CtMarkFromMeta,
-            (None, false, true) => StmtKind::MetaMarkFromCt,
+        "MARK" => {
+            cx.err(
+                t,
+                "MARK needs --set-mark, --set-xmark, --and-mark, --or-mark or --xor-mark",
+            );
+            return false;
+        }
+        // xt_CONNMARK's copies, full-mask forms only.
+        "CONNMARK" => match (has("--save-mark"), has("--restore-mark")) {
+            (true, false) => StmtKind::CtMarkFromMeta,
+            (false, true) => StmtKind::MetaMarkFromCt,
             _ => {
                 cx.err(
                     t,

@@ -81,6 +81,7 @@ pub(crate) enum Tok {
     Amp,
     Pipe,
     Plus,
+    Caret,
     Eof,
 }
 
@@ -112,6 +113,7 @@ impl Tok {
             Tok::Amp => "'&'",
             Tok::Pipe => "'|'",
             Tok::Plus => "'+'",
+            Tok::Caret => "'^'",
         };
         punct.to_string()
     }
@@ -425,6 +427,7 @@ impl<'t> Lexer<'t> {
                         b'&' => Some(Tok::Amp),
                         b'|' => Some(Tok::Pipe),
                         b'+' => Some(Tok::Plus),
+                        b'^' => Some(Tok::Caret),
                         _ => None,
                     };
                     match tok {

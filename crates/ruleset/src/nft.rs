@@ -1390,6 +1390,28 @@ impl<'s> Parser<'s> {
                 self.bump();
                 // Connmark: `meta mark set ct mark`, `ct mark set meta mark`
                 // (also `mark set ct mark`, `ct mark set mark`).
+                // A mark changed bit by bit: `meta mark set meta mark | 0x4000`.
+                let own = match (fields.as_slice(), self.word(), self.word_at(1)) {
+                    ([Field::MetaMark], Some("meta"), Some("mark")) => Some(2),
+                    ([Field::MetaMark], Some("mark"), _) => Some(1),
+                    ([Field::CtMark], Some("ct"), Some("mark")) => Some(2),
+                    _ => None,
+                };
+                if let Some(words) = own {
+                    for _ in 0..words {
+                        self.bump();
+                    }
+                    let (and, xor) = self.mark_ops()?;
+                    let ct = fields.as_slice() == [Field::CtMark];
+                    let kind = match (ct, and) {
+                        (false, 0) => StmtKind::MetaMarkSet(xor),
+                        (true, 0) => StmtKind::CtMarkSet(xor),
+                        (false, _) => StmtKind::MetaMarkMod { and, xor },
+                        (true, _) => StmtKind::CtMarkMod { and, xor },
+                    };
+                    stmts.push(Stmt { kind, span: sp });
+                    continue;
+                }
                 let copy = match (fields.as_slice(), self.word(), self.word_at(1)) {
                     ([Field::MetaMark], Some("ct"), Some("mark")) => {
                         Some((2, StmtKind::MetaMarkFromCt))
@@ -1403,6 +1425,16 @@ impl<'s> Parser<'s> {
                 if let Some((words, kind)) = copy {
                     for _ in 0..words {
                         self.bump();
+                    }
+                    if matches!(self.peek(), Tok::Amp | Tok::Pipe | Tok::Caret)
+                        || matches!(self.word(), Some("and" | "or" | "xor"))
+                    {
+                        let osp = self.span();
+                        return self.err(
+                            osp,
+                            "a copied mark cannot be masked here; copy it whole, or change \
+                             the mark in place (meta mark set meta mark & ...)",
+                        );
                     }
                     stmts.push(Stmt { kind, span: sp });
                     continue;
@@ -2122,6 +2154,51 @@ impl<'s> Parser<'s> {
     fn number(&mut self, what: &str) -> P<u64> {
         let (w, sp) = self.expect_word(what)?;
         parse_num(w).map_or_else(|| self.err(sp, format!("invalid {what} '{w}'")), Ok)
+    }
+
+    /// `& A`, `| O`, `^ X` (or `and`, `or`, `xor`) after `meta mark set meta
+    /// mark`, composed into `(mark & and) ^ xor`; at least one.
+    fn mark_ops(&mut self) -> P<(u32, u32)> {
+        let (mut and, mut xor) = (u32::MAX, 0u32);
+        let mut any = false;
+        loop {
+            let op = match self.peek() {
+                Tok::Amp => '&',
+                Tok::Pipe => '|',
+                Tok::Caret => '^',
+                _ => match self.word() {
+                    Some("and") => '&',
+                    Some("or") => '|',
+                    Some("xor") => '^',
+                    _ => break,
+                },
+            };
+            self.bump();
+            let (v, vsp) = self.expect_word("mark value")?;
+            let Some(n) = parse_num(v).and_then(|n| u32::try_from(n).ok()) else {
+                return self.err(vsp, format!("invalid mark value '{v}'"));
+            };
+            match op {
+                '&' => {
+                    and &= n;
+                    xor &= n;
+                }
+                '|' => {
+                    and &= !n;
+                    xor = (xor & !n) | n;
+                }
+                _ => xor ^= n,
+            }
+            any = true;
+        }
+        if !any {
+            let sp = self.span();
+            return self.err(
+                sp,
+                "expected '&', '|' or '^' and a value (setting a mark to itself changes nothing)",
+            );
+        }
+        Ok((and, xor))
     }
 
     /// nft's time format (`30s`, `1h30m`, `2d`), in ms.

@@ -531,6 +531,16 @@ impl<S: Sink> Writer<S> {
             StmtKind::TcpMssSet(TcpMss::RtMtu) => self.u8(9),
             StmtKind::MetaMarkFromCt => self.u8(11),
             StmtKind::CtMarkFromMeta => self.u8(12),
+            StmtKind::MetaMarkMod { and, xor } => {
+                self.u8(15);
+                self.num(u64::from(*and));
+                self.num(u64::from(*xor));
+            }
+            StmtKind::CtMarkMod { and, xor } => {
+                self.u8(16);
+                self.num(u64::from(*and));
+                self.num(u64::from(*xor));
+            }
             StmtKind::Quota(q) => {
                 self.u8(14);
                 self.u8(u8::from(q.over));
@@ -885,6 +895,14 @@ impl Reader<'_> {
             10 => StmtKind::TcpMssSet(TcpMss::Value(self.u16()?)),
             11 => StmtKind::MetaMarkFromCt,
             12 => StmtKind::CtMarkFromMeta,
+            15 => StmtKind::MetaMarkMod {
+                and: self.u32()?,
+                xor: self.u32()?,
+            },
+            16 => StmtKind::CtMarkMod {
+                and: self.u32()?,
+                xor: self.u32()?,
+            },
             14 => {
                 let over = match self.u8()? {
                     0 => false,

@@ -324,6 +324,21 @@ fn value(v: &Value, types: &[DataType]) -> String {
     }
 }
 
+/// `(mark & and) ^ xor` in nft's listing form.
+fn mark_mod(m: &str, and: u32, xor: u32) -> String {
+    if xor == 0 {
+        format!("{m} set {m} & 0x{and:08x}")
+    } else if and == u32::MAX {
+        format!("{m} set {m} ^ 0x{xor:08x}")
+    } else if and & xor == 0 && and | xor == u32::MAX {
+        format!("{m} set {m} | 0x{xor:08x}")
+    } else if and & xor == 0 {
+        format!("{m} set {m} & 0x{:08x} | 0x{xor:08x}", and | xor)
+    } else {
+        format!("{m} set {m} & 0x{and:08x} ^ 0x{xor:08x}")
+    }
+}
+
 fn verdict(v: &Verdict) -> String {
     match v {
         Verdict::Accept => "accept".into(),
@@ -461,6 +476,8 @@ fn stmt(s: &StmtKind) -> String {
             s
         }
         StmtKind::MetaMarkSet(m) => format!("meta mark set 0x{m:08x}"),
+        StmtKind::MetaMarkMod { and, xor } => mark_mod("meta mark", *and, *xor),
+        StmtKind::CtMarkMod { and, xor } => mark_mod("ct mark", *and, *xor),
         StmtKind::CtMarkSet(m) => format!("ct mark set 0x{m:08x}"),
         StmtKind::MetaMarkFromCt => "meta mark set ct mark".to_string(),
         StmtKind::CtMarkFromMeta => "ct mark set meta mark".to_string(),

@@ -849,6 +849,47 @@ def quota():
     return out
 
 
+MARK_OPS_NFT = """# Marks changed bit by bit: meta mark set meta mark & | ^ (and, or, xor).
+table inet mk {
+    chain mk_fwd {
+        type filter hook forward priority filter; policy accept;
+        udp dport 6000 meta mark set meta mark | 0x4000
+        udp dport 6001 meta mark set meta mark & 0xff00
+        udp dport 6002 meta mark set meta mark ^ 0x1
+        udp dport 6003 meta mark set meta mark & 0xffff0000 | 0x5
+        udp dport 6004 meta mark set meta mark and 0xf0 xor 0x3
+        udp dport 6005 meta mark set mark or 0x80000000
+    }
+}
+"""
+
+MARK_OPS_RULES = """# xt_MARK's mark changes, as kube-proxy and policy routers write them.
+*mangle
+:PREROUTING ACCEPT [0:0]
+:INPUT ACCEPT [0:0]
+:FORWARD ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:POSTROUTING ACCEPT [0:0]
+-A FORWARD -p udp --dport 6000 -j MARK --set-xmark 0x4000/0x4000
+-A FORWARD -p udp --dport 6001 -j MARK --set-mark 0x100/0xff00
+-A FORWARD -p udp --dport 6002 -j MARK --xor-mark 0x1
+-A FORWARD -p udp --dport 6003 -j MARK --and-mark 0xff00
+-A FORWARD -p udp --dport 6004 -j MARK --or-mark 0x10000
+-A FORWARD -p udp --dport 6005 -j MARK --set-xmark 0x4000/0x0
+-A FORWARD -p udp --dport 6006 -j MARK --set-mark 0x7
+COMMIT
+"""
+
+
+def mark_ops(n):
+    fw = dict(hook="forward", iif="eth0", oif="eth1", src="10.0.0.5", dst="192.0.2.80", proto="udp")
+    out = []
+    for port in range(6000, 6000 + n):
+        for m in (0x12345678, 0, 0xffffffff):
+            out.append(pkt(**dict(fw, dport=port, mark=m)))
+    return out
+
+
 def main():
     seed_pk = seed001()
     for name in ("seed001_appendix_b", "seed001_appendix_c", "seed001_appendix_d", "seed001_appendix_e"):
@@ -891,6 +932,12 @@ def main():
     with open(os.path.join(HERE, "quota.nft"), "w") as f:
         f.write(QUOTA_NFT)
     write("quota", quota())
+    with open(os.path.join(HERE, "mark_ops.nft"), "w") as f:
+        f.write(MARK_OPS_NFT)
+    write("mark_ops", mark_ops(6))
+    with open(os.path.join(HERE, "mark_ops_xt.rules"), "w") as f:
+        f.write(MARK_OPS_RULES)
+    write("mark_ops_xt", mark_ops(7))
 
 
 if __name__ == "__main__":
