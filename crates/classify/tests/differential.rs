@@ -189,6 +189,21 @@ fn rand_match(r: &mut Rng) -> Match {
 fn rand_rule(r: &mut Rng, id: u64, ci: usize, nchains: usize) -> Rule {
     let matches = (0..r.below(4)).map(|_| rand_match(r)).collect();
     let mut stmts = Vec::new();
+    // Statements that are matches answered by the caller's state (limits,
+    // dynamic sets, quotas), each with its answer without state.
+    if r.pct(15) {
+        stmts.push(match r.below(3) {
+            0 => Stmt::Limit(r.below(4) as u32),
+            1 => Stmt::SetOp {
+                id: r.below(4) as u32,
+                stateless: r.pct(50),
+            },
+            _ => Stmt::Quota {
+                id: r.below(4) as u32,
+                stateless: r.pct(50),
+            },
+        });
+    }
     if r.pct(30) {
         stmts.push(match r.below(6) {
             0 => Stmt::MarkSet(MarkOp::set(r.below(4) as u32)),
@@ -324,8 +339,51 @@ fn check_batch(prog: &Program, c: &Classifier, pkts: &[PacketFields]) -> Result<
     err.map_or(Ok(()), Err)
 }
 
+/// State whose answers are a pure function of the statement and the
+/// packet, so that both evaluators see the same answers whatever order
+/// they ask in.
+struct PureState;
+
+impl Limits for PureState {
+    fn matches(&self, id: u32, _now_ms: u64, _len: u32) -> bool {
+        id % 2 == 0
+    }
+
+    fn set_op(&self, id: u32, p: &PacketFields, _now_ms: u64, _len: u32, _s: bool) -> bool {
+        (u32::from(p.dport) ^ id) % 3 != 0
+    }
+
+    fn quota(&self, id: u32, _len: u32, _stateless: bool) -> bool {
+        id % 3 != 1
+    }
+}
+
+/// [`check`]'s single-packet comparison with [`PureState`] answering.
+fn check_with_state(prog: &Program, c: &Classifier, pkts: &[PacketFields]) -> Result<(), String> {
+    let (mut s1, mut s2) = (Scratch::new(), Scratch::new());
+    let ctx = LimitCtx {
+        limits: Arc::new(PureState),
+        now_ms: 0,
+        len: 64,
+    };
+    s1.limit = Some(ctx.clone());
+    s2.limit = Some(ctx);
+    for p in pkts {
+        let a = eval_linear(prog, ChainId(0), p, &mut s1);
+        let b = c.eval(ChainId(0), p, &mut s2);
+        if a != b || s1.trace != s2.trace {
+            return Err(format!(
+                "mismatch with state on {p:?}\nlinear   {a:?} {:?}\ncompiled {b:?} {:?}",
+                s1.trace, s2.trace
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn check(prog: &Program, c: &Classifier, pkts: &[PacketFields]) -> Result<(), String> {
     check_batch(prog, c, pkts)?;
+    check_with_state(prog, c, pkts)?;
     let (mut s1, mut s2) = (Scratch::new(), Scratch::new());
     for p in pkts {
         let a = eval_linear(prog, ChainId(0), p, &mut s1);
