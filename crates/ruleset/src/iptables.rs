@@ -621,6 +621,23 @@ const OPTIONS: &[&str] = &[
     "--limit",
     "--limit-burst",
     "--quota",
+    "--src-range",
+    "--dst-range",
+    "--length",
+    "--ttl-eq",
+    "--ttl-lt",
+    "--ttl-gt",
+    "--hl-eq",
+    "--hl-lt",
+    "--hl-gt",
+    "--pkt-type",
+    "--dscp",
+    "--dscp-class",
+    "--nflog-group",
+    "--nflog-prefix",
+    "--nflog-range",
+    "--nflog-size",
+    "--nflog-threshold",
     "--hashlimit",
     "--hashlimit-upto",
     "--hashlimit-above",
@@ -840,6 +857,12 @@ fn rule(
                     "limit",
                     "hashlimit",
                     "quota",
+                    "iprange",
+                    "length",
+                    "ttl",
+                    "hl",
+                    "pkttype",
+                    "dscp",
                     "addrtype",
                     "mac",
                 ];
@@ -1137,6 +1160,149 @@ fn rule(
                     }
                 }
             }
+            // `-m iprange`: an address range.
+            "--src-range" | "--dst-range" => {
+                let a = arg!(w);
+                let src = w.text == "--src-range";
+                let f = match (cx.v6, src) {
+                    (false, true) => Field::IpSaddr,
+                    (false, false) => Field::IpDaddr,
+                    (true, true) => Field::Ip6Saddr,
+                    (true, false) => Field::Ip6Daddr,
+                };
+                let range = a.text.split_once('-').and_then(|(lo, hi)| {
+                    let (lo, hi): (IpAddr, IpAddr) = (lo.parse().ok()?, hi.parse().ok()?);
+                    (lo.is_ipv6() == cx.v6 && hi.is_ipv6() == cx.v6)
+                        .then(|| Value::Range(Box::new(Value::Addr(lo)), Box::new(Value::Addr(hi))))
+                });
+                match range {
+                    Some(v) => push(&mut r, vec![f], None, neg, v, cx.span(&a)),
+                    None => {
+                        let fam = if cx.v6 { "IPv6" } else { "IPv4" };
+                        cx.err(&a, format!("invalid {fam} range '{}' (FROM-TO)", a.text));
+                        ok = false;
+                    }
+                }
+            }
+            // `-m length`: the IP packet's length (nft `meta length`).
+            "--length" => {
+                let a = arg!(w);
+                let v = match a.text.split_once(':') {
+                    Some((lo, hi)) => {
+                        let lo = if lo.is_empty() {
+                            Some(0)
+                        } else {
+                            parse_num(lo)
+                        };
+                        let hi = if hi.is_empty() {
+                            Some(65535)
+                        } else {
+                            parse_num(hi)
+                        };
+                        match (lo, hi) {
+                            (Some(l), Some(h)) if l <= h && h <= 65535 => Some(Value::Range(
+                                Box::new(Value::Num(l)),
+                                Box::new(Value::Num(h)),
+                            )),
+                            _ => None,
+                        }
+                    }
+                    None => parse_num(&a.text).filter(|n| *n <= 65535).map(Value::Num),
+                };
+                match v {
+                    Some(v) => push(&mut r, vec![Field::MetaLength], None, neg, v, cx.span(&a)),
+                    None => {
+                        cx.err(
+                            &a,
+                            format!("invalid length '{}' (N or FROM:TO, 0-65535)", a.text),
+                        );
+                        ok = false;
+                    }
+                }
+            }
+            // `-m ttl` / ip6tables `-m hl`.
+            "--ttl-eq" | "--ttl-lt" | "--ttl-gt" | "--hl-eq" | "--hl-lt" | "--hl-gt" => {
+                let a = arg!(w);
+                let hl = w.text.starts_with("--hl");
+                if hl != cx.v6 {
+                    let (want, tool) = if cx.v6 {
+                        ("--hl-eq/--hl-lt/--hl-gt (-m hl)", "ip6tables")
+                    } else {
+                        ("--ttl-eq/--ttl-lt/--ttl-gt (-m ttl)", "iptables")
+                    };
+                    cx.err(w, format!("{} is not an {tool} option; use {want}", w.text));
+                    ok = false;
+                } else {
+                    match parse_num(&a.text).filter(|n| *n <= 255) {
+                        Some(n) => {
+                            let op = match (&w.text[w.text.len() - 2..], neg) {
+                                ("eq", false) => RelOp::Implicit,
+                                ("eq", true) => RelOp::Ne,
+                                ("lt", _) => RelOp::Lt,
+                                _ => RelOp::Gt,
+                            };
+                            if neg && op != RelOp::Ne {
+                                cx.err(w, format!("{} cannot be negated", w.text));
+                                ok = false;
+                            }
+                            r.matches.push(Match {
+                                left: if hl { Field::Ip6Hoplimit } else { Field::IpTtl }.into(),
+                                mask: None,
+                                op,
+                                right: Value::Num(n),
+                                span: wsp,
+                                right_span: cx.span(&a),
+                            });
+                        }
+                        None => {
+                            cx.err(&a, format!("invalid TTL '{}' (0-255)", a.text));
+                            ok = false;
+                        }
+                    }
+                }
+            }
+            // `-m pkttype`: xt's `unicast` is the kernel's PACKET_HOST.
+            "--pkt-type" => {
+                let a = arg!(w);
+                let name = match a.text.as_str() {
+                    "unicast" => "host",
+                    t => t,
+                };
+                match DataType::PktType.symbol(name) {
+                    Some(n) if name != "other" => push(
+                        &mut r,
+                        vec![Field::MetaPkttype],
+                        None,
+                        neg,
+                        Value::Num(n),
+                        cx.span(&a),
+                    ),
+                    _ => {
+                        let help = suggest(&a.text, ["unicast", "broadcast", "multicast"]);
+                        cx.err_help(&a, format!("invalid packet type '{}'", a.text), help);
+                        ok = false;
+                    }
+                }
+            }
+            // `-m dscp`: a code point (0-63) or a class name (CS1, AF41, EF, BE).
+            "--dscp" | "--dscp-class" => {
+                let a = arg!(w);
+                let v = if w.text == "--dscp" {
+                    parse_num(&a.text).filter(|n| *n <= 63)
+                } else {
+                    let lower = a.text.to_ascii_lowercase();
+                    let name = if lower == "be" { "cs0" } else { lower.as_str() };
+                    DataType::Dscp.symbol(name)
+                };
+                let f = if cx.v6 { Field::Ip6Dscp } else { Field::IpDscp };
+                match v {
+                    Some(n) => push(&mut r, vec![f], None, neg, Value::Num(n), cx.span(&a)),
+                    None => {
+                        cx.err(&a, format!("invalid {} '{}'", w.text, a.text));
+                        ok = false;
+                    }
+                }
+            }
             "--quota" => {
                 // xt_quota: matches while the bytes left cover the packet;
                 // `!` matches once they do not (nft `quota over`).
@@ -1335,8 +1501,9 @@ fn rule(
                 target = Some((a, w.text.starts_with("-g") || w.text == "--goto"));
             }
             "--reject-with" | "--log-prefix" | "--log-level" | "--set-mark" | "--set-xmark"
-            | "--and-mark" | "--or-mark" | "--xor-mark" | "--set-mss" | "--to-source"
-            | "--to-destination" | "--to-ports" | "--to" => {
+            | "--and-mark" | "--or-mark" | "--xor-mark" | "--nflog-group" | "--nflog-prefix"
+            | "--nflog-range" | "--nflog-size" | "--nflog-threshold" | "--set-mss"
+            | "--to-source" | "--to-destination" | "--to-ports" | "--to" => {
                 let a = arg!(w);
                 topts.push((w.clone(), Some(a)));
             }
@@ -1773,6 +1940,26 @@ fn lower_target(
                 }
             }
         },
+        // xt_NFLOG: a log line to netlink group N; Sluice writes it as it
+        // writes LOG's (the group is kept and printed).
+        "NFLOG" => {
+            let group = match opt("--nflog-group") {
+                None => 0,
+                Some(w) => match parse_num(&w.text).and_then(|n| u16::try_from(n).ok()) {
+                    Some(g) => g,
+                    None => {
+                        cx.err(&w, format!("invalid --nflog-group '{}' (0-65535)", w.text));
+                        return false;
+                    }
+                },
+            };
+            StmtKind::Log(Log {
+                prefix: opt("--nflog-prefix").map(|w| w.text),
+                level: None,
+                group: Some(group),
+                flags: 0,
+            })
+        }
         "LOG" => {
             let level = match opt("--log-level") {
                 None => None,

@@ -890,6 +890,37 @@ def mark_ops(n):
     return out
 
 
+MATCH_MODULES_RULES = """# iptables match modules that map onto nft fields one to one: iprange,
+# length, ttl, pkttype, dscp; and the NFLOG target.
+*filter
+:INPUT ACCEPT [0:0]
+:FORWARD ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+-A INPUT -p udp --dport 5100 -m iprange --src-range 10.0.0.10-10.0.0.20 -j DROP
+-A INPUT -p udp --dport 5101 -m length --length 200:300 -j DROP
+-A INPUT -p udp --dport 5102 -m ttl --ttl-lt 5 -j DROP
+-A INPUT -p udp --dport 5102 -m ttl --ttl-gt 200 -j REJECT
+-A INPUT -p udp --dport 5103 -m pkttype --pkt-type broadcast -j DROP
+-A INPUT -p udp --dport 5104 -m dscp --dscp-class EF -j DROP
+-A INPUT -p udp --dport 5104 -m dscp --dscp 10 -j REJECT
+-A INPUT -p udp --dport 5105 -j NFLOG --nflog-group 3
+-A INPUT -p udp --dport 5105 -m ttl ! --ttl-eq 64 -j DROP
+COMMIT
+"""
+
+
+def match_modules():
+    inp = dict(hook="input", iif="eth0", src="10.0.0.15", dst="10.0.0.1", proto="udp")
+    out = []
+    out += rule(dict(inp, dport=5100), outside=dict(src="10.0.0.25"), edge=dict(src="10.0.0.20"))
+    out += rule(dict(inp, dport=5101, length=250), short=dict(length=100), top=dict(length=300))
+    out += rule(dict(inp, dport=5102, ttl=3), ttl64=dict(ttl=64), high=dict(ttl=250), five=dict(ttl=5))
+    out += rule(dict(inp, dport=5103, pkttype="broadcast"), host=dict(pkttype="host"))
+    out += rule(dict(inp, dport=5104, dscp=46), af11=dict(dscp=10), be=dict(dscp=0))
+    out += rule(dict(inp, dport=5105, ttl=63), ttl64=dict(ttl=64))
+    return out
+
+
 def main():
     seed_pk = seed001()
     for name in ("seed001_appendix_b", "seed001_appendix_c", "seed001_appendix_d", "seed001_appendix_e"):
@@ -938,6 +969,9 @@ def main():
     with open(os.path.join(HERE, "mark_ops_xt.rules"), "w") as f:
         f.write(MARK_OPS_RULES)
     write("mark_ops_xt", mark_ops(7))
+    with open(os.path.join(HERE, "match_modules.rules"), "w") as f:
+        f.write(MATCH_MODULES_RULES)
+    write("match_modules", match_modules())
 
 
 if __name__ == "__main__":
