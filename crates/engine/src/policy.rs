@@ -222,6 +222,15 @@ pub trait Policy: Send + Sync {
     fn established_accepted(&self) -> bool {
         true
     }
+    /// Whether any rule reads the routing facts of a packet: the address
+    /// types (`fib daddr type`, `fib saddr type`) or the reverse path
+    /// (`fib saddr . iif oif`). When false the engine does not work them
+    /// out (two address classifications and a route lookup per packet that
+    /// meets the policy) and [`PolicyPacket`] carries neutral values. The
+    /// default, true, is always correct.
+    fn needs_routing_facts(&self) -> bool {
+        true
+    }
 }
 
 /// A policy written in Rust types: a default verdict for the filter hooks,
@@ -299,6 +308,11 @@ impl Policy for StaticPolicy {
             Hook::Output => {}
         }
         d
+    }
+
+    /// Its verdicts never read routing facts.
+    fn needs_routing_facts(&self) -> bool {
+        false
     }
 
     fn has_nat(&self, hook: Hook) -> bool {

@@ -1403,7 +1403,7 @@ impl Worker {
             (_, Dir::Reply) => (reply.src, reply.sport, orig.src, orig.sport),
         };
         let l3 = usize::from(m.l3);
-        let pp = PolicyPacket {
+        let mut pp = PolicyPacket {
             iif,
             oif: if hook == Hook::Prerouting { None } else { oif },
             family: 4,
@@ -1427,13 +1427,18 @@ impl Worker {
             },
             tos: buf.get(l3 + 1).copied().unwrap_or(0),
             pkttype: 0,
-            daddr_type: self.addr_type4(dst),
-            saddr_type: self.addr_type4(src),
+            daddr_type: 0,
+            saddr_type: 0,
             ether: frame_macs(buf),
             ct_dir: u8::from(dir == Dir::Reply),
-            rpf: self.rpf4(iif, m.key.src),
+            rpf: (true, true),
             now_ms: self.now_ms,
         };
+        if self.policy.needs_routing_facts() {
+            pp.daddr_type = self.addr_type4(dst);
+            pp.saddr_type = self.addr_type4(src);
+            pp.rpf = self.rpf4(iif, m.key.src);
+        }
         let dec = self.policy.decide(hook, &pp);
         if dec.ct_mark != ct_mark {
             // `ct mark set` on an established packet: the connection keeps
@@ -1775,8 +1780,13 @@ impl Worker {
 
     /// `fib daddr type` and `fib saddr type` of a packet about to meet the
     /// policy.
+    /// Left at their neutral values when no rule reads them
+    /// ([`Policy::needs_routing_facts`]).
     #[inline(never)]
     fn addr_types4(&self, pp: &mut PolicyPacket) {
+        if !self.policy.needs_routing_facts() {
+            return;
+        }
         pp.daddr_type = self.addr_type4(pp.dst as u32);
         pp.saddr_type = self.addr_type4(pp.src as u32);
         pp.rpf = self.rpf4(pp.iif, pp.src as u32);

@@ -73,6 +73,10 @@ pub struct CompiledPolicy {
     pub(crate) ifaces: Arc<Interfaces>,
     pub(crate) nat_config: Arc<NatConfig>,
     pub(crate) has_nat: [bool; 5],
+    /// Some rule (or dynamic-set key) reads `fib` address types or the
+    /// reverse path ([`Policy::needs_routing_facts`]); set at compile time
+    /// and by every rule an update inserts, never cleared by a deletion.
+    pub(crate) routing_facts: bool,
     /// The rule set's declarations: tables, chains (without rules), sets
     /// and maps with their elements. Commands are parsed against it and
     /// rules lowered in its context.
@@ -298,6 +302,17 @@ impl CompiledPolicy {
                 *h |= any;
             }
         }
+        let routing_facts = lowered
+            .program
+            .chains
+            .iter()
+            .flat_map(|c| &c.rules)
+            .any(reads_routing_facts)
+            || lowered.set_ops.iter().any(|o| {
+                o.key
+                    .iter()
+                    .any(|k| matches!(k, crate::lower::KeySrc::Field(f) if is_routing_fact(*f)))
+            });
         let nat_config = NatConfig {
             pools: lowered.pools.clone(),
             ..NatConfig::default()
@@ -336,6 +351,7 @@ impl CompiledPolicy {
             ifaces: Arc::new(ifaces.clone()),
             nat_config: Arc::new(nat_config),
             has_nat,
+            routing_facts,
             skeleton: Arc::new(skeleton),
             seq: 0,
             counters: crate::counters::RuleCounters::default(),
@@ -855,7 +871,27 @@ pub fn engine_reject(w: Option<ast::RejectWith>) -> RejectWith {
     }
 }
 
+/// `fib daddr|saddr type` and the reverse-path fields: what the engine
+/// works out only for a policy that reads them.
+pub(crate) fn is_routing_fact(f: sluice_classify::ir::Field) -> bool {
+    use sluice_classify::ir::Field as F;
+    matches!(f, F::DaddrType | F::SaddrType | F::RpfIif | F::RpfAny)
+}
+
+/// Whether rule `r` matches on a routing fact.
+pub(crate) fn reads_routing_facts(r: &sluice_classify::Rule) -> bool {
+    use sluice_classify::ir::Match;
+    r.matches.iter().any(|m| match m {
+        Match::In { field, .. } | Match::Masked { field, .. } => is_routing_fact(*field),
+        Match::Concat { fields, .. } => fields.iter().any(|f| is_routing_fact(*f)),
+    })
+}
+
 impl Policy for CompiledPolicy {
+    fn needs_routing_facts(&self) -> bool {
+        self.routing_facts
+    }
+
     fn decide(&self, hook: Hook, pkt: &PolicyPacket) -> Decision {
         let p = self.packet_fields(pkt);
         let bytes = u64::from(pkt.len);
@@ -1752,6 +1788,36 @@ mod tests {
             .trace(&pkt(17, "10.0.0.1", 1000, "10.0.0.2", 7000))
             .mismatch
             .is_none());
+    }
+
+    #[test]
+    fn routing_facts_are_asked_for_only_when_a_rule_reads_them() {
+        use sluice_engine::Policy as _;
+        let plain = pol(
+            "table ip t {\n chain f {\n type filter hook forward priority 0; policy accept;\n \
+             tcp dport 22 drop\n }\n}\n",
+        );
+        assert!(!plain.needs_routing_facts());
+        let fib = pol(
+            "table ip t {\n chain f {\n type filter hook prerouting priority 0; policy accept;\n \
+             fib saddr . iif oif missing drop\n }\n}\n",
+        );
+        assert!(fib.needs_routing_facts());
+        let typ = pol(
+            "table ip t {\n chain f {\n type filter hook input priority 0; policy accept;\n \
+             fib daddr type broadcast drop\n }\n}\n",
+        );
+        assert!(typ.needs_routing_facts());
+        // An update that adds such a rule turns it on; one that does not,
+        // does not.
+        let (same, _) = plain
+            .apply_text("cmd", "add rule ip t f udp dport 53 accept")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!same.needs_routing_facts());
+        let (now, _) = plain
+            .apply_text("cmd", "add rule ip t f fib daddr type local drop")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(now.needs_routing_facts());
     }
 
     #[test]

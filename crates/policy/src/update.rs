@@ -262,6 +262,12 @@ impl CompiledPolicy {
 
     /// Inserts IR rules after the IR rule before position `pos`.
     fn place(&mut self, cid: ChainId, pos: u64, rules: &[ir::Rule]) -> Result<(), UpdateFailure> {
+        self.routing_facts |= rules.iter().any(crate::policy::reads_routing_facts);
+        self.routing_facts |= self.tables.set_ops.iter().any(|o| {
+            o.key.iter().any(|k| {
+                matches!(k, crate::lower::KeySrc::Field(f) if crate::policy::is_routing_fact(*f))
+            })
+        });
         let mut at = match self.store.ir_before(cid, pos) {
             Some(id) => Placement::After(id),
             None => Placement::Front,

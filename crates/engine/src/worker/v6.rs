@@ -540,7 +540,7 @@ impl Worker {
             L4Event::Tcp(f) => f.0,
             _ => 0,
         };
-        let pp = PolicyPacket {
+        let mut pp = PolicyPacket {
             iif,
             oif,
             family: 6,
@@ -563,13 +563,14 @@ impl Worker {
             },
             tos: traffic_class(buf, pk.l3),
             pkttype: 0,
-            daddr_type: self.addr_type6(iif, key.dst),
-            saddr_type: self.addr_type6(iif, key.src),
+            daddr_type: 0,
+            saddr_type: 0,
             ether: super::frame_macs(buf),
             ct_dir: u8::from(dir == Dir::Reply),
-            rpf: self.rpf6(iif, key.src),
+            rpf: (true, true),
             now_ms: self.now_ms,
         };
+        self.addr_types6(iif, &mut pp);
         let ct_mark = pp.ct_mark;
         let dec = self.policy.decide(hook, &pp);
         if dec.ct_mark != ct_mark {
@@ -597,8 +598,11 @@ impl Worker {
     }
 
     /// `fib daddr type` and `fib saddr type` of a packet about to meet the
-    /// policy.
+    /// policy (left neutral when no rule reads them).
     fn addr_types6(&self, iif: IfIndex, pp: &mut PolicyPacket) {
+        if !self.policy.needs_routing_facts() {
+            return;
+        }
         pp.daddr_type = self.addr_type6(iif, pp.dst);
         pp.saddr_type = self.addr_type6(iif, pp.src);
         pp.rpf = self.rpf6(iif, pp.src);
