@@ -294,7 +294,8 @@ pub struct Route6Config {
 pub struct Config {
     /// The file it came from.
     pub path: PathBuf,
-    /// nft ruleset file (resolved relative to the config file).
+    /// Rule-set file, nft or iptables-save / ip6tables-save syntax (resolved
+    /// relative to the config file).
     pub ruleset: Option<PathBuf>,
     /// io backend.
     pub backend: BackendChoice,

@@ -162,7 +162,9 @@ fn policy_interfaces(cfg: &Config) -> sluice_policy::Interfaces {
 pub fn load_policy(cfg: &Config, ruleset: Option<&Path>) -> Result<LoadedPolicy, ConfigError> {
     match ruleset.or(cfg.ruleset.as_deref()) {
         Some(path) => {
-            let rs = sluice_ruleset::parse_nft_file(path)
+            // nft syntax, or an iptables-save / ip6tables-save file (with
+            // its sibling `.ipset` file), as `sluice check` reads them.
+            let (rs, _) = sluice_ruleset::parse_ruleset_file(path, None, None)
                 .map_err(|d| ConfigError::Ruleset(d.to_string().trim_end().to_string()))?;
             let p = sluice_policy::CompiledPolicy::compile_owned(rs, &policy_interfaces(cfg))
                 .map_err(|e| ConfigError::Ruleset(e.to_string().trim_end().to_string()))?;

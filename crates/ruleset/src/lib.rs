@@ -46,6 +46,93 @@ use diag::{RawDiag, SourceFile};
 use std::path::{Path, PathBuf};
 
 /// Parse an nft file from disk; `include`s resolve relative to the including file.
+/// The syntax of a rule-set file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputFormat {
+    /// nftables (`nft -f`).
+    Nft,
+    /// iptables-restore / iptables-save.
+    Iptables,
+    /// ip6tables-restore / ip6tables-save.
+    Ip6tables,
+}
+
+/// The syntax of rule-set text: iptables-restore when it has `*filter`-style
+/// table headers (ip6tables when it is an `ip6tables-save` file, or its
+/// rules have IPv6 addresses or ICMPv6), nft otherwise.
+pub fn detect_format(text: &str) -> InputFormat {
+    let ipt = text.lines().any(|l| {
+        matches!(
+            l.trim(),
+            "*filter" | "*nat" | "*mangle" | "*raw" | "*security"
+        )
+    });
+    if !ipt {
+        return InputFormat::Nft;
+    }
+    let v6 = text.lines().any(|l| {
+        let l = l.trim();
+        if l.starts_with('#') {
+            return l.contains("ip6tables-save");
+        }
+        let w: Vec<&str> = l.split_whitespace().collect();
+        w.windows(2).any(|p| match p {
+            ["-s" | "-d" | "--source" | "--destination" | "--src" | "--dst", a] => a.contains(':'),
+            ["-p" | "--protocol", p] => matches!(*p, "icmpv6" | "ipv6-icmp" | "icmp6"),
+            _ => false,
+        }) || w.contains(&"--icmpv6-type")
+    });
+    if v6 {
+        InputFormat::Ip6tables
+    } else {
+        InputFormat::Iptables
+    }
+}
+
+/// Reads and parses a rule-set file in `format` (detected from its text
+/// when `None`). For iptables input, `ipsets` is the `ipset save` text;
+/// when `None`, the sibling `FILE.ipset` is read if it exists.
+pub fn parse_ruleset_file(
+    path: impl AsRef<Path>,
+    format: Option<InputFormat>,
+    ipsets: Option<&str>,
+) -> Result<(Ruleset, InputFormat), Diagnostics> {
+    let path = path.as_ref();
+    let name = path.display().to_string();
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) => {
+            return Err(Diagnostics {
+                items: vec![Diagnostic {
+                    file: name,
+                    line: 0,
+                    col: 0,
+                    len: 0,
+                    message: format!("cannot read file: {e}"),
+                    help: None,
+                    source_line: String::new(),
+                }],
+            })
+        }
+    };
+    let format = format.unwrap_or_else(|| detect_format(&text));
+    let sibling;
+    let sets = match ipsets {
+        Some(s) => Some(s),
+        None if format != InputFormat::Nft => {
+            sibling = std::fs::read_to_string(path.with_extension("ipset")).ok();
+            sibling.as_deref()
+        }
+        None => None,
+    };
+    let rs = match format {
+        InputFormat::Nft => parse_nft_owned(&name, text, Some(path), &FsLoader, true),
+        InputFormat::Iptables => parse_iptables_restore_str(&name, &text, sets),
+        InputFormat::Ip6tables => parse_ip6tables_restore_str(&name, &text, sets),
+    }?;
+    Ok((rs, format))
+}
+
 pub fn parse_nft_file(path: impl AsRef<Path>) -> Result<Ruleset, Diagnostics> {
     let path = path.as_ref();
     let name = path.display().to_string();
