@@ -90,7 +90,7 @@ pub enum Request {
     Reload,
     /// One nft command applied incrementally: `add rule …`, `insert rule …`
     /// (optionally `position HANDLE` or `index N`), `delete rule … handle H`,
-    /// `add element …`, `delete element …`.
+    /// `add element …`, `delete element …`, `flush set …`.
     Nft {
         /// The command, in nft syntax.
         command: String,
@@ -367,7 +367,7 @@ pub fn client(socket: &Path, request: &str) -> Result<String, CtlError> {
 pub fn request_from_args(args: &[String]) -> Result<String, CtlError> {
     let usage = || {
         CtlError::Usage(
-            "usage: status | counters | conntrack list [proto P] [addr A] [port N] [limit N] | conntrack count | conntrack flush | ruleset replace FILE | reload | rule list [CHAIN] | set list [SET] | nft add|insert|delete rule ... | nft add|delete element ..."
+            "usage: status | counters | conntrack list [proto P] [addr A] [port N] [limit N] | conntrack count | conntrack flush | ruleset replace FILE | reload | rule list [CHAIN] | set list [SET] | nft add|insert|delete rule ... | nft add|delete element ... | nft flush set ..."
                 .into(),
         )
     };

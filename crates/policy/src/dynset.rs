@@ -142,6 +142,15 @@ impl DynSet {
         self.shard(k).get(k).is_some_and(|e| e.live(now_ms))
     }
 
+    /// Removes every element (`flush set`).
+    pub(crate) fn clear(&self) {
+        for s in self.shards.iter() {
+            let mut m = s.lock().unwrap_or_else(PoisonError::into_inner);
+            self.len.fetch_sub(m.len(), Ordering::Relaxed);
+            m.clear();
+        }
+    }
+
     /// Whether `n` more elements fit.
     pub(crate) fn has_room(&self, n: usize) -> bool {
         self.len.load(Ordering::Relaxed).saturating_add(n) <= self.cap

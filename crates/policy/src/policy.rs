@@ -1686,6 +1686,31 @@ mod tests {
         assert!(r
             .apply_text("cmd", "add element inet f deny { 10.0.0.0-10.0.0.9 }")
             .is_err());
+        // `flush set` empties it, declared and live elements alike.
+        let (f, _) = r
+            .apply_text("cmd", "flush set inet f deny")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(input(&f, b, 22, 3), Verdict::Accept);
+        assert_eq!(
+            input(&f, 0xc000_0209, 22, 3),
+            Verdict::Accept,
+            "declared one too"
+        );
+        assert_eq!(
+            f.dynamic_set_elements("inet f deny", 3).map(|v| v.len()),
+            Some(0)
+        );
+        assert!(r.apply_text("cmd", "flush set inet f nosuch").is_err());
+        // On a static set it relowers the rules that read it.
+        let st = pol(
+            "table ip t {\n set s { type ipv4_addr; elements = { 10.0.0.1 } }\n \
+             chain c { type filter hook input priority 0; policy accept; ip saddr @s drop }\n}\n",
+        );
+        assert_eq!(input(&st, a, 22, 0), Verdict::Drop);
+        let (st2, _) = st
+            .apply_text("cmd", "flush set ip t s")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(input(&st2, a, 22, 0), Verdict::Accept);
         // A dynamic set no rule uses yet keeps what is added for later.
         let lone = "table ip t {\n set s { type ipv4_addr; flags dynamic; }\n \
                     chain c { type filter hook input priority 0; policy accept; }\n}\n";

@@ -169,6 +169,9 @@ impl CompiledPolicy {
                 set,
                 elements,
             } => next.change_elements(*family, table, set, elements, false, name)?,
+            Command::FlushSet { family, table, set } => {
+                next.flush_set(*family, table, set, name)?
+            }
         };
         next.counters.ensure(next.store.infos.len() as u64);
         if next.tables.limits.len() > next.limiters.len()
@@ -476,6 +479,66 @@ impl CompiledPolicy {
             ir_rules: e.rules.len(),
             relowered: 0,
         })
+    }
+
+    /// `flush set`: every element goes, the declared ones and, for a
+    /// dynamic set, the live ones the packet path added.
+    fn flush_set(
+        &mut self,
+        family: ast::Family,
+        table: &str,
+        set: &str,
+        name: &str,
+    ) -> Result<Applied, UpdateFailure> {
+        let ti = self.table_index(family, table)?;
+        let Some(decl) = self
+            .skeleton
+            .tables
+            .get(ti)
+            .and_then(|t| t.sets.iter().find(|s| s.name == set))
+        else {
+            return refused(format!("no such set '{set}'"));
+        };
+        if decl.is_dynamic() {
+            let full = format!("{} {table} {set}", family.name());
+            if let Some(live) = self
+                .tables
+                .sets
+                .iter()
+                .position(|s| s.name == full)
+                .and_then(|i| self.limiters.set(i))
+            {
+                live.clear();
+            }
+            let mut sk = (*self.skeleton).clone();
+            if let Some(s) = sk
+                .tables
+                .get_mut(ti)
+                .and_then(|t| t.sets.iter_mut().find(|s| s.name == set))
+            {
+                s.elements.clear();
+            }
+            self.skeleton = Arc::new(sk);
+            return Ok(Applied {
+                handle: None,
+                ir_rules: 0,
+                relowered: 0,
+            });
+        }
+        if decl.flags.contains(&SetFlag::Constant) {
+            return refused(format!(
+                "set '{set}' is constant; its elements cannot change"
+            ));
+        }
+        let elements = decl.elements.clone();
+        if elements.is_empty() {
+            return Ok(Applied {
+                handle: None,
+                ir_rules: 0,
+                relowered: 0,
+            });
+        }
+        self.change_elements(family, table, set, &elements, false, name)
     }
 
     /// `add element` / `delete element` on a dynamic set: the live

@@ -64,6 +64,12 @@ pub enum Command {
         set: String,
         elements: Vec<Elem>,
     },
+    /// `flush set FAMILY TABLE SET`: every element goes.
+    FlushSet {
+        family: Family,
+        table: String,
+        set: String,
+    },
 }
 
 /// The declarations of `t` without rules or elements: what the parser
@@ -276,7 +282,17 @@ mod tests {
         assert!(e("add rule inet filter forward jump nochain").contains("nochain"));
         assert!(e("delete rule inet filter forward handle x").contains("number"));
         assert!(e("delete rule inet filter forward 3").contains("handle"));
-        assert!(e("flush ruleset").contains("command"));
+        let flush = e("flush ruleset");
+        assert!(
+            flush.contains("ruleset") && flush.contains("set"),
+            "{flush}"
+        );
+        assert!(e("flush set inet filter blockd").contains("blocked"));
+        assert!(e("reset counters").contains("command"));
+        assert!(matches!(
+            parse_nft_command(&c, "ctl", "flush set inet filter blocked"),
+            Ok(Command::FlushSet { .. })
+        ));
         assert!(e(
             "add rule inet filter forward tcp dport 22 accept; add rule inet filter forward drop"
         )

@@ -2682,17 +2682,33 @@ impl Parser<'_> {
     pub(crate) fn ctl_command(&mut self) -> P<crate::command::Command> {
         use crate::command::{Command, RulePos};
         self.skip_separators();
-        let (verb, _) = self.keyword("command", &["add", "insert", "delete"])?;
-        let opts: &[&str] = if verb == "insert" {
-            &["rule"]
-        } else {
-            &["rule", "element"]
+        let (verb, _) = self.keyword("command", &["add", "insert", "delete", "flush"])?;
+        let opts: &[&str] = match verb {
+            "insert" => &["rule"],
+            "flush" => &["set"],
+            _ => &["rule", "element"],
         };
         let (what, _) = self.keyword("object", opts)?;
         let family = self.family_opt()?;
         let (table, tsp) = self.name("table name")?;
         let ti = self.find_table(family, &table, tsp)?;
-        let cmd = if what == "element" {
+        let cmd = if what == "set" {
+            let (set, ssp) = self.name("set name")?;
+            let known = self
+                .tables
+                .get(ti)
+                .is_some_and(|t| t.sets.iter().any(|s| s.name == set));
+            if !known {
+                let names: Vec<String> = self
+                    .tables
+                    .get(ti)
+                    .map(|t| t.sets.iter().map(|s| s.name.clone()).collect())
+                    .unwrap_or_default();
+                let help = suggest(&set, names.iter().map(String::as_str));
+                return self.err_help(ssp, format!("no such set '{set}'"), help);
+            }
+            Command::FlushSet { family, table, set }
+        } else if what == "element" {
             let (set, ssp) = self.name("set name")?;
             let (key, data) = self.set_key(ti, &set, ssp)?;
             let elements = self.elements(&key, data)?;

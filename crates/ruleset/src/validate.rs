@@ -761,7 +761,8 @@ pub(crate) fn validate_command(r: &Ruleset, cmd: &crate::command::Command) -> Ve
         Command::AddRule { family, table, .. }
         | Command::DeleteRule { family, table, .. }
         | Command::AddElements { family, table, .. }
-        | Command::DeleteElements { family, table, .. } => (*family, table),
+        | Command::DeleteElements { family, table, .. }
+        | Command::FlushSet { family, table, .. } => (*family, table),
     };
     let Some(t) = r
         .tables
@@ -783,7 +784,7 @@ pub(crate) fn validate_command(r: &Ruleset, cmd: &crate::command::Command) -> Ve
                 }
             }
         }
-        Command::DeleteRule { .. } => {}
+        Command::DeleteRule { .. } | Command::FlushSet { .. } => {}
         Command::AddElements { set, elements, .. }
         | Command::DeleteElements { set, elements, .. } => {
             if let Some(s) = sets.get(set.as_str()) {
