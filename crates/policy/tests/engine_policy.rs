@@ -548,3 +548,26 @@ fn fib_saddr_iif_oif_is_a_strict_reverse_path_check() {
         "loose: the default route is a route"
     );
 }
+
+/// A byte quota ahead of the `ct state` rule counts every packet of the
+/// connection (the filter chain runs per packet) and drops once it is
+/// exceeded: 100-byte packets under `quota over 1000 bytes`, ten pass.
+#[test]
+fn a_quota_ahead_of_ct_state_counts_established_packets() {
+    let rules = "table ip f {
+  chain fwd { type filter hook forward priority filter; policy drop;
+    udp dport 53 quota over 1000 bytes drop
+    ct state established,related accept
+    udp dport 53 accept
+  }
+}";
+    let mut w = gateway(rules, 1500);
+    let verdicts: Vec<Action> = (0..12)
+        .map(|_| send(&mut w, LAN, udp(7, 64, 0, 72)).0)
+        .collect();
+    let passed = verdicts
+        .iter()
+        .filter(|a| matches!(a, Action::Forward(_)))
+        .count();
+    assert_eq!(passed, 10, "{verdicts:?}");
+}
