@@ -716,6 +716,7 @@ fn rule(
     let mut limit: Option<Limit> = None;
     let mut limit_span = span;
     let mut hl = HashLimit::default();
+    let mut skip_unknown = false;
     let mut ok = true;
     let mut i = 0;
     macro_rules! arg {
@@ -867,8 +868,32 @@ fn rule(
                     "mac",
                 ];
                 if !known.contains(&a.text.as_str()) {
-                    let help = suggest(&a.text, known);
-                    cx.err_help(&a, format!("unsupported match module '{}'", a.text), help);
+                    // The module's own options are not reported again.
+                    skip_unknown = true;
+                    let why = match a.text.as_str() {
+                        "recent" => Some(
+                            "per-address hit lists have no nft equivalent; for rate limits \
+                             per source use -m hashlimit",
+                        ),
+                        "connlimit" => Some("connection limits are not implemented yet"),
+                        "statistic" => Some("random and nth sampling are not implemented"),
+                        "owner" => Some(
+                            "socket owners concern locally generated packets, which Sluice \
+                             does not have",
+                        ),
+                        "time" => Some("time-of-day matches are not implemented yet"),
+                        _ => None,
+                    };
+                    match why {
+                        Some(why) => cx.err(
+                            &a,
+                            format!("match module '{}' is not supported: {why}", a.text),
+                        ),
+                        None => {
+                            let help = suggest(&a.text, known);
+                            cx.err_help(&a, format!("unsupported match module '{}'", a.text), help)
+                        }
+                    }
                     ok = false;
                 }
             }
@@ -1513,6 +1538,15 @@ fn rule(
             | "--clamp-mss-to-pmtu"
             | "--save-mark"
             | "--restore-mark" => topts.push((w.clone(), None)),
+            _ if skip_unknown && w.text.starts_with("--") => {
+                // An option of a module already refused.
+                while words
+                    .get(i + 1)
+                    .is_some_and(|a| !a.text.starts_with('-') && a.text != "!")
+                {
+                    i += 1;
+                }
+            }
             other => {
                 let norm: String = other.replace(['\u{2013}', '\u{2014}'], "-");
                 let help = if OPTIONS.contains(&norm.as_str()) {

@@ -95,6 +95,24 @@ fn unsupported_keyword(w: &str) -> Option<&'static str> {
     })
 }
 
+/// nft expressions Sluice knows and does not implement, with the reason
+/// (docs/configuration.md, "Not yet supported").
+fn unsupported_field(what: &str, field: &str) -> Option<&'static str> {
+    Some(match (what, field) {
+        ("ct", "count") => "connection limits are not implemented yet",
+        ("ct", "original" | "reply") => "matching a direction's tuple is not implemented yet",
+        ("ct", "helper") => "conntrack helpers are not implemented",
+        ("ct", "zone") => "conntrack zones are not implemented",
+        ("meta", "time" | "day" | "hour") => "time-of-day matches are not implemented yet",
+        ("meta", "skuid" | "skgid") => {
+            "socket owners concern locally generated packets, which Sluice does not have"
+        }
+        ("meta", "priority") => "packet priorities are not implemented",
+        ("ip", "frag-off") => "fragment offsets are not matched (fragments are tracked whole)",
+        _ => return None,
+    })
+}
+
 /// `is_expr_keyword(w)`, as one `match`.
 fn is_expr_keyword(w: &str) -> bool {
     matches!(
@@ -625,6 +643,14 @@ impl<'s> Parser<'s> {
                         self.flush()
                     }
                     w if w.starts_with('$') => Err(Fail),
+                    w @ ("delete" | "destroy" | "replace" | "reset" | "rename") => self.err(
+                        sp,
+                        format!(
+                            "'{w}' is not supported in a rule-set file, which declares \
+                             what to load; change a running gateway with `sluice ctl nft \
+                             delete rule|element ...`"
+                        ),
+                    ),
                     w => {
                         let help = suggest(w, TOP_KEYWORDS.iter().copied());
                         self.err_help(sp, format!("unknown command '{w}'"), help)
@@ -1512,10 +1538,13 @@ impl<'s> Parser<'s> {
             let (s, ssp) = p.expect_word(format_args!("{what} field"))?;
             match opts.iter().find(|(n, _)| *n == s) {
                 Some((_, f)) => Ok(*f),
-                None => {
-                    let help = suggest(s, opts.iter().map(|(n, _)| *n));
-                    p.err_help(ssp, format!("unknown {what} field '{s}'"), help)
-                }
+                None => match unsupported_field(what, s) {
+                    Some(why) => p.err(ssp, format!("'{what} {s}' is not supported: {why}")),
+                    None => {
+                        let help = suggest(s, opts.iter().map(|(n, _)| *n));
+                        p.err_help(ssp, format!("unknown {what} field '{s}'"), help)
+                    }
+                },
             }
         };
         Ok(match w {
@@ -2048,6 +2077,14 @@ impl<'s> Parser<'s> {
             }
             "counter" => {
                 self.bump();
+                if self.is_word("name") {
+                    let sp = self.span();
+                    return self.err(
+                        sp,
+                        "named counters are not supported; give the counter inline \
+                         (its packets and bytes show in `sluice ctl rule list`)",
+                    );
+                }
                 let (mut packets, mut bytes) = (None, None);
                 loop {
                     if self.eat_word("packets") {
