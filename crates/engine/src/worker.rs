@@ -1434,11 +1434,10 @@ impl Worker {
             rpf: (true, true),
             now_ms: self.now_ms,
         };
-        if self.policy.needs_routing_facts() {
-            pp.daddr_type = self.addr_type4(dst);
-            pp.saddr_type = self.addr_type4(src);
-            pp.rpf = self.rpf4(iif, m.key.src);
-        }
+        // `src` is the received packet's source in every hook (the
+        // original tuple's for the original direction, the reply's for
+        // replies), so the reverse path is the received packet's.
+        self.addr_types4(&mut pp);
         let dec = self.policy.decide(hook, &pp);
         if dec.ct_mark != ct_mark {
             // `ct mark set` on an established packet: the connection keeps

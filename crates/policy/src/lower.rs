@@ -1314,16 +1314,13 @@ impl<'a> Lowerer<'a> {
         };
         let mut out = Vec::with_capacity(elems.len());
         for e in elems {
-            let vals: Vec<&Value> = match &e.key {
-                Value::Concat(vs) => vs.iter().collect(),
-                v => vec![v],
+            // The same conversion as a set's elements in a match.
+            let ranges = match fields.as_slice() {
+                [(f, k)] => vec![self.scalar(*f, *k, &e.key)?].into_boxed_slice(),
+                _ => self.concat_elem(&fields, &e.key)?,
             };
-            if vals.len() != fields.len() {
-                return Err(format!("set '{}': element does not fit the key", set.name));
-            }
             let mut key: SetKey = [0; MAX_SET_KEY];
-            for (slot, ((f, k), v)) in key.iter_mut().zip(fields.iter().zip(vals)) {
-                let r = self.scalar(*f, *k, v)?;
+            for (slot, r) in key.iter_mut().zip(ranges.iter()) {
                 if r.lo != r.hi {
                     return Err(format!(
                         "set '{}': a set the packet path uses holds single values, \

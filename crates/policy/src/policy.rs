@@ -308,11 +308,7 @@ impl CompiledPolicy {
             .iter()
             .flat_map(|c| &c.rules)
             .any(reads_routing_facts)
-            || lowered.set_ops.iter().any(|o| {
-                o.key
-                    .iter()
-                    .any(|k| matches!(k, crate::lower::KeySrc::Field(f) if is_routing_fact(*f)))
-            });
+            || set_ops_read_routing_facts(&lowered.set_ops);
         let nat_config = NatConfig {
             pools: lowered.pools.clone(),
             ..NatConfig::default()
@@ -663,14 +659,8 @@ impl CompiledPolicy {
         now_ms: u64,
     ) -> Option<Vec<crate::dynset::ListedElem>> {
         let i = self.tables.sets.iter().position(|s| s.name == name)?;
-        let set = self.limiters.set(i)?;
-        let key_len = self
-            .tables
-            .set_ops
-            .iter()
-            .find(|o| o.set as usize == i)
-            .map_or(1, |o| o.key.len());
-        Some(set.elements(key_len, now_ms))
+        let key_len = self.tables.sets.get(i)?.key_types.len();
+        Some(self.limiters.set(i)?.elements(key_len, now_ms))
     }
 
     /// A dynamic set's key as nft writes it (`192.0.2.1 . 22`).
@@ -876,6 +866,15 @@ pub fn engine_reject(w: Option<ast::RejectWith>) -> RejectWith {
 pub(crate) fn is_routing_fact(f: sluice_classify::ir::Field) -> bool {
     use sluice_classify::ir::Field as F;
     matches!(f, F::DaddrType | F::SaddrType | F::RpfIif | F::RpfAny)
+}
+
+/// Whether a dynamic set's key takes a routing fact.
+pub(crate) fn set_ops_read_routing_facts(ops: &[crate::lower::SetOpSpec]) -> bool {
+    ops.iter().any(|o| {
+        o.key
+            .iter()
+            .any(|k| matches!(k, crate::lower::KeySrc::Field(f) if is_routing_fact(*f)))
+    })
 }
 
 /// Whether rule `r` matches on a routing fact.

@@ -266,11 +266,7 @@ impl CompiledPolicy {
     /// Inserts IR rules after the IR rule before position `pos`.
     fn place(&mut self, cid: ChainId, pos: u64, rules: &[ir::Rule]) -> Result<(), UpdateFailure> {
         self.routing_facts |= rules.iter().any(crate::policy::reads_routing_facts);
-        self.routing_facts |= self.tables.set_ops.iter().any(|o| {
-            o.key.iter().any(|k| {
-                matches!(k, crate::lower::KeySrc::Field(f) if crate::policy::is_routing_fact(*f))
-            })
-        });
+        self.routing_facts |= crate::policy::set_ops_read_routing_facts(&self.tables.set_ops);
         let mut at = match self.store.ir_before(cid, pos) {
             Some(id) => Placement::After(id),
             None => Placement::Front,

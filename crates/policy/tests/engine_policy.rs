@@ -153,6 +153,11 @@ fn mss_of(f: &[u8]) -> (u16, bool) {
 
 /// The remote server's answer to the translated TCP frame `out` (sent to
 /// its source address and port, from port 443).
+/// The connection marks of the worker's IPv4 connections.
+fn ct_marks(w: &Worker) -> Vec<u32> {
+    w.conntrack().iter().map(|(_, e)| e.mark()).collect()
+}
+
 fn reply_to(out: &[u8]) -> FlowKey4 {
     FlowKey4 {
         src: u32::from(REMOTE),
@@ -399,13 +404,7 @@ fn ct_mark_set_is_kept_by_the_connection() {
     // The ACK: ct mark 6 now (third rule).
     let (a, _) = send(&mut w, LAN, segment(&k, 0x10, 1460, GW_LAN_MAC, HOST_MAC));
     assert_eq!(a, Action::Forward(WAN));
-    assert_eq!(
-        w.conntrack()
-            .iter()
-            .map(|(_, e)| e.mark())
-            .collect::<Vec<_>>(),
-        vec![6]
-    );
+    assert_eq!(ct_marks(&w), vec![6]);
 }
 
 /// Connmark save and restore: the first packet's mark is saved to the
@@ -434,13 +433,7 @@ fn connmark_saves_and_restores_the_mark() {
         Action::Forward(LAN),
         "the restored mark accepts the reply"
     );
-    assert_eq!(
-        w.conntrack()
-            .iter()
-            .map(|(_, e)| e.mark())
-            .collect::<Vec<_>>(),
-        vec![3]
-    );
+    assert_eq!(ct_marks(&w), vec![3]);
 }
 
 /// `ether saddr` sees the frame's source MAC, on the first packet and on

@@ -758,12 +758,7 @@ fn rule(
             "-s" | "--source" | "--src" | "-d" | "--destination" | "--dst" => {
                 let a = arg!(w);
                 let src = w.text.starts_with("-s") || w.text.starts_with("--s");
-                let f = match (cx.v6, src) {
-                    (false, true) => Field::IpSaddr,
-                    (false, false) => Field::IpDaddr,
-                    (true, true) => Field::Ip6Saddr,
-                    (true, false) => Field::Ip6Daddr,
-                };
+                let f = addr_field(cx.v6, src);
                 let v6 = cx.v6;
                 let family_ok = |v: &Value| match v {
                     Value::Addr(a) | Value::Prefix { addr: a, .. } => a.is_ipv6() == v6,
@@ -1118,69 +1113,45 @@ fn rule(
                 ok = false;
                 i += 1;
             }
-            "--icmpv6-type" => {
+            "--icmp-type" | "--icmpv6-type" => {
                 let a = arg!(w);
+                let v6 = w.text == "--icmpv6-type";
+                let (type_field, code_field, dt, what) = if v6 {
+                    (
+                        Field::Icmpv6Type,
+                        Field::Icmpv6Code,
+                        DataType::Icmpv6Type,
+                        "ICMPv6",
+                    )
+                } else {
+                    (Field::IcmpType, Field::IcmpCode, DataType::IcmpType, "ICMP")
+                };
                 // ip6tables' names (`ip6tables -p icmpv6 -h`) name a type, or
                 // a type and a code.
-                let named = IP6T_ICMPV6.iter().find(|(n, _, _)| *n == a.text);
+                let named = IP6T_ICMPV6.iter().find(|(n, _, _)| v6 && *n == a.text);
                 let (t, c) = match (named, a.text.split_once('/')) {
                     (Some((_, t, c)), _) => (t.to_string(), c.map(|c| c.to_string())),
                     (None, Some((t, c))) => (t.to_string(), Some(c.to_string())),
                     (None, None) => (a.text.clone(), None),
                 };
-                let tv = parse_num(&t).or_else(|| symbols::lookup(DataType::Icmpv6Type, &t));
+                let tv = parse_num(&t).or_else(|| symbols::lookup(dt, &t));
                 let cv = c.as_deref().map(parse_num);
                 match (tv, cv) {
                     (Some(tv), None | Some(Some(_))) => {
                         used_l4 = true;
                         let sp = cx.span(&a);
-                        push(
-                            &mut r,
-                            vec![Field::Icmpv6Type],
-                            None,
-                            neg,
-                            Value::Num(tv),
-                            sp,
-                        );
+                        push(&mut r, vec![type_field], None, neg, Value::Num(tv), sp);
                         if let Some(Some(cv)) = cv {
-                            push(
-                                &mut r,
-                                vec![Field::Icmpv6Code],
-                                None,
-                                neg,
-                                Value::Num(cv),
-                                sp,
-                            );
+                            push(&mut r, vec![code_field], None, neg, Value::Num(cv), sp);
                         }
                     }
                     _ => {
-                        let names = IP6T_ICMPV6.iter().map(|(n, _, _)| *n);
-                        let help = suggest(&t, names);
-                        cx.err_help(&a, format!("invalid ICMPv6 type '{}'", a.text), help);
-                        ok = false;
-                    }
-                }
-            }
-            "--icmp-type" => {
-                let a = arg!(w);
-                let (t, c) = match a.text.split_once('/') {
-                    Some((t, c)) => (t.to_string(), Some(c.to_string())),
-                    None => (a.text.clone(), None),
-                };
-                let tv = parse_num(&t).or_else(|| symbols::lookup(DataType::IcmpType, &t));
-                let cv = c.as_deref().map(parse_num);
-                match (tv, cv) {
-                    (Some(tv), None | Some(Some(_))) => {
-                        used_l4 = true;
-                        let sp = cx.span(&a);
-                        push(&mut r, vec![Field::IcmpType], None, neg, Value::Num(tv), sp);
-                        if let Some(Some(cv)) = cv {
-                            push(&mut r, vec![Field::IcmpCode], None, neg, Value::Num(cv), sp);
-                        }
-                    }
-                    _ => {
-                        let help = suggest(&t, symbols::ICMP_TYPES.iter().map(|(n, _)| *n));
-                        cx.err_help(&a, format!("invalid ICMP type '{}'", a.text), help);
+                        let help = if v6 {
+                            suggest(&t, IP6T_ICMPV6.iter().map(|(n, _, _)| *n))
+                        } else {
+                            suggest(&t, symbols::ICMP_TYPES.iter().map(|(n, _)| *n))
+                        };
+                        cx.err_help(&a, format!("invalid {what} type '{}'", a.text), help);
                         ok = false;
                     }
                 }
@@ -1189,12 +1160,7 @@ fn rule(
             "--src-range" | "--dst-range" => {
                 let a = arg!(w);
                 let src = w.text == "--src-range";
-                let f = match (cx.v6, src) {
-                    (false, true) => Field::IpSaddr,
-                    (false, false) => Field::IpDaddr,
-                    (true, true) => Field::Ip6Saddr,
-                    (true, false) => Field::Ip6Daddr,
-                };
+                let f = addr_field(cx.v6, src);
                 let range = a.text.split_once('-').and_then(|(lo, hi)| {
                     let (lo, hi): (IpAddr, IpAddr) = (lo.parse().ok()?, hi.parse().ok()?);
                     (lo.is_ipv6() == cx.v6 && hi.is_ipv6() == cx.v6)
@@ -1652,6 +1618,16 @@ fn parse_limit(s: &str) -> Option<(u64, TimeUnit)> {
     Some((n.parse().ok()?, per))
 }
 
+/// The source (`src`) or destination address field of the family.
+fn addr_field(v6: bool, src: bool) -> Field {
+    match (v6, src) {
+        (false, true) => Field::IpSaddr,
+        (false, false) => Field::IpDaddr,
+        (true, true) => Field::Ip6Saddr,
+        (true, false) => Field::Ip6Daddr,
+    }
+}
+
 /// ip6tables' ICMPv6 names (libxt_icmp6): type, and code when the name
 /// stands for one.
 const IP6T_ICMPV6: &[(&str, &str, Option<&str>)] = &[
@@ -1750,10 +1726,8 @@ fn hashlimit(
     let mut key = Vec::with_capacity(hl.mode.len());
     for m in &hl.mode {
         key.push(match (m.as_str(), proto) {
-            ("srcip", _) if v6 => Field::Ip6Saddr,
-            ("dstip", _) if v6 => Field::Ip6Daddr,
-            ("srcip", _) => Field::IpSaddr,
-            ("dstip", _) => Field::IpDaddr,
+            ("srcip", _) => addr_field(v6, true),
+            ("dstip", _) => addr_field(v6, false),
             ("srcport", Some(6)) => Field::TcpSport,
             ("dstport", Some(6)) => Field::TcpDport,
             ("srcport", Some(17)) => Field::UdpSport,
@@ -1833,12 +1807,7 @@ fn match_set(
         };
         match d {
             Dim::Ip | Dim::Net => {
-                left.push(match (ipset.v6, src) {
-                    (false, true) => Field::IpSaddr,
-                    (false, false) => Field::IpDaddr,
-                    (true, true) => Field::Ip6Saddr,
-                    (true, false) => Field::Ip6Daddr,
-                });
+                left.push(addr_field(ipset.v6, src));
                 key.push(if ipset.v6 {
                     DataType::Ipv6Addr
                 } else {

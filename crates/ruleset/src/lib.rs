@@ -45,7 +45,6 @@ pub fn parse_mac(s: &str) -> Option<u64> {
 use diag::{RawDiag, SourceFile};
 use std::path::{Path, PathBuf};
 
-/// Parse an nft file from disk; `include`s resolve relative to the including file.
 /// The syntax of a rule-set file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InputFormat {
@@ -133,23 +132,9 @@ pub fn parse_ruleset_file(
     Ok((rs, format))
 }
 
+/// Parse an nft file from disk; `include`s resolve relative to the including file.
 pub fn parse_nft_file(path: impl AsRef<Path>) -> Result<Ruleset, Diagnostics> {
-    let path = path.as_ref();
-    let name = path.display().to_string();
-    match std::fs::read_to_string(path) {
-        Ok(text) => parse_nft_owned(&name, text, Some(path), &FsLoader, true),
-        Err(e) => Err(Diagnostics {
-            items: vec![Diagnostic {
-                file: name,
-                line: 0,
-                col: 0,
-                len: 0,
-                message: format!("cannot read file: {e}"),
-                help: None,
-                source_line: String::new(),
-            }],
-        }),
-    }
+    parse_ruleset_file(path, Some(InputFormat::Nft), None).map(|(rs, _)| rs)
 }
 
 /// Parse nft text. `name` is used in diagnostics and as the base for relative

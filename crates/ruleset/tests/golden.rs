@@ -4,8 +4,8 @@
 //! Set `UPDATE_GOLDEN=1` to rewrite the expected files.
 
 use sluice_ruleset::{
-    parse_ip6tables_restore_str, parse_iptables_restore_str, parse_nft_str, rule_to_string,
-    Diagnostics, PackedRule, Ruleset,
+    parse_nft_str, parse_ruleset_file, rule_to_string, Diagnostics, InputFormat, PackedRule,
+    Ruleset,
 };
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -27,16 +27,13 @@ fn inputs(dir: &str) -> Vec<PathBuf> {
 fn parse(path: &Path) -> Result<Ruleset, Diagnostics> {
     let name = path.to_string_lossy().to_string();
     let text = fs::read_to_string(path).unwrap_or_default();
-    let ext = path.extension().and_then(|e| e.to_str());
-    if ext == Some("rules") {
-        let ipset = fs::read_to_string(path.with_extension("ipset")).ok();
-        parse_iptables_restore_str(&name, &text, ipset.as_deref())
-    } else if ext == Some("rules6") {
-        let ipset = fs::read_to_string(path.with_extension("ipset")).ok();
-        parse_ip6tables_restore_str(&name, &text, ipset.as_deref())
-    } else {
-        parse_nft_str(&name, &text)
-    }
+    let format = match path.extension().and_then(|e| e.to_str()) {
+        Some("rules") => InputFormat::Iptables,
+        Some("rules6") => InputFormat::Ip6tables,
+        _ => return parse_nft_str(&name, &text),
+    };
+    // The sibling `.ipset` file is read as `sluice check` reads it.
+    parse_ruleset_file(path, Some(format), None).map(|(rs, _)| rs)
 }
 
 fn check(expected: &Path, actual: &str, failures: &mut Vec<String>) {
