@@ -132,6 +132,20 @@ pub struct PacketFields {
     pub rpf_iif: u8,
     /// `fib saddr oif`: 1 when any route back to the source exists.
     pub rpf_any: u8,
+    /// The connection the packet belongs to (what `ct count` counts).
+    pub conn: ConnId,
+}
+
+/// A connection, by its original direction's tuple as conntrack keeps it
+/// (before any NAT): the identity `ct count` counts. Addresses as in
+/// [`PacketFields`] (IPv4 mapped).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct ConnId {
+    pub saddr: u128,
+    pub daddr: u128,
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
 }
 
 /// A field a condition can test. Every field reads as a zero-extended `u128`.

@@ -310,6 +310,7 @@ fn rand_packet(r: &mut Rng) -> PacketFields {
         ct_dir: r.below(2) as u8,
         rpf_iif: r.below(2) as u8,
         rpf_any: 1,
+        conn: ConnId::default(),
     }
 }
 

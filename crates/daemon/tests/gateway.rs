@@ -14,6 +14,8 @@
 //!   its bytes;
 //! - a deny list the packet path fills (a dynamic set) blocks a probing
 //!   host until an operator deletes its element;
+//! - a connection limit per source (`ct count` in a set element) drops a
+//!   client's third concurrent connection, and counts a reset one out;
 //! - the gateway answers TTL 1 with ICMP time exceeded and an oversized DF
 //!   packet with ICMP fragmentation needed carrying the egress MTU.
 //!
@@ -619,6 +621,89 @@ fn quota(backend: &str, tag: &str) {
     assert!(d.drops("policy-drop") + 340 >= sent, "{}", d.context());
 }
 
+/// Connection limits per source (`-m connlimit`, nft `ct count` in a set
+/// element): with `ct count over 2` a real client's third concurrent TCP
+/// connection to the public host is dropped by the gateway; once it resets
+/// one of its two (the gateway sees the RST and stops counting it), a new
+/// one connects; the other private host counts apart.
+fn connlimit(backend: &str, tag: &str) {
+    require_root();
+    let t = Topo::new(tag);
+    let rules = RULESET
+        .replace(
+            "table ip filter {\n",
+            "table ip filter {\n  set per_src { type ipv4_addr; flags dynamic; }\n",
+        )
+        .replace(
+            "    ct state established,related accept\n",
+            "    ct state established,related accept\n    iifname \"lan0\" tcp dport 8082 \
+             add @per_src { ip saddr ct count over 2 } drop\n    \
+             iifname \"lan0\" oifname \"wan0\" tcp dport 8082 accept\n",
+        );
+    t.write_ruleset("gw.nft", &rules);
+    let cfg = t.write_config(backend, "gw.nft", "");
+    let d = Daemon::start(&t, &cfg, backend);
+    // A server that accepts and holds every connection.
+    let server = t.dir.join("hold.py");
+    std::fs::write(
+        &server,
+        format!(
+            "import socket\ns = socket.socket()\n\
+             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+             s.bind(('{PUBLIC}', 8082))\ns.listen(64)\nheld = []\n\
+             while True:\n    held.append(s.accept()[0])\n"
+        ),
+    )
+    .expect("write server");
+    let _srv = spawn(
+        &t.public,
+        &["python3", server.to_str().expect("path")],
+        &t.dir.join("hold.log"),
+        None,
+    );
+    wait_for("holding server", Duration::from_secs(10), || {
+        sh(&t.public, "ss -ltn 'sport = :8082' | grep -q 8082")
+            .status
+            .success()
+    });
+    // Three connections held open, then the first reset (SO_LINGER 0),
+    // then a fourth: each attempt prints ok or the error's name.
+    let client = t.dir.join("conns.py");
+    std::fs::write(
+        &client,
+        format!(
+            "import socket, struct, time\n\
+             def conn():\n    c = socket.socket()\n    c.settimeout(3)\n    \
+             try:\n        c.connect(('{PUBLIC}', 8082))\n        return c, 'ok'\n    \
+             except OSError as e:\n        return None, type(e).__name__\n\
+             held, out = [], []\n\
+             for _ in range(3):\n    c, r = conn()\n    out.append(r)\n    \
+             if c: held.append(c)\n\
+             held[0].setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack('ii', 1, 0))\n\
+             held[0].close()\ntime.sleep(0.5)\n\
+             c, r = conn()\nout.append(r)\nprint(' '.join(out))\n"
+        ),
+    )
+    .expect("write client");
+    let py = |ns: &Netns| {
+        let o = sh(ns, &format!("timeout 30 python3 {}", client.display()));
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    let got = py(&t.private);
+    assert_eq!(
+        got,
+        "ok ok TimeoutError ok",
+        "{backend}\n{}\n{}",
+        d.ctl("set list per_src"),
+        d.context()
+    );
+    let list = d.ctl("set list per_src");
+    assert_eq!(list["sets"][0]["elements"][0]["key"], PRIV, "{list}");
+    // The other host has a count of its own.
+    let got2 = py(&t.private2);
+    assert_eq!(got2, "ok ok TimeoutError ok", "{}", d.context());
+}
+
 /// Each test on AF_PACKET, on AF_XDP, and on AF_XDP with `xdp_offload`
 /// (module `offload`: the same name, established flows forwarded by the
 /// XDP program).
@@ -687,6 +772,12 @@ both_backends!(
     "q",
     quota_ahead_of_ct_state_stops_a_udp_stream_af_packet,
     quota_ahead_of_ct_state_stops_a_udp_stream_af_xdp
+);
+both_backends!(
+    connlimit,
+    "c",
+    connlimit_drops_a_third_connection_per_source_af_packet,
+    connlimit_drops_a_third_connection_per_source_af_xdp
 );
 both_backends!(
     icmp_errors,

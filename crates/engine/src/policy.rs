@@ -98,6 +98,22 @@ pub struct PolicyPacket {
     /// The batch's time, ms on the worker's monotonic clock (for `limit`
     /// rate buckets; the policy reads no clock).
     pub now_ms: u64,
+    /// The connection the packet belongs to: its original direction's
+    /// tuple, before NAT (what `ct count` counts).
+    pub conn: ConnTuple,
+}
+
+/// A connection by its original direction's tuple, before NAT (addresses
+/// as in [`PolicyPacket`]: IPv4 in the low 32 bits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct ConnTuple {
+    pub src: u128,
+    pub dst: u128,
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    /// 4 or 6.
+    pub family: u8,
 }
 
 /// How a reject is answered.
@@ -230,6 +246,24 @@ pub trait Policy: Send + Sync {
     /// default, true, is always correct.
     fn needs_routing_facts(&self) -> bool {
         true
+    }
+    /// Whether any rule counts connections (`ct count`). When true the
+    /// engine tells the policy which connections it created
+    /// ([`Policy::conn_confirmed`]) and which ended
+    /// ([`Policy::conn_closed`]); a counted connection that is never
+    /// confirmed (its first packet was dropped) stops counting soon after.
+    fn counts_connections(&self) -> bool {
+        false
+    }
+    /// Connection `c`, whose first packet met the policy, was created.
+    fn conn_confirmed(&self, c: &ConnTuple) {
+        let _ = c;
+    }
+    /// Connection `c` ended: it was removed from the connection table, or
+    /// a TCP connection reached TIME_WAIT or CLOSE (the kernel's
+    /// `nf_conncount` counts neither).
+    fn conn_closed(&self, c: &ConnTuple) {
+        let _ = c;
     }
 }
 

@@ -64,7 +64,9 @@ use sluice_wire::ip::Frag;
 use crate::drop::{Counters, DropReason};
 use crate::icmp_error::{self, IcmpError};
 use crate::offload::{NoOffload, OffloadFlow, OffloadOp, OffloadProbe, OffloadQueue};
-use crate::policy::{CtState, Hook, MssClamp, Policy, PolicyPacket, RejectWith, Verdict};
+use crate::policy::{
+    ConnTuple, CtState, Hook, MssClamp, Policy, PolicyPacket, RejectWith, Verdict,
+};
 use crate::route::{AdjIndex, Adjacency, IfIndex, Route4, Route6, RouteTable4, RouteTable6};
 
 mod frag;
@@ -448,6 +450,9 @@ pub struct Worker {
     /// `!policy.established_accepted()`: run the filter chains for every
     /// packet of an established connection.
     filter_established: bool,
+    /// `policy.counts_connections()`: report created and ended connections
+    /// to the policy (`ct count`).
+    counts_conns: bool,
     /// Pass 1 issues its index-bucket prefetches in a loop of their own
     /// after dissecting the group, rather than one per frame as it goes
     /// (see [`BATCHED_PREFETCH_FROM`]).
@@ -595,6 +600,7 @@ impl Worker {
         }
         let v6 = v6::State::new(&cfg)?;
         let filter_established = !policy.established_accepted();
+        let counts_conns = policy.counts_connections();
         let by_source = (0..cfg.interfaces.len())
             .map(|i| cfg.steered_by_source.contains(&(i as IfIndex)))
             .collect();
@@ -604,6 +610,7 @@ impl Worker {
             nat,
             policy,
             filter_established,
+            counts_conns,
             batched_prefetch: cfg.ct_max >= BATCHED_PREFETCH_FROM,
             l2_macs: cfg.interfaces.iter().map(|i| mac48(&i.mac)).collect(),
             ifaces: cfg.interfaces,
@@ -681,6 +688,7 @@ impl Worker {
     /// Replace the policy. Established connections keep their entries.
     pub fn set_policy(&mut self, p: Arc<dyn Policy>) {
         self.filter_established = !p.established_accepted();
+        self.counts_conns = p.counts_connections();
         if self.filter_established {
             // Established packets must run the filter chains again.
             self.offload_clear();
@@ -772,6 +780,17 @@ impl Worker {
         if let Some(q) = &mut self.offload {
             q.push_must(OffloadOp::Clear);
         }
+        if self.counts_conns {
+            // The counts are the policy's, shared by every worker: take out
+            // this worker's connections one by one (only a policy with `ct
+            // count` pays for it).
+            for (_, e) in self.ct.iter() {
+                self.policy.conn_closed(&conn4(&e.orig()));
+            }
+            for (_, e) in self.v6.ct.iter() {
+                self.policy.conn_closed(&v6::conn6(&e.orig()));
+            }
+        }
         let n = self.ct.flush() + self.v6.ct.flush();
         self.nat.clear();
         self.frags.clear();
@@ -791,6 +810,7 @@ impl Worker {
         let now = instant(now_ns);
         let nat = &mut self.nat;
         let (q, adj) = (&mut self.offload, &self.adj);
+        let counted = self.counts_conns.then_some(&*self.policy);
         let mut overflow = false;
         let n = self.ct.gc_offloaded(
             now,
@@ -812,12 +832,19 @@ impl Worker {
             &mut |e| {
                 nat.release(&e.orig(), &e.reply());
                 overflow |= !offload_removals(q.as_mut(), e, adj);
+                if let Some(p) = counted {
+                    p.conn_closed(&conn4(&e.orig()));
+                }
             },
         );
         if overflow {
             self.ct.clear_offloaded();
         }
-        n + self.v6.ct.gc(now, budget, &mut |_| {})
+        n + self.v6.ct.gc(now, budget, &mut |e| {
+            if let Some(p) = counted {
+                p.conn_closed(&v6::conn6(&e.orig()));
+            }
+        })
     }
 
     /// Process a batch (at most [`MAX_BATCH`] frames; any beyond are dropped
@@ -1312,6 +1339,9 @@ impl Worker {
             }
             ct::Verdict::Valid | ct::Verdict::Ignored | ct::Verdict::Close => {}
         }
+        if self.counts_conns && closed_state(tracked.state) {
+            self.policy.conn_closed(&conn4(&self.ct.entry(id).orig()));
+        }
         let mut mss = MssClamp::default();
         if self.filter_established {
             match self.filter_established4(buf, len, iif, m, id, dir, Hook::Prerouting) {
@@ -1433,6 +1463,7 @@ impl Worker {
             ct_dir: u8::from(dir == Dir::Reply),
             rpf: (true, true),
             now_ms: self.now_ms,
+            conn: conn4(&orig),
         };
         // `src` is the received packet's source in every hook (the
         // original tuple's for the original direction, the reply's for
@@ -1696,6 +1727,9 @@ impl Worker {
     fn remove(&mut self, id: EntryId) {
         if let Some(e) = self.ct.remove(id) {
             self.nat.release(&e.orig(), &e.reply());
+            if self.counts_conns {
+                self.policy.conn_closed(&conn4(&e.orig()));
+            }
             if !offload_removals(self.offload.as_mut(), &e, &self.adj) {
                 self.ct.clear_offloaded();
             }
@@ -2101,12 +2135,16 @@ impl Worker {
         };
         let nat = &mut self.nat;
         let (q, adjs) = (&mut self.offload, &self.adj);
+        let counted = self.counts_conns.then_some(&*self.policy);
         let mut overflow = false;
         let inserted = self
             .ct
             .insert_vacant_tracked(now, vacant, reply, info, ev, &mut |e| {
                 nat.release(&e.orig(), &e.reply());
                 overflow |= !offload_removals(q.as_mut(), e, adjs);
+                if let Some(p) = counted {
+                    p.conn_closed(&conn4(&e.orig()));
+                }
             });
         if overflow {
             self.ct.clear_offloaded();
@@ -2125,6 +2163,9 @@ impl Worker {
         if t.verdict == ct::Verdict::Invalid {
             self.remove(id);
             return Step::Done(Action::Drop(DropReason::CtInvalid));
+        }
+        if self.counts_conns {
+            self.policy.conn_confirmed(&conn4(key));
         }
         // The connection mark the rules set (`ct mark set`); the packet
         // mark is the packet's own and is not kept.
@@ -2534,6 +2575,28 @@ fn policy_packet(
         ct_status: 0,
         len,
         now_ms: 0,
+        conn: conn4(key),
+    }
+}
+
+/// A TCP connection in TIME_WAIT or CLOSE: one `ct count` no longer counts
+/// (the kernel's `nf_conncount` `already_closed`).
+fn closed_state(s: ct::ProtoState) -> bool {
+    matches!(
+        s,
+        ct::ProtoState::Tcp(ct::TcpState::TimeWait | ct::TcpState::Close)
+    )
+}
+
+/// Connection `k` as the policy counts it (`ct count`).
+fn conn4(k: &FlowKey4) -> ConnTuple {
+    ConnTuple {
+        src: u128::from(k.src),
+        dst: u128::from(k.dst),
+        sport: k.sport,
+        dport: k.dport,
+        proto: k.proto,
+        family: 4,
     }
 }
 

@@ -33,6 +33,7 @@ use std::sync::{Mutex, PoisonError};
 use hashbrown::HashMap;
 use sluice_classify::ir::PacketFields;
 
+use crate::conncount::ConnCounts;
 use crate::limits::Rate;
 use crate::lower::{DynSetSpec, KeySrc, SetKey, SetOpKind, SetOpSpec, MAX_SET_KEY};
 
@@ -53,7 +54,14 @@ struct Elem {
     /// Packets and bytes that hit the element through `add`/`update`.
     packets: u64,
     bytes: u64,
+    /// The operation that created the element, whose `limit` and `ct
+    /// count` the element keeps ([`NO_OP`]: declared or added by the
+    /// control plane, without either).
+    creator: u32,
 }
+
+/// [`Elem::creator`] of an element no statement created.
+const NO_OP: u32 = u32::MAX;
 
 impl Elem {
     fn live(&self, now_ms: u64) -> bool {
@@ -108,7 +116,7 @@ impl DynSet {
         };
         for k in spec.elements.iter().take(cap) {
             let mut m = set.shard(k);
-            if m.insert(*k, fresh(NEVER)).is_none() {
+            if m.insert(*k, fresh(NEVER, NO_OP)).is_none() {
                 set.len.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -164,7 +172,7 @@ impl DynSet {
         match m.get_mut(k) {
             Some(e) => e.expires_ms = NEVER,
             None => {
-                m.insert(*k, fresh(NEVER));
+                m.insert(*k, fresh(NEVER, NO_OP));
                 self.len.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -192,17 +200,22 @@ impl DynSet {
         n
     }
 
-    /// `add` (`refresh` false) or `update` (true) of `k`, then the
-    /// element's `limit`; whether the rule goes on.
+    /// `add` (`refresh` false) or `update` (true) of `k` by operation
+    /// `op`; the operation that created the element (`op` itself for a new
+    /// one), after its packet and byte counts and its `limit` (`ops`, by
+    /// operation id) ran: `None` when the rule stops there (the set is
+    /// full, or the limit did not match).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn upsert(
         &self,
         k: &SetKey,
         refresh: bool,
-        timeout_ms: Option<u64>,
-        limit: Option<&Rate>,
+        op: u32,
+        ops: &[(SetOpSpec, Option<Rate>)],
         now_ms: u64,
         len: u32,
-    ) -> bool {
+    ) -> Option<u32> {
+        let timeout_ms = ops.get(op as usize).and_then(|(o, _)| o.timeout_ms);
         let expires = match timeout_ms.or(self.timeout_ms) {
             Some(t) => now_ms.saturating_add(t),
             None => NEVER,
@@ -215,25 +228,25 @@ impl DynSet {
                     if refresh {
                         e.expires_ms = expires;
                     }
-                    return hit(e, limit, now_ms, len);
+                    return hit(e, ops, now_ms, len);
                 }
                 Some(e) => {
                     // Expired: it is added afresh.
-                    *e = fresh(expires);
-                    return hit(e, limit, now_ms, len);
+                    *e = fresh(expires, op);
+                    return hit(e, ops, now_ms, len);
                 }
                 None => {}
             }
             if self.len.load(Ordering::Relaxed) < self.cap {
                 self.len.fetch_add(1, Ordering::Relaxed);
-                let e = m.entry(*k).or_insert(fresh(expires));
-                return hit(e, limit, now_ms, len);
+                let e = m.entry(*k).or_insert(fresh(expires, op));
+                return hit(e, ops, now_ms, len);
             }
             drop(m);
             // Full: make room from expired elements once, else the rule
             // stops (the kernel's dynset breaks when the set is full).
             if reclaimed || self.reclaim(now_ms) == 0 {
-                return false;
+                return None;
             }
             reclaimed = true;
         }
@@ -258,23 +271,28 @@ impl DynSet {
     }
 }
 
-fn fresh(expires_ms: u64) -> Elem {
+fn fresh(expires_ms: u64, creator: u32) -> Elem {
     Elem {
         expires_ms,
         tokens: u64::MAX,
         last_ms: u64::MAX,
         packets: 0,
         bytes: 0,
+        creator,
     }
 }
 
-/// Counts the packet on the element and runs its `limit`.
-fn hit(e: &mut Elem, limit: Option<&Rate>, now_ms: u64, len: u32) -> bool {
+/// Counts the packet on the element and runs the `limit` of the operation
+/// that created it (the kernel's element keeps the expressions it was
+/// created with; one a statement did not create has none); the creator,
+/// or `None` when the limit stops the rule.
+fn hit(e: &mut Elem, ops: &[(SetOpSpec, Option<Rate>)], now_ms: u64, len: u32) -> Option<u32> {
     e.packets += 1;
     e.bytes += u64::from(len);
-    match limit {
-        None => true,
-        Some(r) => r.take(&mut e.tokens, &mut e.last_ms, now_ms, len),
+    let rate = ops.get(e.creator as usize).and_then(|(_, r)| r.as_ref());
+    match rate {
+        Some(r) if !r.take(&mut e.tokens, &mut e.last_ms, now_ms, len) => None,
+        _ => Some(e.creator),
     }
 }
 
@@ -290,23 +308,45 @@ pub(crate) fn key_of(op: &SetOpSpec, p: &PacketFields) -> SetKey {
     k
 }
 
-/// Runs operation `op` on `set`; whether the rule goes on.
+/// Runs operation `id` (of the policy's operations `ops`) on `set`, whose
+/// elements' connection counts are in `counts`; whether the rule goes on.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     set: &DynSet,
-    op: &SetOpSpec,
-    rate: Option<&Rate>,
+    counts: &ConnCounts,
+    id: u32,
+    ops: &[(SetOpSpec, Option<Rate>)],
     p: &PacketFields,
     now_ms: u64,
     len: u32,
 ) -> bool {
+    let Some((op, _)) = ops.get(id as usize) else {
+        return true;
+    };
     let k = key_of(op, p);
-    match op.kind {
-        SetOpKind::Lookup { negate } => set.contains(&k, now_ms) != negate,
-        SetOpKind::Add => set.upsert(&k, false, op.timeout_ms, rate, now_ms, len),
-        SetOpKind::Update => set.upsert(&k, true, op.timeout_ms, rate, now_ms, len),
+    let creator = match op.kind {
+        SetOpKind::Lookup { negate } => return set.contains(&k, now_ms) != negate,
+        SetOpKind::Add => set.upsert(&k, false, id, ops, now_ms, len),
+        SetOpKind::Update => set.upsert(&k, true, id, ops, now_ms, len),
         SetOpKind::Delete => {
             set.delete(&k);
-            true
+            counts.forget(op.set, &k);
+            return true;
         }
+    };
+    let Some(creator) = creator else {
+        return false;
+    };
+    // The element's expressions run in order: its count after its limit.
+    match ops.get(creator as usize).and_then(|(o, _)| o.ct_count) {
+        Some(c) => {
+            // nft's count adds only a connection met with its first packet
+            // (`nft_connlimit` skips confirmed ones); iptables' adds any
+            // (`xt_connlimit`).
+            let exists = p.ct_state != sluice_classify::ir::ct::NEW;
+            let n = counts.count(op.set, &k, &p.conn, now_ms, exists, c.existing);
+            (n > c.count as usize) == c.over
+        }
+        None => true,
     }
 }

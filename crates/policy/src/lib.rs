@@ -51,6 +51,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod conncount;
 pub mod counters;
 pub mod dynset;
 mod error;

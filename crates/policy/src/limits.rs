@@ -174,6 +174,8 @@ pub struct Limiters {
     ops: Arc<[(SetOpSpec, Option<Rate>)]>,
     /// `quota` statements: (quota bytes, over, bytes used).
     quotas: Vec<Arc<QuotaState>>,
+    /// The connection counts of dynamic-set elements (`ct count`).
+    counts: Arc<crate::conncount::ConnCounts>,
 }
 
 /// One `quota`'s bytes and the bytes its rule has seen.
@@ -229,6 +231,7 @@ impl Limiters {
             buckets: self.buckets.clone(),
             sets: self.sets.iter().map(|s| Arc::new(s.snapshot())).collect(),
             ops: Arc::clone(&self.ops),
+            counts: Arc::new(self.counts.snapshot()),
             quotas: self
                 .quotas
                 .iter()
@@ -270,6 +273,16 @@ impl Limiters {
         self.sets.get(i).map(|s| &**s)
     }
 
+    /// The connection counts of dynamic-set elements.
+    pub(crate) fn conn_counts(&self) -> &crate::conncount::ConnCounts {
+        &self.counts
+    }
+
+    /// Whether some dynamic-set operation counts connections.
+    pub(crate) fn counts_connections(&self) -> bool {
+        self.ops.iter().any(|(o, _)| o.ct_count.is_some())
+    }
+
     /// Whether there are any (buckets, dynamic-set operations, quotas).
     pub fn is_empty(&self) -> bool {
         self.buckets.is_empty() && self.ops.is_empty() && self.quotas.is_empty()
@@ -289,11 +302,11 @@ impl sluice_classify::Limits for Limiters {
     }
 
     fn set_op(&self, id: u32, p: &PacketFields, now_ms: u64, len: u32, stateless: bool) -> bool {
-        let Some((op, rate)) = self.ops.get(id as usize) else {
+        let Some((op, _)) = self.ops.get(id as usize) else {
             return stateless;
         };
         match self.sets.get(op.set as usize) {
-            Some(set) => crate::dynset::run(set, op, rate.as_ref(), p, now_ms, len),
+            Some(set) => crate::dynset::run(set, &self.counts, id, &self.ops, p, now_ms, len),
             None => stateless,
         }
     }

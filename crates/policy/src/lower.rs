@@ -222,6 +222,8 @@ pub struct SetOpSpec {
     pub timeout_ms: Option<u64>,
     /// A `limit` kept per element.
     pub limit: Option<ast::Limit>,
+    /// A `ct count` kept per element (after the `limit`).
+    pub ct_count: Option<ast::CtCount>,
 }
 
 /// One NAT action, indexed by the id in [`ir::Verdict::Nat`].
@@ -1432,6 +1434,7 @@ impl<'a> Lowerer<'a> {
                 kind: SetOpKind::Lookup { negate },
                 timeout_ms: None,
                 limit: None,
+                ct_count: None,
             },
             // Without state every dynamic set is empty.
             negate,
@@ -1461,8 +1464,10 @@ impl<'a> Lowerer<'a> {
                 },
                 timeout_ms: u.timeout_ms,
                 limit: u.limit,
+                ct_count: u.ct_count,
             },
-            true,
+            // Without state an element's count is the packet's connection.
+            u.ct_count.is_none_or(|c| (c.count < 1) == c.over),
         )
     }
 

@@ -4,7 +4,9 @@
 use std::cell::RefCell;
 use std::sync::{Arc, OnceLock};
 
-use sluice_classify::ir::{ct, ChainId, Family as IrFamily, IfName, PacketFields, Program, RuleId};
+use sluice_classify::ir::{
+    ct, ChainId, ConnId, Family as IrFamily, IfName, PacketFields, Program, RuleId,
+};
 use sluice_classify::{eval_linear, Classifier, EvalError, Final, Outcome, Scratch};
 use sluice_engine::policy::RejectWith;
 use sluice_engine::{CtState, Decision, Hook, Policy, PolicyPacket, Verdict};
@@ -829,7 +831,26 @@ impl CompiledPolicy {
             ct_dir: pkt.ct_dir,
             rpf_iif: u8::from(pkt.rpf.0),
             rpf_any: u8::from(pkt.rpf.1),
+            conn: conn_id(&pkt.conn),
         }
+    }
+}
+
+/// The classifier's form of an engine connection (IPv4 addresses mapped).
+fn conn_id(c: &sluice_engine::ConnTuple) -> ConnId {
+    let addr = |a: u128| {
+        if c.family == 6 {
+            a
+        } else {
+            sluice_classify::map_v4(a as u32)
+        }
+    };
+    ConnId {
+        saddr: addr(c.src),
+        daddr: addr(c.dst),
+        sport: c.sport,
+        dport: c.dport,
+        proto: c.proto,
     }
 }
 
@@ -889,6 +910,18 @@ pub(crate) fn reads_routing_facts(r: &sluice_classify::Rule) -> bool {
 impl Policy for CompiledPolicy {
     fn needs_routing_facts(&self) -> bool {
         self.routing_facts
+    }
+
+    fn counts_connections(&self) -> bool {
+        self.limiters.counts_connections()
+    }
+
+    fn conn_confirmed(&self, c: &sluice_engine::ConnTuple) {
+        self.limiters.conn_counts().confirm(&conn_id(c));
+    }
+
+    fn conn_closed(&self, c: &sluice_engine::ConnTuple) {
+        self.limiters.conn_counts().close(&conn_id(c));
     }
 
     fn decide(&self, hook: Hook, pkt: &PolicyPacket) -> Decision {
@@ -1010,6 +1043,14 @@ mod tests {
             ct_dir: 0,
             rpf: (true, true),
             now_ms: 0,
+            conn: sluice_engine::ConnTuple {
+                src: 0x0a00_0001,
+                dst: 0x0a00_0002,
+                sport: 1000,
+                dport: 22,
+                proto: 6,
+                family: 4,
+            },
         }
     }
 
@@ -1812,6 +1853,74 @@ mod tests {
             .trace(&pkt(17, "10.0.0.1", 1000, "10.0.0.2", 7000))
             .mismatch
             .is_none());
+    }
+
+    #[test]
+    fn ct_count_counts_open_connections_per_element() {
+        use sluice_engine::{ConnTuple, Policy as _};
+        let p = pol(
+            "table ip t {\n set per_src { type ipv4_addr; flags dynamic; }\n \
+             chain f {\n type filter hook forward priority 0; policy accept;\n \
+             tcp dport 22 ct state new add @per_src { ip saddr ct count over 2 } reject with tcp reset\n \
+             }\n}\n",
+        );
+        assert!(p.counts_connections());
+        assert!(
+            !pol("table ip t { chain f { type filter hook forward priority 0; } }")
+                .counts_connections()
+        );
+        let conn = |src: u128, sport: u16| ConnTuple {
+            src,
+            dst: 0x0a00_0002,
+            sport,
+            dport: 22,
+            proto: 6,
+            family: 4,
+        };
+        // A new connection's first packet at `ms`; confirmed when accepted
+        // (as the engine does once it created the connection).
+        let new = |p: &CompiledPolicy, src: u128, sport: u16, ms: u64| {
+            let c = conn(src, sport);
+            let v = p
+                .decide(
+                    Hook::Forward,
+                    &PolicyPacket {
+                        src,
+                        sport,
+                        now_ms: ms,
+                        conn: c,
+                        ..packet()
+                    },
+                )
+                .verdict;
+            if v == Verdict::Accept {
+                p.conn_confirmed(&c);
+            }
+            v
+        };
+        let rst = Verdict::Reject(RejectWith::TcpReset);
+        assert_eq!(new(&p, 1, 1000, 0), Verdict::Accept);
+        assert_eq!(new(&p, 1, 1001, 0), Verdict::Accept);
+        assert_eq!(new(&p, 1, 1002, 0), rst, "a third from the same source");
+        assert_eq!(new(&p, 2, 1000, 0), Verdict::Accept, "another source");
+        // The refused one stops counting a millisecond later; one of the
+        // two open ones closes: room for one more, not two.
+        p.conn_closed(&conn(1, 1000));
+        assert_eq!(new(&p, 1, 1003, 1), Verdict::Accept);
+        assert_eq!(new(&p, 1, 1004, 2), rst);
+        // An update keeps the counts.
+        let (q, _) = p
+            .apply_text("cmd", "add rule ip t f tcp dport 1 accept")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(new(&q, 1, 1005, 3), rst);
+        // Deleting the element deletes its count.
+        let (q, _) = q
+            .apply_text("cmd", "delete element ip t per_src { 0.0.0.1 }")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(new(&q, 1, 1006, 4), Verdict::Accept);
+        assert_eq!(new(&q, 1, 1007, 4), Verdict::Accept);
+        assert_eq!(new(&q, 1, 1008, 4), rst);
+        let _ = q;
     }
 
     #[test]

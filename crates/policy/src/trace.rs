@@ -12,7 +12,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
-use sluice_classify::ir::{map_v4, Family as IrFamily, IfName, PacketFields, RuleId};
+use sluice_classify::ir::{map_v4, ConnId, Family as IrFamily, IfName, PacketFields, RuleId};
 use sluice_classify::{Outcome, Scratch};
 use sluice_engine::CtState;
 use sluice_nat::Translation;
@@ -482,6 +482,15 @@ impl TracePacket {
                     1
                 })
             }),
+            // Each traced packet is its own connection's first packet (a
+            // trace has no connection table).
+            conn: ConnId {
+                saddr: addr(self.src),
+                daddr: addr(self.dst),
+                sport: self.sport,
+                dport: self.dport,
+                proto: self.proto,
+            },
         }
     }
 }
@@ -625,8 +634,10 @@ type Visits = Vec<(sluice_classify::ChainId, Outcome, Vec<RuleId>)>;
 
 /// What a sequence of traced packets shares: the elements of the rule
 /// set's dynamic sets (`add @s`, `ip saddr @s`), so that a packet sees
-/// what the ones before it added, as in the kernel. Plain `limit`
-/// statements stay within their rate in a trace.
+/// what the ones before it added, as in the kernel, and their connection
+/// counts (each traced packet is its own connection's first packet, which
+/// counts once it is accepted; a trace sees no connection end). Plain
+/// `limit` statements stay within their rate in a trace.
 #[derive(Debug)]
 pub struct TraceState {
     sets: Arc<crate::limits::SetsOnly>,
@@ -774,6 +785,13 @@ impl CompiledPolicy {
             }
         }
         out.nat = out.nat_all.first().cloned();
+        // An accepted first packet creates its connection: it counts for
+        // `ct count` from now on, as the engine's confirmation makes it.
+        if let (Some((st, _)), TraceVerdict::Accept) = (state, out.verdict) {
+            if p.ct_state == sluice_classify::ir::ct::NEW {
+                st.sets.0.conn_counts().confirm(&p.conn);
+            }
+        }
         out
     }
 

@@ -497,14 +497,11 @@ impl CompiledPolicy {
         };
         if decl.is_dynamic() {
             let full = format!("{} {table} {set}", family.name());
-            if let Some(live) = self
-                .tables
-                .sets
-                .iter()
-                .position(|s| s.name == full)
-                .and_then(|i| self.limiters.set(i))
-            {
-                live.clear();
+            if let Some(i) = self.tables.sets.iter().position(|s| s.name == full) {
+                if let Some(live) = self.limiters.set(i) {
+                    live.clear();
+                }
+                self.limiters.conn_counts().forget_set(i as u32);
             }
             let mut sk = (*self.skeleton).clone();
             if let Some(s) = sk
@@ -564,12 +561,8 @@ impl CompiledPolicy {
             l.set_elem_keys(t, decl, elements)
                 .or_else(|e| refused(format!("{name}: {e}")))?
         };
-        let live = self
-            .tables
-            .sets
-            .iter()
-            .position(|s| s.name == full)
-            .and_then(|i| self.limiters.set(i));
+        let live_at = self.tables.sets.iter().position(|s| s.name == full);
+        let live = live_at.and_then(|i| self.limiters.set(i));
         if let Some(live) = live {
             if add && !live.has_room(keys.len()) {
                 return refused(format!(
@@ -600,6 +593,9 @@ impl CompiledPolicy {
                     l.insert_forever(k);
                     true
                 } else {
+                    if let Some(i) = live_at {
+                        self.limiters.conn_counts().forget(i as u32, k);
+                    }
                     l.delete(k)
                 }
             });

@@ -564,3 +564,72 @@ fn a_quota_ahead_of_ct_state_counts_established_packets() {
         .count();
     assert_eq!(passed, 10, "{verdicts:?}");
 }
+
+/// Sends `f` on `iif` at `now_ns`; the action.
+fn send_at(w: &mut Worker, iif: IfIndex, f: Vec<u8>, now_ns: u64) -> Action {
+    let len = f.len();
+    let mut buf = f;
+    buf.resize(2048, 0);
+    let mut b = Batch {
+        bufs: vec![buf],
+        lens: vec![len],
+        iifs: vec![iif],
+        acts: vec![Action::Pending],
+    };
+    w.process(now_ns, &mut b);
+    b.acts[0]
+}
+
+/// `-m connlimit --connlimit-above 2` as nft writes it: at most two open
+/// connections per source. The engine tells the policy which connections
+/// it created and which ended (a TCP reset, expiry, a flush), and a first
+/// packet the rule dropped stops counting a millisecond later.
+#[test]
+fn ct_count_in_a_set_element_limits_open_connections_per_source() {
+    let rules = "table ip f {
+  set per_src { type ipv4_addr; flags dynamic; }
+  chain fwd { type filter hook forward priority filter; policy drop;
+    ct state established,related accept
+    tcp flags syn add @per_src { ip saddr ct count over 2 } drop
+    iifname \"lan\" accept
+  }
+}";
+    let mut w = gateway(rules, 1500);
+    let ms = 1_000_000u64;
+    let syn = |p| segment(&key(p), 0x02, 1460, GW_LAN_MAC, HOST_MAC);
+    let fwd = Action::Forward(WAN);
+    assert_eq!(send_at(&mut w, LAN, syn(1000), ms), fwd);
+    assert_eq!(send_at(&mut w, LAN, syn(1001), ms), fwd);
+    assert!(matches!(
+        send_at(&mut w, LAN, syn(1002), ms),
+        Action::Drop(_)
+    ));
+    // A retransmitted SYN of an open connection is not a new one.
+    assert_eq!(send_at(&mut w, LAN, syn(1000), ms), fwd);
+    // The client resets connection 1000: it no longer counts. 1002 was
+    // dropped, so from the next millisecond it does not count either.
+    let rst = segment(&key(1000), 0x04, 1460, GW_LAN_MAC, HOST_MAC);
+    assert_eq!(send_at(&mut w, LAN, rst, 2 * ms), fwd);
+    assert_eq!(send_at(&mut w, LAN, syn(1003), 3 * ms), fwd);
+    assert!(matches!(
+        send_at(&mut w, LAN, syn(1004), 3 * ms),
+        Action::Drop(_)
+    ));
+    // Unanswered SYNs expire (SYN_SENT, 120 s): the GC ends them.
+    let later = 3 * ms + 121_000 * ms;
+    assert!(w.gc(later, 1000) >= 2);
+    assert_eq!(send_at(&mut w, LAN, syn(1005), later), fwd);
+    assert_eq!(send_at(&mut w, LAN, syn(1006), later), fwd);
+    assert!(matches!(
+        send_at(&mut w, LAN, syn(1007), later),
+        Action::Drop(_)
+    ));
+    // A flush ends every connection.
+    w.flush();
+    assert_eq!(send_at(&mut w, LAN, syn(1008), later + ms), fwd);
+    assert_eq!(send_at(&mut w, LAN, syn(1009), later + ms), fwd);
+    assert!(matches!(
+        send_at(&mut w, LAN, syn(1010), later + ms),
+        Action::Drop(_)
+    ));
+}

@@ -721,6 +721,22 @@ pub enum StmtKind {
     Quota(Quota),
 }
 
+/// `ct count [over] N` in a dynamic set's element (the kernel's
+/// `nft_connlimit`): a match on the connections counted for the element
+/// that are still open, this packet's own included. Without `over` the rule matches while they are at most
+/// `count`; with `over` once they are more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct CtCount {
+    pub count: u32,
+    pub over: bool,
+    /// Also count a connection first met on a later packet (iptables
+    /// `-m connlimit`: Linux's `xt_connlimit` adds any connection it meets,
+    /// `nft_connlimit` only one not yet confirmed, that is one meeting the
+    /// statement with its first packet). nft syntax cannot say it: the
+    /// printed form drops it.
+    pub existing: bool,
+}
+
 /// `quota [over | until] N UNIT [used N UNIT]` (the kernel's `nft_quota`):
 /// every packet adds its length to the bytes used; the rule matches while
 /// the used bytes stay under the quota, or with `over` once they reach it.
@@ -769,9 +785,10 @@ impl SetOp {
     }
 }
 
-/// `add | update | delete @set { KEY [timeout T] [limit ...] [counter] }`.
-/// The statement is also a match, as in the kernel's `nft_dynset`: the rule
-/// stops when the set is full or the element's `limit` does not match.
+/// `add | update | delete @set { KEY [timeout T] [limit ...] [counter]
+/// [ct count [over] N] }`. The statement is also a match, as in the
+/// kernel's `nft_dynset`: the rule stops when the set is full or the
+/// element's `limit` or `ct count` does not match.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SetUpdate {
     pub op: SetOp,
@@ -784,6 +801,8 @@ pub struct SetUpdate {
     pub limit: Option<Limit>,
     /// A `counter` kept per element.
     pub counter: bool,
+    /// A `ct count` kept per element (iptables `-m connlimit`).
+    pub ct_count: Option<CtCount>,
 }
 
 /// One part of a [`SetUpdate`]'s key: a field of the packet, or a constant

@@ -650,6 +650,11 @@ const OPTIONS: &[&str] = &[
     "--hashlimit-htable-gcinterval",
     "--hashlimit-srcmask",
     "--hashlimit-dstmask",
+    "--connlimit-upto",
+    "--connlimit-above",
+    "--connlimit-mask",
+    "--connlimit-saddr",
+    "--connlimit-daddr",
     "--reject-with",
     "--log-prefix",
     "--log-level",
@@ -716,6 +721,10 @@ fn rule(
     let mut limit: Option<Limit> = None;
     let mut limit_span = span;
     let mut hl = HashLimit::default();
+    // -m connlimit: (above, count, span), and whether it counts by
+    // destination.
+    let mut connlimit: Option<(bool, u32, Span)> = None;
+    let mut connlimit_daddr = false;
     let mut skip_unknown = false;
     let mut ok = true;
     let mut i = 0;
@@ -852,6 +861,7 @@ fn rule(
                     "comment",
                     "limit",
                     "hashlimit",
+                    "connlimit",
                     "quota",
                     "iprange",
                     "length",
@@ -870,7 +880,6 @@ fn rule(
                             "per-address hit lists have no nft equivalent; for rate limits \
                              per source use -m hashlimit",
                         ),
-                        "connlimit" => Some("connection limits are not implemented yet"),
                         "statistic" => Some("random and nth sampling are not implemented"),
                         "owner" => Some(
                             "socket owners concern locally generated packets, which Sluice \
@@ -1408,6 +1417,41 @@ fn rule(
                     }
                 }
             }
+            "--connlimit-upto" | "--connlimit-above" => {
+                // xt_connlimit: `--connlimit-above N` matches once more than
+                // N connections are counted, `--connlimit-upto N` (or `!
+                // --connlimit-above N`) while at most N are.
+                let a = arg!(w);
+                match parse_num(&a.text).and_then(|n| u32::try_from(n).ok()) {
+                    Some(n) => {
+                        connlimit = Some(((w.text == "--connlimit-above") != neg, n, wsp));
+                    }
+                    None => {
+                        cx.err(
+                            &a,
+                            format!("invalid {} '{}' (a number of connections)", w.text, a.text),
+                        );
+                        ok = false;
+                    }
+                }
+            }
+            "--connlimit-saddr" => connlimit_daddr = false,
+            "--connlimit-daddr" => connlimit_daddr = true,
+            "--connlimit-mask" => {
+                let a = arg!(w);
+                let whole = if cx.v6 { "128" } else { "32" };
+                if a.text != whole {
+                    cx.err(
+                        &a,
+                        format!(
+                            "--connlimit-mask {} is not supported: a dynamic set's key is the \
+                             whole address (--connlimit-mask {whole})",
+                            a.text
+                        ),
+                    );
+                    ok = false;
+                }
+            }
             "--hashlimit-name" => {
                 let a = arg!(w);
                 let valid = !a.text.is_empty()
@@ -1572,6 +1616,16 @@ fn rule(
                 ok = false;
             }
         }
+    }
+    if let (Some((over, count, csp)), true) = (connlimit, ok) {
+        r.stmts.push(connlimit_stmt(
+            over,
+            count,
+            connlimit_daddr,
+            cx.v6,
+            sets,
+            csp,
+        ));
     }
     if let Some((p, b)) = counters {
         r.stmts.push(Stmt {
@@ -1764,9 +1818,55 @@ fn hashlimit(
             timeout_ms: None,
             limit: Some(limit),
             counter: false,
+            ct_count: None,
         })),
         span,
     })
+}
+
+/// `-m connlimit` as iptables-translate writes it: a dynamic set of its
+/// own per rule (`connlimit0`, `connlimit1`, ... in the table), and `add
+/// @connlimitN { ip saddr ct count over N }`.
+fn connlimit_stmt(
+    over: bool,
+    count: u32,
+    daddr: bool,
+    v6: bool,
+    sets: &mut Vec<Set>,
+    span: Span,
+) -> Stmt {
+    let field = addr_field(v6, !daddr);
+    let name = (0..)
+        .map(|i| format!("connlimit{i}"))
+        .find(|n| sets.iter().all(|s| &s.name != n))
+        .unwrap_or_default();
+    sets.push(Set {
+        name: name.clone(),
+        key: vec![field.datatype()],
+        key_typeof: Some(vec![field]),
+        flags: vec![SetFlag::Dynamic],
+        timeout_ms: None,
+        size: None,
+        elements: Vec::new(),
+        comment: None,
+        span,
+    });
+    Stmt {
+        kind: StmtKind::SetUpdate(Box::new(SetUpdate {
+            op: SetOp::Add,
+            set: name,
+            key: vec![KeyPart::Field(field)],
+            timeout_ms: None,
+            limit: None,
+            counter: false,
+            ct_count: Some(CtCount {
+                count,
+                over,
+                existing: true,
+            }),
+        })),
+        span,
+    }
 }
 
 fn match_set(

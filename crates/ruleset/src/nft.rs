@@ -99,7 +99,6 @@ fn unsupported_keyword(w: &str) -> Option<&'static str> {
 /// (docs/configuration.md, "Not yet supported").
 fn unsupported_field(what: &str, field: &str) -> Option<&'static str> {
     Some(match (what, field) {
-        ("ct", "count") => "connection limits are not implemented yet",
         ("ct", "original" | "reply") => "matching a direction's tuple is not implemented yet",
         ("ct", "helper") => "conntrack helpers are not implemented",
         ("ct", "zone") => "conntrack zones are not implemented",
@@ -1398,6 +1397,14 @@ impl<'s> Parser<'s> {
                 stmts.push(Stmt { kind, span: sp });
                 continue;
             }
+            if w == "ct" && self.word_at(1) == Some("count") {
+                return self.err(
+                    sp,
+                    "'ct count' is supported in a dynamic set's element, which counts per \
+                     key (add @s { ip saddr ct count over N }); a rule's own count of all \
+                     its connections is not implemented yet",
+                );
+            }
             if let Some(why) = unsupported_keyword(w) {
                 return self.err(sp, format!("'{w}' is not supported: {why}"));
             }
@@ -2305,6 +2312,7 @@ impl<'s> Parser<'s> {
             timeout_ms: None,
             limit: None,
             counter: false,
+            ct_count: None,
         };
         loop {
             let isp = self.span();
@@ -2333,18 +2341,26 @@ impl<'s> Parser<'s> {
                         }
                     }
                 }
+                Some("ct") if op != SetOp::Delete && self.word_at(1) == Some("count") => {
+                    self.bump();
+                    self.bump();
+                    u.ct_count = Some(self.ct_count()?);
+                }
                 Some(x @ ("ct" | "quota")) => {
                     let x = x.to_string();
                     return self.err(
                         isp,
-                        format!("'{x}' in a set element is not supported yet (timeout, limit and counter are)"),
+                        format!(
+                            "'{x}' in a set element is not supported yet \
+                             (timeout, limit, counter and ct count are)"
+                        ),
                     );
                 }
                 _ => {
                     let expect = if op == SetOp::Delete {
                         "'}' (a delete takes only the key)"
                     } else {
-                        "'timeout', 'limit', 'counter' or '}'"
+                        "'timeout', 'limit', 'counter', 'ct count' or '}'"
                     };
                     return self.unexpected(expect);
                 }
@@ -2371,6 +2387,23 @@ impl<'s> Parser<'s> {
             None => self.err(
                 sp,
                 format!("invalid byte unit '{u}' (bytes, kbytes, mbytes)"),
+            ),
+        }
+    }
+
+    /// What follows `ct count`: `[over] N`.
+    fn ct_count(&mut self) -> P<CtCount> {
+        let over = self.eat_word("over");
+        let (w, sp) = self.expect_word("connection count")?;
+        match parse_num(w).and_then(|n| u32::try_from(n).ok()) {
+            Some(count) => Ok(CtCount {
+                count,
+                over,
+                existing: false,
+            }),
+            None => self.err(
+                sp,
+                format!("invalid connection count '{w}': expected 0-4294967295"),
             ),
         }
     }

@@ -296,6 +296,18 @@ impl<S: Sink> Writer<S> {
     }
 
     #[inline]
+    /// An optional `ct count`: 0 none, else 1 + (1 for `over`) + (2 for
+    /// [`CtCount::existing`]), then N.
+    fn ct_count(&mut self, c: Option<&CtCount>) {
+        match c {
+            None => self.u8(0),
+            Some(c) => {
+                self.u8(1 + u8::from(c.over) + 2 * u8::from(c.existing));
+                self.num(u64::from(c.count));
+            }
+        }
+    }
+
     fn opt_num(&mut self, v: Option<u64>) {
         match v {
             None => self.u8(0),
@@ -581,7 +593,9 @@ impl<S: Sink> Writer<S> {
                     }
                 }
                 self.u8(u8::from(u.counter));
+                self.ct_count(u.ct_count.as_ref());
             }
+
             StmtKind::TcpMssSet(TcpMss::Value(v)) => {
                 self.u8(10);
                 self.num(u64::from(*v));
@@ -671,6 +685,21 @@ impl Reader<'_> {
     fn len(&mut self) -> Option<usize> {
         let n = usize::try_from(self.num()?).ok()?;
         (n <= self.b.len() - self.pos.min(self.b.len())).then_some(n)
+    }
+
+    /// See the encoder's `ct_count`.
+    fn ct_count(&mut self) -> Option<Option<CtCount>> {
+        let b = match self.u8()? {
+            0 => return Some(None),
+            b @ 1..=4 => b - 1,
+            _ => return None,
+        };
+        let count = u32::try_from(self.num()?).ok()?;
+        Some(Some(CtCount {
+            count,
+            over: b & 1 != 0,
+            existing: b & 2 != 0,
+        }))
     }
 
     fn opt_num(&mut self) -> Option<Option<u64>> {
@@ -949,6 +978,7 @@ impl Reader<'_> {
                     1 => true,
                     _ => return None,
                 };
+                let ct_count = self.ct_count()?;
                 StmtKind::SetUpdate(Box::new(SetUpdate {
                     op,
                     set,
@@ -956,8 +986,10 @@ impl Reader<'_> {
                     timeout_ms,
                     limit,
                     counter,
+                    ct_count,
                 }))
             }
+
             _ => return None,
         })
     }

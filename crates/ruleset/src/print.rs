@@ -450,6 +450,9 @@ fn stmt(s: &StmtKind) -> String {
             if u.counter {
                 s.push_str(" counter");
             }
+            if let Some(c) = &u.ct_count {
+                let _ = write!(s, " {}", ct_count(c));
+            }
             s.push_str(" }");
             s
         }
@@ -562,4 +565,13 @@ fn nat(n: &Nat) -> String {
         let _ = write!(s, " {}", f.join(","));
     }
     s
+}
+
+/// `ct count [over] N`.
+fn ct_count(c: &crate::ast::CtCount) -> String {
+    if c.over {
+        format!("ct count over {}", c.count)
+    } else {
+        format!("ct count {}", c.count)
+    }
 }

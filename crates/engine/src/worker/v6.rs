@@ -434,11 +434,15 @@ impl Worker {
         let info = FlowInfo6 {
             adj: [adj_out, adj_back],
         };
+        let counted = self.counts_conns.then_some(&*self.policy);
         let id = match self
             .v6
             .ct
-            .insert(now, *key, key.reversed(), info, &mut |_| {})
-        {
+            .insert(now, *key, key.reversed(), info, &mut |e| {
+                if let Some(p) = counted {
+                    p.conn_closed(&conn6(&e.orig()));
+                }
+            }) {
             Ok(id) => id,
             Err(InsertError::Full) => return drop(DropReason::CtFull),
             Err(InsertError::Exists | InsertError::ProtoMismatch) => {
@@ -451,12 +455,25 @@ impl Worker {
             self.v6.ct.remove(id);
             return drop(DropReason::CtInvalid);
         }
+        if self.counts_conns {
+            self.policy.conn_confirmed(&conn6(key));
+        }
         // The connection mark the rules set (`ct mark set`).
         if pp.ct_mark != 0 {
             self.v6.ct.entry_mut(id).set_mark(pp.ct_mark);
         }
         self.clamp_mss6(buf, len, &pk, mss, [adj_out, adj_back]);
         self.emit6(now, buf, len, iif, &pk, adj_out)
+    }
+
+    /// Remove IPv6 connection `id`, telling a policy that counts
+    /// connections.
+    fn remove6(&mut self, id: EntryId) {
+        if let Some(e) = self.v6.ct.remove(id) {
+            if self.counts_conns {
+                self.policy.conn_closed(&conn6(&e.orig()));
+            }
+        }
     }
 
     /// A packet of a known connection. `None`: the entry was removed (a
@@ -478,10 +495,14 @@ impl Worker {
         match tracked.verdict {
             ct::Verdict::Invalid => return Some(Step::Done(Action::Drop(DropReason::CtInvalid))),
             ct::Verdict::Reopen | ct::Verdict::Expired => {
-                self.v6.ct.remove(id);
+                self.remove6(id);
                 return None;
             }
             ct::Verdict::Valid | ct::Verdict::Ignored | ct::Verdict::Close => {}
+        }
+        if self.counts_conns && super::closed_state(tracked.state) {
+            self.policy
+                .conn_closed(&conn6(&self.v6.ct.entry(id).orig()));
         }
         let mut mss = MssClamp::default();
         if self.filter_established {
@@ -508,7 +529,7 @@ impl Worker {
         self.clamp_mss6(buf, len, pk, mss, [adj, back]);
         let step = self.emit6(now, buf, len, iif, pk, adj);
         if tracked.verdict == ct::Verdict::Close {
-            self.v6.ct.remove(id);
+            self.remove6(id);
         }
         Some(step)
     }
@@ -569,6 +590,7 @@ impl Worker {
             ct_dir: u8::from(dir == Dir::Reply),
             rpf: (true, true),
             now_ms: self.now_ms,
+            conn: conn6(&e.orig()),
         };
         self.addr_types6(iif, &mut pp);
         let ct_mark = pp.ct_mark;
@@ -1037,6 +1059,19 @@ fn policy_packet6(
         // The worker's: `Worker::addr_types6`.
         rpf: (true, true),
         now_ms: 0,
+        conn: conn6(key),
+    }
+}
+
+/// Connection `k` as the policy counts it (`ct count`).
+pub(super) fn conn6(k: &FlowKey6) -> ConnTuple {
+    ConnTuple {
+        src: k.src,
+        dst: k.dst,
+        sport: k.sport,
+        dport: k.dport,
+        proto: k.proto,
+        family: 6,
     }
 }
 

@@ -921,6 +921,63 @@ def match_modules():
     return out
 
 
+CONNLIMIT_NFT = """# ct count in dynamic sets' elements (nft_connlimit): open connections
+# per key, the packet's own included.
+table inet cl {
+    set per_src { type ipv4_addr; flags dynamic; }
+    set per_dst { type ipv4_addr; flags dynamic; }
+    set per_src6 { type ipv6_addr; flags dynamic; }
+    chain cl_fwd {
+        type filter hook forward priority filter; policy accept;
+        tcp dport 22 add @per_src { ip saddr ct count over 2 } drop
+        tcp dport 80 add @per_dst { ip daddr ct count 1 } accept
+        tcp dport 80 drop
+        tcp dport 22 add @per_src6 { ip6 saddr ct count over 1 } drop
+        udp dport 53 add @per_src { ip saddr ct count over 1 } drop
+        udp dport 54 update @lim { ip saddr limit rate over 1/hour burst 1 packets } drop
+    }
+    # An element the rule set declares has no limit of its own: the
+    # statement's limit applies only to the elements it creates.
+    set lim { type ipv4_addr; flags dynamic; elements = { 10.0.1.9 } }
+}
+"""
+
+CONNLIMIT_RULES = """# xt_connlimit, which Sluice reads as iptables-translate writes it: a
+# dynamic set per rule with a ct count per element.
+*filter
+:INPUT ACCEPT [0:0]
+:FORWARD ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+-A FORWARD -p tcp --dport 22 -m connlimit --connlimit-above 2 -j DROP
+-A FORWARD -p tcp --dport 80 -m connlimit --connlimit-upto 1 --connlimit-daddr -j ACCEPT
+-A FORWARD -p tcp --dport 80 -j DROP
+-A FORWARD -p udp --dport 53 -m connlimit ! --connlimit-above 1 -j ACCEPT
+-A FORWARD -p udp --dport 53 -j DROP
+COMMIT
+"""
+
+
+def connlimit(v6=True):
+    """New connections counted per key; one packet over each limit (a
+    dropped first packet still counts for a moment in the kernel)."""
+    fw = dict(hook="forward", iif="eth0", oif="eth1", dst="192.0.2.80")
+    out = [pkt(**dict(fw, src="10.0.1.5", proto="tcp", dport=22)) for _ in range(3)]
+    out += [pkt(**dict(fw, src="10.0.1.6", proto="tcp", dport=22))]
+    # An established connection met by the rule counts too.
+    out += [pkt(**dict(fw, src="10.0.1.7", proto="tcp", dport=22, ct="established", tcp_flags="A"))]
+    out += [pkt(**dict(fw, src="10.0.1.7", proto="tcp", dport=22)) for _ in range(2)]
+    out += [pkt(**dict(fw, src="10.0.1.5", dst="192.0.2.81", proto="tcp", dport=80)) for _ in range(2)]
+    out += [pkt(**dict(fw, src="10.0.1.6", dst="192.0.2.82", proto="tcp", dport=80))]
+    out += [pkt(**dict(fw, src="10.0.1.8", proto="udp", dport=53)) for _ in range(2)]
+    if v6:
+        fw6 = dict(fw, dst="2001:db8:2::80")
+        out += [pkt(**dict(fw6, src="2001:db8:1::5", proto="tcp", dport=22)) for _ in range(2)]
+        # The TCP connection of 10.0.1.6 already counts: udp 53 is its second.
+        out += [pkt(**dict(fw, src="10.0.1.6", proto="udp", dport=53))]
+        out += [pkt(**dict(fw, src=s, proto="udp", dport=54)) for s in ("10.0.1.9", "10.0.1.10") for _ in range(3)]
+    return out
+
+
 def main():
     seed_pk = seed001()
     for name in ("seed001_appendix_b", "seed001_appendix_c", "seed001_appendix_d", "seed001_appendix_e"):
@@ -972,6 +1029,12 @@ def main():
     with open(os.path.join(HERE, "match_modules.rules"), "w") as f:
         f.write(MATCH_MODULES_RULES)
     write("match_modules", match_modules())
+    with open(os.path.join(HERE, "connlimit.nft"), "w") as f:
+        f.write(CONNLIMIT_NFT)
+    write("connlimit", connlimit())
+    with open(os.path.join(HERE, "connlimit_xt.rules"), "w") as f:
+        f.write(CONNLIMIT_RULES)
+    write("connlimit_xt", connlimit(v6=False))
 
 
 if __name__ == "__main__":
