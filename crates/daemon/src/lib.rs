@@ -681,7 +681,8 @@ fn counters_json(c: &sluice_engine::Counters) -> Value {
         .collect();
     json!({"rx": c.rx, "tx": c.tx, "fast_path": c.fast_path, "slow_path": c.slow_path,
            "ct_created": c.ct_created, "local": c.local, "icmp_errors": c.icmp_errors,
-           "icmp_errors_limited": c.icmp_errors_limited, "handed_off": c.handed_off,
+           "icmp_errors_limited": c.icmp_errors_limited, "tcp_resets": c.tcp_resets,
+           "handed_off": c.handed_off,
            "fragmented": c.fragmented,
            "drops_total": c.total_drops(),
            "drops": drops})

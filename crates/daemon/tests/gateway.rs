@@ -14,8 +14,10 @@
 //!   its bytes;
 //! - a deny list the packet path fills (a dynamic set) blocks a probing
 //!   host until an operator deletes its element;
-//! - a connection limit per source (`ct count` in a set element) drops a
-//!   client's third concurrent connection, and counts a reset one out;
+//! - a connection limit per source (`ct count` in a set element) refuses
+//!   a client's third concurrent connection, and counts a reset one out;
+//! - `reject` answers real clients: curl's connection is refused by a TCP
+//!   reset, a UDP socket gets ICMP port unreachable;
 //! - the gateway answers TTL 1 with ICMP time exceeded and an oversized DF
 //!   packet with ICMP fragmentation needed carrying the egress MTU.
 //!
@@ -623,7 +625,8 @@ fn quota(backend: &str, tag: &str) {
 
 /// Connection limits per source (`-m connlimit`, nft `ct count` in a set
 /// element): with `ct count over 2` a real client's third concurrent TCP
-/// connection to the public host is dropped by the gateway; once it resets
+/// connection to the public host is refused by the gateway (a TCP reset);
+/// once it resets
 /// one of its two (the gateway sees the RST and stops counting it), a new
 /// one connects; the other private host counts apart.
 fn connlimit(backend: &str, tag: &str) {
@@ -637,7 +640,7 @@ fn connlimit(backend: &str, tag: &str) {
         .replace(
             "    ct state established,related accept\n",
             "    ct state established,related accept\n    iifname \"lan0\" tcp dport 8082 \
-             add @per_src { ip saddr ct count over 2 } drop\n    \
+             add @per_src { ip saddr ct count over 2 } reject with tcp reset\n    \
              iifname \"lan0\" oifname \"wan0\" tcp dport 8082 accept\n",
         );
     t.write_ruleset("gw.nft", &rules);
@@ -692,7 +695,7 @@ fn connlimit(backend: &str, tag: &str) {
     let got = py(&t.private);
     assert_eq!(
         got,
-        "ok ok TimeoutError ok",
+        "ok ok ConnectionRefusedError ok",
         "{backend}\n{}\n{}",
         d.ctl("set list per_src"),
         d.context()
@@ -701,7 +704,62 @@ fn connlimit(backend: &str, tag: &str) {
     assert_eq!(list["sets"][0]["elements"][0]["key"], PRIV, "{list}");
     // The other host has a count of its own.
     let got2 = py(&t.private2);
-    assert_eq!(got2, "ok ok TimeoutError ok", "{}", d.context());
+    assert_eq!(got2, "ok ok ConnectionRefusedError ok", "{}", d.context());
+}
+
+/// `reject` answers the client as the kernel's does: `reject with tcp
+/// reset` refuses curl's connection at once (exit 7, not a timeout), and a
+/// plain `reject` of UDP reaches a connected UDP socket as ICMP port
+/// unreachable (ConnectionRefusedError on its next receive).
+fn reject(backend: &str, tag: &str) {
+    require_root();
+    let t = Topo::new(tag);
+    let rules = RULESET.replace(
+        "    ct state established,related accept\n",
+        "    ct state established,related accept\n    \
+         iifname \"lan0\" tcp dport 8083 reject with tcp reset\n    \
+         iifname \"lan0\" udp dport 9999 reject\n",
+    );
+    t.write_ruleset("gw.nft", &rules);
+    let cfg = t.write_config(backend, "gw.nft", "");
+    let d = Daemon::start(&t, &cfg, backend);
+    let started = Instant::now();
+    let (ok, _, o) = curl(&t.private, &format!("http://{PUBLIC}:8083/"), 5);
+    assert!(!ok);
+    assert_eq!(
+        o.status.code(),
+        Some(7),
+        "{backend}: curl {} (7: connection refused)\n{}",
+        text(&o),
+        d.context()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "refused at once"
+    );
+    let client = t.dir.join("udp.py");
+    std::fs::write(
+        &client,
+        format!(
+            "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+             s.settimeout(3)\ns.connect(('{PUBLIC}', 9999))\ns.send(b'x')\n\
+             try:\n    s.recv(10)\n    print('answer')\n\
+             except OSError as e:\n    print(type(e).__name__)\n"
+        ),
+    )
+    .expect("write client");
+    let o = sh(
+        &t.private,
+        &format!("timeout 10 python3 {}", client.display()),
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "ConnectionRefusedError",
+        "{backend}\n{}",
+        d.context()
+    );
+    let st = d.ctl("status");
+    assert!(d.drops("policy-reject") >= 2, "{st}");
 }
 
 /// Each test on AF_PACKET, on AF_XDP, and on AF_XDP with `xdp_offload`
@@ -776,8 +834,14 @@ both_backends!(
 both_backends!(
     connlimit,
     "c",
-    connlimit_drops_a_third_connection_per_source_af_packet,
-    connlimit_drops_a_third_connection_per_source_af_xdp
+    connlimit_refuses_a_third_connection_per_source_af_packet,
+    connlimit_refuses_a_third_connection_per_source_af_xdp
+);
+both_backends!(
+    reject,
+    "j",
+    reject_answers_with_a_reset_or_port_unreachable_af_packet,
+    reject_answers_with_a_reset_or_port_unreachable_af_xdp
 );
 both_backends!(
     icmp_errors,

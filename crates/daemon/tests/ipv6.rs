@@ -56,6 +56,8 @@ const RULESET: &str = r#"table inet filter {
     type filter hook forward priority 0; policy drop;
     ct state established,related accept
     ip6 daddr 2001:db8:99::2 tcp dport 8081 drop
+    ip6 daddr 2001:db8:99::2 tcp dport 8082 reject with tcp reset
+    ip6 daddr 2001:db8:99::2 udp dport 9999 reject
     iifname "lan0" oifname "wan0" tcp dport { 5201, 8080, 8081 } accept
     iifname "lan0" oifname "wan0" icmpv6 type echo-request accept
   }
@@ -229,6 +231,29 @@ fn ipv6_end_to_end(backend: &str, tag: &str) {
         !log.contains("GET /blob"),
         "forbidden request reached the server:\n{log}"
     );
+    // `reject with tcp reset`: refused at once (curl exit 7); a plain
+    // `reject` of UDP: ICMPv6 port unreachable, which a connected UDP
+    // socket reports on its next receive.
+    let (ok, _, o) = curl6(&t.private, 8082, 5);
+    assert!(!ok);
+    assert_eq!(o.status.code(), Some(7), "{}\n{}", text(&o), d.context());
+    let o = sh(
+        &t.private,
+        &format!(
+            "timeout 10 python3 -c \"import socket\ns = socket.socket(socket.AF_INET6, \
+             socket.SOCK_DGRAM)\ns.settimeout(3)\ns.connect(('{PUB6}', 9999))\n\
+             s.send(b'x')\ntry:\n    s.recv(10)\n    print('answer')\nexcept OSError as e:\n    \
+             print(type(e).__name__)\""
+        ),
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "ConnectionRefusedError",
+        "{}\n{}",
+        text(&o),
+        d.context()
+    );
+    assert!(d.drops("policy-reject") >= 2, "{}", d.context());
     // New connections from the WAN are dropped by the policy.
     let before = d.drops("policy-drop");
     let o = sh(&t.public, &format!("ping -6 -n -c 1 -W 1 {PRIV6}"));

@@ -136,6 +136,9 @@ pub struct Counters {
     pub icmp_errors: u64,
     /// ICMP errors not sent because of the rate limit.
     pub icmp_errors_limited: u64,
+    /// TCP resets sent for rejected segments (`reject with tcp reset`); the
+    /// segment is also counted under `policy-reject`.
+    pub tcp_resets: u64,
     /// Frames handed to the worker that owns their connection
     /// ([`crate::Action::Handoff`]).
     pub handed_off: u64,
@@ -177,6 +180,7 @@ impl Counters {
         self.local += o.local;
         self.icmp_errors += o.icmp_errors;
         self.icmp_errors_limited += o.icmp_errors_limited;
+        self.tcp_resets += o.tcp_resets;
         self.handed_off += o.handed_off;
         self.fragmented += o.fragmented;
         for (a, b) in self.drops.iter_mut().zip(o.drops.iter()) {

@@ -25,6 +25,7 @@ pub mod icmp_error;
 pub mod offload;
 pub mod policy;
 pub mod route;
+pub mod tcp_reset;
 pub mod worker;
 
 pub use drop::{Counters, DropReason};

@@ -119,9 +119,16 @@ pub struct ConnTuple {
 /// How a reject is answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RejectWith {
-    /// ICMP destination unreachable with this code (3 = port unreachable).
-    IcmpUnreachable(u8),
-    /// A TCP RST.
+    /// Destination unreachable: an IPv4 packet gets ICMP type 3 with code
+    /// `v4` (3 port unreachable), an IPv6 one ICMPv6 type 1 with code `v6`
+    /// (4 port unreachable).
+    Unreachable {
+        /// ICMP code.
+        v4: u8,
+        /// ICMPv6 code.
+        v6: u8,
+    },
+    /// A TCP RST ([`crate::tcp_reset`]); nothing for other protocols.
     TcpReset,
 }
 

@@ -1152,6 +1152,13 @@ impl Worker {
                     frames.set_action(i, Action::Reply);
                     continue;
                 }
+                Step::Reset(newlen) => {
+                    frames.set_len(i, newlen);
+                    self.counters.drop(DropReason::PolicyReject);
+                    self.counters.tcp_resets += 1;
+                    frames.set_action(i, Action::Reply);
+                    continue;
+                }
             };
             match action {
                 Action::Drop(r) => self.counters.drop(r),
@@ -1346,7 +1353,7 @@ impl Worker {
         if self.filter_established {
             match self.filter_established4(buf, len, iif, m, id, dir, Hook::Prerouting) {
                 Ok(c) => mss = mss.and(c),
-                Err(r) => return Step::Done(Action::Drop(r)),
+                Err(v) => return self.refuse4(now, buf, len, m.l3, m.l4, iif, v),
             }
         }
         if m.ttl <= 1 {
@@ -1356,7 +1363,7 @@ impl Worker {
             for hook in [Hook::Forward, Hook::Postrouting] {
                 match self.filter_established4(buf, len, iif, m, id, dir, hook) {
                     Ok(c) => mss = mss.and(c),
-                    Err(r) => return Step::Done(Action::Drop(r)),
+                    Err(v) => return self.refuse4(now, buf, len, m.l3, m.l4, iif, v),
                 }
             }
         }
@@ -1408,7 +1415,7 @@ impl Worker {
         id: EntryId,
         dir: Dir,
         hook: Hook,
-    ) -> Result<MssClamp, DropReason> {
+    ) -> Result<MssClamp, Verdict> {
         let e = self.ct.entry(id);
         let (orig, reply) = (e.orig(), e.reply());
         let di = dir_index(dir);
@@ -1477,8 +1484,7 @@ impl Worker {
         }
         match dec.verdict {
             Verdict::Accept => Ok(dec.mss),
-            Verdict::Drop => Err(DropReason::PolicyDrop),
-            Verdict::Reject(_) => Err(DropReason::PolicyReject),
+            v => Err(v),
         }
     }
 
@@ -1689,10 +1695,39 @@ impl Worker {
         iif: IfIndex,
         mtu: Option<u16>,
     ) -> Step {
-        let reason = match mtu {
-            Some(_) => DropReason::TooBig,
-            None => DropReason::TtlExpired,
+        let (reason, ty, code, rest) = match mtu {
+            Some(m) => (
+                DropReason::TooBig,
+                icmp_error::DEST_UNREACHABLE,
+                icmp_error::FRAG_NEEDED,
+                u32::from(m),
+            ),
+            None => (
+                DropReason::TtlExpired,
+                icmp_error::TIME_EXCEEDED,
+                icmp_error::TTL_EXCEEDED_IN_TRANSIT,
+                0,
+            ),
         };
+        self.icmp_answer(now, buf, len, l3, iif, (ty, code, rest), reason)
+    }
+
+    /// Drop the packet at `l3` for `reason` and, when allowed and within
+    /// the rate limit, turn it into the ICMP error `(type, code, rest of
+    /// header)` to its sender, from the ingress interface.
+    #[allow(clippy::too_many_arguments)]
+    #[cold]
+    #[inline(never)]
+    fn icmp_answer(
+        &mut self,
+        now: ct::Instant,
+        buf: &mut [u8],
+        len: usize,
+        l3: usize,
+        iif: IfIndex,
+        (ty, code, rest): (u8, u8, u32),
+        reason: DropReason,
+    ) -> Step {
         let sender = read32(buf, l3 + 12).unwrap_or(0);
         let Some((src, mac)) = self.ifaces.get(usize::from(iif)).and_then(|i| {
             // The address on the sender's subnet, else the first one.
@@ -1706,9 +1741,12 @@ impl Worker {
         }) else {
             return Step::Done(Action::Drop(reason));
         };
-        let e = match mtu {
-            Some(m) => IcmpError::frag_needed(m, src, mac),
-            None => IcmpError::ttl_exceeded(src, mac),
+        let e = IcmpError {
+            ty,
+            code,
+            rest,
+            src,
+            src_mac: mac,
         };
         // Check what may be sent before spending a token on it.
         if icmp_error::may_answer(buf, len, l3).is_err() {
@@ -1721,6 +1759,50 @@ impl Worker {
         match icmp_error::build_in_place(buf, len, l3, &e) {
             Ok(n) => Step::Error(n, reason),
             Err(_) => Step::Done(Action::Drop(reason)),
+        }
+    }
+
+    /// A packet the rules refused with verdict `v`: dropped
+    /// (`policy-drop`), or rejected (`policy-reject`) and answered as the
+    /// kernel's `reject` answers it: a TCP reset ([`crate::tcp_reset`]) or
+    /// an ICMP destination unreachable (rate limited like every ICMP error
+    /// the gateway sends) to its sender.
+    #[allow(clippy::too_many_arguments)]
+    #[cold]
+    #[inline(never)]
+    fn refuse4(
+        &mut self,
+        now: ct::Instant,
+        buf: &mut [u8],
+        len: usize,
+        l3: u16,
+        l4: u16,
+        iif: IfIndex,
+        v: Verdict,
+    ) -> Step {
+        let (l3, l4) = (usize::from(l3), usize::from(l4));
+        match v {
+            Verdict::Accept | Verdict::Drop => Step::Done(Action::Drop(DropReason::PolicyDrop)),
+            Verdict::Reject(RejectWith::TcpReset) => {
+                let mac = self.ifaces.get(usize::from(iif)).map(|i| i.mac);
+                let is_tcp = buf.get(l3 + 9) == Some(&proto::TCP);
+                match mac.filter(|_| is_tcp) {
+                    Some(mac) => match crate::tcp_reset::build_in_place(buf, len, l3, l4, mac) {
+                        Ok(n) => Step::Reset(n),
+                        Err(_) => Step::Done(Action::Drop(DropReason::PolicyReject)),
+                    },
+                    None => Step::Done(Action::Drop(DropReason::PolicyReject)),
+                }
+            }
+            Verdict::Reject(RejectWith::Unreachable { v4, .. }) => self.icmp_answer(
+                now,
+                buf,
+                len,
+                l3,
+                iif,
+                (icmp_error::DEST_UNREACHABLE, v4, 0),
+                DropReason::PolicyReject,
+            ),
         }
     }
 
@@ -1944,7 +2026,7 @@ impl Worker {
         if broadcast {
             // For the gateway, which serves nothing on a broadcast address:
             // the input hook sees it, then it is dropped (`local-unhandled`).
-            return self.local4(buf, len, iif, d, key, &pp);
+            return self.local4(now, buf, len, iif, d, key, &pp);
         }
         // Whether prerouting rewrote the destination (DNAT, or hairpinning
         // to a mapping): handoff rule 2.
@@ -1983,7 +2065,7 @@ impl Worker {
             // (A port forward on one of the gateway's own addresses is
             // forwarded, as in the kernel, where DNAT runs in prerouting
             // before the local/forward decision.)
-            return self.local4(buf, len, iif, d, key, &pp);
+            return self.local4(now, buf, len, iif, d, key, &pp);
         }
         if !self.ct.may_create(ev) {
             self.release_pending(key, reply.as_ref());
@@ -1996,9 +2078,9 @@ impl Worker {
         pp.mark = dec.mark;
         pp.ct_mark = dec.ct_mark;
         let mut mss = dec.mss;
-        if let Some(r) = refused(dec.verdict) {
+        if dec.verdict != Verdict::Accept {
             self.release_pending(key, reply.as_ref());
-            return Step::Done(Action::Drop(r));
+            return self.refuse4(now, buf, len, d.l3_off, d.l4_off, iif, dec.verdict);
         }
         if reply.is_none() {
             if let Some(Translation::Dnat { addr, port }) = dec.nat {
@@ -2073,9 +2155,9 @@ impl Worker {
         pp.mark = dec.mark;
         pp.ct_mark = dec.ct_mark;
         mss = mss.and(dec.mss);
-        if let Some(r) = refused(dec.verdict) {
+        if dec.verdict != Verdict::Accept {
             self.release_pending(key, reply.as_ref());
-            return Step::Done(Action::Drop(r));
+            return self.refuse4(now, buf, len, d.l3_off, d.l4_off, iif, dec.verdict);
         }
         // Postrouting: filter chains, and SNAT / masquerade for connections
         // not yet translated by a mapping or DNAT.
@@ -2083,9 +2165,9 @@ impl Worker {
         pp.mark = dec.mark;
         pp.ct_mark = dec.ct_mark;
         mss = mss.and(dec.mss);
-        if let Some(r) = refused(dec.verdict) {
+        if dec.verdict != Verdict::Accept {
             self.release_pending(key, reply.as_ref());
-            return Step::Done(Action::Drop(r));
+            return self.refuse4(now, buf, len, d.l3_off, d.l4_off, iif, dec.verdict);
         }
         if reply.is_none() {
             if let Some(t @ (Translation::Snat { .. } | Translation::Masquerade)) = dec.nat {
@@ -2362,8 +2444,10 @@ impl Worker {
     }
 
     /// A packet for one of the gateway's own addresses.
+    #[allow(clippy::too_many_arguments)]
     fn local4(
         &mut self,
+        now: ct::Instant,
         buf: &mut [u8],
         len: usize,
         iif: IfIndex,
@@ -2372,12 +2456,8 @@ impl Worker {
         pp: &PolicyPacket,
     ) -> Step {
         let dec = self.policy.decide(Hook::Input, pp);
-        match dec.verdict {
-            Verdict::Accept => {}
-            Verdict::Drop => return Step::Done(Action::Drop(DropReason::PolicyDrop)),
-            Verdict::Reject(RejectWith::TcpReset | RejectWith::IcmpUnreachable(_)) => {
-                return Step::Done(Action::Drop(DropReason::PolicyReject))
-            }
+        if dec.verdict != Verdict::Accept {
+            return self.refuse4(now, buf, len, d.l3_off, d.l4_off, iif, dec.verdict);
         }
         match d.l4 {
             // RFC 792: echo request (8) -> echo reply (0) to the sender; not
@@ -2458,6 +2538,9 @@ enum Step {
     /// The frame was dropped for this reason and turned into an ICMP error
     /// to its sender, of this length.
     Error(usize, DropReason),
+    /// The frame was rejected (`policy-reject`) and turned into a TCP reset
+    /// to its sender, of this length.
+    Reset(usize),
 }
 
 #[inline]

@@ -372,3 +372,61 @@ proptest! {
         prop_assert_eq!(&outs[0], &outs[1]);
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// A policy that rejects everything, on random flows with random bytes
+    /// flipped: nothing panics, and every answer (a TCP reset or an ICMP
+    /// port unreachable) goes back out of the ingress interface with every
+    /// checksum valid.
+    #[test]
+    fn rejects_answer_with_valid_checksums(
+        flows in prop::collection::vec(arb_flow(), 1..40),
+        flips in prop::collection::vec((14usize..70, any::<u8>()), 0..4),
+        reset in any::<bool>(),
+    ) {
+        let mut p = snat_policy();
+        p.default = sluice_engine::Verdict::Reject(if reset {
+            sluice_engine::policy::RejectWith::TcpReset
+        } else {
+            sluice_engine::policy::RejectWith::Unreachable { v4: 3, v6: 4 }
+        });
+        let mut w = Worker::new(config(1000), Arc::new(p)).unwrap();
+        let mut f = TestFrames::default();
+        for (i, k) in flows.iter().enumerate() {
+            f.push(INSIDE, |b| {
+                let n = build(b, k, false);
+                if i % 2 == 1 {
+                    for &(at, x) in &flips {
+                        if at < n {
+                            b[at] ^= x;
+                        }
+                    }
+                }
+                n
+            });
+        }
+        w.process(1_000_000, &mut f);
+        for (i, k) in flows.iter().enumerate() {
+            // An intact frame is answered: every one with port
+            // unreachable, a TCP one with a reset.
+            if i % 2 == 0 && (!reset || k.proto == proto::TCP) {
+                prop_assert_eq!(f.acts[i], Action::Reply, "{:?}", k);
+            }
+            if f.acts[i] == Action::Reply {
+                let out = f.frame(i);
+                prop_assert_eq!(&out[..6], &HOST_MAC[..]);
+                prop_assert_eq!(&out[6..12], &GW_IN_MAC[..]);
+                prop_assert!(checksums_verify(out), "{:02x?}", out);
+            } else {
+                prop_assert!(matches!(f.acts[i], Action::Drop(_)), "{:?}", f.acts[i]);
+            }
+        }
+        let c = w.counters();
+        prop_assert_eq!(
+            c.tcp_resets + c.icmp_errors,
+            (0..flows.len()).filter(|&i| f.acts[i] == Action::Reply).count() as u64
+        );
+    }
+}

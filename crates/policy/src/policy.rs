@@ -864,21 +864,28 @@ pub fn ct_bits(c: CtState) -> u8 {
     }
 }
 
-/// The engine's reject of an nft `reject with`.
+/// The engine's reject of an nft `reject with` (the kernel's
+/// `nft_reject_icmp_code` and `nft_reject_icmpv6_code` for `icmpx`).
 pub fn engine_reject(w: Option<ast::RejectWith>) -> RejectWith {
     match w {
         Some(ast::RejectWith::TcpReset) => RejectWith::TcpReset,
-        Some(ast::RejectWith::Icmp(c)) => RejectWith::IcmpUnreachable(c),
-        // ICMPv6 codes have no IPv4 meaning; the engine is IPv4 only.
-        Some(ast::RejectWith::Icmpv6(_)) => RejectWith::IcmpUnreachable(3),
-        // icmpx: 0 no-route, 1 port-unreachable, 2 host-unreachable, 3 admin-prohibited.
-        Some(ast::RejectWith::Icmpx(c)) => RejectWith::IcmpUnreachable(match c {
-            0 => 0,
-            2 => 1,
-            3 => 13,
-            _ => 3,
-        }),
-        None => RejectWith::IcmpUnreachable(3),
+        // A rule with an ICMP type matches one family only (nft adds the
+        // dependency); the other code is never used.
+        Some(ast::RejectWith::Icmp(c)) => RejectWith::Unreachable { v4: c, v6: 4 },
+        Some(ast::RejectWith::Icmpv6(c)) => RejectWith::Unreachable { v4: 3, v6: c },
+        // icmpx: 0 no-route, 1 port-unreachable, 2 host-unreachable, 3
+        // admin-prohibited.
+        Some(ast::RejectWith::Icmpx(c)) => {
+            let (v4, v6) = match c {
+                0 => (0, 0),
+                2 => (1, 3),
+                3 => (13, 1),
+                _ => (3, 4),
+            };
+            RejectWith::Unreachable { v4, v6 }
+        }
+        // nft's and iptables' default: port unreachable.
+        None => RejectWith::Unreachable { v4: 3, v6: 4 },
     }
 }
 
@@ -1459,7 +1466,10 @@ mod tests {
         pp.proto = 17;
         pp.dport = 9;
         let d = p.decide(Hook::Forward, &pp);
-        assert_eq!(d.verdict, Verdict::Reject(RejectWith::IcmpUnreachable(10)));
+        assert_eq!(
+            d.verdict,
+            Verdict::Reject(RejectWith::Unreachable { v4: 10, v6: 4 })
+        );
         let d = p.decide(Hook::Postrouting, &pp);
         assert_eq!(d.nat, Some(Translation::Masquerade));
         assert!(p.has_nat(Hook::Postrouting));

@@ -633,3 +633,70 @@ fn ct_count_in_a_set_element_limits_open_connections_per_source() {
         Action::Drop(_)
     ));
 }
+
+/// `reject` answers the sender as the kernel's does: a TCP reset for
+/// `reject with tcp reset` (RST+ACK acknowledging a SYN and its data), an ICMP
+/// destination unreachable with the rule's code otherwise (port
+/// unreachable by default), sent back out of the ingress interface to the
+/// frame's source; the packet counts as `policy-reject`.
+#[test]
+fn reject_answers_with_a_reset_or_an_icmp_unreachable() {
+    let rules = "table ip f {
+  chain fwd { type filter hook forward priority filter; policy accept;
+    tcp dport 443 reject with tcp reset
+    udp dport 53 reject
+    tcp dport 444 reject with icmp type admin-prohibited
+  }
+}";
+    let mut w = gateway(rules, 1500);
+    let k = key(40_000);
+    let (a, out) = send(&mut w, LAN, segment(&k, 0x02, 1460, GW_LAN_MAC, HOST_MAC));
+    assert_eq!(a, Action::Reply);
+    assert_eq!(&out[0..6], &HOST_MAC, "back to the sender's MAC");
+    assert_eq!(&out[6..12], &GW_LAN_MAC);
+    let ip = &out[14..34];
+    assert_eq!(
+        (ip[9], &ip[12..16], &ip[16..20]),
+        (6, &[192, 0, 2, 80][..], &[10, 0, 0, 2][..])
+    );
+    let t = tcp::Packet::new_unchecked(&out[34..54]);
+    assert_eq!((t.src_port(), t.dst_port()), (443, 40_000));
+    // `segment` carries 6 bytes of data (the minimum frame's padding,
+    // counted in its IP length): the SYN, seq 1000, is acknowledged with
+    // 1000 + 1 + 6.
+    assert_eq!(
+        (t.seq_number(), t.ack_number(), out[34 + 13]),
+        (0, 1007, 0x14)
+    );
+    assert!(t.verify_checksum(&IpPair::V4 {
+        src: u32::from(REMOTE),
+        dst: u32::from(HOST)
+    }));
+    assert_eq!(w.counters().tcp_resets, 1);
+
+    let (a, out) = send(&mut w, LAN, udp(5000, 64, 0, 20));
+    assert_eq!(a, Action::Reply);
+    // ICMP type 3 code 3 from the gateway's LAN address, quoting the
+    // datagram.
+    assert_eq!(
+        (out[14 + 9], &out[26..30], &out[30..34]),
+        (1, &[10, 0, 0, 1][..], &[10, 0, 0, 2][..])
+    );
+    assert_eq!((out[34], out[35]), (3, 3));
+    assert_eq!(
+        &out[34 + 8 + 12..34 + 8 + 20],
+        &[10, 0, 0, 2, 192, 0, 2, 80]
+    );
+
+    let mut k2 = key(40_001);
+    k2.dport = 444;
+    let (a, out) = send(&mut w, LAN, segment(&k2, 0x02, 1460, GW_LAN_MAC, HOST_MAC));
+    assert_eq!(a, Action::Reply);
+    assert_eq!((out[34], out[35]), (3, 13));
+    assert_eq!(
+        w.counters()
+            .drops_for(sluice_engine::DropReason::PolicyReject),
+        3
+    );
+    assert_eq!(w.counters().icmp_errors, 2);
+}

@@ -56,6 +56,8 @@ impl FlowInfo6 {
 pub(super) struct Pkt6 {
     /// Offset of the IPv6 header.
     pub(super) l3: usize,
+    /// Offset of the upper-layer header (past any extension headers).
+    pub(super) l4: usize,
     pub(super) hop_limit: u8,
     pub(super) payload_len: u16,
     /// The conntrack event of the packet.
@@ -71,6 +73,7 @@ impl Pkt6 {
     fn of(d: &Dissect, hop_limit: u8, payload_len: u16) -> Self {
         Pkt6 {
             l3: usize::from(d.l3_off),
+            l4: usize::from(d.l4_off),
             hop_limit,
             payload_len,
             ev: l4_event6(d),
@@ -94,6 +97,7 @@ impl Pkt6 {
         };
         Pkt6 {
             l3: usize::from(sluice_wire::Plain6::L3_OFF),
+            l4: usize::from(sluice_wire::Plain6::L4_OFF),
             hop_limit: p.hop_limit,
             payload_len: p.payload_len,
             ev,
@@ -343,7 +347,7 @@ impl Worker {
         self.counters.slow_path += 1;
         let drop = |r| Step::Done(Action::Drop(r));
         if self.v6.is_local(iif, key.dst) {
-            return self.local6(buf, len, iif, d, key, payload_len);
+            return self.local6(now, buf, len, iif, d, key, &pk);
         }
         if ndp::is_multicast(key.dst) {
             return drop(DropReason::Ipv6Multicast);
@@ -377,8 +381,8 @@ impl Worker {
         pp.mark = dec.mark;
         pp.ct_mark = dec.ct_mark;
         let mut mss = dec.mss;
-        if let Some(r) = refused(dec.verdict) {
-            return drop(r);
+        if dec.verdict != Verdict::Accept {
+            return self.refuse6(now, buf, len, iif, &pk, dec.verdict);
         }
         let (oif, nh) = match self.v6.route(key.dst) {
             Ok(x) => x,
@@ -411,15 +415,15 @@ impl Worker {
         pp.mark = dec.mark;
         pp.ct_mark = dec.ct_mark;
         mss = mss.and(dec.mss);
-        if let Some(r) = refused(dec.verdict) {
-            return drop(r);
+        if dec.verdict != Verdict::Accept {
+            return self.refuse6(now, buf, len, iif, &pk, dec.verdict);
         }
         let dec = self.policy.decide(Hook::Postrouting, &pp);
         pp.mark = dec.mark;
         pp.ct_mark = dec.ct_mark;
         mss = mss.and(dec.mss);
-        if let Some(r) = refused(dec.verdict) {
-            return drop(r);
+        if dec.verdict != Verdict::Accept {
+            return self.refuse6(now, buf, len, iif, &pk, dec.verdict);
         }
         let adj_back = match self.v6.route(key.src) {
             Ok((o, n)) => match self.neighbor6(o, n) {
@@ -466,6 +470,41 @@ impl Worker {
         self.emit6(now, buf, len, iif, &pk, adj_out)
     }
 
+    /// An IPv6 packet the rules refused with verdict `v`: dropped, or
+    /// rejected and answered with a TCP reset or an ICMPv6 destination
+    /// unreachable, as [`Worker::refuse4`] does for IPv4.
+    #[cold]
+    #[inline(never)]
+    fn refuse6(
+        &mut self,
+        now: ct::Instant,
+        buf: &mut [u8],
+        len: usize,
+        iif: IfIndex,
+        pk: &Pkt6,
+        v: Verdict,
+    ) -> Step {
+        match v {
+            Verdict::Accept | Verdict::Drop => Step::Done(Action::Drop(DropReason::PolicyDrop)),
+            Verdict::Reject(RejectWith::TcpReset) => {
+                let mac = self.ifaces.get(usize::from(iif)).map(|i| i.mac);
+                match mac.filter(|_| matches!(pk.ev, L4Event::Tcp(_))) {
+                    Some(mac) => {
+                        match crate::tcp_reset::build_in_place(buf, len, pk.l3, pk.l4, mac) {
+                            Ok(n) => Step::Reset(n),
+                            Err(_) => Step::Done(Action::Drop(DropReason::PolicyReject)),
+                        }
+                    }
+                    None => Step::Done(Action::Drop(DropReason::PolicyReject)),
+                }
+            }
+            // ICMPv6 destination unreachable (type 1).
+            Verdict::Reject(RejectWith::Unreachable { v6, .. }) => {
+                self.icmp6_answer(now, buf, len, iif, pk, (1, v6, 0), DropReason::PolicyReject)
+            }
+        }
+    }
+
     /// Remove IPv6 connection `id`, telling a policy that counts
     /// connections.
     fn remove6(&mut self, id: EntryId) {
@@ -508,7 +547,7 @@ impl Worker {
         if self.filter_established {
             match self.filter_established6(buf, iif, pk, id, dir, Hook::Prerouting) {
                 Ok(c) => mss = mss.and(c),
-                Err(r) => return Some(Step::Done(Action::Drop(r))),
+                Err(v) => return Some(self.refuse6(now, buf, len, iif, pk, v)),
             }
         }
         if pk.hop_limit <= 1 {
@@ -518,7 +557,7 @@ impl Worker {
             for hook in [Hook::Forward, Hook::Postrouting] {
                 match self.filter_established6(buf, iif, pk, id, dir, hook) {
                     Ok(c) => mss = mss.and(c),
-                    Err(r) => return Some(Step::Done(Action::Drop(r))),
+                    Err(v) => return Some(self.refuse6(now, buf, len, iif, pk, v)),
                 }
             }
         }
@@ -549,7 +588,7 @@ impl Worker {
         id: EntryId,
         dir: Dir,
         hook: Hook,
-    ) -> Result<MssClamp, DropReason> {
+    ) -> Result<MssClamp, Verdict> {
         let e = self.v6.ct.entry(id);
         let key = e.key(dir);
         let oif = (hook != Hook::Prerouting)
@@ -600,9 +639,9 @@ impl Worker {
             // it.
             self.v6.ct.entry_mut(id).set_mark(dec.ct_mark);
         }
-        match refused(dec.verdict) {
-            Some(r) => Err(r),
-            None => Ok(dec.mss),
+        match dec.verdict {
+            Verdict::Accept => Ok(dec.mss),
+            v => Err(v),
         }
     }
 
@@ -789,20 +828,24 @@ impl Worker {
     }
 
     /// A packet for one of the gateway's IPv6 addresses.
+    #[allow(clippy::too_many_arguments)]
     fn local6(
         &mut self,
+        now: ct::Instant,
         buf: &mut [u8],
         len: usize,
         iif: IfIndex,
         d: &Dissect,
         key: &FlowKey6,
-        payload_len: u16,
+        pk: &Pkt6,
     ) -> Step {
+        let payload_len = pk.payload_len;
         let mut pp = policy_packet6(iif, key, d, CtState::New, payload_len, buf);
         self.addr_types6(iif, &mut pp);
         pp.now_ms = self.now_ms;
-        if let Some(r) = refused(self.policy.decide(Hook::Input, &pp).verdict) {
-            return Step::Done(Action::Drop(r));
+        let v = self.policy.decide(Hook::Input, &pp).verdict;
+        if v != Verdict::Accept {
+            return self.refuse6(now, buf, len, iif, pk, v);
         }
         match d.l4 {
             // RFC 4443 §4.2: echo request (128) -> echo reply (129), same
@@ -924,11 +967,31 @@ impl Worker {
         pk: &Pkt6,
         mtu: Option<u16>,
     ) -> Step {
-        let l3 = pk.l3;
-        let reason = match mtu {
-            Some(_) => DropReason::TooBig,
-            None => DropReason::TtlExpired,
+        let (reason, ty, rest) = match mtu {
+            Some(m) => (DropReason::TooBig, 2, u32::from(m)),
+            None => (DropReason::TtlExpired, 3, 0),
         };
+        self.icmp6_answer(now, buf, len, iif, pk, (ty, 0, rest), reason)
+    }
+
+    /// Drop the packet for `reason` and, when allowed (RFC 4443 §2.4 (e))
+    /// and within the rate limit, turn it into the ICMPv6 error `(type,
+    /// code, rest of header)` to its sender. Only packet too big (type 2)
+    /// answers a packet sent to a multicast address.
+    #[allow(clippy::too_many_arguments)]
+    #[cold]
+    #[inline(never)]
+    fn icmp6_answer(
+        &mut self,
+        now: ct::Instant,
+        buf: &mut [u8],
+        len: usize,
+        iif: IfIndex,
+        pk: &Pkt6,
+        (ty, code, rest): (u8, u8, u32),
+        reason: DropReason,
+    ) -> Step {
+        let l3 = pk.l3;
         let dropped = Step::Done(Action::Drop(reason));
         let (Some(sender), Some(dst)) = (read128(buf, l3 + 8), read128(buf, l3 + 24)) else {
             return dropped;
@@ -936,7 +999,7 @@ impl Worker {
         if pk.about_error
             || sender == 0
             || ndp::is_multicast(sender)
-            || (ndp::is_multicast(dst) && mtu.is_none())
+            || (ndp::is_multicast(dst) && ty != 2)
         {
             return dropped;
         }
@@ -950,11 +1013,7 @@ impl Worker {
             self.counters.icmp_errors_limited += 1;
             return dropped;
         }
-        let (ty, rest) = match mtu {
-            Some(m) => (2, u32::from(m)),
-            None => (3, 0),
-        };
-        match icmp6_error_in_place(buf, len, l3, ty, 0, rest, src, my_mac) {
+        match icmp6_error_in_place(buf, len, l3, ty, code, rest, src, my_mac) {
             Some(n) => Step::Error(n, reason),
             None => dropped,
         }
