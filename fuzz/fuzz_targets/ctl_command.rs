@@ -9,9 +9,11 @@ const BASE: &str = "table inet filter {\n\
   set blocked { type ipv4_addr; flags interval; elements = { 192.0.2.0/24 } }\n\
   map ports { type inet_service : verdict; elements = { 22 : accept } }\n\
   set seen { type ipv4_addr . inet_service; flags dynamic,timeout; timeout 1m; size 4; }\n\
+  set conns { type ipv4_addr; flags dynamic; }\n\
   chain forward { type filter hook forward priority 0; policy accept;\n\
     ip saddr @blocked drop\n    ip saddr . tcp dport @seen drop\n\
     tcp dport 23 add @seen { ip saddr . 23 limit rate over 1/second } quota over 1 kbytes drop\n\
+    tcp dport 22 ct state new add @conns { ip saddr ct count over 3 } reject with tcp reset\n\
     tcp dport vmap @ports\n    jump web\n  }\n\
   chain web { tcp dport 80 accept }\n}\n\
 table ip nat { chain post { type nat hook postrouting priority 100; policy accept;\n\

@@ -640,6 +640,16 @@ pub enum Stmt {
         /// The result when the evaluation has no state.
         stateless: bool,
     },
+    /// `numgen inc|random mod N ... OP VALUE` (opaque id): a match on a
+    /// generated number, the caller's state answers
+    /// ([`crate::Limits::numgen`]); `stateless` is the answer without
+    /// state (the generator's first number).
+    Numgen {
+        /// The generator.
+        id: u32,
+        /// The result when the evaluation has no state.
+        stateless: bool,
+    },
     /// A dynamic set's lookup (`ip saddr @s`) or update (`add`, `update`,
     /// `delete @s { ... }`), opaque id of the operation: a match the
     /// caller's state answers ([`crate::Limits::set_op`]); `stateless` is

@@ -100,6 +100,13 @@ pub trait Limits: Send + Sync {
         let _ = (id, len);
         stateless
     }
+
+    /// Whether the rule holding [`Stmt::Numgen`] `id` matches: the next
+    /// generated number is in its set. Without generators: `stateless`.
+    fn numgen(&self, id: u32, stateless: bool) -> bool {
+        let _ = id;
+        stateless
+    }
 }
 
 /// What an evaluation needs for `limit` statements.
@@ -155,6 +162,8 @@ pub(crate) fn run_stmts(stmts: &[Stmt], p: &mut PacketFields, limit: Option<&Lim
             (Stmt::SetOp { stateless, .. }, None) => *stateless,
             (Stmt::Quota { id, stateless }, Some(l)) => l.limits.quota(*id, l.len, *stateless),
             (Stmt::Quota { stateless, .. }, None) => *stateless,
+            (Stmt::Numgen { id, stateless }, Some(l)) => l.limits.numgen(*id, *stateless),
+            (Stmt::Numgen { stateless, .. }, None) => *stateless,
             _ => true,
         };
         if !ok {
@@ -172,6 +181,7 @@ pub(crate) fn run_stmts(stmts: &[Stmt], p: &mut PacketFields, limit: Option<&Lim
             | Stmt::Limit(_)
             | Stmt::SetOp { .. }
             | Stmt::Quota { .. }
+            | Stmt::Numgen { .. }
             | Stmt::TcpMss(_) => {}
         }
     }

@@ -190,15 +190,20 @@ fn rand_rule(r: &mut Rng, id: u64, ci: usize, nchains: usize) -> Rule {
     let matches = (0..r.below(4)).map(|_| rand_match(r)).collect();
     let mut stmts = Vec::new();
     // Statements that are matches answered by the caller's state (limits,
-    // dynamic sets, quotas), each with its answer without state.
+    // dynamic sets, quotas, number generators), each with its answer
+    // without state.
     if r.pct(15) {
-        stmts.push(match r.below(3) {
+        stmts.push(match r.below(4) {
             0 => Stmt::Limit(r.below(4) as u32),
             1 => Stmt::SetOp {
                 id: r.below(4) as u32,
                 stateless: r.pct(50),
             },
-            _ => Stmt::Quota {
+            2 => Stmt::Quota {
+                id: r.below(4) as u32,
+                stateless: r.pct(50),
+            },
+            _ => Stmt::Numgen {
                 id: r.below(4) as u32,
                 stateless: r.pct(50),
             },
@@ -356,6 +361,10 @@ impl Limits for PureState {
 
     fn quota(&self, id: u32, _len: u32, _stateless: bool) -> bool {
         id % 3 != 1
+    }
+
+    fn numgen(&self, id: u32, _stateless: bool) -> bool {
+        id % 2 == 1
     }
 }
 

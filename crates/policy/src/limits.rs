@@ -18,7 +18,7 @@
 //! refill them. Time comes with the packet ([`sluice_engine::PolicyPacket`]
 //! `now_ms`, the worker's batch clock); nothing here reads a clock.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use sluice_classify::ir::PacketFields;
@@ -176,6 +176,66 @@ pub struct Limiters {
     quotas: Vec<Arc<QuotaState>>,
     /// The connection counts of dynamic-set elements (`ct count`).
     counts: Arc<crate::conncount::ConnCounts>,
+    /// `numgen` generators, by id.
+    numgens: Vec<Arc<Numgen>>,
+    /// The state of `numgen random` (xorshift64*, shared by every
+    /// generator and worker).
+    rng: Arc<AtomicU64>,
+}
+
+/// Seed of `numgen random`: fixed, so runs and traces repeat (the numbers
+/// balance load; they are not secrets).
+const NUMGEN_SEED: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// One `numgen` match and, for `inc`, its counter.
+#[derive(Debug)]
+struct Numgen {
+    spec: crate::lower::NumgenSpec,
+    /// The last number drawn, before the offset (`inc`); starts at
+    /// `modulus - 1`, so the first is 0, as the kernel's `nft_ng_inc_init`
+    /// sets it.
+    last: AtomicU32,
+}
+
+impl Numgen {
+    fn new(spec: &crate::lower::NumgenSpec) -> Self {
+        Numgen {
+            spec: spec.clone(),
+            last: AtomicU32::new(spec.modulus.saturating_sub(1)),
+        }
+    }
+
+    /// The next number, offset added: `inc` as the kernel's
+    /// `nft_ng_inc_gen` (a shared counter moved by compare-and-swap),
+    /// `random` as `nft_ng_random_gen` (a 32-bit random number scaled to
+    /// `0..modulus`).
+    fn next(&self, rng: &AtomicU64) -> u32 {
+        let m = self.spec.modulus.max(1);
+        let v = if self.spec.random {
+            let mut x = 0;
+            let _ = rng.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
+                // A fresh state (0) starts from the seed.
+                let mut s = if s == 0 { NUMGEN_SEED } else { s };
+                s ^= s >> 12;
+                s ^= s << 25;
+                s ^= s >> 27;
+                x = s;
+                Some(s)
+            });
+            let r = (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) as u32;
+            ((u64::from(r) * u64::from(m)) >> 32) as u32
+        } else {
+            let mut n = 0;
+            let _ = self
+                .last
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |o| {
+                    n = if o.saturating_add(1) < m { o + 1 } else { 0 };
+                    Some(n)
+                });
+            n
+        };
+        v.wrapping_add(self.spec.offset)
+    }
 }
 
 /// One `quota`'s bytes and the bytes its rule has seen.
@@ -232,6 +292,17 @@ impl Limiters {
             sets: self.sets.iter().map(|s| Arc::new(s.snapshot())).collect(),
             ops: Arc::clone(&self.ops),
             counts: Arc::new(self.counts.snapshot()),
+            numgens: self
+                .numgens
+                .iter()
+                .map(|g| {
+                    Arc::new(Numgen {
+                        spec: g.spec.clone(),
+                        last: AtomicU32::new(g.last.load(Ordering::Relaxed)),
+                    })
+                })
+                .collect(),
+            rng: Arc::new(AtomicU64::new(self.rng.load(Ordering::Relaxed))),
             quotas: self
                 .quotas
                 .iter()
@@ -256,6 +327,19 @@ impl Limiters {
                 used: AtomicU64::new(q.used_bytes()),
             }));
         }
+    }
+
+    /// State for the `numgen` matches `specs` (ids `0..specs.len()`): the
+    /// ones this set has keep their counters.
+    pub(crate) fn extend_numgens(&mut self, specs: &[crate::lower::NumgenSpec]) {
+        for g in specs.iter().skip(self.numgens.len()) {
+            self.numgens.push(Arc::new(Numgen::new(g)));
+        }
+    }
+
+    /// `numgen` matches known.
+    pub(crate) fn numgens(&self) -> usize {
+        self.numgens.len()
     }
 
     /// `quota` statements known.
@@ -283,9 +367,13 @@ impl Limiters {
         self.ops.iter().any(|(o, _)| o.ct_count.is_some())
     }
 
-    /// Whether there are any (buckets, dynamic-set operations, quotas).
+    /// Whether there are any (buckets, dynamic-set operations, quotas,
+    /// number generators).
     pub fn is_empty(&self) -> bool {
-        self.buckets.is_empty() && self.ops.is_empty() && self.quotas.is_empty()
+        self.buckets.is_empty()
+            && self.ops.is_empty()
+            && self.quotas.is_empty()
+            && self.numgens.is_empty()
     }
 
     /// How many.
@@ -316,6 +404,12 @@ impl sluice_classify::Limits for Limiters {
             .get(id as usize)
             .map_or(stateless, |q| q.matches(len))
     }
+
+    fn numgen(&self, id: u32, stateless: bool) -> bool {
+        self.numgens
+            .get(id as usize)
+            .map_or(stateless, |g| g.spec.matches(g.next(&self.rng)))
+    }
 }
 
 /// The state a trace keeps from packet to packet: the dynamic sets; every
@@ -334,6 +428,10 @@ impl sluice_classify::Limits for SetsOnly {
 
     fn quota(&self, id: u32, len: u32, stateless: bool) -> bool {
         sluice_classify::Limits::quota(&self.0, id, len, stateless)
+    }
+
+    fn numgen(&self, id: u32, stateless: bool) -> bool {
+        sluice_classify::Limits::numgen(&self.0, id, stateless)
     }
 }
 

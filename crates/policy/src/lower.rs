@@ -180,6 +180,28 @@ pub struct DynSetSpec {
     pub elements: Vec<SetKey>,
 }
 
+/// One `numgen` match: the generator and the numbers it matches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NumgenSpec {
+    /// `random` (else `inc`).
+    pub random: bool,
+    /// Numbers are drawn from `0..modulus`, then `offset` is added.
+    pub modulus: u32,
+    pub offset: u32,
+    /// The numbers compared with, inclusive ranges.
+    pub ranges: Vec<(u128, u128)>,
+    /// `!=`: the rule matches numbers outside them.
+    pub negate: bool,
+}
+
+impl NumgenSpec {
+    /// Whether generated number `v` matches.
+    pub fn matches(&self, v: u32) -> bool {
+        let v = u128::from(v);
+        self.ranges.iter().any(|&(lo, hi)| lo <= v && v <= hi) != self.negate
+    }
+}
+
 /// nft's default size of a set the packet path fills.
 pub const DEFAULT_SET_SIZE: u32 = 65_535;
 
@@ -257,6 +279,8 @@ pub(crate) struct Lowered {
     pub set_ops: Vec<SetOpSpec>,
     /// `quota` statements, by the id in [`ir::Stmt::Quota`].
     pub quotas: Vec<ast::Quota>,
+    /// `numgen` generators, by the id in [`ir::Stmt::Numgen`].
+    pub numgens: Vec<NumgenSpec>,
     /// One per AST rule lowered without error, in handle order.
     pub sources: Vec<RuleSource>,
 }
@@ -389,6 +413,9 @@ fn spec(f: Field, fam: Family) -> Result<(ir::Field, Kind, &'static [Dep]), Stri
         Field::CtDirection => (I::CtDir, Kind::Num, &[]),
         Field::FibSaddrIifOif => (I::RpfIif, Kind::Num, &[]),
         Field::FibSaddrOif => (I::RpfAny, Kind::Num, &[]),
+        // Only the left side of a `numgen` comparison, which is lowered
+        // like a 32-bit number to get the numbers it matches.
+        Field::Numgen => (I::Mark, Kind::Num, &[]),
     })
 }
 
@@ -490,6 +517,7 @@ impl<'a> Lowerer<'a> {
                 sets: Vec::new(),
                 set_ops: Vec::new(),
                 quotas: Vec::new(),
+                numgens: Vec::new(),
                 sources: Vec::new(),
             },
             id_base: 0,
@@ -513,7 +541,12 @@ impl<'a> Lowerer<'a> {
         id_base: u64,
         handle: u64,
         tables: (Vec<NatAction>, Vec<Pool>, Vec<ast::Log>, Vec<ast::Limit>),
-        dynamic: (Vec<DynSetSpec>, Vec<SetOpSpec>, Vec<ast::Quota>),
+        dynamic: (
+            Vec<DynSetSpec>,
+            Vec<SetOpSpec>,
+            Vec<ast::Quota>,
+            Vec<NumgenSpec>,
+        ),
         location: RuleLocation,
     ) -> Self {
         let mut l = Lowerer::new(rs, ifaces);
@@ -521,7 +554,7 @@ impl<'a> Lowerer<'a> {
         l.next_handle = handle;
         l.location = Some(location);
         (l.out.nat, l.out.pools, l.out.logs, l.out.limits) = tables;
-        (l.out.sets, l.out.set_ops, l.out.quotas) = dynamic;
+        (l.out.sets, l.out.set_ops, l.out.quotas, l.out.numgens) = dynamic;
         l.declare();
         l
     }
@@ -699,6 +732,7 @@ impl<'a> Lowerer<'a> {
             && self.out.sets.is_empty()
             && self.out.set_ops.is_empty()
             && self.out.quotas.is_empty()
+            && self.out.numgens.is_empty()
     }
 
     /// Appends what `other` (a fresh lowerer: ids from 0, handles from
@@ -875,6 +909,10 @@ impl<'a> Lowerer<'a> {
                     Err(_) => Err("too many quotas".into()),
                 },
                 StmtKind::SetUpdate(u) => self.set_update(t, u, deps).map(|st| {
+                    pre.push(st);
+                    None
+                }),
+                StmtKind::Numgen(n) => self.numgen(t, n, deps).map(|st| {
                     pre.push(st);
                     None
                 }),
@@ -1439,6 +1477,29 @@ impl<'a> Lowerer<'a> {
             // Without state every dynamic set is empty.
             negate,
         )
+    }
+
+    /// `numgen inc|random mod N [offset O] OP VALUE`.
+    fn numgen(&mut self, t: &Table, n: &ast::Numgen, deps: &mut Vec<Dep>) -> Result<Stmt, String> {
+        let (ranges, negate) = match self.lower_match(t, &n.m, deps)? {
+            ir::Match::In { set, negate, .. } => {
+                (set.ranges().iter().map(|r| (r.lo, r.hi)).collect(), negate)
+            }
+            _ => return Err("numgen compares with a value, a range or a set".into()),
+        };
+        let spec = NumgenSpec {
+            random: n.random,
+            modulus: n.modulus,
+            offset: n.offset,
+            ranges,
+            negate,
+        };
+        // Without state: the generator's first number (`inc`'s is the
+        // offset; `random` is taken to start there too).
+        let stateless = spec.matches(n.offset);
+        let id = u32::try_from(self.out.numgens.len()).map_err(|_| "too many numgen matches")?;
+        self.out.numgens.push(spec);
+        Ok(Stmt::Numgen { id, stateless })
     }
 
     /// `add | update | delete @set { ... }`.

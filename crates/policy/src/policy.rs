@@ -114,6 +114,7 @@ pub(crate) struct Tables {
     pub sets: Vec<crate::lower::DynSetSpec>,
     pub set_ops: Vec<crate::lower::SetOpSpec>,
     pub quotas: Vec<ast::Quota>,
+    pub numgens: Vec<crate::lower::NumgenSpec>,
 }
 
 /// Rule sets at least this large build the rule store's `order` map
@@ -342,6 +343,7 @@ impl CompiledPolicy {
                 sets: lowered.sets,
                 set_ops: lowered.set_ops,
                 quotas: lowered.quotas,
+                numgens: lowered.numgens,
             }),
             store,
             program: OnceLock::new(),
@@ -410,6 +412,7 @@ impl CompiledPolicy {
         l.extend_to(&self.tables.limits);
         l.extend_sets(&self.tables.sets, &self.tables.set_ops);
         l.extend_quotas(&self.tables.quotas);
+        l.extend_numgens(&self.tables.numgens);
         self.limiters = Arc::new(l);
         self.counters.ensure(self.store.infos.len() as u64);
         // Every rule, in handle order (seeding does not depend on the
@@ -461,7 +464,12 @@ impl CompiledPolicy {
                 t.logs.clone(),
                 t.limits.clone(),
             ),
-            (t.sets.clone(), t.set_ops.clone(), t.quotas.clone()),
+            (
+                t.sets.clone(),
+                t.set_ops.clone(),
+                t.quotas.clone(),
+                t.numgens.clone(),
+            ),
             crate::lower::RuleLocation::Label("program".into()),
         )
     }
@@ -1931,6 +1939,39 @@ mod tests {
         assert_eq!(new(&q, 1, 1007, 4), Verdict::Accept);
         assert_eq!(new(&q, 1, 1008, 4), rst);
         let _ = q;
+    }
+
+    #[test]
+    fn numgen_counts_per_rule_and_draws_at_the_asked_rate() {
+        let p = pol(
+            "table ip t {\n chain f {\n type filter hook forward priority 0; policy accept;\n \
+             udp dport 1 numgen inc mod 3 offset 5 6 drop\n \
+             udp dport 2 numgen random mod 2147483648 < 536870912 drop\n }\n}\n",
+        );
+        let v = |p: &CompiledPolicy, dport| {
+            p.decide(
+                Hook::Forward,
+                &PolicyPacket {
+                    proto: 17,
+                    dport,
+                    ..packet()
+                },
+            )
+            .verdict
+        };
+        // 5, 6, 7, 5, 6, 7: the second of every three matches.
+        let seq: Vec<bool> = (0..6).map(|_| v(&p, 1) == Verdict::Drop).collect();
+        assert_eq!(seq, [false, true, false, false, true, false]);
+        // An update keeps the counter (next is 5, then 6).
+        let (q, _) = p
+            .apply_text("cmd", "add rule ip t f tcp dport 1 accept")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(v(&q, 1), Verdict::Accept);
+        assert_eq!(v(&q, 1), Verdict::Drop);
+        // Probability 1/4.
+        let n = 40_000;
+        let hits = (0..n).filter(|_| v(&p, 2) == Verdict::Drop).count();
+        assert!((9_000..11_000).contains(&hits), "{hits} of {n}");
     }
 
     #[test]

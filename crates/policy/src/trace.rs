@@ -649,6 +649,7 @@ impl CompiledPolicy {
         let mut l = crate::limits::Limiters::default();
         l.extend_sets(&self.tables.sets, &self.tables.set_ops);
         l.extend_quotas(&self.tables.quotas);
+        l.extend_numgens(&self.tables.numgens);
         TraceState {
             sets: Arc::new(crate::limits::SetsOnly(l)),
         }

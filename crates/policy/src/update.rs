@@ -177,11 +177,13 @@ impl CompiledPolicy {
         if next.tables.limits.len() > next.limiters.len()
             || next.tables.set_ops.len() > next.limiters.set_ops()
             || next.tables.quotas.len() > next.limiters.quotas()
+            || next.tables.numgens.len() > next.limiters.numgens()
         {
             let mut l = (*next.limiters).clone();
             l.extend_to(&next.tables.limits);
             l.extend_sets(&next.tables.sets, &next.tables.set_ops);
             l.extend_quotas(&next.tables.quotas);
+            l.extend_numgens(&next.tables.numgens);
             next.limiters = Arc::new(l);
         }
         if let (Command::AddRule { .. }, Some(h)) = (cmd, applied.handle) {
@@ -258,7 +260,12 @@ impl CompiledPolicy {
                 t.logs.clone(),
                 t.limits.clone(),
             ),
-            (t.sets.clone(), t.set_ops.clone(), t.quotas.clone()),
+            (
+                t.sets.clone(),
+                t.set_ops.clone(),
+                t.quotas.clone(),
+                t.numgens.clone(),
+            ),
             location,
         )
     }
@@ -394,6 +401,7 @@ impl CompiledPolicy {
             || out.sets.len() != self.tables.sets.len()
             || out.set_ops.len() != self.tables.set_ops.len()
             || out.quotas.len() != self.tables.quotas.len()
+            || out.numgens.len() != self.tables.numgens.len()
         {
             self.tables = Arc::new(Tables {
                 nat: out.nat.clone(),
@@ -403,6 +411,7 @@ impl CompiledPolicy {
                 sets: out.sets.clone(),
                 set_ops: out.set_ops.clone(),
                 quotas: out.quotas.clone(),
+                numgens: out.numgens.clone(),
             });
         }
         let base = self.store.infos.len() as u64;

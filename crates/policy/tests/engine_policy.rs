@@ -700,3 +700,61 @@ fn reject_answers_with_a_reset_or_an_icmp_unreachable() {
     );
     assert_eq!(w.counters().icmp_errors, 2);
 }
+
+/// kube-proxy's Service load balancing (`-m statistic --mode random`, read
+/// as `numgen random`) through the engine: each new connection to the
+/// Service address is DNATed to one of three endpoints, about a third
+/// each; a connection keeps its endpoint.
+#[test]
+fn numgen_random_spreads_new_connections_over_dnat_endpoints() {
+    let rules = "table ip nat {
+  chain pre { type nat hook prerouting priority dstnat; policy accept;
+    ip daddr 192.0.2.80 tcp dport 443 jump svc
+  }
+  chain svc {
+    numgen random mod 2147483648 < 715827883 jump sep_a
+    numgen random mod 2147483648 < 1073741824 jump sep_b
+    jump sep_c
+  }
+  chain sep_a { dnat to 198.18.0.1:8443 }
+  chain sep_b { dnat to 198.18.0.2:8443 }
+  chain sep_c { dnat to 198.18.0.3:8443 }
+}";
+    let mut w = gateway(rules, 1500);
+    let mut per = std::collections::HashMap::new();
+    for sport in 0..3000u16 {
+        let (a, out) = send(
+            &mut w,
+            LAN,
+            segment(&key(10_000 + sport), 0x02, 1460, GW_LAN_MAC, HOST_MAC),
+        );
+        assert_eq!(a, Action::Forward(WAN));
+        *per.entry(out[33]).or_insert(0u32) += 1;
+    }
+    assert_eq!(per.len(), 3, "{per:?}");
+    for (ep, n) in &per {
+        assert!(
+            (850..1150).contains(n),
+            "endpoint .{ep}: {n} of 3000: {per:?}"
+        );
+    }
+    // A later packet of a connection goes where its first went (not drawn
+    // again: NAT rules see only a connection's first packet).
+    for sport in [20_000, 20_001, 20_002] {
+        let (_, first) = send(
+            &mut w,
+            LAN,
+            segment(&key(sport), 0x02, 1460, GW_LAN_MAC, HOST_MAC),
+        );
+        // Retransmissions of the SYN: the same connection.
+        for _ in 0..5 {
+            let (a, again) = send(
+                &mut w,
+                LAN,
+                segment(&key(sport), 0x02, 1460, GW_LAN_MAC, HOST_MAC),
+            );
+            assert_eq!(a, Action::Forward(WAN));
+            assert_eq!(first[30..34], again[30..34]);
+        }
+    }
+}

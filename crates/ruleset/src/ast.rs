@@ -346,6 +346,9 @@ pub enum Field {
     FibSaddrIifOif,
     /// `fib saddr oif`: any route back to the source (loose).
     FibSaddrOif,
+    /// The number `numgen` generates: only the left side of a
+    /// [`Numgen`]'s comparison, never a packet field.
+    Numgen,
 }
 
 /// Which network-layer family a field requires.
@@ -358,7 +361,7 @@ pub enum FieldFamily {
 
 impl Field {
     /// All fields, for lookups and suggestions.
-    pub const ALL: [Field; 42] = [
+    pub const ALL: [Field; 43] = [
         Field::Iifname,
         Field::Oifname,
         Field::Iif,
@@ -401,6 +404,7 @@ impl Field {
         Field::CtDirection,
         Field::FibSaddrIifOif,
         Field::FibSaddrOif,
+        Field::Numgen,
     ];
 
     /// Canonical nft spelling (`"ip saddr"`).
@@ -448,6 +452,7 @@ impl Field {
             Field::CtDirection => "ct direction",
             Field::FibSaddrIifOif => "fib saddr . iif oif",
             Field::FibSaddrOif => "fib saddr oif",
+            Field::Numgen => "numgen",
         }
     }
 
@@ -464,7 +469,7 @@ impl Field {
             Field::IcmpCode => DataType::IcmpCode,
             Field::Icmpv6Code => DataType::Icmpv6Code,
             Field::IpLength | Field::Ip6Length => DataType::Integer16,
-            Field::MetaLength => DataType::Integer32,
+            Field::MetaLength | Field::Numgen => DataType::Integer32,
             Field::IpDscp | Field::Ip6Dscp => DataType::Dscp,
             Field::MetaPkttype => DataType::PktType,
             Field::FibDaddrType | Field::FibSaddrType => DataType::AddrType,
@@ -719,6 +724,24 @@ pub enum StmtKind {
     SetUpdate(Box<SetUpdate>),
     /// `quota [over | until] N UNIT [used N UNIT]`.
     Quota(Quota),
+    /// `numgen inc|random mod N [offset O] OP VALUE`: a match on a
+    /// generated number (iptables `-m statistic`).
+    Numgen(Box<Numgen>),
+}
+
+/// `numgen inc|random mod N [offset O]` compared with a value, range or set
+/// (the kernel's `nft_numgen`): `inc` counts 0, 1, ... N-1 and around, one
+/// step per packet that reaches it, shared by every packet of the rule;
+/// `random` draws uniformly from 0..N. `offset` is added. It is a match
+/// evaluated with the rule's statements, in order, after its other
+/// matches.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Numgen {
+    pub random: bool,
+    pub modulus: u32,
+    pub offset: u32,
+    /// The comparison, its left side [`Field::Numgen`].
+    pub m: Match,
 }
 
 /// `ct count [over] N` in a dynamic set's element (the kernel's

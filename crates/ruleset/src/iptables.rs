@@ -650,6 +650,10 @@ const OPTIONS: &[&str] = &[
     "--hashlimit-htable-gcinterval",
     "--hashlimit-srcmask",
     "--hashlimit-dstmask",
+    "--mode",
+    "--probability",
+    "--every",
+    "--packet",
     "--connlimit-upto",
     "--connlimit-above",
     "--connlimit-mask",
@@ -725,6 +729,9 @@ fn rule(
     // destination.
     let mut connlimit: Option<(bool, u32, Span)> = None;
     let mut connlimit_daddr = false;
+    // -m statistic: mode (and its span), probability or every/packet, and
+    // the `!` in front of --probability or --every.
+    let mut stat = Statistic::default();
     let mut skip_unknown = false;
     let mut ok = true;
     let mut i = 0;
@@ -862,6 +869,7 @@ fn rule(
                     "limit",
                     "hashlimit",
                     "connlimit",
+                    "statistic",
                     "quota",
                     "iprange",
                     "length",
@@ -880,7 +888,6 @@ fn rule(
                             "per-address hit lists have no nft equivalent; for rate limits \
                              per source use -m hashlimit",
                         ),
-                        "statistic" => Some("random and nth sampling are not implemented"),
                         "owner" => Some(
                             "socket owners concern locally generated packets, which Sluice \
                              does not have",
@@ -1435,6 +1442,46 @@ fn rule(
                     }
                 }
             }
+            "--mode" => {
+                let a = arg!(w);
+                match a.text.as_str() {
+                    "random" | "nth" => stat.mode = Some((a.text == "random", cx.span(&a))),
+                    m => {
+                        let help = suggest(m, ["random", "nth"]);
+                        cx.err_help(&a, format!("unknown statistic mode '{m}'"), help);
+                        ok = false;
+                    }
+                }
+            }
+            "--probability" => {
+                let a = arg!(w);
+                match a.text.parse::<f64>() {
+                    Ok(p) if (0.0..=1.0).contains(&p) => {
+                        // xt_statistic's fixed point: a 31-bit threshold.
+                        stat.probability = Some((p * 2_147_483_648.0).round() as u64);
+                        stat.negate = neg;
+                    }
+                    _ => {
+                        cx.err(&a, format!("invalid probability '{}' (0 to 1)", a.text));
+                        ok = false;
+                    }
+                }
+            }
+            "--every" | "--packet" => {
+                let a = arg!(w);
+                let n = parse_num(&a.text).and_then(|n| u32::try_from(n).ok());
+                match (w.text.as_str(), n) {
+                    ("--every", Some(n)) if n > 0 => {
+                        stat.every = Some(n);
+                        stat.negate = neg;
+                    }
+                    ("--packet", Some(n)) => stat.packet = Some(n),
+                    _ => {
+                        cx.err(&a, format!("invalid {} '{}'", w.text, a.text));
+                        ok = false;
+                    }
+                }
+            }
             "--connlimit-saddr" => connlimit_daddr = false,
             "--connlimit-daddr" => connlimit_daddr = true,
             "--connlimit-mask" => {
@@ -1613,6 +1660,15 @@ fn rule(
             Ok(st) => r.stmts.push(st),
             Err(e) => {
                 cx.diags.push(RawDiag::new(hsp, e));
+                ok = false;
+            }
+        }
+    }
+    if let (Some((random, msp)), true) = (stat.mode, ok) {
+        match statistic(&stat, random, msp) {
+            Ok(st) => r.stmts.push(st),
+            Err(e) => {
+                cx.diags.push(RawDiag::new(msp, e));
                 ok = false;
             }
         }
@@ -1819,6 +1875,64 @@ fn hashlimit(
             limit: Some(limit),
             counter: false,
             ct_count: None,
+        })),
+        span,
+    })
+}
+
+/// What `-m statistic` options a rule gave.
+#[derive(Default)]
+struct Statistic {
+    /// (random, span of the mode).
+    mode: Option<(bool, Span)>,
+    /// `--probability`, as xt_statistic's 31-bit threshold.
+    probability: Option<u64>,
+    every: Option<u32>,
+    packet: Option<u32>,
+    negate: bool,
+}
+
+/// `-m statistic` as the kernel's `xt_statistic` decides it, in nft's
+/// `numgen`, as iptables-translate writes it: `--mode random --probability
+/// P` matches when a 31-bit random number is below `P * 2^31`, which is
+/// `numgen random mod 2147483648 < T`; `--mode nth --every N --packet P`
+/// matches packets P+1, P+1+N, ... (iptables starts the module's counter
+/// at `N - 1 - P`), which is `numgen inc mod N P` (the first number is 0).
+/// The kernel oracle's `statistic.rules` checks both against the module.
+fn statistic(st: &Statistic, random: bool, span: Span) -> Result<Stmt, String> {
+    let (modulus, op, value) = if random {
+        let Some(t) = st.probability else {
+            return Err("--mode random needs --probability".into());
+        };
+        let op = if st.negate { RelOp::Ge } else { RelOp::Lt };
+        (1u32 << 31, op, t)
+    } else {
+        let (Some(n), Some(p)) = (st.every, st.packet) else {
+            return Err("--mode nth needs --every and --packet (as iptables does)".into());
+        };
+        if p >= n {
+            return Err(format!("--packet {p} must be less than --every {n}"));
+        }
+        let op = if st.negate {
+            RelOp::Ne
+        } else {
+            RelOp::Implicit
+        };
+        (n, op, u64::from(p))
+    };
+    Ok(Stmt {
+        kind: StmtKind::Numgen(Box::new(Numgen {
+            random,
+            modulus,
+            offset: 0,
+            m: Match {
+                left: Field::Numgen.into(),
+                mask: None,
+                op,
+                right: Value::Num(value),
+                span,
+                right_span: span,
+            },
         })),
         span,
     })

@@ -1397,6 +1397,11 @@ impl<'s> Parser<'s> {
                 stmts.push(Stmt { kind, span: sp });
                 continue;
             }
+            if w == "numgen" {
+                let kind = self.numgen(sp)?;
+                stmts.push(Stmt { kind, span: sp });
+                continue;
+            }
             if w == "ct" && self.word_at(1) == Some("count") {
                 return self.err(
                     sp,
@@ -2389,6 +2394,45 @@ impl<'s> Parser<'s> {
                 format!("invalid byte unit '{u}' (bytes, kbytes, mbytes)"),
             ),
         }
+    }
+
+    /// `numgen inc|random mod N [offset O]`, then the comparison.
+    fn numgen(&mut self, sp: Span) -> P<StmtKind> {
+        self.bump();
+        let (kind, _) = self.keyword("numgen type", &["inc", "random"])?;
+        let random = kind == "random";
+        self.keyword("'mod'", &["mod"])?;
+        let (w, wsp) = self.expect_word("modulus")?;
+        let modulus = match parse_num(w).and_then(|n| u32::try_from(n).ok()) {
+            Some(n) if n > 0 => n,
+            _ => {
+                return self.err(
+                    wsp,
+                    format!("invalid numgen modulus '{w}': expected 1-4294967295"),
+                )
+            }
+        };
+        let offset = if self.eat_word("offset") {
+            let (w, wsp) = self.expect_word("offset")?;
+            match parse_num(w).and_then(|n| u32::try_from(n).ok()) {
+                Some(n) => n,
+                None => {
+                    return self.err(
+                        wsp,
+                        format!("invalid numgen offset '{w}': expected 0-4294967295"),
+                    )
+                }
+            }
+        } else {
+            0
+        };
+        let m = self.relational(Field::Numgen.into(), sp)?;
+        Ok(StmtKind::Numgen(Box::new(Numgen {
+            random,
+            modulus,
+            offset,
+            m,
+        })))
     }
 
     /// What follows `ct count`: `[over] N`.

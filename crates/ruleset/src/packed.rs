@@ -76,20 +76,7 @@ impl PackedRule {
         let n = rd.len()?;
         let mut matches = Vec::with_capacity(n);
         for _ in 0..n {
-            let left = rd.fields()?.into();
-            let mask = rd.opt_num()?;
-            let op = *RELOPS.get(usize::from(rd.u8()?))?;
-            let right = rd.value()?;
-            let span = rd.span()?;
-            let right_span = rd.span()?;
-            matches.push(Match {
-                left,
-                mask,
-                op,
-                right,
-                span,
-                right_span,
-            });
+            matches.push(rd.a_match()?);
         }
         let n = rd.len()?;
         let mut stmts = Vec::with_capacity(n);
@@ -244,12 +231,7 @@ fn encode<S: Sink>(r: &Rule, out: S) -> S {
     w.opt_str(r.comment.as_deref());
     w.num(r.matches.len() as u64);
     for m in &r.matches {
-        w.fields(&m.left);
-        w.opt_num(m.mask);
-        w.u8(m.op as u8);
-        w.value(&m.right);
-        w.span(m.span);
-        w.span(m.right_span);
+        w.a_match(m);
     }
     w.num(r.stmts.len() as u64);
     for s in &r.stmts {
@@ -296,6 +278,15 @@ impl<S: Sink> Writer<S> {
     }
 
     #[inline]
+    fn a_match(&mut self, m: &Match) {
+        self.fields(&m.left);
+        self.opt_num(m.mask);
+        self.u8(m.op as u8);
+        self.value(&m.right);
+        self.span(m.span);
+        self.span(m.right_span);
+    }
+
     /// An optional `ct count`: 0 none, else 1 + (1 for `over`) + (2 for
     /// [`CtCount::existing`]), then N.
     fn ct_count(&mut self, c: Option<&CtCount>) {
@@ -567,6 +558,13 @@ impl<S: Sink> Writer<S> {
                     }
                 }
             }
+            StmtKind::Numgen(n) => {
+                self.u8(17);
+                self.u8(u8::from(n.random));
+                self.num(u64::from(n.modulus));
+                self.num(u64::from(n.offset));
+                self.a_match(&n.m);
+            }
             StmtKind::SetUpdate(u) => {
                 self.u8(13);
                 self.u8(u.op as u8);
@@ -685,6 +683,23 @@ impl Reader<'_> {
     fn len(&mut self) -> Option<usize> {
         let n = usize::try_from(self.num()?).ok()?;
         (n <= self.b.len() - self.pos.min(self.b.len())).then_some(n)
+    }
+
+    fn a_match(&mut self) -> Option<Match> {
+        let left = self.fields()?.into();
+        let mask = self.opt_num()?;
+        let op = *RELOPS.get(usize::from(self.u8()?))?;
+        let right = self.value()?;
+        let span = self.span()?;
+        let right_span = self.span()?;
+        Some(Match {
+            left,
+            mask,
+            op,
+            right,
+            span,
+            right_span,
+        })
     }
 
     /// See the encoder's `ct_count`.
@@ -951,6 +966,22 @@ impl Reader<'_> {
                     unit,
                     used,
                 })
+            }
+            17 => {
+                let random = match self.u8()? {
+                    0 => false,
+                    1 => true,
+                    _ => return None,
+                };
+                let modulus = u32::try_from(self.num()?).ok()?;
+                let offset = u32::try_from(self.num()?).ok()?;
+                let m = self.a_match()?;
+                StmtKind::Numgen(Box::new(Numgen {
+                    random,
+                    modulus,
+                    offset,
+                    m,
+                }))
             }
             13 => {
                 let op = *SET_OPS.get(usize::from(self.u8()?))?;

@@ -431,6 +431,18 @@ fn stmt(s: &StmtKind) -> String {
             }
             s
         }
+        StmtKind::Numgen(n) => {
+            // The comparison as a match prints `numgen OP VALUE`.
+            let cmp = match_to_string(&n.m);
+            let cmp = cmp.strip_prefix("numgen").unwrap_or(&cmp);
+            let offset = if n.offset == 0 {
+                String::new()
+            } else {
+                format!(" offset {}", n.offset)
+            };
+            let kind = if n.random { "random" } else { "inc" };
+            format!("numgen {kind} mod {}{offset}{cmp}", n.modulus)
+        }
         StmtKind::SetUpdate(u) => {
             let key: Vec<String> = u
                 .key

@@ -978,6 +978,43 @@ def connlimit(v6=True):
     return out
 
 
+NUMGEN_NFT = """# numgen: a counter per rule (inc) and random numbers, compared with a
+# value, a range or a set.
+table inet ng {
+    chain ng_fwd {
+        type filter hook forward priority filter; policy accept;
+        udp dport 7100 numgen inc mod 3 0 drop
+        udp dport 7101 numgen inc mod 4 offset 10 { 11, 13 } drop
+        udp dport 7102 numgen inc mod 2 != 1 drop
+        udp dport 7103 numgen random mod 100 > 99 drop
+        udp dport 7104 numgen random mod 100 0-99 drop
+    }
+}
+"""
+
+STATISTIC_RULES = """# xt_statistic, which Sluice reads as numgen: nth (a counter per rule,
+# starting at --packet) and random with probabilities 1 and 0.
+*filter
+:INPUT ACCEPT [0:0]
+:FORWARD ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+-A FORWARD -p udp --dport 7110 -m statistic --mode nth --every 3 --packet 0 -j DROP
+-A FORWARD -p udp --dport 7111 -m statistic --mode nth --every 3 --packet 2 -j DROP
+-A FORWARD -p udp --dport 7112 -m statistic --mode nth ! --every 2 --packet 0 -j DROP
+-A FORWARD -p udp --dport 7113 -m statistic --mode random --probability 1.0 -j DROP
+-A FORWARD -p udp --dport 7114 -m statistic --mode random --probability 0.0 -j DROP
+COMMIT
+"""
+
+
+def numgen(ports, counts):
+    fw = dict(hook="forward", iif="eth0", oif="eth1", src="10.0.2.5", dst="192.0.2.80", proto="udp")
+    out = []
+    for port, n in zip(ports, counts):
+        out += [pkt(**dict(fw, dport=port)) for _ in range(n)]
+    return out
+
+
 def main():
     seed_pk = seed001()
     for name in ("seed001_appendix_b", "seed001_appendix_c", "seed001_appendix_d", "seed001_appendix_e"):
@@ -1035,6 +1072,12 @@ def main():
     with open(os.path.join(HERE, "connlimit_xt.rules"), "w") as f:
         f.write(CONNLIMIT_RULES)
     write("connlimit_xt", connlimit(v6=False))
+    with open(os.path.join(HERE, "numgen.nft"), "w") as f:
+        f.write(NUMGEN_NFT)
+    write("numgen", numgen(range(7100, 7105), (6, 5, 4, 2, 2)))
+    with open(os.path.join(HERE, "statistic.rules"), "w") as f:
+        f.write(STATISTIC_RULES)
+    write("statistic", numgen(range(7110, 7115), (6, 6, 4, 2, 2)))
 
 
 if __name__ == "__main__":
