@@ -640,6 +640,16 @@ pub enum Stmt {
         /// The result when the evaluation has no state.
         stateless: bool,
     },
+    /// `ct count [over] N` in a rule (opaque id): a match on the open
+    /// connections the rule counted, the caller's state answers
+    /// ([`crate::Limits::ct_count`]); `stateless` is the answer without
+    /// state (the packet's own connection the only one).
+    CtCount {
+        /// The statement.
+        id: u32,
+        /// The result when the evaluation has no state.
+        stateless: bool,
+    },
     /// `numgen inc|random mod N ... OP VALUE` (opaque id): a match on a
     /// generated number, the caller's state answers
     /// ([`crate::Limits::numgen`]); `stateless` is the answer without

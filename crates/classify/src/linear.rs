@@ -101,6 +101,14 @@ pub trait Limits: Send + Sync {
         stateless
     }
 
+    /// Whether the rule holding [`Stmt::CtCount`] `id` matches packet `p`
+    /// at `now_ms`, once its connection is counted. Without connection
+    /// counts: `stateless`.
+    fn ct_count(&self, id: u32, p: &PacketFields, now_ms: u64, stateless: bool) -> bool {
+        let _ = (id, p, now_ms);
+        stateless
+    }
+
     /// Whether the rule holding [`Stmt::Numgen`] `id` matches: the next
     /// generated number is in its set. Without generators: `stateless`.
     fn numgen(&self, id: u32, stateless: bool) -> bool {
@@ -164,6 +172,10 @@ pub(crate) fn run_stmts(stmts: &[Stmt], p: &mut PacketFields, limit: Option<&Lim
             (Stmt::Quota { stateless, .. }, None) => *stateless,
             (Stmt::Numgen { id, stateless }, Some(l)) => l.limits.numgen(*id, *stateless),
             (Stmt::Numgen { stateless, .. }, None) => *stateless,
+            (Stmt::CtCount { id, stateless }, Some(l)) => {
+                l.limits.ct_count(*id, p, l.now_ms, *stateless)
+            }
+            (Stmt::CtCount { stateless, .. }, None) => *stateless,
             _ => true,
         };
         if !ok {
@@ -182,6 +194,7 @@ pub(crate) fn run_stmts(stmts: &[Stmt], p: &mut PacketFields, limit: Option<&Lim
             | Stmt::SetOp { .. }
             | Stmt::Quota { .. }
             | Stmt::Numgen { .. }
+            | Stmt::CtCount { .. }
             | Stmt::TcpMss(_) => {}
         }
     }

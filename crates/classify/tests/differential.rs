@@ -190,10 +190,10 @@ fn rand_rule(r: &mut Rng, id: u64, ci: usize, nchains: usize) -> Rule {
     let matches = (0..r.below(4)).map(|_| rand_match(r)).collect();
     let mut stmts = Vec::new();
     // Statements that are matches answered by the caller's state (limits,
-    // dynamic sets, quotas, number generators), each with its answer
-    // without state.
+    // dynamic sets, quotas, number generators, connection counts), each
+    // with its answer without state.
     if r.pct(15) {
-        stmts.push(match r.below(4) {
+        stmts.push(match r.below(5) {
             0 => Stmt::Limit(r.below(4) as u32),
             1 => Stmt::SetOp {
                 id: r.below(4) as u32,
@@ -203,7 +203,11 @@ fn rand_rule(r: &mut Rng, id: u64, ci: usize, nchains: usize) -> Rule {
                 id: r.below(4) as u32,
                 stateless: r.pct(50),
             },
-            _ => Stmt::Numgen {
+            3 => Stmt::Numgen {
+                id: r.below(4) as u32,
+                stateless: r.pct(50),
+            },
+            _ => Stmt::CtCount {
                 id: r.below(4) as u32,
                 stateless: r.pct(50),
             },
@@ -365,6 +369,10 @@ impl Limits for PureState {
 
     fn numgen(&self, id: u32, _stateless: bool) -> bool {
         id % 2 == 1
+    }
+
+    fn ct_count(&self, id: u32, p: &PacketFields, _now_ms: u64, _s: bool) -> bool {
+        (u32::from(p.sport) + id) % 3 != 0
     }
 }
 

@@ -178,6 +178,8 @@ pub struct Limiters {
     counts: Arc<crate::conncount::ConnCounts>,
     /// `numgen` generators, by id.
     numgens: Vec<Arc<Numgen>>,
+    /// A rule's own `ct count`, by id (their counts are in `counts`).
+    ct_counts: Arc<Vec<ast::CtCount>>,
     /// The state of `numgen random` (xorshift64*, shared by every
     /// generator and worker).
     rng: Arc<AtomicU64>,
@@ -292,6 +294,7 @@ impl Limiters {
             sets: self.sets.iter().map(|s| Arc::new(s.snapshot())).collect(),
             ops: Arc::clone(&self.ops),
             counts: Arc::new(self.counts.snapshot()),
+            ct_counts: Arc::clone(&self.ct_counts),
             numgens: self
                 .numgens
                 .iter()
@@ -342,6 +345,19 @@ impl Limiters {
         self.numgens.len()
     }
 
+    /// A rule's own `ct count` statements `specs` (ids `0..specs.len()`);
+    /// the counts are kept by id.
+    pub(crate) fn extend_ct_counts(&mut self, specs: &[ast::CtCount]) {
+        if specs.len() > self.ct_counts.len() {
+            self.ct_counts = Arc::new(specs.to_vec());
+        }
+    }
+
+    /// A rule's own `ct count` statements known.
+    pub(crate) fn ct_counts(&self) -> usize {
+        self.ct_counts.len()
+    }
+
     /// `quota` statements known.
     pub(crate) fn quotas(&self) -> usize {
         self.quotas.len()
@@ -362,9 +378,9 @@ impl Limiters {
         &self.counts
     }
 
-    /// Whether some dynamic-set operation counts connections.
+    /// Whether some rule or dynamic-set operation counts connections.
     pub(crate) fn counts_connections(&self) -> bool {
-        self.ops.iter().any(|(o, _)| o.ct_count.is_some())
+        !self.ct_counts.is_empty() || self.ops.iter().any(|(o, _)| o.ct_count.is_some())
     }
 
     /// Whether there are any (buckets, dynamic-set operations, quotas,
@@ -374,6 +390,7 @@ impl Limiters {
             && self.ops.is_empty()
             && self.quotas.is_empty()
             && self.numgens.is_empty()
+            && self.ct_counts.is_empty()
     }
 
     /// How many.
@@ -410,7 +427,26 @@ impl sluice_classify::Limits for Limiters {
             .get(id as usize)
             .map_or(stateless, |g| g.spec.matches(g.next(&self.rng)))
     }
+
+    fn ct_count(&self, id: u32, p: &PacketFields, now_ms: u64, stateless: bool) -> bool {
+        let Some(c) = self.ct_counts.get(id as usize) else {
+            return stateless;
+        };
+        // One list per statement, beside the elements' lists (no dynamic
+        // set has this index).
+        let mut key = [0; crate::lower::MAX_SET_KEY];
+        key[0] = u128::from(id);
+        let exists = p.ct_state != sluice_classify::ir::ct::NEW;
+        let n = self
+            .counts
+            .count(RULE_COUNTS, &key, &p.conn, now_ms, exists, false);
+        (n > c.count as usize) == c.over
+    }
 }
+
+/// The dynamic-set index under which [`crate::conncount::ConnCounts`]
+/// keeps a rule's own `ct count` lists (keyed by the statement's id).
+const RULE_COUNTS: u32 = u32::MAX;
 
 /// The state a trace keeps from packet to packet: the dynamic sets; every
 /// plain `limit` is within its rate, as in a stateless trace.
@@ -432,6 +468,10 @@ impl sluice_classify::Limits for SetsOnly {
 
     fn numgen(&self, id: u32, stateless: bool) -> bool {
         sluice_classify::Limits::numgen(&self.0, id, stateless)
+    }
+
+    fn ct_count(&self, id: u32, p: &PacketFields, now_ms: u64, stateless: bool) -> bool {
+        sluice_classify::Limits::ct_count(&self.0, id, p, now_ms, stateless)
     }
 }
 

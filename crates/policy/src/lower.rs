@@ -180,6 +180,17 @@ pub struct DynSetSpec {
     pub elements: Vec<SetKey>,
 }
 
+/// The tables of the statements with run-time state that an incremental
+/// lowering continues: dynamic sets and their operations, quotas, number
+/// generators, a rule's own connection counts.
+pub type StatefulTables = (
+    Vec<DynSetSpec>,
+    Vec<SetOpSpec>,
+    Vec<ast::Quota>,
+    Vec<NumgenSpec>,
+    Vec<ast::CtCount>,
+);
+
 /// One `numgen` match: the generator and the numbers it matches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NumgenSpec {
@@ -281,6 +292,8 @@ pub(crate) struct Lowered {
     pub quotas: Vec<ast::Quota>,
     /// `numgen` generators, by the id in [`ir::Stmt::Numgen`].
     pub numgens: Vec<NumgenSpec>,
+    /// A rule's own `ct count`, by the id in [`ir::Stmt::CtCount`].
+    pub ct_counts: Vec<ast::CtCount>,
     /// One per AST rule lowered without error, in handle order.
     pub sources: Vec<RuleSource>,
 }
@@ -518,6 +531,7 @@ impl<'a> Lowerer<'a> {
                 set_ops: Vec::new(),
                 quotas: Vec::new(),
                 numgens: Vec::new(),
+                ct_counts: Vec::new(),
                 sources: Vec::new(),
             },
             id_base: 0,
@@ -541,12 +555,7 @@ impl<'a> Lowerer<'a> {
         id_base: u64,
         handle: u64,
         tables: (Vec<NatAction>, Vec<Pool>, Vec<ast::Log>, Vec<ast::Limit>),
-        dynamic: (
-            Vec<DynSetSpec>,
-            Vec<SetOpSpec>,
-            Vec<ast::Quota>,
-            Vec<NumgenSpec>,
-        ),
+        dynamic: StatefulTables,
         location: RuleLocation,
     ) -> Self {
         let mut l = Lowerer::new(rs, ifaces);
@@ -554,7 +563,13 @@ impl<'a> Lowerer<'a> {
         l.next_handle = handle;
         l.location = Some(location);
         (l.out.nat, l.out.pools, l.out.logs, l.out.limits) = tables;
-        (l.out.sets, l.out.set_ops, l.out.quotas, l.out.numgens) = dynamic;
+        (
+            l.out.sets,
+            l.out.set_ops,
+            l.out.quotas,
+            l.out.numgens,
+            l.out.ct_counts,
+        ) = dynamic;
         l.declare();
         l
     }
@@ -733,6 +748,7 @@ impl<'a> Lowerer<'a> {
             && self.out.set_ops.is_empty()
             && self.out.quotas.is_empty()
             && self.out.numgens.is_empty()
+            && self.out.ct_counts.is_empty()
     }
 
     /// Appends what `other` (a fresh lowerer: ids from 0, handles from
@@ -916,6 +932,19 @@ impl<'a> Lowerer<'a> {
                     pre.push(st);
                     None
                 }),
+                StmtKind::CtCount(c) => match u32::try_from(self.out.ct_counts.len()) {
+                    Ok(id) => {
+                        self.out.ct_counts.push(*c);
+                        pre.push(Stmt::CtCount {
+                            id,
+                            // Without state the packet's connection is
+                            // the only one.
+                            stateless: (c.count < 1) == c.over,
+                        });
+                        Ok(None)
+                    }
+                    Err(_) => Err("too many ct count statements".into()),
+                },
                 StmtKind::MetaMarkSet(v) => {
                     pre.push(Stmt::MarkSet(MarkOp::set(*v)));
                     Ok(None)

@@ -115,6 +115,7 @@ pub(crate) struct Tables {
     pub set_ops: Vec<crate::lower::SetOpSpec>,
     pub quotas: Vec<ast::Quota>,
     pub numgens: Vec<crate::lower::NumgenSpec>,
+    pub ct_counts: Vec<ast::CtCount>,
 }
 
 /// Rule sets at least this large build the rule store's `order` map
@@ -344,6 +345,7 @@ impl CompiledPolicy {
                 set_ops: lowered.set_ops,
                 quotas: lowered.quotas,
                 numgens: lowered.numgens,
+                ct_counts: lowered.ct_counts,
             }),
             store,
             program: OnceLock::new(),
@@ -413,6 +415,7 @@ impl CompiledPolicy {
         l.extend_sets(&self.tables.sets, &self.tables.set_ops);
         l.extend_quotas(&self.tables.quotas);
         l.extend_numgens(&self.tables.numgens);
+        l.extend_ct_counts(&self.tables.ct_counts);
         self.limiters = Arc::new(l);
         self.counters.ensure(self.store.infos.len() as u64);
         // Every rule, in handle order (seeding does not depend on the
@@ -469,6 +472,7 @@ impl CompiledPolicy {
                 t.set_ops.clone(),
                 t.quotas.clone(),
                 t.numgens.clone(),
+                t.ct_counts.clone(),
             ),
             crate::lower::RuleLocation::Label("program".into()),
         )
@@ -1880,6 +1884,7 @@ mod tests {
             "table ip t {\n set per_src { type ipv4_addr; flags dynamic; }\n \
              chain f {\n type filter hook forward priority 0; policy accept;\n \
              tcp dport 22 ct state new add @per_src { ip saddr ct count over 2 } reject with tcp reset\n \
+             tcp dport 25 ct count over 1 drop\n \
              }\n}\n",
         );
         assert!(p.counts_connections());
@@ -1939,6 +1944,29 @@ mod tests {
         assert_eq!(new(&q, 1, 1007, 4), Verdict::Accept);
         assert_eq!(new(&q, 1, 1008, 4), rst);
         let _ = q;
+        // A rule's own count: one list for every source.
+        let smtp = |p: &CompiledPolicy, src: u128, sport: u16| {
+            let mut c = conn(src, sport);
+            c.dport = 25;
+            p.decide(
+                Hook::Forward,
+                &PolicyPacket {
+                    src,
+                    sport,
+                    dport: 25,
+                    now_ms: 10,
+                    conn: c,
+                    ..packet()
+                },
+            )
+            .verdict
+        };
+        assert_eq!(smtp(&p, 7, 1), Verdict::Accept);
+        assert_eq!(smtp(&p, 8, 1), Verdict::Drop, "a second source, same rule");
+        assert!(
+            pol("table ip t { chain f { type filter hook forward priority 0; ct count 3 } }")
+                .counts_connections()
+        );
     }
 
     #[test]

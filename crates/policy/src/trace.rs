@@ -650,6 +650,7 @@ impl CompiledPolicy {
         l.extend_sets(&self.tables.sets, &self.tables.set_ops);
         l.extend_quotas(&self.tables.quotas);
         l.extend_numgens(&self.tables.numgens);
+        l.extend_ct_counts(&self.tables.ct_counts);
         TraceState {
             sets: Arc::new(crate::limits::SetsOnly(l)),
         }

@@ -178,12 +178,14 @@ impl CompiledPolicy {
             || next.tables.set_ops.len() > next.limiters.set_ops()
             || next.tables.quotas.len() > next.limiters.quotas()
             || next.tables.numgens.len() > next.limiters.numgens()
+            || next.tables.ct_counts.len() > next.limiters.ct_counts()
         {
             let mut l = (*next.limiters).clone();
             l.extend_to(&next.tables.limits);
             l.extend_sets(&next.tables.sets, &next.tables.set_ops);
             l.extend_quotas(&next.tables.quotas);
             l.extend_numgens(&next.tables.numgens);
+            l.extend_ct_counts(&next.tables.ct_counts);
             next.limiters = Arc::new(l);
         }
         if let (Command::AddRule { .. }, Some(h)) = (cmd, applied.handle) {
@@ -265,6 +267,7 @@ impl CompiledPolicy {
                 t.set_ops.clone(),
                 t.quotas.clone(),
                 t.numgens.clone(),
+                t.ct_counts.clone(),
             ),
             location,
         )
@@ -402,6 +405,7 @@ impl CompiledPolicy {
             || out.set_ops.len() != self.tables.set_ops.len()
             || out.quotas.len() != self.tables.quotas.len()
             || out.numgens.len() != self.tables.numgens.len()
+            || out.ct_counts.len() != self.tables.ct_counts.len()
         {
             self.tables = Arc::new(Tables {
                 nat: out.nat.clone(),
@@ -412,6 +416,7 @@ impl CompiledPolicy {
                 set_ops: out.set_ops.clone(),
                 quotas: out.quotas.clone(),
                 numgens: out.numgens.clone(),
+                ct_counts: out.ct_counts.clone(),
             });
         }
         let base = self.store.infos.len() as u64;

@@ -727,6 +727,9 @@ pub enum StmtKind {
     /// `numgen inc|random mod N [offset O] OP VALUE`: a match on a
     /// generated number (iptables `-m statistic`).
     Numgen(Box<Numgen>),
+    /// `ct count [over] N` in a rule: the open connections of every packet
+    /// that met it (one count per rule, the kernel's `nft_connlimit`).
+    CtCount(CtCount),
 }
 
 /// `numgen inc|random mod N [offset O]` compared with a value, range or set
@@ -744,9 +747,10 @@ pub struct Numgen {
     pub m: Match,
 }
 
-/// `ct count [over] N` in a dynamic set's element (the kernel's
-/// `nft_connlimit`): a match on the connections counted for the element
-/// that are still open, this packet's own included. Without `over` the rule matches while they are at most
+/// `ct count [over] N`, in a rule or in a dynamic set's element (the
+/// kernel's `nft_connlimit`): a match on the connections counted by the
+/// rule or for the element that are still open, this packet's own
+/// included. Without `over` the rule matches while they are at most
 /// `count`; with `over` once they are more.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 pub struct CtCount {

@@ -1403,12 +1403,11 @@ impl<'s> Parser<'s> {
                 continue;
             }
             if w == "ct" && self.word_at(1) == Some("count") {
-                return self.err(
-                    sp,
-                    "'ct count' is supported in a dynamic set's element, which counts per \
-                     key (add @s { ip saddr ct count over N }); a rule's own count of all \
-                     its connections is not implemented yet",
-                );
+                self.bump();
+                self.bump();
+                let kind = StmtKind::CtCount(self.ct_count()?);
+                stmts.push(Stmt { kind, span: sp });
+                continue;
             }
             if let Some(why) = unsupported_keyword(w) {
                 return self.err(sp, format!("'{w}' is not supported: {why}"));

@@ -558,6 +558,10 @@ impl<S: Sink> Writer<S> {
                     }
                 }
             }
+            StmtKind::CtCount(c) => {
+                self.u8(18);
+                self.ct_count(Some(c));
+            }
             StmtKind::Numgen(n) => {
                 self.u8(17);
                 self.u8(u8::from(n.random));
@@ -967,6 +971,7 @@ impl Reader<'_> {
                     used,
                 })
             }
+            18 => StmtKind::CtCount(self.ct_count()??),
             17 => {
                 let random = match self.u8()? {
                     0 => false,

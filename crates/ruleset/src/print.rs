@@ -431,6 +431,7 @@ fn stmt(s: &StmtKind) -> String {
             }
             s
         }
+        StmtKind::CtCount(c) => ct_count(c),
         StmtKind::Numgen(n) => {
             // The comparison as a match prints `numgen OP VALUE`.
             let cmp = match_to_string(&n.m);

@@ -935,6 +935,7 @@ table inet cl {
         tcp dport 22 add @per_src6 { ip6 saddr ct count over 1 } drop
         udp dport 53 add @per_src { ip saddr ct count over 1 } drop
         udp dport 54 update @lim { ip saddr limit rate over 1/hour burst 1 packets } drop
+        tcp dport 25 ct count over 2 drop
     }
     # An element the rule set declares has no limit of its own: the
     # statement's limit applies only to the elements it creates.
@@ -975,6 +976,8 @@ def connlimit(v6=True):
         # The TCP connection of 10.0.1.6 already counts: udp 53 is its second.
         out += [pkt(**dict(fw, src="10.0.1.6", proto="udp", dport=53))]
         out += [pkt(**dict(fw, src=s, proto="udp", dport=54)) for s in ("10.0.1.9", "10.0.1.10") for _ in range(3)]
+        # A rule's own count: every source together.
+        out += [pkt(**dict(fw, src=s, proto="tcp", dport=25)) for s in ("10.0.1.11", "10.0.1.12", "10.0.1.13")]
     return out
 
 
