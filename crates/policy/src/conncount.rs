@@ -19,7 +19,8 @@
 //!   them for up to two jiffies the same way, since its conntrack entry is
 //!   confirmed only after the hooks.
 //! - Deleting an element (`delete @s`, `nft delete element`, `flush set`)
-//!   deletes its count.
+//!   deletes its count, and an element that expired and is added again
+//!   starts from none.
 //!
 //! Concurrency: every worker and every generation derived by rule updates
 //! shares one table behind one mutex. Only the packets that meet a `ct

@@ -202,7 +202,8 @@ impl DynSet {
 
     /// `add` (`refresh` false) or `update` (true) of `k` by operation
     /// `op`; the operation that created the element (`op` itself for a new
-    /// one), after its packet and byte counts and its `limit` (`ops`, by
+    /// one) and whether it was created now (absent or expired before),
+    /// after its packet and byte counts and its `limit` (`ops`, by
     /// operation id) ran: `None` when the rule stops there (the set is
     /// full, or the limit did not match).
     #[allow(clippy::too_many_arguments)]
@@ -214,7 +215,7 @@ impl DynSet {
         ops: &[(SetOpSpec, Option<Rate>)],
         now_ms: u64,
         len: u32,
-    ) -> Option<u32> {
+    ) -> Option<(u32, bool)> {
         let timeout_ms = ops.get(op as usize).and_then(|(o, _)| o.timeout_ms);
         let expires = match timeout_ms.or(self.timeout_ms) {
             Some(t) => now_ms.saturating_add(t),
@@ -228,19 +229,19 @@ impl DynSet {
                     if refresh {
                         e.expires_ms = expires;
                     }
-                    return hit(e, ops, now_ms, len);
+                    return hit(e, ops, now_ms, len).map(|c| (c, false));
                 }
                 Some(e) => {
                     // Expired: it is added afresh.
                     *e = fresh(expires, op);
-                    return hit(e, ops, now_ms, len);
+                    return hit(e, ops, now_ms, len).map(|c| (c, true));
                 }
                 None => {}
             }
             if self.len.load(Ordering::Relaxed) < self.cap {
                 self.len.fetch_add(1, Ordering::Relaxed);
                 let e = m.entry(*k).or_insert(fresh(expires, op));
-                return hit(e, ops, now_ms, len);
+                return hit(e, ops, now_ms, len).map(|c| (c, true));
             }
             drop(m);
             // Full: make room from expired elements once, else the rule
@@ -334,12 +335,17 @@ pub(crate) fn run(
             return true;
         }
     };
-    let Some(creator) = creator else {
+    let Some((creator, created)) = creator else {
         return false;
     };
     // The element's expressions run in order: its count after its limit.
     match ops.get(creator as usize).and_then(|(o, _)| o.ct_count) {
         Some(c) => {
+            // An element created now starts with no connections, even if
+            // an expired one with the same key had some.
+            if created {
+                counts.forget(op.set, &k);
+            }
             // nft's count adds only a connection met with its first packet
             // (`nft_connlimit` skips confirmed ones); iptables' adds any
             // (`xt_connlimit`).

@@ -1970,6 +1970,46 @@ mod tests {
     }
 
     #[test]
+    fn an_expired_element_comes_back_without_its_connections() {
+        use sluice_engine::{ConnTuple, Policy as _};
+        let p = pol(
+            "table ip t {\n set s { type ipv4_addr; flags dynamic; timeout 1s; }\n \
+             chain f {\n type filter hook forward priority 0; policy accept;\n \
+             tcp dport 22 add @s { ip saddr ct count over 1 } drop\n }\n}\n",
+        );
+        let new = |sport: u16, ms: u64| {
+            let c = ConnTuple {
+                src: 0x0a00_0001,
+                dst: 0x0a00_0002,
+                sport,
+                dport: 22,
+                proto: 6,
+                family: 4,
+            };
+            let v = p
+                .decide(
+                    Hook::Forward,
+                    &PolicyPacket {
+                        sport,
+                        now_ms: ms,
+                        conn: c,
+                        ..packet()
+                    },
+                )
+                .verdict;
+            if v == Verdict::Accept {
+                p.conn_confirmed(&c);
+            }
+            v
+        };
+        assert_eq!(new(1, 0), Verdict::Accept);
+        assert_eq!(new(2, 10), Verdict::Drop, "two open, over one");
+        // The element expired at 1 s (connection 1 is still open): added
+        // again, it starts from none, as the kernel's new element does.
+        assert_eq!(new(3, 2_000), Verdict::Accept);
+    }
+
+    #[test]
     fn numgen_counts_per_rule_and_draws_at_the_asked_rate() {
         let p = pol(
             "table ip t {\n chain f {\n type filter hook forward priority 0; policy accept;\n \
