@@ -606,7 +606,8 @@ impl Control {
                             .map(|e| {
                                 json!({"key": p.format_set_key(n, &e.key),
                                        "expires_ms": e.expires_in_ms,
-                                       "packets": e.packets, "bytes": e.bytes})
+                                       "packets": e.packets, "bytes": e.bytes,
+                                       "connections": e.connections})
                             })
                             .collect();
                         json!({"set": n, "count": list.len(), "elements": list})

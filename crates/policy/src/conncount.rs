@@ -199,7 +199,6 @@ impl ConnCounts {
     }
 
     /// The connections counted for element `key` of set `set`.
-    #[cfg(test)]
     pub(crate) fn counted(&self, set: u32, key: &SetKey) -> usize {
         if !self.used.load(Ordering::Relaxed) {
             return 0;

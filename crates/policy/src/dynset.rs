@@ -90,6 +90,8 @@ pub struct ListedElem {
     pub packets: u64,
     /// Bytes.
     pub bytes: u64,
+    /// The open connections its `ct count` holds; `None` without one.
+    pub connections: Option<u64>,
 }
 
 fn shard_of(k: &SetKey) -> usize {
@@ -253,17 +255,30 @@ impl DynSet {
         }
     }
 
-    /// The live elements, keys cut to `key_len` values.
-    pub(crate) fn elements(&self, key_len: usize, now_ms: u64) -> Vec<ListedElem> {
+    /// The live elements, keys cut to `key_len` values, with the
+    /// connections counted for those whose creating operation (of `ops`)
+    /// has a `ct count` (this is set `set` of `counts`).
+    pub(crate) fn elements(
+        &self,
+        key_len: usize,
+        now_ms: u64,
+        set: u32,
+        ops: &[(SetOpSpec, Option<Rate>)],
+        counts: &ConnCounts,
+    ) -> Vec<ListedElem> {
         let mut out = Vec::new();
         for s in self.shards.iter() {
             let m = s.lock().unwrap_or_else(PoisonError::into_inner);
             for (k, e) in m.iter().filter(|(_, e)| e.live(now_ms)) {
+                let counted = ops
+                    .get(e.creator as usize)
+                    .is_some_and(|(o, _)| o.ct_count.is_some());
                 out.push(ListedElem {
                     key: k.iter().take(key_len.min(MAX_SET_KEY)).copied().collect(),
                     expires_in_ms: (e.expires_ms != NEVER).then(|| e.expires_ms - now_ms),
                     packets: e.packets,
                     bytes: e.bytes,
+                    connections: counted.then(|| counts.counted(set, k) as u64),
                 });
             }
         }

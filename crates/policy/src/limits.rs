@@ -373,6 +373,18 @@ impl Limiters {
         self.sets.get(i).map(|s| &**s)
     }
 
+    /// The live elements of dynamic set `i` (see
+    /// [`crate::dynset::DynSet::elements`]).
+    pub(crate) fn set_elements(
+        &self,
+        i: usize,
+        key_len: usize,
+        now_ms: u64,
+    ) -> Option<Vec<crate::dynset::ListedElem>> {
+        let set = self.sets.get(i)?;
+        Some(set.elements(key_len, now_ms, i as u32, &self.ops, &self.counts))
+    }
+
     /// The connection counts of dynamic-set elements.
     pub(crate) fn conn_counts(&self) -> &crate::conncount::ConnCounts {
         &self.counts

@@ -674,7 +674,7 @@ impl CompiledPolicy {
     ) -> Option<Vec<crate::dynset::ListedElem>> {
         let i = self.tables.sets.iter().position(|s| s.name == name)?;
         let key_len = self.tables.sets.get(i)?.key_types.len();
-        Some(self.limiters.set(i)?.elements(key_len, now_ms))
+        self.limiters.set_elements(i, key_len, now_ms)
     }
 
     /// A dynamic set's key as nft writes it (`192.0.2.1 . 22`).
@@ -1926,6 +1926,17 @@ mod tests {
         assert_eq!(new(&p, 1, 1001, 0), Verdict::Accept);
         assert_eq!(new(&p, 1, 1002, 0), rst, "a third from the same source");
         assert_eq!(new(&p, 2, 1000, 0), Verdict::Accept, "another source");
+        // `ctl set list` shows each element's open connections (the
+        // refused one still counts within its millisecond).
+        let listed = p
+            .dynamic_set_elements("ip t per_src", 0)
+            .unwrap_or_else(|| panic!("no set"));
+        let conns: Vec<(u128, Option<u64>)> =
+            listed.iter().map(|e| (e.key[0], e.connections)).collect();
+        assert_eq!(
+            conns,
+            [(0xffff_0000_0001, Some(3)), (0xffff_0000_0002, Some(1))]
+        );
         // The refused one stops counting a millisecond later; one of the
         // two open ones closes: room for one more, not two.
         p.conn_closed(&conn(1, 1000));
