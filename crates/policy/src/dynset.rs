@@ -54,10 +54,13 @@ struct Elem {
     /// Packets and bytes that hit the element through `add`/`update`.
     packets: u64,
     bytes: u64,
-    /// The operation that created the element, whose `limit` and `ct
-    /// count` the element keeps ([`NO_OP`]: declared or added by the
-    /// control plane, without either).
+    /// The operation that created the element, whose `limit`, `quota`
+    /// and `ct count` the element keeps ([`NO_OP`]: declared or added by
+    /// the control plane, without any).
     creator: u32,
+    /// Bytes its `quota` has counted (from the quota's `used` at
+    /// creation).
+    quota_used: u64,
 }
 
 /// [`Elem::creator`] of an element no statement created.
@@ -235,14 +238,14 @@ impl DynSet {
                 }
                 Some(e) => {
                     // Expired: it is added afresh.
-                    *e = fresh(expires, op);
+                    *e = fresh_by(expires, op, ops);
                     return hit(e, ops, now_ms, len).map(|c| (c, true));
                 }
                 None => {}
             }
             if self.len.load(Ordering::Relaxed) < self.cap {
                 self.len.fetch_add(1, Ordering::Relaxed);
-                let e = m.entry(*k).or_insert(fresh(expires, op));
+                let e = m.entry(*k).or_insert(fresh_by(expires, op, ops));
                 return hit(e, ops, now_ms, len).map(|c| (c, true));
             }
             drop(m);
@@ -287,6 +290,19 @@ impl DynSet {
     }
 }
 
+/// A new element created by operation `creator` (of `ops`): its quota
+/// starts at the quota's `used` bytes.
+fn fresh_by(expires_ms: u64, creator: u32, ops: &[(SetOpSpec, Option<Rate>)]) -> Elem {
+    let used = ops
+        .get(creator as usize)
+        .and_then(|(o, _)| o.quota)
+        .map_or(0, |q| q.used_bytes());
+    Elem {
+        quota_used: used,
+        ..fresh(expires_ms, creator)
+    }
+}
+
 fn fresh(expires_ms: u64, creator: u32) -> Elem {
     Elem {
         expires_ms,
@@ -295,6 +311,7 @@ fn fresh(expires_ms: u64, creator: u32) -> Elem {
         packets: 0,
         bytes: 0,
         creator,
+        quota_used: 0,
     }
 }
 
@@ -305,11 +322,23 @@ fn fresh(expires_ms: u64, creator: u32) -> Elem {
 fn hit(e: &mut Elem, ops: &[(SetOpSpec, Option<Rate>)], now_ms: u64, len: u32) -> Option<u32> {
     e.packets += 1;
     e.bytes += u64::from(len);
-    let rate = ops.get(e.creator as usize).and_then(|(_, r)| r.as_ref());
-    match rate {
-        Some(r) if !r.take(&mut e.tokens, &mut e.last_ms, now_ms, len) => None,
-        _ => Some(e.creator),
+    let Some((op, rate)) = ops.get(e.creator as usize) else {
+        return Some(e.creator);
+    };
+    if let Some(r) = rate {
+        if !r.take(&mut e.tokens, &mut e.last_ms, now_ms, len) {
+            return None;
+        }
     }
+    if let Some(q) = &op.quota {
+        // The kernel's `nft_quota`: the length is added first; over once
+        // the used bytes exceed the quota.
+        e.quota_used = e.quota_used.saturating_add(u64::from(len));
+        if (e.quota_used > q.bytes()) != q.over {
+            return None;
+        }
+    }
+    Some(e.creator)
 }
 
 /// The key of operation `op` for packet `p`.

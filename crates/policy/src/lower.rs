@@ -255,8 +255,10 @@ pub struct SetOpSpec {
     pub timeout_ms: Option<u64>,
     /// A `limit` kept per element.
     pub limit: Option<ast::Limit>,
-    /// A `ct count` kept per element (after the `limit`).
+    /// A `ct count` kept per element (after the `limit` and `quota`).
     pub ct_count: Option<ast::CtCount>,
+    /// A byte `quota` kept per element (after the `limit`).
+    pub quota: Option<ast::Quota>,
 }
 
 /// One NAT action, indexed by the id in [`ir::Verdict::Nat`].
@@ -1502,6 +1504,7 @@ impl<'a> Lowerer<'a> {
                 timeout_ms: None,
                 limit: None,
                 ct_count: None,
+                quota: None,
             },
             // Without state every dynamic set is empty.
             negate,
@@ -1555,9 +1558,13 @@ impl<'a> Lowerer<'a> {
                 timeout_ms: u.timeout_ms,
                 limit: u.limit,
                 ct_count: u.ct_count,
+                quota: u.quota,
             },
-            // Without state an element's count is the packet's connection.
-            u.ct_count.is_none_or(|c| (c.count < 1) == c.over),
+            // Without state an element's count is the packet's connection
+            // and its quota has only the packet's bytes (taken as none).
+            u.ct_count.is_none_or(|c| (c.count < 1) == c.over)
+                && u.quota
+                    .is_none_or(|q| (q.used_bytes() > q.bytes()) == q.over),
         )
     }
 

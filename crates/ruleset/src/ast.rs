@@ -812,10 +812,11 @@ impl SetOp {
     }
 }
 
-/// `add | update | delete @set { KEY [timeout T] [limit ...] [counter]
-/// [ct count [over] N] }`. The statement is also a match, as in the
-/// kernel's `nft_dynset`: the rule stops when the set is full or the
-/// element's `limit` or `ct count` does not match.
+/// `add | update | delete @set { KEY [timeout T] [limit ...] [quota ...]
+/// [counter] [ct count [over] N] }`. The statement is also a match, as in
+/// the kernel's `nft_dynset`: the rule stops when the set is full or the
+/// element's `limit`, `quota` or `ct count` does not match (they run in
+/// that order).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SetUpdate {
     pub op: SetOp,
@@ -830,6 +831,8 @@ pub struct SetUpdate {
     pub counter: bool,
     /// A `ct count` kept per element (iptables `-m connlimit`).
     pub ct_count: Option<CtCount>,
+    /// A byte `quota` kept per element.
+    pub quota: Option<Quota>,
 }
 
 /// One part of a [`SetUpdate`]'s key: a field of the packet, or a constant

@@ -1875,6 +1875,7 @@ fn hashlimit(
             limit: Some(limit),
             counter: false,
             ct_count: None,
+            quota: None,
         })),
         span,
     })
@@ -1973,6 +1974,7 @@ fn connlimit_stmt(
             timeout_ms: None,
             limit: None,
             counter: false,
+            quota: None,
             ct_count: Some(CtCount {
                 count,
                 over,

@@ -2317,6 +2317,7 @@ impl<'s> Parser<'s> {
             limit: None,
             counter: false,
             ct_count: None,
+            quota: None,
         };
         loop {
             let isp = self.span();
@@ -2331,6 +2332,10 @@ impl<'s> Parser<'s> {
                 Some("limit") if op != SetOp::Delete => {
                     self.bump();
                     u.limit = Some(self.limit()?);
+                }
+                Some("quota") if op != SetOp::Delete => {
+                    self.bump();
+                    u.quota = Some(self.quota()?);
                 }
                 Some("counter") if op != SetOp::Delete => {
                     self.bump();
@@ -2350,25 +2355,33 @@ impl<'s> Parser<'s> {
                     self.bump();
                     u.ct_count = Some(self.ct_count()?);
                 }
-                Some(x @ ("ct" | "quota")) => {
-                    let x = x.to_string();
+                Some("ct") => {
                     return self.err(
                         isp,
-                        format!(
-                            "'{x}' in a set element is not supported yet \
-                             (timeout, limit, counter and ct count are)"
-                        ),
+                        "only 'ct count' is supported in a set element \
+                         (with timeout, limit, quota and counter)",
                     );
                 }
                 _ => {
                     let expect = if op == SetOp::Delete {
                         "'}' (a delete takes only the key)"
                     } else {
-                        "'timeout', 'limit', 'counter', 'ct count' or '}'"
+                        "'timeout', 'limit', 'quota', 'counter', 'ct count' or '}'"
                     };
                     return self.unexpected(expect);
                 }
             }
+        }
+        let exprs = usize::from(u.limit.is_some())
+            + usize::from(u.quota.is_some())
+            + usize::from(u.counter)
+            + usize::from(u.ct_count.is_some());
+        if exprs > 2 {
+            return self.err(
+                sp,
+                "a set element takes at most two of limit, quota, counter and ct count \
+                 (the kernel refuses more: NFT_SET_EXPR_MAX)",
+            );
         }
         Ok(StmtKind::SetUpdate(Box::new(u)))
     }

@@ -596,6 +596,13 @@ impl<S: Sink> Writer<S> {
                 }
                 self.u8(u8::from(u.counter));
                 self.ct_count(u.ct_count.as_ref());
+                match &u.quota {
+                    None => self.u8(0),
+                    Some(q) => {
+                        self.u8(1);
+                        self.stmt(&StmtKind::Quota(*q));
+                    }
+                }
             }
 
             StmtKind::TcpMssSet(TcpMss::Value(v)) => {
@@ -1015,6 +1022,14 @@ impl Reader<'_> {
                     _ => return None,
                 };
                 let ct_count = self.ct_count()?;
+                let quota = match self.u8()? {
+                    0 => None,
+                    1 => match self.stmt()? {
+                        StmtKind::Quota(q) => Some(q),
+                        _ => return None,
+                    },
+                    _ => return None,
+                };
                 StmtKind::SetUpdate(Box::new(SetUpdate {
                     op,
                     set,
@@ -1023,6 +1038,7 @@ impl Reader<'_> {
                     limit,
                     counter,
                     ct_count,
+                    quota,
                 }))
             }
 

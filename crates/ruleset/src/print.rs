@@ -460,6 +460,9 @@ fn stmt(s: &StmtKind) -> String {
             if let Some(l) = &u.limit {
                 let _ = write!(s, " {}", stmt(&StmtKind::Limit(*l)));
             }
+            if let Some(q) = &u.quota {
+                let _ = write!(s, " {}", stmt(&StmtKind::Quota(*q)));
+            }
             if u.counter {
                 s.push_str(" counter");
             }

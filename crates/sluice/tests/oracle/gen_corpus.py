@@ -1018,6 +1018,30 @@ def numgen(ports, counts):
     return out
 
 
+ELEM_QUOTA_NFT = """# quota in dynamic sets' elements: a byte quota per key (per source
+# here), from the quota's used bytes when the element is created.
+table inet equota {
+    set per_src { type ipv4_addr; flags dynamic; }
+    set per_src2 { type ipv4_addr; flags dynamic; }
+    chain equota_in {
+        type filter hook input priority filter; policy accept;
+        udp dport 7200 add @per_src { ip saddr quota over 200 bytes } drop
+        udp dport 7201 add @per_src2 { ip saddr quota until 250 bytes used 40 bytes } accept
+        udp dport 7201 drop
+    }
+}
+"""
+
+
+def elem_quota():
+    inp = dict(hook="input", iif="eth0", dst="10.0.0.1", proto="udp", length=100)
+    out = [pkt(**dict(inp, src="10.0.0.5", dport=7200)) for _ in range(3)]
+    out += [pkt(**dict(inp, src="10.0.0.6", dport=7200))]
+    out += [pkt(**dict(inp, src="10.0.0.5", dport=7201)) for _ in range(3)]
+    out += [pkt(**dict(inp, src="10.0.0.6", dport=7201))]
+    return out
+
+
 def main():
     seed_pk = seed001()
     for name in ("seed001_appendix_b", "seed001_appendix_c", "seed001_appendix_d", "seed001_appendix_e"):
@@ -1081,6 +1105,9 @@ def main():
     with open(os.path.join(HERE, "statistic.rules"), "w") as f:
         f.write(STATISTIC_RULES)
     write("statistic", numgen(range(7110, 7115), (6, 6, 4, 2, 2)))
+    with open(os.path.join(HERE, "elem_quota.nft"), "w") as f:
+        f.write(ELEM_QUOTA_NFT)
+    write("elem_quota", elem_quota())
 
 
 if __name__ == "__main__":
