@@ -100,12 +100,12 @@ fn multi_or_broadcast(a: u32) -> bool {
     (a >> 28) == 0xe || a == u32::MAX
 }
 
-fn rd16(b: &[u8], off: usize) -> Option<u16> {
+pub(crate) fn rd16(b: &[u8], off: usize) -> Option<u16> {
     let s = b.get(off..off.checked_add(2)?)?;
     Some(u16::from_be_bytes([*s.first()?, *s.get(1)?]))
 }
 
-fn rd32(b: &[u8], off: usize) -> Option<u32> {
+pub(crate) fn rd32(b: &[u8], off: usize) -> Option<u32> {
     let s = b.get(off..off.checked_add(4)?)?;
     let mut w = [0u8; 4];
     w.copy_from_slice(s);

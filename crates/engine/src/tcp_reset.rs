@@ -21,24 +21,12 @@
 
 use sluice_wire::checksum;
 
-use crate::icmp_error::Suppressed;
+use crate::icmp_error::{rd16, rd32, Suppressed};
 
 const RST: u8 = 0x04;
 const SYN: u8 = 0x02;
 const FIN: u8 = 0x01;
 const ACK: u8 = 0x10;
-
-fn rd16(b: &[u8], off: usize) -> Option<u16> {
-    let s = b.get(off..off.checked_add(2)?)?;
-    Some(u16::from_be_bytes([*s.first()?, *s.get(1)?]))
-}
-
-fn rd32(b: &[u8], off: usize) -> Option<u32> {
-    let s = b.get(off..off.checked_add(4)?)?;
-    let mut w = [0u8; 4];
-    w.copy_from_slice(s);
-    Some(u32::from_be_bytes(w))
-}
 
 fn rd128(b: &[u8], off: usize) -> Option<u128> {
     let s = b.get(off..off.checked_add(16)?)?;

@@ -1783,17 +1783,8 @@ impl Worker {
         let (l3, l4) = (usize::from(l3), usize::from(l4));
         match v {
             Verdict::Accept | Verdict::Drop => Step::Done(Action::Drop(DropReason::PolicyDrop)),
-            Verdict::Reject(RejectWith::TcpReset) => {
-                let mac = self.ifaces.get(usize::from(iif)).map(|i| i.mac);
-                let is_tcp = buf.get(l3 + 9) == Some(&proto::TCP);
-                match mac.filter(|_| is_tcp) {
-                    Some(mac) => match crate::tcp_reset::build_in_place(buf, len, l3, l4, mac) {
-                        Ok(n) => Step::Reset(n),
-                        Err(_) => Step::Done(Action::Drop(DropReason::PolicyReject)),
-                    },
-                    None => Step::Done(Action::Drop(DropReason::PolicyReject)),
-                }
-            }
+            // The builder refuses what is not TCP.
+            Verdict::Reject(RejectWith::TcpReset) => self.reset(buf, len, l3, l4, iif),
             Verdict::Reject(RejectWith::Unreachable { v4, .. }) => self.icmp_answer(
                 now,
                 buf,
@@ -1803,6 +1794,20 @@ impl Worker {
                 (icmp_error::DEST_UNREACHABLE, v4, 0),
                 DropReason::PolicyReject,
             ),
+        }
+    }
+
+    /// A rejected TCP segment (network header at `l3`, TCP at `l4`)
+    /// turned into the reset that answers it ([`crate::tcp_reset`]), out of
+    /// ingress interface `iif`; dropped when it may not be answered.
+    fn reset(&self, buf: &mut [u8], len: usize, l3: usize, l4: usize, iif: IfIndex) -> Step {
+        let built = self
+            .ifaces
+            .get(usize::from(iif))
+            .and_then(|i| crate::tcp_reset::build_in_place(buf, len, l3, l4, i.mac).ok());
+        match built {
+            Some(n) => Step::Reset(n),
+            None => Step::Done(Action::Drop(DropReason::PolicyReject)),
         }
     }
 

@@ -1877,9 +1877,45 @@ mod tests {
             .is_none());
     }
 
+    /// TCP from `src:sport` to 10.0.0.2:22.
+    fn ssh_conn(src: u128, sport: u16) -> sluice_engine::ConnTuple {
+        sluice_engine::ConnTuple {
+            src,
+            dst: 0x0a00_0002,
+            sport,
+            dport: 22,
+            proto: 6,
+            family: 4,
+        }
+    }
+
+    /// The forward verdict for the first packet of [`ssh_conn`] at `ms`;
+    /// the connection is confirmed when accepted, as the engine does once
+    /// it created it.
+    fn new_ssh_conn(p: &CompiledPolicy, src: u128, sport: u16, ms: u64) -> Verdict {
+        use sluice_engine::Policy as _;
+        let c = ssh_conn(src, sport);
+        let v = p
+            .decide(
+                Hook::Forward,
+                &PolicyPacket {
+                    src,
+                    sport,
+                    now_ms: ms,
+                    conn: c,
+                    ..packet()
+                },
+            )
+            .verdict;
+        if v == Verdict::Accept {
+            p.conn_confirmed(&c);
+        }
+        v
+    }
+
     #[test]
     fn ct_count_counts_open_connections_per_element() {
-        use sluice_engine::{ConnTuple, Policy as _};
+        use sluice_engine::Policy as _;
         let p = pol(
             "table ip t {\n set per_src { type ipv4_addr; flags dynamic; }\n \
              chain f {\n type filter hook forward priority 0; policy accept;\n \
@@ -1892,35 +1928,8 @@ mod tests {
             !pol("table ip t { chain f { type filter hook forward priority 0; } }")
                 .counts_connections()
         );
-        let conn = |src: u128, sport: u16| ConnTuple {
-            src,
-            dst: 0x0a00_0002,
-            sport,
-            dport: 22,
-            proto: 6,
-            family: 4,
-        };
-        // A new connection's first packet at `ms`; confirmed when accepted
-        // (as the engine does once it created the connection).
-        let new = |p: &CompiledPolicy, src: u128, sport: u16, ms: u64| {
-            let c = conn(src, sport);
-            let v = p
-                .decide(
-                    Hook::Forward,
-                    &PolicyPacket {
-                        src,
-                        sport,
-                        now_ms: ms,
-                        conn: c,
-                        ..packet()
-                    },
-                )
-                .verdict;
-            if v == Verdict::Accept {
-                p.conn_confirmed(&c);
-            }
-            v
-        };
+        let conn = ssh_conn;
+        let new = new_ssh_conn;
         let rst = Verdict::Reject(RejectWith::TcpReset);
         assert_eq!(new(&p, 1, 1000, 0), Verdict::Accept);
         assert_eq!(new(&p, 1, 1001, 0), Verdict::Accept);
@@ -1982,37 +1991,12 @@ mod tests {
 
     #[test]
     fn an_expired_element_comes_back_without_its_connections() {
-        use sluice_engine::{ConnTuple, Policy as _};
         let p = pol(
             "table ip t {\n set s { type ipv4_addr; flags dynamic; timeout 1s; }\n \
              chain f {\n type filter hook forward priority 0; policy accept;\n \
              tcp dport 22 add @s { ip saddr ct count over 1 } drop\n }\n}\n",
         );
-        let new = |sport: u16, ms: u64| {
-            let c = ConnTuple {
-                src: 0x0a00_0001,
-                dst: 0x0a00_0002,
-                sport,
-                dport: 22,
-                proto: 6,
-                family: 4,
-            };
-            let v = p
-                .decide(
-                    Hook::Forward,
-                    &PolicyPacket {
-                        sport,
-                        now_ms: ms,
-                        conn: c,
-                        ..packet()
-                    },
-                )
-                .verdict;
-            if v == Verdict::Accept {
-                p.conn_confirmed(&c);
-            }
-            v
-        };
+        let new = |sport: u16, ms: u64| new_ssh_conn(&p, 0x0a00_0001, sport, ms);
         assert_eq!(new(1, 0), Verdict::Accept);
         assert_eq!(new(2, 10), Verdict::Drop, "two open, over one");
         // The element expired at 1 s (connection 1 is still open): added

@@ -123,18 +123,7 @@ fn segment(k: &FlowKey4, flags: u8, mss: u16, to_mac: [u8; 6], from_mac: [u8; 6]
 
 /// Sends `f` on `iif`; the action and the frame afterwards.
 fn send(w: &mut Worker, iif: IfIndex, f: Vec<u8>) -> (Action, Vec<u8>) {
-    let len = f.len();
-    let mut buf = f;
-    buf.resize(2048, 0);
-    let mut b = Batch {
-        bufs: vec![buf],
-        lens: vec![len],
-        iifs: vec![iif],
-        acts: vec![Action::Pending],
-    };
-    w.process(1_000_000, &mut b);
-    let n = b.lens[0];
-    (b.acts[0], b.bufs[0][..n].to_vec())
+    send_at(w, iif, f, 1_000_000)
 }
 
 /// The MSS option of a forwarded frame, and whether its TCP checksum holds.
@@ -565,8 +554,8 @@ fn a_quota_ahead_of_ct_state_counts_established_packets() {
     assert_eq!(passed, 10, "{verdicts:?}");
 }
 
-/// Sends `f` on `iif` at `now_ns`; the action.
-fn send_at(w: &mut Worker, iif: IfIndex, f: Vec<u8>, now_ns: u64) -> Action {
+/// Sends `f` on `iif` at `now_ns`; the action and the frame afterwards.
+fn send_at(w: &mut Worker, iif: IfIndex, f: Vec<u8>, now_ns: u64) -> (Action, Vec<u8>) {
     let len = f.len();
     let mut buf = f;
     buf.resize(2048, 0);
@@ -577,7 +566,8 @@ fn send_at(w: &mut Worker, iif: IfIndex, f: Vec<u8>, now_ns: u64) -> Action {
         acts: vec![Action::Pending],
     };
     w.process(now_ns, &mut b);
-    b.acts[0]
+    let n = b.lens[0];
+    (b.acts[0], b.bufs[0][..n].to_vec())
 }
 
 /// `-m connlimit --connlimit-above 2` as nft writes it: at most two open
@@ -598,38 +588,38 @@ fn ct_count_in_a_set_element_limits_open_connections_per_source() {
     let ms = 1_000_000u64;
     let syn = |p| segment(&key(p), 0x02, 1460, GW_LAN_MAC, HOST_MAC);
     let fwd = Action::Forward(WAN);
-    assert_eq!(send_at(&mut w, LAN, syn(1000), ms), fwd);
-    assert_eq!(send_at(&mut w, LAN, syn(1001), ms), fwd);
+    assert_eq!(send_at(&mut w, LAN, syn(1000), ms).0, fwd);
+    assert_eq!(send_at(&mut w, LAN, syn(1001), ms).0, fwd);
     assert!(matches!(
-        send_at(&mut w, LAN, syn(1002), ms),
+        send_at(&mut w, LAN, syn(1002), ms).0,
         Action::Drop(_)
     ));
     // A retransmitted SYN of an open connection is not a new one.
-    assert_eq!(send_at(&mut w, LAN, syn(1000), ms), fwd);
+    assert_eq!(send_at(&mut w, LAN, syn(1000), ms).0, fwd);
     // The client resets connection 1000: it no longer counts. 1002 was
     // dropped, so from the next millisecond it does not count either.
     let rst = segment(&key(1000), 0x04, 1460, GW_LAN_MAC, HOST_MAC);
-    assert_eq!(send_at(&mut w, LAN, rst, 2 * ms), fwd);
-    assert_eq!(send_at(&mut w, LAN, syn(1003), 3 * ms), fwd);
+    assert_eq!(send_at(&mut w, LAN, rst, 2 * ms).0, fwd);
+    assert_eq!(send_at(&mut w, LAN, syn(1003), 3 * ms).0, fwd);
     assert!(matches!(
-        send_at(&mut w, LAN, syn(1004), 3 * ms),
+        send_at(&mut w, LAN, syn(1004), 3 * ms).0,
         Action::Drop(_)
     ));
     // Unanswered SYNs expire (SYN_SENT, 120 s): the GC ends them.
     let later = 3 * ms + 121_000 * ms;
     assert!(w.gc(later, 1000) >= 2);
-    assert_eq!(send_at(&mut w, LAN, syn(1005), later), fwd);
-    assert_eq!(send_at(&mut w, LAN, syn(1006), later), fwd);
+    assert_eq!(send_at(&mut w, LAN, syn(1005), later).0, fwd);
+    assert_eq!(send_at(&mut w, LAN, syn(1006), later).0, fwd);
     assert!(matches!(
-        send_at(&mut w, LAN, syn(1007), later),
+        send_at(&mut w, LAN, syn(1007), later).0,
         Action::Drop(_)
     ));
     // A flush ends every connection.
     w.flush();
-    assert_eq!(send_at(&mut w, LAN, syn(1008), later + ms), fwd);
-    assert_eq!(send_at(&mut w, LAN, syn(1009), later + ms), fwd);
+    assert_eq!(send_at(&mut w, LAN, syn(1008), later + ms).0, fwd);
+    assert_eq!(send_at(&mut w, LAN, syn(1009), later + ms).0, fwd);
     assert!(matches!(
-        send_at(&mut w, LAN, syn(1010), later + ms),
+        send_at(&mut w, LAN, syn(1010), later + ms).0,
         Action::Drop(_)
     ));
 }

@@ -486,17 +486,13 @@ impl Worker {
     ) -> Step {
         match v {
             Verdict::Accept | Verdict::Drop => Step::Done(Action::Drop(DropReason::PolicyDrop)),
+            // The upper-layer protocol is known here only past the
+            // extension headers (the builder cannot see it).
+            Verdict::Reject(RejectWith::TcpReset) if matches!(pk.ev, L4Event::Tcp(_)) => {
+                self.reset(buf, len, pk.l3, pk.l4, iif)
+            }
             Verdict::Reject(RejectWith::TcpReset) => {
-                let mac = self.ifaces.get(usize::from(iif)).map(|i| i.mac);
-                match mac.filter(|_| matches!(pk.ev, L4Event::Tcp(_))) {
-                    Some(mac) => {
-                        match crate::tcp_reset::build_in_place(buf, len, pk.l3, pk.l4, mac) {
-                            Ok(n) => Step::Reset(n),
-                            Err(_) => Step::Done(Action::Drop(DropReason::PolicyReject)),
-                        }
-                    }
-                    None => Step::Done(Action::Drop(DropReason::PolicyReject)),
-                }
+                Step::Done(Action::Drop(DropReason::PolicyReject))
             }
             // ICMPv6 destination unreachable (type 1).
             Verdict::Reject(RejectWith::Unreachable { v6, .. }) => {
