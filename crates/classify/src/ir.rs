@@ -670,6 +670,17 @@ pub enum Stmt {
         /// The result when the evaluation has no state.
         stateless: bool,
     },
+    /// A named object of the rule set (opaque id): `counter name "c"`
+    /// counts the packet, `quota name "q"` is a match on its bytes; the
+    /// caller's state does both ([`crate::Limits::object`]). `stateless`
+    /// is the answer without state (a counter always goes on; a quota is
+    /// not yet used up).
+    Obj {
+        /// The object.
+        id: u32,
+        /// The result when the evaluation has no state.
+        stateless: bool,
+    },
     /// `tcp option maxseg size set`: [`TCP_MSS_RT_MTU`] for `rt mtu`, else
     /// the value. A side effect on the packet the engine performs; the
     /// classifier's fields do not change.

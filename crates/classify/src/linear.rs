@@ -101,6 +101,14 @@ pub trait Limits: Send + Sync {
         stateless
     }
 
+    /// Whether the rule holding [`Stmt::Obj`] `id` goes on for a packet of
+    /// `len` bytes: a named counter counts it and goes on, a named quota
+    /// adds it to its used bytes and answers. Without objects: `stateless`.
+    fn object(&self, id: u32, len: u32, stateless: bool) -> bool {
+        let _ = (id, len);
+        stateless
+    }
+
     /// Whether the rule holding [`Stmt::CtCount`] `id` matches packet `p`
     /// at `now_ms`, once its connection is counted. Without connection
     /// counts: `stateless`.
@@ -170,6 +178,8 @@ pub(crate) fn run_stmts(stmts: &[Stmt], p: &mut PacketFields, limit: Option<&Lim
             (Stmt::SetOp { stateless, .. }, None) => *stateless,
             (Stmt::Quota { id, stateless }, Some(l)) => l.limits.quota(*id, l.len, *stateless),
             (Stmt::Quota { stateless, .. }, None) => *stateless,
+            (Stmt::Obj { id, stateless }, Some(l)) => l.limits.object(*id, l.len, *stateless),
+            (Stmt::Obj { stateless, .. }, None) => *stateless,
             (Stmt::Numgen { id, stateless }, Some(l)) => l.limits.numgen(*id, *stateless),
             (Stmt::Numgen { stateless, .. }, None) => *stateless,
             (Stmt::CtCount { id, stateless }, Some(l)) => {
@@ -193,6 +203,7 @@ pub(crate) fn run_stmts(stmts: &[Stmt], p: &mut PacketFields, limit: Option<&Lim
             | Stmt::Limit(_)
             | Stmt::SetOp { .. }
             | Stmt::Quota { .. }
+            | Stmt::Obj { .. }
             | Stmt::Numgen { .. }
             | Stmt::CtCount { .. }
             | Stmt::TcpMss(_) => {}

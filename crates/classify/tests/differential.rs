@@ -190,10 +190,10 @@ fn rand_rule(r: &mut Rng, id: u64, ci: usize, nchains: usize) -> Rule {
     let matches = (0..r.below(4)).map(|_| rand_match(r)).collect();
     let mut stmts = Vec::new();
     // Statements that are matches answered by the caller's state (limits,
-    // dynamic sets, quotas, number generators, connection counts), each
-    // with its answer without state.
+    // dynamic sets, quotas, number generators, connection counts, named
+    // objects), each with its answer without state.
     if r.pct(15) {
-        stmts.push(match r.below(5) {
+        stmts.push(match r.below(6) {
             0 => Stmt::Limit(r.below(4) as u32),
             1 => Stmt::SetOp {
                 id: r.below(4) as u32,
@@ -204,6 +204,10 @@ fn rand_rule(r: &mut Rng, id: u64, ci: usize, nchains: usize) -> Rule {
                 stateless: r.pct(50),
             },
             3 => Stmt::Numgen {
+                id: r.below(4) as u32,
+                stateless: r.pct(50),
+            },
+            4 => Stmt::Obj {
                 id: r.below(4) as u32,
                 stateless: r.pct(50),
             },
@@ -369,6 +373,10 @@ impl Limits for PureState {
 
     fn numgen(&self, id: u32, _stateless: bool) -> bool {
         id % 2 == 1
+    }
+
+    fn object(&self, id: u32, _len: u32, _stateless: bool) -> bool {
+        id % 4 != 2
     }
 
     fn ct_count(&self, id: u32, p: &PacketFields, _now_ms: u64, _s: bool) -> bool {

@@ -101,6 +101,21 @@ pub enum Request {
         #[serde(default)]
         set: Option<String>,
     },
+    /// The named counters and quotas with their live values
+    /// (`counter list`, `quota list`), or set back to zero (`reset`).
+    ObjectList {
+        /// `"counter"` or `"quota"`; both when absent.
+        #[serde(default)]
+        kind: Option<String>,
+        /// Only this object (`"inet filter http"`, `"filter http"` or
+        /// `"http"`).
+        #[serde(default)]
+        name: Option<String>,
+        /// Reset the listed objects to zero (the values listed are the
+        /// ones before).
+        #[serde(default)]
+        reset: bool,
+    },
     /// The running rules with their handles.
     RuleList {
         /// Only this chain (`"inet filter forward"` or just `"forward"`).
@@ -361,13 +376,14 @@ pub fn client(socket: &Path, request: &str) -> Result<String, CtlError> {
 /// Turn `sluice ctl` words into a request line:
 /// `status`, `counters`, `conntrack list [proto P] [addr A] [port N] [limit N]`,
 /// `conntrack count`, `conntrack flush`, `ruleset replace FILE`, `reload`,
-/// `rule list [CHAIN]`, `nft COMMAND…` (`add rule …`, `insert rule …`,
+/// `rule list [CHAIN]`, `set list [SET]`, `counter list|reset [NAME]`,
+/// `quota list|reset [NAME]`, `nft COMMAND…` (`add rule …`, `insert rule …`,
 /// `delete rule … handle H`, `add element …`, `delete element …`; the words
 /// are joined with spaces, so quoting the command is optional).
 pub fn request_from_args(args: &[String]) -> Result<String, CtlError> {
     let usage = || {
         CtlError::Usage(
-            "usage: status | counters | conntrack list [proto P] [addr A] [port N] [limit N] | conntrack count | conntrack flush | ruleset replace FILE | reload | rule list [CHAIN] | set list [SET] | nft add|insert|delete rule ... | nft add|delete element ... | nft flush set ..."
+            "usage: status | counters | conntrack list [proto P] [addr A] [port N] [limit N] | conntrack count | conntrack flush | ruleset replace FILE | reload | rule list [CHAIN] | set list [SET] | counter list|reset [NAME] | quota list|reset [NAME] | nft add|insert|delete rule ... | nft add|delete element ... | nft flush set ..."
                 .into(),
         )
     };
@@ -380,6 +396,18 @@ pub fn request_from_args(args: &[String]) -> Result<String, CtlError> {
         ["set", "list"] => json!({"cmd": "set-list"}),
         ["set", "list", set @ ..] if !set.is_empty() => {
             json!({"cmd": "set-list", "set": set.join(" ")})
+        }
+        [kind @ ("counter" | "quota"), op @ ("list" | "reset"), name @ ..] => {
+            let mut m = serde_json::Map::new();
+            m.insert("cmd".into(), json!("object-list"));
+            m.insert("kind".into(), json!(kind));
+            if !name.is_empty() {
+                m.insert("name".into(), json!(name.join(" ")));
+            }
+            if *op == "reset" {
+                m.insert("reset".into(), json!(true));
+            }
+            Value::Object(m)
         }
         ["rule", "list", chain @ ..] if !chain.is_empty() => {
             json!({"cmd": "rule-list", "chain": chain.join(" ")})
@@ -816,6 +844,25 @@ mod tests {
                 chain: Some("forward".into())
             }
         );
+        let r = request_from_args(&a("counter list inet t web")).unwrap();
+        assert_eq!(
+            parse_request(&r).unwrap(),
+            Request::ObjectList {
+                kind: Some("counter".into()),
+                name: Some("inet t web".into()),
+                reset: false
+            }
+        );
+        let r = request_from_args(&a("quota reset")).unwrap();
+        assert_eq!(
+            parse_request(&r).unwrap(),
+            Request::ObjectList {
+                kind: Some("quota".into()),
+                name: None,
+                reset: true
+            }
+        );
+        assert!(request_from_args(&a("counter drop x")).is_err());
         let r = request_from_args(&a("set list inet filter deny")).unwrap();
         assert_eq!(
             parse_request(&r).unwrap(),

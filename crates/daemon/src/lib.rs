@@ -615,6 +615,33 @@ impl Control {
                     .collect();
                 Ok(json!({"ok": true, "sets": sets}))
             }
+            Request::ObjectList { kind, name, reset } => {
+                let kind = match kind.as_deref() {
+                    None => None,
+                    Some("counter") => Some(sluice_ruleset::ast::ObjKind::Counter),
+                    Some("quota") => Some(sluice_ruleset::ast::ObjKind::Quota),
+                    Some(k) => {
+                        return Err(CtlFailure::bad(format!(
+                            "object kind '{k}': expected 'counter' or 'quota'"
+                        )))
+                    }
+                };
+                let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                let Some(p) = &st.compiled else {
+                    return Ok(json!({"ok": true, "objects": []}));
+                };
+                let list = if reset {
+                    p.reset_objects(kind, name.as_deref())
+                } else {
+                    p.objects(kind, name.as_deref())
+                };
+                if let (Some(n), true) = (&name, list.is_empty()) {
+                    let what = kind.map_or("counter or quota", |k| k.name());
+                    return Err(CtlFailure::bad(format!("no {what} '{n}' in the rule set")));
+                }
+                let objects: Vec<Value> = list.iter().map(object_json).collect();
+                Ok(json!({"ok": true, "objects": objects}))
+            }
             Request::RuleList { chain } => {
                 let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
                 let Some(p) = &st.compiled else {
@@ -672,6 +699,25 @@ impl Control {
                   "ir_rules": applied.ir_rules, "relowered": applied.relowered,
                   "rules": st.rules, "apply_us": us}),
         )
+    }
+}
+
+/// One named object as `sluice ctl counter|quota list` shows it.
+fn object_json(o: &sluice_policy::ListedObject) -> Value {
+    use sluice_ruleset::ast::ObjState;
+    match o.state {
+        ObjState::Counter { packets, bytes } => {
+            json!({"counter": o.name, "packets": packets, "bytes": bytes})
+        }
+        ObjState::Quota(q) => json!({
+            "quota": o.name,
+            "bytes": q.bytes(),
+            "over": q.over,
+            "used": q.used_bytes(),
+            // Whether the quota's rules match now: `over` ones once the
+            // bytes are used up, the others until then.
+            "exceeded": q.used_bytes() > q.bytes(),
+        }),
     }
 }
 

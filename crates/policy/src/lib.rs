@@ -68,6 +68,7 @@ pub use iface::Interfaces;
 pub use lower::{BaseInfo, ChainInfo, NatAction, RuleInfo, RuleLocation};
 pub use policy::{
     ast_hook, ct_bits, engine_reject, CompiledPolicy, Evaluator, HookOutcome, HookVerdict,
+    ListedObject,
 };
 pub use trace::{
     default_ct_status, hook_name, parse_addr_type, parse_ct, parse_ct_direction, parse_ct_status,

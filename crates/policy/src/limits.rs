@@ -180,6 +180,8 @@ pub struct Limiters {
     numgens: Vec<Arc<Numgen>>,
     /// A rule's own `ct count`, by id (their counts are in `counts`).
     ct_counts: Arc<Vec<ast::CtCount>>,
+    /// Named objects, by id.
+    objects: Vec<Arc<ObjLive>>,
     /// The state of `numgen random` (xorshift64*, shared by every
     /// generator and worker).
     rng: Arc<AtomicU64>,
@@ -240,9 +242,66 @@ impl Numgen {
     }
 }
 
+/// The live state of a named object.
+#[derive(Debug)]
+pub(crate) enum ObjLive {
+    /// A named counter: packets and bytes.
+    Counter(AtomicU64, AtomicU64),
+    /// A named quota.
+    Quota(QuotaState),
+}
+
+impl ObjLive {
+    fn new(spec: &crate::lower::ObjSpec) -> Self {
+        match spec.state {
+            ast::ObjState::Counter { packets, bytes } => {
+                ObjLive::Counter(AtomicU64::new(packets), AtomicU64::new(bytes))
+            }
+            ast::ObjState::Quota(q) => ObjLive::Quota(QuotaState {
+                quota: q.bytes(),
+                over: q.over,
+                used: AtomicU64::new(q.used_bytes()),
+            }),
+        }
+    }
+
+    fn copy(&self) -> Self {
+        match self {
+            ObjLive::Counter(p, b) => ObjLive::Counter(
+                AtomicU64::new(p.load(Ordering::Relaxed)),
+                AtomicU64::new(b.load(Ordering::Relaxed)),
+            ),
+            ObjLive::Quota(q) => ObjLive::Quota(QuotaState {
+                quota: q.quota,
+                over: q.over,
+                used: AtomicU64::new(q.used.load(Ordering::Relaxed)),
+            }),
+        }
+    }
+
+    /// Packets and bytes (a counter) or bytes used (a quota: packets 0).
+    pub(crate) fn values(&self) -> (u64, u64) {
+        match self {
+            ObjLive::Counter(p, b) => (p.load(Ordering::Relaxed), b.load(Ordering::Relaxed)),
+            ObjLive::Quota(q) => (0, q.used.load(Ordering::Relaxed)),
+        }
+    }
+
+    /// Back to zero (`nft reset counter` / `reset quota`).
+    pub(crate) fn reset(&self) {
+        match self {
+            ObjLive::Counter(p, b) => {
+                p.store(0, Ordering::Relaxed);
+                b.store(0, Ordering::Relaxed);
+            }
+            ObjLive::Quota(q) => q.used.store(0, Ordering::Relaxed),
+        }
+    }
+}
+
 /// One `quota`'s bytes and the bytes its rule has seen.
 #[derive(Debug)]
-struct QuotaState {
+pub(crate) struct QuotaState {
     quota: u64,
     over: bool,
     used: AtomicU64,
@@ -306,6 +365,7 @@ impl Limiters {
                 })
                 .collect(),
             rng: Arc::new(AtomicU64::new(self.rng.load(Ordering::Relaxed))),
+            objects: self.objects.iter().map(|o| Arc::new(o.copy())).collect(),
             quotas: self
                 .quotas
                 .iter()
@@ -351,6 +411,24 @@ impl Limiters {
         if specs.len() > self.ct_counts.len() {
             self.ct_counts = Arc::new(specs.to_vec());
         }
+    }
+
+    /// State for the named objects `specs` (ids `0..specs.len()`): the
+    /// ones this set has keep their values.
+    pub(crate) fn extend_objects(&mut self, specs: &[crate::lower::ObjSpec]) {
+        for o in specs.iter().skip(self.objects.len()) {
+            self.objects.push(Arc::new(ObjLive::new(o)));
+        }
+    }
+
+    /// Named objects known.
+    pub(crate) fn objects(&self) -> usize {
+        self.objects.len()
+    }
+
+    /// Named object `id`.
+    pub(crate) fn object(&self, id: usize) -> Option<&ObjLive> {
+        self.objects.get(id).map(|o| &**o)
     }
 
     /// A rule's own `ct count` statements known.
@@ -403,6 +481,7 @@ impl Limiters {
             && self.quotas.is_empty()
             && self.numgens.is_empty()
             && self.ct_counts.is_empty()
+            && self.objects.is_empty()
     }
 
     /// How many.
@@ -432,6 +511,18 @@ impl sluice_classify::Limits for Limiters {
         self.quotas
             .get(id as usize)
             .map_or(stateless, |q| q.matches(len))
+    }
+
+    fn object(&self, id: u32, len: u32, stateless: bool) -> bool {
+        match self.objects.get(id as usize).map(|o| &**o) {
+            Some(ObjLive::Counter(p, b)) => {
+                p.fetch_add(1, Ordering::Relaxed);
+                b.fetch_add(u64::from(len), Ordering::Relaxed);
+                true
+            }
+            Some(ObjLive::Quota(q)) => q.matches(len),
+            None => stateless,
+        }
     }
 
     fn numgen(&self, id: u32, stateless: bool) -> bool {
@@ -480,6 +571,10 @@ impl sluice_classify::Limits for SetsOnly {
 
     fn numgen(&self, id: u32, stateless: bool) -> bool {
         sluice_classify::Limits::numgen(&self.0, id, stateless)
+    }
+
+    fn object(&self, id: u32, len: u32, stateless: bool) -> bool {
+        sluice_classify::Limits::object(&self.0, id, len, stateless)
     }
 
     fn ct_count(&self, id: u32, p: &PacketFields, now_ms: u64, stateless: bool) -> bool {

@@ -189,7 +189,28 @@ pub type StatefulTables = (
     Vec<ast::Quota>,
     Vec<NumgenSpec>,
     Vec<ast::CtCount>,
+    Vec<ObjSpec>,
 );
+
+/// A named object (`counter NAME { ... }`, `quota NAME { ... }`), indexed
+/// by the id in [`ir::Stmt::Obj`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjSpec {
+    /// `"FAMILY TABLE NAME"`, e.g. `"inet filter http"`.
+    pub name: String,
+    /// What it holds when the rule set is loaded.
+    pub state: ast::ObjState,
+}
+
+impl ObjSpec {
+    /// Counter or quota.
+    pub fn kind(&self) -> ast::ObjKind {
+        match self.state {
+            ast::ObjState::Counter { .. } => ast::ObjKind::Counter,
+            ast::ObjState::Quota(_) => ast::ObjKind::Quota,
+        }
+    }
+}
 
 /// One `numgen` match: the generator and the numbers it matches.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -296,6 +317,9 @@ pub(crate) struct Lowered {
     pub numgens: Vec<NumgenSpec>,
     /// A rule's own `ct count`, by the id in [`ir::Stmt::CtCount`].
     pub ct_counts: Vec<ast::CtCount>,
+    /// Named objects, by the id in [`ir::Stmt::Obj`] (every lowerer of a
+    /// rule set declares the same ones, in table order).
+    pub objects: Vec<ObjSpec>,
     /// One per AST rule lowered without error, in handle order.
     pub sources: Vec<RuleSource>,
 }
@@ -534,6 +558,7 @@ impl<'a> Lowerer<'a> {
                 quotas: Vec::new(),
                 numgens: Vec::new(),
                 ct_counts: Vec::new(),
+                objects: Vec::new(),
                 sources: Vec::new(),
             },
             id_base: 0,
@@ -571,6 +596,7 @@ impl<'a> Lowerer<'a> {
             l.out.quotas,
             l.out.numgens,
             l.out.ct_counts,
+            l.out.objects,
         ) = dynamic;
         l.declare();
         l
@@ -845,7 +871,44 @@ impl<'a> Lowerer<'a> {
         }
         // Stable: ties keep declaration order, as `Ruleset::base_chains`.
         self.out.bases.sort_by_key(|b| (b.hook, b.priority));
+        // Named objects: the ones a running policy has keep their ids (an
+        // incremental lowerer starts with them).
+        for t in &rs.tables {
+            for o in &t.objects {
+                let name = format!("{} {} {}", t.family.name(), t.name, o.name);
+                if !self
+                    .out
+                    .objects
+                    .iter()
+                    .any(|x| x.kind() == o.kind() && x.name == name)
+                {
+                    self.out.objects.push(ObjSpec {
+                        name,
+                        state: o.state,
+                    });
+                }
+            }
+        }
         true
+    }
+
+    /// The id of the named object `name` of kind `kind` in table `t`.
+    fn object(&self, t: &Table, kind: ast::ObjKind, name: &str) -> Result<u32, String> {
+        let full = format!("{} {} {}", t.family.name(), t.name, name);
+        match self
+            .out
+            .objects
+            .iter()
+            .position(|o| o.kind() == kind && o.name == full)
+        {
+            Some(i) => u32::try_from(i).map_err(|_| "too many named objects".into()),
+            None => Err(format!(
+                "no {} '{name}' in table {} {}",
+                kind.name(),
+                t.family.name(),
+                t.name
+            )),
+        }
     }
 
     fn rule(&mut self, ti: usize, t: &Table, cid: ChainId, r: &ast::Rule) {
@@ -932,6 +995,15 @@ impl<'a> Lowerer<'a> {
                 }),
                 StmtKind::Numgen(n) => self.numgen(t, n, deps).map(|st| {
                     pre.push(st);
+                    None
+                }),
+                StmtKind::ObjRef { kind, name } => self.object(t, *kind, name).map(|id| {
+                    let stateless = match self.out.objects.get(id as usize).map(|o| o.state) {
+                        // Without state a quota is not used up.
+                        Some(ast::ObjState::Quota(q)) => !q.over,
+                        _ => true,
+                    };
+                    pre.push(Stmt::Obj { id, stateless });
                     None
                 }),
                 StmtKind::CtCount(c) => match u32::try_from(self.out.ct_counts.len()) {

@@ -116,6 +116,33 @@ pub(crate) struct Tables {
     pub quotas: Vec<ast::Quota>,
     pub numgens: Vec<crate::lower::NumgenSpec>,
     pub ct_counts: Vec<ast::CtCount>,
+    pub objects: Vec<crate::lower::ObjSpec>,
+}
+
+/// A named object and its live values ([`CompiledPolicy::objects`]): a
+/// counter's packets and bytes, or a quota with its bytes used in `used`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedObject {
+    /// `"FAMILY TABLE NAME"`.
+    pub name: String,
+    /// The live values.
+    pub state: ast::ObjState,
+}
+
+impl ListedObject {
+    /// Counter or quota.
+    pub fn kind(&self) -> ast::ObjKind {
+        match self.state {
+            ast::ObjState::Counter { .. } => ast::ObjKind::Counter,
+            ast::ObjState::Quota(_) => ast::ObjKind::Quota,
+        }
+    }
+}
+
+/// Whether the object called `full` (`"FAMILY TABLE NAME"`) is the one the
+/// operator means by `name`: the full name, `"TABLE NAME"` or `NAME`.
+fn object_named(full: &str, name: &str) -> bool {
+    full == name || full.ends_with(&format!(" {name}"))
 }
 
 /// Rule sets at least this large build the rule store's `order` map
@@ -346,6 +373,7 @@ impl CompiledPolicy {
                 quotas: lowered.quotas,
                 numgens: lowered.numgens,
                 ct_counts: lowered.ct_counts,
+                objects: lowered.objects,
             }),
             store,
             program: OnceLock::new(),
@@ -416,6 +444,7 @@ impl CompiledPolicy {
         l.extend_quotas(&self.tables.quotas);
         l.extend_numgens(&self.tables.numgens);
         l.extend_ct_counts(&self.tables.ct_counts);
+        l.extend_objects(&self.tables.objects);
         self.limiters = Arc::new(l);
         self.counters.ensure(self.store.infos.len() as u64);
         // Every rule, in handle order (seeding does not depend on the
@@ -473,6 +502,7 @@ impl CompiledPolicy {
                 t.quotas.clone(),
                 t.numgens.clone(),
                 t.ct_counts.clone(),
+                t.objects.clone(),
             ),
             crate::lower::RuleLocation::Label("program".into()),
         )
@@ -675,6 +705,51 @@ impl CompiledPolicy {
         let i = self.tables.sets.iter().position(|s| s.name == name)?;
         let key_len = self.tables.sets.get(i)?.key_types.len();
         self.limiters.set_elements(i, key_len, now_ms)
+    }
+
+    /// The named objects with their live values, in declaration order;
+    /// only those whose kind is `kind` (if given) and whose name is `name`
+    /// or ends with `" NAME"` (if given).
+    pub fn objects(&self, kind: Option<ast::ObjKind>, name: Option<&str>) -> Vec<ListedObject> {
+        self.tables
+            .objects
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| kind.is_none_or(|k| o.kind() == k))
+            .filter(|(_, o)| name.is_none_or(|n| object_named(&o.name, n)))
+            .map(|(i, o)| {
+                let (packets, bytes) = self.limiters.object(i).map_or((0, 0), |l| l.values());
+                ListedObject {
+                    name: o.name.clone(),
+                    state: match o.state {
+                        ast::ObjState::Counter { .. } => ast::ObjState::Counter { packets, bytes },
+                        ast::ObjState::Quota(q) => ast::ObjState::Quota(ast::Quota {
+                            used: Some((bytes, ast::ByteUnit::Bytes)),
+                            ..q
+                        }),
+                    },
+                }
+            })
+            .collect()
+    }
+
+    /// Sets the selected named objects (as [`Self::objects`] selects them)
+    /// back to zero, as `nft reset counter` / `nft reset quota` do, and
+    /// returns their values before.
+    pub fn reset_objects(
+        &self,
+        kind: Option<ast::ObjKind>,
+        name: Option<&str>,
+    ) -> Vec<ListedObject> {
+        let before = self.objects(kind, name);
+        for (i, o) in self.tables.objects.iter().enumerate() {
+            if kind.is_none_or(|k| o.kind() == k) && name.is_none_or(|n| object_named(&o.name, n)) {
+                if let Some(l) = self.limiters.object(i) {
+                    l.reset();
+                }
+            }
+        }
+        before
     }
 
     /// A dynamic set's key as nft writes it (`192.0.2.1 . 22`).
@@ -1875,6 +1950,92 @@ mod tests {
             .trace(&pkt(17, "10.0.0.1", 1000, "10.0.0.2", 7000))
             .mismatch
             .is_none());
+    }
+
+    #[test]
+    fn named_objects_are_shared_by_their_rules_and_kept_across_updates() {
+        use ast::{ObjKind, ObjState};
+        let p = pol("table ip t {\n counter web { packets 10 bytes 1000 }\n \
+             quota cap { over 200 bytes used 20 bytes }\n quota small { 100 bytes }\n \
+             chain f {\n type filter hook forward priority 0; policy accept;\n \
+             udp dport 80 counter name \"web\" quota name cap drop\n \
+             udp dport 443 counter name web quota name \"cap\" drop\n \
+             udp dport 8080 quota name small counter name web\n }\n}\n");
+        let v = |p: &CompiledPolicy, dport| {
+            p.decide(
+                Hook::Forward,
+                &PolicyPacket {
+                    proto: 17,
+                    dport,
+                    len: 60,
+                    ..packet()
+                },
+            )
+            .verdict
+        };
+        // One quota for both rules: 80, 140 within; 200 exactly (within, as
+        // the kernel counts it); 260 over, whichever port.
+        assert_eq!(v(&p, 80), Verdict::Accept);
+        assert_eq!(v(&p, 443), Verdict::Accept);
+        assert_eq!(v(&p, 80), Verdict::Accept);
+        assert_eq!(v(&p, 443), Verdict::Drop);
+        let web = |p: &CompiledPolicy| p.objects(Some(ObjKind::Counter), Some("web"));
+        // The counter comes before the quota in those rules: four packets.
+        assert_eq!(
+            web(&p)[0].state,
+            ObjState::Counter {
+                packets: 14,
+                bytes: 1240
+            }
+        );
+        // After a quota: a packet the quota stops is not counted (60 bytes
+        // within 100, 120 not).
+        assert_eq!(v(&p, 8080), Verdict::Accept);
+        assert_eq!(v(&p, 8080), Verdict::Accept);
+        assert_eq!(
+            web(&p)[0].state,
+            ObjState::Counter {
+                packets: 15,
+                bytes: 1300
+            }
+        );
+        // An added rule names the same objects and the values stay.
+        let (q, _) = p
+            .apply_text(
+                "cmd",
+                "add rule ip t f udp dport 53 counter name web accept",
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(v(&q, 53), Verdict::Accept);
+        assert_eq!(v(&q, 80), Verdict::Drop);
+        assert_eq!(
+            web(&q)[0].state,
+            ObjState::Counter {
+                packets: 17,
+                bytes: 1420
+            }
+        );
+        let listed = q.objects(None, None);
+        assert_eq!(listed.len(), 3);
+        assert_eq!(listed[0].name, "ip t web");
+        assert_eq!(listed[1].name, "ip t cap");
+        match listed[1].state {
+            ObjState::Quota(c) => assert_eq!((c.bytes(), c.used_bytes()), (200, 320)),
+            ref o => panic!("{o:?}"),
+        }
+        // A rule naming an object the table does not have is refused.
+        let e = q
+            .apply_text("cmd", "add rule ip t f udp dport 1 counter name nope")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("no counter 'nope' in table ip t"), "{e}");
+        // Reset: the values before, then zero; the quota admits again.
+        let before = q.reset_objects(Some(ObjKind::Quota), Some("t cap"));
+        assert_eq!(before.len(), 1);
+        assert_eq!(v(&q, 80), Verdict::Accept);
+        assert_eq!(q.objects(Some(ObjKind::Quota), None).len(), 2);
+        assert!(q.objects(Some(ObjKind::Quota), Some("web")).is_empty());
     }
 
     /// TCP from `src:sport` to 10.0.0.2:22.

@@ -651,6 +651,7 @@ impl CompiledPolicy {
         l.extend_quotas(&self.tables.quotas);
         l.extend_numgens(&self.tables.numgens);
         l.extend_ct_counts(&self.tables.ct_counts);
+        l.extend_objects(&self.tables.objects);
         TraceState {
             sets: Arc::new(crate::limits::SetsOnly(l)),
         }

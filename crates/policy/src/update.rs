@@ -179,6 +179,7 @@ impl CompiledPolicy {
             || next.tables.quotas.len() > next.limiters.quotas()
             || next.tables.numgens.len() > next.limiters.numgens()
             || next.tables.ct_counts.len() > next.limiters.ct_counts()
+            || next.tables.objects.len() > next.limiters.objects()
         {
             let mut l = (*next.limiters).clone();
             l.extend_to(&next.tables.limits);
@@ -186,6 +187,7 @@ impl CompiledPolicy {
             l.extend_quotas(&next.tables.quotas);
             l.extend_numgens(&next.tables.numgens);
             l.extend_ct_counts(&next.tables.ct_counts);
+            l.extend_objects(&next.tables.objects);
             next.limiters = Arc::new(l);
         }
         if let (Command::AddRule { .. }, Some(h)) = (cmd, applied.handle) {
@@ -268,6 +270,7 @@ impl CompiledPolicy {
                 t.quotas.clone(),
                 t.numgens.clone(),
                 t.ct_counts.clone(),
+                t.objects.clone(),
             ),
             location,
         )
@@ -406,6 +409,7 @@ impl CompiledPolicy {
             || out.quotas.len() != self.tables.quotas.len()
             || out.numgens.len() != self.tables.numgens.len()
             || out.ct_counts.len() != self.tables.ct_counts.len()
+            || out.objects.len() != self.tables.objects.len()
         {
             self.tables = Arc::new(Tables {
                 nat: out.nat.clone(),
@@ -417,6 +421,7 @@ impl CompiledPolicy {
                 quotas: out.quotas.clone(),
                 numgens: out.numgens.clone(),
                 ct_counts: out.ct_counts.clone(),
+                objects: out.objects.clone(),
             });
         }
         let base = self.store.infos.len() as u64;

@@ -61,7 +61,57 @@ pub struct Table {
     pub chains: Vec<Chain>,
     pub sets: Vec<Set>,
     pub maps: Vec<Map>,
+    /// Named stateful objects (`counter NAME { ... }`, `quota NAME { ... }`).
+    pub objects: Vec<Object>,
     pub span: Span,
+}
+
+/// The kind of a named stateful object; counters and quotas have separate
+/// name spaces, as in nft.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ObjKind {
+    Counter,
+    Quota,
+}
+
+impl ObjKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ObjKind::Counter => "counter",
+            ObjKind::Quota => "quota",
+        }
+    }
+}
+
+/// A named stateful object of a table (the kernel's `nft_object`): one
+/// counter or quota that every rule naming it shares (`counter name "c"`,
+/// `quota name "q"`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Object {
+    pub name: String,
+    pub state: ObjState,
+    pub comment: Option<String>,
+    pub span: Span,
+}
+
+impl Object {
+    pub fn kind(&self) -> ObjKind {
+        match self.state {
+            ObjState::Counter { .. } => ObjKind::Counter,
+            ObjState::Quota(_) => ObjKind::Quota,
+        }
+    }
+}
+
+/// What a named object holds when it is loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ObjState {
+    /// `counter NAME { packets P bytes B }`.
+    Counter { packets: u64, bytes: u64 },
+    /// `quota NAME { [over | until] N UNIT [used M UNIT] }`.
+    Quota(Quota),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -730,6 +780,12 @@ pub enum StmtKind {
     /// `ct count [over] N` in a rule: the open connections of every packet
     /// that met it (one count per rule, the kernel's `nft_connlimit`).
     CtCount(CtCount),
+    /// `counter name NAME` / `quota name NAME`: a named object of the
+    /// rule's table, shared with every other rule that names it.
+    ObjRef {
+        kind: ObjKind,
+        name: String,
+    },
 }
 
 /// `numgen inc|random mod N [offset O]` compared with a value, range or set

@@ -106,6 +106,7 @@ fn skeleton(t: &Table) -> Table {
                 ..m.clone_empty()
             })
             .collect(),
+        objects: t.objects.clone(),
         span: t.span,
     }
 }

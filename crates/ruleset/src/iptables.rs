@@ -379,6 +379,7 @@ pub(crate) fn parse(text: &str, ipsets: Option<&str>, v6: bool) -> (Vec<Table>, 
                 chains: Vec::new(),
                 sets: Vec::new(),
                 maps: Vec::new(),
+                objects: Vec::new(),
                 span,
             });
             cur_word = Some(first.clone());

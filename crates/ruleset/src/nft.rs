@@ -705,6 +705,7 @@ impl<'s> Parser<'s> {
             chains: Vec::new(),
             sets: Vec::new(),
             maps: Vec::new(),
+            objects: Vec::new(),
             span,
         });
         self.tables.len() - 1
@@ -790,6 +791,10 @@ impl<'s> Parser<'s> {
                         self.bump();
                         self.set_decl(ti, w == "map")
                     }
+                    w @ ("counter" | "quota") => {
+                        self.bump();
+                        self.obj_decl(ti, obj_kind(w), true)
+                    }
                     "flags" | "comment" => {
                         self.bump();
                         while !self.at_stmt_end() {
@@ -798,11 +803,16 @@ impl<'s> Parser<'s> {
                         Ok(())
                     }
                     w => {
-                        let help = suggest(w, ["chain", "set", "map", "flags", "comment"]);
+                        let help = suggest(
+                            w,
+                            [
+                                "chain", "set", "map", "counter", "quota", "flags", "comment",
+                            ],
+                        );
                         self.err_help(sp, format!("unknown table item '{w}'"), help)
                     }
                 },
-                _ => self.unexpected("'chain', 'set' or 'map'"),
+                _ => self.unexpected("'chain', 'set', 'map', 'counter' or 'quota'"),
             };
             if r.and_then(|_| self.end_stmt()).is_err() {
                 self.recover_to(depth);
@@ -1012,6 +1022,113 @@ impl<'s> Parser<'s> {
                 "policy is only valid on base chains (add 'type ... hook ... priority ...' first)",
             ),
         }
+    }
+
+    /// `counter NAME { ... }` / `quota NAME { ... }` (the body is optional
+    /// when `body_optional`, as in `add counter ip t c`).
+    fn obj_decl(&mut self, ti: usize, kind: ObjKind, body_optional: bool) -> P<()> {
+        let (name, sp) = self.name(match kind {
+            ObjKind::Counter => "counter name",
+            ObjKind::Quota => "quota name",
+        })?;
+        let (mut packets, mut bytes) = (0, 0);
+        let mut quota = None;
+        let mut comment = None;
+        let has_body = if body_optional {
+            self.eat(&Tok::LBrace)
+        } else {
+            self.expect(Tok::LBrace)?;
+            true
+        };
+        let (mut failed, mut done) = (false, false);
+        while has_body && !done {
+            self.skip_separators();
+            if self.eat(&Tok::RBrace) {
+                done = true;
+                continue;
+            }
+            let depth = self.depth;
+            let isp = self.span();
+            let r: P<()> = match self.peek() {
+                Tok::RBrace => {
+                    self.bump();
+                    break;
+                }
+                Tok::Eof => return self.err(sp, format!("missing '}}' at end of {}", kind.name())),
+                Tok::Word(w) => match (kind, self.text(w)) {
+                    (_, "comment") => {
+                        self.bump();
+                        match self.bump().tok {
+                            Tok::Str(s) => {
+                                comment = Some(self.string(s));
+                                Ok(())
+                            }
+                            _ => self.err(isp, "expected a string after 'comment'"),
+                        }
+                    }
+                    (ObjKind::Counter, "packets") => {
+                        self.bump();
+                        self.number("packet count").map(|n| packets = n)
+                    }
+                    (ObjKind::Counter, "bytes") => {
+                        self.bump();
+                        self.number("byte count").map(|n| bytes = n)
+                    }
+                    (ObjKind::Quota, _) if quota.is_none() => self.quota().map(|q| quota = Some(q)),
+                    (_, w) => {
+                        let opts: &[&str] = match kind {
+                            ObjKind::Counter => &["packets", "bytes", "comment"],
+                            ObjKind::Quota => &["over", "until", "used", "comment"],
+                        };
+                        let help = suggest(w, opts.iter().copied());
+                        self.err_help(isp, format!("unknown {} item '{w}'", kind.name()), help)
+                    }
+                },
+                _ => self.unexpected(match kind {
+                    ObjKind::Counter => "'packets', 'bytes' or 'comment'",
+                    ObjKind::Quota => "a quota such as 'over 100 mbytes'",
+                }),
+            };
+            // `packets N bytes M` share a line.
+            if r.is_ok() && kind == ObjKind::Counter && self.is_word("bytes") {
+                continue;
+            }
+            if r.and_then(|_| self.end_stmt()).is_err() {
+                failed = true;
+                self.recover_to(depth);
+            }
+        }
+        if failed {
+            return Err(Fail);
+        }
+        let state = match kind {
+            ObjKind::Counter => ObjState::Counter { packets, bytes },
+            ObjKind::Quota => match quota {
+                Some(q) => ObjState::Quota(q),
+                None => {
+                    return self.err(
+                        sp,
+                        format!("quota '{name}' has no amount; add one such as 'over 100 mbytes'"),
+                    )
+                }
+            },
+        };
+        let Some(t) = self.tables.get_mut(ti) else {
+            return Err(Fail);
+        };
+        if t.objects.iter().any(|o| o.kind() == kind && o.name == name) {
+            return self.err(
+                sp,
+                format!("duplicate {} '{name}' in this table", kind.name()),
+            );
+        }
+        t.objects.push(Object {
+            name,
+            state,
+            comment,
+            span: sp,
+        });
+        Ok(())
     }
 
     fn set_decl(&mut self, ti: usize, is_map: bool) -> P<()> {
@@ -1225,7 +1342,9 @@ impl<'s> Parser<'s> {
         let opts: &[&str] = if insert {
             &["rule"]
         } else {
-            &["table", "chain", "rule", "set", "map", "element"]
+            &[
+                "table", "chain", "rule", "set", "map", "element", "counter", "quota",
+            ]
         };
         let (what, _) = self.keyword("object", opts)?;
         let fam = self.family_opt()?;
@@ -1246,6 +1365,10 @@ impl<'s> Parser<'s> {
             "set" | "map" => {
                 let ti = self.find_table(fam, &tname, tsp)?;
                 self.set_decl(ti, what == "map")
+            }
+            "counter" | "quota" => {
+                let ti = self.find_table(fam, &tname, tsp)?;
+                self.obj_decl(ti, obj_kind(what), what == "counter")
             }
             "element" => {
                 let ti = self.find_table(fam, &tname, tsp)?;
@@ -2088,13 +2211,8 @@ impl<'s> Parser<'s> {
             }
             "counter" => {
                 self.bump();
-                if self.is_word("name") {
-                    let sp = self.span();
-                    return self.err(
-                        sp,
-                        "named counters are not supported; give the counter inline \
-                         (its packets and bytes show in `sluice ctl rule list`)",
-                    );
+                if self.eat_word("name") {
+                    return self.obj_ref(ObjKind::Counter);
                 }
                 let (mut packets, mut bytes) = (None, None);
                 loop {
@@ -2184,6 +2302,9 @@ impl<'s> Parser<'s> {
             "add" | "update" | "delete" => self.set_update(),
             "quota" => {
                 self.bump();
+                if self.eat_word("name") {
+                    return self.obj_ref(ObjKind::Quota);
+                }
                 Ok(StmtKind::Quota(self.quota()?))
             }
             _ => {
@@ -2465,11 +2586,29 @@ impl<'s> Parser<'s> {
     }
 
     /// What follows `quota`: `[over | until] N UNIT [used N UNIT]`.
-    fn quota(&mut self) -> P<Quota> {
-        if self.is_word("name") {
-            let sp = self.span();
-            return self.err(sp, "named quotas are not supported; give the quota inline");
+    /// The object of `counter name ...` / `quota name ...`: a name (an
+    /// object map such as `counter name ip saddr map { ... }` is refused).
+    fn obj_ref(&mut self, kind: ObjKind) -> P<StmtKind> {
+        let sp = self.span();
+        if matches!(self.peek(), Tok::Word(_)) && self.word().is_some_and(is_expr_keyword) {
+            return self.err(
+                sp,
+                format!(
+                    "object maps ('{} name KEY map {{ ... }}') are not supported; \
+                     name one {} per rule",
+                    kind.name(),
+                    kind.name()
+                ),
+            );
         }
+        let (name, _) = self.name(match kind {
+            ObjKind::Counter => "counter name",
+            ObjKind::Quota => "quota name",
+        })?;
+        Ok(StmtKind::ObjRef { kind, name })
+    }
+
+    fn quota(&mut self) -> P<Quota> {
         let over = self.eat_word("over");
         if !over {
             self.eat_word("until");
@@ -2622,6 +2761,14 @@ impl<'s> Parser<'s> {
 /// `N` or range `N-M` (the usual port and port range). Gives what the
 /// general path gives (no symbol name starts with a digit, so the symbol
 /// lookups there cannot match), or `None` to leave `w` to it.
+fn obj_kind(w: &str) -> ObjKind {
+    if w == "quota" {
+        ObjKind::Quota
+    } else {
+        ObjKind::Counter
+    }
+}
+
 fn decimal_value(w: &str) -> Option<Value> {
     let b = w.as_bytes();
     let (a, i) = decimal_prefix(b, 0)?;

@@ -562,6 +562,14 @@ impl<S: Sink> Writer<S> {
                 self.u8(18);
                 self.ct_count(Some(c));
             }
+            StmtKind::ObjRef { kind, name } => {
+                self.u8(19);
+                self.u8(match kind {
+                    ObjKind::Counter => 0,
+                    ObjKind::Quota => 1,
+                });
+                self.str(name);
+            }
             StmtKind::Numgen(n) => {
                 self.u8(17);
                 self.u8(u8::from(n.random));
@@ -979,6 +987,17 @@ impl Reader<'_> {
                 })
             }
             18 => StmtKind::CtCount(self.ct_count()??),
+            19 => {
+                let kind = match self.u8()? {
+                    0 => ObjKind::Counter,
+                    1 => ObjKind::Quota,
+                    _ => return None,
+                };
+                StmtKind::ObjRef {
+                    kind,
+                    name: self.str()?,
+                }
+            }
             17 => {
                 let random = match self.u8()? {
                     0 => false,

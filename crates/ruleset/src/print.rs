@@ -29,6 +29,23 @@ fn print_table(out: &mut String, t: &Table) {
         }
         first = false;
     };
+    for o in &t.objects {
+        sep(out);
+        let _ = writeln!(out, "\t{} {} {{", o.kind().name(), name(&o.name));
+        if let Some(cm) = &o.comment {
+            let _ = writeln!(out, "\t\tcomment {}", quote(cm));
+        }
+        match &o.state {
+            ObjState::Counter { packets, bytes } => {
+                let _ = writeln!(out, "\t\tpackets {packets} bytes {bytes}");
+            }
+            ObjState::Quota(q) => {
+                let q = stmt(&StmtKind::Quota(*q));
+                let _ = writeln!(out, "\t\t{}", q.strip_prefix("quota ").unwrap_or(&q));
+            }
+        }
+        out.push_str("\t}\n");
+    }
     for s in &t.sets {
         sep(out);
         let _ = writeln!(out, "\tset {} {{", name(&s.name));
@@ -432,6 +449,7 @@ fn stmt(s: &StmtKind) -> String {
             s
         }
         StmtKind::CtCount(c) => ct_count(c),
+        StmtKind::ObjRef { kind, name } => format!("{} name {}", kind.name(), quote(name)),
         StmtKind::Numgen(n) => {
             // The comparison as a match prints `numgen OP VALUE`.
             let cmp = match_to_string(&n.m);

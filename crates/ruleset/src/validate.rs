@@ -512,6 +512,29 @@ impl Validator {
                 self.map_ref(chains, maps, key, map, DataType::Verdict, s.span);
             }
             StmtKind::Nat(n) => self.nat(t, chains, maps, c, n, s.span),
+            StmtKind::ObjRef { kind, name }
+                if !t
+                    .objects
+                    .iter()
+                    .any(|o| o.kind() == *kind && o.name == *name) =>
+            {
+                {
+                    let help = suggest(
+                        name,
+                        t.objects
+                            .iter()
+                            .filter(|o| o.kind() == *kind)
+                            .map(|o| o.name.as_str()),
+                    );
+                    let msg = format!(
+                        "no {k} '{name}' in table {} {}; declare it with '{k} {name} {{ ... }}'",
+                        t.family.name(),
+                        t.name,
+                        k = kind.name()
+                    );
+                    self.diags.push(RawDiag::new(s.span, msg).help(help));
+                }
+            }
             StmtKind::Reject(Some(RejectWith::Icmp(_))) if t.family == Family::Ip6 => {
                 self.err(
                     s.span,

@@ -1042,6 +1042,34 @@ def elem_quota():
     return out
 
 
+NAMED_OBJECTS_NFT = """# Named counters and quotas: one quota object shared by two rules (its
+# bytes are used up by either port's packets), a quota until, a counter
+# before a quota (counted whatever the quota says).
+table inet objs {
+    counter seen { }
+    quota shared { over 250 bytes }
+    quota small { 150 bytes used 20 bytes }
+    chain objs_in {
+        type filter hook input priority filter; policy accept;
+        udp dport 7300 counter name "seen" quota name "shared" drop
+        udp dport 7301 quota name "shared" drop
+        udp dport 7302 quota name "small" accept
+        udp dport 7302 drop
+    }
+}
+"""
+
+
+def named_objects():
+    inp = dict(hook="input", iif="eth0", src="10.0.0.5", dst="10.0.0.1", proto="udp", length=100)
+    # 7300 and 7301 share `shared`: 100, 200 within; 300 over.
+    out = [pkt(**dict(inp, dport=7300)), pkt(**dict(inp, dport=7301))]
+    out += [pkt(**dict(inp, dport=7301)), pkt(**dict(inp, dport=7300))]
+    # `small` from 20 used: 120 within, 220 not.
+    out += [pkt(**dict(inp, dport=7302)) for _ in range(3)]
+    return out
+
+
 def main():
     seed_pk = seed001()
     for name in ("seed001_appendix_b", "seed001_appendix_c", "seed001_appendix_d", "seed001_appendix_e"):
@@ -1108,6 +1136,9 @@ def main():
     with open(os.path.join(HERE, "elem_quota.nft"), "w") as f:
         f.write(ELEM_QUOTA_NFT)
     write("elem_quota", elem_quota())
+    with open(os.path.join(HERE, "named_objects.nft"), "w") as f:
+        f.write(NAMED_OBJECTS_NFT)
+    write("named_objects", named_objects())
 
 
 if __name__ == "__main__":
