@@ -10,8 +10,9 @@
 //!   external (pool) endpoint, and sees the pool address as the source;
 //! - a SIGHUP reload with a changed ruleset keeps a running TCP transfer
 //!   alive, and the new rules apply to new connections;
-//! - a byte quota ahead of the `ct state` rule stops a UDP stream after
-//!   its bytes;
+//! - a byte quota ahead of the `ct state` rule (a named object) stops a
+//!   UDP stream after its bytes, and a named counter added through `sluice
+//!   ctl` counts the stream;
 //! - a deny list the packet path fills (a dynamic set) blocks a probing
 //!   host until an operator deletes its element;
 //! - a connection limit per source (`ct count` in a set element) refuses
@@ -580,18 +581,32 @@ fn deny_list(backend: &str, tag: &str) {
 /// A byte quota ahead of the `ct state` rule, so the filter chain runs for
 /// every packet of the connection: `quota over 400 kbytes drop` on UDP to
 /// 5201 lets an iperf3 UDP stream through until 400 KiB have passed and
-/// drops the rest.
+/// drops the rest. The quota is a named object of the rule set, and a
+/// named counter added through `sluice ctl` ahead of it counts every
+/// datagram of the stream.
 fn quota(backend: &str, tag: &str) {
     require_root();
     let t = Topo::new(tag);
-    let rules = RULESET.replace(
-        "    ct state established,related accept\n",
-        "    iifname \"lan0\" udp dport 5201 quota over 400 kbytes drop\n    \
-         ct state established,related accept\n",
-    );
+    let rules = RULESET
+        .replace(
+            "table ip filter {\n",
+            "table ip filter {\n  quota wan { over 400 kbytes }\n",
+        )
+        .replace(
+            "    ct state established,related accept\n",
+            "    iifname \"lan0\" udp dport 5201 quota name \"wan\" drop\n    \
+             ct state established,related accept\n",
+        );
     t.write_ruleset("gw.nft", &rules);
     let cfg = t.write_config(backend, "gw.nft", "");
     let d = Daemon::start(&t, &cfg, backend);
+    for cmd in [
+        "nft add counter ip filter udp5201",
+        "nft insert rule ip filter forward iifname lan0 udp dport 5201 counter name udp5201",
+    ] {
+        let r = d.ctl(cmd);
+        assert_eq!(r["ok"], true, "{cmd}: {r}");
+    }
     let _srv = iperf3_server(&t);
     // About 1.2 MB offered in 3 s, 1200-byte datagrams (1228 bytes of IP).
     // iperf3 cannot see datagrams lost at the end of a stream (its loss
@@ -621,6 +636,19 @@ fn quota(backend: &str, tag: &str) {
         d.context()
     );
     assert!(d.drops("policy-drop") + 340 >= sent, "{}", d.context());
+    // Every datagram met the counter; the quota has used what passed it.
+    let c = d.ctl("counter list udp5201");
+    let counted = c["objects"][0]["packets"].as_u64().unwrap_or(0);
+    assert!(
+        (sent..=sent + 4).contains(&counted),
+        "{backend}: {sent} sent, {counted} counted: {c}"
+    );
+    let q = d.ctl("quota list wan");
+    assert_eq!(q["objects"][0]["exceeded"], true, "{q}");
+    assert!(
+        q["objects"][0]["used"].as_u64().unwrap_or(0) >= sent * 1228,
+        "{q}"
+    );
 }
 
 /// Connection limits per source (`-m connlimit`, nft `ct count` in a set

@@ -715,7 +715,7 @@ impl CompiledPolicy {
             .objects
             .iter()
             .enumerate()
-            .filter(|(_, o)| kind.is_none_or(|k| o.kind() == k))
+            .filter(|(_, o)| !o.name.is_empty() && kind.is_none_or(|k| o.kind() == k))
             .filter(|(_, o)| name.is_none_or(|n| object_named(&o.name, n)))
             .map(|(i, o)| {
                 let (packets, bytes) = self.limiters.object(i).map_or((0, 0), |l| l.values());
@@ -743,7 +743,10 @@ impl CompiledPolicy {
     ) -> Vec<ListedObject> {
         let before = self.objects(kind, name);
         for (i, o) in self.tables.objects.iter().enumerate() {
-            if kind.is_none_or(|k| o.kind() == k) && name.is_none_or(|n| object_named(&o.name, n)) {
+            if !o.name.is_empty()
+                && kind.is_none_or(|k| o.kind() == k)
+                && name.is_none_or(|n| object_named(&o.name, n))
+            {
                 if let Some(l) = self.limiters.object(i) {
                     l.reset();
                 }
@@ -2036,6 +2039,86 @@ mod tests {
         assert_eq!(v(&q, 80), Verdict::Accept);
         assert_eq!(q.objects(Some(ObjKind::Quota), None).len(), 2);
         assert!(q.objects(Some(ObjKind::Quota), Some("web")).is_empty());
+    }
+
+    #[test]
+    fn named_objects_are_added_and_deleted_on_a_running_policy() {
+        use ast::{ObjKind, ObjState};
+        let p = pol("table ip t {\n chain f {\n type filter hook forward priority 0; policy accept;\n }\n}\n");
+        let apply = |p: &CompiledPolicy, c: &str| {
+            p.apply_text("cmd", c)
+                .map(|(q, _)| q)
+                .map_err(|e| e.to_string())
+        };
+        let e = apply(&p, "add rule ip t f counter name cust1")
+            .err()
+            .unwrap_or_default();
+        assert!(e.contains("no counter 'cust1'"), "{e}");
+        let p = apply(&p, "add counter ip t cust1").unwrap_or_else(|e| panic!("{e}"));
+        let p =
+            apply(&p, "add quota ip t cap1 { over 100 bytes }").unwrap_or_else(|e| panic!("{e}"));
+        let e = apply(&p, "add counter ip t cust1")
+            .err()
+            .unwrap_or_default();
+        assert!(e.contains("duplicate counter 'cust1'"), "{e}");
+        let p = apply(
+            &p,
+            "add rule ip t f udp dport 5000 counter name cust1 quota name cap1 drop",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let v = |p: &CompiledPolicy| {
+            p.decide(
+                Hook::Forward,
+                &PolicyPacket {
+                    proto: 17,
+                    dport: 5000,
+                    len: 60,
+                    ..packet()
+                },
+            )
+            .verdict
+        };
+        assert_eq!(v(&p), Verdict::Accept);
+        assert_eq!(v(&p), Verdict::Drop);
+        assert_eq!(
+            p.objects(Some(ObjKind::Counter), None)[0].state,
+            ObjState::Counter {
+                packets: 2,
+                bytes: 120
+            }
+        );
+        // In use: refused, nothing changes.
+        let e = apply(&p, "delete counter ip t cust1")
+            .err()
+            .unwrap_or_default();
+        assert!(e.contains("in use by rule handle 1"), "{e}");
+        let e = apply(&p, "delete quota ip t cust1")
+            .err()
+            .unwrap_or_default();
+        assert!(e.contains("no such quota 'cust1'"), "{e}");
+        let p = apply(&p, "delete rule ip t f handle 1").unwrap_or_else(|e| panic!("{e}"));
+        let p = apply(&p, "delete counter ip t cust1").unwrap_or_else(|e| panic!("{e}"));
+        assert!(p.objects(Some(ObjKind::Counter), None).is_empty());
+        // The same name again starts from zero.
+        let p = apply(&p, "add counter ip t cust1 { packets 7 bytes 70 }")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            p.objects(Some(ObjKind::Counter), None)[0].state,
+            ObjState::Counter {
+                packets: 7,
+                bytes: 70
+            }
+        );
+        let p = apply(&p, "add rule ip t f udp dport 5000 counter name cust1")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(v(&p), Verdict::Accept);
+        assert_eq!(
+            p.objects(None, Some("cust1"))[0].state,
+            ObjState::Counter {
+                packets: 8,
+                bytes: 130
+            }
+        );
     }
 
     /// TCP from `src:sport` to 10.0.0.2:22.

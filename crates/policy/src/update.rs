@@ -172,6 +172,17 @@ impl CompiledPolicy {
             Command::FlushSet { family, table, set } => {
                 next.flush_set(*family, table, set, name)?
             }
+            Command::AddObject {
+                family,
+                table,
+                object,
+            } => next.add_object(*family, table, object)?,
+            Command::DeleteObject {
+                family,
+                table,
+                kind,
+                name,
+            } => next.delete_object(*family, table, *kind, name)?,
         };
         next.counters.ensure(next.store.infos.len() as u64);
         if next.tables.limits.len() > next.limiters.len()
@@ -629,6 +640,91 @@ impl CompiledPolicy {
             ));
         }
         self.skeleton = Arc::new(sk);
+        Ok(Applied {
+            handle: None,
+            ir_rules: 0,
+            relowered: 0,
+        })
+    }
+
+    /// `add counter|quota`: the object joins its table (the parser
+    /// refused a name already taken) and starts with its declared values.
+    fn add_object(
+        &mut self,
+        family: ast::Family,
+        table: &str,
+        object: &ast::Object,
+    ) -> Result<Applied, UpdateFailure> {
+        let ti = self.table_index(family, table)?;
+        let mut sk = (*self.skeleton).clone();
+        let Some(t) = sk.tables.get_mut(ti) else {
+            return refused(format!("no such table '{} {table}'", family.name()));
+        };
+        t.objects.push(object.clone());
+        self.skeleton = Arc::new(sk);
+        let mut tables = (*self.tables).clone();
+        tables.objects.push(crate::lower::ObjSpec {
+            name: format!("{} {table} {}", family.name(), object.name),
+            state: object.state,
+        });
+        self.tables = Arc::new(tables);
+        Ok(Applied {
+            handle: None,
+            ir_rules: 0,
+            relowered: 0,
+        })
+    }
+
+    /// `delete counter|quota`: refused while a rule of the table names the
+    /// object (as the kernel refuses with EBUSY). Its id is retired, not
+    /// reused: a later object of the same name starts afresh.
+    fn delete_object(
+        &mut self,
+        family: ast::Family,
+        table: &str,
+        kind: ast::ObjKind,
+        name: &str,
+    ) -> Result<Applied, UpdateFailure> {
+        let ti = self.table_index(family, table)?;
+        let chains: Vec<(String, ChainId)> = self
+            .meta
+            .chain_ids
+            .iter()
+            .filter(|((t, _), _)| *t == ti)
+            .map(|((_, c), id)| (c.clone(), *id))
+            .collect();
+        for (chain, cid) in chains {
+            for h in self.store.chain_handles(cid) {
+                let Some(r) = self.store.entry(h).and_then(|e| e.ast.unpack()) else {
+                    continue;
+                };
+                let uses = r.stmts.iter().any(|s| {
+                    matches!(&s.kind, ast::StmtKind::ObjRef { kind: k, name: n }
+                        if *k == kind && n == name)
+                });
+                if uses {
+                    return refused(format!(
+                        "{} '{name}' is in use by rule handle {h} in chain '{chain}'; \
+                         delete that rule first",
+                        kind.name()
+                    ));
+                }
+            }
+        }
+        let mut sk = (*self.skeleton).clone();
+        if let Some(t) = sk.tables.get_mut(ti) {
+            t.objects.retain(|o| !(o.kind() == kind && o.name == name));
+        }
+        self.skeleton = Arc::new(sk);
+        let full = format!("{} {table} {name}", family.name());
+        let mut tables = (*self.tables).clone();
+        for o in &mut tables.objects {
+            if o.kind() == kind && o.name == full {
+                // Retired: no name matches an empty one.
+                o.name.clear();
+            }
+        }
+        self.tables = Arc::new(tables);
         Ok(Applied {
             handle: None,
             ir_rules: 0,

@@ -1,6 +1,7 @@
 //! Control commands against a running rule set: nft's own `add rule`,
-//! `insert rule`, `delete rule … handle N`, `add element` and
-//! `delete element` lines, parsed and validated in the context of the
+//! `insert rule`, `delete rule … handle N`, `add element`,
+//! `delete element`, `flush set`, `add counter|quota` and
+//! `delete counter|quota` lines, parsed and validated in the context of the
 //! running [`Ruleset`] (its tables, chains and set declarations).
 //!
 //! This is the text `sluice ctl nft '…'` sends; the policy crate applies a
@@ -10,7 +11,7 @@
 
 use std::path::PathBuf;
 
-use crate::ast::{Chain, Elem, Family, Map, Rule, Ruleset, Set, Table};
+use crate::ast::{Chain, Elem, Family, Map, ObjKind, Object, Rule, Ruleset, Set, Table};
 use crate::diag::{Diagnostics, SourceFile};
 use crate::lex;
 use crate::nft;
@@ -63,6 +64,21 @@ pub enum Command {
         table: String,
         set: String,
         elements: Vec<Elem>,
+    },
+    /// `add counter|quota FAMILY TABLE NAME [{ ... }]`: a new named
+    /// object.
+    AddObject {
+        family: Family,
+        table: String,
+        object: Object,
+    },
+    /// `delete counter|quota FAMILY TABLE NAME`: refused while a rule
+    /// names it.
+    DeleteObject {
+        family: Family,
+        table: String,
+        kind: ObjKind,
+        name: String,
     },
     /// `flush set FAMILY TABLE SET`: every element goes.
     FlushSet {

@@ -2959,13 +2959,56 @@ impl Parser<'_> {
         let opts: &[&str] = match verb {
             "insert" => &["rule"],
             "flush" => &["set"],
-            _ => &["rule", "element"],
+            _ => &["rule", "element", "counter", "quota"],
         };
         let (what, _) = self.keyword("object", opts)?;
         let family = self.family_opt()?;
         let (table, tsp) = self.name("table name")?;
         let ti = self.find_table(family, &table, tsp)?;
-        let cmd = if what == "set" {
+        let cmd = if let w @ ("counter" | "quota") = what {
+            let kind = obj_kind(w);
+            if verb == "add" {
+                // Declared into this parser's copy of the table (which
+                // refuses a name already taken), then taken back out.
+                self.obj_decl(ti, kind, kind == ObjKind::Counter)?;
+                let object = self
+                    .tables
+                    .get_mut(ti)
+                    .and_then(|t| t.objects.pop())
+                    .ok_or(Fail)?;
+                Command::AddObject {
+                    family,
+                    table,
+                    object,
+                }
+            } else {
+                let (name, nsp) = self.name(match kind {
+                    ObjKind::Counter => "counter name",
+                    ObjKind::Quota => "quota name",
+                })?;
+                let names: Vec<String> = self
+                    .tables
+                    .get(ti)
+                    .map(|t| {
+                        t.objects
+                            .iter()
+                            .filter(|o| o.kind() == kind)
+                            .map(|o| o.name.clone())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                if !names.contains(&name) {
+                    let help = suggest(&name, names.iter().map(String::as_str));
+                    return self.err_help(nsp, format!("no such {w} '{name}'"), help);
+                }
+                Command::DeleteObject {
+                    family,
+                    table,
+                    kind,
+                    name,
+                }
+            }
+        } else if what == "set" {
             let (set, ssp) = self.name("set name")?;
             let known = self
                 .tables

@@ -518,22 +518,20 @@ impl Validator {
                     .iter()
                     .any(|o| o.kind() == *kind && o.name == *name) =>
             {
-                {
-                    let help = suggest(
-                        name,
-                        t.objects
-                            .iter()
-                            .filter(|o| o.kind() == *kind)
-                            .map(|o| o.name.as_str()),
-                    );
-                    let msg = format!(
-                        "no {k} '{name}' in table {} {}; declare it with '{k} {name} {{ ... }}'",
-                        t.family.name(),
-                        t.name,
-                        k = kind.name()
-                    );
-                    self.diags.push(RawDiag::new(s.span, msg).help(help));
-                }
+                let help = suggest(
+                    name,
+                    t.objects
+                        .iter()
+                        .filter(|o| o.kind() == *kind)
+                        .map(|o| o.name.as_str()),
+                );
+                let msg = format!(
+                    "no {k} '{name}' in table {} {}; declare it with '{k} {name} {{ ... }}'",
+                    t.family.name(),
+                    t.name,
+                    k = kind.name()
+                );
+                self.diags.push(RawDiag::new(s.span, msg).help(help));
             }
             StmtKind::Reject(Some(RejectWith::Icmp(_))) if t.family == Family::Ip6 => {
                 self.err(
@@ -785,7 +783,9 @@ pub(crate) fn validate_command(r: &Ruleset, cmd: &crate::command::Command) -> Ve
         | Command::DeleteRule { family, table, .. }
         | Command::AddElements { family, table, .. }
         | Command::DeleteElements { family, table, .. }
-        | Command::FlushSet { family, table, .. } => (*family, table),
+        | Command::FlushSet { family, table, .. }
+        | Command::AddObject { family, table, .. }
+        | Command::DeleteObject { family, table, .. } => (*family, table),
     };
     let Some(t) = r
         .tables
@@ -807,7 +807,10 @@ pub(crate) fn validate_command(r: &Ruleset, cmd: &crate::command::Command) -> Ve
                 }
             }
         }
-        Command::DeleteRule { .. } | Command::FlushSet { .. } => {}
+        Command::DeleteRule { .. }
+        | Command::FlushSet { .. }
+        | Command::AddObject { .. }
+        | Command::DeleteObject { .. } => {}
         Command::AddElements { set, elements, .. }
         | Command::DeleteElements { set, elements, .. } => {
             if let Some(s) = sets.get(set.as_str()) {
