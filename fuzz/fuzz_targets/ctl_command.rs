@@ -15,7 +15,8 @@ const BASE: &str = "table inet filter {\n\
     tcp dport 23 add @seen { ip saddr . 23 limit rate over 1/second } quota over 1 kbytes drop\n\
     tcp dport 22 ct state new add @conns { ip saddr ct count over 3 } reject with tcp reset\n\
     tcp dport vmap @ports\n    jump web\n  }\n\
-  chain web { tcp dport 80 accept }\n}\n\
+  counter web { packets 1 bytes 60 }\n  quota cap { over 1 kbytes }\n\
+  chain web { tcp dport 80 counter name web quota name cap accept }\n}\n\
 table ip nat { chain post { type nat hook postrouting priority 100; policy accept;\n\
     oifname \"wan0\" masquerade } }\n";
 

@@ -134,6 +134,9 @@ pub struct PacketFields {
     pub rpf_any: u8,
     /// The connection the packet belongs to (what `ct count` counts).
     pub conn: ConnId,
+    /// When the packet is seen, ns since the epoch (UTC): `meta time`,
+    /// and through it `meta day` and `meta hour`.
+    pub time_ns: u64,
 }
 
 /// A connection, by its original direction's tuple as conntrack keeps it
@@ -209,6 +212,12 @@ pub enum Field {
     RpfIif,
     /// `fib saddr oif`.
     RpfAny,
+    /// `meta time`: ns since the epoch.
+    Time,
+    /// `meta day`: the day of the week, 0 Sunday.
+    Day,
+    /// `meta hour`: seconds since midnight.
+    Hour,
 }
 
 impl Field {
@@ -220,7 +229,9 @@ impl Field {
             | Field::CtMark
             | Field::Mark
             | Field::CtStatus
-            | Field::Length => 32,
+            | Field::Length
+            | Field::Hour => 32,
+            Field::Time => 64,
             Field::IpLen => 16,
             Field::EtherSaddr | Field::EtherDaddr => 48,
             Field::IifName | Field::OifName | Field::Saddr | Field::Daddr => 128,
@@ -238,7 +249,8 @@ impl Field {
             | Field::SaddrType
             | Field::CtDir
             | Field::RpfIif
-            | Field::RpfAny => 8,
+            | Field::RpfAny
+            | Field::Day => 8,
         }
     }
     /// Largest value of the field.
@@ -281,9 +293,15 @@ impl PacketFields {
             Field::CtDir => self.ct_dir as u128,
             Field::RpfIif => self.rpf_iif as u128,
             Field::RpfAny => self.rpf_any as u128,
+            Field::Time => self.time_ns as u128,
+            // 1970-01-01 was a Thursday (day 4).
+            Field::Day => ((self.time_ns / NS_PER_DAY + 4) % 7) as u128,
+            Field::Hour => ((self.time_ns % NS_PER_DAY) / 1_000_000_000) as u128,
         }
     }
 }
+
+const NS_PER_DAY: u64 = 86_400 * 1_000_000_000;
 
 /// An inclusive range of field values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

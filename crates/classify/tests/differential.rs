@@ -149,9 +149,20 @@ fn rand_match(r: &mut Rng) -> Match {
                 negate,
             }
         }
-        // The IP header and meta fields (ttl, lengths, dscp, pkttype).
+        // The IP header and meta fields (ttl, lengths, dscp, pkttype,
+        // time of day).
         12 => {
-            let (f, rs) = match r.below(9) {
+            let (f, rs) = match r.below(12) {
+                8 => (
+                    Field::Hour,
+                    vec![Range::new(r.below(86_400) as u128, r.below(86_400) as u128)],
+                ),
+                9 => (Field::Day, vec![Range::value(r.below(7) as u128)]),
+                10 => {
+                    // 2026-11-30, the second day of the packets.
+                    let t = 1_795_996_800_000_000_000u128;
+                    (Field::Time, vec![Range::new(t, t + 86_400_000_000_000)])
+                }
                 0 => (Field::Ttl, vec![Range::new(0, r.below(3) as u128)]),
                 1 => (Field::IpLen, vec![Range::new(1000, 1500)]),
                 2 => (
@@ -324,6 +335,8 @@ fn rand_packet(r: &mut Rng) -> PacketFields {
         rpf_iif: r.below(2) as u8,
         rpf_any: 1,
         conn: ConnId::default(),
+        // 2026-11-29 and 2026-11-30 (UTC).
+        time_ns: 1_795_910_400_000_000_000 + r.below(172_800) * 1_000_000_000,
     }
 }
 

@@ -955,6 +955,12 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
         .clone()
         .unwrap_or_else(|| Arc::new(AtomicBool::new(false)));
     let epoch = Instant::now();
+    // The wall clock at `now_ns`'s zero, for the rule set's `meta time`,
+    // `day` and `hour` (`now_ns` starts at 1 s).
+    let wall_offset_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .saturating_sub(1000);
     // A worker priority the process may not use is refused here, before
     // any interface is touched, not found out by a worker.
     if let Some(p) = cfg.worker_priority {
@@ -1047,6 +1053,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     let mut hand_rx = hand_rx.into_iter();
     for (id, rx) in (0..cfg.workers).zip(receivers) {
         let mut ecfg = engine_config(&cfg, &macs, &mtus, &lp.pools, id);
+        ecfg.wall_offset_ms = wall_offset_ms;
         if offload.is_some() {
             ecfg.offload_queue = OFFLOAD_QUEUE;
         }

@@ -738,14 +738,18 @@ fn connlimit(backend: &str, tag: &str) {
 /// `reject` answers the client as the kernel's does: `reject with tcp
 /// reset` refuses curl's connection at once (exit 7, not a timeout), and a
 /// plain `reject` of UDP reaches a connected UDP socket as ICMP port
-/// unreachable (ConnectionRefusedError on its next receive).
+/// unreachable (ConnectionRefusedError on its next receive). The reset
+/// rule also tests `meta time`, `day` and `hour`: the gateway's workers see
+/// the wall clock (a clock of 1970 would take the rule before it).
 fn reject(backend: &str, tag: &str) {
     require_root();
     let t = Topo::new(tag);
     let rules = RULESET.replace(
         "    ct state established,related accept\n",
         "    ct state established,related accept\n    \
-         iifname \"lan0\" tcp dport 8083 reject with tcp reset\n    \
+         iifname \"lan0\" tcp dport 8083 meta time < \"2020-01-01\" counter accept\n    \
+         iifname \"lan0\" tcp dport 8083 meta time >= \"2020-01-01\" meta day 0-6 \
+         meta hour \"00:00\"-\"23:59:59\" counter reject with tcp reset\n    \
          iifname \"lan0\" udp dport 9999 reject\n",
     );
     t.write_ruleset("gw.nft", &rules);
@@ -761,6 +765,19 @@ fn reject(backend: &str, tag: &str) {
         text(&o),
         d.context()
     );
+    // The time rules: the reset came from the rule for after 2020.
+    let rules = d.ctl("rule list forward");
+    let count = |pat: &str| {
+        rules["rules"]
+            .as_array()
+            .and_then(|v| {
+                v.iter()
+                    .find(|r| r["rule"].as_str().is_some_and(|t| t.contains(pat)))
+            })
+            .and_then(|r| r["packets"].as_u64())
+    };
+    assert_eq!(count("meta time < "), Some(0), "{rules}");
+    assert!(count("meta time >= ").is_some_and(|n| n >= 1), "{rules}");
     assert!(
         started.elapsed() < Duration::from_secs(3),
         "refused at once"

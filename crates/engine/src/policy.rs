@@ -98,6 +98,11 @@ pub struct PolicyPacket {
     /// The batch's time, ms on the worker's monotonic clock (for `limit`
     /// rate buckets; the policy reads no clock).
     pub now_ms: u64,
+    /// The batch's time, ms since the epoch (UTC): `now_ms` plus the
+    /// offset the worker was configured with
+    /// ([`crate::EngineConfig::wall_offset_ms`]); for `meta time`, `meta
+    /// day`, `meta hour`.
+    pub wall_ms: u64,
     /// The connection the packet belongs to: its original direction's
     /// tuple, before NAT (what `ct count` counts).
     pub conn: ConnTuple,

@@ -116,6 +116,12 @@ pub struct EngineConfig {
     /// when the worker is built, so no packet ever waits for a page fault
     /// (see `sluice_conntrack::Config::prefault`). Off by default.
     pub ct_prefault: bool,
+    /// The wall clock (ms since the epoch, UTC) minus the clock of the
+    /// `now_ns` given to [`Worker::process`], in ms: the policy's time of
+    /// day is the batch's time plus this. The engine reads no clock; the
+    /// caller measures it once (both clocks are slewed alike by NTP, so it
+    /// holds until the system clock is stepped). 0 in tests.
+    pub wall_offset_ms: i64,
     /// Conntrack timeouts.
     pub timeouts: Timeouts,
     /// Hash seed (random in production; fixed in tests for repeatability).
@@ -198,6 +204,7 @@ impl Default for EngineConfig {
             steered_by_source: Vec::new(),
             ct_max: 1 << 20,
             ct_prefault: false,
+            wall_offset_ms: 0,
             timeouts: Timeouts::default(),
             seed: 0x5eed,
             nat: NatConfig::default(),
@@ -487,6 +494,10 @@ pub struct Worker {
     handed_in: bool,
     /// The current batch's time in ms (for the policy's `limit` buckets).
     now_ms: u64,
+    /// The current batch's wall-clock time, ms since the epoch.
+    wall_ms: u64,
+    /// [`EngineConfig::wall_offset_ms`].
+    wall_offset_ms: i64,
     /// Offload requests for the lower layer (`None`: offload is off).
     offload: Option<OffloadQueue>,
 }
@@ -636,6 +647,8 @@ impl Worker {
             by_source,
             handed_in: false,
             now_ms: 0,
+            wall_ms: 0,
+            wall_offset_ms: cfg.wall_offset_ms,
             offload: (cfg.offload_queue > 0).then(|| OffloadQueue::new(cfg.offload_queue)),
         };
         for (ip, mac) in cfg.neighbors {
@@ -853,6 +866,7 @@ impl Worker {
     pub fn process<F: Frames>(&mut self, now_ns: u64, frames: &mut F) {
         let now = instant(now_ns);
         self.now_ms = now.as_millis();
+        self.wall_ms = self.now_ms.saturating_add_signed(self.wall_offset_ms);
         let total = frames.count();
         let n = total.min(MAX_BATCH);
         self.counters.rx += total as u64;
@@ -1470,6 +1484,7 @@ impl Worker {
             ct_dir: u8::from(dir == Dir::Reply),
             rpf: (true, true),
             now_ms: self.now_ms,
+            wall_ms: self.wall_ms,
             conn: conn4(&orig),
         };
         // `src` is the received packet's source in every hook (the
@@ -2028,6 +2043,7 @@ impl Worker {
         let mut pp = policy_packet(iif, key, d, CtState::New, buf);
         self.addr_types4(&mut pp);
         pp.now_ms = self.now_ms;
+        pp.wall_ms = self.wall_ms;
         if broadcast {
             // For the gateway, which serves nothing on a broadcast address:
             // the input hook sees it, then it is dropped (`local-unhandled`).
@@ -2416,6 +2432,7 @@ impl Worker {
         let mut pp = policy_packet(iif, key, d, CtState::Related, buf);
         self.addr_types4(&mut pp);
         pp.now_ms = self.now_ms;
+        pp.wall_ms = self.wall_ms;
         if self.policy.decide(Hook::Forward, &pp).verdict != Verdict::Accept {
             return Action::Drop(DropReason::PolicyDrop);
         }
@@ -2663,6 +2680,7 @@ fn policy_packet(
         ct_status: 0,
         len,
         now_ms: 0,
+        wall_ms: 0,
         conn: conn4(key),
     }
 }

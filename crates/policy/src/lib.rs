@@ -73,7 +73,7 @@ pub use policy::{
 pub use trace::{
     default_ct_status, hook_name, parse_addr_type, parse_ct, parse_ct_direction, parse_ct_status,
     parse_dscp, parse_hook, parse_length, parse_mac, parse_pkttype, parse_proto, parse_rpf,
-    parse_tcp_flags, parse_u32, path, ChainTrace, HookTrace, NatReport, NatType, PacketError,
-    RuleTrace, Trace, TracePacket, TraceState, TraceVerdict,
+    parse_tcp_flags, parse_u32, parse_wall_time, path, ChainTrace, HookTrace, NatReport, NatType,
+    PacketError, RuleTrace, Trace, TracePacket, TraceState, TraceVerdict,
 };
 pub use update::{Applied, ListedRule, UpdateFailure};

@@ -455,6 +455,9 @@ fn spec(f: Field, fam: Family) -> Result<(ir::Field, Kind, &'static [Dep]), Stri
         // Only the left side of a `numgen` comparison, which is lowered
         // like a 32-bit number to get the numbers it matches.
         Field::Numgen => (I::Mark, Kind::Num, &[]),
+        Field::MetaTime => (I::Time, Kind::Num, &[]),
+        Field::MetaDay => (I::Day, Kind::Num, &[]),
+        Field::MetaHour => (I::Hour, Kind::Num, &[]),
     })
 }
 

@@ -922,6 +922,7 @@ impl CompiledPolicy {
             rpf_iif: u8::from(pkt.rpf.0),
             rpf_any: u8::from(pkt.rpf.1),
             conn: conn_id(&pkt.conn),
+            time_ns: pkt.wall_ms.saturating_mul(1_000_000),
         }
     }
 }
@@ -1140,6 +1141,7 @@ mod tests {
             ct_dir: 0,
             rpf: (true, true),
             now_ms: 0,
+            wall_ms: 0,
             conn: sluice_engine::ConnTuple {
                 src: 0x0a00_0001,
                 dst: 0x0a00_0002,
@@ -2039,6 +2041,38 @@ mod tests {
         assert_eq!(v(&q, 80), Verdict::Accept);
         assert_eq!(q.objects(Some(ObjKind::Quota), None).len(), 2);
         assert!(q.objects(Some(ObjKind::Quota), Some("web")).is_empty());
+    }
+
+    #[test]
+    fn time_of_day_day_of_week_and_date_come_from_the_packets_wall_clock() {
+        let p = pol(
+            "table ip t {\n chain f {\n type filter hook forward priority 0; policy drop;\n \
+             meta hour \"22:00\"-\"06:00\" drop\n \
+             meta day { \"Saturday\", \"Sunday\" } drop\n \
+             meta hour \"09:00\"-\"17:00\" meta day \"Monday\"-\"Friday\" accept\n \
+             meta time >= \"2026-12-01\" accept\n }\n}\n",
+        );
+        let at = |s: &str| {
+            let secs = sluice_ruleset::timefmt::parse_date_time(s).unwrap_or_else(|| panic!("{s}"));
+            p.decide(
+                Hook::Forward,
+                &PolicyPacket {
+                    wall_ms: secs * 1000,
+                    ..packet()
+                },
+            )
+            .verdict
+        };
+        // 2026-11-23 was a Monday.
+        assert_eq!(at("2026-11-23 10:00"), Verdict::Accept);
+        assert_eq!(at("2026-11-23 17:00:00"), Verdict::Accept);
+        assert_eq!(at("2026-11-23 17:00:01"), Verdict::Drop);
+        assert_eq!(at("2026-11-28 10:00"), Verdict::Drop, "Saturday");
+        // "22:00"-"06:00" is the day outside 06:00-22:00: both ends are
+        // outside it, as nft writes it.
+        assert_eq!(at("2026-12-02 23:30"), Verdict::Drop);
+        assert_eq!(at("2026-12-02 06:00"), Verdict::Accept, "after Dec 1");
+        assert_eq!(at("2026-12-02 05:59:59"), Verdict::Drop);
     }
 
     #[test]

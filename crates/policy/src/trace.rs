@@ -90,6 +90,9 @@ pub struct TracePacket {
     /// interface, any route back (`rpf` `ok` (default), `other-iif`,
     /// `none`).
     pub rpf: (bool, bool),
+    /// When the packet is seen (`meta time`, `meta day`, `meta hour`),
+    /// seconds since the epoch (UTC); `None`: now.
+    pub wall_s: Option<u64>,
 }
 
 impl Default for TracePacket {
@@ -119,8 +122,24 @@ impl Default for TracePacket {
             ether: (0, 0),
             ct_dir: 0,
             rpf: (true, true),
+            wall_s: None,
         }
     }
+}
+
+/// Parses a packet's time: `YYYY-MM-DD`, `YYYY-MM-DD HH:MM[:SS]` (or with
+/// a `T`), UTC, or seconds since the epoch.
+pub fn parse_wall_time(s: &str) -> Result<u64, PacketError> {
+    sluice_ruleset::timefmt::parse_date_time(s)
+        .or_else(|| s.parse().ok())
+        .map_or_else(
+            || {
+                perr(format!(
+                    "invalid time '{s}': write YYYY-MM-DD[THH:MM[:SS]] (UTC) or seconds since 1970"
+                ))
+            },
+            Ok,
+        )
 }
 
 /// Parses a hook name.
@@ -339,7 +358,8 @@ fn parse_endpoint(s: &str) -> Result<(IpAddr, Option<u16>), PacketError> {
 impl TracePacket {
     /// Parses `[PROTO] SRC[:PORT] > DST[:PORT] [iif NAME] [oif NAME] [ct STATE]
     /// [mark N] [ctmark N] [flags FLAGS] [type N] [code N] [hook HOOK] [ttl N]
-    /// [length N] [dscp N|NAME] [pkttype host|broadcast|multicast]`,
+    /// [length N] [dscp N|NAME] [pkttype host|broadcast|multicast]
+    /// [time YYYY-MM-DD[THH:MM[:SS]] | SECONDS]`,
     /// e.g. `tcp 10.0.0.2:1234 > 192.0.2.1:80 iif eth0 oif eth1 ct new flags S`.
     /// IPv6 endpoints with a port are written `[2001:db8::1]:80`.
     pub fn parse(spec: &str) -> Result<Self, PacketError> {
@@ -389,9 +409,10 @@ impl TracePacket {
                 "ether_daddr" => p.ether.1 = parse_mac(val)?,
                 "ct_direction" => p.ct_dir = parse_ct_direction(val)?,
                 "rpf" => p.rpf = parse_rpf(val)?,
+                "time" => p.wall_s = Some(parse_wall_time(val)?),
                 _ => {
                     return perr(format!(
-                        "unknown key '{key}' (iif, oif, ct, status, mark, ctmark, flags, type, code, hook, ttl, length, dscp, pkttype, daddr_type, saddr_type, ether_saddr, ether_daddr, ct_direction, rpf)"
+                        "unknown key '{key}' (iif, oif, ct, status, mark, ctmark, flags, type, code, hook, ttl, length, dscp, pkttype, daddr_type, saddr_type, ether_saddr, ether_daddr, ct_direction, rpf, time)"
                     ))
                 }
             }
@@ -440,6 +461,11 @@ impl TracePacket {
                 _ => 0,
             },
         );
+        let wall_s = self.wall_s.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs())
+        });
         PacketFields {
             iif,
             oif,
@@ -475,6 +501,7 @@ impl TracePacket {
             ct_dir: self.ct_dir,
             rpf_iif: u8::from(self.rpf.0),
             rpf_any: u8::from(self.rpf.1),
+            time_ns: wall_s.saturating_mul(1_000_000_000),
             saddr_type: self.saddr_type.unwrap_or_else(|| {
                 addr_type(self.src, v6).unwrap_or(if self.hook == ast::Hook::Output {
                     2

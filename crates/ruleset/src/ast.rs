@@ -399,6 +399,13 @@ pub enum Field {
     /// The number `numgen` generates: only the left side of a
     /// [`Numgen`]'s comparison, never a packet field.
     Numgen,
+    /// `meta time`: when the packet is seen, ns since the epoch (UTC).
+    MetaTime,
+    /// `meta day`: the day of the week it is seen, 0 Sunday (UTC).
+    MetaDay,
+    /// `meta hour`: the time of day it is seen, seconds since midnight
+    /// (UTC).
+    MetaHour,
 }
 
 /// Which network-layer family a field requires.
@@ -411,7 +418,7 @@ pub enum FieldFamily {
 
 impl Field {
     /// All fields, for lookups and suggestions.
-    pub const ALL: [Field; 43] = [
+    pub const ALL: [Field; 46] = [
         Field::Iifname,
         Field::Oifname,
         Field::Iif,
@@ -455,6 +462,9 @@ impl Field {
         Field::FibSaddrIifOif,
         Field::FibSaddrOif,
         Field::Numgen,
+        Field::MetaTime,
+        Field::MetaDay,
+        Field::MetaHour,
     ];
 
     /// Canonical nft spelling (`"ip saddr"`).
@@ -503,6 +513,9 @@ impl Field {
             Field::FibSaddrIifOif => "fib saddr . iif oif",
             Field::FibSaddrOif => "fib saddr oif",
             Field::Numgen => "numgen",
+            Field::MetaTime => "meta time",
+            Field::MetaDay => "meta day",
+            Field::MetaHour => "meta hour",
         }
     }
 
@@ -522,6 +535,9 @@ impl Field {
             Field::MetaLength | Field::Numgen => DataType::Integer32,
             Field::IpDscp | Field::Ip6Dscp => DataType::Dscp,
             Field::MetaPkttype => DataType::PktType,
+            Field::MetaTime => DataType::Time,
+            Field::MetaDay => DataType::Day,
+            Field::MetaHour => DataType::Hour,
             Field::FibDaddrType | Field::FibSaddrType => DataType::AddrType,
             Field::EtherSaddr | Field::EtherDaddr => DataType::EtherAddr,
             Field::CtDirection => DataType::CtDir,
@@ -586,10 +602,16 @@ pub enum DataType {
     EtherAddr,
     CtDir,
     FibPresence,
+    /// `meta time`: ns since the epoch, written `"2019-06-06 17:00:00"`.
+    Time,
+    /// `meta day`: 0 (Sunday) to 6, written `"Monday"`.
+    Day,
+    /// `meta hour`: seconds since midnight, written `"17:00"`.
+    Hour,
 }
 
 impl DataType {
-    pub const ALL: [DataType; 25] = [
+    pub const ALL: [DataType; 28] = [
         DataType::Ipv4Addr,
         DataType::Ipv6Addr,
         DataType::InetService,
@@ -615,6 +637,9 @@ impl DataType {
         DataType::EtherAddr,
         DataType::CtDir,
         DataType::FibPresence,
+        DataType::Time,
+        DataType::Day,
+        DataType::Hour,
     ];
 
     /// nft type name as used in `set { type ... }`.
@@ -647,6 +672,9 @@ impl DataType {
             DataType::EtherAddr => "ether_addr",
             DataType::CtDir => "ct_dir",
             DataType::FibPresence => "fib_presence",
+            DataType::Time => "time",
+            DataType::Day => "day",
+            DataType::Hour => "hour",
         }
     }
 
@@ -668,6 +696,9 @@ impl DataType {
             DataType::IcmpCode | DataType::Icmpv6Code => Some(u64::from(u8::MAX)),
             DataType::EtherAddr => Some((1 << 48) - 1),
             DataType::CtDir | DataType::FibPresence => Some(1),
+            DataType::Time => Some(u64::MAX),
+            DataType::Day => Some(6),
+            DataType::Hour => Some(crate::timefmt::DAY_SECS - 1),
             DataType::Mark | DataType::CtState | DataType::CtStatus => Some(u64::from(u32::MAX)),
             _ => None,
         }

@@ -26,6 +26,7 @@ mod nft;
 mod packed;
 mod print;
 mod symbols;
+pub mod timefmt;
 mod validate;
 
 pub use ast::*;

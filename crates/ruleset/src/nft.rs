@@ -102,7 +102,6 @@ fn unsupported_field(what: &str, field: &str) -> Option<&'static str> {
         ("ct", "original" | "reply") => "matching a direction's tuple is not implemented yet",
         ("ct", "helper") => "conntrack helpers are not implemented",
         ("ct", "zone") => "conntrack zones are not implemented",
-        ("meta", "time" | "day" | "hour") => "time-of-day matches are not implemented yet",
         ("meta", "skuid" | "skgid") => {
             "socket owners concern locally generated packets, which Sluice does not have"
         }
@@ -1703,6 +1702,9 @@ impl<'s> Parser<'s> {
                     ("mark", Field::MetaMark),
                     ("length", Field::MetaLength),
                     ("pkttype", Field::MetaPkttype),
+                    ("time", Field::MetaTime),
+                    ("day", Field::MetaDay),
+                    ("hour", Field::MetaHour),
                 ],
             )?,
             "ip" => sub(
@@ -1927,6 +1929,21 @@ impl<'s> Parser<'s> {
             len: right_span.len.max(1),
             ..right_span
         };
+        // A time of day range across midnight (`"22:00"-"06:00"`) is, as
+        // nft rewrites it, the day outside the range between its ends.
+        let (op, right) = match (single, op, right) {
+            (Some(DataType::Hour), RelOp::Implicit | RelOp::Eq | RelOp::Ne, Value::Range(a, b))
+                if matches!((&*a, &*b), (Value::Num(x), Value::Num(y)) if x > y) =>
+            {
+                let op = if op == RelOp::Ne {
+                    RelOp::Implicit
+                } else {
+                    RelOp::Ne
+                };
+                (op, Value::Range(b, a))
+            }
+            (_, op, right) => (op, right),
+        };
         Ok(Match {
             left,
             mask,
@@ -2026,8 +2043,17 @@ impl<'s> Parser<'s> {
         if self.is_word("-") && !matches!(v, Value::Range(..) | Value::Prefix { .. }) {
             self.bump();
             let hsp = self.span();
-            let (h, _) = self.expect_word("end of range")?;
-            let hi = self.word_value(dt, h, hsp)?;
+            let hi = match self.peek() {
+                Tok::Str(s) => {
+                    self.bump();
+                    let s = unescape(self.text(s));
+                    self.word_value(dt, &s, hsp)?
+                }
+                _ => {
+                    let (h, _) = self.expect_word("end of range")?;
+                    self.word_value(dt, h, hsp)?
+                }
+            };
             return Ok(Value::Range(Box::new(v), Box::new(hi)));
         }
         Ok(v)
@@ -2044,6 +2070,56 @@ impl<'s> Parser<'s> {
             DataType::EtherAddr => match symbols::parse_mac(w) {
                 Some(n) => Ok(Value::Num(n)),
                 None => self.err(sp, format!("invalid ether_addr '{w}'")),
+            },
+            DataType::Time => {
+                // A number is seconds since the epoch, as nft reads it.
+                let secs = crate::timefmt::parse_date_time(w).or_else(|| parse_num(w));
+                match secs.and_then(|s| s.checked_mul(1_000_000_000)) {
+                    Some(ns) => Ok(Value::Num(ns)),
+                    None => self.err(
+                        sp,
+                        format!(
+                            "invalid time '{w}': write \"YYYY-MM-DD\", \"YYYY-MM-DD HH:MM\" or \
+                             \"YYYY-MM-DD HH:MM:SS\" (UTC), or seconds since 1970"
+                        ),
+                    ),
+                }
+            }
+            DataType::Day => {
+                let day = |x: &str| {
+                    crate::timefmt::parse_day(x)
+                        .or_else(|| parse_num(x))
+                        .filter(|d| *d <= 6)
+                };
+                if let Some(d) = day(w) {
+                    return Ok(Value::Num(d));
+                }
+                if let Some((a, b)) = w
+                    .split_once('-')
+                    .and_then(|(a, b)| Some((day(a)?, day(b)?)))
+                {
+                    return Ok(Value::Range(
+                        Box::new(Value::Num(a)),
+                        Box::new(Value::Num(b)),
+                    ));
+                }
+                {
+                    let help = suggest(w, crate::timefmt::DAYS);
+                    self.err_help(
+                        sp,
+                        format!(
+                            "invalid day '{w}': a day name such as \"Monday\", or 0 (Sunday) to 6"
+                        ),
+                        help,
+                    )
+                }
+            }
+            DataType::Hour => match crate::timefmt::parse_hour(w) {
+                Some(s) => Ok(Value::Num(s)),
+                None => self.err(
+                    sp,
+                    format!("invalid time of day '{w}': write \"HH:MM\" or \"HH:MM:SS\" (UTC)"),
+                ),
             },
             _ => {
                 if let Some(v) = decimal_value(w) {

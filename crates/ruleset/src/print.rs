@@ -279,6 +279,7 @@ fn match_to_string(m: &Match) -> String {
 fn num(n: u64, dt: DataType) -> String {
     match dt {
         DataType::Mark => format!("0x{n:08x}"),
+        DataType::Time | DataType::Hour | DataType::Day => plain_num(n, dt),
         DataType::EtherAddr => symbols::format_mac(n),
         d if d.is_bitmask() => {
             let tab = symbols::table(d);
@@ -308,6 +309,12 @@ fn plain_num(n: u64, dt: DataType) -> String {
         DataType::Mark => format!("0x{n:08x}"),
         DataType::EtherAddr => symbols::format_mac(n),
         d if d.is_bitmask() => format!("0x{n:x}"),
+        DataType::Time => quote(&crate::timefmt::format_date_time(n / 1_000_000_000)),
+        DataType::Hour => quote(&crate::timefmt::format_hour(n)),
+        DataType::Day => match crate::timefmt::DAYS.get(n as usize) {
+            Some(d) => quote(d),
+            None => n.to_string(),
+        },
         _ => n.to_string(),
     }
 }

@@ -215,7 +215,7 @@ impl From<&Trace> for TraceJson {
 }
 
 const KEYS: &str =
-    "time_ms, hook, iif, oif, proto, src, sport, dst, dport, tcp_flags, ct, ct_status, mark, ctmark, type, code, ttl, length, dscp, pkttype, daddr_type, saddr_type, ether_saddr, ether_daddr, ct_direction, rpf";
+    "time_ms, wall_time, hook, iif, oif, proto, src, sport, dst, dport, tcp_flags, ct, ct_status, mark, ctmark, type, code, ttl, length, dscp, pkttype, daddr_type, saddr_type, ether_saddr, ether_daddr, ct_direction, rpf";
 
 /// Parses one `--packets` line: the packet and its `time_ms` (default 0),
 /// the clock of the dynamic sets' timeouts and meters.
@@ -248,6 +248,14 @@ fn packet_from_json(line: &str) -> Result<(TracePacket, u64), String> {
                     _ => None,
                 }
                 .ok_or_else(|| format!("'{k}' must be a number of milliseconds"))?
+            }
+            "wall_time" => {
+                p.wall_s = Some(match v {
+                    Json::Number(n) => n
+                        .as_u64()
+                        .ok_or_else(|| format!("'{k}' must be seconds since 1970"))?,
+                    _ => sluice_policy::parse_wall_time(s()?).map_err(e)?,
+                })
             }
             "hook" => p.hook = parse_hook(s()?).map_err(e)?,
             "iif" => p.iif = Some(s()?.to_string()),

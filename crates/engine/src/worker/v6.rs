@@ -376,6 +376,7 @@ impl Worker {
         let mut pp = policy_packet6(iif, key, d, CtState::New, payload_len, buf);
         self.addr_types6(iif, &mut pp);
         pp.now_ms = self.now_ms;
+        pp.wall_ms = self.wall_ms;
         // Prerouting filter chains (NAT does not apply to IPv6).
         let dec = self.policy.decide(Hook::Prerouting, &pp);
         pp.mark = dec.mark;
@@ -625,6 +626,7 @@ impl Worker {
             ct_dir: u8::from(dir == Dir::Reply),
             rpf: (true, true),
             now_ms: self.now_ms,
+            wall_ms: self.wall_ms,
             conn: conn6(&e.orig()),
         };
         self.addr_types6(iif, &mut pp);
@@ -803,6 +805,7 @@ impl Worker {
         let mut pp = policy_packet6(iif, key, d, CtState::Related, payload_len, buf);
         self.addr_types6(iif, &mut pp);
         pp.now_ms = self.now_ms;
+        pp.wall_ms = self.wall_ms;
         pp.oif = self.adj.get(usize::from(adj)).map(|a| a.oif);
         if let Some(r) = refused(self.policy.decide(Hook::Forward, &pp).verdict) {
             return Step::Done(Action::Drop(r));
@@ -839,6 +842,7 @@ impl Worker {
         let mut pp = policy_packet6(iif, key, d, CtState::New, payload_len, buf);
         self.addr_types6(iif, &mut pp);
         pp.now_ms = self.now_ms;
+        pp.wall_ms = self.wall_ms;
         let v = self.policy.decide(Hook::Input, &pp).verdict;
         if v != Verdict::Accept {
             return self.refuse6(now, buf, len, iif, pk, v);
@@ -912,6 +916,7 @@ impl Worker {
         let mut pp = policy_packet6(iif, key, d, CtState::New, payload_len, buf);
         self.addr_types6(iif, &mut pp);
         pp.now_ms = self.now_ms;
+        pp.wall_ms = self.wall_ms;
         if let Some(r) = refused(self.policy.decide(Hook::Input, &pp).verdict) {
             return drop(r);
         }
@@ -1114,6 +1119,7 @@ fn policy_packet6(
         // The worker's: `Worker::addr_types6`.
         rpf: (true, true),
         now_ms: 0,
+        wall_ms: 0,
         conn: conn6(key),
     }
 }

@@ -1070,6 +1070,32 @@ def named_objects():
     return out
 
 
+TIME_MATCHES_NFT = """# meta time / day / hour: the kernel reads its clock when the packet
+# arrives, the trace its own; every rule here decides the same way at any
+# moment after 2020 (before 2099), so the two agree whenever they run.
+table inet clock {
+    chain clock_in {
+        type filter hook input priority filter; policy accept;
+        udp dport 7400 meta time < "2020-01-01" drop
+        udp dport 7400 meta time >= "2020-01-01 00:00:00" counter accept
+        udp dport 7401 meta hour "00:00"-"23:59:59" drop
+        udp dport 7402 meta day { "Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday" } drop
+        udp dport 7403 meta day != 0-6 drop
+        udp dport 7404 meta hour "22:00"-"06:00" meta hour "06:00:01"-"21:59:59" drop
+        udp dport 7405 meta time > "2099-01-01" drop
+        udp dport 7406 meta day "Monday"-"Friday" accept
+        udp dport 7406 meta day { "Saturday", "Sunday" } accept
+        udp dport 7406 drop
+    }
+}
+"""
+
+
+def time_matches():
+    inp = dict(hook="input", iif="eth0", src="10.0.0.5", dst="10.0.0.1", proto="udp")
+    return [pkt(**dict(inp, dport=p)) for p in range(7400, 7407)]
+
+
 def main():
     seed_pk = seed001()
     for name in ("seed001_appendix_b", "seed001_appendix_c", "seed001_appendix_d", "seed001_appendix_e"):
@@ -1139,6 +1165,9 @@ def main():
     with open(os.path.join(HERE, "named_objects.nft"), "w") as f:
         f.write(NAMED_OBJECTS_NFT)
     write("named_objects", named_objects())
+    with open(os.path.join(HERE, "time_matches.nft"), "w") as f:
+        f.write(TIME_MATCHES_NFT)
+    write("time_matches", time_matches())
 
 
 if __name__ == "__main__":
