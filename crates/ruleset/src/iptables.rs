@@ -655,6 +655,16 @@ const OPTIONS: &[&str] = &[
     "--probability",
     "--every",
     "--packet",
+    "--datestart",
+    "--datestop",
+    "--timestart",
+    "--timestop",
+    "--weekdays",
+    "--monthdays",
+    "--contiguous",
+    "--kerneltz",
+    "--localtz",
+    "--utc",
     "--connlimit-upto",
     "--connlimit-above",
     "--connlimit-mask",
@@ -733,6 +743,8 @@ fn rule(
     // -m statistic: mode (and its span), probability or every/packet, and
     // the `!` in front of --probability or --every.
     let mut stat = Statistic::default();
+    // -m time, one per `-m time` (a rule may have several, each a match).
+    let mut xt_times: Vec<XtTime> = Vec::new();
     let mut skip_unknown = false;
     let mut ok = true;
     let mut i = 0;
@@ -880,7 +892,14 @@ fn rule(
                     "dscp",
                     "addrtype",
                     "mac",
+                    "time",
                 ];
+                if a.text == "time" {
+                    xt_times.push(XtTime {
+                        span: Some(cx.span(&a)),
+                        ..XtTime::default()
+                    });
+                }
                 if !known.contains(&a.text.as_str()) {
                     // The module's own options are not reported again.
                     skip_unknown = true;
@@ -893,7 +912,6 @@ fn rule(
                             "socket owners concern locally generated packets, which Sluice \
                              does not have",
                         ),
-                        "time" => Some("time-of-day matches are not implemented yet"),
                         _ => None,
                     };
                     match why {
@@ -1483,6 +1501,99 @@ fn rule(
                     }
                 }
             }
+            // `-m time` (xt_time).
+            "--datestart" | "--datestop" | "--timestart" | "--timestop" | "--contiguous" if neg => {
+                if w.text != "--contiguous" {
+                    let _ = arg!(w);
+                }
+                cx.err(w, format!("'!' cannot negate {} (only --weekdays)", w.text));
+                ok = false;
+            }
+            "--datestart" | "--datestop" => {
+                let a = arg!(w);
+                let xt_time = xt_times.last_mut();
+                match (xt_date(&a.text), xt_time) {
+                    (Some(s), Some(t)) if w.text == "--datestart" => t.date_start = Some(s),
+                    (Some(s), Some(t)) => t.date_stop = Some(s),
+                    (Some(_), None) => {
+                        cx.err(w, format!("{} needs -m time before it", w.text));
+                        ok = false;
+                    }
+                    (None, _) => {
+                        cx.err(
+                            &a,
+                            format!(
+                                "invalid date '{}' (YYYY[-MM[-DD[Thh[:mm[:ss]]]]], 1970 to 2038-01-19T03:14:07)",
+                                a.text
+                            ),
+                        );
+                        ok = false;
+                    }
+                }
+            }
+            "--timestart" | "--timestop" => {
+                let a = arg!(w);
+                let xt_time = xt_times.last_mut();
+                match (crate::timefmt::parse_hour(&a.text), xt_time) {
+                    (Some(s), Some(t)) if w.text == "--timestart" => t.start = Some(s),
+                    (Some(s), Some(t)) => t.stop = Some(s),
+                    (Some(_), None) => {
+                        cx.err(w, format!("{} needs -m time before it", w.text));
+                        ok = false;
+                    }
+                    (None, _) => {
+                        cx.err(&a, format!("invalid time of day '{}' (hh:mm[:ss])", a.text));
+                        ok = false;
+                    }
+                }
+            }
+            "--weekdays" => {
+                let a = arg!(w);
+                let xt_time = xt_times.last_mut();
+                match (xt_weekdays(&a.text), xt_time) {
+                    // `!` inverts the days, as libxt_time does.
+                    (Some(m), Some(t)) => t.weekdays = Some(if neg { !m & 0xfe } else { m }),
+                    (Some(_), None) => {
+                        cx.err(w, format!("{} needs -m time before it", w.text));
+                        ok = false;
+                    }
+                    (None, _) => {
+                        cx.err(
+                            &a,
+                            format!(
+                                "invalid weekdays '{}' (Mon,Tue,Wed,Thu,Fri,Sat,Sun or 1-7)",
+                                a.text
+                            ),
+                        );
+                        ok = false;
+                    }
+                }
+            }
+            "--monthdays" => {
+                let _ = arg!(w);
+                cx.err(
+                    w,
+                    "--monthdays is not supported: nft has no day-of-month match (use \
+                     --datestart/--datestop for dates)",
+                );
+                ok = false;
+            }
+            "--contiguous" => {
+                if let Some(t) = xt_times.last_mut() {
+                    t.contiguous = true;
+                }
+            }
+            "--kerneltz" | "--localtz" => {
+                cx.err(
+                    w,
+                    format!(
+                        "{} is not supported: Sluice compares times in UTC (--utc, the default)",
+                        w.text
+                    ),
+                );
+                ok = false;
+            }
+            "--utc" => {}
             "--connlimit-saddr" => connlimit_daddr = false,
             "--connlimit-daddr" => connlimit_daddr = true,
             "--connlimit-mask" => {
@@ -1670,6 +1781,19 @@ fn rule(
             Ok(st) => r.stmts.push(st),
             Err(e) => {
                 cx.diags.push(RawDiag::new(msp, e));
+                ok = false;
+            }
+        }
+    }
+    for t in &xt_times {
+        if !ok {
+            break;
+        }
+        let tsp = t.span.unwrap_or(span);
+        match xt_time_matches(t, tsp) {
+            Ok(ms) => r.matches.extend(ms),
+            Err(e) => {
+                cx.diags.push(RawDiag::new(tsp, e));
                 ok = false;
             }
         }
@@ -1880,6 +2004,148 @@ fn hashlimit(
         })),
         span,
     })
+}
+
+/// What `-m time` options a rule gave (times of day in seconds since
+/// midnight, dates in seconds since the epoch, weekdays as xt_time's mask:
+/// bit 1 Monday to bit 7 Sunday).
+#[derive(Default)]
+struct XtTime {
+    span: Option<Span>,
+    date_start: Option<u64>,
+    date_stop: Option<u64>,
+    start: Option<u64>,
+    stop: Option<u64>,
+    weekdays: Option<u8>,
+    contiguous: bool,
+}
+
+/// xt_time's dates: `YYYY[-MM[-DD[Thh[:mm[:ss]]]]]`, the parts left out
+/// being the first month, day, and midnight; at most 2038-01-19T03:14:07,
+/// as iptables takes them (its parser refuses later dates).
+fn xt_date(s: &str) -> Option<u64> {
+    let (date, time) = match s.split_once('T') {
+        Some((d, t)) => (d, Some(t)),
+        None => (s, None),
+    };
+    let mut parts = date.split('-');
+    let y = parts.next()?;
+    let m = parts.next().unwrap_or("01");
+    let d = parts.next().unwrap_or("01");
+    if parts.next().is_some() {
+        return None;
+    }
+    let time = match time {
+        Some(t) if t.matches(':').count() == 0 => format!("{t}:00"),
+        Some(t) => t.to_string(),
+        None => "00:00".to_string(),
+    };
+    crate::timefmt::parse_date_time(&format!("{y}-{m}-{d} {time}"))
+        .filter(|s| *s <= i32::MAX as u64)
+}
+
+/// xt_time's `--weekdays`: names (`Mon` ... `Sun`, or whole) or numbers
+/// 1 (Monday) to 7, comma separated, as a mask (bit 1 Monday).
+fn xt_weekdays(s: &str) -> Option<u8> {
+    const NAMES: [&str; 7] = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"];
+    let mut mask = 0u8;
+    for d in s.split(',') {
+        let lower = d.to_ascii_lowercase();
+        let i = match lower.parse::<u8>() {
+            Ok(n @ 1..=7) => n,
+            Ok(_) => return None,
+            Err(_) => {
+                let full = crate::timefmt::parse_day(d).map(|n| if n == 0 { 7 } else { n as u8 });
+                match NAMES.iter().position(|n| *n == lower) {
+                    Some(i) => i as u8 + 1,
+                    None => full?,
+                }
+            }
+        };
+        mask |= 1 << i;
+    }
+    (mask != 0).then_some(mask)
+}
+
+/// `-m time` as nft's `meta time`, `meta hour` and `meta day`, exactly as
+/// the kernel's `xt_time` decides it (UTC):
+///
+/// * dates: the second is between `--datestart` and `--datestop`,
+///   inclusive: `meta time >= START meta time < STOP+1s` (each only when
+///   given);
+/// * times of day: `--timestart` before `--timestop` is the range between
+///   them, inclusive; a start after the stop wraps midnight (the time is at
+///   or after the start, or at or before the stop), which is the day
+///   outside `STOP+1s`-`START-1s`; equal ones, like the defaults
+///   00:00:00-23:59:59, match the whole day and add nothing;
+/// * `--weekdays`: the day of the packet's time. With `--contiguous`, a
+///   time after midnight of a wrapped range counts as the day before, which
+///   nft cannot say: refused together with a day list.
+fn xt_time_matches(t: &XtTime, span: Span) -> Result<Vec<Match>, String> {
+    let m = |op: RelOp, field: Field, right: Value| Match {
+        left: field.into(),
+        mask: None,
+        op,
+        right,
+        span,
+        right_span: span,
+    };
+    let range = |a: u64, b: u64| Value::Range(Box::new(Value::Num(a)), Box::new(Value::Num(b)));
+    const NS: u64 = 1_000_000_000;
+    let mut out = Vec::new();
+    let (start, stop) = (
+        t.start.unwrap_or(0),
+        t.stop.unwrap_or(crate::timefmt::DAY_SECS - 1),
+    );
+    let wraps = start > stop;
+    let days = t.weekdays.unwrap_or(0xfe);
+    if t.contiguous && wraps && days != 0xfe {
+        return Err(
+            "--contiguous with --weekdays is not supported: after midnight it counts the day \
+             before, which nft's meta day cannot say"
+                .into(),
+        );
+    }
+    if t.contiguous && !wraps && start != stop {
+        return Err("--contiguous needs --timestart after --timestop (as iptables says)".into());
+    }
+    if let (Some(a), Some(b)) = (t.date_start, t.date_stop) {
+        if a > b {
+            return Err("--datestart is after --datestop: the rule would never match".into());
+        }
+    }
+    if let Some(a) = t.date_start.filter(|a| *a > 0) {
+        out.push(m(RelOp::Ge, Field::MetaTime, Value::Num(a * NS)));
+    }
+    if let Some(b) = t.date_stop {
+        out.push(m(RelOp::Lt, Field::MetaTime, Value::Num((b + 1) * NS)));
+    }
+    if start < stop && (start, stop) != (0, crate::timefmt::DAY_SECS - 1) {
+        out.push(m(RelOp::Implicit, Field::MetaHour, range(start, stop)));
+    } else if wraps && start - stop >= 2 {
+        out.push(m(RelOp::Ne, Field::MetaHour, range(stop + 1, start - 1)));
+    }
+    if days != 0xfe {
+        // xt's bit 7 is Sunday, nft's day 0.
+        let set: Vec<u64> = (1..=7u64)
+            .filter(|d| days & (1 << d) != 0)
+            .map(|d| d % 7)
+            .collect();
+        let right = match set.as_slice() {
+            [d] => Value::Num(*d),
+            _ => Value::Set(
+                set.iter()
+                    .map(|d| Elem {
+                        key: Value::Num(*d),
+                        data: None,
+                        span,
+                    })
+                    .collect(),
+            ),
+        };
+        out.push(m(RelOp::Implicit, Field::MetaDay, right));
+    }
+    Ok(out)
 }
 
 /// What `-m statistic` options a rule gave.

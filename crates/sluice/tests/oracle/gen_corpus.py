@@ -1096,6 +1096,24 @@ def time_matches():
     return [pkt(**dict(inp, dport=p)) for p in range(7400, 7407)]
 
 
+TIME_XT_RULES = """# xt_time (iptables -m time), which Sluice reads as meta time / day /
+# hour: every rule decides the same way at any moment from 2020 to 2038.
+*filter
+:INPUT ACCEPT [0:0]
+:FORWARD ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+-A FORWARD -p udp --dport 7500 -m time --datestop 2019-12-31T23:59:59 -j DROP
+-A FORWARD -p udp --dport 7500 -m time --datestart 2020-01-01 --datestop 2038-01-01 -j ACCEPT
+-A FORWARD -p udp --dport 7500 -j DROP
+-A FORWARD -p udp --dport 7501 -m time --timestart 00:00 --timestop 23:59:59 -j DROP
+-A FORWARD -p udp --dport 7502 -m time --timestart 12:00 --timestop 11:59:59 -j DROP
+-A FORWARD -p udp --dport 7503 -m time --weekdays Mon,Tue,Wed,Thu,Fri,Sat,Sun -j DROP
+-A FORWARD -p udp --dport 7504 -m time ! --weekdays Mon,Tue,Wed,Thu,Fri -m time --weekdays Mon,Tue,Wed,Thu,Fri -j DROP
+-A FORWARD -p udp --dport 7505 -m time --timestart 06:00 --timestop 05:59:59 --utc -j DROP
+COMMIT
+"""
+
+
 def main():
     seed_pk = seed001()
     for name in ("seed001_appendix_b", "seed001_appendix_c", "seed001_appendix_d", "seed001_appendix_e"):
@@ -1168,6 +1186,9 @@ def main():
     with open(os.path.join(HERE, "time_matches.nft"), "w") as f:
         f.write(TIME_MATCHES_NFT)
     write("time_matches", time_matches())
+    with open(os.path.join(HERE, "time_xt.rules"), "w") as f:
+        f.write(TIME_XT_RULES)
+    write("time_xt", numgen(range(7500, 7506), (1, 1, 1, 1, 1, 1)))
 
 
 if __name__ == "__main__":
