@@ -461,6 +461,21 @@ fn spec(f: Field, fam: Family) -> Result<(ir::Field, Kind, &'static [Dep]), Stri
     })
 }
 
+/// An object map in a rule being lowered: the number of statements
+/// before it, its key, and its (element key, object id) pairs.
+type ObjMapAt = (usize, Vec<Field>, Vec<(Value, u32)>);
+
+/// The IR reject of a `reject [with ...]`.
+fn reject_kind(w: Option<ast::RejectWith>) -> RejectKind {
+    match w {
+        Some(ast::RejectWith::TcpReset) => RejectKind::TcpReset,
+        Some(
+            ast::RejectWith::Icmp(13) | ast::RejectWith::Icmpv6(1) | ast::RejectWith::Icmpx(3),
+        ) => RejectKind::IcmpAdminProhibited,
+        _ => RejectKind::IcmpPortUnreachable,
+    }
+}
+
 /// Prepends the (deduplicated) dependency conditions to a rule's matches;
 /// the result has exactly the capacity it needs (a rule set holds many).
 /// `ms` is left empty.
@@ -963,6 +978,9 @@ impl<'a> Lowerer<'a> {
             }
         }
         let mut term: Option<Term> = None;
+        // An object map: where its statement goes among `pre`, the key and
+        // (element key, object id) pairs.
+        let mut objmap: Option<ObjMapAt> = None;
         for s in &r.stmts {
             let res: Result<Option<Term>, String> = match &s.kind {
                 StmtKind::Counter { .. } => {
@@ -1000,6 +1018,13 @@ impl<'a> Lowerer<'a> {
                     pre.push(st);
                     None
                 }),
+                StmtKind::ObjMap { kind, key, map } if objmap.is_none() => {
+                    self.obj_map(t, *kind, map).map(|entries| {
+                        objmap = Some((pre.len(), key.clone(), entries));
+                        None
+                    })
+                }
+                StmtKind::ObjMap { .. } => Err("one object map per rule can be lowered".into()),
                 StmtKind::ObjRef { kind, name } => self.object(t, *kind, name).map(|id| {
                     let stateless = match self.out.objects.get(id as usize).map(|o| o.state) {
                         // Without state a quota is not used up.
@@ -1110,6 +1135,26 @@ impl<'a> Lowerer<'a> {
             reject,
             handle,
         });
+        if let Some((split, key, entries)) = objmap {
+            let verdict = match term {
+                None => None,
+                Some(Term::Verdict(v)) => v,
+                Some(Term::Reject(w)) => Some(ir::Verdict::Reject(reject_kind(w))),
+                Some(Term::Nat(id)) => Some(ir::Verdict::Nat(id)),
+                Some(Term::Map(..)) => {
+                    self.err(
+                        r.span,
+                        "an object map and a verdict or NAT map in one rule cannot be lowered; \
+                         split the rule",
+                    );
+                    return;
+                }
+            };
+            self.obj_map_rules(
+                cid, info, t, r, deps, matches, pre, split, &key, &entries, verdict,
+            );
+            return;
+        }
         match term {
             None => {
                 let m = with_deps(deps, matches);
@@ -1120,17 +1165,8 @@ impl<'a> Lowerer<'a> {
                 self.push_rule(cid, info, m, pre, v);
             }
             Some(Term::Reject(w)) => {
-                let kind = match w {
-                    Some(ast::RejectWith::TcpReset) => RejectKind::TcpReset,
-                    Some(
-                        ast::RejectWith::Icmp(13)
-                        | ast::RejectWith::Icmpv6(1)
-                        | ast::RejectWith::Icmpx(3),
-                    ) => RejectKind::IcmpAdminProhibited,
-                    _ => RejectKind::IcmpPortUnreachable,
-                };
                 let m = with_deps(deps, matches);
-                self.push_rule(cid, info, m, pre, Some(ir::Verdict::Reject(kind)));
+                self.push_rule(cid, info, m, pre, Some(ir::Verdict::Reject(reject_kind(w))));
             }
             Some(Term::Nat(id)) => {
                 let m = with_deps(deps, matches);
@@ -1181,6 +1217,106 @@ impl<'a> Lowerer<'a> {
                 }
             }
         }
+    }
+
+    /// The IR rules of a rule with an object map: the statements before
+    /// the map in a rule of their own (they run whether or not the key is
+    /// found, as in the kernel), then one rule per element, its key added
+    /// to the conditions, with the element's object and the statements and
+    /// verdict after the map (a key the map does not hold ends the rule).
+    #[allow(clippy::too_many_arguments)]
+    fn obj_map_rules(
+        &mut self,
+        cid: ChainId,
+        info: Arc<RuleInfo>,
+        t: &Table,
+        r: &ast::Rule,
+        deps: &[Dep],
+        matches: &[ir::Match],
+        pre: Vec<Stmt>,
+        split: usize,
+        key: &[Field],
+        entries: &[(Value, u32)],
+        verdict: Option<ir::Verdict>,
+    ) {
+        let (before, after) = pre.split_at(split.min(pre.len()));
+        if !before.is_empty() {
+            let reads = |f: Field| r.matches.iter().any(|m| m.left.contains(&f));
+            if before.iter().any(|s| match s {
+                Stmt::MarkSet(_) | Stmt::MarkFromCtMark => reads(Field::MetaMark),
+                Stmt::CtMarkSet(_) | Stmt::CtMarkFromMark => reads(Field::CtMark),
+                _ => false,
+            }) {
+                self.err(
+                    r.span,
+                    "a mark change before an object map, in a rule that also matches on that \
+                     mark, cannot be lowered; split the rule",
+                );
+                return;
+            }
+            if before
+                .iter()
+                .any(|s| !matches!(s, Stmt::Counter | Stmt::Log(_) | Stmt::Obj { .. }))
+            {
+                self.err(
+                    r.span,
+                    "only counters and logs can come before an object map in a rule; move \
+                     the other statements after it",
+                );
+                return;
+            }
+            let m = with_deps(deps, &mut matches.to_vec());
+            self.push_rule(cid, Arc::clone(&info), m, before.to_vec(), None);
+        }
+        let mut kdeps = deps.to_vec();
+        let mut rules = Vec::new();
+        for (k, id) in entries {
+            match self.key_match(t, key, k, &mut kdeps) {
+                Ok(km) => {
+                    let mut ms = matches.to_vec();
+                    ms.push(km);
+                    let stateless = match self.out.objects.get(*id as usize).map(|o| o.state) {
+                        Some(ast::ObjState::Quota(q)) => !q.over,
+                        _ => true,
+                    };
+                    let mut stmts = Vec::with_capacity(after.len() + 1);
+                    stmts.push(Stmt::Obj { id: *id, stateless });
+                    stmts.extend_from_slice(after);
+                    rules.push((ms, stmts));
+                }
+                Err(e) => {
+                    self.err(r.span, e);
+                    return;
+                }
+            }
+        }
+        for (mut ms, stmts) in rules {
+            let m = with_deps(&kdeps, &mut ms);
+            self.push_rule(cid, Arc::clone(&info), m, stmts, verdict);
+        }
+    }
+
+    /// The (element key, object id) pairs of an object map.
+    fn obj_map(
+        &self,
+        t: &Table,
+        kind: ast::ObjKind,
+        map: &MapRef,
+    ) -> Result<Vec<(Value, u32)>, String> {
+        let mut out = Vec::new();
+        for e in self.map_elems(t, map)? {
+            match &e.data {
+                Some(Value::Str(n)) => out.push((e.key.clone(), self.object(t, kind, n)?)),
+                _ => {
+                    return Err(format!(
+                        "{} map element without a {}",
+                        kind.name(),
+                        kind.name()
+                    ))
+                }
+            }
+        }
+        Ok(out)
     }
 
     fn push_rule(

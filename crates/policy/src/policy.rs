@@ -2076,6 +2076,71 @@ mod tests {
     }
 
     #[test]
+    fn object_maps_pick_each_keys_object_and_follow_element_changes() {
+        use ast::{ObjKind, ObjState};
+        let p = pol(
+            "table ip t {\n counter a { }\n counter b { }\n quota qa { over 100 bytes }\n \
+             map m { type ipv4_addr : counter; elements = { 10.0.0.1 : \"a\" } }\n \
+             chain f {\n type filter hook forward priority 0; policy accept;\n \
+             udp dport 9 counter counter name ip saddr map @m drop\n \
+             quota name ip saddr map { 10.0.0.1 : \"qa\" } drop\n }\n}\n",
+        );
+        let v = |p: &CompiledPolicy, src: u128, dport| {
+            p.decide(
+                Hook::Forward,
+                &PolicyPacket {
+                    src,
+                    proto: 17,
+                    dport,
+                    len: 60,
+                    ..packet()
+                },
+            )
+            .verdict
+        };
+        let count =
+            |p: &CompiledPolicy, n: &str| match p.objects(Some(ObjKind::Counter), Some(n))[0].state
+            {
+                ObjState::Counter { packets, .. } => packets,
+                ref o => panic!("{o:?}"),
+            };
+        // 10.0.0.1 maps to `a` and the rule goes on to its verdict.
+        assert_eq!(v(&p, 0x0a00_0001, 9), Verdict::Drop);
+        assert_eq!(count(&p, "a"), 1);
+        // Its quota: 60 bytes within 100, then 120 over.
+        assert_eq!(v(&p, 0x0a00_0001, 10), Verdict::Accept);
+        assert_eq!(v(&p, 0x0a00_0001, 11), Verdict::Drop);
+        // Not in either map: each rule ends at its map.
+        assert_eq!(v(&p, 0x0a00_0002, 9), Verdict::Accept);
+        assert_eq!(count(&p, "a"), 1);
+        // An element added to the named map takes effect, the counts stay.
+        let (q, _) = p
+            .apply_text("cmd", "add element ip t m { 10.0.0.2 : \"b\" }")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(v(&q, 0x0a00_0002, 9), Verdict::Drop);
+        assert_eq!((count(&q, "a"), count(&q, "b")), (1, 1));
+        let e = p
+            .apply_text("cmd", "add element ip t m { 10.0.0.3 : \"zz\" }")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("no counter 'zz'"), "{e}");
+        // Objects in use by a map's element or an anonymous object map stay.
+        let e = q
+            .apply_text("cmd", "delete counter ip t b")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("in use by an element of map 'm'"), "{e}");
+        let e = q
+            .apply_text("cmd", "delete quota ip t qa")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("in use by rule handle 2"), "{e}");
+    }
+
+    #[test]
     fn named_objects_are_added_and_deleted_on_a_running_policy() {
         use ast::{ObjKind, ObjState};
         let p = pol("table ip t {\n chain f {\n type filter hook forward priority 0; policy accept;\n }\n}\n");

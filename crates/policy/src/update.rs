@@ -698,9 +698,16 @@ impl CompiledPolicy {
                 let Some(r) = self.store.entry(h).and_then(|e| e.ast.unpack()) else {
                     continue;
                 };
-                let uses = r.stmts.iter().any(|s| {
-                    matches!(&s.kind, ast::StmtKind::ObjRef { kind: k, name: n }
-                        if *k == kind && n == name)
+                let names = |es: &[ast::Elem]| {
+                    es.iter()
+                        .any(|e| matches!(&e.data, Some(ast::Value::Str(n)) if n == name))
+                };
+                let uses = r.stmts.iter().any(|s| match &s.kind {
+                    ast::StmtKind::ObjRef { kind: k, name: n } => *k == kind && n == name,
+                    ast::StmtKind::ObjMap { kind: k, map, .. } => {
+                        *k == kind && matches!(&**map, ast::MapRef::Anon(es) if names(es))
+                    }
+                    _ => false,
                 });
                 if uses {
                     return refused(format!(
@@ -713,6 +720,18 @@ impl CompiledPolicy {
         }
         let mut sk = (*self.skeleton).clone();
         if let Some(t) = sk.tables.get_mut(ti) {
+            if let Some(m) = t.maps.iter().find(|m| {
+                m.data == kind.datatype()
+                    && m.elements
+                        .iter()
+                        .any(|e| matches!(&e.data, Some(ast::Value::Str(n)) if n == name))
+            }) {
+                return refused(format!(
+                    "{} '{name}' is in use by an element of map '{}'; delete that element first",
+                    kind.name(),
+                    m.name
+                ));
+            }
             t.objects.retain(|o| !(o.kind() == kind && o.name == name));
         }
         self.skeleton = Arc::new(sk);

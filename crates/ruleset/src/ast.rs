@@ -82,6 +82,14 @@ impl ObjKind {
             ObjKind::Quota => "quota",
         }
     }
+
+    /// The data type of an object map's values.
+    pub fn datatype(self) -> DataType {
+        match self {
+            ObjKind::Counter => DataType::CounterObj,
+            ObjKind::Quota => DataType::QuotaObj,
+        }
+    }
 }
 
 /// A named stateful object of a table (the kernel's `nft_object`): one
@@ -608,10 +616,14 @@ pub enum DataType {
     Day,
     /// `meta hour`: seconds since midnight, written `"17:00"`.
     Hour,
+    /// A named counter, as an object map's data (`: counter`).
+    CounterObj,
+    /// A named quota, as an object map's data (`: quota`).
+    QuotaObj,
 }
 
 impl DataType {
-    pub const ALL: [DataType; 28] = [
+    pub const ALL: [DataType; 30] = [
         DataType::Ipv4Addr,
         DataType::Ipv6Addr,
         DataType::InetService,
@@ -640,6 +652,8 @@ impl DataType {
         DataType::Time,
         DataType::Day,
         DataType::Hour,
+        DataType::CounterObj,
+        DataType::QuotaObj,
     ];
 
     /// nft type name as used in `set { type ... }`.
@@ -675,6 +689,8 @@ impl DataType {
             DataType::Time => "time",
             DataType::Day => "day",
             DataType::Hour => "hour",
+            DataType::CounterObj => "counter",
+            DataType::QuotaObj => "quota",
         }
     }
 
@@ -816,6 +832,14 @@ pub enum StmtKind {
     ObjRef {
         kind: ObjKind,
         name: String,
+    },
+    /// `counter name KEY map { k : "name", ... }` (or `map @m`): the
+    /// object the packet's key maps to; a key the map does not hold ends
+    /// the rule, as the kernel's `nft_objref` map does.
+    ObjMap {
+        kind: ObjKind,
+        key: Vec<Field>,
+        map: Box<MapRef>,
     },
 }
 

@@ -705,7 +705,8 @@ fn addr_value(s: &str) -> Option<Value> {
                 len: bits.leading_ones() as u8,
             });
         }
-        if m == "32" || (m == "128" && a.contains(':')) {
+        // A host prefix is the address (an IPv6 /32 is a network).
+        if (m == "32" && !a.contains(':')) || (m == "128" && a.contains(':')) {
             return Some(Value::Addr(a.parse().ok()?));
         }
     }

@@ -243,7 +243,12 @@ impl<'t> Lexer<'t> {
                 loop {
                     match at(j) {
                         Some(d) if is_word_byte(d) => j += 1,
-                        Some(b':') if at(j + 1).is_some_and(|e| e == b':' || is_word_byte(e)) => {
+                        // `a:b`, `a::b`, and the second colon of a
+                        // trailing `::` (`2001:db8::`).
+                        Some(b':')
+                            if at(j + 1).is_some_and(|e| e == b':' || is_word_byte(e))
+                                || at(j - 1) == Some(b':') =>
+                        {
                             j += 1
                         }
                         _ => break,
@@ -399,7 +404,12 @@ impl<'t> Lexer<'t> {
                     };
                     if is_word_byte(c) || colon_word(i) {
                         let mut j = i;
-                        while at(j).is_some_and(is_word_byte) || colon_word(j) {
+                        // The second colon of a trailing `::` (`::`,
+                        // `2001:db8::`) belongs to the word too.
+                        while at(j).is_some_and(is_word_byte)
+                            || colon_word(j)
+                            || (j > i && at(j) == Some(b':') && at(j - 1) == Some(b':'))
+                        {
                             j += 1;
                         }
                         let len = (j - i) as u32;

@@ -2025,7 +2025,13 @@ impl<'s> Parser<'s> {
             Tok::Str(s) => {
                 self.bump();
                 let s = unescape(self.text(s));
-                if matches!(dt, DataType::Ifname | DataType::IfaceIndex) {
+                if matches!(
+                    dt,
+                    DataType::Ifname
+                        | DataType::IfaceIndex
+                        | DataType::CounterObj
+                        | DataType::QuotaObj
+                ) {
                     Value::Str(s.into_owned())
                 } else {
                     self.word_value(dt, &s, sp)?
@@ -2061,7 +2067,9 @@ impl<'s> Parser<'s> {
 
     fn word_value(&mut self, dt: DataType, w: &str, sp: Span) -> P<Value> {
         match dt {
-            DataType::Ifname | DataType::IfaceIndex => Ok(Value::Str(w.to_string())),
+            DataType::Ifname | DataType::IfaceIndex | DataType::CounterObj | DataType::QuotaObj => {
+                Ok(Value::Str(w.to_string()))
+            }
             DataType::Ipv4Addr | DataType::Ipv6Addr => match parse_addr_value(w) {
                 Some(v) => Ok(v),
                 None => self.err(sp, format!("invalid {} '{w}'", dt.name())),
@@ -2665,17 +2673,15 @@ impl<'s> Parser<'s> {
     /// The object of `counter name ...` / `quota name ...`: a name (an
     /// object map such as `counter name ip saddr map { ... }` is refused).
     fn obj_ref(&mut self, kind: ObjKind) -> P<StmtKind> {
-        let sp = self.span();
         if matches!(self.peek(), Tok::Word(_)) && self.word().is_some_and(is_expr_keyword) {
-            return self.err(
-                sp,
-                format!(
-                    "object maps ('{} name KEY map {{ ... }}') are not supported; \
-                     name one {} per rule",
-                    kind.name(),
-                    kind.name()
-                ),
-            );
+            let (key, _) = self.fields()?;
+            let (_, _) = self.keyword("'map'", &["map"])?;
+            let map = self.map_ref(&key, kind.datatype())?;
+            return Ok(StmtKind::ObjMap {
+                kind,
+                key: key.to_vec(),
+                map: Box::new(map),
+            });
         }
         let (name, _) = self.name(match kind {
             ObjKind::Counter => "counter name",

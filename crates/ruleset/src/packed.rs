@@ -656,6 +656,15 @@ impl<S: Sink> Writer<S> {
                 self.fields(key);
                 self.map_ref(map);
             }
+            StmtKind::ObjMap { kind, key, map } => {
+                self.u8(20);
+                self.u8(match kind {
+                    ObjKind::Counter => 0,
+                    ObjKind::Quota => 1,
+                });
+                self.fields(key);
+                self.map_ref(map);
+            }
         }
     }
 }
@@ -954,6 +963,18 @@ impl Reader<'_> {
                 key: self.fields()?,
                 map: Box::new(self.map_ref()?),
             },
+            20 => {
+                let kind = match self.u8()? {
+                    0 => ObjKind::Counter,
+                    1 => ObjKind::Quota,
+                    _ => return None,
+                };
+                StmtKind::ObjMap {
+                    kind,
+                    key: self.fields()?,
+                    map: Box::new(self.map_ref()?),
+                }
+            }
             9 => StmtKind::TcpMssSet(TcpMss::RtMtu),
             10 => StmtKind::TcpMssSet(TcpMss::Value(self.u16()?)),
             11 => StmtKind::MetaMarkFromCt,

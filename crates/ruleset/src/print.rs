@@ -69,7 +69,13 @@ fn print_table(out: &mut String, t: &Table) {
     for m in &t.maps {
         sep(out);
         let _ = writeln!(out, "\tmap {} {{", name(&m.name));
-        print_key(out, &m.key, m.key_typeof.as_deref(), Some(m.data));
+        // nft takes `typeof` with object data (`: counter`) nowhere: such
+        // maps print with their key's types.
+        let typeof_key = match m.data {
+            DataType::CounterObj | DataType::QuotaObj => None,
+            _ => m.key_typeof.as_deref(),
+        };
+        print_key(out, &m.key, typeof_key, Some(m.data));
         print_set_tail(
             out,
             &m.flags,
@@ -535,6 +541,12 @@ fn stmt(s: &StmtKind) -> String {
                 map_ref(map, key, DataType::Verdict)
             )
         }
+        StmtKind::ObjMap { kind, key, map } => format!(
+            "{} name {} map {}",
+            kind.name(),
+            fields(key),
+            map_ref(map, key, kind.datatype())
+        ),
     }
 }
 

@@ -103,6 +103,7 @@ impl Validator {
         }
         for m in &t.maps {
             self.map_elements(chains, m, &m.elements);
+            self.object_names(t, m.data, &m.elements);
         }
         for c in &t.chains {
             if let Some(b) = &c.base {
@@ -366,9 +367,50 @@ impl Validator {
         }
     }
 
+    /// The data of an object map's elements name objects of the table of
+    /// the map's kind.
+    fn object_names(&mut self, t: &Table, data: DataType, elements: &[Elem]) {
+        let kind = match data {
+            DataType::CounterObj => ObjKind::Counter,
+            DataType::QuotaObj => ObjKind::Quota,
+            _ => return,
+        };
+        for e in elements {
+            match &e.data {
+                Some(Value::Str(n)) => {
+                    if !t.objects.iter().any(|o| o.kind() == kind && o.name == *n) {
+                        let help = suggest(
+                            n,
+                            t.objects
+                                .iter()
+                                .filter(|o| o.kind() == kind)
+                                .map(|o| o.name.as_str()),
+                        );
+                        self.diags.push(
+                            RawDiag::new(
+                                e.span,
+                                format!(
+                                    "no {} '{n}' in table {} {}",
+                                    kind.name(),
+                                    t.family.name(),
+                                    t.name
+                                ),
+                            )
+                            .help(help),
+                        );
+                    }
+                }
+                _ => self.err(e.span, format!("expected the name of a {}", kind.name())),
+            }
+        }
+    }
+
     fn data(&mut self, chains: &HashMap<&str, &Chain>, dt: DataType, d: &Value, span: Span) {
         match d {
             Value::Verdict(v) => self.verdict_target(chains, v, span),
+            // Object names: checked against the table's objects
+            // (`Self::object_names`).
+            Value::Str(_) if matches!(dt, DataType::CounterObj | DataType::QuotaObj) => {}
             v => self.scalar(dt, v, span, false, "map data"),
         }
     }
@@ -512,6 +554,15 @@ impl Validator {
                 self.map_ref(chains, maps, key, map, DataType::Verdict, s.span);
             }
             StmtKind::Nat(n) => self.nat(t, chains, maps, c, n, s.span),
+            StmtKind::ObjMap { kind, key, map } => {
+                for f in key {
+                    self.family_ok(t, *f, s.span);
+                }
+                self.map_ref(chains, maps, key, map, kind.datatype(), s.span);
+                if let MapRef::Anon(elems) = &**map {
+                    self.object_names(t, kind.datatype(), elems);
+                }
+            }
             StmtKind::ObjRef { kind, name }
                 if !t
                     .objects
@@ -817,6 +868,7 @@ pub(crate) fn validate_command(r: &Ruleset, cmd: &crate::command::Command) -> Ve
                 v.set_elements(s, elements);
             } else if let Some(m) = maps.get(set.as_str()) {
                 v.map_elements(&chains, m, elements);
+                v.object_names(t, m.data, elements);
             }
         }
     }

@@ -130,6 +130,35 @@ fn regression_ipv6_icmp_protocol_alias_is_not_a_range() {
     );
 }
 
+/// Found by the iptables_parse fuzz target (2026-11-24): ip6tables' `-s
+/// 2001:db8::/32` was read as the single address 2001:db8:: (the IPv4
+/// host-prefix shortcut applied to IPv6), and the nft lexer split an
+/// address ending in `::` (`2001:db8::`, `::`) before its last colon.
+#[test]
+fn regression_ipv6_slash_32_is_a_network_and_trailing_double_colons_lex() {
+    let rules = "*filter\n:INPUT DROP [0:0]\n-A INPUT -s 2001:db8::/32 -j DROP\n\
+                 -A INPUT -s 2001:db8::1/128 -j DROP\nCOMMIT\n";
+    let rs = sluice_ruleset::parse_ip6tables_restore_str("r.rules6", rules, None)
+        .expect("valid ip6tables-save");
+    let printed = sluice_ruleset::print_ruleset(&rs);
+    assert!(
+        printed.contains("ip6 saddr 2001:db8::/32 drop"),
+        "{printed}"
+    );
+    assert!(printed.contains("ip6 saddr 2001:db8::1 drop"), "{printed}");
+    let text = "table ip6 t {\n chain c {\n ip6 saddr 2001:db8:: drop\n \
+                ip6 daddr { ::, ::1 } drop\n ip6 saddr ::/0 accept\n }\n}\n";
+    let rs = sluice_ruleset::parse_nft_str("t.nft", text).expect("addresses ending in ::");
+    let printed = sluice_ruleset::print_ruleset(&rs);
+    for want in [
+        "ip6 saddr 2001:db8:: drop",
+        "ip6 daddr { ::, ::1 } drop",
+        "ip6 saddr ::/0 accept",
+    ] {
+        assert!(printed.contains(want), "{want}: {printed}");
+    }
+}
+
 /// `tcp option maxseg size set` (nft) and `-j TCPMSS` (iptables) give one
 /// statement, printed canonically and parsed back to the same text; bad
 /// forms get specific errors.

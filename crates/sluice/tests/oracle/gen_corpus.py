@@ -1114,6 +1114,30 @@ COMMIT
 """
 
 
+OBJECT_MAPS_NFT = """# Object maps: the quota or counter a packet's source maps to; a source
+# the map does not hold ends the rule.
+table inet omaps {
+    quota qa { over 150 bytes }
+    quota qb { over 150 bytes }
+    counter ca { }
+    map caps { type ipv4_addr : quota; elements = { 10.0.0.5 : "qa", 10.0.0.6 : "qb" } }
+    chain omaps_in {
+        type filter hook input priority filter; policy accept;
+        udp dport 7600 quota name ip saddr map @caps drop
+        udp dport 7601 counter name ip saddr map { 10.0.0.5 : "ca" } drop
+    }
+}
+"""
+
+
+def object_maps():
+    inp = dict(hook="input", iif="eth0", dst="10.0.0.1", proto="udp", length=100)
+    out = [pkt(**dict(inp, src="10.0.0.5", dport=7600)) for _ in range(2)]
+    out += [pkt(**dict(inp, src=s, dport=7600)) for s in ("10.0.0.6", "10.0.0.7")]
+    out += [pkt(**dict(inp, src=s, dport=7601)) for s in ("10.0.0.5", "10.0.0.7")]
+    return out
+
+
 def main():
     seed_pk = seed001()
     for name in ("seed001_appendix_b", "seed001_appendix_c", "seed001_appendix_d", "seed001_appendix_e"):
@@ -1189,6 +1213,9 @@ def main():
     with open(os.path.join(HERE, "time_xt.rules"), "w") as f:
         f.write(TIME_XT_RULES)
     write("time_xt", numgen(range(7500, 7506), (1, 1, 1, 1, 1, 1)))
+    with open(os.path.join(HERE, "object_maps.nft"), "w") as f:
+        f.write(OBJECT_MAPS_NFT)
+    write("object_maps", object_maps())
 
 
 if __name__ == "__main__":
