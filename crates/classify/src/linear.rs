@@ -102,10 +102,11 @@ pub trait Limits: Send + Sync {
     }
 
     /// Whether the rule holding [`Stmt::Obj`] `id` goes on for a packet of
-    /// `len` bytes: a named counter counts it and goes on, a named quota
-    /// adds it to its used bytes and answers. Without objects: `stateless`.
-    fn object(&self, id: u32, len: u32, stateless: bool) -> bool {
-        let _ = (id, len);
+    /// `len` bytes at `now_ms`: a named counter counts it and goes on, a
+    /// named quota adds it to its used bytes and answers, a named limit
+    /// takes from its bucket. Without objects: `stateless`.
+    fn object(&self, id: u32, now_ms: u64, len: u32, stateless: bool) -> bool {
+        let _ = (id, now_ms, len);
         stateless
     }
 
@@ -178,7 +179,9 @@ pub(crate) fn run_stmts(stmts: &[Stmt], p: &mut PacketFields, limit: Option<&Lim
             (Stmt::SetOp { stateless, .. }, None) => *stateless,
             (Stmt::Quota { id, stateless }, Some(l)) => l.limits.quota(*id, l.len, *stateless),
             (Stmt::Quota { stateless, .. }, None) => *stateless,
-            (Stmt::Obj { id, stateless }, Some(l)) => l.limits.object(*id, l.len, *stateless),
+            (Stmt::Obj { id, stateless }, Some(l)) => {
+                l.limits.object(*id, l.now_ms, l.len, *stateless)
+            }
             (Stmt::Obj { stateless, .. }, None) => *stateless,
             (Stmt::Numgen { id, stateless }, Some(l)) => l.limits.numgen(*id, *stateless),
             (Stmt::Numgen { stateless, .. }, None) => *stateless,

@@ -388,7 +388,7 @@ impl Limits for PureState {
         id % 2 == 1
     }
 
-    fn object(&self, id: u32, _len: u32, _stateless: bool) -> bool {
+    fn object(&self, id: u32, _now_ms: u64, _len: u32, _stateless: bool) -> bool {
         id % 4 != 2
     }
 

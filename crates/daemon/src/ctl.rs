@@ -383,7 +383,7 @@ pub fn client(socket: &Path, request: &str) -> Result<String, CtlError> {
 pub fn request_from_args(args: &[String]) -> Result<String, CtlError> {
     let usage = || {
         CtlError::Usage(
-            "usage: status | counters | conntrack list [proto P] [addr A] [port N] [limit N] | conntrack count | conntrack flush | ruleset replace FILE | reload | rule list [CHAIN] | set list [SET] | counter list|reset [NAME] | quota list|reset [NAME] | nft add|insert|delete rule ... | nft add|delete element ... | nft flush set ..."
+            "usage: status | counters | conntrack list [proto P] [addr A] [port N] [limit N] | conntrack count | conntrack flush | ruleset replace FILE | reload | rule list [CHAIN] | set list [SET] | counter|quota|limit list|reset [NAME] | nft add|insert|delete rule ... | nft add|delete element ... | nft flush set ..."
                 .into(),
         )
     };
@@ -397,7 +397,7 @@ pub fn request_from_args(args: &[String]) -> Result<String, CtlError> {
         ["set", "list", set @ ..] if !set.is_empty() => {
             json!({"cmd": "set-list", "set": set.join(" ")})
         }
-        [kind @ ("counter" | "quota"), op @ ("list" | "reset"), name @ ..] => {
+        [kind @ ("counter" | "quota" | "limit"), op @ ("list" | "reset"), name @ ..] => {
             let mut m = serde_json::Map::new();
             m.insert("cmd".into(), json!("object-list"));
             m.insert("kind".into(), json!(kind));

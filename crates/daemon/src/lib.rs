@@ -620,9 +620,10 @@ impl Control {
                     None => None,
                     Some("counter") => Some(sluice_ruleset::ast::ObjKind::Counter),
                     Some("quota") => Some(sluice_ruleset::ast::ObjKind::Quota),
+                    Some("limit") => Some(sluice_ruleset::ast::ObjKind::Limit),
                     Some(k) => {
                         return Err(CtlFailure::bad(format!(
-                            "object kind '{k}': expected 'counter' or 'quota'"
+                            "object kind '{k}': expected 'counter', 'quota' or 'limit'"
                         )))
                     }
                 };
@@ -718,6 +719,19 @@ fn object_json(o: &sluice_policy::ListedObject) -> Value {
             // bytes are used up, the others until then.
             "exceeded": q.used_bytes() > q.bytes(),
         }),
+        ObjState::Limit(l) => {
+            let rule = sluice_ruleset::ast::Rule {
+                matches: Vec::new(),
+                stmts: vec![sluice_ruleset::ast::Stmt {
+                    kind: sluice_ruleset::ast::StmtKind::Limit(l),
+                    span: Default::default(),
+                }],
+                handle: None,
+                comment: None,
+                span: Default::default(),
+            };
+            json!({"limit": o.name, "rate": sluice_ruleset::rule_to_string(&rule)})
+        }
     }
 }
 

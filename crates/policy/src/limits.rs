@@ -107,7 +107,7 @@ impl Rate {
 }
 
 #[derive(Debug)]
-struct Bucket {
+pub(crate) struct Bucket {
     rate: Rate,
     tokens: AtomicU64,
     /// Last refill, ms; `u64::MAX` before the first packet.
@@ -249,6 +249,8 @@ pub(crate) enum ObjLive {
     Counter(AtomicU64, AtomicU64),
     /// A named quota.
     Quota(QuotaState),
+    /// A named limit: a token bucket every rule naming it shares.
+    Limit(Bucket),
 }
 
 impl ObjLive {
@@ -262,6 +264,7 @@ impl ObjLive {
                 over: q.over,
                 used: AtomicU64::new(q.used_bytes()),
             }),
+            ast::ObjState::Limit(l) => ObjLive::Limit(Bucket::new(&l)),
         }
     }
 
@@ -276,14 +279,21 @@ impl ObjLive {
                 over: q.over,
                 used: AtomicU64::new(q.used.load(Ordering::Relaxed)),
             }),
+            ObjLive::Limit(b) => ObjLive::Limit(Bucket {
+                rate: b.rate,
+                tokens: AtomicU64::new(b.tokens.load(Ordering::Relaxed)),
+                last_ms: AtomicU64::new(b.last_ms.load(Ordering::Relaxed)),
+            }),
         }
     }
 
-    /// Packets and bytes (a counter) or bytes used (a quota: packets 0).
+    /// Packets and bytes (a counter), bytes used (a quota: packets 0), or
+    /// the tokens left in a limit's bucket (as packets).
     pub(crate) fn values(&self) -> (u64, u64) {
         match self {
             ObjLive::Counter(p, b) => (p.load(Ordering::Relaxed), b.load(Ordering::Relaxed)),
             ObjLive::Quota(q) => (0, q.used.load(Ordering::Relaxed)),
+            ObjLive::Limit(b) => (b.tokens.load(Ordering::Relaxed), 0),
         }
     }
 
@@ -295,6 +305,11 @@ impl ObjLive {
                 b.store(0, Ordering::Relaxed);
             }
             ObjLive::Quota(q) => q.used.store(0, Ordering::Relaxed),
+            // A full bucket, as at load.
+            ObjLive::Limit(b) => {
+                b.tokens.store(b.rate.cap, Ordering::Relaxed);
+                b.last_ms.store(u64::MAX, Ordering::Relaxed);
+            }
         }
     }
 }
@@ -513,8 +528,9 @@ impl sluice_classify::Limits for Limiters {
             .map_or(stateless, |q| q.matches(len))
     }
 
-    fn object(&self, id: u32, len: u32, stateless: bool) -> bool {
+    fn object(&self, id: u32, now_ms: u64, len: u32, stateless: bool) -> bool {
         match self.objects.get(id as usize).map(|o| &**o) {
+            Some(ObjLive::Limit(b)) => b.matches(now_ms, len),
             Some(ObjLive::Counter(p, b)) => {
                 p.fetch_add(1, Ordering::Relaxed);
                 b.fetch_add(u64::from(len), Ordering::Relaxed);
@@ -573,8 +589,12 @@ impl sluice_classify::Limits for SetsOnly {
         sluice_classify::Limits::numgen(&self.0, id, stateless)
     }
 
-    fn object(&self, id: u32, len: u32, stateless: bool) -> bool {
-        sluice_classify::Limits::object(&self.0, id, len, stateless)
+    fn object(&self, id: u32, now_ms: u64, len: u32, stateless: bool) -> bool {
+        // A trace's limits stay within their rate, named ones too.
+        match self.0.objects.get(id as usize).map(|o| &**o) {
+            Some(ObjLive::Limit(_)) => true,
+            _ => sluice_classify::Limits::object(&self.0, id, now_ms, len, stateless),
+        }
     }
 
     fn ct_count(&self, id: u32, p: &PacketFields, now_ms: u64, stateless: bool) -> bool {

@@ -208,6 +208,7 @@ impl ObjSpec {
         match self.state {
             ast::ObjState::Counter { .. } => ast::ObjKind::Counter,
             ast::ObjState::Quota(_) => ast::ObjKind::Quota,
+            ast::ObjState::Limit(_) => ast::ObjKind::Limit,
         }
     }
 }

@@ -135,6 +135,7 @@ impl ListedObject {
         match self.state {
             ast::ObjState::Counter { .. } => ast::ObjKind::Counter,
             ast::ObjState::Quota(_) => ast::ObjKind::Quota,
+            ast::ObjState::Limit(_) => ast::ObjKind::Limit,
         }
     }
 }
@@ -727,6 +728,7 @@ impl CompiledPolicy {
                             used: Some((bytes, ast::ByteUnit::Bytes)),
                             ..q
                         }),
+                        ast::ObjState::Limit(l) => ast::ObjState::Limit(l),
                     },
                 }
             })
@@ -2073,6 +2075,48 @@ mod tests {
         assert_eq!(at("2026-12-02 23:30"), Verdict::Drop);
         assert_eq!(at("2026-12-02 06:00"), Verdict::Accept, "after Dec 1");
         assert_eq!(at("2026-12-02 05:59:59"), Verdict::Drop);
+    }
+
+    #[test]
+    fn a_named_limit_is_one_bucket_for_every_rule_naming_it() {
+        let p = pol(
+            "table ip t {\n limit ssh { rate 1/minute burst 3 packets }\n \
+             chain f {\n type filter hook forward priority 0; policy drop;\n \
+             tcp dport 22 limit name \"ssh\" accept\n \
+             tcp dport 2222 limit name ssh accept\n }\n}\n",
+        );
+        let v = |p: &CompiledPolicy, dport, now_ms| {
+            p.decide(
+                Hook::Forward,
+                &PolicyPacket {
+                    dport,
+                    now_ms,
+                    ..packet()
+                },
+            )
+            .verdict
+        };
+        // A burst of 3 for both ports together, then one a minute.
+        let got: Vec<Verdict> = [22, 2222, 22, 2222]
+            .iter()
+            .map(|d| v(&p, *d, 1000))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                Verdict::Accept,
+                Verdict::Accept,
+                Verdict::Accept,
+                Verdict::Drop
+            ]
+        );
+        assert_eq!(v(&p, 2222, 61_000), Verdict::Accept);
+        assert_eq!(v(&p, 22, 61_001), Verdict::Drop);
+        // A trace stays within the rate.
+        assert!(p
+            .trace(&pkt(6, "10.0.0.1", 1000, "10.0.0.2", 22))
+            .mismatch
+            .is_none());
     }
 
     #[test]

@@ -73,6 +73,7 @@ pub struct Table {
 pub enum ObjKind {
     Counter,
     Quota,
+    Limit,
 }
 
 impl ObjKind {
@@ -80,6 +81,7 @@ impl ObjKind {
         match self {
             ObjKind::Counter => "counter",
             ObjKind::Quota => "quota",
+            ObjKind::Limit => "limit",
         }
     }
 
@@ -88,6 +90,17 @@ impl ObjKind {
         match self {
             ObjKind::Counter => DataType::CounterObj,
             ObjKind::Quota => DataType::QuotaObj,
+            ObjKind::Limit => DataType::LimitObj,
+        }
+    }
+
+    /// The kind of an object map's data type.
+    pub fn of_datatype(dt: DataType) -> Option<ObjKind> {
+        match dt {
+            DataType::CounterObj => Some(ObjKind::Counter),
+            DataType::QuotaObj => Some(ObjKind::Quota),
+            DataType::LimitObj => Some(ObjKind::Limit),
+            _ => None,
         }
     }
 }
@@ -108,6 +121,7 @@ impl Object {
         match self.state {
             ObjState::Counter { .. } => ObjKind::Counter,
             ObjState::Quota(_) => ObjKind::Quota,
+            ObjState::Limit(_) => ObjKind::Limit,
         }
     }
 }
@@ -120,6 +134,8 @@ pub enum ObjState {
     Counter { packets: u64, bytes: u64 },
     /// `quota NAME { [over | until] N UNIT [used M UNIT] }`.
     Quota(Quota),
+    /// `limit NAME { rate [over] N/UNIT [burst B] }`.
+    Limit(Limit),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -620,10 +636,12 @@ pub enum DataType {
     CounterObj,
     /// A named quota, as an object map's data (`: quota`).
     QuotaObj,
+    /// A named limit, as an object map's data (`: limit`).
+    LimitObj,
 }
 
 impl DataType {
-    pub const ALL: [DataType; 30] = [
+    pub const ALL: [DataType; 31] = [
         DataType::Ipv4Addr,
         DataType::Ipv6Addr,
         DataType::InetService,
@@ -654,6 +672,7 @@ impl DataType {
         DataType::Hour,
         DataType::CounterObj,
         DataType::QuotaObj,
+        DataType::LimitObj,
     ];
 
     /// nft type name as used in `set { type ... }`.
@@ -691,6 +710,7 @@ impl DataType {
             DataType::Hour => "hour",
             DataType::CounterObj => "counter",
             DataType::QuotaObj => "quota",
+            DataType::LimitObj => "limit",
         }
     }
 

@@ -790,7 +790,7 @@ impl<'s> Parser<'s> {
                         self.bump();
                         self.set_decl(ti, w == "map")
                     }
-                    w @ ("counter" | "quota") => {
+                    w @ ("counter" | "quota" | "limit") => {
                         self.bump();
                         self.obj_decl(ti, obj_kind(w), true)
                     }
@@ -811,7 +811,7 @@ impl<'s> Parser<'s> {
                         self.err_help(sp, format!("unknown table item '{w}'"), help)
                     }
                 },
-                _ => self.unexpected("'chain', 'set', 'map', 'counter' or 'quota'"),
+                _ => self.unexpected("'chain', 'set', 'map', 'counter', 'quota' or 'limit'"),
             };
             if r.and_then(|_| self.end_stmt()).is_err() {
                 self.recover_to(depth);
@@ -1023,15 +1023,14 @@ impl<'s> Parser<'s> {
         }
     }
 
-    /// `counter NAME { ... }` / `quota NAME { ... }` (the body is optional
-    /// when `body_optional`, as in `add counter ip t c`).
+    /// `counter NAME { ... }`, `quota NAME { ... }`, `limit NAME { ... }`
+    /// (the body is optional when `body_optional`, as in `add counter ip t
+    /// c`).
     fn obj_decl(&mut self, ti: usize, kind: ObjKind, body_optional: bool) -> P<()> {
-        let (name, sp) = self.name(match kind {
-            ObjKind::Counter => "counter name",
-            ObjKind::Quota => "quota name",
-        })?;
+        let (name, sp) = self.name(obj_name_what(kind))?;
         let (mut packets, mut bytes) = (0, 0);
         let mut quota = None;
+        let mut limit = None;
         let mut comment = None;
         let has_body = if body_optional {
             self.eat(&Tok::LBrace)
@@ -1074,10 +1073,14 @@ impl<'s> Parser<'s> {
                         self.number("byte count").map(|n| bytes = n)
                     }
                     (ObjKind::Quota, _) if quota.is_none() => self.quota().map(|q| quota = Some(q)),
+                    (ObjKind::Limit, "rate") if limit.is_none() => {
+                        self.limit().map(|l| limit = Some(l))
+                    }
                     (_, w) => {
                         let opts: &[&str] = match kind {
                             ObjKind::Counter => &["packets", "bytes", "comment"],
                             ObjKind::Quota => &["over", "until", "used", "comment"],
+                            ObjKind::Limit => &["rate", "comment"],
                         };
                         let help = suggest(w, opts.iter().copied());
                         self.err_help(isp, format!("unknown {} item '{w}'", kind.name()), help)
@@ -1086,6 +1089,7 @@ impl<'s> Parser<'s> {
                 _ => self.unexpected(match kind {
                     ObjKind::Counter => "'packets', 'bytes' or 'comment'",
                     ObjKind::Quota => "a quota such as 'over 100 mbytes'",
+                    ObjKind::Limit => "a rate such as 'rate 10/second'",
                 }),
             };
             // `packets N bytes M` share a line.
@@ -1108,6 +1112,15 @@ impl<'s> Parser<'s> {
                     return self.err(
                         sp,
                         format!("quota '{name}' has no amount; add one such as 'over 100 mbytes'"),
+                    )
+                }
+            },
+            ObjKind::Limit => match limit {
+                Some(l) => ObjState::Limit(l),
+                None => {
+                    return self.err(
+                        sp,
+                        format!("limit '{name}' has no rate; add one such as 'rate 10/second'"),
                     )
                 }
             },
@@ -1342,7 +1355,7 @@ impl<'s> Parser<'s> {
             &["rule"]
         } else {
             &[
-                "table", "chain", "rule", "set", "map", "element", "counter", "quota",
+                "table", "chain", "rule", "set", "map", "element", "counter", "quota", "limit",
             ]
         };
         let (what, _) = self.keyword("object", opts)?;
@@ -1365,7 +1378,7 @@ impl<'s> Parser<'s> {
                 let ti = self.find_table(fam, &tname, tsp)?;
                 self.set_decl(ti, what == "map")
             }
-            "counter" | "quota" => {
+            "counter" | "quota" | "limit" => {
                 let ti = self.find_table(fam, &tname, tsp)?;
                 self.obj_decl(ti, obj_kind(what), what == "counter")
             }
@@ -2031,6 +2044,7 @@ impl<'s> Parser<'s> {
                         | DataType::IfaceIndex
                         | DataType::CounterObj
                         | DataType::QuotaObj
+                        | DataType::LimitObj
                 ) {
                     Value::Str(s.into_owned())
                 } else {
@@ -2381,6 +2395,9 @@ impl<'s> Parser<'s> {
             }
             "limit" => {
                 self.bump();
+                if self.eat_word("name") {
+                    return self.obj_ref(ObjKind::Limit);
+                }
                 Ok(StmtKind::Limit(self.limit()?))
             }
             "add" | "update" | "delete" => self.set_update(),
@@ -2683,10 +2700,7 @@ impl<'s> Parser<'s> {
                 map: Box::new(map),
             });
         }
-        let (name, _) = self.name(match kind {
-            ObjKind::Counter => "counter name",
-            ObjKind::Quota => "quota name",
-        })?;
+        let (name, _) = self.name(obj_name_what(kind))?;
         Ok(StmtKind::ObjRef { kind, name })
     }
 
@@ -2844,10 +2858,19 @@ impl<'s> Parser<'s> {
 /// general path gives (no symbol name starts with a digit, so the symbol
 /// lookups there cannot match), or `None` to leave `w` to it.
 fn obj_kind(w: &str) -> ObjKind {
-    if w == "quota" {
-        ObjKind::Quota
-    } else {
-        ObjKind::Counter
+    match w {
+        "quota" => ObjKind::Quota,
+        "limit" => ObjKind::Limit,
+        _ => ObjKind::Counter,
+    }
+}
+
+/// What an object's name is called in diagnostics.
+fn obj_name_what(kind: ObjKind) -> &'static str {
+    match kind {
+        ObjKind::Counter => "counter name",
+        ObjKind::Quota => "quota name",
+        ObjKind::Limit => "limit name",
     }
 }
 
@@ -3041,13 +3064,13 @@ impl Parser<'_> {
         let opts: &[&str] = match verb {
             "insert" => &["rule"],
             "flush" => &["set"],
-            _ => &["rule", "element", "counter", "quota"],
+            _ => &["rule", "element", "counter", "quota", "limit"],
         };
         let (what, _) = self.keyword("object", opts)?;
         let family = self.family_opt()?;
         let (table, tsp) = self.name("table name")?;
         let ti = self.find_table(family, &table, tsp)?;
-        let cmd = if let w @ ("counter" | "quota") = what {
+        let cmd = if let w @ ("counter" | "quota" | "limit") = what {
             let kind = obj_kind(w);
             if verb == "add" {
                 // Declared into this parser's copy of the table (which
@@ -3064,10 +3087,7 @@ impl Parser<'_> {
                     object,
                 }
             } else {
-                let (name, nsp) = self.name(match kind {
-                    ObjKind::Counter => "counter name",
-                    ObjKind::Quota => "quota name",
-                })?;
+                let (name, nsp) = self.name(obj_name_what(kind))?;
                 let names: Vec<String> = self
                     .tables
                     .get(ti)

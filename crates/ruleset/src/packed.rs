@@ -567,6 +567,7 @@ impl<S: Sink> Writer<S> {
                 self.u8(match kind {
                     ObjKind::Counter => 0,
                     ObjKind::Quota => 1,
+                    ObjKind::Limit => 2,
                 });
                 self.str(name);
             }
@@ -661,6 +662,7 @@ impl<S: Sink> Writer<S> {
                 self.u8(match kind {
                     ObjKind::Counter => 0,
                     ObjKind::Quota => 1,
+                    ObjKind::Limit => 2,
                 });
                 self.fields(key);
                 self.map_ref(map);
@@ -967,6 +969,7 @@ impl Reader<'_> {
                 let kind = match self.u8()? {
                     0 => ObjKind::Counter,
                     1 => ObjKind::Quota,
+                    2 => ObjKind::Limit,
                     _ => return None,
                 };
                 StmtKind::ObjMap {
@@ -1012,6 +1015,7 @@ impl Reader<'_> {
                 let kind = match self.u8()? {
                     0 => ObjKind::Counter,
                     1 => ObjKind::Quota,
+                    2 => ObjKind::Limit,
                     _ => return None,
                 };
                 StmtKind::ObjRef {

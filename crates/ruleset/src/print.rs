@@ -43,6 +43,10 @@ fn print_table(out: &mut String, t: &Table) {
                 let q = stmt(&StmtKind::Quota(*q));
                 let _ = writeln!(out, "\t\t{}", q.strip_prefix("quota ").unwrap_or(&q));
             }
+            ObjState::Limit(l) => {
+                let l = stmt(&StmtKind::Limit(*l));
+                let _ = writeln!(out, "\t\t{}", l.strip_prefix("limit ").unwrap_or(&l));
+            }
         }
         out.push_str("\t}\n");
     }
@@ -72,7 +76,7 @@ fn print_table(out: &mut String, t: &Table) {
         // nft takes `typeof` with object data (`: counter`) nowhere: such
         // maps print with their key's types.
         let typeof_key = match m.data {
-            DataType::CounterObj | DataType::QuotaObj => None,
+            DataType::CounterObj | DataType::QuotaObj | DataType::LimitObj => None,
             _ => m.key_typeof.as_deref(),
         };
         print_key(out, &m.key, typeof_key, Some(m.data));

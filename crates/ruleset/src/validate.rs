@@ -370,10 +370,8 @@ impl Validator {
     /// The data of an object map's elements name objects of the table of
     /// the map's kind.
     fn object_names(&mut self, t: &Table, data: DataType, elements: &[Elem]) {
-        let kind = match data {
-            DataType::CounterObj => ObjKind::Counter,
-            DataType::QuotaObj => ObjKind::Quota,
-            _ => return,
+        let Some(kind) = ObjKind::of_datatype(data) else {
+            return;
         };
         for e in elements {
             match &e.data {
@@ -410,7 +408,7 @@ impl Validator {
             Value::Verdict(v) => self.verdict_target(chains, v, span),
             // Object names: checked against the table's objects
             // (`Self::object_names`).
-            Value::Str(_) if matches!(dt, DataType::CounterObj | DataType::QuotaObj) => {}
+            Value::Str(_) if ObjKind::of_datatype(dt).is_some() => {}
             v => self.scalar(dt, v, span, false, "map data"),
         }
     }

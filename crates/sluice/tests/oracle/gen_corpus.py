@@ -1115,16 +1115,20 @@ COMMIT
 
 
 OBJECT_MAPS_NFT = """# Object maps: the quota or counter a packet's source maps to; a source
-# the map does not hold ends the rule.
+# the map does not hold ends the rule. A named limit named by two rules.
 table inet omaps {
     quota qa { over 150 bytes }
     quota qb { over 150 bytes }
     counter ca { }
+    limit shared { rate 1/minute burst 2 packets }
     map caps { type ipv4_addr : quota; elements = { 10.0.0.5 : "qa", 10.0.0.6 : "qb" } }
     chain omaps_in {
         type filter hook input priority filter; policy accept;
         udp dport 7600 quota name ip saddr map @caps drop
         udp dport 7601 counter name ip saddr map { 10.0.0.5 : "ca" } drop
+        udp dport 7602 limit name "shared" accept
+        udp dport 7603 limit name "shared" accept
+        udp dport { 7602, 7603 } drop
     }
 }
 """
@@ -1135,6 +1139,9 @@ def object_maps():
     out = [pkt(**dict(inp, src="10.0.0.5", dport=7600)) for _ in range(2)]
     out += [pkt(**dict(inp, src=s, dport=7600)) for s in ("10.0.0.6", "10.0.0.7")]
     out += [pkt(**dict(inp, src=s, dport=7601)) for s in ("10.0.0.5", "10.0.0.7")]
+    # Within the shared burst only: a trace's limits never run out (the
+    # sharing is checked by the policy's tests).
+    out += [pkt(**dict(inp, src="10.0.0.5", dport=p)) for p in (7602, 7603)]
     return out
 
 
