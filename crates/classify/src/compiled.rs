@@ -2244,6 +2244,7 @@ impl Classifier {
     ) -> Outcome {
         let mut p = *pkt;
         s.trace.clear();
+        s.counted.clear();
         s.stack.clear();
         let out = |v: Final, rule: Option<RuleId>, p: &PacketFields| Outcome {
             verdict: v,
@@ -2291,7 +2292,11 @@ impl Classifier {
                 return out(v, Some(e.id), &p);
             }
             let r = &*e.rule;
-            if !run_stmts(&r.stmts, &mut p, s.limit.as_ref()) {
+            let mut counted = false;
+            if !run_stmts(&r.stmts, &mut p, s.limit.as_ref(), &mut counted) {
+                if counted {
+                    s.counted.push(r.id);
+                }
                 continue;
             }
             s.trace.push(r.id);

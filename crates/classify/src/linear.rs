@@ -68,6 +68,10 @@ pub struct Scratch {
     pub(crate) stack: Vec<(ChainId, u64)>,
     /// Matched rules, in order. Cleared at the start of each evaluation.
     pub trace: Vec<RuleId>,
+    /// Rules that did not match because a statement stopped them (a
+    /// `limit`, quota, set operation ...) after their `counter` statement
+    /// had run: the kernel counts their packets. Cleared with `trace`.
+    pub counted: Vec<RuleId>,
     /// The compiled classifier's per-lookup merge state.
     pub(crate) heads: Vec<crate::compiled::Head>,
     /// [`crate::Classifier::eval_batch`]: tags and heads of a group.
@@ -152,6 +156,7 @@ impl Scratch {
         Scratch {
             stack: Vec::with_capacity(MAX_DEPTH),
             trace: Vec::with_capacity(16),
+            counted: Vec::new(),
             heads: Vec::with_capacity(32),
             tags: Vec::new(),
             bheads: Vec::new(),
@@ -165,13 +170,22 @@ impl Scratch {
 /// when one says no (its bucket, `limit`), the rule does not match after
 /// all, nothing is applied and `false` is returned.
 #[inline]
-pub(crate) fn run_stmts(stmts: &[Stmt], p: &mut PacketFields, limit: Option<&LimitCtx>) -> bool {
+pub(crate) fn run_stmts(
+    stmts: &[Stmt],
+    p: &mut PacketFields,
+    limit: Option<&LimitCtx>,
+    counted: &mut bool,
+) -> bool {
     // The statements that are matches, in rule order: the first that says
     // no ends the rule; the side effects of the ones before it stay, as in
     // the kernel (a dynamic set's element is added even if a later limit
     // stops the rule).
     for s in stmts {
         let ok = match (s, limit) {
+            (Stmt::Counter, _) => {
+                *counted = true;
+                true
+            }
             (Stmt::Limit(id), Some(l)) => l.limits.matches(*id, l.now_ms, l.len),
             (Stmt::SetOp { id, stateless }, Some(l)) => {
                 l.limits.set_op(*id, p, l.now_ms, l.len, *stateless)
@@ -219,6 +233,7 @@ pub(crate) fn run_stmts(stmts: &[Stmt], p: &mut PacketFields, limit: Option<&Lim
 pub fn eval_linear(prog: &Program, base: ChainId, pkt: &PacketFields, s: &mut Scratch) -> Outcome {
     let mut p = *pkt;
     s.trace.clear();
+    s.counted.clear();
     s.stack.clear();
     let out = |v: Final, rule: Option<RuleId>, p: &PacketFields| Outcome {
         verdict: v,
@@ -257,7 +272,11 @@ pub fn eval_linear(prog: &Program, base: ChainId, pkt: &PacketFields, s: &mut Sc
             }
         };
         idx += 1;
-        if !run_stmts(&r.stmts, &mut p, s.limit.as_ref()) {
+        let mut counted = false;
+        if !run_stmts(&r.stmts, &mut p, s.limit.as_ref(), &mut counted) {
+            if counted {
+                s.counted.push(r.id);
+            }
             continue;
         }
         s.trace.push(r.id);

@@ -200,6 +200,11 @@ fn rand_match(r: &mut Rng) -> Match {
 fn rand_rule(r: &mut Rng, id: u64, ci: usize, nchains: usize) -> Rule {
     let matches = (0..r.below(4)).map(|_| rand_match(r)).collect();
     let mut stmts = Vec::new();
+    // Sometimes a counter first, so that a statement after it may stop the
+    // rule once it has counted (`Scratch::counted`).
+    if r.pct(10) {
+        stmts.push(Stmt::Counter);
+    }
     // Statements that are matches answered by the caller's state (limits,
     // dynamic sets, quotas, number generators, connection counts, named
     // objects), each with its answer without state.
@@ -410,7 +415,7 @@ fn check_with_state(prog: &Program, c: &Classifier, pkts: &[PacketFields]) -> Re
     for p in pkts {
         let a = eval_linear(prog, ChainId(0), p, &mut s1);
         let b = c.eval(ChainId(0), p, &mut s2);
-        if a != b || s1.trace != s2.trace {
+        if a != b || s1.trace != s2.trace || s1.counted != s2.counted {
             return Err(format!(
                 "mismatch with state on {p:?}\nlinear   {a:?} {:?}\ncompiled {b:?} {:?}",
                 s1.trace, s2.trace

@@ -88,6 +88,8 @@ pub enum Request {
     },
     /// Reload the configuration file and its ruleset (as SIGHUP).
     Reload,
+    /// The running rule set in nft syntax, with live counters.
+    RulesetList,
     /// One nft command applied incrementally: `add rule …`, `insert rule …`
     /// (optionally `position HANDLE` or `index N`), `delete rule … handle H`,
     /// `add element …`, `delete element …`, `flush set …`.
@@ -375,7 +377,8 @@ pub fn client(socket: &Path, request: &str) -> Result<String, CtlError> {
 
 /// Turn `sluice ctl` words into a request line:
 /// `status`, `counters`, `conntrack list [proto P] [addr A] [port N] [limit N]`,
-/// `conntrack count`, `conntrack flush`, `ruleset replace FILE`, `reload`,
+/// `conntrack count`, `conntrack flush`, `ruleset replace FILE`, `ruleset
+/// list`, `reload`,
 /// `rule list [CHAIN]`, `set list [SET]`, `counter list|reset [NAME]`,
 /// `quota list|reset [NAME]`, `nft COMMAND…` (`add rule …`, `insert rule …`,
 /// `delete rule … handle H`, `add element …`, `delete element …`; the words
@@ -383,7 +386,7 @@ pub fn client(socket: &Path, request: &str) -> Result<String, CtlError> {
 pub fn request_from_args(args: &[String]) -> Result<String, CtlError> {
     let usage = || {
         CtlError::Usage(
-            "usage: status | counters | conntrack list [proto P] [addr A] [port N] [limit N] | conntrack count | conntrack flush | ruleset replace FILE | reload | rule list [CHAIN] | set list [SET] | counter|quota|limit list|reset [NAME] | nft add|insert|delete rule ... | nft add|delete element ... | nft flush set ..."
+            "usage: status | counters | conntrack list [proto P] [addr A] [port N] [limit N] | conntrack count | conntrack flush | ruleset replace FILE | ruleset list | reload | rule list [CHAIN] | set list [SET] | counter|quota|limit list|reset [NAME] | nft add|insert|delete rule ... | nft add|delete element ... | nft flush set ..."
                 .into(),
         )
     };
@@ -392,6 +395,7 @@ pub fn request_from_args(args: &[String]) -> Result<String, CtlError> {
         ["status"] => json!({"cmd": "status"}),
         ["counters"] => json!({"cmd": "counters"}),
         ["reload"] => json!({"cmd": "reload"}),
+        ["ruleset", "list"] => json!({"cmd": "ruleset-list"}),
         ["rule", "list"] => json!({"cmd": "rule-list"}),
         ["set", "list"] => json!({"cmd": "set-list"}),
         ["set", "list", set @ ..] if !set.is_empty() => {

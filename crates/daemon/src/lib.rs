@@ -576,6 +576,17 @@ impl Control {
                 Ok(json!({"ok": true, "generation": st.generation, "rules": st.rules}))
             }
             Request::Reload => self.reload(),
+            Request::RulesetList => {
+                let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                match &st.compiled {
+                    Some(p) => Ok(json!({"ok": true, "generation": st.generation,
+                                         "ruleset": sluice_ruleset::print_ruleset(&p.running_ruleset())})),
+                    None => Err(CtlFailure {
+                        kind: "ruleset",
+                        message: "the gateway runs the built-in policy (no rule set file)".into(),
+                    }),
+                }
+            }
             Request::Nft { command } => self.nft(&command),
             Request::SetList { set } => {
                 let st = self.state.lock().unwrap_or_else(|e| e.into_inner());

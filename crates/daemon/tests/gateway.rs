@@ -649,6 +649,17 @@ fn quota(backend: &str, tag: &str) {
         q["objects"][0]["used"].as_u64().unwrap_or(0) >= sent * 1228,
         "{q}"
     );
+    // The running rule set, as nft lists it: the added counter and rule,
+    // the live values.
+    let rl = d.ctl("ruleset list");
+    let text = rl["ruleset"].as_str().unwrap_or_default();
+    assert!(
+        text.contains(&format!("counter udp5201 {{\n\t\tpackets {counted} bytes "))
+            && text.contains("iifname \"lan0\" udp dport 5201 counter name \"udp5201\"\n")
+            && text.contains("quota wan {\n\t\tover 400 kbytes used "),
+        "{text}"
+    );
+    sluice_ruleset::parse_nft_str("running.nft", text).expect("the listing loads again");
 }
 
 /// Connection limits per source (`-m connlimit`, nft `ct count` in a set

@@ -818,7 +818,7 @@ impl CompiledPolicy {
         pkt: &PacketFields,
         ev: Evaluator,
         s: &mut Scratch,
-        mut visit: impl FnMut(&BaseInfo, &Outcome, &[RuleId]),
+        mut visit: impl FnMut(&BaseInfo, &Outcome, &[RuleId], &[RuleId]),
     ) -> HookOutcome {
         let mut p = *pkt;
         let ct_new = p.ct_state & ct::NEW != 0;
@@ -834,7 +834,7 @@ impl CompiledPolicy {
                 continue;
             }
             let o = self.eval_chain(ev, b.chain, &p, s);
-            visit(b, &o, &s.trace);
+            visit(b, &o, &s.trace, &s.counted);
             p.mark = o.mark;
             p.ct_mark = o.ct_mark;
             res.mark = o.mark;
@@ -1039,7 +1039,12 @@ impl Policy for CompiledPolicy {
                 &p,
                 Evaluator::Compiled,
                 s,
-                |_, _, matched| {
+                |_, _, matched, counted| {
+                    // Rules stopped by a statement after their `counter`
+                    // ran: counted, as the kernel counts them.
+                    for id in counted {
+                        let _ = self.counters.add_and_log(*id, bytes);
+                    }
                     for id in matched {
                         if let Some(l) = self.counters.add_and_log(*id, bytes) {
                             self.log(l, pkt);
@@ -2075,6 +2080,40 @@ mod tests {
         assert_eq!(at("2026-12-02 23:30"), Verdict::Drop);
         assert_eq!(at("2026-12-02 06:00"), Verdict::Accept, "after Dec 1");
         assert_eq!(at("2026-12-02 05:59:59"), Verdict::Drop);
+    }
+
+    #[test]
+    fn the_running_rule_set_prints_with_live_counters_and_objects() {
+        let p = pol(
+            "table ip t {\n counter c { }\n quota q { over 1000 bytes }\n \
+             chain f {\n type filter hook forward priority 0; policy accept;\n \
+             udp dport 53 counter counter name c quota name q drop\n }\n}\n",
+        );
+        for _ in 0..2 {
+            p.decide(
+                Hook::Forward,
+                &PolicyPacket {
+                    proto: 17,
+                    dport: 53,
+                    len: 60,
+                    ..packet()
+                },
+            );
+        }
+        let (q, _) = p
+            .apply_text("cmd", "add rule ip t f tcp dport 22 drop")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let text = sluice_ruleset::print_ruleset(&q.running_ruleset());
+        for want in [
+            "\tcounter c {\n\t\tpackets 2 bytes 120\n\t}",
+            "\tquota q {\n\t\tover 1000 bytes used 120 bytes\n\t}",
+            "udp dport 53 counter packets 2 bytes 120 counter name \"c\" quota name \"q\" drop",
+            "tcp dport 22 drop",
+        ] {
+            assert!(text.contains(want), "{want:?} not in\n{text}");
+        }
+        // What it prints loads again.
+        sluice_ruleset::parse_nft_str("running.nft", &text).unwrap_or_else(|d| panic!("{d}"));
     }
 
     #[test]

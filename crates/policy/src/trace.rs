@@ -729,12 +729,12 @@ impl CompiledPolicy {
                 let copy = crate::limits::SetsOnly(st.sets.0.snapshot());
                 ctx(Arc::new(copy), now)
             });
-            let lo = self.run_hook(hook, &p, Evaluator::Linear, &mut s, |b, o, t| {
+            let lo = self.run_hook(hook, &p, Evaluator::Linear, &mut s, |b, o, t, _| {
                 lin.push((b.chain, *o, t.to_vec()))
             });
             let mut comp: Visits = Vec::new();
             s.limit = state.map(|(st, now)| ctx(Arc::clone(&st.sets), now));
-            let co = self.run_hook(hook, &p, Evaluator::Compiled, &mut s, |b, o, t| {
+            let co = self.run_hook(hook, &p, Evaluator::Compiled, &mut s, |b, o, t, _| {
                 comp.push((b.chain, *o, t.to_vec()))
             });
             s.limit = None;

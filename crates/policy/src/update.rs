@@ -207,6 +207,63 @@ impl CompiledPolicy {
         Ok((next, applied))
     }
 
+    /// The running rule set as `nft list ruleset` shows it: every table
+    /// with its objects (their live values), sets and maps (declared
+    /// elements and those added by control commands; `sluice ctl set list`
+    /// shows what the packet path added to dynamic sets) and chains with
+    /// their rules in order, each rule's `counter` carrying its live
+    /// packets and bytes.
+    pub fn running_ruleset(&self) -> ast::Ruleset {
+        let mut rs = (*self.skeleton).clone();
+        let objects = self.objects(None, None);
+        for (ti, t) in rs.tables.iter_mut().enumerate() {
+            let prefix = format!("{} {} ", t.family.name(), t.name);
+            for o in &mut t.objects {
+                let full = format!("{prefix}{}", o.name);
+                if let Some(live) = objects
+                    .iter()
+                    .find(|x| x.kind() == o.kind() && x.name == full)
+                {
+                    o.state = match (o.state, live.state) {
+                        // A quota keeps its own spelling of the amount; the
+                        // bytes used are live.
+                        (ast::ObjState::Quota(q), ast::ObjState::Quota(l)) => {
+                            ast::ObjState::Quota(ast::Quota { used: l.used, ..q })
+                        }
+                        (_, l) => l,
+                    };
+                }
+            }
+            for c in &mut t.chains {
+                let Some(cid) = self.meta.chain_ids.get(&(ti, c.name.clone())) else {
+                    continue;
+                };
+                for h in self.store.chain_handles(*cid) {
+                    let Some(e) = self.store.entry(h) else {
+                        continue;
+                    };
+                    let Some(mut r) = e.ast.unpack() else {
+                        continue;
+                    };
+                    if e.ast.counter().is_some() {
+                        let (p, b) = e.rules.iter().fold((0, 0), |(p, b), ir| {
+                            let (rp, rb) = self.counters.get(ir.id);
+                            (p + rp, b + rb)
+                        });
+                        for st in &mut r.stmts {
+                            if let ast::StmtKind::Counter { packets, bytes } = &mut st.kind {
+                                *packets = Some(p);
+                                *bytes = Some(b);
+                            }
+                        }
+                    }
+                    c.rules.push(r);
+                }
+            }
+        }
+        rs
+    }
+
     /// Every rule in chain order, with its handle.
     pub fn list_rules(&self) -> Vec<ListedRule> {
         let mut out = Vec::with_capacity(self.store.handles.len());

@@ -50,11 +50,17 @@ pub fn run(
 pub fn ctl(socket: &Path, words: &[String]) -> Result<ExitCode> {
     let req = sluice_daemon::ctl::request_from_args(words)?;
     let resp = sluice_daemon::ctl::client(socket, &req)?;
-    println!("{resp}");
-    let failed = serde_json::from_str::<serde_json::Value>(&resp)
-        .ok()
-        .and_then(|v| v.get("error").cloned())
-        .is_some();
+    let v = serde_json::from_str::<serde_json::Value>(&resp).ok();
+    // `ruleset list` prints the rule set itself (nft syntax), the rest JSON.
+    match v
+        .as_ref()
+        .and_then(|v| v.get("ruleset"))
+        .and_then(|r| r.as_str())
+    {
+        Some(text) => print!("{text}"),
+        None => println!("{resp}"),
+    }
+    let failed = v.and_then(|v| v.get("error").cloned()).is_some();
     Ok(if failed {
         ExitCode::from(1)
     } else {
