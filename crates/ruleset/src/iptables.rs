@@ -558,6 +558,28 @@ fn command(cx: &mut Ctx<'_>, t: &mut Table, words: &[Word]) {
             let Some(rule) = rule(cx, &t.name, &mut t.sets, rest, counters, span) else {
                 return;
             };
+            // `-m nfacct --nfacct-name NAME` names an accounting object
+            // that lives outside the rule set (nfacct): the table declares
+            // a counter of that name the first time a rule names it.
+            for st in &rule.stmts {
+                if let StmtKind::ObjRef {
+                    kind: ObjKind::Counter,
+                    name,
+                } = &st.kind
+                {
+                    if !t.objects.iter().any(|o| o.name == *name) {
+                        t.objects.push(Object {
+                            name: name.clone(),
+                            state: ObjState::Counter {
+                                packets: 0,
+                                bytes: 0,
+                            },
+                            comment: None,
+                            span: st.span,
+                        });
+                    }
+                }
+            }
             if let Some(c) = t.chains.get_mut(ci) {
                 match pos {
                     Some(p) => c.rules.insert(p.min(c.rules.len()), rule),
@@ -655,6 +677,7 @@ const OPTIONS: &[&str] = &[
     "--probability",
     "--every",
     "--packet",
+    "--nfacct-name",
     "--datestart",
     "--datestop",
     "--timestart",
@@ -894,6 +917,7 @@ fn rule(
                     "addrtype",
                     "mac",
                     "time",
+                    "nfacct",
                 ];
                 if a.text == "time" {
                     xt_times.push(XtTime {
@@ -1500,6 +1524,32 @@ fn rule(
                         cx.err(&a, format!("invalid {} '{}'", w.text, a.text));
                         ok = false;
                     }
+                }
+            }
+            // `-m nfacct`: the named accounting object, as iptables-translate
+            // writes it (`counter name NAME`).
+            "--nfacct-name" => {
+                let a = arg!(w);
+                if neg {
+                    cx.err(w, "'!' cannot negate --nfacct-name");
+                    ok = false;
+                } else if a.text.is_empty() || a.text.len() > 31 {
+                    cx.err(
+                        &a,
+                        format!(
+                            "invalid accounting object name '{}' (1 to 31 characters)",
+                            a.text
+                        ),
+                    );
+                    ok = false;
+                } else {
+                    r.stmts.push(Stmt {
+                        kind: StmtKind::ObjRef {
+                            kind: ObjKind::Counter,
+                            name: a.text.clone(),
+                        },
+                        span: wsp,
+                    });
                 }
             }
             // `-m time` (xt_time).
