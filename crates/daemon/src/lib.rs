@@ -741,7 +741,9 @@ fn object_json(o: &sluice_policy::ListedObject) -> Value {
                 comment: None,
                 span: Default::default(),
             };
-            json!({"limit": o.name, "rate": sluice_ruleset::rule_to_string(&rule)})
+            let text = sluice_ruleset::rule_to_string(&rule);
+            let rate = text.strip_prefix("limit ").unwrap_or(&text);
+            json!({"limit": o.name, "rate": rate})
         }
     }
 }

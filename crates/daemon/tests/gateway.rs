@@ -590,7 +590,7 @@ fn quota(backend: &str, tag: &str) {
     let rules = RULESET
         .replace(
             "table ip filter {\n",
-            "table ip filter {\n  quota wan { over 400 kbytes }\n",
+            "table ip filter {\n  quota wan { over 400 kbytes }\n  limit lw { rate 10/second }\n",
         )
         .replace(
             "    ct state established,related accept\n",
@@ -660,6 +660,8 @@ fn quota(backend: &str, tag: &str) {
         "{text}"
     );
     sluice_ruleset::parse_nft_str("running.nft", text).expect("the listing loads again");
+    let l = d.ctl("limit list lw");
+    assert_eq!(l["objects"][0]["rate"], "rate 10/second", "{l}");
 }
 
 /// Connection limits per source (`-m connlimit`, nft `ct count` in a set
