@@ -2292,10 +2292,10 @@ impl Classifier {
                 return out(v, Some(e.id), &p);
             }
             let r = &*e.rule;
-            let mut counted = false;
-            if !run_stmts(&r.stmts, &mut p, s.limit.as_ref(), &mut counted) {
-                if counted {
-                    s.counted.push(r.id);
+            let mut reached = 0;
+            if !run_stmts(&r.stmts, &mut p, s.limit.as_ref(), &mut reached) {
+                if reached != 0 {
+                    s.counted.push((r.id, reached));
                 }
                 continue;
             }

@@ -48,7 +48,8 @@ mod persist;
 pub use compiled::{Classifier, Placement, UpdateError, BATCH};
 pub use ir::*;
 pub use linear::{
-    eval_linear, EvalError, Final, LimitCtx, Limits, Outcome, Scratch, MAX_CHAIN_ENTRIES, MAX_DEPTH,
+    eval_linear, EvalError, Final, LimitCtx, Limits, Outcome, Scratch, MAX_CHAIN_ENTRIES,
+    MAX_DEPTH, REACHED_COUNTER, REACHED_LOG,
 };
 
 /// Anything that classifies: the compiled [`Classifier`] or a [`Program`]

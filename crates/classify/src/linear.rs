@@ -69,9 +69,11 @@ pub struct Scratch {
     /// Matched rules, in order. Cleared at the start of each evaluation.
     pub trace: Vec<RuleId>,
     /// Rules that did not match because a statement stopped them (a
-    /// `limit`, quota, set operation ...) after their `counter` statement
-    /// had run: the kernel counts their packets. Cleared with `trace`.
-    pub counted: Vec<RuleId>,
+    /// `limit`, quota, set operation ...) after their `counter` or `log`
+    /// statement had run, with which ([`REACHED_COUNTER`],
+    /// [`REACHED_LOG`]): the kernel counts and logs their packets. Cleared
+    /// with `trace`.
+    pub counted: Vec<(RuleId, u8)>,
     /// The compiled classifier's per-lookup merge state.
     pub(crate) heads: Vec<crate::compiled::Head>,
     /// [`crate::Classifier::eval_batch`]: tags and heads of a group.
@@ -81,6 +83,11 @@ pub struct Scratch {
     /// within its rate (the rule matches).
     pub limit: Option<LimitCtx>,
 }
+
+/// [`Scratch::counted`]: the rule's `counter` ran before it stopped.
+pub const REACHED_COUNTER: u8 = 1;
+/// [`Scratch::counted`]: the rule's `log` ran before it stopped.
+pub const REACHED_LOG: u8 = 2;
 
 /// The token buckets of `limit` statements ([`Stmt::Limit`]).
 pub trait Limits: Send + Sync {
@@ -174,7 +181,7 @@ pub(crate) fn run_stmts(
     stmts: &[Stmt],
     p: &mut PacketFields,
     limit: Option<&LimitCtx>,
-    counted: &mut bool,
+    reached: &mut u8,
 ) -> bool {
     // The statements that are matches, in rule order: the first that says
     // no ends the rule; the side effects of the ones before it stay, as in
@@ -183,7 +190,11 @@ pub(crate) fn run_stmts(
     for s in stmts {
         let ok = match (s, limit) {
             (Stmt::Counter, _) => {
-                *counted = true;
+                *reached |= REACHED_COUNTER;
+                true
+            }
+            (Stmt::Log(_), _) => {
+                *reached |= REACHED_LOG;
                 true
             }
             (Stmt::Limit(id), Some(l)) => l.limits.matches(*id, l.now_ms, l.len),
@@ -272,10 +283,10 @@ pub fn eval_linear(prog: &Program, base: ChainId, pkt: &PacketFields, s: &mut Sc
             }
         };
         idx += 1;
-        let mut counted = false;
-        if !run_stmts(&r.stmts, &mut p, s.limit.as_ref(), &mut counted) {
-            if counted {
-                s.counted.push(r.id);
+        let mut reached = 0;
+        if !run_stmts(&r.stmts, &mut p, s.limit.as_ref(), &mut reached) {
+            if reached != 0 {
+                s.counted.push((r.id, reached));
             }
             continue;
         }

@@ -200,10 +200,14 @@ fn rand_match(r: &mut Rng) -> Match {
 fn rand_rule(r: &mut Rng, id: u64, ci: usize, nchains: usize) -> Rule {
     let matches = (0..r.below(4)).map(|_| rand_match(r)).collect();
     let mut stmts = Vec::new();
-    // Sometimes a counter first, so that a statement after it may stop the
-    // rule once it has counted (`Scratch::counted`).
+    // Sometimes a counter or a log first, so that a statement after it may
+    // stop the rule once it has run (`Scratch::counted`).
     if r.pct(10) {
-        stmts.push(Stmt::Counter);
+        stmts.push(if r.pct(50) {
+            Stmt::Counter
+        } else {
+            Stmt::Log(0)
+        });
     }
     // Statements that are matches answered by the caller's state (limits,
     // dynamic sets, quotas, number generators, connection counts, named

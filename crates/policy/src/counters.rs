@@ -96,6 +96,21 @@ impl RuleCounters {
         c.log.load(Ordering::Relaxed).checked_sub(1)
     }
 
+    /// Count one packet of `bytes` for rule `id`.
+    #[inline]
+    pub fn add(&self, id: RuleId, bytes: u64) {
+        if let Some(c) = self.cell(id) {
+            c.packets.fetch_add(1, Ordering::Relaxed);
+            c.bytes.fetch_add(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// Rule `id`'s log spec, if it has a `log` statement.
+    #[inline]
+    pub fn log_of(&self, id: RuleId) -> Option<u32> {
+        self.cell(id)?.log.load(Ordering::Relaxed).checked_sub(1)
+    }
+
     /// Rule `id`'s (packets, bytes).
     pub fn get(&self, id: RuleId) -> (u64, u64) {
         self.cell(id).map_or((0, 0), |c| {

@@ -818,7 +818,7 @@ impl CompiledPolicy {
         pkt: &PacketFields,
         ev: Evaluator,
         s: &mut Scratch,
-        mut visit: impl FnMut(&BaseInfo, &Outcome, &[RuleId], &[RuleId]),
+        mut visit: impl FnMut(&BaseInfo, &Outcome, &[RuleId], &[(RuleId, u8)]),
     ) -> HookOutcome {
         let mut p = *pkt;
         let ct_new = p.ct_state & ct::NEW != 0;
@@ -1041,9 +1041,17 @@ impl Policy for CompiledPolicy {
                 s,
                 |_, _, matched, counted| {
                     // Rules stopped by a statement after their `counter`
-                    // ran: counted, as the kernel counts them.
-                    for id in counted {
-                        let _ = self.counters.add_and_log(*id, bytes);
+                    // or `log` ran: counted and logged, as the kernel
+                    // does.
+                    for (id, reached) in counted {
+                        if reached & sluice_classify::REACHED_COUNTER != 0 {
+                            self.counters.add(*id, bytes);
+                        }
+                        if reached & sluice_classify::REACHED_LOG != 0 {
+                            if let Some(l) = self.counters.log_of(*id) {
+                                self.log(l, pkt);
+                            }
+                        }
                     }
                     for id in matched {
                         if let Some(l) = self.counters.add_and_log(*id, bytes) {
@@ -2491,6 +2499,39 @@ mod tests {
             .apply_text("cmd", "add rule ip t f fib daddr type local drop")
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(now.needs_routing_facts());
+    }
+
+    #[test]
+    fn a_log_before_a_statement_that_stops_the_rule_still_logs() {
+        // Each quota is used up by the first packet (60 bytes over 10):
+        // the rule stops at it, after its log for port 22, before its log
+        // for port 23.
+        let p = pol(
+            "table ip t {\n chain f {\n type filter hook forward priority 0; policy accept;\n \
+             tcp dport 22 log prefix \"before: \" quota until 10 bytes drop\n \
+             tcp dport 23 quota until 10 bytes log prefix \"after: \" drop\n }\n}\n",
+        );
+        let at = |dport| PolicyPacket {
+            dport,
+            now_ms: 5000,
+            ..packet()
+        };
+        for _ in 0..150 {
+            assert_eq!(p.decide(Hook::Forward, &at(23)).verdict, Verdict::Accept);
+        }
+        assert_eq!(
+            p.logs_suppressed(),
+            0,
+            "no line: the log comes after the quota"
+        );
+        for _ in 0..150 {
+            assert_eq!(p.decide(Hook::Forward, &at(22)).verdict, Verdict::Accept);
+        }
+        assert_eq!(
+            p.logs_suppressed(),
+            50,
+            "a line each: 100 a second, the rest counted"
+        );
     }
 
     #[test]
