@@ -1560,16 +1560,22 @@ fn rule(
                 cx.err(w, format!("'!' cannot negate {} (only --weekdays)", w.text));
                 ok = false;
             }
+            "--datestart" | "--datestop" | "--timestart" | "--timestop" | "--weekdays"
+            | "--contiguous"
+                if xt_times.is_empty() =>
+            {
+                if w.text != "--contiguous" {
+                    let _ = arg!(w);
+                }
+                cx.err(w, format!("{} needs -m time before it", w.text));
+                ok = false;
+            }
             "--datestart" | "--datestop" => {
                 let a = arg!(w);
-                let xt_time = xt_times.last_mut();
-                match (xt_date(&a.text), xt_time) {
+                match (xt_date(&a.text), xt_times.last_mut()) {
                     (Some(s), Some(t)) if w.text == "--datestart" => t.date_start = Some(s),
                     (Some(s), Some(t)) => t.date_stop = Some(s),
-                    (Some(_), None) => {
-                        cx.err(w, format!("{} needs -m time before it", w.text));
-                        ok = false;
-                    }
+                    (Some(_), None) => {}
                     (None, _) => {
                         cx.err(
                             &a,
@@ -1584,14 +1590,10 @@ fn rule(
             }
             "--timestart" | "--timestop" => {
                 let a = arg!(w);
-                let xt_time = xt_times.last_mut();
-                match (crate::timefmt::parse_hour(&a.text), xt_time) {
+                match (crate::timefmt::parse_hour(&a.text), xt_times.last_mut()) {
                     (Some(s), Some(t)) if w.text == "--timestart" => t.start = Some(s),
                     (Some(s), Some(t)) => t.stop = Some(s),
-                    (Some(_), None) => {
-                        cx.err(w, format!("{} needs -m time before it", w.text));
-                        ok = false;
-                    }
+                    (Some(_), None) => {}
                     (None, _) => {
                         cx.err(&a, format!("invalid time of day '{}' (hh:mm[:ss])", a.text));
                         ok = false;
@@ -1600,14 +1602,10 @@ fn rule(
             }
             "--weekdays" => {
                 let a = arg!(w);
-                let xt_time = xt_times.last_mut();
-                match (xt_weekdays(&a.text), xt_time) {
+                match (xt_weekdays(&a.text), xt_times.last_mut()) {
                     // `!` inverts the days, as libxt_time does.
                     (Some(m), Some(t)) => t.weekdays = Some(if neg { !m & 0xfe } else { m }),
-                    (Some(_), None) => {
-                        cx.err(w, format!("{} needs -m time before it", w.text));
-                        ok = false;
-                    }
+                    (Some(_), None) => {}
                     (None, _) => {
                         cx.err(
                             &a,
