@@ -562,6 +562,14 @@ impl core::fmt::Debug for Worker {
 }
 
 impl Worker {
+    /// Gives a policy packet the batch's times (monotonic and wall
+    /// clock).
+    #[inline]
+    fn stamp(&self, pp: &mut PolicyPacket) {
+        pp.now_ms = self.now_ms;
+        pp.wall_ms = self.wall_ms;
+    }
+
     /// Build a worker. All memory the fast path uses is allocated here.
     pub fn new(cfg: EngineConfig, policy: Arc<dyn Policy>) -> Result<Self, EngineError> {
         if cfg.interfaces.len() > usize::from(u16::MAX) {
@@ -2042,8 +2050,7 @@ impl Worker {
         let ev = l4_event(d);
         let mut pp = policy_packet(iif, key, d, CtState::New, buf);
         self.addr_types4(&mut pp);
-        pp.now_ms = self.now_ms;
-        pp.wall_ms = self.wall_ms;
+        self.stamp(&mut pp);
         if broadcast {
             // For the gateway, which serves nothing on a broadcast address:
             // the input hook sees it, then it is dropped (`local-unhandled`).
@@ -2431,8 +2438,7 @@ impl Worker {
             .unwrap_or(0);
         let mut pp = policy_packet(iif, key, d, CtState::Related, buf);
         self.addr_types4(&mut pp);
-        pp.now_ms = self.now_ms;
-        pp.wall_ms = self.wall_ms;
+        self.stamp(&mut pp);
         if self.policy.decide(Hook::Forward, &pp).verdict != Verdict::Accept {
             return Action::Drop(DropReason::PolicyDrop);
         }

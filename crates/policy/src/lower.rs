@@ -180,18 +180,6 @@ pub struct DynSetSpec {
     pub elements: Vec<SetKey>,
 }
 
-/// The tables of the statements with run-time state that an incremental
-/// lowering continues: dynamic sets and their operations, quotas, number
-/// generators, a rule's own connection counts.
-pub type StatefulTables = (
-    Vec<DynSetSpec>,
-    Vec<SetOpSpec>,
-    Vec<ast::Quota>,
-    Vec<NumgenSpec>,
-    Vec<ast::CtCount>,
-    Vec<ObjSpec>,
-);
-
 /// A named object (`counter NAME { ... }`, `quota NAME { ... }`), indexed
 /// by the id in [`ir::Stmt::Obj`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -203,13 +191,9 @@ pub struct ObjSpec {
 }
 
 impl ObjSpec {
-    /// Counter or quota.
+    /// Counter, quota or limit.
     pub fn kind(&self) -> ast::ObjKind {
-        match self.state {
-            ast::ObjState::Counter { .. } => ast::ObjKind::Counter,
-            ast::ObjState::Quota(_) => ast::ObjKind::Quota,
-            ast::ObjState::Limit(_) => ast::ObjKind::Limit,
-        }
+        self.state.kind()
     }
 }
 
@@ -593,30 +577,26 @@ impl<'a> Lowerer<'a> {
     }
 
     /// A lowerer for rules added to a running policy: IR ids start at
-    /// `id_base`, handles at `handle`, and the NAT actions, pools, logs and
-    /// limits continue the running policy's tables.
+    /// `id_base`, handles at `handle`, and every table the IR refers to by
+    /// number (NAT actions, pools, logs, limits, dynamic sets and their
+    /// operations, quotas, number generators, connection counts, named
+    /// objects) continues the running policy's `tables`.
     pub fn incremental(
         rs: &'a Ruleset,
         ifaces: &'a Interfaces,
         id_base: u64,
         handle: u64,
-        tables: (Vec<NatAction>, Vec<Pool>, Vec<ast::Log>, Vec<ast::Limit>),
-        dynamic: StatefulTables,
+        tables: &crate::policy::Tables,
         location: RuleLocation,
     ) -> Self {
         let mut l = Lowerer::new(rs, ifaces);
         l.id_base = id_base;
         l.next_handle = handle;
         l.location = Some(location);
-        (l.out.nat, l.out.pools, l.out.logs, l.out.limits) = tables;
-        (
-            l.out.sets,
-            l.out.set_ops,
-            l.out.quotas,
-            l.out.numgens,
-            l.out.ct_counts,
-            l.out.objects,
-        ) = dynamic;
+        let t = tables.clone();
+        (l.out.nat, l.out.pools, l.out.logs, l.out.limits) = (t.nat, t.pools, t.logs, t.limits);
+        (l.out.sets, l.out.set_ops, l.out.quotas) = (t.sets, t.set_ops, t.quotas);
+        (l.out.numgens, l.out.ct_counts, l.out.objects) = (t.numgens, t.ct_counts, t.objects);
         l.declare();
         l
     }
@@ -1027,12 +1007,7 @@ impl<'a> Lowerer<'a> {
                 }
                 StmtKind::ObjMap { .. } => Err("one object map per rule can be lowered".into()),
                 StmtKind::ObjRef { kind, name } => self.object(t, *kind, name).map(|id| {
-                    let stateless = match self.out.objects.get(id as usize).map(|o| o.state) {
-                        // Without state a quota is not used up.
-                        Some(ast::ObjState::Quota(q)) => !q.over,
-                        _ => true,
-                    };
-                    pre.push(Stmt::Obj { id, stateless });
+                    pre.push(self.obj_stmt(id));
                     None
                 }),
                 StmtKind::CtCount(c) => match u32::try_from(self.out.ct_counts.len()) {
@@ -1242,22 +1217,12 @@ impl<'a> Lowerer<'a> {
     ) {
         let (before, after) = pre.split_at(split.min(pre.len()));
         if !before.is_empty() {
-            let reads = |f: Field| r.matches.iter().any(|m| m.left.contains(&f));
-            if before.iter().any(|s| match s {
-                Stmt::MarkSet(_) | Stmt::MarkFromCtMark => reads(Field::MetaMark),
-                Stmt::CtMarkSet(_) | Stmt::CtMarkFromMark => reads(Field::CtMark),
-                _ => false,
-            }) {
-                self.err(
-                    r.span,
-                    "a mark change before an object map, in a rule that also matches on that \
-                     mark, cannot be lowered; split the rule",
-                );
-                return;
-            }
+            // Anything else could stop the rule (a limit, a quota, a named
+            // quota) or change what its conditions read (a mark), which the
+            // rule of its own would not carry over to the element rules.
             if before
                 .iter()
-                .any(|s| !matches!(s, Stmt::Counter | Stmt::Log(_) | Stmt::Obj { .. }))
+                .any(|s| !matches!(s, Stmt::Counter | Stmt::Log(_)))
             {
                 self.err(
                     r.span,
@@ -1276,12 +1241,8 @@ impl<'a> Lowerer<'a> {
                 Ok(km) => {
                     let mut ms = matches.to_vec();
                     ms.push(km);
-                    let stateless = match self.out.objects.get(*id as usize).map(|o| o.state) {
-                        Some(ast::ObjState::Quota(q)) => !q.over,
-                        _ => true,
-                    };
                     let mut stmts = Vec::with_capacity(after.len() + 1);
-                    stmts.push(Stmt::Obj { id: *id, stateless });
+                    stmts.push(self.obj_stmt(*id));
                     stmts.extend_from_slice(after);
                     rules.push((ms, stmts));
                 }
@@ -1295,6 +1256,16 @@ impl<'a> Lowerer<'a> {
             let m = with_deps(&kdeps, &mut ms);
             self.push_rule(cid, Arc::clone(&info), m, stmts, verdict);
         }
+    }
+
+    /// The statement naming object `id`, with its answer without state: a
+    /// counter goes on, a limit is within its rate, a quota is not used up.
+    fn obj_stmt(&self, id: u32) -> Stmt {
+        let stateless = match self.out.objects.get(id as usize).map(|o| o.state) {
+            Some(ast::ObjState::Quota(q)) => !q.over,
+            _ => true,
+        };
+        Stmt::Obj { id, stateless }
     }
 
     /// The (element key, object id) pairs of an object map.

@@ -130,13 +130,9 @@ pub struct ListedObject {
 }
 
 impl ListedObject {
-    /// Counter or quota.
+    /// Counter, quota or limit.
     pub fn kind(&self) -> ast::ObjKind {
-        match self.state {
-            ast::ObjState::Counter { .. } => ast::ObjKind::Counter,
-            ast::ObjState::Quota(_) => ast::ObjKind::Quota,
-            ast::ObjState::Limit(_) => ast::ObjKind::Limit,
-        }
+        self.state.kind()
     }
 }
 
@@ -485,26 +481,12 @@ impl CompiledPolicy {
 
     /// A lowerer for [`Self::with_matches`].
     fn relowerer(&self) -> Lowerer<'_> {
-        let t = &self.tables;
         Lowerer::incremental(
             &self.skeleton,
             &self.ifaces,
             0,
             1,
-            (
-                t.nat.clone(),
-                t.pools.clone(),
-                t.logs.clone(),
-                t.limits.clone(),
-            ),
-            (
-                t.sets.clone(),
-                t.set_ops.clone(),
-                t.quotas.clone(),
-                t.numgens.clone(),
-                t.ct_counts.clone(),
-                t.objects.clone(),
-            ),
+            &self.tables,
             crate::lower::RuleLocation::Label("program".into()),
         )
     }
@@ -2044,11 +2026,7 @@ mod tests {
             ref o => panic!("{o:?}"),
         }
         // A rule naming an object the table does not have is refused.
-        let e = q
-            .apply_text("cmd", "add rule ip t f udp dport 1 counter name nope")
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
+        let e = refusal(&q, "add rule ip t f udp dport 1 counter name nope");
         assert!(e.contains("no counter 'nope' in table ip t"), "{e}");
         // Reset: the values before, then zero; the quota admits again.
         let before = q.reset_objects(Some(ObjKind::Quota), Some("t cap"));
@@ -2088,6 +2066,14 @@ mod tests {
         assert_eq!(at("2026-12-02 23:30"), Verdict::Drop);
         assert_eq!(at("2026-12-02 06:00"), Verdict::Accept, "after Dec 1");
         assert_eq!(at("2026-12-02 05:59:59"), Verdict::Drop);
+    }
+
+    /// What `p` says refusing control command `cmd` (empty if it took it).
+    fn refusal(p: &CompiledPolicy, cmd: &str) -> String {
+        p.apply_text("cmd", cmd)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
     }
 
     #[test]
@@ -2210,25 +2196,30 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(v(&q, 0x0a00_0002, 9), Verdict::Drop);
         assert_eq!((count(&q, "a"), count(&q, "b")), (1, 1));
-        let e = p
-            .apply_text("cmd", "add element ip t m { 10.0.0.3 : \"zz\" }")
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
+        let e = refusal(&p, "add element ip t m { 10.0.0.3 : \"zz\" }");
         assert!(e.contains("no counter 'zz'"), "{e}");
         // Objects in use by a map's element or an anonymous object map stay.
-        let e = q
-            .apply_text("cmd", "delete counter ip t b")
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
+        let e = refusal(&q, "delete counter ip t b");
         assert!(e.contains("in use by an element of map 'm'"), "{e}");
-        let e = q
-            .apply_text("cmd", "delete quota ip t qa")
+        let e = refusal(&q, "delete quota ip t qa");
+        assert!(e.contains("in use by rule handle 2"), "{e}");
+        // A statement that may stop the rule cannot come before the map:
+        // the element rules would run without it.
+        let rs = sluice_ruleset::parse_nft_str(
+            "t.nft",
+            "table ip t {\n counter a { }\n quota q { over 10 bytes }\n chain f {\n \
+             type filter hook forward priority 0; policy accept;\n \
+             quota name q counter name ip saddr map { 10.0.0.1 : \"a\" } drop\n }\n}\n",
+        )
+        .unwrap_or_else(|d| panic!("{d}"));
+        let e = CompiledPolicy::compile(&rs, &Interfaces::from_ruleset(&rs))
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
-        assert!(e.contains("in use by rule handle 2"), "{e}");
+        assert!(
+            e.contains("only counters and logs can come before an object map"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -320,26 +320,12 @@ impl CompiledPolicy {
     }
 
     fn lowerer<'a>(&'a self, handle: u64, location: RuleLocation) -> Lowerer<'a> {
-        let t = &self.tables;
         Lowerer::incremental(
             &self.skeleton,
             &self.ifaces,
             self.store.infos.len() as u64,
             handle,
-            (
-                t.nat.clone(),
-                t.pools.clone(),
-                t.logs.clone(),
-                t.limits.clone(),
-            ),
-            (
-                t.sets.clone(),
-                t.set_ops.clone(),
-                t.quotas.clone(),
-                t.numgens.clone(),
-                t.ct_counts.clone(),
-                t.objects.clone(),
-            ),
+            &self.tables,
             location,
         )
     }

@@ -118,7 +118,14 @@ pub struct Object {
 
 impl Object {
     pub fn kind(&self) -> ObjKind {
-        match self.state {
+        self.state.kind()
+    }
+}
+
+impl ObjState {
+    /// Counter, quota or limit.
+    pub fn kind(&self) -> ObjKind {
+        match self {
             ObjState::Counter { .. } => ObjKind::Counter,
             ObjState::Quota(_) => ObjKind::Quota,
             ObjState::Limit(_) => ObjKind::Limit,

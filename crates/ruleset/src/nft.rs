@@ -1023,6 +1023,15 @@ impl<'s> Parser<'s> {
         }
     }
 
+    /// `comment "TEXT"` in a declaration's body (at `isp`): the text.
+    fn comment(&mut self, isp: Span) -> P<String> {
+        self.bump();
+        match self.bump().tok {
+            Tok::Str(s) => Ok(self.string(s)),
+            _ => self.err(isp, "expected a string after 'comment'"),
+        }
+    }
+
     /// `counter NAME { ... }`, `quota NAME { ... }`, `limit NAME { ... }`
     /// (the body is optional when `body_optional`, as in `add counter ip t
     /// c`).
@@ -1048,22 +1057,9 @@ impl<'s> Parser<'s> {
             let depth = self.depth;
             let isp = self.span();
             let r: P<()> = match self.peek() {
-                Tok::RBrace => {
-                    self.bump();
-                    break;
-                }
                 Tok::Eof => return self.err(sp, format!("missing '}}' at end of {}", kind.name())),
                 Tok::Word(w) => match (kind, self.text(w)) {
-                    (_, "comment") => {
-                        self.bump();
-                        match self.bump().tok {
-                            Tok::Str(s) => {
-                                comment = Some(self.string(s));
-                                Ok(())
-                            }
-                            _ => self.err(isp, "expected a string after 'comment'"),
-                        }
-                    }
+                    (_, "comment") => self.comment(isp).map(|c| comment = Some(c)),
                     (ObjKind::Counter, "packets") => {
                         self.bump();
                         self.number("packet count").map(|n| packets = n)
@@ -1219,16 +1215,7 @@ impl<'s> Parser<'s> {
                             }),
                         }
                     }
-                    "comment" => {
-                        self.bump();
-                        match self.bump().tok {
-                            Tok::Str(s) => {
-                                comment = Some(self.string(s));
-                                Ok(())
-                            }
-                            _ => self.err(isp, "expected a string after 'comment'"),
-                        }
-                    }
+                    "comment" => self.comment(isp).map(|c| comment = Some(c)),
                     "timeout" => {
                         self.bump();
                         self.duration("set timeout").map(|t| timeout_ms = Some(t))

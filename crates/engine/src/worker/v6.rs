@@ -375,8 +375,7 @@ impl Worker {
         }
         let mut pp = policy_packet6(iif, key, d, CtState::New, payload_len, buf);
         self.addr_types6(iif, &mut pp);
-        pp.now_ms = self.now_ms;
-        pp.wall_ms = self.wall_ms;
+        self.stamp(&mut pp);
         // Prerouting filter chains (NAT does not apply to IPv6).
         let dec = self.policy.decide(Hook::Prerouting, &pp);
         pp.mark = dec.mark;
@@ -804,8 +803,7 @@ impl Worker {
         let adj = self.v6.ct.entry(id).payload().adjacency(dir.opposite());
         let mut pp = policy_packet6(iif, key, d, CtState::Related, payload_len, buf);
         self.addr_types6(iif, &mut pp);
-        pp.now_ms = self.now_ms;
-        pp.wall_ms = self.wall_ms;
+        self.stamp(&mut pp);
         pp.oif = self.adj.get(usize::from(adj)).map(|a| a.oif);
         if let Some(r) = refused(self.policy.decide(Hook::Forward, &pp).verdict) {
             return Step::Done(Action::Drop(r));
@@ -841,8 +839,7 @@ impl Worker {
         let payload_len = pk.payload_len;
         let mut pp = policy_packet6(iif, key, d, CtState::New, payload_len, buf);
         self.addr_types6(iif, &mut pp);
-        pp.now_ms = self.now_ms;
-        pp.wall_ms = self.wall_ms;
+        self.stamp(&mut pp);
         let v = self.policy.decide(Hook::Input, &pp).verdict;
         if v != Verdict::Accept {
             return self.refuse6(now, buf, len, iif, pk, v);
@@ -915,8 +912,7 @@ impl Worker {
         }
         let mut pp = policy_packet6(iif, key, d, CtState::New, payload_len, buf);
         self.addr_types6(iif, &mut pp);
-        pp.now_ms = self.now_ms;
-        pp.wall_ms = self.wall_ms;
+        self.stamp(&mut pp);
         if let Some(r) = refused(self.policy.decide(Hook::Input, &pp).verdict) {
             return drop(r);
         }
