@@ -2251,6 +2251,7 @@ impl Classifier {
             rule,
             mark: p.mark,
             ct_mark: p.ct_mark,
+            ct_state: p.ct_state,
         };
         let policy = match self.chains.get(base.0 as usize).map(|c| c.kind) {
             Some(ChainKind::Base(pol)) => pol,

@@ -59,6 +59,18 @@ pub mod ct {
     pub const NEW: u8 = 8;
     /// Marked notrack.
     pub const UNTRACKED: u8 = 64;
+    /// The states of a packet that has a connection: `ct mark`, `ct
+    /// status` and `ct direction` read it, `ct mark set` writes it. An
+    /// invalid or untracked packet has none (the kernel's `nf_ct_get` is
+    /// NULL): those expressions stop the rule and `ct mark set` does
+    /// nothing.
+    pub const WITH_CONNECTION: u8 = ESTABLISHED | RELATED | NEW;
+
+    /// Whether a packet in `state` has a connection.
+    #[inline]
+    pub const fn has_connection(state: u8) -> bool {
+        state & WITH_CONNECTION != 0
+    }
 }
 
 /// IPv4 address as IPv4-mapped IPv6.
@@ -703,6 +715,11 @@ pub enum Stmt {
     /// the value. A side effect on the packet the engine performs; the
     /// classifier's fields do not change.
     TcpMss(u32),
+    /// `notrack` (iptables `-j CT --notrack`): a packet that has no
+    /// connection yet (`ct state` reads [`ct::INVALID`], as before
+    /// conntrack) becomes [`ct::UNTRACKED`]; on any other packet it does
+    /// nothing (the kernel's `nft_notrack`).
+    Notrack,
 }
 
 /// [`Stmt::TcpMss`] of `rt mtu`.

@@ -1,7 +1,7 @@
 //! The reference evaluator: a literal walk of every rule, netfilter semantics.
 //! It is the oracle the compiled classifier is tested against.
 
-use crate::ir::{ChainId, ChainKind, Policy, Program, RejectKind, RuleId, Stmt, Verdict};
+use crate::ir::{ct, ChainId, ChainKind, Policy, Program, RejectKind, RuleId, Stmt, Verdict};
 use crate::PacketFields;
 
 /// Jump stack depth, as the kernel's `NFT_JUMP_STACK_SIZE`.
@@ -59,6 +59,9 @@ pub struct Outcome {
     pub mark: u32,
     /// Conntrack mark after the statements that ran.
     pub ct_mark: u32,
+    /// `ct state` after the statements that ran ([`Stmt::Notrack`] makes a
+    /// packet without a connection untracked).
+    pub ct_state: u8,
 }
 
 /// Reusable per-worker scratch: the call stack and the trace of matched rules
@@ -214,6 +217,9 @@ pub(crate) fn run_stmts(
                 l.limits.ct_count(*id, p, l.now_ms, *stateless)
             }
             (Stmt::CtCount { stateless, .. }, None) => *stateless,
+            // `meta mark set ct mark` loads the connection's mark first: a
+            // packet without a connection stops the rule there.
+            (Stmt::MarkFromCtMark, _) => ct::has_connection(p.ct_state),
             _ => true,
         };
         if !ok {
@@ -223,9 +229,18 @@ pub(crate) fn run_stmts(
     for s in stmts {
         match s {
             Stmt::MarkSet(op) => p.mark = op.apply(p.mark),
-            Stmt::CtMarkSet(op) => p.ct_mark = op.apply(p.ct_mark),
+            Stmt::CtMarkSet(op) if ct::has_connection(p.ct_state) => {
+                p.ct_mark = op.apply(p.ct_mark);
+            }
             Stmt::MarkFromCtMark => p.mark = p.ct_mark,
-            Stmt::CtMarkFromMark => p.ct_mark = p.mark,
+            Stmt::CtMarkFromMark if ct::has_connection(p.ct_state) => p.ct_mark = p.mark,
+            // No connection: nothing to mark.
+            Stmt::CtMarkSet(_) | Stmt::CtMarkFromMark => {}
+            Stmt::Notrack => {
+                if p.ct_state == ct::INVALID {
+                    p.ct_state = ct::UNTRACKED;
+                }
+            }
             Stmt::Counter
             | Stmt::Log(_)
             | Stmt::Limit(_)
@@ -251,6 +266,7 @@ pub fn eval_linear(prog: &Program, base: ChainId, pkt: &PacketFields, s: &mut Sc
         rule,
         mark: p.mark,
         ct_mark: p.ct_mark,
+        ct_state: p.ct_state,
     };
     let policy = match prog.chains.get(base.0 as usize).map(|c| c.kind) {
         Some(ChainKind::Base(pol)) => pol,

@@ -89,10 +89,16 @@ fn rand_match(r: &mut Rng) -> Match {
         }
         6 => Match::in_ranges(
             Field::CtState,
-            [ct::NEW, ct::ESTABLISHED, ct::RELATED, ct::INVALID]
-                .into_iter()
-                .filter(|_| r.pct(50))
-                .map(|b| Range::value(b as u128)),
+            [
+                ct::NEW,
+                ct::ESTABLISHED,
+                ct::RELATED,
+                ct::INVALID,
+                ct::UNTRACKED,
+            ]
+            .into_iter()
+            .filter(|_| r.pct(50))
+            .map(|b| Range::value(b as u128)),
             negate,
         ),
         7 => {
@@ -238,8 +244,10 @@ fn rand_rule(r: &mut Rng, id: u64, ci: usize, nchains: usize) -> Rule {
         });
     }
     if r.pct(30) {
-        stmts.push(match r.below(6) {
+        stmts.push(match r.below(7) {
             0 => Stmt::MarkSet(MarkOp::set(r.below(4) as u32)),
+            // Changes `ct state` (an indexed field) for the rules after it.
+            6 => Stmt::Notrack,
             4 => Stmt::MarkFromCtMark,
             5 => Stmt::CtMarkFromMark,
             1 => Stmt::MarkSet(MarkOp {
@@ -327,7 +335,13 @@ fn rand_packet(r: &mut Rng) -> PacketFields {
         tcp_flags: [0x02u8, 0x12, 0x10, 0x11][r.below(4) as usize],
         icmp_type: 0,
         icmp_code: 0,
-        ct_state: [ct::NEW, ct::ESTABLISHED, ct::RELATED, ct::INVALID][r.below(4) as usize],
+        ct_state: [
+            ct::NEW,
+            ct::ESTABLISHED,
+            ct::RELATED,
+            ct::INVALID,
+            ct::UNTRACKED,
+        ][r.below(5) as usize],
         ct_mark: r.below(3) as u32,
         mark: r.below(4) as u32,
         ct_status: [0u32, 0x20, 0x10, 0x0a][r.below(4) as usize],

@@ -758,6 +758,7 @@ fn counters_json(c: &sluice_engine::Counters) -> Value {
            "icmp_errors_limited": c.icmp_errors_limited, "tcp_resets": c.tcp_resets,
            "handed_off": c.handed_off,
            "fragmented": c.fragmented,
+           "untracked": c.untracked,
            "drops_total": c.total_drops(),
            "drops": drops})
 }

@@ -145,6 +145,9 @@ pub struct Counters {
     /// Packets larger than the egress MTU, with DF clear, sent as
     /// fragments ([`crate::Action::Fragment`]; also counted in `tx`).
     pub fragmented: u64,
+    /// Packets a `notrack` statement exempted from conntrack (forwarded,
+    /// answered or dropped without a connection).
+    pub untracked: u64,
     /// Drops, indexed by `DropReason as usize`.
     pub drops: [u64; DropReason::COUNT],
 }
@@ -183,6 +186,7 @@ impl Counters {
         self.tcp_resets += o.tcp_resets;
         self.handed_off += o.handed_off;
         self.fragmented += o.fragmented;
+        self.untracked += o.untracked;
         for (a, b) in self.drops.iter_mut().zip(o.drops.iter()) {
             *a += b;
         }

@@ -31,7 +31,7 @@ pub mod worker;
 pub use drop::{Counters, DropReason};
 pub use policy::{
     fixed_addr_type, ConnTuple, CtState, Decision, Hook, MssClamp, Policy, PolicyPacket,
-    PortForward, StaticPolicy, Verdict,
+    PortForward, RawDecision, StaticPolicy, Verdict,
 };
 pub use route::{AdjIndex, Adjacency, IfIndex, Route4, Route6, RouteTable4, RouteTable6};
 pub use worker::{BucketPrefetch, EngineConfig, EngineError, Interface, Worker};

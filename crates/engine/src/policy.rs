@@ -36,8 +36,12 @@ pub enum CtState {
     Established,
     /// An ICMP error about a known connection.
     Related,
-    /// A packet conntrack refuses (bad TCP transition, ...).
+    /// A packet conntrack refuses (bad TCP transition, ...), or one it has
+    /// not seen yet (what the chains before conntrack see).
     Invalid,
+    /// A packet a `notrack` statement exempted from conntrack: no
+    /// connection, no NAT.
+    Untracked,
 }
 
 /// Everything the ruleset may look at.
@@ -164,6 +168,17 @@ pub struct Decision {
     pub mss: MssClamp,
 }
 
+/// What the chains before conntrack decided ([`Policy::raw`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawDecision {
+    /// Verdict and packet mark (a raw chain has no connection: its `ct
+    /// mark` is 0, it has no NAT, and its MSS statements apply as the
+    /// later hooks' do).
+    pub decision: Decision,
+    /// A `notrack` statement ran: the packet bypasses conntrack.
+    pub untracked: bool,
+}
+
 /// The route type (`fib daddr|saddr type`, the kernel's `RTN_*`) an address
 /// has on any box, before its own addresses are looked at: 3 broadcast
 /// (`0.0.0.0/8`, 255.255.255.255), 5 multicast, 2 local (loopback); `None`
@@ -239,6 +254,28 @@ pub trait Policy: Send + Sync {
     /// Whether any rule of `hook` can ever apply NAT (lets the engine skip
     /// the NAT hooks entirely for pure firewalls).
     fn has_nat(&self, hook: Hook) -> bool;
+    /// Whether the rule set has chains that run before conntrack
+    /// (prerouting, priority below -200, e.g. `priority raw`): then the
+    /// engine runs [`Policy::raw`] for every packet before it looks the
+    /// packet's connection up. The default has none.
+    fn has_raw(&self) -> bool {
+        false
+    }
+    /// Runs the chains before conntrack for `pkt` (whose `ct` is
+    /// [`CtState::Invalid`]: conntrack has not seen it). Only called when
+    /// [`Policy::has_raw`].
+    fn raw(&self, pkt: &PolicyPacket) -> RawDecision {
+        RawDecision {
+            decision: Decision {
+                verdict: Verdict::Accept,
+                mark: pkt.mark,
+                ct_mark: pkt.ct_mark,
+                nat: None,
+                mss: MssClamp::default(),
+            },
+            untracked: false,
+        }
+    }
     /// Whether the filter chains accept every packet of an established
     /// connection whatever else it carries (as `ct state established
     /// accept` at the head of every filter chain a forwarded packet meets

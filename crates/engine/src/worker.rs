@@ -70,6 +70,7 @@ use crate::policy::{
 use crate::route::{AdjIndex, Adjacency, IfIndex, Route4, Route6, RouteTable4, RouteTable6};
 
 mod frag;
+mod untracked;
 mod v6;
 use crate::{Action, Frames, MAX_BATCH, PIPELINE};
 pub use v6::FlowInfo6;
@@ -457,6 +458,12 @@ pub struct Worker {
     /// `!policy.established_accepted()`: run the filter chains for every
     /// packet of an established connection.
     filter_established: bool,
+    /// The policy has chains before conntrack ([`Policy::has_raw`]): every
+    /// packet meets them first (`untracked`).
+    raw: bool,
+    /// The packet mark of the frame being decided: 0, or what the chains
+    /// before conntrack left; the later hooks start from it.
+    pkt_mark: u32,
     /// `policy.counts_connections()`: report created and ended connections
     /// to the policy (`ct count`).
     counts_conns: bool,
@@ -568,6 +575,7 @@ impl Worker {
     fn stamp(&self, pp: &mut PolicyPacket) {
         pp.now_ms = self.now_ms;
         pp.wall_ms = self.wall_ms;
+        pp.mark = self.pkt_mark;
     }
 
     /// Build a worker. All memory the fast path uses is allocated here.
@@ -619,6 +627,7 @@ impl Worker {
         }
         let v6 = v6::State::new(&cfg)?;
         let filter_established = !policy.established_accepted();
+        let raw = policy.has_raw();
         let counts_conns = policy.counts_connections();
         let by_source = (0..cfg.interfaces.len())
             .map(|i| cfg.steered_by_source.contains(&(i as IfIndex)))
@@ -629,6 +638,8 @@ impl Worker {
             nat,
             policy,
             filter_established,
+            raw,
+            pkt_mark: 0,
             counts_conns,
             batched_prefetch: cfg.ct_max >= BATCHED_PREFETCH_FROM,
             l2_macs: cfg.interfaces.iter().map(|i| mac48(&i.mac)).collect(),
@@ -709,8 +720,9 @@ impl Worker {
     /// Replace the policy. Established connections keep their entries.
     pub fn set_policy(&mut self, p: Arc<dyn Policy>) {
         self.filter_established = !p.established_accepted();
+        self.raw = p.has_raw();
         self.counts_conns = p.counts_connections();
-        if self.filter_established {
+        if self.filter_established || self.raw {
             // Established packets must run the filter chains again.
             self.offload_clear();
         }
@@ -1128,10 +1140,11 @@ impl Worker {
             // The common case first, with nothing generic around it: a
             // packet of an established IPv4 connection that needs nothing
             // but its rewrite.
-            if let (C_V4, Some((id, dir)), false, true) = (
+            if let (C_V4, Some((id, dir)), false, false, true) = (
                 m.class,
                 cand,
                 self.filter_established,
+                self.raw,
                 self.offload.is_none(),
             ) {
                 if let Some(action) = self.hot4(now, buf, len, m, id, dir) {
@@ -1144,7 +1157,17 @@ impl Worker {
                     continue;
                 }
             }
-            let step = if m.class == C_V6 {
+            self.pkt_mark = 0;
+            // (A frame another worker handed over met the chains before
+            // conntrack there.)
+            let raw = if self.raw && !self.handed_in && m.class != C_NOT_OURS && m.class != C_BAD {
+                self.raw_stage(now, buf, len, iif)
+            } else {
+                None
+            };
+            let step = if let Some(step) = raw {
+                step
+            } else if m.class == C_V6 {
                 self.one6(now, buf, len, iif, p6, h, cand)
             } else {
                 self.one(now, buf, len, iif, m, h, cand)
@@ -1410,6 +1433,7 @@ impl Worker {
             self.remove(id);
         } else if self.offload.is_some()
             && !self.filter_established
+            && !self.raw
             && matches!(step, Step::Done(Action::Forward(_)))
         {
             self.offload_after(id, dir, iif, tracked.state);
@@ -1475,7 +1499,7 @@ impl Worker {
             icmp: (m.icmp_type, 0),
             ct: CtState::Established,
             ct_mark,
-            mark: 0,
+            mark: self.pkt_mark,
             ct_status: status,
             len: read16(buf, l3 + 2).unwrap_or(len.saturating_sub(l3) as u16),
             // Decremented before the forward hook (`ip_forward`).
@@ -1500,6 +1524,8 @@ impl Worker {
         // replies), so the reverse path is the received packet's.
         self.addr_types4(&mut pp);
         let dec = self.policy.decide(hook, &pp);
+        // The next hook starts from the mark this one left.
+        self.pkt_mark = dec.mark;
         if dec.ct_mark != ct_mark {
             // `ct mark set` on an established packet: the connection keeps
             // it.

@@ -958,6 +958,17 @@ impl<'a> Lowerer<'a> {
                 }
             }
         }
+        // `ct mark`, `ct status` and `ct direction` read the packet's
+        // connection: on a packet without one (invalid, untracked) the
+        // kernel's `nft_ct` stops the rule, whatever the comparison.
+        if matches.iter().any(reads_connection) {
+            use sluice_classify::ir::ct;
+            matches.push(ir::Match::in_ranges(
+                ir::Field::CtState,
+                [ct::NEW, ct::ESTABLISHED, ct::RELATED].map(|b| ir::Range::value(u128::from(b))),
+                false,
+            ));
+        }
         let mut term: Option<Term> = None;
         // An object map: where its statement goes among `pre`, the key and
         // (element key, object id) pairs.
@@ -1051,6 +1062,10 @@ impl<'a> Lowerer<'a> {
                 }
                 StmtKind::CtMarkFromMeta => {
                     pre.push(Stmt::CtMarkFromMark);
+                    Ok(None)
+                }
+                StmtKind::Notrack => {
+                    pre.push(Stmt::Notrack);
                     Ok(None)
                 }
                 StmtKind::TcpMssSet(m) => {
@@ -2007,6 +2022,20 @@ pub(crate) fn reachable(prog: &Program, start: ChainId) -> Vec<ChainId> {
         }
     }
     seen
+}
+
+/// Whether a match reads a field of the packet's connection (not `ct state`).
+fn reads_connection(m: &ir::Match) -> bool {
+    let conn = |f: &ir::Field| {
+        matches!(
+            f,
+            ir::Field::CtMark | ir::Field::CtStatus | ir::Field::CtDir
+        )
+    };
+    match m {
+        ir::Match::In { field, .. } | ir::Match::Masked { field, .. } => conn(field),
+        ir::Match::Concat { fields, .. } => fields.iter().any(conn),
+    }
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use sluice_classify::ir::{
 };
 use sluice_classify::{eval_linear, Classifier, EvalError, Final, Outcome, Scratch};
 use sluice_engine::policy::RejectWith;
-use sluice_engine::{CtState, Decision, Hook, Policy, PolicyPacket, Verdict};
+use sluice_engine::{CtState, Decision, Hook, Policy, PolicyPacket, RawDecision, Verdict};
 use sluice_nat::{NatConfig, Translation};
 use sluice_ruleset::{self as ast, Family, Ruleset};
 
@@ -57,6 +57,45 @@ pub struct HookOutcome {
     pub mark: u32,
     /// Conntrack mark afterwards.
     pub ct_mark: u32,
+    /// `ct state` afterwards: [`ct::UNTRACKED`] once a `notrack` statement
+    /// ran on a packet without a connection.
+    pub ct_state: u8,
+}
+
+/// Conntrack's priority in prerouting (the kernel's
+/// `NF_IP_PRI_CONNTRACK`): base chains below it see packets before
+/// conntrack does.
+pub const CONNTRACK_PRIORITY: i32 = -200;
+
+/// Which base chains of a hook [`CompiledPolicy::run_hook`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Every base chain of the hook.
+    All,
+    /// The prerouting chains before conntrack (priority below
+    /// [`CONNTRACK_PRIORITY`], e.g. `priority raw`); none for other hooks.
+    BeforeConntrack,
+    /// Every base chain of the hook but those.
+    AfterConntrack,
+}
+
+impl Stage {
+    fn runs(self, b: &BaseInfo) -> bool {
+        match self {
+            Stage::All => true,
+            Stage::BeforeConntrack => b.before_conntrack(),
+            Stage::AfterConntrack => !b.before_conntrack(),
+        }
+    }
+}
+
+impl BaseInfo {
+    /// Whether the chain runs before conntrack: a prerouting chain of
+    /// priority below [`CONNTRACK_PRIORITY`]. Its packets have no
+    /// connection (`ct state` reads `invalid`) and `notrack` acts there.
+    pub fn before_conntrack(&self) -> bool {
+        self.hook == ast::Hook::Prerouting && self.priority < CONNTRACK_PRIORITY
+    }
 }
 
 /// A compiled rule set: immutable once built, cheap to share as
@@ -605,7 +644,10 @@ impl CompiledPolicy {
             .bases
             .iter()
             .filter(|b| {
+                // (The chains before conntrack run for every packet anyway:
+                // `Policy::has_raw`.)
                 !b.nat
+                    && !b.before_conntrack()
                     && matches!(
                         b.hook,
                         ast::Hook::Prerouting | ast::Hook::Forward | ast::Hook::Postrouting
@@ -794,24 +836,28 @@ impl CompiledPolicy {
     /// one of them translates, the other NAT chains of the hook are skipped.
     /// The mark carries from chain to chain. `visit` sees each chain's
     /// outcome and matched rules.
+    #[allow(clippy::too_many_arguments)]
     pub fn run_hook(
         &self,
         hook: ast::Hook,
+        stage: Stage,
         pkt: &PacketFields,
         ev: Evaluator,
         s: &mut Scratch,
         mut visit: impl FnMut(&BaseInfo, &Outcome, &[RuleId], &[(RuleId, u8)]),
     ) -> HookOutcome {
         let mut p = *pkt;
-        let ct_new = p.ct_state & ct::NEW != 0;
         let mut res = HookOutcome {
             verdict: HookVerdict::Accept,
             rule: None,
             nat: None,
             mark: p.mark,
             ct_mark: p.ct_mark,
+            ct_state: p.ct_state,
         };
-        for b in self.base_chains(hook) {
+        for b in self.base_chains(hook).filter(|b| stage.runs(b)) {
+            // (An untracked packet is not new: NAT chains never see it.)
+            let ct_new = p.ct_state & ct::NEW != 0;
             if !family_sees(b.family, p.family) || (b.nat && (!ct_new || res.nat.is_some())) {
                 continue;
             }
@@ -819,8 +865,10 @@ impl CompiledPolicy {
             visit(b, &o, &s.trace, &s.counted);
             p.mark = o.mark;
             p.ct_mark = o.ct_mark;
+            p.ct_state = o.ct_state;
             res.mark = o.mark;
             res.ct_mark = o.ct_mark;
+            res.ct_state = o.ct_state;
             match o.verdict {
                 Final::Accept => res.rule = o.rule,
                 Final::Nat(id) => {
@@ -851,6 +899,77 @@ impl CompiledPolicy {
             }
         }
         res
+    }
+
+    /// [`Policy::decide`] for the chains of `stage`, with the `ct state`
+    /// afterwards.
+    fn decide_stage(&self, hook: Hook, stage: Stage, pkt: &PolicyPacket) -> (Decision, u8) {
+        let p = self.packet_fields(pkt);
+        let bytes = u64::from(pkt.len);
+        let mut mss = sluice_engine::MssClamp::default();
+        let mut run = |s: &mut Scratch| {
+            s.limit = (!self.limiters.is_empty()).then(|| sluice_classify::LimitCtx {
+                limits: Arc::clone(&self.limiters) as Arc<dyn sluice_classify::Limits>,
+                now_ms: pkt.now_ms,
+                len: u32::from(pkt.len),
+            });
+            let o = self.run_hook(
+                ast_hook(hook),
+                stage,
+                &p,
+                Evaluator::Compiled,
+                s,
+                |_, _, matched, counted| {
+                    // Rules stopped by a statement after their `counter`
+                    // or `log` ran: counted and logged, as the kernel
+                    // does.
+                    for (id, reached) in counted {
+                        if reached & sluice_classify::REACHED_COUNTER != 0 {
+                            self.counters.add(*id, bytes);
+                        }
+                        if reached & sluice_classify::REACHED_LOG != 0 {
+                            if let Some(l) = self.counters.log_of(*id) {
+                                self.log(l, pkt);
+                            }
+                        }
+                    }
+                    for id in matched {
+                        if let Some(l) = self.counters.add_and_log(*id, bytes) {
+                            self.log(l, pkt);
+                        }
+                        // The same cell, just read: a rule's MSS statement.
+                        if let Some(m) = self.counters.mss(*id) {
+                            mss = mss.and(mss_clamp(m));
+                        }
+                    }
+                },
+            );
+            s.limit = None;
+            o
+        };
+        let o = SCRATCH.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut s) => run(&mut s),
+            Err(_) => run(&mut Scratch::new()),
+        });
+        let verdict = match o.verdict {
+            HookVerdict::Accept => Verdict::Accept,
+            HookVerdict::Drop | HookVerdict::Error(_) => Verdict::Drop,
+            HookVerdict::Reject(w) => Verdict::Reject(engine_reject(w)),
+        };
+        let nat: Option<Translation> = o
+            .nat
+            .and_then(|(id, _)| self.tables.nat.get(id as usize))
+            .map(|a| a.translation);
+        (
+            Decision {
+                verdict,
+                mark: o.mark,
+                ct_mark: o.ct_mark,
+                nat,
+                mss,
+            },
+            o.ct_state,
+        )
     }
 
     /// The classifier's view of an engine packet.
@@ -936,6 +1055,7 @@ pub fn ct_bits(c: CtState) -> u8 {
         CtState::Established => ct::ESTABLISHED,
         CtState::Related => ct::RELATED,
         CtState::Invalid => ct::INVALID,
+        CtState::Untracked => ct::UNTRACKED,
     }
 }
 
@@ -1006,69 +1126,23 @@ impl Policy for CompiledPolicy {
         self.limiters.conn_counts().close(&conn_id(c));
     }
 
-    fn decide(&self, hook: Hook, pkt: &PolicyPacket) -> Decision {
-        let p = self.packet_fields(pkt);
-        let bytes = u64::from(pkt.len);
-        let mut mss = sluice_engine::MssClamp::default();
-        let mut run = |s: &mut Scratch| {
-            s.limit = (!self.limiters.is_empty()).then(|| sluice_classify::LimitCtx {
-                limits: Arc::clone(&self.limiters) as Arc<dyn sluice_classify::Limits>,
-                now_ms: pkt.now_ms,
-                len: u32::from(pkt.len),
-            });
-            let o = self.run_hook(
-                ast_hook(hook),
-                &p,
-                Evaluator::Compiled,
-                s,
-                |_, _, matched, counted| {
-                    // Rules stopped by a statement after their `counter`
-                    // or `log` ran: counted and logged, as the kernel
-                    // does.
-                    for (id, reached) in counted {
-                        if reached & sluice_classify::REACHED_COUNTER != 0 {
-                            self.counters.add(*id, bytes);
-                        }
-                        if reached & sluice_classify::REACHED_LOG != 0 {
-                            if let Some(l) = self.counters.log_of(*id) {
-                                self.log(l, pkt);
-                            }
-                        }
-                    }
-                    for id in matched {
-                        if let Some(l) = self.counters.add_and_log(*id, bytes) {
-                            self.log(l, pkt);
-                        }
-                        // The same cell, just read: a rule's MSS statement.
-                        if let Some(m) = self.counters.mss(*id) {
-                            mss = mss.and(mss_clamp(m));
-                        }
-                    }
-                },
-            );
-            s.limit = None;
-            o
-        };
-        let o = SCRATCH.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut s) => run(&mut s),
-            Err(_) => run(&mut Scratch::new()),
-        });
-        let verdict = match o.verdict {
-            HookVerdict::Accept => Verdict::Accept,
-            HookVerdict::Drop | HookVerdict::Error(_) => Verdict::Drop,
-            HookVerdict::Reject(w) => Verdict::Reject(engine_reject(w)),
-        };
-        let nat: Option<Translation> = o
-            .nat
-            .and_then(|(id, _)| self.tables.nat.get(id as usize))
-            .map(|a| a.translation);
-        Decision {
-            verdict,
-            mark: o.mark,
-            ct_mark: o.ct_mark,
-            nat,
-            mss,
+    fn has_raw(&self) -> bool {
+        self.meta.bases.iter().any(BaseInfo::before_conntrack)
+    }
+
+    fn raw(&self, pkt: &PolicyPacket) -> RawDecision {
+        let mut pkt = *pkt;
+        pkt.ct = CtState::Invalid;
+        let (decision, ct_state) =
+            self.decide_stage(Hook::Prerouting, Stage::BeforeConntrack, &pkt);
+        RawDecision {
+            decision,
+            untracked: ct_state == ct::UNTRACKED,
         }
+    }
+
+    fn decide(&self, hook: Hook, pkt: &PolicyPacket) -> Decision {
+        self.decide_stage(hook, Stage::AfterConntrack, pkt).0
     }
 
     fn has_nat(&self, hook: Hook) -> bool {
@@ -1148,6 +1222,76 @@ mod tests {
                 family: 4,
             },
         }
+    }
+
+    /// `notrack` before conntrack: the raw stage says untracked, the later
+    /// hooks see `ct state untracked`, NAT chains and connection fields
+    /// (`ct mark`) do not apply to it, and the chains after conntrack are
+    /// not run again by `decide`.
+    #[test]
+    fn notrack_before_conntrack_makes_the_packet_untracked() {
+        let p = compile(
+            "table ip raw {\n chain pre {\n  type filter hook prerouting priority raw; policy accept;\n  \
+             ip saddr 10.9.9.9 drop\n  ct state invalid meta mark set 7\n  udp dport 53 notrack\n  \
+             ct state untracked meta mark set meta mark | 0x100\n }\n}\n\
+             table ip filter {\n chain pre2 {\n  type filter hook prerouting priority -150; policy accept;\n  \
+             ct state invalid drop\n }\n chain fwd {\n  type filter hook forward priority 0; policy drop;\n  \
+             ct mark 0 drop\n  ct state untracked meta mark 0x107 accept\n  ct state new accept\n }\n}\n\
+             table ip nat {\n chain post {\n  type nat hook postrouting priority srcnat;\n  masquerade\n }\n}\n",
+        )
+        .expect("compiles");
+        assert!(p.has_raw());
+        assert!(
+            !compile(
+                "table ip t { chain c { type filter hook prerouting priority -200; notrack; } }"
+            )
+            .expect("compiles")
+            .has_raw(),
+            "priority -200 is conntrack's own: after it"
+        );
+        let mut dns = packet();
+        dns.proto = 17;
+        dns.dport = 53;
+        let raw = p.raw(&dns);
+        assert!(raw.untracked);
+        assert_eq!(raw.decision.verdict, Verdict::Accept);
+        // `ct state invalid` matched before conntrack (no connection yet),
+        // then `notrack`, then `ct state untracked` in the same chain.
+        assert_eq!(raw.decision.mark, 0x107);
+        let mut later = dns;
+        later.ct = CtState::Untracked;
+        later.mark = raw.decision.mark;
+        // Prerouting after conntrack: `ct state invalid drop` does not see
+        // an untracked packet as invalid.
+        assert_eq!(p.decide(Hook::Prerouting, &later).verdict, Verdict::Accept);
+        // Forward: `ct mark 0 drop` needs a connection, so it does not
+        // match; the untracked rule accepts.
+        assert_eq!(p.decide(Hook::Forward, &later).verdict, Verdict::Accept);
+        // No masquerade for an untracked packet.
+        assert_eq!(p.decide(Hook::Postrouting, &later).nat, None);
+        // A tracked packet: not untracked, marked 7 before conntrack, and
+        // `ct mark 0 drop` applies to its new connection.
+        let web = packet();
+        let raw = p.raw(&web);
+        assert!(!raw.untracked);
+        assert_eq!(raw.decision.mark, 7);
+        assert_eq!(p.decide(Hook::Forward, &web).verdict, Verdict::Drop);
+        assert!(p.decide(Hook::Postrouting, &web).nat.is_some());
+        // The raw stage's drop; `decide(Prerouting)` does not run the raw
+        // chain again.
+        let mut spoof = packet();
+        spoof.src = 0x0a09_0909;
+        assert_eq!(p.raw(&spoof).decision.verdict, Verdict::Drop);
+        assert_eq!(p.decide(Hook::Prerouting, &spoof).verdict, Verdict::Accept);
+        // The trace shows the same.
+        let t = p.trace(&pkt(17, "10.0.0.1", 1000, "10.0.0.2", 53));
+        assert!(t.untracked, "{t}");
+        assert_eq!(t.verdict, TraceVerdict::Accept, "{t}");
+        assert!(t.nat.is_none(), "{t}");
+        assert_eq!(t.mark, 0x107, "{t}");
+        let t = p.trace(&pkt(17, "10.0.0.1", 1000, "10.0.0.2", 54));
+        assert!(!t.untracked, "{t}");
+        assert_eq!(t.verdict, TraceVerdict::Drop, "ct mark 0 drop: {t}");
     }
 
     fn pol(text: &str) -> CompiledPolicy {

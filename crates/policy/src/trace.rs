@@ -12,13 +12,13 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
-use sluice_classify::ir::{map_v4, ConnId, Family as IrFamily, IfName, PacketFields, RuleId};
+use sluice_classify::ir::{ct, map_v4, ConnId, Family as IrFamily, IfName, PacketFields, RuleId};
 use sluice_classify::{Outcome, Scratch};
 use sluice_engine::CtState;
 use sluice_nat::Translation;
 use sluice_ruleset::{self as ast};
 
-use crate::policy::{ct_bits, CompiledPolicy, Evaluator, HookVerdict};
+use crate::policy::{ct_bits, CompiledPolicy, Evaluator, HookVerdict, Stage};
 
 /// A packet description that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -212,7 +212,8 @@ pub fn parse_tcp_flags(s: &str) -> Result<u8, PacketError> {
     Ok(f)
 }
 
-/// Parses `new`, `established`, `related` or `invalid`.
+/// Parses `new`, `established`, `related` or `invalid` (a packet is
+/// untracked only when a `notrack` rule makes it so).
 pub fn parse_ct(s: &str) -> Result<CtState, PacketError> {
     Ok(match s {
         "new" => CtState::New,
@@ -638,6 +639,9 @@ pub struct Trace {
     pub nat_all: Vec<NatReport>,
     /// Packet mark afterwards.
     pub mark: u32,
+    /// A `notrack` statement before conntrack exempted the packet: later
+    /// chains saw `ct state untracked`, NAT chains did not run.
+    pub untracked: bool,
     /// An evaluation error (jump stack overflow), reported as drop.
     pub error: Option<String>,
     /// Set when the compiled classifier and the linear reference disagreed
@@ -715,104 +719,134 @@ impl CompiledPolicy {
             nat: None,
             nat_all: Vec::new(),
             mark: p.mark,
+            untracked: false,
             error: None,
             mismatch: None,
         };
-        for &hook in path(pkt.hook) {
+        // The packet's `ct state` as given, which the chains before
+        // conntrack do not see yet (they see `invalid`: no connection).
+        let given_ct = p.ct_state;
+        'hooks: for &hook in path(pkt.hook) {
             // A forwarded packet's TTL / hop limit is decremented before
             // the forward hook (`ip_forward`, `ip6_forward`).
             if hook == ast::Hook::Forward {
                 p.ttl = p.ttl.saturating_sub(1);
             }
-            let mut lin: Visits = Vec::new();
-            s.limit = state.map(|(st, now)| {
-                let copy = crate::limits::SetsOnly(st.sets.0.snapshot());
-                ctx(Arc::new(copy), now)
-            });
-            let lo = self.run_hook(hook, &p, Evaluator::Linear, &mut s, |b, o, t, _| {
-                lin.push((b.chain, *o, t.to_vec()))
-            });
-            let mut comp: Visits = Vec::new();
-            s.limit = state.map(|(st, now)| ctx(Arc::clone(&st.sets), now));
-            let co = self.run_hook(hook, &p, Evaluator::Compiled, &mut s, |b, o, t, _| {
-                comp.push((b.chain, *o, t.to_vec()))
-            });
-            s.limit = None;
-            debug_assert_eq!(
-                lin, comp,
-                "compiled classifier disagrees with linear evaluator"
-            );
-            debug_assert_eq!(lo, co);
-            if lin != comp || lo != co {
-                out.mismatch = Some(format!(
-                    "hook {}: linear {lin:?} / {lo:?} vs compiled {comp:?} / {co:?}",
-                    hook_name(hook)
-                ));
-            }
-            let chains = comp
-                .iter()
-                .map(|(c, o, t)| self.chain_trace(*c, o, t))
-                .collect();
-            out.hooks.push(HookTrace { hook, chains });
-            p.mark = co.mark;
-            p.ct_mark = co.ct_mark;
-            out.mark = co.mark;
-            if let Some((id, rule)) = co.nat {
-                if let Some(a) = self.nat_actions().get(id as usize) {
-                    let kind = match a.translation {
-                        Translation::Snat { .. } => {
-                            p.ct_status |= IPS_SRC_NAT;
-                            NatType::Snat
-                        }
-                        Translation::Masquerade => {
-                            p.ct_status |= IPS_SRC_NAT;
-                            NatType::Masquerade
-                        }
-                        Translation::Dnat { addr, port } => {
-                            // Later hooks see the translated destination and
-                            // `ct status dnat`, as in the kernel.
-                            p.ct_status |= IPS_DST_NAT;
-                            p.daddr = map_v4(u32::from(addr));
-                            // A DNAT target is not one of the gateway's
-                            // addresses (the path goes on through forward).
-                            p.daddr_type = addr_type(Some(IpAddr::V4(addr)), false).unwrap_or(1);
-                            if let Some(port) = port {
-                                if matches!(p.l4proto, 6 | 17 | 33 | 132 | 136) {
-                                    p.dport = port;
-                                }
-                            }
-                            NatType::Dnat
-                        }
-                    };
-                    out.nat_all.push(NatReport {
-                        kind,
-                        addr: a.addr,
-                        port: a.port,
-                        rule: self.location(rule),
-                    });
+            let stages: &[Stage] = if hook == ast::Hook::Prerouting {
+                &[Stage::BeforeConntrack, Stage::AfterConntrack]
+            } else {
+                &[Stage::All]
+            };
+            let mut chains = Vec::new();
+            for &stage in stages {
+                if stage == Stage::BeforeConntrack {
+                    p.ct_state = ct::INVALID;
                 }
-            }
-            let decided = |v| (v, co.rule.map(|r| self.location(r)));
-            match co.verdict {
-                HookVerdict::Accept => {
-                    if hook == pkt.hook {
-                        out.rule = co.rule.map(|r| self.location(r));
+                let mut lin: Visits = Vec::new();
+                s.limit = state.map(|(st, now)| {
+                    let copy = crate::limits::SetsOnly(st.sets.0.snapshot());
+                    ctx(Arc::new(copy), now)
+                });
+                let lo = self.run_hook(hook, stage, &p, Evaluator::Linear, &mut s, |b, o, t, _| {
+                    lin.push((b.chain, *o, t.to_vec()))
+                });
+                let mut comp: Visits = Vec::new();
+                s.limit = state.map(|(st, now)| ctx(Arc::clone(&st.sets), now));
+                let co = self.run_hook(
+                    hook,
+                    stage,
+                    &p,
+                    Evaluator::Compiled,
+                    &mut s,
+                    |b, o, t, _| comp.push((b.chain, *o, t.to_vec())),
+                );
+                s.limit = None;
+                debug_assert_eq!(
+                    lin, comp,
+                    "compiled classifier disagrees with linear evaluator"
+                );
+                debug_assert_eq!(lo, co);
+                if lin != comp || lo != co {
+                    out.mismatch = Some(format!(
+                        "hook {}: linear {lin:?} / {lo:?} vs compiled {comp:?} / {co:?}",
+                        hook_name(hook)
+                    ));
+                }
+                chains.extend(comp.iter().map(|(c, o, t)| self.chain_trace(*c, o, t)));
+                if stage == Stage::BeforeConntrack {
+                    // `notrack` ran: conntrack leaves the packet alone.
+                    out.untracked = co.ct_state == ct::UNTRACKED;
+                    p.ct_state = if out.untracked {
+                        ct::UNTRACKED
+                    } else {
+                        given_ct
+                    };
+                }
+                p.mark = co.mark;
+                p.ct_mark = co.ct_mark;
+                out.mark = co.mark;
+                if let Some((id, rule)) = co.nat {
+                    if let Some(a) = self.nat_actions().get(id as usize) {
+                        let kind = match a.translation {
+                            Translation::Snat { .. } => {
+                                p.ct_status |= IPS_SRC_NAT;
+                                NatType::Snat
+                            }
+                            Translation::Masquerade => {
+                                p.ct_status |= IPS_SRC_NAT;
+                                NatType::Masquerade
+                            }
+                            Translation::Dnat { addr, port } => {
+                                // Later hooks see the translated destination and
+                                // `ct status dnat`, as in the kernel.
+                                p.ct_status |= IPS_DST_NAT;
+                                p.daddr = map_v4(u32::from(addr));
+                                // A DNAT target is not one of the gateway's
+                                // addresses (the path goes on through forward).
+                                p.daddr_type =
+                                    addr_type(Some(IpAddr::V4(addr)), false).unwrap_or(1);
+                                if let Some(port) = port {
+                                    if matches!(p.l4proto, 6 | 17 | 33 | 132 | 136) {
+                                        p.dport = port;
+                                    }
+                                }
+                                NatType::Dnat
+                            }
+                        };
+                        out.nat_all.push(NatReport {
+                            kind,
+                            addr: a.addr,
+                            port: a.port,
+                            rule: self.location(rule),
+                        });
                     }
                 }
-                HookVerdict::Drop => {
-                    (out.verdict, out.rule) = decided(TraceVerdict::Drop);
-                    break;
-                }
-                HookVerdict::Reject(_) => {
-                    (out.verdict, out.rule) = decided(TraceVerdict::Reject);
-                    break;
-                }
-                HookVerdict::Error(e) => {
-                    (out.verdict, out.rule) = decided(TraceVerdict::Drop);
-                    out.error = Some(e.to_string());
-                    break;
+                let decided = |v| (v, co.rule.map(|r| self.location(r)));
+                match co.verdict {
+                    HookVerdict::Accept => {
+                        if hook == pkt.hook {
+                            out.rule = co.rule.map(|r| self.location(r));
+                        }
+                    }
+                    HookVerdict::Drop => {
+                        (out.verdict, out.rule) = decided(TraceVerdict::Drop);
+                        out.hooks.push(HookTrace { hook, chains });
+                        break 'hooks;
+                    }
+                    HookVerdict::Reject(_) => {
+                        (out.verdict, out.rule) = decided(TraceVerdict::Reject);
+                        out.hooks.push(HookTrace { hook, chains });
+                        break 'hooks;
+                    }
+                    HookVerdict::Error(e) => {
+                        (out.verdict, out.rule) = decided(TraceVerdict::Drop);
+                        out.error = Some(e.to_string());
+                        out.hooks.push(HookTrace { hook, chains });
+                        break 'hooks;
+                    }
                 }
             }
+            out.hooks.push(HookTrace { hook, chains });
         }
         out.nat = out.nat_all.first().cloned();
         // An accepted first packet creates its connection: it counts for
@@ -922,6 +956,12 @@ impl fmt::Display for Trace {
             writeln!(f, "nat: {n}")?;
         }
         writeln!(f, "mark: {:#x}", self.mark)?;
+        if self.untracked {
+            writeln!(
+                f,
+                "conntrack: untracked (notrack before conntrack: no connection, no NAT)"
+            )?;
+        }
         if let Some(e) = &self.error {
             writeln!(f, "error: {e}")?;
         }

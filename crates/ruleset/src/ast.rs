@@ -819,6 +819,11 @@ pub enum StmtKind {
     MetaMarkFromCt,
     /// `ct mark set meta mark` (iptables `CONNMARK --save-mark`).
     CtMarkFromMeta,
+    /// `notrack` (iptables `-j CT --notrack`, `-j NOTRACK`): conntrack
+    /// leaves the packet alone (`ct state untracked`, no NAT). Only
+    /// prerouting and output chains may hold it, and it acts only before
+    /// conntrack (priority below -200, e.g. `priority raw`).
+    Notrack,
     /// `meta mark set meta mark & A | O ^ X`, kept as `(mark & and) ^
     /// xor` (iptables `MARK --set-xmark V/M`, `--or-mark`, ...).
     MetaMarkMod {

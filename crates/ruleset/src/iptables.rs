@@ -705,6 +705,14 @@ const OPTIONS: &[&str] = &[
     "--clamp-mss-to-pmtu",
     "--save-mark",
     "--restore-mark",
+    "--notrack",
+    "--zone",
+    "--zone-orig",
+    "--zone-reply",
+    "--helper",
+    "--ctevents",
+    "--expevents",
+    "--timeout",
     "--mac-source",
     "--to-source",
     "--to-destination",
@@ -1746,7 +1754,9 @@ fn rule(
             "--reject-with" | "--log-prefix" | "--log-level" | "--set-mark" | "--set-xmark"
             | "--and-mark" | "--or-mark" | "--xor-mark" | "--nflog-group" | "--nflog-prefix"
             | "--nflog-range" | "--nflog-size" | "--nflog-threshold" | "--set-mss"
-            | "--to-source" | "--to-destination" | "--to-ports" | "--to" => {
+            | "--to-source" | "--to-destination" | "--to-ports" | "--to" | "--zone"
+            | "--zone-orig" | "--zone-reply" | "--helper" | "--ctevents" | "--expevents"
+            | "--timeout" => {
                 let a = arg!(w);
                 topts.push((w.clone(), Some(a)));
             }
@@ -1755,7 +1765,8 @@ fn rule(
             | "--persistent"
             | "--clamp-mss-to-pmtu"
             | "--save-mark"
-            | "--restore-mark" => topts.push((w.clone(), None)),
+            | "--restore-mark"
+            | "--notrack" => topts.push((w.clone(), None)),
             _ if skip_unknown && w.text.starts_with("--") => {
                 // An option of a module already refused.
                 while words
@@ -2408,6 +2419,74 @@ fn lower_target(
             .and_then(|(_, a)| a.clone())
     };
     let has = |name: &str| opts.iter().any(|(w, _)| w.text == name);
+    // Every target option given must be one of this target's: anything
+    // else would be dropped without a word.
+    let own: Option<&[&str]> = match t.text.as_str() {
+        "ACCEPT" | "DROP" | "RETURN" | "NOTRACK" => Some(&[]),
+        "REJECT" => Some(&["--reject-with"]),
+        "LOG" => Some(&["--log-prefix", "--log-level"]),
+        "NFLOG" => Some(&[
+            "--nflog-group",
+            "--nflog-prefix",
+            "--nflog-range",
+            "--nflog-size",
+            "--nflog-threshold",
+        ]),
+        "MARK" => Some(&[
+            "--set-mark",
+            "--set-xmark",
+            "--and-mark",
+            "--or-mark",
+            "--xor-mark",
+        ]),
+        "CONNMARK" => Some(&[
+            "--set-mark",
+            "--set-xmark",
+            "--and-mark",
+            "--or-mark",
+            "--xor-mark",
+            "--save-mark",
+            "--restore-mark",
+        ]),
+        "TCPMSS" => Some(&["--set-mss", "--clamp-mss-to-pmtu"]),
+        "CT" => Some(&[
+            "--notrack",
+            "--zone",
+            "--zone-orig",
+            "--zone-reply",
+            "--helper",
+            "--ctevents",
+            "--expevents",
+            "--timeout",
+        ]),
+        "SNAT" => Some(&[
+            "--to-source",
+            "--to",
+            "--random",
+            "--random-fully",
+            "--persistent",
+        ]),
+        "DNAT" => Some(&["--to-destination", "--to", "--random", "--persistent"]),
+        "MASQUERADE" => Some(&["--to-ports", "--random", "--random-fully"]),
+        "REDIRECT" => Some(&["--to-ports", "--random"]),
+        // A user chain takes none; an unknown built-in target is refused
+        // below.
+        c if !c.chars().all(|c| c.is_ascii_uppercase()) => Some(&[]),
+        _ => None,
+    };
+    if let Some(own) = own {
+        let mut bad = false;
+        for (w, _) in opts.iter().filter(|(w, _)| !own.contains(&w.text.as_str())) {
+            cx.err(
+                w,
+                format!("option '{}' does not belong to target {}", w.text, t.text),
+            );
+            bad = true;
+        }
+        if bad {
+            return false;
+        }
+    }
     let mut push = |k: StmtKind| r.stmts.push(Stmt { kind: k, span });
     let kind = match t.text.as_str() {
         "ACCEPT" => StmtKind::Verdict(Verdict::Accept),
@@ -2623,6 +2702,40 @@ fn lower_target(
                 return false;
             }
         },
+        // xt_CT's --notrack (iptables-translate: `notrack`) and the older
+        // NOTRACK target; both are raw-table targets.
+        "CT" | "NOTRACK" => {
+            if table != "raw" {
+                cx.err(t, format!("{} is only valid in the raw table", t.text));
+                return false;
+            }
+            const CT_OTHER: [(&str, &str); 7] = [
+                ("--zone", "conntrack zones"),
+                ("--zone-orig", "conntrack zones"),
+                ("--zone-reply", "conntrack zones"),
+                ("--helper", "conntrack helpers"),
+                ("--timeout", "conntrack timeout policies"),
+                ("--ctevents", "conntrack event masks"),
+                ("--expevents", "conntrack event masks"),
+            ];
+            if let Some((w, what)) = CT_OTHER.iter().find_map(|(o, what)| {
+                opts.iter()
+                    .find(|(w, _)| w.text == *o)
+                    .map(|(w, _)| (w, what))
+            }) {
+                cx.err(w, format!("CT {}: {what} are not implemented", w.text));
+                return false;
+            }
+            if t.text == "CT" && !has("--notrack") {
+                cx.err(
+                    t,
+                    "CT needs --notrack (conntrack zones, helpers, timeouts and event \
+                     masks are not implemented)",
+                );
+                return false;
+            }
+            StmtKind::Notrack
+        }
         // xt_TCPMSS; unlike it, Sluice never adds an MSS option to a SYN
         // that has none (nft's `tcp option maxseg size set` does not
         // either).

@@ -49,6 +49,7 @@ const STMT_KEYWORDS: &[&str] = &[
     "update",
     "delete",
     "quota",
+    "notrack",
 ];
 const EXPR_KEYWORDS: &[&str] = &[
     "iifname", "oifname", "iif", "oif", "meta", "mark", "l4proto", "nfproto", "pkttype", "ip",
@@ -78,6 +79,7 @@ fn is_stmt_keyword(w: &str) -> bool {
             | "update"
             | "delete"
             | "quota"
+            | "notrack"
     )
 }
 
@@ -86,7 +88,6 @@ fn is_stmt_keyword(w: &str) -> bool {
 /// the generic error with a suggestion.
 fn unsupported_keyword(w: &str) -> Option<&'static str> {
     Some(match w {
-        "notrack" => "Sluice tracks every connection; untracked traffic is not implemented",
         "synproxy" => "SYN proxying is not implemented",
         "queue" => "there is no userspace queue to hand packets to",
         "dup" | "fwd" => "packet duplication and forwarding by rule are not implemented",
@@ -2291,6 +2292,10 @@ impl<'s> Parser<'s> {
 
     fn stmt(&mut self, w: &str) -> P<StmtKind> {
         match w {
+            "notrack" => {
+                self.bump();
+                Ok(StmtKind::Notrack)
+            }
             "accept" | "drop" | "return" | "continue" | "jump" | "goto" => {
                 Ok(StmtKind::Verdict(self.verdict()?))
             }

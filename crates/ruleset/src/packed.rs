@@ -534,6 +534,7 @@ impl<S: Sink> Writer<S> {
             StmtKind::TcpMssSet(TcpMss::RtMtu) => self.u8(9),
             StmtKind::MetaMarkFromCt => self.u8(11),
             StmtKind::CtMarkFromMeta => self.u8(12),
+            StmtKind::Notrack => self.u8(21),
             StmtKind::MetaMarkMod { and, xor } => {
                 self.u8(15);
                 self.num(u64::from(*and));
@@ -982,6 +983,7 @@ impl Reader<'_> {
             10 => StmtKind::TcpMssSet(TcpMss::Value(self.u16()?)),
             11 => StmtKind::MetaMarkFromCt,
             12 => StmtKind::CtMarkFromMeta,
+            21 => StmtKind::Notrack,
             15 => StmtKind::MetaMarkMod {
                 and: self.u32()?,
                 xor: self.u32()?,

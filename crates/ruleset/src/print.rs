@@ -534,6 +534,7 @@ fn stmt(s: &StmtKind) -> String {
         StmtKind::CtMarkMod { and, xor } => mark_mod("ct mark", *and, *xor),
         StmtKind::CtMarkSet(m) => format!("ct mark set 0x{m:08x}"),
         StmtKind::MetaMarkFromCt => "meta mark set ct mark".to_string(),
+        StmtKind::Notrack => "notrack".to_string(),
         StmtKind::CtMarkFromMeta => "ct mark set meta mark".to_string(),
         StmtKind::TcpMssSet(TcpMss::RtMtu) => "tcp option maxseg size set rt mtu".to_string(),
         StmtKind::TcpMssSet(TcpMss::Value(v)) => format!("tcp option maxseg size set {v}"),

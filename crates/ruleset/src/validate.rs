@@ -594,6 +594,18 @@ impl Validator {
                     "'reject with icmpv6' in an ip table; use icmp or icmpx",
                 );
             }
+            // The kernel's nft_notrack validation.
+            StmtKind::Notrack
+                if c.base
+                    .is_some_and(|b| !matches!(b.hook, Hook::Prerouting | Hook::Output)) =>
+            {
+                self.err(
+                    s.span,
+                    "'notrack' is valid in prerouting and output chains only (conntrack \
+                     has seen the packet everywhere else); use a prerouting chain at \
+                     'priority raw'",
+                );
+            }
             // The kernel's nft_rt validation: a route exists only from
             // forward on.
             StmtKind::TcpMssSet(TcpMss::RtMtu)

@@ -393,13 +393,13 @@ fn ct_direction_parses_and_prints() {
 /// Statements nft has and Sluice does not get a reason, not a guess.
 #[test]
 fn known_but_unsupported_statements_say_why() {
-    let text = "table inet t {\n chain c {\n  synproxy mss 1460\n  ip daddr 10.0.0.1 notrack\n  queue num 0\n }\n}\n";
+    let text = "table inet t {\n chain c {\n  synproxy mss 1460\n  ip daddr 10.0.0.1 dup to 10.0.0.2\n  queue num 0\n }\n}\n";
     let d = parse_nft_str("u.nft", text)
         .expect_err("unsupported")
         .to_string();
     for want in [
         "u.nft:3:3-10: Error: 'synproxy' is not supported: SYN proxying is not implemented",
-        "u.nft:4:21-27: Error: 'notrack' is not supported",
+        "u.nft:4:21-23: Error: 'dup' is not supported",
         "u.nft:5:3-7: Error: 'queue' is not supported",
         "3 errors",
     ] {

@@ -189,6 +189,9 @@ struct TraceJson {
     rule: Option<String>,
     nat: Option<NatJson>,
     mark: u32,
+    /// Present (true) only when a `notrack` statement exempted the packet.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    untracked: bool,
 }
 
 #[derive(Serialize)]
@@ -210,6 +213,7 @@ impl From<&Trace> for TraceJson {
                 port: n.port,
             }),
             mark: t.mark,
+            untracked: t.untracked,
         }
     }
 }

@@ -70,7 +70,7 @@ pub(super) struct Pkt6 {
 }
 
 impl Pkt6 {
-    fn of(d: &Dissect, hop_limit: u8, payload_len: u16) -> Self {
+    pub(super) fn of(d: &Dissect, hop_limit: u8, payload_len: u16) -> Self {
         Pkt6 {
             l3: usize::from(d.l3_off),
             l4: usize::from(d.l4_off),
@@ -197,7 +197,7 @@ impl State {
 
     /// Whether `a` is one of the gateway's addresses as seen from `iif`:
     /// any global address, or a link-local address of `iif` itself.
-    fn is_local(&self, iif: IfIndex, a: u128) -> bool {
+    pub(super) fn is_local(&self, iif: IfIndex, a: u128) -> bool {
         self.addrs
             .iter()
             .any(|&(i, x, _)| x == a && (i == iif || !ndp::is_link_local(a)))
@@ -222,7 +222,7 @@ impl State {
     }
 
     /// Route `dst`: the egress interface and the next hop.
-    fn route(&self, dst: u128) -> Result<(IfIndex, u128), DropReason> {
+    pub(super) fn route(&self, dst: u128) -> Result<(IfIndex, u128), DropReason> {
         let r = self.routes.lookup(dst).ok_or(DropReason::NoRoute)?;
         Ok((r.oif, r.via.map(u128::from).unwrap_or(dst)))
     }
@@ -301,7 +301,7 @@ impl Worker {
             .map(|&(_, a, l)| (Ipv6Addr::from(a), l))
     }
 
-    fn neighbor6(&self, oif: IfIndex, nh: u128) -> Result<AdjIndex, DropReason> {
+    pub(super) fn neighbor6(&self, oif: IfIndex, nh: u128) -> Result<AdjIndex, DropReason> {
         let i = self
             .v6
             .neigh
@@ -347,16 +347,10 @@ impl Worker {
         self.counters.slow_path += 1;
         let drop = |r| Step::Done(Action::Drop(r));
         if self.v6.is_local(iif, key.dst) {
-            return self.local6(now, buf, len, iif, d, key, &pk);
+            return self.local6(now, buf, len, iif, d, key, &pk, CtState::New);
         }
-        if ndp::is_multicast(key.dst) {
-            return drop(DropReason::Ipv6Multicast);
-        }
-        if key.src == 0 || key.src == 1 || ndp::is_multicast(key.src) || key.dst <= 1 {
-            return drop(DropReason::Ipv6BadAddress);
-        }
-        if ndp::is_link_local(key.src) || ndp::is_link_local(key.dst) {
-            return drop(DropReason::Ipv6LinkLocal);
+        if let Some(r) = unforwardable6(key) {
+            return drop(r);
         }
         match d.l4 {
             L4::IcmpError {
@@ -475,7 +469,7 @@ impl Worker {
     /// unreachable, as [`Worker::refuse4`] does for IPv4.
     #[cold]
     #[inline(never)]
-    fn refuse6(
+    pub(super) fn refuse6(
         &mut self,
         now: ct::Instant,
         buf: &mut [u8],
@@ -609,7 +603,7 @@ impl Worker {
             icmp: (0, 0),
             ct: CtState::Established,
             ct_mark: e.mark(),
-            mark: 0,
+            mark: self.pkt_mark,
             ct_status: status,
             len: pk.payload_len.saturating_add(40),
             ttl: if hook == Hook::Prerouting {
@@ -631,6 +625,8 @@ impl Worker {
         self.addr_types6(iif, &mut pp);
         let ct_mark = pp.ct_mark;
         let dec = self.policy.decide(hook, &pp);
+        // The next hook starts from the mark this one left.
+        self.pkt_mark = dec.mark;
         if dec.ct_mark != ct_mark {
             // `ct mark set` on an established packet: the connection keeps
             // it.
@@ -657,7 +653,7 @@ impl Worker {
 
     /// `fib daddr type` and `fib saddr type` of a packet about to meet the
     /// policy (left neutral when no rule reads them).
-    fn addr_types6(&self, iif: IfIndex, pp: &mut PolicyPacket) {
+    pub(super) fn addr_types6(&self, iif: IfIndex, pp: &mut PolicyPacket) {
         if !self.policy.needs_routing_facts() {
             return;
         }
@@ -681,7 +677,7 @@ impl Worker {
     /// [`clamp_mss`] for an IPv6 packet whose TCP header follows the IPv6
     /// header (a segment behind extension headers is left alone); `adjs`
     /// are the adjacencies of the two directions.
-    fn clamp_mss6(
+    pub(super) fn clamp_mss6(
         &self,
         buf: &mut [u8],
         len: usize,
@@ -699,7 +695,7 @@ impl Worker {
     /// Forward the packet at `l3` on adjacency `adj`: MTU check, hop limit
     /// decrement, MACs.
     #[inline]
-    fn emit6(
+    pub(super) fn emit6(
         &mut self,
         now: ct::Instant,
         buf: &mut [u8],
@@ -826,7 +822,7 @@ impl Worker {
 
     /// A packet for one of the gateway's IPv6 addresses.
     #[allow(clippy::too_many_arguments)]
-    fn local6(
+    pub(super) fn local6(
         &mut self,
         now: ct::Instant,
         buf: &mut [u8],
@@ -835,9 +831,10 @@ impl Worker {
         d: &Dissect,
         key: &FlowKey6,
         pk: &Pkt6,
+        ct_state: CtState,
     ) -> Step {
         let payload_len = pk.payload_len;
-        let mut pp = policy_packet6(iif, key, d, CtState::New, payload_len, buf);
+        let mut pp = policy_packet6(iif, key, d, ct_state, payload_len, buf);
         self.addr_types6(iif, &mut pp);
         self.stamp(&mut pp);
         let v = self.policy.decide(Hook::Input, &pp).verdict;
@@ -877,7 +874,7 @@ impl Worker {
     /// ingress interface; everything else is counted and dropped (the
     /// resolver has already learnt from it).
     #[allow(clippy::too_many_arguments)]
-    fn ndp(
+    pub(super) fn ndp(
         &mut self,
         buf: &mut [u8],
         len: usize,
@@ -955,7 +952,7 @@ impl Worker {
     /// else time exceeded (hop limit exceeded in transit).
     #[cold]
     #[inline(never)]
-    fn icmp6_error(
+    pub(super) fn icmp6_error(
         &mut self,
         now: ct::Instant,
         buf: &mut [u8],
@@ -1072,7 +1069,7 @@ fn l4_event6(d: &Dissect) -> L4Event {
     }
 }
 
-fn policy_packet6(
+pub(super) fn policy_packet6(
     iif: IfIndex,
     key: &FlowKey6,
     d: &Dissect,
@@ -1117,6 +1114,21 @@ fn policy_packet6(
         now_ms: 0,
         wall_ms: 0,
         conn: conn6(key),
+    }
+}
+
+/// Why a packet not for the gateway may not be forwarded: a multicast
+/// destination, an unspecified, loopback or multicast source, or a
+/// link-local address (RFC 4291 §2.5.6).
+pub(super) fn unforwardable6(key: &FlowKey6) -> Option<DropReason> {
+    if ndp::is_multicast(key.dst) {
+        Some(DropReason::Ipv6Multicast)
+    } else if key.src == 0 || key.src == 1 || ndp::is_multicast(key.src) || key.dst <= 1 {
+        Some(DropReason::Ipv6BadAddress)
+    } else if ndp::is_link_local(key.src) || ndp::is_link_local(key.dst) {
+        Some(DropReason::Ipv6LinkLocal)
+    } else {
+        None
     }
 }
 
