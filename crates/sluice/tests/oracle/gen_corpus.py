@@ -1144,6 +1144,64 @@ def object_maps():
     out += [pkt(**dict(inp, src="10.0.0.5", dport=p)) for p in (7602, 7603)]
     return out
 
+NOTRACK_NFT = """# notrack before conntrack (priority raw): untracked packets are never
+# translated, later chains see ct state untracked, ct mark needs a
+# connection, a drop before conntrack is final and a mark set there carries.
+table ip raw {
+    chain pre {
+        type filter hook prerouting priority raw; policy accept;
+        iifname "eth0" ip saddr 10.66.0.0/16 drop
+        udp dport 5300 notrack
+        udp dport 5301 notrack meta mark set 0x11
+        ct state invalid udp dport 5302 meta mark set 0x22
+        tcp dport 5303 notrack
+        udp dport 5304 notrack
+        udp dport 5305 notrack
+        ct state untracked udp dport 5306 drop
+    }
+}
+table ip filter {
+    chain forward_filter {
+        type filter hook forward priority filter; policy drop;
+        ct state untracked udp dport 5300 accept
+        ct state untracked meta mark 0x11 accept
+        ct state untracked tcp dport 5303 accept
+        udp dport 5304 ct mark 0 accept
+        ct state new udp dport 5302 meta mark 0x22 accept
+        ct state new udp dport 5306 accept
+        ct state new accept
+    }
+    chain input_filter {
+        type filter hook input priority filter; policy accept;
+        ct state untracked udp dport 5305 drop
+        ct state untracked accept
+    }
+}
+table ip nat {
+    chain post {
+        type nat hook postrouting priority srcnat;
+        oifname "eth1" masquerade
+    }
+}
+"""
+
+
+def notrack():
+    fwd = dict(hook="forward", iif="eth0", oif="eth1", src="10.0.0.5", dst="198.51.100.7", proto="udp")
+    out = []
+    # untracked and accepted: no masquerade
+    out += rule(dict(fwd, dport=5300), tracked=dict(dport=5399))
+    out += rule(dict(fwd, dport=5301))
+    out += rule(dict(fwd, dport=5302), spoofed=dict(src="10.66.3.4"))
+    out += rule(dict(fwd, proto="tcp", dport=5303), udp=dict(proto="udp"))
+    # `ct mark 0` needs a connection: the untracked packet falls to the
+    # policy (drop)
+    out += rule(dict(fwd, dport=5304))
+    out += rule(dict(fwd, dport=5306))
+    inp = dict(hook="input", iif="eth0", src="10.0.0.5", dst="10.0.0.1", proto="udp")
+    out += rule(dict(inp, dport=5305), other=dict(dport=5300))
+    return out
+
 
 def main():
     seed_pk = seed001()
@@ -1223,6 +1281,9 @@ def main():
     with open(os.path.join(HERE, "object_maps.nft"), "w") as f:
         f.write(OBJECT_MAPS_NFT)
     write("object_maps", object_maps())
+    with open(os.path.join(HERE, "notrack.nft"), "w") as f:
+        f.write(NOTRACK_NFT)
+    write("notrack", notrack())
 
 
 if __name__ == "__main__":
