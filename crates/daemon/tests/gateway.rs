@@ -19,6 +19,8 @@
 //!   a client's third concurrent connection, and counts a reset one out;
 //! - `reject` answers real clients: curl's connection is refused by a TCP
 //!   reset, a UDP socket gets ICMP port unreachable;
+//! - `notrack` before conntrack: an exempted UDP exchange crosses the
+//!   gateway untranslated and without a connection, next to a tracked one;
 //! - the gateway answers TTL 1 with ICMP time exceeded and an oversized DF
 //!   packet with ICMP fragmentation needed carrying the egress MTU.
 //!
@@ -820,6 +822,103 @@ fn reject(backend: &str, tag: &str) {
     assert!(d.drops("policy-reject") >= 2, "{st}");
 }
 
+/// `notrack` before conntrack: UDP to and from port 7777 is exempted; the
+/// public server sees the private address (no SNAT), its answer comes
+/// back through the gateway untranslated, and no connection is created;
+/// port 7778 next to it is tracked and translated as usual.
+fn notrack(backend: &str, tag: &str) {
+    require_root();
+    let t = Topo::new(tag);
+    let rules = format!(
+        "table ip raw {{\n  chain prerouting {{\n    \
+         type filter hook prerouting priority raw; policy accept;\n    \
+         udp dport 7777 notrack\n    udp sport 7777 notrack\n  }}\n}}\n{}",
+        RULESET.replace(
+            "    ct state established,related accept\n",
+            "    ct state established,related accept\n    \
+             ct state untracked udp dport 7777 counter accept\n    \
+             ct state untracked oifname \"lan0\" udp sport 7777 counter accept\n",
+        )
+    );
+    t.write_ruleset("gw.nft", &rules);
+    let cfg = t.write_config(backend, "gw.nft", "");
+    let d = Daemon::start(&t, &cfg, backend);
+    // A UDP server on the public host that answers each datagram with the
+    // source address it saw.
+    let server = t.dir.join("who.py");
+    std::fs::write(
+        &server,
+        format!(
+            "import socket, select\nss = []\nfor port in (7777, 7778):\n    \
+             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n    \
+             s.bind(('{PUBLIC}', port))\n    ss.append(s)\nwhile True:\n    \
+             for s in select.select(ss, [], [])[0]:\n        \
+             data, src = s.recvfrom(2048)\n        \
+             s.sendto(src[0].encode(), src)\n"
+        ),
+    )
+    .expect("write server");
+    let _srv = spawn(
+        &t.public,
+        &["python3", &server.display().to_string()],
+        &t.dir.join("who.log"),
+        None,
+    );
+    let ask = |port: u16| {
+        let o = sh(
+            &t.private,
+            &format!(
+                "timeout 10 python3 -c 'import socket, time\nfor i in range(20):\n    \
+                 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(0.5)\n    \
+                 s.sendto(b\"who\", (\"{PUBLIC}\", {port}))\n    \
+                 try:\n        print(s.recvfrom(100)[0].decode()); break\n    \
+                 except OSError:\n        time.sleep(0.2)'"
+            ),
+        );
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    let untracked = ask(7777);
+    assert_eq!(
+        untracked,
+        PRIV,
+        "{backend}: the server should see the private address (no NAT)\n{}",
+        d.context()
+    );
+    let tracked = ask(7778);
+    assert_eq!(
+        tracked,
+        POOL,
+        "{backend}: port 7778 is translated\n{}",
+        d.context()
+    );
+    let l = d.ctl("conntrack list proto udp");
+    let conns = l["connections"].as_array().cloned().unwrap_or_default();
+    assert!(
+        conns.iter().any(|c| c["orig"]["dport"] == 7778),
+        "the tracked flow has its connection: {l}"
+    );
+    assert!(
+        !conns
+            .iter()
+            .any(|c| c["orig"]["dport"] == 7777 || c["orig"]["sport"] == 7777),
+        "no connection for the untracked flow: {l}"
+    );
+    assert!(d.counter("untracked") >= 2, "{}", d.context());
+    // Both forward rules counted: the query out, the answer back in.
+    let rules = d.ctl("rule list forward");
+    let count = |pat: &str| {
+        rules["rules"]
+            .as_array()
+            .and_then(|v| {
+                v.iter()
+                    .find(|r| r["rule"].as_str().is_some_and(|t| t.contains(pat)))
+            })
+            .and_then(|r| r["packets"].as_u64())
+    };
+    assert!(count("udp dport 7777").is_some_and(|n| n >= 1), "{rules}");
+    assert!(count("udp sport 7777").is_some_and(|n| n >= 1), "{rules}");
+}
+
 /// Each test on AF_PACKET, on AF_XDP, and on AF_XDP with `xdp_offload`
 /// (module `offload`: the same name, established flows forwarded by the
 /// XDP program).
@@ -900,6 +999,12 @@ both_backends!(
     "j",
     reject_answers_with_a_reset_or_port_unreachable_af_packet,
     reject_answers_with_a_reset_or_port_unreachable_af_xdp
+);
+both_backends!(
+    notrack,
+    "n",
+    notrack_forwards_untranslated_without_a_connection_af_packet,
+    notrack_forwards_untranslated_without_a_connection_af_xdp
 );
 both_backends!(
     icmp_errors,
