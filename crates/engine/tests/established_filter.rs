@@ -203,3 +203,64 @@ fn established_packets_skip_the_policy_when_it_accepts_them_up_front() {
         [Action::Drop(DropReason::PolicyDrop)]
     );
 }
+
+/// Sets mark 9 at prerouting; records the mark each hook starts from.
+#[derive(Default)]
+struct MarkAtPrerouting {
+    seen: Mutex<Vec<(Hook, CtState, u32)>>,
+}
+
+impl Policy for MarkAtPrerouting {
+    fn decide(&self, hook: Hook, pkt: &PolicyPacket) -> Decision {
+        self.seen.lock().unwrap().push((hook, pkt.ct, pkt.mark));
+        Decision {
+            verdict: Verdict::Accept,
+            mark: if hook == Hook::Prerouting {
+                9
+            } else {
+                pkt.mark
+            },
+            nat: None,
+            ct_mark: pkt.ct_mark,
+            mss: Default::default(),
+        }
+    }
+    fn has_nat(&self, _: Hook) -> bool {
+        false
+    }
+    fn established_accepted(&self) -> bool {
+        false
+    }
+}
+
+#[test]
+fn a_mark_set_at_prerouting_carries_to_the_later_hooks_of_an_established_packet() {
+    let p = Arc::new(MarkAtPrerouting::default());
+    let mut w = Worker::new(nat_gateway(0, 1), Arc::clone(&p) as Arc<dyn Policy>).unwrap();
+    let k = key(5100);
+    assert_eq!(
+        exchange(&mut w, 1_000_000, &k, None),
+        [Action::Forward(OUTSIDE)]
+    );
+    assert_eq!(
+        exchange(&mut w, 2_000_000, &k, None),
+        [Action::Forward(OUTSIDE)]
+    );
+    let seen = p.seen.lock().unwrap().clone();
+    for ct in [CtState::New, CtState::Established] {
+        let marks: Vec<(Hook, u32)> = seen
+            .iter()
+            .filter(|(_, c, _)| *c == ct)
+            .map(|(h, _, m)| (*h, *m))
+            .collect();
+        assert_eq!(
+            marks,
+            [
+                (Hook::Prerouting, 0),
+                (Hook::Forward, 9),
+                (Hook::Postrouting, 9)
+            ],
+            "{ct:?}: {seen:?}"
+        );
+    }
+}
