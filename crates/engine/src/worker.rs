@@ -461,6 +461,11 @@ pub struct Worker {
     /// The policy has chains before conntrack ([`Policy::has_raw`]): every
     /// packet meets them first (`untracked`).
     raw: bool,
+    /// Established IPv4 packets may take [`Self::hot4`]: the policy neither
+    /// filters them (`filter_established`) nor has chains before conntrack
+    /// (`raw`), and the worker does not offload. One flag, so that the
+    /// per-packet test is one load.
+    hot: bool,
     /// The packet mark of the frame being decided: 0, or what the chains
     /// before conntrack left; the later hooks start from it.
     pkt_mark: u32,
@@ -639,6 +644,7 @@ impl Worker {
             policy,
             filter_established,
             raw,
+            hot: !filter_established && !raw && cfg.offload_queue == 0,
             pkt_mark: 0,
             counts_conns,
             batched_prefetch: cfg.ct_max >= BATCHED_PREFETCH_FROM,
@@ -721,6 +727,7 @@ impl Worker {
     pub fn set_policy(&mut self, p: Arc<dyn Policy>) {
         self.filter_established = !p.established_accepted();
         self.raw = p.has_raw();
+        self.hot = !self.filter_established && !self.raw && self.offload.is_none();
         self.counts_conns = p.counts_connections();
         if self.filter_established || self.raw {
             // Established packets must run the filter chains again.
@@ -1140,13 +1147,7 @@ impl Worker {
             // The common case first, with nothing generic around it: a
             // packet of an established IPv4 connection that needs nothing
             // but its rewrite.
-            if let (C_V4, Some((id, dir)), false, false, true) = (
-                m.class,
-                cand,
-                self.filter_established,
-                self.raw,
-                self.offload.is_none(),
-            ) {
+            if let (C_V4, Some((id, dir)), true) = (m.class, cand, self.hot) {
                 if let Some(action) = self.hot4(now, buf, len, m, id, dir) {
                     self.counters.fast_path += 1;
                     match action {
@@ -1157,17 +1158,7 @@ impl Worker {
                     continue;
                 }
             }
-            self.pkt_mark = 0;
-            // (A frame another worker handed over met the chains before
-            // conntrack there.)
-            let raw = if self.raw && !self.handed_in && m.class != C_NOT_OURS && m.class != C_BAD {
-                self.raw_stage(now, buf, len, iif)
-            } else {
-                None
-            };
-            let step = if let Some(step) = raw {
-                step
-            } else if m.class == C_V6 {
+            let step = if m.class == C_V6 {
                 self.one6(now, buf, len, iif, p6, h, cand)
             } else {
                 self.one(now, buf, len, iif, m, h, cand)
@@ -1256,6 +1247,12 @@ impl Worker {
         h: u64,
         cand: Option<(EntryId, Dir)>,
     ) -> Step {
+        self.pkt_mark = 0;
+        if self.raw && m.class != C_NOT_OURS && m.class != C_BAD {
+            if let Some(step) = self.raw_stage(now, buf, len, iif) {
+                return step;
+            }
+        }
         if m.class == C_V4 {
             let hit = match cand {
                 Some((id, dir)) if self.ct.verify(id, dir, &m.key) => Some((id, dir)),
@@ -1287,6 +1284,12 @@ impl Worker {
         h: u64,
         cand: Option<(EntryId, Dir)>,
     ) -> Step {
+        self.pkt_mark = 0;
+        if self.raw {
+            if let Some(step) = self.raw_stage(now, buf, len, iif) {
+                return step;
+            }
+        }
         let hit = match cand {
             Some((id, dir)) if self.v6.ct.verify(id, dir, &p.key) => Some((id, dir)),
             Some(_) => self.v6.ct.lookup(h, &p.key),

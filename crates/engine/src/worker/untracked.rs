@@ -53,6 +53,11 @@ impl Worker {
         len: usize,
         iif: IfIndex,
     ) -> Option<Step> {
+        // A frame another worker handed over met the chains before
+        // conntrack there.
+        if self.handed_in {
+            return None;
+        }
         // Anything the dissector refuses is the regular path's to drop
         // and count (the kernel drops it before the hooks too).
         let d = dissect(buf.get(..len)?).ok()?;
@@ -110,6 +115,8 @@ impl Worker {
     /// through the prerouting, forward and postrouting filter chains and
     /// forwarded unchanged but for its TTL.
     #[allow(clippy::too_many_arguments)]
+    #[cold]
+    #[inline(never)]
     fn untracked4(
         &mut self,
         now: ct::Instant,
@@ -216,6 +223,8 @@ impl Worker {
     /// [`Self::untracked4`] for IPv4 (neighbour discovery is answered as
     /// always).
     #[allow(clippy::too_many_arguments)]
+    #[cold]
+    #[inline(never)]
     fn untracked6(
         &mut self,
         now: ct::Instant,
