@@ -715,6 +715,10 @@ pub enum Stmt {
     /// the value. A side effect on the packet the engine performs; the
     /// classifier's fields do not change.
     TcpMss(u32),
+    /// `flow add @ft` (opaque id of the flowtable): a side effect the
+    /// engine performs (the connection joins the flowtable); the
+    /// classifier's fields do not change.
+    FlowAdd(u32),
     /// `notrack` (iptables `-j CT --notrack`): a packet that has no
     /// connection yet (`ct state` reads [`ct::INVALID`], as before
     /// conntrack) becomes [`ct::UNTRACKED`]; on any other packet it does

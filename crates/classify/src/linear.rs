@@ -249,7 +249,8 @@ pub(crate) fn run_stmts(
             | Stmt::Obj { .. }
             | Stmt::Numgen { .. }
             | Stmt::CtCount { .. }
-            | Stmt::TcpMss(_) => {}
+            | Stmt::TcpMss(_)
+            | Stmt::FlowAdd(_) => {}
         }
     }
     true

@@ -14,6 +14,9 @@ pub(crate) const F_OFFLOAD_ORIG: u8 = 8;
 /// The reply direction is offloaded.
 pub(crate) const F_OFFLOAD_REPLY: u8 = 16;
 pub(crate) const F_OFFLOAD: u8 = F_OFFLOAD_ORIG | F_OFFLOAD_REPLY;
+/// The connection is in a flowtable (`flow add @ft`, see
+/// [`Table::set_in_flowtable`](crate::Table::set_in_flowtable)).
+pub(crate) const F_FLOWTABLE: u8 = 32;
 
 /// One connection.
 ///
@@ -116,6 +119,13 @@ impl<K: Key, P: Copy + Default> Entry<K, P> {
     #[inline]
     pub fn seen_reply(&self) -> bool {
         self.flags & F_SEEN_REPLY != 0
+    }
+
+    /// Whether the connection is in a flowtable (`flow add @ft`): its
+    /// packets skip the filter chains while it stays established.
+    #[inline]
+    pub fn in_flowtable(&self) -> bool {
+        self.flags & F_FLOWTABLE != 0
     }
 
     /// Whether direction `dir` is offloaded: its packets are forwarded by

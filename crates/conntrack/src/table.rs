@@ -4,7 +4,7 @@ use core::fmt;
 
 use sluice_io::mem::{advise_huge_pages, populate, prefetch};
 
-use crate::entry::{offload_bit, Entry, F_ASSURED, F_LIVE, F_OFFLOAD, F_SEEN_REPLY};
+use crate::entry::{offload_bit, Entry, F_ASSURED, F_FLOWTABLE, F_LIVE, F_OFFLOAD, F_SEEN_REPLY};
 use crate::index::Index;
 use crate::proto::{
     self, CtState, L4Event, ProtoState, TcpFlags, TcpState, Tracked, UdpState, Verdict,
@@ -684,6 +684,25 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
             if dirs[1] {
                 e.flags |= offload_bit(Dir::Reply);
             }
+        }
+    }
+
+    /// Puts connection `id` into the flowtable, or takes it out.
+    pub fn set_in_flowtable(&mut self, id: EntryId, on: bool) {
+        if let Some(e) = self.entries.get_mut(id.index()).filter(|e| e.is_live()) {
+            if on {
+                e.flags |= F_FLOWTABLE;
+            } else {
+                e.flags &= !F_FLOWTABLE;
+            }
+        }
+    }
+
+    /// Takes every connection out of the flowtable (the flowtables were
+    /// replaced). A walk of the whole table.
+    pub fn clear_flowtable(&mut self) {
+        for e in self.entries.iter_mut() {
+            e.flags &= !F_FLOWTABLE;
         }
     }
 

@@ -307,6 +307,9 @@ pub struct CtEntry {
     /// Packets the XDP offload forwarded, both directions.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub offload_packets: Option<u64>,
+    /// In a flowtable (`flow add @ft`): its packets skip the filter chains.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub flowtable: bool,
 }
 
 impl CtEntry {
@@ -327,6 +330,7 @@ impl CtEntry {
             expires_in: e.expires_in(now).as_secs(),
             offloaded: e.is_offloaded(Dir::Original) || e.is_offloaded(Dir::Reply),
             offload_packets: None,
+            flowtable: e.in_flowtable(),
         })
     }
 
@@ -347,6 +351,7 @@ impl CtEntry {
             expires_in: e.expires_in(now).as_secs(),
             offloaded: false,
             offload_packets: None,
+            flowtable: e.in_flowtable(),
         })
     }
 }
@@ -806,6 +811,7 @@ mod tests {
             expires_in: 10,
             offloaded: false,
             offload_packets: None,
+            flowtable: false,
         };
         assert!(f.matches(&e));
         e.proto = 17;

@@ -166,6 +166,9 @@ pub struct Decision {
     pub nat: Option<Translation>,
     /// The `tcp option maxseg size set` statements the packet met.
     pub mss: MssClamp,
+    /// A `flow add @ft` statement ran (forward chains): the connection
+    /// joins the flowtable, if it may (see the engine's `fast4`).
+    pub flow_add: bool,
 }
 
 /// What the chains before conntrack decided ([`Policy::raw`]).
@@ -254,6 +257,14 @@ pub trait Policy: Send + Sync {
     /// Whether any rule of `hook` can ever apply NAT (lets the engine skip
     /// the NAT hooks entirely for pure firewalls).
     fn has_nat(&self, hook: Hook) -> bool;
+    /// The rule set's flowtables (`flowtable ft { ... }`, filled by `flow
+    /// add @ft`): 0 when it has none; otherwise a number that stays the
+    /// same across incremental rule updates and changes when the rule set
+    /// is replaced (netfilter tears a flowtable's connections down with the
+    /// flowtable). The default has none.
+    fn flowtables(&self) -> u64 {
+        0
+    }
     /// Whether the rule set has chains that run before conntrack
     /// (prerouting, priority below -200, e.g. `priority raw`): then the
     /// engine runs [`Policy::raw`] for every packet before it looks the
@@ -272,6 +283,7 @@ pub trait Policy: Send + Sync {
                 ct_mark: pkt.ct_mark,
                 nat: None,
                 mss: MssClamp::default(),
+                flow_add: false,
             },
             untracked: false,
         }
@@ -366,6 +378,7 @@ impl Policy for StaticPolicy {
             ct_mark: pkt.ct_mark,
             nat: None,
             mss: MssClamp::default(),
+            flow_add: false,
         };
         match hook {
             Hook::Input | Hook::Forward => d.verdict = self.default,

@@ -466,6 +466,10 @@ pub struct Worker {
     /// (`raw`), and the worker does not offload. One flag, so that the
     /// per-packet test is one load.
     hot: bool,
+    /// [`Policy::flowtables`] of the current policy (0: no flowtable).
+    flowtable_gen: u64,
+    /// A `flow add` statement ran for the packet being filtered.
+    flow_hit: bool,
     /// The packet mark of the frame being decided: 0, or what the chains
     /// before conntrack left; the later hooks start from it.
     pkt_mark: u32,
@@ -633,6 +637,7 @@ impl Worker {
         let v6 = v6::State::new(&cfg)?;
         let filter_established = !policy.established_accepted();
         let raw = policy.has_raw();
+        let flowtable_gen = policy.flowtables();
         let counts_conns = policy.counts_connections();
         let by_source = (0..cfg.interfaces.len())
             .map(|i| cfg.steered_by_source.contains(&(i as IfIndex)))
@@ -645,6 +650,8 @@ impl Worker {
             filter_established,
             raw,
             hot: !filter_established && !raw && cfg.offload_queue == 0,
+            flowtable_gen,
+            flow_hit: false,
             pkt_mark: 0,
             counts_conns,
             batched_prefetch: cfg.ct_max >= BATCHED_PREFETCH_FROM,
@@ -728,6 +735,16 @@ impl Worker {
         self.filter_established = !p.established_accepted();
         self.raw = p.has_raw();
         self.hot = !self.filter_established && !self.raw && self.offload.is_none();
+        let gen = p.flowtables();
+        if gen != self.flowtable_gen {
+            // New flowtables (a replaced rule set): the connections in the
+            // old ones leave them, as netfilter tears them down.
+            if self.flowtable_gen != 0 {
+                self.ct.clear_flowtable();
+                self.v6.ct.clear_flowtable();
+            }
+            self.flowtable_gen = gen;
+        }
         self.counts_conns = p.counts_connections();
         if self.filter_established || self.raw {
             // Established packets must run the filter chains again.
@@ -1398,7 +1415,18 @@ impl Worker {
             self.policy.conn_closed(&conn4(&self.ct.entry(id).orig()));
         }
         let mut mss = MssClamp::default();
-        if self.filter_established {
+        // A connection in a flowtable skips the filter chains while it
+        // stays up; a TCP FIN or RST (or a state past ESTABLISHED) takes it
+        // out and meets them, as netfilter's flowtable hands such packets
+        // back to the classic path.
+        let flowing = self.flowtable_gen != 0 && self.ct.entry(id).in_flowtable();
+        let in_flow = flowing && flow_continues(tracked.state, m.tcp_flags);
+        if flowing && !in_flow {
+            self.ct.set_in_flowtable(id, false);
+        }
+        let filter = self.filter_established && !in_flow;
+        self.flow_hit = false;
+        if filter {
             match self.filter_established4(buf, len, iif, m, id, dir, Hook::Prerouting) {
                 Ok(c) => mss = mss.and(c),
                 Err(v) => return self.refuse4(now, buf, len, m.l3, m.l4, iif, v),
@@ -1407,12 +1435,21 @@ impl Worker {
         if m.ttl <= 1 {
             return self.icmp_error(now, buf, len, usize::from(m.l3), iif, None);
         }
-        if self.filter_established {
+        if filter {
             for hook in [Hook::Forward, Hook::Postrouting] {
                 match self.filter_established4(buf, len, iif, m, id, dir, hook) {
                     Ok(c) => mss = mss.and(c),
                     Err(v) => return self.refuse4(now, buf, len, m.l3, m.l4, iif, v),
                 }
+            }
+            // `flow add @ft` ran: the connection joins the flowtable if
+            // netfilter's `nft_flow_offload` would take it (TCP
+            // established without FIN or RST, or UDP).
+            if self.flow_hit
+                && matches!(m.key.proto, proto::TCP | proto::UDP)
+                && flow_continues(tracked.state, m.tcp_flags)
+            {
+                self.ct.set_in_flowtable(id, true);
             }
         }
         self.counters.fast_path += 1;
@@ -1435,7 +1472,7 @@ impl Worker {
         if tracked.verdict == ct::Verdict::Close {
             self.remove(id);
         } else if self.offload.is_some()
-            && !self.filter_established
+            && (!self.filter_established || self.ct.entry(id).in_flowtable())
             && !self.raw
             && matches!(step, Step::Done(Action::Forward(_)))
         {
@@ -1529,6 +1566,7 @@ impl Worker {
         let dec = self.policy.decide(hook, &pp);
         // The next hook starts from the mark this one left.
         self.pkt_mark = dec.mark;
+        self.flow_hit |= dec.flow_add;
         if dec.ct_mark != ct_mark {
             // `ct mark set` on an established packet: the connection keeps
             // it.
@@ -2717,6 +2755,17 @@ fn policy_packet(
         now_ms: 0,
         wall_ms: 0,
         conn: conn4(key),
+    }
+}
+
+/// Whether a connection in state `s` stays in (or may join) a flowtable
+/// with a packet of TCP flags `flags`: UDP and other protocols always, TCP
+/// while ESTABLISHED and the packet has neither FIN nor RST
+/// (`nft_flow_offload`, `nf_flow_offload_tcp_state`).
+fn flow_continues(s: ct::ProtoState, flags: u8) -> bool {
+    match s {
+        ct::ProtoState::Tcp(t) => t == ct::TcpState::Established && flags & 0x05 == 0,
+        _ => true,
     }
 }
 

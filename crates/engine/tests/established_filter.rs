@@ -19,7 +19,7 @@ use sluice_engine::{
     Action, CtState, Decision, DropReason, Hook, Policy, PolicyPacket, Verdict, Worker,
 };
 use sluice_nat::{PoolId, Translation};
-use sluice_wire::build::build_udp4;
+use sluice_wire::build::{build_tcp4, build_udp4};
 use sluice_wire::flow::{proto, FlowKey4};
 
 /// Accepts new connections; drops established packets to or from
@@ -54,6 +54,7 @@ impl Policy for TestPolicy {
             nat,
             ct_mark: pkt.ct_mark,
             mss: Default::default(),
+            flow_add: false,
         }
     }
     fn has_nat(&self, hook: Hook) -> bool {
@@ -223,6 +224,7 @@ impl Policy for MarkAtPrerouting {
             nat: None,
             ct_mark: pkt.ct_mark,
             mss: Default::default(),
+            flow_add: false,
         }
     }
     fn has_nat(&self, _: Hook) -> bool {
@@ -263,4 +265,161 @@ fn a_mark_set_at_prerouting_carries_to_the_later_hooks_of_an_established_packet(
             "{ct:?}: {seen:?}"
         );
     }
+}
+
+/// Filters established packets per packet (nothing accepts them up front);
+/// its forward hook runs `flow add` for TCP and UDP; `gen` is its flowtables'
+/// generation. Counts the hooks run.
+struct FlowPolicy {
+    gen: std::sync::atomic::AtomicU64,
+    hooks: std::sync::atomic::AtomicUsize,
+}
+
+impl Policy for FlowPolicy {
+    fn decide(&self, hook: Hook, pkt: &PolicyPacket) -> Decision {
+        self.hooks.fetch_add(1, Ordering::Relaxed);
+        Decision {
+            verdict: Verdict::Accept,
+            mark: pkt.mark,
+            nat: (hook == Hook::Postrouting && pkt.ct == CtState::New)
+                .then_some(Translation::Snat { pool: PoolId(0) }),
+            ct_mark: pkt.ct_mark,
+            mss: Default::default(),
+            flow_add: hook == Hook::Forward && matches!(pkt.proto, proto::UDP | proto::TCP),
+        }
+    }
+    fn has_nat(&self, hook: Hook) -> bool {
+        hook == Hook::Postrouting
+    }
+    fn established_accepted(&self) -> bool {
+        false
+    }
+    fn flowtables(&self) -> u64 {
+        self.gen.load(Ordering::Relaxed)
+    }
+}
+
+#[test]
+fn a_connection_in_a_flowtable_skips_the_filter_chains_until_the_rule_set_is_replaced() {
+    let p = Arc::new(FlowPolicy {
+        gen: std::sync::atomic::AtomicU64::new(1),
+        hooks: std::sync::atomic::AtomicUsize::new(0),
+    });
+    let mut w = Worker::new(nat_gateway(0, 1), Arc::clone(&p) as Arc<dyn Policy>).unwrap();
+    let hooks = || p.hooks.load(Ordering::Relaxed);
+    let k = key(5200);
+    // The first packet: its connection is not confirmed yet, so `flow
+    // add` does nothing (netfilter's `nft_flow_offload`); the second, an
+    // established one, meets the chains and joins the flowtable.
+    for (n, now) in [(1_000_000u64, 0), (2_000_000, 1)] {
+        let before = hooks();
+        assert_eq!(exchange(&mut w, n, &k, None), [Action::Forward(OUTSIDE)]);
+        assert_eq!(
+            hooks() - before,
+            3,
+            "packet {now}: prerouting, forward, postrouting"
+        );
+    }
+    let in_flowtable = |w: &Worker| {
+        w.conntrack()
+            .iter()
+            .next()
+            .map(|(_, e)| e.in_flowtable())
+            .unwrap()
+    };
+    assert!(in_flowtable(&w));
+    // Now its packets skip the chains, and are still translated.
+    let before = hooks();
+    let mut f = TestFrames::default();
+    f.push(INSIDE, |b| {
+        build_udp4(b, HOST_MAC, GW_IN_MAC, &k, 20).unwrap()
+    });
+    w.process(3_000_000, &mut f);
+    assert_eq!(f.acts, [Action::Forward(OUTSIDE)]);
+    assert_eq!(&f.frame(0)[26..30], &POOL.octets());
+    assert_eq!(hooks(), before, "no hook ran");
+    // The same rule set again (an incremental update keeps the
+    // flowtable): still in it.
+    w.set_policy(Arc::clone(&p) as Arc<dyn Policy>);
+    assert!(in_flowtable(&w));
+    // A replaced rule set (new flowtables): out of it; the next packet
+    // meets the chains (and joins again).
+    p.gen.store(2, Ordering::Relaxed);
+    w.set_policy(Arc::clone(&p) as Arc<dyn Policy>);
+    assert!(!in_flowtable(&w));
+    let before = hooks();
+    assert_eq!(
+        exchange(&mut w, 4_000_000, &k, None),
+        [Action::Forward(OUTSIDE)]
+    );
+    assert_eq!(hooks() - before, 3);
+    assert!(in_flowtable(&w));
+}
+
+#[test]
+fn a_tcp_connection_joins_the_flowtable_once_established_and_leaves_it_at_fin() {
+    let p = Arc::new(FlowPolicy {
+        gen: std::sync::atomic::AtomicU64::new(1),
+        hooks: std::sync::atomic::AtomicUsize::new(0),
+    });
+    let mut w = Worker::new(nat_gateway(0, 1), Arc::clone(&p) as Arc<dyn Policy>).unwrap();
+    let hooks = || p.hooks.load(Ordering::Relaxed);
+    let k = FlowKey4 {
+        proto: proto::TCP,
+        dport: 80,
+        ..key(5300)
+    };
+    let send = |w: &mut Worker, now: u64, out: bool, flags: u8, seq: u32, ack: u32| {
+        let mut f = TestFrames::default();
+        if out {
+            f.push(INSIDE, |b| {
+                build_tcp4(b, HOST_MAC, GW_IN_MAC, &k, flags, seq, ack, 0).unwrap()
+            });
+        } else {
+            let back = w.conntrack().iter().next().map(|(_, e)| e.reply()).unwrap();
+            f.push(OUTSIDE, |b| {
+                build_tcp4(b, ROUTER_MAC, GW_OUT_MAC, &back, flags, seq, ack, 0).unwrap()
+            });
+        }
+        w.process(now, &mut f);
+        f.acts[0]
+    };
+    let in_flowtable = |w: &Worker| {
+        w.conntrack()
+            .iter()
+            .next()
+            .is_some_and(|(_, e)| e.in_flowtable())
+    };
+    const SYN: u8 = 0x02;
+    const ACK: u8 = 0x10;
+    const FIN: u8 = 0x01;
+    assert_eq!(
+        send(&mut w, 1_000_000, true, SYN, 100, 0),
+        Action::Forward(OUTSIDE)
+    );
+    // The SYN-ACK meets `flow add`, but the connection is not established.
+    assert_eq!(
+        send(&mut w, 2_000_000, false, SYN | ACK, 500, 101),
+        Action::Forward(INSIDE)
+    );
+    assert!(!in_flowtable(&w));
+    // The ACK makes it established: it joins.
+    assert_eq!(
+        send(&mut w, 3_000_000, true, ACK, 101, 501),
+        Action::Forward(OUTSIDE)
+    );
+    assert!(in_flowtable(&w));
+    let before = hooks();
+    assert_eq!(
+        send(&mut w, 4_000_000, false, ACK, 501, 101),
+        Action::Forward(INSIDE)
+    );
+    assert_eq!(hooks(), before, "in the flowtable: no hook");
+    // A FIN leaves it and meets the chains.
+    assert_eq!(
+        send(&mut w, 5_000_000, true, FIN | ACK, 101, 501),
+        Action::Forward(OUTSIDE)
+    );
+    assert!(!in_flowtable(&w));
+    assert_eq!(hooks() - before, 3);
 }

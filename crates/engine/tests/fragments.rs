@@ -28,6 +28,7 @@ impl Policy for Snat {
                 .then_some(Translation::Snat { pool: PoolId(0) }),
             ct_mark: pkt.ct_mark,
             mss: Default::default(),
+            flow_add: false,
         }
     }
     fn has_nat(&self, hook: Hook) -> bool {

@@ -51,6 +51,7 @@ impl Policy for PortForward {
             nat,
             ct_mark: pkt.ct_mark,
             mss: Default::default(),
+            flow_add: false,
         }
     }
     fn has_nat(&self, hook: Hook) -> bool {

@@ -74,6 +74,7 @@ impl Policy for InsideOnly {
             nat: None,
             ct_mark: p.ct_mark,
             mss: Default::default(),
+            flow_add: false,
         }
     }
     fn has_nat(&self, _: Hook) -> bool {

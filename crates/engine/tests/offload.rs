@@ -32,6 +32,7 @@ impl Policy for Accept {
                 .then_some(Translation::Snat { pool: PoolId(0) }),
             ct_mark: pkt.ct_mark,
             mss: Default::default(),
+            flow_add: false,
         }
     }
     fn has_nat(&self, hook: Hook) -> bool {

@@ -47,6 +47,7 @@ impl Policy for RawPolicy {
                 ct_mark: 0,
                 nat: None,
                 mss: Default::default(),
+                flow_add: false,
             },
             untracked,
         }
@@ -61,6 +62,7 @@ impl Policy for RawPolicy {
             ct_mark: pkt.ct_mark,
             nat,
             mss: Default::default(),
+            flow_add: false,
         }
     }
     fn has_nat(&self, hook: Hook) -> bool {

@@ -25,6 +25,9 @@ use sluice_classify::ir::RuleId;
 /// Cells per chunk.
 pub const CHUNK: usize = 1024;
 
+/// The bit of a cell's `mss` word that says the rule has `flow add`.
+const FLOW_ADD: u32 = 1 << 31;
+
 #[derive(Debug, Default)]
 struct Cell {
     packets: AtomicU64,
@@ -33,7 +36,8 @@ struct Cell {
     /// control plane when the rule is compiled).
     log: std::sync::atomic::AtomicU32,
     /// The rule's `tcp option maxseg size set` value + 1 (`Stmt::TcpMss`),
-    /// 0 for none.
+    /// 0 for none, in the low 31 bits; [`FLOW_ADD`] when the rule has a
+    /// `flow add` statement.
     mss: std::sync::atomic::AtomicU32,
 }
 
@@ -76,14 +80,30 @@ impl RuleCounters {
     /// Rule `id` sets the TCP MSS (`Stmt::TcpMss(mss)`).
     pub fn set_mss(&self, id: RuleId, mss: u32) {
         if let Some(c) = self.cell(id) {
-            c.mss.store(mss.saturating_add(1), Ordering::Relaxed);
+            c.mss.fetch_and(FLOW_ADD, Ordering::Relaxed);
+            c.mss
+                .fetch_or(mss.saturating_add(1) & !FLOW_ADD, Ordering::Relaxed);
         }
     }
 
     /// Rule `id`'s `Stmt::TcpMss` value, if it has one.
     #[inline]
     pub fn mss(&self, id: RuleId) -> Option<u32> {
-        self.cell(id)?.mss.load(Ordering::Relaxed).checked_sub(1)
+        (self.cell(id)?.mss.load(Ordering::Relaxed) & !FLOW_ADD).checked_sub(1)
+    }
+
+    /// Rule `id` has a `flow add` statement (`Stmt::FlowAdd`).
+    pub fn set_flow_add(&self, id: RuleId) {
+        if let Some(c) = self.cell(id) {
+            c.mss.fetch_or(FLOW_ADD, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether rule `id` has a `flow add` statement.
+    #[inline]
+    pub fn flow_add(&self, id: RuleId) -> bool {
+        self.cell(id)
+            .is_some_and(|c| c.mss.load(Ordering::Relaxed) & FLOW_ADD != 0)
     }
 
     /// Count one packet of `bytes` for rule `id`; returns the rule's log

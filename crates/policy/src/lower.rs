@@ -1068,6 +1068,15 @@ impl<'a> Lowerer<'a> {
                     pre.push(Stmt::Notrack);
                     Ok(None)
                 }
+                StmtKind::FlowAdd(name) => {
+                    match t.flowtables.iter().position(|f| f.name == *name) {
+                        Some(i) => {
+                            pre.push(Stmt::FlowAdd(i as u32));
+                            Ok(None)
+                        }
+                        None => Err(format!("no flowtable '{name}' in this table")),
+                    }
+                }
                 StmtKind::TcpMssSet(m) => {
                     // nft adds `meta l4proto tcp` for a TCP option
                     // statement: the rule does not match other packets.

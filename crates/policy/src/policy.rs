@@ -62,6 +62,9 @@ pub struct HookOutcome {
     pub ct_state: u8,
 }
 
+/// The next [`CompiledPolicy::flowtable_gen`] (from 1).
+static FLOWTABLE_GEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 /// Conntrack's priority in prerouting (the kernel's
 /// `NF_IP_PRI_CONNTRACK`): base chains below it see packets before
 /// conntrack does.
@@ -118,6 +121,9 @@ pub struct CompiledPolicy {
     /// reverse path ([`Policy::needs_routing_facts`]); set at compile time
     /// and by every rule an update inserts, never cleared by a deletion.
     pub(crate) routing_facts: bool,
+    /// [`Policy::flowtables`]: 0 without flowtables, else a number of this
+    /// compilation's own (kept by the generations an update derives).
+    pub(crate) flowtable_gen: u64,
     /// The rule set's declarations: tables, chains (without rules), sets
     /// and maps with their elements. Commands are parsed against it and
     /// rules lowered in its context.
@@ -418,6 +424,11 @@ impl CompiledPolicy {
             nat_config: Arc::new(nat_config),
             has_nat,
             routing_facts,
+            flowtable_gen: if skeleton.tables.iter().any(|t| !t.flowtables.is_empty()) {
+                FLOWTABLE_GEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            } else {
+                0
+            },
             skeleton: Arc::new(skeleton),
             seq: 0,
             counters: crate::counters::RuleCounters::default(),
@@ -907,6 +918,7 @@ impl CompiledPolicy {
         let p = self.packet_fields(pkt);
         let bytes = u64::from(pkt.len);
         let mut mss = sluice_engine::MssClamp::default();
+        let mut flow_add = false;
         let mut run = |s: &mut Scratch| {
             s.limit = (!self.limiters.is_empty()).then(|| sluice_classify::LimitCtx {
                 limits: Arc::clone(&self.limiters) as Arc<dyn sluice_classify::Limits>,
@@ -941,6 +953,7 @@ impl CompiledPolicy {
                         if let Some(m) = self.counters.mss(*id) {
                             mss = mss.and(mss_clamp(m));
                         }
+                        flow_add |= self.counters.flow_add(*id);
                     }
                 },
             );
@@ -967,6 +980,7 @@ impl CompiledPolicy {
                 ct_mark: o.ct_mark,
                 nat,
                 mss,
+                flow_add,
             },
             o.ct_state,
         )
@@ -1128,6 +1142,10 @@ impl Policy for CompiledPolicy {
 
     fn has_raw(&self) -> bool {
         self.meta.bases.iter().any(BaseInfo::before_conntrack)
+    }
+
+    fn flowtables(&self) -> u64 {
+        self.flowtable_gen
     }
 
     fn raw(&self, pkt: &PolicyPacket) -> RawDecision {
@@ -1292,6 +1310,36 @@ mod tests {
         let t = p.trace(&pkt(17, "10.0.0.1", 1000, "10.0.0.2", 54));
         assert!(!t.untracked, "{t}");
         assert_eq!(t.verdict, TraceVerdict::Drop, "ct mark 0 drop: {t}");
+    }
+
+    /// `flow add @ft`: the forward decision of a matching packet says so;
+    /// the flowtables' generation is new with every compilation and kept
+    /// by incremental updates.
+    #[test]
+    fn flow_add_is_reported_and_the_flowtables_generation_survives_updates() {
+        let text =
+            "table inet f {\n flowtable ft { hook ingress priority 0; devices = { eth0 }; }\n \
+                    chain fwd {\n  type filter hook forward priority 0; policy accept;\n  \
+                    meta l4proto { tcp, udp } flow add @ft\n  ct state established accept\n }\n}\n";
+        let p = compile(text).expect("compiles");
+        let mut est = packet();
+        est.ct = CtState::Established;
+        assert!(p.decide(Hook::Forward, &est).flow_add);
+        let mut icmp = est;
+        icmp.proto = 1;
+        assert!(!p.decide(Hook::Forward, &icmp).flow_add);
+        assert!(!p.decide(Hook::Prerouting, &est).flow_add);
+        let gen = p.flowtables();
+        assert_ne!(gen, 0);
+        assert_ne!(compile(text).expect("compiles").flowtables(), gen);
+        let q = p
+            .apply_text("cmd", "add rule inet f fwd udp dport 9 drop")
+            .expect("applies");
+        assert_eq!(q.0.flowtables(), gen);
+        assert_eq!(
+            pol("table ip t { chain c { type filter hook forward priority 0; } }").flowtables(),
+            0
+        );
     }
 
     fn pol(text: &str) -> CompiledPolicy {

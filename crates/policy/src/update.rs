@@ -73,6 +73,7 @@ impl CompiledPolicy {
                 match s {
                     sluice_classify::ir::Stmt::Log(l) => self.counters.set_log(r.id, *l),
                     sluice_classify::ir::Stmt::TcpMss(m) => self.counters.set_mss(r.id, *m),
+                    sluice_classify::ir::Stmt::FlowAdd(_) => self.counters.set_flow_add(r.id),
                     _ => {}
                 }
             }

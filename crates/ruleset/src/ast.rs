@@ -63,6 +63,28 @@ pub struct Table {
     pub maps: Vec<Map>,
     /// Named stateful objects (`counter NAME { ... }`, `quota NAME { ... }`).
     pub objects: Vec<Object>,
+    /// Flowtables (`flowtable NAME { hook ingress priority P; devices = {
+    /// ... }; }`), the targets of `flow add @NAME`.
+    pub flowtables: Vec<Flowtable>,
+    pub span: Span,
+}
+
+/// A flowtable: nftables' fast path for established connections, which a
+/// `flow add @NAME` statement in a forward chain fills. Sluice keeps the
+/// declaration as written; the hook, priority and devices do not change
+/// what it does (every interface of the gateway is one of its devices).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Flowtable {
+    pub name: String,
+    /// `priority` of its ingress hook.
+    pub priority: i32,
+    /// `devices = { ... }`, as written.
+    pub devices: Vec<String>,
+    /// `flags offload` (hardware offload: with `xdp_offload` Sluice's XDP
+    /// program forwards the connections either way).
+    pub offload: bool,
+    /// `counter`.
+    pub counter: bool,
     pub span: Span,
 }
 
@@ -819,6 +841,10 @@ pub enum StmtKind {
     MetaMarkFromCt,
     /// `ct mark set meta mark` (iptables `CONNMARK --save-mark`).
     CtMarkFromMeta,
+    /// `flow add @NAME` (`flow offload @NAME`): the packet's connection
+    /// joins flowtable NAME (only in forward chains): its later packets
+    /// skip the filter chains while it stays established.
+    FlowAdd(String),
     /// `notrack` (iptables `-j CT --notrack`, `-j NOTRACK`): conntrack
     /// leaves the packet alone (`ct state untracked`, no NAT). Only
     /// prerouting and output chains may hold it, and it acts only before

@@ -123,6 +123,7 @@ fn skeleton(t: &Table) -> Table {
             })
             .collect(),
         objects: t.objects.clone(),
+        flowtables: t.flowtables.clone(),
         span: t.span,
     }
 }

@@ -380,6 +380,7 @@ pub(crate) fn parse(text: &str, ipsets: Option<&str>, v6: bool) -> (Vec<Table>, 
                 sets: Vec::new(),
                 maps: Vec::new(),
                 objects: Vec::new(),
+                flowtables: Vec::new(),
                 span,
             });
             cur_word = Some(first.clone());

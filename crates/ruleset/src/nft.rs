@@ -50,6 +50,7 @@ const STMT_KEYWORDS: &[&str] = &[
     "delete",
     "quota",
     "notrack",
+    "flow",
 ];
 const EXPR_KEYWORDS: &[&str] = &[
     "iifname", "oifname", "iif", "oif", "meta", "mark", "l4proto", "nfproto", "pkttype", "ip",
@@ -80,6 +81,7 @@ fn is_stmt_keyword(w: &str) -> bool {
             | "delete"
             | "quota"
             | "notrack"
+            | "flow"
     )
 }
 
@@ -706,6 +708,7 @@ impl<'s> Parser<'s> {
             sets: Vec::new(),
             maps: Vec::new(),
             objects: Vec::new(),
+            flowtables: Vec::new(),
             span,
         });
         self.tables.len() - 1
@@ -795,6 +798,10 @@ impl<'s> Parser<'s> {
                         self.bump();
                         self.obj_decl(ti, obj_kind(w), true)
                     }
+                    "flowtable" => {
+                        self.bump();
+                        self.flowtable_decl(ti)
+                    }
                     "flags" | "comment" => {
                         self.bump();
                         while !self.at_stmt_end() {
@@ -806,7 +813,14 @@ impl<'s> Parser<'s> {
                         let help = suggest(
                             w,
                             [
-                                "chain", "set", "map", "counter", "quota", "flags", "comment",
+                                "chain",
+                                "set",
+                                "map",
+                                "counter",
+                                "quota",
+                                "flowtable",
+                                "flags",
+                                "comment",
                             ],
                         );
                         self.err_help(sp, format!("unknown table item '{w}'"), help)
@@ -1031,6 +1045,108 @@ impl<'s> Parser<'s> {
             Tok::Str(s) => Ok(self.string(s)),
             _ => self.err(isp, "expected a string after 'comment'"),
         }
+    }
+
+    /// `flowtable NAME { hook ingress priority P; devices = { D, ... };
+    /// [flags offload;] [counter] }`.
+    fn flowtable_decl(&mut self, ti: usize) -> P<()> {
+        let (name, sp) = self.name("flowtable name")?;
+        self.expect(Tok::LBrace)?;
+        let mut ft = Flowtable {
+            name,
+            priority: 0,
+            devices: Vec::new(),
+            offload: false,
+            counter: false,
+            span: sp,
+        };
+        let mut hooked = false;
+        let mut failed = false;
+        loop {
+            self.skip_separators();
+            if self.eat(&Tok::RBrace) {
+                break;
+            }
+            if matches!(self.peek(), Tok::Eof) {
+                return self.err(sp, "missing '}' at end of flowtable");
+            }
+            let depth = self.depth;
+            let r = self.flowtable_item(&mut ft, &mut hooked);
+            if r.and_then(|_| self.end_stmt()).is_err() {
+                failed = true;
+                self.recover_to(depth);
+            }
+        }
+        if !hooked && !failed {
+            failed = true;
+            self.diags.push(RawDiag::new(
+                sp,
+                "flowtable needs 'hook ingress priority P'".to_string(),
+            ));
+        }
+        let Some(t) = self.tables.get_mut(ti) else {
+            return Err(Fail);
+        };
+        if t.flowtables.iter().any(|f| f.name == ft.name) {
+            let msg = format!("duplicate flowtable '{}' in this table", ft.name);
+            return self.err(sp, msg);
+        }
+        // Declared even when an item was wrong, so that the rules naming
+        // it do not add errors of their own.
+        t.flowtables.push(ft);
+        if failed {
+            Err(Fail)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn flowtable_item(&mut self, ft: &mut Flowtable, hooked: &mut bool) -> P<()> {
+        let (w, wsp) = self.keyword(
+            "flowtable item",
+            &["hook", "devices", "flags", "counter", "comment"],
+        )?;
+        match w {
+            "hook" => {
+                self.keyword("flowtable hook", &["ingress"])?;
+                if !self.eat_word("priority") {
+                    return self.unexpected("'priority'");
+                }
+                ft.priority = self.priority()?;
+                *hooked = true;
+            }
+            "devices" => {
+                if !self.eat(&Tok::Assign) {
+                    return self.unexpected("'='");
+                }
+                if self.eat(&Tok::LBrace) {
+                    loop {
+                        self.skip_separators();
+                        if self.eat(&Tok::RBrace) {
+                            break;
+                        }
+                        ft.devices.push(self.name("device name")?.0);
+                        self.skip_separators();
+                        if !self.eat(&Tok::Comma) && !matches!(self.peek(), Tok::RBrace) {
+                            return self.unexpected("',' or '}'");
+                        }
+                    }
+                } else {
+                    ft.devices.push(self.name("device name")?.0);
+                }
+            }
+            "flags" => {
+                self.keyword("flowtable flag", &["offload"])?;
+                ft.offload = true;
+            }
+            "counter" => ft.counter = true,
+            _ => {
+                if !matches!(self.bump().tok, Tok::Str(_)) {
+                    return self.err(wsp, "expected a string after 'comment'");
+                }
+            }
+        }
+        Ok(())
     }
 
     /// `counter NAME { ... }`, `quota NAME { ... }`, `limit NAME { ... }`
@@ -1343,7 +1459,16 @@ impl<'s> Parser<'s> {
             &["rule"]
         } else {
             &[
-                "table", "chain", "rule", "set", "map", "element", "counter", "quota", "limit",
+                "table",
+                "chain",
+                "rule",
+                "set",
+                "map",
+                "element",
+                "counter",
+                "quota",
+                "limit",
+                "flowtable",
             ]
         };
         let (what, _) = self.keyword("object", opts)?;
@@ -1369,6 +1494,10 @@ impl<'s> Parser<'s> {
             "counter" | "quota" | "limit" => {
                 let ti = self.find_table(fam, &tname, tsp)?;
                 self.obj_decl(ti, obj_kind(what), what == "counter")
+            }
+            "flowtable" => {
+                let ti = self.find_table(fam, &tname, tsp)?;
+                self.flowtable_decl(ti)
             }
             "element" => {
                 let ti = self.find_table(fam, &tname, tsp)?;
@@ -2295,6 +2424,16 @@ impl<'s> Parser<'s> {
             "notrack" => {
                 self.bump();
                 Ok(StmtKind::Notrack)
+            }
+            "flow" => {
+                self.bump();
+                // `flow offload @ft` is the older spelling.
+                self.keyword("flow statement", &["add", "offload"])?;
+                if !self.eat(&Tok::At) {
+                    return self.unexpected("'@' and a flowtable name");
+                }
+                let (name, _) = self.name("flowtable name")?;
+                Ok(StmtKind::FlowAdd(name))
             }
             "accept" | "drop" | "return" | "continue" | "jump" | "goto" => {
                 Ok(StmtKind::Verdict(self.verdict()?))

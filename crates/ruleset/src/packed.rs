@@ -535,6 +535,10 @@ impl<S: Sink> Writer<S> {
             StmtKind::MetaMarkFromCt => self.u8(11),
             StmtKind::CtMarkFromMeta => self.u8(12),
             StmtKind::Notrack => self.u8(21),
+            StmtKind::FlowAdd(ft) => {
+                self.u8(22);
+                self.str(ft);
+            }
             StmtKind::MetaMarkMod { and, xor } => {
                 self.u8(15);
                 self.num(u64::from(*and));
@@ -984,6 +988,7 @@ impl Reader<'_> {
             11 => StmtKind::MetaMarkFromCt,
             12 => StmtKind::CtMarkFromMeta,
             21 => StmtKind::Notrack,
+            22 => StmtKind::FlowAdd(self.str()?),
             15 => StmtKind::MetaMarkMod {
                 and: self.u32()?,
                 xor: self.u32()?,

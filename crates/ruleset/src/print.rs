@@ -90,6 +90,27 @@ fn print_table(out: &mut String, t: &Table) {
         );
         out.push_str("\t}\n");
     }
+    for f in &t.flowtables {
+        sep(out);
+        let _ = writeln!(out, "\tflowtable {} {{", name(&f.name));
+        // (The ingress hook knows one priority name, `filter`.)
+        let prio = match f.priority {
+            0 => "filter".to_string(),
+            p => p.to_string(),
+        };
+        let _ = writeln!(out, "\t\thook ingress priority {prio}");
+        if !f.devices.is_empty() {
+            let devs: Vec<String> = f.devices.iter().map(|d| name(d)).collect();
+            let _ = writeln!(out, "\t\tdevices = {{ {} }}", devs.join(", "));
+        }
+        if f.offload {
+            out.push_str("\t\tflags offload\n");
+        }
+        if f.counter {
+            out.push_str("\t\tcounter\n");
+        }
+        out.push_str("\t}\n");
+    }
     for c in &t.chains {
         sep(out);
         let _ = writeln!(out, "\tchain {} {{", name(&c.name));
@@ -535,6 +556,7 @@ fn stmt(s: &StmtKind) -> String {
         StmtKind::CtMarkSet(m) => format!("ct mark set 0x{m:08x}"),
         StmtKind::MetaMarkFromCt => "meta mark set ct mark".to_string(),
         StmtKind::Notrack => "notrack".to_string(),
+        StmtKind::FlowAdd(ft) => format!("flow add @{}", name(ft)),
         StmtKind::CtMarkFromMeta => "ct mark set meta mark".to_string(),
         StmtKind::TcpMssSet(TcpMss::RtMtu) => "tcp option maxseg size set rt mtu".to_string(),
         StmtKind::TcpMssSet(TcpMss::Value(v)) => format!("tcp option maxseg size set {v}"),

@@ -594,6 +594,20 @@ impl Validator {
                     "'reject with icmpv6' in an ip table; use icmp or icmpx",
                 );
             }
+            StmtKind::FlowAdd(name) if !t.flowtables.iter().any(|f| f.name == *name) => {
+                let help = suggest(name, t.flowtables.iter().map(|f| f.name.as_str()));
+                let msg = format!(
+                    "no flowtable '{name}' in table {} {}; declare it with 'flowtable \
+                     {name} {{ hook ingress priority 0; devices = {{ ... }}; }}'",
+                    t.family.name(),
+                    t.name
+                );
+                self.diags.push(RawDiag::new(s.span, msg).help(help));
+            }
+            // The kernel's nft_flow_offload validation.
+            StmtKind::FlowAdd(_) if c.base.is_some_and(|b| b.hook != Hook::Forward) => {
+                self.err(s.span, "'flow add' is valid in forward chains only");
+            }
             // The kernel's nft_notrack validation.
             StmtKind::Notrack
                 if c.base

@@ -534,7 +534,20 @@ impl Worker {
                 .conn_closed(&conn6(&self.v6.ct.entry(id).orig()));
         }
         let mut mss = MssClamp::default();
-        if self.filter_established {
+        // A connection in a flowtable skips the filter chains while it
+        // stays up (as `Worker::fast4`).
+        let flags = match pk.ev {
+            L4Event::Tcp(f) => f.0,
+            _ => 0,
+        };
+        let flowing = self.flowtable_gen != 0 && self.v6.ct.entry(id).in_flowtable();
+        let in_flow = flowing && super::flow_continues(tracked.state, flags);
+        if flowing && !in_flow {
+            self.v6.ct.set_in_flowtable(id, false);
+        }
+        let filter = self.filter_established && !in_flow;
+        self.flow_hit = false;
+        if filter {
             match self.filter_established6(buf, iif, pk, id, dir, Hook::Prerouting) {
                 Ok(c) => mss = mss.and(c),
                 Err(v) => return Some(self.refuse6(now, buf, len, iif, pk, v)),
@@ -543,12 +556,19 @@ impl Worker {
         if pk.hop_limit <= 1 {
             return Some(self.icmp6_error(now, buf, len, iif, pk, None));
         }
-        if self.filter_established {
+        if filter {
             for hook in [Hook::Forward, Hook::Postrouting] {
                 match self.filter_established6(buf, iif, pk, id, dir, hook) {
                     Ok(c) => mss = mss.and(c),
                     Err(v) => return Some(self.refuse6(now, buf, len, iif, pk, v)),
                 }
+            }
+            let proto = self.v6.ct.entry(id).proto();
+            if self.flow_hit
+                && matches!(proto, proto::TCP | proto::UDP)
+                && super::flow_continues(tracked.state, flags)
+            {
+                self.v6.ct.set_in_flowtable(id, true);
             }
         }
         self.counters.fast_path += 1;
@@ -627,6 +647,7 @@ impl Worker {
         let dec = self.policy.decide(hook, &pp);
         // The next hook starts from the mark this one left.
         self.pkt_mark = dec.mark;
+        self.flow_hit |= dec.flow_add;
         if dec.ct_mark != ct_mark {
             // `ct mark set` on an established packet: the connection keeps
             // it.
