@@ -21,6 +21,8 @@
 //!   reset, a UDP socket gets ICMP port unreachable;
 //! - `notrack` before conntrack: an exempted UDP exchange crosses the
 //!   gateway untranslated and without a connection, next to a tracked one;
+//! - a flowtable (`flow add @ft`) takes an iperf3 transfer's connections
+//!   out of the filter chains after their first established packets;
 //! - the gateway answers TTL 1 with ICMP time exceeded and an oversized DF
 //!   packet with ICMP fragmentation needed carrying the egress MTU.
 //!
@@ -919,6 +921,90 @@ fn notrack(backend: &str, tag: &str) {
     assert!(count("udp sport 7777").is_some_and(|n| n >= 1), "{rules}");
 }
 
+/// A flowtable (`flow add @ft` ahead of `ct state established accept`, as
+/// OpenWrt's fw4 writes it): an iperf3 TCP transfer's connections join it
+/// after their first established packets, so the counted `flow add` rule
+/// sees a handful of packets of the thousands forwarded, the connection
+/// listing says `flowtable`, and with `xdp_offload` the XDP program
+/// carries them even though the rule set filters established packets.
+fn flowtable(backend: &str, tag: &str) {
+    require_root();
+    let t = Topo::new(tag);
+    let rules = RULESET
+        .replace(
+            "table ip filter {\n",
+            "table ip filter {\n  flowtable ft {\n    hook ingress priority 0; devices = { lan0, wan0 };\n  }\n",
+        )
+        .replace(
+            "    ct state established,related accept\n",
+            "    meta l4proto { tcp, udp } counter flow add @ft\n    \
+             ct state established,related accept\n",
+        );
+    t.write_ruleset("gw.nft", &rules);
+    let cfg = t.write_config(backend, "gw.nft", "");
+    let d = Daemon::start(&t, &cfg, backend);
+    let _srv = iperf3_server(&t);
+    let flow_rule = || {
+        let rules = d.ctl("rule list forward");
+        rules["rules"]
+            .as_array()
+            .and_then(|v| {
+                v.iter()
+                    .find(|r| r["rule"].as_str().is_some_and(|t| t.contains("flow add")))
+            })
+            .and_then(|r| r["packets"].as_u64())
+            .unwrap_or_else(|| panic!("no flow add rule counter: {rules}"))
+    };
+    let packets = |l: &serde_json::Value| -> u64 {
+        l["connections"]
+            .as_array()
+            .map_or(0, |v| v.iter().filter_map(|c| c["packets"].as_u64()).sum())
+    };
+    // Two looks one second apart in the middle of a 4 s transfer.
+    let (o, looks) = std::thread::scope(|s| {
+        let c = s.spawn(|| {
+            sh(
+                &t.private,
+                &format!("timeout 30 iperf3 -c {PUBLIC} -p 5201 -t 4 -J"),
+            )
+        });
+        wait_for_iperf3_connections(&d);
+        std::thread::sleep(Duration::from_millis(800));
+        let first = (flow_rule(), d.ctl("conntrack list proto tcp port 5201"));
+        std::thread::sleep(Duration::from_millis(1000));
+        let second = (flow_rule(), d.ctl("conntrack list proto tcp port 5201"));
+        (c.join().expect("iperf3 thread"), (first, second))
+    });
+    assert!(o.status.success(), "{}\n{}", text(&o), d.context());
+    let ((rule1, list1), (rule2, list2)) = looks;
+    let conns = list2["connections"].as_array().cloned().unwrap_or_default();
+    assert!(
+        conns.len() >= 2 && conns.iter().all(|c| c["flowtable"] == true),
+        "{backend}: the transfer's connections should be in the flowtable: {list2}"
+    );
+    if backend == "af_xdp_offload" {
+        assert!(
+            conns.iter().any(|c| c["offloaded"] == true),
+            "flowtable connections go to the XDP offload: {list2}"
+        );
+    } else {
+        // Every packet went through the engine (the XDP program forwards
+        // the offloaded ones without counting them here).
+        assert!(
+            packets(&list2) > packets(&list1) + 1000,
+            "{backend}: the transfer moved: {list1} / {list2}"
+        );
+    }
+    // The counted `flow add` rule saw the connections' first packets only:
+    // nothing in that second of transfer (a FIN takes a connection out of
+    // the flowtable; the packets after it meet the rule again).
+    assert!(
+        (2..50).contains(&rule1) && rule2 == rule1,
+        "{backend}: the flow add rule saw {rule1} then {rule2} packets\n{}",
+        d.context()
+    );
+}
+
 /// Each test on AF_PACKET, on AF_XDP, and on AF_XDP with `xdp_offload`
 /// (module `offload`: the same name, established flows forwarded by the
 /// XDP program).
@@ -1005,6 +1091,12 @@ both_backends!(
     "n",
     notrack_forwards_untranslated_without_a_connection_af_packet,
     notrack_forwards_untranslated_without_a_connection_af_xdp
+);
+both_backends!(
+    flowtable,
+    "w",
+    flowtable_connections_skip_the_filter_chains_af_packet,
+    flowtable_connections_skip_the_filter_chains_af_xdp
 );
 both_backends!(
     icmp_errors,

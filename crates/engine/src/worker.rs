@@ -1472,7 +1472,6 @@ impl Worker {
         if tracked.verdict == ct::Verdict::Close {
             self.remove(id);
         } else if self.offload.is_some()
-            && (!self.filter_established || self.ct.entry(id).in_flowtable())
             && !self.raw
             && matches!(step, Step::Done(Action::Forward(_)))
         {
@@ -1925,7 +1924,10 @@ impl Worker {
         };
         let e = self.ct.entry(id);
         let offloaded = e.is_offloaded(Dir::Original) || e.is_offloaded(Dir::Reply);
-        let eligible = !self.filter_established
+        // With a rule set that filters established packets, only a
+        // connection in a flowtable (whose packets skip the filter chains)
+        // may go to the XDP program.
+        let eligible = (!self.filter_established || e.in_flowtable())
             && matches!(
                 state,
                 ct::ProtoState::Tcp(ct::TcpState::Established) | ct::ProtoState::Udp(_)

@@ -21,6 +21,8 @@ use sluice_wire::tcp::flags as tf;
 /// packets accepted up front unless `per_packet`.
 struct Accept {
     per_packet: AtomicBool,
+    /// Its forward hook runs `flow add` (a flowtable of generation 1).
+    flow_add: AtomicBool,
 }
 
 impl Policy for Accept {
@@ -32,8 +34,11 @@ impl Policy for Accept {
                 .then_some(Translation::Snat { pool: PoolId(0) }),
             ct_mark: pkt.ct_mark,
             mss: Default::default(),
-            flow_add: false,
+            flow_add: hook == Hook::Forward && self.flow_add.load(Ordering::Relaxed),
         }
+    }
+    fn flowtables(&self) -> u64 {
+        u64::from(self.flow_add.load(Ordering::Relaxed))
     }
     fn has_nat(&self, hook: Hook) -> bool {
         hook == Hook::Postrouting
@@ -48,6 +53,7 @@ fn worker() -> (Worker, Arc<Accept>) {
     cfg.offload_queue = 64;
     let p = Arc::new(Accept {
         per_packet: AtomicBool::new(false),
+        flow_add: AtomicBool::new(false),
     });
     let w = Worker::new(cfg, Arc::clone(&p) as Arc<dyn Policy>).unwrap();
     (w, p)
@@ -294,4 +300,46 @@ fn per_packet_filtering_a_flush_and_a_new_neighbour_mac_take_everything_back() {
     // Flush.
     w.flush();
     assert_eq!(ops(&mut w), [OffloadOp::Clear]);
+}
+
+/// With a rule set that filters established packets, only a connection in
+/// a flowtable goes to the lower layer, and a FIN (which takes it out of
+/// the flowtable) takes it back.
+#[test]
+fn a_flowtable_connection_is_offloaded_despite_per_packet_filtering() {
+    let (mut w, p) = worker();
+    p.per_packet.store(true, Ordering::Relaxed);
+    p.flow_add.store(true, Ordering::Relaxed);
+    w.set_policy(Arc::clone(&p) as Arc<dyn Policy>);
+    let k = key(proto::TCP, 6100);
+    send(&mut w, 1_000_000, &tcp(INSIDE, &k, tf::SYN));
+    let r = reply_of(&w);
+    send(&mut w, 2_000_000, &tcp(OUTSIDE, &r, tf::SYN | tf::ACK));
+    assert!(installs(&ops(&mut w)).is_empty(), "not established yet");
+    // The ACK meets `flow add` and joins the flowtable; the next packet
+    // is offloaded.
+    send(&mut w, 3_000_000, &tcp(INSIDE, &k, tf::ACK));
+    send(&mut w, 3_500_000, &tcp(OUTSIDE, &r, tf::ACK));
+    assert_eq!(installs(&ops(&mut w)).len(), 2);
+    let (act, _) = send(&mut w, 4_000_000, &tcp(INSIDE, &k, tf::FIN | tf::ACK));
+    assert_eq!(act, Action::Forward(OUTSIDE));
+    let removed = ops(&mut w)
+        .iter()
+        .filter(|o| matches!(o, OffloadOp::Remove { .. }))
+        .count();
+    assert_eq!(removed, 2);
+    // Without a flowtable, per-packet filtering offloads nothing.
+    p.flow_add.store(false, Ordering::Relaxed);
+    w.set_policy(Arc::clone(&p) as Arc<dyn Policy>);
+    let k = key(proto::UDP, 6101);
+    send(&mut w, 5_000_000, &udp(INSIDE, &k));
+    let r = w
+        .conntrack()
+        .iter()
+        .find(|(_, e)| e.orig() == k)
+        .map(|(_, e)| e.reply())
+        .unwrap();
+    send(&mut w, 6_000_000, &udp(OUTSIDE, &r));
+    send(&mut w, 7_000_000, &udp(INSIDE, &k));
+    assert!(installs(&ops(&mut w)).is_empty());
 }
