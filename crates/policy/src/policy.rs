@@ -75,7 +75,7 @@ pub const CONNTRACK_PRIORITY: i32 = -200;
 pub enum Stage {
     /// Every base chain of the hook.
     All,
-    /// The prerouting chains before conntrack (priority below
+    /// The prerouting or output chains before conntrack (priority below
     /// [`CONNTRACK_PRIORITY`], e.g. `priority raw`); none for other hooks.
     BeforeConntrack,
     /// Every base chain of the hook but those.
@@ -93,11 +93,12 @@ impl Stage {
 }
 
 impl BaseInfo {
-    /// Whether the chain runs before conntrack: a prerouting chain of
-    /// priority below [`CONNTRACK_PRIORITY`]. Its packets have no
+    /// Whether the chain runs before conntrack: a prerouting or output
+    /// chain of priority below [`CONNTRACK_PRIORITY`]. Its packets have no
     /// connection (`ct state` reads `invalid`) and `notrack` acts there.
     pub fn before_conntrack(&self) -> bool {
-        self.hook == ast::Hook::Prerouting && self.priority < CONNTRACK_PRIORITY
+        matches!(self.hook, ast::Hook::Prerouting | ast::Hook::Output)
+            && self.priority < CONNTRACK_PRIORITY
     }
 }
 
@@ -1141,7 +1142,12 @@ impl Policy for CompiledPolicy {
     }
 
     fn has_raw(&self) -> bool {
-        self.meta.bases.iter().any(BaseInfo::before_conntrack)
+        // (Output chains see the gateway's own packets, which the engine
+        // does not run through the rule set.)
+        self.meta
+            .bases
+            .iter()
+            .any(|b| b.hook == ast::Hook::Prerouting && b.before_conntrack())
     }
 
     fn flowtables(&self) -> u64 {
@@ -1310,6 +1316,28 @@ mod tests {
         let t = p.trace(&pkt(17, "10.0.0.1", 1000, "10.0.0.2", 54));
         assert!(!t.untracked, "{t}");
         assert_eq!(t.verdict, TraceVerdict::Drop, "ct mark 0 drop: {t}");
+    }
+
+    /// An output chain below -200 runs before conntrack too (the trace's
+    /// output path); the engine's raw stage is for prerouting only.
+    #[test]
+    fn notrack_in_an_output_chain_untracks_the_traced_packet() {
+        let p = compile(
+            "table ip raw {\n chain out {\n  type filter hook output priority raw;\n  \
+             udp sport 53 notrack\n }\n}\ntable ip f {\n chain o {\n  \
+             type filter hook output priority 0; policy drop;\n  ct state untracked accept\n }\n}\n",
+        )
+        .expect("compiles");
+        assert!(!p.has_raw(), "no prerouting chain before conntrack");
+        let mut pk = pkt(17, "10.0.0.1", 53, "10.0.0.9", 5000);
+        pk.hook = ast::Hook::Output;
+        let t = p.trace(&pk);
+        assert!(t.untracked, "{t}");
+        assert_eq!(t.verdict, TraceVerdict::Accept, "{t}");
+        pk.sport = 54;
+        let t = p.trace(&pk);
+        assert!(!t.untracked, "{t}");
+        assert_eq!(t.verdict, TraceVerdict::Drop, "{t}");
     }
 
     /// `flow add @ft`: the forward decision of a matching packet says so;

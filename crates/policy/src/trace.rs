@@ -732,7 +732,7 @@ impl CompiledPolicy {
             if hook == ast::Hook::Forward {
                 p.ttl = p.ttl.saturating_sub(1);
             }
-            let stages: &[Stage] = if hook == ast::Hook::Prerouting {
+            let stages: &[Stage] = if matches!(hook, ast::Hook::Prerouting | ast::Hook::Output) {
                 &[Stage::BeforeConntrack, Stage::AfterConntrack]
             } else {
                 &[Stage::All]
