@@ -149,6 +149,25 @@ pub struct PacketFields {
     /// When the packet is seen, ns since the epoch (UTC): `meta time`,
     /// and through it `meta day` and `meta hour`.
     pub time_ns: u64,
+    /// The connection's original tuple (`ct original ...`): addresses as
+    /// `saddr`/`daddr` are (IPv4 mapped), then ports.
+    pub ct_orig: CtTuple,
+    /// The connection's reply tuple (`ct reply ...`).
+    pub ct_reply: CtTuple,
+}
+
+/// One direction's tuple of a connection, as `ct original` / `ct reply`
+/// read it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
+pub struct CtTuple {
+    /// Source address (IPv4 as IPv4-mapped IPv6).
+    pub saddr: u128,
+    /// Destination address.
+    pub daddr: u128,
+    /// Source port (or ICMP identifier).
+    pub sport: u16,
+    /// Destination port.
+    pub dport: u16,
 }
 
 /// A connection, by its original direction's tuple as conntrack keeps it
@@ -230,6 +249,22 @@ pub enum Field {
     Day,
     /// `meta hour`: seconds since midnight.
     Hour,
+    /// `ct original ip|ip6 saddr`.
+    CtOrigSaddr,
+    /// `ct original ip|ip6 daddr`.
+    CtOrigDaddr,
+    /// `ct reply ip|ip6 saddr`.
+    CtReplySaddr,
+    /// `ct reply ip|ip6 daddr`.
+    CtReplyDaddr,
+    /// `ct original proto-src`.
+    CtOrigSport,
+    /// `ct original proto-dst`.
+    CtOrigDport,
+    /// `ct reply proto-src`.
+    CtReplySport,
+    /// `ct reply proto-dst`.
+    CtReplyDport,
 }
 
 impl Field {
@@ -246,8 +281,20 @@ impl Field {
             Field::Time => 64,
             Field::IpLen => 16,
             Field::EtherSaddr | Field::EtherDaddr => 48,
-            Field::IifName | Field::OifName | Field::Saddr | Field::Daddr => 128,
-            Field::Sport | Field::Dport => 16,
+            Field::IifName
+            | Field::OifName
+            | Field::Saddr
+            | Field::Daddr
+            | Field::CtOrigSaddr
+            | Field::CtOrigDaddr
+            | Field::CtReplySaddr
+            | Field::CtReplyDaddr => 128,
+            Field::Sport
+            | Field::Dport
+            | Field::CtOrigSport
+            | Field::CtOrigDport
+            | Field::CtReplySport
+            | Field::CtReplyDport => 16,
             Field::Family
             | Field::L4Proto
             | Field::TcpFlags
@@ -309,6 +356,14 @@ impl PacketFields {
             // 1970-01-01 was a Thursday (day 4).
             Field::Day => ((self.time_ns / NS_PER_DAY + 4) % 7) as u128,
             Field::Hour => ((self.time_ns % NS_PER_DAY) / 1_000_000_000) as u128,
+            Field::CtOrigSaddr => self.ct_orig.saddr,
+            Field::CtOrigDaddr => self.ct_orig.daddr,
+            Field::CtReplySaddr => self.ct_reply.saddr,
+            Field::CtReplyDaddr => self.ct_reply.daddr,
+            Field::CtOrigSport => self.ct_orig.sport as u128,
+            Field::CtOrigDport => self.ct_orig.dport as u128,
+            Field::CtReplySport => self.ct_reply.sport as u128,
+            Field::CtReplyDport => self.ct_reply.dport as u128,
         }
     }
 }

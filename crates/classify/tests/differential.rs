@@ -28,11 +28,14 @@ fn rand_match(r: &mut Rng) -> Match {
     let negate = r.pct(20);
     match r.below(14) {
         0 | 1 => {
-            let f = if r.pct(50) {
-                Field::Saddr
-            } else {
-                Field::Daddr
-            };
+            let f = [
+                Field::Saddr,
+                Field::Daddr,
+                Field::Saddr,
+                Field::Daddr,
+                Field::CtOrigDaddr,
+                Field::CtReplySaddr,
+            ][r.below(6) as usize];
             let n = 1 + r.below(3);
             let rs: Vec<Range> = (0..n)
                 .map(|_| {
@@ -53,11 +56,14 @@ fn rand_match(r: &mut Rng) -> Match {
             negate,
         ),
         3 | 4 => {
-            let f = if r.pct(50) {
-                Field::Sport
-            } else {
-                Field::Dport
-            };
+            let f = [
+                Field::Sport,
+                Field::Dport,
+                Field::Sport,
+                Field::Dport,
+                Field::CtOrigDport,
+                Field::CtReplySport,
+            ][r.below(6) as usize];
             let n = 1 + r.below(3);
             let rs: Vec<Range> = (0..n)
                 .map(|_| match r.below(4) {
@@ -313,7 +319,22 @@ fn rand_program(r: &mut Rng, next_id: &mut u64) -> Program {
 }
 
 fn rand_packet(r: &mut Rng) -> PacketFields {
+    let port = |r: &mut Rng| {
+        if r.pct(80) {
+            r.below(24) as u16
+        } else {
+            r.below(65536) as u16
+        }
+    };
+    let tuple = |r: &mut Rng| CtTuple {
+        saddr: addr(r),
+        daddr: addr(r),
+        sport: port(r),
+        dport: port(r),
+    };
     PacketFields {
+        ct_orig: tuple(r),
+        ct_reply: tuple(r),
         iif: 1 + r.below(3) as u32,
         oif: 1 + r.below(3) as u32,
         iifname: IfName::new(NAMES[r.below(5) as usize]),

@@ -108,8 +108,13 @@ pub struct PolicyPacket {
     /// day`, `meta hour`.
     pub wall_ms: u64,
     /// The connection the packet belongs to: its original direction's
-    /// tuple, before NAT (what `ct count` counts).
+    /// tuple, before NAT (what `ct count` counts, `ct original ...`).
     pub conn: ConnTuple,
+    /// Its reply direction's tuple as replies will arrive (`ct reply
+    /// ...`): the original reversed, with a DNAT's target as source once
+    /// prerouting applied one and the SNAT address as destination for an
+    /// established connection that has one.
+    pub ct_reply: ConnTuple,
 }
 
 /// A connection by its original direction's tuple, before NAT (addresses

@@ -1556,6 +1556,7 @@ impl Worker {
             rpf: (true, true),
             now_ms: self.now_ms,
             wall_ms: self.wall_ms,
+            ct_reply: conn4(&reply),
             conn: conn4(&orig),
         };
         // `src` is the received packet's source in every hook (the
@@ -2146,6 +2147,7 @@ impl Worker {
                 Some(Ok(r)) => {
                     reply = Some(r);
                     dst_rewritten = true;
+                    pp.ct_reply = conn4(&r);
                     // Later hooks see the translated destination, as after
                     // DNAT, and `ct status` dnat + snat.
                     pp.dst = u128::from(r.src);
@@ -2185,6 +2187,7 @@ impl Worker {
                     Ok(r) => {
                         reply = Some(r);
                         dst_rewritten = true;
+                        pp.ct_reply = conn4(&r);
                         // Later hooks see the translated destination and
                         // `ct status dnat`, as in the kernel.
                         pp.dst = u128::from(r.src);
@@ -2508,6 +2511,9 @@ impl Worker {
         let mut pp = policy_packet(iif, key, d, CtState::Related, buf);
         self.addr_types4(&mut pp);
         self.stamp(&mut pp);
+        // A related packet's connection is the one it is about.
+        pp.conn = conn4(&orig);
+        pp.ct_reply = conn4(&reply);
         if self.policy.decide(Hook::Forward, &pp).verdict != Verdict::Accept {
             return Action::Drop(DropReason::PolicyDrop);
         }
@@ -2756,6 +2762,7 @@ fn policy_packet(
         len,
         now_ms: 0,
         wall_ms: 0,
+        ct_reply: conn4(&key.reversed()),
         conn: conn4(key),
     }
 }

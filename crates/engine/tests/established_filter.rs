@@ -423,3 +423,40 @@ fn a_tcp_connection_joins_the_flowtable_once_established_and_leaves_it_at_fin() 
     assert!(!in_flowtable(&w));
     assert_eq!(hooks() - before, 3);
 }
+
+#[test]
+fn the_policy_sees_the_connections_original_and_reply_tuples() {
+    let (mut w, p) = setup(true);
+    let k = key(5400);
+    assert_eq!(
+        exchange(&mut w, 1_000_000, &k, None),
+        [Action::Forward(OUTSIDE)]
+    );
+    let reply = w.conntrack().iter().next().map(|(_, e)| e.reply()).unwrap();
+    let tuple = |f: &FlowKey4| (u128::from(f.src), u128::from(f.dst), f.sport, f.dport);
+    let of = |c: &sluice_engine::ConnTuple| (c.src, c.dst, c.sport, c.dport);
+    // The first packet, at forward: the original tuple is the packet's,
+    // the reply tuple its reverse (the SNAT comes after, at postrouting).
+    let seen = p.seen.lock().unwrap().clone();
+    let fwd = seen
+        .iter()
+        .find(|(h, _)| *h == Hook::Forward)
+        .map(|(_, pp)| *pp)
+        .unwrap();
+    assert_eq!(of(&fwd.conn), tuple(&k));
+    assert_eq!(of(&fwd.ct_reply), tuple(&k.reversed()));
+    // An established packet: the connection's tuples, the reply with the
+    // pool address as destination.
+    p.seen.lock().unwrap().clear();
+    assert_eq!(
+        exchange(&mut w, 2_000_000, &k, Some(&reply)),
+        [Action::Forward(OUTSIDE), Action::Forward(INSIDE)]
+    );
+    let seen = p.seen.lock().unwrap().clone();
+    assert!(!seen.is_empty());
+    for (_, pp) in &seen {
+        assert_eq!(of(&pp.conn), tuple(&k));
+        assert_eq!(of(&pp.ct_reply), tuple(&reply));
+        assert_eq!(pp.ct_reply.dst, u128::from(u32::from(POOL)));
+    }
+}

@@ -443,6 +443,18 @@ fn spec(f: Field, fam: Family) -> Result<(ir::Field, Kind, &'static [Dep]), Stri
         Field::MetaTime => (I::Time, Kind::Num, &[]),
         Field::MetaDay => (I::Day, Kind::Num, &[]),
         Field::MetaHour => (I::Hour, Kind::Num, &[]),
+        Field::CtOrigIpSaddr => (I::CtOrigSaddr, Kind::Addr4, v4),
+        Field::CtOrigIpDaddr => (I::CtOrigDaddr, Kind::Addr4, v4),
+        Field::CtReplyIpSaddr => (I::CtReplySaddr, Kind::Addr4, v4),
+        Field::CtReplyIpDaddr => (I::CtReplyDaddr, Kind::Addr4, v4),
+        Field::CtOrigIp6Saddr => (I::CtOrigSaddr, Kind::Addr6, v6),
+        Field::CtOrigIp6Daddr => (I::CtOrigDaddr, Kind::Addr6, v6),
+        Field::CtReplyIp6Saddr => (I::CtReplySaddr, Kind::Addr6, v6),
+        Field::CtReplyIp6Daddr => (I::CtReplyDaddr, Kind::Addr6, v6),
+        Field::CtOrigProtoSrc => (I::CtOrigSport, Kind::Num, &[]),
+        Field::CtOrigProtoDst => (I::CtOrigDport, Kind::Num, &[]),
+        Field::CtReplyProtoSrc => (I::CtReplySport, Kind::Num, &[]),
+        Field::CtReplyProtoDst => (I::CtReplyDport, Kind::Num, &[]),
     })
 }
 
@@ -2038,7 +2050,17 @@ fn reads_connection(m: &ir::Match) -> bool {
     let conn = |f: &ir::Field| {
         matches!(
             f,
-            ir::Field::CtMark | ir::Field::CtStatus | ir::Field::CtDir
+            ir::Field::CtMark
+                | ir::Field::CtStatus
+                | ir::Field::CtDir
+                | ir::Field::CtOrigSaddr
+                | ir::Field::CtOrigDaddr
+                | ir::Field::CtReplySaddr
+                | ir::Field::CtReplyDaddr
+                | ir::Field::CtOrigSport
+                | ir::Field::CtOrigDport
+                | ir::Field::CtReplySport
+                | ir::Field::CtReplyDport
         )
     };
     match m {

@@ -1000,6 +1000,21 @@ impl CompiledPolicy {
         };
         let ported = matches!(pkt.proto, 6 | 17 | 33 | 132 | 136);
         let oif = pkt.oif.map_or(0, u32::from);
+        let tuple = |c: &sluice_engine::ConnTuple| {
+            let a = |x: u128| {
+                if c.family == 6 {
+                    x
+                } else {
+                    sluice_classify::map_v4(x as u32)
+                }
+            };
+            sluice_classify::ir::CtTuple {
+                saddr: a(c.src),
+                daddr: a(c.dst),
+                sport: c.sport,
+                dport: c.dport,
+            }
+        };
         PacketFields {
             iif: u32::from(pkt.iif),
             oif,
@@ -1041,6 +1056,8 @@ impl CompiledPolicy {
             rpf_any: u8::from(pkt.rpf.1),
             conn: conn_id(&pkt.conn),
             time_ns: pkt.wall_ms.saturating_mul(1_000_000),
+            ct_orig: tuple(&pkt.conn),
+            ct_reply: tuple(&pkt.ct_reply),
         }
     }
 }
@@ -1237,6 +1254,7 @@ mod tests {
             rpf: (true, true),
             now_ms: 0,
             wall_ms: 0,
+            ct_reply: Default::default(),
             conn: sluice_engine::ConnTuple {
                 src: 0x0a00_0001,
                 dst: 0x0a00_0002,

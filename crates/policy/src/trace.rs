@@ -12,7 +12,9 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
-use sluice_classify::ir::{ct, map_v4, ConnId, Family as IrFamily, IfName, PacketFields, RuleId};
+use sluice_classify::ir::{
+    ct, map_v4, ConnId, CtTuple, Family as IrFamily, IfName, PacketFields, RuleId,
+};
 use sluice_classify::{Outcome, Scratch};
 use sluice_engine::CtState;
 use sluice_nat::Translation;
@@ -467,7 +469,34 @@ impl TracePacket {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs())
         });
+        // The connection's tuples: the packet's own in its direction (a
+        // trace knows no NAT that happened before it), the other one
+        // reversed (an ICMP packet's identifier is not given: 0).
+        let (sport, dport) = if icmp {
+            (0, 0)
+        } else {
+            (self.sport, self.dport)
+        };
+        let mine = CtTuple {
+            saddr: addr(self.src),
+            daddr: addr(self.dst),
+            sport,
+            dport,
+        };
+        let other = CtTuple {
+            saddr: mine.daddr,
+            daddr: mine.saddr,
+            sport: mine.dport,
+            dport: mine.sport,
+        };
+        let (ct_orig, ct_reply) = if self.ct_dir == 1 {
+            (other, mine)
+        } else {
+            (mine, other)
+        };
         PacketFields {
+            ct_orig,
+            ct_reply,
             iif,
             oif,
             iifname,
@@ -801,6 +830,8 @@ impl CompiledPolicy {
                                 // `ct status dnat`, as in the kernel.
                                 p.ct_status |= IPS_DST_NAT;
                                 p.daddr = map_v4(u32::from(addr));
+                                // Replies now come from the target.
+                                p.ct_reply.saddr = p.daddr;
                                 // A DNAT target is not one of the gateway's
                                 // addresses (the path goes on through forward).
                                 p.daddr_type =
@@ -808,6 +839,7 @@ impl CompiledPolicy {
                                 if let Some(port) = port {
                                     if matches!(p.l4proto, 6 | 17 | 33 | 132 | 136) {
                                         p.dport = port;
+                                        p.ct_reply.sport = port;
                                     }
                                 }
                                 NatType::Dnat

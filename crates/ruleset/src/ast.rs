@@ -459,6 +459,22 @@ pub enum Field {
     /// `meta hour`: the time of day it is seen, seconds since midnight
     /// (UTC).
     MetaHour,
+    /// `ct original|reply ip|ip6 saddr|daddr`, `ct original|reply
+    /// proto-src|proto-dst`: a tuple of the packet's connection (the
+    /// original direction as its first packet had it, before NAT; the
+    /// reply direction as replies arrive, NAT included).
+    CtOrigIpSaddr,
+    CtOrigIpDaddr,
+    CtReplyIpSaddr,
+    CtReplyIpDaddr,
+    CtOrigIp6Saddr,
+    CtOrigIp6Daddr,
+    CtReplyIp6Saddr,
+    CtReplyIp6Daddr,
+    CtOrigProtoSrc,
+    CtOrigProtoDst,
+    CtReplyProtoSrc,
+    CtReplyProtoDst,
 }
 
 /// Which network-layer family a field requires.
@@ -471,7 +487,7 @@ pub enum FieldFamily {
 
 impl Field {
     /// All fields, for lookups and suggestions.
-    pub const ALL: [Field; 46] = [
+    pub const ALL: [Field; 58] = [
         Field::Iifname,
         Field::Oifname,
         Field::Iif,
@@ -518,6 +534,18 @@ impl Field {
         Field::MetaTime,
         Field::MetaDay,
         Field::MetaHour,
+        Field::CtOrigIpSaddr,
+        Field::CtOrigIpDaddr,
+        Field::CtReplyIpSaddr,
+        Field::CtReplyIpDaddr,
+        Field::CtOrigIp6Saddr,
+        Field::CtOrigIp6Daddr,
+        Field::CtReplyIp6Saddr,
+        Field::CtReplyIp6Daddr,
+        Field::CtOrigProtoSrc,
+        Field::CtOrigProtoDst,
+        Field::CtReplyProtoSrc,
+        Field::CtReplyProtoDst,
     ];
 
     /// Canonical nft spelling (`"ip saddr"`).
@@ -569,6 +597,18 @@ impl Field {
             Field::MetaTime => "meta time",
             Field::MetaDay => "meta day",
             Field::MetaHour => "meta hour",
+            Field::CtOrigIpSaddr => "ct original ip saddr",
+            Field::CtOrigIpDaddr => "ct original ip daddr",
+            Field::CtReplyIpSaddr => "ct reply ip saddr",
+            Field::CtReplyIpDaddr => "ct reply ip daddr",
+            Field::CtOrigIp6Saddr => "ct original ip6 saddr",
+            Field::CtOrigIp6Daddr => "ct original ip6 daddr",
+            Field::CtReplyIp6Saddr => "ct reply ip6 saddr",
+            Field::CtReplyIp6Daddr => "ct reply ip6 daddr",
+            Field::CtOrigProtoSrc => "ct original proto-src",
+            Field::CtOrigProtoDst => "ct original proto-dst",
+            Field::CtReplyProtoSrc => "ct reply proto-src",
+            Field::CtReplyProtoDst => "ct reply proto-dst",
         }
     }
 
@@ -591,6 +631,18 @@ impl Field {
             Field::MetaTime => DataType::Time,
             Field::MetaDay => DataType::Day,
             Field::MetaHour => DataType::Hour,
+            Field::CtOrigIpSaddr
+            | Field::CtOrigIpDaddr
+            | Field::CtReplyIpSaddr
+            | Field::CtReplyIpDaddr => DataType::Ipv4Addr,
+            Field::CtOrigIp6Saddr
+            | Field::CtOrigIp6Daddr
+            | Field::CtReplyIp6Saddr
+            | Field::CtReplyIp6Daddr => DataType::Ipv6Addr,
+            Field::CtOrigProtoSrc
+            | Field::CtOrigProtoDst
+            | Field::CtReplyProtoSrc
+            | Field::CtReplyProtoDst => DataType::InetService,
             Field::FibDaddrType | Field::FibSaddrType => DataType::AddrType,
             Field::EtherSaddr | Field::EtherDaddr => DataType::EtherAddr,
             Field::CtDirection => DataType::CtDir,
@@ -621,6 +673,14 @@ impl Field {
             Field::IcmpType | Field::IcmpCode => FieldFamily::V4,
             Field::Ip6Saddr | Field::Ip6Daddr | Field::Ip6Nexthdr => FieldFamily::V6,
             Field::Icmpv6Type | Field::Icmpv6Code => FieldFamily::V6,
+            Field::CtOrigIpSaddr
+            | Field::CtOrigIpDaddr
+            | Field::CtReplyIpSaddr
+            | Field::CtReplyIpDaddr => FieldFamily::V4,
+            Field::CtOrigIp6Saddr
+            | Field::CtOrigIp6Daddr
+            | Field::CtReplyIp6Saddr
+            | Field::CtReplyIp6Daddr => FieldFamily::V6,
             _ => FieldFamily::Any,
         }
     }

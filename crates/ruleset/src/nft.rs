@@ -102,7 +102,6 @@ fn unsupported_keyword(w: &str) -> Option<&'static str> {
 /// (docs/configuration.md, "Not yet supported").
 fn unsupported_field(what: &str, field: &str) -> Option<&'static str> {
     Some(match (what, field) {
-        ("ct", "original" | "reply") => "matching a direction's tuple is not implemented yet",
         ("ct", "helper") => "conntrack helpers are not implemented",
         ("ct", "zone") => "conntrack zones are not implemented",
         ("meta", "skuid" | "skgid") => {
@@ -1941,6 +1940,51 @@ impl<'s> Parser<'s> {
                     }
                 } else {
                     return unsupported(self);
+                }
+            }
+            "ct" if matches!(self.word(), Some("original" | "reply")) => {
+                let (dir, _) = self.expect_word("direction")?;
+                let orig = dir == "original";
+                let fam = match self.word() {
+                    Some(f @ ("ip" | "ip6")) => {
+                        self.bump();
+                        Some(f == "ip")
+                    }
+                    _ => None,
+                };
+                let (what, wsp) = self.expect_word("ct tuple field")?;
+                match (fam, what) {
+                    (Some(v4), "saddr" | "daddr") => {
+                        let src = what == "saddr";
+                        match (orig, v4, src) {
+                            (true, true, true) => Field::CtOrigIpSaddr,
+                            (true, true, false) => Field::CtOrigIpDaddr,
+                            (false, true, true) => Field::CtReplyIpSaddr,
+                            (false, true, false) => Field::CtReplyIpDaddr,
+                            (true, false, true) => Field::CtOrigIp6Saddr,
+                            (true, false, false) => Field::CtOrigIp6Daddr,
+                            (false, false, true) => Field::CtReplyIp6Saddr,
+                            (false, false, false) => Field::CtReplyIp6Daddr,
+                        }
+                    }
+                    (None, "saddr" | "daddr") => {
+                        return self.err(
+                            wsp,
+                            format!("say 'ct {dir} ip {what}' or 'ct {dir} ip6 {what}'"),
+                        )
+                    }
+                    (None, "proto-src") if orig => Field::CtOrigProtoSrc,
+                    (None, "proto-dst") if orig => Field::CtOrigProtoDst,
+                    (None, "proto-src") => Field::CtReplyProtoSrc,
+                    (None, "proto-dst") => Field::CtReplyProtoDst,
+                    _ => {
+                        let help = suggest(what, ["saddr", "daddr", "proto-src", "proto-dst"]);
+                        return self.err_help(
+                            wsp,
+                            format!("unknown ct {dir} field '{what}'"),
+                            help,
+                        );
+                    }
                 }
             }
             "ct" => sub(

@@ -640,6 +640,7 @@ impl Worker {
             rpf: (true, true),
             now_ms: self.now_ms,
             wall_ms: self.wall_ms,
+            ct_reply: conn6(&e.reply()),
             conn: conn6(&e.orig()),
         };
         self.addr_types6(iif, &mut pp);
@@ -1134,6 +1135,7 @@ pub(super) fn policy_packet6(
         rpf: (true, true),
         now_ms: 0,
         wall_ms: 0,
+        ct_reply: conn6(&key.reversed()),
         conn: conn6(key),
     }
 }

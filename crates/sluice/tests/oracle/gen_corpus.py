@@ -1202,6 +1202,38 @@ def notrack():
     out += rule(dict(inp, dport=5305), other=dict(dport=5300))
     return out
 
+CT_TUPLE_NFT = """# ct original / ct reply addresses: the original tuple before NAT, the
+# reply tuple with a DNAT's target as its source; established packets read
+# their connection's tuples.
+table ip nat {
+    chain pre {
+        type nat hook prerouting priority dstnat; policy accept;
+        iifname "ppp0" tcp dport 8080 dnat to 192.168.1.10:80
+    }
+}
+table ip filter {
+    chain forward_filter {
+        type filter hook forward priority filter; policy drop;
+        ct original ip daddr 203.0.113.1 ct reply ip saddr 192.168.1.10 accept
+        ct original ip saddr 10.0.0.0/8 ct reply ip daddr 10.0.0.0/8 accept
+        ct state established ct original ip saddr 192.168.1.50 ct reply ip saddr 198.51.100.50 accept
+        ct reply ip saddr 198.51.100.60 drop
+        ct original ip daddr != 198.51.100.0/24 accept
+    }
+}
+"""
+
+
+def ct_tuple():
+    wan = dict(hook="forward", iif="ppp0", oif="br-lan", src="198.51.100.50", dst="203.0.113.1", proto="tcp")
+    lan = dict(hook="forward", iif="br-lan", oif="ppp0", src="192.168.1.50", dst="198.51.100.50", proto="tcp")
+    out = []
+    out += rule(dict(wan, dport=8080), nodnat=dict(dport=8081))
+    out += rule(dict(lan, src="10.1.2.3", dport=443), other=dict(src="172.16.0.9"))
+    out += rule(dict(lan, dport=51000, tcp_flags="A", ct="established"), new=dict(ct="new"))
+    out += rule(dict(lan, dst="198.51.100.60", dport=80), elsewhere=dict(dst="192.0.2.8"))
+    return out
+
 
 def main():
     seed_pk = seed001()
@@ -1284,6 +1316,9 @@ def main():
     with open(os.path.join(HERE, "notrack.nft"), "w") as f:
         f.write(NOTRACK_NFT)
     write("notrack", notrack())
+    with open(os.path.join(HERE, "ct_tuple.nft"), "w") as f:
+        f.write(CT_TUPLE_NFT)
+    write("ct_tuple", ct_tuple())
 
 
 if __name__ == "__main__":
