@@ -232,6 +232,11 @@ fn port_num(s: &str) -> Option<u64> {
 }
 
 /// `80`, `ssh`, `1000-2000`, `1000:2000`, `:1024`, `1024:`.
+/// The argument of the option at `words[i]`, without consuming it.
+fn next_arg(words: &[Word], i: usize) -> Option<&str> {
+    words.get(i + 1).map(|w| w.text.as_str())
+}
+
 fn port_value(s: &str) -> Option<Value> {
     let sep = s.find([':', '-']);
     match sep {
@@ -632,6 +637,16 @@ const OPTIONS: &[&str] = &[
     "--sports",
     "--dports",
     "--ctstate",
+    "--ctstatus",
+    "--ctdir",
+    "--ctorigsrc",
+    "--ctorigdst",
+    "--ctreplsrc",
+    "--ctrepldst",
+    "--ctorigsrcport",
+    "--ctorigdstport",
+    "--ctreplsrcport",
+    "--ctrepldstport",
     "--state",
     "--src-type",
     "--dst-type",
@@ -1064,6 +1079,124 @@ fn rule(
                     )
                 };
                 push(&mut r, vec![f], None, neg, right, sp);
+            }
+            "--ctorigsrc" | "--ctorigdst" | "--ctreplsrc" | "--ctrepldst" => {
+                let a = arg!(w);
+                let v6 = cx.v6;
+                let f = match (&w.text[4..], v6) {
+                    ("origsrc", false) => Field::CtOrigIpSaddr,
+                    ("origdst", false) => Field::CtOrigIpDaddr,
+                    ("replsrc", false) => Field::CtReplyIpSaddr,
+                    ("repldst", false) => Field::CtReplyIpDaddr,
+                    ("origsrc", true) => Field::CtOrigIp6Saddr,
+                    ("origdst", true) => Field::CtOrigIp6Daddr,
+                    ("replsrc", true) => Field::CtReplyIp6Saddr,
+                    _ => Field::CtReplyIp6Daddr,
+                };
+                match addr_value(&a.text) {
+                    Some(v @ (Value::Addr(ip) | Value::Prefix { addr: ip, .. }))
+                        if ip.is_ipv6() == v6 =>
+                    {
+                        push(&mut r, vec![f], None, neg, v, cx.span(&a))
+                    }
+                    _ => {
+                        let fam = if v6 { "IPv6" } else { "IPv4" };
+                        cx.err(
+                            &a,
+                            format!("invalid {} '{}': one {fam} address[/mask]", w.text, a.text),
+                        );
+                        ok = false;
+                    }
+                }
+            }
+            "--ctorigsrcport" | "--ctorigdstport" | "--ctreplsrcport" | "--ctrepldstport" => {
+                let a = arg!(w);
+                let f = match w.text.as_str() {
+                    "--ctorigsrcport" => Field::CtOrigProtoSrc,
+                    "--ctorigdstport" => Field::CtOrigProtoDst,
+                    "--ctreplsrcport" => Field::CtReplyProtoSrc,
+                    _ => Field::CtReplyProtoDst,
+                };
+                match port_value(&a.text) {
+                    Some(v) => push(&mut r, vec![f], None, neg, v, cx.span(&a)),
+                    None => {
+                        cx.err(&a, format!("invalid port '{}'", a.text));
+                        ok = false;
+                    }
+                }
+            }
+            "--ctdir" => {
+                let a = arg!(w);
+                match symbols::lookup(DataType::CtDir, &a.text.to_ascii_lowercase()) {
+                    Some(d) => push(
+                        &mut r,
+                        vec![Field::CtDirection],
+                        None,
+                        neg,
+                        Value::Num(d),
+                        cx.span(&a),
+                    ),
+                    None => {
+                        let help = suggest(&a.text, ["ORIGINAL", "REPLY"]);
+                        cx.err_help(&a, format!("unknown --ctdir '{}'", a.text), help);
+                        ok = false;
+                    }
+                }
+            }
+            "--ctstatus" => {
+                let a = arg!(w);
+                let mut bits = 0;
+                for s in a.text.split(',') {
+                    let name = s.to_ascii_lowercase().replace('_', "-");
+                    match symbols::lookup(DataType::CtStatus, &name) {
+                        Some(b) => bits |= b,
+                        None => {
+                            let help =
+                                suggest(s, ["EXPECTED", "SEEN_REPLY", "ASSURED", "CONFIRMED"]);
+                            cx.err_help(&a, format!("unknown connection status '{s}'"), help);
+                            ok = false;
+                        }
+                    }
+                }
+                push(
+                    &mut r,
+                    vec![Field::CtStatus],
+                    None,
+                    neg,
+                    Value::Num(bits),
+                    cx.span(&a),
+                );
+            }
+            // xt_conntrack's SNAT and DNAT pseudo-states are status bits
+            // (iptables-translate: `ct status snat|dnat`); mixed with real
+            // states they would need an OR across two fields.
+            "--ctstate"
+                if next_arg(words, i)
+                    .is_some_and(|a| a.split(',').any(|s| matches!(s, "SNAT" | "DNAT"))) =>
+            {
+                let a = arg!(w);
+                let parts: Vec<&str> = a.text.split(',').collect();
+                if parts.iter().all(|s| matches!(*s, "SNAT" | "DNAT")) {
+                    let bits = parts
+                        .iter()
+                        .map(|s| if *s == "SNAT" { 0x10 } else { 0x20 })
+                        .fold(0, |x, b| x | b);
+                    push(
+                        &mut r,
+                        vec![Field::CtStatus],
+                        None,
+                        neg,
+                        Value::Num(bits),
+                        cx.span(&a),
+                    );
+                } else {
+                    cx.err(
+                        &a,
+                        "--ctstate mixes SNAT/DNAT (connection status) with states; write \
+                         them as two -m conntrack matches",
+                    );
+                    ok = false;
+                }
             }
             "--ctstate" | "--state" => {
                 let a = arg!(w);

@@ -1234,6 +1234,26 @@ def ct_tuple():
     out += rule(dict(lan, dst="198.51.100.60", dport=80), elsewhere=dict(dst="192.0.2.8"))
     return out
 
+CT_TUPLE_XT_RULES = """# iptables -m conntrack tuple and status options (ct_tuple.nft's rules).
+*nat
+:PREROUTING ACCEPT [0:0]
+:INPUT ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:POSTROUTING ACCEPT [0:0]
+-A PREROUTING -i ppp0 -p tcp -m tcp --dport 8080 -j DNAT --to-destination 192.168.1.10:80
+COMMIT
+*filter
+:INPUT ACCEPT [0:0]
+:FORWARD DROP [0:0]
+:OUTPUT ACCEPT [0:0]
+-A FORWARD -m conntrack --ctorigdst 203.0.113.1 --ctreplsrc 192.168.1.10 -j ACCEPT
+-A FORWARD -m conntrack --ctorigsrc 10.0.0.0/8 --ctrepldst 10.0.0.0/8 -j ACCEPT
+-A FORWARD -m conntrack --ctstate ESTABLISHED -m conntrack --ctorigsrc 192.168.1.50 --ctreplsrc 198.51.100.50 -j ACCEPT
+-A FORWARD -m conntrack --ctreplsrc 198.51.100.60 -j DROP
+-A FORWARD -m conntrack ! --ctorigdst 198.51.100.0/24 -j ACCEPT
+COMMIT
+"""
+
 
 def main():
     seed_pk = seed001()
@@ -1319,6 +1339,9 @@ def main():
     with open(os.path.join(HERE, "ct_tuple.nft"), "w") as f:
         f.write(CT_TUPLE_NFT)
     write("ct_tuple", ct_tuple())
+    with open(os.path.join(HERE, "ct_tuple_xt.rules"), "w") as f:
+        f.write(CT_TUPLE_XT_RULES)
+    write("ct_tuple_xt", ct_tuple())
 
 
 if __name__ == "__main__":
