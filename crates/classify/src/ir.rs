@@ -154,6 +154,9 @@ pub struct PacketFields {
     pub ct_orig: CtTuple,
     /// The connection's reply tuple (`ct reply ...`).
     pub ct_reply: CtTuple,
+    /// `ip frag-off` as the chains see it: the packet after reassembly,
+    /// so the DF flag (0x4000) alone can be set.
+    pub frag_off: u16,
 }
 
 /// One direction's tuple of a connection, as `ct original` / `ct reply`
@@ -265,6 +268,8 @@ pub enum Field {
     CtReplySport,
     /// `ct reply proto-dst`.
     CtReplyDport,
+    /// `ip frag-off`: flags and offset after reassembly.
+    FragOff,
 }
 
 impl Field {
@@ -294,7 +299,8 @@ impl Field {
             | Field::CtOrigSport
             | Field::CtOrigDport
             | Field::CtReplySport
-            | Field::CtReplyDport => 16,
+            | Field::CtReplyDport
+            | Field::FragOff => 16,
             Field::Family
             | Field::L4Proto
             | Field::TcpFlags
@@ -364,6 +370,7 @@ impl PacketFields {
             Field::CtOrigDport => self.ct_orig.dport as u128,
             Field::CtReplySport => self.ct_reply.sport as u128,
             Field::CtReplyDport => self.ct_reply.dport as u128,
+            Field::FragOff => self.frag_off as u128,
         }
     }
 }

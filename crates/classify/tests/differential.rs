@@ -335,6 +335,7 @@ fn rand_packet(r: &mut Rng) -> PacketFields {
     PacketFields {
         ct_orig: tuple(r),
         ct_reply: tuple(r),
+        frag_off: [0u16, 0x4000][r.below(2) as usize],
         iif: 1 + r.below(3) as u32,
         oif: 1 + r.below(3) as u32,
         iifname: IfName::new(NAMES[r.below(5) as usize]),

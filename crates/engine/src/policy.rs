@@ -82,6 +82,9 @@ pub struct PolicyPacket {
     pub ttl: u8,
     /// IPv4 TOS or IPv6 traffic class byte (DSCP in the top 6 bits).
     pub tos: u8,
+    /// IPv4's don't-fragment flag (`ip frag-off & 0x4000`; the rules see
+    /// a packet as reassembled, so MF and the offset read 0).
+    pub df: bool,
     /// How the frame was addressed (`meta pkttype`): 0 to the interface, 1
     /// link-layer broadcast, 2 multicast.
     pub pkttype: u8,

@@ -1547,6 +1547,7 @@ impl Worker {
             } else {
                 m.ttl.saturating_sub(1)
             },
+            df: buf.get(l3 + 6).is_some_and(|b| b & 0x40 != 0),
             tos: buf.get(l3 + 1).copied().unwrap_or(0),
             pkttype: 0,
             daddr_type: 0,
@@ -2739,6 +2740,9 @@ fn policy_packet(
         oif: None,
         family: 4,
         ttl,
+        df: buf
+            .get(usize::from(d.l3_off) + 6)
+            .is_some_and(|b| b & 0x40 != 0),
         tos: buf.get(usize::from(d.l3_off) + 1).copied().unwrap_or(0),
         pkttype: pkttype(buf),
         // The worker's: `Worker::addr_types4`.

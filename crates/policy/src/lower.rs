@@ -455,6 +455,7 @@ fn spec(f: Field, fam: Family) -> Result<(ir::Field, Kind, &'static [Dep]), Stri
         Field::CtOrigProtoDst => (I::CtOrigDport, Kind::Num, &[]),
         Field::CtReplyProtoSrc => (I::CtReplySport, Kind::Num, &[]),
         Field::CtReplyProtoDst => (I::CtReplyDport, Kind::Num, &[]),
+        Field::IpFragOff => (I::FragOff, Kind::Num, v4),
     })
 }
 

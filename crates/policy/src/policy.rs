@@ -1058,6 +1058,7 @@ impl CompiledPolicy {
             time_ns: pkt.wall_ms.saturating_mul(1_000_000),
             ct_orig: tuple(&pkt.conn),
             ct_reply: tuple(&pkt.ct_reply),
+            frag_off: if pkt.df { 0x4000 } else { 0 },
         }
     }
 }
@@ -1245,6 +1246,7 @@ mod tests {
             ct_status: 0,
             len: 60,
             ttl: 64,
+            df: false,
             tos: 0,
             pkttype: 0,
             daddr_type: 1,

@@ -497,6 +497,8 @@ impl TracePacket {
         PacketFields {
             ct_orig,
             ct_reply,
+            // A traced packet has DF clear (as the oracle's packets).
+            frag_off: 0,
             iif,
             oif,
             iifname,

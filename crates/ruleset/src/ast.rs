@@ -475,6 +475,9 @@ pub enum Field {
     CtOrigProtoDst,
     CtReplyProtoSrc,
     CtReplyProtoDst,
+    /// `ip frag-off`: the flags and fragment offset as the chains see
+    /// them, after reassembly (offset 0, MF clear).
+    IpFragOff,
 }
 
 /// Which network-layer family a field requires.
@@ -487,7 +490,7 @@ pub enum FieldFamily {
 
 impl Field {
     /// All fields, for lookups and suggestions.
-    pub const ALL: [Field; 58] = [
+    pub const ALL: [Field; 59] = [
         Field::Iifname,
         Field::Oifname,
         Field::Iif,
@@ -546,6 +549,7 @@ impl Field {
         Field::CtOrigProtoDst,
         Field::CtReplyProtoSrc,
         Field::CtReplyProtoDst,
+        Field::IpFragOff,
     ];
 
     /// Canonical nft spelling (`"ip saddr"`).
@@ -609,6 +613,7 @@ impl Field {
             Field::CtOrigProtoDst => "ct original proto-dst",
             Field::CtReplyProtoSrc => "ct reply proto-src",
             Field::CtReplyProtoDst => "ct reply proto-dst",
+            Field::IpFragOff => "ip frag-off",
         }
     }
 
@@ -624,7 +629,7 @@ impl Field {
             Field::IpTtl | Field::Ip6Hoplimit => DataType::Integer8,
             Field::IcmpCode => DataType::IcmpCode,
             Field::Icmpv6Code => DataType::Icmpv6Code,
-            Field::IpLength | Field::Ip6Length => DataType::Integer16,
+            Field::IpLength | Field::Ip6Length | Field::IpFragOff => DataType::Integer16,
             Field::MetaLength | Field::Numgen => DataType::Integer32,
             Field::IpDscp | Field::Ip6Dscp => DataType::Dscp,
             Field::MetaPkttype => DataType::PktType,
@@ -668,7 +673,8 @@ impl Field {
             | Field::IpProtocol
             | Field::IpTtl
             | Field::IpLength
-            | Field::IpDscp => FieldFamily::V4,
+            | Field::IpDscp
+            | Field::IpFragOff => FieldFamily::V4,
             Field::Ip6Hoplimit | Field::Ip6Length | Field::Ip6Dscp => FieldFamily::V6,
             Field::IcmpType | Field::IcmpCode => FieldFamily::V4,
             Field::Ip6Saddr | Field::Ip6Daddr | Field::Ip6Nexthdr => FieldFamily::V6,

@@ -108,7 +108,6 @@ fn unsupported_field(what: &str, field: &str) -> Option<&'static str> {
             "socket owners concern locally generated packets, which Sluice does not have"
         }
         ("meta", "priority") => "packet priorities are not implemented",
-        ("ip", "frag-off") => "fragment offsets are not matched (fragments are tracked whole)",
         _ => return None,
     })
 }
@@ -1846,6 +1845,7 @@ impl<'s> Parser<'s> {
                     ("ttl", Field::IpTtl),
                     ("length", Field::IpLength),
                     ("dscp", Field::IpDscp),
+                    ("frag-off", Field::IpFragOff),
                 ],
             )?,
             "ip6" => sub(
@@ -2046,7 +2046,11 @@ impl<'s> Parser<'s> {
         if self.peek() == Tok::Amp {
             let asp = self.bump().span;
             match single {
-                Some(dt) if dt.is_bitmask() || dt == DataType::Mark => {
+                Some(dt)
+                    if dt.is_bitmask()
+                        || dt == DataType::Mark
+                        || left.as_slice() == [Field::IpFragOff] =>
+                {
                     let paren = self.eat(&Tok::LParen);
                     let mut bits = self.scalar(dt)?;
                     while self.eat(&Tok::Pipe) {
@@ -2057,7 +2061,12 @@ impl<'s> Parser<'s> {
                     }
                     mask = Some(bits);
                 }
-                _ => return self.err(asp, "'&' masks are only supported on flags and marks"),
+                _ => {
+                    return self.err(
+                        asp,
+                        "'&' masks are only supported on flags, marks and 'ip frag-off'",
+                    )
+                }
             }
         }
         let op = match self.peek() {

@@ -292,6 +292,9 @@ fn match_to_string(m: &Match) -> String {
                     .map(|b| num(1u64 << b, dt))
                     .collect();
                 format!("({})", names.join(" | "))
+            } else if m.left.as_slice() == [Field::IpFragOff] {
+                // nft lists the flags and offset word in hex.
+                format!("0x{mask:x}")
             } else {
                 num(mask, dt)
             };

@@ -134,9 +134,19 @@ impl Validator {
 
     /// The matches and statements of `rules`, rules of chain `c`.
     fn rules(&mut self, t: &Table, (chains, sets, maps): &Lookups<'_>, c: &Chain, rules: &[Rule]) {
+        // Defragmentation runs at priority -400: only chains before it see
+        // fragments, which Sluice does not reassemble for them.
+        let before_defrag = c.base.is_some_and(|b| b.priority < -400);
         for r in rules {
             for m in &r.matches {
                 self.matches(t, sets, m);
+                if before_defrag && m.left.contains(&Field::IpFragOff) {
+                    self.err(
+                        m.span,
+                        "'ip frag-off' in a chain before defragmentation (priority below \
+                         -400): Sluice shows every chain the reassembled packet",
+                    );
+                }
             }
             for s in &r.stmts {
                 if let StmtKind::SetUpdate(u) = &s.kind {

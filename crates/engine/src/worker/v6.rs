@@ -631,6 +631,7 @@ impl Worker {
             } else {
                 pk.hop_limit.saturating_sub(1)
             },
+            df: false,
             tos: traffic_class(buf, pk.l3),
             pkttype: 0,
             daddr_type: 0,
@@ -1124,6 +1125,7 @@ pub(super) fn policy_packet6(
         ct_status: 0,
         len: payload_len.saturating_add(40),
         ttl: buf.get(l3 + 7).copied().unwrap_or(0),
+        df: false,
         tos: traffic_class(buf, l3),
         pkttype: super::pkttype(buf),
         // The worker's: `Worker::addr_types6`.

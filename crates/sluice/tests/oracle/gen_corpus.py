@@ -1254,6 +1254,29 @@ COMMIT
 COMMIT
 """
 
+FRAG_OFF_NFT = """# ip frag-off: every chain from defragmentation (-400) on sees the
+# packet whole: offset 0, MF clear (the oracle's packets have DF clear).
+table ip filter {
+    chain input_filter {
+        type filter hook input priority filter; policy accept;
+        ip frag-off & 0x1fff != 0 udp dport 5500 drop
+        ip frag-off & 0x4000 != 0 udp dport 5501 drop
+        ip frag-off 0 udp dport 5502 drop
+        ip frag-off != 0 udp dport 5503 drop
+    }
+    chain pre_raw {
+        type filter hook prerouting priority raw; policy accept;
+        ip frag-off & 0x2000 != 0 udp dport 5504 drop
+        ip frag-off & 0x3fff == 0 udp dport 5505 drop
+    }
+}
+"""
+
+
+def frag_off():
+    inp = dict(hook="input", iif="eth0", src="10.0.0.5", dst="10.0.0.1", proto="udp")
+    return [pkt(**dict(inp, dport=p)) for p in range(5500, 5506)]
+
 
 def main():
     seed_pk = seed001()
@@ -1342,6 +1365,9 @@ def main():
     with open(os.path.join(HERE, "ct_tuple_xt.rules"), "w") as f:
         f.write(CT_TUPLE_XT_RULES)
     write("ct_tuple_xt", ct_tuple())
+    with open(os.path.join(HERE, "frag_off.nft"), "w") as f:
+        f.write(FRAG_OFF_NFT)
+    write("frag_off", frag_off())
 
 
 if __name__ == "__main__":
