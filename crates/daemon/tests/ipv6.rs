@@ -28,7 +28,8 @@
 //! its addresses: ping, HTTP and iperf3 from sources steered to each
 //! worker, an ICMPv6 error from a router steered by the packet it quotes,
 //! and a worker other than 0 resolving a next hop, all under a stateful
-//! rule set.
+//! rule set. `notrack` at `priority raw` for echo: after a reload, pings
+//! cross untracked, with no IPv6 connection for them.
 //!
 //! Needs root, `ip`, `sysctl`, `ethtool`, `ping`, `curl` and `python3`.
 
@@ -348,6 +349,53 @@ fn ipv6_end_to_end(backend: &str, tag: &str) {
         text(&o),
         d.context()
     );
+}
+
+/// `notrack` for IPv6 echo at `priority raw` (neighbour discovery keeps
+/// going through the chains untouched): after a reload to that rule set,
+/// pings cross the gateway as untracked packets, accepted by `ct state
+/// untracked`, and no IPv6 connection is created for them.
+fn ipv6_notrack(backend: &str, tag: &str) {
+    let (t, d, _) = setup(tag, backend, 1);
+    let rules = format!(
+        "table ip6 raw {{\n  chain prerouting {{\n    \
+         type filter hook prerouting priority raw; policy accept;\n    \
+         icmpv6 type {{ echo-request, echo-reply }} notrack\n  }}\n}}\n{}",
+        RULESET.replace(
+            "    ct state established,related accept\n",
+            "    ct state established,related accept\n    \
+             ct state untracked icmpv6 type { echo-request, echo-reply } counter accept\n",
+        )
+    );
+    std::fs::write(t.dir.join("gw6.nft"), rules).expect("new ruleset");
+    d.signal("-HUP");
+    wait_for("reload", Duration::from_secs(5), || {
+        d.ctl("status")["generation"] == 2
+    });
+    must_via(
+        &t.private,
+        &format!("ping -6 -n -c 3 -i 0.2 -W 2 {PUB6}"),
+        &d,
+    );
+    let l = d.ctl("conntrack list");
+    let conns = l["connections"].as_array().cloned().unwrap_or_default();
+    assert!(
+        !conns.iter().any(|c| c["proto"] == 58),
+        "{backend}: no connection for untracked echo: {l}"
+    );
+    assert!(d.counter("untracked") >= 6, "{}", d.context());
+}
+
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn ipv6_notrack_pings_cross_untracked_af_packet() {
+    ipv6_notrack("af_packet", "v6na");
+}
+
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn ipv6_notrack_pings_cross_untracked_af_xdp() {
+    ipv6_notrack("af_xdp", "v6nx");
 }
 
 #[test]
