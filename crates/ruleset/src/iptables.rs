@@ -231,12 +231,33 @@ fn port_num(s: &str) -> Option<u64> {
     parse_num(s).or_else(|| symbols::lookup(DataType::InetService, s))
 }
 
-/// `80`, `ssh`, `1000-2000`, `1000:2000`, `:1024`, `1024:`.
-/// The argument of the option at `words[i]`, without consuming it.
-fn next_arg(words: &[Word], i: usize) -> Option<&str> {
-    words.get(i + 1).map(|w| w.text.as_str())
+/// The bits of `parts` (`SEEN_REPLY`, `ESTABLISHED`, ...) in the symbol
+/// table of `dt` (nft's lower-case, dash-separated names), or `None` after
+/// reporting each unknown one (with a suggestion among `names`).
+fn flag_bits(
+    cx: &mut Ctx<'_>,
+    a: &Word,
+    dt: DataType,
+    parts: &[&str],
+    names: &[&str],
+    what: &str,
+) -> Option<u64> {
+    let mut bits = 0;
+    let mut ok = true;
+    for s in parts {
+        match symbols::lookup(dt, &s.to_ascii_lowercase().replace('_', "-")) {
+            Some(b) => bits |= b,
+            None => {
+                let help = suggest(s, names.iter().copied());
+                cx.err_help(a, format!("unknown connection {what} '{s}'"), help);
+                ok = false;
+            }
+        }
+    }
+    ok.then_some(bits)
 }
 
+/// `80`, `ssh`, `1000-2000`, `1000:2000`, `:1024`, `1024:`.
 fn port_value(s: &str) -> Option<Value> {
     let sep = s.find([':', '-']);
     match sep {
@@ -1145,83 +1166,59 @@ fn rule(
             }
             "--ctstatus" => {
                 let a = arg!(w);
-                let mut bits = 0;
-                for s in a.text.split(',') {
-                    let name = s.to_ascii_lowercase().replace('_', "-");
-                    match symbols::lookup(DataType::CtStatus, &name) {
-                        Some(b) => bits |= b,
-                        None => {
-                            let help =
-                                suggest(s, ["EXPECTED", "SEEN_REPLY", "ASSURED", "CONFIRMED"]);
-                            cx.err_help(&a, format!("unknown connection status '{s}'"), help);
-                            ok = false;
-                        }
-                    }
-                }
-                push(
-                    &mut r,
-                    vec![Field::CtStatus],
-                    None,
-                    neg,
-                    Value::Num(bits),
-                    cx.span(&a),
-                );
-            }
-            // xt_conntrack's SNAT and DNAT pseudo-states are status bits
-            // (iptables-translate: `ct status snat|dnat`); mixed with real
-            // states they would need an OR across two fields.
-            "--ctstate"
-                if next_arg(words, i)
-                    .is_some_and(|a| a.split(',').any(|s| matches!(s, "SNAT" | "DNAT"))) =>
-            {
-                let a = arg!(w);
+                let names = ["EXPECTED", "SEEN_REPLY", "ASSURED", "CONFIRMED"];
                 let parts: Vec<&str> = a.text.split(',').collect();
-                if parts.iter().all(|s| matches!(*s, "SNAT" | "DNAT")) {
-                    let bits = parts
-                        .iter()
-                        .map(|s| if *s == "SNAT" { 0x10 } else { 0x20 })
-                        .fold(0, |x, b| x | b);
-                    push(
+                match flag_bits(cx, &a, DataType::CtStatus, &parts, &names, "status") {
+                    Some(bits) => push(
                         &mut r,
                         vec![Field::CtStatus],
                         None,
                         neg,
                         Value::Num(bits),
                         cx.span(&a),
-                    );
+                    ),
+                    None => ok = false,
+                }
+            }
+            "--ctstate" | "--state" => {
+                let a = arg!(w);
+                // xt_conntrack's SNAT and DNAT pseudo-states are status bits
+                // (iptables-translate: `ct status snat|dnat`); mixed with
+                // real states they would need an OR across two fields.
+                let (nat, states): (Vec<&str>, Vec<&str>) = a
+                    .text
+                    .split(',')
+                    .partition(|s| w.text == "--ctstate" && matches!(*s, "SNAT" | "DNAT"));
+                let names = ["NEW", "ESTABLISHED", "RELATED", "INVALID", "UNTRACKED"];
+                let (field, bits) = if states.is_empty() {
+                    (
+                        Field::CtStatus,
+                        flag_bits(cx, &a, DataType::CtStatus, &nat, &[], "status"),
+                    )
+                } else if nat.is_empty() {
+                    (
+                        Field::CtState,
+                        flag_bits(cx, &a, DataType::CtState, &states, &names, "state"),
+                    )
                 } else {
                     cx.err(
                         &a,
                         "--ctstate mixes SNAT/DNAT (connection status) with states; write \
                          them as two -m conntrack matches",
                     );
-                    ok = false;
+                    (Field::CtState, None)
+                };
+                match bits {
+                    Some(bits) => push(
+                        &mut r,
+                        vec![field],
+                        None,
+                        neg,
+                        Value::Num(bits),
+                        cx.span(&a),
+                    ),
+                    None => ok = false,
                 }
-            }
-            "--ctstate" | "--state" => {
-                let a = arg!(w);
-                let mut bits = 0;
-                for s in a.text.split(',') {
-                    match symbols::lookup(DataType::CtState, &s.to_ascii_lowercase()) {
-                        Some(b) => bits |= b,
-                        None => {
-                            let help = suggest(
-                                s,
-                                ["NEW", "ESTABLISHED", "RELATED", "INVALID", "UNTRACKED"],
-                            );
-                            cx.err_help(&a, format!("unknown connection state '{s}'"), help);
-                            ok = false;
-                        }
-                    }
-                }
-                push(
-                    &mut r,
-                    vec![Field::CtState],
-                    None,
-                    neg,
-                    Value::Num(bits),
-                    cx.span(&a),
-                );
             }
             "--match-set" => {
                 let name = arg!(w);
