@@ -179,6 +179,21 @@ pub struct Decision {
     pub flow_add: bool,
 }
 
+impl Decision {
+    /// Accept `pkt` and change nothing: its marks as they are, no NAT, no
+    /// MSS clamp, no flowtable.
+    pub fn accept(pkt: &PolicyPacket) -> Self {
+        Decision {
+            verdict: Verdict::Accept,
+            mark: pkt.mark,
+            ct_mark: pkt.ct_mark,
+            nat: None,
+            mss: MssClamp::default(),
+            flow_add: false,
+        }
+    }
+}
+
 /// What the chains before conntrack decided ([`Policy::raw`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RawDecision {
@@ -285,14 +300,7 @@ pub trait Policy: Send + Sync {
     /// [`Policy::has_raw`].
     fn raw(&self, pkt: &PolicyPacket) -> RawDecision {
         RawDecision {
-            decision: Decision {
-                verdict: Verdict::Accept,
-                mark: pkt.mark,
-                ct_mark: pkt.ct_mark,
-                nat: None,
-                mss: MssClamp::default(),
-                flow_add: false,
-            },
+            decision: Decision::accept(pkt),
             untracked: false,
         }
     }
@@ -380,14 +388,7 @@ impl StaticPolicy {
 
 impl Policy for StaticPolicy {
     fn decide(&self, hook: Hook, pkt: &PolicyPacket) -> Decision {
-        let mut d = Decision {
-            verdict: Verdict::Accept,
-            mark: pkt.mark,
-            ct_mark: pkt.ct_mark,
-            nat: None,
-            mss: MssClamp::default(),
-            flow_add: false,
-        };
+        let mut d = Decision::accept(pkt);
         match hook {
             Hook::Input | Hook::Forward => d.verdict = self.default,
             Hook::Prerouting => {

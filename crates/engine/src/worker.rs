@@ -2222,30 +2222,12 @@ impl Worker {
                 return self.hand_off(Action::Steer(w), buf, d, key, now);
             }
         }
-        // RFC 1812 §5.3.1 and §4.3.2.3 / RFC 1191: what the kernel's
-        // ip_forward checks after routing and before the forward hook, so a
-        // forbidden packet still gets its ICMP error, as with netfilter.
-        let l3 = usize::from(d.l3_off);
-        if ttl <= 1 {
-            self.release_pending(key, reply.as_ref());
-            return self.icmp_error(now, buf, len, l3, iif, None);
-        }
-        let mtu = self
-            .ifaces
-            .get(usize::from(oif))
-            .map_or(Interface::DEFAULT_MTU, |i| i.mtu);
-        if len.saturating_sub(l3) > usize::from(mtu) {
-            if let TooBig::Refused(s) = self.too_big(now, buf, len, l3, iif, mtu) {
+        let adj_out = match self.egress4(now, buf, len, usize::from(d.l3_off), iif, ttl, (oif, nh))
+        {
+            Ok(a) => a,
+            Err(s) => {
                 self.release_pending(key, reply.as_ref());
                 return s;
-            }
-        }
-        let adj_out = match self.neighbor(oif, nh) {
-            Ok(a) => a,
-            Err(r) => {
-                self.missing_nh = Some((oif, nh));
-                self.release_pending(key, reply.as_ref());
-                return Step::Done(Action::Drop(r));
             }
         };
         pp.oif = Some(oif);
@@ -2370,6 +2352,41 @@ impl Worker {
             rewrite_deltas(&info, Dir::Original),
             adj_out,
         )
+    }
+
+    /// RFC 1812 §5.3.1 and §4.3.2.3 / RFC 1191: what the kernel's
+    /// `ip_forward` checks after routing and before the forward hook, so a
+    /// forbidden packet still gets its ICMP error, as with netfilter: the
+    /// TTL, the egress MTU (fragmentation needed, or fragmented on output),
+    /// and the next hop's link-layer address (a missing one is named in
+    /// `missing_nh`). The adjacency to forward on, or what to do instead.
+    #[allow(clippy::too_many_arguments)]
+    fn egress4(
+        &mut self,
+        now: ct::Instant,
+        buf: &mut [u8],
+        len: usize,
+        l3: usize,
+        iif: IfIndex,
+        ttl: u8,
+        (oif, nh): (IfIndex, u32),
+    ) -> Result<AdjIndex, Step> {
+        if ttl <= 1 {
+            return Err(self.icmp_error(now, buf, len, l3, iif, None));
+        }
+        let mtu = self
+            .ifaces
+            .get(usize::from(oif))
+            .map_or(Interface::DEFAULT_MTU, |i| i.mtu);
+        if len.saturating_sub(l3) > usize::from(mtu) {
+            if let TooBig::Refused(s) = self.too_big(now, buf, len, l3, iif, mtu) {
+                return Err(s);
+            }
+        }
+        self.neighbor(oif, nh).map_err(|r| {
+            self.missing_nh = Some((oif, nh));
+            Step::Done(Action::Drop(r))
+        })
     }
 
     /// A first fragment was forwarded as `to` on `adj`: its datagram's

@@ -215,16 +215,12 @@ impl Policy for MarkAtPrerouting {
     fn decide(&self, hook: Hook, pkt: &PolicyPacket) -> Decision {
         self.seen.lock().unwrap().push((hook, pkt.ct, pkt.mark));
         Decision {
-            verdict: Verdict::Accept,
             mark: if hook == Hook::Prerouting {
                 9
             } else {
                 pkt.mark
             },
-            nat: None,
-            ct_mark: pkt.ct_mark,
-            mss: Default::default(),
-            flow_add: false,
+            ..Decision::accept(pkt)
         }
     }
     fn has_nat(&self, _: Hook) -> bool {
@@ -279,13 +275,10 @@ impl Policy for FlowPolicy {
     fn decide(&self, hook: Hook, pkt: &PolicyPacket) -> Decision {
         self.hooks.fetch_add(1, Ordering::Relaxed);
         Decision {
-            verdict: Verdict::Accept,
-            mark: pkt.mark,
             nat: (hook == Hook::Postrouting && pkt.ct == CtState::New)
                 .then_some(Translation::Snat { pool: PoolId(0) }),
-            ct_mark: pkt.ct_mark,
-            mss: Default::default(),
             flow_add: hook == Hook::Forward && matches!(pkt.proto, proto::UDP | proto::TCP),
+            ..Decision::accept(pkt)
         }
     }
     fn has_nat(&self, hook: Hook) -> bool {

@@ -9,9 +9,7 @@ mod common;
 
 use common::*;
 use sluice_engine::offload::{OffloadFlow, OffloadOp, OffloadProbe};
-use sluice_engine::{
-    Action, CtState, Decision, Hook, IfIndex, Policy, PolicyPacket, Verdict, Worker,
-};
+use sluice_engine::{Action, CtState, Decision, Hook, IfIndex, Policy, PolicyPacket, Worker};
 use sluice_nat::{PoolId, Translation};
 use sluice_wire::build::{build_tcp4, build_udp4};
 use sluice_wire::flow::{proto, FlowKey4};
@@ -28,13 +26,10 @@ struct Accept {
 impl Policy for Accept {
     fn decide(&self, hook: Hook, pkt: &PolicyPacket) -> Decision {
         Decision {
-            verdict: Verdict::Accept,
-            mark: pkt.mark,
             nat: (hook == Hook::Postrouting && pkt.ct == CtState::New)
                 .then_some(Translation::Snat { pool: PoolId(0) }),
-            ct_mark: pkt.ct_mark,
-            mss: Default::default(),
             flow_add: hook == Hook::Forward && self.flow_add.load(Ordering::Relaxed),
+            ..Decision::accept(pkt)
         }
     }
     fn flowtables(&self) -> u64 {

@@ -57,12 +57,8 @@ impl Policy for RawPolicy {
         let nat = (hook == Hook::Postrouting && pkt.ct == CtState::New)
             .then_some(Translation::Snat { pool: PoolId(0) });
         Decision {
-            verdict: Verdict::Accept,
-            mark: pkt.mark,
-            ct_mark: pkt.ct_mark,
             nat,
-            mss: Default::default(),
-            flow_add: false,
+            ..Decision::accept(pkt)
         }
     }
     fn has_nat(&self, hook: Hook) -> bool {

@@ -33,7 +33,7 @@ use sluice_wire::flow::{proto, FlowKey4, FlowKey6};
 use sluice_wire::ndp;
 
 use super::v6::{policy_packet6, Pkt6};
-use super::{is_group, martian4, policy_packet, Interface, Step, Worker};
+use super::{is_group, martian4, policy_packet, Step, Worker};
 use crate::drop::DropReason;
 use crate::policy::{CtState, Hook, MssClamp, Verdict};
 use crate::route::IfIndex;
@@ -154,25 +154,9 @@ impl Worker {
             Ok(x) => x,
             Err(r) => return Step::Done(Action::Drop(r)),
         };
-        let l3 = usize::from(d.l3_off);
-        if ttl <= 1 {
-            return self.icmp_error(now, buf, len, l3, iif, None);
-        }
-        let mtu = self
-            .ifaces
-            .get(usize::from(oif))
-            .map_or(Interface::DEFAULT_MTU, |i| i.mtu);
-        if len.saturating_sub(l3) > usize::from(mtu) {
-            if let super::TooBig::Refused(s) = self.too_big(now, buf, len, l3, iif, mtu) {
-                return s;
-            }
-        }
-        let adj = match self.neighbor(oif, nh) {
+        let adj = match self.egress4(now, buf, len, usize::from(d.l3_off), iif, ttl, (oif, nh)) {
             Ok(a) => a,
-            Err(r) => {
-                self.missing_nh = Some((oif, nh));
-                return Step::Done(Action::Drop(r));
-            }
+            Err(s) => return s,
         };
         pp.oif = Some(oif);
         pp.ttl = pp.ttl.saturating_sub(1);
@@ -266,22 +250,9 @@ impl Worker {
             Ok(x) => x,
             Err(r) => return drop(r),
         };
-        if pk.hop_limit <= 1 {
-            return self.icmp6_error(now, buf, len, iif, pk, None);
-        }
-        let mtu = self
-            .ifaces
-            .get(usize::from(oif))
-            .map_or(Interface::DEFAULT_MTU, |i| i.mtu);
-        if 40 + usize::from(pk.payload_len) > usize::from(mtu) {
-            return self.icmp6_error(now, buf, len, iif, pk, Some(mtu));
-        }
-        let adj = match self.neighbor6(oif, nh) {
+        let adj = match self.egress6(now, buf, len, iif, pk, (oif, nh)) {
             Ok(a) => a,
-            Err(r) => {
-                self.v6.missing_nh = Some((oif, nh));
-                return drop(r);
-            }
+            Err(s) => return s,
         };
         pp.oif = Some(oif);
         pp.ttl = pp.ttl.saturating_sub(1);

@@ -382,24 +382,9 @@ impl Worker {
             Ok(x) => x,
             Err(r) => return drop(r),
         };
-        // RFC 8200 §3 / RFC 4443 §3.3 and §3.2, checked after routing and
-        // before the forward hook as in the kernel's ip6_forward.
-        if hop_limit <= 1 {
-            return self.icmp6_error(now, buf, len, iif, &pk, None);
-        }
-        let mtu = self
-            .ifaces
-            .get(usize::from(oif))
-            .map_or(Interface::DEFAULT_MTU, |i| i.mtu);
-        if 40 + usize::from(payload_len) > usize::from(mtu) {
-            return self.icmp6_error(now, buf, len, iif, &pk, Some(mtu));
-        }
-        let adj_out = match self.neighbor6(oif, nh) {
+        let adj_out = match self.egress6(now, buf, len, iif, &pk, (oif, nh)) {
             Ok(a) => a,
-            Err(r) => {
-                self.v6.missing_nh = Some((oif, nh));
-                return drop(r);
-            }
+            Err(s) => return s,
         };
         pp.oif = Some(oif);
         // The hop limit is decremented before the forward hook
@@ -462,6 +447,36 @@ impl Worker {
         }
         self.clamp_mss6(buf, len, &pk, mss, [adj_out, adj_back]);
         self.emit6(now, buf, len, iif, &pk, adj_out)
+    }
+
+    /// RFC 8200 §3 / RFC 4443 §3.3 and §3.2, checked after routing and
+    /// before the forward hook as in the kernel's `ip6_forward`: the hop
+    /// limit, the egress MTU (packet too big) and the next hop's link-layer
+    /// address (a missing one is named in `missing_nh`). The adjacency to
+    /// forward on, or what to do instead.
+    pub(super) fn egress6(
+        &mut self,
+        now: ct::Instant,
+        buf: &mut [u8],
+        len: usize,
+        iif: IfIndex,
+        pk: &Pkt6,
+        (oif, nh): (IfIndex, u128),
+    ) -> Result<AdjIndex, Step> {
+        if pk.hop_limit <= 1 {
+            return Err(self.icmp6_error(now, buf, len, iif, pk, None));
+        }
+        let mtu = self
+            .ifaces
+            .get(usize::from(oif))
+            .map_or(Interface::DEFAULT_MTU, |i| i.mtu);
+        if 40 + usize::from(pk.payload_len) > usize::from(mtu) {
+            return Err(self.icmp6_error(now, buf, len, iif, pk, Some(mtu)));
+        }
+        self.neighbor6(oif, nh).map_err(|r| {
+            self.v6.missing_nh = Some((oif, nh));
+            Step::Done(Action::Drop(r))
+        })
     }
 
     /// An IPv6 packet the rules refused with verdict `v`: dropped, or
