@@ -165,6 +165,18 @@ fn port_frames(d: &Daemon) -> Vec<(String, u64, u64, u64)> {
         .collect()
 }
 
+/// The packet counter of the first rule of a `rule list` answer whose
+/// text contains `pat`.
+fn rule_packets(rules: &serde_json::Value, pat: &str) -> Option<u64> {
+    rules["rules"]
+        .as_array()
+        .and_then(|v| {
+            v.iter()
+                .find(|r| r["rule"].as_str().is_some_and(|t| t.contains(pat)))
+        })
+        .and_then(|r| r["packets"].as_u64())
+}
+
 fn json(o: &std::process::Output) -> serde_json::Value {
     serde_json::from_slice(&o.stdout)
         .unwrap_or_else(|e| panic!("iperf3 -J output is not JSON ({e}):\n{}", text(o)))
@@ -784,15 +796,7 @@ fn reject(backend: &str, tag: &str) {
     );
     // The time rules: the reset came from the rule for after 2020.
     let rules = d.ctl("rule list forward");
-    let count = |pat: &str| {
-        rules["rules"]
-            .as_array()
-            .and_then(|v| {
-                v.iter()
-                    .find(|r| r["rule"].as_str().is_some_and(|t| t.contains(pat)))
-            })
-            .and_then(|r| r["packets"].as_u64())
-    };
+    let count = |pat: &str| rule_packets(&rules, pat);
     assert_eq!(count("meta time < "), Some(0), "{rules}");
     assert!(count("meta time >= ").is_some_and(|n| n >= 1), "{rules}");
     assert!(
@@ -908,15 +912,7 @@ fn notrack(backend: &str, tag: &str) {
     assert!(d.counter("untracked") >= 2, "{}", d.context());
     // Both forward rules counted: the query out, the answer back in.
     let rules = d.ctl("rule list forward");
-    let count = |pat: &str| {
-        rules["rules"]
-            .as_array()
-            .and_then(|v| {
-                v.iter()
-                    .find(|r| r["rule"].as_str().is_some_and(|t| t.contains(pat)))
-            })
-            .and_then(|r| r["packets"].as_u64())
-    };
+    let count = |pat: &str| rule_packets(&rules, pat);
     assert!(count("udp dport 7777").is_some_and(|n| n >= 1), "{rules}");
     assert!(count("udp sport 7777").is_some_and(|n| n >= 1), "{rules}");
 }
@@ -946,13 +942,7 @@ fn flowtable(backend: &str, tag: &str) {
     let _srv = iperf3_server(&t);
     let flow_rule = || {
         let rules = d.ctl("rule list forward");
-        rules["rules"]
-            .as_array()
-            .and_then(|v| {
-                v.iter()
-                    .find(|r| r["rule"].as_str().is_some_and(|t| t.contains("flow add")))
-            })
-            .and_then(|r| r["packets"].as_u64())
+        rule_packets(&rules, "flow add")
             .unwrap_or_else(|| panic!("no flow add rule counter: {rules}"))
     };
     let packets = |l: &serde_json::Value| -> u64 {
