@@ -2085,16 +2085,12 @@ impl Worker {
         key: &FlowKey4,
         ttl: u8,
     ) -> Step {
-        // Addresses the kernel's input routing refuses, and link-layer group
-        // frames for anything but the gateway itself, before the connection
-        // table is consulted (a group frame never takes the fast path).
-        if let Some(r) = martian4(key.src, key.dst) {
-            return Step::Done(Action::Drop(r));
-        }
-        let broadcast = self.is_broadcast4(key.src, key.dst);
-        if is_group(buf) && !broadcast && self.is_local(key.dst).is_none() {
-            return Step::Done(Action::Drop(DropReason::LinkBroadcast));
-        }
+        // Before the connection table is consulted (a group frame never
+        // takes the fast path).
+        let broadcast = match self.receive4(buf, key) {
+            Ok(b) => b,
+            Err(r) => return Step::Done(Action::Drop(r)),
+        };
         // A packet that missed in pass 2 may belong to a connection created
         // by an earlier packet of this batch; its bucket is cached by now.
         if let L4::NonFirstFragment = d.l4 {
@@ -2387,6 +2383,20 @@ impl Worker {
             self.missing_nh = Some((oif, nh));
             Step::Done(Action::Drop(r))
         })
+    }
+
+    /// The kernel's input routing checks: a martian source or destination
+    /// is refused, and a link-layer group frame is for the gateway itself
+    /// or nobody. Whether the packet is an IPv4 broadcast.
+    fn receive4(&self, buf: &[u8], key: &FlowKey4) -> Result<bool, DropReason> {
+        if let Some(r) = martian4(key.src, key.dst) {
+            return Err(r);
+        }
+        let broadcast = self.is_broadcast4(key.src, key.dst);
+        if is_group(buf) && !broadcast && self.is_local(key.dst).is_none() {
+            return Err(DropReason::LinkBroadcast);
+        }
+        Ok(broadcast)
     }
 
     /// A first fragment was forwarded as `to` on `adj`: its datagram's

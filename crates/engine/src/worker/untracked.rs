@@ -33,9 +33,12 @@ use sluice_wire::flow::{proto, FlowKey4, FlowKey6};
 use sluice_wire::ndp;
 
 use super::v6::{policy_packet6, Pkt6};
-use super::{is_group, martian4, policy_packet, Step, Worker};
+use super::{is_group, policy_packet, Step, Worker};
 use crate::drop::DropReason;
-use crate::policy::{CtState, Hook, MssClamp, Verdict};
+use crate::policy::{CtState, Hook, MssClamp, PolicyPacket, Verdict};
+
+/// The hooks of a forwarded packet after routing.
+const FORWARD_HOOKS: &[Hook] = &[Hook::Forward, Hook::Postrouting];
 use crate::route::IfIndex;
 use crate::Action;
 
@@ -110,6 +113,27 @@ impl Worker {
         }
     }
 
+    /// The filter chains of `hooks` for an untracked packet (its NAT
+    /// chains never run: it is not new): the mark carries from one to the
+    /// next, the MSS statements add up; the verdict of the first that
+    /// refuses it.
+    fn untracked_hooks(
+        &self,
+        hooks: &[Hook],
+        pp: &mut PolicyPacket,
+        mss: &mut MssClamp,
+    ) -> Result<(), Verdict> {
+        for &hook in hooks {
+            let dec = self.policy.decide(hook, pp);
+            pp.mark = dec.mark;
+            *mss = mss.and(dec.mss);
+            if dec.verdict != Verdict::Accept {
+                return Err(dec.verdict);
+            }
+        }
+        Ok(())
+    }
+
     /// An untracked IPv4 packet after the chains before conntrack: the
     /// receive checks, then the gateway's own (input hook) or routed
     /// through the prerouting, forward and postrouting filter chains and
@@ -128,24 +152,19 @@ impl Worker {
         ttl: u8,
         raw_mss: MssClamp,
     ) -> Step {
-        if let Some(r) = martian4(key.src, key.dst) {
-            return Step::Done(Action::Drop(r));
-        }
-        let broadcast = self.is_broadcast4(key.src, key.dst);
-        if is_group(buf) && !broadcast && self.is_local(key.dst).is_none() {
-            return Step::Done(Action::Drop(DropReason::LinkBroadcast));
-        }
+        let broadcast = match self.receive4(buf, key) {
+            Ok(b) => b,
+            Err(r) => return Step::Done(Action::Drop(r)),
+        };
         self.counters.untracked += 1;
         let mut pp = policy_packet(iif, key, d, CtState::Untracked, buf);
         self.addr_types4(&mut pp);
         self.stamp(&mut pp);
         // Prerouting after conntrack: its filter chains (the NAT chains
         // never see an untracked packet).
-        let dec = self.policy.decide(Hook::Prerouting, &pp);
-        pp.mark = dec.mark;
-        let mut mss = raw_mss.and(dec.mss);
-        if dec.verdict != Verdict::Accept {
-            return self.refuse4(now, buf, len, d.l3_off, d.l4_off, iif, dec.verdict);
+        let mut mss = raw_mss;
+        if let Err(v) = self.untracked_hooks(&[Hook::Prerouting], &mut pp, &mut mss) {
+            return self.refuse4(now, buf, len, d.l3_off, d.l4_off, iif, v);
         }
         if broadcast || self.is_local(key.dst).is_some() {
             return self.local4(now, buf, len, iif, d, key, &pp);
@@ -160,13 +179,8 @@ impl Worker {
         };
         pp.oif = Some(oif);
         pp.ttl = pp.ttl.saturating_sub(1);
-        for hook in [Hook::Forward, Hook::Postrouting] {
-            let dec = self.policy.decide(hook, &pp);
-            pp.mark = dec.mark;
-            mss = mss.and(dec.mss);
-            if dec.verdict != Verdict::Accept {
-                return self.refuse4(now, buf, len, d.l3_off, d.l4_off, iif, dec.verdict);
-            }
+        if let Err(v) = self.untracked_hooks(FORWARD_HOOKS, &mut pp, &mut mss) {
+            return self.refuse4(now, buf, len, d.l3_off, d.l4_off, iif, v);
         }
         if !mss.is_none() && key.proto == proto::TCP {
             // `rt mtu`: the route out and, when it resolves, the route back.
@@ -240,11 +254,9 @@ impl Worker {
         let mut pp = policy_packet6(iif, key, d, CtState::Untracked, pk.payload_len, buf);
         self.addr_types6(iif, &mut pp);
         self.stamp(&mut pp);
-        let dec = self.policy.decide(Hook::Prerouting, &pp);
-        pp.mark = dec.mark;
-        let mut mss = raw_mss.and(dec.mss);
-        if dec.verdict != Verdict::Accept {
-            return self.refuse6(now, buf, len, iif, pk, dec.verdict);
+        let mut mss = raw_mss;
+        if let Err(v) = self.untracked_hooks(&[Hook::Prerouting], &mut pp, &mut mss) {
+            return self.refuse6(now, buf, len, iif, pk, v);
         }
         let (oif, nh) = match self.v6.route(key.dst) {
             Ok(x) => x,
@@ -256,13 +268,8 @@ impl Worker {
         };
         pp.oif = Some(oif);
         pp.ttl = pp.ttl.saturating_sub(1);
-        for hook in [Hook::Forward, Hook::Postrouting] {
-            let dec = self.policy.decide(hook, &pp);
-            pp.mark = dec.mark;
-            mss = mss.and(dec.mss);
-            if dec.verdict != Verdict::Accept {
-                return self.refuse6(now, buf, len, iif, pk, dec.verdict);
-            }
+        if let Err(v) = self.untracked_hooks(FORWARD_HOOKS, &mut pp, &mut mss) {
+            return self.refuse6(now, buf, len, iif, pk, v);
         }
         if !mss.is_none() {
             let back = self
