@@ -86,10 +86,12 @@ impl RuleCounters {
         }
     }
 
-    /// Rule `id`'s `Stmt::TcpMss` value, if it has one.
+    /// Rule `id`'s `Stmt::TcpMss` value, if it has one, and whether it has
+    /// a `flow add` statement: one load of its cell.
     #[inline]
-    pub fn mss(&self, id: RuleId) -> Option<u32> {
-        (self.cell(id)?.mss.load(Ordering::Relaxed) & !FLOW_ADD).checked_sub(1)
+    pub fn mss_and_flow_add(&self, id: RuleId) -> (Option<u32>, bool) {
+        let v = self.cell(id).map_or(0, |c| c.mss.load(Ordering::Relaxed));
+        ((v & !FLOW_ADD).checked_sub(1), v & FLOW_ADD != 0)
     }
 
     /// Rule `id` has a `flow add` statement (`Stmt::FlowAdd`).
@@ -97,13 +99,6 @@ impl RuleCounters {
         if let Some(c) = self.cell(id) {
             c.mss.fetch_or(FLOW_ADD, Ordering::Relaxed);
         }
-    }
-
-    /// Whether rule `id` has a `flow add` statement.
-    #[inline]
-    pub fn flow_add(&self, id: RuleId) -> bool {
-        self.cell(id)
-            .is_some_and(|c| c.mss.load(Ordering::Relaxed) & FLOW_ADD != 0)
     }
 
     /// Count one packet of `bytes` for rule `id`; returns the rule's log

@@ -951,10 +951,11 @@ impl CompiledPolicy {
                             self.log(l, pkt);
                         }
                         // The same cell, just read: a rule's MSS statement.
-                        if let Some(m) = self.counters.mss(*id) {
+                        let (m, flow) = self.counters.mss_and_flow_add(*id);
+                        if let Some(m) = m {
                             mss = mss.and(mss_clamp(m));
                         }
-                        flow_add |= self.counters.flow_add(*id);
+                        flow_add |= flow;
                     }
                 },
             );
