@@ -173,6 +173,9 @@ struct RawNat {
     hairpinning: Option<bool>,
     max_sessions_per_subscriber: Option<Spanned<i64>>,
     masquerade_ports: Option<Spanned<String>>,
+    /// NAT log file (RFC 6888 REQ-12): one line per mapping event.
+    log: Option<Spanned<String>>,
+    log_format: Option<Spanned<LogFormat>>,
     /// Without a ruleset: masquerade traffic leaving these interfaces.
     #[serde(default)]
     masquerade: Vec<Spanned<String>>,
@@ -233,6 +236,26 @@ enum Filtering {
     EndpointIndependent,
     AddressDependent,
     AddressAndPortDependent,
+}
+
+/// The NAT log's line format (`nat.log_format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum LogFormat {
+    /// `TIME nat=EVENT key=value ...`
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Where and how NAT events are logged (`nat.log`, `nat.log_format`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NatLogConfig {
+    /// The file, appended to (resolved relative to the config file).
+    pub path: PathBuf,
+    /// Line format.
+    pub format: LogFormat,
 }
 
 /// RFC 4787 REQ-2 address pooling.
@@ -328,6 +351,8 @@ pub struct Config {
     pub nat: sluice_nat::NatConfig,
     /// Without a ruleset: indices of interfaces whose egress traffic is masqueraded.
     pub masquerade: Vec<usize>,
+    /// The NAT log (`nat.log`), if any.
+    pub nat_log: Option<NatLogConfig>,
     /// Conntrack maximum (whole gateway; split between workers).
     pub ct_max: u64,
     /// IPv6 conntrack maximum (whole gateway; split between workers).
@@ -818,6 +843,20 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         nat.masquerade_ports =
             parse_port_range(r.get_ref()).map_err(|m| src.err(r, "nat.masquerade_ports", m))?;
     }
+    let nat_log = match (&raw.nat.log, &raw.nat.log_format) {
+        (Some(l), f) => Some(NatLogConfig {
+            path: nonempty(l, "nat.log")?,
+            format: f.as_ref().map(|f| *f.get_ref()).unwrap_or_default(),
+        }),
+        (None, Some(f)) => {
+            return Err(src.err(
+                f,
+                "nat.log_format",
+                "is set but nat.log (the file to write) is not",
+            ))
+        }
+        (None, None) => None,
+    };
     let mut masquerade = Vec::new();
     for (i, m) in raw.nat.masquerade.iter().enumerate() {
         masquerade.push(iface_index(m, &format!("nat.masquerade[{i}]"))?);
@@ -893,6 +932,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         neighbors6,
         nat,
         masquerade,
+        nat_log,
         ct_max,
         ct_prefault: raw.conntrack.prefault.unwrap_or(false),
         ct6_max,
@@ -1101,6 +1141,8 @@ mac = "02:aa:bb:cc:dd:ee"
 filtering = "address-dependent"
 max_sessions_per_subscriber = 1000
 masquerade_ports = "2000-60000"
+log = "nat.log"
+log_format = "json"
 
 [conntrack]
 max = 65536
@@ -1158,6 +1200,9 @@ timeouts = { udp = 60, tcp_established = 3600 }
         );
         assert_eq!(c.neighbors.len(), 1);
         assert_eq!(c.nat.max_sessions_per_subscriber, 1000);
+        let log = c.nat_log.as_ref().expect("nat.log");
+        assert!(log.path.ends_with("nat.log") && log.path.is_absolute() == c.path.is_absolute());
+        assert_eq!(log.format, LogFormat::Json);
         assert_eq!(c.nat.masquerade_ports, 2000..=60000);
         assert_eq!(
             c.nat.filtering,
@@ -1283,6 +1328,14 @@ timeouts = { udp = 60, tcp_established = 3600 }
             (
                 "[nat]\nmasquerade_ports = \"9-1\"\n",
                 "sluice.toml:6:20: nat.masquerade_ports: 9-1 is not a port range",
+            ),
+            (
+                "[nat]\nlog_format = \"json\"\n",
+                "sluice.toml:6:14: nat.log_format: is set but nat.log (the file to write) is not",
+            ),
+            (
+                "[nat]\nlog = \"nat.log\"\nlog_format = \"xml\"\n",
+                "sluice.toml:7:14: unknown variant `xml`, expected `text` or `json`",
             ),
             (
                 "[nat]\nmapping = \"cone\"\n",

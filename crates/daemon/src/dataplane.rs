@@ -191,9 +191,35 @@ pub struct WorkerStatus {
     pub handoff_dropped: u64,
     /// XDP offload (`xdp_offload = true`), if on.
     pub offload: Option<OffloadStatus>,
+    /// NAT counters.
+    #[serde(skip)]
+    pub nat: sluice_nat::NatStats,
+    /// This worker's ports on each pool address.
+    pub pools: Vec<PoolAddrStatus>,
     /// The worker thread's scheduling as the kernel reports it: `"other"`
     /// or `"fifo N"` (`worker_priority`).
     pub scheduler: String,
+}
+
+/// One pool address as one worker sees it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PoolAddrStatus {
+    /// The address.
+    pub addr: Ipv4Addr,
+    /// This worker's share of the pool's port range.
+    pub ports: u64,
+    /// Free ports of that share: TCP, UDP, ICMP identifiers.
+    pub free: [u64; 3],
+}
+
+fn pool_status<S: sluice_nat::NatEventSink>(nat: &sluice_nat::WorkerNat<S>) -> Vec<PoolAddrStatus> {
+    nat.pool_addresses()
+        .map(|(addr, ports)| PoolAddrStatus {
+            addr,
+            ports: u64::from(ports),
+            free: [6u8, 17, 1].map(|p| u64::from(nat.free_ports(addr, p).unwrap_or(0))),
+        })
+        .collect()
 }
 
 /// One worker's XDP offload counters.
@@ -447,6 +473,8 @@ pub struct WorkerThread {
     pub policy: Arc<PolicyCell>,
     /// XDP offload (`None`: off).
     pub offload: Option<OffloadLink>,
+    /// The NAT log (`None`: none configured; the engine only counts).
+    pub nat_log: Option<crate::natlog::NatLogLink>,
 }
 
 /// The published policy. The control plane swaps in a new generation with
@@ -605,6 +633,9 @@ impl WorkerThread {
                 for p in &mut self.ports {
                     let _ = p.flush();
                 }
+                if let Some(l) = &mut self.nat_log {
+                    l.drain(self.engine.nat_log());
+                }
             }
             if let Some(o) = &mut self.offload {
                 o.apply(&mut self.engine);
@@ -622,6 +653,9 @@ impl WorkerThread {
         }
         for p in &mut self.ports {
             let _ = p.flush();
+        }
+        if let Some(l) = &mut self.nat_log {
+            l.drain(self.engine.nat_log());
         }
         tracing::info!(worker = self.id, "worker stopped");
     }
@@ -661,6 +695,8 @@ impl WorkerThread {
                         tx_dropped: s.tx_dropped + s.frag_dropped,
                         handoff_dropped: self.handoff.dropped,
                         offload: self.offload.as_ref().map(|o| o.status.clone()),
+                        nat: self.engine.nat().stats(),
+                        pools: pool_status(self.engine.nat()),
                         // Read on this (the worker's) thread.
                         scheduler: sluice_io::sched::describe(),
                     });
@@ -699,6 +735,7 @@ impl WorkerThread {
                     let _ = tx.send(v);
                 }
                 Command::Flush(tx) => {
+                    self.engine.set_clock(now_ns(self.epoch));
                     let _ = tx.send(self.engine.flush());
                 }
                 Command::SetNeighbor(ip, mac) => self.learnt(ip, mac, false, s),

@@ -65,6 +65,7 @@
 pub mod config;
 pub mod ctl;
 pub mod dataplane;
+pub mod natlog;
 pub mod neigh;
 pub mod neigh6;
 
@@ -338,6 +339,8 @@ struct Control {
     /// Replaced policies, freed on the control plane once no worker holds
     /// them ([`Control::reap`]).
     retired: Mutex<Vec<Arc<dataplane::PolicyRef>>>,
+    /// The NAT log (`nat.log`), if configured.
+    nat_log: Option<natlog::NatLogHandle>,
 }
 
 /// What is currently running (for reload decisions and status).
@@ -429,8 +432,12 @@ impl Control {
         drop(dead);
     }
 
-    /// SIGHUP / `reload`: re-read the config file and its ruleset.
+    /// SIGHUP / `reload`: re-read the config file and its ruleset, and
+    /// reopen the NAT log (log rotation).
     fn reload(&self) -> Result<Value, CtlFailure> {
+        if let Some(l) = &self.nat_log {
+            l.reopen();
+        }
         let cfg = config::load(&self.config_path).map_err(|e| CtlFailure {
             kind: "config",
             message: e.to_string(),
@@ -454,7 +461,7 @@ impl Control {
         {
             needs_restart.push("workers/backend");
         }
-        if old.nat != cfg.nat || old.masquerade != cfg.masquerade {
+        if old.nat != cfg.nat || old.masquerade != cfg.masquerade || old.nat_log != cfg.nat_log {
             needs_restart.push("nat");
         }
         if old.heap_reserve_mib != cfg.heap_reserve_mib {
@@ -529,6 +536,8 @@ impl Control {
                     "heap_reserve_mib": st.config.heap_reserve_mib,
                     "resident_bytes": sluice_io::mem::resident_bytes(),
                     "interfaces": ifaces,
+                    "nat": nat_json(&ws),
+                    "nat_log": self.nat_log.as_ref().map(natlog::NatLogHandle::status),
                     "worker_status": ws.iter().map(worker_json).collect::<Vec<_>>(),
                 }))
             }
@@ -761,6 +770,50 @@ fn counters_json(c: &sluice_engine::Counters) -> Value {
            "untracked": c.untracked,
            "drops_total": c.total_drops(),
            "drops": drops})
+}
+
+/// The NAT counters of every worker, summed, and per worker.
+fn nat_json(ws: &[WorkerStatus]) -> Value {
+    let one = |n: &sluice_nat::NatStats| {
+        json!({"mappings": n.mappings, "sessions": n.sessions, "subscribers": n.subscribers,
+               "mappings_created": n.mappings_created, "mappings_removed": n.mappings_removed,
+               "pool_exhausted": n.pool_exhausted, "subscriber_limit": n.subscriber_limit,
+               "filtered": n.filtered, "hairpins": n.hairpins})
+    };
+    let mut t = sluice_nat::NatStats::default();
+    for w in ws {
+        let n = &w.nat;
+        t.mappings += n.mappings;
+        t.sessions += n.sessions;
+        t.subscribers += n.subscribers;
+        t.mappings_created += n.mappings_created;
+        t.mappings_removed += n.mappings_removed;
+        t.pool_exhausted += n.pool_exhausted;
+        t.subscriber_limit += n.subscriber_limit;
+        t.filtered += n.filtered;
+        t.hairpins += n.hairpins;
+    }
+    let mut v = one(&t);
+    v["pools"] = json!(ws.first().map_or_else(Vec::new, |w| w
+        .pools
+        .iter()
+        .map(|p| {
+            let free = |i: usize| {
+                ws.iter()
+                    .map(|w| {
+                        w.pools
+                            .iter()
+                            .find(|q| q.addr == p.addr)
+                            .map_or(0, |q| q.free[i])
+                    })
+                    .sum::<u64>()
+            };
+            json!({"addr": p.addr.to_string(), "ports": p.ports * u64::from(ws.len() as u16),
+                   "free": {"tcp": free(0), "udp": free(1), "icmp": free(2)}})
+        })
+        .collect::<Vec<_>>()));
+    v["workers"] = json!(ws.iter().map(|w| one(&w.nat)).collect::<Vec<_>>());
+    v
 }
 
 fn worker_json(w: &WorkerStatus) -> Value {
@@ -1012,6 +1065,10 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
         Some(sluice_io::nft::IngressDrop::install(&names).map_err(RunError::IngressDrop)?)
     };
     let cell = Arc::new(dataplane::PolicyCell::new(Arc::clone(&lp.policy)));
+    let nat_logger = match &cfg.nat_log {
+        Some(c) => Some(natlog::NatLogger::start(c).map_err(RunError::Os)?),
+        None => None,
+    };
     // The mem backend's wire sides, kept open while the gateway runs.
     let mut mem_peers = Vec::new();
     let fanout_base = (std::process::id() as u16).wrapping_mul(8);
@@ -1082,6 +1139,12 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     for (id, rx) in (0..cfg.workers).zip(receivers) {
         let mut ecfg = engine_config(&cfg, &macs, &mtus, &lp.pools, id);
         ecfg.wall_offset_ms = wall_offset_ms;
+        // Without a NAT log the engine only counts its events.
+        ecfg.nat_log_capacity = if nat_logger.is_some() {
+            natlog::RING_EVENTS
+        } else {
+            0
+        };
         if offload.is_some() {
             ecfg.offload_queue = OFFLOAD_QUEUE;
         }
@@ -1206,6 +1269,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
                 seen: Default::default(),
                 status: Default::default(),
             }),
+            nat_log: nat_logger.as_ref().map(|l| l.handle().link()),
         };
         let h = std::thread::Builder::new()
             .name(format!("sluice-w{id}"))
@@ -1256,6 +1320,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
         }),
         policy: cell,
         retired: Mutex::new(Vec::new()),
+        nat_log: nat_logger.as_ref().map(natlog::NatLogger::handle),
     });
     // From here the cell, the workers and `Published` hold the policy; a
     // reference kept here would pin the start-up rule set in memory after
@@ -1292,6 +1357,10 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     handle.close();
     stop.store(true, Ordering::Relaxed);
     join_all(threads);
+    // The workers drained their rings as they stopped.
+    if let Some(l) = nat_logger {
+        l.stop();
+    }
     ctl::wake(&sock);
     let _ = ctl_thread.join();
     drop(sock_guard);

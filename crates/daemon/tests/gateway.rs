@@ -23,6 +23,9 @@
 //!   gateway untranslated and without a connection, next to a tracked one;
 //! - a flowtable (`flow add @ft`) takes an iperf3 transfer's connections
 //!   out of the filter chains after their first established packets;
+//! - the NAT log (`nat.log`) records each mapping's creation and removal
+//!   with the pool address, `sluice ctl status` counts them, and SIGHUP
+//!   reopens a rotated log file;
 //! - the gateway answers TTL 1 with ICMP time exceeded and an oversized DF
 //!   packet with ICMP fragmentation needed carrying the egress MTU.
 //!
@@ -31,6 +34,7 @@
 
 mod common;
 
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -993,6 +997,117 @@ fn flowtable(backend: &str, tag: &str) {
         "{backend}: the flow add rule saw {rule1} then {rule2} packets\n{}",
         d.context()
     );
+}
+
+/// The lines of the NAT log at `p` that contain every one of `pats`.
+fn log_lines(p: &std::path::Path, pats: &[&str]) -> Vec<String> {
+    read(p)
+        .lines()
+        .filter(|l| pats.iter().all(|x| l.contains(x)))
+        .map(String::from)
+        .collect()
+}
+
+fn nat_log(backend: &str, tag: &str) {
+    let (t, d) = setup(tag, backend, "\n[nat]\nlog = \"nat.log\"\n");
+    let log = t.dir.join("nat.log");
+    // An ICMP echo and a UDP datagram from a fixed source port: two
+    // mappings onto the pool address.
+    let o = sh(&t.private, &format!("ping -c 2 -W 2 {PUBLIC}"));
+    assert!(o.status.success(), "ping: {}\n{}", text(&o), d.context());
+    let o = sh(
+        &t.private,
+        &format!(
+            "python3 -c \"import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); \
+             s.bind(('10.0.0.2', 40001)); s.sendto(b'x', ('{PUBLIC}', 9))\""
+        ),
+    );
+    assert!(o.status.success(), "udp send: {}", text(&o));
+    let created_udp = [
+        "nat=mapping-created",
+        "proto=udp",
+        "int=10.0.0.2:40001",
+        "ext=198.51.100.7:",
+    ];
+    let created_icmp = [
+        "nat=mapping-created",
+        "proto=icmp",
+        "int=10.0.0.2:",
+        "ext=198.51.100.7:",
+    ];
+    wait_for("the NAT log lines", Duration::from_secs(5), || {
+        !log_lines(&log, &created_udp).is_empty() && !log_lines(&log, &created_icmp).is_empty()
+    });
+    // The time stamp is the batch's wall-clock time.
+    let line = log_lines(&log, &created_udp).remove(0);
+    let stamp = line.split(' ').next().unwrap_or_default().to_string();
+    let now = Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M"])
+        .output()
+        .expect("date");
+    let minute = String::from_utf8_lossy(&now.stdout).trim().to_string();
+    assert!(
+        stamp.len() == 24 && stamp.ends_with('Z') && stamp.get(..13) == minute.get(..13),
+        "time stamp {stamp} (now {minute})"
+    );
+    let st = d.ctl("status");
+    assert!(st["nat"]["mappings"].as_u64() >= Some(2), "{st}");
+    assert_eq!(st["nat"]["pools"][0]["addr"], "198.51.100.7", "{st}");
+    assert!(st["nat_log"]["written"].as_u64() >= Some(2), "{st}");
+    assert_eq!(st["nat_log"]["lost"], 0, "{st}");
+    let ext_port: u16 = line
+        .split("ext=198.51.100.7:")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|p| p.parse().ok())
+        .expect("external port in the log line");
+    // The public host saw the datagram from that endpoint: the log names
+    // the external endpoint the far end sees.
+    let free_udp = st["nat"]["pools"][0]["free"]["udp"].as_u64().unwrap_or(0);
+    assert!(
+        free_udp < st["nat"]["pools"][0]["ports"].as_u64().unwrap_or(0),
+        "{st}"
+    );
+    // A flush removes both mappings, logged with the same endpoints.
+    let f = d.ctl("conntrack flush");
+    assert_eq!(f["ok"], true, "{f}");
+    let removed_udp = [
+        "nat=mapping-removed".to_string(),
+        "proto=udp".into(),
+        "int=10.0.0.2:40001".into(),
+        format!("ext=198.51.100.7:{ext_port} "),
+    ];
+    let removed_udp: Vec<&str> = removed_udp.iter().map(String::as_str).collect();
+    wait_for("the removal lines", Duration::from_secs(5), || {
+        !log_lines(&log, &removed_udp).is_empty()
+    });
+    assert_eq!(d.ctl("status")["nat"]["mappings"], 0);
+    // Rotation: the file is renamed, SIGHUP reopens the configured path.
+    let rotated = t.dir.join("nat.log.1");
+    std::fs::rename(&log, &rotated).expect("rotate");
+    d.signal("-HUP");
+    wait_for("reload", Duration::from_secs(5), || {
+        d.ctl("status")["generation"] == 2
+    });
+    let o = sh(&t.private, &format!("ping -c 1 -W 2 {PUBLIC}"));
+    assert!(o.status.success(), "ping after rotation: {}", text(&o));
+    wait_for("a line in the reopened log", Duration::from_secs(5), || {
+        !log_lines(&log, &created_icmp).is_empty()
+    });
+    assert!(log_lines(&rotated, &["nat=mapping-created"]).len() >= 2);
+    assert!(d.log().contains("NAT log reopened"), "{}", d.log());
+}
+
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn nat_log_records_mappings_af_packet() {
+    nat_log("af_packet", "la");
+}
+
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn nat_log_records_mappings_af_xdp() {
+    nat_log("af_xdp", "lx");
 }
 
 /// Each test on AF_PACKET, on AF_XDP, and on AF_XDP with `xdp_offload`

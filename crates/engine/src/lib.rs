@@ -34,7 +34,9 @@ pub use policy::{
     PortForward, RawDecision, StaticPolicy, Verdict,
 };
 pub use route::{AdjIndex, Adjacency, IfIndex, Route4, Route6, RouteTable4, RouteTable6};
-pub use worker::{BucketPrefetch, EngineConfig, EngineError, Interface, Worker};
+pub use worker::{
+    BucketPrefetch, EngineConfig, EngineError, Interface, LoggedEvent, NatLog, Worker,
+};
 
 /// Largest batch the engine processes in one call.
 pub const MAX_BATCH: usize = 256;

@@ -284,13 +284,28 @@ pub struct FlowInfo {
     l4_delta: u16,
 }
 
+/// A NAT event with the wall-clock time (ms since the epoch, UTC) of the
+/// batch, GC pass or flush that caused it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoggedEvent {
+    /// ms since 1970-01-01 UTC ([`EngineConfig::wall_offset_ms`] applied).
+    pub wall_ms: u64,
+    /// The event.
+    pub event: NatEvent,
+}
+
 /// A bounded ring of NAT events for the control plane to drain and log
 /// (RFC 6888 REQ-12 logging). Pushing never allocates after construction.
+/// With capacity 0 (no NAT log configured) events are only counted.
 #[derive(Debug, Default)]
 pub struct NatLog {
-    ring: VecDeque<NatEvent>,
+    ring: VecDeque<LoggedEvent>,
     cap: usize,
-    /// Events overwritten before they were drained.
+    /// The time stamped on events: the engine sets it once per batch, GC
+    /// pass and flush (the engine reads no clock of its own).
+    wall_ms: u64,
+    /// Events overwritten before they were drained (or, with capacity 0,
+    /// not kept at all).
     pub lost: u64,
 }
 
@@ -299,12 +314,23 @@ impl NatLog {
         Self {
             ring: VecDeque::with_capacity(cap),
             cap,
+            wall_ms: 0,
             lost: 0,
         }
     }
 
-    /// Take every pending event.
-    pub fn drain(&mut self) -> impl Iterator<Item = NatEvent> + '_ {
+    /// Events waiting to be drained.
+    pub fn len(&self) -> usize {
+        self.ring.len()
+    }
+
+    /// True when no event waits.
+    pub fn is_empty(&self) -> bool {
+        self.ring.is_empty()
+    }
+
+    /// Take every pending event, oldest first.
+    pub fn drain(&mut self) -> impl Iterator<Item = LoggedEvent> + '_ {
         self.ring.drain(..)
     }
 }
@@ -319,7 +345,10 @@ impl NatEventSink for NatLog {
             self.ring.pop_front();
             self.lost += 1;
         }
-        self.ring.push_back(*e);
+        self.ring.push_back(LoggedEvent {
+            wall_ms: self.wall_ms,
+            event: *e,
+        });
     }
 }
 
@@ -831,6 +860,15 @@ impl Worker {
         self.nat.sink_mut()
     }
 
+    /// Set the engine's clock outside a batch (before [`Self::flush`], so
+    /// that the NAT events of a flush carry its time; [`Self::process`] and
+    /// [`Self::gc`] set it themselves).
+    pub fn set_clock(&mut self, now_ns: u64) {
+        self.now_ms = instant(now_ns).as_millis();
+        self.wall_ms = self.now_ms.saturating_add_signed(self.wall_offset_ms);
+        self.nat.sink_mut().wall_ms = self.wall_ms;
+    }
+
     /// Remove every connection and NAT mapping in bulk; returns how many
     /// connections were removed.
     pub fn flush(&mut self) -> u64 {
@@ -865,6 +903,7 @@ impl Worker {
     /// one of its packets; one used within its idle timeout stays.
     pub fn gc_with(&mut self, now_ns: u64, budget: usize, probe: &mut dyn OffloadProbe) -> usize {
         let now = instant(now_ns);
+        self.set_clock(now_ns);
         let nat = &mut self.nat;
         let (q, adj) = (&mut self.offload, &self.adj);
         let counted = self.counts_conns.then_some(&*self.policy);
@@ -911,6 +950,7 @@ impl Worker {
         let now = instant(now_ns);
         self.now_ms = now.as_millis();
         self.wall_ms = self.now_ms.saturating_add_signed(self.wall_offset_ms);
+        self.nat.sink_mut().wall_ms = self.wall_ms;
         let total = frames.count();
         let n = total.min(MAX_BATCH);
         self.counters.rx += total as u64;

@@ -623,6 +623,15 @@ impl<S: NatEventSink> WorkerNat<S> {
         Some(self.masq_space.free_count(slot * PROTOS + pi))
     }
 
+    /// Every pool address with the size of this worker's share of its
+    /// pool's port range, pools in order.
+    pub fn pool_addresses(&self) -> impl Iterator<Item = (Ipv4Addr, u32)> + '_ {
+        self.pools.iter().flat_map(|p| {
+            let n = p.space.slice().len();
+            p.addrs.iter().map(move |&a| (Ipv4Addr::from(a), n))
+        })
+    }
+
     /// Ports of this worker's slice per (address, protocol) in `pool`.
     pub fn ports_per_addr(&self, pool: crate::PoolId) -> Option<u32> {
         Some(self.pools.get(usize::from(pool.0))?.space.slice().len())

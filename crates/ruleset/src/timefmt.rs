@@ -123,6 +123,21 @@ pub fn format_date_time(secs: u64) -> String {
     )
 }
 
+/// Milliseconds since the epoch as an RFC 3339 UTC timestamp:
+/// `YYYY-MM-DDTHH:MM:SS.mmmZ`.
+pub fn format_rfc3339_ms(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (y, m, d) = civil_from_days((secs / DAY_SECS) as i64);
+    let t = secs % DAY_SECS;
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        t / 3600,
+        t / 60 % 60,
+        t % 60,
+        ms % 1000
+    )
+}
+
 /// The day of the week (0 Sunday) of a time in seconds since the epoch:
 /// 1970-01-01 was a Thursday.
 pub fn weekday(secs: u64) -> u64 {
@@ -138,6 +153,22 @@ pub fn parse_day(s: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn rfc3339_milliseconds() {
+        assert_eq!(super::format_rfc3339_ms(0), "1970-01-01T00:00:00.000Z");
+        // 2026-11-24 12:34:56.789 UTC.
+        let ms = (super::days_from_civil(2026, 11, 24) as u64 * super::DAY_SECS
+            + 12 * 3600
+            + 34 * 60
+            + 56)
+            * 1000
+            + 789;
+        assert_eq!(super::format_rfc3339_ms(ms), "2026-11-24T12:34:56.789Z");
+        assert_eq!(
+            super::format_rfc3339_ms(951_782_400_000 - 1),
+            "2000-02-28T23:59:59.999Z"
+        );
+    }
     use super::*;
 
     #[test]
