@@ -63,6 +63,14 @@ pub enum ConfigError {
     /// The nft ruleset did not parse or compile (its own diagnostics).
     #[error("{0}")]
     Ruleset(String),
+    /// The `[nat]` settings do not fit the ruleset's NAT pools.
+    #[error("{file}: {message}")]
+    Nat {
+        /// The config file.
+        file: String,
+        /// What does not fit.
+        message: String,
+    },
 }
 
 fn caret(col: usize) -> String {
@@ -173,6 +181,9 @@ struct RawNat {
     hairpinning: Option<bool>,
     max_sessions_per_subscriber: Option<Spanned<i64>>,
     masquerade_ports: Option<Spanned<String>>,
+    /// Port block allocation: ports per block (0: off).
+    port_block_size: Option<Spanned<i64>>,
+    max_blocks_per_subscriber: Option<Spanned<i64>>,
     /// NAT log file (RFC 6888 REQ-12): one line per mapping event.
     log: Option<Spanned<String>>,
     log_format: Option<Spanned<LogFormat>>,
@@ -839,6 +850,37 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
             )
         })?;
     }
+    for (v, name, field) in [
+        (
+            &raw.nat.port_block_size,
+            "nat.port_block_size",
+            &mut nat.port_block_size,
+        ),
+        (
+            &raw.nat.max_blocks_per_subscriber,
+            "nat.max_blocks_per_subscriber",
+            &mut nat.max_blocks_per_subscriber,
+        ),
+    ] {
+        if let Some(v) = v {
+            *field = u16::try_from(*v.get_ref()).map_err(|_| {
+                src.err(
+                    v,
+                    name,
+                    format!("{} is not between 0 and 65535", v.get_ref()),
+                )
+            })?;
+        }
+    }
+    if nat.max_blocks_per_subscriber > 0 && nat.port_block_size == 0 {
+        if let Some(v) = &raw.nat.max_blocks_per_subscriber {
+            return Err(src.err(
+                v,
+                "nat.max_blocks_per_subscriber",
+                "needs nat.port_block_size (port block allocation is off)",
+            ));
+        }
+    }
     if let Some(r) = &raw.nat.masquerade_ports {
         nat.masquerade_ports =
             parse_port_range(r.get_ref()).map_err(|m| src.err(r, "nat.masquerade_ports", m))?;
@@ -1143,6 +1185,8 @@ max_sessions_per_subscriber = 1000
 masquerade_ports = "2000-60000"
 log = "nat.log"
 log_format = "json"
+port_block_size = 512
+max_blocks_per_subscriber = 4
 
 [conntrack]
 max = 65536
@@ -1203,6 +1247,10 @@ timeouts = { udp = 60, tcp_established = 3600 }
         let log = c.nat_log.as_ref().expect("nat.log");
         assert!(log.path.ends_with("nat.log") && log.path.is_absolute() == c.path.is_absolute());
         assert_eq!(log.format, LogFormat::Json);
+        assert_eq!(
+            (c.nat.port_block_size, c.nat.max_blocks_per_subscriber),
+            (512, 4)
+        );
         assert_eq!(c.nat.masquerade_ports, 2000..=60000);
         assert_eq!(
             c.nat.filtering,
@@ -1328,6 +1376,14 @@ timeouts = { udp = 60, tcp_established = 3600 }
             (
                 "[nat]\nmasquerade_ports = \"9-1\"\n",
                 "sluice.toml:6:20: nat.masquerade_ports: 9-1 is not a port range",
+            ),
+            (
+                "[nat]\nport_block_size = 70000\n",
+                "sluice.toml:6:19: nat.port_block_size: 70000 is not between 0 and 65535",
+            ),
+            (
+                "[nat]\nmax_blocks_per_subscriber = 2\n",
+                "sluice.toml:6:29: nat.max_blocks_per_subscriber: needs nat.port_block_size",
             ),
             (
                 "[nat]\nlog_format = \"json\"\n",

@@ -210,14 +210,17 @@ pub struct PoolAddrStatus {
     pub ports: u64,
     /// Free ports of that share: TCP, UDP, ICMP identifiers.
     pub free: [u64; 3],
+    /// With port blocks: (free blocks, blocks) of that share.
+    pub blocks: Option<(u64, u64)>,
 }
 
 fn pool_status<S: sluice_nat::NatEventSink>(nat: &sluice_nat::WorkerNat<S>) -> Vec<PoolAddrStatus> {
     nat.pool_addresses()
-        .map(|(addr, ports)| PoolAddrStatus {
+        .map(|(addr, ports, blocks)| PoolAddrStatus {
             addr,
             ports: u64::from(ports),
             free: [6u8, 17, 1].map(|p| u64::from(nat.free_ports(addr, p).unwrap_or(0))),
+            blocks: blocks.map(|(f, n)| (u64::from(f), u64::from(n))),
         })
         .collect()
 }

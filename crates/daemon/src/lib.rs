@@ -171,6 +171,7 @@ pub fn load_policy(cfg: &Config, ruleset: Option<&Path>) -> Result<LoadedPolicy,
                 .map_err(|e| ConfigError::Ruleset(e.to_string().trim_end().to_string()))?;
             let rules = p.rule_count();
             let pools = p.nat_config().pools.clone();
+            nat_fits(cfg, &pools)?;
             let p = Arc::new(p);
             Ok(LoadedPolicy {
                 policy: Arc::clone(&p) as Arc<dyn Policy>,
@@ -196,6 +197,32 @@ pub fn load_policy(cfg: &Config, ruleset: Option<&Path>) -> Result<LoadedPolicy,
             })
         }
     }
+}
+
+/// The `[nat]` settings against the rule set's pools (what every worker's
+/// NAT checks at start), as a located configuration error.
+fn nat_fits(cfg: &Config, pools: &[sluice_nat::Pool]) -> Result<(), ConfigError> {
+    let mut nat = cfg.nat.clone();
+    nat.pools = pools.to_vec();
+    nat.validate().map_err(|e| {
+        let message = match e {
+            sluice_nat::ConfigError::PortBlockTooLarge { pool, share } => format!(
+                "nat.port_block_size = {} is larger than a worker's share of the port range of \
+                 the NAT pool with {} ({share} ports with {} worker(s))",
+                nat.port_block_size,
+                pools
+                    .get(usize::from(pool))
+                    .and_then(|p| p.addrs.first())
+                    .map_or_else(|| format!("index {pool}"), ToString::to_string),
+                nat.workers
+            ),
+            e => e.to_string(),
+        };
+        ConfigError::Nat {
+            file: cfg.path.display().to_string(),
+            message,
+        }
+    })
 }
 
 /// `sluice check -c FILE`: validate the configuration and compile its
@@ -778,7 +805,9 @@ fn nat_json(ws: &[WorkerStatus]) -> Value {
         json!({"mappings": n.mappings, "sessions": n.sessions, "subscribers": n.subscribers,
                "mappings_created": n.mappings_created, "mappings_removed": n.mappings_removed,
                "pool_exhausted": n.pool_exhausted, "subscriber_limit": n.subscriber_limit,
-               "filtered": n.filtered, "hairpins": n.hairpins})
+               "filtered": n.filtered, "hairpins": n.hairpins, "blocks": n.blocks,
+               "blocks_allocated": n.blocks_allocated, "blocks_released": n.blocks_released,
+               "block_limit": n.block_limit})
     };
     let mut t = sluice_nat::NatStats::default();
     for w in ws {
@@ -792,6 +821,10 @@ fn nat_json(ws: &[WorkerStatus]) -> Value {
         t.subscriber_limit += n.subscriber_limit;
         t.filtered += n.filtered;
         t.hairpins += n.hairpins;
+        t.blocks += n.blocks;
+        t.blocks_allocated += n.blocks_allocated;
+        t.blocks_released += n.blocks_released;
+        t.block_limit += n.block_limit;
     }
     let mut v = one(&t);
     v["pools"] = json!(ws.first().map_or_else(Vec::new, |w| w
@@ -808,8 +841,26 @@ fn nat_json(ws: &[WorkerStatus]) -> Value {
                     })
                     .sum::<u64>()
             };
-            json!({"addr": p.addr.to_string(), "ports": p.ports * u64::from(ws.len() as u16),
-                   "free": {"tcp": free(0), "udp": free(1), "icmp": free(2)}})
+            let ports: u64 = ws
+                .iter()
+                .filter_map(|w| w.pools.iter().find(|q| q.addr == p.addr))
+                .map(|q| q.ports)
+                .sum();
+            let mut a = json!({"addr": p.addr.to_string(), "ports": ports,
+                   "free": {"tcp": free(0), "udp": free(1), "icmp": free(2)}});
+            if p.blocks.is_some() {
+                let (f, n) = ws
+                    .iter()
+                    .filter_map(|w| {
+                        w.pools
+                            .iter()
+                            .find(|q| q.addr == p.addr)
+                            .and_then(|q| q.blocks)
+                    })
+                    .fold((0, 0), |(f, n), (a, b)| (f + a, n + b));
+                a["blocks"] = json!({"free": f, "total": n});
+            }
+            a
         })
         .collect::<Vec<_>>()));
     v["workers"] = json!(ws.iter().map(|w| one(&w.nat)).collect::<Vec<_>>());

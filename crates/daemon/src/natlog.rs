@@ -259,15 +259,35 @@ fn proto_name(p: u8) -> String {
 pub fn format_event(out: &mut String, e: &LoggedEvent, format: LogFormat) {
     use std::fmt::Write as _;
     let time = format_rfc3339_ms(e.wall_ms);
-    let (name, proto, int_addr, int_port, ext_addr, ext_port, worker): (
-        &str,
-        u8,
-        Ipv4Addr,
-        u16,
-        Ipv4Addr,
-        u16,
-        u16,
-    ) = match e.event {
+    let mapping = |name: &str, proto: u8, int: (Ipv4Addr, u16), ext: (Ipv4Addr, u16), worker| {
+        let proto = proto_name(proto);
+        match format {
+            LogFormat::Text => format!(
+                "{time} nat={name} proto={proto} int={}:{} ext={}:{} worker={worker}",
+                int.0, int.1, ext.0, ext.1
+            ),
+            LogFormat::Json => serde_json::json!({
+                "time": time, "event": name, "proto": proto,
+                "int_addr": int.0.to_string(), "int_port": int.1,
+                "ext_addr": ext.0.to_string(), "ext_port": ext.1,
+                "worker": worker,
+            })
+            .to_string(),
+        }
+    };
+    let block = |name: &str, int: Ipv4Addr, ext: Ipv4Addr, ports: (u16, u16), worker| match format {
+        LogFormat::Text => format!(
+            "{time} nat={name} int={int} ext={ext} ports={}-{} worker={worker}",
+            ports.0, ports.1
+        ),
+        LogFormat::Json => serde_json::json!({
+            "time": time, "event": name,
+            "int_addr": int.to_string(), "ext_addr": ext.to_string(),
+            "first_port": ports.0, "last_port": ports.1, "worker": worker,
+        })
+        .to_string(),
+    };
+    let line = match e.event {
         NatEvent::MappingCreated {
             proto,
             int_addr,
@@ -275,13 +295,11 @@ pub fn format_event(out: &mut String, e: &LoggedEvent, format: LogFormat) {
             ext_addr,
             ext_port,
             worker,
-        } => (
+        } => mapping(
             "mapping-created",
             proto,
-            int_addr,
-            int_port,
-            ext_addr,
-            ext_port,
+            (int_addr, int_port),
+            (ext_addr, ext_port),
             worker,
         ),
         NatEvent::MappingRemoved {
@@ -291,34 +309,41 @@ pub fn format_event(out: &mut String, e: &LoggedEvent, format: LogFormat) {
             ext_addr,
             ext_port,
             worker,
-        } => (
+        } => mapping(
             "mapping-removed",
             proto,
+            (int_addr, int_port),
+            (ext_addr, ext_port),
+            worker,
+        ),
+        NatEvent::BlockAllocated {
             int_addr,
-            int_port,
             ext_addr,
-            ext_port,
+            first_port,
+            last_port,
+            worker,
+        } => block(
+            "block-allocated",
+            int_addr,
+            ext_addr,
+            (first_port, last_port),
+            worker,
+        ),
+        NatEvent::BlockReleased {
+            int_addr,
+            ext_addr,
+            first_port,
+            last_port,
+            worker,
+        } => block(
+            "block-released",
+            int_addr,
+            ext_addr,
+            (first_port, last_port),
             worker,
         ),
     };
-    let proto = proto_name(proto);
-    let _ = match format {
-        LogFormat::Text => write!(
-            out,
-            "{time} nat={name} proto={proto} int={int_addr}:{int_port} \
-             ext={ext_addr}:{ext_port} worker={worker}"
-        ),
-        LogFormat::Json => write!(
-            out,
-            "{}",
-            serde_json::json!({
-                "time": time, "event": name, "proto": proto,
-                "int_addr": int_addr.to_string(), "int_port": int_port,
-                "ext_addr": ext_addr.to_string(), "ext_port": ext_port,
-                "worker": worker,
-            })
-        ),
-    };
+    let _ = out.write_str(&line);
 }
 
 #[cfg(test)]
@@ -356,6 +381,28 @@ mod tests {
         assert_eq!(v["int_addr"], "10.0.0.2");
         assert_eq!(v["ext_port"], 1030);
         assert_eq!(v["proto"], "tcp");
+        let block = LoggedEvent {
+            wall_ms: 0,
+            event: NatEvent::BlockAllocated {
+                int_addr: Ipv4Addr::new(100, 64, 0, 9),
+                ext_addr: Ipv4Addr::new(198, 51, 100, 1),
+                first_port: 1024,
+                last_port: 1535,
+                worker: 0,
+            },
+        };
+        s.clear();
+        format_event(&mut s, &block, LogFormat::Text);
+        assert_eq!(
+            s,
+            "1970-01-01T00:00:00.000Z nat=block-allocated int=100.64.0.9 ext=198.51.100.1 \
+             ports=1024-1535 worker=0"
+        );
+        s.clear();
+        format_event(&mut s, &block, LogFormat::Json);
+        let v: serde_json::Value = serde_json::from_str(&s).unwrap_or_default();
+        assert_eq!(v["event"], "block-allocated");
+        assert_eq!(v["last_port"], 1535);
     }
 
     #[test]

@@ -25,7 +25,9 @@
 //!   out of the filter chains after their first established packets;
 //! - the NAT log (`nat.log`) records each mapping's creation and removal
 //!   with the pool address, `sluice ctl status` counts them, and SIGHUP
-//!   reopens a rotated log file;
+//!   reopens a rotated log file; with port block allocation it records
+//!   one block per subscriber instead, and the connections' external
+//!   ports lie in it;
 //! - the gateway answers TTL 1 with ICMP time exceeded and an oversized DF
 //!   packet with ICMP fragmentation needed carrying the egress MTU.
 //!
@@ -1096,6 +1098,82 @@ fn nat_log(backend: &str, tag: &str) {
     });
     assert!(log_lines(&rotated, &["nat=mapping-created"]).len() >= 2);
     assert!(d.log().contains("NAT log reopened"), "{}", d.log());
+}
+
+/// Port block allocation: one block for the host's ICMP, UDP and TCP
+/// mappings, logged once (JSON), the connections' external ports inside
+/// it; a flush frees it.
+fn port_blocks(backend: &str, tag: &str) {
+    let (t, d) = setup(
+        tag,
+        backend,
+        "\n[nat]\nlog = \"nat.log\"\nlog_format = \"json\"\nport_block_size = 128\nmax_blocks_per_subscriber = 2\n",
+    );
+    let _h = http_server(&t, &t.public, PUBLIC, 8081, "a");
+    let log = t.dir.join("nat.log");
+    let o = sh(&t.private, &format!("ping -c 1 -W 2 {PUBLIC}"));
+    assert!(o.status.success(), "ping: {}\n{}", text(&o), d.context());
+    for _ in 0..3 {
+        let (ok, _, o) = curl(&t.private, &format!("http://{PUBLIC}:8081/"), 5);
+        assert!(ok, "curl: {}\n{}", text(&o), d.context());
+    }
+    let lines = || -> Vec<serde_json::Value> {
+        read(&log)
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a JSON log line"))
+            .collect()
+    };
+    wait_for("the block line", Duration::from_secs(5), || {
+        !lines().is_empty()
+    });
+    let evs = lines();
+    assert_eq!(evs.len(), 1, "one event for every mapping: {evs:?}");
+    let b = &evs[0];
+    assert_eq!(b["event"], "block-allocated", "{b}");
+    assert_eq!(
+        (b["int_addr"].as_str(), b["ext_addr"].as_str()),
+        (Some("10.0.0.2"), Some("198.51.100.7"))
+    );
+    let (first, last) = (
+        b["first_port"].as_u64().unwrap_or(0),
+        b["last_port"].as_u64().unwrap_or(0),
+    );
+    assert_eq!(last - first + 1, 128, "{b}");
+    let list = d.ctl("conntrack list");
+    let conns = list["connections"].as_array().expect("connections");
+    assert!(conns.len() >= 4, "{list}");
+    for c in conns {
+        let port = c["reply"]["dport"].as_u64().unwrap_or(0);
+        assert!(
+            (first..=last).contains(&port),
+            "external port {port} outside {first}-{last}: {c}"
+        );
+    }
+    let st = d.ctl("status");
+    assert_eq!(st["nat"]["blocks"], 1, "{st}");
+    assert_eq!(st["nat"]["pools"][0]["blocks"]["total"], 504, "{st}");
+    assert_eq!(st["nat"]["pools"][0]["blocks"]["free"], 503, "{st}");
+    let f = d.ctl("conntrack flush");
+    assert_eq!(f["ok"], true, "{f}");
+    wait_for("the release line", Duration::from_secs(5), || {
+        lines().len() == 2
+    });
+    let r = &lines()[1];
+    assert_eq!(r["event"], "block-released", "{r}");
+    assert_eq!(r["first_port"], b["first_port"]);
+    assert_eq!(d.ctl("status")["nat"]["blocks"], 0);
+}
+
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn port_blocks_af_packet() {
+    port_blocks("af_packet", "ba");
+}
+
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn port_blocks_af_xdp() {
+    port_blocks("af_xdp", "bx");
 }
 
 #[test]

@@ -2779,7 +2779,7 @@ fn refused(v: Verdict) -> Option<DropReason> {
 
 fn nat_drop(e: NatError) -> DropReason {
     match e {
-        NatError::SubscriberLimit => DropReason::NatSubscriberLimit,
+        NatError::SubscriberLimit | NatError::BlockLimit => DropReason::NatSubscriberLimit,
         _ => DropReason::NatExhausted,
     }
 }

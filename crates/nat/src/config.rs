@@ -136,6 +136,15 @@ pub struct NatConfig {
     pub pairing_seed: u64,
     /// Mappings to reserve table space for, per worker.
     pub capacity_hint: usize,
+    /// Port block allocation (bulk port allocation): 0 = off; else a
+    /// subscriber's pool mappings take their ports from blocks of this
+    /// many ports of one address, held by the subscriber for all
+    /// protocols, and the NAT log records one event per block instead of
+    /// one per mapping. See [`crate::worker`].
+    pub port_block_size: u16,
+    /// Port blocks one subscriber may hold per pool and worker; 0 = as many
+    /// as are free.
+    pub max_blocks_per_subscriber: u16,
 }
 
 impl Default for NatConfig {
@@ -152,6 +161,8 @@ impl Default for NatConfig {
             workers: 1,
             pairing_seed: 0x5eed_0f51_u64,
             capacity_hint: 1024,
+            port_block_size: 0,
+            max_blocks_per_subscriber: 0,
         }
     }
 }
@@ -203,12 +214,34 @@ impl NatConfig {
                 }
             }
         }
+        if self.port_block_size > 0 {
+            for (i, p) in self.pools.iter().enumerate() {
+                let share = min_share(&p.ports, self.workers);
+                if share < u32::from(self.port_block_size) {
+                    return Err(ConfigError::PortBlockTooLarge {
+                        pool: i as u16,
+                        share,
+                    });
+                }
+            }
+        }
         if self.masquerade_slots > 0 && range_len(&self.masquerade_ports) < u32::from(self.workers)
         {
             return Err(ConfigError::MasqueradeRangeTooSmall);
         }
         Ok(())
     }
+}
+
+/// The smallest number of ports of `r` any one of `workers` workers owns.
+fn min_share(r: &RangeInclusive<u16>, workers: u16) -> u32 {
+    let mut n = vec![0u32; usize::from(workers.max(1))];
+    for p in r.clone() {
+        if let Some(c) = n.get_mut(usize::from(owner_of(p, workers))) {
+            *c += 1;
+        }
+    }
+    n.into_iter().min().unwrap_or(0)
 }
 
 fn range_len(r: &RangeInclusive<u16>) -> u32 {
@@ -261,6 +294,18 @@ mod tests {
         assert_eq!(
             c.validate(),
             Err(ConfigError::PortRangeTooSmall { pool: 0 })
+        );
+        let mut c = cfg();
+        c.pools[0].ports = 1024..=2047;
+        c.port_block_size = 256;
+        assert_eq!(c.validate(), Ok(()));
+        c.port_block_size = 257;
+        assert_eq!(
+            c.validate(),
+            Err(ConfigError::PortBlockTooLarge {
+                pool: 0,
+                share: 256
+            })
         );
     }
 

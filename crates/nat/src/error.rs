@@ -10,6 +10,9 @@ pub enum NatError {
     PoolExhausted,
     /// The internal host already holds its maximum number of sessions.
     SubscriberLimit,
+    /// Port block allocation: the internal host holds its maximum number of
+    /// port blocks and every one is full for this protocol.
+    BlockLimit,
     /// Masquerade was asked for but the egress interface has no address.
     NoEgressAddress,
     /// Every masquerade address slot is bound to another live address.
@@ -26,6 +29,7 @@ impl NatError {
         match self {
             Self::PoolExhausted => "nat_pool_exhausted",
             Self::SubscriberLimit => "nat_subscriber_limit",
+            Self::BlockLimit => "nat_block_limit",
             Self::NoEgressAddress => "nat_no_egress_address",
             Self::MasqueradeSlotsExhausted => "nat_masquerade_slots_exhausted",
             Self::UnknownPool => "nat_unknown_pool",
@@ -39,6 +43,7 @@ impl fmt::Display for NatError {
         let s = match self {
             Self::PoolExhausted => "NAT pool exhausted",
             Self::SubscriberLimit => "per-subscriber session limit reached",
+            Self::BlockLimit => "the subscriber's port blocks are full and it holds its maximum",
             Self::NoEgressAddress => "masquerade: egress interface has no IPv4 address",
             Self::MasqueradeSlotsExhausted => "masquerade: no free address slot",
             Self::UnknownPool => "unknown NAT pool",
@@ -77,6 +82,14 @@ pub enum ConfigError {
     TooLarge,
     /// The masquerade port range has fewer ports than there are workers.
     MasqueradeRangeTooSmall,
+    /// A worker's share of pool `pool`'s port range is smaller than one
+    /// port block.
+    PortBlockTooLarge {
+        /// Index of the offending pool.
+        pool: u16,
+        /// Ports of the smallest worker share.
+        share: u32,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -95,6 +108,10 @@ impl fmt::Display for ConfigError {
             Self::MasqueradeRangeTooSmall => {
                 f.write_str("nat: masquerade port range has fewer ports than workers")
             }
+            Self::PortBlockTooLarge { pool, share } => write!(
+                f,
+                "nat: port_block_size is larger than a worker's share of pool {pool}'s port range ({share} ports)"
+            ),
         }
     }
 }

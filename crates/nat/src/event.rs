@@ -40,6 +40,37 @@ pub enum NatEvent {
         /// Owning worker.
         worker: u16,
     },
+    /// Port block allocation (`NatConfig::port_block_size`): a block of
+    /// external ports on one address now belongs to a subscriber, for all
+    /// of its TCP, UDP and ICMP mappings. Replaces the per-mapping events.
+    BlockAllocated {
+        /// Internal (subscriber) address.
+        int_addr: Ipv4Addr,
+        /// External (pool) address.
+        ext_addr: Ipv4Addr,
+        /// First port of the block.
+        first_port: u16,
+        /// Last port of the block. With several workers the block holds
+        /// only the ports from `first_port` to `last_port` that `worker`
+        /// owns (see [`crate::owner_of`]).
+        last_port: u16,
+        /// Owning worker.
+        worker: u16,
+    },
+    /// The subscriber's last mapping in the block went away; the block is
+    /// free again.
+    BlockReleased {
+        /// Internal (subscriber) address.
+        int_addr: Ipv4Addr,
+        /// External (pool) address.
+        ext_addr: Ipv4Addr,
+        /// First port of the block.
+        first_port: u16,
+        /// Last port of the block.
+        last_port: u16,
+        /// Owning worker.
+        worker: u16,
+    },
 }
 
 /// Receives NAT events. Called on the slow path only.

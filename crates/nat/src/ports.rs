@@ -190,26 +190,72 @@ impl PortSpace {
         None
     }
 
+    /// Take a free port of `map` whose dense index is in `lo..hi`, the
+    /// first free one from `from` on, wrapping around to `lo` (next-fit
+    /// within a port block). Returns the port and its index.
+    pub(crate) fn alloc_in(
+        &mut self,
+        map: usize,
+        lo: u32,
+        hi: u32,
+        from: u32,
+    ) -> Option<(u16, u32)> {
+        let hi = hi.min(self.slice.len());
+        if lo >= hi || self.free_count(map) == 0 {
+            return None;
+        }
+        let from = if (lo..hi).contains(&from) { from } else { lo };
+        let idx = self
+            .first_free(map, from, hi)
+            .or_else(|| self.first_free(map, lo, from))?;
+        let base = map * self.words_per_map;
+        let word = self.words.get_mut(base + idx as usize / 64)?;
+        *word |= 1u64 << (idx % 64);
+        if let Some(f) = self.free.get_mut(map) {
+            *f -= 1;
+        }
+        Some((self.slice.port(idx)?, idx))
+    }
+
+    /// The first clear bit of `map` in `from..to`.
+    fn first_free(&self, map: usize, from: u32, to: u32) -> Option<u32> {
+        let base = map * self.words_per_map;
+        let mut i = from;
+        while i < to {
+            let w = *self.words.get(base + i as usize / 64)?;
+            let mut avail = !w & (!0u64 << (i % 64));
+            let word_end = (i / 64 + 1) * 64;
+            if to < word_end {
+                avail &= (1u64 << (to % 64)) - 1;
+            }
+            if avail != 0 {
+                return Some((i / 64) * 64 + avail.trailing_zeros());
+            }
+            i = word_end;
+        }
+        None
+    }
+
     /// Return `port` to bitmap `map`. False if it was not allocated there.
     pub(crate) fn release(&mut self, map: usize, port: u16) -> bool {
-        let Some(idx) = self.slice.index(port) else {
-            return false;
-        };
-        let Some(word) = self
+        self.release_at(map, port).is_some()
+    }
+
+    /// [`Self::release`], giving the port's dense index.
+    pub(crate) fn release_at(&mut self, map: usize, port: u16) -> Option<u32> {
+        let idx = self.slice.index(port)?;
+        let word = self
             .words
-            .get_mut(map * self.words_per_map + idx as usize / 64)
-        else {
-            return false;
-        };
+            .get_mut(map * self.words_per_map + idx as usize / 64)?;
         let bit = 1u64 << (idx % 64);
         if *word & bit == 0 {
-            return false;
+            return None;
         }
         *word &= !bit;
         if let Some(f) = self.free.get_mut(map) {
             *f += 1;
         }
-        true
+        Some(idx)
     }
 }
 
@@ -265,6 +311,27 @@ mod tests {
         assert!(sp.release(1, 1077));
         assert!(!sp.release(1, 1077), "double free refused");
         assert_eq!(sp.alloc(1), Some(1077));
+    }
+
+    #[test]
+    fn alloc_in_stays_in_its_block_and_wraps() {
+        // 200 ports, blocks of 64: block 1 is indices 64..128.
+        let mut sp = PortSpace::new(PortSlice::new(&(3000..=3199), 0, 1), 2);
+        let mut got = Vec::new();
+        while let Some((p, i)) = sp.alloc_in(1, 64, 128, 100) {
+            assert!((64..128).contains(&i) && p == 3000 + i as u16);
+            got.push(i);
+        }
+        assert_eq!(got.len(), 64);
+        assert_eq!(got[0], 100, "starts at the hint");
+        assert_eq!(got[28], 64, "wraps to the block's start");
+        assert_eq!(sp.free_count(1), 200 - 64);
+        assert_eq!(sp.free_count(0), 200, "other bitmap untouched");
+        assert!(sp.release(1, 3070));
+        assert_eq!(sp.alloc_in(1, 64, 128, 64), Some((3070, 70)));
+        // The last, partial block: indices 192..200 only.
+        assert_eq!(sp.alloc_in(0, 192, 256, 250), Some((3192, 192)));
+        assert_eq!(sp.alloc_in(0, 256, 320, 0), None);
     }
 
     #[test]

@@ -179,6 +179,124 @@ struct PermitKey {
 struct PoolState {
     addrs: Vec<u32>,
     space: PortSpace,
+    /// Port block allocation, when on.
+    blocks: Option<Blocks>,
+}
+
+/// The port blocks of one pool on one worker (port block allocation,
+/// [`NatConfig::port_block_size`]). Block `b` is block `b % per_addr` of
+/// address `b / per_addr`: the dense indices `j * size .. (j + 1) * size`
+/// of this worker's share of the pool's port range ([`PortSlice`]), in
+/// all three protocols' bitmaps. A held block belongs to one subscriber;
+/// a free block has no port in use in any protocol, because on a pool with
+/// blocks every port is taken through a block.
+#[derive(Clone, Debug)]
+struct Blocks {
+    /// Ports per block.
+    size: u32,
+    /// Blocks per address (the share's remainder is never used).
+    per_addr: u32,
+    /// Per block: the subscriber holding it, if any.
+    owner: Vec<Option<u32>>,
+    /// Per block: its ports in use, all protocols.
+    used: Vec<u32>,
+    /// Per block: where the next allocation in it starts (next-fit, so a
+    /// port just freed is the last reused).
+    next: Vec<u32>,
+    /// Per address: free blocks, and the next-fit cursor over them.
+    free: Vec<u32>,
+    cursor: Vec<u32>,
+    /// Subscriber -> the blocks it holds, oldest first.
+    by_sub: HashMap<u32, Vec<u32>>,
+    /// Blocks one subscriber may hold (0: no limit).
+    max: u16,
+}
+
+impl Blocks {
+    fn new(size: u16, share: u32, addrs: usize, max: u16) -> Self {
+        let size = u32::from(size.max(1));
+        let per_addr = share / size;
+        let n = per_addr as usize * addrs;
+        Self {
+            size,
+            per_addr,
+            owner: vec![None; n],
+            used: vec![0; n],
+            next: vec![0; n],
+            free: vec![per_addr; addrs],
+            cursor: vec![0; addrs],
+            by_sub: HashMap::new(),
+            max,
+        }
+    }
+
+    /// The dense index range of block `b`.
+    fn range(&self, b: u32) -> (u32, u32) {
+        let j = b % self.per_addr.max(1);
+        (j * self.size, (j + 1) * self.size)
+    }
+
+    /// The address index of block `b`.
+    fn addr_of(&self, b: u32) -> usize {
+        (b / self.per_addr.max(1)) as usize
+    }
+
+    /// The block holding dense index `idx` of address `ai`.
+    fn block_of(&self, ai: usize, idx: u32) -> u32 {
+        ai as u32 * self.per_addr + idx / self.size
+    }
+
+    /// Give a free block of address `ai` to `sub` (next-fit).
+    fn take(&mut self, ai: usize, sub: u32) -> Option<u32> {
+        if self.free.get(ai).copied().unwrap_or(0) == 0 {
+            return None;
+        }
+        let start = self.cursor.get(ai).copied().unwrap_or(0);
+        for k in 0..self.per_addr {
+            let j = (start + k) % self.per_addr;
+            let b = ai as u32 * self.per_addr + j;
+            if let Some(o @ None) = self.owner.get_mut(b as usize) {
+                *o = Some(sub);
+                if let Some(f) = self.free.get_mut(ai) {
+                    *f -= 1;
+                }
+                if let Some(c) = self.cursor.get_mut(ai) {
+                    *c = (j + 1) % self.per_addr;
+                }
+                self.by_sub.entry(sub).or_default().push(b);
+                return Some(b);
+            }
+        }
+        None
+    }
+
+    /// Block `b` is empty: free it. Returns its subscriber.
+    fn give_back(&mut self, b: u32) -> Option<u32> {
+        let sub = self.owner.get_mut(b as usize)?.take()?;
+        let ai = self.addr_of(b);
+        if let Some(f) = self.free.get_mut(ai) {
+            *f += 1;
+        }
+        if let Some(n) = self.next.get_mut(b as usize) {
+            *n = 0;
+        }
+        if let hashbrown::hash_map::Entry::Occupied(mut e) = self.by_sub.entry(sub) {
+            e.get_mut().retain(|&x| x != b);
+            if e.get().is_empty() {
+                e.remove();
+            }
+        }
+        Some(sub)
+    }
+
+    /// Forget every holder (flush); the bitmaps are reset by the caller.
+    fn reset(&mut self) {
+        self.owner.fill(None);
+        self.used.fill(0);
+        self.next.fill(0);
+        self.free.fill(self.per_addr);
+        self.by_sub.clear();
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -226,6 +344,15 @@ pub struct NatStats {
     pub filtered: u64,
     /// Hairpinned sessions created.
     pub hairpins: u64,
+    /// Port blocks held now (port block allocation).
+    pub blocks: u64,
+    /// Port blocks handed to subscribers since start.
+    pub blocks_allocated: u64,
+    /// Port blocks freed since start.
+    pub blocks_released: u64,
+    /// Translations refused because the subscriber held its maximum of
+    /// blocks and they were full.
+    pub block_limit: u64,
 }
 
 /// NAT state of one worker. `S` receives mapping events.
@@ -280,8 +407,20 @@ impl<S: NatEventSink> WorkerNat<S> {
             for (ai, a) in addrs.iter().enumerate() {
                 pool_addr.insert(*a, (pid, ai));
             }
+            let blocks = (config.port_block_size > 0).then(|| {
+                Blocks::new(
+                    config.port_block_size,
+                    slice.len(),
+                    addrs.len(),
+                    config.max_blocks_per_subscriber,
+                )
+            });
             let space = PortSpace::new(slice, addrs.len() * PROTOS);
-            pools.push(PoolState { addrs, space });
+            pools.push(PoolState {
+                addrs,
+                space,
+                blocks,
+            });
         }
         let slots = usize::from(config.masquerade_slots);
         let masq_slice = PortSlice::new(&config.masquerade_ports, worker, config.workers);
@@ -330,6 +469,12 @@ impl<S: NatEventSink> WorkerNat<S> {
         let mut s = self.stats;
         s.mappings = self.by_ext.len() as u64;
         s.subscribers = self.subscribers.len() as u64;
+        s.blocks = self
+            .pools
+            .iter()
+            .filter_map(|p| p.blocks.as_ref())
+            .map(|b| b.by_sub.values().map(|v| v.len() as u64).sum::<u64>())
+            .sum();
         s
     }
 
@@ -503,9 +648,29 @@ impl<S: NatEventSink> WorkerNat<S> {
     /// one `MappingRemoved` per mapping (RFC 6888 REQ-12 logging).
     pub fn clear(&mut self) {
         let n = self.by_ext.len() as u64;
-        for (ext, m) in self.by_ext.drain() {
-            free_port(&mut self.pools, &mut self.masq_space, m.space, ext.port);
-            self.sink.event(&removed_event(self.worker, &m.key, ext));
+        let mut all = core::mem::take(&mut self.by_ext);
+        for (ext, m) in all.drain() {
+            let blocked = self.in_blocks(m.space);
+            if let Some(e) = free_port(
+                &mut self.pools,
+                &mut self.masq_space,
+                m.space,
+                ext.port,
+                self.worker,
+            ) {
+                self.stats.blocks_released += 1;
+                self.sink.event(&e);
+            }
+            if !blocked {
+                self.sink.event(&removed_event(self.worker, &m.key, ext));
+            }
+        }
+        // Keep the table's allocation.
+        self.by_ext = all;
+        for p in &mut self.pools {
+            if let Some(b) = &mut p.blocks {
+                b.reset();
+            }
         }
         self.by_int.clear();
         self.subscribers.clear();
@@ -624,11 +789,18 @@ impl<S: NatEventSink> WorkerNat<S> {
     }
 
     /// Every pool address with the size of this worker's share of its
-    /// pool's port range, pools in order.
-    pub fn pool_addresses(&self) -> impl Iterator<Item = (Ipv4Addr, u32)> + '_ {
+    /// pool's port range and, with port blocks, (free blocks, blocks) of
+    /// the address; pools in order.
+    pub fn pool_addresses(&self) -> impl Iterator<Item = (Ipv4Addr, u32, Option<(u32, u32)>)> + '_ {
         self.pools.iter().flat_map(|p| {
             let n = p.space.slice().len();
-            p.addrs.iter().map(move |&a| (Ipv4Addr::from(a), n))
+            p.addrs.iter().enumerate().map(move |(ai, &a)| {
+                let blocks = p
+                    .blocks
+                    .as_ref()
+                    .map(|b| (b.free.get(ai).copied().unwrap_or(0), b.per_addr));
+                (Ipv4Addr::from(a), n, blocks)
+            })
         })
     }
 
@@ -743,6 +915,11 @@ impl<S: NatEventSink> WorkerNat<S> {
     /// caller's).
     fn create_mapping(&mut self, key: MapKey, pi: usize) -> Result<ExtKey, NatError> {
         let (space, addr, port) = match key.realm {
+            Realm::Pool(pid) if self.has_blocks(pid) => {
+                let (ai, addr, port) = self.block_port(pid, None, &key, pi)?;
+                let map = u32::try_from(ai * PROTOS + pi).map_err(|_| NatError::UnknownPool)?;
+                (Space::Pool { pool: pid, map }, addr, port)
+            }
             Realm::Pool(pid) => {
                 let pool = self
                     .pools
@@ -787,7 +964,15 @@ impl<S: NatEventSink> WorkerNat<S> {
                 }
             }
             Realm::Masq(addr) => {
-                let got = if let Some(&(pid, ai)) = self.pool_addr.get(&addr) {
+                let shared = self.pool_addr.get(&addr).copied();
+                let got = if let Some((pid, ai)) = shared.filter(|&(pid, _)| self.has_blocks(pid)) {
+                    // A pool address with port blocks: its ports come from
+                    // the subscriber's blocks on that address.
+                    let (ai, _, port) = self.block_port(pid, Some(ai), &key, pi)?;
+                    u32::try_from(ai * PROTOS + pi)
+                        .ok()
+                        .map(|map| (Space::Pool { pool: pid, map }, port))
+                } else if let Some((pid, ai)) = shared {
                     // The egress address is also a pool address: share its
                     // bitmap so the two can never hand out the same port.
                     let map = ai * PROTOS + pi;
@@ -835,15 +1020,134 @@ impl<S: NatEventSink> WorkerNat<S> {
         self.by_int.insert(key.int_key(), (addr, port), 1);
         self.by_ext.insert(ext, Mapping { key, space });
         self.stats.mappings_created += 1;
-        self.sink.event(&NatEvent::MappingCreated {
-            proto: key.proto,
-            int_addr: Ipv4Addr::from(key.int_addr),
-            int_port: key.int_port,
-            ext_addr: Ipv4Addr::from(addr),
-            ext_port: port,
-            worker: self.worker,
-        });
+        // With port blocks the block's event stands for its mappings.
+        if !self.in_blocks(space) {
+            self.sink.event(&NatEvent::MappingCreated {
+                proto: key.proto,
+                int_addr: Ipv4Addr::from(key.int_addr),
+                int_port: key.int_port,
+                ext_addr: Ipv4Addr::from(addr),
+                ext_port: port,
+                worker: self.worker,
+            });
+        }
         Ok(ext)
+    }
+
+    /// Whether pool `pid` allocates in port blocks.
+    fn has_blocks(&self, pid: u16) -> bool {
+        self.pools
+            .get(usize::from(pid))
+            .is_some_and(|p| p.blocks.is_some())
+    }
+
+    /// Whether a mapping's port came from a port block.
+    fn in_blocks(&self, space: Space) -> bool {
+        matches!(space, Space::Pool { pool, .. } if self.has_blocks(pool))
+    }
+
+    /// Port block allocation: a port for mapping `key` (protocol index
+    /// `pi`) from the subscriber's blocks in pool `pid`, newest first, on
+    /// address index `only` if given, else on the paired address (or, with
+    /// arbitrary pooling, any address); when they are full, a new block
+    /// (logged). Returns (address index, address, port).
+    fn block_port(
+        &mut self,
+        pid: u16,
+        only: Option<usize>,
+        key: &MapKey,
+        pi: usize,
+    ) -> Result<(usize, u32, u16), NatError> {
+        let Self {
+            pools,
+            stats,
+            sink,
+            worker,
+            pooling,
+            seed,
+            ..
+        } = self;
+        let pool = pools
+            .get_mut(usize::from(pid))
+            .ok_or(NatError::UnknownPool)?;
+        let PoolState {
+            addrs,
+            space,
+            blocks,
+        } = pool;
+        let bl = blocks.as_mut().ok_or(NatError::UnknownPool)?;
+        let n = addrs.len();
+        let start = pair_index(*seed, key.int_addr, n);
+        let allowed = |ai: usize| match only {
+            Some(x) => ai == x,
+            None => *pooling == Pooling::Arbitrary || ai == start,
+        };
+        let sub = key.int_addr;
+        // One lookup of the subscriber's blocks; the newest is tried first
+        // and almost always has room, the older ones only when it has not.
+        let (held, newest) = bl
+            .by_sub
+            .get(&sub)
+            .map_or((0, None), |v| (v.len(), v.last().copied()));
+        for k in (0..held).rev() {
+            let b = if k + 1 == held {
+                newest
+            } else {
+                bl.by_sub.get(&sub).and_then(|v| v.get(k)).copied()
+            };
+            let Some(b) = b else {
+                continue;
+            };
+            let ai = bl.addr_of(b);
+            let Some(&addr) = addrs.get(ai).filter(|_| allowed(ai)) else {
+                continue;
+            };
+            if let Some(port) = port_in_block(space, bl, b, ai * PROTOS + pi, addr, key) {
+                return Ok((ai, addr, port));
+            }
+        }
+        if bl.max != 0 && held >= usize::from(bl.max) {
+            stats.block_limit += 1;
+            return Err(NatError::BlockLimit);
+        }
+        let tries: &mut dyn Iterator<Item = usize> = match (only, *pooling) {
+            (Some(x), _) => &mut core::iter::once(x),
+            (None, Pooling::Paired) => &mut core::iter::once(start),
+            (None, Pooling::Arbitrary) => &mut (0..n).map(|k| (start + k) % n),
+        };
+        for ai in tries {
+            let Some(&addr) = addrs.get(ai) else {
+                continue;
+            };
+            let Some(b) = bl.take(ai, sub) else {
+                continue;
+            };
+            stats.blocks_allocated += 1;
+            let (first_port, last_port) = block_ports(space, bl, b);
+            sink.event(&NatEvent::BlockAllocated {
+                int_addr: Ipv4Addr::from(sub),
+                ext_addr: Ipv4Addr::from(addr),
+                first_port,
+                last_port,
+                worker: *worker,
+            });
+            if let Some(port) = port_in_block(space, bl, b, ai * PROTOS + pi, addr, key) {
+                return Ok((ai, addr, port));
+            }
+            // Only a one-port block holding the subscriber's own endpoint
+            // can get here: hand it back.
+            bl.give_back(b);
+            stats.blocks_released += 1;
+            sink.event(&NatEvent::BlockReleased {
+                int_addr: Ipv4Addr::from(sub),
+                ext_addr: Ipv4Addr::from(addr),
+                first_port,
+                last_port,
+                worker: *worker,
+            });
+        }
+        stats.pool_exhausted += 1;
+        Err(NatError::PoolExhausted)
     }
 
     /// The masquerade slot bound to `addr`, binding a free one if needed.
@@ -873,7 +1177,17 @@ impl<S: NatEventSink> WorkerNat<S> {
             return;
         };
         self.by_int.remove(&m.key.int_key());
-        free_port(&mut self.pools, &mut self.masq_space, m.space, ext.port);
+        let blocked = self.in_blocks(m.space);
+        if let Some(e) = free_port(
+            &mut self.pools,
+            &mut self.masq_space,
+            m.space,
+            ext.port,
+            self.worker,
+        ) {
+            self.stats.blocks_released += 1;
+            self.sink.event(&e);
+        }
         if let Space::Masq { slot, .. } = m.space {
             if let Some(s) = self.masq_slots.get_mut(usize::from(slot)) {
                 s.mappings = s.mappings.saturating_sub(1);
@@ -883,7 +1197,9 @@ impl<S: NatEventSink> WorkerNat<S> {
             }
         }
         self.stats.mappings_removed += 1;
-        self.sink.event(&removed_event(self.worker, &m.key, ext));
+        if !blocked {
+            self.sink.event(&removed_event(self.worker, &m.key, ext));
+        }
     }
 
     /// The mappings a session with keys `(orig, reply)` may hold, before
@@ -1048,17 +1364,80 @@ fn alloc_port(space: &mut PortSpace, map: usize, ext_addr: u32, key: &MapKey) ->
     }
 }
 
-fn free_port(pools: &mut [PoolState], masq: &mut PortSpace, space: Space, port: u16) {
+/// Return a mapping's port. With port blocks, the port's block loses a
+/// user, and when that was its last the block is freed: the returned
+/// event says so.
+fn free_port(
+    pools: &mut [PoolState],
+    masq: &mut PortSpace,
+    space: Space,
+    port: u16,
+    worker: u16,
+) -> Option<NatEvent> {
     match space {
         Space::Pool { pool, map } => {
-            if let Some(p) = pools.get_mut(usize::from(pool)) {
-                p.space.release(map as usize, port);
+            let p = pools.get_mut(usize::from(pool))?;
+            let idx = p.space.release_at(map as usize, port)?;
+            let bl = p.blocks.as_mut()?;
+            let ai = map as usize / PROTOS;
+            let b = bl.block_of(ai, idx);
+            let used = bl.used.get_mut(b as usize)?;
+            *used = used.saturating_sub(1);
+            if *used > 0 {
+                return None;
             }
+            let (first_port, last_port) = block_ports(&p.space, bl, b);
+            let sub = bl.give_back(b)?;
+            Some(NatEvent::BlockReleased {
+                int_addr: Ipv4Addr::from(sub),
+                ext_addr: Ipv4Addr::from(*p.addrs.get(ai)?),
+                first_port,
+                last_port,
+                worker,
+            })
         }
         Space::Masq { map, .. } => {
             masq.release(map as usize, port);
+            None
         }
     }
+}
+
+/// The first and last port of block `b`.
+fn block_ports(space: &PortSpace, bl: &Blocks, b: u32) -> (u16, u16) {
+    let (lo, hi) = bl.range(b);
+    let s = space.slice();
+    (
+        s.port(lo).unwrap_or(0),
+        s.port(hi.saturating_sub(1)).unwrap_or(0),
+    )
+}
+
+/// A port of block `b` in bitmap `map` (next-fit within the block), never
+/// the internal endpoint itself; counts it as the block's.
+fn port_in_block(
+    space: &mut PortSpace,
+    bl: &mut Blocks,
+    b: u32,
+    map: usize,
+    ext_addr: u32,
+    key: &MapKey,
+) -> Option<u16> {
+    let (lo, hi) = bl.range(b);
+    let from = lo + bl.next.get(b as usize).copied().unwrap_or(0);
+    let (mut port, mut idx) = space.alloc_in(map, lo, hi, from)?;
+    if ext_addr == key.int_addr && port == key.int_port {
+        let other = space.alloc_in(map, lo, hi, idx + 1);
+        space.release(map, port);
+        (port, idx) = other?;
+    }
+    if let Some(u) = bl.used.get_mut(b as usize) {
+        *u += 1;
+    }
+    if let Some(n) = bl.next.get_mut(b as usize) {
+        *n = (idx + 1 - lo) % bl.size;
+    }
+    Some(port)
 }
 
 fn removed_event(worker: u16, key: &MapKey, ext: ExtKey) -> NatEvent {
@@ -1594,6 +1973,154 @@ mod tests {
         assert_eq!(removed, 95);
     }
 
+    /// The block events of `n` not yet seen (from `seen` on), applied to
+    /// the model `held`: (external address, first port) -> (subscriber,
+    /// last port). Fails on a block given twice or freed by another owner.
+    fn replay_blocks(
+        n: &WorkerNat<VecSink>,
+        seen: &mut usize,
+        held: &mut StdMap<(Ipv4Addr, u16), (Ipv4Addr, u16)>,
+    ) {
+        for e in n.sink().events.iter().skip(*seen) {
+            match *e {
+                NatEvent::BlockAllocated {
+                    int_addr,
+                    ext_addr,
+                    first_port,
+                    last_port,
+                    ..
+                } => assert!(
+                    held.insert((ext_addr, first_port), (int_addr, last_port))
+                        .is_none(),
+                    "block {ext_addr}:{first_port} given twice"
+                ),
+                NatEvent::BlockReleased {
+                    int_addr,
+                    ext_addr,
+                    first_port,
+                    last_port,
+                    ..
+                } => assert_eq!(
+                    held.remove(&(ext_addr, first_port)),
+                    Some((int_addr, last_port)),
+                    "block {ext_addr}:{first_port} freed but not held"
+                ),
+                ref m => panic!("per-mapping event with port blocks on: {m:?}"),
+            }
+        }
+        *seen = n.sink().events.len();
+    }
+
+    #[test]
+    fn port_blocks_are_logged_once_and_hold_the_ports() {
+        let mut c = cfg(2, 1024..=2047, 1);
+        c.port_block_size = 64;
+        let mut n = nat(&c, 0);
+        let mut sessions = Vec::new();
+        // 64 TCP and 10 UDP mappings of one host: one block, shared by
+        // the protocols, then a second when its 64 TCP ports are used.
+        for p in 0..65 {
+            let o = out(proto::TCP, 1, 30000 + p, ip(8, 8, 8, 8), 80);
+            sessions.push((o, n.translate_outbound(&o, &SNAT, None).unwrap()));
+        }
+        for p in 0..10 {
+            let o = out(proto::UDP, 1, 30000 + p, ip(8, 8, 8, 8), 53);
+            sessions.push((o, n.translate_outbound(&o, &SNAT, None).unwrap()));
+        }
+        let (mut seen, mut held) = (0, StdMap::new());
+        replay_blocks(&n, &mut seen, &mut held);
+        assert_eq!(held.len(), 2, "{held:?}");
+        let paired = c.paired_addr(PoolId(0), ip(10, 0, 0, 1)).unwrap();
+        for (o, r) in &sessions {
+            let inside = held.iter().any(|(&(a, first), &(sub, last))| {
+                a == r.dst_addr() && sub == o.src_addr() && (first..=last).contains(&r.dport)
+            });
+            assert!(inside, "{r:?} outside the host's blocks {held:?}");
+            assert_eq!(r.dst_addr(), paired, "paired pooling");
+        }
+        let st = n.stats();
+        assert_eq!((st.blocks, st.blocks_allocated, st.mappings), (2, 2, 75));
+        // A second host gets a block of its own.
+        let o = out(proto::UDP, 2, 5000, ip(8, 8, 8, 8), 53);
+        let r = n.translate_outbound(&o, &SNAT, None).unwrap();
+        replay_blocks(&n, &mut seen, &mut held);
+        assert_eq!(held.len(), 3);
+        n.release(&o, &r);
+        replay_blocks(&n, &mut seen, &mut held);
+        assert_eq!(held.len(), 2, "its last mapping freed its block");
+        for (o, r) in sessions.drain(..) {
+            n.release(&o, &r);
+        }
+        replay_blocks(&n, &mut seen, &mut held);
+        assert!(held.is_empty());
+        let st = n.stats();
+        assert_eq!((st.blocks, st.blocks_released, st.mappings), (0, 3, 0));
+        for a in &c.pools[0].addrs {
+            assert_eq!(n.free_ports(*a, proto::TCP), Some(1024));
+        }
+    }
+
+    #[test]
+    fn port_block_limit_refuses_then_other_protocols_still_fit() {
+        let mut c = cfg(1, 1024..=1151, 1);
+        c.port_block_size = 32;
+        c.max_blocks_per_subscriber = 1;
+        let mut n = nat(&c, 0);
+        for p in 0..32 {
+            let o = out(proto::TCP, 1, 30000 + p, ip(8, 8, 8, 8), 80);
+            n.translate_outbound(&o, &SNAT, None).unwrap();
+        }
+        let o = out(proto::TCP, 1, 40000, ip(8, 8, 8, 8), 80);
+        assert_eq!(
+            n.translate_outbound(&o, &SNAT, None),
+            Err(NatError::BlockLimit)
+        );
+        assert_eq!(n.stats().block_limit, 1);
+        // The block's UDP ports are the subscriber's too.
+        let o = out(proto::UDP, 1, 40000, ip(8, 8, 8, 8), 53);
+        let r = n.translate_outbound(&o, &SNAT, None).unwrap();
+        assert!((1024..=1055).contains(&r.dport), "{r:?}");
+        // Other hosts take the other three blocks, then the pool is out.
+        for h in 2..=4 {
+            let o = out(proto::TCP, h, 1, ip(8, 8, 8, 8), 80);
+            n.translate_outbound(&o, &SNAT, None).unwrap();
+        }
+        let o = out(proto::TCP, 5, 1, ip(8, 8, 8, 8), 80);
+        assert_eq!(
+            n.translate_outbound(&o, &SNAT, None),
+            Err(NatError::PoolExhausted)
+        );
+        // A flush frees every block, logged.
+        n.clear();
+        let released = n
+            .sink()
+            .events
+            .iter()
+            .filter(|e| matches!(e, NatEvent::BlockReleased { .. }))
+            .count();
+        assert_eq!(released, 4);
+        assert_eq!(n.stats().blocks, 0);
+        let o = out(proto::TCP, 5, 1, ip(8, 8, 8, 8), 80);
+        assert!(n.translate_outbound(&o, &SNAT, None).is_ok());
+    }
+
+    #[test]
+    fn masquerade_to_a_pool_address_uses_its_blocks() {
+        let mut c = cfg(1, 1024..=1087, 1);
+        c.port_block_size = 16;
+        let mut n = nat(&c, 0);
+        let o = out(proto::UDP, 1, 7000, ip(8, 8, 8, 8), 53);
+        let r = n
+            .translate_outbound(&o, &Translation::Masquerade, Some(ip(192, 0, 2, 1)))
+            .unwrap();
+        let o2 = out(proto::UDP, 1, 7001, ip(8, 8, 8, 8), 53);
+        let r2 = n.translate_outbound(&o2, &SNAT, None).unwrap();
+        let (mut seen, mut held) = (0, StdMap::new());
+        replay_blocks(&n, &mut seen, &mut held);
+        assert_eq!(held.len(), 1, "one block for both: {held:?}");
+        assert!((1024..=1039).contains(&r.dport) && (1024..=1039).contains(&r2.dport));
+    }
+
     #[test]
     fn config_errors() {
         let c = cfg(1, DEFAULT_PORTS, 2);
@@ -1689,6 +2216,66 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(128))]
+
+        #[test]
+        fn port_block_invariants(
+            ops in proptest::collection::vec((0u8..3, 1u8..6, 0u16..24, 0u8..4, 0usize..64), 1..200),
+            w in 0u16..2,
+            arbitrary in any::<bool>(),
+            max in 0u16..3,
+        ) {
+            let mut c = cfg(2, 2000..=2063, 2);
+            c.port_block_size = 8;
+            c.max_blocks_per_subscriber = max;
+            if arbitrary {
+                c.pooling = Pooling::Arbitrary;
+            }
+            let mut n = nat(&c, w);
+            let mut live: Vec<(FlowKey4, FlowKey4)> = Vec::new();
+            let (mut seen, mut held) = (0usize, StdMap::new());
+            for (pi, host, sport, op, pick) in ops {
+                if op == 0 && !live.is_empty() {
+                    let (o, r) = live.swap_remove(pick % live.len());
+                    n.release(&o, &r);
+                } else {
+                    let p = [proto::TCP, proto::UDP, proto::ICMP][usize::from(pi)];
+                    let o = out(p, host, sport, ip(198, 51, 100, 1), 80);
+                    if live.iter().any(|(lo, _)| *lo == o) {
+                        continue;
+                    }
+                    match n.translate_outbound(&o, &SNAT, None) {
+                        Ok(r) => live.push((o, r)),
+                        Err(NatError::BlockLimit) => prop_assert!(max > 0),
+                        Err(e) => prop_assert_eq!(e, NatError::PoolExhausted),
+                    }
+                }
+                replay_blocks(&n, &mut seen, &mut held);
+                // Every live mapping's port is in a block its host holds,
+                // and owned by this worker.
+                for (o, r) in &live {
+                    prop_assert_eq!(owner_of(r.dport, 2), w);
+                    let inside = held.iter().any(|(&(a, first), &(sub, last))| {
+                        a == r.dst_addr() && sub == o.src_addr() && (first..=last).contains(&r.dport)
+                    });
+                    prop_assert!(inside, "{:?} outside its host's blocks {:?}", r, held);
+                }
+                if max > 0 {
+                    for h in 1..6u8 {
+                        let k = held.values().filter(|(sub, _)| *sub == ip(10, 0, 0, h)).count();
+                        prop_assert!(k <= usize::from(max));
+                    }
+                }
+                prop_assert_eq!(n.stats().blocks, held.len() as u64);
+            }
+            for (o, r) in live.drain(..) {
+                n.release(&o, &r);
+            }
+            replay_blocks(&n, &mut seen, &mut held);
+            prop_assert!(held.is_empty());
+            for a in &c.pools[0].addrs {
+                prop_assert_eq!(n.free_ports(*a, proto::UDP), Some(32));
+            }
+        }
 
         #[test]
         fn nat_invariants_hold(ops in proptest::collection::vec(arb_op(), 1..120), w in 0u16..2, filt in 0u8..3) {

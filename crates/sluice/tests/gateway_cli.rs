@@ -238,3 +238,21 @@ fn check_accepts_an_iptables_save_rule_set_and_reports_its_errors() {
     );
     assert!(err.contains('^'), "no caret: {err}");
 }
+
+/// Port block allocation: a block that fits every worker's share of the
+/// ruleset's pool passes; one larger than a share is refused naming the
+/// pool's address.
+#[test]
+fn check_refuses_a_port_block_larger_than_a_workers_share() {
+    let find = "masquerade_ports = \"1024-65535\"";
+    let (_, _, err) = check_good_and_bad(
+        "pba",
+        find,
+        &format!("{find}\nport_block_size = 512\nmax_blocks_per_subscriber = 4"),
+        &format!("{find}\nport_block_size = 65000"),
+    );
+    assert!(
+        err.contains("nat.port_block_size = 65000 is larger than a worker's share of the port range of the NAT pool with 198.51.100.7 (64512 ports with 1 worker(s))"),
+        "{err}"
+    );
+}
