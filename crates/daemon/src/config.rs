@@ -132,6 +132,8 @@ struct RawConfig {
     heap_reserve_mib: Option<Spanned<i64>>,
     capture: Option<Spanned<String>>,
     control_socket: Option<Spanned<String>>,
+    /// Prometheus metrics over HTTP (`ADDR:PORT`).
+    metrics_listen: Option<Spanned<String>>,
     #[serde(default)]
     interfaces: Vec<RawInterface>,
     #[serde(default)]
@@ -348,6 +350,8 @@ pub struct Config {
     pub capture: Option<PathBuf>,
     /// Control socket path.
     pub control_socket: PathBuf,
+    /// Where to serve Prometheus metrics over HTTP (`metrics_listen`).
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// Owned interfaces; engine interface `i + 1` is `interfaces[i]`.
     pub interfaces: Vec<InterfaceConfig>,
     /// Static routes.
@@ -560,6 +564,19 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         .as_ref()
         .map(|v| nonempty(v, "capture"))
         .transpose()?;
+    let metrics_listen = match &raw.metrics_listen {
+        None => None,
+        Some(v) => Some(v.get_ref().parse::<std::net::SocketAddr>().map_err(|_| {
+            src.err(
+                v,
+                "metrics_listen",
+                format!(
+                    "{} is not ADDRESS:PORT (e.g. \"127.0.0.1:9108\" or \"[::1]:9108\")",
+                    v.get_ref()
+                ),
+            )
+        })?),
+    };
     let control_socket = match &raw.control_socket {
         Some(v) => nonempty(v, "control_socket")?,
         None => PathBuf::from(DEFAULT_SOCKET),
@@ -967,6 +984,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         heap_reserve_mib,
         capture,
         control_socket,
+        metrics_listen,
         interfaces,
         routes,
         neighbors,
@@ -1329,6 +1347,10 @@ timeouts = { udp = 60, tcp_established = 3600 }
             ),
             ("xdp_offload = 1\n", "sluice.toml:1:15: invalid type: integer `1`, expected a boolean"),
             ("ruleset = \"\"\n", "sluice.toml:1:11: ruleset: must not be empty"),
+            (
+                "metrics_listen = \"localhost\"\n",
+                "sluice.toml:1:18: metrics_listen: localhost is not ADDRESS:PORT",
+            ),
             (
                 "[[interfaces]]\nname = \"lan0\"\n",
                 "sluice.toml:6:8: interfaces[1].name: interface lan0 is listed twice",

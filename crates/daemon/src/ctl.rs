@@ -62,6 +62,8 @@ pub enum Request {
     Status,
     /// Engine counters with drop reasons by name.
     Counters,
+    /// Every counter in the Prometheus text format (`metrics`).
+    Metrics,
     /// List connections.
     ConntrackList {
         /// `tcp`, `udp`, `icmp` or a protocol number.
@@ -381,7 +383,7 @@ pub fn client(socket: &Path, request: &str) -> Result<String, CtlError> {
 }
 
 /// Turn `sluice ctl` words into a request line:
-/// `status`, `counters`, `conntrack list [proto P] [addr A] [port N] [limit N]`,
+/// `status`, `counters`, `metrics`, `conntrack list [proto P] [addr A] [port N] [limit N]`,
 /// `conntrack count`, `conntrack flush`, `ruleset replace FILE`, `ruleset
 /// list`, `reload`,
 /// `rule list [CHAIN]`, `set list [SET]`, `counter list|reset [NAME]`,
@@ -391,7 +393,7 @@ pub fn client(socket: &Path, request: &str) -> Result<String, CtlError> {
 pub fn request_from_args(args: &[String]) -> Result<String, CtlError> {
     let usage = || {
         CtlError::Usage(
-            "usage: status | counters | conntrack list [proto P] [addr A] [port N] [limit N] | conntrack count | conntrack flush | ruleset replace FILE | ruleset list | reload | rule list [CHAIN] | set list [SET] | counter|quota|limit list|reset [NAME] | nft add|insert|delete rule ... | nft add|delete element ... | nft flush set ..."
+            "usage: status | counters | metrics | conntrack list [proto P] [addr A] [port N] [limit N] | conntrack count | conntrack flush | ruleset replace FILE | ruleset list | reload | rule list [CHAIN] | set list [SET] | counter|quota|limit list|reset [NAME] | nft add|insert|delete rule ... | nft add|delete element ... | nft flush set ..."
                 .into(),
         )
     };
@@ -399,6 +401,7 @@ pub fn request_from_args(args: &[String]) -> Result<String, CtlError> {
     let v = match words.as_slice() {
         ["status"] => json!({"cmd": "status"}),
         ["counters"] => json!({"cmd": "counters"}),
+        ["metrics"] => json!({"cmd": "metrics"}),
         ["reload"] => json!({"cmd": "reload"}),
         ["ruleset", "list"] => json!({"cmd": "ruleset-list"}),
         ["rule", "list"] => json!({"cmd": "rule-list"}),

@@ -65,6 +65,7 @@
 pub mod config;
 pub mod ctl;
 pub mod dataplane;
+pub mod metrics;
 pub mod natlog;
 pub mod neigh;
 pub mod neigh6;
@@ -459,6 +460,21 @@ impl Control {
         drop(dead);
     }
 
+    /// The Prometheus exposition (`sluice ctl metrics`, `metrics_listen`).
+    fn metrics(&self) -> Result<String, CtlFailure> {
+        let ws = self.ask(Command::Status)?;
+        let info = {
+            let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            metrics::Info {
+                uptime_s: self.started.elapsed().as_secs(),
+                rules: st.rules,
+                generation: st.generation,
+                nat_log: self.nat_log.as_ref().map(natlog::NatLogHandle::counts),
+            }
+        };
+        Ok(metrics::render(&ws, &info))
+    }
+
     /// SIGHUP / `reload`: re-read the config file and its ruleset, and
     /// reopen the NAT log (log rotation).
     fn reload(&self) -> Result<Value, CtlFailure> {
@@ -490,6 +506,9 @@ impl Control {
         }
         if old.nat != cfg.nat || old.masquerade != cfg.masquerade || old.nat_log != cfg.nat_log {
             needs_restart.push("nat");
+        }
+        if old.metrics_listen != cfg.metrics_listen {
+            needs_restart.push("metrics_listen");
         }
         if old.heap_reserve_mib != cfg.heap_reserve_mib {
             needs_restart.push("heap_reserve_mib");
@@ -568,6 +587,7 @@ impl Control {
                     "worker_status": ws.iter().map(worker_json).collect::<Vec<_>>(),
                 }))
             }
+            Request::Metrics => Ok(json!({"ok": true, "metrics": self.metrics()?})),
             Request::Counters => {
                 let ws = self.ask(Command::Status)?;
                 let mut total = sluice_engine::Counters::default();
@@ -1116,6 +1136,14 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
         Some(sluice_io::nft::IngressDrop::install(&names).map_err(RunError::IngressDrop)?)
     };
     let cell = Arc::new(dataplane::PolicyCell::new(Arc::clone(&lp.policy)));
+    // Bound before anything starts, so that a taken port is a start error.
+    let metrics_listener = match cfg.metrics_listen {
+        Some(a) => Some(
+            std::net::TcpListener::bind(a)
+                .map_err(|e| RunError::Os(format!("metrics_listen: cannot listen on {a}: {e}")))?,
+        ),
+        None => None,
+    };
     let nat_logger = match &cfg.nat_log {
         Some(c) => Some(natlog::NatLogger::start(c).map_err(RunError::Os)?),
         None => None,
@@ -1386,6 +1414,20 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
         .spawn(move || ctl::serve(listener, &ctl_stop, &|r| ctl_control.handle(r)))
         .map_err(|e| RunError::Os(format!("spawn control thread: {e}")))?;
 
+    let metrics_thread = match metrics_listener {
+        Some(l) => {
+            let (st, c) = (Arc::clone(&stop), Arc::clone(&control));
+            tracing::info!(listen = ?l.local_addr().ok(), "metrics");
+            Some(
+                std::thread::Builder::new()
+                    .name("sluice-metrics".into())
+                    .spawn(move || metrics::serve(l, &st, &|| c.metrics().ok()))
+                    .map_err(|e| RunError::Os(format!("spawn metrics thread: {e}")))?,
+            )
+        }
+        None => None,
+    };
+
     let handle = signals.handle();
     while !stop.load(Ordering::Relaxed) {
         for sig in signals.pending() {
@@ -1414,6 +1456,9 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     }
     ctl::wake(&sock);
     let _ = ctl_thread.join();
+    if let Some(t) = metrics_thread {
+        let _ = t.join();
+    }
     drop(sock_guard);
     if let Some(Err(e)) = ingress.map(|i| i.remove()) {
         tracing::warn!("removing the nft ingress drop: {e}");

@@ -168,6 +168,15 @@ impl NatLogHandle {
         let _ = self.tx.send(LogMsg::Reopen);
     }
 
+    /// (lines written, events lost, write errors).
+    pub fn counts(&self) -> (u64, u64, u64) {
+        (
+            self.stats.written.load(Ordering::Relaxed),
+            self.stats.lost.load(Ordering::Relaxed),
+            self.stats.write_errors.load(Ordering::Relaxed),
+        )
+    }
+
     /// `sluice ctl status`'s `nat_log` object.
     pub fn status(&self) -> serde_json::Value {
         serde_json::json!({

@@ -51,10 +51,16 @@ pub fn ctl(socket: &Path, words: &[String]) -> Result<ExitCode> {
     let req = sluice_daemon::ctl::request_from_args(words)?;
     let resp = sluice_daemon::ctl::client(socket, &req)?;
     let v = serde_json::from_str::<serde_json::Value>(&resp).ok();
-    // `ruleset list` prints the rule set itself (nft syntax), the rest JSON.
-    match v
-        .as_ref()
-        .and_then(|v| v.get("ruleset"))
+    // `ruleset list` prints the rule set itself (nft syntax), `metrics`
+    // the Prometheus text, the rest JSON (whose `ruleset` key, in `status`
+    // and `reload`, is the rule set's file name).
+    let raw_key = match words {
+        [a, b] if a == "ruleset" && b == "list" => Some("ruleset"),
+        [a] if a == "metrics" => Some("metrics"),
+        _ => None,
+    };
+    match raw_key
+        .and_then(|k| v.as_ref().and_then(|v| v.get(k)))
         .and_then(|r| r.as_str())
     {
         Some(text) => print!("{text}"),

@@ -256,3 +256,116 @@ fn check_refuses_a_port_block_larger_than_a_workers_share() {
         "{err}"
     );
 }
+
+/// A gateway on in-memory ports (no interfaces touched): `sluice ctl
+/// status` and `reload` print their JSON (`status` once printed only its
+/// rule set's file name), `sluice ctl metrics` and `GET /metrics` on
+/// `metrics_listen` the Prometheus text, with the NAT pool's ports and
+/// port blocks; SIGTERM stops it cleanly.
+#[test]
+fn ctl_status_metrics_and_http_metrics_on_a_mem_gateway() {
+    use std::io::{Read, Write};
+    let dir = std::env::temp_dir().join(format!("sluice-cli-mem-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let nft = example().with_extension("nft");
+    std::fs::copy(&nft, dir.join("sluice.nft")).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let sock = dir.join("ctl.sock");
+    std::fs::write(
+        dir.join("gw.toml"),
+        format!(
+            "ruleset = \"sluice.nft\"\nbackend = \"mem\"\ncontrol_socket = \"{}\"\n\
+             metrics_listen = \"127.0.0.1:{port}\"\n\n\
+             [[interfaces]]\nname = \"lan0\"\nrole = \"inside\"\naddresses = [\"10.0.0.1/24\"]\n\n\
+             [[interfaces]]\nname = \"wan0\"\nrole = \"outside\"\naddresses = [\"203.0.113.1/24\"]\n\n\
+             [nat]\nlog = \"nat.log\"\nport_block_size = 256\n",
+            sock.display()
+        ),
+    )
+    .unwrap();
+    let mut child = sluice()
+        .args(["run", "-c"])
+        .arg(dir.join("gw.toml"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ctl = |w: &[&str]| -> Output {
+        sluice()
+            .arg("ctl")
+            .arg("--socket")
+            .arg(&sock)
+            .args(w)
+            .output()
+            .unwrap()
+    };
+    let start = std::time::Instant::now();
+    while !ctl(&["status"]).status.success() {
+        assert!(
+            start.elapsed().as_secs() < 10,
+            "gateway did not start: {:?}",
+            child.try_wait()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let status: serde_json::Value =
+        serde_json::from_slice(&ctl(&["status"]).stdout).expect("status prints JSON");
+    assert_eq!(status["ok"], true, "{status}");
+    assert_eq!(
+        status["nat"]["pools"][0]["addr"], "198.51.100.7",
+        "{status}"
+    );
+    assert_eq!(
+        status["nat"]["pools"][0]["blocks"]["total"], 252,
+        "{status}"
+    );
+    assert!(status["nat_log"]["path"]
+        .as_str()
+        .unwrap_or("")
+        .ends_with("nat.log"));
+    let reload: serde_json::Value =
+        serde_json::from_slice(&ctl(&["reload"]).stdout).expect("reload prints JSON");
+    assert_eq!(reload["generation"], 2, "{reload}");
+    let m = ctl(&["metrics"]);
+    let text = String::from_utf8_lossy(&m.stdout).to_string();
+    assert!(text.starts_with("# HELP sluice_uptime_seconds"), "{text}");
+    assert!(text.contains("sluice_ruleset_generation 2\n"), "{text}");
+    assert!(
+        text.contains(
+            "sluice_nat_pool_free_ports{worker=\"0\",address=\"198.51.100.7\",protocol=\"tcp\"} 64512\n"
+        ),
+        "{text}"
+    );
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut http = String::new();
+    c.read_to_string(&mut http).unwrap();
+    assert!(http.starts_with("HTTP/1.1 200 OK\r\n"), "{http}");
+    assert!(
+        http.contains("\r\n\r\n# HELP sluice_uptime_seconds"),
+        "{http}"
+    );
+    assert!(
+        http.contains("sluice_nat_port_blocks{worker=\"0\"} 0\n"),
+        "{http}"
+    );
+    let st = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let code = child.wait().unwrap();
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    let log_exists = dir.join("nat.log").exists();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(code.success(), "exit {code:?}: {err}");
+    assert!(log_exists, "nat.log not created: {err}");
+}
