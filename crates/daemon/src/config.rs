@@ -185,6 +185,8 @@ struct RawNat {
     masquerade_ports: Option<Spanned<String>>,
     /// Port block allocation: ports per block (0: off).
     port_block_size: Option<Spanned<i64>>,
+    /// Deterministic NAT (RFC 7422): the subscriber prefix.
+    deterministic: Option<Spanned<String>>,
     max_blocks_per_subscriber: Option<Spanned<i64>>,
     /// NAT log file (RFC 6888 REQ-12): one line per mapping event.
     log: Option<Spanned<String>>,
@@ -889,6 +891,37 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
             })?;
         }
     }
+    if let Some(d) = &raw.nat.deterministic {
+        let (net, len) = parse_cidr(d.get_ref()).map_err(|m| src.err(d, "nat.deterministic", m))?;
+        let m = if len == 0 {
+            0
+        } else {
+            u32::MAX << (32 - u32::from(len))
+        };
+        let masked = Ipv4Addr::from(u32::from(net) & m);
+        if masked != net {
+            return Err(src.err(
+                d,
+                "nat.deterministic",
+                format!("{net}/{len} has host bits set (did you mean {masked}/{len}?)"),
+            ));
+        }
+        if len < 8 {
+            return Err(src.err(
+                d,
+                "nat.deterministic",
+                format!("/{len} is too large a subscriber prefix (at most /8, 16 M subscribers)"),
+            ));
+        }
+        if nat.port_block_size == 0 {
+            return Err(src.err(
+                d,
+                "nat.deterministic",
+                "needs nat.port_block_size (the block of ports each subscriber owns)",
+            ));
+        }
+        nat.deterministic = Some((net, len));
+    }
     if nat.max_blocks_per_subscriber > 0 && nat.port_block_size == 0 {
         if let Some(v) = &raw.nat.max_blocks_per_subscriber {
             return Err(src.err(
@@ -1402,6 +1435,14 @@ timeouts = { udp = 60, tcp_established = 3600 }
             (
                 "[nat]\nport_block_size = 70000\n",
                 "sluice.toml:6:19: nat.port_block_size: 70000 is not between 0 and 65535",
+            ),
+            (
+                "[nat]\ndeterministic = \"100.64.0.1/24\"\nport_block_size = 250\n",
+                "sluice.toml:6:17: nat.deterministic: 100.64.0.1/24 has host bits set (did you mean 100.64.0.0/24?)",
+            ),
+            (
+                "[nat]\ndeterministic = \"100.64.0.0/24\"\n",
+                "sluice.toml:6:17: nat.deterministic: needs nat.port_block_size",
             ),
             (
                 "[nat]\nmax_blocks_per_subscriber = 2\n",

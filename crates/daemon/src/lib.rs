@@ -217,6 +217,20 @@ fn nat_fits(cfg: &Config, pools: &[sluice_nat::Pool]) -> Result<(), ConfigError>
                     .map_or_else(|| format!("index {pool}"), ToString::to_string),
                 nat.workers
             ),
+            sluice_nat::ConfigError::DeterministicTooSmall {
+                pool,
+                capacity,
+                needed,
+            } => format!(
+                "nat.deterministic: the NAT pool with {} has {capacity} port blocks of {} ports \
+                 per worker, fewer than the prefix's {needed} subscribers (add addresses to the \
+                 pool, or make the blocks smaller)",
+                pools
+                    .get(usize::from(pool))
+                    .and_then(|p| p.addrs.first())
+                    .map_or_else(|| format!("index {pool}"), ToString::to_string),
+                nat.port_block_size
+            ),
             e => e.to_string(),
         };
         ConfigError::Nat {
@@ -224,6 +238,16 @@ fn nat_fits(cfg: &Config, pools: &[sluice_nat::Pool]) -> Result<(), ConfigError>
             message,
         }
     })
+}
+
+/// The NAT configuration a gateway file gives its workers: its `[nat]`
+/// settings with its rule set's pools (`sluice nat lookup`).
+pub fn nat_config(path: &Path) -> Result<sluice_nat::NatConfig, ConfigError> {
+    let cfg = config::load(path)?;
+    let lp = load_policy(&cfg, None)?;
+    let mut nat = cfg.nat.clone();
+    nat.pools = lp.pools;
+    Ok(nat)
 }
 
 /// `sluice check -c FILE`: validate the configuration and compile its
@@ -827,7 +851,7 @@ fn nat_json(ws: &[WorkerStatus]) -> Value {
                "pool_exhausted": n.pool_exhausted, "subscriber_limit": n.subscriber_limit,
                "filtered": n.filtered, "hairpins": n.hairpins, "blocks": n.blocks,
                "blocks_allocated": n.blocks_allocated, "blocks_released": n.blocks_released,
-               "block_limit": n.block_limit})
+               "block_limit": n.block_limit, "outside_prefix": n.outside_prefix})
     };
     let mut t = sluice_nat::NatStats::default();
     for w in ws {
@@ -845,6 +869,7 @@ fn nat_json(ws: &[WorkerStatus]) -> Value {
         t.blocks_allocated += n.blocks_allocated;
         t.blocks_released += n.blocks_released;
         t.block_limit += n.block_limit;
+        t.outside_prefix += n.outside_prefix;
     }
     let mut v = one(&t);
     v["pools"] = json!(ws.first().map_or_else(Vec::new, |w| w

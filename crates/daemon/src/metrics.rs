@@ -204,7 +204,7 @@ pub fn render(ws: &[WorkerStatus], info: &Info) -> String {
         "Unassured connections evicted to make room (table full).",
         &|w| w.ct_early_drops,
     );
-    let nat: [Metric<sluice_nat::NatStats>; 13] = [
+    let nat: [Metric<sluice_nat::NatStats>; 14] = [
         ("sluice_nat_mappings", "gauge", "NAT mappings alive.", |n| {
             n.mappings
         }),
@@ -279,6 +279,12 @@ pub fn render(ws: &[WorkerStatus], info: &Info) -> String {
             "counter",
             "Translations refused at max_blocks_per_subscriber.",
             |n| n.block_limit,
+        ),
+        (
+            "sluice_nat_outside_prefix_total",
+            "counter",
+            "Deterministic NAT: sources outside the subscriber prefix.",
+            |n| n.outside_prefix,
         ),
     ];
     for (name, kind, help, f) in nat {

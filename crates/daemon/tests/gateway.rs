@@ -1103,11 +1103,19 @@ fn nat_log(backend: &str, tag: &str) {
 /// Port block allocation: one block for the host's ICMP, UDP and TCP
 /// mappings, logged once (JSON), the connections' external ports inside
 /// it; a flush frees it.
-fn port_blocks(backend: &str, tag: &str) {
+///
+/// With `deterministic`, the block is the one `nat.deterministic` gives the
+/// host (RFC 7422), as `sluice nat lookup` computes it.
+fn port_blocks(backend: &str, tag: &str, deterministic: bool) {
+    let det = if deterministic {
+        "deterministic = \"10.0.0.0/24\"\n"
+    } else {
+        ""
+    };
     let (t, d) = setup(
         tag,
         backend,
-        "\n[nat]\nlog = \"nat.log\"\nlog_format = \"json\"\nport_block_size = 128\nmax_blocks_per_subscriber = 2\n",
+        &format!("\n[nat]\nlog = \"nat.log\"\nlog_format = \"json\"\nport_block_size = 128\nmax_blocks_per_subscriber = 2\n{det}"),
     );
     let _h = http_server(&t, &t.public, PUBLIC, 8081, "a");
     let log = t.dir.join("nat.log");
@@ -1139,6 +1147,14 @@ fn port_blocks(backend: &str, tag: &str) {
         b["last_port"].as_u64().unwrap_or(0),
     );
     assert_eq!(last - first + 1, 128, "{b}");
+    if deterministic {
+        let nat = sluice_daemon::nat_config(&t.dir.join("sluice.toml")).expect("nat config");
+        let (addr, ranges) = nat
+            .deterministic_block(sluice_nat::PoolId(0), "10.0.0.2".parse().expect("ip"))
+            .expect("10.0.0.2's block");
+        assert_eq!(addr.to_string(), "198.51.100.7");
+        assert_eq!(ranges, vec![(first as u16, last as u16)], "{b}");
+    }
     let list = d.ctl("conntrack list");
     let conns = list["connections"].as_array().expect("connections");
     assert!(conns.len() >= 4, "{list}");
@@ -1167,13 +1183,19 @@ fn port_blocks(backend: &str, tag: &str) {
 #[test]
 #[ignore = "needs root + netns; run by .ci/run with --ignored"]
 fn port_blocks_af_packet() {
-    port_blocks("af_packet", "ba");
+    port_blocks("af_packet", "ba", false);
+}
+
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn deterministic_port_blocks_af_packet() {
+    port_blocks("af_packet", "bd", true);
 }
 
 #[test]
 #[ignore = "needs root + netns; run by .ci/run with --ignored"]
 fn port_blocks_af_xdp() {
-    port_blocks("af_xdp", "bx");
+    port_blocks("af_xdp", "bx", false);
 }
 
 #[test]

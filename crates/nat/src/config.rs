@@ -5,7 +5,7 @@ use core::net::Ipv4Addr;
 use core::ops::RangeInclusive;
 
 use crate::error::ConfigError;
-use crate::ports::owner_of;
+use crate::ports::{owned_below, owner_of};
 
 /// Default dynamic port range. RFC 4787 REQ-3 / RFC 6056: well-known ports
 /// (below 1024) are not handed out unless a pool asks for them.
@@ -145,6 +145,13 @@ pub struct NatConfig {
     /// Port blocks one subscriber may hold per pool and worker; 0 = as many
     /// as are free.
     pub max_blocks_per_subscriber: u16,
+    /// Deterministic NAT (RFC 7422), with port blocks: the subscribers of
+    /// this prefix (base address, length) each own one fixed block of
+    /// every pool, computed from their address, so that an external
+    /// address and port name the subscriber without any log
+    /// ([`NatConfig::deterministic_subscriber`]). Sources outside the
+    /// prefix are not translated by pools.
+    pub deterministic: Option<(Ipv4Addr, u8)>,
 }
 
 impl Default for NatConfig {
@@ -163,6 +170,7 @@ impl Default for NatConfig {
             capacity_hint: 1024,
             port_block_size: 0,
             max_blocks_per_subscriber: 0,
+            deterministic: None,
         }
     }
 }
@@ -225,6 +233,22 @@ impl NatConfig {
                 }
             }
         }
+        if let Some((_, len)) = self.deterministic {
+            if self.port_block_size == 0 {
+                return Err(ConfigError::DeterministicNeedsBlocks);
+            }
+            let needed = det_count(len);
+            for (i, p) in self.pools.iter().enumerate() {
+                let capacity = p.addrs.len() as u64 * u64::from(self.det_blocks_per_addr(p));
+                if capacity < needed {
+                    return Err(ConfigError::DeterministicTooSmall {
+                        pool: i as u16,
+                        capacity,
+                        needed,
+                    });
+                }
+            }
+        }
         if self.masquerade_slots > 0 && range_len(&self.masquerade_ports) < u32::from(self.workers)
         {
             return Err(ConfigError::MasqueradeRangeTooSmall);
@@ -233,15 +257,88 @@ impl NatConfig {
     }
 }
 
+/// Subscribers of a deterministic prefix of length `len`.
+fn det_count(len: u8) -> u64 {
+    1u64 << (32 - u32::from(len.min(32)))
+}
+
+impl NatConfig {
+    /// Blocks per address and worker in deterministic mode: the same on
+    /// every worker (the smallest share's), so that a subscriber's block
+    /// has one index on all of them.
+    pub(crate) fn det_blocks_per_addr(&self, p: &Pool) -> u32 {
+        min_share(&p.ports, self.workers) / u32::from(self.port_block_size.max(1))
+    }
+
+    /// Deterministic NAT (RFC 7422): the subscriber holding external
+    /// endpoint `addr:port` of `pool`, from the configuration alone.
+    /// `None` when deterministic NAT is off, the endpoint is not one of
+    /// the pool's, or no subscriber's block holds it.
+    pub fn deterministic_subscriber(
+        &self,
+        pool: PoolId,
+        addr: Ipv4Addr,
+        port: u16,
+    ) -> Option<Ipv4Addr> {
+        let (base, len) = self.deterministic?;
+        let p = self.pools.get(usize::from(pool.0))?;
+        let ai = p.addrs.iter().position(|a| *a == addr)? as u64;
+        if !p.ports.contains(&port) {
+            return None;
+        }
+        let w = owner_of(port, self.workers);
+        let idx = owned_below(u32::from(port), w, self.workers)
+            - owned_below(u32::from(*p.ports.start()), w, self.workers);
+        let per = self.det_blocks_per_addr(p);
+        let j = idx / u32::from(self.port_block_size.max(1));
+        if j >= per {
+            return None;
+        }
+        let i = ai * u64::from(per) + u64::from(j);
+        (i < det_count(len)).then(|| Ipv4Addr::from(u32::from(base).wrapping_add(i as u32)))
+    }
+
+    /// Deterministic NAT: the external address of subscriber `sub` in
+    /// `pool` and its block's ports on each worker (first, last; with
+    /// several workers only the ports of the range that worker owns).
+    pub fn deterministic_block(
+        &self,
+        pool: PoolId,
+        sub: Ipv4Addr,
+    ) -> Option<(Ipv4Addr, Vec<(u16, u16)>)> {
+        let (base, len) = self.deterministic?;
+        let i = u64::from(u32::from(sub).wrapping_sub(u32::from(base)));
+        if i >= det_count(len) {
+            return None;
+        }
+        let p = self.pools.get(usize::from(pool.0))?;
+        let per = u64::from(self.det_blocks_per_addr(p));
+        if per == 0 {
+            return None;
+        }
+        let addr = *p.addrs.get(usize::try_from(i / per).ok()?)?;
+        let size = u32::from(self.port_block_size);
+        let j = (i % per) as u32;
+        let ranges = (0..self.workers)
+            .filter_map(|w| {
+                let s = crate::ports::PortSlice::new(&p.ports, w, self.workers);
+                Some((s.port(j * size)?, s.port((j + 1) * size - 1)?))
+            })
+            .collect();
+        Some((addr, ranges))
+    }
+}
+
 /// The smallest number of ports of `r` any one of `workers` workers owns.
 fn min_share(r: &RangeInclusive<u16>, workers: u16) -> u32 {
-    let mut n = vec![0u32; usize::from(workers.max(1))];
-    for p in r.clone() {
-        if let Some(c) = n.get_mut(usize::from(owner_of(p, workers))) {
-            *c += 1;
-        }
+    if r.start() > r.end() {
+        return 0;
     }
-    n.into_iter().min().unwrap_or(0)
+    let (lo, hi) = (u32::from(*r.start()), u32::from(*r.end()) + 1);
+    (0..workers.max(1))
+        .map(|w| owned_below(hi, w, workers) - owned_below(lo, w, workers))
+        .min()
+        .unwrap_or(0)
 }
 
 fn range_len(r: &RangeInclusive<u16>) -> u32 {
@@ -307,6 +404,60 @@ mod tests {
                 share: 256
             })
         );
+    }
+
+    #[test]
+    fn deterministic_blocks_are_a_bijection() {
+        for workers in [1u16, 2, 3] {
+            let mut c = cfg();
+            c.workers = workers;
+            c.pools[0].ports = 1024..=65535;
+            c.port_block_size = 1000;
+            c.deterministic = Some((Ipv4Addr::new(100, 64, 0, 0), 26));
+            assert_eq!(c.validate(), Ok(()), "{workers} workers");
+            let per = c.det_blocks_per_addr(&c.pools[0]);
+            for i in 0..64u32 {
+                let sub = Ipv4Addr::from(0x6440_0000 + i);
+                let (addr, ranges) = c.deterministic_block(PoolId(0), sub).unwrap();
+                assert_eq!(addr, c.pools[0].addrs[(i / per) as usize]);
+                assert_eq!(ranges.len(), usize::from(workers));
+                for (w, &(first, last)) in ranges.iter().enumerate() {
+                    for port in first..=last {
+                        if owner_of(port, workers) as usize != w {
+                            continue;
+                        }
+                        assert_eq!(
+                            c.deterministic_subscriber(PoolId(0), addr, port),
+                            Some(sub),
+                            "{workers} workers, {addr}:{port}"
+                        );
+                    }
+                }
+            }
+            // Outside the prefix, outside the pool.
+            assert_eq!(
+                c.deterministic_block(PoolId(0), Ipv4Addr::new(100, 64, 0, 64)),
+                None
+            );
+            assert_eq!(
+                c.deterministic_subscriber(PoolId(0), Ipv4Addr::new(192, 0, 2, 9), 2000),
+                None
+            );
+            assert_eq!(
+                c.deterministic_subscriber(PoolId(0), Ipv4Addr::new(192, 0, 2, 0), 80),
+                None
+            );
+        }
+        let mut c = cfg();
+        c.port_block_size = 1000;
+        c.deterministic = Some((Ipv4Addr::new(100, 64, 0, 0), 24));
+        // 4 addresses x 16 blocks of 1000 of a 4-worker share: 64 < 256.
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::DeterministicTooSmall { needed: 256, .. })
+        ));
+        c.port_block_size = 0;
+        assert_eq!(c.validate(), Err(ConfigError::DeterministicNeedsBlocks));
     }
 
     #[test]

@@ -13,6 +13,9 @@ pub enum NatError {
     /// Port block allocation: the internal host holds its maximum number of
     /// port blocks and every one is full for this protocol.
     BlockLimit,
+    /// Deterministic NAT: the source is outside the configured prefix, so
+    /// no block is its.
+    OutsidePrefix,
     /// Masquerade was asked for but the egress interface has no address.
     NoEgressAddress,
     /// Every masquerade address slot is bound to another live address.
@@ -30,6 +33,7 @@ impl NatError {
             Self::PoolExhausted => "nat_pool_exhausted",
             Self::SubscriberLimit => "nat_subscriber_limit",
             Self::BlockLimit => "nat_block_limit",
+            Self::OutsidePrefix => "nat_outside_prefix",
             Self::NoEgressAddress => "nat_no_egress_address",
             Self::MasqueradeSlotsExhausted => "nat_masquerade_slots_exhausted",
             Self::UnknownPool => "nat_unknown_pool",
@@ -44,6 +48,7 @@ impl fmt::Display for NatError {
             Self::PoolExhausted => "NAT pool exhausted",
             Self::SubscriberLimit => "per-subscriber session limit reached",
             Self::BlockLimit => "the subscriber's port blocks are full and it holds its maximum",
+            Self::OutsidePrefix => "deterministic NAT: the source is outside the subscriber prefix",
             Self::NoEgressAddress => "masquerade: egress interface has no IPv4 address",
             Self::MasqueradeSlotsExhausted => "masquerade: no free address slot",
             Self::UnknownPool => "unknown NAT pool",
@@ -82,6 +87,18 @@ pub enum ConfigError {
     TooLarge,
     /// The masquerade port range has fewer ports than there are workers.
     MasqueradeRangeTooSmall,
+    /// Deterministic NAT without port blocks.
+    DeterministicNeedsBlocks,
+    /// Pool `pool` has fewer deterministic blocks than the prefix has
+    /// subscribers.
+    DeterministicTooSmall {
+        /// Index of the offending pool.
+        pool: u16,
+        /// Blocks of the pool (per worker).
+        capacity: u64,
+        /// Addresses of the prefix.
+        needed: u64,
+    },
     /// A worker's share of pool `pool`'s port range is smaller than one
     /// port block.
     PortBlockTooLarge {
@@ -108,6 +125,13 @@ impl fmt::Display for ConfigError {
             Self::MasqueradeRangeTooSmall => {
                 f.write_str("nat: masquerade port range has fewer ports than workers")
             }
+            Self::DeterministicNeedsBlocks => {
+                f.write_str("nat: deterministic needs port_block_size (the block each subscriber owns)")
+            }
+            Self::DeterministicTooSmall { pool, capacity, needed } => write!(
+                f,
+                "nat: pool {pool} has {capacity} port blocks per worker for the {needed} subscribers of the deterministic prefix"
+            ),
             Self::PortBlockTooLarge { pool, share } => write!(
                 f,
                 "nat: port_block_size is larger than a worker's share of pool {pool}'s port range ({share} ports)"

@@ -45,6 +45,16 @@ pub const fn owner_of(ext_port: u16, workers: u16) -> u16 {
     }
 }
 
+/// How many ports below `x` worker `w` of `workers` owns ([`owner_of`]),
+/// in O(1): ports `2q` and `2q + 1` belong to worker `q mod workers`.
+pub const fn owned_below(x: u32, w: u16, workers: u16) -> u32 {
+    let n = if workers == 0 { 1 } else { workers as u32 };
+    let w = w as u32;
+    let q = x >> 1;
+    let pairs = q / n + if q % n > w { 1 } else { 0 };
+    2 * pairs + if x & 1 == 1 && q % n == w { 1 } else { 0 }
+}
+
 /// The ports of one range owned by one worker, ascending.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PortSlice {
@@ -311,6 +321,21 @@ mod tests {
         assert!(sp.release(1, 1077));
         assert!(!sp.release(1, 1077), "double free refused");
         assert_eq!(sp.alloc(1), Some(1077));
+    }
+
+    #[test]
+    fn owned_below_counts_like_the_slices() {
+        for workers in 1u16..=5 {
+            for w in 0..workers {
+                let mut n = 0u32;
+                for x in 0u32..3000 {
+                    assert_eq!(owned_below(x, w, workers), n, "x {x} w {w}/{workers}");
+                    if owner_of(x as u16, workers) == w {
+                        n += 1;
+                    }
+                }
+            }
+        }
     }
 
     #[test]

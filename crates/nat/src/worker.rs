@@ -210,12 +210,16 @@ struct Blocks {
     by_sub: HashMap<u32, Vec<u32>>,
     /// Blocks one subscriber may hold (0: no limit).
     max: u16,
+    /// Deterministic NAT: (first subscriber, subscribers); subscriber
+    /// `first + i` owns block `i` and no other.
+    det: Option<(u32, u64)>,
 }
 
 impl Blocks {
-    fn new(size: u16, share: u32, addrs: usize, max: u16) -> Self {
+    /// Blocks of `size` ports over `per_addr` blocks of each of `addrs`
+    /// addresses.
+    fn new(size: u16, per_addr: u32, addrs: usize, max: u16, det: Option<(u32, u64)>) -> Self {
         let size = u32::from(size.max(1));
-        let per_addr = share / size;
         let n = per_addr as usize * addrs;
         Self {
             size,
@@ -226,7 +230,40 @@ impl Blocks {
             free: vec![per_addr; addrs],
             cursor: vec![0; addrs],
             by_sub: HashMap::new(),
-            max,
+            max: if det.is_some() { 1 } else { max },
+            det,
+        }
+    }
+
+    /// Deterministic NAT: the block subscriber `sub` owns; `Err` when it is
+    /// outside the prefix. `Ok(None)` when the mode is off.
+    fn det_block(&self, sub: u32) -> Result<Option<u32>, NatError> {
+        let Some((base, count)) = self.det else {
+            return Ok(None);
+        };
+        let i = u64::from(sub.wrapping_sub(base));
+        if i < count {
+            u32::try_from(i)
+                .map(Some)
+                .map_err(|_| NatError::OutsidePrefix)
+        } else {
+            Err(NatError::OutsidePrefix)
+        }
+    }
+
+    /// Give block `b` to `sub` if it is free (deterministic NAT).
+    fn take_exact(&mut self, b: u32, sub: u32) -> bool {
+        let ai = self.addr_of(b);
+        match self.owner.get_mut(b as usize) {
+            Some(o @ None) => {
+                *o = Some(sub);
+                if let Some(f) = self.free.get_mut(ai) {
+                    *f -= 1;
+                }
+                self.by_sub.entry(sub).or_default().push(b);
+                true
+            }
+            _ => false,
         }
     }
 
@@ -353,6 +390,9 @@ pub struct NatStats {
     /// Translations refused because the subscriber held its maximum of
     /// blocks and they were full.
     pub block_limit: u64,
+    /// Deterministic NAT: translations refused because the source was
+    /// outside the subscriber prefix.
+    pub outside_prefix: u64,
 }
 
 /// NAT state of one worker. `S` receives mapping events.
@@ -408,11 +448,20 @@ impl<S: NatEventSink> WorkerNat<S> {
                 pool_addr.insert(*a, (pid, ai));
             }
             let blocks = (config.port_block_size > 0).then(|| {
+                let det = config
+                    .deterministic
+                    .map(|(base, len)| (u32::from(base), 1u64 << (32 - u32::from(len.min(32)))));
+                let per_addr = if det.is_some() {
+                    config.det_blocks_per_addr(p)
+                } else {
+                    slice.len() / u32::from(config.port_block_size)
+                };
                 Blocks::new(
                     config.port_block_size,
-                    slice.len(),
+                    per_addr,
                     addrs.len(),
                     config.max_blocks_per_subscriber,
+                    det,
                 )
             });
             let space = PortSpace::new(slice, addrs.len() * PROTOS);
@@ -1078,9 +1127,10 @@ impl<S: NatEventSink> WorkerNat<S> {
         let bl = blocks.as_mut().ok_or(NatError::UnknownPool)?;
         let n = addrs.len();
         let start = pair_index(*seed, key.int_addr, n);
+        let det_mode = bl.det.is_some();
         let allowed = |ai: usize| match only {
             Some(x) => ai == x,
-            None => *pooling == Pooling::Arbitrary || ai == start,
+            None => det_mode || *pooling == Pooling::Arbitrary || ai == start,
         };
         let sub = key.int_addr;
         // One lookup of the subscriber's blocks; the newest is tried first
@@ -1110,17 +1160,33 @@ impl<S: NatEventSink> WorkerNat<S> {
             stats.block_limit += 1;
             return Err(NatError::BlockLimit);
         }
-        let tries: &mut dyn Iterator<Item = usize> = match (only, *pooling) {
-            (Some(x), _) => &mut core::iter::once(x),
-            (None, Pooling::Paired) => &mut core::iter::once(start),
-            (None, Pooling::Arbitrary) => &mut (0..n).map(|k| (start + k) % n),
+        // Deterministic NAT: the subscriber's own block, on its address.
+        let det = match bl.det_block(sub) {
+            Ok(d) => d,
+            Err(e) => {
+                stats.outside_prefix += 1;
+                return Err(e);
+            }
+        };
+        let det_ai = det.map(|b| bl.addr_of(b));
+        let tries: &mut dyn Iterator<Item = usize> = match (det_ai, only, *pooling) {
+            (Some(a), Some(x), _) if a != x => &mut core::iter::empty(),
+            (Some(a), _, _) => &mut core::iter::once(a),
+            (None, Some(x), _) => &mut core::iter::once(x),
+            (None, None, Pooling::Paired) => &mut core::iter::once(start),
+            (None, None, Pooling::Arbitrary) => &mut (0..n).map(|k| (start + k) % n),
         };
         for ai in tries {
             let Some(&addr) = addrs.get(ai) else {
                 continue;
             };
-            let Some(b) = bl.take(ai, sub) else {
-                continue;
+            let b = match det {
+                Some(b) if bl.take_exact(b, sub) => b,
+                Some(_) => continue,
+                None => match bl.take(ai, sub) {
+                    Some(b) => b,
+                    None => continue,
+                },
             };
             stats.blocks_allocated += 1;
             let (first_port, last_port) = block_ports(space, bl, b);
@@ -2102,6 +2168,55 @@ mod tests {
         assert_eq!(n.stats().blocks, 0);
         let o = out(proto::TCP, 5, 1, ip(8, 8, 8, 8), 80);
         assert!(n.translate_outbound(&o, &SNAT, None).is_ok());
+    }
+
+    #[test]
+    fn deterministic_nat_gives_each_subscriber_its_computed_block() {
+        for workers in [1u16, 2] {
+            let mut c = cfg(2, 1024..=2047, workers);
+            c.port_block_size = 64;
+            c.deterministic = Some((ip(10, 0, 0, 0), 32 - 3)); // 8 subscribers
+            assert_eq!(c.validate(), Ok(()));
+            for w in 0..workers {
+                let mut n = nat(&c, w);
+                for host in 0..8u8 {
+                    let sub = ip(10, 0, 0, host);
+                    let (addr, ranges) = c.deterministic_block(PoolId(0), sub).unwrap();
+                    let (first, last) = ranges[usize::from(w)];
+                    for p in 0..3 {
+                        let o = out(proto::UDP, host, 7000 + p, ip(8, 8, 8, 8), 53);
+                        let r = n.translate_outbound(&o, &SNAT, None).unwrap();
+                        assert_eq!(r.dst_addr(), addr, "host {host} worker {w}");
+                        assert!(
+                            (first..=last).contains(&r.dport),
+                            "{r:?} not in {first}-{last}"
+                        );
+                        assert_eq!(owner_of(r.dport, workers), w);
+                        assert_eq!(
+                            c.deterministic_subscriber(PoolId(0), r.dst_addr(), r.dport),
+                            Some(sub)
+                        );
+                    }
+                }
+                // Outside the prefix: refused, counted.
+                let o = out(proto::UDP, 8, 7000, ip(8, 8, 8, 8), 53);
+                assert_eq!(
+                    n.translate_outbound(&o, &SNAT, None),
+                    Err(NatError::OutsidePrefix)
+                );
+                assert_eq!(n.stats().outside_prefix, 1);
+                // One block per subscriber: when it is full, refused.
+                let mut got = 3;
+                let err = loop {
+                    let o = out(proto::UDP, 0, 9000 + got, ip(8, 8, 8, 8), 53);
+                    match n.translate_outbound(&o, &SNAT, None) {
+                        Ok(_) => got += 1,
+                        Err(e) => break e,
+                    }
+                };
+                assert_eq!((err, got), (NatError::BlockLimit, 64));
+            }
+        }
     }
 
     #[test]

@@ -73,3 +73,69 @@ pub fn ctl(socket: &Path, words: &[String]) -> Result<ExitCode> {
         ExitCode::SUCCESS
     })
 }
+
+/// `sluice nat lookup -c FILE QUERY`: deterministic NAT's reverse (an
+/// external endpoint's subscriber) and forward (a subscriber's address and
+/// ports) mapping, from the configuration and its rule set's pools.
+pub fn nat_lookup(path: &Path, query: &str) -> Result<ExitCode> {
+    let nat = match sluice_daemon::nat_config(path) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("{e}");
+            return Ok(ExitCode::from(1));
+        }
+    };
+    let Some((base, len)) = nat.deterministic else {
+        anyhow::bail!(
+            "{}: nat.deterministic is not set: only deterministic NAT maps without a log \
+             (with port blocks, the NAT log's block lines give the subscriber)",
+            path.display()
+        );
+    };
+    let pools = nat.pools.len() as u16;
+    if pools == 0 {
+        anyhow::bail!("{}: the rule set has no snat pool", path.display());
+    }
+    if let Some((a, p)) = query.rsplit_once(':') {
+        let addr: std::net::Ipv4Addr = a
+            .parse()
+            .map_err(|_| anyhow::anyhow!("{a:?} is not an IPv4 address (ADDRESS:PORT)"))?;
+        let port: u16 = p
+            .parse()
+            .map_err(|_| anyhow::anyhow!("{p:?} is not a port (ADDRESS:PORT)"))?;
+        for pool in 0..pools {
+            if let Some(sub) = nat.deterministic_subscriber(sluice_nat::PoolId(pool), addr, port) {
+                println!("{addr}:{port} -> {sub}");
+                return Ok(ExitCode::SUCCESS);
+            }
+        }
+        println!("{addr}:{port}: no subscriber (not a pool endpoint of a subscriber's block)");
+        return Ok(ExitCode::from(1));
+    }
+    let sub: std::net::Ipv4Addr = query.parse().map_err(|_| {
+        anyhow::anyhow!("{query:?} is neither ADDRESS:PORT nor a subscriber's IPv4 address")
+    })?;
+    let mut found = false;
+    for pool in 0..pools {
+        if let Some((addr, ranges)) = nat.deterministic_block(sluice_nat::PoolId(pool), sub) {
+            let ports: Vec<String> = ranges
+                .iter()
+                .enumerate()
+                .map(|(w, (f, l))| {
+                    if ranges.len() == 1 {
+                        format!("ports {f}-{l}")
+                    } else {
+                        format!("worker {w}: ports {f}-{l}")
+                    }
+                })
+                .collect();
+            println!("{sub} -> {addr} {}", ports.join(", "));
+            found = true;
+        }
+    }
+    if !found {
+        println!("{sub}: outside the subscriber prefix {base}/{len}");
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -41,6 +41,28 @@ enum Command {
     /// Show why packets get their verdict: chains and rules visited, the
     /// deciding rule, the verdict, the NAT action and the final mark.
     Trace(TraceArgs),
+    /// NAT tools.
+    #[command(subcommand)]
+    Nat(NatCmd),
+}
+
+#[derive(Subcommand, Debug)]
+enum NatCmd {
+    /// Deterministic NAT (`nat.deterministic`): the subscriber holding an
+    /// external ADDRESS:PORT, or a subscriber's external address and
+    /// ports, computed from the configuration alone (no log, no running
+    /// gateway). Exits 0 with the answer, 1 when nothing holds it.
+    Lookup(NatLookupArgs),
+}
+
+#[derive(Args, Debug)]
+struct NatLookupArgs {
+    /// Gateway configuration (TOML), with the rule set naming the pools.
+    #[arg(short = 'c', long = "config", value_name = "FILE")]
+    config: PathBuf,
+    /// An external endpoint `198.51.100.7:4321`, or a subscriber address
+    /// `100.64.3.7`.
+    query: String,
 }
 
 #[derive(Args, Debug)]
@@ -346,6 +368,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             r.no_pin,
         ),
         Command::Ctl(c) => gateway::ctl(&c.socket, &c.request),
+        Command::Nat(NatCmd::Lookup(a)) => gateway::nat_lookup(&a.config, &a.query),
         Command::Bench(BenchCmd::Rules(a)) => bench::rules(&a.counts, a.json.as_deref()),
         Command::Bench(BenchCmd::Update(a)) => bench::update(
             &sluice_tester::update::UpdateOptions {

@@ -369,3 +369,80 @@ fn ctl_status_metrics_and_http_metrics_on_a_mem_gateway() {
     assert!(code.success(), "exit {code:?}: {err}");
     assert!(log_exists, "nat.log not created: {err}");
 }
+
+/// Deterministic NAT: `sluice nat lookup` maps a subscriber to its address
+/// and ports and an external endpoint back to the subscriber, from the
+/// configuration alone; a pool too small for the prefix is refused by
+/// `sluice check`.
+#[test]
+fn nat_lookup_maps_deterministic_blocks_both_ways() {
+    let find = "masquerade_ports = \"1024-65535\"";
+    let (_, _, err) = check_good_and_bad(
+        "det",
+        find,
+        &format!("{find}\nport_block_size = 1000\ndeterministic = \"100.64.0.0/26\""),
+        &format!("{find}\nport_block_size = 1000\ndeterministic = \"100.64.0.0/25\""),
+    );
+    assert!(
+        err.contains("nat.deterministic: the NAT pool with 198.51.100.7 has 64 port blocks of 1000 ports per worker, fewer than the prefix's 128 subscribers"),
+        "{err}"
+    );
+    let dir = std::env::temp_dir().join(format!("sluice-cli-natl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = std::fs::read_to_string(example()).unwrap();
+    std::fs::copy(example().with_extension("nft"), dir.join("sluice.nft")).unwrap();
+    let cfg = dir.join("gw.toml");
+    std::fs::write(
+        &cfg,
+        src.replacen(
+            &format!("{find}\n"),
+            &format!("{find}\nport_block_size = 1000\ndeterministic = \"100.64.0.0/26\"\n"),
+            1,
+        ),
+    )
+    .unwrap();
+    let lookup = |q: &str| {
+        let o = sluice()
+            .args(["nat", "lookup", "-c"])
+            .arg(&cfg)
+            .arg(q)
+            .output()
+            .unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout).trim().to_string(),
+        )
+    };
+    // Subscriber 3 owns the fourth block: ports 4024-5023.
+    let fwd = lookup("100.64.0.3");
+    let back = lookup("198.51.100.7:4500");
+    let edge = lookup("198.51.100.7:5024");
+    let outside = lookup("100.64.0.64");
+    let remainder = lookup("198.51.100.7:65535");
+    let bad = lookup("198.51.100.7:http");
+    std::fs::write(&cfg, &src).unwrap();
+    let off = sluice()
+        .args(["nat", "lookup", "-c"])
+        .arg(&cfg)
+        .arg("100.64.0.3")
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(
+        fwd,
+        (Some(0), "100.64.0.3 -> 198.51.100.7 ports 4024-5023".into())
+    );
+    assert_eq!(back, (Some(0), "198.51.100.7:4500 -> 100.64.0.3".into()));
+    assert_eq!(edge, (Some(0), "198.51.100.7:5024 -> 100.64.0.4".into()));
+    assert_eq!(outside.0, Some(1), "{outside:?}");
+    assert!(outside
+        .1
+        .contains("outside the subscriber prefix 100.64.0.0/26"));
+    assert_eq!(remainder.0, Some(1), "{remainder:?}");
+    assert_eq!(bad.0, Some(2), "{bad:?}");
+    assert_eq!(off.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&off.stderr).contains("nat.deterministic is not set"),
+        "{off:?}"
+    );
+}
