@@ -264,11 +264,29 @@ pub enum LogFormat {
     Json,
 }
 
+/// Where NAT events go (`nat.log`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogDest {
+    /// A file, appended to (resolved relative to the config file).
+    File(PathBuf),
+    /// A syslog collector (RFC 5424 over UDP, RFC 5426): `udp://ADDR:PORT`.
+    Syslog(std::net::SocketAddr),
+}
+
+impl std::fmt::Display for LogDest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::File(p) => write!(f, "{}", p.display()),
+            Self::Syslog(a) => write!(f, "udp://{a}"),
+        }
+    }
+}
+
 /// Where and how NAT events are logged (`nat.log`, `nat.log_format`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NatLogConfig {
-    /// The file, appended to (resolved relative to the config file).
-    pub path: PathBuf,
+    /// The destination.
+    pub dest: LogDest,
     /// Line format.
     pub format: LogFormat,
 }
@@ -937,7 +955,19 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
     }
     let nat_log = match (&raw.nat.log, &raw.nat.log_format) {
         (Some(l), f) => Some(NatLogConfig {
-            path: nonempty(l, "nat.log")?,
+            dest: match l.get_ref().strip_prefix("udp://") {
+                Some(a) => LogDest::Syslog(a.parse().map_err(|_| {
+                    src.err(
+                        l,
+                        "nat.log",
+                        format!(
+                            "{a} is not ADDRESS:PORT of a syslog collector (e.g. \
+                             \"udp://192.0.2.10:514\")"
+                        ),
+                    )
+                })?),
+                None => LogDest::File(nonempty(l, "nat.log")?),
+            },
             format: f.as_ref().map(|f| *f.get_ref()).unwrap_or_default(),
         }),
         (None, Some(f)) => {
@@ -1296,7 +1326,9 @@ timeouts = { udp = 60, tcp_established = 3600 }
         assert_eq!(c.neighbors.len(), 1);
         assert_eq!(c.nat.max_sessions_per_subscriber, 1000);
         let log = c.nat_log.as_ref().expect("nat.log");
-        assert!(log.path.ends_with("nat.log") && log.path.is_absolute() == c.path.is_absolute());
+        assert!(
+            matches!(&log.dest, LogDest::File(p) if p.ends_with("nat.log") && p.is_absolute() == c.path.is_absolute())
+        );
         assert_eq!(log.format, LogFormat::Json);
         assert_eq!(
             (c.nat.port_block_size, c.nat.max_blocks_per_subscriber),
@@ -1447,6 +1479,10 @@ timeouts = { udp = 60, tcp_established = 3600 }
             (
                 "[nat]\nmax_blocks_per_subscriber = 2\n",
                 "sluice.toml:6:29: nat.max_blocks_per_subscriber: needs nat.port_block_size",
+            ),
+            (
+                "[nat]\nlog = \"udp://collector:514\"\n",
+                "sluice.toml:6:7: nat.log: collector:514 is not ADDRESS:PORT of a syslog collector",
             ),
             (
                 "[nat]\nlog_format = \"json\"\n",

@@ -17,7 +17,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
@@ -28,7 +28,7 @@ use sluice_engine::{LoggedEvent, NatLog};
 use sluice_nat::NatEvent;
 use sluice_ruleset::timefmt::format_rfc3339_ms;
 
-use crate::config::{LogFormat, NatLogConfig};
+use crate::config::{LogDest, LogFormat, NatLogConfig};
 
 /// Events each worker's ring holds between two drains when a NAT log is
 /// configured (a worker creating 3 M mappings/s fills 30 000 per 10 ms
@@ -110,24 +110,125 @@ fn open(path: &Path) -> std::io::Result<File> {
     OpenOptions::new().create(true).append(true).open(path)
 }
 
+/// RFC 5424 PRI of the syslog messages: facility local0 (16), severity
+/// informational (6).
+const SYSLOG_PRI: u32 = 16 * 8 + 6;
+
+/// The logger thread's output.
+enum Out {
+    File {
+        path: PathBuf,
+        w: BufWriter<File>,
+    },
+    /// One RFC 5424 message per event, one UDP datagram each (RFC 5426).
+    Syslog {
+        sock: UdpSocket,
+        to: SocketAddr,
+        /// `HOSTNAME APP-NAME PROCID MSGID -` after the time stamp.
+        header: String,
+        buf: String,
+    },
+}
+
+impl Out {
+    fn open(dest: &LogDest) -> Result<Self, String> {
+        match dest {
+            LogDest::File(path) => {
+                let f = open(path).map_err(|e| {
+                    format!("nat.log: cannot open {} for appending: {e}", path.display())
+                })?;
+                Ok(Out::File {
+                    path: path.clone(),
+                    w: BufWriter::with_capacity(1 << 16, f),
+                })
+            }
+            LogDest::Syslog(to) => {
+                let bind: SocketAddr = if to.is_ipv4() {
+                    (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+                } else {
+                    (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+                };
+                let sock = UdpSocket::bind(bind)
+                    .map_err(|e| format!("nat.log: cannot open a UDP socket for {to}: {e}"))?;
+                let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .map(|h| h.trim().to_string())
+                    .ok()
+                    .filter(|h| !h.is_empty() && h.is_ascii() && !h.contains(' '))
+                    .unwrap_or_else(|| "-".into());
+                Ok(Out::Syslog {
+                    sock,
+                    to: *to,
+                    header: format!("{host} sluice {} NAT -", std::process::id()),
+                    buf: String::with_capacity(512),
+                })
+            }
+        }
+    }
+
+    /// One event's line (without newline), stamped `wall_ms`.
+    fn line(&mut self, wall_ms: u64, line: &str) -> std::io::Result<()> {
+        match self {
+            Out::File { w, .. } => {
+                w.write_all(line.as_bytes())?;
+                w.write_all(b"\n")
+            }
+            Out::Syslog {
+                sock,
+                to,
+                header,
+                buf,
+            } => {
+                use std::fmt::Write as _;
+                buf.clear();
+                let _ = write!(
+                    buf,
+                    "<{SYSLOG_PRI}>1 {} {header} {line}",
+                    format_rfc3339_ms(wall_ms)
+                );
+                sock.send_to(buf.as_bytes(), *to).map(|_| ())
+            }
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Out::File { w, .. } => w.flush(),
+            Out::Syslog { .. } => Ok(()),
+        }
+    }
+
+    /// SIGHUP: reopen a file (log rotation); nothing for syslog.
+    fn reopen(&mut self) {
+        let Out::File { path, w } = self else {
+            return;
+        };
+        let _ = w.flush();
+        match open(path) {
+            Ok(f) => {
+                *w = BufWriter::with_capacity(1 << 16, f);
+                tracing::info!(path = %path.display(), "NAT log reopened");
+            }
+            Err(e) => tracing::error!(
+                path = %path.display(),
+                "NAT log not reopened ({e}); still writing the old file"
+            ),
+        }
+    }
+}
+
 impl NatLogger {
-    /// Open the file (an error names it) and start the thread.
+    /// Open the destination (an error names it) and start the thread.
     pub fn start(config: &NatLogConfig) -> Result<Self, String> {
-        let file = open(&config.path).map_err(|e| {
-            format!(
-                "nat.log: cannot open {} for appending: {e}",
-                config.path.display()
-            )
-        })?;
+        let out = Out::open(&config.dest)?;
         let (tx, rx) = mpsc::sync_channel(QUEUE);
         let stats = Arc::new(NatLogStats::default());
         let st = Arc::clone(&stats);
-        let (path, format) = (config.path.clone(), config.format);
+        let (dest, format) = (config.dest.to_string(), config.format);
         let thread = std::thread::Builder::new()
             .name("sluice-natlog".into())
-            .spawn(move || run(rx, file, path, format, &st))
+            .spawn(move || run(rx, out, &dest, format, &st))
             .map_err(|e| format!("nat.log: cannot start the logger thread: {e}"))?;
-        tracing::info!(path = %config.path.display(), "NAT log open");
+        tracing::info!(dest = %config.dest, "NAT log open");
         Ok(Self {
             handle: NatLogHandle {
                 tx,
@@ -180,7 +281,7 @@ impl NatLogHandle {
     /// `sluice ctl status`'s `nat_log` object.
     pub fn status(&self) -> serde_json::Value {
         serde_json::json!({
-            "path": self.config.path.display().to_string(),
+            "path": self.config.dest.to_string(),
             "format": match self.config.format { LogFormat::Text => "text", LogFormat::Json => "json" },
             "written": self.stats.written.load(Ordering::Relaxed),
             "lost": self.stats.lost.load(Ordering::Relaxed),
@@ -189,8 +290,7 @@ impl NatLogHandle {
     }
 }
 
-fn run(rx: Receiver<LogMsg>, file: File, path: PathBuf, format: LogFormat, stats: &NatLogStats) {
-    let mut out = BufWriter::with_capacity(1 << 16, file);
+fn run(rx: Receiver<LogMsg>, mut out: Out, dest: &str, format: LogFormat, stats: &NatLogStats) {
     let mut line = String::with_capacity(256);
     let mut failing = false;
     let note = |r: std::io::Result<()>, n: u64, failing: &mut bool| match r {
@@ -202,7 +302,7 @@ fn run(rx: Receiver<LogMsg>, file: File, path: PathBuf, format: LogFormat, stats
             stats.write_errors.fetch_add(1, Ordering::Relaxed);
             stats.lost.fetch_add(n, Ordering::Relaxed);
             if !*failing {
-                tracing::error!(path = %path.display(), "NAT log write failed: {e}");
+                tracing::error!(dest, "NAT log write failed: {e}");
             }
             *failing = true;
         }
@@ -214,30 +314,35 @@ fn run(rx: Receiver<LogMsg>, file: File, path: PathBuf, format: LogFormat, stats
         while let Some(m) = msg.take() {
             match m {
                 LogMsg::Events(evs) => {
-                    let mut r = Ok(());
+                    let (mut ok, mut lost) = (0u64, 0u64);
+                    let mut err = None;
                     for e in &evs {
                         line.clear();
                         format_event(&mut line, e, format);
-                        line.push('\n');
-                        if r.is_ok() {
-                            r = out.write_all(line.as_bytes());
+                        // A file stops at its first failed write (the rest
+                        // of the batch is lost); a datagram's failure is
+                        // that datagram's.
+                        if err.is_some() && matches!(out, Out::File { .. }) {
+                            lost += 1;
+                            continue;
+                        }
+                        match out.line(e.wall_ms, &line) {
+                            Ok(()) => ok += 1,
+                            Err(x) => {
+                                lost += 1;
+                                err = Some(x);
+                            }
                         }
                     }
-                    note(r, evs.len() as u64, &mut failing);
-                }
-                LogMsg::Reopen => {
-                    let _ = out.flush();
-                    match open(&path) {
-                        Ok(f) => {
-                            out = BufWriter::with_capacity(1 << 16, f);
-                            tracing::info!(path = %path.display(), "NAT log reopened");
+                    match err {
+                        None => note(Ok(()), ok, &mut failing),
+                        Some(x) => {
+                            stats.written.fetch_add(ok, Ordering::Relaxed);
+                            note(Err(x), lost, &mut failing);
                         }
-                        Err(e) => tracing::error!(
-                            path = %path.display(),
-                            "NAT log not reopened ({e}); still writing the old file"
-                        ),
                     }
                 }
+                LogMsg::Reopen => out.reopen(),
                 LogMsg::Stop => stop = true,
             }
             if !stop {
@@ -421,7 +526,7 @@ mod tests {
         let path = dir.join("nat.log");
         let _ = std::fs::remove_file(&path);
         let cfg = NatLogConfig {
-            path: path.clone(),
+            dest: LogDest::File(path.clone()),
             format: LogFormat::Text,
         };
         let logger = NatLogger::start(&cfg).unwrap_or_else(|e| panic!("{e}"));
@@ -462,9 +567,41 @@ mod tests {
     }
 
     #[test]
+    fn syslog_datagrams_are_rfc5424() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+        let to = rx.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let _ = rx.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+        let logger = NatLogger::start(&NatLogConfig {
+            dest: LogDest::Syslog(to),
+            format: LogFormat::Text,
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+        let h = logger.handle();
+        h.tx.send(LogMsg::Events(vec![created(), created()]))
+            .unwrap_or_default();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1500];
+        for _ in 0..2 {
+            let n = rx.recv(&mut buf).unwrap_or(0);
+            got.push(String::from_utf8_lossy(&buf[..n]).to_string());
+        }
+        logger.stop();
+        let pid = std::process::id();
+        for d in &got {
+            assert!(
+                d.starts_with("<134>1 2026-11-18T11:06:40.123Z ")
+                    && d.contains(&format!(" sluice {pid} NAT - 2026-11-18T11:06:40.123Z nat=mapping-created proto=tcp int=10.0.0.2:40000 ")),
+                "{d}"
+            );
+        }
+        assert_eq!(h.status()["written"], 2);
+        assert_eq!(h.status()["path"], format!("udp://{to}"));
+    }
+
+    #[test]
     fn unopenable_file_is_a_clear_error() {
         let cfg = NatLogConfig {
-            path: PathBuf::from("/nonexistent-dir/nat.log"),
+            dest: LogDest::File(PathBuf::from("/nonexistent-dir/nat.log")),
             format: LogFormat::Json,
         };
         let e = NatLogger::start(&cfg).err().unwrap_or_default();
