@@ -1198,6 +1198,59 @@ fn port_blocks_af_xdp() {
     port_blocks("af_xdp", "bx", false);
 }
 
+/// The NAT log to a syslog collector (a UDP receiver on the gateway
+/// namespace's loopback): one RFC 5424 message per mapping event.
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn nat_log_to_syslog_af_packet() {
+    require_root();
+    let t = Topo::new("ls");
+    t.gw.ip(&["link", "set", "lo", "up"]).expect("lo up");
+    let got = t.dir.join("syslog.txt");
+    let _rx = spawn(
+        &t.gw,
+        &[
+            "python3",
+            "-c",
+            &format!(
+                "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+                 s.bind(('127.0.0.1', 5514))\nf = open('{}', 'a')\nwhile True:\n    \
+                 f.write(s.recv(4096).decode() + '\\n')\n    f.flush()\n",
+                got.display()
+            ),
+        ],
+        &t.dir.join("syslog-rx.log"),
+        None,
+    );
+    t.write_ruleset("gw.nft", RULESET);
+    let cfg = t.write_config(
+        "af_packet",
+        "gw.nft",
+        "\n[nat]\nlog = \"udp://127.0.0.1:5514\"\n",
+    );
+    let d = Daemon::start(&t, &cfg, "af_packet");
+    std::thread::sleep(Duration::from_millis(300));
+    let o = sh(&t.private, &format!("ping -c 1 -W 2 {PUBLIC}"));
+    assert!(o.status.success(), "ping: {}\n{}", text(&o), d.context());
+    wait_for("a syslog message", Duration::from_secs(5), || {
+        read(&got).contains("nat=mapping-created proto=icmp int=10.0.0.2:")
+    });
+    let line = read(&got)
+        .lines()
+        .find(|l| l.contains("nat=mapping-created"))
+        .unwrap_or_default()
+        .to_string();
+    assert!(line.starts_with("<134>1 20"), "{line}");
+    assert!(
+        line.contains(" sluice ") && line.contains(" NAT - "),
+        "{line}"
+    );
+    assert!(line.contains("ext=198.51.100.7:"), "{line}");
+    let st = d.ctl("status");
+    assert_eq!(st["nat_log"]["path"], "udp://127.0.0.1:5514", "{st}");
+    assert_eq!(st["nat_log"]["lost"], 0, "{st}");
+}
+
 #[test]
 #[ignore = "needs root + netns; run by .ci/run with --ignored"]
 fn nat_log_records_mappings_af_packet() {
