@@ -271,6 +271,9 @@ pub enum LogDest {
     File(PathBuf),
     /// A syslog collector (RFC 5424 over UDP, RFC 5426): `udp://ADDR:PORT`.
     Syslog(std::net::SocketAddr),
+    /// An IPFIX collector (RFC 7011 over UDP, RFC 8158 NAT events):
+    /// `ipfix://ADDR:PORT`.
+    Ipfix(std::net::SocketAddr),
 }
 
 impl std::fmt::Display for LogDest {
@@ -278,6 +281,7 @@ impl std::fmt::Display for LogDest {
         match self {
             Self::File(p) => write!(f, "{}", p.display()),
             Self::Syslog(a) => write!(f, "udp://{a}"),
+            Self::Ipfix(a) => write!(f, "ipfix://{a}"),
         }
     }
 }
@@ -955,18 +959,28 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
     }
     let nat_log = match (&raw.nat.log, &raw.nat.log_format) {
         (Some(l), f) => Some(NatLogConfig {
-            dest: match l.get_ref().strip_prefix("udp://") {
-                Some(a) => LogDest::Syslog(a.parse().map_err(|_| {
-                    src.err(
-                        l,
-                        "nat.log",
-                        format!(
-                            "{a} is not ADDRESS:PORT of a syslog collector (e.g. \
-                             \"udp://192.0.2.10:514\")"
-                        ),
-                    )
-                })?),
-                None => LogDest::File(nonempty(l, "nat.log")?),
+            dest: {
+                let v = l.get_ref();
+                let collector = |a: &str, what: &str, eg: &str| {
+                    a.parse::<std::net::SocketAddr>().map_err(|_| {
+                        src.err(
+                            l,
+                            "nat.log",
+                            format!("{a} is not ADDRESS:PORT of {what} (e.g. \"{eg}\")"),
+                        )
+                    })
+                };
+                if let Some(a) = v.strip_prefix("udp://") {
+                    LogDest::Syslog(collector(a, "a syslog collector", "udp://192.0.2.10:514")?)
+                } else if let Some(a) = v.strip_prefix("ipfix://") {
+                    LogDest::Ipfix(collector(
+                        a,
+                        "an IPFIX collector",
+                        "ipfix://192.0.2.10:4739",
+                    )?)
+                } else {
+                    LogDest::File(nonempty(l, "nat.log")?)
+                }
             },
             format: f.as_ref().map(|f| *f.get_ref()).unwrap_or_default(),
         }),
@@ -1483,6 +1497,10 @@ timeouts = { udp = 60, tcp_established = 3600 }
             (
                 "[nat]\nlog = \"udp://collector:514\"\n",
                 "sluice.toml:6:7: nat.log: collector:514 is not ADDRESS:PORT of a syslog collector",
+            ),
+            (
+                "[nat]\nlog = \"ipfix://192.0.2.10\"\n",
+                "sluice.toml:6:7: nat.log: 192.0.2.10 is not ADDRESS:PORT of an IPFIX collector",
             ),
             (
                 "[nat]\nlog_format = \"json\"\n",

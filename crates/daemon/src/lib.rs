@@ -65,6 +65,7 @@
 pub mod config;
 pub mod ctl;
 pub mod dataplane;
+pub mod ipfix;
 pub mod metrics;
 pub mod natlog;
 pub mod neigh;
@@ -1170,7 +1171,9 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
         None => None,
     };
     let nat_logger = match &cfg.nat_log {
-        Some(c) => Some(natlog::NatLogger::start(c).map_err(RunError::Os)?),
+        Some(c) => {
+            Some(natlog::NatLogger::start(c, cfg.nat.port_block_size).map_err(RunError::Os)?)
+        }
         None => None,
     };
     // The mem backend's wire sides, kept open while the gateway runs.

@@ -128,10 +128,26 @@ enum Out {
         header: String,
         buf: String,
     },
+    /// IPFIX messages over UDP ([`crate::ipfix`]), a batch at a time.
+    Ipfix {
+        sock: UdpSocket,
+        to: SocketAddr,
+        exporter: crate::ipfix::Exporter,
+    },
+}
+
+/// A UDP socket of `to`'s family.
+fn udp_for(to: &SocketAddr) -> Result<UdpSocket, String> {
+    let bind: SocketAddr = if to.is_ipv4() {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    UdpSocket::bind(bind).map_err(|e| format!("nat.log: cannot open a UDP socket for {to}: {e}"))
 }
 
 impl Out {
-    fn open(dest: &LogDest) -> Result<Self, String> {
+    fn open(dest: &LogDest, block_size: u16) -> Result<Self, String> {
         match dest {
             LogDest::File(path) => {
                 let f = open(path).map_err(|e| {
@@ -142,14 +158,14 @@ impl Out {
                     w: BufWriter::with_capacity(1 << 16, f),
                 })
             }
+            LogDest::Ipfix(to) => Ok(Out::Ipfix {
+                sock: udp_for(to)?,
+                to: *to,
+                // Observation domain 1: one exporting process per gateway.
+                exporter: crate::ipfix::Exporter::new(1, block_size),
+            }),
             LogDest::Syslog(to) => {
-                let bind: SocketAddr = if to.is_ipv4() {
-                    (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
-                } else {
-                    (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
-                };
-                let sock = UdpSocket::bind(bind)
-                    .map_err(|e| format!("nat.log: cannot open a UDP socket for {to}: {e}"))?;
+                let sock = udp_for(to)?;
                 let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
                     .map(|h| h.trim().to_string())
                     .ok()
@@ -172,6 +188,7 @@ impl Out {
                 w.write_all(line.as_bytes())?;
                 w.write_all(b"\n")
             }
+            Out::Ipfix { .. } => Ok(()),
             Out::Syslog {
                 sock,
                 to,
@@ -193,8 +210,52 @@ impl Out {
     fn flush(&mut self) -> std::io::Result<()> {
         match self {
             Out::File { w, .. } => w.flush(),
-            Out::Syslog { .. } => Ok(()),
+            Out::Syslog { .. } | Out::Ipfix { .. } => Ok(()),
         }
+    }
+
+    /// One batch of events: (written, lost, the first error).
+    fn batch(
+        &mut self,
+        evs: &[LoggedEvent],
+        format: LogFormat,
+        line: &mut String,
+    ) -> (u64, u64, Option<std::io::Error>) {
+        let (mut ok, mut lost) = (0u64, 0u64);
+        let mut err = None;
+        if let Out::Ipfix { sock, to, exporter } = self {
+            let now_s = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as u32);
+            for (m, n) in exporter.messages(evs, now_s) {
+                match sock.send_to(&m, *to) {
+                    Ok(_) => ok += n,
+                    Err(x) => {
+                        lost += n;
+                        err.get_or_insert(x);
+                    }
+                }
+            }
+            return (ok, lost, err);
+        }
+        for e in evs {
+            line.clear();
+            format_event(line, e, format);
+            // A file stops at its first failed write (the rest of the
+            // batch is lost); a datagram's failure is that datagram's.
+            if err.is_some() && matches!(self, Out::File { .. }) {
+                lost += 1;
+                continue;
+            }
+            match self.line(e.wall_ms, line) {
+                Ok(()) => ok += 1,
+                Err(x) => {
+                    lost += 1;
+                    err.get_or_insert(x);
+                }
+            }
+        }
+        (ok, lost, err)
     }
 
     /// SIGHUP: reopen a file (log rotation); nothing for syslog.
@@ -218,8 +279,8 @@ impl Out {
 
 impl NatLogger {
     /// Open the destination (an error names it) and start the thread.
-    pub fn start(config: &NatLogConfig) -> Result<Self, String> {
-        let out = Out::open(&config.dest)?;
+    pub fn start(config: &NatLogConfig, block_size: u16) -> Result<Self, String> {
+        let out = Out::open(&config.dest, block_size)?;
         let (tx, rx) = mpsc::sync_channel(QUEUE);
         let stats = Arc::new(NatLogStats::default());
         let st = Arc::clone(&stats);
@@ -314,26 +375,7 @@ fn run(rx: Receiver<LogMsg>, mut out: Out, dest: &str, format: LogFormat, stats:
         while let Some(m) = msg.take() {
             match m {
                 LogMsg::Events(evs) => {
-                    let (mut ok, mut lost) = (0u64, 0u64);
-                    let mut err = None;
-                    for e in &evs {
-                        line.clear();
-                        format_event(&mut line, e, format);
-                        // A file stops at its first failed write (the rest
-                        // of the batch is lost); a datagram's failure is
-                        // that datagram's.
-                        if err.is_some() && matches!(out, Out::File { .. }) {
-                            lost += 1;
-                            continue;
-                        }
-                        match out.line(e.wall_ms, &line) {
-                            Ok(()) => ok += 1,
-                            Err(x) => {
-                                lost += 1;
-                                err = Some(x);
-                            }
-                        }
-                    }
+                    let (ok, lost, err) = out.batch(&evs, format, &mut line);
                     match err {
                         None => note(Ok(()), ok, &mut failing),
                         Some(x) => {
@@ -529,7 +571,7 @@ mod tests {
             dest: LogDest::File(path.clone()),
             format: LogFormat::Text,
         };
-        let logger = NatLogger::start(&cfg).unwrap_or_else(|e| panic!("{e}"));
+        let logger = NatLogger::start(&cfg, 0).unwrap_or_else(|e| panic!("{e}"));
         let h = logger.handle();
         let mut link = h.link();
         let mut ring = NatLog::default();
@@ -571,10 +613,13 @@ mod tests {
         let rx = UdpSocket::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
         let to = rx.local_addr().unwrap_or_else(|e| panic!("{e}"));
         let _ = rx.set_read_timeout(Some(std::time::Duration::from_secs(5)));
-        let logger = NatLogger::start(&NatLogConfig {
-            dest: LogDest::Syslog(to),
-            format: LogFormat::Text,
-        })
+        let logger = NatLogger::start(
+            &NatLogConfig {
+                dest: LogDest::Syslog(to),
+                format: LogFormat::Text,
+            },
+            0,
+        )
         .unwrap_or_else(|e| panic!("{e}"));
         let h = logger.handle();
         h.tx.send(LogMsg::Events(vec![created(), created()]))
@@ -599,12 +644,49 @@ mod tests {
     }
 
     #[test]
+    fn ipfix_datagrams_carry_templates_and_records() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+        let to = rx.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let _ = rx.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+        let logger = NatLogger::start(
+            &NatLogConfig {
+                dest: LogDest::Ipfix(to),
+                format: LogFormat::Text,
+            },
+            128,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let h = logger.handle();
+        h.tx.send(LogMsg::Events(vec![created(), created(), created()]))
+            .unwrap_or_default();
+        let mut buf = [0u8; 2000];
+        let n = rx.recv(&mut buf).unwrap_or(0);
+        logger.stop();
+        let m = buf.get(..n).unwrap_or_default();
+        let be16 = |i: usize| {
+            m.get(i..i + 2)
+                .map_or(0, |b| u16::from_be_bytes([b[0], b[1]]))
+        };
+        assert_eq!((be16(0), usize::from(be16(2))), (10, n), "IPFIX header");
+        assert_eq!(be16(16), 2, "the first message starts with the templates");
+        // Template set, then one data set of 3 mapping records (22 bytes).
+        let data = 16 + usize::from(be16(18));
+        assert_eq!(
+            (be16(data), be16(data + 2)),
+            (crate::ipfix::T_MAPPING, 4 + 3 * 22)
+        );
+        assert_eq!(n, data + 4 + 3 * 22);
+        assert_eq!(h.status()["written"], 3);
+        assert_eq!(h.status()["path"], format!("ipfix://{to}"));
+    }
+
+    #[test]
     fn unopenable_file_is_a_clear_error() {
         let cfg = NatLogConfig {
             dest: LogDest::File(PathBuf::from("/nonexistent-dir/nat.log")),
             format: LogFormat::Json,
         };
-        let e = NatLogger::start(&cfg).err().unwrap_or_default();
+        let e = NatLogger::start(&cfg, 0).err().unwrap_or_default();
         assert!(
             e.starts_with("nat.log: cannot open /nonexistent-dir/nat.log for appending:"),
             "{e}"
