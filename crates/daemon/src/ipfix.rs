@@ -23,7 +23,7 @@
 //! below [`MAX_MESSAGE`] bytes, so one fits an Ethernet MTU.
 
 use sluice_engine::LoggedEvent;
-use sluice_nat::NatEvent;
+use sluice_nat::{EventView, NatEvent};
 
 /// Largest message (with IPv4 and UDP headers it fits 1500 bytes).
 pub const MAX_MESSAGE: usize = 1400;
@@ -107,68 +107,32 @@ fn template_set(b: &mut Vec<u8>) {
 
 /// The template of an event's record.
 fn template_of(e: &NatEvent) -> u16 {
-    match e {
-        NatEvent::MappingCreated { .. } | NatEvent::MappingRemoved { .. } => T_MAPPING,
-        NatEvent::BlockAllocated { .. } | NatEvent::BlockReleased { .. } => T_BLOCK,
+    match e.view() {
+        EventView::Mapping(_) => T_MAPPING,
+        EventView::Block(_) => T_BLOCK,
     }
 }
 
 /// Append the record of `e` (its template's fields, in order).
 fn put_record(m: &mut Vec<u8>, e: &LoggedEvent, block_size: u16) {
     m.extend_from_slice(&e.wall_ms.to_be_bytes());
-    match e.event {
-        NatEvent::MappingCreated {
-            proto,
-            int_addr,
-            int_port,
-            ext_addr,
-            ext_port,
-            ..
-        }
-        | NatEvent::MappingRemoved {
-            proto,
-            int_addr,
-            int_port,
-            ext_addr,
-            ext_port,
-            ..
-        } => {
+    match e.event.view() {
+        EventView::Mapping(v) => {
             // NAT44 BIB create / delete (RFC 8158 table 2).
-            m.push(if matches!(e.event, NatEvent::MappingCreated { .. }) {
-                8
-            } else {
-                9
-            });
-            m.push(proto);
-            m.extend_from_slice(&int_addr.octets());
-            put16(m, int_port);
-            m.extend_from_slice(&ext_addr.octets());
-            put16(m, ext_port);
+            m.push(if v.created { 8 } else { 9 });
+            m.push(v.proto);
+            m.extend_from_slice(&v.int.0.octets());
+            put16(m, v.int.1);
+            m.extend_from_slice(&v.ext.0.octets());
+            put16(m, v.ext.1);
         }
-        NatEvent::BlockAllocated {
-            int_addr,
-            ext_addr,
-            first_port,
-            last_port,
-            ..
-        }
-        | NatEvent::BlockReleased {
-            int_addr,
-            ext_addr,
-            first_port,
-            last_port,
-            ..
-        } => {
+        EventView::Block(v) => {
             // Port block allocation / de-allocation.
-            m.push(if matches!(e.event, NatEvent::BlockAllocated { .. }) {
-                16
-            } else {
-                17
-            });
-            m.extend_from_slice(&int_addr.octets());
-            m.extend_from_slice(&ext_addr.octets());
-            put16(m, first_port);
-            put16(m, last_port);
+            m.push(if v.allocated { 16 } else { 17 });
+            m.extend_from_slice(&v.int_addr.octets());
+            m.extend_from_slice(&v.ext_addr.octets());
+            put16(m, v.ports.0);
+            put16(m, v.ports.1);
             put16(m, 1);
             put16(m, block_size);
         }

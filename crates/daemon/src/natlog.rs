@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use sluice_engine::{LoggedEvent, NatLog};
-use sluice_nat::NatEvent;
+use sluice_nat::EventView;
 use sluice_ruleset::timefmt::format_rfc3339_ms;
 
 use crate::config::{LogDest, LogFormat, NatLogConfig};
@@ -443,60 +443,28 @@ pub fn format_event(out: &mut String, e: &LoggedEvent, format: LogFormat) {
         })
         .to_string(),
     };
-    let line = match e.event {
-        NatEvent::MappingCreated {
-            proto,
-            int_addr,
-            int_port,
-            ext_addr,
-            ext_port,
-            worker,
-        } => mapping(
-            "mapping-created",
-            proto,
-            (int_addr, int_port),
-            (ext_addr, ext_port),
-            worker,
+    let line = match e.event.view() {
+        EventView::Mapping(v) => mapping(
+            if v.created {
+                "mapping-created"
+            } else {
+                "mapping-removed"
+            },
+            v.proto,
+            v.int,
+            v.ext,
+            v.worker,
         ),
-        NatEvent::MappingRemoved {
-            proto,
-            int_addr,
-            int_port,
-            ext_addr,
-            ext_port,
-            worker,
-        } => mapping(
-            "mapping-removed",
-            proto,
-            (int_addr, int_port),
-            (ext_addr, ext_port),
-            worker,
-        ),
-        NatEvent::BlockAllocated {
-            int_addr,
-            ext_addr,
-            first_port,
-            last_port,
-            worker,
-        } => block(
-            "block-allocated",
-            int_addr,
-            ext_addr,
-            (first_port, last_port),
-            worker,
-        ),
-        NatEvent::BlockReleased {
-            int_addr,
-            ext_addr,
-            first_port,
-            last_port,
-            worker,
-        } => block(
-            "block-released",
-            int_addr,
-            ext_addr,
-            (first_port, last_port),
-            worker,
+        EventView::Block(v) => block(
+            if v.allocated {
+                "block-allocated"
+            } else {
+                "block-released"
+            },
+            v.int_addr,
+            v.ext_addr,
+            v.ports,
+            v.worker,
         ),
     };
     let _ = out.write_str(&line);
@@ -505,6 +473,7 @@ pub fn format_event(out: &mut String, e: &LoggedEvent, format: LogFormat) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_nat::NatEvent;
 
     fn created() -> LoggedEvent {
         LoggedEvent {
@@ -608,19 +577,29 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    #[test]
-    fn syslog_datagrams_are_rfc5424() {
+    /// A logger sending to a UDP socket on loopback: (the socket, its
+    /// address, the logger).
+    fn udp_logger(
+        dest: fn(SocketAddr) -> LogDest,
+        block_size: u16,
+    ) -> (UdpSocket, SocketAddr, NatLogger) {
         let rx = UdpSocket::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
         let to = rx.local_addr().unwrap_or_else(|e| panic!("{e}"));
         let _ = rx.set_read_timeout(Some(std::time::Duration::from_secs(5)));
         let logger = NatLogger::start(
             &NatLogConfig {
-                dest: LogDest::Syslog(to),
+                dest: dest(to),
                 format: LogFormat::Text,
             },
-            0,
+            block_size,
         )
         .unwrap_or_else(|e| panic!("{e}"));
+        (rx, to, logger)
+    }
+
+    #[test]
+    fn syslog_datagrams_are_rfc5424() {
+        let (rx, to, logger) = udp_logger(LogDest::Syslog, 0);
         let h = logger.handle();
         h.tx.send(LogMsg::Events(vec![created(), created()]))
             .unwrap_or_default();
@@ -645,17 +624,7 @@ mod tests {
 
     #[test]
     fn ipfix_datagrams_carry_templates_and_records() {
-        let rx = UdpSocket::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
-        let to = rx.local_addr().unwrap_or_else(|e| panic!("{e}"));
-        let _ = rx.set_read_timeout(Some(std::time::Duration::from_secs(5)));
-        let logger = NatLogger::start(
-            &NatLogConfig {
-                dest: LogDest::Ipfix(to),
-                format: LogFormat::Text,
-            },
-            128,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        let (rx, to, logger) = udp_logger(LogDest::Ipfix, 128);
         let h = logger.handle();
         h.tx.send(LogMsg::Events(vec![created(), created(), created()]))
             .unwrap_or_default();

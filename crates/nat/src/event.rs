@@ -73,6 +73,95 @@ pub enum NatEvent {
     },
 }
 
+/// A mapping event's fields ([`NatEvent::view`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MappingView {
+    /// Created (else removed).
+    pub created: bool,
+    /// IP protocol number.
+    pub proto: u8,
+    /// Internal endpoint.
+    pub int: (Ipv4Addr, u16),
+    /// External endpoint.
+    pub ext: (Ipv4Addr, u16),
+    /// Owning worker.
+    pub worker: u16,
+}
+
+/// A port block event's fields ([`NatEvent::view`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockView {
+    /// Allocated (else released).
+    pub allocated: bool,
+    /// Internal (subscriber) address.
+    pub int_addr: Ipv4Addr,
+    /// External address.
+    pub ext_addr: Ipv4Addr,
+    /// First and last port.
+    pub ports: (u16, u16),
+    /// Owning worker.
+    pub worker: u16,
+}
+
+/// An event as one of its two shapes, for the writers of logs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventView {
+    /// A mapping created or removed.
+    Mapping(MappingView),
+    /// A port block allocated or released.
+    Block(BlockView),
+}
+
+impl NatEvent {
+    /// The event's fields by shape.
+    pub fn view(&self) -> EventView {
+        match *self {
+            Self::MappingCreated {
+                proto,
+                int_addr,
+                int_port,
+                ext_addr,
+                ext_port,
+                worker,
+            }
+            | Self::MappingRemoved {
+                proto,
+                int_addr,
+                int_port,
+                ext_addr,
+                ext_port,
+                worker,
+            } => EventView::Mapping(MappingView {
+                created: matches!(self, Self::MappingCreated { .. }),
+                proto,
+                int: (int_addr, int_port),
+                ext: (ext_addr, ext_port),
+                worker,
+            }),
+            Self::BlockAllocated {
+                int_addr,
+                ext_addr,
+                first_port,
+                last_port,
+                worker,
+            }
+            | Self::BlockReleased {
+                int_addr,
+                ext_addr,
+                first_port,
+                last_port,
+                worker,
+            } => EventView::Block(BlockView {
+                allocated: matches!(self, Self::BlockAllocated { .. }),
+                int_addr,
+                ext_addr,
+                ports: (first_port, last_port),
+                worker,
+            }),
+        }
+    }
+}
+
 /// Receives NAT events. Called on the slow path only.
 pub trait NatEventSink {
     /// Handle one event.

@@ -53,7 +53,7 @@ pub use config::{
     DEFAULT_PORTS,
 };
 pub use error::{ConfigError, NatError, RewriteError};
-pub use event::{NatEvent, NatEventSink, NoopSink, VecSink};
+pub use event::{BlockView, EventView, MappingView, NatEvent, NatEventSink, NoopSink, VecSink};
 pub use ports::{owner_of, PortSlice};
 pub use rewrite::{
     apply_dissected, apply_icmp_error, apply_with, deltas, icmp_error_inner_target, reverse_delta,

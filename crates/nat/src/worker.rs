@@ -699,20 +699,7 @@ impl<S: NatEventSink> WorkerNat<S> {
         let n = self.by_ext.len() as u64;
         let mut all = core::mem::take(&mut self.by_ext);
         for (ext, m) in all.drain() {
-            let blocked = self.in_blocks(m.space);
-            if let Some(e) = free_port(
-                &mut self.pools,
-                &mut self.masq_space,
-                m.space,
-                ext.port,
-                self.worker,
-            ) {
-                self.stats.blocks_released += 1;
-                self.sink.event(&e);
-            }
-            if !blocked {
-                self.sink.event(&removed_event(self.worker, &m.key, ext));
-            }
+            self.free_mapping_port(&m, ext);
         }
         // Keep the table's allocation.
         self.by_ext = all;
@@ -1243,6 +1230,22 @@ impl<S: NatEventSink> WorkerNat<S> {
             return;
         };
         self.by_int.remove(&m.key.int_key());
+        self.free_mapping_port(&m, ext);
+        if let Space::Masq { slot, .. } = m.space {
+            if let Some(s) = self.masq_slots.get_mut(usize::from(slot)) {
+                s.mappings = s.mappings.saturating_sub(1);
+                if s.mappings == 0 {
+                    s.addr = None;
+                }
+            }
+        }
+        self.stats.mappings_removed += 1;
+    }
+
+    /// Free the port of mapping `m` (external endpoint `ext`) and log it:
+    /// the mapping's removal, or with port blocks the release of its block
+    /// when it was the block's last.
+    fn free_mapping_port(&mut self, m: &Mapping, ext: ExtKey) {
         let blocked = self.in_blocks(m.space);
         if let Some(e) = free_port(
             &mut self.pools,
@@ -1254,15 +1257,6 @@ impl<S: NatEventSink> WorkerNat<S> {
             self.stats.blocks_released += 1;
             self.sink.event(&e);
         }
-        if let Space::Masq { slot, .. } = m.space {
-            if let Some(s) = self.masq_slots.get_mut(usize::from(slot)) {
-                s.mappings = s.mappings.saturating_sub(1);
-                if s.mappings == 0 {
-                    s.addr = None;
-                }
-            }
-        }
-        self.stats.mappings_removed += 1;
         if !blocked {
             self.sink.event(&removed_event(self.worker, &m.key, ext));
         }

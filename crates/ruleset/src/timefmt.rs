@@ -111,31 +111,27 @@ pub fn parse_date_time(s: &str) -> Option<u64> {
     day.checked_mul(DAY_SECS)?.checked_add(t)
 }
 
-/// Seconds since the epoch as nft prints a time: `YYYY-MM-DD HH:MM:SS`.
-pub fn format_date_time(secs: u64) -> String {
+/// `YYYY-MM-DD`, `sep`, `HH:MM:SS` of seconds since the epoch.
+fn date_time(secs: u64, sep: char) -> String {
     let (y, m, d) = civil_from_days((secs / DAY_SECS) as i64);
     let t = secs % DAY_SECS;
     format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        "{y:04}-{m:02}-{d:02}{sep}{:02}:{:02}:{:02}",
         t / 3600,
         t / 60 % 60,
         t % 60
     )
 }
 
+/// Seconds since the epoch as nft prints a time: `YYYY-MM-DD HH:MM:SS`.
+pub fn format_date_time(secs: u64) -> String {
+    date_time(secs, ' ')
+}
+
 /// Milliseconds since the epoch as an RFC 3339 UTC timestamp:
 /// `YYYY-MM-DDTHH:MM:SS.mmmZ`.
 pub fn format_rfc3339_ms(ms: u64) -> String {
-    let secs = ms / 1000;
-    let (y, m, d) = civil_from_days((secs / DAY_SECS) as i64);
-    let t = secs % DAY_SECS;
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-        t / 3600,
-        t / 60 % 60,
-        t % 60,
-        ms % 1000
-    )
+    format!("{}.{:03}Z", date_time(ms / 1000, 'T'), ms % 1000)
 }
 
 /// The day of the week (0 Sunday) of a time in seconds since the epoch:
