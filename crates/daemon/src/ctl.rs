@@ -64,6 +64,15 @@ pub enum Request {
     Counters,
     /// Every counter in the Prometheus text format (`metrics`).
     Metrics,
+    /// Who holds a NAT external endpoint (`ADDR:PORT`), or what an
+    /// internal address holds (`ADDR`): live mappings and port blocks.
+    NatLookup {
+        /// `198.51.100.7:4500` or `10.0.0.2`.
+        query: String,
+        /// `tcp`, `udp`, `icmp` (endpoint queries only; default all).
+        #[serde(default)]
+        proto: Option<String>,
+    },
     /// List connections.
     ConntrackList {
         /// `tcp`, `udp`, `icmp` or a protocol number.
@@ -383,7 +392,7 @@ pub fn client(socket: &Path, request: &str) -> Result<String, CtlError> {
 }
 
 /// Turn `sluice ctl` words into a request line:
-/// `status`, `counters`, `metrics`, `conntrack list [proto P] [addr A] [port N] [limit N]`,
+/// `status`, `counters`, `metrics`, `nat lookup ADDR[:PORT] [proto P]`, `conntrack list [proto P] [addr A] [port N] [limit N]`,
 /// `conntrack count`, `conntrack flush`, `ruleset replace FILE`, `ruleset
 /// list`, `reload`,
 /// `rule list [CHAIN]`, `set list [SET]`, `counter list|reset [NAME]`,
@@ -393,7 +402,7 @@ pub fn client(socket: &Path, request: &str) -> Result<String, CtlError> {
 pub fn request_from_args(args: &[String]) -> Result<String, CtlError> {
     let usage = || {
         CtlError::Usage(
-            "usage: status | counters | metrics | conntrack list [proto P] [addr A] [port N] [limit N] | conntrack count | conntrack flush | ruleset replace FILE | ruleset list | reload | rule list [CHAIN] | set list [SET] | counter|quota|limit list|reset [NAME] | nft add|insert|delete rule ... | nft add|delete element ... | nft flush set ..."
+            "usage: status | counters | metrics | nat lookup ADDR[:PORT] [proto P] | conntrack list [proto P] [addr A] [port N] [limit N] | conntrack count | conntrack flush | ruleset replace FILE | ruleset list | reload | rule list [CHAIN] | set list [SET] | counter|quota|limit list|reset [NAME] | nft add|insert|delete rule ... | nft add|delete element ... | nft flush set ..."
                 .into(),
         )
     };
@@ -402,6 +411,8 @@ pub fn request_from_args(args: &[String]) -> Result<String, CtlError> {
         ["status"] => json!({"cmd": "status"}),
         ["counters"] => json!({"cmd": "counters"}),
         ["metrics"] => json!({"cmd": "metrics"}),
+        ["nat", "lookup", q] => json!({"cmd": "nat-lookup", "query": q}),
+        ["nat", "lookup", q, "proto", p] => json!({"cmd": "nat-lookup", "query": q, "proto": p}),
         ["reload"] => json!({"cmd": "reload"}),
         ["ruleset", "list"] => json!({"cmd": "ruleset-list"}),
         ["rule", "list"] => json!({"cmd": "rule-list"}),

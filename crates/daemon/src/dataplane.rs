@@ -149,6 +149,8 @@ pub enum Command {
     List(CtFilter, usize, Sender<Vec<CtEntry>>),
     /// Remove every connection; answers how many were removed.
     Flush(Sender<u64>),
+    /// Who holds a NAT external endpoint, or what a subscriber holds.
+    NatLookup(NatQuery, Sender<serde_json::Value>),
     /// A neighbour learnt by another worker or configured statically.
     SetNeighbor(Ipv4Addr, [u8; 6]),
     /// An IPv6 neighbour (interface, address, MAC, static) learnt by
@@ -156,6 +158,63 @@ pub enum Command {
     SetNeighbor6(IfIndex, Ipv6Addr, [u8; 6], bool),
     /// An IPv6 neighbour another worker learnt and found unreachable.
     ForgetNeighbor6(IfIndex, Ipv6Addr),
+}
+
+/// A `sluice ctl nat lookup` question.
+#[derive(Debug, Clone, Copy)]
+pub enum NatQuery {
+    /// The mappings (every protocol, or `proto`) and the port block of an
+    /// external endpoint.
+    Endpoint(Ipv4Addr, u16, Option<u8>),
+    /// The mappings and port blocks of an internal address.
+    Subscriber(Ipv4Addr),
+}
+
+fn mapping_json(m: &sluice_nat::MappingInfo, worker: u16) -> serde_json::Value {
+    serde_json::json!({"proto": m.proto, "int_addr": m.int_addr, "int_port": m.int_port,
+        "ext_addr": m.ext_addr, "ext_port": m.ext_port, "sessions": m.sessions, "worker": worker})
+}
+
+/// One worker's answer to a [`NatQuery`]: `{"mappings": [...], "blocks":
+/// [...]}`.
+fn nat_lookup<S: sluice_nat::NatEventSink>(
+    nat: &sluice_nat::WorkerNat<S>,
+    q: NatQuery,
+    worker: u16,
+) -> serde_json::Value {
+    let block = |sub: Ipv4Addr, ext: Ipv4Addr, first: u16, last: u16| {
+        serde_json::json!({"int_addr": sub, "ext_addr": ext, "first_port": first,
+            "last_port": last, "worker": worker})
+    };
+    match q {
+        NatQuery::Endpoint(addr, port, proto) => {
+            let mappings: Vec<_> = [6u8, 17, 1]
+                .into_iter()
+                .filter(|p| proto.is_none_or(|q| q == *p))
+                .filter_map(|p| nat.mapping_by_ext(p, addr, port))
+                .map(|m| mapping_json(&m, worker))
+                .collect();
+            let blocks: Vec<_> = nat
+                .block_by_ext(addr, port)
+                .map(|(sub, f, l)| block(sub, addr, f, l))
+                .into_iter()
+                .collect();
+            serde_json::json!({"mappings": mappings, "blocks": blocks})
+        }
+        NatQuery::Subscriber(sub) => {
+            let mappings: Vec<_> = nat
+                .mappings()
+                .filter(|m| m.int_addr == sub)
+                .map(|m| mapping_json(&m, worker))
+                .collect();
+            let blocks: Vec<_> = nat
+                .blocks_of(sub)
+                .into_iter()
+                .map(|(ext, f, l)| block(sub, ext, f, l))
+                .collect();
+            serde_json::json!({"mappings": mappings, "blocks": blocks})
+        }
+    }
 }
 
 /// A snapshot of one worker.
@@ -736,6 +795,9 @@ impl WorkerThread {
                         })
                         .collect();
                     let _ = tx.send(v);
+                }
+                Command::NatLookup(q, tx) => {
+                    let _ = tx.send(nat_lookup(self.engine.nat(), q, self.id));
                 }
                 Command::Flush(tx) => {
                     self.engine.set_clock(now_ns(self.epoch));

@@ -485,6 +485,75 @@ impl Control {
         drop(dead);
     }
 
+    /// `sluice ctl nat lookup`: the live mappings and port blocks of an
+    /// external endpoint (asked of the worker owning its port) or of an
+    /// internal address (asked of every worker).
+    fn nat_lookup(&self, query: &str, proto: Option<&str>) -> Result<Value, CtlFailure> {
+        let proto = match proto {
+            None => None,
+            Some("tcp") => Some(6u8),
+            Some("udp") => Some(17),
+            Some("icmp") => Some(1),
+            Some(p) => {
+                return Err(CtlFailure::bad(format!(
+                    "proto {p}: expected tcp, udp or icmp"
+                )))
+            }
+        };
+        let q = match query.rsplit_once(':') {
+            Some((a, p)) => {
+                let addr = a.parse().map_err(|_| {
+                    CtlFailure::bad(format!("{a} is not an IPv4 address (ADDRESS:PORT)"))
+                })?;
+                let port = p
+                    .parse()
+                    .map_err(|_| CtlFailure::bad(format!("{p} is not a port (ADDRESS:PORT)")))?;
+                dataplane::NatQuery::Endpoint(addr, port, proto)
+            }
+            None if proto.is_some() => {
+                return Err(CtlFailure::bad(
+                    "proto applies to an external endpoint (ADDRESS:PORT)",
+                ))
+            }
+            None => dataplane::NatQuery::Subscriber(query.parse().map_err(|_| {
+                CtlFailure::bad(format!(
+                    "{query} is neither ADDRESS:PORT nor an internal IPv4 address"
+                ))
+            })?),
+        };
+        // An endpoint's port has one owner; a subscriber's mappings and
+        // blocks may be on any worker.
+        let answers = match q {
+            dataplane::NatQuery::Endpoint(_, port, _) => {
+                let owner = usize::from(sluice_nat::owner_of(port, self.workers.len() as u16));
+                let w = self.workers.get(owner).ok_or_else(|| CtlFailure {
+                    kind: "internal",
+                    message: "no worker owns the port".into(),
+                })?;
+                let (tx, rx) = mpsc::channel();
+                w.try_send(Command::NatLookup(q, tx))
+                    .map_err(|_| CtlFailure {
+                        kind: "internal",
+                        message: "a worker's command queue is full or closed".into(),
+                    })?;
+                vec![rx.recv_timeout(CMD_TIMEOUT).map_err(|_| CtlFailure {
+                    kind: "internal",
+                    message: "a worker did not answer".into(),
+                })?]
+            }
+            dataplane::NatQuery::Subscriber(_) => self.ask(|tx| Command::NatLookup(q, tx))?,
+        };
+        let pick = |k: &str| -> Vec<Value> {
+            answers
+                .iter()
+                .filter_map(|a| a.get(k).and_then(Value::as_array))
+                .flatten()
+                .cloned()
+                .collect()
+        };
+        Ok(json!({"ok": true, "mappings": pick("mappings"), "blocks": pick("blocks")}))
+    }
+
     /// The Prometheus exposition (`sluice ctl metrics`, `metrics_listen`).
     fn metrics(&self) -> Result<String, CtlFailure> {
         let ws = self.ask(Command::Status)?;
@@ -613,6 +682,7 @@ impl Control {
                 }))
             }
             Request::Metrics => Ok(json!({"ok": true, "metrics": self.metrics()?})),
+            Request::NatLookup { query, proto } => self.nat_lookup(&query, proto.as_deref()),
             Request::Counters => {
                 let ws = self.ask(Command::Status)?;
                 let mut total = sluice_engine::Counters::default();

@@ -1165,6 +1165,27 @@ fn port_blocks(backend: &str, tag: &str, deterministic: bool) {
             "external port {port} outside {first}-{last}: {c}"
         );
     }
+    // Live lookups: an external endpoint's mapping and block, and what the
+    // host holds.
+    let ext_port = conns[0]["reply"]["dport"].as_u64().unwrap_or(0);
+    let proto = match conns[0]["proto"].as_u64() {
+        Some(6) => "tcp",
+        Some(17) => "udp",
+        _ => "icmp",
+    };
+    let l = d.ctl(&format!("nat lookup 198.51.100.7:{ext_port} proto {proto}"));
+    assert_eq!(l["mappings"][0]["int_addr"], "10.0.0.2", "{l}");
+    assert_eq!(l["mappings"][0]["ext_port"], ext_port, "{l}");
+    assert_eq!(l["blocks"][0]["first_port"], first, "{l}");
+    assert_eq!(l["blocks"][0]["int_addr"], "10.0.0.2", "{l}");
+    let h = d.ctl("nat lookup 10.0.0.2");
+    assert!(h["mappings"].as_array().map_or(0, Vec::len) >= 4, "{h}");
+    assert_eq!(h["blocks"].as_array().map(Vec::len), Some(1), "{h}");
+    let bad = d.ctl("nat lookup 198.51.100.7:http");
+    assert_eq!(
+        bad["error"]["message"], "http is not a port (ADDRESS:PORT)",
+        "{bad}"
+    );
     let st = d.ctl("status");
     assert_eq!(st["nat"]["blocks"], 1, "{st}");
     assert_eq!(st["nat"]["pools"][0]["blocks"]["total"], 504, "{st}");

@@ -734,6 +734,40 @@ impl<S: NatEventSink> WorkerNat<S> {
             .map(|m| info(&m.key, ext, self.sessions_of(&m.key)))
     }
 
+    /// The port block holding external `addr:port` (port block
+    /// allocation): (subscriber, first port, last port).
+    pub fn block_by_ext(&self, addr: Ipv4Addr, port: u16) -> Option<(Ipv4Addr, u16, u16)> {
+        let &(pid, ai) = self.pool_addr.get(&u32::from(addr))?;
+        let p = self.pools.get(usize::from(pid))?;
+        let bl = p.blocks.as_ref()?;
+        let idx = p.space.slice().index(port)?;
+        let b = bl.block_of(ai, idx);
+        if idx / bl.size >= bl.per_addr {
+            return None;
+        }
+        let sub = (*bl.owner.get(b as usize)?)?;
+        let (first, last) = block_ports(&p.space, bl, b);
+        Some((Ipv4Addr::from(sub), first, last))
+    }
+
+    /// The port blocks subscriber `sub` holds: (external address, first
+    /// port, last port).
+    pub fn blocks_of(&self, sub: Ipv4Addr) -> Vec<(Ipv4Addr, u16, u16)> {
+        let mut v = Vec::new();
+        for p in &self.pools {
+            let Some(bl) = &p.blocks else {
+                continue;
+            };
+            for &b in bl.by_sub.get(&u32::from(sub)).into_iter().flatten() {
+                if let Some(&a) = p.addrs.get(bl.addr_of(b)) {
+                    let (first, last) = block_ports(&p.space, bl, b);
+                    v.push((Ipv4Addr::from(a), first, last));
+                }
+            }
+        }
+        v
+    }
+
     /// Every mapping of this worker, in no particular order.
     pub fn mappings(&self) -> impl Iterator<Item = MappingInfo> + '_ {
         self.by_ext
@@ -2100,6 +2134,18 @@ mod tests {
         }
         let st = n.stats();
         assert_eq!((st.blocks, st.blocks_allocated, st.mappings), (2, 2, 75));
+        // Live lookups by external endpoint and by subscriber agree with
+        // the events.
+        let (o, r) = sessions[70];
+        let (sub, first, last) = n.block_by_ext(r.dst_addr(), r.dport).unwrap();
+        assert_eq!(sub, o.src_addr());
+        assert_eq!(held.get(&(r.dst_addr(), first)), Some(&(sub, last)));
+        let mut mine = n.blocks_of(o.src_addr());
+        mine.sort_unstable();
+        let mut logged: Vec<_> = held.iter().map(|(&(a, f), &(_, l))| (a, f, l)).collect();
+        logged.sort_unstable();
+        assert_eq!(mine, logged);
+        assert_eq!(n.block_by_ext(ip(192, 0, 2, 9), 1024), None);
         // A second host gets a block of its own.
         let o = out(proto::UDP, 2, 5000, ip(8, 8, 8, 8), 53);
         let r = n.translate_outbound(&o, &SNAT, None).unwrap();
