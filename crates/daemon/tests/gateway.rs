@@ -27,7 +27,9 @@
 //!   with the pool address, `sluice ctl status` counts them, and SIGHUP
 //!   reopens a rotated log file; with port block allocation it records
 //!   one block per subscriber instead, and the connections' external
-//!   ports lie in it;
+//!   ports lie in it (deterministic NAT: the block `nat lookup` computes);
+//!   a syslog collector gets RFC 5424 messages and an IPFIX collector RFC
+//!   8158 records;
 //! - the gateway answers TTL 1 with ICMP time exceeded and an oversized DF
 //!   packet with ICMP fragmentation needed carrying the egress MTU.
 //!
@@ -1219,15 +1221,15 @@ fn port_blocks_af_xdp() {
     port_blocks("af_xdp", "bx", false);
 }
 
-/// The NAT log to a syslog collector (a UDP receiver on the gateway
-/// namespace's loopback): one RFC 5424 message per mapping event.
-#[test]
-#[ignore = "needs root + netns; run by .ci/run with --ignored"]
-fn nat_log_to_syslog_af_packet() {
+/// The NAT log to a collector (a UDP receiver on the gateway namespace's
+/// loopback that writes each datagram as a line of hex): `udp://` gets one
+/// RFC 5424 message per mapping event, `ipfix://` IPFIX messages whose
+/// template 256 records carry the mapping (natEvent 8, NAT44 BIB create).
+fn nat_log_to_collector(scheme: &str, tag: &str) {
     require_root();
-    let t = Topo::new("ls");
+    let t = Topo::new(tag);
     t.gw.ip(&["link", "set", "lo", "up"]).expect("lo up");
-    let got = t.dir.join("syslog.txt");
+    let got = t.dir.join("collector.txt");
     let _rx = spawn(
         &t.gw,
         &[
@@ -1236,40 +1238,86 @@ fn nat_log_to_syslog_af_packet() {
             &format!(
                 "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
                  s.bind(('127.0.0.1', 5514))\nf = open('{}', 'a')\nwhile True:\n    \
-                 f.write(s.recv(4096).decode() + '\\n')\n    f.flush()\n",
+                 f.write(s.recv(4096).hex() + '\\n')\n    f.flush()\n",
                 got.display()
             ),
         ],
-        &t.dir.join("syslog-rx.log"),
+        &t.dir.join("collector-rx.log"),
         None,
     );
     t.write_ruleset("gw.nft", RULESET);
     let cfg = t.write_config(
         "af_packet",
         "gw.nft",
-        "\n[nat]\nlog = \"udp://127.0.0.1:5514\"\n",
+        &format!("\n[nat]\nlog = \"{scheme}://127.0.0.1:5514\"\n"),
     );
     let d = Daemon::start(&t, &cfg, "af_packet");
     std::thread::sleep(Duration::from_millis(300));
     let o = sh(&t.private, &format!("ping -c 1 -W 2 {PUBLIC}"));
     assert!(o.status.success(), "ping: {}\n{}", text(&o), d.context());
-    wait_for("a syslog message", Duration::from_secs(5), || {
-        read(&got).contains("nat=mapping-created proto=icmp int=10.0.0.2:")
+    let datagrams = || -> Vec<Vec<u8>> {
+        read(&got)
+            .lines()
+            .map(|l| {
+                (0..l.len() / 2)
+                    .filter_map(|i| u8::from_str_radix(l.get(2 * i..2 * i + 2)?, 16).ok())
+                    .collect()
+            })
+            .collect()
+    };
+    wait_for("a datagram", Duration::from_secs(5), || {
+        !datagrams().is_empty()
     });
-    let line = read(&got)
-        .lines()
-        .find(|l| l.contains("nat=mapping-created"))
-        .unwrap_or_default()
-        .to_string();
-    assert!(line.starts_with("<134>1 20"), "{line}");
-    assert!(
-        line.contains(" sluice ") && line.contains(" NAT - "),
-        "{line}"
-    );
-    assert!(line.contains("ext=198.51.100.7:"), "{line}");
+    let first = datagrams().remove(0);
+    if scheme == "udp" {
+        let line = String::from_utf8_lossy(&first).to_string();
+        assert!(line.starts_with("<134>1 20"), "{line}");
+        assert!(
+            line.contains(" sluice ") && line.contains(" NAT - "),
+            "{line}"
+        );
+        assert!(
+            line.contains("nat=mapping-created proto=icmp int=10.0.0.2:")
+                && line.contains("ext=198.51.100.7:"),
+            "{line}"
+        );
+    } else {
+        let be16 = |i: usize| {
+            first
+                .get(i..i + 2)
+                .map_or(0, |b| u16::from_be_bytes([b[0], b[1]]))
+        };
+        assert_eq!(be16(0), 10, "IPFIX version: {first:?}");
+        assert_eq!(usize::from(be16(2)), first.len());
+        assert_eq!(be16(16), 2, "templates first");
+        let data = 16 + usize::from(be16(18));
+        assert_eq!(be16(data), 256, "a mapping data set");
+        // Record: time (8), natEvent, protocol, source, port, post-NAT
+        // source, port.
+        let r = first.get(data + 4..data + 4 + 22).expect("one record");
+        assert_eq!((r[8], r[9]), (8, 1), "NAT44 BIB create, ICMP");
+        assert_eq!(&r[10..14], &[10, 0, 0, 2]);
+        assert_eq!(&r[16..20], &[198, 51, 100, 7]);
+    }
     let st = d.ctl("status");
-    assert_eq!(st["nat_log"]["path"], "udp://127.0.0.1:5514", "{st}");
+    assert_eq!(
+        st["nat_log"]["path"],
+        format!("{scheme}://127.0.0.1:5514"),
+        "{st}"
+    );
     assert_eq!(st["nat_log"]["lost"], 0, "{st}");
+}
+
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn nat_log_to_syslog_af_packet() {
+    nat_log_to_collector("udp", "ls");
+}
+
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn nat_log_to_ipfix_af_packet() {
+    nat_log_to_collector("ipfix", "li");
 }
 
 #[test]
