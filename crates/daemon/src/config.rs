@@ -429,6 +429,9 @@ pub struct Summary {
     pub rules: usize,
     /// SNAT pools the ruleset defines.
     pub nat_pools: usize,
+    /// The NAT features on, as `sluice check` lists them (port blocks,
+    /// deterministic prefix, log destination, metrics listener).
+    pub extras: Vec<String>,
 }
 
 impl fmt::Display for Summary {
@@ -453,7 +456,11 @@ impl fmt::Display for Summary {
             self.ruleset.as_deref().unwrap_or("none"),
             self.rules,
             self.nat_pools
-        )
+        )?;
+        for x in &self.extras {
+            write!(f, "; {x}")?;
+        }
+        Ok(())
     }
 }
 

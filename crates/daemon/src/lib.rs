@@ -268,7 +268,35 @@ pub fn check(path: &Path) -> Result<Summary, ConfigError> {
         ruleset: cfg.ruleset.as_ref().map(|p| p.display().to_string()),
         rules: lp.rules,
         nat_pools: lp.pools.len(),
+        extras: summary_extras(&cfg),
     })
+}
+
+/// What `sluice check` adds to its summary line: the NAT and monitoring
+/// features the file turns on.
+fn summary_extras(cfg: &Config) -> Vec<String> {
+    let mut v = Vec::new();
+    let n = &cfg.nat;
+    if n.port_block_size > 0 {
+        let mut b = format!("port blocks of {}", n.port_block_size);
+        if n.max_blocks_per_subscriber > 0 {
+            b.push_str(&format!(
+                ", at most {} per subscriber",
+                n.max_blocks_per_subscriber
+            ));
+        }
+        v.push(b);
+    }
+    if let Some((base, len)) = n.deterministic {
+        v.push(format!("deterministic NAT for {base}/{len}"));
+    }
+    if let Some(l) = &cfg.nat_log {
+        v.push(format!("NAT log to {}", l.dest));
+    }
+    if let Some(a) = cfg.metrics_listen {
+        v.push(format!("metrics on {a}"));
+    }
+    v
 }
 
 /// `heap_reserve_mib`: back that much of the heap with memory now and keep

@@ -446,3 +446,42 @@ fn nat_lookup_maps_deterministic_blocks_both_ways() {
         "{off:?}"
     );
 }
+
+/// The carrier-grade NAT example (`examples/cgnat.toml`) checks, lists its
+/// NAT features, and maps its last subscriber both ways.
+#[test]
+fn cgnat_example_checks_and_maps_its_subscribers() {
+    let cfg = example().with_file_name("cgnat.toml");
+    let out = sluice().args(["check", "-c"]).arg(&cfg).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("; port blocks of 500; deterministic NAT for 100.64.0.0/22; NAT log to /var/log/sluice/nat.log; metrics on 127.0.0.1:9108"),
+        "{text}"
+    );
+    let lookup = |q: &str| {
+        let o = sluice()
+            .args(["nat", "lookup", "-c"])
+            .arg(&cfg)
+            .arg(q)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    assert_eq!(
+        lookup("100.64.3.255"),
+        "100.64.3.255 -> 198.51.100.15 worker 0: ports 64024-65021, worker 1: ports 64026-65023"
+    );
+    assert_eq!(
+        lookup("198.51.100.15:65000"),
+        "198.51.100.15:65000 -> 100.64.3.255"
+    );
+    assert_eq!(
+        lookup("198.51.100.0:1024"),
+        "198.51.100.0:1024 -> 100.64.0.0"
+    );
+}
