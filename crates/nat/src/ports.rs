@@ -59,6 +59,11 @@ pub const fn owned_below(x: u32, w: u16, workers: u16) -> u32 {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PortSlice {
     ports: Vec<u16>,
+    /// [`owned_below`] of the range's first port: a port's dense index is
+    /// its own count minus this one.
+    base: u32,
+    worker: u16,
+    workers: u16,
 }
 
 impl PortSlice {
@@ -68,6 +73,9 @@ impl PortSlice {
         let me = worker % w;
         Self {
             ports: range.clone().filter(|&p| owner_of(p, w) == me).collect(),
+            base: owned_below(u32::from(*range.start()), me, w),
+            worker: me,
+            workers: w,
         }
     }
 
@@ -89,10 +97,15 @@ impl PortSlice {
         self.ports.get(idx as usize).copied()
     }
 
-    /// The dense index of `port`, if the slice holds it (binary search).
+    /// The dense index of `port`, if the slice holds it: arithmetic on
+    /// the ownership function ([`owned_below`]), no search.
     #[inline]
     pub fn index(&self, port: u16) -> Option<u32> {
-        self.ports.binary_search(&port).ok().map(|i| i as u32)
+        if owner_of(port, self.workers) != self.worker {
+            return None;
+        }
+        let i = owned_below(u32::from(port), self.worker, self.workers).checked_sub(self.base)?;
+        (self.ports.get(i as usize) == Some(&port)).then_some(i)
     }
 
     /// Every port of the slice, ascending.
