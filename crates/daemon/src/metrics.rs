@@ -434,6 +434,9 @@ pub fn render(ws: &[WorkerStatus], info: &Info) -> String {
     o
 }
 
+/// The most of a request the server reads.
+const MAX_REQUEST: u64 = 8192;
+
 /// Serve `GET /metrics` on `listener` until `stop` is set (checked every
 /// 100 ms). `body` renders the exposition; `None` answers 503.
 pub fn serve(listener: TcpListener, stop: &AtomicBool, body: &dyn Fn() -> Option<String>) {
@@ -457,7 +460,9 @@ pub fn serve(listener: TcpListener, stop: &AtomicBool, body: &dyn Fn() -> Option
         let _ = conn.set_nonblocking(false);
         let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
         let _ = conn.set_write_timeout(Some(Duration::from_secs(2)));
-        let mut r = BufReader::new(&conn);
+        // A request line and headers of at most 8 KiB: a client that
+        // streams more (or never ends its line) is not read further.
+        let mut r = BufReader::new(std::io::Read::take(&conn, MAX_REQUEST));
         let mut line = String::new();
         if r.read_line(&mut line).is_err() {
             continue;
@@ -494,6 +499,15 @@ pub fn serve(listener: TcpListener, stop: &AtomicBool, body: &dyn Fn() -> Option
             w,
             "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
             text.len()
+        );
+        // Close gracefully: what the client still sends (up to 64 KiB, for
+        // at most 200 ms) is read and dropped, so that the close is not a
+        // reset that could discard the answer on its way.
+        let _ = conn.shutdown(std::net::Shutdown::Write);
+        let _ = conn.set_read_timeout(Some(Duration::from_millis(200)));
+        let _ = std::io::copy(
+            &mut std::io::Read::take(&conn, 1 << 16),
+            &mut std::io::sink(),
         );
     }
 }
@@ -602,6 +616,13 @@ mod tests {
             assert!(nf.starts_with("HTTP/1.1 404"), "{nf}");
             let na = ask("POST /metrics HTTP/1.1\r\n\r\n");
             assert!(na.starts_with("HTTP/1.1 405"), "{na}");
+            // A request line that never ends: read up to the limit, then
+            // answered (not a method the server knows), and the server
+            // goes on serving.
+            let long = ask(&"A".repeat(40_000));
+            assert!(long.starts_with("HTTP/1.1 405"), "{long}");
+            let again = ask("GET /metrics HTTP/1.1\r\n\r\n");
+            assert!(again.starts_with("HTTP/1.1 200 OK"), "{again}");
             stop.store(true, Ordering::Relaxed);
         });
     }
