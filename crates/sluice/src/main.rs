@@ -32,8 +32,9 @@ enum Command {
     Check(ConfigArgs),
     /// Run the gateway described by a TOML configuration until SIGTERM.
     Run(RunArgs),
-    /// Talk to a running gateway: status, counters, conntrack list|count|flush,
-    /// ruleset replace FILE, reload.
+    /// Talk to a running gateway: status, counters, metrics, nat lookup,
+    /// conntrack list|count|flush, ruleset replace|list, reload, nft
+    /// commands.
     Ctl(CtlArgs),
     /// Rule-set tools.
     #[command(subcommand)]

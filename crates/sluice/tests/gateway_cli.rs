@@ -239,17 +239,28 @@ fn check_accepts_an_iptables_save_rule_set_and_reports_its_errors() {
     assert!(err.contains('^'), "no caret: {err}");
 }
 
+/// [`check_good_and_bad`] with `good` and `bad` added to the example's
+/// `[nat]` table: the refused check's stderr.
+fn check_nat_lines(tag: &str, good: &str, bad: &str) -> String {
+    let find = "masquerade_ports = \"1024-65535\"";
+    check_good_and_bad(
+        tag,
+        find,
+        &format!("{find}\n{good}"),
+        &format!("{find}\n{bad}"),
+    )
+    .2
+}
+
 /// Port block allocation: a block that fits every worker's share of the
 /// ruleset's pool passes; one larger than a share is refused naming the
 /// pool's address.
 #[test]
 fn check_refuses_a_port_block_larger_than_a_workers_share() {
-    let find = "masquerade_ports = \"1024-65535\"";
-    let (_, _, err) = check_good_and_bad(
+    let err = check_nat_lines(
         "pba",
-        find,
-        &format!("{find}\nport_block_size = 512\nmax_blocks_per_subscriber = 4"),
-        &format!("{find}\nport_block_size = 65000"),
+        "port_block_size = 512\nmax_blocks_per_subscriber = 4",
+        "port_block_size = 65000",
     );
     assert!(
         err.contains("nat.port_block_size = 65000 is larger than a worker's share of the port range of the NAT pool with 198.51.100.7 (64512 ports with 1 worker(s))"),
@@ -370,6 +381,16 @@ fn ctl_status_metrics_and_http_metrics_on_a_mem_gateway() {
     assert!(log_exists, "nat.log not created: {err}");
 }
 
+/// `sluice nat lookup -c CFG QUERY`.
+fn nat_lookup(cfg: &std::path::Path, query: &str) -> Output {
+    sluice()
+        .args(["nat", "lookup", "-c"])
+        .arg(cfg)
+        .arg(query)
+        .output()
+        .unwrap()
+}
+
 /// Deterministic NAT: `sluice nat lookup` maps a subscriber to its address
 /// and ports and an external endpoint back to the subscriber, from the
 /// configuration alone; a pool too small for the prefix is refused by
@@ -377,11 +398,10 @@ fn ctl_status_metrics_and_http_metrics_on_a_mem_gateway() {
 #[test]
 fn nat_lookup_maps_deterministic_blocks_both_ways() {
     let find = "masquerade_ports = \"1024-65535\"";
-    let (_, _, err) = check_good_and_bad(
+    let err = check_nat_lines(
         "det",
-        find,
-        &format!("{find}\nport_block_size = 1000\ndeterministic = \"100.64.0.0/26\""),
-        &format!("{find}\nport_block_size = 1000\ndeterministic = \"100.64.0.0/25\""),
+        "port_block_size = 1000\ndeterministic = \"100.64.0.0/26\"",
+        "port_block_size = 1000\ndeterministic = \"100.64.0.0/25\"",
     );
     assert!(
         err.contains("nat.deterministic: the NAT pool with 198.51.100.7 has 64 port blocks of 1000 ports per worker, fewer than the prefix's 128 subscribers"),
@@ -402,12 +422,7 @@ fn nat_lookup_maps_deterministic_blocks_both_ways() {
     )
     .unwrap();
     let lookup = |q: &str| {
-        let o = sluice()
-            .args(["nat", "lookup", "-c"])
-            .arg(&cfg)
-            .arg(q)
-            .output()
-            .unwrap();
+        let o = nat_lookup(&cfg, q);
         (
             o.status.code(),
             String::from_utf8_lossy(&o.stdout).trim().to_string(),
@@ -464,13 +479,9 @@ fn cgnat_example_checks_and_maps_its_subscribers() {
         "{text}"
     );
     let lookup = |q: &str| {
-        let o = sluice()
-            .args(["nat", "lookup", "-c"])
-            .arg(&cfg)
-            .arg(q)
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&o.stdout).trim().to_string()
+        String::from_utf8_lossy(&nat_lookup(&cfg, q).stdout)
+            .trim()
+            .to_string()
     };
     assert_eq!(
         lookup("100.64.3.255"),
