@@ -533,6 +533,13 @@ pub struct WorkerThread {
     pub priority: Option<u8>,
     /// The published policy.
     pub policy: Arc<PolicyCell>,
+    /// The generation of the policy the engine was built with. A worker
+    /// compares the cell's generation with this one, not with the one it
+    /// finds when its thread starts: a rule change published between the
+    /// engine's construction and the thread's first turn (the control
+    /// socket opens while worker threads are still starting) would
+    /// otherwise never reach it.
+    pub policy_generation: u64,
     /// XDP offload (`None`: off).
     pub offload: Option<OffloadLink>,
     /// The NAT log (`None`: none configured; the engine only counts).
@@ -659,7 +666,7 @@ impl WorkerThread {
         };
         let mut pollset = sluice_io::PollSet::new(self.ports.iter().map(|p| p.as_ref()));
         let mut last_house = 0u64;
-        let mut policy_gen = self.policy.generation();
+        let mut policy_gen = self.policy_generation;
         while !self.stop.load(Ordering::Relaxed) {
             let g = self.policy.generation();
             if g != policy_gen {

@@ -1467,6 +1467,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
                 .and_then(|c| c.get(usize::from(id) % c.len().max(1)).copied()),
             priority: cfg.worker_priority,
             policy: Arc::clone(&cell),
+            policy_generation: cell.generation(),
             offload: offload.as_ref().map(|m| dataplane::OffloadLink {
                 map: Arc::clone(m),
                 ifindex: offload_ifindex.clone(),
