@@ -954,59 +954,33 @@ fn nat_json(ws: &[WorkerStatus]) -> Value {
     };
     let mut t = sluice_nat::NatStats::default();
     for w in ws {
-        let n = &w.nat;
-        t.mappings += n.mappings;
-        t.sessions += n.sessions;
-        t.subscribers += n.subscribers;
-        t.mappings_created += n.mappings_created;
-        t.mappings_removed += n.mappings_removed;
-        t.pool_exhausted += n.pool_exhausted;
-        t.subscriber_limit += n.subscriber_limit;
-        t.filtered += n.filtered;
-        t.hairpins += n.hairpins;
-        t.blocks += n.blocks;
-        t.blocks_allocated += n.blocks_allocated;
-        t.blocks_released += n.blocks_released;
-        t.block_limit += n.block_limit;
-        t.outside_prefix += n.outside_prefix;
+        t.merge(&w.nat);
     }
     let mut v = one(&t);
-    v["pools"] = json!(ws.first().map_or_else(Vec::new, |w| w
-        .pools
+    // Per pool address (every worker lists the same ones), the workers'
+    // shares summed.
+    let addrs = ws.first().map_or(&[][..], |w| &w.pools[..]);
+    v["pools"] = json!(addrs
         .iter()
         .map(|p| {
-            let free = |i: usize| {
-                ws.iter()
-                    .map(|w| {
-                        w.pools
-                            .iter()
-                            .find(|q| q.addr == p.addr)
-                            .map_or(0, |q| q.free[i])
-                    })
-                    .sum::<u64>()
-            };
-            let ports: u64 = ws
+            let shares: Vec<_> = ws
                 .iter()
                 .filter_map(|w| w.pools.iter().find(|q| q.addr == p.addr))
-                .map(|q| q.ports)
-                .sum();
-            let mut a = json!({"addr": p.addr.to_string(), "ports": ports,
+                .collect();
+            let free = |i: usize| shares.iter().map(|q| q.free[i]).sum::<u64>();
+            let mut a = json!({"addr": p.addr.to_string(),
+                   "ports": shares.iter().map(|q| q.ports).sum::<u64>(),
                    "free": {"tcp": free(0), "udp": free(1), "icmp": free(2)}});
             if p.blocks.is_some() {
-                let (f, n) = ws
+                let (f, n) = shares
                     .iter()
-                    .filter_map(|w| {
-                        w.pools
-                            .iter()
-                            .find(|q| q.addr == p.addr)
-                            .and_then(|q| q.blocks)
-                    })
+                    .filter_map(|q| q.blocks)
                     .fold((0, 0), |(f, n), (a, b)| (f + a, n + b));
                 a["blocks"] = json!({"free": f, "total": n});
             }
             a
         })
-        .collect::<Vec<_>>()));
+        .collect::<Vec<_>>());
     v["workers"] = json!(ws.iter().map(|w| one(&w.nat)).collect::<Vec<_>>());
     v
 }

@@ -20,7 +20,7 @@ use std::io::{BufWriter, Write};
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -82,11 +82,9 @@ impl NatLogLink {
         }
         let batch: Vec<LoggedEvent> = ring.drain().collect();
         let n = batch.len() as u64;
-        match self.tx.try_send(LogMsg::Events(batch)) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                self.stats.lost.fetch_add(n, Ordering::Relaxed);
-            }
+        // A full queue (or a stopped logger) loses the batch, counted.
+        if self.tx.try_send(LogMsg::Events(batch)).is_err() {
+            self.stats.lost.fetch_add(n, Ordering::Relaxed);
         }
     }
 }

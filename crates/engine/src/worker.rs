@@ -319,11 +319,6 @@ impl NatLog {
         }
     }
 
-    /// Events waiting to be drained.
-    pub fn len(&self) -> usize {
-        self.ring.len()
-    }
-
     /// True when no event waits.
     pub fn is_empty(&self) -> bool {
         self.ring.is_empty()

@@ -251,7 +251,8 @@ impl Blocks {
         }
     }
 
-    /// Give block `b` to `sub` if it is free (deterministic NAT).
+    /// Give block `b` to `sub` if it is free (deterministic NAT, and
+    /// [`Self::take`]'s search).
     fn take_exact(&mut self, b: u32, sub: u32) -> bool {
         let ai = self.addr_of(b);
         match self.owner.get_mut(b as usize) {
@@ -292,15 +293,10 @@ impl Blocks {
         for k in 0..self.per_addr {
             let j = (start + k) % self.per_addr;
             let b = ai as u32 * self.per_addr + j;
-            if let Some(o @ None) = self.owner.get_mut(b as usize) {
-                *o = Some(sub);
-                if let Some(f) = self.free.get_mut(ai) {
-                    *f -= 1;
-                }
+            if self.take_exact(b, sub) {
                 if let Some(c) = self.cursor.get_mut(ai) {
                     *c = (j + 1) % self.per_addr;
                 }
-                self.by_sub.entry(sub).or_default().push(b);
                 return Some(b);
             }
         }
@@ -393,6 +389,26 @@ pub struct NatStats {
     /// Deterministic NAT: translations refused because the source was
     /// outside the subscriber prefix.
     pub outside_prefix: u64,
+}
+
+impl NatStats {
+    /// Add another worker's counters (the gateway's totals).
+    pub fn merge(&mut self, o: &NatStats) {
+        self.mappings += o.mappings;
+        self.sessions += o.sessions;
+        self.subscribers += o.subscribers;
+        self.mappings_created += o.mappings_created;
+        self.mappings_removed += o.mappings_removed;
+        self.pool_exhausted += o.pool_exhausted;
+        self.subscriber_limit += o.subscriber_limit;
+        self.filtered += o.filtered;
+        self.hairpins += o.hairpins;
+        self.blocks += o.blocks;
+        self.blocks_allocated += o.blocks_allocated;
+        self.blocks_released += o.blocks_released;
+        self.block_limit += o.block_limit;
+        self.outside_prefix += o.outside_prefix;
+    }
 }
 
 /// NAT state of one worker. `S` receives mapping events.
