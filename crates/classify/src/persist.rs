@@ -129,47 +129,54 @@ impl<T: Clone> ChunkVec<T> {
 
 const FIXED_CHUNK: usize = 256;
 
-/// A fixed-length array in `Arc`'d chunks of (at most) 1024 elements; a
-/// write copies one chunk. A lookup is two dependent loads.
+/// A fixed-length array in `Arc`'d chunks of [`FIXED_CHUNK`] elements (the
+/// last one padded); a write copies one chunk. A lookup is two dependent
+/// loads; the chunks are arrays behind thin pointers, so the index within
+/// a chunk needs no bounds check and the chunk table holds 8 bytes per
+/// chunk.
 #[derive(Clone, Debug)]
 pub(crate) struct Chunks<T> {
-    chunks: Vec<Arc<[T]>>,
+    chunks: Vec<Arc<[T; FIXED_CHUNK]>>,
+    len: usize,
 }
 
-impl<T: Clone> Chunks<T> {
+impl<T: Clone + Default> Chunks<T> {
     /// `len` copies of `v`.
     pub(crate) fn filled(len: usize, v: T) -> Self {
-        let mut chunks = Vec::with_capacity(len.div_ceil(FIXED_CHUNK));
-        let mut left = len;
-        while left > 0 {
-            let n = left.min(FIXED_CHUNK);
-            chunks.push((0..n).map(|_| v.clone()).collect());
-            left -= n;
-        }
-        Chunks { chunks }
+        Self::from_fn(len, |_| v.clone())
     }
-    /// `len` elements, element `i` being `f(i)` (each chunk allocated once,
-    /// at its final size).
+    /// `len` elements, element `i` being `f(i)` (each chunk allocated once).
     pub(crate) fn from_fn(len: usize, mut f: impl FnMut(usize) -> T) -> Self {
         let chunks = (0..len.div_ceil(FIXED_CHUNK))
             .map(|c| {
                 let a = c * FIXED_CHUNK;
-                (a..len.min(a + FIXED_CHUNK)).map(&mut f).collect()
+                Arc::new(std::array::from_fn(|j| {
+                    if a + j < len {
+                        f(a + j)
+                    } else {
+                        T::default()
+                    }
+                }))
             })
             .collect();
-        Chunks { chunks }
+        Chunks { chunks, len }
     }
     #[inline]
     pub(crate) fn get(&self, i: usize) -> Option<&T> {
-        self.chunks.get(i / FIXED_CHUNK)?.get(i % FIXED_CHUNK)
+        if i >= self.len {
+            return None;
+        }
+        self.chunks
+            .get(i / FIXED_CHUNK)
+            .map(|c| &c[i % FIXED_CHUNK])
     }
     pub(crate) fn get_mut(&mut self, i: usize) -> Option<&mut T> {
-        let c = self.chunks.get_mut(i / FIXED_CHUNK)?;
-        if Arc::get_mut(c).is_none() {
-            // Shared with another generation: copy this chunk only.
-            *c = c.iter().cloned().collect();
+        if i >= self.len {
+            return None;
         }
-        Arc::get_mut(c)?.get_mut(i % FIXED_CHUNK)
+        // Shared with another generation: `make_mut` copies this chunk only.
+        let c = Arc::make_mut(self.chunks.get_mut(i / FIXED_CHUNK)?);
+        Some(&mut c[i % FIXED_CHUNK])
     }
 }
 

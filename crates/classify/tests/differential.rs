@@ -46,13 +46,19 @@ fn rand_match(r: &mut Rng) -> Match {
                 .collect();
             Match::in_ranges(f, rs, negate)
         }
+        // Protocols of every L4 class of the compiled keys (TCP, UDP,
+        // ICMP, ICMPv6, others such as SCTP and GRE), and ranges across them.
         2 => Match::in_ranges(
             Field::L4Proto,
             [
-                [6u128, 17, 1][r.below(3) as usize],
-                [6u128, 17][r.below(2) as usize],
-            ]
-            .map(Range::value),
+                Range::value([6u128, 17, 1, 58, 132][r.below(5) as usize]),
+                if r.pct(80) {
+                    Range::value([6u128, 17][r.below(2) as usize])
+                } else {
+                    let lo = r.below(60) as u128;
+                    Range::new(lo, lo + r.below(100) as u128)
+                },
+            ],
             negate,
         ),
         3 | 4 => {
@@ -66,8 +72,13 @@ fn rand_match(r: &mut Rng) -> Match {
             ][r.below(6) as usize];
             let n = 1 + r.below(3);
             let rs: Vec<Range> = (0..n)
-                .map(|_| match r.below(4) {
+                .map(|_| match r.below(5) {
                     0 => Range::value(r.below(10) as u128),
+                    // Across the split of the L4 classes at port 1024.
+                    4 => {
+                        let lo = 1000 + r.below(30) as u128;
+                        Range::new(lo, lo + r.below(30) as u128)
+                    }
                     1 => {
                         let lo = r.below(20) as u128;
                         Range::new(lo, lo + r.below(8) as u128)
@@ -343,16 +354,16 @@ fn rand_packet(r: &mut Rng) -> PacketFields {
         family: Family::V4,
         saddr: addr(r),
         daddr: addr(r),
-        l4proto: [6u8, 17, 1][r.below(3) as usize],
+        l4proto: [6u8, 17, 1, 6, 17, 58, 132, 47][r.below(8) as usize],
         sport: if r.pct(80) {
             r.below(24) as u16
         } else {
             r.below(65536) as u16
         },
-        dport: if r.pct(80) {
-            r.below(24) as u16
-        } else {
-            r.below(65536) as u16
+        dport: match r.below(10) {
+            0..=6 => r.below(24) as u16,
+            7 => 1000 + r.below(60) as u16,
+            _ => r.below(65536) as u16,
         },
         tcp_flags: [0x02u8, 0x12, 0x10, 0x11][r.below(4) as usize],
         icmp_type: 0,

@@ -1,6 +1,7 @@
 //! Times one-at-a-time appends applied directly to a compiled policy (no
 //! control socket), to separate the update's own cost from the round trip:
-//! `cargo run --release -p sluice-tester --example append -- [LOADED] [APPENDS]`.
+//! `cargo run --release -p sluice-tester --example append -- [LOADED] [APPENDS]`
+//! (`SEED002=1` appends seed 002's `ip saddr A accept` rules instead).
 
 use std::time::Instant;
 
@@ -19,10 +20,21 @@ fn main() {
         sluice_policy::CompiledPolicy::compile(&rs, &sluice_policy::Interfaces::from_ruleset(&rs))
             .expect("generated rule set compiles");
     let compile = t.elapsed().as_secs_f64();
-    let cmds: Vec<String> = sluice_tester::update::rules(appends, 7)
-        .into_iter()
-        .map(|r| format!("add rule ip filter forward {r}"))
-        .collect();
+    // `SEED002=1`: seed 002's rules (`ip saddr A accept`), as `sluice bench
+    // update` appends them to an empty chain; else ClassBench-style rules.
+    let cmds: Vec<String> = if std::env::var_os("SEED002").is_some() {
+        (0..appends)
+            .map(|i| {
+                let a = std::net::Ipv4Addr::from(0x0a00_0000u32 + i as u32);
+                format!("add rule ip filter forward ip saddr {a} accept")
+            })
+            .collect()
+    } else {
+        sluice_tester::update::rules(appends, 7)
+            .into_iter()
+            .map(|r| format!("add rule ip filter forward {r}"))
+            .collect()
+    };
     let t = Instant::now();
     for c in &cmds {
         let (next, _) = p.apply_text("command", c).expect("append applies");
