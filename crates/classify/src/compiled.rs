@@ -12,17 +12,24 @@
 //! applied per hash slot instead of per table):
 //!
 //! * Indexed fields: saddr, daddr, dport, iifname, oifname, mark, ct state,
-//!   and sport only when the rule indexes nothing else. Every key also holds
-//!   an *L4 class* ([`L4_CLASSES`]: TCP below and from port 1024, the same
-//!   for UDP, ICMP/ICMPv6, anything else): a rule is filed once per class a
-//!   packet it matches can be in (a rule without protocol or port condition
-//!   six times), so the class splits every bucket without adding a tuple
-//!   (a protocol level would have doubled them). It is the key hash's seed,
-//!   computed once per packet. At 100 000 ClassBench-style rules it cut
-//!   the entries scanned per lookup from 9.8 to 4.1 (most candidates of a
-//!   shared key failed on the protocol or the destination port) for 62 %
-//!   more entries (101 047 to 163 500); 4 classes (no port split) were
-//!   7 % slower at 10 000 and 100 000 rules.
+//!   and sport only when the rule indexes nothing else. In a chain where at
+//!   least three in four rules have a protocol or destination-port
+//!   condition ([`keys_class`], decided when the chain is built), every key
+//!   also holds an *L4 class* ([`L4_CLASSES`]: TCP below and from port
+//!   1024, the same for UDP, ICMP/ICMPv6, anything else): a rule is filed
+//!   once per class a packet it matches can be in (a rule without protocol
+//!   or port condition six times), so the class splits every bucket without
+//!   adding a tuple (a protocol level would have doubled them). It is the
+//!   key hash's seed, computed once per packet. At 100 000 ClassBench-style
+//!   rules it cut the entries scanned per lookup from 9.8 to 4.1 (most
+//!   candidates of a shared key failed on the protocol or the destination
+//!   port) for 62 % more entries (101 047 to 163 500); 4 classes (no port
+//!   split) were 7 % slower at 10 000 and 100 000 rules. Keying it in every
+//!   chain made a host list (150 000 `ip saddr A drop`, `sluice-policy`'s
+//!   `load` example) compile in 0.191 s instead of 0.089 and peak at
+//!   331 MB instead of 160, for nothing; with the per-chain rule 0.087 s
+//!   and 152 MB. A chain built empty, and then filled by updates, does not
+//!   key the class until it is compiled again (a reload).
 //!   Each condition on an indexed field is prefix-expanded (small ranges, ≤ 16
 //!   values, are enumerated exactly; negations are complemented first) and
 //!   every prefix length is rounded *down* to a level of a coarse ladder.
@@ -559,6 +566,8 @@ struct BuildScratch {
     dims: Vec<(usize, usize, usize)>,
     /// The natural keys of the last compiled rule.
     keys: Vec<NatKey>,
+    /// Whether keys hold the L4 class (the chain's [`CChain::classed`]).
+    classed: bool,
 }
 
 impl CRule {
@@ -629,7 +638,7 @@ impl CRule {
             }
         }
         checks.sort_by_key(Check::cost);
-        index_keys(checks, &mut sc.vals, &mut sc.dims, &mut sc.keys);
+        index_keys(checks, sc.classed, &mut sc.vals, &mut sc.dims, &mut sc.keys);
         let mut quick = Quick::ALL;
         let mut extra = Vec::new();
         for c in checks.drain(..) {
@@ -671,8 +680,11 @@ struct CompiledRules {
 const PAR_COMPILE_MIN: usize = 8192;
 
 /// Compiles rules in order (the part of a chain another thread compiles).
-fn compile_part(rules: &[Rule]) -> CompiledRules {
-    let mut sc = BuildScratch::default();
+fn compile_part(rules: &[Rule], classed: bool) -> CompiledRules {
+    let mut sc = BuildScratch {
+        classed,
+        ..BuildScratch::default()
+    };
     let mut out = CompiledRules {
         rules: Vec::with_capacity(rules.len()),
         keys: Vec::with_capacity(rules.len()),
@@ -817,6 +829,7 @@ type L4Cond<'a> = (Range, Option<&'a [Range]>);
 /// The keys go to `keys`; `vals` and `dims` are scratch.
 fn index_keys(
     checks: &[Check],
+    classed: bool,
     vals: &mut Vec<(u128, u8)>,
     dims: &mut Vec<(usize, usize, usize)>,
     keys: &mut Vec<NatKey>,
@@ -884,9 +897,13 @@ fn index_keys(
         // No packet of any class can match: no entry at all.
         return;
     }
+    if !classed {
+        // The chain does not key the class: one key, class wildcard.
+        vals.truncate(start);
+    }
     let classes = (2, start, vals.len());
     dims.sort_by_key(|(_, a, b)| b - a);
-    let mut product = classes.2 - classes.1;
+    let mut product = (classes.2 - classes.1).max(1);
     dims.retain(|(_, a, b)| {
         if product * (b - a) <= CROSS_CAP {
             product *= b - a;
@@ -895,7 +912,9 @@ fn index_keys(
             false
         }
     });
-    dims.push(classes);
+    if classed {
+        dims.push(classes);
+    }
     // The cross product: key `i` takes, in every dimension, the digit of
     // `i` in the mixed radix of the expansions.
     keys.reserve(product);
@@ -926,6 +945,29 @@ fn index_keys(
 /// destination port. A rule without such conditions is filed once per
 /// class; no tuple is added (every key has the class).
 const L4_CLASSES: usize = 6;
+
+/// Whether a chain of `rules` keys the L4 class: when at least three in
+/// four of its rules have a protocol or destination-port condition. A rule
+/// without either is filed once per class (six keys), so a chain of such
+/// rules (a host list, `ip saddr A drop` 150 000 times) would get six times
+/// the entries, 2.1x the compile time and the memory, and gain nothing.
+fn keys_class(rules: &[Rule]) -> bool {
+    let l4 = rules
+        .iter()
+        .filter(|r| {
+            r.matches.iter().any(|m| {
+                matches!(
+                    m,
+                    Match::In {
+                        field: Field::L4Proto | Field::Dport,
+                        ..
+                    }
+                )
+            })
+        })
+        .count();
+    !rules.is_empty() && 4 * l4 >= 3 * rules.len()
+}
 
 /// The L4 class of a packet (see [`L4_CLASSES`]).
 #[inline]
@@ -1153,11 +1195,12 @@ impl Lean {
 /// The entry is plain data (`Copy`): an update copies a slot list with a
 /// `memcpy`, and freeing the replaced list touches no reference count. With
 /// an `Arc` of the rule in every entry, a crowded list (seed 002's host
-/// rules share a /24 key, 256 to a list, in each of six L4 classes) cost
-/// two atomic operations per entry copied and freed: 20.5 µs per append
-/// against 14.0 (`SEED002=1 cargo run --release -p sluice-tester --example
-/// append`, 2026-11-24). A rule whose box is not sufficient is read through
-/// its slot (one more dependent load than through the entry's own `Arc`).
+/// rules share a /24 key, 256 to a list, in each of six L4 classes when
+/// the chain keys them) cost two atomic operations per entry copied and
+/// freed: 20.5 µs per append against 14.0 (`SEED002=1 cargo run --release
+/// -p sluice-tester --example append`, 2026-11-24, with the class keyed in
+/// every chain). A rule whose box is not sufficient is read through its
+/// slot (one more dependent load than through the entry's own `Arc`).
 #[derive(Clone, Copy, Debug)]
 struct Ent {
     pos: u64,
@@ -1568,6 +1611,10 @@ struct CChain {
     len: usize,
     /// Jump/goto targets of this chain's rules, with counts.
     edges: BTreeMap<u32, u32>,
+    /// Whether every key holds the packet's L4 class ([`L4_CLASSES`]),
+    /// decided when the chain is built ([`keys_class`]) and kept for its
+    /// life: a chain built empty does not.
+    classed: bool,
 }
 
 fn id_key(id: RuleId) -> u64 {
@@ -1660,14 +1707,17 @@ impl CChain {
             lanes: Vec::new(),
             len: 0,
             edges: BTreeMap::new(),
+            classed: false,
         }
     }
 
     /// Builds a chain from validated rules in one pass: positions
     /// `GAP, 2·GAP, …`, keys filed in rule order as inserts would file
     /// them, then every table built presized.
-    fn build(name: &str, kind: ChainKind, rules: &[Rule]) -> Self {
+    fn build(name: &str, kind: ChainKind, rules: &[Rule], class_keys: Option<bool>) -> Self {
         let mut c = CChain::new(name, kind);
+        c.classed = class_keys.unwrap_or_else(|| keys_class(rules));
+        let classed = c.classed;
         let n = rules.len();
         let mut sigs: Vec<Sig> = Vec::new();
         // Bucket loads by (signature, fingerprint), folded into one u64 (a
@@ -1720,8 +1770,12 @@ impl CChain {
             n >= PAR_COMPILE_MIN && std::thread::available_parallelism().is_ok_and(|t| t.get() > 1);
         let (first, second) = rules.split_at(if parallel { n / 2 } else { n });
         std::thread::scope(|scope| {
-            let later = (!second.is_empty()).then(|| scope.spawn(|| compile_part(second)));
-            let mut sc = BuildScratch::default();
+            let later =
+                (!second.is_empty()).then(|| scope.spawn(move || compile_part(second, classed)));
+            let mut sc = BuildScratch {
+                classed,
+                ..BuildScratch::default()
+            };
             for (i, r) in first.iter().enumerate() {
                 let cr = Arc::new(CRule::compile(r, &mut sc));
                 file(i, r, cr, &sc.keys);
@@ -1797,7 +1851,11 @@ impl CChain {
         }
         PacketHash {
             lanes: lh,
-            seed: class_seed(l4_class(p.l4proto, p.dport)),
+            seed: if self.classed {
+                class_seed(l4_class(p.l4proto, p.dport))
+            } else {
+                SEED
+            },
         }
     }
 
@@ -2096,7 +2154,10 @@ impl CChain {
             }
         };
         let pos = self.alloc_pos(prev, next);
-        let mut sc = BuildScratch::default();
+        let mut sc = BuildScratch {
+            classed: self.classed,
+            ..BuildScratch::default()
+        };
         let c = Arc::new(CRule::compile(rule, &mut sc));
         let keys = self.place_keys(&sc.keys);
         let new = Slot {
@@ -2224,6 +2285,14 @@ impl Classifier {
     /// Fails exactly as inserting every rule with [`Placement::Back`], chain
     /// by chain, would; the tables are then bulk-built in one pass.
     pub fn compile(prog: &Program) -> Result<Self, UpdateError> {
+        Self::compile_keyed(prog, None)
+    }
+
+    /// [`Classifier::compile`] with every chain's L4-class keying forced on
+    /// or off (`None`: decided by the rules, as `compile` does); for tests
+    /// that must cover both forms whatever rules they draw.
+    #[doc(hidden)]
+    pub fn compile_keyed(prog: &Program, class_keys: Option<bool>) -> Result<Self, UpdateError> {
         let kind = |t: ChainId| prog.chains.get(t.0 as usize).map(|c| c.kind);
         let mut edges: Vec<BTreeMap<u32, u32>> = vec![BTreeMap::new(); prog.chains.len()];
         for (ci, ch) in prog.chains.iter().enumerate() {
@@ -2252,8 +2321,9 @@ impl Classifier {
         }
         let mut c = Classifier::new();
         for ch in &prog.chains {
-            c.chains
-                .push(Arc::new(CChain::build(&ch.name, ch.kind, &ch.rules)));
+            c.chains.push(Arc::new(CChain::build(
+                &ch.name, ch.kind, &ch.rules, class_keys,
+            )));
         }
         Ok(c)
     }

@@ -493,6 +493,9 @@ fn check(prog: &Program, c: &Classifier, pkts: &[PacketFields]) -> Result<(), St
     Ok(())
 }
 
+/// L4-class keying of the compiled chains: decided by the rules, on, off.
+const CLASS_KEYS: [Option<bool>; 3] = [None, Some(true), Some(false)];
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(400))]
 
@@ -501,7 +504,9 @@ proptest! {
         let mut r = Rng::new(seed);
         let mut id = 0;
         let prog = rand_program(&mut r, &mut id);
-        let c = Classifier::compile(&prog).unwrap();
+        // Chains with and without the L4 class in their keys (as the rules
+        // decide, forced on, forced off).
+        let c = Classifier::compile_keyed(&prog, CLASS_KEYS[(seed % 3) as usize]).unwrap();
         let pkts: Vec<_> = (0..150).map(|_| rand_packet(&mut r)).collect();
         if let Err(e) = check(&prog, &c, &pkts) {
             prop_assert!(false, "{}\n{:#?}", e, prog);
@@ -513,7 +518,7 @@ proptest! {
         let mut r = Rng::new(seed);
         let mut id = 0;
         let mut prog = rand_program(&mut r, &mut id);
-        let mut c = Classifier::compile(&prog).unwrap();
+        let mut c = Classifier::compile_keyed(&prog, CLASS_KEYS[(seed % 3) as usize]).unwrap();
         let snapshot = (prog.clone(), Arc::new(c.clone()));
         let n = prog.chains.len();
         for _ in 0..60 {
