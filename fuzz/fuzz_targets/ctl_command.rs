@@ -30,9 +30,7 @@ fn base() -> &'static sluice_policy::CompiledPolicy {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else {
-        return;
-    };
+    let Ok(text) = std::str::from_utf8(data) else { return };
     let p = base();
     let before = p.list_rules();
     if let Ok((next, _)) = p.apply_text("fuzz", text) {
@@ -40,9 +38,5 @@ fuzz_target!(|data: &[u8]| {
         let _ = next.list_rules();
         let _ = next.program();
     }
-    assert_eq!(
-        p.list_rules(),
-        before,
-        "applying a command changed its base"
-    );
+    assert_eq!(p.list_rules(), before, "applying a command changed its base");
 });

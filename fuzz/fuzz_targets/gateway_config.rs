@@ -5,9 +5,7 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else {
-        return;
-    };
+    let Ok(text) = std::str::from_utf8(data) else { return };
     match sluice_daemon::config::parse(std::path::Path::new("/fuzz/sluice.toml"), text) {
         Ok(cfg) => {
             // Every accepted configuration has at least one interface.
@@ -15,10 +13,7 @@ fuzz_target!(|data: &[u8]| {
         }
         Err(e) => {
             let msg = e.to_string();
-            assert!(
-                msg.starts_with("/fuzz/sluice.toml"),
-                "unlocated error: {msg}"
-            );
+            assert!(msg.starts_with("/fuzz/sluice.toml"), "unlocated error: {msg}");
         }
     }
 });

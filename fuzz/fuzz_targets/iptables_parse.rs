@@ -4,9 +4,7 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else {
-        return;
-    };
+    let Ok(text) = std::str::from_utf8(data) else { return };
     // Split the input: before the first NUL is the ruleset, after it the ipset file.
     let (rules, sets) = match text.split_once('\0') {
         Some((r, s)) => (r, Some(s)),
@@ -21,11 +19,7 @@ fuzz_target!(|data: &[u8]| {
         if let Ok(r) = parsed {
             let printed = r.to_nft();
             let again = sluice_ruleset::parse_nft_str("fuzz.nft", &printed).map(|r| r.to_nft());
-            assert_eq!(
-                again.ok().as_deref(),
-                Some(printed.as_str()),
-                "printer is not a fixed point"
-            );
+            assert_eq!(again.ok().as_deref(), Some(printed.as_str()), "printer is not a fixed point");
         }
     }
 });
