@@ -887,8 +887,9 @@ fn index_keys(
     if dims.iter().any(|(d, _, _)| *d != 3) {
         dims.retain(|(d, _, _)| *d != 3);
     }
-    // Every key carries the rule's L4 classes (dimension 2, always at its
-    // exact level): one key per class a matching packet can be in.
+    // In a chain that keys the L4 class, every key carries one of the
+    // rule's classes (dimension 2, at its exact level): one key per class a
+    // matching packet can be in. No class at all: the rule never matches.
     let start = vals.len();
     let [proto, dport] = l4.each_ref().map(|x| {
         x.as_ref()
@@ -944,12 +945,13 @@ fn index_keys(
 }
 
 /// L4 classes: TCP and UDP each split at destination port 1024, ICMP and
-/// ICMPv6, everything else. Every key holds the class of the packets it
-/// stands for (dimension 2, the protocol's), so a bucket holds only rules a
-/// packet of that class can match: at 100 000 ClassBench-style rules most
-/// candidates of a shared key used to fail on the protocol or the
-/// destination port. A rule without such conditions is filed once per
-/// class; no tuple is added (every key has the class).
+/// ICMPv6, everything else. In a chain that keys them ([`keys_class`]),
+/// every key holds the class of the packets it stands for (dimension 2,
+/// the protocol's), so a bucket holds only rules a packet of that class
+/// can match: at 100 000 ClassBench-style rules most candidates of a
+/// shared key used to fail on the protocol or the destination port. A rule
+/// without such conditions is filed once per class; no tuple is added
+/// (every key of the chain has the class).
 const L4_CLASSES: usize = 6;
 
 /// Whether a chain of `rules` keys the L4 class: when at least three in
