@@ -20,6 +20,9 @@ pub enum Shape {
     /// ClassBench-style 5-tuple ACL ([`gen::classbench`]) with trace-style
     /// headers ([`gen::classbench_packets`]).
     ClassBench,
+    /// A block list as rules: `count` rules `ip saddr A drop` of
+    /// consecutive addresses ([`gen::host_list`]).
+    Hosts,
 }
 
 impl Shape {
@@ -28,6 +31,7 @@ impl Shape {
         match self {
             Shape::Seed001 => "seed001",
             Shape::ClassBench => "classbench",
+            Shape::Hosts => "hosts",
         }
     }
 
@@ -40,6 +44,10 @@ impl Shape {
                 let k = gen::classbench_packets(&p, packets, 8);
                 (p, k)
             }
+            Shape::Hosts => (
+                gen::host_list(count),
+                gen::host_list_packets(count, packets, 9),
+            ),
         }
     }
 }

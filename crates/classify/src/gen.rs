@@ -3,6 +3,9 @@
 //! * [`seed001_shape`]: the rule set of seed 001 — `n` rules each dropping one
 //!   distinct TCP destination port, followed by the rule the traffic matches
 //!   (UDP to the iperf3 port 5201). [`seed001_packets`] generates that traffic.
+//! * [`host_list`]: `n` rules each dropping one source address (a block
+//!   list written as rules, seed 002's `iptables -A FORWARD -s A` shape);
+//!   [`host_list_packets`] sends from those addresses and some others.
 //! * [`classbench`]: ClassBench-style 5-tuple ACLs (Taylor & Turner, "ClassBench:
 //!   a packet classification benchmark", INFOCOM 2005): source and destination
 //!   prefixes of mixed lengths drawn around a pool of networks (so prefixes
@@ -289,6 +292,53 @@ pub fn classbench_packets(prog: &Program, count: usize, seed: u64) -> Vec<Packet
                 l4proto: pick(&mut r, rule, Field::L4Proto) as u8,
                 sport: pick(&mut r, rule, Field::Sport) as u16,
                 dport: pick(&mut r, rule, Field::Dport) as u16,
+                ct_state: crate::ir::ct::NEW,
+                ..Default::default()
+            }
+        })
+        .collect()
+}
+
+/// `n` rules `ip saddr A drop`, A = 10.0.0.0 + i (consecutive addresses, so
+/// 256 share every /24), in one base chain with policy accept.
+pub fn host_list(n: usize) -> Program {
+    let rules = (0..n)
+        .map(|i| Rule {
+            id: RuleId(i as u64),
+            matches: vec![Match::eq(
+                Field::Saddr,
+                map_v4(0x0a00_0000u32.wrapping_add(i as u32)),
+            )],
+            stmts: vec![],
+            verdict: Some(Verdict::Drop),
+        })
+        .collect();
+    Program {
+        chains: vec![Chain {
+            name: "forward".into(),
+            kind: ChainKind::Base(Policy::Accept),
+            rules,
+        }],
+    }
+}
+
+/// Traffic for [`host_list`] of `n` rules: 90 % from a listed address, 10 %
+/// from elsewhere.
+pub fn host_list_packets(n: usize, count: usize, seed: u64) -> Vec<PacketFields> {
+    let mut r = Rng::new(seed);
+    (0..count)
+        .map(|_| {
+            let a = if r.pct(90) && n > 0 {
+                0x0a00_0000u32.wrapping_add(r.below(n as u64) as u32)
+            } else {
+                0xc0a8_0000 | r.below(65536) as u32
+            };
+            PacketFields {
+                saddr: map_v4(a),
+                daddr: map_v4(0xc633_6401),
+                l4proto: TCP as u8,
+                sport: 1024 + r.below(60000) as u16,
+                dport: 443,
                 ct_state: crate::ir::ct::NEW,
                 ..Default::default()
             }

@@ -631,6 +631,42 @@ fn seed001_shape_1000_rules_compiled_equals_linear() {
     assert!(c.tuple_count(ChainId(0)).is_some_and(|t| t <= 2));
 }
 
+/// A block list as rules: 256 host rules share every /24, so keys past the
+/// collision limit go to /32 tuples; compiled, then appended to and thinned
+/// one rule at a time (the order seed 002 and `sluice ctl` use).
+#[test]
+fn host_list_rules_at_32_bits_equal_linear_under_updates() {
+    let mut prog = gen::host_list(2000);
+    let c = Classifier::compile(&prog).unwrap();
+    let pkts = gen::host_list_packets(2000, 3000, 5);
+    check(&prog, &c, &pkts).unwrap();
+    // Few tuples: the /24 one the first 32 hosts of a /24 fill, the /32 one.
+    assert!(c.tuple_count(ChainId(0)).is_some_and(|t| t <= 2));
+    // Built empty, filled by appends, some deleted.
+    let mut c = Classifier::compile(&Program {
+        chains: vec![Chain {
+            name: "forward".into(),
+            kind: ChainKind::Base(Policy::Accept),
+            rules: vec![],
+        }],
+    })
+    .unwrap();
+    let all = std::mem::take(&mut prog.chains[0].rules);
+    let mut r = Rng::new(11);
+    for rule in all {
+        c.insert_rule(ChainId(0), Placement::Back, &rule).unwrap();
+        prog.chains[0].rules.push(rule);
+        if r.pct(10) {
+            let rules = &mut prog.chains[0].rules;
+            let k = r.below(rules.len() as u64) as usize;
+            let gone = rules.remove(k);
+            c.delete_rule(ChainId(0), gone.id).unwrap();
+        }
+    }
+    check(&prog, &c, &pkts).unwrap();
+    assert!(c.tuple_count(ChainId(0)).is_some_and(|t| t <= 2));
+}
+
 #[test]
 fn jump_depth_exceeded_is_reported_identically() {
     let n = MAX_DEPTH + 3;

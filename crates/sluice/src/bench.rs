@@ -61,7 +61,7 @@ pub fn rules(counts: &[u64], json: Option<&Path>) -> Result<ExitCode> {
         "{:<11} {:>7} {:>7} {:>12} {:>9} {:>12} {:>9} {:>12}",
         "shape", "rules", "tuples", "compiled ns", "vs 20", "batch32 ns", "vs 20", "linear ns"
     );
-    for shape in [Shape::Seed001, Shape::ClassBench] {
+    for shape in [Shape::Seed001, Shape::ClassBench, Shape::Hosts] {
         let mut base = None;
         for &n in counts {
             let n = usize::try_from(n).context("rule count too large")?;

@@ -154,7 +154,8 @@ enum BenchCmd {
     Nat44(Nat44Args),
     /// Classification cost (ns/packet) of the compiled classifier and the
     /// linear evaluator at 20, 100, 1 000, 10 000 and 100 000 rules, for
-    /// seed 001's shape and ClassBench-style 5-tuple rule sets.
+    /// seed 001's shape, ClassBench-style 5-tuple rule sets and a block
+    /// list written as host rules.
     Rules(RulesArgs),
     /// Rule-update cost against a running gateway (in-process, mem backend,
     /// no root) through the control socket: load N rules, median insert and

@@ -46,7 +46,7 @@ fn bench_rules_writes_a_row_per_shape_and_count() {
     let rows = j["rules"]
         .as_array()
         .unwrap_or_else(|| panic!("no rules array: {j}"));
-    assert_eq!(rows.len(), 4, "2 shapes x 2 counts: {j}");
+    assert_eq!(rows.len(), 6, "3 shapes x 2 counts: {j}");
     for r in rows {
         assert!(r["shape"].is_string(), "{r}");
         assert!(matches!(r["count"].as_u64(), Some(20 | 100)), "{r}");
