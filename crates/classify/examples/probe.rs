@@ -1,5 +1,5 @@
 //! One shape and size, for cachegrind and interleaved timing:
-//! `probe <seed001|classbench|hosts> <rules> <rounds> [single|batch] [reps]`.
+//! `probe <seed001|classbench|hosts|hosts6> <rules> <rounds> [single|batch] [reps]`.
 //! Diff two round counts under cachegrind to get instructions per packet.
 //! With `reps` (default 1) the timed run is repeated and the minimum
 //! printed: on a shared machine the least disturbed run is the closest to
@@ -15,6 +15,7 @@ fn main() {
     let shape = match a.get(1).map(String::as_str) {
         Some("seed001") => Shape::Seed001,
         Some("hosts") => Shape::Hosts,
+        Some("hosts6") => Shape::Hosts6,
         _ => Shape::ClassBench,
     };
     let n: usize = a.get(2).and_then(|x| x.parse().ok()).unwrap_or(20);

@@ -23,6 +23,8 @@ pub enum Shape {
     /// A block list as rules: `count` rules `ip saddr A drop` of
     /// consecutive addresses ([`gen::host_list`]).
     Hosts,
+    /// The same in IPv6, every address in one /64 ([`gen::host_list6`]).
+    Hosts6,
 }
 
 impl Shape {
@@ -32,6 +34,7 @@ impl Shape {
             Shape::Seed001 => "seed001",
             Shape::ClassBench => "classbench",
             Shape::Hosts => "hosts",
+            Shape::Hosts6 => "hosts6",
         }
     }
 
@@ -47,6 +50,10 @@ impl Shape {
             Shape::Hosts => (
                 gen::host_list(count),
                 gen::host_list_packets(count, packets, 9),
+            ),
+            Shape::Hosts6 => (
+                gen::host_list6(count),
+                gen::host_list6_packets(count, packets, 9),
             ),
         }
     }

@@ -34,13 +34,14 @@
 //!   values, are enumerated exactly; negations are complemented first) and
 //!   every prefix length is rounded *down* to a level of a coarse ladder.
 //!   Addresses have a family-aware ladder: an IPv4 (mapped) prefix is keyed at
-//!   /32, /24, /16, /8 or not at all, an IPv6 prefix at /32 or /64; a new
-//!   tuple takes an IPv4 host address at /24 while that bucket holds fewer
-//!   than `COLLIDE` entries and at /32 after (a block list written as host
-//!   rules, 256 to a /24, scanned up to 256 entries per lookup when /24 was
-//!   the finest level: 215-263 ns per lookup at 1 000-100 000 rules against
-//!   44 at 20; now 41-53, `probe hosts N 20 single 5`, 2026-11-24; the
-//!   ClassBench-style sets create no /32 tuple and are unchanged). Ports, names,
+//!   /32, /24, /16, /8 or not at all, an IPv6 prefix at /128, /64, /32 or
+//!   not at all; a host address (/32, /128) goes to a tuple that keys it at
+//!   /24 (/64) only while that bucket holds fewer than `HOST_COLLIDE` (4)
+//!   hosts, then to a host tuple (a block list written as host rules, 256
+//!   to a /24, scanned up to 256 entries per lookup when /24 was the finest
+//!   level: 215-263 ns per lookup at 1 000-100 000 rules against 44 at 20;
+//!   now 37-50, `probe hosts N 20 single 5`, 2026-11-24; the ClassBench-style
+//!   sets make no host tuple and are unchanged). Ports, names,
 //!   marks: wildcard or exact. The levels of a key are its *natural
 //!   signature*.
 //! * A *tuple* is a vector of levels with one hash table. A rule gets one key
@@ -302,10 +303,13 @@ fn dim_of(f: Field) -> Option<usize> {
     debug_assert_eq!(DIM_FIELDS.get(d), Some(&f));
     Some(d)
 }
-/// Address levels (bits of the mapped address): IPv6 /32 and /64; IPv4 /8,
-/// /16, /24 and /32 (the last only for tuples of crowded /24 buckets, see
-/// [`place`]).
+/// Address levels (bits of the mapped address): IPv6 /32, /64 and /128;
+/// IPv4 /8, /16, /24 and /32. Host levels (/32, /128) are a new tuple's only
+/// for keys whose /24 or /64 bucket is crowded ([`place`]).
 const ADDR_LEVELS: &[u32] = &[0, 32, 64, 104, 112, 120, 128];
+/// The level of a host address (IPv4 /32, IPv6 /128): the whole mapped
+/// address.
+const HOST_LEVEL: usize = 6;
 /// The IPv4-mapped prefix `::ffff:0:0/96`.
 const V4_MAPPED: u128 = 0xffff_u128 << 32;
 
@@ -327,7 +331,7 @@ fn level_of(dim: usize, v: u128, plen: u32) -> usize {
         // IPv4: /32, /24, /16, /8 or nothing (shorter prefixes are
         // verified only).
         return match plen {
-            128.. => 6,
+            128.. => HOST_LEVEL,
             120.. => 5,
             112.. => 4,
             104.. => 3,
@@ -336,7 +340,12 @@ fn level_of(dim: usize, v: u128, plen: u32) -> usize {
     }
     let li = lv.iter().rposition(|l| *l <= plen).unwrap_or(0);
     if dim <= 1 {
-        li.min(2)
+        // IPv6: /128 (a host), /64, /32 or nothing.
+        if plen >= 128 {
+            HOST_LEVEL
+        } else {
+            li.min(2)
+        }
     } else {
         li
     }
@@ -1063,6 +1072,17 @@ fn key_in(t: &Sig, k: &NatKey) -> u64 {
 /// is none, in the tuple of its own signature (TupleMerge's placement rule).
 const COLLIDE: usize = 32;
 
+/// How many host keys (IPv4 /32, IPv6 /128) a bucket of the tuple with the
+/// key's signature but its host addresses at /24 (/64) takes before the
+/// host tuple takes them: a lookup scans the hosts a coarse bucket keeps,
+/// and for IPv6 reads each candidate's rule (the inline box holds IPv4
+/// bounds only). Block lists of host rules (`probe hosts|hosts6 N 20 single
+/// 5`, 2026-11-24): with [`COLLIDE`] (32) here IPv4 44 / 76 / 50 ns at 20 /
+/// 100 / 1 000 rules, IPv6 77 / 178 / 212 / 259 ns at 20 / 1 000 / 10 000 /
+/// 100 000; with 4 IPv4 41 / 44 / 37 and IPv6 58 / 68 / 91 / 144. The
+/// ClassBench-style sets never reach it (no host tuple is made).
+const HOST_COLLIDE: usize = 4;
+
 /// Files the natural keys of one rule (see [`COLLIDE`]); `sigs` are the
 /// chain's tuples by decreasing specificity and `load(t, fp)` the entries of
 /// bucket `fp` of tuple `t`. Keys that land in the same bucket are filed once.
@@ -1074,26 +1094,36 @@ fn place(
 ) {
     out.clear();
     for k in nat {
+        // The key with its host addresses at /24 (IPv4) or /64 (IPv6): a
+        // tuple of exactly that signature takes at most `HOST_COLLIDE` of
+        // them per bucket before a host tuple is made.
+        let mut capped = k.0;
+        for (l, v) in capped.iter_mut().zip(k.1).take(2) {
+            if usize::from(*l) == HOST_LEVEL {
+                *l = if v >> 32 == V4_MAPPED >> 32 { 5 } else { 2 };
+            }
+        }
         let mut at = None;
         for t in sigs {
             if fits(t, &k.0) {
                 let fp = key_in(t, k);
-                if load(t, fp) < COLLIDE {
+                let limit = if capped != k.0 && *t == capped {
+                    HOST_COLLIDE
+                } else {
+                    COLLIDE
+                };
+                if load(t, fp) < limit {
                     at = Some((*t, fp));
                     break;
                 }
             }
         }
         let at = at.unwrap_or_else(|| {
-            // A new tuple: IPv4 host addresses at /24 while that bucket has
-            // room, at /32 once it is crowded.
-            let mut capped = k.0;
-            for l in capped.iter_mut().take(2) {
-                *l = (*l).min(5);
-            }
+            // A new tuple: host addresses at /24 (IPv4) or /64 (IPv6)
+            // while that bucket has room, as hosts once it is crowded.
             if capped != k.0 {
                 let fp = key_in(&capped, k);
-                if load(&capped, fp) < COLLIDE {
+                if load(&capped, fp) < HOST_COLLIDE {
                     return (capped, fp);
                 }
             }

@@ -302,13 +302,46 @@ pub fn classbench_packets(prog: &Program, count: usize, seed: u64) -> Vec<Packet
 /// `n` rules `ip saddr A drop`, A = 10.0.0.0 + i (consecutive addresses, so
 /// 256 share every /24), in one base chain with policy accept.
 pub fn host_list(n: usize) -> Program {
+    host_rules(n, |i| map_v4(0x0a00_0000u32.wrapping_add(i as u32)))
+}
+
+/// The first IPv6 host address of [`host_list6`]: `2001:db8::`.
+const HOST6: u128 = 0x2001_0db8_u128 << 96;
+
+/// [`host_list`] in IPv6: `ip6 saddr 2001:db8::i drop` (all in one /64).
+pub fn host_list6(n: usize) -> Program {
+    host_rules(n, |i| HOST6 + i as u128)
+}
+
+/// Traffic for [`host_list6`], as [`host_list_packets`].
+pub fn host_list6_packets(n: usize, count: usize, seed: u64) -> Vec<PacketFields> {
+    let mut r = Rng::new(seed);
+    (0..count)
+        .map(|_| {
+            let a = if r.pct(90) && n > 0 {
+                HOST6 + u128::from(r.below(n as u64))
+            } else {
+                (0x2001_0db8_0001_u128 << 80) | u128::from(r.next_u64())
+            };
+            PacketFields {
+                family: crate::ir::Family::V6,
+                saddr: a,
+                daddr: (0x2001_0db8_00ff_u128 << 80) | 1,
+                l4proto: TCP as u8,
+                sport: 1024 + r.below(60000) as u16,
+                dport: 443,
+                ct_state: crate::ir::ct::NEW,
+                ..Default::default()
+            }
+        })
+        .collect()
+}
+
+fn host_rules(n: usize, addr: impl Fn(usize) -> u128) -> Program {
     let rules = (0..n)
         .map(|i| Rule {
             id: RuleId(i as u64),
-            matches: vec![Match::eq(
-                Field::Saddr,
-                map_v4(0x0a00_0000u32.wrapping_add(i as u32)),
-            )],
+            matches: vec![Match::eq(Field::Saddr, addr(i))],
             stmts: vec![],
             verdict: Some(Verdict::Drop),
         })

@@ -667,6 +667,16 @@ fn host_list_rules_at_32_bits_equal_linear_under_updates() {
     assert!(c.tuple_count(ChainId(0)).is_some_and(|t| t <= 2));
 }
 
+/// The IPv6 block list: 2000 hosts in one /64, past the collision limit at
+/// /128.
+#[test]
+fn ipv6_host_list_rules_at_128_bits_equal_linear() {
+    let prog = gen::host_list6(2000);
+    let c = Classifier::compile(&prog).unwrap();
+    check(&prog, &c, &gen::host_list6_packets(2000, 3000, 6)).unwrap();
+    assert!(c.tuple_count(ChainId(0)).is_some_and(|t| t <= 2));
+}
+
 #[test]
 fn jump_depth_exceeded_is_reported_identically() {
     let n = MAX_DEPTH + 3;
