@@ -315,18 +315,43 @@ pub fn host_list6(n: usize) -> Program {
 
 /// Traffic for [`host_list6`], as [`host_list_packets`].
 pub fn host_list6_packets(n: usize, count: usize, seed: u64) -> Vec<PacketFields> {
+    host_packets(
+        n,
+        count,
+        seed,
+        |i| HOST6 + u128::from(i),
+        |r| (0x2001_0db8_0001_u128 << 80) | u128::from(r.next_u64()),
+        (0x2001_0db8_00ff_u128 << 80) | 1,
+    )
+}
+
+/// `count` TCP headers to port 443 from `listed(i)` for a random `i < n`
+/// (90 %) or from `other` (10 %), to `daddr`.
+fn host_packets(
+    n: usize,
+    count: usize,
+    seed: u64,
+    listed: impl Fn(u64) -> u128,
+    other: impl Fn(&mut Rng) -> u128,
+    daddr: u128,
+) -> Vec<PacketFields> {
     let mut r = Rng::new(seed);
+    let family = if daddr >> 32 == map_v4(0) >> 32 {
+        crate::ir::Family::V4
+    } else {
+        crate::ir::Family::V6
+    };
     (0..count)
         .map(|_| {
-            let a = if r.pct(90) && n > 0 {
-                HOST6 + u128::from(r.below(n as u64))
+            let saddr = if r.pct(90) && n > 0 {
+                listed(r.below(n as u64))
             } else {
-                (0x2001_0db8_0001_u128 << 80) | u128::from(r.next_u64())
+                other(&mut r)
             };
             PacketFields {
-                family: crate::ir::Family::V6,
-                saddr: a,
-                daddr: (0x2001_0db8_00ff_u128 << 80) | 1,
+                family,
+                saddr,
+                daddr,
                 l4proto: TCP as u8,
                 sport: 1024 + r.below(60000) as u16,
                 dport: 443,
@@ -358,23 +383,12 @@ fn host_rules(n: usize, addr: impl Fn(usize) -> u128) -> Program {
 /// Traffic for [`host_list`] of `n` rules: 90 % from a listed address, 10 %
 /// from elsewhere.
 pub fn host_list_packets(n: usize, count: usize, seed: u64) -> Vec<PacketFields> {
-    let mut r = Rng::new(seed);
-    (0..count)
-        .map(|_| {
-            let a = if r.pct(90) && n > 0 {
-                0x0a00_0000u32.wrapping_add(r.below(n as u64) as u32)
-            } else {
-                0xc0a8_0000 | r.below(65536) as u32
-            };
-            PacketFields {
-                saddr: map_v4(a),
-                daddr: map_v4(0xc633_6401),
-                l4proto: TCP as u8,
-                sport: 1024 + r.below(60000) as u16,
-                dport: 443,
-                ct_state: crate::ir::ct::NEW,
-                ..Default::default()
-            }
-        })
-        .collect()
+    host_packets(
+        n,
+        count,
+        seed,
+        |i| map_v4(0x0a00_0000u32.wrapping_add(i as u32)),
+        |r| map_v4(0xc0a8_0000 | r.below(65536) as u32),
+        map_v4(0xc633_6401),
+    )
 }
