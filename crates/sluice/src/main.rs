@@ -164,23 +164,33 @@ enum BenchCmd {
     /// 64-byte frames per second forwarded with NAT on one core, between
     /// network namespaces it builds and removes (needs root): Sluice on
     /// AF_XDP, AF_PACKET and the XDP offload against the kernel with an
-    /// nftables masquerade rule, at saturation.
+    /// nftables or iptables masquerade rule, at saturation, optionally
+    /// behind N forward filter rules (seed 001's rule-set shape).
     Forward(ForwardArgs),
 }
 
 #[derive(Args, Debug)]
 struct ForwardArgs {
     /// Devices under test, comma separated: sluice-afxdp, sluice-afpacket,
-    /// sluice-xdp-offload, kernel-nftables; also kernel-flowtable (needs
-    /// CONFIG_NF_FLOW_TABLE) and sender-only.
+    /// sluice-xdp-offload, kernel-nftables, kernel-iptables
+    /// (iptables-legacy); also kernel-flowtable (needs CONFIG_NF_FLOW_TABLE)
+    /// and sender-only.
     #[arg(long, value_delimiter = ',', value_parser = parse_dut,
-          default_value = "sluice-afxdp,sluice-afpacket,sluice-xdp-offload,kernel-nftables")]
+          default_value = "sluice-afxdp,sluice-afpacket,sluice-xdp-offload,kernel-nftables,kernel-iptables")]
     dut: Vec<sluice_tester::forward::Dut>,
     /// Distinct flows, comma separated (each must split into source x
     /// destination port ranges, e.g. 1000 or 1M).
     #[arg(long, value_delimiter = ',', value_parser = parse_count,
           default_values_t = [1_000u64, 1_000_000])]
     flows: Vec<u64>,
+    /// Forward filter rule counts, comma separated (e.g. 0,1k,10k): 0 is
+    /// the NAT rule only; N puts N - 1 rules the traffic does not match
+    /// (`udp dport P ip daddr D accept`) ahead of one that accepts it in a
+    /// forward chain with policy drop, the same rules for every DUT (seed
+    /// 001's rule-set shape; at most 1M).
+    #[arg(long, value_delimiter = ',', value_parser = parse_rules,
+          default_values_t = [0usize])]
+    rules: Vec<usize>,
     /// Measured seconds per point (after a 0.5 s pre-roll).
     #[arg(long, default_value_t = 3.0)]
     duration: f64,
@@ -216,9 +226,21 @@ fn parse_dut(s: &str) -> Result<sluice_tester::forward::Dut, String> {
     sluice_tester::forward::Dut::parse(s.trim()).ok_or_else(|| {
         format!(
             "'{s}': expected sluice-afxdp, sluice-afpacket, sluice-xdp-offload, \
-             kernel-nftables, kernel-flowtable or sender-only"
+             kernel-nftables, kernel-iptables, kernel-flowtable or sender-only"
         )
     })
+}
+
+/// A forward rule count of `bench forward --rules`: 0 to 1M.
+fn parse_rules(s: &str) -> Result<usize, String> {
+    if s.trim() == "0" {
+        return Ok(0);
+    }
+    let n = parse_count(s)?;
+    if n > 1_000_000 {
+        return Err(format!("'{s}': at most 1M forward rules"));
+    }
+    usize::try_from(n).map_err(|_| format!("'{s}': too large"))
 }
 
 fn parse_receiver(s: &str) -> Result<sluice_tester::forward::Receiver, String> {
@@ -396,6 +418,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     zero_loss: a.zero_loss,
                     sender: a.sender,
                     receiver: a.receiver,
+                    rules: a.rules,
                 },
                 a.json.as_deref(),
             )

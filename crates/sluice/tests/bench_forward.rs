@@ -87,6 +87,7 @@ fn bench_forward_measures_every_dut_and_writes_json() {
     assert_eq!(
         duts,
         [
+            "kernel-iptables",
             "kernel-nftables",
             "sluice-afpacket",
             "sluice-afxdp",
@@ -96,6 +97,7 @@ fn bench_forward_measures_every_dut_and_writes_json() {
     );
     for r in results {
         assert_eq!(r["flows"].as_u64(), Some(1000), "{r}");
+        assert_eq!(r["rules"].as_u64(), Some(0), "{r}");
         let fps = r["fps"].as_f64().expect("fps");
         let received = r["received"].as_u64().expect("received");
         // Non-trivial: thousands of frames through each DUT in one second
@@ -181,7 +183,7 @@ fn bench_forward_xdp_sender_reaches_every_dut() {
     assert!(stdout.contains("sender of the saturation measurement: xdp"));
     assert!(stdout.contains("receiver: xdp-drop"), "{stdout}");
     let results = v["results"].as_array().expect("results array");
-    assert_eq!(results.len(), 4, "{v}");
+    assert_eq!(results.len(), 5, "{v}");
     for r in results {
         assert_eq!(r["sender"].as_str(), Some("xdp"), "{r}");
         // The receiver's XDP program dropped the frames; its veth counted
@@ -243,4 +245,62 @@ fn bench_forward_stack_receiver_still_counts_frames() {
         r["received"].as_u64().expect("received") >= 1_000,
         "{r}\n{stderr}"
     );
+}
+
+/// `--rules`: seed 001's rule-set shape (N - 1 forward rules the traffic
+/// misses ahead of one that accepts it, policy drop) loaded into Sluice,
+/// nftables and iptables-legacy; each DUT lists as many rules as asked
+/// (the benchmark counts them and fails otherwise) and still forwards the
+/// traffic, which only the last rule accepts.
+#[test]
+#[ignore = "needs root + netns + iptables-legacy; run by .ci/run with --ignored"]
+fn bench_forward_rules_load_everywhere_and_the_last_one_accepts() {
+    let _turn = serial();
+    assert!(is_root(), "this test needs root");
+    let (v, stdout, stderr) = bench_forward(
+        "rules",
+        &[
+            "--dut",
+            "sluice-afpacket,kernel-nftables,kernel-iptables",
+            "--flows",
+            "1000",
+            "--rules",
+            "0,300",
+            "--duration",
+            "0.5",
+        ],
+    );
+    let results = v["results"].as_array().expect("results array");
+    assert_eq!(results.len(), 6, "{v}");
+    for r in results {
+        let rules = r["rules"].as_u64().expect("rules");
+        assert!(rules == 0 || rules == 300, "{r}");
+        let mode = r["dut_mode"].as_str().unwrap_or("");
+        assert_eq!(
+            mode.contains("forward chain of 300 rules"),
+            rules == 300,
+            "{r}"
+        );
+        assert!(
+            r["received"].as_u64().expect("received") >= 1_000,
+            "{r}\n{stderr}"
+        );
+    }
+    let ipt = results
+        .iter()
+        .find(|r| r["dut"].as_str() == Some("kernel-iptables"))
+        .expect("kernel-iptables result");
+    assert!(
+        ipt["dut_mode"]
+            .as_str()
+            .unwrap_or("")
+            .contains("iptables-legacy"),
+        "{ipt}"
+    );
+    for d in ["sluice-afpacket", "kernel-nftables", "kernel-iptables"] {
+        assert!(
+            stdout.contains(&format!("{d} at 1000 flows: 0 -> 300 rules")),
+            "{stdout}"
+        );
+    }
 }

@@ -121,6 +121,11 @@ pub enum Dut {
     SluiceXdpOffload,
     /// The kernel's IPv4 forwarding with an nftables masquerade rule.
     KernelNftables,
+    /// The kernel's IPv4 forwarding with an iptables `MASQUERADE` rule,
+    /// loaded with `iptables-legacy-restore` (x_tables, the iptables that
+    /// seed 001 measured; Debian's `iptables` command is the nftables-based
+    /// `iptables-nft`, which `kernel-nftables` already stands for).
+    KernelIptables,
     /// The same with an nftables flowtable on both veths and `flow add`
     /// for TCP and UDP in the forward chain: the kernel's software fast
     /// path for established flows, the counterpart of Sluice's offload.
@@ -135,11 +140,12 @@ pub enum Dut {
 
 impl Dut {
     /// Every DUT, in the default order.
-    pub const ALL: [Dut; 4] = [
+    pub const ALL: [Dut; 5] = [
         Dut::SluiceAfXdp,
         Dut::SluiceAfPacket,
         Dut::SluiceXdpOffload,
         Dut::KernelNftables,
+        Dut::KernelIptables,
     ];
 
     /// The name used on the command line and in reports.
@@ -149,6 +155,7 @@ impl Dut {
             Dut::SluiceAfPacket => "sluice-afpacket",
             Dut::SluiceXdpOffload => "sluice-xdp-offload",
             Dut::KernelNftables => "kernel-nftables",
+            Dut::KernelIptables => "kernel-iptables",
             Dut::KernelFlowtable => "kernel-flowtable",
             Dut::SenderOnly => "sender-only",
         }
@@ -255,6 +262,11 @@ pub struct ForwardOptions {
     pub sender: Sender,
     /// How the receiver takes the forwarded frames.
     pub receiver: Receiver,
+    /// Forward filter rule counts, each measured on every DUT and flow
+    /// count: 0 is no filter chain (the NAT rule only); N is seed 001's
+    /// shape, N - 1 rules that the traffic does not match ahead of one that
+    /// accepts it, policy drop ([`nft_ruleset`], [`iptables_ruleset`]).
+    pub rules: Vec<usize>,
 }
 
 /// Trials of the zero-loss binary search after the first one.
@@ -271,6 +283,7 @@ impl Default for ForwardOptions {
             zero_loss: false,
             sender: Sender::Socket,
             receiver: Receiver::XdpDrop,
+            rules: vec![0],
         }
     }
 }
@@ -289,6 +302,9 @@ pub struct ForwardResult {
     pub dut: String,
     /// Distinct flows.
     pub flows: u64,
+    /// Rules in the DUT's forward filter chain (0: none; see
+    /// [`ForwardOptions::rules`]).
+    pub rules: usize,
     /// Frames per second forwarded: at saturation (received by the
     /// receiver), or with `method` `"rfc2544-zero-loss"` the highest rate
     /// forwarded without loss.
@@ -745,12 +761,12 @@ impl SluiceDut {
         t: &Topo,
         backend: sluice_daemon::config::BackendChoice,
         offload: bool,
-        flows: u64,
+        (flows, rules): (u64, usize),
         dut_core: usize,
         interrupted: &AtomicBool,
     ) -> Result<Self, ForwardError> {
         let nft = t.dir.join("fwd.nft");
-        std::fs::write(&nft, masquerade_ruleset(&t.wan))
+        std::fs::write(&nft, nft_ruleset(&t.lan, &t.wan, rules, false))
             .map_err(|e| setup_err("write ruleset", e))?;
         let sock = t.dir.join("ctl.sock");
         let cfg = t.dir.join("sluice.toml");
@@ -811,6 +827,18 @@ impl SluiceDut {
                 return Err(setup_err("sluice run", "did not start within 20 s"));
             }
             sleep(Duration::from_millis(20), interrupted)?;
+        }
+        // The forward rules and the masquerade rule.
+        let loaded = d
+            .ctl(&["status"])
+            .and_then(|v| v["rules"].as_u64())
+            .ok_or_else(|| setup_err("sluice ctl status", "no rule count"))?;
+        let asked = rules + 1;
+        if loaded != asked as u64 {
+            return Err(setup_err(
+                "sluice run",
+                format!("{loaded} rules loaded, {asked} asked for"),
+            ));
         }
         Ok(d)
     }
@@ -885,24 +913,137 @@ impl Drop for SluiceDut {
     }
 }
 
-/// The NAT rule both Sluice and the kernel run (one ruleset text).
-/// [`masquerade_ruleset`] with a flowtable on both veths that TCP and UDP
-/// connections are added to in the forward chain.
-fn flowtable_ruleset(lan: &str, wan: &str) -> String {
-    format!(
-        "table ip sluicebench {{\n  flowtable ft {{\n    hook ingress priority 0; devices = {{ \"{lan}\", \"{wan}\" }};\n  }}\n  chain forward {{\n    type filter hook forward priority 0; policy accept;\n    ip protocol {{ tcp, udp }} flow add @ft\n  }}\n  chain postrouting {{\n    type nat hook postrouting priority 100; policy accept;\n    oifname \"{wan}\" masquerade\n  }}\n}}\n"
-    )
+/// First destination port of the forward rules that the traffic does not
+/// match (seed 001's appendix B numbers its port rules from 40000). The
+/// traffic's destination ports are below it ([`check_rule_ports`]).
+pub const RULE_PORT_BASE: u16 = 40_000;
+/// Destination ports the non-matching rules use per address.
+const RULE_PORTS: usize = 65_536 - RULE_PORT_BASE as usize;
+
+/// Rule `i` of the rules that the traffic does not match: a destination
+/// address and a UDP destination port. The first [`RULE_PORTS`] use the
+/// traffic's own destination (so each rule's check reaches its port
+/// comparison, as seed 001's `-p tcp --dport P -d <server>` rules do for
+/// the server's traffic), and ports 40000-65535; later ones move to
+/// addresses of RFC 2544's benchmarking range 198.18.0.0/15.
+pub fn miss_rule(i: usize) -> ([u8; 4], u16) {
+    let port = RULE_PORT_BASE + (i % RULE_PORTS) as u16;
+    let block = i / RULE_PORTS;
+    let addr = if block == 0 {
+        RECV_IP
+    } else {
+        let b = u32::from_be_bytes([198, 18, 0, 0]) + block as u32;
+        b.to_be_bytes()
+    };
+    (addr, port)
 }
 
-fn masquerade_ruleset(wan: &str) -> String {
-    format!(
-        "table ip sluicebench {{\n  chain postrouting {{\n    type nat hook postrouting priority 100; policy accept;\n    oifname \"{wan}\" masquerade\n  }}\n}}\n"
-    )
+fn ip_str(a: [u8; 4]) -> String {
+    std::net::Ipv4Addr::from(a).to_string()
 }
 
-/// Kernel forwarding with the masquerade rule (and with `flowtable`, the
-/// flowtable) in the DUT namespace.
-fn start_kernel(t: &Topo, flowtable: bool) -> Result<(), ForwardError> {
+/// The traffic's destination ports must stay below [`RULE_PORT_BASE`] when
+/// there are rules, so that no rule but the last matches it.
+fn check_rule_ports(flows: u64, rules: usize) -> Result<(), ForwardError> {
+    if rules == 0 {
+        return Ok(());
+    }
+    let r = PortRanges::for_connections(flows, 50_000).ok_or(ForwardError::Flows(flows))?;
+    let top = u64::from(r.dport_min) + u64::from(r.dports) - 1;
+    if top >= u64::from(RULE_PORT_BASE) {
+        return Err(setup_err(
+            "--rules",
+            format!(
+                "{flows} flows use destination ports up to {top}; the forward rules start at port {RULE_PORT_BASE}"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The nftables rule set of Sluice and of `kernel-nftables` (one text):
+/// `oifname WAN masquerade` in a `nat` postrouting chain; with `rules` > 0
+/// a forward filter chain (policy drop) of `rules - 1` rules `udp dport P
+/// ip daddr D accept` that the traffic does not match ([`miss_rule`]) and,
+/// last, `ip daddr 203.0.113.2 meta l4proto udp accept`, which it does:
+/// seed 001's rule-set shape (appendix B, the rule for the test traffic at
+/// the bottom as RFC 3511 asks). With `flowtable`, a flowtable on both
+/// veths and `flow add` first in the forward chain.
+pub fn nft_ruleset(lan: &str, wan: &str, rules: usize, flowtable: bool) -> String {
+    let mut s = String::from("table ip sluicebench {\n");
+    if flowtable {
+        let _ = write!(
+            s,
+            "  flowtable ft {{\n    hook ingress priority 0; devices = {{ \"{lan}\", \"{wan}\" }};\n  }}\n"
+        );
+    }
+    if flowtable || rules > 0 {
+        let policy = if rules > 0 { "drop" } else { "accept" };
+        let _ = write!(
+            s,
+            "  chain forward {{\n    type filter hook forward priority 0; policy {policy};\n"
+        );
+        if flowtable {
+            s.push_str("    ip protocol { tcp, udp } flow add @ft\n");
+        }
+        for i in 0..rules.saturating_sub(1) {
+            let (a, p) = miss_rule(i);
+            let _ = writeln!(s, "    udp dport {p} ip daddr {} accept", ip_str(a));
+        }
+        if rules > 0 {
+            let _ = writeln!(
+                s,
+                "    ip daddr {} meta l4proto udp accept",
+                ip_str(RECV_IP)
+            );
+        }
+        s.push_str("  }\n");
+    }
+    let _ = write!(
+        s,
+        "  chain postrouting {{\n    type nat hook postrouting priority 100; policy accept;\n    oifname \"{wan}\" masquerade\n  }}\n}}\n"
+    );
+    s
+}
+
+/// The same rule set in iptables-restore form, for `kernel-iptables`:
+/// `-A POSTROUTING -o WAN -j MASQUERADE` in the nat table and, with
+/// `rules` > 0, the FORWARD chain (policy DROP) of [`nft_ruleset`]'s
+/// rules, `-d D -p udp -m udp --dport P -j ACCEPT` (seed 001's form).
+pub fn iptables_ruleset(wan: &str, rules: usize) -> String {
+    let mut s = String::new();
+    if rules > 0 {
+        s.push_str("*filter\n:INPUT ACCEPT [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\n");
+        for i in 0..rules - 1 {
+            let (a, p) = miss_rule(i);
+            let _ = writeln!(
+                s,
+                "-A FORWARD -d {}/32 -p udp -m udp --dport {p} -j ACCEPT",
+                ip_str(a)
+            );
+        }
+        let _ = writeln!(s, "-A FORWARD -d {}/32 -p udp -j ACCEPT", ip_str(RECV_IP));
+        s.push_str("COMMIT\n");
+    }
+    let _ = write!(
+        s,
+        "*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n-A POSTROUTING -o {wan} -j MASQUERADE\nCOMMIT\n"
+    );
+    s
+}
+
+/// Which kernel rule set a kernel DUT loads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum KernelRules {
+    Nftables,
+    Flowtable,
+    Iptables,
+}
+
+/// Kernel forwarding with the masquerade rule, `rules` forward rules (see
+/// [`nft_ruleset`]) and, for `Flowtable`, the flowtable in the DUT
+/// namespace. Returns how the rules were loaded and checked.
+fn start_kernel(t: &Topo, kind: KernelRules, rules: usize) -> Result<String, ForwardError> {
     let d = &*t.dut;
     ns_ip(d, &["addr", "add", "10.0.0.1/24", "dev", &t.lan])?;
     ns_ip(d, &["addr", "add", "203.0.113.1/24", "dev", &t.wan])?;
@@ -935,13 +1076,25 @@ fn start_kernel(t: &Topo, flowtable: bool) -> Result<(), ForwardError> {
         ],
     )?;
     ns_exec(d, &["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+    if kind == KernelRules::Iptables {
+        let f = t.dir.join("kernel.rules");
+        std::fs::write(&f, iptables_ruleset(&t.wan, rules))
+            .map_err(|e| setup_err("write iptables rules", e))?;
+        ns_exec(d, &["iptables-legacy-restore", &f.display().to_string()])?;
+        if rules > 0 {
+            let listed = ns_exec(d, &["iptables-legacy", "-S", "FORWARD"])?;
+            let n = listed
+                .lines()
+                .filter(|l| l.starts_with("-A FORWARD"))
+                .count();
+            check_loaded("kernel-iptables", n, rules)?;
+        }
+        return Ok("iptables-legacy (x_tables) MASQUERADE".into());
+    }
+    let flowtable = kind == KernelRules::Flowtable;
     let nft = t.dir.join("kernel.nft");
-    let rules = if flowtable {
-        flowtable_ruleset(&t.lan, &t.wan)
-    } else {
-        masquerade_ruleset(&t.wan)
-    };
-    std::fs::write(&nft, rules).map_err(|e| setup_err("write nft", e))?;
+    std::fs::write(&nft, nft_ruleset(&t.lan, &t.wan, rules, flowtable))
+        .map_err(|e| setup_err("write nft", e))?;
     ns_exec(d, &["nft", "-f", &nft.display().to_string()]).map_err(|e| {
         if flowtable {
             setup_err(
@@ -954,7 +1107,49 @@ fn start_kernel(t: &Topo, flowtable: bool) -> Result<(), ForwardError> {
             e
         }
     })?;
-    Ok(())
+    if rules > 0 {
+        let listed = ns_exec(d, &["nft", "list", "chain", "ip", "sluicebench", "forward"])?;
+        let n = listed
+            .lines()
+            .filter(|l| l.trim_end().ends_with(" accept") && !l.contains("policy"))
+            .count();
+        check_loaded(kind_name(kind), n, rules)?;
+    }
+    Ok(if flowtable {
+        "nft masquerade + flowtable (flow add @ft)".into()
+    } else {
+        "nft masquerade".into()
+    })
+}
+
+fn kind_name(kind: KernelRules) -> &'static str {
+    match kind {
+        KernelRules::Nftables => "kernel-nftables",
+        KernelRules::Flowtable => "kernel-flowtable",
+        KernelRules::Iptables => "kernel-iptables",
+    }
+}
+
+/// The forward chain in a DUT's mode string.
+fn filter_note(rules: usize) -> String {
+    match rules {
+        0 => String::new(),
+        n => format!(
+            "; forward chain of {n} rules, policy drop, the last one matching (loaded and counted)"
+        ),
+    }
+}
+
+/// The DUT lists as many forward rules as were asked for.
+fn check_loaded(dut: &str, listed: usize, rules: usize) -> Result<(), ForwardError> {
+    if listed == rules {
+        Ok(())
+    } else {
+        Err(setup_err(
+            dut,
+            format!("{listed} forward rules loaded, {rules} asked for"),
+        ))
+    }
 }
 
 /// Make the veth NAPI of `dev` threaded and pin its kernel threads to
@@ -1187,37 +1382,48 @@ pub fn run(
         progress("warning: one core only: the sender and the DUT share it");
     }
     let mut out = Vec::new();
-    for (fi, &flows) in opts.flows.iter().enumerate() {
-        let ports = flow_ports(flows, opts.seed)?;
-        let entries = match opts.sender {
-            Sender::Xdp => xdp_flow_entries(&ports),
-            Sender::Socket => Vec::new(),
-        };
-        for (di, &dut) in opts.duts.iter().enumerate() {
-            progress(&format!(
-                "bench forward: {} with {flows} flows (DUT core {dut_core}, sender core {sender_core}, {} sender) ...",
-                dut.name(),
-                opts.sender.name()
-            ));
-            let tag = format!("{fi}{di}");
-            let r = point(
-                opts,
-                dut,
-                flows,
-                &ports,
-                &entries,
-                &tag,
-                (dut_core, sender_core),
-                interrupted,
-                progress,
-            )?;
-            progress(&format!(
-                "  {:.3} Mpps forwarded, {:.3} Mpps offered, loss {:.1} %",
-                r.fps / 1e6,
-                r.offered_fps / 1e6,
-                r.loss * 100.0
-            ));
-            out.push(r);
+    for &flows in &opts.flows {
+        for &rules in &opts.rules {
+            check_rule_ports(flows, rules)?;
+        }
+    }
+    for (ri, &rules) in opts.rules.iter().enumerate() {
+        for (fi, &flows) in opts.flows.iter().enumerate() {
+            let ports = flow_ports(flows, opts.seed)?;
+            let entries = match opts.sender {
+                Sender::Xdp => xdp_flow_entries(&ports),
+                Sender::Socket => Vec::new(),
+            };
+            for (di, &dut) in opts.duts.iter().enumerate() {
+                let with = match rules {
+                    0 => String::new(),
+                    n => format!(", {n} forward rules"),
+                };
+                progress(&format!(
+                    "bench forward: {} with {flows} flows{with} (DUT core {dut_core}, sender core {sender_core}, {} sender) ...",
+                    dut.name(),
+                    opts.sender.name()
+                ));
+                let tag = format!("{ri}{fi}{di}");
+                let r = point(
+                    opts,
+                    dut,
+                    (flows, rules),
+                    &ports,
+                    &entries,
+                    &tag,
+                    (dut_core, sender_core),
+                    interrupted,
+                    progress,
+                )?;
+                progress(&format!(
+                    "  {:.3} Mpps forwarded, {:.3} Mpps offered, loss {:.1} %",
+                    r.fps / 1e6,
+                    r.offered_fps / 1e6,
+                    r.loss * 100.0
+                ));
+                out.push(r);
+            }
         }
     }
     Ok(out)
@@ -1227,7 +1433,7 @@ pub fn run(
 fn point(
     opts: &ForwardOptions,
     dut: Dut,
-    flows: u64,
+    (flows, rules): (u64, usize),
     ports: &[(u16, u16)],
     entries: &[[u8; 8]],
     tag: &str,
@@ -1240,9 +1446,13 @@ fn point(
     let mut sluice = None;
     let mut _ct_max = None;
     let mut dut_mode = match dut {
-        Dut::KernelNftables | Dut::KernelFlowtable => {
-            let ft = dut == Dut::KernelFlowtable;
-            start_kernel(&topo, ft)?;
+        Dut::KernelNftables | Dut::KernelFlowtable | Dut::KernelIptables => {
+            let kind = match dut {
+                Dut::KernelFlowtable => KernelRules::Flowtable,
+                Dut::KernelIptables => KernelRules::Iptables,
+                _ => KernelRules::Nftables,
+            };
+            let how = start_kernel(&topo, kind, rules)?;
             // The masquerade rule has loaded nf_conntrack by now.
             _ct_max = Some(ConntrackMax::at_least(flows + flows / 4 + 65_536));
             let read = |k: &str| {
@@ -1251,8 +1461,8 @@ fn point(
                     .unwrap_or_else(|_| "?".into())
             };
             format!(
-                "kernel ip_forward + nft masquerade{}, RPS to the DUT core, nf_conntrack_max {}, buckets {}",
-                if ft { " + flowtable (flow add @ft)" } else { "" },
+                "kernel ip_forward + {how}{}, RPS to the DUT core, nf_conntrack_max {}, buckets {}",
+                filter_note(rules),
                 read("net.netfilter.nf_conntrack_max"),
                 read("net.netfilter.nf_conntrack_buckets")
             )
@@ -1274,10 +1484,22 @@ fn point(
                 sluice_daemon::config::BackendChoice::AfPacket
             };
             let offload = dut == Dut::SluiceXdpOffload;
-            let s = SluiceDut::start(&topo, backend, offload, flows, dut_core, interrupted)?;
+            let s = SluiceDut::start(
+                &topo,
+                backend,
+                offload,
+                (flows, rules),
+                dut_core,
+                interrupted,
+            )?;
             let mut mode = s.modes();
+            mode.push_str(&filter_note(rules));
             mode.push_str(&format!("; worker SCHED_FIFO {WORKER_PRIORITY}"));
-            if offload {
+            if offload && rules > 0 {
+                // The offload takes established flows only when the policy
+                // accepts them up front (sluice_engine::offload).
+                mode.push_str("; XDP offload on but idle (the forward chain filters every packet)");
+            } else if offload {
                 mode.push_str("; XDP offload of established flows");
             }
             if xdp {
@@ -1493,6 +1715,7 @@ fn point(
     Ok(ForwardResult {
         dut: dut.name().to_string(),
         flows,
+        rules,
         fps,
         saturation_fps,
         trials,
@@ -1563,9 +1786,10 @@ pub fn table(rows: &[ForwardResult]) -> String {
     }
     let _ = writeln!(
         s,
-        "{:<18} {:>9} {:>10} {:>10} {:>10} {:>7} {:>9} {:>10} {:>7} {:>9}",
+        "{:<18} {:>9} {:>6} {:>10} {:>10} {:>10} {:>7} {:>9} {:>10} {:>7} {:>9}",
         "dut",
         "flows",
+        "rules",
         "fwd Mpps",
         "drain Mpps",
         "offer Mpps",
@@ -1578,9 +1802,10 @@ pub fn table(rows: &[ForwardResult]) -> String {
     for r in rows {
         let _ = writeln!(
             s,
-            "{:<18} {:>9} {:>10.3} {:>10.3} {:>10.3} {:>7.1} {:>9} {:>10.1}% {:>7.1} {:>9.3}",
+            "{:<18} {:>9} {:>6} {:>10.3} {:>10.3} {:>10.3} {:>7.1} {:>9} {:>10.1}% {:>7.1} {:>9.3}",
             r.dut,
             r.flows,
+            r.rules,
             r.fps / 1e6,
             r.saturation_fps / 1e6,
             r.offered_fps / 1e6,
@@ -1593,8 +1818,8 @@ pub fn table(rows: &[ForwardResult]) -> String {
     }
     let _ = writeln!(
         s,
-        "busy %: the DUT core's busy time during the measurement; cap Mpps: drain Mpps / busy, \
-         frames per second of busy DUT-core time"
+        "rules: forward filter rules (0: the NAT rule only); busy %: the DUT core's busy time \
+         during the measurement; cap Mpps: drain Mpps / busy, frames per second of busy DUT-core time"
     );
     if rows.iter().any(|r| r.method == "rfc2544-zero-loss") {
         let _ = writeln!(
@@ -1602,53 +1827,94 @@ pub fn table(rows: &[ForwardResult]) -> String {
             "fwd Mpps: RFC 2544 zero-loss throughput; drain Mpps, offer Mpps, loss: the saturation run"
         );
     }
-    let fps = |d: Dut, f: u64| {
+    let find = |d: Dut, f: u64, n: usize| {
         rows.iter()
-            .find(|r| r.dut == d.name() && r.flows == f)
-            .map(|r| r.fps)
+            .find(|r| r.dut == d.name() && r.flows == f && r.rules == n)
     };
-    let cap = |d: Dut, f: u64| {
-        rows.iter()
-            .find(|r| r.dut == d.name() && r.flows == f)
+    let fps = |d: Dut, f: u64, n: usize| find(d, f, n).map(|r| r.fps);
+    let cap = |d: Dut, f: u64, n: usize| {
+        find(d, f, n)
             .map(|r| r.capacity_fps)
             .filter(|c| c.is_finite())
     };
     let mut flows: Vec<u64> = rows.iter().map(|r| r.flows).collect();
+    flows.sort_unstable();
     flows.dedup();
-    for &f in &flows {
-        if let Some(k) = fps(Dut::KernelNftables, f).filter(|&k| k > 0.0) {
-            for d in [
-                Dut::SluiceAfXdp,
-                Dut::SluiceAfPacket,
-                Dut::SluiceXdpOffload,
-                Dut::KernelFlowtable,
-            ] {
-                if let Some(v) = fps(d, f) {
-                    let c = match (cap(d, f), cap(Dut::KernelNftables, f)) {
-                        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
-                        _ => "-".into(),
-                    };
-                    let _ = writeln!(
-                        s,
-                        "{} / kernel-nftables at {f} flows: {:.2}x drained, {c} per busy core second (target >= 2x)",
-                        d.name(),
-                        v / k
-                    );
+    let mut counts: Vec<usize> = rows.iter().map(|r| r.rules).collect();
+    counts.sort_unstable();
+    counts.dedup();
+    let sluice = [
+        Dut::SluiceAfXdp,
+        Dut::SluiceAfPacket,
+        Dut::SluiceXdpOffload,
+        Dut::KernelFlowtable,
+    ];
+    for &n in &counts {
+        let at = if n == 0 {
+            String::new()
+        } else {
+            format!(", {n} rules")
+        };
+        for &f in &flows {
+            for kernel in [Dut::KernelNftables, Dut::KernelIptables] {
+                let Some(k) = fps(kernel, f, n).filter(|&k| k > 0.0) else {
+                    continue;
+                };
+                for d in sluice {
+                    if let Some(v) = fps(d, f, n) {
+                        let c = match (cap(d, f, n), cap(kernel, f, n)) {
+                            (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
+                            _ => "-".into(),
+                        };
+                        let _ = writeln!(
+                            s,
+                            "{} / {} at {f} flows{at}: {:.2}x drained, {c} per busy core second{}",
+                            d.name(),
+                            kernel.name(),
+                            v / k,
+                            if n == 0 { " (target >= 2x)" } else { "" }
+                        );
+                    }
+                }
+            }
+        }
+        if let (Some(&lo), Some(&hi)) = (flows.first(), flows.last()) {
+            if lo != hi {
+                for d in Dut::ALL {
+                    if let (Some(a), Some(b)) = (fps(d, lo, n), fps(d, hi, n)) {
+                        if a > 0.0 {
+                            let _ = writeln!(
+                                s,
+                                "{}{at}: {lo} -> {hi} flows: {:+.1} %{}",
+                                d.name(),
+                                (b / a - 1.0) * 100.0,
+                                if n == 0 {
+                                    " (target >= -20 % for Sluice)"
+                                } else {
+                                    ""
+                                }
+                            );
+                        }
+                    }
                 }
             }
         }
     }
-    if let (Some(&lo), Some(&hi)) = (flows.iter().min(), flows.iter().max()) {
+    // Seed 001's question: what the rule count costs each DUT.
+    if let (Some(&lo), Some(&hi)) = (counts.first(), counts.last()) {
         if lo != hi {
-            for d in Dut::ALL {
-                if let (Some(a), Some(b)) = (fps(d, lo), fps(d, hi)) {
-                    if a > 0.0 {
-                        let _ = writeln!(
-                            s,
-                            "{}: {lo} -> {hi} flows: {:+.1} % (target >= -20 % for Sluice)",
-                            d.name(),
-                            (b / a - 1.0) * 100.0
-                        );
+            for &f in &flows {
+                for d in Dut::ALL.into_iter().chain([Dut::KernelFlowtable]) {
+                    if let (Some(a), Some(b)) = (fps(d, f, lo), fps(d, f, hi)) {
+                        if a > 0.0 {
+                            let _ = writeln!(
+                                s,
+                                "{} at {f} flows: {lo} -> {hi} rules: {:+.1} % ({:.1}x fewer frames)",
+                                d.name(),
+                                (b / a - 1.0) * 100.0,
+                                if b > 0.0 { a / b } else { f64::INFINITY }
+                            );
+                        }
                     }
                 }
             }
@@ -1740,10 +2006,87 @@ mod tests {
         assert_eq!(Dut::parse("nope"), None);
     }
 
+    /// Sluice's verdict and deciding line for `spec` under both rule-set
+    /// texts of `rules` rules (nft and iptables-restore), which must agree.
+    fn both_forms(rules: usize) -> impl Fn(&str) -> (String, Option<usize>) {
+        use sluice_policy::{CompiledPolicy, Interfaces, TracePacket};
+        let nft = nft_ruleset("lan0", "wan0", rules, false);
+        let ipt = iptables_ruleset("wan0", rules);
+        let compile = |rs: sluice_ruleset::Ruleset| {
+            let ifs = Interfaces::from_ruleset(&rs);
+            CompiledPolicy::compile(&rs, &ifs).unwrap_or_else(|e| panic!("{e}"))
+        };
+        let a =
+            compile(sluice_ruleset::parse_nft_str("b.nft", &nft).unwrap_or_else(|d| panic!("{d}")));
+        let b = compile(
+            sluice_ruleset::parse_iptables_restore_str("b.rules", &ipt, None)
+                .unwrap_or_else(|d| panic!("{d}")),
+        );
+        // Forward rules start on line 4 of the nft text (after the table,
+        // chain and hook lines) and on line 5 of the iptables text.
+        let idx = |rule: Option<String>, first: usize| {
+            rule.map(|r| r.rsplit(':').next().unwrap().parse::<usize>().unwrap() - first)
+        };
+        move |spec: &str| {
+            let pkt = TracePacket::parse(spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
+            let (x, y) = (a.trace(&pkt), b.trace(&pkt));
+            assert_eq!(x.mismatch, None);
+            assert_eq!(y.mismatch, None);
+            assert_eq!(
+                format!("{:?}", x.verdict),
+                format!("{:?}", y.verdict),
+                "{spec}"
+            );
+            let (i, j) = (idx(x.rule.clone(), 4), idx(y.rule.clone(), 5));
+            assert_eq!(i, j, "{spec}");
+            if format!("{:?}", x.verdict) == "Accept" {
+                // The accepted traffic is masqueraded in both.
+                let kind =
+                    |t: &sluice_policy::Trace| t.nat.as_ref().map(|n| format!("{:?}", n.kind));
+                assert_eq!(kind(&x), Some("Masquerade".into()), "{spec}");
+                assert_eq!(kind(&y), kind(&x), "{spec}");
+            }
+            (format!("{:?}", x.verdict), i)
+        }
+    }
+
+    #[test]
+    fn forward_rules_let_only_the_last_one_match_the_traffic() {
+        // One more rule than a block of ports, so that addresses of the
+        // benchmarking range appear too.
+        let n = RULE_PORTS + 3;
+        let v = both_forms(n);
+        // Every destination port of 1 M flows reaches the last rule.
+        let r = PortRanges::for_connections(1_000_000, 50_000).unwrap();
+        for dport in [r.dport_min, r.dport_min + r.dports as u16 - 1] {
+            for sport in [1024, 51_023] {
+                let spec = format!("udp 10.0.0.2:{sport} > 203.0.113.2:{dport} iif lan0 oif wan0");
+                assert_eq!(v(&spec), ("Accept".into(), Some(n - 1)), "{spec}");
+            }
+        }
+        // The other rules are what miss_rule says they are.
+        for i in [0, 1, RULE_PORTS - 1, RULE_PORTS, RULE_PORTS + 1] {
+            let (a, p) = miss_rule(i);
+            let spec = format!("udp 10.0.0.2:1024 > {}:{p} iif lan0 oif wan0", ip_str(a));
+            assert_eq!(v(&spec), ("Accept".into(), Some(i)), "{spec}");
+        }
+        assert_eq!(miss_rule(RULE_PORTS), ([198, 18, 0, 1], RULE_PORT_BASE));
+        // Anything else meets the policy.
+        let tcp = "tcp 10.0.0.2:1024 > 203.0.113.2:1 iif lan0 oif wan0";
+        assert_eq!(v(tcp), ("Drop".into(), None));
+        // No forward chain without rules: the NAT rule only.
+        let v0 = both_forms(0);
+        assert_eq!(v0(tcp).0, "Accept");
+        assert!(check_rule_ports(1_000_000, 10_000).is_ok());
+        assert!(check_rule_ports(50_000 * 40_000, 10).is_err());
+        assert!(check_rule_ports(50_000 * 40_000, 0).is_ok());
+    }
+
     #[test]
     fn ruleset_is_one_masquerade_rule() {
-        let r = masquerade_ruleset("wan0");
+        let r = nft_ruleset("lan0", "wan0", 0, false);
         assert!(r.contains("oifname \"wan0\" masquerade"));
+        assert!(!r.contains("forward"), "{r}");
         sluice_ruleset::parse_nft_str("t.nft", &r).unwrap();
     }
 }
