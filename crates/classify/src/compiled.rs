@@ -250,6 +250,15 @@
 //!   single 5`, three alternating runs, 252-403 / 384-688 ns at 10 000 /
 //!   100 000 rules against 217-359 / 339-406 without. Not faster.
 //!
+//! * (2026-11-24 19:05 UTC.) New tuples relaxed to one address lane at /24
+//!   (the destination when both have one) without ports, when that bucket
+//!   has room: at 10 000 / 100 000 ClassBench rules only the (/8, /24)
+//!   tuple folds into the (*, /24) one, 11 → 10 and 16 → 15 tuples, 8.17 →
+//!   7.17 and 8.58 → 7.58 probed, entries scanned unchanged
+//!   (`lookup_stats`); the tuples of rules with both addresses shorter than
+//!   /24 (/16 with /8, /16 with a port, ...) still hold rules among the
+//!   first hundred, so they are still probed. Not timed, not kept.
+//!
 //! A lookup prefetches the list reference of every candidate slot when it
 //! finds it, so the list miss overlaps the probes of the remaining tuples.
 //! [`Classifier::eval_batch`] runs the same lookup over groups of [`BATCH`]
