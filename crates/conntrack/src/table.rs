@@ -42,6 +42,19 @@ pub struct Config {
     /// faults (and the kernel's page zeroing) that would otherwise land on
     /// the packets creating connections. Off by default.
     pub prefault: bool,
+    /// Back the index (about 33 bytes per connection of `max`) at
+    /// [`Table::new`] even without [`Self::prefault`]. The entries fill in
+    /// order, so backing them lazily costs one fault per 2 MiB of entries;
+    /// the index is written where each key hashes, so every new connection
+    /// lands on a page nothing has touched yet until all of them are
+    /// backed, and on huge pages each of those faults zeroes 2 MiB. On the
+    /// development VM a flood of new connections through a gateway with
+    /// `max` = 32 M (1 GiB of index) set up about 1 000 connections per
+    /// second until the index was backed, 0.49 M with it backed (`sluice
+    /// bench forward --setup`, 2026-11-24). The netfilter counterpart, its
+    /// hash table, is allocated whole when conntrack loads. Off by default
+    /// here (library users and tests); the gateway turns it on.
+    pub prefault_index: bool,
 }
 
 impl Config {
@@ -53,6 +66,7 @@ impl Config {
             timeouts: Timeouts::default(),
             tcp_loose: true,
             prefault: false,
+            prefault_index: false,
         }
     }
 }
@@ -280,6 +294,8 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         let mut index = Index::new(cfg.max);
         if cfg.prefault {
             populate(entries.spare_capacity_mut());
+        }
+        if cfg.prefault || cfg.prefault_index {
             index.populate();
         }
         Ok(Self {

@@ -1088,6 +1088,9 @@ fn engine_config(
             .collect(),
         ct_max: cfg.ct_max.div_ceil(u64::from(cfg.workers.max(1))),
         ct_prefault: cfg.ct_prefault,
+        // Always: a lazily backed index makes the first connections after
+        // start each fault a fresh page (sluice_conntrack::Config::prefault_index).
+        ct_prefault_index: true,
         timeouts: cfg.timeouts,
         seed: random_seed(),
         nat,

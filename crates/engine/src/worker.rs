@@ -117,6 +117,10 @@ pub struct EngineConfig {
     /// when the worker is built, so no packet ever waits for a page fault
     /// (see `sluice_conntrack::Config::prefault`). Off by default.
     pub ct_prefault: bool,
+    /// Back the conntrack tables' indexes (IPv4 and IPv6) when the worker
+    /// is built (see `sluice_conntrack::Config::prefault_index`). Off by
+    /// default; the gateway turns it on.
+    pub ct_prefault_index: bool,
     /// The wall clock (ms since the epoch, UTC) minus the clock of the
     /// `now_ns` given to [`Worker::process`], in ms: the policy's time of
     /// day is the batch's time plus this. The engine reads no clock; the
@@ -205,6 +209,7 @@ impl Default for EngineConfig {
             steered_by_source: Vec::new(),
             ct_max: 1 << 20,
             ct_prefault: false,
+            ct_prefault_index: false,
             wall_offset_ms: 0,
             timeouts: Timeouts::default(),
             seed: 0x5eed,
@@ -620,6 +625,7 @@ impl Worker {
         let mut ctc = ct::Config::new(max, cfg.seed);
         ctc.timeouts = cfg.timeouts;
         ctc.prefault = cfg.ct_prefault;
+        ctc.prefault_index = cfg.ct_prefault_index;
         let table = Table::new(ctc)?;
         let mut natc = cfg.nat.clone();
         natc.workers = cfg.workers.max(1);

@@ -191,6 +191,13 @@ struct ForwardArgs {
     #[arg(long, value_delimiter = ',', value_parser = parse_rules,
           default_values_t = [0usize])]
     rules: Vec<usize>,
+    /// Measure connection establishment: no warm-up, every flow sent once,
+    /// so each forwarded frame is a new connection (RFC 9693's setup
+    /// phase, at saturation). Use enough --flows that the sender does not
+    /// run out within pre-roll and window (about 10M for --duration 1 with
+    /// --sender xdp).
+    #[arg(long, conflicts_with = "zero_loss")]
+    setup: bool,
     /// Measured seconds per point (after a 0.5 s pre-roll).
     #[arg(long, default_value_t = 3.0)]
     duration: f64,
@@ -419,6 +426,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     sender: a.sender,
                     receiver: a.receiver,
                     rules: a.rules,
+                    setup: a.setup,
                 },
                 a.json.as_deref(),
             )

@@ -304,3 +304,52 @@ fn bench_forward_rules_load_everywhere_and_the_last_one_accepts() {
         );
     }
 }
+
+/// `--setup`: no warm-up, every flow sent once, so each frame a DUT
+/// forwards opened a new connection: the DUT tracks at least as many
+/// connections as the receiver counted frames in the window.
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn bench_forward_setup_counts_new_connections() {
+    let _turn = serial();
+    assert!(is_root(), "this test needs root");
+    let (v, stdout, stderr) = bench_forward(
+        "setup",
+        &[
+            "--dut",
+            "sluice-afpacket,kernel-nftables",
+            "--flows",
+            "1M",
+            "--duration",
+            "0.5",
+            "--setup",
+        ],
+    );
+    assert!(
+        stdout.contains("connection establishment (--setup)"),
+        "{stdout}"
+    );
+    let results = v["results"].as_array().expect("results array");
+    assert_eq!(results.len(), 2, "{v}");
+    for r in results {
+        assert_eq!(r["method"].as_str(), Some("setup-saturation"), "{r}");
+        assert_eq!(r["warmup_passes"].as_u64(), Some(0), "{r}");
+        let received = r["received"].as_u64().expect("received");
+        let conns = r["connections"].as_u64().expect("connections");
+        assert!(received >= 1_000, "{r}\n{stderr}");
+        assert!(conns >= received, "{r}\n{stderr}");
+        // Each flow once: no more frames offered than flows.
+        assert!(r["sent"].as_u64().expect("sent") <= 1_000_000, "{r}");
+    }
+    // --setup and --zero-loss do not mix.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["bench", "forward", "--setup", "--zero-loss"])
+        .output()
+        .expect("run sluice");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot be used with"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -77,6 +77,23 @@
 //!
 //! This is the rate one DUT core drains when offered more than it can take.
 //!
+//! # Method: connection establishment (`setup`)
+//!
+//! With [`ForwardOptions::setup`] there is no warm-up, and the sender sends
+//! each flow once, in the same pseudorandom order, as fast as it can (the
+//! XDP sender in whole calls of `XDP_REPEAT` frames that stay within one
+//! pass): every frame the DUT forwards opened a new connection and got a
+//! new NAT mapping or reused its source's, as RFC 9693's preliminary phase
+//! requires of its test frames. `fps` is then the rate of new connections
+//! forwarded at saturation (the drain-rate counterpart of RFC 9693 §4.2's
+//! maximum connection establishment rate, which searches for the highest
+//! loss-free rate); the window ends early when the sender has sent every
+//! flow, and the run fails when it did so within the pre-roll (more
+//! `flows` are needed: the XDP sender offers 3-8 Mpps, so about 10 M for a
+//! 1 s window). `connections` reports the DUT's conntrack count afterwards
+//! (`nf_conntrack_count` in the DUT namespace, `sluice ctl conntrack
+//! count`), which must be at least the frames received.
+//!
 //! # Method: RFC 2544 throughput (`zero_loss`)
 //!
 //! With [`ForwardOptions::zero_loss`], the saturation measurement above is
@@ -267,6 +284,10 @@ pub struct ForwardOptions {
     /// shape, N - 1 rules that the traffic does not match ahead of one that
     /// accepts it, policy drop ([`nft_ruleset`], [`iptables_ruleset`]).
     pub rules: Vec<usize>,
+    /// Measure connection establishment instead of established flows: no
+    /// warm-up, and each flow is sent once, so that every frame the DUT
+    /// forwards opened a new connection (see the module doc).
+    pub setup: bool,
 }
 
 /// Trials of the zero-loss binary search after the first one.
@@ -284,6 +305,7 @@ impl Default for ForwardOptions {
             sender: Sender::Socket,
             receiver: Receiver::XdpDrop,
             rules: vec![0],
+            setup: false,
         }
     }
 }
@@ -348,6 +370,10 @@ pub struct ForwardResult {
     /// softirq; /proc/stat) during the saturation measurement: everything
     /// that ran there (NAPI, softirq, Sluice's worker, the receiver's drop).
     pub dut_core_busy: f64,
+    /// With [`ForwardOptions::setup`]: the connections the DUT tracks after
+    /// the run (its conntrack table's count), at least the frames it
+    /// forwarded when every forwarded frame opened one.
+    pub connections: Option<u64>,
     /// Forwarding capacity of the DUT core: `saturation_fps /
     /// dut_core_busy`, frames per second of busy DUT-core time. Equal to
     /// the drain rate when the core is saturated; above it when the core
@@ -1201,6 +1227,8 @@ enum Pace {
     Paced(u64),
     /// As fast as possible until stopped.
     Flat,
+    /// Every flow once, as fast as possible.
+    OnceFlat,
 }
 
 /// Pins the calling thread to the sender core and moves it into the
@@ -1227,7 +1255,7 @@ fn sender(
     let tpl = Template::new();
     let burst = match pace {
         Pace::OncePaced(_) | Pace::Paced(_) => 32,
-        Pace::Flat => SEND_BATCH_MAX,
+        Pace::Flat | Pace::OnceFlat => SEND_BATCH_MAX,
     };
     let mut frames = vec![[0u8; FRAME_LEN]; burst];
     for f in &mut frames {
@@ -1237,7 +1265,7 @@ fn sender(
     let mut next = 0usize;
     let mut total = 0u64;
     let limit = match pace {
-        Pace::OncePaced(_) => flows.len() as u64,
+        Pace::OncePaced(_) | Pace::OnceFlat => flows.len() as u64,
         Pace::Paced(_) | Pace::Flat => u64::MAX,
     };
     let mut errors = 0u32;
@@ -1288,6 +1316,7 @@ fn xdp_sender(
     t: &Topo,
     core: usize,
     entries: &[[u8; 8]],
+    once: bool,
     stop: &AtomicBool,
     sent: &AtomicU64,
 ) -> Result<(), ForwardError> {
@@ -1298,7 +1327,13 @@ fn xdp_sender(
     let gen = sluice_io::xdpgen::LiveFrames::new(HOST_IF, tpl.bytes(), entries, XDP_BATCH)
         .map_err(|e| setup_err("xdp sender", e))?;
     let mut total = 0u64;
-    while !stop.load(Ordering::Relaxed) {
+    // With `once`, whole calls that stay within one pass over the flows.
+    let limit = if once {
+        entries.len() as u64 / u64::from(XDP_REPEAT) * u64::from(XDP_REPEAT)
+    } else {
+        u64::MAX
+    };
+    while !stop.load(Ordering::Relaxed) && total < limit {
         match gen.run(XDP_REPEAT) {
             Ok(()) => {
                 total += u64::from(XDP_REPEAT);
@@ -1375,6 +1410,12 @@ pub fn run(
 ) -> Result<Vec<ForwardResult>, ForwardError> {
     if !is_root() {
         return Err(ForwardError::NotRoot);
+    }
+    if opts.setup && opts.zero_loss {
+        return Err(setup_err(
+            "--setup",
+            "not with --zero-loss: every trial of the search would need flows the DUT has not seen",
+        ));
     }
     remove_stale_namespaces();
     let (dut_core, sender_core) = cores();
@@ -1587,7 +1628,7 @@ fn point(
         Ok(1.0 - (got as f64 / n as f64).min(1.0))
     };
     loop {
-        if dut == Dut::SenderOnly {
+        if dut == Dut::SenderOnly || opts.setup {
             break;
         }
         passes += 1;
@@ -1601,7 +1642,7 @@ fn point(
         ));
         pps /= 2;
     }
-    if dut != Dut::SenderOnly {
+    if dut != Dut::SenderOnly && !opts.setup {
         let second = warm_pass(pps)?;
         if second > 0.01 {
             progress(&format!(
@@ -1616,8 +1657,15 @@ fn point(
     let stop = AtomicBool::new(false);
     let m = std::thread::scope(|s| {
         let h = s.spawn(|| match opts.sender {
-            Sender::Socket => sender(&topo, sender_core, ports, Pace::Flat, &stop, &sent),
-            Sender::Xdp => xdp_sender(&topo, sender_core, entries, &stop, &sent),
+            Sender::Socket => {
+                let pace = if opts.setup {
+                    Pace::OnceFlat
+                } else {
+                    Pace::Flat
+                };
+                sender(&topo, sender_core, ports, pace, &stop, &sent)
+            }
+            Sender::Xdp => xdp_sender(&topo, sender_core, entries, opts.setup, &stop, &sent),
         });
         let r = (|| {
             // The pre-roll starts with the first frames (the XDP sender
@@ -1630,13 +1678,28 @@ fn point(
                 sleep(Duration::from_millis(5), interrupted)?;
             }
             sleep(Duration::from_millis(500), interrupted)?;
+            if opts.setup && h.is_finished() {
+                return Err(setup_err(
+                    "--setup",
+                    format!("the sender sent all {flows} flows within the 0.5 s pre-roll: use more --flows"),
+                ));
+            }
             let (rx0, tx0, t0) = (
                 rx_packets(&topo.recv, HOST_IF)?,
                 sent.load(Ordering::Relaxed),
                 Instant::now(),
             );
             let c0 = cpu_times(dut_core);
-            sleep(opts.duration, interrupted)?;
+            // With `setup` the window ends early when the sender has sent
+            // every flow once (later frames would repeat flows).
+            let end = t0 + opts.duration;
+            loop {
+                let now = Instant::now();
+                if now >= end || (opts.setup && h.is_finished()) {
+                    break;
+                }
+                sleep((end - now).min(Duration::from_millis(10)), interrupted)?;
+            }
             let c1 = cpu_times(dut_core);
             let (rx1, tx1, t1) = (
                 rx_packets(&topo.recv, HOST_IF)?,
@@ -1663,6 +1726,32 @@ fn point(
         joined.and(r)
     });
     let (received, sent, dt, dut_core_busy) = m?;
+    if opts.setup && dt + Duration::from_millis(20) < opts.duration {
+        progress(&format!(
+            "  the sender finished its pass over the flows after {:.2} s of the window",
+            dt.as_secs_f64()
+        ));
+    }
+    // Connections the DUT tracks now: with `setup`, one per flow that got
+    // through, so at least the frames received.
+    let connections = if !opts.setup {
+        None
+    } else if let Some(s) = &sluice {
+        s.ctl(&["conntrack", "count"])
+            .and_then(|v| v["count"].as_u64())
+    } else if matches!(
+        dut,
+        Dut::KernelNftables | Dut::KernelFlowtable | Dut::KernelIptables
+    ) {
+        ns_exec(
+            &topo.dut,
+            &["sysctl", "-n", "net.netfilter.nf_conntrack_count"],
+        )
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+    } else {
+        None
+    };
     let secs = dt.as_secs_f64().max(1e-9);
     let saturation_fps = received as f64 / secs;
     let capacity_fps = if dut_core_busy > 0.0 {
@@ -1727,7 +1816,9 @@ fn point(
         seconds: secs,
         warmup_passes: passes,
         warmup_loss,
-        method: if opts.zero_loss && dut != Dut::SenderOnly {
+        method: if opts.setup {
+            "setup-saturation"
+        } else if opts.zero_loss && dut != Dut::SenderOnly {
             "rfc2544-zero-loss"
         } else {
             "saturation"
@@ -1740,6 +1831,7 @@ fn point(
         receiver: opts.receiver.name(),
         dut_core_busy,
         capacity_fps,
+        connections,
     })
 }
 
@@ -1826,6 +1918,26 @@ pub fn table(rows: &[ForwardResult]) -> String {
             s,
             "fwd Mpps: RFC 2544 zero-loss throughput; drain Mpps, offer Mpps, loss: the saturation run"
         );
+    }
+    if rows.iter().any(|r| r.method == "setup-saturation") {
+        let _ = writeln!(
+            s,
+            "connection establishment (--setup): no warm-up, every flow sent once, so fwd Mpps is \
+             new connections set up (and translated) per second at saturation"
+        );
+        for r in rows {
+            if let Some(c) = r.connections {
+                let _ = writeln!(
+                    s,
+                    "{} at {} flows{}: {c} connections tracked after the run, {} frames received in the window{}",
+                    r.dut,
+                    r.flows,
+                    if r.rules > 0 { format!(", {} rules", r.rules) } else { String::new() },
+                    r.received,
+                    if c < r.received { " (fewer: flows repeated?)" } else { "" }
+                );
+            }
+        }
     }
     let find = |d: Dut, f: u64, n: usize| {
         rows.iter()

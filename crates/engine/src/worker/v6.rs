@@ -126,6 +126,7 @@ impl State {
         let max = u32::try_from(cfg.ct6_max).map_err(|_| EngineError::CtMax(cfg.ct6_max))?;
         let mut ctc = ct::Config::new(max.max(1), cfg.seed ^ 0x6666_6666_6666_6666);
         ctc.timeouts = cfg.timeouts;
+        ctc.prefault_index = cfg.ct_prefault_index;
         let table = Table::new(ctc)?;
         let count = cfg.interfaces.len();
         let mut addrs = Vec::new();
