@@ -198,6 +198,12 @@ struct ForwardArgs {
     /// --sender xdp).
     #[arg(long, conflicts_with = "zero_loss")]
     setup: bool,
+    /// After each point, the idle round trip through the DUT: 200 pings
+    /// from the sender to the receiver, 5 ms apart (after 10 not counted);
+    /// with --rules, two rules accepting echo requests and replies follow
+    /// the N rules.
+    #[arg(long)]
+    latency: bool,
     /// Measured seconds per point (after a 0.5 s pre-roll).
     #[arg(long, default_value_t = 3.0)]
     duration: f64,
@@ -427,6 +433,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     receiver: a.receiver,
                     rules: a.rules,
                     setup: a.setup,
+                    latency: a.latency,
                 },
                 a.json.as_deref(),
             )

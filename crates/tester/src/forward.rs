@@ -288,6 +288,34 @@ pub struct ForwardOptions {
     /// warm-up, and each flow is sent once, so that every frame the DUT
     /// forwards opened a new connection (see the module doc).
     pub setup: bool,
+    /// After each point's measurement, the idle round-trip time through
+    /// the DUT: [`PINGS`] pings from the sender to the receiver
+    /// ([`Latency`]).
+    pub latency: bool,
+}
+
+/// Echo requests of a latency measurement, after [`PING_WARMUP`] that
+/// are not counted (ARP resolution on the way).
+pub const PINGS: usize = 200;
+/// Echo requests sent first and not counted.
+pub const PING_WARMUP: usize = 10;
+
+/// Idle round-trip times through the DUT (`ping`, 5 ms apart, from the
+/// sender's namespace to the receiver's, translated by the DUT both ways).
+#[derive(Debug, Clone, Serialize)]
+pub struct Latency {
+    /// Echo requests counted.
+    pub sent: usize,
+    /// Replies among them.
+    pub received: usize,
+    /// Round-trip times in microseconds.
+    pub min_us: f64,
+    /// Median.
+    pub median_us: f64,
+    /// 99th percentile (nearest rank).
+    pub p99_us: f64,
+    /// Maximum.
+    pub max_us: f64,
 }
 
 /// Trials of the zero-loss binary search after the first one.
@@ -306,6 +334,7 @@ impl Default for ForwardOptions {
             receiver: Receiver::XdpDrop,
             rules: vec![0],
             setup: false,
+            latency: false,
         }
     }
 }
@@ -374,6 +403,8 @@ pub struct ForwardResult {
     /// the run (its conntrack table's count), at least the frames it
     /// forwarded when every forwarded frame opened one.
     pub connections: Option<u64>,
+    /// With [`ForwardOptions::latency`]: round-trip times through the DUT.
+    pub latency: Option<Latency>,
     /// Forwarding capacity of the DUT core: `saturation_fps /
     /// dut_core_busy`, frames per second of busy DUT-core time. Equal to
     /// the drain rate when the core is saturated; above it when the core
@@ -787,12 +818,12 @@ impl SluiceDut {
         t: &Topo,
         backend: sluice_daemon::config::BackendChoice,
         offload: bool,
-        (flows, rules): (u64, usize),
+        (flows, rules, icmp): (u64, usize, bool),
         dut_core: usize,
         interrupted: &AtomicBool,
     ) -> Result<Self, ForwardError> {
         let nft = t.dir.join("fwd.nft");
-        std::fs::write(&nft, nft_ruleset(&t.lan, &t.wan, rules, false))
+        std::fs::write(&nft, nft_ruleset(&t.lan, &t.wan, rules, false, icmp))
             .map_err(|e| setup_err("write ruleset", e))?;
         let sock = t.dir.join("ctl.sock");
         let cfg = t.dir.join("sluice.toml");
@@ -859,7 +890,7 @@ impl SluiceDut {
             .ctl(&["status"])
             .and_then(|v| v["rules"].as_u64())
             .ok_or_else(|| setup_err("sluice ctl status", "no rule count"))?;
-        let asked = rules + 1;
+        let asked = forward_rules(rules, icmp) + 1;
         if loaded != asked as u64 {
             return Err(setup_err(
                 "sluice run",
@@ -995,7 +1026,7 @@ fn check_rule_ports(flows: u64, rules: usize) -> Result<(), ForwardError> {
 /// seed 001's rule-set shape (appendix B, the rule for the test traffic at
 /// the bottom as RFC 3511 asks). With `flowtable`, a flowtable on both
 /// veths and `flow add` first in the forward chain.
-pub fn nft_ruleset(lan: &str, wan: &str, rules: usize, flowtable: bool) -> String {
+pub fn nft_ruleset(lan: &str, wan: &str, rules: usize, flowtable: bool, icmp: bool) -> String {
     let mut s = String::from("table ip sluicebench {\n");
     if flowtable {
         let _ = write!(
@@ -1022,6 +1053,9 @@ pub fn nft_ruleset(lan: &str, wan: &str, rules: usize, flowtable: bool) -> Strin
                 "    ip daddr {} meta l4proto udp accept",
                 ip_str(RECV_IP)
             );
+            if icmp {
+                s.push_str("    icmp type echo-request accept\n    icmp type echo-reply accept\n");
+            }
         }
         s.push_str("  }\n");
     }
@@ -1036,7 +1070,7 @@ pub fn nft_ruleset(lan: &str, wan: &str, rules: usize, flowtable: bool) -> Strin
 /// `-A POSTROUTING -o WAN -j MASQUERADE` in the nat table and, with
 /// `rules` > 0, the FORWARD chain (policy DROP) of [`nft_ruleset`]'s
 /// rules, `-d D -p udp -m udp --dport P -j ACCEPT` (seed 001's form).
-pub fn iptables_ruleset(wan: &str, rules: usize) -> String {
+pub fn iptables_ruleset(wan: &str, rules: usize, icmp: bool) -> String {
     let mut s = String::new();
     if rules > 0 {
         s.push_str("*filter\n:INPUT ACCEPT [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\n");
@@ -1049,6 +1083,11 @@ pub fn iptables_ruleset(wan: &str, rules: usize) -> String {
             );
         }
         let _ = writeln!(s, "-A FORWARD -d {}/32 -p udp -j ACCEPT", ip_str(RECV_IP));
+        if icmp {
+            s.push_str(
+                "-A FORWARD -p icmp -m icmp --icmp-type 8 -j ACCEPT\n-A FORWARD -p icmp -m icmp --icmp-type 0 -j ACCEPT\n",
+            );
+        }
         s.push_str("COMMIT\n");
     }
     let _ = write!(
@@ -1069,7 +1108,12 @@ enum KernelRules {
 /// Kernel forwarding with the masquerade rule, `rules` forward rules (see
 /// [`nft_ruleset`]) and, for `Flowtable`, the flowtable in the DUT
 /// namespace. Returns how the rules were loaded and checked.
-fn start_kernel(t: &Topo, kind: KernelRules, rules: usize) -> Result<String, ForwardError> {
+fn start_kernel(
+    t: &Topo,
+    kind: KernelRules,
+    rules: usize,
+    icmp: bool,
+) -> Result<String, ForwardError> {
     let d = &*t.dut;
     ns_ip(d, &["addr", "add", "10.0.0.1/24", "dev", &t.lan])?;
     ns_ip(d, &["addr", "add", "203.0.113.1/24", "dev", &t.wan])?;
@@ -1104,7 +1148,7 @@ fn start_kernel(t: &Topo, kind: KernelRules, rules: usize) -> Result<String, For
     ns_exec(d, &["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
     if kind == KernelRules::Iptables {
         let f = t.dir.join("kernel.rules");
-        std::fs::write(&f, iptables_ruleset(&t.wan, rules))
+        std::fs::write(&f, iptables_ruleset(&t.wan, rules, icmp))
             .map_err(|e| setup_err("write iptables rules", e))?;
         ns_exec(d, &["iptables-legacy-restore", &f.display().to_string()])?;
         if rules > 0 {
@@ -1113,13 +1157,13 @@ fn start_kernel(t: &Topo, kind: KernelRules, rules: usize) -> Result<String, For
                 .lines()
                 .filter(|l| l.starts_with("-A FORWARD"))
                 .count();
-            check_loaded("kernel-iptables", n, rules)?;
+            check_loaded("kernel-iptables", n, forward_rules(rules, icmp))?;
         }
         return Ok("iptables-legacy (x_tables) MASQUERADE".into());
     }
     let flowtable = kind == KernelRules::Flowtable;
     let nft = t.dir.join("kernel.nft");
-    std::fs::write(&nft, nft_ruleset(&t.lan, &t.wan, rules, flowtable))
+    std::fs::write(&nft, nft_ruleset(&t.lan, &t.wan, rules, flowtable, icmp))
         .map_err(|e| setup_err("write nft", e))?;
     ns_exec(d, &["nft", "-f", &nft.display().to_string()]).map_err(|e| {
         if flowtable {
@@ -1139,7 +1183,7 @@ fn start_kernel(t: &Topo, kind: KernelRules, rules: usize) -> Result<String, For
             .lines()
             .filter(|l| l.trim_end().ends_with(" accept") && !l.contains("policy"))
             .count();
-        check_loaded(kind_name(kind), n, rules)?;
+        check_loaded(kind_name(kind), n, forward_rules(rules, icmp))?;
     }
     Ok(if flowtable {
         "nft masquerade + flowtable (flow add @ft)".into()
@@ -1163,6 +1207,16 @@ fn filter_note(rules: usize) -> String {
         n => format!(
             "; forward chain of {n} rules, policy drop, the last one matching (loaded and counted)"
         ),
+    }
+}
+
+/// Forward rules a DUT lists for `rules` (with `icmp`, the two echo rules
+/// of a latency measurement follow them).
+fn forward_rules(rules: usize, icmp: bool) -> usize {
+    if rules > 0 && icmp {
+        rules + 2
+    } else {
+        rules
     }
 }
 
@@ -1348,6 +1402,90 @@ fn xdp_sender(
     Ok(())
 }
 
+/// The idle round trip through the DUT: the receiver stops dropping
+/// (its XDP program detached) and takes the next hop's MAC so that its
+/// kernel answers, the sender routes 203.0.113.0/24 via the DUT, and
+/// `ping` sends [`PING_WARMUP`] + [`PINGS`] echo requests 5 ms apart;
+/// the first [`PING_WARMUP`] are not counted.
+fn latency(t: &mut Topo, interrupted: &AtomicBool) -> Result<Latency, ForwardError> {
+    t.sink = None;
+    ns_ip(
+        &t.recv,
+        &[
+            "link",
+            "set",
+            "dev",
+            HOST_IF,
+            "address",
+            &mac_str(NEXT_HOP_MAC),
+        ],
+    )?;
+    ns_ip(
+        &t.sender,
+        &["route", "replace", "203.0.113.0/24", "via", "10.0.0.1"],
+    )?;
+    if interrupted.load(Ordering::Relaxed) {
+        return Err(ForwardError::Interrupted);
+    }
+    let count = (PING_WARMUP + PINGS).to_string();
+    let out = ns_exec(
+        &t.sender,
+        &[
+            "ping",
+            "-n",
+            "-c",
+            &count,
+            "-i",
+            "0.005",
+            "-W",
+            "1",
+            "203.0.113.2",
+        ],
+    )?;
+    Ok(latency_of(&out))
+}
+
+/// The [`Latency`] of `ping -n` output: replies with `icmp_seq` above
+/// [`PING_WARMUP`].
+fn latency_of(out: &str) -> Latency {
+    let mut rtt: Vec<f64> = out
+        .lines()
+        .filter_map(|l| {
+            let seq: usize = l
+                .split("icmp_seq=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()?;
+            let ms: f64 = l
+                .split("time=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()?;
+            (seq > PING_WARMUP).then_some(ms * 1000.0)
+        })
+        .collect();
+    rtt.sort_by(f64::total_cmp);
+    let at = |q: f64| -> f64 {
+        if rtt.is_empty() {
+            return f64::NAN;
+        }
+        let i = ((q * rtt.len() as f64).ceil() as usize).clamp(1, rtt.len()) - 1;
+        rtt.get(i).copied().unwrap_or(f64::NAN)
+    };
+    Latency {
+        sent: PINGS,
+        received: rtt.len(),
+        min_us: rtt.first().copied().unwrap_or(f64::NAN),
+        median_us: at(0.5),
+        p99_us: at(0.99),
+        max_us: rtt.last().copied().unwrap_or(f64::NAN),
+    }
+}
+
 /// One RFC 2544 trial: `pps` for `duration`, then 200 ms for frames in
 /// flight; returns (frames sent, frames received).
 fn trial(
@@ -1482,7 +1620,7 @@ fn point(
     interrupted: &AtomicBool,
     progress: &mut dyn FnMut(&str),
 ) -> Result<ForwardResult, ForwardError> {
-    let topo = Topo::new(tag, dut_core, opts.receiver)?;
+    let mut topo = Topo::new(tag, dut_core, opts.receiver)?;
     // Declared after `topo`, so it stops before the namespaces go.
     let mut sluice = None;
     let mut _ct_max = None;
@@ -1493,7 +1631,7 @@ fn point(
                 Dut::KernelIptables => KernelRules::Iptables,
                 _ => KernelRules::Nftables,
             };
-            let how = start_kernel(&topo, kind, rules)?;
+            let how = start_kernel(&topo, kind, rules, opts.latency)?;
             // The masquerade rule has loaded nf_conntrack by now.
             _ct_max = Some(ConntrackMax::at_least(flows + flows / 4 + 65_536));
             let read = |k: &str| {
@@ -1529,7 +1667,7 @@ fn point(
                 &topo,
                 backend,
                 offload,
-                (flows, rules),
+                (flows, rules, opts.latency),
                 dut_core,
                 interrupted,
             )?;
@@ -1791,6 +1929,16 @@ fn point(
         }
         fps = best;
     }
+    let latency = if opts.latency && dut != Dut::SenderOnly {
+        let l = latency(&mut topo, interrupted)?;
+        progress(&format!(
+            "  round trip through the DUT: median {:.0} us, p99 {:.0} us ({} of {} answered)",
+            l.median_us, l.p99_us, l.received, l.sent
+        ));
+        Some(l)
+    } else {
+        None
+    };
     if let Some(s) = &sluice {
         progress(&format!("  gateway counters: {}", s.counters_summary()));
     }
@@ -1832,6 +1980,7 @@ fn point(
         dut_core_busy,
         capacity_fps,
         connections,
+        latency,
     })
 }
 
@@ -1918,6 +2067,21 @@ pub fn table(rows: &[ForwardResult]) -> String {
             s,
             "fwd Mpps: RFC 2544 zero-loss throughput; drain Mpps, offer Mpps, loss: the saturation run"
         );
+    }
+    if rows.iter().any(|r| r.latency.is_some()) {
+        let _ = writeln!(
+            s,
+            "idle round trip through the DUT (ping, {PINGS} echo requests 5 ms apart after {PING_WARMUP} not counted), us:"
+        );
+        for r in rows {
+            if let Some(l) = &r.latency {
+                let _ = writeln!(
+                    s,
+                    "{:<18} {:>9} flows {:>6} rules: min {:>8.1} median {:>8.1} p99 {:>8.1} max {:>8.1} ({} of {} answered)",
+                    r.dut, r.flows, r.rules, l.min_us, l.median_us, l.p99_us, l.max_us, l.received, l.sent
+                );
+            }
+        }
     }
     if rows.iter().any(|r| r.method == "setup-saturation") {
         let _ = writeln!(
@@ -2125,8 +2289,8 @@ mod tests {
     /// texts of `rules` rules (nft and iptables-restore), which must agree.
     fn both_forms(rules: usize) -> impl Fn(&str) -> (String, Option<usize>) {
         use sluice_policy::{CompiledPolicy, Interfaces, TracePacket};
-        let nft = nft_ruleset("lan0", "wan0", rules, false);
-        let ipt = iptables_ruleset("wan0", rules);
+        let nft = nft_ruleset("lan0", "wan0", rules, false, false);
+        let ipt = iptables_ruleset("wan0", rules, false);
         let compile = |rs: sluice_ruleset::Ruleset| {
             let ifs = Interfaces::from_ruleset(&rs);
             CompiledPolicy::compile(&rs, &ifs).unwrap_or_else(|e| panic!("{e}"))
@@ -2198,8 +2362,70 @@ mod tests {
     }
 
     #[test]
+    fn ping_output_gives_round_trip_times_after_the_warm_up() {
+        let mut out = String::from("PING 203.0.113.2 (203.0.113.2) 56(84) bytes of data.\n");
+        for seq in 1..=PING_WARMUP + 4 {
+            // Warm-up replies are slow (ARP); counted ones 0.1-0.4 ms.
+            let ms = if seq <= PING_WARMUP {
+                50.0
+            } else {
+                (seq - PING_WARMUP) as f64 / 10.0
+            };
+            out.push_str(&format!(
+                "64 bytes from 203.0.113.2: icmp_seq={seq} ttl=63 time={ms:.3} ms\n"
+            ));
+        }
+        out.push_str("--- 203.0.113.2 ping statistics ---\n");
+        let l = latency_of(&out);
+        assert_eq!((l.sent, l.received), (PINGS, 4));
+        assert_eq!((l.min_us, l.max_us), (100.0, 400.0));
+        assert_eq!(l.median_us, 200.0);
+        assert_eq!(l.p99_us, 400.0);
+        let none = latency_of("");
+        assert_eq!(none.received, 0);
+        assert!(none.median_us.is_nan());
+    }
+
+    #[test]
+    fn echo_rules_follow_the_forward_rules() {
+        use sluice_policy::{CompiledPolicy, Interfaces, TracePacket};
+        let n = 50;
+        let nft = nft_ruleset("lan0", "wan0", n, false, true);
+        let ipt = iptables_ruleset("wan0", n, true);
+        let rs = sluice_ruleset::parse_nft_str("b.nft", &nft).unwrap_or_else(|d| panic!("{d}"));
+        let a = CompiledPolicy::compile(&rs, &Interfaces::from_ruleset(&rs)).unwrap();
+        let rs = sluice_ruleset::parse_iptables_restore_str("b.rules", &ipt, None)
+            .unwrap_or_else(|d| panic!("{d}"));
+        let b = CompiledPolicy::compile(&rs, &Interfaces::from_ruleset(&rs)).unwrap();
+        for (spec, nft_line, ipt_line) in [
+            (
+                "icmp 10.0.0.2 > 203.0.113.2 type 8 code 0 iif lan0 oif wan0",
+                4 + n,
+                5 + n,
+            ),
+            (
+                "icmp 203.0.113.2 > 10.0.0.2 type 0 code 0 iif wan0 oif lan0",
+                5 + n,
+                6 + n,
+            ),
+            (
+                "udp 10.0.0.2:1024 > 203.0.113.2:1 iif lan0 oif wan0",
+                3 + n,
+                4 + n,
+            ),
+        ] {
+            let pkt = TracePacket::parse(spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
+            let (x, y) = (a.trace(&pkt), b.trace(&pkt));
+            assert_eq!(x.rule, Some(format!("b.nft:{nft_line}")), "{spec}");
+            assert_eq!(y.rule, Some(format!("b.rules:{ipt_line}")), "{spec}");
+        }
+        assert_eq!(forward_rules(n, true), n + 2);
+        assert_eq!(forward_rules(0, true), 0);
+    }
+
+    #[test]
     fn ruleset_is_one_masquerade_rule() {
-        let r = nft_ruleset("lan0", "wan0", 0, false);
+        let r = nft_ruleset("lan0", "wan0", 0, false, false);
         assert!(r.contains("oifname \"wan0\" masquerade"));
         assert!(!r.contains("forward"), "{r}");
         sluice_ruleset::parse_nft_str("t.nft", &r).unwrap();
