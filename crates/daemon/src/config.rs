@@ -118,6 +118,27 @@ impl BackendChoice {
     }
 }
 
+/// The AF_PACKET receive ring (`af_packet_rx`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AfPacketRx {
+    /// TPACKET_V3 blocks, handed over full or after 1 ms.
+    #[default]
+    V3,
+    /// TPACKET_V2 frames, handed over one by one at once.
+    V2,
+}
+
+impl AfPacketRx {
+    /// The io crate's ring layout.
+    pub fn ring(self) -> sluice_io::RxRing {
+        match self {
+            AfPacketRx::V3 => sluice_io::RxRing::V3,
+            AfPacketRx::V2 => sluice_io::RxRing::V2,
+        }
+    }
+}
+
 // ---------------------------------------------------------------- raw schema
 
 #[derive(Debug, Deserialize)]
@@ -126,6 +147,8 @@ struct RawConfig {
     ruleset: Option<Spanned<String>>,
     #[serde(default)]
     backend: BackendChoice,
+    #[serde(default)]
+    af_packet_rx: AfPacketRx,
     xdp_offload: Option<Spanned<bool>>,
     workers: Option<Spanned<i64>>,
     worker_priority: Option<Spanned<i64>>,
@@ -359,6 +382,8 @@ pub struct Config {
     pub ruleset: Option<PathBuf>,
     /// io backend.
     pub backend: BackendChoice,
+    /// The AF_PACKET receive ring (`af_packet_rx`).
+    pub af_packet_rx: AfPacketRx,
     /// Forward established IPv4 TCP/UDP connections in the XDP program
     /// (`xdp_offload`, AF_XDP only; see `sluice_io::afxdp::offload`).
     pub xdp_offload: bool,
@@ -1062,6 +1087,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         path: path.to_path_buf(),
         ruleset,
         backend: raw.backend,
+        af_packet_rx: raw.af_packet_rx,
         xdp_offload,
         workers,
         worker_priority,
@@ -1257,6 +1283,7 @@ mod tests {
     const GOOD: &str = r#"
 ruleset = "gw.nft"
 backend = "af_packet"
+af_packet_rx = "v2"
 workers = 1
 worker_priority = 20
 heap_reserve_mib = 256
@@ -1315,6 +1342,7 @@ timeouts = { udp = 60, tcp_established = 3600 }
             "workers = 1\n[[interfaces]]\nname = \"wan0\"\n",
         );
         assert!(ok.is_ok(), "one worker needs no role");
+        assert_eq!(ok.map(|c| c.af_packet_rx).ok(), Some(AfPacketRx::V3));
         let mem = parse(
             Path::new("sluice.toml"),
             "backend = \"mem\"\nworkers = 2\n[[interfaces]]\nname = \"wan0\"\n",
@@ -1327,6 +1355,7 @@ timeouts = { udp = 60, tcp_established = 3600 }
         let c = parse(Path::new("/etc/sluice/sluice.toml"), GOOD).unwrap();
         assert_eq!(c.ruleset.as_deref(), Some(Path::new("/etc/sluice/gw.nft")));
         assert_eq!(c.backend, BackendChoice::AfPacket);
+        assert_eq!(c.af_packet_rx, AfPacketRx::V2);
         assert_eq!(c.worker_priority, Some(20));
         assert_eq!(c.heap_reserve_mib, 256);
         assert_eq!(c.interfaces.len(), 2);
@@ -1427,6 +1456,10 @@ timeouts = { udp = 60, tcp_established = 3600 }
                 "sluice.toml:1:20: invalid type: string \"512M\", expected i64",
             ),
             ("backend = \"dpdk\"\n", "sluice.toml:1:11: unknown variant `dpdk`"),
+            (
+                "af_packet_rx = \"v4\"\n",
+                "sluice.toml:1:16: unknown variant `v4`, expected `v3` or `v2`",
+            ),
             (
                 "backend = \"af_packet\"\nxdp_offload = true\n",
                 "sluice.toml:2:15: xdp_offload: xdp_offload needs the AF_XDP backend",

@@ -622,6 +622,7 @@ impl Control {
         }
         if old.workers != cfg.workers
             || old.backend != cfg.backend
+            || old.af_packet_rx != cfg.af_packet_rx
             || old.worker_priority != cfg.worker_priority
         {
             needs_restart.push("workers/backend");
@@ -1342,6 +1343,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
                 port_id: (k + 1) as u16,
                 ..Default::default()
             };
+            o.af_packet.rx_ring = cfg.af_packet_rx.ring();
             if cfg.workers > 1 {
                 o.af_packet.fanout_group = Some(fanout_base.wrapping_add(k as u16));
                 o.af_packet.steer = Some(steer_for(ifc.role, cfg.workers));

@@ -62,7 +62,7 @@ pub mod steer;
 mod sys;
 pub mod xdpgen;
 
-pub use afpacket::{AfPacketConfig, AfPacketPort};
+pub use afpacket::{AfPacketConfig, AfPacketPort, RxRing};
 pub use afxdp::bpf::XdpMode;
 pub use afxdp::offload::{OffloadAction, OffloadKey, OffloadStats, XdpOffload};
 pub use afxdp::{AfXdpConfig, AfXdpPort, AfXdpQueues, Umem, XdpSteer};

@@ -204,6 +204,10 @@ struct ForwardArgs {
     /// the N rules.
     #[arg(long)]
     latency: bool,
+    /// The sluice-afpacket DUT's receive ring (`af_packet_rx`): v3 (block
+    /// ring, the default) or v2 (frame ring).
+    #[arg(long, value_parser = ["v3", "v2"], default_value = "v3")]
+    af_packet_rx: String,
     /// Measured seconds per point (after a 0.5 s pre-roll).
     #[arg(long, default_value_t = 3.0)]
     duration: f64,
@@ -434,6 +438,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     rules: a.rules,
                     setup: a.setup,
                     latency: a.latency,
+                    af_packet_rx: if a.af_packet_rx == "v2" { "v2" } else { "v3" },
                 },
                 a.json.as_deref(),
             )

@@ -353,3 +353,60 @@ fn bench_forward_setup_counts_new_connections() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `--latency`: after each point, pings cross the DUT both ways (through
+/// the forward chain's two echo rules with `--rules`) and nearly all are
+/// answered; the report carries the round-trip statistics. The AF_PACKET
+/// gateway runs with `af_packet_rx = "v2"` (`--af-packet-rx v2`).
+#[test]
+#[ignore = "needs root + netns + ping; run by .ci/run with --ignored"]
+fn bench_forward_latency_pings_through_every_dut() {
+    let _turn = serial();
+    assert!(is_root(), "this test needs root");
+    let (v, stdout, stderr) = bench_forward(
+        "lat",
+        &[
+            "--dut",
+            "sluice-afpacket,sluice-afxdp,kernel-nftables,kernel-iptables",
+            "--flows",
+            "1000",
+            "--rules",
+            "0,50",
+            "--duration",
+            "0.3",
+            "--latency",
+            "--af-packet-rx",
+            "v2",
+        ],
+    );
+    assert!(
+        stdout.contains("idle round trip through the DUT"),
+        "{stdout}"
+    );
+    let results = v["results"].as_array().expect("results array");
+    assert_eq!(results.len(), 8, "{v}");
+    for r in results {
+        let l = &r["latency"];
+        assert_eq!(l["sent"].as_u64(), Some(200), "{r}");
+        assert!(
+            l["received"].as_u64().expect("received") >= 190,
+            "{r}\n{stderr}"
+        );
+        let (min, med, max) = (
+            l["min_us"].as_f64().expect("min"),
+            l["median_us"].as_f64().expect("median"),
+            l["max_us"].as_f64().expect("max"),
+        );
+        assert!(0.0 < min && min <= med && med <= max, "{r}");
+        if r["dut"].as_str() == Some("sluice-afpacket") {
+            // The gateway's AF_PACKET ports use the frame ring asked for.
+            assert!(
+                r["dut_mode"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("rx TPACKET_V2"),
+                "{r}"
+            );
+        }
+    }
+}
