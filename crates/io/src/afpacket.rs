@@ -418,6 +418,23 @@ impl AfPacketPort {
         unsafe { &*self.rx_ring.as_ptr().add(i * FRAME_CAP).cast::<AtomicU32>() }
     }
 
+    /// Copies one received frame (kernel time stamp `sec`.`nsec`) into
+    /// `batch` and counts it; whether it fitted.
+    fn push_rx(&mut self, batch: &mut Batch, data: &[u8], sec: u32, nsec: u32) -> bool {
+        let meta = FrameMeta {
+            port: self.port_id,
+            timestamp_ns: u64::from(sec) * 1_000_000_000 + u64::from(nsec),
+        };
+        if batch.push_copy(data, meta) {
+            self.stats.rx_frames += 1;
+            self.stats.rx_bytes += data.len() as u64;
+            true
+        } else {
+            self.stats.rx_oversize += 1;
+            false
+        }
+    }
+
     /// [`Port::rx_batch`] for a TPACKET_V2 ring: frames in ring order
     /// while the kernel has handed them over.
     fn rx_batch_v2(&mut self, batch: &mut Batch) -> usize {
@@ -444,17 +461,7 @@ impl AfPacketPort {
                 // SAFETY: [start, start+len) lies within this frame (checked
                 // above), which is ours until its status goes back.
                 let data = unsafe { core::slice::from_raw_parts(f.add(start), len) };
-                let meta = FrameMeta {
-                    port: self.port_id,
-                    timestamp_ns: u64::from(sec) * 1_000_000_000 + u64::from(nsec),
-                };
-                if batch.push_copy(data, meta) {
-                    n += 1;
-                    self.stats.rx_frames += 1;
-                    self.stats.rx_bytes += len as u64;
-                } else {
-                    self.stats.rx_oversize += 1;
-                }
+                n += usize::from(self.push_rx(batch, data, sec, nsec));
             } else {
                 // A corrupt header: never read outside the frame.
                 self.stats.rx_oversize += 1;
@@ -570,17 +577,7 @@ impl Port for AfPacketPort {
             // SAFETY: [start, start+len) lies within this block (checked
             // above) and the block is ours until release_block.
             let data = unsafe { core::slice::from_raw_parts(blk.add(start), len) };
-            let meta = FrameMeta {
-                port: self.port_id,
-                timestamp_ns: u64::from(sec) * 1_000_000_000 + u64::from(nsec),
-            };
-            if batch.push_copy(data, meta) {
-                n += 1;
-                self.stats.rx_frames += 1;
-                self.stats.rx_bytes += len as u64;
-            } else {
-                self.stats.rx_oversize += 1;
-            }
+            n += usize::from(self.push_rx(batch, data, sec, nsec));
             self.left_in_block -= 1;
             self.next_off += next as usize;
             if self.left_in_block == 0 {

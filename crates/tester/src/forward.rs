@@ -2293,10 +2293,15 @@ mod tests {
 
     /// Sluice's verdict and deciding line for `spec` under both rule-set
     /// texts of `rules` rules (nft and iptables-restore), which must agree.
-    fn both_forms(rules: usize) -> impl Fn(&str) -> (String, Option<usize>) {
-        use sluice_policy::{CompiledPolicy, Interfaces, TracePacket};
-        let nft = nft_ruleset("lan0", "wan0", rules, false, false);
-        let ipt = iptables_ruleset("wan0", rules, false);
+    /// Sluice's policies of the nft text (`b.nft`) and the iptables text
+    /// (`b.rules`) of `rules` forward rules.
+    fn compile_both(
+        rules: usize,
+        icmp: bool,
+    ) -> (sluice_policy::CompiledPolicy, sluice_policy::CompiledPolicy) {
+        use sluice_policy::{CompiledPolicy, Interfaces};
+        let nft = nft_ruleset("lan0", "wan0", rules, false, icmp);
+        let ipt = iptables_ruleset("wan0", rules, icmp);
         let compile = |rs: sluice_ruleset::Ruleset| {
             let ifs = Interfaces::from_ruleset(&rs);
             CompiledPolicy::compile(&rs, &ifs).unwrap_or_else(|e| panic!("{e}"))
@@ -2307,6 +2312,12 @@ mod tests {
             sluice_ruleset::parse_iptables_restore_str("b.rules", &ipt, None)
                 .unwrap_or_else(|d| panic!("{d}")),
         );
+        (a, b)
+    }
+
+    fn both_forms(rules: usize) -> impl Fn(&str) -> (String, Option<usize>) {
+        use sluice_policy::TracePacket;
+        let (a, b) = compile_both(rules, false);
         // Forward rules start on line 4 of the nft text (after the table,
         // chain and hook lines) and on line 5 of the iptables text.
         let idx = |rule: Option<String>, first: usize| {
@@ -2394,15 +2405,9 @@ mod tests {
 
     #[test]
     fn echo_rules_follow_the_forward_rules() {
-        use sluice_policy::{CompiledPolicy, Interfaces, TracePacket};
+        use sluice_policy::TracePacket;
         let n = 50;
-        let nft = nft_ruleset("lan0", "wan0", n, false, true);
-        let ipt = iptables_ruleset("wan0", n, true);
-        let rs = sluice_ruleset::parse_nft_str("b.nft", &nft).unwrap_or_else(|d| panic!("{d}"));
-        let a = CompiledPolicy::compile(&rs, &Interfaces::from_ruleset(&rs)).unwrap();
-        let rs = sluice_ruleset::parse_iptables_restore_str("b.rules", &ipt, None)
-            .unwrap_or_else(|d| panic!("{d}"));
-        let b = CompiledPolicy::compile(&rs, &Interfaces::from_ruleset(&rs)).unwrap();
+        let (a, b) = compile_both(n, true);
         for (spec, nft_line, ipt_line) in [
             (
                 "icmp 10.0.0.2 > 203.0.113.2 type 8 code 0 iif lan0 oif wan0",
