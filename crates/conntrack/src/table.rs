@@ -361,6 +361,12 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         max as usize * core::mem::size_of::<Entry<K, P>>() + Index::bytes_for(max)
     }
 
+    /// The index's part of [`memory_bytes_for`](Self::memory_bytes_for):
+    /// what [`Config::prefault_index`] backs at [`Table::new`].
+    pub fn index_bytes_for(max: u32) -> usize {
+        Index::bytes_for(max)
+    }
+
     // ---- fast path -------------------------------------------------------
 
     /// Keyed hash of `k`.

@@ -326,6 +326,50 @@ fn reserve_heap(mib: u32) -> Result<(), RunError> {
     Ok(())
 }
 
+/// Bytes the workers back at start for their connection tables (indexes,
+/// and with `conntrack.prefault` the IPv4 entries).
+fn conntrack_start_bytes(cfg: &config::Config) -> u64 {
+    let w = u64::from(cfg.workers.max(1));
+    let per = sluice_engine::EngineConfig {
+        ct_max: cfg.ct_max.div_ceil(w),
+        ct6_max: cfg.ct6_max.div_ceil(w),
+        ct_prefault: cfg.ct_prefault,
+        ct_prefault_index: true,
+        ..sluice_engine::EngineConfig::default()
+    }
+    .ct_backed_at_start();
+    per * w
+}
+
+/// Why connection tables needing `need` bytes at start are refused with
+/// `avail` bytes available (`MemAvailable`; unknown: not refused): backing
+/// more than the machine has would get the daemon (or another process)
+/// killed by the kernel's OOM killer during start-up.
+fn conntrack_refusal(cfg: &config::Config, need: u64, avail: Option<u64>) -> Option<String> {
+    let avail = avail?;
+    (need > avail).then(|| {
+        format!(
+            "conntrack.max = {}, conntrack.max_v6 = {}: the connection tables need {} MiB of \
+             memory at start ({}), but only {} MiB is available (MemAvailable in \
+             /proc/meminfo); lower conntrack.max{}",
+            cfg.ct_max,
+            cfg.ct6_max,
+            need.div_ceil(1 << 20),
+            if cfg.ct_prefault {
+                "prefault = true backs the entries too"
+            } else {
+                "their indexes, about 33 bytes per connection"
+            },
+            avail >> 20,
+            if cfg.ct_prefault {
+                " or set prefault = false"
+            } else {
+                ""
+            }
+        )
+    })
+}
+
 /// Why a reserve of `mib` MiB is refused with `avail` bytes available
 /// (`MemAvailable`; unknown: not refused).
 fn reserve_refusal(mib: u32, avail: Option<u64>) -> Option<String> {
@@ -1165,6 +1209,13 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     // Before the first rule set is compiled, so that it too takes its
     // memory from the reserve.
     reserve_heap(cfg.heap_reserve_mib)?;
+    if let Some(refusal) = conntrack_refusal(
+        &cfg,
+        conntrack_start_bytes(&cfg),
+        sluice_io::alloc::available_memory(),
+    ) {
+        return Err(RunError::Os(refusal));
+    }
     let lp = load_policy(&cfg, None)?;
     tracing::info!(ruleset = %lp.source, rules = lp.rules, "policy compiled");
 
@@ -1632,6 +1683,63 @@ mod tests {
             )
         );
         assert_eq!(reserve_refusal(1025, None), None);
+    }
+
+    #[test]
+    fn connection_tables_larger_than_the_available_memory_are_refused() {
+        let dir = std::env::temp_dir();
+        let text =
+            "backend = \"mem\"\n[conntrack]\nmax = 1000000000\n[[interfaces]]\nname = \"t0\"\n";
+        let cfg = config::parse(&dir.join("sluice.toml"), text).expect("config");
+        let need = conntrack_start_bytes(&cfg);
+        // About 33 bytes per connection of the index, plus IPv6's default.
+        assert!(need > 30_000_000_000 && need < 36_000_000_000, "{need}");
+        assert_eq!(conntrack_refusal(&cfg, need, Some(need)), None);
+        assert_eq!(conntrack_refusal(&cfg, need, None), None);
+        let m = conntrack_refusal(&cfg, need, Some(8 << 30)).expect("refused");
+        assert!(
+            m.starts_with(
+                "conntrack.max = 1000000000, conntrack.max_v6 = 65536: the connection tables need "
+            ) && m.contains("only 8192 MiB is available")
+                && m.ends_with("lower conntrack.max"),
+            "{m}"
+        );
+        let text = "backend = \"mem\"\n[conntrack]\nmax = 1000000\nprefault = true\n[[interfaces]]\nname = \"t0\"\n";
+        let cfg = config::parse(&dir.join("sluice.toml"), text).expect("config");
+        // Entries too: more than the index alone.
+        let full = conntrack_start_bytes(&cfg);
+        assert!(full > 70_000_000, "{full}");
+        let m = conntrack_refusal(&cfg, full, Some(1 << 20)).expect("refused");
+        assert!(m.ends_with("or set prefault = false"), "{m}");
+    }
+
+    /// The whole path: a gateway asked for conntrack tables larger than
+    /// the machine's memory refuses to start, naming the setting.
+    #[test]
+    fn run_refuses_connection_tables_the_machine_cannot_hold() {
+        let dir = std::env::temp_dir().join(format!("sluice-ct-refusal-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let cfg = dir.join("sluice.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "backend = \"mem\"\ncontrol_socket = {:?}\n[conntrack]\nmax = 2147483647\n\
+                 [[interfaces]]\nname = \"t0\"\naddresses = [\"192.0.2.1/24\"]\n",
+                dir.join("ctl.sock").display().to_string()
+            ),
+        )
+        .expect("config");
+        let avail = sluice_io::alloc::available_memory().expect("MemAvailable");
+        assert!(
+            avail < 60 << 30,
+            "this test needs less than 60 GiB available"
+        );
+        let r = run(&cfg, &RunOptions::default());
+        let _ = std::fs::remove_dir_all(&dir);
+        match r {
+            Err(RunError::Os(m)) => assert!(m.starts_with("conntrack.max = 2147483647"), "{m}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
     }
 
     /// The whole path: a gateway asked for more heap than the machine has

@@ -225,6 +225,28 @@ impl Default for EngineConfig {
     }
 }
 
+impl EngineConfig {
+    /// Bytes of memory a worker built with this configuration backs at
+    /// start for its connection tables: the IPv4 and IPv6 indexes with
+    /// [`Self::ct_prefault_index`], the IPv4 entries too with
+    /// [`Self::ct_prefault`] (the gateway checks it against the memory
+    /// available before it starts).
+    pub fn ct_backed_at_start(&self) -> u64 {
+        let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+        let (v4, v6) = (clamp(self.ct_max), clamp(self.ct6_max.max(1)));
+        let mut b = 0u64;
+        if self.ct_prefault {
+            b += Table::<FlowKey4, FlowInfo>::memory_bytes_for(v4) as u64;
+        } else if self.ct_prefault_index {
+            b += Table::<FlowKey4, FlowInfo>::index_bytes_for(v4) as u64;
+        }
+        if self.ct_prefault_index {
+            b += Table::<sluice_wire::flow::FlowKey6, FlowInfo6>::index_bytes_for(v6) as u64;
+        }
+        b
+    }
+}
+
 /// Why a worker could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
