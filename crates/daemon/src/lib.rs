@@ -273,7 +273,8 @@ pub fn check(path: &Path) -> Result<Summary, ConfigError> {
 }
 
 /// What `sluice check` adds to its summary line: the NAT and monitoring
-/// features the file turns on.
+/// features the file turns on, and the memory the connection tables take
+/// at start.
 fn summary_extras(cfg: &Config) -> Vec<String> {
     let mut v = Vec::new();
     let n = &cfg.nat;
@@ -296,6 +297,10 @@ fn summary_extras(cfg: &Config) -> Vec<String> {
     if let Some(a) = cfg.metrics_listen {
         v.push(format!("metrics on {a}"));
     }
+    v.push(format!(
+        "connection tables {} MiB at start",
+        conntrack_start_bytes(cfg).div_ceil(1 << 20)
+    ));
     v
 }
 

@@ -29,6 +29,13 @@ fn check_accepts_the_example_gateway_config() {
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.starts_with("ok: 2 interfaces"), "{text}");
+    // 1 M IPv4 and 64 k IPv6 connections: their indexes, about 33 bytes
+    // per connection.
+    assert!(
+        text.trim_end()
+            .ends_with("; connection tables 36 MiB at start"),
+        "{text}"
+    );
 }
 
 #[test]
