@@ -1155,7 +1155,16 @@ fn start_kernel(
         let f = t.dir.join("kernel.rules");
         std::fs::write(&f, iptables_ruleset(&t.wan, rules, icmp))
             .map_err(|e| setup_err("write iptables rules", e))?;
-        ns_exec(d, &["iptables-legacy-restore", &f.display().to_string()])?;
+        ns_exec(d, &["iptables-legacy-restore", &f.display().to_string()]).map_err(|e| {
+            setup_err(
+                "kernel-iptables",
+                format!(
+                    "iptables-legacy-restore failed (it needs the iptables package and a kernel \
+                     with CONFIG_IP_NF_IPTABLES_LEGACY; leave kernel-iptables out of --dut \
+                     otherwise): {e}"
+                ),
+            )
+        })?;
         if rules > 0 {
             let listed = ns_exec(d, &["iptables-legacy", "-S", "FORWARD"])?;
             let n = listed
