@@ -442,6 +442,8 @@ pub struct Summary {
     pub workers: u16,
     /// Backend.
     pub backend: BackendChoice,
+    /// `af_packet_rx`.
+    pub af_packet_rx: AfPacketRx,
     /// `xdp_offload` is on.
     pub xdp_offload: bool,
     /// `worker_priority`, if set.
@@ -463,12 +465,20 @@ impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "ok: {} interfaces, {} routes, {} neighbours, {} workers ({:?}{}{}), {}ruleset {} ({} rules, {} NAT pools)",
+            "ok: {} interfaces, {} routes, {} neighbours, {} workers ({:?}{}{}{}), {}ruleset {} ({} rules, {} NAT pools)",
             self.interfaces,
             self.routes,
             self.neighbors,
             self.workers,
             self.backend,
+            // The ring matters only where AF_PACKET can run.
+            if self.af_packet_rx == AfPacketRx::V2
+                && matches!(self.backend, BackendChoice::Auto | BackendChoice::AfPacket)
+            {
+                ", AF_PACKET rx TPACKET_V2"
+            } else {
+                ""
+            },
             if self.xdp_offload { ", XDP offload" } else { "" },
             match self.worker_priority {
                 Some(p) => format!(", SCHED_FIFO {p}"),

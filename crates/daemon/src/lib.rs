@@ -262,6 +262,7 @@ pub fn check(path: &Path) -> Result<Summary, ConfigError> {
         neighbors: cfg.neighbors.len() + cfg.neighbors6.len(),
         workers: cfg.workers,
         backend: cfg.backend,
+        af_packet_rx: cfg.af_packet_rx,
         xdp_offload: cfg.xdp_offload,
         worker_priority: cfg.worker_priority,
         heap_reserve_mib: cfg.heap_reserve_mib,

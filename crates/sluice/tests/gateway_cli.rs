@@ -128,6 +128,25 @@ fn check_shows_xdp_offload_and_refuses_it_without_af_xdp() {
     );
 }
 
+/// `af_packet_rx = "v2"` shows in the summary; an unknown ring is refused
+/// with its line and the values allowed.
+#[test]
+fn check_shows_the_af_packet_ring_and_refuses_an_unknown_one() {
+    let (line, text, err) = check_good_and_bad(
+        "rx",
+        "af_packet_rx = \"v3\"",
+        "af_packet_rx = \"v2\"",
+        "af_packet_rx = \"v4\"",
+    );
+    assert!(text.contains("(Auto, AF_PACKET rx TPACKET_V2)"), "{text}");
+    assert!(
+        err.contains(&format!(
+            "1.toml:{line}:16: unknown variant `v4`, expected `v3` or `v2`"
+        )),
+        "{err}"
+    );
+}
+
 /// `worker_priority` shows in the summary; an out-of-range one is refused
 /// with its line and the allowed range.
 #[test]
