@@ -97,19 +97,56 @@ pub fn rules(counts: &[u64], json: Option<&Path>) -> Result<ExitCode> {
 }
 
 /// `sluice bench update`.
-pub fn update(o: &sluice_tester::update::UpdateOptions, json: Option<&Path>) -> Result<ExitCode> {
-    use sluice_tester::update;
+pub fn update(
+    o: &sluice_tester::update::UpdateOptions,
+    kernel_samples: Option<usize>,
+    json: Option<&Path>,
+) -> Result<ExitCode> {
+    use sluice_tester::{update, update_kernel};
+    if kernel_samples.is_some() && !nix_is_root() {
+        anyhow::bail!(
+            "bench update --kernel needs root (a network namespace, nft and iptables); run it with sudo"
+        );
+    }
     eprintln!(
         "bench update: {} rules loaded, {} inserts/deletes, {} appends, through the control socket ...",
         o.objects, o.samples, o.appends
     );
     let r = update::run(o).context("bench update")?;
     print!("{}", update::table(&r));
+    let kernel = match kernel_samples {
+        Some(samples) => {
+            eprintln!(
+                "bench update --kernel: the same with {} in a network namespace ({samples} inserts/deletes each) ...",
+                update_kernel::TOOLS.join(", ")
+            );
+            let rows = update_kernel::run(o, samples).context("bench update --kernel")?;
+            print!("{}", update_kernel::table(&rows));
+            Some(rows)
+        }
+        None => None,
+    };
     if let Some(p) = json {
-        let text = serde_json::to_string_pretty(&r)?;
+        let mut v = serde_json::to_value(&r)?;
+        if let (Some(rows), Some(m)) = (kernel, v.as_object_mut()) {
+            m.insert("kernel".into(), serde_json::to_value(rows)?);
+        }
+        let text = serde_json::to_string_pretty(&v)?;
         std::fs::write(p, text + "\n").with_context(|| format!("writing {}", p.display()))?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether this process runs as root (effective uid 0).
+fn nix_is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
 }
 
 /// `sluice bench forward`. SIGINT/SIGTERM stop the run; the namespaces it

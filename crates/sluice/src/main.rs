@@ -288,9 +288,20 @@ struct UpdateArgs {
           default_value_t = sluice_tester::update::DEFAULT_HEAP_RESERVE_MIB,
           value_parser = clap::value_parser!(u32).range(0..=i64::from(sluice_daemon::config::MAX_HEAP_RESERVE_MIB)))]
     heap_reserve_mib: u32,
+    /// Also measure the kernel on this machine, as root, in a network
+    /// namespace of its own: the same load, inserts and deletes with it
+    /// loaded, and seed 002's appends, with nft, iptables-legacy and
+    /// iptables-nft (one process per step).
+    #[arg(long)]
+    kernel: bool,
+    /// Inserts and deletes timed per kernel tool with the rules loaded
+    /// (each can take a second).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    kernel_samples: u16,
     /// Write the results as JSON (insert_us_at_150k, delete_us_at_150k,
     /// load_150k_s, append_3000_s, append_3000_new_conn_s,
-    /// append_3000_at_150k_s, ...).
+    /// append_3000_at_150k_s, ...; with --kernel, "kernel": one object
+    /// per tool).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
 }
@@ -419,6 +430,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 heap_reserve_mib: a.heap_reserve_mib,
                 ..Default::default()
             },
+            a.kernel.then_some(usize::from(a.kernel_samples)),
             a.json.as_deref(),
         ),
         Command::Bench(BenchCmd::Forward(a)) => {

@@ -87,6 +87,57 @@ fn bench_update_runs_against_a_gateway_and_writes_its_keys() {
     assert_eq!(j["appends"], 20);
 }
 
+/// `--kernel`: the same procedure with nft, iptables-legacy and
+/// iptables-nft in a namespace of their own; each tool's rule counts are
+/// checked by the bench after the load and after the appends.
+#[test]
+#[ignore = "needs root + netns + nft + iptables; run by .ci/run with --ignored"]
+fn bench_update_kernel_measures_the_three_tools() {
+    let p = json_file("update-kernel");
+    let o = sluice(&[
+        "bench",
+        "update",
+        "--objects",
+        "2000",
+        "--samples",
+        "5",
+        "--appends",
+        "40",
+        "--kernel",
+        "--kernel-samples",
+        "2",
+        "--json",
+        &p.display().to_string(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let j = read_json(&p);
+    let rows = j["kernel"].as_array().expect("kernel rows");
+    let tools: Vec<&str> = rows
+        .iter()
+        .map(|r| r["tool"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(tools, ["nft", "iptables-legacy", "iptables-nft"], "{j}");
+    for r in rows {
+        for k in ["load_s", "insert_ms", "delete_ms", "append_s"] {
+            assert!(r[k].as_f64().is_some_and(|v| v > 0.0), "{k}: {r}");
+        }
+        assert_eq!(r["objects"], 2000, "{r}");
+        assert_eq!(r["appends"], 40, "{r}");
+        assert_eq!(r["samples"], 2, "{r}");
+    }
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("iptables-legacy"), "{text}");
+    // Its namespace is gone.
+    let ns = std::process::Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip netns list");
+    assert!(
+        !String::from_utf8_lossy(&ns.stdout).contains("sluice-upd-"),
+        "namespace left behind"
+    );
+}
+
 #[test]
 fn bench_update_rejects_bad_arguments() {
     let o = sluice(&["bench", "update", "--objects", "lots"]);

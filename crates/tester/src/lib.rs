@@ -11,3 +11,4 @@ pub mod memprobe;
 pub mod nat44;
 pub mod perm;
 pub mod update;
+pub mod update_kernel;

@@ -138,17 +138,17 @@ pub enum UpdateBenchError {
 }
 
 /// A small deterministic generator (SplitMix64).
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^ (z >> 31)
     }
-    fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
     }
 }
@@ -156,26 +156,100 @@ impl Rng {
 /// One ClassBench-style 5-tuple rule (prefixes of mixed lengths, a port
 /// range or exact port, TCP or UDP, accept or drop).
 fn rule(r: &mut Rng) -> String {
-    let prefix = |r: &mut Rng| {
-        let len = [8u32, 16, 16, 24, 24, 24, 32, 32][r.below(8) as usize];
-        let a = (r.next() as u32) & (u32::MAX << (32 - len));
-        format!("{}/{len}", std::net::Ipv4Addr::from(a))
-    };
-    let proto = if r.below(4) == 0 { "udp" } else { "tcp" };
-    let port = match r.below(3) {
-        0 => format!("{}", 1 + r.below(1023)),
-        1 => {
-            let lo = 1024 + r.below(60_000);
-            format!("{}-{}", lo, lo + r.below(512))
+    GenRule::draw(r).nft()
+}
+
+/// One generated rule, printable in nft and iptables syntax.
+pub(crate) struct GenRule {
+    src: (std::net::Ipv4Addr, u32),
+    dst: (std::net::Ipv4Addr, u32),
+    udp: bool,
+    /// First and last port, and whether it was drawn as a range (which may
+    /// hold one port).
+    ports: (u64, u64, bool),
+    accept: bool,
+}
+
+impl GenRule {
+    /// The next rule of `r` (the draws in the order the nft text always
+    /// used: protocol, port, verdict, source, destination).
+    pub(crate) fn draw(r: &mut Rng) -> Self {
+        let prefix = |r: &mut Rng| {
+            let len = [8u32, 16, 16, 24, 24, 24, 32, 32][r.below(8) as usize];
+            let a = (r.next() as u32) & (u32::MAX << (32 - len));
+            (std::net::Ipv4Addr::from(a), len)
+        };
+        let udp = r.below(4) == 0;
+        let ports = match r.below(3) {
+            0 => {
+                let p = 1 + r.below(1023);
+                (p, p, false)
+            }
+            1 => {
+                let lo = 1024 + r.below(60_000);
+                (lo, lo + r.below(512), true)
+            }
+            _ => {
+                let p = 1 + r.below(65_534);
+                (p, p, false)
+            }
+        };
+        let accept = r.below(5) != 0;
+        let src = prefix(r);
+        let dst = prefix(r);
+        GenRule {
+            src,
+            dst,
+            udp,
+            ports,
+            accept,
         }
-        _ => format!("{}", 1 + r.below(65_534)),
-    };
-    let verdict = if r.below(5) == 0 { "drop" } else { "accept" };
-    format!(
-        "ip saddr {} ip daddr {} {proto} dport {port} {verdict}",
-        prefix(r),
-        prefix(r)
-    )
+    }
+
+    /// `ip saddr P ip daddr Q tcp|udp dport N[-M] accept|drop`.
+    pub(crate) fn nft(&self) -> String {
+        let port = if self.ports.2 {
+            format!("{}-{}", self.ports.0, self.ports.1)
+        } else {
+            self.ports.0.to_string()
+        };
+        format!(
+            "ip saddr {}/{} ip daddr {}/{} {} dport {port} {}",
+            self.src.0,
+            self.src.1,
+            self.dst.0,
+            self.dst.1,
+            if self.udp { "udp" } else { "tcp" },
+            if self.accept { "accept" } else { "drop" }
+        )
+    }
+
+    /// The same rule as iptables arguments after `-A FORWARD`.
+    pub(crate) fn iptables(&self) -> Vec<String> {
+        let proto = if self.udp { "udp" } else { "tcp" };
+        let port = if self.ports.2 {
+            format!("{}:{}", self.ports.0, self.ports.1)
+        } else {
+            self.ports.0.to_string()
+        };
+        [
+            "-s",
+            &format!("{}/{}", self.src.0, self.src.1),
+            "-d",
+            &format!("{}/{}", self.dst.0, self.dst.1),
+            "-p",
+            proto,
+            "-m",
+            proto,
+            "--dport",
+            &port,
+            "-j",
+            if self.accept { "ACCEPT" } else { "DROP" },
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .collect()
+    }
 }
 
 /// `n` generated rules (the statement text after `add rule … forward`).
