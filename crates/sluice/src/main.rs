@@ -428,6 +428,16 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 samples: a.samples.max(1),
                 appends: a.appends,
                 heap_reserve_mib: a.heap_reserve_mib,
+                // With the kernel's tools as processes, Sluice's appends as
+                // `sluice ctl` processes too.
+                ctl_exe: if a.kernel {
+                    Some(anyhow::Context::context(
+                        std::env::current_exe(),
+                        "locating the sluice executable",
+                    )?)
+                } else {
+                    None
+                },
                 ..Default::default()
             },
             a.kernel.then_some(usize::from(a.kernel_samples)),

@@ -125,8 +125,19 @@ fn bench_update_kernel_measures_the_three_tools() {
         assert_eq!(r["appends"], 40, "{r}");
         assert_eq!(r["samples"], 2, "{r}");
     }
+    // Sluice's appends as `sluice ctl` processes too, for the comparison.
+    assert!(
+        j["append_3000_ctl_process_s"]
+            .as_f64()
+            .is_some_and(|v| v > 0.0),
+        "{j}"
+    );
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains("iptables-legacy"), "{text}");
+    assert!(
+        text.contains("40 appends, a `sluice ctl` process each"),
+        "{text}"
+    );
     // Its namespace is gone.
     let ns = std::process::Command::new("ip")
         .args(["netns", "list"])

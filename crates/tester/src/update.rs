@@ -51,6 +51,10 @@ pub struct UpdateOptions {
     /// The gateway's `heap_reserve_mib`: heap backed with memory when it
     /// starts, so that the load reuses resident pages (0: none).
     pub heap_reserve_mib: u32,
+    /// The `sluice` executable: step 7 times the appends of step 5 as one
+    /// `sluice ctl` process each, as an operator's script runs them (and
+    /// as `--kernel` runs the kernel's tools). `None`: step 7 is skipped.
+    pub ctl_exe: Option<PathBuf>,
 }
 
 /// The default [`UpdateOptions::heap_reserve_mib`]: enough for the default
@@ -66,6 +70,7 @@ impl Default for UpdateOptions {
             appends: 3000,
             seed: 1,
             heap_reserve_mib: DEFAULT_HEAP_RESERVE_MIB,
+            ctl_exe: None,
         }
     }
 }
@@ -97,6 +102,9 @@ pub struct UpdateReport {
     /// Seconds for `appends` one-at-a-time 5-tuple `add rule` requests to
     /// the end of the chain with `objects` rules loaded.
     pub append_3000_at_150k_s: f64,
+    /// [`Self::append_3000_s`] with a `sluice ctl` process for every
+    /// append (step 7; `None` without [`UpdateOptions::ctl_exe`]).
+    pub append_3000_ctl_process_s: Option<f64>,
     /// Appends made.
     pub appends: usize,
     /// Single inserts and deletes timed.
@@ -617,6 +625,32 @@ pub fn run(o: &UpdateOptions) -> Result<UpdateReport, UpdateBenchError> {
     }
     let append_conn_s = t.elapsed().as_secs_f64();
     g.expect_rules(o.appends as u64)?;
+    // 7. Step 5 again with a `sluice ctl` process per append.
+    let append_ctl_s = match &o.ctl_exe {
+        Some(exe) => {
+            g.reset_to(&empty)?;
+            let sock = g.socket.display().to_string();
+            let t = Instant::now();
+            for c in &cmds {
+                let out = std::process::Command::new(exe)
+                    .args(["ctl", "--socket", &sock, "nft"])
+                    .args(c.split_whitespace())
+                    .stdin(std::process::Stdio::null())
+                    .output()
+                    .map_err(|e| UpdateBenchError::Request(c.clone(), e.to_string()))?;
+                if !out.status.success() {
+                    return Err(UpdateBenchError::Request(
+                        c.clone(),
+                        String::from_utf8_lossy(&out.stderr).trim().to_string(),
+                    ));
+                }
+            }
+            let s = t.elapsed().as_secs_f64();
+            g.expect_rules(o.appends as u64)?;
+            Some(s)
+        }
+        None => None,
+    };
     drop(g);
     Ok(UpdateReport {
         objects: o.objects,
@@ -629,6 +663,7 @@ pub fn run(o: &UpdateOptions) -> Result<UpdateReport, UpdateBenchError> {
         append_3000_s: append_s,
         append_3000_new_conn_s: append_conn_s,
         append_3000_at_150k_s: append_at_150k_s,
+        append_3000_ctl_process_s: append_ctl_s,
         appends: o.appends,
         samples: o.samples,
         heap_reserve_mib: o.heap_reserve_mib,
@@ -649,6 +684,7 @@ pub fn table(r: &UpdateReport) -> String {
          {a} appends to an empty chain (seed 002) {:>8.3} s  < 0.5 s\n\
          {a} appends, a new connection each       {:>8.3} s\n\
          {a} appends with {n} rules loaded     {:>8.3} s\n\
+         {ctl}\
          (gateway: heap_reserve_mib = {h}, started in {:.3} s; \
          page faults during the load: {f}; resident after it: {m} MiB)\n",
         r.load_150k_s,
@@ -661,6 +697,12 @@ pub fn table(r: &UpdateReport) -> String {
         r.append_3000_new_conn_s,
         r.append_3000_at_150k_s,
         r.gateway_start_s,
+        ctl = r
+            .append_3000_ctl_process_s
+            .map_or_else(String::new, |s| format!(
+                "{} appends, a `sluice ctl` process each {:>6.3} s\n",
+                r.appends, s
+            )),
         n = r.objects,
         a = r.appends,
         h = r.heap_reserve_mib,
@@ -694,6 +736,7 @@ mod tests {
             appends: 50,
             seed: 3,
             heap_reserve_mib: 16,
+            ctl_exe: None,
         })
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(r.objects, 2000);
