@@ -103,10 +103,8 @@ pub fn update(
     json: Option<&Path>,
 ) -> Result<ExitCode> {
     use sluice_tester::{update, update_kernel};
-    if kernel_samples.is_some() && !nix_is_root() {
-        anyhow::bail!(
-            "bench update --kernel needs root (a network namespace, nft and iptables); run it with sudo"
-        );
+    if kernel_samples.is_some() {
+        update_kernel::check_root().context("bench update")?;
     }
     eprintln!(
         "bench update: {} rules loaded, {} inserts/deletes, {} appends, through the control socket ...",
@@ -135,18 +133,6 @@ pub fn update(
         std::fs::write(p, text + "\n").with_context(|| format!("writing {}", p.display()))?;
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Whether this process runs as root (effective uid 0).
-fn nix_is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
-        })
-        .unwrap_or(false)
 }
 
 /// `sluice bench forward`. SIGINT/SIGTERM stop the run; the namespaces it

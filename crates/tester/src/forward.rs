@@ -1542,7 +1542,8 @@ fn cores() -> (usize, usize) {
     }
 }
 
-fn is_root() -> bool {
+/// Whether this process runs as root (effective uid 0).
+pub(crate) fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {

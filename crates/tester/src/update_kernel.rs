@@ -259,8 +259,21 @@ fn measure(
     })
 }
 
+/// The kernel measurement needs root: an error saying so otherwise.
+pub fn check_root() -> Result<(), UpdateBenchError> {
+    if crate::forward::is_root() {
+        Ok(())
+    } else {
+        Err(fail(
+            "bench update --kernel",
+            "needs root (a network namespace, nft and iptables); run it with sudo",
+        ))
+    }
+}
+
 /// Every tool of [`TOOLS`], in a namespace of its own (needs root).
 pub fn run(o: &UpdateOptions, samples: usize) -> Result<Vec<KernelUpdateRow>, UpdateBenchError> {
+    check_root()?;
     let pid = std::process::id();
     let ns = sluice_io::netns::Netns::create(&format!("sluice-upd-{pid}"))
         .map_err(|e| fail("ip netns add", e))?;
