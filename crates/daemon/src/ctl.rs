@@ -108,6 +108,14 @@ pub enum Request {
         /// The command, in nft syntax.
         command: String,
     },
+    /// The commands of a file, one per line (blank lines and `#` comments
+    /// skipped), applied as one change: each to the generation the ones
+    /// before it made, and the result published once; a failing line
+    /// publishes nothing (`sluice ctl nft -f FILE`).
+    NftFile {
+        /// The file (read by the daemon, resolved in its working directory).
+        path: String,
+    },
     /// The live elements of the dynamic sets (or of one).
     SetList {
         /// Only this set (`"inet filter denylist"` or just `"denylist"`).
@@ -434,6 +442,11 @@ pub fn request_from_args(args: &[String]) -> Result<String, CtlError> {
         }
         ["rule", "list", chain @ ..] if !chain.is_empty() => {
             json!({"cmd": "rule-list", "chain": chain.join(" ")})
+        }
+        ["nft", "-f", path] => {
+            // The daemon reads the file, in its own working directory.
+            let p = std::fs::canonicalize(path).unwrap_or_else(|_| Path::new(path).to_path_buf());
+            json!({"cmd": "nft-file", "path": p.display().to_string()})
         }
         ["nft", command @ ..] if !command.is_empty() => {
             json!({"cmd": "nft", "command": command.join(" ")})
@@ -861,6 +874,15 @@ mod tests {
             }
         );
         assert!(request_from_args(&a("nft")).is_err());
+        // `nft -f FILE`: the file's commands in one request (an absolute
+        // path stays as it is).
+        let r = request_from_args(&a("nft -f /nonexistent/changes.nft")).unwrap();
+        assert_eq!(
+            parse_request(&r).unwrap(),
+            Request::NftFile {
+                path: "/nonexistent/changes.nft".into()
+            }
+        );
         let r = request_from_args(&a("rule list forward")).unwrap();
         assert_eq!(
             parse_request(&r).unwrap(),

@@ -818,6 +818,7 @@ impl Control {
                 }
             }
             Request::Nft { command } => self.nft(&command),
+            Request::NftFile { path } => self.nft_file(&path),
             Request::SetList { set } => {
                 let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
                 let Some(p) = &st.compiled else {
@@ -914,6 +915,62 @@ impl Control {
     /// One nft control command (`add rule`, `insert rule`, `delete rule`,
     /// `add element`, `delete element`), applied incrementally and
     /// published by atomic swap. A refused command changes nothing.
+    /// `sluice ctl nft -f FILE`: every command of the file applied to the
+    /// generation the ones before it made, then published once; on a
+    /// failing line nothing is published and the error names the line.
+    fn nft_file(&self, path: &str) -> Result<Value, CtlFailure> {
+        let t0 = Instant::now();
+        let text = std::fs::read_to_string(path).map_err(|e| CtlFailure {
+            kind: "ruleset",
+            message: format!("{path}: {e}"),
+        })?;
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(cur) = st.compiled.clone() else {
+            return Err(CtlFailure {
+                kind: "ruleset",
+                message: "the gateway runs the built-in policy; load an nft rule set (ruleset \
+                          replace, or `ruleset` in the config) before changing rules"
+                    .into(),
+            });
+        };
+        let mut next: Option<sluice_policy::CompiledPolicy> = None;
+        let mut handles = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let cmd = line.trim();
+            if cmd.is_empty() || cmd.starts_with('#') {
+                continue;
+            }
+            let at = format!("{path}:{}", i + 1);
+            let base = next.as_ref().unwrap_or(&cur);
+            let (n, applied) = base.apply_text(&at, cmd).map_err(|e| CtlFailure {
+                kind: "ruleset",
+                message: format!("{at}: {e} (nothing applied)"),
+            })?;
+            handles.push(applied.handle);
+            next = Some(n);
+        }
+        let Some(next) = next else {
+            return Err(CtlFailure::bad(format!("{path}: no command in the file")));
+        };
+        let next = Arc::new(next);
+        st.generation = self.retire(self.policy.publish(Arc::clone(&next) as Arc<dyn Policy>));
+        st.rules = next.rule_count();
+        st.compiled = Some(next);
+        st.updates += 1;
+        let us = t0.elapsed().as_secs_f64() * 1e6;
+        tracing::debug!(
+            path,
+            commands = handles.len(),
+            generation = st.generation,
+            us,
+            "rule set updated from a file"
+        );
+        Ok(
+            json!({"ok": true, "generation": st.generation, "applied": handles.len(),
+                  "handles": handles, "rules": st.rules, "apply_us": us}),
+        )
+    }
+
     fn nft(&self, command: &str) -> Result<Value, CtlFailure> {
         let t0 = Instant::now();
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());

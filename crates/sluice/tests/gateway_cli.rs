@@ -367,10 +367,44 @@ fn ctl_status_metrics_and_http_metrics_on_a_mem_gateway() {
     let reload: serde_json::Value =
         serde_json::from_slice(&ctl(&["reload"]).stdout).expect("reload prints JSON");
     assert_eq!(reload["generation"], 2, "{reload}");
+    // `nft -f FILE`: all the file's commands as one change, or none.
+    let rules = |what: &str| -> u64 {
+        let s: serde_json::Value =
+            serde_json::from_slice(&ctl(&["status"]).stdout).expect("status prints JSON");
+        s["rules"].as_u64().unwrap_or_else(|| panic!("{what}: {s}"))
+    };
+    let before = rules("before");
+    let bad = dir.join("bad.nft");
+    std::fs::write(
+        &bad,
+        "# two good lines, then a typo\nadd rule ip filter forward tcp dport 22 accept\n\n\
+         insert rule ip filter forward udp dport 53 accept\nadd rule ip filter forwrd drop\n",
+    )
+    .unwrap();
+    let o = ctl(&["nft", "-f", &bad.display().to_string()]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr).to_string() + &String::from_utf8_lossy(&o.stdout);
+    assert!(
+        err.contains(&format!("{}:5: ", bad.display())) && err.contains("(nothing applied)"),
+        "{err}"
+    );
+    assert_eq!(rules("after the refused file"), before);
+    let good = dir.join("good.nft");
+    std::fs::write(
+        &good,
+        "add rule ip filter forward tcp dport 22 accept\ninsert rule ip filter forward udp dport 53 accept\n",
+    )
+    .unwrap();
+    let o = ctl(&["nft", "-f", &good.display().to_string()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("nft -f prints JSON");
+    assert_eq!(v["applied"], 2, "{v}");
+    assert_eq!(v["generation"], 3, "one generation for the whole file: {v}");
+    assert_eq!(rules("after the file"), before + 2);
     let m = ctl(&["metrics"]);
     let text = String::from_utf8_lossy(&m.stdout).to_string();
     assert!(text.starts_with("# HELP sluice_uptime_seconds"), "{text}");
-    assert!(text.contains("sluice_ruleset_generation 2\n"), "{text}");
+    assert!(text.contains("sluice_ruleset_generation 3\n"), "{text}");
     assert!(
         text.contains(
             "sluice_nat_pool_free_ports{worker=\"0\",address=\"198.51.100.7\",protocol=\"tcp\"} 64512\n"
