@@ -912,9 +912,25 @@ impl Control {
         }
     }
 
-    /// One nft control command (`add rule`, `insert rule`, `delete rule`,
-    /// `add element`, `delete element`), applied incrementally and
-    /// published by atomic swap. A refused command changes nothing.
+    /// The running compiled rule set, or why there is none to change.
+    fn changeable(st: &Published) -> Result<Arc<sluice_policy::CompiledPolicy>, CtlFailure> {
+        st.compiled.clone().ok_or_else(|| CtlFailure {
+            kind: "ruleset",
+            message: "the gateway runs the built-in policy; load an nft rule set (ruleset \
+                      replace, or `ruleset` in the config) before changing rules"
+                .into(),
+        })
+    }
+
+    /// Publishes `next` by atomic swap as the running rule set.
+    fn publish_change(&self, st: &mut Published, next: sluice_policy::CompiledPolicy) {
+        let next = Arc::new(next);
+        st.generation = self.retire(self.policy.publish(Arc::clone(&next) as Arc<dyn Policy>));
+        st.rules = next.rule_count();
+        st.compiled = Some(next);
+        st.updates += 1;
+    }
+
     /// `sluice ctl nft -f FILE`: every command of the file applied to the
     /// generation the ones before it made, then published once; on a
     /// failing line nothing is published and the error names the line.
@@ -925,14 +941,7 @@ impl Control {
             message: format!("{path}: {e}"),
         })?;
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(cur) = st.compiled.clone() else {
-            return Err(CtlFailure {
-                kind: "ruleset",
-                message: "the gateway runs the built-in policy; load an nft rule set (ruleset \
-                          replace, or `ruleset` in the config) before changing rules"
-                    .into(),
-            });
-        };
+        let cur = Self::changeable(&st)?;
         let mut next: Option<sluice_policy::CompiledPolicy> = None;
         let mut handles = Vec::new();
         for (i, line) in text.lines().enumerate() {
@@ -952,11 +961,7 @@ impl Control {
         let Some(next) = next else {
             return Err(CtlFailure::bad(format!("{path}: no command in the file")));
         };
-        let next = Arc::new(next);
-        st.generation = self.retire(self.policy.publish(Arc::clone(&next) as Arc<dyn Policy>));
-        st.rules = next.rule_count();
-        st.compiled = Some(next);
-        st.updates += 1;
+        self.publish_change(&mut st, next);
         let us = t0.elapsed().as_secs_f64() * 1e6;
         tracing::debug!(
             path,
@@ -971,26 +976,18 @@ impl Control {
         )
     }
 
+    /// One nft control command (`add rule`, `insert rule`, `delete rule`,
+    /// `add element`, `delete element`), applied incrementally and
+    /// published by atomic swap. A refused command changes nothing.
     fn nft(&self, command: &str) -> Result<Value, CtlFailure> {
         let t0 = Instant::now();
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(cur) = st.compiled.clone() else {
-            return Err(CtlFailure {
-                kind: "ruleset",
-                message: "the gateway runs the built-in policy; load an nft rule set (ruleset \
-                          replace, or `ruleset` in the config) before changing rules"
-                    .into(),
-            });
-        };
+        let cur = Self::changeable(&st)?;
         let (next, applied) = cur.apply_text("command", command).map_err(|e| CtlFailure {
             kind: "ruleset",
             message: e.to_string(),
         })?;
-        let next = Arc::new(next);
-        st.generation = self.retire(self.policy.publish(Arc::clone(&next) as Arc<dyn Policy>));
-        st.rules = next.rule_count();
-        st.compiled = Some(next);
-        st.updates += 1;
+        self.publish_change(&mut st, next);
         let us = t0.elapsed().as_secs_f64() * 1e6;
         tracing::debug!(command, generation = st.generation, us, "rule set updated");
         Ok(
