@@ -332,26 +332,33 @@ fn reserve_heap(mib: u32) -> Result<(), RunError> {
     Ok(())
 }
 
-/// Bytes the workers back at start for their connection tables (indexes,
-/// and with `conntrack.prefault` the IPv4 entries).
-fn conntrack_start_bytes(cfg: &config::Config) -> u64 {
+/// One worker's connection-table settings: the gateway's `[conntrack]`
+/// split between the workers, the index always backed at start (a lazily
+/// backed index makes the first connections after start each fault a
+/// fresh page; `sluice_conntrack::Config::prefault_index`).
+fn conntrack_engine_config(cfg: &Config) -> EngineConfig {
     let w = u64::from(cfg.workers.max(1));
-    let per = sluice_engine::EngineConfig {
+    EngineConfig {
         ct_max: cfg.ct_max.div_ceil(w),
         ct6_max: cfg.ct6_max.div_ceil(w),
         ct_prefault: cfg.ct_prefault,
         ct_prefault_index: true,
-        ..sluice_engine::EngineConfig::default()
+        timeouts: cfg.timeouts,
+        ..EngineConfig::default()
     }
-    .ct_backed_at_start();
-    per * w
+}
+
+/// Bytes the workers back at start for their connection tables (indexes,
+/// and with `conntrack.prefault` the IPv4 entries).
+fn conntrack_start_bytes(cfg: &Config) -> u64 {
+    conntrack_engine_config(cfg).ct_backed_at_start() * u64::from(cfg.workers.max(1))
 }
 
 /// Why connection tables needing `need` bytes at start are refused with
 /// `avail` bytes available (`MemAvailable`; unknown: not refused): backing
 /// more than the machine has would get the daemon (or another process)
 /// killed by the kernel's OOM killer during start-up.
-fn conntrack_refusal(cfg: &config::Config, need: u64, avail: Option<u64>) -> Option<String> {
+fn conntrack_refusal(cfg: &Config, need: u64, avail: Option<u64>) -> Option<String> {
     let avail = avail?;
     (need > avail).then(|| {
         format!(
@@ -1180,7 +1187,6 @@ fn engine_config(
             .iter()
             .map(|&(dev, ip, mac)| ((dev + 1) as u16, ip, mac))
             .collect(),
-        ct6_max: cfg.ct6_max.div_ceil(u64::from(cfg.workers.max(1))),
         worker: id,
         workers: cfg.workers,
         // Engine interface k + 1 is config interface k.
@@ -1191,15 +1197,9 @@ fn engine_config(
             .filter(|(_, i)| i.role == Some(config::Role::Inside))
             .map(|(k, _)| (k + 1) as sluice_engine::IfIndex)
             .collect(),
-        ct_max: cfg.ct_max.div_ceil(u64::from(cfg.workers.max(1))),
-        ct_prefault: cfg.ct_prefault,
-        // Always: a lazily backed index makes the first connections after
-        // start each fault a fresh page (sluice_conntrack::Config::prefault_index).
-        ct_prefault_index: true,
-        timeouts: cfg.timeouts,
         seed: random_seed(),
         nat,
-        ..EngineConfig::default()
+        ..conntrack_engine_config(cfg)
     }
 }
 

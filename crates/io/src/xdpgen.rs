@@ -49,16 +49,13 @@ use core::fmt;
 use std::os::fd::OwnedFd;
 
 use crate::afxdp::bpf::{
-    bpf_raw, insn, link_xdp_native, map_create, map_create_kv, map_lookup, map_update,
-    prog_load_xdp, BpfInsn, BPF_XDP,
+    bpf_raw, insn, link_xdp_native, map_create, map_lookup, map_update, mmapable_array,
+    prog_load_xdp, BpfInsn, BPF_MAP_TYPE_ARRAY, BPF_XDP,
 };
 use crate::error::{IfName, IoError};
 use crate::sys;
 
 const BPF_PROG_TEST_RUN: i32 = 10;
-const BPF_MAP_TYPE_ARRAY: u32 = 2;
-/// `BPF_MAP_CREATE` flag: the array's values can be mmap'ed.
-const BPF_F_MMAPABLE: u32 = 1 << 10;
 /// `BPF_F_TEST_XDP_LIVE_FRAMES`.
 const LIVE_FRAMES: u32 = 1 << 1;
 /// The kernel's upper bound of `batch_size` (`TEST_XDP_MAX_BATCH`).
@@ -321,27 +318,13 @@ impl LiveFrames {
         )?;
         // Filled through a mapping of the array, not one BPF_MAP_UPDATE_ELEM
         // per flow: about 1 us per call made 16 M flows a 16 s wait.
-        let flow_map = map_create_kv(
-            BPF_MAP_TYPE_ARRAY,
-            4,
-            8,
-            n,
-            BPF_F_MMAPABLE,
-            "bpf(BPF_MAP_CREATE generator flows)",
-        )?;
+        let (flow_map, mem) =
+            mmapable_array(8, n, "bpf(BPF_MAP_CREATE generator flows) and its mmap")?;
         let bytes = flows.len() * 8;
-        let page = 4096;
-        let mem = sys::Mmap::socket_ring(
-            sys::raw(&flow_map),
-            bytes.div_ceil(page) * page,
-            0,
-            "mmap(generator flows)",
-        )?;
-        // SAFETY: the mapping is at least `bytes` long (the array's values,
-        // 8 bytes each for `n` = `flows.len()` entries, rounded up to whole
-        // pages, as mmap checked against the map's size), writable, and no
-        // program reads the map yet; `flows` is `bytes` long and cannot
-        // overlap a fresh mapping.
+        // SAFETY: the mapping is `bytes` long (the array's values, 8 bytes
+        // each for `n` = `flows.len()` entries), writable, and no program
+        // reads the map yet; `flows` is `bytes` long and cannot overlap a
+        // fresh mapping.
         unsafe {
             core::ptr::copy_nonoverlapping(flows.as_ptr().cast::<u8>(), mem.as_ptr(), bytes);
         }

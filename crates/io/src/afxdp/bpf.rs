@@ -496,6 +496,38 @@ pub(crate) fn map_create_kv(
     bpf(BPF_MAP_CREATE, &mut m, call)
 }
 
+/// `BPF_MAP_TYPE_ARRAY`.
+pub(crate) const BPF_MAP_TYPE_ARRAY: u32 = 2;
+/// `BPF_MAP_CREATE` flag: the array's values can be mmap'ed.
+const BPF_F_MMAPABLE: u32 = 1 << 10;
+
+/// A `BPF_MAP_TYPE_ARRAY` of `entries` values of `value_size` bytes (a
+/// multiple of 8) created `BPF_F_MMAPABLE`, and its values mapped shared
+/// into this process: value `i` at byte `i * value_size`, written by
+/// this process without system calls and read by the programs using the
+/// map.
+pub(crate) fn mmapable_array(
+    value_size: u32,
+    entries: u32,
+    call: &'static str,
+) -> Result<(OwnedFd, sys::Mmap), IoError> {
+    let map = map_create_kv(
+        BPF_MAP_TYPE_ARRAY,
+        4,
+        value_size,
+        entries,
+        BPF_F_MMAPABLE,
+        call,
+    )?;
+    let mem = sys::Mmap::socket_ring(
+        sys::raw(&map),
+        entries as usize * value_size as usize,
+        0,
+        call,
+    )?;
+    Ok((map, mem))
+}
+
 /// `BPF_MAP_*_ELEM` and `BPF_MAP_GET_NEXT_KEY` with a key of any size:
 /// `key` must be exactly the map's key size, `value` the address of a
 /// buffer of the map's value size (or of its key size for

@@ -48,12 +48,9 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::afxdp::bpf::{map_create_kv, BpfInsn};
+use crate::afxdp::bpf::{mmapable_array, BpfInsn};
 use crate::error::IoError;
 use crate::sys::{self, Mmap};
-
-const BPF_MAP_TYPE_ARRAY: u32 = 2;
-const BPF_F_MMAPABLE: u32 = 1 << 10;
 
 /// Bytes per slot: one cache line (the mmapable array's values start on a
 /// page boundary, so every slot is line-aligned).
@@ -441,19 +438,10 @@ impl XdpOffload {
             });
         }
         let layout = Layout::for_directions(max_entries.max(1));
-        let map = map_create_kv(
-            BPF_MAP_TYPE_ARRAY,
-            4,
+        let (map, mem) = mmapable_array(
             SLOT_SIZE as u32,
             layout.slots,
-            BPF_F_MMAPABLE,
-            "bpf(BPF_MAP_CREATE offload array)",
-        )?;
-        let mem = Mmap::socket_ring(
-            sys::raw(&map),
-            layout.slots as usize * SLOT_SIZE,
-            0,
-            "mmap(offload array)",
+            "bpf(BPF_MAP_CREATE offload array) and its mmap",
         )?;
         Ok(Arc::new(Self { map, mem, layout }))
     }
