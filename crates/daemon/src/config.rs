@@ -130,6 +130,21 @@ pub enum AfPacketRx {
 }
 
 impl AfPacketRx {
+    /// The value as `af_packet_rx` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            AfPacketRx::V3 => "v3",
+            AfPacketRx::V2 => "v2",
+        }
+    }
+
+    /// Parses a value of [`Self::name`].
+    pub fn parse(s: &str) -> Option<Self> {
+        [AfPacketRx::V3, AfPacketRx::V2]
+            .into_iter()
+            .find(|r| r.name() == s)
+    }
+
     /// The io crate's ring layout.
     pub fn ring(self) -> sluice_io::RxRing {
         match self {
@@ -1366,6 +1381,10 @@ timeouts = { udp = 60, tcp_established = 3600 }
         assert_eq!(c.ruleset.as_deref(), Some(Path::new("/etc/sluice/gw.nft")));
         assert_eq!(c.backend, BackendChoice::AfPacket);
         assert_eq!(c.af_packet_rx, AfPacketRx::V2);
+        assert_eq!(
+            AfPacketRx::parse(c.af_packet_rx.name()),
+            Some(c.af_packet_rx)
+        );
         assert_eq!(c.worker_priority, Some(20));
         assert_eq!(c.heap_reserve_mib, 256);
         assert_eq!(c.interfaces.len(), 2);

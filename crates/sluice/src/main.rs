@@ -206,8 +206,8 @@ struct ForwardArgs {
     latency: bool,
     /// The sluice-afpacket DUT's receive ring (`af_packet_rx`): v3 (block
     /// ring, the default) or v2 (frame ring).
-    #[arg(long, value_parser = ["v3", "v2"], default_value = "v3")]
-    af_packet_rx: String,
+    #[arg(long, value_parser = parse_af_packet_rx, default_value = "v3")]
+    af_packet_rx: sluice_daemon::config::AfPacketRx,
     /// Measured seconds per point (after a 0.5 s pre-roll).
     #[arg(long, default_value_t = 3.0)]
     duration: f64,
@@ -258,6 +258,11 @@ fn parse_rules(s: &str) -> Result<usize, String> {
         return Err(format!("'{s}': at most 1M forward rules"));
     }
     usize::try_from(n).map_err(|_| format!("'{s}': too large"))
+}
+
+fn parse_af_packet_rx(s: &str) -> Result<sluice_daemon::config::AfPacketRx, String> {
+    sluice_daemon::config::AfPacketRx::parse(s.trim())
+        .ok_or_else(|| format!("'{s}': expected v3 or v2"))
 }
 
 fn parse_receiver(s: &str) -> Result<sluice_tester::forward::Receiver, String> {
@@ -460,7 +465,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     rules: a.rules,
                     setup: a.setup,
                     latency: a.latency,
-                    af_packet_rx: if a.af_packet_rx == "v2" { "v2" } else { "v3" },
+                    af_packet_rx: a.af_packet_rx,
                 },
                 a.json.as_deref(),
             )

@@ -168,6 +168,7 @@ fn bench_forward_rejects_an_unknown_sender_or_receiver() {
     for (flag, value, want) in [
         ("--receiver", "nic", "'nic': expected xdp-drop or stack"),
         ("--sender", "pktgen", "'pktgen': expected socket or xdp"),
+        ("--af-packet-rx", "v4", "'v4': expected v3 or v2"),
     ] {
         let o = sluice(&["bench", "forward", flag, value]);
         let err = String::from_utf8_lossy(&o.stderr);

@@ -292,9 +292,9 @@ pub struct ForwardOptions {
     /// the DUT: [`PINGS`] pings from the sender to the receiver
     /// ([`Latency`]).
     pub latency: bool,
-    /// `af_packet_rx` of the `sluice-afpacket` DUT: `"v3"` (the gateway's
-    /// default) or `"v2"`.
-    pub af_packet_rx: &'static str,
+    /// `af_packet_rx` of the `sluice-afpacket` DUT (the gateway's default:
+    /// V3).
+    pub af_packet_rx: sluice_daemon::config::AfPacketRx,
 }
 
 /// Echo requests of a latency measurement, after [`PING_WARMUP`] that
@@ -338,7 +338,7 @@ impl Default for ForwardOptions {
             rules: vec![0],
             setup: false,
             latency: false,
-            af_packet_rx: "v3",
+            af_packet_rx: sluice_daemon::config::AfPacketRx::V3,
         }
     }
 }
@@ -823,7 +823,7 @@ impl SluiceDut {
         backend: sluice_daemon::config::BackendChoice,
         offload: bool,
         (flows, rules, icmp): (u64, usize, bool),
-        af_packet_rx: &str,
+        af_packet_rx: sluice_daemon::config::AfPacketRx,
         dut_core: usize,
         interrupted: &AtomicBool,
     ) -> Result<Self, ForwardError> {
@@ -839,11 +839,12 @@ impl SluiceDut {
         std::fs::write(
             &cfg,
             format!(
-                "ruleset = \"fwd.nft\"\nbackend = \"{bname}\"\naf_packet_rx = \"{af_packet_rx}\"\nxdp_offload = {offload}\nworkers = 1\nworker_priority = {WORKER_PRIORITY}\ncontrol_socket = \"{}\"\n\n\
+                "ruleset = \"fwd.nft\"\nbackend = \"{bname}\"\naf_packet_rx = \"{}\"\nxdp_offload = {offload}\nworkers = 1\nworker_priority = {WORKER_PRIORITY}\ncontrol_socket = \"{}\"\n\n\
                  [[interfaces]]\nname = \"{}\"\nrole = \"inside\"\naddresses = [\"10.0.0.1/24\"]\n\n\
                  [[interfaces]]\nname = \"{}\"\nrole = \"outside\"\naddresses = [\"203.0.113.1/24\"]\n\n\
                  [[neighbors]]\nip = \"203.0.113.2\"\nmac = \"{}\"\n\n\
                  [[neighbors]]\nip = \"10.0.0.2\"\nmac = \"{}\"\n\n[conntrack]\nmax = {}\n",
+                af_packet_rx.name(),
                 sock.display(),
                 t.lan,
                 t.wan,
