@@ -1103,23 +1103,11 @@ pub fn iptables_ruleset(wan: &str, rules: usize, icmp: bool) -> String {
     s
 }
 
-/// Which kernel rule set a kernel DUT loads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum KernelRules {
-    Nftables,
-    Flowtable,
-    Iptables,
-}
-
-/// Kernel forwarding with the masquerade rule, `rules` forward rules (see
-/// [`nft_ruleset`]) and, for `Flowtable`, the flowtable in the DUT
-/// namespace. Returns how the rules were loaded and checked.
-fn start_kernel(
-    t: &Topo,
-    kind: KernelRules,
-    rules: usize,
-    icmp: bool,
-) -> Result<String, ForwardError> {
+/// Kernel forwarding for the kernel DUT `dut` in the DUT namespace: the
+/// masquerade rule, `rules` forward rules (see [`nft_ruleset`]) and, for
+/// `kernel-flowtable`, the flowtable; with iptables-legacy for
+/// `kernel-iptables`. Returns how the rules were loaded and checked.
+fn start_kernel(t: &Topo, dut: Dut, rules: usize, icmp: bool) -> Result<String, ForwardError> {
     let d = &*t.dut;
     ns_ip(d, &["addr", "add", "10.0.0.1/24", "dev", &t.lan])?;
     ns_ip(d, &["addr", "add", "203.0.113.1/24", "dev", &t.wan])?;
@@ -1152,13 +1140,13 @@ fn start_kernel(
         ],
     )?;
     ns_exec(d, &["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
-    if kind == KernelRules::Iptables {
+    if dut == Dut::KernelIptables {
         let f = t.dir.join("kernel.rules");
         std::fs::write(&f, iptables_ruleset(&t.wan, rules, icmp))
             .map_err(|e| setup_err("write iptables rules", e))?;
         ns_exec(d, &["iptables-legacy-restore", &f.display().to_string()]).map_err(|e| {
             setup_err(
-                "kernel-iptables",
+                dut.name(),
                 format!(
                     "iptables-legacy-restore failed (it needs the iptables package and a kernel \
                      with CONFIG_IP_NF_IPTABLES_LEGACY; leave kernel-iptables out of --dut \
@@ -1176,14 +1164,14 @@ fn start_kernel(
         }
         return Ok("iptables-legacy (x_tables) MASQUERADE".into());
     }
-    let flowtable = kind == KernelRules::Flowtable;
+    let flowtable = dut == Dut::KernelFlowtable;
     let nft = t.dir.join("kernel.nft");
     std::fs::write(&nft, nft_ruleset(&t.lan, &t.wan, rules, flowtable, icmp))
         .map_err(|e| setup_err("write nft", e))?;
     ns_exec(d, &["nft", "-f", &nft.display().to_string()]).map_err(|e| {
         if flowtable {
             setup_err(
-                "kernel-flowtable",
+                dut.name(),
                 format!(
                     "the kernel refused the flowtable (built without CONFIG_NF_FLOW_TABLE?): {e}"
                 ),
@@ -1198,21 +1186,13 @@ fn start_kernel(
             .lines()
             .filter(|l| l.trim_end().ends_with(" accept") && !l.contains("policy"))
             .count();
-        check_loaded(kind_name(kind), n, forward_rules(rules, icmp))?;
+        check_loaded(dut.name(), n, forward_rules(rules, icmp))?;
     }
     Ok(if flowtable {
         "nft masquerade + flowtable (flow add @ft)".into()
     } else {
         "nft masquerade".into()
     })
-}
-
-fn kind_name(kind: KernelRules) -> &'static str {
-    match kind {
-        KernelRules::Nftables => "kernel-nftables",
-        KernelRules::Flowtable => "kernel-flowtable",
-        KernelRules::Iptables => "kernel-iptables",
-    }
 }
 
 /// The forward chain in a DUT's mode string.
@@ -1642,12 +1622,7 @@ fn point(
     let mut _ct_max = None;
     let mut dut_mode = match dut {
         Dut::KernelNftables | Dut::KernelFlowtable | Dut::KernelIptables => {
-            let kind = match dut {
-                Dut::KernelFlowtable => KernelRules::Flowtable,
-                Dut::KernelIptables => KernelRules::Iptables,
-                _ => KernelRules::Nftables,
-            };
-            let how = start_kernel(&topo, kind, rules, opts.latency)?;
+            let how = start_kernel(&topo, dut, rules, opts.latency)?;
             // The masquerade rule has loaded nf_conntrack by now.
             _ct_max = Some(ConntrackMax::at_least(flows + flows / 4 + 65_536));
             let read = |k: &str| {
