@@ -280,7 +280,7 @@ pub fn ruleset_text(n: usize, seed: u64) -> String {
     s
 }
 
-fn median(v: &mut [f64]) -> f64 {
+pub(crate) fn median(v: &mut [f64]) -> f64 {
     percentile(v, 0.5)
 }
 

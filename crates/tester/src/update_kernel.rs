@@ -30,7 +30,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::update::{GenRule, Rng, UpdateBenchError, UpdateOptions};
+use crate::update::{median, GenRule, Rng, UpdateBenchError, UpdateOptions};
 
 /// The kernel tools measured, in order.
 pub const TOOLS: [&str; 3] = ["nft", "iptables-legacy", "iptables-nft"];
@@ -76,14 +76,6 @@ fn timed(prog: &str, args: &[&str]) -> Result<(String, f64), UpdateBenchError> {
         ));
     }
     Ok((String::from_utf8_lossy(&out.stdout).into_owned(), secs))
-}
-
-fn median_ms(v: &mut [f64]) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN) * 1e3
 }
 
 /// The `i`-th appended source address (seed 002's `-s A`).
@@ -250,8 +242,8 @@ fn measure(
     Ok(KernelUpdateRow {
         tool,
         load_s,
-        insert_ms: median_ms(&mut ins),
-        delete_ms: median_ms(&mut del),
+        insert_ms: median(&mut ins) * 1e3,
+        delete_ms: median(&mut del) * 1e3,
         append_s,
         objects,
         samples,
