@@ -50,8 +50,9 @@ pub struct Config {
     /// backed, and on huge pages each of those faults zeroes 2 MiB. On the
     /// development VM a flood of new connections through a gateway with
     /// `max` = 32 M (1 GiB of index) set up about 1 000 connections per
-    /// second until the index was backed, 0.49 M with it backed (`sluice
-    /// bench forward --setup`, 2026-11-24). The netfilter counterpart, its
+    /// second until the index was backed; 0.38-0.43 M with the index backed
+    /// at start, 0.49 M with the entries too (`sluice bench forward --setup
+    /// --flows 16M`, 2026-11-24). The netfilter counterpart, its
     /// hash table, is allocated whole when conntrack loads. Off by default
     /// here (library users and tests); the gateway turns it on.
     pub prefault_index: bool,
