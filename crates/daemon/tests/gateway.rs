@@ -32,6 +32,9 @@
 //!   8158 records;
 //! - the gateway answers TTL 1 with ICMP time exceeded and an oversized DF
 //!   packet with ICMP fragmentation needed carrying the egress MTU.
+//! - frames tagged for VLAN 100 (from a raw socket, the tag carried as
+//!   metadata, then in the frame) are neither forwarded nor answered and
+//!   count as `vlan-tagged`; priority-tagged ones (VLAN 0) get through.
 //!
 //! Needs root, `ip`, `nft`, `ethtool`, `ping`, `curl`, `iperf3`, `timeout`
 //! and `python3` (CI installs them).
@@ -395,6 +398,118 @@ fn dnat_port_forward(backend: &str, tag: &str) {
 fn hairpinning(backend: &str, tag: &str) {
     let (t, d) = setup(tag, backend, "");
     udp_hairpin(&t, &d, 5555, 6666);
+}
+
+/// Sends tagged frames from the second private host's `eth0` (a raw
+/// packet socket; argv: the gateway's MAC, the VLAN id, the count) to the
+/// public host through the gateway: ICMP echo requests, then one ARP
+/// request for the gateway's address. Prints the number of echo replies
+/// that came back (untagged, to a raw ICMP socket) within a second.
+const TAGGED_PINGS: &str = r#"
+import socket, struct, sys, time
+gw = bytes.fromhex(sys.argv[1].replace(':', ''))
+vid, count = int(sys.argv[2]), int(sys.argv[3])
+me = bytes.fromhex(open('/sys/class/net/eth0/address').read().strip().replace(':', ''))
+def csum(b):
+    if len(b) % 2: b += b'\0'
+    s = sum(struct.unpack('!%dH' % (len(b) // 2), b))
+    while s >> 16: s = (s & 0xffff) + (s >> 16)
+    return ~s & 0xffff
+tag = b'\x81\x00' + struct.pack('!H', vid)
+src, dst = socket.inet_aton('10.0.0.3'), socket.inet_aton('203.0.113.2')
+icmp_rx = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+icmp_rx.settimeout(0.2)
+tx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+tx.bind(('eth0', 0))
+ident = 0x5100 + vid
+for seq in range(count):
+    icmp = struct.pack('!BBHHH', 8, 0, 0, ident, seq) + b'sluice-vlan-test'
+    icmp = icmp[:2] + struct.pack('!H', csum(icmp)) + icmp[4:]
+    ip = struct.pack('!BBHHHBBH4s4s', 0x45, 0, 20 + len(icmp), seq, 0, 64, 1, 0, src, dst)
+    ip = ip[:10] + struct.pack('!H', csum(ip)) + ip[12:]
+    tx.send(gw + me + tag + b'\x08\x00' + ip + icmp)
+arp = struct.pack('!HHBBH6s4s6s4s', 1, 0x0800, 6, 4, 1, me, src, b'\0' * 6, socket.inet_aton('10.0.0.1'))
+tx.send(b'\xff' * 6 + me + tag + b'\x08\x06' + arp + b'\0' * 18)
+replies, end = 0, time.time() + 1.0
+while time.time() < end:
+    try:
+        pkt = icmp_rx.recv(2048)
+    except socket.timeout:
+        continue
+    ihl = (pkt[0] & 15) * 4
+    t, _, _, i = struct.unpack('!BBHH', pkt[ihl:ihl + 6])
+    if t == 0 and i == ident:
+        replies += 1
+print(replies)
+"#;
+
+/// Frames tagged for a VLAN the gateway is not on (Sluice has no VLAN
+/// interfaces): echo requests to the public host in VLAN 100 frames are
+/// not forwarded and an ARP request in one is not answered, each counted
+/// as `vlan-tagged`; priority-tagged frames (VLAN id 0) are handled as
+/// untagged, as the kernel does, and their pings answered. Twice: first
+/// with the tag as metadata (the bridge in the private namespace takes it
+/// out of the frame and its veth to the gateway, with transmit VLAN
+/// offload on, hands it over so, as a NIC with receive VLAN offload does:
+/// AF_PACKET gets it as `tp_vlan_tci`, the XDP program from the metadata
+/// kfunc), then with offload off, the tag in the frame's bytes.
+fn vlan_tagged(backend: &str, tag: &str) {
+    let (t, d) = setup(tag, backend, "");
+    let o = sh(&t.gw, "cat /sys/class/net/lan0/address");
+    let gw_mac = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    assert_eq!(gw_mac.len(), 17, "lan0 MAC: {}", text(&o));
+    // The untagged path works (and the gateway knows the host's MAC).
+    let o = sh(&t.private2, "ping -n -c 1 -W 2 203.0.113.2");
+    assert!(
+        o.status.success(),
+        "untagged ping failed: {}\n{}",
+        text(&o),
+        d.context()
+    );
+    let script = t.dir.join("tagged.py");
+    std::fs::write(&script, TAGGED_PINGS).expect("write tagged.py");
+    let run = |vid: u16| -> u64 {
+        let o = sh(
+            &t.private2,
+            &format!("python3 {} {gw_mac} {vid} 5", script.display()),
+        );
+        assert!(o.status.success(), "tagged.py: {}", text(&o));
+        String::from_utf8_lossy(&o.stdout)
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("tagged.py printed {}", text(&o)))
+    };
+    for how in ["as metadata", "in the frame"] {
+        if how == "in the frame" {
+            let o = sh(&t.private, "ethtool -K eth0 txvlan off");
+            assert!(
+                o.status.success(),
+                "ethtool -K eth0 txvlan off: {}",
+                text(&o)
+            );
+        }
+        let before = d.drops("vlan-tagged");
+        assert_eq!(
+            run(100),
+            0,
+            "tag {how}: pings in VLAN 100 frames were answered\n{}",
+            d.context()
+        );
+        wait_for(
+            &format!("tag {how}: 5 pings and an ARP request counted"),
+            Duration::from_secs(5),
+            || d.drops("vlan-tagged") >= before + 6,
+        );
+        // Priority-tagged: forwarded, answered; nothing more counted.
+        let before = d.drops("vlan-tagged");
+        assert_eq!(
+            run(0),
+            5,
+            "tag {how}: priority-tagged pings not all answered\n{}",
+            d.context()
+        );
+        assert_eq!(d.drops("vlan-tagged"), before, "tag {how}: {}", d.context());
+    }
 }
 
 fn sighup_reload(backend: &str, tag: &str) {
@@ -1382,6 +1497,12 @@ both_backends!(
     "h",
     hairpinning_through_the_pool_address_af_packet,
     hairpinning_through_the_pool_address_af_xdp
+);
+both_backends!(
+    vlan_tagged,
+    "v",
+    vlan_tagged_frames_are_dropped_and_counted_af_packet,
+    vlan_tagged_frames_are_dropped_and_counted_af_xdp
 );
 both_backends!(
     sighup_reload,

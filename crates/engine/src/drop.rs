@@ -93,6 +93,12 @@ drop_reasons! {
     /// gateway. The kernel drops these as `PACKET_OTHERHOST` before any
     /// hook.
     OtherHost => "other-host",
+    /// A frame with an 802.1Q or 802.1ad VLAN tag whose VLAN id is not 0:
+    /// Sluice has no VLAN interfaces, so a tagged frame belongs to a VLAN
+    /// it is not on. Like the kernel without a VLAN device for the id
+    /// (`PACKET_OTHERHOST`), it neither forwards nor answers it (a
+    /// priority-tagged frame, VLAN id 0, is handled as untagged).
+    VlanTagged => "vlan-tagged",
     /// A packet received in a link-layer broadcast or multicast frame that
     /// would be forwarded: a router does not forward those (RFC 1812
     /// §5.3.4; the kernel's `ip_forward` and `ip6_forward` drop them).

@@ -420,6 +420,65 @@ const C_OTHER: u8 = 2;
 const C_V6: u8 = 3;
 /// A frame to another station's MAC address ([`DropReason::OtherHost`]).
 const C_NOT_OURS: u8 = 4;
+/// A frame tagged with a VLAN id other than 0 ([`DropReason::VlanTagged`]).
+const C_VLAN: u8 = 5;
+
+/// What [`untag`] found in a frame's link-layer header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tagging {
+    /// No VLAN tag: the frame is as the fast path expects it.
+    Untagged,
+    /// One or two priority tags (VLAN id 0) were removed; the frame is now
+    /// this long.
+    Stripped(usize),
+    /// A tag with a VLAN id other than 0.
+    Tagged,
+}
+
+/// 802.1Q and 802.1ad tag protocol identifiers.
+const TPID_8021Q: [u8; 2] = [0x81, 0x00];
+const TPID_8021AD: [u8; 2] = [0x88, 0xa8];
+
+/// The kernel's receive rule for VLAN tags on a device without VLAN
+/// sub-interfaces (`__netif_receive_skb_core` with `vlan_do_receive`
+/// finding no VLAN device): a tag with VLAN id 0 (priority tagging) is
+/// removed and the frame handled as untagged; any other VLAN id makes the
+/// frame another host's. Removing a tag moves the frame's bytes after it
+/// 4 bytes forward in `buf` (only priority-tagged frames pay that).
+#[inline(always)]
+fn untag(buf: &mut [u8], len: usize) -> Tagging {
+    let mut len = len.min(buf.len());
+    let mut stripped = false;
+    // At most two tags (802.1ad outer + 802.1Q inner) are looked at.
+    for _ in 0..2 {
+        let tpid = buf.get(12..14);
+        if tpid != Some(&TPID_8021Q[..]) && tpid != Some(&TPID_8021AD[..]) {
+            break;
+        }
+        let vid = match buf.get(14..16) {
+            Some(t) => u16::from_be_bytes([t[0] & 0x0f, t[1]]),
+            None => return Tagging::Tagged,
+        };
+        if vid != 0 || len < 18 {
+            return Tagging::Tagged;
+        }
+        if let Some(b) = buf.get_mut(..len) {
+            b.copy_within(16.., 12);
+        }
+        len -= 4;
+        stripped = true;
+    }
+    let tpid = buf.get(12..14);
+    if tpid == Some(&TPID_8021Q[..]) || tpid == Some(&TPID_8021AD[..]) {
+        // A third tag: more than the kernel's receive path takes apart.
+        return Tagging::Tagged;
+    }
+    if stripped {
+        Tagging::Stripped(len)
+    } else {
+        Tagging::Untagged
+    }
+}
 
 impl Meta {
     /// The common case, parsed by [`dissect_plain4`] (which agrees with
@@ -1080,7 +1139,26 @@ impl Worker {
         {
             let i = base + j;
             let iif = frames.iif(i);
-            let (buf, len) = frames.buf_mut(i);
+            let (buf, mut len) = frames.buf_mut(i);
+            // One compare for an untagged frame (the EtherType is on the
+            // frame's first line, which the MAC check below reads anyway).
+            if matches!(buf.get(12), Some(0x81 | 0x88)) {
+                match untag(buf, len) {
+                    Tagging::Untagged => {}
+                    Tagging::Stripped(n) => {
+                        len = n;
+                        frames.set_len(i, n);
+                    }
+                    Tagging::Tagged => {
+                        *slot = Meta {
+                            class: C_VLAN,
+                            ..Meta::default()
+                        };
+                        continue;
+                    }
+                }
+            }
+            let (buf, _) = frames.buf_mut(i);
             let frame = buf.get(..len).unwrap_or(&[]);
             // Only frames to the interface's own address take the fast
             // path: group frames (broadcast, multicast) go to the slow path,
@@ -1328,7 +1406,7 @@ impl Worker {
         cand: Option<(EntryId, Dir)>,
     ) -> Step {
         self.pkt_mark = 0;
-        if self.raw && m.class != C_NOT_OURS && m.class != C_BAD {
+        if self.raw && m.class != C_NOT_OURS && m.class != C_BAD && m.class != C_VLAN {
             if let Some(step) = self.raw_stage(now, buf, len, iif) {
                 return step;
             }
@@ -1346,6 +1424,8 @@ impl Worker {
             return Step::Done(Action::Drop(DropReason::Malformed));
         } else if m.class == C_NOT_OURS {
             return Step::Done(Action::Drop(DropReason::OtherHost));
+        } else if m.class == C_VLAN {
+            return Step::Done(Action::Drop(DropReason::VlanTagged));
         }
         self.slow(now, buf, len, iif)
     }

@@ -207,3 +207,105 @@ fn broadcasts_are_for_the_gateway_and_never_forwarded() {
     assert_eq!(w.conntrack().len(), 0);
     assert_eq!(w.counters().tx, 0, "nothing was forwarded");
 }
+
+/// Frame `n` bytes long in `b` with a tag (`tpid`, `tci`) inserted after the
+/// MAC addresses; the new length.
+fn tag(b: &mut [u8], n: usize, tpid: u16, tci: u16) -> usize {
+    b.copy_within(12..n, 16);
+    b[12..14].copy_from_slice(&tpid.to_be_bytes());
+    b[14..16].copy_from_slice(&tci.to_be_bytes());
+    n + 4
+}
+
+#[test]
+fn vlan_tagged_frames_are_neither_forwarded_nor_answered() {
+    let mut w = gateway();
+    let k = udp(HOST, 4100, REMOTE, 53);
+    let mut f = TestFrames::default();
+    // VLAN 100 (802.1Q), VLAN 7 in an 802.1ad outer tag, and QinQ 0 / 100.
+    f.push(INSIDE, |b| {
+        let n = build_udp4(b, HOST_MAC, GW_IN_MAC, &k, 20).unwrap();
+        tag(b, n, 0x8100, 100)
+    });
+    f.push(INSIDE, |b| {
+        let n = build_udp4(b, HOST_MAC, GW_IN_MAC, &k, 20).unwrap();
+        tag(b, n, 0x88a8, 7)
+    });
+    f.push(INSIDE, |b| {
+        let n = build_udp4(b, HOST_MAC, GW_IN_MAC, &k, 20).unwrap();
+        let n = tag(b, n, 0x8100, 100);
+        tag(b, n, 0x88a8, 0)
+    });
+    // An ARP request for the gateway's address, broadcast on VLAN 100.
+    f.push(INSIDE, |b| {
+        let n = arp_request(b, BROADCAST_MAC);
+        tag(b, n, 0x8100, 100)
+    });
+    w.process(1_000_000, &mut f);
+    for (i, a) in f.acts.iter().enumerate() {
+        assert_eq!(*a, Action::Drop(DropReason::VlanTagged), "frame {i}");
+    }
+    assert_eq!(w.conntrack().len(), 0, "no connection from a tagged frame");
+    assert_eq!(w.counters().drops_for(DropReason::VlanTagged), 4);
+
+    // Once the connection exists (an untagged frame), a tagged copy of
+    // its packets is still dropped (fast path).
+    assert_eq!(send(&mut w, GW_IN_MAC, &k), Action::Forward(OUTSIDE));
+    let mut f = TestFrames::default();
+    f.push(INSIDE, |b| {
+        let n = build_udp4(b, HOST_MAC, GW_IN_MAC, &k, 20).unwrap();
+        tag(b, n, 0x8100, 0x2000 | 100)
+    });
+    w.process(2_000_000, &mut f);
+    assert_eq!(f.acts[0], Action::Drop(DropReason::VlanTagged));
+    assert_eq!(w.counters().drops_for(DropReason::VlanTagged), 5);
+}
+
+#[test]
+fn priority_tagged_frames_are_handled_untagged() {
+    let mut w = gateway();
+    let k = udp(HOST, 4200, REMOTE, 53);
+    let mut plain = TestFrames::default();
+    plain.push(INSIDE, |b| {
+        build_udp4(b, HOST_MAC, GW_IN_MAC, &k, 20).unwrap()
+    });
+    let plain_len = plain.frame(0).len();
+    // VLAN id 0 with priority 5 (802.1p), then two priority tags (802.1ad
+    // outer, 802.1Q inner): both leave untagged, as the kernel sends them.
+    for (round, tags) in [
+        &[(0x8100u16, 0xa000u16)][..],
+        &[(0x8100, 0), (0x88a8, 0x2000)],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut f = TestFrames::default();
+        f.push(INSIDE, |b| {
+            let mut n = build_udp4(b, HOST_MAC, GW_IN_MAC, &k, 20).unwrap();
+            for (tpid, tci) in tags {
+                n = tag(b, n, *tpid, *tci);
+            }
+            n
+        });
+        w.process(1_000_000 + round as u64, &mut f);
+        assert_eq!(f.acts[0], Action::Forward(OUTSIDE), "round {round}");
+        let out = f.frame(0);
+        assert_eq!(out.len(), plain_len, "round {round}: the tags are gone");
+        assert_eq!(
+            &out[12..14],
+            &[0x08, 0x00],
+            "round {round}: IPv4 after the MACs"
+        );
+        assert_eq!(out[14], 0x45, "round {round}");
+    }
+    assert_eq!(w.conntrack().len(), 1);
+    assert_eq!(w.counters().drops_for(DropReason::VlanTagged), 0);
+    // A priority-tagged ARP request for the gateway's address is answered.
+    let mut f = TestFrames::default();
+    f.push(INSIDE, |b| {
+        let n = arp_request(b, BROADCAST_MAC);
+        tag(b, n, 0x8100, 0)
+    });
+    w.process(3_000_000, &mut f);
+    assert_eq!(f.acts[0], Action::Reply);
+}

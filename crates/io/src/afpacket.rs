@@ -49,6 +49,27 @@ const TP_STATUS_USER: u32 = 1;
 const TP_STATUS_AVAILABLE: u32 = 0;
 const TP_STATUS_SEND_REQUEST: u32 = 1;
 const TP_STATUS_WRONG_FORMAT: u32 = 4;
+/// `tp_status` of a received frame whose VLAN tag the kernel took out of
+/// the data into `tp_vlan_tci` (it does that before any packet socket
+/// sees the frame).
+const TP_STATUS_VLAN_VALID: u32 = 1 << 4;
+/// `tp_status`: `tp_vlan_tpid` is set (else the tag was 802.1Q).
+const TP_STATUS_VLAN_TPID_VALID: u32 = 1 << 6;
+
+/// The tag to put back into a received frame: TPID and TCI in network
+/// order, when `status` says the kernel took one out.
+fn vlan_tag(status: u32, tci: u16, tpid: u16) -> Option<[u8; 4]> {
+    if status & TP_STATUS_VLAN_VALID == 0 {
+        return None;
+    }
+    let tpid = if status & TP_STATUS_VLAN_TPID_VALID != 0 && tpid != 0 {
+        tpid
+    } else {
+        0x8100
+    };
+    let (p, t) = (tpid.to_be_bytes(), tci.to_be_bytes());
+    Some([p[0], p[1], t[0], t[1]])
+}
 /// Data offset in a TPACKET_V2 TX frame: TPACKET2_HDRLEN - sizeof(sockaddr_ll)
 /// = TPACKET_ALIGN(32) + 20 - 20.
 const TX_DATA_OFF: usize = 32;
@@ -418,14 +439,28 @@ impl AfPacketPort {
         unsafe { &*self.rx_ring.as_ptr().add(i * FRAME_CAP).cast::<AtomicU32>() }
     }
 
-    /// Copies one received frame (kernel time stamp `sec`.`nsec`) into
-    /// `batch` and counts it; whether it fitted.
-    fn push_rx(&mut self, batch: &mut Batch, data: &[u8], sec: u32, nsec: u32) -> bool {
+    /// Copies one received frame (kernel time stamp `sec`.`nsec`; `tag`:
+    /// the VLAN tag the kernel took out of it, put back) into `batch` and
+    /// counts it; whether it fitted. The engine decides what a tagged frame
+    /// is (Sluice has no VLAN interfaces: it drops any tag but VLAN 0), so
+    /// it must see the frame as it came.
+    fn push_rx(
+        &mut self,
+        batch: &mut Batch,
+        data: &[u8],
+        sec: u32,
+        nsec: u32,
+        tag: Option<[u8; 4]>,
+    ) -> bool {
         let meta = FrameMeta {
             port: self.port_id,
             timestamp_ns: u64::from(sec) * 1_000_000_000 + u64::from(nsec),
         };
-        if batch.push_copy(data, meta) {
+        let pushed = match tag {
+            None => batch.push_copy(data, meta),
+            Some(t) => batch.push_copy_tagged(data, t, meta),
+        };
+        if pushed {
             self.stats.rx_frames += 1;
             self.stats.rx_bytes += data.len() as u64;
             true
@@ -441,27 +476,31 @@ impl AfPacketPort {
         let mut n = 0;
         while batch.room() > 0 {
             let i = self.rx_head;
-            if self.rx_status(i).load(Ordering::Acquire) & TP_STATUS_USER == 0 {
+            let status = self.rx_status(i).load(Ordering::Acquire);
+            if status & TP_STATUS_USER == 0 {
                 break;
             }
             let f = self.rx_ring.as_ptr().wrapping_add(i * FRAME_CAP);
             // SAFETY: the frame is ours (TP_STATUS_USER, Acquire above) and
             // the tpacket2_hdr fields read (aligned u32 at 8, 16, 20 and u16
-            // at 12) lie within its first 24 of FRAME_CAP bytes.
-            let (snaplen, mac, sec, nsec) = unsafe {
+            // at 12, 24, 26) lie within its first 28 of FRAME_CAP bytes.
+            let (snaplen, mac, sec, nsec, tci, tpid) = unsafe {
                 (
                     f.add(8).cast::<u32>().read_volatile(),
                     f.add(12).cast::<u16>().read_volatile(),
                     f.add(16).cast::<u32>().read_volatile(),
                     f.add(20).cast::<u32>().read_volatile(),
+                    f.add(24).cast::<u16>().read_volatile(),
+                    f.add(26).cast::<u16>().read_volatile(),
                 )
             };
+            let tag = vlan_tag(status, tci, tpid);
             let (start, len) = (usize::from(mac), snaplen as usize);
             if start + len <= FRAME_CAP {
                 // SAFETY: [start, start+len) lies within this frame (checked
                 // above), which is ours until its status goes back.
                 let data = unsafe { core::slice::from_raw_parts(f.add(start), len) };
-                n += usize::from(self.push_rx(batch, data, sec, nsec));
+                n += usize::from(self.push_rx(batch, data, sec, nsec, tag));
             } else {
                 // A corrupt header: never read outside the frame.
                 self.stats.rx_oversize += 1;
@@ -550,24 +589,28 @@ impl Port for AfPacketPort {
                 self.left_in_block = num;
                 self.next_off = first as usize;
             }
-            if self.next_off + 32 > self.block_size {
+            if self.next_off + 40 > self.block_size {
                 // A corrupt offset: never read outside the block.
                 self.release_block();
                 continue;
             }
-            // SAFETY: next_off + 32 <= block_size, so the tpacket3_hdr fields
-            // read here (all aligned u32/u16 within the first 28 bytes) lie in
+            // SAFETY: next_off + 40 <= block_size, so the tpacket3_hdr fields
+            // read here (all aligned u32/u16 within the first 38 bytes) lie in
             // this block, which the kernel does not touch while it is ours.
-            let (next, sec, nsec, snaplen, mac) = unsafe {
+            let (next, sec, nsec, snaplen, status, mac, tci, tpid) = unsafe {
                 let h = blk.add(self.next_off);
                 (
                     h.cast::<u32>().read_volatile(),
                     h.add(4).cast::<u32>().read_volatile(),
                     h.add(8).cast::<u32>().read_volatile(),
                     h.add(12).cast::<u32>().read_volatile(),
+                    h.add(20).cast::<u32>().read_volatile(),
                     h.add(24).cast::<u16>().read_volatile(),
+                    h.add(32).cast::<u32>().read_volatile(),
+                    h.add(36).cast::<u16>().read_volatile(),
                 )
             };
+            let tag = vlan_tag(status, tci as u16, tpid);
             let start = self.next_off + usize::from(mac);
             let len = snaplen as usize;
             if start + len > self.block_size {
@@ -577,7 +620,7 @@ impl Port for AfPacketPort {
             // SAFETY: [start, start+len) lies within this block (checked
             // above) and the block is ours until release_block.
             let data = unsafe { core::slice::from_raw_parts(blk.add(start), len) };
-            n += usize::from(self.push_rx(batch, data, sec, nsec));
+            n += usize::from(self.push_rx(batch, data, sec, nsec, tag));
             self.left_in_block -= 1;
             self.next_off += next as usize;
             if self.left_in_block == 0 {
@@ -652,5 +695,28 @@ impl Port for AfPacketPort {
             self.stats.rx_kernel_drops += u64::from(st.drops);
         }
         self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vlan_tag_of_the_ring_header() {
+        assert_eq!(vlan_tag(TP_STATUS_USER, 100, 0), None, "no tag taken out");
+        assert_eq!(
+            vlan_tag(TP_STATUS_USER | TP_STATUS_VLAN_VALID, 0x2064, 0),
+            Some([0x81, 0x00, 0x20, 0x64]),
+            "802.1Q when the TPID is not given"
+        );
+        assert_eq!(
+            vlan_tag(
+                TP_STATUS_USER | TP_STATUS_VLAN_VALID | TP_STATUS_VLAN_TPID_VALID,
+                7,
+                0x88a8
+            ),
+            Some([0x88, 0xa8, 0x00, 0x07])
+        );
     }
 }

@@ -196,6 +196,45 @@ impl Batch {
         true
     }
 
+    /// Append a copy of `bytes` with the 802.1Q/802.1ad tag `tag` (TPID
+    /// and TCI, network order) put back after the two MAC addresses: a
+    /// frame whose tag the kernel moved into metadata (AF_PACKET's
+    /// `tp_vlan_tci`) as it was on the wire. Returns false when the batch
+    /// is full, or the frame is shorter than two MAC addresses or, tagged,
+    /// longer than [`FRAME_CAP`].
+    pub fn push_copy_tagged(&mut self, bytes: &[u8], tag: [u8; 4], meta: FrameMeta) -> bool {
+        let len = bytes.len() + 4;
+        if bytes.len() < 12 || len > FRAME_CAP || self.slots.len() >= BATCH_CAP {
+            return false;
+        }
+        let Some(n) = self.free_arena.pop() else {
+            return false;
+        };
+        let off = usize::from(n) * FRAME_CAP;
+        let Some(buf) = self.arena.get_mut(off..off + FRAME_CAP) else {
+            self.free_arena.push(n);
+            return false;
+        };
+        let (macs, rest) = bytes.split_at(12);
+        if let Some(d) = buf.get_mut(..12) {
+            d.copy_from_slice(macs);
+        }
+        if let Some(d) = buf.get_mut(12..16) {
+            d.copy_from_slice(&tag);
+        }
+        if let Some(d) = buf.get_mut(16..len) {
+            d.copy_from_slice(rest);
+        }
+        self.slots.push(Slot {
+            ptr: buf.as_mut_ptr(),
+            cap: FRAME_CAP as u32,
+            len: len as u32,
+            meta,
+            origin: Origin::Arena(n),
+        });
+        true
+    }
+
     /// Return every buffer to where it came from and empty the batch.
     /// Takes one lock per lender (a UMEM pool), never allocates.
     pub fn clear(&mut self) {
@@ -378,5 +417,22 @@ mod tests {
         b.clear();
         assert_eq!(*pool.0.lock().unwrap(), vec![0, 2 * FRAME_CAP as u64]);
         assert_eq!(mem[FRAME_CAP + 256], 0xab);
+    }
+
+    #[test]
+    fn push_copy_tagged_puts_the_tag_after_the_macs() {
+        let mut b = Batch::new();
+        let frame: Vec<u8> = (0u8..60).collect();
+        assert!(b.push_copy_tagged(&frame, [0x81, 0x00, 0x00, 0x64], FrameMeta::default()));
+        let d = b.data(0).unwrap();
+        assert_eq!(d.len(), 64);
+        assert_eq!(&d[..12], &frame[..12]);
+        assert_eq!(&d[12..16], &[0x81, 0x00, 0x00, 0x64]);
+        assert_eq!(&d[16..], &frame[12..]);
+        // Too short for the MACs, or too long once tagged: refused.
+        assert!(!b.push_copy_tagged(&frame[..11], [0x81, 0, 0, 1], FrameMeta::default()));
+        let big = vec![0u8; FRAME_CAP - 3];
+        assert!(!b.push_copy_tagged(&big, [0x81, 0, 0, 1], FrameMeta::default()));
+        assert_eq!(b.len(), 1);
     }
 }

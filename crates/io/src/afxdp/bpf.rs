@@ -15,9 +15,15 @@
 //! returned when the map has no entry, so no explicit lookup is needed.
 //! It is attached with `BPF_LINK_CREATE` (attach type `BPF_XDP`): closing
 //! the link descriptor detaches it, so a crash cannot leave it behind.
+//!
+//! In native mode on a kernel with the `bpf_xdp_metadata_rx_vlan_tag`
+//! kfunc, the program (this one, the steering program, or either behind
+//! the offload) runs behind [`vlan_prefix`] and is loaded bound to its
+//! device: a VLAN tag the driver took out of a frame goes back into it.
 
 use std::os::fd::{FromRawFd, OwnedFd};
 
+use super::btf;
 use crate::error::IoError;
 use crate::steer::{
     Steer, SteerKey, ICMP6, ICMP6_ERRORS_FIRST, ICMP6_ERRORS_LAST, ICMP_ERRORS, ICMP_QUERIES,
@@ -100,6 +106,19 @@ const JNE_K: u8 = 0x55;
 const CALL: u8 = 0x85;
 const EXIT: u8 = 0x95;
 const LD_IMM64: u8 = 0x18;
+const STX_W: u8 = 0x63; // BPF_STX | BPF_MEM | BPF_W
+const STX_H: u8 = 0x6b; // BPF_STX | BPF_MEM | BPF_H
+const ST_DW: u8 = 0x7a; // BPF_ST | BPF_MEM | BPF_DW
+/// `src_reg` of a call to a kernel function by BTF id.
+const PSEUDO_KFUNC_CALL: u8 = 2;
+const HELPER_XDP_ADJUST_HEAD: i32 = 44;
+const XDP_DROP: i32 = 1;
+/// `prog_flags`: the program is bound to the device `prog_ifindex` names
+/// (what a call to an XDP metadata kfunc needs).
+const BPF_F_XDP_DEV_BOUND_ONLY: u32 = 1 << 6;
+/// The XDP metadata kfunc that returns a frame's outermost VLAN tag when
+/// the driver took it out of the frame (Linux 6.8).
+const VLAN_TAG_KFUNC: &str = "bpf_xdp_metadata_rx_vlan_tag";
 const PSEUDO_MAP_FD: u8 = 1;
 const HELPER_REDIRECT_MAP: i32 = 51;
 const XDP_PASS: i32 = 2;
@@ -604,6 +623,19 @@ pub(crate) fn prog_load_xdp(
     expected_attach_type: u32,
     call: &'static str,
 ) -> Result<OwnedFd, (IoError, String)> {
+    prog_load_xdp_on(insns, name, expected_attach_type, None, call)
+}
+
+/// [`prog_load_xdp`], bound to the device `dev_bound` (an ifindex) when
+/// given (`BPF_F_XDP_DEV_BOUND_ONLY`: it may then call that driver's XDP
+/// metadata kfuncs, and attach to that device only, in native mode).
+fn prog_load_xdp_on(
+    insns: &[BpfInsn],
+    name: &[u8],
+    expected_attach_type: u32,
+    dev_bound: Option<u32>,
+    call: &'static str,
+) -> Result<OwnedFd, (IoError, String)> {
     let license = b"Dual MIT/GPL\0";
     let mut prog_name = [0u8; 16];
     for (d, s) in prog_name.iter_mut().take(15).zip(name) {
@@ -618,9 +650,13 @@ pub(crate) fn prog_load_xdp(
         log_size: 0,
         log_buf: 0,
         kern_version: 0,
-        prog_flags: 0,
+        prog_flags: if dev_bound.is_some() {
+            BPF_F_XDP_DEV_BOUND_ONLY
+        } else {
+            0
+        },
         prog_name,
-        prog_ifindex: 0,
+        prog_ifindex: dev_bound.unwrap_or(0),
         expected_attach_type,
     };
     bpf(BPF_PROG_LOAD, &mut p, call).map_err(|e| {
@@ -632,6 +668,78 @@ pub(crate) fn prog_load_xdp(
         let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
         (e, String::from_utf8_lossy(&log[..end]).into_owned())
     })
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum VlanLabel {
+    Drop,
+    Go,
+}
+
+/// The instructions put in front of the program when the kernel has the
+/// VLAN metadata kfunc (BTF id `kfunc`): a frame whose outermost VLAN tag
+/// the driver took out of it (receive VLAN offload; a veth hands over the
+/// tag its sender left to "hardware" so) gets the tag back in front of its
+/// EtherType, so that the program and the engine see it as it was on the
+/// wire (the engine drops what is tagged for a VLAN, `vlan-tagged`, and
+/// handles priority tags; without this an XDP program sees such a frame
+/// untagged). The kfunc answers -ENODATA for an untagged frame and
+/// -EOPNOTSUPP on a driver that does not implement it; either way the
+/// frame goes on unchanged. A frame that cannot take the 4 bytes
+/// (`bpf_xdp_adjust_head` failing: the driver left less than 4 bytes of
+/// headroom, which XDP drivers do not) is dropped.
+///
+/// ```text
+/// r6 = r1; *(u64 *)(r10 - 8) = 0
+/// r2 = r10 - 8 (TPID); r3 = r10 - 6 (TCI)
+/// call bpf_xdp_metadata_rx_vlan_tag
+/// r1 = r6; if r0 != 0 goto go
+/// r2 = -4; call bpf_xdp_adjust_head; if r0 != 0 goto drop
+/// r1 = r6; r2 = data; r3 = data_end; if r2 + 18 > r3 goto drop
+/// move the MACs 4 bytes down; the TPID at 12, the TCI (big-endian) at 14
+/// r1 = r6; goto go
+/// drop: return XDP_DROP
+/// go: (the program, ctx in r1)
+/// ```
+fn vlan_prefix(kfunc: u32) -> Vec<BpfInsn> {
+    use VlanLabel::*;
+    const R6: u8 = 6;
+    const R10: u8 = 10;
+    let mut a = Asm::with_capacity(40);
+    a.i(MOV_X, R6, R1, 0, 0);
+    a.i(ST_DW, R10, 0, -8, 0);
+    a.i(MOV_X, R2, R10, 0, 0);
+    a.i(ADD_K, R2, 0, 0, -8);
+    a.i(MOV_X, R3, R10, 0, 0);
+    a.i(ADD_K, R3, 0, 0, -6);
+    a.i(CALL, 0, PSEUDO_KFUNC_CALL, 0, kfunc as i32);
+    a.i(MOV_X, R1, R6, 0, 0);
+    a.jmp(JNE_K, R0, 0, 0, Go);
+    a.i(MOV_K, R2, 0, 0, -4);
+    a.i(CALL, 0, 0, 0, HELPER_XDP_ADJUST_HEAD);
+    a.jmp(JNE_K, R0, 0, 0, Drop);
+    a.i(MOV_X, R1, R6, 0, 0);
+    a.i(LDX_W, R2, R1, 0, 0);
+    a.i(LDX_W, R3, R1, 4, 0);
+    a.i(MOV_X, R4, R2, 0, 0);
+    a.i(ADD_K, R4, 0, 0, 18);
+    a.jmp(JGT_X, R4, R3, 0, Drop);
+    for at in [0i16, 4, 8] {
+        a.i(LDX_W, R0, R2, at + 4, 0);
+        a.i(STX_W, R2, R0, at, 0);
+    }
+    a.i(LDX_H, R0, R10, -8, 0);
+    a.i(STX_H, R2, R0, 12, 0);
+    a.i(LDX_H, R0, R10, -6, 0);
+    a.i(TO_BE, R0, 0, 0, 16);
+    a.i(STX_H, R2, R0, 14, 0);
+    a.i(MOV_X, R1, R6, 0, 0);
+    a.jmp(JA, 0, 0, 0, Go);
+    a.label(Drop);
+    a.i(MOV_K, R0, 0, 0, XDP_DROP);
+    a.i(EXIT, 0, 0, 0, 0);
+    a.label(Go);
+    a.finish()
 }
 
 #[repr(C)]
@@ -679,6 +787,8 @@ pub(crate) struct XdpAttachment {
     _prog: OwnedFd,
     map: OwnedFd,
     native: bool,
+    /// The program runs behind [`vlan_prefix`].
+    vlan_meta: bool,
     program: Program,
 }
 
@@ -708,6 +818,42 @@ impl XdpAttachment {
         };
         if let Some(i) = prog_insns.get_mut(map_at) {
             i.imm = sys::raw(&map);
+        }
+        // In native mode, first the program behind the VLAN prefix, bound
+        // to the device (a metadata kfunc needs that, and a device-bound
+        // program attaches in native mode only).
+        let kfunc = match mode {
+            XdpMode::Generic => None,
+            XdpMode::Native | XdpMode::Auto => btf::vmlinux_func(VLAN_TAG_KFUNC),
+        };
+        if let Some(id) = kfunc {
+            let mut with_vlan = vlan_prefix(id);
+            with_vlan.extend_from_slice(&prog_insns);
+            match prog_load_xdp_on(
+                &with_vlan,
+                b"sluice_xsk",
+                BPF_XDP,
+                Some(ifindex),
+                "bpf(BPF_PROG_LOAD xdp dev-bound)",
+            ) {
+                Ok(prog) => match link_xdp_native(&prog, ifindex) {
+                    Ok(link) => {
+                        return Ok(Self {
+                            link,
+                            _prog: prog,
+                            map,
+                            native: true,
+                            vlan_meta: true,
+                            program,
+                        })
+                    }
+                    Err(e) if mode == XdpMode::Native => return Err(e),
+                    Err(e) => tracing::info!("native XDP attach failed ({e}); trying generic (SKB) mode"),
+                },
+                Err((e, log)) => tracing::warn!(
+                    "XDP program with the VLAN metadata check rejected ({e}); loading it without (verifier log:\n{log})"
+                ),
+            }
         }
         let prog = prog_load_xdp(
             &prog_insns,
@@ -742,13 +888,30 @@ impl XdpAttachment {
                 }
             }
         };
+        tracing::warn!(
+            ifindex,
+            "XDP program without the VLAN metadata check ({}): a frame whose VLAN tag the driver \
+             takes out (receive VLAN offload) reaches Sluice untagged; turn that offload off \
+             (`ethtool -K IF rxvlan off`)",
+            if kfunc.is_none() {
+                "no bpf_xdp_metadata_rx_vlan_tag in this kernel, or generic mode asked for"
+            } else {
+                "generic mode"
+            }
+        );
         Ok(Self {
             link,
             _prog: prog,
             map,
             native,
+            vlan_meta: false,
             program,
         })
+    }
+
+    /// Whether the program puts back the VLAN tags the driver took out.
+    pub(crate) fn vlan_meta(&self) -> bool {
+        self.vlan_meta
     }
 
     /// Point map slot `slot` at socket `xsk_fd`.

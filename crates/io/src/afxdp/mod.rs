@@ -44,6 +44,7 @@
 //! Missing: unaligned chunks; multi-buffer (jumbo) frames.
 
 pub mod bpf;
+mod btf;
 pub mod offload;
 mod ring;
 
@@ -661,13 +662,18 @@ impl Port for AfXdpPort {
             None => String::new(),
         };
         format!(
-            "af_xdp {} queue {}{steer} {}-xdp {} (link fd {})",
+            "af_xdp {} queue {}{steer} {}-xdp{} {} (link fd {})",
             self.name,
             self.queue,
             if self.share.xdp.native() {
                 "native"
             } else {
                 "generic"
+            },
+            if self.share.xdp.vlan_meta() {
+                " vlan-meta"
+            } else {
+                ""
             },
             if self.zero_copy { "zero-copy" } else { "copy" },
             self.share.xdp.link_fd()
