@@ -449,26 +449,32 @@ const TPID_8021AD: [u8; 2] = [0x88, 0xa8];
 fn untag(buf: &mut [u8], len: usize) -> Tagging {
     let mut len = len.min(buf.len());
     let mut stripped = false;
+    let tagged = |b: &[u8]| {
+        let tpid = b.get(12..14);
+        tpid == Some(&TPID_8021Q[..]) || tpid == Some(&TPID_8021AD[..])
+    };
     // At most two tags (802.1ad outer + 802.1Q inner) are looked at.
     for _ in 0..2 {
-        let tpid = buf.get(12..14);
-        if tpid != Some(&TPID_8021Q[..]) && tpid != Some(&TPID_8021AD[..]) {
+        let Some(b) = buf.get_mut(..len) else {
+            return Tagging::Tagged;
+        };
+        if !tagged(b) {
             break;
         }
-        let vid = match buf.get(14..16) {
+        // A tag and an EtherType after it, else the frame is cut short
+        // (and no use to anyone).
+        let vid = match b.get(14..18) {
             Some(t) => u16::from_be_bytes([t[0] & 0x0f, t[1]]),
             None => return Tagging::Tagged,
         };
-        if vid != 0 || len < 18 {
+        if vid != 0 {
             return Tagging::Tagged;
         }
-        if let Some(b) = buf.get_mut(..len) {
-            b.copy_within(16.., 12);
-        }
+        b.copy_within(16.., 12);
         len -= 4;
         stripped = true;
     }
-    let tpid = buf.get(12..14);
+    let tpid = buf.get(..len).and_then(|b| b.get(12..14));
     if tpid == Some(&TPID_8021Q[..]) || tpid == Some(&TPID_8021AD[..]) {
         // A third tag: more than the kernel's receive path takes apart.
         return Tagging::Tagged;
@@ -1142,7 +1148,7 @@ impl Worker {
             let (buf, mut len) = frames.buf_mut(i);
             // One compare for an untagged frame (the EtherType is on the
             // frame's first line, which the MAC check below reads anyway).
-            if matches!(buf.get(12), Some(0x81 | 0x88)) {
+            if len > 12 && matches!(buf.get(12), Some(0x81 | 0x88)) {
                 match untag(buf, len) {
                     Tagging::Untagged => {}
                     Tagging::Stripped(n) => {
@@ -3105,5 +3111,52 @@ fn swap_macs(buf: &mut [u8], my_mac: [u8; 6]) {
         src.copy_from_slice(&m[6..12]);
         m[..6].copy_from_slice(&src);
         m[6..].copy_from_slice(&my_mac);
+    }
+}
+
+#[cfg(test)]
+mod untag_tests {
+    use super::{untag, Tagging};
+
+    /// A 60-byte frame: MACs, then `tags` (TPID, TCI), then IPv4 (0x0800).
+    fn frame(tags: &[(u16, u16)]) -> (Vec<u8>, usize) {
+        let mut b = vec![0xee; 12];
+        for (tpid, tci) in tags {
+            b.extend_from_slice(&tpid.to_be_bytes());
+            b.extend_from_slice(&tci.to_be_bytes());
+        }
+        b.extend_from_slice(&[0x08, 0x00, 0x45]);
+        b.resize(60, 0x11);
+        let n = b.len();
+        b.resize(2048, 0x81);
+        (b, n)
+    }
+
+    #[test]
+    fn untag_follows_the_kernels_receive_rule() {
+        let (mut b, n) = frame(&[]);
+        assert_eq!(untag(&mut b, n), Tagging::Untagged);
+        let (mut b, n) = frame(&[(0x8100, 0xe000)]);
+        assert_eq!(untag(&mut b, n), Tagging::Stripped(56));
+        assert_eq!(&b[12..15], &[0x08, 0x00, 0x45]);
+        let (mut b, n) = frame(&[(0x88a8, 0), (0x8100, 0x1000)]);
+        assert_eq!(untag(&mut b, n), Tagging::Stripped(52));
+        assert_eq!(&b[12..15], &[0x08, 0x00, 0x45]);
+        for tags in [
+            &[(0x8100u16, 1u16)][..],
+            &[(0x88a8, 7)],
+            &[(0x88a8, 0), (0x8100, 100)],
+            &[(0x8100, 0), (0x8100, 0), (0x8100, 0)],
+        ] {
+            let (mut b, n) = frame(tags);
+            assert_eq!(untag(&mut b, n), Tagging::Tagged, "{tags:x?}");
+        }
+        // A tag cut short, and a length beyond the buffer: no panic.
+        let (mut b, _) = frame(&[(0x8100, 0)]);
+        assert_eq!(untag(&mut b, 16), Tagging::Tagged);
+        assert_eq!(untag(&mut b, 13), Tagging::Untagged);
+        let mut short = vec![0u8; 14];
+        short[12] = 0x81;
+        assert_eq!(untag(&mut short, 100), Tagging::Tagged);
     }
 }
