@@ -21,6 +21,9 @@ use toml::Spanned;
 
 /// Default control socket path.
 pub const DEFAULT_SOCKET: &str = "/run/sluice.sock";
+/// Permission bits of the control socket file unless `control_socket_mode`
+/// says otherwise: its owner (root) only.
+pub const DEFAULT_SOCKET_MODE: u32 = 0o600;
 
 /// Most workers accepted.
 pub const MAX_WORKERS: u16 = 64;
@@ -170,6 +173,10 @@ struct RawConfig {
     heap_reserve_mib: Option<Spanned<i64>>,
     capture: Option<Spanned<String>>,
     control_socket: Option<Spanned<String>>,
+    /// Permission bits of the control socket file (octal digits).
+    control_socket_mode: Option<Spanned<String>>,
+    /// Group of the control socket file (a name or a number).
+    control_socket_group: Option<Spanned<String>>,
     /// Prometheus metrics over HTTP (`ADDR:PORT`).
     metrics_listen: Option<Spanned<String>>,
     #[serde(default)]
@@ -414,6 +421,12 @@ pub struct Config {
     pub capture: Option<PathBuf>,
     /// Control socket path.
     pub control_socket: PathBuf,
+    /// Permission bits of the control socket file (`control_socket_mode`,
+    /// default 0600: only its owner, root, may connect).
+    pub control_socket_mode: u32,
+    /// Group of the control socket file (`control_socket_group`, resolved
+    /// to its id); `None`: the daemon's.
+    pub control_socket_group: Option<u32>,
     /// Where to serve Prometheus metrics over HTTP (`metrics_listen`).
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// Owned interfaces; engine interface `i + 1` is `interfaces[i]`.
@@ -661,6 +674,60 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let control_socket = match &raw.control_socket {
         Some(v) => nonempty(v, "control_socket")?,
         None => PathBuf::from(DEFAULT_SOCKET),
+    };
+    let control_socket_mode = match &raw.control_socket_mode {
+        None => DEFAULT_SOCKET_MODE,
+        Some(v) => {
+            let t = v.get_ref().trim();
+            let m = u32::from_str_radix(t.strip_prefix("0o").unwrap_or(t), 8)
+                .ok()
+                .filter(|m| *m <= 0o777 && !t.is_empty())
+                .ok_or_else(|| {
+                    src.err(
+                        v,
+                        "control_socket_mode",
+                        format!(
+                            "{:?} is not a file mode in octal digits (e.g. \"0660\")",
+                            v.get_ref()
+                        ),
+                    )
+                })?;
+            if m & 0o007 != 0 {
+                return Err(src.err(
+                    v,
+                    "control_socket_mode",
+                    format!(
+                        "{t} gives other users access: whoever may connect can replace the rule \
+                         set and flush connections; grant a group instead (e.g. \"0660\" with \
+                         control_socket_group)"
+                    ),
+                ));
+            }
+            if m & 0o200 == 0 {
+                return Err(src.err(
+                    v,
+                    "control_socket_mode",
+                    format!("{t} does not let the owner connect (connecting needs write permission, 0200)"),
+                ));
+            }
+            m
+        }
+    };
+    let control_socket_group = match &raw.control_socket_group {
+        None => None,
+        Some(v) => match sluice_io::unixsock::group_id(v.get_ref()) {
+            Ok(Some(g)) => Some(g),
+            Ok(None) => {
+                return Err(src.err(
+                    v,
+                    "control_socket_group",
+                    format!("no group {:?} on this system", v.get_ref()),
+                ))
+            }
+            Err(e) => {
+                return Err(src.err(v, "control_socket_group", format!("{:?}: {e}", v.get_ref())))
+            }
+        },
     };
 
     // Interfaces.
@@ -1119,6 +1186,8 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         heap_reserve_mib,
         capture,
         control_socket,
+        control_socket_mode,
+        control_socket_group,
         metrics_listen,
         interfaces,
         routes,
@@ -1422,6 +1491,17 @@ timeouts = { udp = 60, tcp_established = 3600 }
         assert!(c.ct_prefault);
         assert_eq!(c.timeouts.udp, Duration::from_secs(60));
         assert_eq!(c.control_socket, PathBuf::from(DEFAULT_SOCKET));
+        assert_eq!(c.control_socket_mode, 0o600);
+        assert_eq!(c.control_socket_group, None);
+        let c = parse(
+            Path::new("sluice.toml"),
+            "control_socket_mode = \"0660\"\ncontrol_socket_group = \"root\"\n[[interfaces]]\nname = \"wan0\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            (c.control_socket_mode, c.control_socket_group),
+            (0o660, Some(0))
+        );
     }
 
     #[test]
@@ -1495,6 +1575,26 @@ timeouts = { udp = 60, tcp_established = 3600 }
             ),
             ("xdp_offload = 1\n", "sluice.toml:1:15: invalid type: integer `1`, expected a boolean"),
             ("ruleset = \"\"\n", "sluice.toml:1:11: ruleset: must not be empty"),
+            (
+                "control_socket_mode = \"0666\"\n",
+                "sluice.toml:1:23: control_socket_mode: 0666 gives other users access",
+            ),
+            (
+                "control_socket_mode = \"rw\"\n",
+                "sluice.toml:1:23: control_socket_mode: \"rw\" is not a file mode in octal digits",
+            ),
+            (
+                "control_socket_mode = \"01600\"\n",
+                "sluice.toml:1:23: control_socket_mode: \"01600\" is not a file mode in octal digits",
+            ),
+            (
+                "control_socket_mode = \"0460\"\n",
+                "sluice.toml:1:23: control_socket_mode: 0460 does not let the owner connect",
+            ),
+            (
+                "control_socket_group = \"sluice-no-such-group-x\"\n",
+                "sluice.toml:1:24: control_socket_group: no group \"sluice-no-such-group-x\" on this system",
+            ),
             (
                 "metrics_listen = \"localhost\"\n",
                 "sluice.toml:1:18: metrics_listen: localhost is not ADDRESS:PORT",

@@ -71,7 +71,6 @@ pub mod natlog;
 pub mod neigh;
 pub mod neigh6;
 
-use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, SyncSender};
@@ -1588,7 +1587,11 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
         }
         let _ = std::fs::remove_file(&sock);
     }
-    let listener = match UnixListener::bind(&sock) {
+    let listener = match sluice_io::unixsock::bind_with_mode(
+        &sock,
+        cfg.control_socket_mode,
+        cfg.control_socket_group,
+    ) {
         Ok(l) => l,
         Err(e) => {
             stop.store(true, Ordering::Relaxed);

@@ -60,6 +60,7 @@ pub mod sched;
 pub mod spin;
 pub mod steer;
 mod sys;
+pub mod unixsock;
 pub mod xdpgen;
 
 pub use afpacket::{AfPacketConfig, AfPacketPort, RxRing};

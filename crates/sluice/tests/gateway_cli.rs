@@ -349,6 +349,13 @@ fn ctl_status_metrics_and_http_metrics_on_a_mem_gateway() {
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+    // The control socket is its owner's only (`control_socket_mode`'s
+    // default), whatever the umask.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&sock).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "control socket mode {mode:o}");
+    }
     let status: serde_json::Value =
         serde_json::from_slice(&ctl(&["status"]).stdout).expect("status prints JSON");
     assert_eq!(status["ok"], true, "{status}");
