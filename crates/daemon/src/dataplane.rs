@@ -544,6 +544,74 @@ pub struct WorkerThread {
     pub offload: Option<OffloadLink>,
     /// The NAT log (`None`: none configured; the engine only counts).
     pub nat_log: Option<crate::natlog::NatLogLink>,
+    /// The interfaces' link state, as the control plane sees it.
+    pub links: Arc<Links>,
+}
+
+/// The link state of the gateway's interfaces as the control plane last
+/// saw it (it polls them, `sluice_io::link::state`), for the workers: each
+/// compares `generation` once per loop turn and, when it moved, tells its
+/// engine ([`Worker::set_link_up`]). Entry `k` is engine interface `k + 1`.
+pub struct Links {
+    generation: AtomicU64,
+    states: Vec<std::sync::atomic::AtomicU8>,
+}
+
+impl Links {
+    /// `n` interfaces, all up.
+    pub fn new(n: usize) -> Self {
+        Links {
+            generation: AtomicU64::new(0),
+            states: (0..n)
+                .map(|_| std::sync::atomic::AtomicU8::new(LINK_UP))
+                .collect(),
+        }
+    }
+
+    /// Records interface `k`'s state; whether it changed.
+    pub fn set(&self, k: usize, st: sluice_io::link::LinkState) -> bool {
+        let v = link_code(st);
+        let Some(a) = self.states.get(k) else {
+            return false;
+        };
+        if a.swap(v, Ordering::Relaxed) == v {
+            return false;
+        }
+        self.generation.fetch_add(1, Ordering::Release);
+        true
+    }
+
+    /// Interface `k`'s state.
+    pub fn get(&self, k: usize) -> sluice_io::link::LinkState {
+        match self.states.get(k).map(|a| a.load(Ordering::Relaxed)) {
+            Some(LINK_DOWN) => sluice_io::link::LinkState::Down,
+            Some(LINK_GONE) => sluice_io::link::LinkState::Gone,
+            _ => sluice_io::link::LinkState::Up,
+        }
+    }
+
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    fn apply(&self, engine: &mut Worker) {
+        for k in 0..self.states.len() {
+            let up = self.get(k) == sluice_io::link::LinkState::Up;
+            engine.set_link_up((k + 1) as IfIndex, up);
+        }
+    }
+}
+
+const LINK_UP: u8 = 0;
+const LINK_DOWN: u8 = 1;
+const LINK_GONE: u8 = 2;
+
+fn link_code(st: sluice_io::link::LinkState) -> u8 {
+    match st {
+        sluice_io::link::LinkState::Up => LINK_UP,
+        sluice_io::link::LinkState::Down => LINK_DOWN,
+        sluice_io::link::LinkState::Gone => LINK_GONE,
+    }
 }
 
 /// The published policy. The control plane swaps in a new generation with
@@ -667,11 +735,17 @@ impl WorkerThread {
         let mut pollset = sluice_io::PollSet::new(self.ports.iter().map(|p| p.as_ref()));
         let mut last_house = 0u64;
         let mut policy_gen = self.policy_generation;
+        let mut link_gen = 0u64;
         while !self.stop.load(Ordering::Relaxed) {
             let g = self.policy.generation();
             if g != policy_gen {
                 policy_gen = g;
                 self.engine.set_policy(self.policy.load());
+            }
+            let g = self.links.generation();
+            if g != link_gen {
+                link_gen = g;
+                self.links.apply(&mut self.engine);
             }
             self.commands(&mut s);
             let mut got = self.handed_in(&mut s);

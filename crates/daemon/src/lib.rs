@@ -478,6 +478,8 @@ struct Control {
     retired: Mutex<Vec<Arc<dataplane::PolicyRef>>>,
     /// The NAT log (`nat.log`), if configured.
     nat_log: Option<natlog::NatLogHandle>,
+    /// The interfaces' link state (watched by the main loop).
+    links: Arc<dataplane::Links>,
 }
 
 /// What is currently running (for reload decisions and status).
@@ -494,6 +496,50 @@ struct Published {
 }
 
 const CMD_QUEUE: usize = 64;
+/// How often the main loop looks at the interfaces' link state.
+const LINK_POLL: Duration = Duration::from_millis(250);
+
+/// Looks at each interface's link (`names[k]`: its name and the kernel
+/// index it had at start) and records changes in `links`, logging them.
+/// An interface whose index changed was deleted and made again: its
+/// sockets and XDP program went with the old one, so it stays `gone` until
+/// the gateway is restarted.
+fn watch_link_states(names: &[(String, Option<u32>)], links: &dataplane::Links) {
+    use sluice_io::link::LinkState;
+    for (k, (name, idx0)) in names.iter().enumerate() {
+        let Ok(ifn) = sluice_io::IfName::new(name) else {
+            continue;
+        };
+        let mut st = match sluice_io::link::state(&ifn) {
+            Ok(st) => st,
+            Err(e) => {
+                tracing::warn!(interface = %name, "link state: {e}");
+                continue;
+            }
+        };
+        if st != LinkState::Gone {
+            let idx = sluice_io::afxdp::offload::ifindex(name).ok();
+            if idx0.is_some() && idx != *idx0 {
+                st = LinkState::Gone;
+            }
+        }
+        if !links.set(k, st) {
+            continue;
+        }
+        match st {
+            LinkState::Up => tracing::info!(interface = %name, "link up"),
+            LinkState::Down => tracing::warn!(
+                interface = %name,
+                "link down: packets routed out of it are dropped (link-down) until it is up"
+            ),
+            LinkState::Gone => tracing::error!(
+                interface = %name,
+                "interface gone (deleted, replaced or moved to another namespace): packets routed \
+                 out of it are dropped (link-down); restart the gateway once it is back"
+            ),
+        }
+    }
+}
 /// Offload requests a worker queues between two loop turns (more are
 /// counted as failed and those connections stay in userspace).
 const OFFLOAD_QUEUE: usize = 4096;
@@ -648,6 +694,13 @@ impl Control {
                 rules: st.rules,
                 generation: st.generation,
                 nat_log: self.nat_log.as_ref().map(natlog::NatLogHandle::counts),
+                links: st
+                    .config
+                    .interfaces
+                    .iter()
+                    .enumerate()
+                    .map(|(k, i)| (i.name.clone(), self.links.get(k).name()))
+                    .collect(),
             }
         };
         Ok(metrics::render(&ws, &info))
@@ -742,8 +795,10 @@ impl Control {
                     .config
                     .interfaces
                     .iter()
-                    .map(|i| {
+                    .enumerate()
+                    .map(|(k, i)| {
                         json!({"name": i.name, "role": i.role,
+                               "link": self.links.get(k).name(),
                                "addresses": i.addrs.iter().map(|(a, l)| format!("{a}/{l}"))
                                    .chain(i.addrs6.iter().map(|(a, l)| format!("{a}/{l}")))
                                    .collect::<Vec<_>>()})
@@ -1417,6 +1472,24 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
         }
     }
 
+    // The interfaces' link state, watched from here on (not for in-memory
+    // ports, which have no kernel interface).
+    let links = Arc::new(dataplane::Links::new(cfg.interfaces.len()));
+    let cfg_backend = cfg.backend;
+    let link_names: Vec<(String, Option<u32>)> = cfg
+        .interfaces
+        .iter()
+        .map(|i| {
+            let idx = (cfg_backend != config::BackendChoice::Mem)
+                .then(|| sluice_io::afxdp::offload::ifindex(&i.name).ok())
+                .flatten();
+            (i.name.clone(), idx)
+        })
+        .collect();
+    if cfg_backend != config::BackendChoice::Mem {
+        watch_link_states(&link_names, &links);
+    }
+
     let mut threads = Vec::new();
     let mut senders = Vec::new();
     let mut receivers = Vec::new();
@@ -1565,6 +1638,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
                 status: Default::default(),
             }),
             nat_log: nat_logger.as_ref().map(|l| l.handle().link()),
+            links: Arc::clone(&links),
         };
         let h = std::thread::Builder::new()
             .name(format!("sluice-w{id}"))
@@ -1620,6 +1694,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
         policy: cell,
         retired: Mutex::new(Vec::new()),
         nat_log: nat_logger.as_ref().map(natlog::NatLogger::handle),
+        links: Arc::clone(&links),
     });
     // From here the cell, the workers and `Published` hold the policy; a
     // reference kept here would pin the start-up rule set in memory after
@@ -1649,7 +1724,13 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     };
 
     let handle = signals.handle();
+    let watch_links = cfg_backend != config::BackendChoice::Mem;
+    let mut last_links = Instant::now();
     while !stop.load(Ordering::Relaxed) {
+        if watch_links && last_links.elapsed() >= LINK_POLL {
+            last_links = Instant::now();
+            watch_link_states(&link_names, &links);
+        }
         for sig in signals.pending() {
             match sig {
                 signal_hook::consts::SIGHUP => match control.reload() {

@@ -36,6 +36,8 @@ pub struct Info {
     pub generation: u64,
     /// The NAT log's (written, lost, write errors), when configured.
     pub nat_log: Option<(u64, u64, u64)>,
+    /// Each interface's name and link state (`up`, `down`, `gone`).
+    pub links: Vec<(String, &'static str)>,
 }
 
 /// One metric family being written.
@@ -106,6 +108,18 @@ pub fn render(ws: &[WorkerStatus], info: &Info) -> String {
         "Generation of the running rule set (1 at start, +1 per replace or reload).",
     )
     .sample(&[], info.generation);
+    let mut fam = family(
+        &mut o,
+        "sluice_interface_link_up",
+        "gauge",
+        "1 while an interface's link is up; 0 while it is down or gone (label state).",
+    );
+    for (name, state) in &info.links {
+        fam.sample(
+            &[("interface", name), ("state", state)],
+            u64::from(*state == "up"),
+        );
+    }
     let engine: [Counter<sluice_engine::Counters>; 12] = [
         (
             "sluice_rx_frames_total",
@@ -561,6 +575,7 @@ mod tests {
                 rules: 4,
                 generation: 1,
                 nat_log: Some((9, 0, 0)),
+                links: vec![("lan0".into(), "up"), ("wan0".into(), "down")],
             },
         );
         for want in [
@@ -571,6 +586,8 @@ mod tests {
             "sluice_nat_pool_free_ports{worker=\"0\",address=\"198.51.100.7\",protocol=\"udp\"} 64511\n",
             "sluice_nat_log_lines_total 9\n",
             "sluice_uptime_seconds 5\n",
+            "sluice_interface_link_up{interface=\"lan0\",state=\"up\"} 1\n",
+            "sluice_interface_link_up{interface=\"wan0\",state=\"down\"} 0\n",
         ] {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
         }

@@ -1505,6 +1505,12 @@ both_backends!(
     vlan_tagged_frames_are_dropped_and_counted_af_xdp
 );
 both_backends!(
+    link_states,
+    "l",
+    link_down_and_gone_are_reported_and_counted_af_packet,
+    link_down_and_gone_are_reported_and_counted_af_xdp
+);
+both_backends!(
     sighup_reload,
     "r",
     sighup_reload_keeps_a_tcp_transfer_and_applies_new_rules_af_packet,
@@ -1808,4 +1814,62 @@ fn worker_priority_runs_the_worker_sched_fifo_af_packet() {
 #[ignore = "needs root + netns; run by .ci/run with --ignored"]
 fn worker_priority_runs_the_worker_sched_fifo_af_xdp() {
     worker_priority("af_xdp", "px");
+}
+
+/// The gateway watches its interfaces' links: set down, the WAN link is
+/// reported (`sluice ctl status`, the log) and what is routed out of it is
+/// dropped and counted (`link-down`) instead of failing in the port; up
+/// again, traffic flows again; deleted, it is reported gone and the
+/// gateway keeps serving (the control socket answers, SIGTERM stops it).
+fn link_states(backend: &str, tag: &str) {
+    let (t, mut d) = setup(tag, backend, "");
+    let link = |d: &Daemon| -> String {
+        d.ctl("status")["interfaces"][1]["link"]
+            .as_str()
+            .unwrap_or("?")
+            .to_string()
+    };
+    assert_eq!(link(&d), "up", "{}", d.context());
+    let o = sh(&t.private2, "ping -n -c 1 -W 2 203.0.113.2");
+    assert!(o.status.success(), "{}\n{}", text(&o), d.context());
+
+    let o = sh(&t.gw, "ip link set wan0 down");
+    assert!(o.status.success(), "{}", text(&o));
+    wait_for("wan0 reported down", Duration::from_secs(5), || {
+        link(&d) == "down"
+    });
+    let before = d.drops("link-down");
+    let o = sh(&t.private2, "ping -n -c 2 -i 0.2 -W 1 203.0.113.2");
+    assert!(!o.status.success(), "ping through a down link answered");
+    assert!(d.drops("link-down") >= before + 2, "{}", d.context());
+    assert!(d.log().contains("link down"), "{}", d.log());
+
+    let o = sh(&t.gw, "ip link set wan0 up");
+    assert!(o.status.success(), "{}", text(&o));
+    wait_for("wan0 reported up", Duration::from_secs(5), || {
+        link(&d) == "up"
+    });
+    wait_for("a ping through wan0 again", Duration::from_secs(10), || {
+        sh(&t.private2, "ping -n -c 1 -W 1 203.0.113.2")
+            .status
+            .success()
+    });
+
+    let o = sh(&t.gw, "ip link del wan0");
+    assert!(o.status.success(), "{}", text(&o));
+    wait_for("wan0 reported gone", Duration::from_secs(5), || {
+        link(&d) == "gone"
+    });
+    assert!(d.log().contains("interface gone"), "{}", d.log());
+    let before = d.drops("link-down");
+    let o = sh(&t.private2, "ping -n -c 1 -W 1 203.0.113.2");
+    assert!(!o.status.success());
+    assert!(d.drops("link-down") > before, "{}", d.context());
+    d.signal("-TERM");
+    let st = d.child.0.as_mut().map(|c| c.wait());
+    assert!(
+        matches!(st, Some(Ok(s)) if s.success()),
+        "exit after SIGTERM: {st:?}\n{}",
+        d.log()
+    );
 }

@@ -45,6 +45,11 @@ drop_reasons! {
     NatNoMapping => "nat-no-mapping",
     /// Inbound packet refused by the NAT filtering behaviour (RFC 4787 REQ-8).
     NatFiltered => "nat-filtered",
+    /// The egress interface's link is down (or the interface is gone), as
+    /// the gateway last looked: the packet was routed and translated (its
+    /// connection and NAT state stay, as the kernel's do when a transmit
+    /// fails) but not sent.
+    LinkDown => "link-down",
     /// No route to the destination.
     NoRoute => "no-route",
     /// The next hop's link-layer address is not known (yet).

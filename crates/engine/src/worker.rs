@@ -605,6 +605,11 @@ pub struct Worker {
     /// Every interface's MAC address as the low 48 bits of a little-endian
     /// `u64` (see [`Self::l2_dest`]).
     l2_macs: Vec<u64>,
+    /// Per interface, whether its link is down ([`Worker::set_link_up`]).
+    link_down: Vec<bool>,
+    /// Some interface's link is down: the one check every forwarded frame
+    /// pays while all links are up.
+    any_link_down: bool,
     routes: RouteTable4,
     adj: Vec<Adjacency>,
     neigh: HashMap<(IfIndex, u32), AdjIndex>,
@@ -773,6 +778,8 @@ impl Worker {
             counts_conns,
             batched_prefetch: cfg.ct_max >= BATCHED_PREFETCH_FROM,
             l2_macs: cfg.interfaces.iter().map(|i| mac48(&i.mac)).collect(),
+            link_down: vec![false; cfg.interfaces.len()],
+            any_link_down: false,
             ifaces: cfg.interfaces,
             local4,
             bcast4,
@@ -845,6 +852,50 @@ impl Worker {
         self.adj.push(adj);
         self.neigh.insert((oif, a), i);
         Ok(i)
+    }
+
+    /// Tell the worker whether interface `oif`'s link is up (the gateway
+    /// watches its interfaces). While it is down, a frame routed out of it
+    /// is dropped as [`DropReason::LinkDown`] instead of being handed to a
+    /// port that cannot send it, and no connection through it is
+    /// offloaded; going down takes every offloaded direction back (they
+    /// return to the XDP program with the next packets once the link is
+    /// up again).
+    pub fn set_link_up(&mut self, oif: IfIndex, up: bool) {
+        let Some(d) = self.link_down.get_mut(usize::from(oif)) else {
+            return;
+        };
+        if *d == up {
+            *d = !up;
+            if !up {
+                self.offload_clear();
+            }
+        }
+        self.any_link_down = self.link_down.iter().any(|d| *d);
+    }
+
+    /// Whether interface `oif`'s link is up as far as the worker was told.
+    pub fn link_up(&self, oif: IfIndex) -> bool {
+        !self
+            .link_down
+            .get(usize::from(oif))
+            .copied()
+            .unwrap_or(false)
+    }
+
+    /// `a`, or [`DropReason::LinkDown`] when it sends out of a link that
+    /// is down.
+    #[inline(always)]
+    fn egress_link(&self, a: Action) -> Action {
+        if !self.any_link_down {
+            return a;
+        }
+        match a {
+            Action::Forward(o) | Action::Fragment(o, _) if !self.link_up(o) => {
+                Action::Drop(DropReason::LinkDown)
+            }
+            _ => a,
+        }
     }
 
     /// Replace the policy. Established connections keep their entries.
@@ -1313,6 +1364,7 @@ impl Worker {
             // but its rewrite.
             if let (C_V4, Some((id, dir)), true) = (m.class, cand, self.hot) {
                 if let Some(action) = self.hot4(now, buf, len, m, id, dir) {
+                    let action = self.egress_link(action);
                     self.counters.fast_path += 1;
                     match action {
                         Action::Drop(r) => self.counters.drop(r),
@@ -1340,7 +1392,7 @@ impl Worker {
                 }
             }
             let action = match step {
-                Step::Done(a) => a,
+                Step::Done(a) => self.egress_link(a),
                 Step::Reply(newlen) => {
                     frames.set_len(i, newlen);
                     Action::Reply
@@ -2109,6 +2161,10 @@ impl Worker {
         // Symmetric routing: the reply of this packet arrives where this
         // one leaves, and this one arrived where the reply leaves.
         if !out.resolved || !back.resolved || back.oif != iif {
+            return;
+        }
+        let down = |o: IfIndex| self.link_down.get(usize::from(o)).copied().unwrap_or(false);
+        if down(out.oif) || down(back.oif) {
             return;
         }
         for (d, a) in [(dir, out), (opp, back)] {

@@ -309,3 +309,36 @@ fn priority_tagged_frames_are_handled_untagged() {
     w.process(3_000_000, &mut f);
     assert_eq!(f.acts[0], Action::Reply);
 }
+
+#[test]
+fn frames_out_of_a_link_that_is_down_are_counted_not_sent() {
+    let mut w = gateway();
+    let k = udp(HOST, 4300, REMOTE, 53);
+    assert_eq!(send(&mut w, GW_IN_MAC, &k), Action::Forward(OUTSIDE));
+    assert!(w.link_up(OUTSIDE));
+    w.set_link_up(OUTSIDE, false);
+    assert!(!w.link_up(OUTSIDE) && w.link_up(INSIDE));
+    // The established connection (fast path) and a new one (slow path).
+    assert_eq!(
+        send(&mut w, GW_IN_MAC, &k),
+        Action::Drop(DropReason::LinkDown)
+    );
+    let k2 = udp(HOST, 4301, REMOTE, 53);
+    assert_eq!(
+        send(&mut w, GW_IN_MAC, &k2),
+        Action::Drop(DropReason::LinkDown)
+    );
+    assert_eq!(w.counters().drops_for(DropReason::LinkDown), 2);
+    // What arrives for the gateway itself is still answered.
+    let mut f = TestFrames::default();
+    f.push(INSIDE, |b| arp_request(b, BROADCAST_MAC));
+    w.process(2_000_000, &mut f);
+    assert_eq!(f.acts[0], Action::Reply);
+    w.set_link_up(OUTSIDE, true);
+    assert_eq!(send(&mut w, GW_IN_MAC, &k), Action::Forward(OUTSIDE));
+    assert_eq!(send(&mut w, GW_IN_MAC, &k2), Action::Forward(OUTSIDE));
+    assert_eq!(w.counters().drops_for(DropReason::LinkDown), 2);
+    // An interface the worker does not have changes nothing.
+    w.set_link_up(99, false);
+    assert_eq!(send(&mut w, GW_IN_MAC, &k), Action::Forward(OUTSIDE));
+}

@@ -338,3 +338,29 @@ fn a_flowtable_connection_is_offloaded_despite_per_packet_filtering() {
     send(&mut w, 7_000_000, &udp(INSIDE, &k));
     assert!(installs(&ops(&mut w)).is_empty());
 }
+
+/// A link going down takes every offloaded direction back; while it is
+/// down nothing through it is offloaded (its packets are dropped as
+/// `link-down`); up again, the next packet offloads the connection again.
+#[test]
+fn a_link_going_down_takes_the_offload_back() {
+    let (mut w, _) = worker();
+    let k = key(proto::UDP, 9000);
+    send(&mut w, 1_000_000, &udp(INSIDE, &k));
+    send(&mut w, 2_000_000, &udp(INSIDE, &k));
+    assert_eq!(installs(&ops(&mut w)).len(), 2);
+    w.set_link_up(OUTSIDE, false);
+    assert_eq!(ops(&mut w), [OffloadOp::Clear]);
+    assert_eq!(
+        send(&mut w, 3_000_000, &udp(INSIDE, &k)).0,
+        Action::Drop(sluice_engine::DropReason::LinkDown)
+    );
+    assert!(ops(&mut w).is_empty(), "nothing offloaded while down");
+    w.set_link_up(OUTSIDE, true);
+    assert!(ops(&mut w).is_empty(), "coming up takes nothing back");
+    assert_eq!(
+        send(&mut w, 4_000_000, &udp(INSIDE, &k)).0,
+        Action::Forward(OUTSIDE)
+    );
+    assert_eq!(installs(&ops(&mut w)).len(), 2);
+}

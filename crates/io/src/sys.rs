@@ -119,6 +119,44 @@ pub(crate) fn ifindex(name: &IfName) -> Result<u32, IoError> {
     Ok(idx)
 }
 
+/// The flags of interface `name` (`SIOCGIFFLAGS`: `IFF_UP`,
+/// `IFF_RUNNING`, ...), or `None` when there is no such interface.
+pub(crate) fn if_flags(name: &IfName) -> Result<Option<u32>, IoError> {
+    // SAFETY: a plain socket(2) call; the descriptor is owned right after.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(IoError::Syscall {
+            call: "socket(AF_INET, SOCK_DGRAM)",
+            errno: crate::error::errno(),
+        });
+    }
+    // SAFETY: `fd` was just returned by socket(2) and nothing else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: `ifreq` is plain data (a name and a union of integers and
+    // addresses), for which all-zero bytes are valid.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    let c = name.as_cstr_bytes();
+    for (d, s) in req.ifr_name.iter_mut().zip(c.iter()) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: `req` is a live ifreq with a NUL-terminated name (IfName is
+    // at most 15 bytes and `ifr_name` is 16, zeroed); SIOCGIFFLAGS writes
+    // only `ifr_flags` inside it.
+    let r = unsafe { libc::ioctl(raw(&fd), libc::SIOCGIFFLAGS, &mut req) };
+    if r < 0 {
+        let e = crate::error::errno();
+        if e == libc::ENODEV || e == libc::ENXIO {
+            return Ok(None);
+        }
+        return Err(IoError::Syscall {
+            call: "ioctl(SIOCGIFFLAGS)",
+            errno: e,
+        });
+    }
+    // SAFETY: SIOCGIFFLAGS filled the `ifru_flags` member of the union.
+    Ok(Some(u32::from(unsafe { req.ifr_ifru.ifru_flags } as u16)))
+}
+
 /// Send with no payload: the "kick" that tells the kernel a TX ring has work.
 /// Returns the errno on failure (callers decide which ones matter).
 pub(crate) fn kick_tx(fd: RawFd) -> Result<(), i32> {
