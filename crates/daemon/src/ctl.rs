@@ -551,6 +551,33 @@ pub const CLOSE_WAIT: Duration = Duration::from_millis(2);
 /// of them; an isolated request costs at most this much CPU on each side.
 pub const SPIN: Duration = Duration::from_micros(500);
 
+/// A request that makes the daemon read a file (`ruleset replace FILE`,
+/// `nft -f FILE`) reads it with the daemon's privileges, and a rule set's
+/// diagnostics quote the lines they find wrong: from a client that is
+/// neither root nor the daemon's own user (a member of
+/// `control_socket_group`), it could read any file the daemon can. Such a
+/// request is refused (`None`: allowed); everything else is open to every
+/// client that may connect.
+pub fn file_refusal(req: &Request, peer: Option<u32>, own: u32) -> Option<CtlFailure> {
+    let (what, path) = match req {
+        Request::RulesetReplace { path } => ("ruleset replace", path),
+        Request::NftFile { path } => ("nft -f", path),
+        _ => return None,
+    };
+    match peer {
+        Some(0) => None,
+        Some(u) if u == own => None,
+        Some(u) => Some(CtlFailure::bad(format!(
+            "{what} {path}: the gateway reads the file with its own privileges, so a client \
+             that is not root (uid {u}) may not name one; run it as root, or send the changes \
+             one command at a time (sluice ctl nft ...)"
+        ))),
+        None => Some(CtlFailure::bad(format!(
+            "{what} {path}: the client's user is unknown (no SO_PEERCRED), so it may not name a file"
+        ))),
+    }
+}
+
 /// Wakes [`serve`] after its `stop` flag was set.
 pub fn wake(socket: &Path) {
     let _ = UnixStream::connect(socket);
@@ -572,6 +599,8 @@ fn no_data_yet(e: &std::io::Error) -> bool {
 struct Conn {
     r: BufReader<UnixStream>,
     w: UnixStream,
+    /// The client's user id (`SO_PEERCRED`).
+    peer: Option<u32>,
     buf: Vec<u8>,
     /// The socket's read timeout as last set ([`Conn::read_timeout`]).
     timeout: Option<Duration>,
@@ -591,9 +620,11 @@ impl Conn {
     fn new(conn: UnixStream) -> Option<Conn> {
         let _ = conn.set_nonblocking(false);
         let w = conn.try_clone().ok()?;
+        let peer = sluice_io::unixsock::peer_uid(&conn);
         Some(Conn {
             r: BufReader::new(conn),
             w,
+            peer,
             buf: Vec::new(),
             timeout: None,
         })
@@ -707,7 +738,11 @@ impl Conn {
                         continue;
                     }
                     Ok(l) => match parse_request(l) {
-                        Ok(req) => handle(req),
+                        Ok(req) => match file_refusal(&req, self.peer, sluice_io::unixsock::euid())
+                        {
+                            Some(f) => f.to_json(),
+                            None => handle(req),
+                        },
                         Err(f) => f.to_json(),
                     },
                     Err(_) => CtlFailure::bad("request is not UTF-8").to_json(),
@@ -730,6 +765,26 @@ mod tests {
 
     /// A silent client does not hold up others for longer than the inline
     /// wait, and one connection can carry several requests.
+    #[test]
+    fn file_requests_only_from_root_or_the_daemons_user() {
+        let replace = Request::RulesetReplace {
+            path: "/etc/shadow".into(),
+        };
+        let file = Request::NftFile {
+            path: "/etc/shadow".into(),
+        };
+        for r in [&replace, &file] {
+            assert!(file_refusal(r, Some(0), 0).is_none());
+            assert!(file_refusal(r, Some(1000), 1000).is_none());
+            let f = file_refusal(r, Some(1000), 0).expect("refused");
+            assert!(f.message.contains("uid 1000"), "{}", f.message);
+            assert!(f.message.contains("/etc/shadow"), "{}", f.message);
+            assert!(file_refusal(r, None, 0).is_some());
+        }
+        assert!(file_refusal(&Request::Status, Some(1000), 0).is_none());
+        assert!(file_refusal(&Request::ConntrackFlush, None, 0).is_none());
+    }
+
     #[test]
     fn serves_around_a_silent_client_and_several_requests_per_connection() {
         use std::io::{BufRead, Write};

@@ -72,6 +72,37 @@ pub fn group_id(name: &str) -> std::io::Result<Option<u32>> {
     }
 }
 
+/// The user id of the process at the other end of a connected Unix
+/// socket (`SO_PEERCRED`: its credentials when it connected); `None` if
+/// the kernel does not say.
+pub fn peer_uid(s: &std::os::unix::net::UnixStream) -> Option<u32> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` is a live ucred and `len` its size; SO_PEERCRED writes
+    // at most `len` bytes into it and the new length into `len`.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast::<libc::c_void>(),
+            &mut len,
+        )
+    };
+    (r == 0 && len as usize == std::mem::size_of::<libc::ucred>()).then_some(cred.uid)
+}
+
+/// This process's effective user id.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    unsafe { libc::geteuid() }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,6 +127,12 @@ mod tests {
         assert!(bind_with_mode(&p, 0o600, None).is_err());
         assert!(p.exists());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn peer_of_a_socket_pair_is_this_process() {
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        assert_eq!(peer_uid(&a), Some(euid()));
     }
 
     #[test]

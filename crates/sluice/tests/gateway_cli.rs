@@ -563,3 +563,99 @@ fn cgnat_example_checks_and_maps_its_subscribers() {
         "198.51.100.0:1024 -> 100.64.0.0"
     );
 }
+
+/// A gateway whose control socket lets a group in (`control_socket_mode =
+/// "0660"`, `control_socket_group = "nogroup"`): a member (`nobody`) may
+/// ask for the status but may not make the daemon read a file
+/// (`ruleset replace /etc/shadow` is refused, the file's lines never
+/// echoed); a user outside the group cannot connect at all. Needs root
+/// (`setpriv` to other users).
+#[test]
+#[ignore = "needs root (setpriv); run by .ci/run with --ignored"]
+fn control_socket_group_members_may_not_name_files() {
+    let dir = std::env::temp_dir().join(format!("sluice-cli-grp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let nft = example().with_extension("nft");
+    std::fs::copy(&nft, dir.join("sluice.nft")).unwrap();
+    let sock = dir.join("ctl.sock");
+    std::fs::write(
+        dir.join("gw.toml"),
+        format!(
+            "ruleset = \"sluice.nft\"\nbackend = \"mem\"\ncontrol_socket = \"{}\"\n\
+             control_socket_mode = \"0660\"\ncontrol_socket_group = \"nogroup\"\n\n\
+             [[interfaces]]\nname = \"lan0\"\nrole = \"inside\"\naddresses = [\"10.0.0.1/24\"]\n\n\
+             [[interfaces]]\nname = \"wan0\"\nrole = \"outside\"\naddresses = [\"203.0.113.1/24\"]\n",
+            sock.display()
+        ),
+    )
+    .unwrap();
+    let mut child = sluice()
+        .args(["run", "-c"])
+        .arg(dir.join("gw.toml"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let as_user = |gid: &str, words: &[&str]| -> Output {
+        Command::new("setpriv")
+            .args(["--reuid=65534", &format!("--regid={gid}"), "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_sluice"))
+            .arg("ctl")
+            .arg("--socket")
+            .arg(&sock)
+            .args(words)
+            .output()
+            .expect("run setpriv")
+    };
+    let start = std::time::Instant::now();
+    while !sock.exists()
+        || !sluice()
+            .arg("ctl")
+            .arg("--socket")
+            .arg(&sock)
+            .arg("status")
+            .output()
+            .unwrap()
+            .status
+            .success()
+    {
+        assert!(
+            start.elapsed().as_secs() < 10,
+            "gateway did not start: {:?}",
+            child.try_wait()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(&sock).unwrap();
+        assert_eq!((m.mode() & 0o777, m.gid()), (0o660, 65534));
+    }
+    let o = as_user("65534", &["status"]);
+    assert!(o.status.success(), "a group member's status: {o:?}");
+    let o = as_user("65534", &["ruleset", "replace", "/etc/shadow"]);
+    let out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(!o.status.success(), "{out}");
+    assert!(out.contains("may not name one"), "{out}");
+    assert!(
+        !out.contains("root:"),
+        "a line of /etc/shadow came back: {out}"
+    );
+    let o = as_user("65533", &["status"]);
+    assert!(
+        !o.status.success(),
+        "a user outside the group connected: {o:?}"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
