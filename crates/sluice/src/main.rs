@@ -90,9 +90,11 @@ struct RunArgs {
 enum BackendArg {
     /// AF_XDP, else AF_PACKET.
     Auto,
-    /// AF_XDP only.
+    /// AF_XDP only (also spelt `af_xdp`, as in sluice.toml).
+    #[value(alias = "af_xdp")]
     AfXdp,
-    /// AF_PACKET only.
+    /// AF_PACKET only (also spelt `af_packet`, as in sluice.toml).
+    #[value(alias = "af_packet")]
     AfPacket,
     /// In-memory ports (no kernel interfaces; control plane only).
     Mem,
@@ -384,6 +386,7 @@ fn main() -> ExitCode {
     // process when it started; the conntrack tables ask for them.
     sluice_io::alloc::allow_transparent_huge_pages();
     let cli = Cli::parse();
+    init_logging(matches!(cli.cmd, Command::Run(_)));
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
@@ -391,6 +394,25 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// Log lines (the gateway's start, link changes, reload failures, the
+/// warnings of every command) go to stderr, with timestamps, in color only
+/// on a terminal. The level comes from `SLUICE_LOG`, else `RUST_LOG`
+/// (`tracing_subscriber`'s filter syntax, e.g. `debug` or
+/// `sluice_daemon=debug`), else `info` for `sluice run` and `warn` for the
+/// other commands, whose results are their own output.
+fn init_logging(daemon: bool) {
+    use std::io::IsTerminal;
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("SLUICE_LOG")
+        .or_else(|_| EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| EnvFilter::new(if daemon { "info" } else { "warn" }));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
 }
 
 fn run(cli: Cli) -> Result<ExitCode> {

@@ -446,6 +446,14 @@ fn ctl_status_metrics_and_http_metrics_on_a_mem_gateway() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(code.success(), "exit {code:?}: {err}");
     assert!(log_exists, "nat.log not created: {err}");
+    // `sluice run` logs its start and stop to stderr (it once logged
+    // nothing: no subscriber was installed).
+    for want in ["running", "shutting down", "stopped"] {
+        assert!(
+            err.contains(want),
+            "no {want:?} in the gateway's log:\n{err}"
+        );
+    }
 }
 
 /// `sluice nat lookup -c CFG QUERY`.
