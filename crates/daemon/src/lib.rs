@@ -496,6 +496,71 @@ struct Published {
 }
 
 const CMD_QUEUE: usize = 64;
+/// Where the per-interface ownership locks live ([`lock_interfaces`]).
+const LOCK_DIR: &str = "/run/sluice";
+
+/// Takes an exclusive lock (`flock`) on `DIR/net<namespace inode>-<interface>.lock`
+/// for every interface, with this process's id written in it. An interface
+/// another running gateway holds (in the same network namespace) is an
+/// error naming that gateway's process; a lock directory this process may
+/// not write is a warning (nothing is enforced then).
+fn lock_interfaces(
+    ifaces: &[config::InterfaceConfig],
+    dir: &Path,
+) -> Result<Vec<std::fs::File>, RunError> {
+    use std::io::{Read, Seek, Write};
+    use std::os::unix::fs::MetadataExt;
+    let ns = std::fs::metadata("/proc/self/ns/net").map_or(0, |m| m.ino());
+    if let Err(e) = std::fs::create_dir_all(dir) {
+        tracing::warn!(
+            dir = %dir.display(),
+            "interface locks not taken ({e}): a second gateway on the same interfaces would not be refused"
+        );
+        return Ok(Vec::new());
+    }
+    let mut held = Vec::new();
+    for i in ifaces {
+        let path = dir.join(format!("net{ns}-{}.lock", i.name));
+        let mut f = match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(lock = %path.display(), "interface lock not taken: {e}");
+                continue;
+            }
+        };
+        match f.try_lock() {
+            Ok(()) => {
+                let _ = f.set_len(0);
+                let _ = f.rewind();
+                let _ = writeln!(f, "{}", std::process::id());
+                held.push(f);
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let mut pid = String::new();
+                let _ = f.read_to_string(&mut pid);
+                return Err(RunError::Interface {
+                    name: i.name.clone(),
+                    reason: format!(
+                        "in use by another Sluice gateway (pid {}, lock {})",
+                        pid.trim(),
+                        path.display()
+                    ),
+                });
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                tracing::warn!(lock = %path.display(), "interface lock not taken: {e}");
+            }
+        }
+    }
+    Ok(held)
+}
+
 /// How often the main loop looks at the interfaces' link state.
 const LINK_POLL: Duration = Duration::from_millis(250);
 
@@ -1396,6 +1461,14 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     } else {
         core_affinity::get_core_ids()
     };
+    // One gateway per interface: a second one on the same interfaces (a
+    // double start, two configurations naming one port) would split or
+    // steal its frames. Held until the process ends, crash included.
+    let _owner_locks = if cfg.backend == config::BackendChoice::Mem {
+        Vec::new()
+    } else {
+        lock_interfaces(&cfg.interfaces, Path::new(LOCK_DIR))?
+    };
     let names: Vec<&str> = cfg.interfaces.iter().map(|i| i.name.as_str()).collect();
     let ingress = if cfg.backend == config::BackendChoice::Mem {
         None
@@ -1780,6 +1853,32 @@ fn join_all(threads: Vec<std::thread::JoinHandle<()>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A second gateway on an interface a running one holds is refused,
+    /// naming the holder; the lock goes with its holder.
+    #[test]
+    fn an_interface_has_one_gateway() {
+        let cfg = config::parse(
+            Path::new("sluice.toml"),
+            "[[interfaces]]\nname = \"lan0\"\n[[interfaces]]\nname = \"wan0\"\n",
+        )
+        .unwrap();
+        let dir = std::env::temp_dir().join(format!("sluice-locks-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let first = lock_interfaces(&cfg.interfaces, &dir).unwrap();
+        assert_eq!(first.len(), 2);
+        let e = lock_interfaces(&cfg.interfaces, &dir)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("interface lan0: in use by another Sluice gateway (pid ")
+                && e.contains(&std::process::id().to_string()),
+            "{e}"
+        );
+        drop(first);
+        assert_eq!(lock_interfaces(&cfg.interfaces, &dir).unwrap().len(), 2);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     /// The steering program and NAT agree on who owns a port: a reply to
     /// any external port reaches the worker that allocated it.

@@ -1873,3 +1873,45 @@ fn link_states(backend: &str, tag: &str) {
         d.log()
     );
 }
+
+/// A second gateway on the interfaces a running one holds (a double
+/// start: same namespace, another control socket) is refused at start,
+/// naming the first one's process, and the first keeps forwarding.
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn a_second_gateway_on_the_same_interfaces_is_refused() {
+    let (t, d) = setup("2", "af_packet", "");
+    let cfg = t.dir.join("sluice.toml");
+    let second = t.dir.join("second.toml");
+    let toml = std::fs::read_to_string(&cfg)
+        .expect("read sluice.toml")
+        .replace(
+            &t.socket().display().to_string(),
+            &t.dir.join("ctl2.sock").display().to_string(),
+        );
+    std::fs::write(&second, toml).expect("write second.toml");
+    for backend in ["af_packet", "af_xdp"] {
+        let o = Command::new("timeout")
+            .args(["20", "ip", "netns", "exec", t.gw.name()])
+            .arg(example_bin())
+            .arg("run")
+            .arg(&second)
+            .arg(backend)
+            .output()
+            .expect("run a second gateway");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success(),
+            "{backend}: the second gateway started:\n{err}"
+        );
+        assert!(
+            err.contains(&format!(
+                "interface lan0: in use by another Sluice gateway (pid {}",
+                d.child.pid()
+            )),
+            "{backend}: {err}"
+        );
+    }
+    let o = sh(&t.private2, "ping -n -c 1 -W 2 203.0.113.2");
+    assert!(o.status.success(), "{}\n{}", text(&o), d.context());
+}
