@@ -534,14 +534,14 @@ fn lock_interfaces(
                 continue;
             }
         };
-        match f.try_lock() {
-            Ok(()) => {
+        match sluice_io::flock::try_lock_exclusive(&f) {
+            Ok(true) => {
                 let _ = f.set_len(0);
                 let _ = f.rewind();
                 let _ = writeln!(f, "{}", std::process::id());
                 held.push(f);
             }
-            Err(std::fs::TryLockError::WouldBlock) => {
+            Ok(false) => {
                 let mut pid = String::new();
                 let _ = f.read_to_string(&mut pid);
                 return Err(RunError::Interface {
@@ -553,7 +553,7 @@ fn lock_interfaces(
                     ),
                 });
             }
-            Err(std::fs::TryLockError::Error(e)) => {
+            Err(e) => {
                 tracing::warn!(lock = %path.display(), "interface lock not taken: {e}");
             }
         }

@@ -49,6 +49,7 @@ pub mod afxdp;
 pub mod alloc;
 pub mod batch;
 pub mod error;
+pub mod flock;
 pub mod link;
 pub mod mem;
 pub mod memport;
