@@ -736,6 +736,7 @@ impl WorkerThread {
         let mut last_house = 0u64;
         let mut policy_gen = self.policy_generation;
         let mut link_gen = 0u64;
+        let mut gone = vec![false; nports];
         while !self.stop.load(Ordering::Relaxed) {
             let g = self.policy.generation();
             if g != policy_gen {
@@ -746,10 +747,29 @@ impl WorkerThread {
             if g != link_gen {
                 link_gen = g;
                 self.links.apply(&mut self.engine);
+                // A port whose interface is gone is neither read nor
+                // waited on: its socket would report an error at once, and
+                // forever (an AF_PACKET worker spun at 100 % of its core).
+                let now_gone: Vec<bool> = (0..nports)
+                    .map(|k| self.links.get(k) == sluice_io::link::LinkState::Gone)
+                    .collect();
+                if now_gone != gone {
+                    gone = now_gone;
+                    pollset = sluice_io::PollSet::new(
+                        self.ports
+                            .iter()
+                            .zip(&gone)
+                            .filter(|(_, g)| !**g)
+                            .map(|(p, _)| p.as_ref()),
+                    );
+                }
             }
             self.commands(&mut s);
             let mut got = self.handed_in(&mut s);
             for k in 0..nports {
+                if gone.get(k).copied().unwrap_or(false) {
+                    continue;
+                }
                 got += self.one_port(k, &mut s);
             }
             let now = now_ns(self.epoch);

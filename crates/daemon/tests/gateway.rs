@@ -1823,6 +1823,33 @@ fn worker_priority_runs_the_worker_sched_fifo_af_xdp() {
 /// gateway keeps serving (the control socket answers, SIGTERM stops it).
 fn link_states(backend: &str, tag: &str) {
     let (t, mut d) = setup(tag, backend, "");
+    // CPU time (user + system, clock ticks) the gateway process spends in
+    // 2 s: a worker that spins on a socket in error uses all of it (200
+    // ticks at the usual 100 per second), an idle one a few.
+    let busy = |d: &Daemon| -> u64 {
+        let o = Command::new("pgrep")
+            .args(["-P", &d.child.pid().to_string()])
+            .output()
+            .expect("pgrep");
+        let pid = String::from_utf8_lossy(&o.stdout)
+            .trim()
+            .parse::<u32>()
+            .unwrap_or(d.child.pid());
+        let ticks = || -> u64 {
+            let st = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let f: Vec<&str> = st
+                .rsplit(')')
+                .next()
+                .unwrap_or_default()
+                .split_whitespace()
+                .collect();
+            let at = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            at(11) + at(12)
+        };
+        let t0 = ticks();
+        std::thread::sleep(Duration::from_secs(2));
+        ticks() - t0
+    };
     let link = |d: &Daemon| -> String {
         d.ctl("status")["interfaces"][1]["link"]
             .as_str()
@@ -1843,6 +1870,11 @@ fn link_states(backend: &str, tag: &str) {
     assert!(!o.status.success(), "ping through a down link answered");
     assert!(d.drops("link-down") >= before + 2, "{}", d.context());
     assert!(d.log().contains("link down"), "{}", d.log());
+    let b = busy(&d);
+    assert!(
+        b < 100,
+        "the idle gateway used {b} ticks in 2 s with wan0 down"
+    );
 
     let o = sh(&t.gw, "ip link set wan0 up");
     assert!(o.status.success(), "{}", text(&o));
@@ -1861,6 +1893,11 @@ fn link_states(backend: &str, tag: &str) {
         link(&d) == "gone"
     });
     assert!(d.log().contains("interface gone"), "{}", d.log());
+    let b = busy(&d);
+    assert!(
+        b < 100,
+        "the idle gateway used {b} ticks in 2 s with wan0 gone"
+    );
     let before = d.drops("link-down");
     let o = sh(&t.private2, "ping -n -c 1 -W 1 203.0.113.2");
     assert!(!o.status.success());

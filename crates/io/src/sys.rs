@@ -207,6 +207,27 @@ pub(crate) fn poll_any(fds: &mut [libc::pollfd], timeout_ms: i32) -> Result<bool
             errno: e,
         });
     }
+    // A socket with a pending error (a packet socket gets ENETDOWN when
+    // its interface goes down, ENODEV when it goes away) is reported by
+    // every poll until the error is read: take it, so that the next poll
+    // sleeps again instead of returning at once forever.
+    for p in fds.iter() {
+        if p.revents & libc::POLLERR != 0 {
+            let mut err: libc::c_int = 0;
+            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            // SAFETY: `err` and `len` are live locals of the sizes given;
+            // SO_ERROR writes an int and clears the socket's pending error.
+            unsafe {
+                libc::getsockopt(
+                    p.fd,
+                    libc::SOL_SOCKET,
+                    libc::SO_ERROR,
+                    (&mut err as *mut libc::c_int).cast::<libc::c_void>(),
+                    &mut len,
+                )
+            };
+        }
+    }
     Ok(fds.iter().any(|p| p.revents & libc::POLLIN != 0))
 }
 
