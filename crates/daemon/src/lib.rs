@@ -499,15 +499,33 @@ const CMD_QUEUE: usize = 64;
 /// Where the per-interface ownership locks live ([`lock_interfaces`]).
 const LOCK_DIR: &str = "/run/sluice";
 
+/// An interface lock held by this gateway ([`lock_interfaces`]): the
+/// file is removed when the gateway stops (while still locked, so no other
+/// gateway can hold it then).
+#[derive(Debug)]
+struct InterfaceLock {
+    path: PathBuf,
+    _file: std::fs::File,
+}
+
+impl Drop for InterfaceLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 /// Takes an exclusive lock (`flock`) on `DIR/net<namespace inode>-<interface>.lock`
 /// for every interface, with this process's id written in it. An interface
 /// another running gateway holds (in the same network namespace) is an
 /// error naming that gateway's process; a lock directory this process may
-/// not write is a warning (nothing is enforced then).
+/// not write is a warning (nothing is enforced then). A lock is taken on
+/// the file the path names after locking (checked by inode): a holder
+/// that stopped removed its file, and a lock on a removed file guards
+/// nothing.
 fn lock_interfaces(
     ifaces: &[config::InterfaceConfig],
     dir: &Path,
-) -> Result<Vec<std::fs::File>, RunError> {
+) -> Result<Vec<InterfaceLock>, RunError> {
     use std::io::{Read, Seek, Write};
     use std::os::unix::fs::MetadataExt;
     let ns = std::fs::metadata("/proc/self/ns/net").map_or(0, |m| m.ino());
@@ -521,41 +539,55 @@ fn lock_interfaces(
     let mut held = Vec::new();
     for i in ifaces {
         let path = dir.join(format!("net{ns}-{}.lock", i.name));
-        let mut f = match std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-        {
-            Ok(f) => f,
-            Err(e) => {
-                tracing::warn!(lock = %path.display(), "interface lock not taken: {e}");
-                continue;
+        for attempt in 0.. {
+            let mut f = match std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+            {
+                Ok(f) => f,
+                Err(e) => {
+                    tracing::warn!(lock = %path.display(), "interface lock not taken: {e}");
+                    break;
+                }
+            };
+            match sluice_io::flock::try_lock_exclusive(&f) {
+                Ok(true) => {
+                    let same = match (f.metadata(), std::fs::metadata(&path)) {
+                        (Ok(a), Ok(b)) => a.ino() == b.ino() && a.dev() == b.dev(),
+                        _ => false,
+                    };
+                    if !same && attempt < 8 {
+                        // Its holder removed it as we opened it: again.
+                        continue;
+                    }
+                    let _ = f.set_len(0);
+                    let _ = f.rewind();
+                    let _ = writeln!(f, "{}", std::process::id());
+                    held.push(InterfaceLock {
+                        path: path.clone(),
+                        _file: f,
+                    });
+                }
+                Ok(false) => {
+                    let mut pid = String::new();
+                    let _ = f.read_to_string(&mut pid);
+                    return Err(RunError::Interface {
+                        name: i.name.clone(),
+                        reason: format!(
+                            "in use by another Sluice gateway (pid {}, lock {})",
+                            pid.trim(),
+                            path.display()
+                        ),
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(lock = %path.display(), "interface lock not taken: {e}");
+                }
             }
-        };
-        match sluice_io::flock::try_lock_exclusive(&f) {
-            Ok(true) => {
-                let _ = f.set_len(0);
-                let _ = f.rewind();
-                let _ = writeln!(f, "{}", std::process::id());
-                held.push(f);
-            }
-            Ok(false) => {
-                let mut pid = String::new();
-                let _ = f.read_to_string(&mut pid);
-                return Err(RunError::Interface {
-                    name: i.name.clone(),
-                    reason: format!(
-                        "in use by another Sluice gateway (pid {}, lock {})",
-                        pid.trim(),
-                        path.display()
-                    ),
-                });
-            }
-            Err(e) => {
-                tracing::warn!(lock = %path.display(), "interface lock not taken: {e}");
-            }
+            break;
         }
     }
     Ok(held)
@@ -1875,7 +1907,13 @@ mod tests {
                 && e.contains(&std::process::id().to_string()),
             "{e}"
         );
+        let paths: Vec<PathBuf> = first.iter().map(|l| l.path.clone()).collect();
+        assert!(paths.iter().all(|p| p.exists()));
         drop(first);
+        assert!(
+            paths.iter().all(|p| !p.exists()),
+            "lock files removed at stop"
+        );
         assert_eq!(lock_interfaces(&cfg.interfaces, &dir).unwrap().len(), 2);
         let _ = std::fs::remove_dir_all(&dir);
     }
