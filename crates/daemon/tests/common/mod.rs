@@ -323,6 +323,19 @@ impl Topo {
 impl Drop for Topo {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
+        // The interface locks of a gateway the test killed (SIGKILL: it
+        // could not remove them), named by the gateway namespace's inode.
+        use std::os::unix::fs::MetadataExt;
+        if let Ok(m) = std::fs::metadata(format!("/run/netns/{}", self.gw.name())) {
+            let prefix = format!("net{}-", m.ino());
+            if let Ok(dir) = std::fs::read_dir("/run/sluice") {
+                for e in dir.flatten() {
+                    if e.file_name().to_string_lossy().starts_with(&prefix) {
+                        let _ = std::fs::remove_file(e.path());
+                    }
+                }
+            }
+        }
     }
 }
 
