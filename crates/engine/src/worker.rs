@@ -474,8 +474,7 @@ fn untag(buf: &mut [u8], len: usize) -> Tagging {
         len -= 4;
         stripped = true;
     }
-    let tpid = buf.get(..len).and_then(|b| b.get(12..14));
-    if tpid == Some(&TPID_8021Q[..]) || tpid == Some(&TPID_8021AD[..]) {
+    if buf.get(..len).is_some_and(tagged) {
         // A third tag: more than the kernel's receive path takes apart.
         return Tagging::Tagged;
     }
