@@ -158,6 +158,70 @@ pub enum Command {
     SetNeighbor6(IfIndex, Ipv6Addr, [u8; 6], bool),
     /// An IPv6 neighbour another worker learnt and found unreachable.
     ForgetNeighbor6(IfIndex, Ipv6Addr),
+    /// Close every port (an interface came back: the control plane
+    /// re-opens them all, see [`Attach`]); answered once they are closed.
+    /// Until [`Command::Attach`], frames routed out of them are counted
+    /// as transmit drops.
+    Detach(Sender<()>),
+    /// Take a new set of ports.
+    Attach(Box<Attach>),
+}
+
+/// A worker's new ports after an interface came back ([`Command::Attach`]).
+pub struct Attach {
+    /// One per engine interface, as at start; a [`Detached`] one for an
+    /// interface that could not be opened.
+    pub ports: Vec<Box<dyn Port>>,
+    /// Interfaces replaced by new ones: (engine interface, MAC, MTU).
+    pub relinked: Vec<(IfIndex, [u8; 6], u16)>,
+    /// Kernel ifindex of every engine interface, for the offload.
+    pub offload_ifindex: Vec<u32>,
+    /// Answered once the ports are in use.
+    pub done: Sender<()>,
+}
+
+/// A port that is not there: its interface is gone, or the gateway is
+/// re-opening its ports. It receives nothing and sends nothing.
+pub struct Detached {
+    name: String,
+    kind: BackendKind,
+}
+
+impl Detached {
+    /// In place of a port on interface `name` of backend `kind`.
+    pub fn new(name: &str, kind: BackendKind) -> Self {
+        Self {
+            name: name.to_string(),
+            kind,
+        }
+    }
+}
+
+impl Port for Detached {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn kind(&self) -> BackendKind {
+        self.kind
+    }
+    fn describe(&self) -> String {
+        "detached (not open)".into()
+    }
+    fn rx_batch(&mut self, _: &mut Batch) -> usize {
+        0
+    }
+    fn tx_batch(&mut self, _: &mut Batch, _: &[u16]) -> usize {
+        0
+    }
+    fn flush(&mut self) -> Result<(), sluice_io::IoError> {
+        Ok(())
+    }
+    fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+    fn stats(&mut self) -> PortStats {
+        PortStats::default()
+    }
 }
 
 /// A `sluice ctl nat lookup` question.
@@ -546,6 +610,9 @@ pub struct WorkerThread {
     pub nat_log: Option<crate::natlog::NatLogLink>,
     /// The interfaces' link state, as the control plane sees it.
     pub links: Arc<Links>,
+    /// The ports were replaced ([`Command::Detach`], [`Command::Attach`]):
+    /// the poll set is rebuilt. `false` at start.
+    pub ports_changed: bool,
 }
 
 /// The link state of the gateway's interfaces as the control plane last
@@ -744,7 +811,7 @@ impl WorkerThread {
                 self.engine.set_policy(self.policy.load());
             }
             let g = self.links.generation();
-            if g != link_gen {
+            if g != link_gen || self.ports_changed {
                 link_gen = g;
                 self.links.apply(&mut self.engine);
                 // A port whose interface is gone is neither read nor
@@ -753,7 +820,8 @@ impl WorkerThread {
                 let now_gone: Vec<bool> = (0..nports)
                     .map(|k| self.links.get(k) == sluice_io::link::LinkState::Gone)
                     .collect();
-                if now_gone != gone {
+                if now_gone != gone || self.ports_changed {
+                    self.ports_changed = false;
                     gone = now_gone;
                     pollset = sluice_io::PollSet::new(
                         self.ports
@@ -914,8 +982,56 @@ impl WorkerThread {
                         self.engine.clear_neighbor6(oif, ip);
                     }
                 }
+                Command::Detach(done) => {
+                    for p in &mut self.ports {
+                        let _ = p.flush();
+                        let d = Detached::new(p.name(), p.kind());
+                        // The old port closes here (its XDP program and
+                        // socket go) before the control plane opens the
+                        // new ones on the same queues.
+                        *p = Box::new(d);
+                    }
+                    self.ports_changed = true;
+                    let _ = done.send(());
+                }
+                Command::Attach(a) => self.attach(*a, s),
             }
         }
+    }
+
+    /// Take the ports of [`Command::Attach`]; tell the engine and the
+    /// resolvers about replaced interfaces, and announce them.
+    fn attach(&mut self, a: Attach, s: &mut Scratch) {
+        let Attach {
+            ports,
+            relinked,
+            offload_ifindex,
+            done,
+        } = a;
+        for (k, p) in ports.into_iter().enumerate() {
+            if let Some(slot) = self.ports.get_mut(k) {
+                *slot = p;
+            }
+        }
+        self.ports_changed = true;
+        if let Some(o) = &mut self.offload {
+            o.ifindex = offload_ifindex;
+            o.seen.clear();
+        }
+        for (oif, mac, mtu) in relinked {
+            self.engine.relink(oif, mac, mtu);
+            for ip in self.resolver6.relink(oif, mac) {
+                self.engine.clear_neighbor6(oif, ip);
+            }
+            // Every worker announces the interface and probes the
+            // neighbours it knows behind it (with several workers, a few
+            // duplicate ARP frames).
+            for f in self.resolver.relink(oif, mac) {
+                s.todo.send.push((oif, f));
+            }
+        }
+        self.send_arp(s);
+        let _ = done.send(());
     }
 
     /// A neighbour became known: program the engine, tell peers (when we

@@ -434,6 +434,123 @@ fn parse_ip_link(text: &str) -> Result<([u8; 6], u16), String> {
     Err("not an Ethernet interface".into())
 }
 
+/// How the gateway opens its ports, kept to open them again when an
+/// interface comes back ([`reattach`]).
+struct PortPlan {
+    interfaces: Vec<config::InterfaceConfig>,
+    backend: Option<sluice_io::Backend>,
+    workers: u16,
+    af_packet_rx: config::AfPacketRx,
+    fanout_base: u16,
+    offload: Option<Arc<sluice_io::XdpOffload>>,
+    capture: Option<PathBuf>,
+}
+
+impl PortPlan {
+    /// Each worker's UMEM: with several workers every worker binds the same
+    /// queue of each interface, so they share one (the kernel wants one
+    /// buffer pool per queue); with one worker it has a UMEM of its own.
+    /// `None` for AF_PACKET and in-memory ports.
+    fn umems(&self) -> Vec<Option<sluice_io::Umem>> {
+        let n = usize::from(self.workers);
+        match self.backend {
+            None | Some(sluice_io::Backend::AfPacket) => vec![None; n],
+            Some(_) if self.workers > 1 => {
+                let u = sluice_io::Umem::new(
+                    sluice_io::afxdp::DEFAULT_UMEM_CHUNKS.saturating_mul(u32::from(self.workers)),
+                )
+                .ok();
+                vec![u; n]
+            }
+            Some(_) => (0..n)
+                .map(|_| sluice_io::Umem::new(sluice_io::afxdp::DEFAULT_UMEM_CHUNKS).ok())
+                .collect(),
+        }
+    }
+
+    /// Worker `id`'s port on interface `k`. `again`: a port opened once
+    /// already (its capture files are appended to, not replaced).
+    fn open(
+        &self,
+        id: u16,
+        k: usize,
+        umem: Option<sluice_io::Umem>,
+        mem_peers: &mut Vec<sluice_io::memport::MemPeer>,
+        again: bool,
+    ) -> Result<Box<dyn Port>, RunError> {
+        let Some(ifc) = self.interfaces.get(k) else {
+            return Err(RunError::Os(format!("no interface {k}")));
+        };
+        let mut o = sluice_io::OpenOptions {
+            port_id: (k + 1) as u16,
+            ..Default::default()
+        };
+        o.af_packet.rx_ring = self.af_packet_rx.ring();
+        if self.workers > 1 {
+            o.af_packet.fanout_group = Some(self.fanout_base.wrapping_add(k as u16));
+            o.af_packet.steer = Some(steer_for(ifc.role, self.workers));
+            o.af_xdp.steer = Some(sluice_io::XdpSteer {
+                steer: steer_for(ifc.role, self.workers),
+                worker: id,
+            });
+        }
+        o.af_xdp.umem = umem;
+        o.af_xdp.offload = self.offload.clone();
+        let port: Box<dyn Port> = match self.backend {
+            None => {
+                let (port, peer) = sluice_io::memport::MemPort::new(&ifc.name, o.port_id);
+                mem_peers.push(peer);
+                Box::new(port)
+            }
+            Some(b) => {
+                let mut r = sluice_io::open(&ifc.name, b, &o);
+                // The kernel lets go of a closed AF_XDP socket's queue a
+                // little after the close (the socket is released once the
+                // XSKMAP and program that named it are freed, after an RCU
+                // grace period): a queue closed just now may still be busy.
+                let mut waited = Duration::ZERO;
+                while again && waited < REOPEN_BUSY_WAIT && matches!(&r, Err(e) if e.is_busy()) {
+                    std::thread::sleep(REOPEN_BUSY_STEP);
+                    waited += REOPEN_BUSY_STEP;
+                    r = sluice_io::open(&ifc.name, b, &o);
+                }
+                r.map_err(|e| RunError::Interface {
+                    name: ifc.name.clone(),
+                    reason: e.to_string(),
+                })?
+            }
+        };
+        tracing::info!(worker = id, interface = %ifc.name, mode = %port.describe(), "port open");
+        if self.offload.is_some() && port.kind() != sluice_io::BackendKind::AfXdp {
+            return Err(RunError::Interface {
+                name: ifc.name.clone(),
+                reason: format!(
+                    "xdp_offload needs AF_XDP, but the port opened as {}",
+                    port.describe()
+                ),
+            });
+        }
+        Ok(match &self.capture {
+            Some(base) => {
+                let mut b = base.clone().into_os_string();
+                if self.workers > 1 {
+                    b.push(format!(".w{id}"));
+                }
+                let cap = if again {
+                    sluice_io::pcap::Captured::append(DynPort(port), Path::new(&b))
+                } else {
+                    sluice_io::pcap::Captured::new(DynPort(port), Path::new(&b))
+                };
+                Box::new(cap.map_err(|e| RunError::Interface {
+                    name: ifc.name.clone(),
+                    reason: format!("capture: {e}"),
+                })?)
+            }
+            None => port,
+        })
+    }
+}
+
 /// A boxed port as a sized [`Port`] (for [`sluice_io::pcap::Captured`]).
 struct DynPort(Box<dyn Port>);
 
@@ -595,15 +712,31 @@ fn lock_interfaces(
 
 /// How often the main loop looks at the interfaces' link state.
 const LINK_POLL: Duration = Duration::from_millis(250);
+/// The first wait before opening the ports of an interface that came back
+/// again, after a failure; it doubles up to [`REOPEN_RETRY_MAX`].
+const REOPEN_RETRY_MIN: Duration = Duration::from_secs(1);
+/// The longest wait between two attempts.
+const REOPEN_RETRY_MAX: Duration = Duration::from_secs(30);
+/// How long a port opened again waits for a queue its closed predecessor
+/// still holds (`EBUSY`), in steps of [`REOPEN_BUSY_STEP`].
+const REOPEN_BUSY_WAIT: Duration = Duration::from_secs(2);
+const REOPEN_BUSY_STEP: Duration = Duration::from_millis(10);
 
 /// Looks at each interface's link (`names[k]`: its name and the kernel
 /// index it had at start) and records changes in `links`, logging them.
 /// An interface whose index changed was deleted and made again: its
-/// sockets and XDP program went with the old one, so it stays `gone` until
-/// the gateway is restarted.
-fn watch_link_states(names: &[(String, Option<u32>)], links: &dataplane::Links) {
+/// sockets and XDP program went with the old one. It is reported `gone`
+/// and returned (its new index recorded in `names`) for [`reattach`];
+/// interfaces in `reopening` (returned before, their ports not open yet)
+/// stay `gone`.
+fn watch_link_states(
+    names: &mut [(String, Option<u32>)],
+    links: &dataplane::Links,
+    reopening: &std::collections::BTreeSet<usize>,
+) -> Vec<usize> {
     use sluice_io::link::LinkState;
-    for (k, (name, idx0)) in names.iter().enumerate() {
+    let mut back = Vec::new();
+    for (k, (name, idx0)) in names.iter_mut().enumerate() {
         let Ok(ifn) = sluice_io::IfName::new(name) else {
             continue;
         };
@@ -616,8 +749,20 @@ fn watch_link_states(names: &[(String, Option<u32>)], links: &dataplane::Links) 
         };
         if st != LinkState::Gone {
             let idx = sluice_io::afxdp::offload::ifindex(name).ok();
-            if idx0.is_some() && idx != *idx0 {
+            if idx0.is_some() && idx.is_some() && idx != *idx0 {
+                *idx0 = idx;
+                back.push(k);
                 st = LinkState::Gone;
+            } else if reopening.contains(&k) {
+                // There, but its ports are not open (yet).
+                if links.set(k, LinkState::Gone) {
+                    tracing::error!(
+                        interface = %name,
+                        "ports not open: packets routed out of it are dropped (link-down) \
+                         until they are"
+                    );
+                }
+                continue;
             }
         }
         if !links.set(k, st) {
@@ -632,11 +777,129 @@ fn watch_link_states(names: &[(String, Option<u32>)], links: &dataplane::Links) 
             LinkState::Gone => tracing::error!(
                 interface = %name,
                 "interface gone (deleted, replaced or moved to another namespace): packets routed \
-                 out of it are dropped (link-down); restart the gateway once it is back"
+                 out of it are dropped (link-down); its ports are opened again when an interface \
+                 of that name is back"
             ),
         }
     }
+    back
 }
+
+/// Interfaces `back` were deleted and made again: close every worker's
+/// ports, open them all again (an AF_XDP UMEM is shared by a worker's
+/// ports, and the frames the kernel held for the old interface's sockets
+/// are lost with them, so the UMEMs are new too), and hand them over with
+/// the new interfaces' MACs and MTUs. Connections, NAT state and the rule
+/// set stay; frames arriving on the other interfaces while their ports are
+/// re-opened (a few milliseconds) are lost, as on a link flap. Returns the
+/// interfaces whose ports could not be opened (to try again later).
+fn reattach(
+    plan: &PortPlan,
+    back: &std::collections::BTreeSet<usize>,
+    workers: &[SyncSender<Command>],
+    ingress: Option<&sluice_io::nft::IngressDrop>,
+) -> std::collections::BTreeSet<usize> {
+    let mut failed = std::collections::BTreeSet::new();
+    let mut relinked = Vec::new();
+    for &k in back {
+        let Some(ifc) = plan.interfaces.get(k) else {
+            continue;
+        };
+        match interface_link(&ifc.name) {
+            Ok((kmac, kmtu)) => {
+                let mtu = ifc
+                    .mtu
+                    .unwrap_or_else(|| kmtu.clamp(config::MIN_MTU, config::MAX_MTU));
+                relinked.push((k, ifc.mac.unwrap_or(kmac), mtu));
+            }
+            Err(e) => {
+                tracing::warn!(interface = %ifc.name, "interface back, but: {e}");
+                failed.insert(k);
+            }
+        }
+    }
+    let ask = |mk: &dyn Fn(mpsc::Sender<()>) -> Command| {
+        for w in workers {
+            let (tx, rx) = mpsc::channel();
+            if w.send(mk(tx)).is_ok() && rx.recv_timeout(CMD_TIMEOUT).is_err() {
+                tracing::error!("a worker did not answer while its ports were re-opened");
+            }
+        }
+    };
+    // The gap in the other interfaces' traffic starts here.
+    let t0 = Instant::now();
+    ask(&Command::Detach);
+    let umems = plan.umems();
+    let mut no_peers = Vec::new();
+    let mut sets: Vec<Vec<Box<dyn Port>>> = Vec::new();
+    for id in 0..plan.workers {
+        let umem = umems.get(usize::from(id)).cloned().flatten();
+        let mut ports: Vec<Box<dyn Port>> = Vec::new();
+        for (k, ifc) in plan.interfaces.iter().enumerate() {
+            match plan.open(id, k, umem.clone(), &mut no_peers, true) {
+                Ok(p) => ports.push(p),
+                Err(e) => {
+                    tracing::error!(worker = id, interface = %ifc.name, "re-opening the port: {e}");
+                    failed.insert(k);
+                    let kind = match plan.backend {
+                        Some(sluice_io::Backend::AfPacket) => BackendKind::AfPacket,
+                        Some(_) => BackendKind::AfXdp,
+                        None => BackendKind::Mem,
+                    };
+                    ports.push(Box::new(dataplane::Detached::new(&ifc.name, kind)));
+                }
+            }
+        }
+        sets.push(ports);
+    }
+    let offload_ifindex: Vec<u32> = std::iter::once(0)
+        .chain(
+            plan.interfaces
+                .iter()
+                .map(|i| sluice_io::afxdp::offload::ifindex(&i.name).unwrap_or(0)),
+        )
+        .collect();
+    let relinked: Vec<(sluice_engine::IfIndex, [u8; 6], u16)> = relinked
+        .into_iter()
+        .filter(|(k, _, _)| !failed.contains(k))
+        .map(|(k, mac, mtu)| ((k + 1) as sluice_engine::IfIndex, mac, mtu))
+        .collect();
+    for (w, ports) in workers.iter().zip(sets) {
+        let (tx, rx) = mpsc::channel();
+        let a = dataplane::Attach {
+            ports,
+            relinked: relinked.clone(),
+            offload_ifindex: offload_ifindex.clone(),
+            done: tx,
+        };
+        if w.send(Command::Attach(Box::new(a))).is_ok() && rx.recv_timeout(CMD_TIMEOUT).is_err() {
+            tracing::error!("a worker did not take its re-opened ports in time");
+        }
+    }
+    let took = t0.elapsed();
+    for &k in back {
+        // After the ports, so that it does not lengthen the other
+        // interfaces' gap (an `nft` run).
+        if let (Some(i), Some(ifc)) = (ingress, plan.interfaces.get(k)) {
+            if let Err(e) = i.rehook(&ifc.name) {
+                tracing::warn!(interface = %ifc.name, "ingress drop for the new interface: {e}");
+            }
+        }
+        if !failed.contains(&k) {
+            if let Some(ifc) = plan.interfaces.get(k) {
+                tracing::info!(
+                    interface = %ifc.name,
+                    // From closing the old ports to the new ones in use:
+                    // the other interfaces' gap.
+                    took_ms = took.as_millis() as u64,
+                    "interface back: ports opened again"
+                );
+            }
+        }
+    }
+    failed
+}
+
 /// Offload requests a worker queues between two loop turns (more are
 /// counted as failed and those connections stay in userspace).
 const OFFLOAD_QUEUE: usize = 4096;
@@ -1533,16 +1796,6 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     // With several workers every worker binds the same queue of each
     // interface, so they share one UMEM (the kernel wants one buffer pool
     // per queue); with one worker it has a UMEM of its own, as before.
-    let shared_umem = match io_backend {
-        Some(sluice_io::Backend::AfXdp | sluice_io::Backend::Auto) if cfg.workers > 1 => {
-            sluice_io::Umem::new(
-                sluice_io::afxdp::DEFAULT_UMEM_CHUNKS.saturating_mul(u32::from(cfg.workers)),
-            )
-            .ok()
-        }
-        _ => None,
-    };
-
     // One offload map for every worker and port.
     let offload = if cfg.xdp_offload {
         let max = u32::try_from(cfg.ct_max.saturating_mul(2)).unwrap_or(u32::MAX);
@@ -1577,11 +1830,22 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
         }
     }
 
+    let plan = PortPlan {
+        interfaces: cfg.interfaces.clone(),
+        backend: io_backend,
+        workers: cfg.workers,
+        af_packet_rx: cfg.af_packet_rx,
+        fanout_base,
+        offload: offload.clone(),
+        capture: cfg.capture.clone(),
+    };
+    let umems = plan.umems();
+
     // The interfaces' link state, watched from here on (not for in-memory
     // ports, which have no kernel interface).
     let links = Arc::new(dataplane::Links::new(cfg.interfaces.len()));
     let cfg_backend = cfg.backend;
-    let link_names: Vec<(String, Option<u32>)> = cfg
+    let mut link_names: Vec<(String, Option<u32>)> = cfg
         .interfaces
         .iter()
         .map(|i| {
@@ -1591,8 +1855,9 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
             (i.name.clone(), idx)
         })
         .collect();
+    let mut reopening = std::collections::BTreeSet::new();
     if cfg_backend != config::BackendChoice::Mem {
-        watch_link_states(&link_names, &links);
+        watch_link_states(&mut link_names, &links, &reopening);
     }
 
     let mut threads = Vec::new();
@@ -1621,66 +1886,9 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
         }
         let engine = Worker::new(ecfg, Arc::clone(&lp.policy))?;
         let mut ports: Vec<Box<dyn Port>> = Vec::new();
-        let umem = match io_backend {
-            None | Some(sluice_io::Backend::AfPacket) => None,
-            _ if cfg.workers > 1 => shared_umem.clone(),
-            _ => sluice_io::Umem::new(sluice_io::afxdp::DEFAULT_UMEM_CHUNKS).ok(),
-        };
-        for (k, ifc) in cfg.interfaces.iter().enumerate() {
-            let mut o = sluice_io::OpenOptions {
-                port_id: (k + 1) as u16,
-                ..Default::default()
-            };
-            o.af_packet.rx_ring = cfg.af_packet_rx.ring();
-            if cfg.workers > 1 {
-                o.af_packet.fanout_group = Some(fanout_base.wrapping_add(k as u16));
-                o.af_packet.steer = Some(steer_for(ifc.role, cfg.workers));
-                o.af_xdp.steer = Some(sluice_io::XdpSteer {
-                    steer: steer_for(ifc.role, cfg.workers),
-                    worker: id,
-                });
-            }
-            o.af_xdp.umem = umem.clone();
-            o.af_xdp.offload = offload.clone();
-            let port: Box<dyn Port> = match io_backend {
-                None => {
-                    let (port, peer) = sluice_io::memport::MemPort::new(&ifc.name, o.port_id);
-                    mem_peers.push(peer);
-                    Box::new(port)
-                }
-                Some(b) => sluice_io::open(&ifc.name, b, &o).map_err(|e| RunError::Interface {
-                    name: ifc.name.clone(),
-                    reason: e.to_string(),
-                })?,
-            };
-            tracing::info!(worker = id, interface = %ifc.name, mode = %port.describe(), "port open");
-            if offload.is_some() && port.kind() != sluice_io::BackendKind::AfXdp {
-                return Err(RunError::Interface {
-                    name: ifc.name.clone(),
-                    reason: format!(
-                        "xdp_offload needs AF_XDP, but the port opened as {}",
-                        port.describe()
-                    ),
-                });
-            }
-            let port: Box<dyn Port> = match &cfg.capture {
-                Some(base) => {
-                    let mut b = base.clone().into_os_string();
-                    if cfg.workers > 1 {
-                        b.push(format!(".w{id}"));
-                    }
-                    Box::new(
-                        sluice_io::pcap::Captured::new(DynPort(port), Path::new(&b)).map_err(
-                            |e| RunError::Interface {
-                                name: ifc.name.clone(),
-                                reason: format!("capture: {e}"),
-                            },
-                        )?,
-                    )
-                }
-                None => port,
-            };
-            ports.push(port);
+        let umem = umems.get(usize::from(id)).cloned().flatten();
+        for k in 0..cfg.interfaces.len() {
+            ports.push(plan.open(id, k, umem.clone(), &mut mem_peers, false)?);
         }
         let mut nifs = vec![neigh::NeighIface {
             mac: [0; 6],
@@ -1744,6 +1952,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
             }),
             nat_log: nat_logger.as_ref().map(|l| l.handle().link()),
             links: Arc::clone(&links),
+            ports_changed: false,
         };
         let h = std::thread::Builder::new()
             .name(format!("sluice-w{id}"))
@@ -1751,6 +1960,10 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
             .map_err(|e| RunError::Os(format!("spawn worker: {e}")))?;
         threads.push(h);
     }
+
+    // The ports hold their UMEMs; once the ports go (an interface came
+    // back and they were opened again on new ones), so does the memory.
+    drop(umems);
 
     // Control socket.
     let sock = cfg.control_socket.clone();
@@ -1831,10 +2044,34 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     let handle = signals.handle();
     let watch_links = cfg_backend != config::BackendChoice::Mem;
     let mut last_links = Instant::now();
+    // Re-opening the ports of interfaces that came back: when to try again
+    // after a failure, and how long to wait after the next one.
+    let mut retry_at: Option<Instant> = None;
+    let mut backoff = REOPEN_RETRY_MIN;
     while !stop.load(Ordering::Relaxed) {
         if watch_links && last_links.elapsed() >= LINK_POLL {
             last_links = Instant::now();
-            watch_link_states(&link_names, &links);
+            let back = watch_link_states(&mut link_names, &links, &reopening);
+            if !back.is_empty() {
+                reopening.extend(back);
+                retry_at = None;
+            }
+            if !reopening.is_empty() && retry_at.is_none_or(|t| Instant::now() >= t) {
+                reopening = reattach(&plan, &reopening, &control.workers, ingress.as_ref());
+                if reopening.is_empty() {
+                    backoff = REOPEN_RETRY_MIN;
+                    retry_at = None;
+                } else {
+                    tracing::warn!(
+                        retry_in_s = backoff.as_secs(),
+                        "ports not opened again; trying again later"
+                    );
+                    retry_at = Some(Instant::now() + backoff);
+                    backoff = (backoff * 2).min(REOPEN_RETRY_MAX);
+                }
+                // Up or down now, for the engine.
+                watch_link_states(&mut link_names, &links, &reopening);
+            }
         }
         for sig in signals.pending() {
             match sig {

@@ -298,6 +298,35 @@ impl Resolver {
         Some(arp_request(ifc.mac, spa, tpa))
     }
 
+    /// Interface `oif` was replaced by a new one with MAC `mac`: use it, and
+    /// return the ARP requests to send out of it: a gratuitous one per
+    /// address (so that neighbours learn the new MAC) and a probe of every
+    /// known neighbour behind it (its MAC may have changed too; the reply
+    /// updates it through [`Resolver::learn`]).
+    pub fn relink(&mut self, oif: IfIndex, mac: [u8; 6]) -> Vec<[u8; 60]> {
+        let Some(ifc) = self.ifaces.get_mut(usize::from(oif)) else {
+            return Vec::new();
+        };
+        ifc.mac = mac;
+        let mut out: Vec<[u8; 60]> = ifc
+            .addrs
+            .iter()
+            .map(|&(a, _)| arp_request(mac, a, a))
+            .collect();
+        let mut behind: Vec<Ipv4Addr> = self
+            .known
+            .keys()
+            .copied()
+            .filter(|&ip| {
+                self.next_hop(ip)
+                    .is_some_and(|(o, nh)| o == oif && nh == ip)
+            })
+            .collect();
+        behind.sort_unstable();
+        out.extend(behind.into_iter().filter_map(|ip| self.request(oif, ip)));
+        out
+    }
+
     /// Retransmit requests and give up on next hops that never answered.
     pub fn tick(&mut self, now: u64, todo: &mut Todo) {
         let mut give_up = Vec::new();
@@ -355,6 +384,42 @@ mod tests {
                 via: Some(Ipv4Addr::new(203, 0, 113, 254)),
             }],
         )
+    }
+
+    #[test]
+    fn a_replaced_interface_announces_itself_and_probes_its_neighbours() {
+        let mut r = resolver();
+        let gw = Ipv4Addr::new(203, 0, 113, 254);
+        let host = Ipv4Addr::new(10, 0, 0, 2);
+        r.set_known(gw, [2, 0, 0, 0, 9, 9]);
+        r.set_known(host, [2, 0, 0, 0, 8, 8]);
+        let new_mac = [2, 0, 0, 0, 7, 7];
+        let out = r.relink(2, new_mac);
+        let arps: Vec<Arp> = out.iter().map(|f| parse_arp(f).expect("ARP")).collect();
+        assert_eq!(arps.len(), 2, "{arps:?}");
+        // Gratuitous: who-has our own address, from the new MAC.
+        assert_eq!(arps[0].op, 1);
+        assert_eq!(
+            (arps[0].spa, arps[0].tpa),
+            (Ipv4Addr::new(203, 0, 113, 1), Ipv4Addr::new(203, 0, 113, 1))
+        );
+        assert_eq!(arps[0].sha, new_mac);
+        assert_eq!(&out[0][6..12], &new_mac, "Ethernet source");
+        // The known next hop behind it is probed; the host on the other
+        // interface is not.
+        assert_eq!(
+            (arps[1].spa, arps[1].tpa),
+            (Ipv4Addr::new(203, 0, 113, 1), gw)
+        );
+        // A reply with a new MAC is learnt.
+        let reply = Arp {
+            op: 2,
+            sha: [2, 0, 0, 0, 6, 6],
+            spa: gw,
+            tpa: Ipv4Addr::new(203, 0, 113, 1),
+        };
+        assert_eq!(r.learn(2, &reply), Some((gw, [2, 0, 0, 0, 6, 6])));
+        assert!(r.relink(9, new_mac).is_empty(), "no such interface");
     }
 
     fn ipv4_frame(src: [u8; 4], dst: [u8; 4]) -> Vec<u8> {

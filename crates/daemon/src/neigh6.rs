@@ -288,6 +288,29 @@ impl Resolver6 {
         }
     }
 
+    /// Interface `oif` was replaced by a new one with MAC `mac`: use it (the
+    /// link-local address follows), and forget the neighbours behind it
+    /// that were learnt (their MACs may have changed; the next packet to
+    /// one solicits it again). Returns the forgotten addresses, for the
+    /// engine.
+    pub fn relink(&mut self, oif: IfIndex, mac: [u8; 6]) -> Vec<Ipv6Addr> {
+        let Some(ifc) = self.ifaces.get_mut(usize::from(oif)) else {
+            return Vec::new();
+        };
+        ifc.mac = mac;
+        let mut gone: Vec<Ipv6Addr> = self
+            .known
+            .iter()
+            .filter(|(&(o, _), k)| o == oif && k.origin != Origin::Static)
+            .map(|(&(_, a), _)| Ipv6Addr::from(a))
+            .collect();
+        gone.sort_unstable();
+        for a in &gone {
+            self.known.remove(&(oif, u128::from(*a)));
+        }
+        gone
+    }
+
     /// Another worker found `ip` unreachable: forget it if we only had it
     /// from a peer. Returns whether it was forgotten.
     pub fn forget_peer(&mut self, oif: IfIndex, ip: Ipv6Addr) -> bool {
@@ -555,6 +578,29 @@ mod tests {
         assert_eq!(todo.send6.len(), TRIES as usize);
         assert_eq!(todo.dropped, 1);
         assert_eq!(r.pending(), (0, 0));
+    }
+
+    #[test]
+    fn a_replaced_interface_forgets_its_learnt_neighbours() {
+        let mut r = resolver();
+        r.set_known(0, 2, a6("fe80::1"), R_MAC, Origin::Learnt);
+        r.set_known(0, 2, a6("fe80::7"), [2, 7, 0, 0, 0, 7], Origin::Peer);
+        r.set_known(0, 2, a6("2001:db8::9"), [2, 9, 0, 0, 0, 9], Origin::Static);
+        r.set_known(0, 1, a6("fd00:1::2"), [2, 1, 0, 0, 0, 2], Origin::Learnt);
+        let new_mac = [2, 0, 0, 0, 7, 7];
+        assert_eq!(r.relink(2, new_mac), vec![a6("fe80::1"), a6("fe80::7")]);
+        let left: Vec<Ipv6Addr> = r.known().map(|(_, a, _, _)| a).collect();
+        assert_eq!(left.len(), 2, "{left:?}");
+        assert!(left.contains(&a6("2001:db8::9")) && left.contains(&a6("fd00:1::2")));
+        assert_eq!(
+            r.ifaces[2].link_local(),
+            Some(u128::from(ndp::link_local(new_mac)))
+        );
+        assert!(r.relink(9, new_mac).is_empty(), "no such interface");
+    }
+
+    fn a6(s: &str) -> Ipv6Addr {
+        s.parse().unwrap()
     }
 
     #[test]

@@ -1887,6 +1887,22 @@ fn link_states(backend: &str, tag: &str) {
             .success()
     });
 
+    // A connection the gateway tracks, which must outlive the interface.
+    let udp_flows = |d: &Daemon| -> u64 {
+        d.ctl("conntrack list proto udp port 9999")["count"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let o = sh(
+        &t.private2,
+        "python3 -c \"import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); \
+         s.bind(('10.0.0.3', 4242)); s.sendto(b'x', ('203.0.113.2', 9999))\"",
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    wait_for("the UDP flow tracked", Duration::from_secs(5), || {
+        udp_flows(&d) == 1
+    });
+
     let o = sh(&t.gw, "ip link del wan0");
     assert!(o.status.success(), "{}", text(&o));
     wait_for("wan0 reported gone", Duration::from_secs(5), || {
@@ -1902,6 +1918,55 @@ fn link_states(backend: &str, tag: &str) {
     let o = sh(&t.private2, "ping -n -c 1 -W 1 203.0.113.2");
     assert!(!o.status.success());
     assert!(d.drops("link-down") > before, "{}", d.context());
+
+    // wan0 comes back (a new veth pair: new MACs on both ends): the gateway
+    // opens its ports again, announces its new MAC and forwards, with the
+    // connections it had.
+    t.recreate_wan();
+    wait_for("wan0 back up", Duration::from_secs(10), || link(&d) == "up");
+    assert!(
+        d.log().contains("interface back: ports opened again"),
+        "{}",
+        d.log()
+    );
+    wait_for(
+        "a ping through the new wan0",
+        Duration::from_secs(10),
+        || {
+            sh(&t.private2, "ping -n -c 1 -W 1 203.0.113.2")
+                .status
+                .success()
+        },
+    );
+    assert_eq!(udp_flows(&d), 1, "the connection outlived the interface");
+    let st = d.ctl("status");
+    let mode = st["worker_status"][0]["ports"][1]["mode"]
+        .as_str()
+        .unwrap_or("?")
+        .to_string();
+    assert!(
+        mode.starts_with(backend.trim_end_matches("_offload")) && !mode.contains("detached"),
+        "{st}"
+    );
+    // The public host knows the gateway by the new wan0's MAC (the
+    // gateway's announcement and ARP answers carry it).
+    let word_after = |out: &str, key: &str| -> String {
+        let w: Vec<&str> = out.split_whitespace().collect();
+        w.iter()
+            .position(|x| *x == key)
+            .and_then(|i| w.get(i + 1))
+            .map(|x| x.to_string())
+            .unwrap_or_default()
+    };
+    let wan_mac = word_after(&text(&sh(&t.gw, "ip -o link show dev wan0")), "link/ether");
+    let seen = word_after(
+        &text(&sh(&t.public, "ip neigh show 203.0.113.1 dev eth0")),
+        "lladdr",
+    );
+    assert!(
+        !wan_mac.is_empty() && seen == wan_mac,
+        "{seen} != {wan_mac}"
+    );
     d.signal("-TERM");
     let st = d.child.0.as_mut().map(|c| c.wait());
     assert!(

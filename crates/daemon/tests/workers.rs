@@ -143,15 +143,19 @@ fn two_workers(backend: &str, tag: &str, steered: &str) {
     }
     // TCP itself is spread, not only the pings: Linux gives `connect()`
     // even source ports, which a plain `port % 2` would steer all to
-    // worker 0 (regression). Each worker reads a fair share of lan0.
+    // worker 0 (regression). Each worker reads a share of lan0: 20
+    // downloads split between two workers by their source ports put 4 or
+    // fewer on one worker about once in a hundred runs (one CI run saw
+    // 15 %), 2 or fewer once in several thousand; the regression put 0
+    // there.
     let lan_rx: Vec<u64> = ws
         .iter()
         .map(|w| w["ports"][0]["rx_frames"].as_u64().unwrap_or(0))
         .collect();
     let total: u64 = lan_rx.iter().sum();
     assert!(
-        lan_rx.iter().all(|&n| n * 5 >= total),
-        "each worker reads at least 20 % of lan0's frames: {lan_rx:?}"
+        lan_rx.iter().all(|&n| n * 10 >= total),
+        "each worker reads at least 10 % of lan0's frames: {lan_rx:?}"
     );
     assert_eq!(d.drops("nat-no-mapping"), 0, "{}", d.context());
 
@@ -214,4 +218,84 @@ fn two_workers(backend: &str, tag: &str, steered: &str) {
         1,
         "A's port slice"
     );
+}
+
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn an_interface_that_comes_back_is_served_by_both_workers_again_af_packet() {
+    comes_back("af_packet", "wb");
+}
+
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn an_interface_that_comes_back_is_served_by_both_workers_again_af_xdp() {
+    comes_back("af_xdp", "xb");
+}
+
+/// wan0 deleted and made again under a gateway with two workers: every
+/// worker's ports are opened again (on AF_XDP both share a new UMEM and
+/// bind the same queue again), and traffic from both private hosts, whose
+/// replies are steered to either worker, goes through.
+fn comes_back(backend: &str, tag: &str) {
+    require_root();
+    let t = Topo::new(tag);
+    t.write_ruleset("gw.nft", RULESET);
+    let cfg = t.write_config(backend, "gw.nft", "");
+    let toml = read(&cfg).replace("workers = 1", "workers = 2");
+    std::fs::write(&cfg, toml).expect("rewrite config");
+    let d = Daemon::start(&t, &cfg, backend);
+    let link = |d: &Daemon| -> String {
+        d.ctl("status")["interfaces"][1]["link"]
+            .as_str()
+            .unwrap_or("?")
+            .to_string()
+    };
+    let o = sh(&t.gw, "ip link del wan0");
+    assert!(o.status.success(), "{}", text(&o));
+    wait_for("wan0 reported gone", Duration::from_secs(5), || {
+        link(&d) == "gone"
+    });
+    t.recreate_wan();
+    wait_for("wan0 back up", Duration::from_secs(10), || link(&d) == "up");
+    let log = d.log();
+    assert_eq!(
+        log.lines().filter(|l| l.contains("port open")).count(),
+        8,
+        "two ports per worker at start and again:\n{log}"
+    );
+    assert!(log.contains("interface back: ports opened again"), "{log}");
+    wait_for(
+        "a ping through the new wan0",
+        Duration::from_secs(10),
+        || {
+            sh(&t.private2, "ping -n -c 1 -W 1 203.0.113.2")
+                .status
+                .success()
+        },
+    );
+    // Pings from both hosts, with several identifiers (so their replies
+    // are steered to both workers), all answered.
+    let pings: Vec<_> = (0..4)
+        .map(|i| {
+            let ns = if i % 2 == 0 { &t.private } else { &t.private2 };
+            std::process::Command::new("ip")
+                .args([
+                    "netns",
+                    "exec",
+                    ns.name(),
+                    "ping",
+                    "-n",
+                    "-c",
+                    "3",
+                    "-i",
+                    "0.2",
+                ])
+                .args(["-W", "2", "203.0.113.2"])
+                .output()
+        })
+        .collect();
+    for p in pings {
+        let o = p.expect("run ping");
+        assert!(o.status.success(), "{}\n{}", text(&o), d.context());
+    }
 }

@@ -873,6 +873,30 @@ impl Worker {
         self.any_link_down = self.link_down.iter().any(|d| *d);
     }
 
+    /// Interface `oif` was replaced by a new one (deleted and made again;
+    /// the gateway re-opened its ports on it): take its MAC and MTU. Every
+    /// adjacency out of it sends with the new source MAC and MTU (the
+    /// neighbours' MACs are kept until they answer the gateway's probes),
+    /// frames to the new MAC are taken as addressed to the gateway, the
+    /// IPv6 link-local address follows the MAC, and offloaded directions
+    /// are taken back (they carry the old MACs).
+    pub fn relink(&mut self, oif: IfIndex, mac: [u8; 6], mtu: u16) {
+        let Some(ifc) = self.ifaces.get_mut(usize::from(oif)) else {
+            return;
+        };
+        let old = core::mem::replace(&mut ifc.mac, mac);
+        ifc.mtu = mtu;
+        if let Some(m) = self.l2_macs.get_mut(usize::from(oif)) {
+            *m = mac48(&mac);
+        }
+        for a in self.adj.iter_mut().filter(|a| a.oif == oif) {
+            a.src_mac = mac;
+            a.mtu = mtu;
+        }
+        self.v6.relink(oif, old, mac);
+        self.offload_clear();
+    }
+
     /// Whether interface `oif`'s link is up as far as the worker was told.
     pub fn link_up(&self, oif: IfIndex) -> bool {
         !self

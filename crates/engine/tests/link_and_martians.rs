@@ -342,3 +342,69 @@ fn frames_out_of_a_link_that_is_down_are_counted_not_sent() {
     w.set_link_up(99, false);
     assert_eq!(send(&mut w, GW_IN_MAC, &k), Action::Forward(OUTSIDE));
 }
+
+/// An interface replaced by a new one with another MAC and MTU
+/// (`Worker::relink`): frames to the new MAC are the gateway's, frames to
+/// the old one another station's; established and new connections leave
+/// with the new source MAC and respect the new MTU; the connection table is
+/// kept.
+#[test]
+fn a_replaced_interface_takes_its_new_mac_and_mtu() {
+    const NEW_MAC: [u8; 6] = [2, 0, 0, 0, 7, 7];
+    let mut w = gateway();
+    let k = udp(HOST, 4400, REMOTE, 53);
+    let out_mac = |w: &mut Worker, dst: [u8; 6], k: &FlowKey4| -> (Action, [u8; 6]) {
+        let mut f = TestFrames::default();
+        f.push(INSIDE, |b| build_udp4(b, HOST_MAC, dst, k, 20).unwrap());
+        w.process(1_000_000, &mut f);
+        let src: [u8; 6] = f.frame(0)[6..12].try_into().unwrap();
+        (f.acts[0], src)
+    };
+    assert_eq!(
+        out_mac(&mut w, GW_IN_MAC, &k),
+        (Action::Forward(OUTSIDE), GW_OUT_MAC)
+    );
+    let conns = w.conntrack().len();
+    // The inside interface comes back with NEW_MAC, the outside one with
+    // the same MAC and a smaller MTU.
+    w.relink(INSIDE, NEW_MAC, 1500);
+    w.relink(OUTSIDE, GW_OUT_MAC, 100);
+    assert_eq!(w.conntrack().len(), conns, "connections kept");
+    assert_eq!(
+        send(&mut w, GW_IN_MAC, &k),
+        Action::Drop(DropReason::OtherHost),
+        "the old MAC is no longer the gateway's"
+    );
+    // 20 bytes of payload: a 48-byte IP packet fits in 100.
+    assert_eq!(
+        out_mac(&mut w, NEW_MAC, &k),
+        (Action::Forward(OUTSIDE), GW_OUT_MAC)
+    );
+    let mut f = TestFrames::default();
+    f.push(INSIDE, |b| {
+        build_udp4(b, HOST_MAC, NEW_MAC, &k, 200).unwrap()
+    });
+    w.process(1_000_000, &mut f);
+    assert_ne!(
+        f.acts[0],
+        Action::Forward(OUTSIDE),
+        "a 228-byte packet above the new MTU of 100"
+    );
+    // The inside interface's new MAC is the source of what leaves by it.
+    w.relink(OUTSIDE, NEW_MAC, 1500);
+    let k2 = udp(HOST, 4401, REMOTE, 53);
+    assert_eq!(
+        out_mac(&mut w, NEW_MAC, &k2),
+        (Action::Forward(OUTSIDE), NEW_MAC)
+    );
+    assert_eq!(
+        out_mac(&mut w, NEW_MAC, &k),
+        (Action::Forward(OUTSIDE), NEW_MAC)
+    );
+    // An interface the worker does not have changes nothing.
+    w.relink(99, [2, 9, 9, 9, 9, 9], 1500);
+    assert_eq!(
+        out_mac(&mut w, NEW_MAC, &k),
+        (Action::Forward(OUTSIDE), NEW_MAC)
+    );
+}

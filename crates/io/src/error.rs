@@ -105,6 +105,12 @@ impl IoError {
         }
     }
 
+    /// Whether the resource is busy (`EBUSY`): e.g. an AF_XDP queue that a
+    /// socket closed just now still holds.
+    pub fn is_busy(&self) -> bool {
+        self.errno() == Some(libc::EBUSY)
+    }
+
     /// The errno carried by this error, if any.
     pub fn errno(&self) -> Option<i32> {
         match *self {

@@ -104,6 +104,22 @@ impl IngressDrop {
     }
 
     /// The interfaces covered.
+    /// Hook the drop chain of `ifname` (one of [`IngressDrop::interfaces`])
+    /// to the interface of that name as it is now: one that was deleted and
+    /// made again. Kernels from 6.16 bind a netdev chain to a new device of
+    /// its name themselves; older ones deleted the chain with the device.
+    /// Declaring it again is harmless either way.
+    pub fn rehook(&self, ifname: &str) -> Result<(), IoError> {
+        let n = IfName::new(ifname)?;
+        if !self.ifnames.contains(&n) {
+            return Err(IoError::Unsupported {
+                backend: crate::BackendKind::AfPacket,
+                why: "the ingress drop does not cover that interface",
+            });
+        }
+        run_nft(&["-f", "-"], Some(&ingress_drop_script(&[n])))
+    }
+
     pub fn interfaces(&self) -> &[IfName] {
         &self.ifnames
     }

@@ -49,6 +49,12 @@ impl<W: Write> PcapWriter<W> {
         Ok(Self { out, frames: 0 })
     }
 
+    /// A writer that continues a stream whose global header was already
+    /// written (appending to an existing capture file).
+    pub fn resume(out: W) -> Self {
+        Self { out, frames: 0 }
+    }
+
     /// Append one frame received or sent at `ts_ns` (ns since the Unix epoch).
     /// Frames longer than the snap length are truncated (orig_len kept).
     pub fn write_frame(&mut self, frame: &[u8], ts_ns: u64) -> Result<(), IoError> {
@@ -193,6 +199,38 @@ impl<P: Port> Captured<P> {
         let open = |p: &Path| -> Result<PcapWriter<BufWriter<File>>, IoError> {
             let f = File::create(p).map_err(|e| IoError::file("create(pcap)", &e))?;
             PcapWriter::new(BufWriter::new(f))
+        };
+        Ok(Self {
+            rx: open(&rxp)?,
+            tx: open(&txp)?,
+            inner,
+            scratch: Vec::with_capacity(crate::BATCH_CAP),
+            scratch_bytes: Vec::with_capacity(crate::BATCH_CAP * crate::FRAME_CAP),
+            error: None,
+        })
+    }
+
+    /// Wrap `inner`, appending to the two files of [`capture_paths`] (a
+    /// port opened again after its interface came back): a file that
+    /// exists and is not empty is continued, anything else starts with a
+    /// pcap header.
+    pub fn append(inner: P, base: &Path) -> Result<Self, IoError> {
+        let (rxp, txp) = capture_paths(base, inner.name());
+        let open = |p: &Path| -> Result<PcapWriter<BufWriter<File>>, IoError> {
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .map_err(|e| IoError::file("open(pcap)", &e))?;
+            let used = f
+                .metadata()
+                .map_err(|e| IoError::file("stat(pcap)", &e))?
+                .len();
+            if used == 0 {
+                PcapWriter::new(BufWriter::new(f))
+            } else {
+                Ok(PcapWriter::resume(BufWriter::new(f)))
+            }
         };
         Ok(Self {
             rx: open(&rxp)?,
@@ -385,6 +423,21 @@ mod tests {
         assert_eq!(tx[0].data[0], 9);
         assert_eq!(peer.collect_all().len(), 1);
         let _ = FrameMeta::default();
+        // A port opened again continues the files, one header each.
+        let (p, peer) = MemPort::new("m0", 0);
+        let mut c = Captured::append(p, &base).unwrap();
+        peer.inject(&[3u8; 62], 4_000_000_000);
+        assert_eq!(c.rx_batch(&mut b), 1);
+        drop(c);
+        let (_, rx) = read_pcap(File::open(&rxp).unwrap()).unwrap();
+        assert_eq!(rx.len(), 3);
+        assert_eq!((rx[2].ts_ns, rx[2].data[0]), (4_000_000_000, 3));
+        // Appending to files that do not exist yet starts them.
+        let fresh = dir.join("new.pcap");
+        let (p, _peer) = MemPort::new("m1", 0);
+        drop(Captured::append(p, &fresh).unwrap());
+        let (rxp, _) = capture_paths(&fresh, "m1");
+        assert_eq!(read_pcap(File::open(&rxp).unwrap()).unwrap().1.len(), 0);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -286,6 +286,44 @@ impl Topo {
         }
     }
 
+    /// Make `wan0` and the public host's `eth0` again, as [`Topo::new`]
+    /// does (after a test deleted them): a new veth pair, so new MACs on
+    /// both ends.
+    pub fn recreate_wan(&self) {
+        let ok = |r: Result<(), sluice_io::IoError>, what: &str| {
+            r.unwrap_or_else(|e| panic!("{what}: {e}"));
+        };
+        ok(
+            self.gw.ip(&[
+                "link",
+                "add",
+                "wan0",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                self.public.name(),
+            ]),
+            "veth wan",
+        );
+        ok(self.gw.ip(&["link", "set", "wan0", "up"]), "up");
+        ok(
+            self.public
+                .ip(&["addr", "add", "203.0.113.2/24", "dev", "eth0"]),
+            "addr",
+        );
+        ok(self.public.ip(&["link", "set", "eth0", "up"]), "up");
+        for net in ["198.51.100.0/24", "10.0.0.0/24"] {
+            ok(
+                self.public.ip(&["route", "add", net, "via", "203.0.113.1"]),
+                "route",
+            );
+        }
+        ethtool_tx_off(&self.public, "eth0");
+    }
+
     pub fn socket(&self) -> PathBuf {
         self.dir.join("ctl.sock")
     }

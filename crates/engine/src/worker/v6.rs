@@ -191,6 +191,36 @@ impl State {
         })
     }
 
+    /// Interface `oif`'s MAC changed from `old` to `mac`: its link-local
+    /// address (derived from the MAC) follows.
+    pub(super) fn relink(&mut self, oif: IfIndex, old: [u8; 6], mac: [u8; 6]) {
+        if old == mac {
+            return;
+        }
+        let old_ll = (old != [0; 6]).then(|| u128::from(ndp::link_local(old)));
+        let new_ll = u128::from(ndp::link_local(mac));
+        match self
+            .addrs
+            .iter_mut()
+            .find(|(i, a, _)| *i == oif && Some(*a) == old_ll)
+        {
+            Some(e) if mac != [0; 6] => e.1 = new_ll,
+            Some(_) => self
+                .addrs
+                .retain(|&(i, a, _)| i != oif || Some(a) != old_ll),
+            None if mac != [0; 6] => {
+                // Link-local addresses first.
+                let at = self
+                    .addrs
+                    .iter()
+                    .position(|&(_, a, _)| !ndp::is_link_local(a));
+                self.addrs
+                    .insert(at.unwrap_or(self.addrs.len()), (oif, new_ll, 64));
+            }
+            None => {}
+        }
+    }
+
     /// Whether `a` is assigned to interface `iif`.
     fn on_iface(&self, iif: IfIndex, a: u128) -> bool {
         self.addrs.iter().any(|&(i, x, _)| i == iif && x == a)

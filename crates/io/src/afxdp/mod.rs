@@ -828,6 +828,20 @@ impl Drop for AfXdpPort {
         // map, or frames steered to it would fill a ring nobody reads.
         let _ = self.share.xdp.clear_socket(self.slot);
         self.umem.pool().append(&mut self.stash);
+        // The UMEM's last socket: close the owner duplicate too, so that
+        // the queue the first socket was bound to is free for another UMEM
+        // (the gateway opens all its ports again, on new UMEMs, when an
+        // interface comes back) even while frames of this one are still in
+        // batches. A later socket of this UMEM registers it again.
+        let mut b = self.umem.bindings.lock().unwrap_or_else(|e| e.into_inner());
+        let others = Arc::strong_count(&self.share) > 1
+            || b.queues
+                .iter()
+                .filter_map(Weak::upgrade)
+                .any(|q| !Arc::ptr_eq(&q, &self.share));
+        if !others {
+            b.owner = None;
+        }
     }
 }
 
