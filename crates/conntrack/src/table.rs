@@ -458,6 +458,18 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         self.entries.get(id.index()).filter(|e| e.is_live())
     }
 
+    /// Mutable entry `id` if it is live.
+    pub fn get_mut(&mut self, id: EntryId) -> Option<&mut Entry<K, P>> {
+        self.entries.get_mut(id.index()).filter(|e| e.is_live())
+    }
+
+    /// Entry slots handed out so far, live or free: every live entry's id
+    /// is below this (a walk in steps of its own, such as a re-route after
+    /// a route change, goes up to it).
+    pub fn slots(&self) -> usize {
+        self.entries.len()
+    }
+
     /// May a packet with this L4 event create a new entry? (TCP: SYN; with
     /// `tcp_loose`, a pure ACK; never FIN/RST. ICMP: requests only.)
     pub fn may_create(&self, ev: L4Event) -> bool {

@@ -28,7 +28,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use sluice_engine::offload::{OffloadOp, OffloadProbe};
-use sluice_engine::{Action, DropReason, Frames, IfIndex, Policy, Worker, MAX_BATCH};
+use sluice_engine::{
+    Action, DropReason, Frames, IfIndex, Policy, Route4, Route6, Worker, MAX_BATCH,
+};
 use sluice_io::{BackendKind, Batch, OffloadAction, OffloadKey, Port, PortStats, XdpOffload};
 use sluice_wire::flow::FlowKey4;
 
@@ -165,6 +167,9 @@ pub enum Command {
     Detach(Sender<()>),
     /// Take a new set of ports.
     Attach(Box<Attach>),
+    /// Replace the static routes (IPv4, IPv6): a reload. Answers the
+    /// engine's refusal, if any (nothing changed then).
+    SetRoutes(Box<(Vec<Route4>, Vec<Route6>)>, Sender<Result<(), String>>),
 }
 
 /// A worker's new ports after an interface came back ([`Command::Attach`]).
@@ -995,6 +1000,15 @@ impl WorkerThread {
                     let _ = done.send(());
                 }
                 Command::Attach(a) => self.attach(*a, s),
+                Command::SetRoutes(r, done) => {
+                    let (v4, v6) = *r;
+                    let res = self.engine.set_routes(&v4, &v6).map_err(|e| e.to_string());
+                    if res.is_ok() {
+                        self.resolver.set_routes(&v4);
+                        self.resolver6.set_routes(&v6);
+                    }
+                    let _ = done.send(res);
+                }
             }
         }
     }

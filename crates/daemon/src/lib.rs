@@ -1086,7 +1086,10 @@ impl Control {
         if old.interfaces != cfg.interfaces {
             needs_restart.push("interfaces");
         }
-        if old.routes != cfg.routes || old.routes6 != cfg.routes6 {
+        // Routes are applied below, unless the interfaces they name changed.
+        let routes_changed = old.routes != cfg.routes || old.routes6 != cfg.routes6;
+        let apply_routes = routes_changed && old.interfaces == cfg.interfaces;
+        if routes_changed && !apply_routes {
             needs_restart.push("routes");
         }
         if old.workers != cfg.workers
@@ -1113,6 +1116,29 @@ impl Control {
             needs_restart.push("conntrack");
         }
         self.publish(&mut st, lp)?;
+        if apply_routes {
+            // After the rule set (whose refusal keeps everything): the
+            // routes were checked against the interfaces when the file was
+            // loaded, so no worker refuses them (one that did would change
+            // nothing, and every worker would refuse alike).
+            let v4 = engine_routes(&cfg);
+            let v6 = engine_routes6(&cfg);
+            let answers =
+                self.ask(|tx| Command::SetRoutes(Box::new((v4.clone(), v6.clone())), tx))?;
+            if let Some(Err(e)) = answers.into_iter().find(Result::is_err) {
+                return Err(CtlFailure {
+                    kind: "config",
+                    message: format!("routes: {e}"),
+                });
+            }
+            st.config.routes = cfg.routes.clone();
+            st.config.routes6 = cfg.routes6.clone();
+            tracing::info!(
+                routes = cfg.routes.len(),
+                routes6 = cfg.routes6.len(),
+                "reload: static routes replaced"
+            );
+        }
         for &(ip, mac) in &cfg.neighbors {
             for w in &self.workers {
                 let _ = w.try_send(Command::SetNeighbor(ip, mac));

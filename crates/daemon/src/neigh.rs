@@ -152,6 +152,16 @@ impl Resolver {
     /// static `routes` (connected routes are derived from the addresses,
     /// exactly as the engine does).
     pub fn new(ifaces: Vec<NeighIface>, routes: &[Route4]) -> Self {
+        let rt = Self::table(&ifaces, routes);
+        Self {
+            ifaces,
+            routes: rt,
+            known: HashMap::new(),
+            pending: HashMap::new(),
+        }
+    }
+
+    fn table(ifaces: &[NeighIface], routes: &[Route4]) -> RouteTable4 {
         let mut rt = RouteTable4::new();
         for (i, ifc) in ifaces.iter().enumerate() {
             for &(a, len) in &ifc.addrs {
@@ -166,12 +176,12 @@ impl Resolver {
         for r in routes {
             rt.add(*r);
         }
-        Self {
-            ifaces,
-            routes: rt,
-            known: HashMap::new(),
-            pending: HashMap::new(),
-        }
+        rt
+    }
+
+    /// Replace the static routes (a reload), as the engine does.
+    pub fn set_routes(&mut self, routes: &[Route4]) {
+        self.routes = Self::table(&self.ifaces, routes);
     }
 
     /// Neighbours known (static or learnt).

@@ -169,6 +169,16 @@ impl Resolver6 {
     /// static `routes` (connected routes come from the addresses, as in the
     /// engine).
     pub fn new(ifaces: Vec<Iface6>, routes: &[Route6]) -> Self {
+        let rt = Self::table(&ifaces, routes);
+        Self {
+            ifaces,
+            routes: rt,
+            known: HashMap::new(),
+            pending: HashMap::new(),
+        }
+    }
+
+    fn table(ifaces: &[Iface6], routes: &[Route6]) -> RouteTable6 {
         let mut rt = RouteTable6::new();
         for (i, ifc) in ifaces.iter().enumerate() {
             for &(a, len) in &ifc.addrs {
@@ -185,12 +195,12 @@ impl Resolver6 {
         for r in routes {
             rt.add(*r);
         }
-        Self {
-            ifaces,
-            routes: rt,
-            known: HashMap::new(),
-            pending: HashMap::new(),
-        }
+        rt
+    }
+
+    /// Replace the static routes (a reload), as the engine does.
+    pub fn set_routes(&mut self, routes: &[Route6]) {
+        self.routes = Self::table(&self.ifaces, routes);
     }
 
     /// Neighbours known: (interface, address, MAC, static).

@@ -1511,6 +1511,12 @@ both_backends!(
     link_down_and_gone_are_reported_and_counted_af_xdp
 );
 both_backends!(
+    route_reload,
+    "o",
+    sighup_applies_new_static_routes_af_packet,
+    sighup_applies_new_static_routes_af_xdp
+);
+both_backends!(
     sighup_reload,
     "r",
     sighup_reload_keeps_a_tcp_transfer_and_applies_new_rules_af_packet,
@@ -2016,4 +2022,64 @@ fn a_second_gateway_on_the_same_interfaces_is_refused() {
     }
     let o = sh(&t.private2, "ping -n -c 1 -W 2 203.0.113.2");
     assert!(o.status.success(), "{}\n{}", text(&o), d.context());
+}
+
+/// SIGHUP with a new static route: a network the gateway had no route to
+/// (192.0.2.0/24, behind the public host) is reached after the reload,
+/// without a restart; a ping that was dropped as `no-route` before goes
+/// through, and a route that goes away again stops new connections.
+fn route_reload(backend: &str, tag: &str) {
+    let (t, d) = setup(tag, backend, "");
+    let o = sh(
+        &t.public,
+        "ip addr add 192.0.2.1/32 dev lo && ip link set lo up",
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    // The host knows the gateway's MAC first (ping sends after ARP).
+    wait_for("the gateway answers", Duration::from_secs(10), || {
+        sh(&t.private2, "ping -n -c 1 -W 1 10.0.0.1")
+            .status
+            .success()
+    });
+    let before = d.drops("no-route");
+    let o = sh(&t.private2, "ping -n -c 1 -W 1 192.0.2.1");
+    assert!(!o.status.success(), "answered without a route");
+    assert!(
+        d.drops("no-route") > before,
+        "{}\n{}",
+        text(&o),
+        d.context()
+    );
+    let cfg = t.dir.join("sluice.toml");
+    let plain = read(&cfg);
+    std::fs::write(
+        &cfg,
+        format!("{plain}\n[[routes]]\nto = \"192.0.2.0/24\"\nvia = \"203.0.113.2\"\n"),
+    )
+    .expect("rewrite sluice.toml");
+    d.signal("-HUP");
+    wait_for("the route applied", Duration::from_secs(5), || {
+        d.log().contains("reload: static routes replaced")
+    });
+    assert!(!d.log().contains("need a restart"), "{}", d.log());
+    wait_for("a ping over the new route", Duration::from_secs(10), || {
+        sh(&t.private2, "ping -n -c 1 -W 1 192.0.2.1")
+            .status
+            .success()
+    });
+    std::fs::write(&cfg, &plain).expect("rewrite sluice.toml");
+    d.signal("-HUP");
+    wait_for("the route removed", Duration::from_secs(5), || {
+        d.log().matches("reload: static routes replaced").count() == 2
+    });
+    let before = d.drops("no-route");
+    // A new connection (another host) finds no route.
+    wait_for("the gateway answers", Duration::from_secs(10), || {
+        sh(&t.private, "ping -n -c 1 -W 1 10.0.0.1")
+            .status
+            .success()
+    });
+    let o = sh(&t.private, "ping -n -c 1 -W 1 192.0.2.1");
+    assert!(!o.status.success(), "answered after the route went away");
+    assert!(d.drops("no-route") > before, "{}", d.context());
 }

@@ -609,6 +609,11 @@ pub struct Worker {
     /// Some interface's link is down: the one check every forwarded frame
     /// pays while all links are up.
     any_link_down: bool,
+    /// After a route change ([`Worker::set_routes`]): the next IPv4 and
+    /// IPv6 connection-table slots whose cached adjacencies are to be
+    /// looked up again (a walk of `GC_BUDGET`-sized steps in
+    /// [`Worker::gc_with`]); `None` when there is no walk.
+    reroute: [Option<usize>; 2],
     routes: RouteTable4,
     adj: Vec<Adjacency>,
     neigh: HashMap<(IfIndex, u32), AdjIndex>,
@@ -779,6 +784,7 @@ impl Worker {
             l2_macs: cfg.interfaces.iter().map(|i| mac48(&i.mac)).collect(),
             link_down: vec![false; cfg.interfaces.len()],
             any_link_down: false,
+            reroute: [None, None],
             ifaces: cfg.interfaces,
             local4,
             bcast4,
@@ -895,6 +901,115 @@ impl Worker {
         }
         self.v6.relink(oif, old, mac);
         self.offload_clear();
+    }
+
+    /// Replace the static routes (IPv4 and IPv6; the connected routes of
+    /// the interfaces' addresses stay). New connections take the new
+    /// routes at once; established ones are moved over by a walk of the
+    /// connection tables in steps during [`Worker::gc_with`] (each
+    /// direction's next hop looked up again; a next hop not known yet gets
+    /// an unresolved adjacency, so its packets are dropped as
+    /// `no-neighbor` and resolved like any other; a connection whose
+    /// destination has no route any more keeps its path until it ends).
+    /// Offloaded directions are taken back. Nothing changes on error.
+    pub fn set_routes(&mut self, routes: &[Route4], routes6: &[Route6]) -> Result<(), EngineError> {
+        let count = self.ifaces.len();
+        let mut t = RouteTable4::new();
+        for (i, ifc) in self.ifaces.iter().enumerate() {
+            for &(a, len) in &ifc.addrs {
+                t.add(Route4 {
+                    net: u32::from(a),
+                    len,
+                    oif: i as IfIndex,
+                    via: None,
+                });
+            }
+        }
+        for r in routes {
+            if usize::from(r.oif) >= count {
+                return Err(EngineError::RouteInterface {
+                    net: Ipv4Addr::from(r.net),
+                    len: r.len,
+                    oif: r.oif,
+                    count,
+                });
+            }
+            t.add(*r);
+        }
+        let t6 = self.v6.routes_with(count, routes6)?;
+        self.routes = t;
+        self.v6.set_routes(t6);
+        self.offload_clear();
+        self.reroute = [Some(0), Some(0)];
+        Ok(())
+    }
+
+    /// Whether a walk after a route change is still under way.
+    pub fn rerouting(&self) -> bool {
+        self.reroute.iter().any(Option::is_some)
+    }
+
+    /// The adjacency of the next hop towards `dst` as routed now, made
+    /// (unresolved) if the neighbour is not known yet; `None` without a
+    /// route or when no more adjacencies fit.
+    fn adjacency_towards(&mut self, dst: u32) -> Option<AdjIndex> {
+        let (oif, nh) = self.route(dst).ok()?;
+        if let Ok(a) = self.neighbor(oif, nh) {
+            return Some(a);
+        }
+        let i = AdjIndex::try_from(self.adj.len()).ok()?;
+        let (src_mac, mtu) = self
+            .ifaces
+            .get(usize::from(oif))
+            .map(|i| (i.mac, i.mtu))
+            .unwrap_or((Default::default(), Interface::DEFAULT_MTU));
+        self.adj.push(Adjacency {
+            oif,
+            src_mac,
+            dst_mac: [0; 6],
+            resolved: false,
+            mtu,
+        });
+        self.neigh.insert((oif, nh), i);
+        Some(i)
+    }
+
+    /// Up to `budget` IPv4 connection-table slots of the walk after a
+    /// route change.
+    fn reroute_step(&mut self, budget: usize) {
+        let Some(start) = self.reroute[0] else {
+            return;
+        };
+        let end = start.saturating_add(budget).min(self.ct.slots());
+        for raw in start..end {
+            let id = EntryId::from_raw(raw as u32);
+            let Some(e) = self.ct.get(id) else {
+                continue;
+            };
+            // Packets of the original direction leave towards the reply's
+            // source (the destination after any DNAT), replies towards the
+            // original source.
+            let (orig, reply) = (e.key(Dir::Original), e.key(Dir::Reply));
+            let old = e.payload().adj;
+            let new = [
+                self.adjacency_towards(reply.src).unwrap_or(old[0]),
+                self.adjacency_towards(orig.src).unwrap_or(old[1]),
+            ];
+            if new == old {
+                continue;
+            }
+            let e = self.ct.entry(id);
+            if e.is_offloaded(Dir::Original) || e.is_offloaded(Dir::Reply) {
+                if !offload_removals(self.offload.as_mut(), e, &self.adj) {
+                    self.ct.clear_offloaded();
+                }
+                self.ct.set_offloaded(id, [false, false]);
+            }
+            if let Some(e) = self.ct.get_mut(id) {
+                e.payload_mut().adj = new;
+            }
+        }
+        self.reroute[0] = (end < self.ct.slots()).then_some(end);
     }
 
     /// Whether interface `oif`'s link is up as far as the worker was told.
@@ -1066,6 +1181,8 @@ impl Worker {
     pub fn gc_with(&mut self, now_ns: u64, budget: usize, probe: &mut dyn OffloadProbe) -> usize {
         let now = instant(now_ns);
         self.set_clock(now_ns);
+        self.reroute_step(budget);
+        self.reroute6_step(budget);
         let nat = &mut self.nat;
         let (q, adj) = (&mut self.offload, &self.adj);
         let counted = self.counts_conns.then_some(&*self.policy);
@@ -1824,6 +1941,7 @@ impl Worker {
             return Step::Done(Action::Drop(DropReason::NoNeighbor));
         };
         if !a.resolved {
+            self.missing_nh = self.next_hop_of(adj);
             return Step::Done(Action::Drop(DropReason::NoNeighbor));
         }
         let l3 = usize::from(l3);
@@ -2290,6 +2408,14 @@ impl Worker {
     fn route(&self, dst: u32) -> Result<(IfIndex, u32), DropReason> {
         let r = self.routes.lookup(dst).ok_or(DropReason::NoRoute)?;
         Ok((r.oif, r.via.map(u32::from).unwrap_or(dst)))
+    }
+
+    /// The next hop adjacency `adj` stands for (a walk of the neighbours:
+    /// only for a packet dropped for an unresolved one, so that the
+    /// resolver asks for that next hop).
+    #[cold]
+    fn next_hop_of(&self, adj: AdjIndex) -> Option<(IfIndex, u32)> {
+        self.neigh.iter().find(|(_, &i)| i == adj).map(|(&k, _)| k)
     }
 
     /// The adjacency of next hop `nh` on `oif`.

@@ -682,3 +682,45 @@ fn group_and_foreign_frames_are_not_forwarded() {
     assert_eq!(send(&mut w, other), Action::Drop(DropReason::OtherHost));
     assert_eq!(send(&mut w, GW_IN_MAC), Action::Forward(OUTSIDE));
 }
+
+/// A new IPv6 default route (`Worker::set_routes`): the established
+/// connection is moved to the new next hop by the walk in `gc`, dropped
+/// (no-neighbor, naming that next hop) until it is known, then forwarded
+/// to it.
+#[test]
+fn established_ipv6_connections_follow_a_route_change() {
+    const R2_LL: &str = "fe80::2";
+    const R2_MAC: [u8; 6] = [2, 0, 0, 0, 8, 9];
+    let mut w = worker(InsideOnly);
+    let k = key(proto::UDP, HOST, 4600, REMOTE, 53);
+    let send = |w: &mut Worker| -> (Action, [u8; 6]) {
+        let (act, f) = run(w, INSIDE, |b| {
+            build_udp6(b, HOST_MAC, GW_IN_MAC, &k, 20).unwrap()
+        });
+        (act, f[0..6].try_into().unwrap())
+    };
+    assert_eq!(send(&mut w), (Action::Forward(OUTSIDE), ROUTER_MAC));
+    let r2 = Route6 {
+        net: 0,
+        len: 0,
+        oif: OUTSIDE,
+        via: Some(ip(R2_LL)),
+    };
+    assert!(w.set_routes(&[], &[r2]).is_ok());
+    w.gc(2_000_000_000, 4096);
+    assert!(!w.rerouting());
+    let mut t = TestFrames::default();
+    t.push(INSIDE, |b| {
+        build_udp6(b, HOST_MAC, GW_IN_MAC, &k, 20).unwrap()
+    });
+    w.process(2_000_000_000, &mut t);
+    assert_eq!(t.acts[0], Action::Drop(DropReason::NoNeighbor));
+    assert_eq!(w.missing_next_hop6(0), Some((OUTSIDE, ip(R2_LL))));
+    w.set_neighbor6(OUTSIDE, ip(R2_LL), R2_MAC).unwrap();
+    assert_eq!(send(&mut w), (Action::Forward(OUTSIDE), R2_MAC));
+    assert_eq!(w.conntrack6().len(), 1, "the same connection");
+    // A route out of an interface the worker does not have: refused.
+    let bad = Route6 { oif: 9, ..r2 };
+    assert!(w.set_routes(&[], &[bad]).is_err());
+    assert_eq!(send(&mut w), (Action::Forward(OUTSIDE), R2_MAC));
+}

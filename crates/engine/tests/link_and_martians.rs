@@ -21,7 +21,7 @@ use std::sync::Arc;
 mod common;
 
 use common::*;
-use sluice_engine::{Action, DropReason, StaticPolicy, Worker};
+use sluice_engine::{Action, DropReason, Route4, StaticPolicy, Worker};
 use sluice_nat::{PoolId, Translation};
 use sluice_wire::build::{build_icmp4_echo, build_udp4};
 use sluice_wire::flow::{proto, FlowKey4};
@@ -408,3 +408,77 @@ fn a_replaced_interface_takes_its_new_mac_and_mtu() {
         (Action::Forward(OUTSIDE), NEW_MAC)
     );
 }
+
+/// New static routes (`Worker::set_routes`, a reload): new connections
+/// take them at once; an established one is moved over by the walk in
+/// `gc`, waits (no-neighbor, naming the new next hop for the resolver)
+/// until that next hop is known, then leaves by it, the same connection.
+/// A route naming an interface the worker does not have is refused and
+/// changes nothing.
+#[test]
+fn established_connections_follow_a_route_change() {
+    const R2: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 253);
+    const R2_MAC: [u8; 6] = [2, 0, 0, 0, 8, 9];
+    let mut w = gateway();
+    let k = udp(HOST, 4500, REMOTE, 53);
+    let out = |w: &mut Worker, k: &FlowKey4| -> (Action, [u8; 6]) {
+        let mut f = TestFrames::default();
+        f.push(INSIDE, |b| {
+            build_udp4(b, HOST_MAC, GW_IN_MAC, k, 20).unwrap()
+        });
+        w.process(1_000_000, &mut f);
+        let dst: [u8; 6] = f.frame(0)[0..6].try_into().unwrap();
+        (f.acts[0], dst)
+    };
+    assert_eq!(out(&mut w, &k), (Action::Forward(OUTSIDE), ROUTER_MAC));
+    let conns = w.conntrack().len();
+    let via = |r: Ipv4Addr| Route4 {
+        net: 0,
+        len: 0,
+        oif: OUTSIDE,
+        via: Some(r),
+    };
+    assert!(w.set_routes(&[via(R2)], &[]).is_ok());
+    assert!(w.rerouting());
+    // Until the walk reaches it, the connection keeps its next hop.
+    assert_eq!(out(&mut w, &k), (Action::Forward(OUTSIDE), ROUTER_MAC));
+    w.gc(2_000_000, 4096);
+    assert!(!w.rerouting(), "1000 slots in one step of 4096");
+    let mut f = TestFrames::default();
+    f.push(INSIDE, |b| {
+        build_udp4(b, HOST_MAC, GW_IN_MAC, &k, 20).unwrap()
+    });
+    w.process(2_000_000, &mut f);
+    assert_eq!(f.acts[0], Action::Drop(DropReason::NoNeighbor));
+    assert_eq!(w.missing_next_hop(0), Some((OUTSIDE, R2)));
+    w.set_neighbor(R2, R2_MAC).unwrap();
+    assert_eq!(out(&mut w, &k), (Action::Forward(OUTSIDE), R2_MAC));
+    assert_eq!(w.conntrack().len(), conns, "the same connection");
+    let k2 = udp(HOST, 4501, REMOTE, 53);
+    assert_eq!(out(&mut w, &k2), (Action::Forward(OUTSIDE), R2_MAC));
+    // Refused: interface 7 does not exist; the routes stay.
+    let bad = Route4 {
+        net: u32::from(Ipv4Addr::new(192, 0, 2, 0)),
+        len: 24,
+        oif: 7,
+        via: None,
+    };
+    assert!(w.set_routes(&[via(ROUTER_PUBLIC), bad], &[]).is_err());
+    assert!(!w.rerouting());
+    let k3 = udp(HOST, 4502, REMOTE, 53);
+    assert_eq!(out(&mut w, &k3), (Action::Forward(OUTSIDE), R2_MAC));
+    // Back to the first router, known all along: no wait.
+    assert!(w.set_routes(&[via(ROUTER_PUBLIC)], &[]).is_ok());
+    w.gc(3_000_000, 4096);
+    assert_eq!(out(&mut w, &k), (Action::Forward(OUTSIDE), ROUTER_MAC));
+    assert_eq!(out(&mut w, &k3), (Action::Forward(OUTSIDE), ROUTER_MAC));
+    // No route any more: new connections are refused, established ones
+    // keep their path until they end.
+    assert!(w.set_routes(&[], &[]).is_ok());
+    w.gc(4_000_000, 4096);
+    assert_eq!(out(&mut w, &k), (Action::Forward(OUTSIDE), ROUTER_MAC));
+    let k4 = udp(HOST, 4503, REMOTE, 53);
+    assert_eq!(out(&mut w, &k4).0, Action::Drop(DropReason::NoRoute));
+}
+
+const ROUTER_PUBLIC: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 254);

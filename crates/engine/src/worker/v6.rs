@@ -221,6 +221,43 @@ impl State {
         }
     }
 
+    /// The route table with `routes` as the static routes (the connected
+    /// routes of the global addresses as at start), for `count` interfaces.
+    pub(super) fn routes_with(
+        &self,
+        count: usize,
+        routes: &[Route6],
+    ) -> Result<RouteTable6, EngineError> {
+        let mut t = RouteTable6::new();
+        for &(oif, a, len) in &self.addrs {
+            if !ndp::is_link_local(a) {
+                t.add(Route6 {
+                    net: a,
+                    len,
+                    oif,
+                    via: None,
+                });
+            }
+        }
+        for r in routes {
+            if usize::from(r.oif) >= count {
+                return Err(EngineError::Interface6 {
+                    what: "route",
+                    net: Ipv6Addr::from(r.net),
+                    len: r.len,
+                    oif: r.oif,
+                    count,
+                });
+            }
+            t.add(*r);
+        }
+        Ok(t)
+    }
+
+    pub(super) fn set_routes(&mut self, t: RouteTable6) {
+        self.routes = t;
+    }
+
     /// Whether `a` is assigned to interface `iif`.
     fn on_iface(&self, iif: IfIndex, a: u128) -> bool {
         self.addrs.iter().any(|&(i, x, _)| i == iif && x == a)
@@ -260,6 +297,56 @@ impl State {
 }
 
 impl Worker {
+    /// [`Worker::adjacency_towards`] for IPv6.
+    fn adjacency_towards6(&mut self, dst: u128) -> Option<AdjIndex> {
+        let (oif, nh) = self.v6.route(dst).ok()?;
+        if let Some(&a) = self.v6.neigh.get(&(oif, nh)) {
+            return Some(a);
+        }
+        let i = AdjIndex::try_from(self.adj.len()).ok()?;
+        let (src_mac, mtu) = self
+            .ifaces
+            .get(usize::from(oif))
+            .map(|i| (i.mac, i.mtu))
+            .unwrap_or((Default::default(), Interface::DEFAULT_MTU));
+        self.adj.push(Adjacency {
+            oif,
+            src_mac,
+            dst_mac: [0; 6],
+            resolved: false,
+            mtu,
+        });
+        self.v6.neigh.insert((oif, nh), i);
+        Some(i)
+    }
+
+    /// [`Worker::reroute_step`] for the IPv6 connection table (never
+    /// offloaded).
+    pub(super) fn reroute6_step(&mut self, budget: usize) {
+        let Some(start) = self.reroute[1] else {
+            return;
+        };
+        let end = start.saturating_add(budget).min(self.v6.ct.slots());
+        for raw in start..end {
+            let id = EntryId::from_raw(raw as u32);
+            let Some(e) = self.v6.ct.get(id) else {
+                continue;
+            };
+            let (orig, reply) = (e.key(Dir::Original), e.key(Dir::Reply));
+            let old = e.payload().adj;
+            let new = [
+                self.adjacency_towards6(reply.src).unwrap_or(old[0]),
+                self.adjacency_towards6(orig.src).unwrap_or(old[1]),
+            ];
+            if new != old {
+                if let Some(e) = self.v6.ct.get_mut(id) {
+                    e.payload_mut().adj = new;
+                }
+            }
+        }
+        self.reroute[1] = (end < self.v6.ct.slots()).then_some(end);
+    }
+
     /// Learn or update an IPv6 neighbour on `oif`. Existing adjacencies
     /// are rewritten in place, so connections that cached them follow.
     pub fn set_neighbor6(
@@ -774,6 +861,13 @@ impl Worker {
         adj: AdjIndex,
     ) -> Step {
         let Some(&a) = self.adj.get(usize::from(adj)).filter(|a| a.resolved) else {
+            // So that the resolver asks for this next hop (a cold walk).
+            self.v6.missing_nh = self
+                .v6
+                .neigh
+                .iter()
+                .find(|(_, &i)| i == adj)
+                .map(|(&k, _)| k);
             return Step::Done(Action::Drop(DropReason::NoNeighbor));
         };
         if 40 + usize::from(pk.payload_len) > usize::from(a.mtu) {
