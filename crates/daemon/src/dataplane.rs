@@ -170,6 +170,8 @@ pub enum Command {
     /// Replace the static routes (IPv4, IPv6): a reload. Answers the
     /// engine's refusal, if any (nothing changed then).
     SetRoutes(Box<(Vec<Route4>, Vec<Route6>)>, Sender<Result<(), String>>),
+    /// Replace the conntrack timeouts (a reload).
+    SetTimeouts(Box<sluice_conntrack::Timeouts>, Sender<()>),
 }
 
 /// A worker's new ports after an interface came back ([`Command::Attach`]).
@@ -1000,6 +1002,10 @@ impl WorkerThread {
                     let _ = done.send(());
                 }
                 Command::Attach(a) => self.attach(*a, s),
+                Command::SetTimeouts(t, done) => {
+                    self.engine.set_timeouts(&t);
+                    let _ = done.send(());
+                }
                 Command::SetRoutes(r, done) => {
                     let (v4, v6) = *r;
                     let res = self.engine.set_routes(&v4, &v6).map_err(|e| e.to_string());

@@ -1110,12 +1110,18 @@ impl Control {
         }
         if old.ct_max != cfg.ct_max
             || old.ct6_max != cfg.ct6_max
-            || old.timeouts != cfg.timeouts
             || old.ct_prefault != cfg.ct_prefault
         {
             needs_restart.push("conntrack");
         }
+        let timeouts_changed = old.timeouts != cfg.timeouts;
         self.publish(&mut st, lp)?;
+        if timeouts_changed {
+            let t = cfg.timeouts;
+            self.ask(|tx| Command::SetTimeouts(Box::new(t), tx))?;
+            st.config.timeouts = cfg.timeouts;
+            tracing::info!("reload: conntrack timeouts replaced");
+        }
         if apply_routes {
             // After the rule set (whose refusal keeps everything): the
             // routes were checked against the interfaces when the file was

@@ -1513,8 +1513,8 @@ both_backends!(
 both_backends!(
     route_reload,
     "o",
-    sighup_applies_new_static_routes_af_packet,
-    sighup_applies_new_static_routes_af_xdp
+    reload_applies_new_routes_and_timeouts_af_packet,
+    reload_applies_new_routes_and_timeouts_af_xdp
 );
 both_backends!(
     sighup_reload,
@@ -2024,10 +2024,11 @@ fn a_second_gateway_on_the_same_interfaces_is_refused() {
     assert!(o.status.success(), "{}\n{}", text(&o), d.context());
 }
 
-/// SIGHUP with a new static route: a network the gateway had no route to
-/// (192.0.2.0/24, behind the public host) is reached after the reload,
-/// without a restart; a ping that was dropped as `no-route` before goes
-/// through, and a route that goes away again stops new connections.
+/// A reload with a new static route (and new conntrack timeouts): a
+/// network the gateway had no route to (192.0.2.0/24, behind the public
+/// host) is reached after it, without a restart; a ping that was dropped
+/// as `no-route` before goes through, and when a SIGHUP takes the route
+/// away again new connections are refused.
 fn route_reload(backend: &str, tag: &str) {
     let (t, d) = setup(tag, backend, "");
     let o = sh(
@@ -2052,16 +2053,22 @@ fn route_reload(backend: &str, tag: &str) {
     );
     let cfg = t.dir.join("sluice.toml");
     let plain = read(&cfg);
+    // With new conntrack timeouts too; both apply without a restart.
     std::fs::write(
         &cfg,
-        format!("{plain}\n[[routes]]\nto = \"192.0.2.0/24\"\nvia = \"203.0.113.2\"\n"),
+        format!(
+            "{plain}\n[[routes]]\nto = \"192.0.2.0/24\"\nvia = \"203.0.113.2\"\n\n\
+             [conntrack.timeouts]\nudp = 45\n"
+        ),
     )
     .expect("rewrite sluice.toml");
-    d.signal("-HUP");
-    wait_for("the route applied", Duration::from_secs(5), || {
-        d.log().contains("reload: static routes replaced")
-    });
-    assert!(!d.log().contains("need a restart"), "{}", d.log());
+    let r = d.ctl("reload");
+    assert_eq!(r["ok"], true, "{r}");
+    assert_eq!(r["needs_restart"], serde_json::json!([]), "{r}");
+    let log = d.log();
+    assert!(log.contains("reload: static routes replaced"), "{log}");
+    assert!(log.contains("reload: conntrack timeouts replaced"), "{log}");
+    assert!(!log.contains("need a restart"), "{log}");
     wait_for("a ping over the new route", Duration::from_secs(10), || {
         sh(&t.private2, "ping -n -c 1 -W 1 192.0.2.1")
             .status

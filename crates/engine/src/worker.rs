@@ -944,6 +944,14 @@ impl Worker {
         Ok(())
     }
 
+    /// Replace the conntrack timeouts (IPv4 and IPv6), as a change of
+    /// netfilter's timeout sysctls does: a connection keeps its current
+    /// expiry until its next packet, which sets it by the new values.
+    pub fn set_timeouts(&mut self, t: &ct::Timeouts) {
+        self.ct.set_timeouts(t);
+        self.v6.ct.set_timeouts(t);
+    }
+
     /// Whether a walk after a route change is still under way.
     pub fn rerouting(&self) -> bool {
         self.reroute.iter().any(Option::is_some)

@@ -482,3 +482,35 @@ fn established_connections_follow_a_route_change() {
 }
 
 const ROUTER_PUBLIC: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 254);
+
+/// New conntrack timeouts (`Worker::set_timeouts`, a reload): a connection
+/// keeps its expiry until its next packet, which sets it by the new ones.
+#[test]
+fn new_timeouts_apply_from_a_connections_next_packet() {
+    const S: u64 = 1_000_000_000;
+    let mut w = gateway();
+    let k = udp(HOST, 4700, REMOTE, 53);
+    let at = |w: &mut Worker, t: u64| {
+        let mut f = TestFrames::default();
+        f.push(INSIDE, |b| {
+            build_udp4(b, HOST_MAC, GW_IN_MAC, &k, 20).unwrap()
+        });
+        w.process(t, &mut f);
+        assert_eq!(f.acts[0], Action::Forward(OUTSIDE));
+    };
+    at(&mut w, S);
+    let short = sluice_conntrack::Timeouts {
+        udp: std::time::Duration::from_secs(5),
+        ..Default::default()
+    };
+    w.set_timeouts(&short);
+    // Still the default 30 s from the first packet: alive at 20 s.
+    w.gc(20 * S, 4096);
+    assert_eq!(w.conntrack().len(), 1);
+    // The next packet (at 20 s) gives it 5 s: gone at 26 s.
+    at(&mut w, 20 * S);
+    w.gc(24 * S, 4096);
+    assert_eq!(w.conntrack().len(), 1);
+    w.gc(26 * S, 4096);
+    assert_eq!(w.conntrack().len(), 0);
+}
