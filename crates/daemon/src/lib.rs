@@ -724,15 +724,18 @@ const REOPEN_BUSY_STEP: Duration = Duration::from_millis(10);
 
 /// Looks at each interface's link (`names[k]`: its name and the kernel
 /// index it had at start) and records changes in `links`, logging them.
-/// An interface whose index changed was deleted and made again: its
-/// sockets and XDP program went with the old one. It is reported `gone`
-/// and returned (its new index recorded in `names`) for [`reattach`];
-/// interfaces in `reopening` (returned before, their ports not open yet)
-/// stay `gone`.
+/// An interface whose index changed was deleted and made again, and one
+/// that is there again after it was gone was moved out of the namespace
+/// and back: its sockets and XDP program went with the old one. It is
+/// reported `gone` and returned (its index recorded in `names`) for
+/// [`reattach`]. Interfaces in `reopening` (returned before, their ports
+/// not open yet) stay `gone`; those in `reopened` (their ports opened
+/// again just now) take their link's state.
 fn watch_link_states(
     names: &mut [(String, Option<u32>)],
     links: &dataplane::Links,
     reopening: &std::collections::BTreeSet<usize>,
+    reopened: &std::collections::BTreeSet<usize>,
 ) -> Vec<usize> {
     use sluice_io::link::LinkState;
     let mut back = Vec::new();
@@ -749,7 +752,14 @@ fn watch_link_states(
         };
         if st != LinkState::Gone {
             let idx = sluice_io::afxdp::offload::ifindex(name).ok();
-            if idx0.is_some() && idx.is_some() && idx != *idx0 {
+            // Back: under a new index (deleted and made again), or under
+            // its old one after it was gone (moved to another namespace
+            // and back, which keeps a free index): either way its sockets
+            // and XDP program did not come back with it.
+            let was_gone = links.get(k) == LinkState::Gone
+                && !reopening.contains(&k)
+                && !reopened.contains(&k);
+            if idx0.is_some() && idx.is_some() && (idx != *idx0 || was_gone) {
                 *idx0 = idx;
                 back.push(k);
                 st = LinkState::Gone;
@@ -1889,7 +1899,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
         .collect();
     let mut reopening = std::collections::BTreeSet::new();
     if cfg_backend != config::BackendChoice::Mem {
-        watch_link_states(&mut link_names, &links, &reopening);
+        watch_link_states(&mut link_names, &links, &reopening, &Default::default());
     }
 
     let mut threads = Vec::new();
@@ -2083,13 +2093,17 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     while !stop.load(Ordering::Relaxed) {
         if watch_links && last_links.elapsed() >= LINK_POLL {
             last_links = Instant::now();
-            let back = watch_link_states(&mut link_names, &links, &reopening);
+            let none = std::collections::BTreeSet::new();
+            let back = watch_link_states(&mut link_names, &links, &reopening, &none);
             if !back.is_empty() {
                 reopening.extend(back);
                 retry_at = None;
             }
             if !reopening.is_empty() && retry_at.is_none_or(|t| Instant::now() >= t) {
-                reopening = reattach(&plan, &reopening, &control.workers, ingress.as_ref());
+                let tried = std::mem::take(&mut reopening);
+                reopening = reattach(&plan, &tried, &control.workers, ingress.as_ref());
+                let opened: std::collections::BTreeSet<usize> =
+                    tried.difference(&reopening).copied().collect();
                 if reopening.is_empty() {
                     backoff = REOPEN_RETRY_MIN;
                     retry_at = None;
@@ -2102,7 +2116,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
                     backoff = (backoff * 2).min(REOPEN_RETRY_MAX);
                 }
                 // Up or down now, for the engine.
-                watch_link_states(&mut link_names, &links, &reopening);
+                watch_link_states(&mut link_names, &links, &reopening, &opened);
             }
         }
         for sig in signals.pending() {

@@ -1973,6 +1973,37 @@ fn link_states(backend: &str, tag: &str) {
         !wan_mac.is_empty() && seen == wan_mac,
         "{seen} != {wan_mac}"
     );
+
+    // Moved to another namespace and back (it keeps its index): its
+    // ports are opened again too.
+    let backs = |d: &Daemon| {
+        d.log()
+            .matches("interface back: ports opened again")
+            .count()
+    };
+    let n = backs(&d);
+    let o = sh(
+        &t.gw,
+        &format!("ip link set wan0 netns {}", t.private.name()),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    wait_for("wan0 gone", Duration::from_secs(5), || link(&d) == "gone");
+    let o = sh(
+        &t.private,
+        &format!("ip link set wan0 netns {} && true", t.gw.name()),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let o = sh(&t.gw, "ip link set wan0 up");
+    assert!(o.status.success(), "{}", text(&o));
+    wait_for("wan0 opened again", Duration::from_secs(10), || {
+        backs(&d) == n + 1 && link(&d) == "up"
+    });
+    wait_for("a ping after the move", Duration::from_secs(10), || {
+        sh(&t.private2, "ping -n -c 1 -W 1 203.0.113.2")
+            .status
+            .success()
+    });
+    assert_eq!(udp_flows(&d), 1, "the connection outlived the move");
     d.signal("-TERM");
     let st = d.child.0.as_mut().map(|c| c.wait());
     assert!(
