@@ -160,11 +160,12 @@ pub enum Command {
     SetNeighbor6(IfIndex, Ipv6Addr, [u8; 6], bool),
     /// An IPv6 neighbour another worker learnt and found unreachable.
     ForgetNeighbor6(IfIndex, Ipv6Addr),
-    /// Close every port (an interface came back: the control plane
-    /// re-opens them all, see [`Attach`]); answered once they are closed.
-    /// Until [`Command::Attach`], frames routed out of them are counted
-    /// as transmit drops.
-    Detach(Sender<()>),
+    /// Close the ports of these interfaces (indexes into the ports; an
+    /// interface came back and the control plane opens them again, see
+    /// [`Attach`]); answered once they are closed. Until
+    /// [`Command::Attach`], frames routed out of them are counted as
+    /// transmit drops.
+    Detach(Vec<usize>, Sender<()>),
     /// Take a new set of ports.
     Attach(Box<Attach>),
     /// Replace the static routes (IPv4, IPv6): a reload. Answers the
@@ -176,9 +177,9 @@ pub enum Command {
 
 /// A worker's new ports after an interface came back ([`Command::Attach`]).
 pub struct Attach {
-    /// One per engine interface, as at start; a [`Detached`] one for an
-    /// interface that could not be opened.
-    pub ports: Vec<Box<dyn Port>>,
+    /// The new ports, by index (those [`Command::Detach`] closed); a
+    /// [`Detached`] one for an interface that could not be opened.
+    pub ports: Vec<(usize, Box<dyn Port>)>,
     /// Interfaces replaced by new ones: (engine interface, MAC, MTU).
     pub relinked: Vec<(IfIndex, [u8; 6], u16)>,
     /// Kernel ifindex of every engine interface, for the offload.
@@ -989,8 +990,13 @@ impl WorkerThread {
                         self.engine.clear_neighbor6(oif, ip);
                     }
                 }
-                Command::Detach(done) => {
-                    for p in &mut self.ports {
+                Command::Detach(which, done) => {
+                    for (_, p) in self
+                        .ports
+                        .iter_mut()
+                        .enumerate()
+                        .filter(|(k, _)| which.contains(k))
+                    {
                         let _ = p.flush();
                         let d = Detached::new(p.name(), p.kind());
                         // The old port closes here (its XDP program and
@@ -1028,7 +1034,7 @@ impl WorkerThread {
             offload_ifindex,
             done,
         } = a;
-        for (k, p) in ports.into_iter().enumerate() {
+        for (k, p) in ports {
             if let Some(slot) = self.ports.get_mut(k) {
                 *slot = p;
             }

@@ -795,14 +795,15 @@ fn watch_link_states(
     back
 }
 
-/// Interfaces `back` were deleted and made again: close every worker's
-/// ports, open them all again (an AF_XDP UMEM is shared by a worker's
-/// ports, and the frames the kernel held for the old interface's sockets
-/// are lost with them, so the UMEMs are new too), and hand them over with
-/// the new interfaces' MACs and MTUs. Connections, NAT state and the rule
-/// set stay; frames arriving on the other interfaces while their ports are
-/// re-opened (a few milliseconds) are lost, as on a link flap. Returns the
-/// interfaces whose ports could not be opened (to try again later).
+/// Interfaces `back` were deleted and made again: close their ports in
+/// every worker, open them again, and hand them over with the new
+/// interfaces' MACs and MTUs. On AF_PACKET only those ports; on AF_XDP
+/// every port (a worker's ports share one UMEM, and the frames the kernel
+/// held for the old interface's sockets are lost with them, so the UMEMs
+/// are new too), so there frames arriving on the other interfaces while
+/// their ports are re-opened are lost, as on a link flap. Connections, NAT
+/// state and the rule set stay. Returns the interfaces whose ports could
+/// not be opened (to try again later).
 fn reattach(
     plan: &PortPlan,
     back: &std::collections::BTreeSet<usize>,
@@ -836,18 +837,25 @@ fn reattach(
             }
         }
     };
-    // The gap in the other interfaces' traffic starts here.
+    let which: Vec<usize> = match plan.backend {
+        Some(sluice_io::Backend::AfPacket) => back.iter().copied().collect(),
+        _ => (0..plan.interfaces.len()).collect(),
+    };
+    // The gap in the re-opened ports' traffic starts here.
     let t0 = Instant::now();
-    ask(&Command::Detach);
+    ask(&|tx| Command::Detach(which.clone(), tx));
     let umems = plan.umems();
     let mut no_peers = Vec::new();
-    let mut sets: Vec<Vec<Box<dyn Port>>> = Vec::new();
+    let mut sets: Vec<Vec<(usize, Box<dyn Port>)>> = Vec::new();
     for id in 0..plan.workers {
         let umem = umems.get(usize::from(id)).cloned().flatten();
-        let mut ports: Vec<Box<dyn Port>> = Vec::new();
-        for (k, ifc) in plan.interfaces.iter().enumerate() {
+        let mut ports: Vec<(usize, Box<dyn Port>)> = Vec::new();
+        for (k, ifc) in which
+            .iter()
+            .filter_map(|&k| Some((k, plan.interfaces.get(k)?)))
+        {
             match plan.open(id, k, umem.clone(), &mut no_peers, true) {
-                Ok(p) => ports.push(p),
+                Ok(p) => ports.push((k, p)),
                 Err(e) => {
                     tracing::error!(worker = id, interface = %ifc.name, "re-opening the port: {e}");
                     failed.insert(k);
@@ -856,7 +864,7 @@ fn reattach(
                         Some(_) => BackendKind::AfXdp,
                         None => BackendKind::Mem,
                     };
-                    ports.push(Box::new(dataplane::Detached::new(&ifc.name, kind)));
+                    ports.push((k, Box::new(dataplane::Detached::new(&ifc.name, kind))));
                 }
             }
         }
@@ -899,8 +907,9 @@ fn reattach(
             if let Some(ifc) = plan.interfaces.get(k) {
                 tracing::info!(
                     interface = %ifc.name,
-                    // From closing the old ports to the new ones in use:
-                    // the other interfaces' gap.
+                    // From closing the old ports to the new ones in use
+                    // (on AF_XDP, the other interfaces' gap too).
+                    reopened = which.len(),
                     took_ms = took.as_millis() as u64,
                     "interface back: ports opened again"
                 );

@@ -1945,6 +1945,14 @@ fn link_states(backend: &str, tag: &str) {
         },
     );
     assert_eq!(udp_flows(&d), 1, "the connection outlived the interface");
+    // AF_PACKET re-opens only wan0's port; AF_XDP every port (new UMEM).
+    let lan_opens = d
+        .log()
+        .lines()
+        .filter(|l| l.contains("port open") && l.contains("lan0"))
+        .count();
+    let expect = if backend == "af_packet" { 1 } else { 2 };
+    assert_eq!(lan_opens, expect, "{}", d.log());
     let st = d.ctl("status");
     let mode = st["worker_status"][0]["ports"][1]["mode"]
         .as_str()
