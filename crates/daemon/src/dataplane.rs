@@ -182,8 +182,9 @@ pub struct Attach {
     pub ports: Vec<(usize, Box<dyn Port>)>,
     /// Interfaces replaced by new ones: (engine interface, MAC, MTU).
     pub relinked: Vec<(IfIndex, [u8; 6], u16)>,
-    /// Kernel ifindex of every engine interface, for the offload.
-    pub offload_ifindex: Vec<u32>,
+    /// Kernel ifindex of every engine interface, for the offload (`None`:
+    /// unchanged).
+    pub offload_ifindex: Option<Vec<u32>>,
     /// Answered once the ports are in use.
     pub done: Sender<()>,
 }
@@ -1034,18 +1035,24 @@ impl WorkerThread {
             offload_ifindex,
             done,
         } = a;
+        let reopened = !ports.is_empty();
         for (k, p) in ports {
             if let Some(slot) = self.ports.get_mut(k) {
                 *slot = p;
             }
         }
         self.ports_changed = true;
-        if let Some(o) = &mut self.offload {
-            o.ifindex = offload_ifindex;
+        if let (Some(o), Some(ix)) = (&mut self.offload, offload_ifindex) {
+            o.ifindex = ix;
             o.seen.clear();
         }
         for (oif, mac, mtu) in relinked {
+            let new_mac = self.engine.interface_mac(oif) != Some(mac);
             self.engine.relink(oif, mac, mtu);
+            if !new_mac && !reopened {
+                // Only the MTU changed (a reload): nothing to announce.
+                continue;
+            }
             for ip in self.resolver6.relink(oif, mac) {
                 self.engine.clear_neighbor6(oif, ip);
             }

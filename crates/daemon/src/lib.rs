@@ -887,7 +887,7 @@ fn reattach(
         let a = dataplane::Attach {
             ports,
             relinked: relinked.clone(),
-            offload_ifindex: offload_ifindex.clone(),
+            offload_ifindex: Some(offload_ifindex.clone()),
             done: tx,
         };
         if w.send(Command::Attach(Box::new(a))).is_ok() && rx.recv_timeout(CMD_TIMEOUT).is_err() {
@@ -1102,12 +1102,32 @@ impl Control {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let old = &st.config;
         let mut needs_restart = Vec::new();
-        if old.interfaces != cfg.interfaces {
+        // A change of `mac` or `mtu` alone is applied (below); anything
+        // else about the interfaces needs a restart.
+        let same_but_link = |a: &config::InterfaceConfig, b: &config::InterfaceConfig| {
+            config::InterfaceConfig {
+                mac: None,
+                mtu: None,
+                ..a.clone()
+            } == config::InterfaceConfig {
+                mac: None,
+                mtu: None,
+                ..b.clone()
+            }
+        };
+        let relink = old.interfaces.len() == cfg.interfaces.len()
+            && old.interfaces != cfg.interfaces
+            && old
+                .interfaces
+                .iter()
+                .zip(&cfg.interfaces)
+                .all(|(a, b)| same_but_link(a, b));
+        if old.interfaces != cfg.interfaces && !relink {
             needs_restart.push("interfaces");
         }
         // Routes are applied below, unless the interfaces they name changed.
         let routes_changed = old.routes != cfg.routes || old.routes6 != cfg.routes6;
-        let apply_routes = routes_changed && old.interfaces == cfg.interfaces;
+        let apply_routes = routes_changed && (old.interfaces == cfg.interfaces || relink);
         if routes_changed && !apply_routes {
             needs_restart.push("routes");
         }
@@ -1135,6 +1155,9 @@ impl Control {
         }
         let timeouts_changed = old.timeouts != cfg.timeouts;
         self.publish(&mut st, lp)?;
+        if relink {
+            self.relink(&mut st, &cfg)?;
+        }
         if timeouts_changed {
             let t = cfg.timeouts;
             self.ask(|tx| Command::SetTimeouts(Box::new(t), tx))?;
@@ -1188,6 +1211,58 @@ impl Control {
             json!({"ok": true, "generation": st.generation, "ruleset": st.source,
                   "rules": st.rules, "needs_restart": needs_restart}),
         )
+    }
+
+    /// A reload that changed only interfaces' `mac` / `mtu`: the workers
+    /// take the new values as for an interface that came back
+    /// ([`Worker::relink`]: source MAC, MAC filter, MTU, link-local
+    /// address; a gratuitous ARP for a new MAC), without touching the
+    /// ports. An unset `mac` / `mtu` is the kernel's.
+    fn relink(&self, st: &mut Published, cfg: &Config) -> Result<(), CtlFailure> {
+        let mut relinked = Vec::new();
+        for (k, (a, b)) in st.config.interfaces.iter().zip(&cfg.interfaces).enumerate() {
+            if a.mac == b.mac && a.mtu == b.mtu {
+                continue;
+            }
+            let (kmac, kmtu) = if cfg.backend == config::BackendChoice::Mem {
+                ([0x02, 0x53, 0x4c, 0, 0, k as u8 + 1], 1500)
+            } else {
+                interface_link(&b.name).map_err(|e| CtlFailure {
+                    kind: "config",
+                    message: format!("interface {}: {e}", b.name),
+                })?
+            };
+            let mtu = b
+                .mtu
+                .unwrap_or_else(|| kmtu.clamp(config::MIN_MTU, config::MAX_MTU));
+            if b.mtu.is_some_and(|m| m > kmtu) {
+                tracing::warn!(interface = %b.name, mtu = mtu, kernel_mtu = kmtu,
+                    "configured mtu is above the interface's: the kernel may drop larger frames");
+            }
+            relinked.push((
+                (k + 1) as sluice_engine::IfIndex,
+                b.mac.unwrap_or(kmac),
+                mtu,
+            ));
+        }
+        let r = relinked.clone();
+        self.ask(|tx| {
+            Command::Attach(Box::new(dataplane::Attach {
+                ports: Vec::new(),
+                relinked: r.clone(),
+                offload_ifindex: None,
+                done: tx,
+            }))
+        })?;
+        for (a, b) in st.config.interfaces.iter_mut().zip(&cfg.interfaces) {
+            a.mac = b.mac;
+            a.mtu = b.mtu;
+        }
+        tracing::info!(
+            interfaces = relinked.len(),
+            "reload: interface MAC / MTU applied"
+        );
+        Ok(())
     }
 
     fn handle(&self, req: Request) -> Value {

@@ -1513,8 +1513,8 @@ both_backends!(
 both_backends!(
     route_reload,
     "o",
-    reload_applies_new_routes_and_timeouts_af_packet,
-    reload_applies_new_routes_and_timeouts_af_xdp
+    reload_applies_new_routes_timeouts_and_mtu_af_packet,
+    reload_applies_new_routes_timeouts_and_mtu_af_xdp
 );
 both_backends!(
     sighup_reload,
@@ -2063,7 +2063,8 @@ fn a_second_gateway_on_the_same_interfaces_is_refused() {
     assert!(o.status.success(), "{}\n{}", text(&o), d.context());
 }
 
-/// A reload with a new static route (and new conntrack timeouts): a
+/// A reload with a new static route (and new conntrack timeouts and a
+/// smaller MTU on wan0, answered with fragmentation needed): a
 /// network the gateway had no route to (192.0.2.0/24, behind the public
 /// host) is reached after it, without a restart; a ping that was dropped
 /// as `no-route` before goes through, and when a SIGHUP takes the route
@@ -2092,11 +2093,16 @@ fn route_reload(backend: &str, tag: &str) {
     );
     let cfg = t.dir.join("sluice.toml");
     let plain = read(&cfg);
-    // With new conntrack timeouts too; both apply without a restart.
+    let big_ping = |ns: &Netns| sh(ns, "ping -n -c 1 -M do -s 1472 -W 2 203.0.113.2");
+    let o = big_ping(&t.private2);
+    assert!(o.status.success(), "{}\n{}", text(&o), d.context());
+    // With new conntrack timeouts and a smaller MTU on wan0 (the last
+    // interface of the file, whose table the appended key joins); all
+    // apply without a restart.
     std::fs::write(
         &cfg,
         format!(
-            "{plain}\n[[routes]]\nto = \"192.0.2.0/24\"\nvia = \"203.0.113.2\"\n\n\
+            "{plain}mtu = 1400\n\n[[routes]]\nto = \"192.0.2.0/24\"\nvia = \"203.0.113.2\"\n\n\
              [conntrack.timeouts]\nudp = 45\n"
         ),
     )
@@ -2107,7 +2113,15 @@ fn route_reload(backend: &str, tag: &str) {
     let log = d.log();
     assert!(log.contains("reload: static routes replaced"), "{log}");
     assert!(log.contains("reload: conntrack timeouts replaced"), "{log}");
+    assert!(log.contains("reload: interface MAC / MTU applied"), "{log}");
     assert!(!log.contains("need a restart"), "{log}");
+    let o = big_ping(&t.private2);
+    let out = text(&o);
+    assert!(
+        !o.status.success() && out.contains("Frag needed and DF set (mtu = 1400)"),
+        "{out}\n{}",
+        d.context()
+    );
     wait_for("a ping over the new route", Duration::from_secs(10), || {
         sh(&t.private2, "ping -n -c 1 -W 1 192.0.2.1")
             .status
@@ -2118,6 +2132,9 @@ fn route_reload(backend: &str, tag: &str) {
     wait_for("the route removed", Duration::from_secs(5), || {
         d.log().matches("reload: static routes replaced").count() == 2
     });
+    // The kernel's MTU again (1500), for a host that did not learn 1400.
+    let o = big_ping(&t.private);
+    assert!(o.status.success(), "{}\n{}", text(&o), d.context());
     let before = d.drops("no-route");
     // A new connection (another host) finds no route.
     wait_for("the gateway answers", Duration::from_secs(10), || {

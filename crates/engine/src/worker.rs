@@ -903,6 +903,11 @@ impl Worker {
         self.offload_clear();
     }
 
+    /// Interface `oif`'s MAC as the worker uses it.
+    pub fn interface_mac(&self, oif: IfIndex) -> Option<[u8; 6]> {
+        self.ifaces.get(usize::from(oif)).map(|i| i.mac)
+    }
+
     /// Replace the static routes (IPv4 and IPv6; the connected routes of
     /// the interfaces' addresses stay). New connections take the new
     /// routes at once; established ones are moved over by a walk of the
