@@ -112,6 +112,22 @@ fn unsupported_field(what: &str, field: &str) -> Option<&'static str> {
     })
 }
 
+/// Why a kind of nft stateful object Sluice knows is not implemented.
+fn unsupported_object(kind: &str) -> &'static str {
+    match kind {
+        "ct helper" => "conntrack helpers are not implemented",
+        "ct timeout" => {
+            "per-rule conntrack timeout policies are not implemented; set the timeouts \
+             for the whole gateway in sluice.toml ([conntrack.timeouts])"
+        }
+        "ct expectation" => "conntrack expectations are not implemented",
+        "secmark" => "security marks label packets for local sockets, which Sluice does not have",
+        "synproxy" => "SYN proxying is not implemented",
+        "tunnel" => "tunnel metadata is not implemented",
+        _ => "this object type is not implemented",
+    }
+}
+
 /// `is_expr_keyword(w)`, as one `match`.
 fn is_expr_keyword(w: &str) -> bool {
     matches!(
@@ -806,6 +822,29 @@ impl<'s> Parser<'s> {
                             self.bump();
                         }
                         Ok(())
+                    }
+                    w @ ("ct" | "secmark" | "synproxy" | "tunnel") => {
+                        // nft's other stateful objects: known, not
+                        // implemented (the whole declaration is skipped).
+                        match (w, self.word_at(1)) {
+                            ("ct", Some(k @ ("helper" | "timeout" | "expectation"))) => {
+                                let kind = format!("ct {k}");
+                                let why = unsupported_object(&kind);
+                                self.err(sp, format!("'{kind}' objects are not supported: {why}"))
+                            }
+                            ("ct", next) => self.err(
+                                sp,
+                                format!(
+                                    "unknown table item 'ct {}'; nft's ct objects are 'ct \
+                                     helper', 'ct timeout' and 'ct expectation'",
+                                    next.unwrap_or("")
+                                ),
+                            ),
+                            _ => {
+                                let why = unsupported_object(w);
+                                self.err(sp, format!("'{w}' objects are not supported: {why}"))
+                            }
+                        }
                     }
                     w => {
                         let help = suggest(
