@@ -597,6 +597,61 @@ struct Control {
     nat_log: Option<natlog::NatLogHandle>,
     /// The interfaces' link state (watched by the main loop).
     links: Arc<dataplane::Links>,
+    /// Reloads (SIGHUP, `reload`) that applied and that failed, whether
+    /// the last one applied, and when (Unix seconds) the running
+    /// configuration was last loaded successfully (start or reload).
+    reloads: ReloadStats,
+}
+
+/// See [`Control::reloads`].
+#[derive(Debug)]
+struct ReloadStats {
+    ok: std::sync::atomic::AtomicU64,
+    failed: std::sync::atomic::AtomicU64,
+    last_ok: AtomicBool,
+    last_success_unix: std::sync::atomic::AtomicU64,
+}
+
+impl ReloadStats {
+    fn new() -> Self {
+        Self {
+            ok: Default::default(),
+            failed: Default::default(),
+            last_ok: AtomicBool::new(true),
+            last_success_unix: std::sync::atomic::AtomicU64::new(unix_now()),
+        }
+    }
+
+    fn record(&self, ok: bool) {
+        if ok {
+            self.ok.fetch_add(1, Ordering::Relaxed);
+            self.last_success_unix.store(unix_now(), Ordering::Relaxed);
+        } else {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        self.last_ok.store(ok, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> metrics::Reloads {
+        metrics::Reloads {
+            ok: self.ok.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+            last_ok: self.last_ok.load(Ordering::Relaxed),
+            last_success_unix: self.last_success_unix.load(Ordering::Relaxed),
+        }
+    }
+}
+
+fn reloads_json(r: metrics::Reloads) -> Value {
+    json!({"ok": r.ok, "failed": r.failed, "last_ok": r.last_ok,
+           "last_success_unix": r.last_success_unix})
+}
+
+/// Seconds since the Unix epoch (0 if the clock is before it).
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// What is currently running (for reload decisions and status).
@@ -1080,14 +1135,21 @@ impl Control {
                     .enumerate()
                     .map(|(k, i)| (i.name.clone(), self.links.get(k).name()))
                     .collect(),
+                reloads: self.reloads.snapshot(),
             }
         };
         Ok(metrics::render(&ws, &info))
     }
 
     /// SIGHUP / `reload`: re-read the config file and its ruleset, and
-    /// reopen the NAT log (log rotation).
+    /// reopen the NAT log (log rotation); counted in [`Control::reloads`].
     fn reload(&self) -> Result<Value, CtlFailure> {
+        let r = self.reload_inner();
+        self.reloads.record(r.is_ok());
+        r
+    }
+
+    fn reload_inner(&self) -> Result<Value, CtlFailure> {
         if let Some(l) = &self.nat_log {
             l.reopen();
         }
@@ -1293,6 +1355,7 @@ impl Control {
                 Ok(json!({
                     "ok": true,
                     "uptime_s": self.started.elapsed().as_secs(),
+                    "reloads": reloads_json(self.reloads.snapshot()),
                     "workers": ws.len(),
                     "ruleset": st.source,
                     "rules": st.rules,
@@ -2139,6 +2202,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
         retired: Mutex::new(Vec::new()),
         nat_log: nat_logger.as_ref().map(natlog::NatLogger::handle),
         links: Arc::clone(&links),
+        reloads: ReloadStats::new(),
     });
     // From here the cell, the workers and `Published` hold the policy; a
     // reference kept here would pin the start-up rule set in memory after

@@ -38,6 +38,22 @@ pub struct Info {
     pub nat_log: Option<(u64, u64, u64)>,
     /// Each interface's name and link state (`up`, `down`, `gone`).
     pub links: Vec<(String, &'static str)>,
+    /// Configuration reloads.
+    pub reloads: Reloads,
+}
+
+/// Configuration reloads (SIGHUP, `sluice ctl reload`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Reloads {
+    /// Reloads that applied.
+    pub ok: u64,
+    /// Reloads refused (the running configuration was kept).
+    pub failed: u64,
+    /// Whether the last reload applied (true before any).
+    pub last_ok: bool,
+    /// When the running configuration was last loaded successfully (start
+    /// or reload), Unix seconds.
+    pub last_success_unix: u64,
 }
 
 /// One metric family being written.
@@ -108,6 +124,28 @@ pub fn render(ws: &[WorkerStatus], info: &Info) -> String {
         "Generation of the running rule set (1 at start, +1 per replace or reload).",
     )
     .sample(&[], info.generation);
+    let mut fam = family(
+        &mut o,
+        "sluice_config_reloads_total",
+        "counter",
+        "Configuration reloads (SIGHUP, sluice ctl reload) by result: ok, or failed (the running configuration kept).",
+    );
+    fam.sample(&[("result", "ok")], info.reloads.ok);
+    fam.sample(&[("result", "failed")], info.reloads.failed);
+    family(
+        &mut o,
+        "sluice_config_last_reload_successful",
+        "gauge",
+        "1 if the last configuration reload applied (or none was tried), 0 if it failed.",
+    )
+    .sample(&[], u64::from(info.reloads.last_ok));
+    family(
+        &mut o,
+        "sluice_config_last_reload_success_timestamp_seconds",
+        "gauge",
+        "When the running configuration was last loaded successfully (start or reload), Unix seconds.",
+    )
+    .sample(&[], info.reloads.last_success_unix);
     let mut fam = family(
         &mut o,
         "sluice_interface_link_up",
@@ -576,6 +614,12 @@ mod tests {
                 generation: 1,
                 nat_log: Some((9, 0, 0)),
                 links: vec![("lan0".into(), "up"), ("wan0".into(), "down")],
+                reloads: Reloads {
+                    ok: 2,
+                    failed: 1,
+                    last_ok: false,
+                    last_success_unix: 1_795_000_000,
+                },
             },
         );
         for want in [
@@ -588,6 +632,10 @@ mod tests {
             "sluice_uptime_seconds 5\n",
             "sluice_interface_link_up{interface=\"lan0\",state=\"up\"} 1\n",
             "sluice_interface_link_up{interface=\"wan0\",state=\"down\"} 0\n",
+            "sluice_config_reloads_total{result=\"ok\"} 2\n",
+            "sluice_config_reloads_total{result=\"failed\"} 1\n",
+            "sluice_config_last_reload_successful 0\n",
+            "sluice_config_last_reload_success_timestamp_seconds 1795000000\n",
         ] {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
         }

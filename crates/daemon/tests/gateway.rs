@@ -2135,6 +2135,36 @@ fn route_reload(backend: &str, tag: &str) {
     // The kernel's MTU again (1500), for a host that did not learn 1400.
     let o = big_ping(&t.private);
     assert!(o.status.success(), "{}\n{}", text(&o), d.context());
+    // A reload of a broken file is refused, keeps everything, and is
+    // counted; the next good one clears the alarm.
+    std::fs::write(&cfg, format!("{plain}\nworkers = \"two\"\n")).expect("rewrite");
+    let r = d.ctl("reload");
+    assert_eq!(r["ok"], false, "{r}");
+    let metric = |d: &Daemon, name: &str| -> String {
+        let m = d.ctl("metrics");
+        m["metrics"]
+            .as_str()
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_eq!(
+        metric(&d, "sluice_config_last_reload_successful"),
+        "sluice_config_last_reload_successful 0"
+    );
+    assert_eq!(
+        metric(&d, "sluice_config_reloads_total{result=\"failed\"}"),
+        "sluice_config_reloads_total{result=\"failed\"} 1"
+    );
+    assert_eq!(d.ctl("status")["reloads"]["ok"], 2, "ctl reload and SIGHUP");
+    std::fs::write(&cfg, &plain).expect("rewrite");
+    assert_eq!(d.ctl("reload")["ok"], true);
+    assert_eq!(
+        metric(&d, "sluice_config_last_reload_successful"),
+        "sluice_config_last_reload_successful 1"
+    );
     let before = d.drops("no-route");
     // A new connection (another host) finds no route.
     wait_for("the gateway answers", Duration::from_secs(10), || {
