@@ -631,6 +631,9 @@ pub struct WorkerThread {
 pub struct Links {
     generation: AtomicU64,
     states: Vec<std::sync::atomic::AtomicU8>,
+    /// Per interface, how often its ports were opened again after it came
+    /// back.
+    reopened: Vec<AtomicU64>,
 }
 
 impl Links {
@@ -641,7 +644,22 @@ impl Links {
             states: (0..n)
                 .map(|_| std::sync::atomic::AtomicU8::new(LINK_UP))
                 .collect(),
+            reopened: (0..n).map(|_| AtomicU64::new(0)).collect(),
         }
+    }
+
+    /// Interface `k`'s ports were opened again.
+    pub fn count_reopen(&self, k: usize) {
+        if let Some(c) = self.reopened.get(k) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// How often interface `k`'s ports were opened again.
+    pub fn reopened(&self, k: usize) -> u64 {
+        self.reopened
+            .get(k)
+            .map_or(0, |c| c.load(Ordering::Relaxed))
     }
 
     /// Records interface `k`'s state; whether it changed.

@@ -1133,7 +1133,13 @@ impl Control {
                     .interfaces
                     .iter()
                     .enumerate()
-                    .map(|(k, i)| (i.name.clone(), self.links.get(k).name()))
+                    .map(|(k, i)| {
+                        (
+                            i.name.clone(),
+                            self.links.get(k).name(),
+                            self.links.reopened(k),
+                        )
+                    })
                     .collect(),
                 reloads: self.reloads.snapshot(),
             }
@@ -1347,6 +1353,7 @@ impl Control {
                     .map(|(k, i)| {
                         json!({"name": i.name, "role": i.role,
                                "link": self.links.get(k).name(),
+                               "reopened": self.links.reopened(k),
                                "addresses": i.addrs.iter().map(|(a, l)| format!("{a}/{l}"))
                                    .chain(i.addrs6.iter().map(|(a, l)| format!("{a}/{l}")))
                                    .collect::<Vec<_>>()})
@@ -2252,6 +2259,9 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
                 reopening = reattach(&plan, &tried, &control.workers, ingress.as_ref());
                 let opened: std::collections::BTreeSet<usize> =
                     tried.difference(&reopening).copied().collect();
+                for &k in &opened {
+                    links.count_reopen(k);
+                }
                 if reopening.is_empty() {
                     backoff = REOPEN_RETRY_MIN;
                     retry_at = None;

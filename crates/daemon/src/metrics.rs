@@ -36,8 +36,9 @@ pub struct Info {
     pub generation: u64,
     /// The NAT log's (written, lost, write errors), when configured.
     pub nat_log: Option<(u64, u64, u64)>,
-    /// Each interface's name and link state (`up`, `down`, `gone`).
-    pub links: Vec<(String, &'static str)>,
+    /// Each interface's name, link state (`up`, `down`, `gone`) and how
+    /// often its ports were opened again after it came back.
+    pub links: Vec<(String, &'static str, u64)>,
     /// Configuration reloads.
     pub reloads: Reloads,
 }
@@ -152,11 +153,20 @@ pub fn render(ws: &[WorkerStatus], info: &Info) -> String {
         "gauge",
         "1 while an interface's link is up; 0 while it is down or gone (label state).",
     );
-    for (name, state) in &info.links {
+    for (name, state, _) in &info.links {
         fam.sample(
             &[("interface", name), ("state", state)],
             u64::from(*state == "up"),
         );
+    }
+    let mut fam = family(
+        &mut o,
+        "sluice_interface_reopened_total",
+        "counter",
+        "Times an interface's ports were opened again after it was deleted and made again, or moved out of the namespace and back.",
+    );
+    for (name, _, n) in &info.links {
+        fam.sample(&[("interface", name)], *n);
     }
     let engine: [Counter<sluice_engine::Counters>; 12] = [
         (
@@ -613,7 +623,7 @@ mod tests {
                 rules: 4,
                 generation: 1,
                 nat_log: Some((9, 0, 0)),
-                links: vec![("lan0".into(), "up"), ("wan0".into(), "down")],
+                links: vec![("lan0".into(), "up", 0), ("wan0".into(), "down", 3)],
                 reloads: Reloads {
                     ok: 2,
                     failed: 1,
@@ -632,6 +642,7 @@ mod tests {
             "sluice_uptime_seconds 5\n",
             "sluice_interface_link_up{interface=\"lan0\",state=\"up\"} 1\n",
             "sluice_interface_link_up{interface=\"wan0\",state=\"down\"} 0\n",
+            "sluice_interface_reopened_total{interface=\"wan0\"} 3\n",
             "sluice_config_reloads_total{result=\"ok\"} 2\n",
             "sluice_config_reloads_total{result=\"failed\"} 1\n",
             "sluice_config_last_reload_successful 0\n",

@@ -2012,6 +2012,9 @@ fn link_states(backend: &str, tag: &str) {
             .success()
     });
     assert_eq!(udp_flows(&d), 1, "the connection outlived the move");
+    let st = d.ctl("status");
+    assert_eq!(st["interfaces"][1]["reopened"], 2, "{st}");
+    assert_eq!(st["interfaces"][0]["reopened"], 0, "{st}");
     d.signal("-TERM");
     let st = d.child.0.as_mut().map(|c| c.wait());
     assert!(
