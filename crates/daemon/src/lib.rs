@@ -642,6 +642,20 @@ impl ReloadStats {
     }
 }
 
+/// The static routes as running (`sluice ctl status`; after a reload,
+/// what the workers route by besides the connected routes of the
+/// interfaces' addresses), IPv4 then IPv6.
+fn routes_json(cfg: &Config) -> Vec<Value> {
+    let dev = |k: usize| cfg.interfaces.get(k).map(|i| i.name.clone());
+    cfg.routes
+        .iter()
+        .map(|r| json!({"to": format!("{}/{}", r.net, r.len), "via": r.via, "dev": dev(r.dev)}))
+        .chain(cfg.routes6.iter().map(
+            |r| json!({"to": format!("{}/{}", r.net, r.len), "via": r.via, "dev": dev(r.dev)}),
+        ))
+        .collect()
+}
+
 fn reloads_json(r: metrics::Reloads) -> Value {
     json!({"ok": r.ok, "failed": r.failed, "last_ok": r.last_ok,
            "last_success_unix": r.last_success_unix})
@@ -1372,6 +1386,7 @@ impl Control {
                     "heap_reserve_mib": st.config.heap_reserve_mib,
                     "resident_bytes": sluice_io::mem::resident_bytes(),
                     "interfaces": ifaces,
+                    "routes": routes_json(&st.config),
                     "nat": nat_json(&ws),
                     "nat_log": self.nat_log.as_ref().map(natlog::NatLogHandle::status),
                     "worker_status": ws.iter().map(worker_json).collect::<Vec<_>>(),

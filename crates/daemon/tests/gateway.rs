@@ -2117,6 +2117,12 @@ fn route_reload(backend: &str, tag: &str) {
     assert!(log.contains("reload: static routes replaced"), "{log}");
     assert!(log.contains("reload: conntrack timeouts replaced"), "{log}");
     assert!(log.contains("reload: interface MAC / MTU applied"), "{log}");
+    let st = d.ctl("status");
+    assert_eq!(
+        st["routes"],
+        serde_json::json!([{"to": "192.0.2.0/24", "via": "203.0.113.2", "dev": "wan0"}]),
+        "{st}"
+    );
     assert!(!log.contains("need a restart"), "{log}");
     let o = big_ping(&t.private2);
     let out = text(&o);
