@@ -171,9 +171,17 @@ pub enum Command {
     /// Replace the static routes (IPv4, IPv6): a reload. Answers the
     /// engine's refusal, if any (nothing changed then).
     SetRoutes(Box<(Vec<Route4>, Vec<Route6>)>, Sender<Result<(), String>>),
+    /// Forget static neighbours taken out of the configuration (a reload):
+    /// IPv4 addresses, and IPv6 (interface, address) pairs.
+    ForgetStatic(Box<ForgetStatic>),
     /// Replace the conntrack timeouts (a reload).
     SetTimeouts(Box<sluice_conntrack::Timeouts>, Sender<()>),
 }
+
+/// Static neighbours taken out of the configuration
+/// ([`Command::ForgetStatic`]): IPv4 addresses, and IPv6 (interface,
+/// address) pairs.
+pub type ForgetStatic = (Vec<Ipv4Addr>, Vec<(IfIndex, Ipv6Addr)>);
 
 /// A worker's new ports after an interface came back ([`Command::Attach`]).
 pub struct Attach {
@@ -1027,6 +1035,17 @@ impl WorkerThread {
                     let _ = done.send(());
                 }
                 Command::Attach(a) => self.attach(*a, s),
+                Command::ForgetStatic(f) => {
+                    let (v4, v6) = *f;
+                    for ip in v4 {
+                        self.resolver.forget(ip);
+                        self.engine.clear_neighbor(ip);
+                    }
+                    for (oif, ip) in v6 {
+                        self.resolver6.forget(oif, ip);
+                        self.engine.clear_neighbor6(oif, ip);
+                    }
+                }
                 Command::SetTimeouts(t, done) => {
                     self.engine.set_timeouts(&t);
                     let _ = done.send(());

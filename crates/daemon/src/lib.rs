@@ -1269,6 +1269,38 @@ impl Control {
                 "reload: static routes replaced"
             );
         }
+        // Static neighbours taken out of the file are forgotten (learnt
+        // again by ARP / NDP if they answer), before the others are set.
+        let gone4: Vec<core::net::Ipv4Addr> = st
+            .config
+            .neighbors
+            .iter()
+            .map(|&(ip, _)| ip)
+            .filter(|ip| !cfg.neighbors.iter().any(|(n, _)| n == ip))
+            .collect();
+        let gone6: Vec<(sluice_engine::IfIndex, core::net::Ipv6Addr)> = st
+            .config
+            .neighbors6
+            .iter()
+            .filter(|&&(d, ip, _)| {
+                !cfg.neighbors6
+                    .iter()
+                    .any(|&(d2, ip2, _)| (d2, ip2) == (d, ip))
+            })
+            .map(|&(d, ip, _)| ((d + 1) as sluice_engine::IfIndex, ip))
+            .collect();
+        if !gone4.is_empty() || !gone6.is_empty() {
+            tracing::info!(
+                neighbors = gone4.len() + gone6.len(),
+                "reload: static neighbours removed"
+            );
+            for w in &self.workers {
+                let f = Box::new((gone4.clone(), gone6.clone()));
+                if w.send(Command::ForgetStatic(f)).is_err() {
+                    tracing::error!("reload: a worker is gone");
+                }
+            }
+        }
         for &(ip, mac) in &cfg.neighbors {
             for w in &self.workers {
                 let _ = w.try_send(Command::SetNeighbor(ip, mac));

@@ -184,6 +184,12 @@ impl Resolver {
         self.routes = Self::table(&self.ifaces, routes);
     }
 
+    /// Forget `ip` (a static neighbour taken out of the configuration);
+    /// whether it was known.
+    pub fn forget(&mut self, ip: Ipv4Addr) -> bool {
+        self.known.remove(&ip).is_some()
+    }
+
     /// Neighbours known (static or learnt).
     pub fn known(&self) -> impl Iterator<Item = (&Ipv4Addr, &[u8; 6])> {
         self.known.iter()

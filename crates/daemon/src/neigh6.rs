@@ -321,6 +321,12 @@ impl Resolver6 {
         gone
     }
 
+    /// Forget `ip` on `oif` whatever its origin (a static neighbour taken
+    /// out of the configuration); whether it was known.
+    pub fn forget(&mut self, oif: IfIndex, ip: Ipv6Addr) -> bool {
+        self.known.remove(&(oif, u128::from(ip))).is_some()
+    }
+
     /// Another worker found `ip` unreachable: forget it if we only had it
     /// from a peer. Returns whether it was forgotten.
     pub fn forget_peer(&mut self, oif: IfIndex, ip: Ipv6Addr) -> bool {

@@ -2066,8 +2066,9 @@ fn a_second_gateway_on_the_same_interfaces_is_refused() {
     assert!(o.status.success(), "{}\n{}", text(&o), d.context());
 }
 
-/// A reload with a new static route (and new conntrack timeouts and a
-/// smaller MTU on wan0, answered with fragmentation needed): a
+/// A reload with a new static route (and new conntrack timeouts, a
+/// smaller MTU on wan0, answered with fragmentation needed, and a static
+/// neighbour added and removed again): a
 /// network the gateway had no route to (192.0.2.0/24, behind the public
 /// host) is reached after it, without a restart; a ping that was dropped
 /// as `no-route` before goes through, and when a SIGHUP takes the route
@@ -2173,6 +2174,32 @@ fn route_reload(backend: &str, tag: &str) {
     assert_eq!(
         metric(&d, "sluice_config_last_reload_successful"),
         "sluice_config_last_reload_successful 1"
+    );
+    // A static neighbour with a wrong MAC breaks the path to the public
+    // host; taking it out of the file again lets ARP find the right one.
+    std::fs::write(
+        &cfg,
+        format!("{plain}\n[[neighbors]]\nip = \"203.0.113.2\"\nmac = \"02:00:00:00:00:99\"\n"),
+    )
+    .expect("rewrite");
+    assert_eq!(d.ctl("reload")["ok"], true);
+    let o = sh(&t.private2, "ping -n -c 1 -W 1 203.0.113.2");
+    assert!(!o.status.success(), "answered through a wrong MAC");
+    std::fs::write(&cfg, &plain).expect("rewrite");
+    assert_eq!(d.ctl("reload")["ok"], true);
+    assert!(
+        d.log().contains("reload: static neighbours removed"),
+        "{}",
+        d.log()
+    );
+    wait_for(
+        "a ping after the neighbour was removed",
+        Duration::from_secs(10),
+        || {
+            sh(&t.private2, "ping -n -c 1 -W 1 203.0.113.2")
+                .status
+                .success()
+        },
     );
     let before = d.drops("no-route");
     // A new connection (another host) finds no route.

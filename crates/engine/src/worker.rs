@@ -859,6 +859,25 @@ impl Worker {
         Ok(i)
     }
 
+    /// Forget neighbour `ip`'s MAC (a static neighbour taken out of the
+    /// configuration): its adjacency stays allocated but unresolved, so
+    /// packets that would use it are dropped as `no-neighbor`, naming it
+    /// for the resolver, until it is learnt again. Offloaded directions are
+    /// taken back (they carry the MAC). Whether it was known.
+    pub fn clear_neighbor(&mut self, ip: Ipv4Addr) -> bool {
+        let a = u32::from(ip);
+        let oif = self.routes.lookup(a).map(|r| r.oif).unwrap_or(0);
+        let Some(&i) = self.neigh.get(&(oif, a)) else {
+            return false;
+        };
+        if let Some(slot) = self.adj.get_mut(usize::from(i)) {
+            slot.resolved = false;
+            slot.dst_mac = [0; 6];
+        }
+        self.offload_clear();
+        true
+    }
+
     /// Tell the worker whether interface `oif`'s link is up (the gateway
     /// watches its interfaces). While it is down, a frame routed out of it
     /// is dropped as [`DropReason::LinkDown`] instead of being handed to a

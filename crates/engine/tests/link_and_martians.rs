@@ -514,3 +514,34 @@ fn new_timeouts_apply_from_a_connections_next_packet() {
     w.gc(26 * S, 4096);
     assert_eq!(w.conntrack().len(), 0);
 }
+
+/// A static neighbour taken out of the configuration
+/// (`Worker::clear_neighbor`): its connections wait (no-neighbor, naming
+/// it for the resolver) until it is learnt again, then go on.
+#[test]
+fn a_forgotten_neighbour_is_resolved_again() {
+    const LEARNT: [u8; 6] = [2, 0, 0, 0, 8, 0x42];
+    let mut w = gateway();
+    let k = udp(HOST, 4800, REMOTE, 53);
+    assert_eq!(send(&mut w, GW_IN_MAC, &k), Action::Forward(OUTSIDE));
+    assert!(w.clear_neighbor(ROUTER_PUBLIC));
+    assert!(
+        !w.clear_neighbor(Ipv4Addr::new(203, 0, 113, 99)),
+        "never known"
+    );
+    let mut f = TestFrames::default();
+    f.push(INSIDE, |b| {
+        build_udp4(b, HOST_MAC, GW_IN_MAC, &k, 20).unwrap()
+    });
+    w.process(2_000_000, &mut f);
+    assert_eq!(f.acts[0], Action::Drop(DropReason::NoNeighbor));
+    assert_eq!(w.missing_next_hop(0), Some((OUTSIDE, ROUTER_PUBLIC)));
+    w.set_neighbor(ROUTER_PUBLIC, LEARNT).unwrap();
+    let mut f = TestFrames::default();
+    f.push(INSIDE, |b| {
+        build_udp4(b, HOST_MAC, GW_IN_MAC, &k, 20).unwrap()
+    });
+    w.process(3_000_000, &mut f);
+    assert_eq!(f.acts[0], Action::Forward(OUTSIDE));
+    assert_eq!(&f.frame(0)[0..6], &LEARNT);
+}
