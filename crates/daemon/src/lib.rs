@@ -876,13 +876,23 @@ fn watch_link_states(
 fn reattach(
     plan: &PortPlan,
     back: &std::collections::BTreeSet<usize>,
-    workers: &[SyncSender<Command>],
+    control: &Control,
     ingress: Option<&sluice_io::nft::IngressDrop>,
 ) -> std::collections::BTreeSet<usize> {
+    let workers = &control.workers;
+    // `mac` and `mtu` as running (a reload may have changed them since the
+    // start, when `plan` was made).
+    let running = control
+        .state
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .config
+        .interfaces
+        .clone();
     let mut failed = std::collections::BTreeSet::new();
     let mut relinked = Vec::new();
     for &k in back {
-        let Some(ifc) = plan.interfaces.get(k) else {
+        let Some(ifc) = running.get(k).or_else(|| plan.interfaces.get(k)) else {
             continue;
         };
         match interface_link(&ifc.name) {
@@ -1333,6 +1343,8 @@ impl Control {
     /// address; a gratuitous ARP for a new MAC), without touching the
     /// ports. An unset `mac` / `mtu` is the kernel's.
     fn relink(&self, st: &mut Published, cfg: &Config) -> Result<(), CtlFailure> {
+        // The file's values are the running ones from here on, whether the
+        // interface takes them now or when it is back.
         let mut relinked = Vec::new();
         for (k, (a, b)) in st.config.interfaces.iter().zip(&cfg.interfaces).enumerate() {
             if a.mac == b.mac && a.mtu == b.mtu {
@@ -1341,10 +1353,16 @@ impl Control {
             let (kmac, kmtu) = if cfg.backend == config::BackendChoice::Mem {
                 ([0x02, 0x53, 0x4c, 0, 0, k as u8 + 1], 1500)
             } else {
-                interface_link(&b.name).map_err(|e| CtlFailure {
-                    kind: "config",
-                    message: format!("interface {}: {e}", b.name),
-                })?
+                match interface_link(&b.name) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        // Gone now: the new values are taken when it is
+                        // back (`reattach` reads the running configuration).
+                        tracing::warn!(interface = %b.name,
+                            "reload: mac / mtu not applied now ({e}); applied when it is back");
+                        continue;
+                    }
+                }
             };
             let mtu = b
                 .mtu
@@ -2303,7 +2321,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
             }
             if !reopening.is_empty() && retry_at.is_none_or(|t| Instant::now() >= t) {
                 let tried = std::mem::take(&mut reopening);
-                reopening = reattach(&plan, &tried, &control.workers, ingress.as_ref());
+                reopening = reattach(&plan, &tried, &control, ingress.as_ref());
                 let opened: std::collections::BTreeSet<usize> =
                     tried.difference(&reopening).copied().collect();
                 for &k in &opened {
