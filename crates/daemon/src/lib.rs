@@ -1247,10 +1247,14 @@ impl Control {
         }
         let timeouts_changed = old.timeouts != cfg.timeouts;
         self.publish(&mut st, lp)?;
+        // What this reload changed besides the rule set, for the answer.
+        let mut applied = vec!["ruleset"];
         if relink {
             self.relink(&mut st, &cfg)?;
+            applied.push("interfaces (mac, mtu)");
         }
         if timeouts_changed {
+            applied.push("conntrack timeouts");
             let t = cfg.timeouts;
             self.ask(|tx| Command::SetTimeouts(Box::new(t), tx))?;
             st.config.timeouts = cfg.timeouts;
@@ -1273,6 +1277,7 @@ impl Control {
             }
             st.config.routes = cfg.routes.clone();
             st.config.routes6 = cfg.routes6.clone();
+            applied.push("routes");
             tracing::info!(
                 routes = cfg.routes.len(),
                 routes6 = cfg.routes6.len(),
@@ -1299,6 +1304,9 @@ impl Control {
             })
             .map(|&(d, ip, _)| ((d + 1) as sluice_engine::IfIndex, ip))
             .collect();
+        if st.config.neighbors != cfg.neighbors || st.config.neighbors6 != cfg.neighbors6 {
+            applied.push("neighbors");
+        }
         if !gone4.is_empty() || !gone6.is_empty() {
             tracing::info!(
                 neighbors = gone4.len() + gone6.len(),
@@ -1333,7 +1341,7 @@ impl Control {
         st.config.neighbors6 = cfg.neighbors6;
         Ok(
             json!({"ok": true, "generation": st.generation, "ruleset": st.source,
-                  "rules": st.rules, "needs_restart": needs_restart}),
+                  "rules": st.rules, "applied": applied, "needs_restart": needs_restart}),
         )
     }
 

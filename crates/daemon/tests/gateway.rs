@@ -2114,6 +2114,16 @@ fn route_reload(backend: &str, tag: &str) {
     let r = d.ctl("reload");
     assert_eq!(r["ok"], true, "{r}");
     assert_eq!(r["needs_restart"], serde_json::json!([]), "{r}");
+    assert_eq!(
+        r["applied"],
+        serde_json::json!([
+            "ruleset",
+            "interfaces (mac, mtu)",
+            "conntrack timeouts",
+            "routes"
+        ]),
+        "{r}"
+    );
     let log = d.log();
     assert!(log.contains("reload: static routes replaced"), "{log}");
     assert!(log.contains("reload: conntrack timeouts replaced"), "{log}");
