@@ -1517,6 +1517,12 @@ both_backends!(
     reload_applies_new_routes_timeouts_and_mtu_af_xdp
 );
 both_backends!(
+    route_moves,
+    "m",
+    a_running_ping_follows_a_route_change_af_packet,
+    a_running_ping_follows_a_route_change_af_xdp
+);
+both_backends!(
     sighup_reload,
     "r",
     sighup_reload_keeps_a_tcp_transfer_and_applies_new_rules_af_packet,
@@ -2221,4 +2227,72 @@ fn route_reload(backend: &str, tag: &str) {
     let o = sh(&t.private, "ping -n -c 1 -W 1 192.0.2.1");
     assert!(!o.status.success(), "answered after the route went away");
     assert!(d.drops("no-route") > before, "{}", d.context());
+}
+
+/// An established connection moves with a reload that changes its route:
+/// a ping running through 203.0.113.2 goes on through 203.0.113.3 (the same
+/// host under a second address: the gateway must resolve it, which it does
+/// only because the running ping's connection was moved there), one
+/// connection throughout, at most a few replies lost.
+fn route_moves(backend: &str, tag: &str) {
+    let (t, d) = setup(tag, backend, "");
+    let o = sh(
+        &t.public,
+        "ip addr add 192.0.2.1/32 dev lo && ip link set lo up && ip addr add 203.0.113.3/24 dev eth0",
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let cfg = t.dir.join("sluice.toml");
+    let plain = read(&cfg);
+    let via = |gw: &str| format!("{plain}\n[[routes]]\nto = \"192.0.2.0/24\"\nvia = \"{gw}\"\n");
+    std::fs::write(&cfg, via("203.0.113.2")).expect("rewrite");
+    assert_eq!(d.ctl("reload")["ok"], true);
+    wait_for(
+        "a ping over the first route",
+        Duration::from_secs(10),
+        || {
+            sh(&t.private2, "ping -n -c 1 -W 1 192.0.2.1")
+                .status
+                .success()
+        },
+    );
+    let knows = |d: &Daemon, ip: &str| -> bool {
+        let st = d.ctl("status");
+        st["worker_status"][0]["neighbors"]
+            .as_array()
+            .is_some_and(|n| n.iter().any(|e| e[0] == ip))
+    };
+    assert!(knows(&d, "203.0.113.2") && !knows(&d, "203.0.113.3"));
+    let ns = t.private2.name().to_string();
+    let ping = std::thread::spawn(move || {
+        Command::new("ip")
+            .args(["netns", "exec", &ns, "ping", "-n", "-c", "40", "-i", "0.1"])
+            .args(["-W", "1", "192.0.2.1"])
+            .output()
+            .expect("run ping")
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let icmp = |d: &Daemon| {
+        d.ctl("conntrack list proto icmp")["count"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let before = icmp(&d);
+    std::fs::write(&cfg, via("203.0.113.3")).expect("rewrite");
+    assert_eq!(d.ctl("reload")["ok"], true);
+    let o = ping.join().expect("ping thread");
+    let out = text(&o);
+    let received: u32 = out
+        .split(", ")
+        .find_map(|p| {
+            p.strip_suffix(" received")
+                .and_then(|n| n.trim().parse().ok())
+        })
+        .unwrap_or(0);
+    assert!(received >= 36, "{out}\n{}", d.context());
+    assert!(
+        knows(&d, "203.0.113.3"),
+        "the moved connection resolved the new router: {}",
+        d.context()
+    );
+    assert_eq!(icmp(&d), before, "the same connections: {}", d.context());
 }
