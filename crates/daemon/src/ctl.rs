@@ -99,6 +99,9 @@ pub enum Request {
     },
     /// Reload the configuration file and its ruleset (as SIGHUP).
     Reload,
+    /// What a reload would apply and what would need a restart, without
+    /// reloading (`reload check`).
+    ReloadCheck,
     /// The running rule set in nft syntax, with live counters.
     RulesetList,
     /// One nft command applied incrementally: `add rule …`, `insert rule …`
@@ -183,6 +186,7 @@ pub fn parse_request(line: &str) -> Result<Request, CtlFailure> {
                 | Request::ConntrackCount
                 | Request::ConntrackFlush
                 | Request::Reload
+                | Request::ReloadCheck
         ) {
             return Ok(r);
         }
@@ -198,7 +202,7 @@ pub fn parse_request(line: &str) -> Result<Request, CtlFailure> {
     // serde ignores extra keys on unit variants of a tagged enum; refuse them.
     if matches!(
         cmd,
-        "status" | "counters" | "conntrack-count" | "conntrack-flush" | "reload"
+        "status" | "counters" | "conntrack-count" | "conntrack-flush" | "reload" | "reload-check"
     ) {
         if let Some(k) = v
             .as_object()
@@ -402,7 +406,7 @@ pub fn client(socket: &Path, request: &str) -> Result<String, CtlError> {
 /// Turn `sluice ctl` words into a request line:
 /// `status`, `counters`, `metrics`, `nat lookup ADDR[:PORT] [proto P]`, `conntrack list [proto P] [addr A] [port N] [limit N]`,
 /// `conntrack count`, `conntrack flush`, `ruleset replace FILE`, `ruleset
-/// list`, `reload`,
+/// list`, `reload`, `reload check`,
 /// `rule list [CHAIN]`, `set list [SET]`, `counter list|reset [NAME]`,
 /// `quota list|reset [NAME]`, `nft COMMAND…` (`add rule …`, `insert rule …`,
 /// `delete rule … handle H`, `add element …`, `delete element …`; the words
@@ -410,7 +414,7 @@ pub fn client(socket: &Path, request: &str) -> Result<String, CtlError> {
 pub fn request_from_args(args: &[String]) -> Result<String, CtlError> {
     let usage = || {
         CtlError::Usage(
-            "usage: status | counters | metrics | nat lookup ADDR[:PORT] [proto P] | conntrack list [proto P] [addr A] [port N] [limit N] | conntrack count | conntrack flush | ruleset replace FILE | ruleset list | reload | rule list [CHAIN] | set list [SET] | counter|quota|limit list|reset [NAME] | nft add|insert|delete rule ... | nft add|delete element ... | nft flush set ..."
+            "usage: status | counters | metrics | nat lookup ADDR[:PORT] [proto P] | conntrack list [proto P] [addr A] [port N] [limit N] | conntrack count | conntrack flush | ruleset replace FILE | ruleset list | reload | reload check | rule list [CHAIN] | set list [SET] | counter|quota|limit list|reset [NAME] | nft add|insert|delete rule ... | nft add|delete element ... | nft flush set ..."
                 .into(),
         )
     };
@@ -422,6 +426,7 @@ pub fn request_from_args(args: &[String]) -> Result<String, CtlError> {
         ["nat", "lookup", q] => json!({"cmd": "nat-lookup", "query": q}),
         ["nat", "lookup", q, "proto", p] => json!({"cmd": "nat-lookup", "query": q, "proto": p}),
         ["reload"] => json!({"cmd": "reload"}),
+        ["reload", "check"] => json!({"cmd": "reload-check"}),
         ["ruleset", "list"] => json!({"cmd": "ruleset-list"}),
         ["rule", "list"] => json!({"cmd": "rule-list"}),
         ["set", "list"] => json!({"cmd": "set-list"}),
@@ -920,6 +925,10 @@ mod tests {
         assert!(request_from_args(&a("conntrack list port")).is_err());
         assert!(request_from_args(&a("conntrack list port x")).is_err());
         assert!(request_from_args(&a("frobnicate")).is_err());
+        let r = request_from_args(&a("reload check")).unwrap();
+        assert_eq!(parse_request(&r).unwrap(), Request::ReloadCheck);
+        assert!(request_from_args(&a("reload checks")).is_err());
+        assert!(parse_request(r#"{"cmd":"reload-check","path":"x"}"#).is_err());
         let r =
             request_from_args(&a("nft add rule inet filter forward tcp dport 22 drop")).unwrap();
         assert_eq!(

@@ -581,6 +581,101 @@ impl Port for DynPort {
     }
 }
 
+/// What a reload of `cfg` over the running `old` configuration does
+/// besides publishing the rule set (see [`Control::reload`]).
+struct ReloadPlan {
+    /// Only interfaces' `mac` / `mtu` changed: applied.
+    relink: bool,
+    /// The static routes changed and can be applied.
+    apply_routes: bool,
+    /// The conntrack timeouts changed.
+    timeouts_changed: bool,
+    /// What changed and needs a restart.
+    needs_restart: Vec<&'static str>,
+}
+
+impl ReloadPlan {
+    fn of(old: &Config, cfg: &Config) -> Self {
+        let mut needs_restart = Vec::new();
+        // A change of `mac` or `mtu` alone is applied (below); anything
+        // else about the interfaces needs a restart.
+        let same_but_link = |a: &config::InterfaceConfig, b: &config::InterfaceConfig| {
+            config::InterfaceConfig {
+                mac: None,
+                mtu: None,
+                ..a.clone()
+            } == config::InterfaceConfig {
+                mac: None,
+                mtu: None,
+                ..b.clone()
+            }
+        };
+        let relink = old.interfaces.len() == cfg.interfaces.len()
+            && old.interfaces != cfg.interfaces
+            && old
+                .interfaces
+                .iter()
+                .zip(&cfg.interfaces)
+                .all(|(a, b)| same_but_link(a, b));
+        if old.interfaces != cfg.interfaces && !relink {
+            needs_restart.push("interfaces");
+        }
+        // Routes are applied below, unless the interfaces they name changed.
+        let routes_changed = old.routes != cfg.routes || old.routes6 != cfg.routes6;
+        let apply_routes = routes_changed && (old.interfaces == cfg.interfaces || relink);
+        if routes_changed && !apply_routes {
+            needs_restart.push("routes");
+        }
+        if old.workers != cfg.workers
+            || old.backend != cfg.backend
+            || old.af_packet_rx != cfg.af_packet_rx
+            || old.worker_priority != cfg.worker_priority
+        {
+            needs_restart.push("workers/backend");
+        }
+        if old.nat != cfg.nat || old.masquerade != cfg.masquerade || old.nat_log != cfg.nat_log {
+            needs_restart.push("nat");
+        }
+        if old.metrics_listen != cfg.metrics_listen {
+            needs_restart.push("metrics_listen");
+        }
+        if old.heap_reserve_mib != cfg.heap_reserve_mib {
+            needs_restart.push("heap_reserve_mib");
+        }
+        if old.ct_max != cfg.ct_max
+            || old.ct6_max != cfg.ct6_max
+            || old.ct_prefault != cfg.ct_prefault
+        {
+            needs_restart.push("conntrack");
+        }
+        let timeouts_changed = old.timeouts != cfg.timeouts;
+        ReloadPlan {
+            relink,
+            apply_routes,
+            timeouts_changed,
+            needs_restart,
+        }
+    }
+
+    /// What it applies, in order (the answer's `applied`).
+    fn applied(&self, old: &Config, cfg: &Config) -> Vec<&'static str> {
+        let mut a = vec!["ruleset"];
+        if self.relink {
+            a.push("interfaces (mac, mtu)");
+        }
+        if self.timeouts_changed {
+            a.push("conntrack timeouts");
+        }
+        if self.apply_routes {
+            a.push("routes");
+        }
+        if old.neighbors != cfg.neighbors || old.neighbors6 != cfg.neighbors6 {
+            a.push("neighbors");
+        }
+        a
+    }
+}
+
 /// Control-plane state shared by the signal loop and the control socket.
 struct Control {
     started: Instant,
@@ -1179,6 +1274,33 @@ impl Control {
         r
     }
 
+    /// `reload check`: what a reload would do now, without doing it (the
+    /// file and its rule set are loaded and checked as a reload would).
+    fn reload_check(&self) -> Result<Value, CtlFailure> {
+        let cfg = config::load(&self.config_path).map_err(|e| CtlFailure {
+            kind: "config",
+            message: e.to_string(),
+        })?;
+        let lp = load_policy(&cfg, None).map_err(|e| CtlFailure {
+            kind: "ruleset",
+            message: e.to_string(),
+        })?;
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if lp.pools != st.pools {
+            return Err(CtlFailure {
+                kind: "ruleset",
+                message: format!(
+                    "{}: its NAT pools differ from the running ones; pool changes need a restart",
+                    lp.source
+                ),
+            });
+        }
+        let plan = ReloadPlan::of(&st.config, &cfg);
+        Ok(json!({"ok": true, "ruleset": lp.source, "rules": lp.rules,
+                  "applied": plan.applied(&st.config, &cfg),
+                  "needs_restart": plan.needs_restart}))
+    }
+
     fn reload_inner(&self) -> Result<Value, CtlFailure> {
         if let Some(l) = &self.nat_log {
             l.reopen();
@@ -1192,69 +1314,19 @@ impl Control {
             message: e.to_string(),
         })?;
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let old = &st.config;
-        let mut needs_restart = Vec::new();
-        // A change of `mac` or `mtu` alone is applied (below); anything
-        // else about the interfaces needs a restart.
-        let same_but_link = |a: &config::InterfaceConfig, b: &config::InterfaceConfig| {
-            config::InterfaceConfig {
-                mac: None,
-                mtu: None,
-                ..a.clone()
-            } == config::InterfaceConfig {
-                mac: None,
-                mtu: None,
-                ..b.clone()
-            }
-        };
-        let relink = old.interfaces.len() == cfg.interfaces.len()
-            && old.interfaces != cfg.interfaces
-            && old
-                .interfaces
-                .iter()
-                .zip(&cfg.interfaces)
-                .all(|(a, b)| same_but_link(a, b));
-        if old.interfaces != cfg.interfaces && !relink {
-            needs_restart.push("interfaces");
-        }
-        // Routes are applied below, unless the interfaces they name changed.
-        let routes_changed = old.routes != cfg.routes || old.routes6 != cfg.routes6;
-        let apply_routes = routes_changed && (old.interfaces == cfg.interfaces || relink);
-        if routes_changed && !apply_routes {
-            needs_restart.push("routes");
-        }
-        if old.workers != cfg.workers
-            || old.backend != cfg.backend
-            || old.af_packet_rx != cfg.af_packet_rx
-            || old.worker_priority != cfg.worker_priority
-        {
-            needs_restart.push("workers/backend");
-        }
-        if old.nat != cfg.nat || old.masquerade != cfg.masquerade || old.nat_log != cfg.nat_log {
-            needs_restart.push("nat");
-        }
-        if old.metrics_listen != cfg.metrics_listen {
-            needs_restart.push("metrics_listen");
-        }
-        if old.heap_reserve_mib != cfg.heap_reserve_mib {
-            needs_restart.push("heap_reserve_mib");
-        }
-        if old.ct_max != cfg.ct_max
-            || old.ct6_max != cfg.ct6_max
-            || old.ct_prefault != cfg.ct_prefault
-        {
-            needs_restart.push("conntrack");
-        }
-        let timeouts_changed = old.timeouts != cfg.timeouts;
+        let plan = ReloadPlan::of(&st.config, &cfg);
+        let applied = plan.applied(&st.config, &cfg);
+        let ReloadPlan {
+            relink,
+            apply_routes,
+            timeouts_changed,
+            needs_restart,
+        } = plan;
         self.publish(&mut st, lp)?;
-        // What this reload changed besides the rule set, for the answer.
-        let mut applied = vec!["ruleset"];
         if relink {
             self.relink(&mut st, &cfg)?;
-            applied.push("interfaces (mac, mtu)");
         }
         if timeouts_changed {
-            applied.push("conntrack timeouts");
             let t = cfg.timeouts;
             self.ask(|tx| Command::SetTimeouts(Box::new(t), tx))?;
             st.config.timeouts = cfg.timeouts;
@@ -1277,7 +1349,6 @@ impl Control {
             }
             st.config.routes = cfg.routes.clone();
             st.config.routes6 = cfg.routes6.clone();
-            applied.push("routes");
             tracing::info!(
                 routes = cfg.routes.len(),
                 routes6 = cfg.routes6.len(),
@@ -1304,9 +1375,6 @@ impl Control {
             })
             .map(|&(d, ip, _)| ((d + 1) as sluice_engine::IfIndex, ip))
             .collect();
-        if st.config.neighbors != cfg.neighbors || st.config.neighbors6 != cfg.neighbors6 {
-            applied.push("neighbors");
-        }
         if !gone4.is_empty() || !gone6.is_empty() {
             tracing::info!(
                 neighbors = gone4.len() + gone6.len(),
@@ -1496,6 +1564,7 @@ impl Control {
                 Ok(json!({"ok": true, "generation": st.generation, "rules": st.rules}))
             }
             Request::Reload => self.reload(),
+            Request::ReloadCheck => self.reload_check(),
             Request::RulesetList => {
                 let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
                 match &st.compiled {

@@ -2117,6 +2117,24 @@ fn route_reload(backend: &str, tag: &str) {
         ),
     )
     .expect("rewrite sluice.toml");
+    // `reload check` tells what a reload would do, and does nothing.
+    let c = d.ctl("reload check");
+    assert_eq!(c["ok"], true, "{c}");
+    assert_eq!(
+        c["applied"],
+        serde_json::json!([
+            "ruleset",
+            "interfaces (mac, mtu)",
+            "conntrack timeouts",
+            "routes"
+        ]),
+        "{c}"
+    );
+    assert_eq!(
+        d.ctl("status")["generation"],
+        1,
+        "nothing applied by the check"
+    );
     let r = d.ctl("reload");
     assert_eq!(r["ok"], true, "{r}");
     assert_eq!(r["needs_restart"], serde_json::json!([]), "{r}");
@@ -2164,6 +2182,8 @@ fn route_reload(backend: &str, tag: &str) {
     // A reload of a broken file is refused, keeps everything, and is
     // counted; the next good one clears the alarm.
     std::fs::write(&cfg, format!("{plain}\nworkers = \"two\"\n")).expect("rewrite");
+    let c = d.ctl("reload check");
+    assert_eq!(c["ok"], false, "{c}");
     let r = d.ctl("reload");
     assert_eq!(r["ok"], false, "{r}");
     let metric = |d: &Daemon, name: &str| -> String {
