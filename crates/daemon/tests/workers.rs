@@ -302,3 +302,88 @@ fn comes_back(backend: &str, tag: &str) {
         assert!(o.status.success(), "{}\n{}", text(&o), d.context());
     }
 }
+
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn running_pings_on_both_workers_follow_a_route_reload_af_packet() {
+    route_reload_two("af_packet", "wr");
+}
+
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn running_pings_on_both_workers_follow_a_route_reload_af_xdp() {
+    route_reload_two("af_xdp", "xr");
+}
+
+/// With two workers, a reload that moves 192.0.2.0/24 from one router to
+/// another (the public host under a second address) moves the running
+/// pings of both workers: every worker took the new routes and walked its
+/// own connections.
+fn route_reload_two(backend: &str, tag: &str) {
+    require_root();
+    let t = Topo::new(tag);
+    t.write_ruleset("gw.nft", RULESET);
+    let cfg = t.write_config(backend, "gw.nft", "");
+    let plain = read(&cfg).replace("workers = 1", "workers = 2");
+    let via = |gw: &str| format!("{plain}\n[[routes]]\nto = \"192.0.2.0/24\"\nvia = \"{gw}\"\n");
+    std::fs::write(&cfg, via("203.0.113.2")).expect("rewrite config");
+    let d = Daemon::start(&t, &cfg, backend);
+    let o = sh(
+        &t.public,
+        "ip addr add 192.0.2.1/32 dev lo && ip link set lo up && ip addr add 203.0.113.3/24 dev eth0",
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    for ns in [&t.private, &t.private2] {
+        wait_for("a first ping", Duration::from_secs(10), || {
+            sh(ns, "ping -n -c 1 -W 1 192.0.2.1").status.success()
+        });
+    }
+    // Four pings from each host (eight identifiers, steered to both
+    // workers), 30 requests each over 3 s; the reload after 1 s.
+    let pings =
+        "for i in 1 2 3 4; do (ping -q -c 30 -i 0.1 -W 1 192.0.2.1 | grep received) & done; wait";
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| text(&sh(&t.private, pings)));
+        let b = s.spawn(|| text(&sh(&t.private2, pings)));
+        std::thread::sleep(Duration::from_millis(1000));
+        std::fs::write(&cfg, via("203.0.113.3")).expect("rewrite config");
+        let r = d.ctl("reload");
+        assert_eq!(r["ok"], true, "{r}");
+        assert!(
+            r["applied"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|x| x == "routes")),
+            "{r}"
+        );
+        (a.join().expect("pings a"), b.join().expect("pings b"))
+    });
+    let received: Vec<u32> = a
+        .lines()
+        .chain(b.lines())
+        .filter_map(|l| {
+            l.split(", ").find_map(|p| {
+                p.strip_suffix(" received")
+                    .and_then(|n| n.trim().parse().ok())
+            })
+        })
+        .collect();
+    assert_eq!(received.len(), 8, "{a}\n{b}");
+    assert!(
+        received.iter().all(|&n| n >= 24),
+        "{received:?}\n{}",
+        d.context()
+    );
+    let st = d.ctl("status");
+    let ws = st["worker_status"].as_array().cloned().unwrap_or_default();
+    assert_eq!(ws.len(), 2, "{st}");
+    for w in &ws {
+        assert!(
+            w["connections"].as_u64().unwrap_or(0) > 0,
+            "both workers carry pings: {st}"
+        );
+        let knows = w["neighbors"]
+            .as_array()
+            .is_some_and(|n| n.iter().any(|e| e[0] == "203.0.113.3"));
+        assert!(knows, "worker {} knows the new router: {st}", w["worker"]);
+    }
+}
