@@ -1078,7 +1078,7 @@ impl WorkerThread {
                 *slot = p;
             }
         }
-        self.ports_changed = true;
+        self.ports_changed |= reopened;
         if let (Some(o), Some(ix)) = (&mut self.offload, offload_ifindex) {
             o.ifindex = ix;
             o.seen.clear();

@@ -751,6 +751,18 @@ fn routes_json(cfg: &Config) -> Vec<Value> {
         .collect()
 }
 
+/// A rule set whose NAT pools differ from the running ones is refused
+/// (pool changes need a restart).
+fn pools_refusal(lp: &LoadedPolicy, st: &Published) -> Option<CtlFailure> {
+    (lp.pools != st.pools).then(|| CtlFailure {
+        kind: "ruleset",
+        message: format!(
+            "{}: its NAT pools differ from the running ones; pool changes need a restart (running ruleset kept)",
+            lp.source
+        ),
+    })
+}
+
 fn reloads_json(r: metrics::Reloads) -> Value {
     json!({"ok": r.ok, "failed": r.failed, "last_ok": r.last_ok,
            "last_success_unix": r.last_success_unix})
@@ -1122,14 +1134,8 @@ impl Control {
 
     /// Publish `lp` to every worker (the ruleset replace / reload commit).
     fn publish(&self, st: &mut Published, lp: LoadedPolicy) -> Result<(), CtlFailure> {
-        if lp.pools != st.pools {
-            return Err(CtlFailure {
-                kind: "ruleset",
-                message: format!(
-                    "{}: its NAT pools differ from the running ones; pool changes need a restart (running ruleset kept)",
-                    lp.source
-                ),
-            });
+        if let Some(f) = pools_refusal(&lp, st) {
+            return Err(f);
         }
         st.generation = self.retire(self.policy.publish(Arc::clone(&lp.policy)));
         st.source = lp.source;
@@ -1276,7 +1282,9 @@ impl Control {
 
     /// `reload check`: what a reload would do now, without doing it (the
     /// file and its rule set are loaded and checked as a reload would).
-    fn reload_check(&self) -> Result<Value, CtlFailure> {
+    /// The configuration file and its rule set, loaded and checked (what
+    /// a reload and `reload check` start from).
+    fn load_file(&self) -> Result<(Config, LoadedPolicy), CtlFailure> {
         let cfg = config::load(&self.config_path).map_err(|e| CtlFailure {
             kind: "config",
             message: e.to_string(),
@@ -1285,15 +1293,14 @@ impl Control {
             kind: "ruleset",
             message: e.to_string(),
         })?;
+        Ok((cfg, lp))
+    }
+
+    fn reload_check(&self) -> Result<Value, CtlFailure> {
+        let (cfg, lp) = self.load_file()?;
         let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if lp.pools != st.pools {
-            return Err(CtlFailure {
-                kind: "ruleset",
-                message: format!(
-                    "{}: its NAT pools differ from the running ones; pool changes need a restart",
-                    lp.source
-                ),
-            });
+        if let Some(f) = pools_refusal(&lp, &st) {
+            return Err(f);
         }
         let plan = ReloadPlan::of(&st.config, &cfg);
         Ok(json!({"ok": true, "ruleset": lp.source, "rules": lp.rules,
@@ -1305,14 +1312,7 @@ impl Control {
         if let Some(l) = &self.nat_log {
             l.reopen();
         }
-        let cfg = config::load(&self.config_path).map_err(|e| CtlFailure {
-            kind: "config",
-            message: e.to_string(),
-        })?;
-        let lp = load_policy(&cfg, None).map_err(|e| CtlFailure {
-            kind: "ruleset",
-            message: e.to_string(),
-        })?;
+        let (cfg, lp) = self.load_file()?;
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let plan = ReloadPlan::of(&st.config, &cfg);
         let applied = plan.applied(&st.config, &cfg);

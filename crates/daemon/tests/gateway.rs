@@ -1862,20 +1862,14 @@ fn link_states(backend: &str, tag: &str) {
         std::thread::sleep(Duration::from_secs(2));
         ticks() - t0
     };
-    let link = |d: &Daemon| -> String {
-        d.ctl("status")["interfaces"][1]["link"]
-            .as_str()
-            .unwrap_or("?")
-            .to_string()
-    };
-    assert_eq!(link(&d), "up", "{}", d.context());
+    assert_eq!(d.link(1), "up", "{}", d.context());
     let o = sh(&t.private2, "ping -n -c 1 -W 2 203.0.113.2");
     assert!(o.status.success(), "{}\n{}", text(&o), d.context());
 
     let o = sh(&t.gw, "ip link set wan0 down");
     assert!(o.status.success(), "{}", text(&o));
     wait_for("wan0 reported down", Duration::from_secs(5), || {
-        link(&d) == "down"
+        d.link(1) == "down"
     });
     let before = d.drops("link-down");
     let o = sh(&t.private2, "ping -n -c 2 -i 0.2 -W 1 203.0.113.2");
@@ -1891,13 +1885,9 @@ fn link_states(backend: &str, tag: &str) {
     let o = sh(&t.gw, "ip link set wan0 up");
     assert!(o.status.success(), "{}", text(&o));
     wait_for("wan0 reported up", Duration::from_secs(5), || {
-        link(&d) == "up"
+        d.link(1) == "up"
     });
-    wait_for("a ping through wan0 again", Duration::from_secs(10), || {
-        sh(&t.private2, "ping -n -c 1 -W 1 203.0.113.2")
-            .status
-            .success()
-    });
+    wait_for_ping(&t.private2, "203.0.113.2", "a ping through wan0 again");
 
     // A connection the gateway tracks, which must outlive the interface.
     let udp_flows = |d: &Daemon| -> u64 {
@@ -1918,7 +1908,7 @@ fn link_states(backend: &str, tag: &str) {
     let o = sh(&t.gw, "ip link del wan0");
     assert!(o.status.success(), "{}", text(&o));
     wait_for("wan0 reported gone", Duration::from_secs(5), || {
-        link(&d) == "gone"
+        d.link(1) == "gone"
     });
     assert!(d.log().contains("interface gone"), "{}", d.log());
     let b = busy(&d);
@@ -1935,21 +1925,15 @@ fn link_states(backend: &str, tag: &str) {
     // opens its ports again, announces its new MAC and forwards, with the
     // connections it had.
     t.recreate_wan();
-    wait_for("wan0 back up", Duration::from_secs(10), || link(&d) == "up");
+    wait_for("wan0 back up", Duration::from_secs(10), || {
+        d.link(1) == "up"
+    });
     assert!(
         d.log().contains("interface back: ports opened again"),
         "{}",
         d.log()
     );
-    wait_for(
-        "a ping through the new wan0",
-        Duration::from_secs(10),
-        || {
-            sh(&t.private2, "ping -n -c 1 -W 1 203.0.113.2")
-                .status
-                .success()
-        },
-    );
+    wait_for_ping(&t.private2, "203.0.113.2", "a ping through the new wan0");
     assert_eq!(udp_flows(&d), 1, "the connection outlived the interface");
     // AF_PACKET re-opens only wan0's port; AF_XDP every port (new UMEM).
     let lan_opens = d
@@ -2001,7 +1985,7 @@ fn link_states(backend: &str, tag: &str) {
         &format!("ip link set wan0 netns {}", t.private.name()),
     );
     assert!(o.status.success(), "{}", text(&o));
-    wait_for("wan0 gone", Duration::from_secs(5), || link(&d) == "gone");
+    wait_for("wan0 gone", Duration::from_secs(5), || d.link(1) == "gone");
     let o = sh(
         &t.private,
         &format!("ip link set wan0 netns {} && true", t.gw.name()),
@@ -2010,13 +1994,9 @@ fn link_states(backend: &str, tag: &str) {
     let o = sh(&t.gw, "ip link set wan0 up");
     assert!(o.status.success(), "{}", text(&o));
     wait_for("wan0 opened again", Duration::from_secs(10), || {
-        backs(&d) == n + 1 && link(&d) == "up"
+        backs(&d) == n + 1 && d.link(1) == "up"
     });
-    wait_for("a ping after the move", Duration::from_secs(10), || {
-        sh(&t.private2, "ping -n -c 1 -W 1 203.0.113.2")
-            .status
-            .success()
-    });
+    wait_for_ping(&t.private2, "203.0.113.2", "a ping after the move");
     assert_eq!(udp_flows(&d), 1, "the connection outlived the move");
     let st = d.ctl("status");
     assert_eq!(st["interfaces"][1]["reopened"], 2, "{st}");
@@ -2087,11 +2067,7 @@ fn route_reload(backend: &str, tag: &str) {
     );
     assert!(o.status.success(), "{}", text(&o));
     // The host knows the gateway's MAC first (ping sends after ARP).
-    wait_for("the gateway answers", Duration::from_secs(10), || {
-        sh(&t.private2, "ping -n -c 1 -W 1 10.0.0.1")
-            .status
-            .success()
-    });
+    wait_for_ping(&t.private2, "10.0.0.1", "the gateway answers");
     let before = d.drops("no-route");
     let o = sh(&t.private2, "ping -n -c 1 -W 1 192.0.2.1");
     assert!(!o.status.success(), "answered without a route");
@@ -2166,11 +2142,7 @@ fn route_reload(backend: &str, tag: &str) {
         "{out}\n{}",
         d.context()
     );
-    wait_for("a ping over the new route", Duration::from_secs(10), || {
-        sh(&t.private2, "ping -n -c 1 -W 1 192.0.2.1")
-            .status
-            .success()
-    });
+    wait_for_ping(&t.private2, "192.0.2.1", "a ping over the new route");
     std::fs::write(&cfg, &plain).expect("rewrite sluice.toml");
     d.signal("-HUP");
     wait_for("the route removed", Duration::from_secs(5), || {
@@ -2228,22 +2200,14 @@ fn route_reload(backend: &str, tag: &str) {
         "{}",
         d.log()
     );
-    wait_for(
+    wait_for_ping(
+        &t.private2,
+        "203.0.113.2",
         "a ping after the neighbour was removed",
-        Duration::from_secs(10),
-        || {
-            sh(&t.private2, "ping -n -c 1 -W 1 203.0.113.2")
-                .status
-                .success()
-        },
     );
     let before = d.drops("no-route");
     // A new connection (another host) finds no route.
-    wait_for("the gateway answers", Duration::from_secs(10), || {
-        sh(&t.private, "ping -n -c 1 -W 1 10.0.0.1")
-            .status
-            .success()
-    });
+    wait_for_ping(&t.private, "10.0.0.1", "the gateway answers");
     let o = sh(&t.private, "ping -n -c 1 -W 1 192.0.2.1");
     assert!(!o.status.success(), "answered after the route went away");
     assert!(d.drops("no-route") > before, "{}", d.context());
@@ -2266,22 +2230,8 @@ fn route_moves(backend: &str, tag: &str) {
     let via = |gw: &str| format!("{plain}\n[[routes]]\nto = \"192.0.2.0/24\"\nvia = \"{gw}\"\n");
     std::fs::write(&cfg, via("203.0.113.2")).expect("rewrite");
     assert_eq!(d.ctl("reload")["ok"], true);
-    wait_for(
-        "a ping over the first route",
-        Duration::from_secs(10),
-        || {
-            sh(&t.private2, "ping -n -c 1 -W 1 192.0.2.1")
-                .status
-                .success()
-        },
-    );
-    let knows = |d: &Daemon, ip: &str| -> bool {
-        let st = d.ctl("status");
-        st["worker_status"][0]["neighbors"]
-            .as_array()
-            .is_some_and(|n| n.iter().any(|e| e[0] == ip))
-    };
-    assert!(knows(&d, "203.0.113.2") && !knows(&d, "203.0.113.3"));
+    wait_for_ping(&t.private2, "192.0.2.1", "a ping over the first route");
+    assert!(d.knows_neighbor(0, "203.0.113.2") && !d.knows_neighbor(0, "203.0.113.3"));
     let ns = t.private2.name().to_string();
     let ping = std::thread::spawn(move || {
         Command::new("ip")
@@ -2301,16 +2251,14 @@ fn route_moves(backend: &str, tag: &str) {
     assert_eq!(d.ctl("reload")["ok"], true);
     let o = ping.join().expect("ping thread");
     let out = text(&o);
-    let received: u32 = out
-        .split(", ")
-        .find_map(|p| {
-            p.strip_suffix(" received")
-                .and_then(|n| n.trim().parse().ok())
-        })
-        .unwrap_or(0);
-    assert!(received >= 36, "{out}\n{}", d.context());
+    let received = ping_received(&out);
     assert!(
-        knows(&d, "203.0.113.3"),
+        received.len() == 1 && received[0] >= 36,
+        "{out}\n{}",
+        d.context()
+    );
+    assert!(
+        d.knows_neighbor(0, "203.0.113.3"),
         "the moved connection resolved the new router: {}",
         d.context()
     );

@@ -56,13 +56,19 @@ fn nat_with_two_workers_on_af_xdp_steers_every_reply_to_its_owner() {
     two_workers("af_xdp", "x2", "steered");
 }
 
-fn two_workers(backend: &str, tag: &str, steered: &str) {
+/// The topology and its sluice.toml (the rule set above) for two workers.
+fn two_worker_config(backend: &str, tag: &str) -> (Topo, std::path::PathBuf) {
     require_root();
     let t = Topo::new(tag);
     t.write_ruleset("gw.nft", RULESET);
     let cfg = t.write_config(backend, "gw.nft", "");
     let toml = read(&cfg).replace("workers = 1", "workers = 2");
     std::fs::write(&cfg, toml).expect("rewrite config");
+    (t, cfg)
+}
+
+fn two_workers(backend: &str, tag: &str, steered: &str) {
+    let (t, cfg) = two_worker_config(backend, tag);
     let d = Daemon::start(&t, &cfg, backend);
     let log = d.log();
     let opened = log.lines().filter(|l| l.contains("port open")).count();
@@ -237,26 +243,17 @@ fn an_interface_that_comes_back_is_served_by_both_workers_again_af_xdp() {
 /// bind the same queue again), and traffic from both private hosts, whose
 /// replies are steered to either worker, goes through.
 fn comes_back(backend: &str, tag: &str) {
-    require_root();
-    let t = Topo::new(tag);
-    t.write_ruleset("gw.nft", RULESET);
-    let cfg = t.write_config(backend, "gw.nft", "");
-    let toml = read(&cfg).replace("workers = 1", "workers = 2");
-    std::fs::write(&cfg, toml).expect("rewrite config");
+    let (t, cfg) = two_worker_config(backend, tag);
     let d = Daemon::start(&t, &cfg, backend);
-    let link = |d: &Daemon| -> String {
-        d.ctl("status")["interfaces"][1]["link"]
-            .as_str()
-            .unwrap_or("?")
-            .to_string()
-    };
     let o = sh(&t.gw, "ip link del wan0");
     assert!(o.status.success(), "{}", text(&o));
     wait_for("wan0 reported gone", Duration::from_secs(5), || {
-        link(&d) == "gone"
+        d.link(1) == "gone"
     });
     t.recreate_wan();
-    wait_for("wan0 back up", Duration::from_secs(10), || link(&d) == "up");
+    wait_for("wan0 back up", Duration::from_secs(10), || {
+        d.link(1) == "up"
+    });
     let log = d.log();
     // Two ports per worker at start; then wan0's again (AF_PACKET) or
     // both again (AF_XDP: new UMEMs).
@@ -267,15 +264,7 @@ fn comes_back(backend: &str, tag: &str) {
         "{log}"
     );
     assert!(log.contains("interface back: ports opened again"), "{log}");
-    wait_for(
-        "a ping through the new wan0",
-        Duration::from_secs(10),
-        || {
-            sh(&t.private2, "ping -n -c 1 -W 1 203.0.113.2")
-                .status
-                .success()
-        },
-    );
+    wait_for_ping(&t.private2, "203.0.113.2", "a ping through the new wan0");
     // Pings from both hosts, with several identifiers (so their replies
     // are steered to both workers), all answered.
     let pings: Vec<_> = (0..4)
@@ -320,11 +309,8 @@ fn running_pings_on_both_workers_follow_a_route_reload_af_xdp() {
 /// pings of both workers: every worker took the new routes and walked its
 /// own connections.
 fn route_reload_two(backend: &str, tag: &str) {
-    require_root();
-    let t = Topo::new(tag);
-    t.write_ruleset("gw.nft", RULESET);
-    let cfg = t.write_config(backend, "gw.nft", "");
-    let plain = read(&cfg).replace("workers = 1", "workers = 2");
+    let (t, cfg) = two_worker_config(backend, tag);
+    let plain = read(&cfg);
     let via = |gw: &str| format!("{plain}\n[[routes]]\nto = \"192.0.2.0/24\"\nvia = \"{gw}\"\n");
     std::fs::write(&cfg, via("203.0.113.2")).expect("rewrite config");
     let d = Daemon::start(&t, &cfg, backend);
@@ -334,9 +320,7 @@ fn route_reload_two(backend: &str, tag: &str) {
     );
     assert!(o.status.success(), "{}", text(&o));
     for ns in [&t.private, &t.private2] {
-        wait_for("a first ping", Duration::from_secs(10), || {
-            sh(ns, "ping -n -c 1 -W 1 192.0.2.1").status.success()
-        });
+        wait_for_ping(ns, "192.0.2.1", "a first ping");
     }
     // Four pings from each host (eight identifiers, steered to both
     // workers), 30 requests each over 3 s; the reload after 1 s.
@@ -357,16 +341,7 @@ fn route_reload_two(backend: &str, tag: &str) {
         );
         (a.join().expect("pings a"), b.join().expect("pings b"))
     });
-    let received: Vec<u32> = a
-        .lines()
-        .chain(b.lines())
-        .filter_map(|l| {
-            l.split(", ").find_map(|p| {
-                p.strip_suffix(" received")
-                    .and_then(|n| n.trim().parse().ok())
-            })
-        })
-        .collect();
+    let received = ping_received(&format!("{a}\n{b}"));
     assert_eq!(received.len(), 8, "{a}\n{b}");
     assert!(
         received.iter().all(|&n| n >= 24),
@@ -376,14 +351,14 @@ fn route_reload_two(backend: &str, tag: &str) {
     let st = d.ctl("status");
     let ws = st["worker_status"].as_array().cloned().unwrap_or_default();
     assert_eq!(ws.len(), 2, "{st}");
-    for w in &ws {
+    for (i, w) in ws.iter().enumerate() {
         assert!(
             w["connections"].as_u64().unwrap_or(0) > 0,
             "both workers carry pings: {st}"
         );
-        let knows = w["neighbors"]
-            .as_array()
-            .is_some_and(|n| n.iter().any(|e| e[0] == "203.0.113.3"));
-        assert!(knows, "worker {} knows the new router: {st}", w["worker"]);
+        assert!(
+            d.knows_neighbor(i, "203.0.113.3"),
+            "worker {i} knows the new router: {st}"
+        );
     }
 }

@@ -731,34 +731,16 @@ impl Worker {
             NatLog::with_capacity(cfg.nat_log_capacity),
         )?;
 
-        let mut routes = RouteTable4::new();
+        let routes = route_table4(&cfg.interfaces, &cfg.routes)?;
         let mut local4 = Vec::new();
         let mut bcast4 = Vec::new();
         for (i, ifc) in cfg.interfaces.iter().enumerate() {
-            let oif = i as IfIndex;
             for &(a, len) in &ifc.addrs {
-                local4.push((u32::from(a), oif));
+                local4.push((u32::from(a), i as IfIndex));
                 if (1..=30).contains(&len) {
                     bcast4.push(u32::from(a) | (u32::MAX >> len));
                 }
-                routes.add(Route4 {
-                    net: u32::from(a),
-                    len,
-                    oif,
-                    via: None,
-                });
             }
-        }
-        for r in &cfg.routes {
-            if usize::from(r.oif) >= cfg.interfaces.len() {
-                return Err(EngineError::RouteInterface {
-                    net: Ipv4Addr::from(r.net),
-                    len: r.len,
-                    oif: r.oif,
-                    count: cfg.interfaces.len(),
-                });
-            }
-            routes.add(*r);
         }
         let v6 = v6::State::new(&cfg)?;
         let filter_established = !policy.established_accepted();
@@ -937,30 +919,8 @@ impl Worker {
     /// destination has no route any more keeps its path until it ends).
     /// Offloaded directions are taken back. Nothing changes on error.
     pub fn set_routes(&mut self, routes: &[Route4], routes6: &[Route6]) -> Result<(), EngineError> {
-        let count = self.ifaces.len();
-        let mut t = RouteTable4::new();
-        for (i, ifc) in self.ifaces.iter().enumerate() {
-            for &(a, len) in &ifc.addrs {
-                t.add(Route4 {
-                    net: u32::from(a),
-                    len,
-                    oif: i as IfIndex,
-                    via: None,
-                });
-            }
-        }
-        for r in routes {
-            if usize::from(r.oif) >= count {
-                return Err(EngineError::RouteInterface {
-                    net: Ipv4Addr::from(r.net),
-                    len: r.len,
-                    oif: r.oif,
-                    count,
-                });
-            }
-            t.add(*r);
-        }
-        let t6 = self.v6.routes_with(count, routes6)?;
+        let t = route_table4(&self.ifaces, routes)?;
+        let t6 = self.v6.routes_with(self.ifaces.len(), routes6)?;
         self.routes = t;
         self.v6.set_routes(t6);
         self.offload_clear();
@@ -989,6 +949,15 @@ impl Worker {
         if let Ok(a) = self.neighbor(oif, nh) {
             return Some(a);
         }
+        let i = self.unresolved_adjacency(oif)?;
+        self.neigh.insert((oif, nh), i);
+        Some(i)
+    }
+
+    /// A new unresolved adjacency out of `oif` (for a next hop whose MAC is
+    /// not known yet; the caller files it under its address). `None` when
+    /// no more adjacencies fit.
+    pub(super) fn unresolved_adjacency(&mut self, oif: IfIndex) -> Option<AdjIndex> {
         let i = AdjIndex::try_from(self.adj.len()).ok()?;
         let (src_mac, mtu) = self
             .ifaces
@@ -1002,7 +971,6 @@ impl Worker {
             resolved: false,
             mtu,
         });
-        self.neigh.insert((oif, nh), i);
         Some(i)
     }
 
@@ -3280,6 +3248,34 @@ fn clamp_mss(buf: &mut [u8], len: usize, l4: usize, mss: MssClamp, rt_mtu: u16, 
 const MAC48: u64 = (1 << 48) - 1;
 
 /// A MAC address as [`Worker::l2_dest`] compares it.
+/// The IPv4 route table: the connected routes of `ifaces`' addresses, then
+/// the static `routes` (each naming one of `ifaces`).
+fn route_table4(ifaces: &[Interface], routes: &[Route4]) -> Result<RouteTable4, EngineError> {
+    let mut t = RouteTable4::new();
+    for (i, ifc) in ifaces.iter().enumerate() {
+        for &(a, len) in &ifc.addrs {
+            t.add(Route4 {
+                net: u32::from(a),
+                len,
+                oif: i as IfIndex,
+                via: None,
+            });
+        }
+    }
+    for r in routes {
+        if usize::from(r.oif) >= ifaces.len() {
+            return Err(EngineError::RouteInterface {
+                net: Ipv4Addr::from(r.net),
+                len: r.len,
+                oif: r.oif,
+                count: ifaces.len(),
+            });
+        }
+        t.add(*r);
+    }
+    Ok(t)
+}
+
 fn mac48(m: &[u8; 6]) -> u64 {
     let mut w = [0u8; 8];
     w[..6].copy_from_slice(m);

@@ -195,11 +195,18 @@ pub struct Captured<P: Port> {
 impl<P: Port> Captured<P> {
     /// Wrap `inner`, creating the two files given by [`capture_paths`].
     pub fn new(inner: P, base: &Path) -> Result<Self, IoError> {
-        let (rxp, txp) = capture_paths(base, inner.name());
-        let open = |p: &Path| -> Result<PcapWriter<BufWriter<File>>, IoError> {
+        Self::with_files(inner, base, |p| {
             let f = File::create(p).map_err(|e| IoError::file("create(pcap)", &e))?;
             PcapWriter::new(BufWriter::new(f))
-        };
+        })
+    }
+
+    fn with_files(
+        inner: P,
+        base: &Path,
+        open: impl Fn(&Path) -> Result<PcapWriter<BufWriter<File>>, IoError>,
+    ) -> Result<Self, IoError> {
+        let (rxp, txp) = capture_paths(base, inner.name());
         Ok(Self {
             rx: open(&rxp)?,
             tx: open(&txp)?,
@@ -215,8 +222,7 @@ impl<P: Port> Captured<P> {
     /// exists and is not empty is continued, anything else starts with a
     /// pcap header.
     pub fn append(inner: P, base: &Path) -> Result<Self, IoError> {
-        let (rxp, txp) = capture_paths(base, inner.name());
-        let open = |p: &Path| -> Result<PcapWriter<BufWriter<File>>, IoError> {
+        Self::with_files(inner, base, |p| {
             let f = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
@@ -231,14 +237,6 @@ impl<P: Port> Captured<P> {
             } else {
                 Ok(PcapWriter::resume(BufWriter::new(f)))
             }
-        };
-        Ok(Self {
-            rx: open(&rxp)?,
-            tx: open(&txp)?,
-            inner,
-            scratch: Vec::with_capacity(crate::BATCH_CAP),
-            scratch_bytes: Vec::with_capacity(crate::BATCH_CAP * crate::FRAME_CAP),
-            error: None,
         })
     }
 

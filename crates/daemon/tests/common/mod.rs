@@ -123,6 +123,26 @@ pub fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     panic!("timed out waiting for {what}");
 }
 
+/// Wait up to 10 s until a one-packet ping from `ns` to `dst` is answered.
+pub fn wait_for_ping(ns: &Netns, dst: &str, what: &str) {
+    wait_for(what, Duration::from_secs(10), || {
+        sh(ns, &format!("ping -n -c 1 -W 1 {dst}")).status.success()
+    });
+}
+
+/// The replies counted in ping summaries ("N packets transmitted, M
+/// received, ..."), one per summary line in `out`.
+pub fn ping_received(out: &str) -> Vec<u32> {
+    out.lines()
+        .filter_map(|l| {
+            l.split(", ").find_map(|p| {
+                p.strip_suffix(" received")
+                    .and_then(|n| n.trim().parse().ok())
+            })
+        })
+        .collect()
+}
+
 pub fn read(p: &Path) -> String {
     let mut s = String::new();
     if let Ok(mut f) = std::fs::File::open(p) {
@@ -192,21 +212,6 @@ impl Topo {
             "veth lan",
         );
         ok(
-            gw.ip(&[
-                "link",
-                "add",
-                "wan0",
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "eth0",
-                "netns",
-                public.name(),
-            ]),
-            "veth wan",
-        );
-        ok(
             private.ip(&[
                 "link",
                 "add",
@@ -221,9 +226,7 @@ impl Topo {
             ]),
             "veth p2",
         );
-        for i in ["lan0", "wan0"] {
-            ok(gw.ip(&["link", "set", i, "up"]), "up");
-        }
+        ok(gw.ip(&["link", "set", "lan0", "up"]), "up");
         ok(
             private.ip(&["link", "add", "br0", "type", "bridge"]),
             "bridge",
@@ -250,46 +253,32 @@ impl Topo {
             private2.ip(&["route", "add", "default", "via", "10.0.0.1"]),
             "route",
         );
-        ok(
-            public.ip(&["addr", "add", "203.0.113.2/24", "dev", "eth0"]),
-            "addr",
-        );
-        ok(public.ip(&["link", "set", "eth0", "up"]), "up");
-        ok(
-            public.ip(&["route", "add", "198.51.100.0/24", "via", "203.0.113.1"]),
-            "route",
-        );
-        // So that the drop policy, not a missing route, is what keeps the
-        // public host out of the LAN.
-        ok(
-            public.ip(&["route", "add", "10.0.0.0/24", "via", "203.0.113.1"]),
-            "route",
-        );
         for (ns, dev) in [
             (&private, "eth0"),
             (&private, "vp2"),
             (&private, "br0"),
             (&private2, "eth0"),
-            (&public, "eth0"),
         ] {
             ethtool_tx_off(ns, dev);
         }
         let dir = std::env::temp_dir().join(format!("sluice-gw-{pid}-{tag}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("tmp dir");
-        Self {
+        let t = Self {
             private,
             private2,
             gw,
             public,
             dir,
-        }
+        };
+        t.make_wan();
+        t
     }
 
-    /// Make `wan0` and the public host's `eth0` again, as [`Topo::new`]
-    /// does (after a test deleted them): a new veth pair, so new MACs on
-    /// both ends.
-    pub fn recreate_wan(&self) {
+    /// `wan0` and the public host's `eth0`: a veth pair (new MACs on
+    /// both ends each time), the public host at 203.0.113.2 routing the
+    /// pool and the LAN through the gateway.
+    fn make_wan(&self) {
         let ok = |r: Result<(), sluice_io::IoError>, what: &str| {
             r.unwrap_or_else(|e| panic!("{what}: {e}"));
         };
@@ -315,6 +304,8 @@ impl Topo {
             "addr",
         );
         ok(self.public.ip(&["link", "set", "eth0", "up"]), "up");
+        // The pool; and the LAN, so that the drop policy, not a missing
+        // route, is what keeps the public host out of it.
         for net in ["198.51.100.0/24", "10.0.0.0/24"] {
             ok(
                 self.public.ip(&["route", "add", net, "via", "203.0.113.1"]),
@@ -322,6 +313,12 @@ impl Topo {
             );
         }
         ethtool_tx_off(&self.public, "eth0");
+    }
+
+    /// Make `wan0` and the public host's `eth0` again, as [`Topo::new`]
+    /// does (after a test deleted them).
+    pub fn recreate_wan(&self) {
+        self.make_wan();
     }
 
     pub fn socket(&self) -> PathBuf {
@@ -457,6 +454,21 @@ impl Daemon {
             .status()
             .expect("kill");
         assert!(st.success(), "kill {sig}");
+    }
+
+    /// Interface `k`'s link state as `sluice ctl status` shows it.
+    pub fn link(&self, k: usize) -> String {
+        self.ctl("status")["interfaces"][k]["link"]
+            .as_str()
+            .unwrap_or("?")
+            .to_string()
+    }
+
+    /// Whether worker `w` knows IPv4 neighbour `ip` (`sluice ctl status`).
+    pub fn knows_neighbor(&self, w: usize, ip: &str) -> bool {
+        self.ctl("status")["worker_status"][w]["neighbors"]
+            .as_array()
+            .is_some_and(|n| n.iter().any(|e| e[0] == ip))
     }
 
     /// Context for assertion messages: status and the daemon log.

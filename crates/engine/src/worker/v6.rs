@@ -130,7 +130,6 @@ impl State {
         let table = Table::new(ctc)?;
         let count = cfg.interfaces.len();
         let mut addrs = Vec::new();
-        let mut routes = RouteTable6::new();
         for (i, ifc) in cfg.interfaces.iter().enumerate() {
             if ifc.mac != [0; 6] {
                 let ll = u128::from(ndp::link_local(ifc.mac));
@@ -147,29 +146,9 @@ impl State {
                     count,
                 });
             }
-            let len = len.min(128);
-            addrs.push((oif, u128::from(a), len));
-            if !ndp::is_link_local(u128::from(a)) {
-                routes.add(Route6 {
-                    net: u128::from(a),
-                    len,
-                    oif,
-                    via: None,
-                });
-            }
+            addrs.push((oif, u128::from(a), len.min(128)));
         }
-        for r in &cfg.routes6 {
-            if usize::from(r.oif) >= count {
-                return Err(EngineError::Interface6 {
-                    what: "route",
-                    net: Ipv6Addr::from(r.net),
-                    len: r.len,
-                    oif: r.oif,
-                    count,
-                });
-            }
-            routes.add(*r);
-        }
+        let routes = route_table6(&addrs, count, &cfg.routes6)?;
         for &(oif, a, _) in &cfg.neighbors6 {
             if usize::from(oif) >= count {
                 return Err(EngineError::Interface6 {
@@ -228,30 +207,7 @@ impl State {
         count: usize,
         routes: &[Route6],
     ) -> Result<RouteTable6, EngineError> {
-        let mut t = RouteTable6::new();
-        for &(oif, a, len) in &self.addrs {
-            if !ndp::is_link_local(a) {
-                t.add(Route6 {
-                    net: a,
-                    len,
-                    oif,
-                    via: None,
-                });
-            }
-        }
-        for r in routes {
-            if usize::from(r.oif) >= count {
-                return Err(EngineError::Interface6 {
-                    what: "route",
-                    net: Ipv6Addr::from(r.net),
-                    len: r.len,
-                    oif: r.oif,
-                    count,
-                });
-            }
-            t.add(*r);
-        }
-        Ok(t)
+        route_table6(&self.addrs, count, routes)
     }
 
     pub(super) fn set_routes(&mut self, t: RouteTable6) {
@@ -296,6 +252,40 @@ impl State {
     }
 }
 
+/// The IPv6 route table: the connected routes of the global addresses in
+/// `addrs`, then the static `routes` (each naming one of `count`
+/// interfaces).
+fn route_table6(
+    addrs: &[(IfIndex, u128, u8)],
+    count: usize,
+    routes: &[Route6],
+) -> Result<RouteTable6, EngineError> {
+    let mut t = RouteTable6::new();
+    for &(oif, a, len) in addrs {
+        if !ndp::is_link_local(a) {
+            t.add(Route6 {
+                net: a,
+                len,
+                oif,
+                via: None,
+            });
+        }
+    }
+    for r in routes {
+        if usize::from(r.oif) >= count {
+            return Err(EngineError::Interface6 {
+                what: "route",
+                net: Ipv6Addr::from(r.net),
+                len: r.len,
+                oif: r.oif,
+                count,
+            });
+        }
+        t.add(*r);
+    }
+    Ok(t)
+}
+
 impl Worker {
     /// [`Worker::adjacency_towards`] for IPv6.
     fn adjacency_towards6(&mut self, dst: u128) -> Option<AdjIndex> {
@@ -303,19 +293,7 @@ impl Worker {
         if let Some(&a) = self.v6.neigh.get(&(oif, nh)) {
             return Some(a);
         }
-        let i = AdjIndex::try_from(self.adj.len()).ok()?;
-        let (src_mac, mtu) = self
-            .ifaces
-            .get(usize::from(oif))
-            .map(|i| (i.mac, i.mtu))
-            .unwrap_or((Default::default(), Interface::DEFAULT_MTU));
-        self.adj.push(Adjacency {
-            oif,
-            src_mac,
-            dst_mac: [0; 6],
-            resolved: false,
-            mtu,
-        });
+        let i = self.unresolved_adjacency(oif)?;
         self.v6.neigh.insert((oif, nh), i);
         Some(i)
     }
