@@ -203,8 +203,7 @@ pub fn load_policy(cfg: &Config, ruleset: Option<&Path>) -> Result<LoadedPolicy,
 /// The `[nat]` settings against the rule set's pools (what every worker's
 /// NAT checks at start), as a located configuration error.
 fn nat_fits(cfg: &Config, pools: &[sluice_nat::Pool]) -> Result<(), ConfigError> {
-    let mut nat = cfg.nat.clone();
-    nat.pools = pools.to_vec();
+    let nat = worker_nat(cfg, pools);
     nat.validate().map_err(|e| {
         let message = match e {
             sluice_nat::ConfigError::PortBlockTooLarge { pool, share } => format!(
@@ -245,9 +244,7 @@ fn nat_fits(cfg: &Config, pools: &[sluice_nat::Pool]) -> Result<(), ConfigError>
 pub fn nat_config(path: &Path) -> Result<sluice_nat::NatConfig, ConfigError> {
     let cfg = config::load(path)?;
     let lp = load_policy(&cfg, None)?;
-    let mut nat = cfg.nat.clone();
-    nat.pools = lp.pools;
-    Ok(nat)
+    Ok(worker_nat(&cfg, &lp.pools))
 }
 
 /// `sluice check -c FILE`: validate the configuration and compile its
@@ -753,14 +750,21 @@ fn routes_json(cfg: &Config) -> Vec<Value> {
 
 /// A rule set whose NAT pools differ from the running ones is refused
 /// (pool changes need a restart).
-fn pools_refusal(lp: &LoadedPolicy, st: &Published) -> Option<CtlFailure> {
-    (lp.pools != st.pools).then(|| CtlFailure {
-        kind: "ruleset",
-        message: format!(
-            "{}: its NAT pools differ from the running ones; pool changes need a restart (running ruleset kept)",
-            lp.source
+fn pools_refusal(source: &str, pools: &[sluice_nat::Pool], st: &Published) -> Option<CtlFailure> {
+    if pools == st.pools.as_slice() {
+        return None;
+    }
+    let running = worker_nat(&st.config, &st.pools);
+    let next = worker_nat(&st.config, pools);
+    running
+        .pool_change(&next, &st.seen)
+        .err()
+        .map(|e| CtlFailure {
+            kind: "ruleset",
+            message: format!(
+            "{source}: its NAT pools cannot replace the running ones: {e} (running ruleset kept)"
         ),
-    })
+        })
 }
 
 fn reloads_json(r: metrics::Reloads) -> Value {
@@ -781,6 +785,9 @@ struct Published {
     source: String,
     rules: usize,
     pools: Vec<sluice_nat::Pool>,
+    /// With port blocks, the range of every address that has been a pool
+    /// address in this run ([`sluice_nat::NatConfig::pool_change`]).
+    seen: sluice_nat::SeenRanges,
     generation: u64,
     /// The running compiled rule set (None: the built-in policy).
     compiled: Option<Arc<sluice_policy::CompiledPolicy>>,
@@ -1134,10 +1141,18 @@ impl Control {
 
     /// Publish `lp` to every worker (the ruleset replace / reload commit).
     fn publish(&self, st: &mut Published, lp: LoadedPolicy) -> Result<(), CtlFailure> {
-        if let Some(f) = pools_refusal(&lp, st) {
+        if let Some(f) = pools_refusal(&lp.source, &lp.pools, st) {
             return Err(f);
         }
         st.generation = self.retire(self.policy.publish(Arc::clone(&lp.policy)));
+        if lp.compiled.is_some() {
+            // The built-in policy names no pools: the workers keep theirs.
+            if lp.pools != st.pools {
+                tracing::info!(pools = lp.pools.len(), "NAT pools replaced");
+                worker_nat(&st.config, &lp.pools).note_ranges(&mut st.seen);
+            }
+            st.pools = lp.pools;
+        }
         st.source = lp.source;
         st.rules = lp.rules;
         st.compiled = lp.compiled;
@@ -1299,12 +1314,16 @@ impl Control {
     fn reload_check(&self) -> Result<Value, CtlFailure> {
         let (cfg, lp) = self.load_file()?;
         let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(f) = pools_refusal(&lp, &st) {
+        if let Some(f) = pools_refusal(&lp.source, &lp.pools, &st) {
             return Err(f);
         }
         let plan = ReloadPlan::of(&st.config, &cfg);
+        let mut applied = plan.applied(&st.config, &cfg);
+        if lp.compiled.is_some() && lp.pools != st.pools {
+            applied.push("nat pools");
+        }
         Ok(json!({"ok": true, "ruleset": lp.source, "rules": lp.rules,
-                  "applied": plan.applied(&st.config, &cfg),
+                  "applied": applied,
                   "needs_restart": plan.needs_restart}))
     }
 
@@ -1315,7 +1334,10 @@ impl Control {
         let (cfg, lp) = self.load_file()?;
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let plan = ReloadPlan::of(&st.config, &cfg);
-        let applied = plan.applied(&st.config, &cfg);
+        let mut applied = plan.applied(&st.config, &cfg);
+        if lp.compiled.is_some() && lp.pools != st.pools {
+            applied.push("nat pools");
+        }
         let ReloadPlan {
             relink,
             apply_routes,
@@ -1682,12 +1704,28 @@ impl Control {
     }
 
     /// Publishes `next` by atomic swap as the running rule set.
-    fn publish_change(&self, st: &mut Published, next: sluice_policy::CompiledPolicy) {
+    fn publish_change(
+        &self,
+        st: &mut Published,
+        source: &str,
+        next: sluice_policy::CompiledPolicy,
+    ) -> Result<(), CtlFailure> {
+        // A rule with a new `snat to` adds a pool.
+        let pools = &next.nat_config().pools;
+        if let Some(f) = pools_refusal(source, pools, st) {
+            return Err(f);
+        }
+        if *pools != st.pools {
+            tracing::info!(pools = pools.len(), "NAT pools replaced");
+            worker_nat(&st.config, pools).note_ranges(&mut st.seen);
+            st.pools = pools.clone();
+        }
         let next = Arc::new(next);
         st.generation = self.retire(self.policy.publish(Arc::clone(&next) as Arc<dyn Policy>));
         st.rules = next.rule_count();
         st.compiled = Some(next);
         st.updates += 1;
+        Ok(())
     }
 
     /// `sluice ctl nft -f FILE`: every command of the file applied to the
@@ -1720,7 +1758,7 @@ impl Control {
         let Some(next) = next else {
             return Err(CtlFailure::bad(format!("{path}: no command in the file")));
         };
-        self.publish_change(&mut st, next);
+        self.publish_change(&mut st, path, next)?;
         let us = t0.elapsed().as_secs_f64() * 1e6;
         tracing::debug!(
             path,
@@ -1746,7 +1784,7 @@ impl Control {
             kind: "ruleset",
             message: e.to_string(),
         })?;
-        self.publish_change(&mut st, next);
+        self.publish_change(&mut st, "command", next)?;
         let us = t0.elapsed().as_secs_f64() * 1e6;
         tracing::debug!(command, generation = st.generation, us, "rule set updated");
         Ok(
@@ -1814,7 +1852,8 @@ fn nat_json(ws: &[WorkerStatus]) -> Value {
                "pool_exhausted": n.pool_exhausted, "subscriber_limit": n.subscriber_limit,
                "filtered": n.filtered, "hairpins": n.hairpins, "blocks": n.blocks,
                "blocks_allocated": n.blocks_allocated, "blocks_released": n.blocks_released,
-               "block_limit": n.block_limit, "outside_prefix": n.outside_prefix})
+               "block_limit": n.block_limit, "outside_prefix": n.outside_prefix,
+               "retired": n.retired})
     };
     let mut t = sluice_nat::NatStats::default();
     for w in ws {
@@ -1903,6 +1942,15 @@ fn warn_unsteered(cfg: &config::Config) {
     }
 }
 
+/// The NAT configuration the workers run: `cfg`'s `[nat]` settings with
+/// `pools`.
+fn worker_nat(cfg: &Config, pools: &[sluice_nat::Pool]) -> sluice_nat::NatConfig {
+    let mut nat = cfg.nat.clone();
+    nat.pools = pools.to_vec();
+    nat.workers = cfg.workers;
+    nat
+}
+
 /// The engine configuration of worker `id`.
 fn engine_config(
     cfg: &Config,
@@ -1925,9 +1973,7 @@ fn engine_config(
             mtu: mtus.get(i).copied().unwrap_or(Interface::DEFAULT_MTU),
         });
     }
-    let mut nat = cfg.nat.clone();
-    nat.pools = pools.to_vec();
-    nat.workers = cfg.workers;
+    let nat = worker_nat(cfg, pools);
     EngineConfig {
         interfaces,
         routes: engine_routes(cfg),
@@ -2342,6 +2388,11 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
             source: lp.source.clone(),
             rules: lp.rules,
             pools: lp.pools.clone(),
+            seen: {
+                let mut seen = sluice_nat::SeenRanges::new();
+                worker_nat(&cfg, &lp.pools).note_ranges(&mut seen);
+                seen
+            },
             generation: cell.generation(),
             config: cfg,
             compiled: lp.compiled.clone(),
@@ -2499,6 +2550,25 @@ mod tests {
         );
         assert_eq!(lock_interfaces(&cfg.interfaces, &dir).unwrap().len(), 2);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The workers' NAT configuration, which `sluice nat lookup` and the
+    /// `[nat]` check use too, has their count: the port split decides
+    /// which ports a deterministic block holds (`nat lookup` used to
+    /// compute with one worker whatever the file said).
+    #[test]
+    fn the_workers_nat_configuration_has_their_count() {
+        let cfg = config::parse(
+            Path::new("sluice.toml"),
+            "workers = 2\n[[interfaces]]\nname = \"lan0\"\nrole = \"inside\"\n\
+             [[interfaces]]\nname = \"wan0\"\nrole = \"outside\"\n",
+        )
+        .unwrap();
+        let pools = vec![sluice_nat::Pool::new([core::net::Ipv4Addr::new(
+            198, 51, 100, 7,
+        )])];
+        let n = worker_nat(&cfg, &pools);
+        assert_eq!((n.workers, &n.pools), (2, &pools));
     }
 
     /// The steering program and NAT agree on who owns a port: a reply to

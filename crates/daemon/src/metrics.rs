@@ -266,7 +266,7 @@ pub fn render(ws: &[WorkerStatus], info: &Info) -> String {
         "Unassured connections evicted to make room (table full).",
         &|w| w.ct_early_drops,
     );
-    let nat: [Metric<sluice_nat::NatStats>; 14] = [
+    let nat: [Metric<sluice_nat::NatStats>; 15] = [
         ("sluice_nat_mappings", "gauge", "NAT mappings alive.", |n| {
             n.mappings
         }),
@@ -347,6 +347,12 @@ pub fn render(ws: &[WorkerStatus], info: &Info) -> String {
             "counter",
             "Deterministic NAT: sources outside the subscriber prefix.",
             |n| n.outside_prefix,
+        ),
+        (
+            "sluice_nat_retired_mappings",
+            "gauge",
+            "Mappings whose address or port left the pools in a reload, alive until their last session ends.",
+            |n| n.retired,
         ),
     ];
     for (name, kind, help, f) in nat {

@@ -9,7 +9,9 @@
 //! - hairpinning: a private host reaches another through the other's
 //!   external (pool) endpoint, and sees the pool address as the source;
 //! - a SIGHUP reload with a changed ruleset keeps a running TCP transfer
-//!   alive, and the new rules apply to new connections;
+//!   alive, and the new rules apply to new connections; one that moves
+//!   the SNAT rule to another address keeps the transfer on its old
+//!   address and sends new connections from the new one;
 //! - a byte quota ahead of the `ct state` rule (a named object) stops a
 //!   UDP stream after its bytes, and a named counter added through `sluice
 //!   ctl` counts the stream;
@@ -570,6 +572,89 @@ fn sighup_reload(backend: &str, tag: &str) {
         text(&o82)
     );
     assert!(d.log().contains("ruleset published"), "{}", d.log());
+}
+
+/// A reload that moves the SNAT rule to another address: the running TCP
+/// transfer keeps its mapping on the old address (retired: it serves its
+/// connections until they end) and loses no second, while a new
+/// connection leaves from the new one; a flush ends the retired mappings.
+fn nat_pool_reload(backend: &str, tag: &str) {
+    const NEW: &str = "198.51.100.8";
+    let (t, d) = setup(tag, backend, "");
+    let _srv = iperf3_server(&t);
+    let _h = http_server(&t, &t.public, PUBLIC, 8081, "a");
+    let (o, answer, during, conns, web) = std::thread::scope(|s| {
+        let c = s.spawn(|| {
+            sh(
+                &t.private,
+                &format!("timeout 30 iperf3 -c {PUBLIC} -p 5201 -t 5 -i 1 -J"),
+            )
+        });
+        wait_for_iperf3_connections(&d);
+        std::thread::sleep(Duration::from_millis(1500));
+        std::fs::write(
+            t.dir.join("gw.nft"),
+            RULESET.replace("snat to 198.51.100.7", &format!("snat to {NEW}")),
+        )
+        .expect("new ruleset");
+        let answer = d.ctl("reload");
+        wait_for(
+            "the workers take the new pool",
+            Duration::from_secs(5),
+            || d.ctl("status")["nat"]["retired"].as_u64() >= Some(1),
+        );
+        let during = d.ctl("status");
+        let conns = d.ctl("conntrack list proto tcp port 5201");
+        let web = curl(&t.private, &format!("http://{PUBLIC}:8081/blob"), 5);
+        (c.join().expect("iperf3 thread"), answer, during, conns, web)
+    });
+    assert_eq!(answer["ok"], true, "{answer}");
+    assert!(
+        answer["applied"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x == "nat pools")),
+        "{answer}"
+    );
+    assert!(
+        o.status.success(),
+        "the transfer did not survive the pool change:\n{}\n{}",
+        text(&o),
+        d.context()
+    );
+    let j = json(&o);
+    let intervals = j["intervals"].as_array().expect("intervals");
+    assert!(intervals.len() >= 5, "{} intervals", intervals.len());
+    for (i, iv) in intervals.iter().enumerate() {
+        let b = iv["sum"]["bytes"].as_u64().unwrap_or(0);
+        assert!(b > 100_000, "interval {i} moved only {b} bytes:\n{j}");
+    }
+    // The transfer's connections kept the old address.
+    let list = conns["connections"].as_array().expect("connections");
+    assert!(
+        !list.is_empty() && list.iter().all(|c| c["reply"]["dst"] == POOL),
+        "{conns}"
+    );
+    assert_eq!(during["nat"]["pools"][0]["addr"], NEW, "{during}");
+    // A new connection leaves from the new address.
+    let (ok, size, out) = web;
+    assert!(
+        ok && size == (256 << 10).to_string(),
+        "{}\n{}",
+        text(&out),
+        d.context()
+    );
+    let log = read(&t.dir.join("http-a.log"));
+    assert!(
+        log.lines()
+            .any(|l| l.starts_with(NEW) && l.contains("GET /blob")),
+        "the server did not see {NEW}:\n{log}"
+    );
+    assert!(d.log().contains("NAT pools replaced"), "{}", d.log());
+    // Flushed, the retired mappings are gone.
+    d.ctl("conntrack flush");
+    wait_for("no retired mapping", Duration::from_secs(5), || {
+        d.ctl("status")["nat"]["retired"] == 0
+    });
 }
 
 fn icmp_errors(backend: &str, tag: &str) {
@@ -1527,6 +1612,12 @@ both_backends!(
     "r",
     sighup_reload_keeps_a_tcp_transfer_and_applies_new_rules_af_packet,
     sighup_reload_keeps_a_tcp_transfer_and_applies_new_rules_af_xdp
+);
+both_backends!(
+    nat_pool_reload,
+    "s",
+    reload_moves_snat_to_a_new_address_and_keeps_the_running_transfer_af_packet,
+    reload_moves_snat_to_a_new_address_and_keeps_the_running_transfer_af_xdp
 );
 both_backends!(
     deny_list,

@@ -280,6 +280,15 @@ pub trait Policy: Send + Sync {
     /// Whether any rule of `hook` can ever apply NAT (lets the engine skip
     /// the NAT hooks entirely for pure firewalls).
     fn has_nat(&self, hook: Hook) -> bool;
+    /// The SNAT pools the rule set's `Translation::Snat` actions number
+    /// (`PoolId` indexes this list), when it defines them: a worker whose
+    /// NAT was built with other pools takes these when it takes the policy
+    /// (`sluice_nat::WorkerNat::set_pools`), so that a packet never meets
+    /// a policy and pools of different generations. `None` (the default):
+    /// the pools stay as configured.
+    fn nat_pools(&self) -> Option<&[sluice_nat::Pool]> {
+        None
+    }
     /// The rule set's flowtables (`flowtable ft { ... }`, filled by `flow
     /// add @ft`): 0 when it has none; otherwise a number that stays the
     /// same across incremental rule updates and changes when the rule set

@@ -46,6 +46,7 @@
 
 use core::net::{Ipv4Addr, Ipv6Addr};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use hashbrown::HashMap;
@@ -161,6 +162,11 @@ pub struct EngineConfig {
     /// ([`crate::offload`]) through a queue of this many requests; 0 (the
     /// default) offloads nothing.
     pub offload_queue: usize,
+    /// NAT mappings retired by pool changes and still alive, over all the
+    /// workers of a gateway (give them one counter): while any is, every
+    /// worker steers packets to the addresses that left the pools by port,
+    /// to the worker holding the mapping (`WorkerNat::is_external_addr`).
+    pub nat_retired: Arc<AtomicU64>,
 }
 
 /// From this many connections (`ct_max`) on, pass 1 of the pipeline
@@ -195,6 +201,12 @@ pub enum BucketPrefetch {
     Batched,
 }
 
+/// How long no retired NAT mapping must have been left on any worker
+/// before the addresses that left the pools are no longer steered as NAT
+/// addresses (a worker that has not taken the new pools yet, and so not
+/// counted its retired mappings, takes them within a loop turn).
+pub const FORMER_ADDRS_QUIET_MS: u64 = 10_000;
+
 /// Burst size of the ICMP error rate limiter (Linux's `icmp_msgs_burst`).
 pub const ICMP_ERROR_BURST: u32 = 50;
 
@@ -221,6 +233,7 @@ impl Default for EngineConfig {
             neighbors6: Vec::new(),
             ct6_max: 1 << 16,
             offload_queue: 0,
+            nat_retired: Arc::new(AtomicU64::new(0)),
         }
     }
 }
@@ -569,6 +582,15 @@ pub struct Worker {
     id: u16,
     ct: Table<FlowKey4, FlowInfo>,
     nat: WorkerNat<NatLog>,
+    /// The gateway's retired NAT mappings ([`EngineConfig::nat_retired`]),
+    /// this worker's share of it, and since when (ms) the addresses that
+    /// left the pools have had none.
+    nat_retired: Arc<AtomicU64>,
+    nat_retired_mine: u64,
+    former_quiet_since: Option<u64>,
+    /// Pool changes a worker could not take ([`Policy::nat_pools`]; the
+    /// control plane checks them first, so this stays 0).
+    nat_pools_refused: u64,
     policy: Arc<dyn Policy>,
     /// `!policy.established_accepted()`: run the filter chains for every
     /// packet of an established connection.
@@ -754,6 +776,10 @@ impl Worker {
             id: cfg.worker,
             ct: table,
             nat,
+            nat_retired: Arc::clone(&cfg.nat_retired),
+            nat_retired_mine: 0,
+            former_quiet_since: None,
+            nat_pools_refused: 0,
             policy,
             filter_established,
             raw,
@@ -1038,6 +1064,18 @@ impl Worker {
 
     /// Replace the policy. Established connections keep their entries.
     pub fn set_policy(&mut self, p: Arc<dyn Policy>) {
+        if let Some(pools) = p.nat_pools() {
+            if pools != self.nat.config().pools.as_slice() {
+                let next = sluice_nat::NatConfig {
+                    pools: pools.to_vec(),
+                    ..self.nat.config().clone()
+                };
+                if self.nat.set_pools(&next).is_err() {
+                    self.nat_pools_refused += 1;
+                }
+                self.count_retired();
+            }
+        }
         self.filter_established = !p.established_accepted();
         self.raw = p.has_raw();
         self.hot = !self.filter_established && !self.raw && self.offload.is_none();
@@ -1181,6 +1219,7 @@ impl Worker {
     pub fn gc_with(&mut self, now_ns: u64, budget: usize, probe: &mut dyn OffloadProbe) -> usize {
         let now = instant(now_ns);
         self.set_clock(now_ns);
+        self.count_retired();
         self.reroute_step(budget);
         self.reroute6_step(budget);
         let nat = &mut self.nat;
@@ -1220,6 +1259,36 @@ impl Worker {
                 p.conn_closed(&v6::conn6(&e.orig()));
             }
         })
+    }
+
+    /// Bring this worker's share of the gateway's retired NAT mappings up
+    /// to date; once none has been left anywhere for
+    /// [`FORMER_ADDRS_QUIET_MS`], forget the addresses that left the pools.
+    fn count_retired(&mut self) {
+        let mine = self.nat.retired_mappings() as u64;
+        if mine > self.nat_retired_mine {
+            self.nat_retired
+                .fetch_add(mine - self.nat_retired_mine, Ordering::Relaxed);
+        } else if mine < self.nat_retired_mine {
+            self.nat_retired
+                .fetch_sub(self.nat_retired_mine - mine, Ordering::Relaxed);
+        }
+        self.nat_retired_mine = mine;
+        if !self.nat.has_former_addrs() || self.nat_retired.load(Ordering::Relaxed) > 0 {
+            self.former_quiet_since = None;
+            return;
+        }
+        let since = *self.former_quiet_since.get_or_insert(self.now_ms);
+        if self.now_ms.saturating_sub(since) >= FORMER_ADDRS_QUIET_MS {
+            self.nat.forget_former_addrs();
+            self.former_quiet_since = None;
+        }
+    }
+
+    /// Mappings of this worker retired by NAT pool changes, and pool
+    /// changes it could not take.
+    pub fn nat_pool_state(&self) -> (usize, u64) {
+        (self.nat.retired_mappings(), self.nat_pools_refused)
     }
 
     /// Process a batch (at most [`MAX_BATCH`] frames; any beyond are dropped
@@ -1587,7 +1656,7 @@ impl Worker {
             return None;
         }
         let w = sluice_nat::owner_of(key.dport, self.workers);
-        (w != self.id && (self.nat.is_pool_addr(key.dst) || self.is_local(key.dst).is_some()))
+        (w != self.id && (self.nat.is_external_addr(key.dst) || self.is_local(key.dst).is_some()))
             .then_some(w)
     }
 

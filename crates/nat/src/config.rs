@@ -257,6 +257,75 @@ impl NatConfig {
     }
 }
 
+/// The port range of every address that has been in a pool of a running
+/// gateway with port blocks ([`NatConfig::pool_change`]).
+pub type SeenRanges = hashbrown::HashMap<Ipv4Addr, RangeInclusive<u16>>;
+
+impl NatConfig {
+    /// Add `self`'s pool addresses to `seen` (with port blocks only: the
+    /// ranges matter for nothing else).
+    pub fn note_ranges(&self, seen: &mut SeenRanges) {
+        if self.port_block_size == 0 {
+            return;
+        }
+        for p in &self.pools {
+            for a in &p.addrs {
+                seen.insert(*a, p.ports.clone());
+            }
+        }
+    }
+
+    /// Whether a running gateway built with `self` can take `next`'s pools
+    /// ([`crate::WorkerNat::set_pools`]): `next` is valid, differs from
+    /// `self` in its pools alone, and moves no port block (deterministic
+    /// NAT's pools never change; with port blocks an address that stays
+    /// keeps its port range, and one that left the pools earlier in the
+    /// run, `seen`, does not come back: blocks of its retired mappings may
+    /// still be in use). Pure:
+    /// the control plane asks before it publishes, every worker again
+    /// before it applies.
+    pub fn pool_change(&self, next: &NatConfig, seen: &SeenRanges) -> Result<(), ConfigError> {
+        next.validate()?;
+        let same = NatConfig {
+            pools: Vec::new(),
+            ..self.clone()
+        } == NatConfig {
+            pools: Vec::new(),
+            ..next.clone()
+        };
+        if !same {
+            return Err(ConfigError::SettingsChange);
+        }
+        if self.pools == next.pools {
+            return Ok(());
+        }
+        if self.deterministic.is_some() {
+            return Err(ConfigError::DeterministicPoolChange);
+        }
+        if self.port_block_size > 0 {
+            let old: hashbrown::HashMap<Ipv4Addr, &RangeInclusive<u16>> = self
+                .pools
+                .iter()
+                .flat_map(|p| p.addrs.iter().map(move |a| (*a, &p.ports)))
+                .collect();
+            for p in &next.pools {
+                for a in &p.addrs {
+                    match old.get(a) {
+                        Some(r) if **r != p.ports => {
+                            return Err(ConfigError::BlockRangeChange { addr: *a });
+                        }
+                        None if seen.contains_key(a) => {
+                            return Err(ConfigError::BlockAddressReturns { addr: *a });
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Subscribers of a deterministic prefix of length `len`.
 fn det_count(len: u8) -> u64 {
     1u64 << (32 - u32::from(len.min(32)))

@@ -107,6 +107,24 @@ pub enum ConfigError {
         /// Ports of the smallest worker share.
         share: u32,
     },
+    /// A running gateway's pools may change ([`crate::WorkerNat::set_pools`]),
+    /// its other NAT settings not.
+    SettingsChange,
+    /// Deterministic NAT: the pools cannot change while running (every
+    /// subscriber's block would move).
+    DeterministicPoolChange,
+    /// Port block allocation: `addr` stays a pool address but its port
+    /// range changes, so the blocks held on it cannot stay where they are.
+    BlockRangeChange {
+        /// The address.
+        addr: core::net::Ipv4Addr,
+    },
+    /// Port block allocation: `addr` left the pools earlier in this run
+    /// and cannot come back (blocks of its retired mappings may live on).
+    BlockAddressReturns {
+        /// The address.
+        addr: core::net::Ipv4Addr,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -135,6 +153,20 @@ impl fmt::Display for ConfigError {
             Self::PortBlockTooLarge { pool, share } => write!(
                 f,
                 "nat: port_block_size is larger than a worker's share of pool {pool}'s port range ({share} ports)"
+            ),
+            Self::SettingsChange => f.write_str(
+                "nat: only the pools can change while running; the other NAT settings need a restart",
+            ),
+            Self::DeterministicPoolChange => f.write_str(
+                "nat: deterministic NAT pools cannot change while running (every subscriber's port block would move); restart",
+            ),
+            Self::BlockRangeChange { addr } => write!(
+                f,
+                "nat: port blocks: {addr} stays a pool address but its port range changes, so the blocks held on it cannot stay; keep its range, or restart"
+            ),
+            Self::BlockAddressReturns { addr } => write!(
+                f,
+                "nat: port blocks: {addr} left the pools earlier and cannot come back while running (its retired port blocks may still be in use); restart"
             ),
         }
     }

@@ -49,8 +49,8 @@ mod testutil;
 pub mod worker;
 
 pub use config::{
-    FilteringBehaviour, MappingBehaviour, NatConfig, Pool, PoolId, Pooling, Translation,
-    DEFAULT_PORTS,
+    FilteringBehaviour, MappingBehaviour, NatConfig, Pool, PoolId, Pooling, SeenRanges,
+    Translation, DEFAULT_PORTS,
 };
 pub use error::{ConfigError, NatError, RewriteError};
 pub use event::{BlockView, EventView, MappingView, NatEvent, NatEventSink, NoopSink, VecSink};
@@ -59,4 +59,4 @@ pub use rewrite::{
     apply_dissected, apply_icmp_error, apply_with, deltas, icmp_error_inner_target, reverse_delta,
     Rewrite4,
 };
-pub use worker::{MappingInfo, NatStats, WorkerNat};
+pub use worker::{MappingInfo, NatStats, PoolChange, WorkerNat};

@@ -142,6 +142,22 @@ impl PortSpace {
         s
     }
 
+    /// Grow to `maps` bitmaps, the new ones empty (a pool's appended
+    /// addresses).
+    pub(crate) fn grow(&mut self, maps: usize) {
+        let had = self.free.len();
+        if maps <= had {
+            return;
+        }
+        self.words
+            .resize(self.words_per_map.saturating_mul(maps), 0);
+        self.free.resize(maps, 0);
+        self.cursor.resize(maps, 0);
+        for m in had..maps {
+            self.reset(m);
+        }
+    }
+
     pub(crate) fn slice(&self) -> &PortSlice {
         &self.slice
     }
@@ -257,6 +273,24 @@ impl PortSpace {
             i = word_end;
         }
         None
+    }
+
+    /// Take `port` in bitmap `map` (a mapping that keeps its port across a
+    /// pool change). `None` when it is outside the slice or already taken.
+    pub(crate) fn take(&mut self, map: usize, port: u16) -> Option<u32> {
+        let idx = self.slice.index(port)?;
+        let word = self
+            .words
+            .get_mut(map * self.words_per_map + idx as usize / 64)?;
+        let bit = 1u64 << (idx % 64);
+        if *word & bit != 0 {
+            return None;
+        }
+        *word |= bit;
+        if let Some(f) = self.free.get_mut(map) {
+            *f -= 1;
+        }
+        Some(idx)
     }
 
     /// Return `port` to bitmap `map`. False if it was not allocated there.

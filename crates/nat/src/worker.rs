@@ -119,8 +119,53 @@ impl core::hash::Hash for MapKey {
 enum Space {
     // `u32`, not `usize`: this sits in every mapping, and 8 bytes less per
     // mapping is 16 bytes less per `by_ext` bucket.
-    Pool { pool: u16, map: u32 },
-    Masq { slot: u16, map: u32 },
+    Pool {
+        pool: u16,
+        map: u32,
+    },
+    Masq {
+        slot: u16,
+        map: u32,
+    },
+    /// A mapping retired by a pool change ([`WorkerNat::set_pools`]): its
+    /// external address or port left the pools. Its sessions count lives
+    /// in [`WorkerNat`]'s `retired`, not in `by_int`.
+    Retired,
+}
+
+/// A mapping retired by a pool change: it serves the sessions it has until
+/// the last ends, and no new session (no outbound connection, inbound
+/// session or hairpin) takes it.
+#[derive(Clone, Copy, Debug)]
+struct Retired {
+    sessions: u32,
+    /// Its port block (external address, first port) when it came from
+    /// one: the block's release is logged when its last retired mapping
+    /// goes ([`WorkerNat`]'s `retired_blocks`).
+    block: Option<(u32, u16)>,
+    /// Its port, taken in a bitmap of the current configuration so that
+    /// no allocation hands it out (outside any port block's count: see
+    /// [`take_raw`]), freed with it.
+    hold: Option<Space>,
+}
+
+/// A retired port block: its subscriber, last port and retired mappings.
+#[derive(Clone, Copy, Debug)]
+struct RetiredBlock {
+    sub: u32,
+    last: u16,
+    mappings: u32,
+}
+
+/// What [`WorkerNat::set_pools`] did with the live mappings.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolChange {
+    /// Mappings whose external address and port are still in a pool: they
+    /// stay as they were (now in that pool).
+    pub kept: u64,
+    /// Mappings whose address or port left the pools: retired (they serve
+    /// their sessions until the last ends; no new session takes them).
+    pub retired: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -389,6 +434,9 @@ pub struct NatStats {
     /// Deterministic NAT: translations refused because the source was
     /// outside the subscriber prefix.
     pub outside_prefix: u64,
+    /// Mappings alive now that a pool change retired (their address or
+    /// port left the pools; they serve their sessions until the last ends).
+    pub retired: u64,
 }
 
 impl NatStats {
@@ -408,6 +456,7 @@ impl NatStats {
         self.blocks_released += o.blocks_released;
         self.block_limit += o.block_limit;
         self.outside_prefix += o.outside_prefix;
+        self.retired += o.retired;
     }
 }
 
@@ -440,10 +489,28 @@ pub struct WorkerNat<S = NoopSink> {
     /// the `by_ext` lookup as well.
     by_int: IntMap,
     by_ext: HashMap<ExtKey, Mapping>,
+    /// Mappings retired by a pool change, by external endpoint.
+    retired: HashMap<ExtKey, Retired>,
+    /// Port blocks of retired mappings, by (external address, first port).
+    retired_blocks: HashMap<(u32, u16), RetiredBlock>,
+    /// Addresses that left the pools in a pool change: replies to them are
+    /// still steered by port ([`Self::is_external_addr`]) until the engine
+    /// knows no worker has a retired mapping left
+    /// ([`Self::forget_former_addrs`]). The same on every worker.
+    former: hashbrown::HashSet<u32>,
     subscribers: HashMap<u32, u32>,
     permits: HashMap<PermitKey, u32>,
     stats: NatStats,
     sink: S,
+    /// The configuration the pools were built from (for
+    /// [`Self::set_pools`]).
+    config: NatConfig,
+    /// Port blocks: the range of every address that has been a pool
+    /// address ([`NatConfig::pool_change`]).
+    seen: crate::config::SeenRanges,
+    /// The last shadow pool number given ([`Self::set_pools`]), counting
+    /// down from `u16::MAX` (no configuration has that many pools).
+    shadow: u16,
 }
 
 impl<S: NatEventSink> WorkerNat<S> {
@@ -454,39 +521,7 @@ impl<S: NatEventSink> WorkerNat<S> {
         if worker >= config.workers {
             return Err(ConfigError::WorkerOutOfRange);
         }
-        let mut pool_addr = HashMap::new();
-        let mut pools = Vec::with_capacity(config.pools.len());
-        for (pi, p) in config.pools.iter().enumerate() {
-            let pid = u16::try_from(pi).map_err(|_| ConfigError::TooLarge)?;
-            let slice = PortSlice::new(&p.ports, worker, config.workers);
-            let addrs: Vec<u32> = p.addrs.iter().map(|a| u32::from(*a)).collect();
-            for (ai, a) in addrs.iter().enumerate() {
-                pool_addr.insert(*a, (pid, ai));
-            }
-            let blocks = (config.port_block_size > 0).then(|| {
-                let det = config
-                    .deterministic
-                    .map(|(base, len)| (u32::from(base), 1u64 << (32 - u32::from(len.min(32)))));
-                let per_addr = if det.is_some() {
-                    config.det_blocks_per_addr(p)
-                } else {
-                    slice.len() / u32::from(config.port_block_size)
-                };
-                Blocks::new(
-                    config.port_block_size,
-                    per_addr,
-                    addrs.len(),
-                    config.max_blocks_per_subscriber,
-                    det,
-                )
-            });
-            let space = PortSpace::new(slice, addrs.len() * PROTOS);
-            pools.push(PoolState {
-                addrs,
-                space,
-                blocks,
-            });
-        }
+        let (pools, pool_addr) = build_pools(config, worker)?;
         let slots = usize::from(config.masquerade_slots);
         let masq_slice = PortSlice::new(&config.masquerade_ports, worker, config.workers);
         let cap = config.capacity_hint;
@@ -512,11 +547,234 @@ impl<S: NatEventSink> WorkerNat<S> {
             masq_space: PortSpace::new(masq_slice, slots * PROTOS),
             by_int: IntMap::with_capacity(cap),
             by_ext: HashMap::with_capacity(cap),
+            retired: HashMap::new(),
+            retired_blocks: HashMap::new(),
+            former: hashbrown::HashSet::new(),
             subscribers: HashMap::with_capacity(cap / 4),
             permits: HashMap::with_capacity(permit_cap),
             stats: NatStats::default(),
             sink,
+            config: config.clone(),
+            seen: {
+                let mut seen = crate::config::SeenRanges::new();
+                config.note_ranges(&mut seen);
+                seen
+            },
+            shadow: u16::MAX,
         })
+    }
+
+    /// Take `next`'s pools while running (a reload's, or a rule update's
+    /// new `snat to`). [`NatConfig::pool_change`] says which changes can
+    /// be taken; nothing changes when it refuses. Every live mapping whose
+    /// external address is in one of the new pools, with its port in that
+    /// pool's range, stays as it is (its port, sessions and, with port
+    /// blocks, its block), now in that pool; the others are *retired*:
+    /// they serve the sessions they have until the last ends, and no new
+    /// session (outbound, inbound or hairpinned) takes them. A new
+    /// connection of their internal endpoint gets a new mapping. Sessions
+    /// themselves live in conntrack and are untouched. O(mappings).
+    ///
+    /// When two old pools of one internal endpoint's mappings become one,
+    /// the second mapping keeps its place under a realm no rule names (a
+    /// *shadow* pool number): it serves its sessions, inbound ones too, and
+    /// new outbound connections use the first.
+    pub fn set_pools(&mut self, next: &NatConfig) -> Result<PoolChange, ConfigError> {
+        self.config.pool_change(next, &self.seen)?;
+        if self.config.pools == next.pools {
+            return Ok(PoolChange::default());
+        }
+        let (mut pools, pool_addr) = build_pools(next, self.worker)?;
+        let mut old = core::mem::take(&mut self.pools);
+        let blocks = next.port_block_size > 0;
+        let mut change = PoolChange::default();
+        // A pool that keeps its number and port range, its addresses only
+        // appended to (the usual change: addresses added when a pool runs
+        // short, another rule's pool changed), keeps its state: its
+        // mappings, bitmaps and blocks stay as they are, the new
+        // addresses' appended. Only the other pools' mappings are visited.
+        let mut reused = vec![false; old.len()];
+        for (i, np) in next.pools.iter().enumerate() {
+            let Some(op) = self.config.pools.get(i) else {
+                continue;
+            };
+            if op.ports != np.ports || !np.addrs.starts_with(&op.addrs) {
+                continue;
+            }
+            if let (Some(o), Some(n)) = (old.get_mut(i), pools.get_mut(i)) {
+                core::mem::swap(o, n);
+                n.grow(&np.addrs);
+                reused[i] = true;
+                change.kept += self
+                    .by_ext
+                    .values()
+                    .filter(
+                        |m| matches!(m.space, Space::Pool { pool, .. } if usize::from(pool) == i),
+                    )
+                    .count() as u64;
+            }
+        }
+        let is_reused = |s: Space| matches!(s, Space::Pool { pool, .. } if reused.get(usize::from(pool)).copied().unwrap_or(false));
+        // Ports held for mappings retired earlier, in the old pools'
+        // bitmaps, move with their address; one whose address or port left
+        // is no longer held (an allocation that meets it again holds it
+        // again).
+        for (ext, r) in &mut self.retired {
+            match r.hold {
+                Some(h) if is_reused(h) => {}
+                Some(Space::Pool { map, .. }) => {
+                    r.hold = pool_addr
+                        .get(&ext.addr)
+                        .and_then(|&t| take_raw(&mut pools, t, map, ext.port));
+                }
+                _ => {}
+            }
+        }
+        // Every mapping with a port in a pool bitmap, or whose address
+        // becomes a pool address, leaves `by_int` first: its key there may
+        // be another's old one (pool numbers move).
+        let mut moving: Vec<(ExtKey, u32)> = Vec::new();
+        for (ext, m) in &self.by_ext {
+            let goes = match m.space {
+                s @ Space::Pool { .. } => !is_reused(s),
+                Space::Masq { .. } => pool_addr.contains_key(&ext.addr),
+                Space::Retired => false,
+            };
+            if goes {
+                let n = self
+                    .by_int
+                    .remove(&m.key.int_key())
+                    .map_or(0, |v| v.sessions());
+                moving.push((*ext, n));
+            }
+        }
+        for (ext, sessions) in moving {
+            let Some(m) = self.by_ext.get(&ext).copied() else {
+                continue;
+            };
+            let target = pool_addr.get(&ext.addr).copied();
+            let placed = match (m.space, target) {
+                (Space::Pool { pool, map }, Some(t)) => {
+                    place(&old, &mut pools, (pool, map), t, ext.port)
+                }
+                // Masquerade to an address that is a pool address now: its
+                // port moves to the pool's bitmap, which masquerade to a
+                // pool address shares (without port blocks).
+                (Space::Masq { map, .. }, Some(t)) if !blocks => {
+                    take_raw(&mut pools, t, map, ext.port)
+                }
+                _ => None,
+            };
+            let Some(space) = placed else {
+                // Retired: its address or port left the pools.
+                let (block, hold) = match (m.space, target) {
+                    (Space::Pool { pool, map }, _) => {
+                        (retired_block(&old, pool, map, ext.port), None)
+                    }
+                    // Masquerade onto a pool address with port blocks: the
+                    // pool's bitmap keeps its port out of every block.
+                    (Space::Masq { map, .. }, Some(t)) => {
+                        match take_raw(&mut pools, t, map, ext.port) {
+                            Some(h) => {
+                                self.masq_space.release(map as usize, ext.port);
+                                self.masq_unref(m.space);
+                                (None, Some(h))
+                            }
+                            None => (None, Some(m.space)),
+                        }
+                    }
+                    (s, _) => (None, Some(s)),
+                };
+                if let Some((addr, first, sub, last)) = block {
+                    self.retired_blocks
+                        .entry((addr, first))
+                        .or_insert(RetiredBlock {
+                            sub,
+                            last,
+                            mappings: 0,
+                        })
+                        .mappings += 1;
+                }
+                self.retired.insert(
+                    ext,
+                    Retired {
+                        sessions,
+                        block: block.map(|(a, f, _, _)| (a, f)),
+                        hold,
+                    },
+                );
+                if let Some(x) = self.by_ext.get_mut(&ext) {
+                    x.space = Space::Retired;
+                }
+                change.retired += 1;
+                continue;
+            };
+            if let Space::Masq { map, .. } = m.space {
+                self.masq_space.release(map as usize, ext.port);
+                self.masq_unref(m.space);
+            }
+            let mut key = MapKey {
+                realm: match (m.key.realm, target) {
+                    (Realm::Pool(_), Some((np, _))) => Realm::Pool(np),
+                    (r, _) => r,
+                },
+                ..m.key
+            };
+            while self.by_int.get(&key.int_key()).is_some() {
+                // Another old realm of this endpoint is in this pool now.
+                self.shadow = self.shadow.wrapping_sub(1);
+                key.realm = Realm::Pool(self.shadow);
+            }
+            self.by_int
+                .insert(key.int_key(), (ext.addr, ext.port), sessions);
+            if let Some(x) = self.by_ext.get_mut(&ext) {
+                *x = Mapping { key, space };
+            }
+            change.kept += 1;
+        }
+        for p in &old {
+            for a in &p.addrs {
+                if !pool_addr.contains_key(a) {
+                    self.former.insert(*a);
+                }
+            }
+        }
+        self.former.retain(|a| !pool_addr.contains_key(a));
+        next.note_ranges(&mut self.seen);
+        self.pool_bits = pool_addr.keys().fold(0, |b, &a| b | addr_bit(a));
+        self.pool_addr = pool_addr;
+        self.pools = pools;
+        self.config = next.clone();
+        Ok(change)
+    }
+
+    /// Whether packets to `addr` belong to a NAT mapping's worker: a pool
+    /// address, or one that left the pools while mappings may still use
+    /// it ([`Self::set_pools`]). The same on every worker.
+    #[inline]
+    pub fn is_external_addr(&self, addr: u32) -> bool {
+        self.is_pool_addr(addr) || (!self.former.is_empty() && self.former.contains(&addr))
+    }
+
+    /// Mappings retired by pool changes that are still alive here.
+    pub fn retired_mappings(&self) -> usize {
+        self.retired.len()
+    }
+
+    /// Forget the addresses that left the pools (the engine calls this once
+    /// no worker has a retired mapping left).
+    pub fn forget_former_addrs(&mut self) {
+        self.former.clear();
+    }
+
+    /// Whether addresses that left the pools are still remembered.
+    pub fn has_former_addrs(&self) -> bool {
+        !self.former.is_empty()
+    }
+
+    /// The configuration the pools come from.
+    pub fn config(&self) -> &NatConfig {
+        &self.config
     }
 
     /// This worker's index.
@@ -533,6 +791,7 @@ impl<S: NatEventSink> WorkerNat<S> {
     pub fn stats(&self) -> NatStats {
         let mut s = self.stats;
         s.mappings = self.by_ext.len() as u64;
+        s.retired = self.retired.len() as u64;
         s.subscribers = self.subscribers.len() as u64;
         s.blocks = self
             .pools
@@ -694,10 +953,8 @@ impl<S: NatEventSink> WorkerNat<S> {
                     e.remove();
                 }
             }
-            let key = self.by_ext.get(&ext).map(|m| m.key.int_key());
-            let last = match key.and_then(|k| self.by_int.get_mut(&k)) {
-                Some(v) => {
-                    let n = v.sessions_mut();
+            let last = match self.count_of(&ext) {
+                Some(n) => {
                     *n = n.saturating_sub(1);
                     *n == 0
                 }
@@ -715,8 +972,10 @@ impl<S: NatEventSink> WorkerNat<S> {
         let n = self.by_ext.len() as u64;
         let mut all = core::mem::take(&mut self.by_ext);
         for (ext, m) in all.drain() {
-            self.free_mapping_port(&m, ext);
+            self.mapping_gone(&m, ext);
         }
+        self.retired.clear();
+        self.retired_blocks.clear();
         // Keep the table's allocation.
         self.by_ext = all;
         for p in &mut self.pools {
@@ -746,8 +1005,9 @@ impl<S: NatEventSink> WorkerNat<S> {
             addr: u32::from(ext_addr),
             port: ext_port,
         };
-        self.get_mapping(&ext)
-            .map(|m| info(&m.key, ext, self.sessions_of(&m.key)))
+        self.by_ext
+            .get(&ext)
+            .map(|m| info(&m.key, ext, self.sessions_of(&ext, m)))
     }
 
     /// The port block holding external `addr:port` (port block
@@ -788,7 +1048,7 @@ impl<S: NatEventSink> WorkerNat<S> {
     pub fn mappings(&self) -> impl Iterator<Item = MappingInfo> + '_ {
         self.by_ext
             .iter()
-            .map(|(e, m)| info(&m.key, *e, self.sessions_of(&m.key)))
+            .map(|(e, m)| info(&m.key, *e, self.sessions_of(e, m)))
     }
 
     /// The destination part of the mapping key of `orig`: none (zeros)
@@ -916,12 +1176,27 @@ impl<S: NatEventSink> WorkerNat<S> {
         if !self.is_external(ext.addr) {
             return None;
         }
-        self.by_ext.get(ext)
+        self.by_ext.get(ext).filter(|m| m.space != Space::Retired)
     }
 
-    /// Sessions holding the mapping of internal side `key`.
-    fn sessions_of(&self, key: &MapKey) -> u32 {
-        self.by_int.get(&key.int_key()).map_or(0, |v| v.sessions())
+    /// Sessions holding mapping `m` (external endpoint `ext`).
+    fn sessions_of(&self, ext: &ExtKey, m: &Mapping) -> u32 {
+        if m.space == Space::Retired {
+            return self.retired.get(ext).map_or(0, |r| r.sessions);
+        }
+        self.by_int
+            .get(&m.key.int_key())
+            .map_or(0, |v| v.sessions())
+    }
+
+    /// The session count of the mapping with external endpoint `ext`.
+    fn count_of(&mut self, ext: &ExtKey) -> Option<&mut u32> {
+        let m = self.by_ext.get(ext)?;
+        if m.space == Space::Retired {
+            return self.retired.get_mut(ext).map(|r| &mut r.sessions);
+        }
+        let k = m.key.int_key();
+        self.by_int.get_mut(&k).map(|v| v.sessions_mut())
     }
 
     fn snat(&mut self, orig: &FlowKey4, realm: Realm) -> Result<FlowKey4, NatError> {
@@ -1000,9 +1275,62 @@ impl<S: NatEventSink> WorkerNat<S> {
     /// Create the mapping of internal side `key`, held by one session (the
     /// caller's).
     fn create_mapping(&mut self, key: MapKey, pi: usize) -> Result<ExtKey, NatError> {
-        let (space, addr, port) = match key.realm {
+        let (space, addr, port) = loop {
+            let (space, addr, port) = self.alloc_ext(&key, pi)?;
+            if let Space::Masq { slot, .. } = space {
+                if let Some(s) = self.masq_slots.get_mut(usize::from(slot)) {
+                    s.mappings += 1;
+                }
+            }
+            let ext = ExtKey {
+                proto: key.proto,
+                addr,
+                port,
+            };
+            match self.retired.get_mut(&ext) {
+                None => break (space, addr, port),
+                // A mapping retired by a pool change still has this
+                // external endpoint (its address came back, or is a
+                // masquerade address now): the port stays taken for it,
+                // freed with it, and the allocation goes on. A hold it
+                // had elsewhere (another bitmap) is given back.
+                Some(r) => {
+                    let old = r.hold.replace(space);
+                    self.uncount_in_block(space, port);
+                    if let Some(h) = old {
+                        self.free_hold(h, port);
+                    }
+                }
+            }
+        };
+        let ext = ExtKey {
+            proto: key.proto,
+            addr,
+            port,
+        };
+        self.by_int.insert(key.int_key(), (addr, port), 1);
+        self.by_ext.insert(ext, Mapping { key, space });
+        self.stats.mappings_created += 1;
+        // With port blocks the block's event stands for its mappings.
+        if !self.in_blocks(space) {
+            self.sink.event(&NatEvent::MappingCreated {
+                proto: key.proto,
+                int_addr: Ipv4Addr::from(key.int_addr),
+                int_port: key.int_port,
+                ext_addr: Ipv4Addr::from(addr),
+                ext_port: port,
+                worker: self.worker,
+            });
+        }
+        Ok(ext)
+    }
+
+    /// An external endpoint for mapping `key` (protocol index `pi`): its
+    /// port taken from the bitmap it belongs to.
+    fn alloc_ext(&mut self, key: &MapKey, pi: usize) -> Result<(Space, u32, u16), NatError> {
+        Ok(match key.realm {
             Realm::Pool(pid) if self.has_blocks(pid) => {
-                let (ai, addr, port) = self.block_port(pid, None, &key, pi)?;
+                let (ai, addr, port) = self.block_port(pid, None, key, pi)?;
                 let map = u32::try_from(ai * PROTOS + pi).map_err(|_| NatError::UnknownPool)?;
                 (Space::Pool { pool: pid, map }, addr, port)
             }
@@ -1029,7 +1357,7 @@ impl<S: NatEventSink> WorkerNat<S> {
                     let Ok(map32) = u32::try_from(map) else {
                         continue;
                     };
-                    if let Some(port) = alloc_port(&mut pool.space, map, addr, &key) {
+                    if let Some(port) = alloc_port(&mut pool.space, map, addr, key) {
                         found = Some((
                             Space::Pool {
                                 pool: pid,
@@ -1054,7 +1382,7 @@ impl<S: NatEventSink> WorkerNat<S> {
                 let got = if let Some((pid, ai)) = shared.filter(|&(pid, _)| self.has_blocks(pid)) {
                     // A pool address with port blocks: its ports come from
                     // the subscriber's blocks on that address.
-                    let (ai, _, port) = self.block_port(pid, Some(ai), &key, pi)?;
+                    let (ai, _, port) = self.block_port(pid, Some(ai), key, pi)?;
                     u32::try_from(ai * PROTOS + pi)
                         .ok()
                         .map(|map| (Space::Pool { pool: pid, map }, port))
@@ -1065,7 +1393,7 @@ impl<S: NatEventSink> WorkerNat<S> {
                     u32::try_from(map).ok().and_then(|map32| {
                         self.pools
                             .get_mut(usize::from(pid))
-                            .and_then(|p| alloc_port(&mut p.space, map, addr, &key))
+                            .and_then(|p| alloc_port(&mut p.space, map, addr, key))
                             .map(|port| {
                                 (
                                     Space::Pool {
@@ -1080,7 +1408,7 @@ impl<S: NatEventSink> WorkerNat<S> {
                     let slot = self.masq_slot(addr)?;
                     let map = usize::from(slot) * PROTOS + pi;
                     u32::try_from(map).ok().and_then(|map32| {
-                        alloc_port(&mut self.masq_space, map, addr, &key)
+                        alloc_port(&mut self.masq_space, map, addr, key)
                             .map(|port| (Space::Masq { slot, map: map32 }, port))
                     })
                 };
@@ -1092,32 +1420,7 @@ impl<S: NatEventSink> WorkerNat<S> {
                     }
                 }
             }
-        };
-        if let Space::Masq { slot, .. } = space {
-            if let Some(s) = self.masq_slots.get_mut(usize::from(slot)) {
-                s.mappings += 1;
-            }
-        }
-        let ext = ExtKey {
-            proto: key.proto,
-            addr,
-            port,
-        };
-        self.by_int.insert(key.int_key(), (addr, port), 1);
-        self.by_ext.insert(ext, Mapping { key, space });
-        self.stats.mappings_created += 1;
-        // With port blocks the block's event stands for its mappings.
-        if !self.in_blocks(space) {
-            self.sink.event(&NatEvent::MappingCreated {
-                proto: key.proto,
-                int_addr: Ipv4Addr::from(key.int_addr),
-                int_port: key.int_port,
-                ext_addr: Ipv4Addr::from(addr),
-                ext_port: port,
-                worker: self.worker,
-            });
-        }
-        Ok(ext)
+        })
     }
 
     /// Whether pool `pid` allocates in port blocks.
@@ -1279,9 +1582,109 @@ impl<S: NatEventSink> WorkerNat<S> {
         let Some(m) = self.by_ext.remove(&ext) else {
             return;
         };
-        self.by_int.remove(&m.key.int_key());
-        self.free_mapping_port(&m, ext);
-        if let Space::Masq { slot, .. } = m.space {
+        if m.space != Space::Retired {
+            self.by_int.remove(&m.key.int_key());
+        }
+        self.mapping_gone(&m, ext);
+        self.stats.mappings_removed += 1;
+    }
+
+    /// Mapping `m` (external endpoint `ext`, already out of `by_ext`) is
+    /// gone: free its port (and a retired one's hold), unbind an emptied
+    /// masquerade slot, and log it.
+    fn mapping_gone(&mut self, m: &Mapping, ext: ExtKey) {
+        if m.space != Space::Retired {
+            self.free_mapping_port(m, ext);
+            self.masq_unref(m.space);
+            return;
+        }
+        let Some(r) = self.retired.remove(&ext) else {
+            return;
+        };
+        if let Some(h) = r.hold {
+            self.free_hold(h, ext.port);
+        }
+        match r.block {
+            None => self.sink.event(&removed_event(self.worker, &m.key, ext)),
+            Some((addr, first)) => {
+                if let hashbrown::hash_map::Entry::Occupied(mut e) =
+                    self.retired_blocks.entry((addr, first))
+                {
+                    e.get_mut().mappings -= 1;
+                    if e.get().mappings == 0 {
+                        let b = e.remove();
+                        self.stats.blocks_released += 1;
+                        self.sink.event(&NatEvent::BlockReleased {
+                            int_addr: Ipv4Addr::from(b.sub),
+                            ext_addr: Ipv4Addr::from(addr),
+                            first_port: first,
+                            last_port: b.last,
+                            worker: self.worker,
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Free a retired mapping's held `port` of `space`: its bit alone (a
+    /// hold is in no port block's count), unbinding an emptied masquerade
+    /// slot.
+    fn free_hold(&mut self, space: Space, port: u16) {
+        match space {
+            Space::Pool { pool, map } => {
+                if let Some(p) = self.pools.get_mut(usize::from(pool)) {
+                    p.space.release(map as usize, port);
+                }
+            }
+            Space::Masq { map, .. } => {
+                self.masq_space.release(map as usize, port);
+                self.masq_unref(space);
+            }
+            Space::Retired => {}
+        }
+    }
+
+    /// An allocation gave `port` of `space`, which a retired mapping still
+    /// has: with port blocks, the block the allocation counted it in
+    /// forgets it (and is freed, logged, when that was its only use), so
+    /// that the bit alone stays taken for the retired mapping.
+    fn uncount_in_block(&mut self, space: Space, port: u16) {
+        let Space::Pool { pool, map } = space else {
+            return;
+        };
+        let Some(p) = self.pools.get_mut(usize::from(pool)) else {
+            return;
+        };
+        let (Some(bl), Some(idx)) = (p.blocks.as_mut(), p.space.slice().index(port)) else {
+            return;
+        };
+        let ai = map as usize / PROTOS;
+        let b = bl.block_of(ai, idx);
+        let Some(u) = bl.used.get_mut(b as usize) else {
+            return;
+        };
+        *u = u.saturating_sub(1);
+        if *u > 0 {
+            return;
+        }
+        let (first_port, last_port) = block_ports(&p.space, bl, b);
+        if let (Some(sub), Some(&a)) = (bl.give_back(b), p.addrs.get(ai)) {
+            self.stats.blocks_released += 1;
+            self.sink.event(&NatEvent::BlockReleased {
+                int_addr: Ipv4Addr::from(sub),
+                ext_addr: Ipv4Addr::from(a),
+                first_port,
+                last_port,
+                worker: self.worker,
+            });
+        }
+    }
+
+    /// A user of a masquerade slot's bitmap is gone; the slot is unbound
+    /// with its last.
+    fn masq_unref(&mut self, space: Space) {
+        if let Space::Masq { slot, .. } = space {
             if let Some(s) = self.masq_slots.get_mut(usize::from(slot)) {
                 s.mappings = s.mappings.saturating_sub(1);
                 if s.mappings == 0 {
@@ -1289,7 +1692,6 @@ impl<S: NatEventSink> WorkerNat<S> {
                 }
             }
         }
-        self.stats.mappings_removed += 1;
     }
 
     /// Free the port of mapping `m` (external endpoint `ext`) and log it:
@@ -1384,14 +1786,15 @@ impl<S: NatEventSink> WorkerNat<S> {
                 continue;
             };
             if !(i == 0 && source_counted) {
-                let key = match self.by_ext.get(&r.ext) {
-                    Some(m) if m.key.int_addr == r.subscriber && m.key.int_port == int_port => {
-                        m.key
-                    }
-                    _ => continue,
-                };
-                match self.by_int.get_mut(&key.int_key()) {
-                    Some(v) => *v.sessions_mut() += 1,
+                if !self
+                    .by_ext
+                    .get(&r.ext)
+                    .is_some_and(|m| m.key.int_addr == r.subscriber && m.key.int_port == int_port)
+                {
+                    continue;
+                }
+                match self.count_of(&r.ext) {
+                    Some(n) => *n += 1,
                     None => continue,
                 }
             }
@@ -1454,6 +1857,70 @@ struct SessionRef {
     rport: u16,
 }
 
+impl PoolState {
+    /// [`WorkerNat::set_pools`]: this pool's addresses become `addrs`,
+    /// which start with the ones it has (same port range): the bitmaps and
+    /// port blocks of the new ones are appended, empty.
+    fn grow(&mut self, addrs: &[Ipv4Addr]) {
+        let n = addrs.len();
+        if n <= self.addrs.len() {
+            return;
+        }
+        self.addrs = addrs.iter().map(|a| u32::from(*a)).collect();
+        self.space.grow(n * PROTOS);
+        if let Some(b) = &mut self.blocks {
+            let blocks = b.per_addr as usize * n;
+            b.owner.resize(blocks, None);
+            b.used.resize(blocks, 0);
+            b.next.resize(blocks, 0);
+            b.free.resize(n, b.per_addr);
+            b.cursor.resize(n, 0);
+        }
+    }
+}
+
+/// The pool states and the address index of `config`'s pools on `worker`.
+#[allow(clippy::type_complexity)]
+fn build_pools(
+    config: &NatConfig,
+    worker: u16,
+) -> Result<(Vec<PoolState>, HashMap<u32, (u16, usize)>), ConfigError> {
+    let mut pool_addr = HashMap::new();
+    let mut pools = Vec::with_capacity(config.pools.len());
+    for (pi, p) in config.pools.iter().enumerate() {
+        let pid = u16::try_from(pi).map_err(|_| ConfigError::TooLarge)?;
+        let slice = PortSlice::new(&p.ports, worker, config.workers);
+        let addrs: Vec<u32> = p.addrs.iter().map(|a| u32::from(*a)).collect();
+        for (ai, a) in addrs.iter().enumerate() {
+            pool_addr.insert(*a, (pid, ai));
+        }
+        let blocks = (config.port_block_size > 0).then(|| {
+            let det = config
+                .deterministic
+                .map(|(base, len)| (u32::from(base), 1u64 << (32 - u32::from(len.min(32)))));
+            let per_addr = if det.is_some() {
+                config.det_blocks_per_addr(p)
+            } else {
+                slice.len() / u32::from(config.port_block_size)
+            };
+            Blocks::new(
+                config.port_block_size,
+                per_addr,
+                addrs.len(),
+                config.max_blocks_per_subscriber,
+                det,
+            )
+        });
+        let space = PortSpace::new(slice, addrs.len() * PROTOS);
+        pools.push(PoolState {
+            addrs,
+            space,
+            blocks,
+        });
+    }
+    Ok((pools, pool_addr))
+}
+
 /// The bit of `addr` in [`WorkerNat`]'s pool address filter: a
 /// multiplicative hash to 6 bits.
 #[inline]
@@ -1510,7 +1977,95 @@ fn free_port(
             masq.release(map as usize, port);
             None
         }
+        Space::Retired => None,
     }
+}
+
+/// [`WorkerNat::set_pools`]: take `port` in new pool `np`'s address `nai`
+/// for the protocol of old bitmap `map`, as a bit alone: in no port
+/// block's count (a retired mapping's hold, or a masquerade mapping moving
+/// to a pool without port blocks). `None` when it is outside the range or
+/// taken.
+fn take_raw(
+    pools: &mut [PoolState],
+    (np, nai): (u16, usize),
+    map: u32,
+    port: u16,
+) -> Option<Space> {
+    let nmap = nai * PROTOS + map as usize % PROTOS;
+    pools.get_mut(usize::from(np))?.space.take(nmap, port)?;
+    Some(Space::Pool {
+        pool: np,
+        map: u32::try_from(nmap).ok()?,
+    })
+}
+
+/// [`WorkerNat::set_pools`]: take `port` for a mapping that had it in
+/// bitmap `map` of old pool `pool`, in the new pool `np`'s address `nai`
+/// (the same protocol). With port blocks the block at the same place is
+/// the subscriber's: taken for it if free (continuing the old block's
+/// allocation, already logged, so not logged again), refused if another's.
+/// `None` when the port is outside the new pool's range.
+fn place(
+    old: &[PoolState],
+    pools: &mut [PoolState],
+    (pool, map): (u16, u32),
+    (np, nai): (u16, usize),
+    port: u16,
+) -> Option<Space> {
+    let op = old.get(usize::from(pool))?;
+    let nmap = nai * PROTOS + map as usize % PROTOS;
+    let npool = pools.get_mut(usize::from(np))?;
+    let sub = match (&op.blocks, &npool.blocks) {
+        (None, None) => None,
+        (Some(ob), Some(_)) => {
+            let idx = op.space.slice().index(port)?;
+            Some(
+                (*ob.owner
+                    .get(ob.block_of(map as usize / PROTOS, idx) as usize)?)?,
+            )
+        }
+        _ => return None,
+    };
+    let idx = npool.space.take(nmap, port)?;
+    if let (Some(sub), Some(nb)) = (sub, npool.blocks.as_mut()) {
+        let b = nb.block_of(nai, idx);
+        let ok = idx / nb.size < nb.per_addr
+            && match nb.owner.get(b as usize) {
+                Some(None) => nb.take_exact(b, sub),
+                Some(Some(s)) => *s == sub,
+                None => false,
+            };
+        if !ok {
+            npool.space.release(nmap, port);
+            return None;
+        }
+        if let Some(u) = nb.used.get_mut(b as usize) {
+            *u += 1;
+        }
+    }
+    Some(Space::Pool {
+        pool: np,
+        map: u32::try_from(nmap).ok()?,
+    })
+}
+
+/// The port block of old pool `pool`'s bitmap `map` holding `port`:
+/// (address, first port, subscriber, last port); `None` without port
+/// blocks.
+fn retired_block(
+    old: &[PoolState],
+    pool: u16,
+    map: u32,
+    port: u16,
+) -> Option<(u32, u16, u32, u16)> {
+    let p = old.get(usize::from(pool))?;
+    let bl = p.blocks.as_ref()?;
+    let ai = map as usize / PROTOS;
+    let b = bl.block_of(ai, p.space.slice().index(port)?);
+    let sub = (*bl.owner.get(b as usize)?)?;
+    let (first, last) = block_ports(&p.space, bl, b);
+    Some((*p.addrs.get(ai)?, first, sub, last))
 }
 
 /// The first and last port of block `b`.
@@ -1571,6 +2126,9 @@ fn info(key: &MapKey, ext: ExtKey, sessions: u32) -> MappingInfo {
         sessions,
     }
 }
+
+#[cfg(test)]
+mod pool_change_tests;
 
 #[cfg(test)]
 mod tests {
@@ -2366,7 +2924,7 @@ mod tests {
             }
         }
         for (e, m) in &n.by_ext {
-            assert_eq!(held.get(e).copied().unwrap_or(0), n.sessions_of(&m.key));
+            assert_eq!(held.get(e).copied().unwrap_or(0), n.sessions_of(e, m));
         }
         // Ports in use + free = slice size.
         for a in &c.pools[0].addrs {

@@ -1148,6 +1148,10 @@ impl Policy for CompiledPolicy {
         self.routing_facts
     }
 
+    fn nat_pools(&self) -> Option<&[sluice_nat::Pool]> {
+        Some(&self.nat_config.pools)
+    }
+
     fn counts_connections(&self) -> bool {
         self.limiters.counts_connections()
     }

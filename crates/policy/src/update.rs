@@ -447,14 +447,16 @@ impl CompiledPolicy {
         })
     }
 
-    /// Takes the lowerer's tables (NAT actions, logs, limits, rule infos)
-    /// into this generation; refuses a new SNAT pool.
+    /// Takes the lowerer's tables (NAT actions, pools, logs, limits, rule
+    /// infos) into this generation. A new SNAT pool is appended (the
+    /// numbers of the others stay); the gateway checks that its NAT can
+    /// take it before it publishes.
     fn adopt_lowered(&mut self, out: &Lowered) -> Result<(), UpdateFailure> {
-        if out.pools.len() != self.tables.pools.len() {
-            return refused(
-                "this rule needs a new SNAT address pool; pools are allocated when the \
-                 gateway starts, so use a rule set file and restart (running rule set kept)",
-            );
+        if out.pools.len() != self.nat_config.pools.len() {
+            self.nat_config = Arc::new(sluice_nat::NatConfig {
+                pools: out.pools.clone(),
+                ..(*self.nat_config).clone()
+            });
         }
         if out.nat.len() != self.tables.nat.len()
             || out.logs.len() != self.tables.logs.len()

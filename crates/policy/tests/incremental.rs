@@ -2,6 +2,8 @@
 //! changes) give exactly the policy a full compile of the same rule set
 //! gives, and a refused command changes nothing.
 
+use std::net::Ipv4Addr;
+
 use proptest::prelude::*;
 use sluice_policy::{CompiledPolicy, Interfaces, TracePacket, TraceVerdict, UpdateFailure};
 
@@ -123,13 +125,28 @@ fn refused_commands_name_the_problem_and_change_nothing() {
     assert!(err("add rule inet filter forward index 5 accept").contains("index 5"));
     assert!(err("add rule inet filter web jump web").contains("loop"));
     assert!(err("add rule inet filter forward tcp dport 1 masquerade").contains("nat"));
-    assert!(err("add rule ip nat post snat to 198.51.100.7").contains("pool"));
     assert!(err("delete element inet filter blocked { 10.9.9.9 }").contains("not in set"));
     assert!(err("add rule inet filter forward ip saddr @nosuch drop").contains("nosuch"));
     let e = p.apply_text("ctl", "add rule inet filter forwad accept");
     assert!(matches!(e, Err(UpdateFailure::Parse(_))));
     // Nothing changed.
     assert_eq!(p.list_rules().len(), compile(BASE).list_rules().len());
+    // A rule with a new SNAT address appends a pool (the others keep their
+    // numbers); the gateway checks that its NAT can take it.
+    let before = p.nat_config().pools.clone();
+    let s = apply(&p, "add rule ip nat post snat to 198.51.100.7");
+    let pools = &s.nat_config().pools;
+    assert_eq!(pools.len(), before.len() + 1);
+    assert_eq!(&pools[..before.len()], &before[..]);
+    assert_eq!(
+        pools[before.len()].addrs,
+        vec![Ipv4Addr::new(198, 51, 100, 7)]
+    );
+    assert_eq!(
+        p.nat_config().pools,
+        before,
+        "the old generation keeps its pools"
+    );
     // A jump is fine when it makes no loop; masquerade in a nat chain too.
     let q = apply(&p, "add rule inet filter forward tcp dport 80 jump web");
     let q = apply(&q, "add rule ip nat post oifname \"eth1\" masquerade");
