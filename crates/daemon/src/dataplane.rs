@@ -331,6 +331,9 @@ pub struct WorkerStatus {
     pub handoff_dropped: u64,
     /// XDP offload (`xdp_offload = true`), if on.
     pub offload: Option<OffloadStatus>,
+    /// NAT pool changes the worker could not take (see
+    /// `sluice_engine::Worker::nat_pools_refused`).
+    pub nat_pools_refused: u64,
     /// NAT counters.
     #[serde(skip)]
     pub nat: sluice_nat::NatStats,
@@ -962,6 +965,7 @@ impl WorkerThread {
                         handoff_dropped: self.handoff.dropped,
                         offload: self.offload.as_ref().map(|o| o.status.clone()),
                         nat: self.engine.nat().stats(),
+                        nat_pools_refused: self.engine.nat_pools_refused(),
                         pools: pool_status(self.engine.nat()),
                         // Read on this (the worker's) thread.
                         scheduler: sluice_io::sched::describe(),

@@ -1860,6 +1860,7 @@ fn nat_json(ws: &[WorkerStatus]) -> Value {
         t.merge(&w.nat);
     }
     let mut v = one(&t);
+    v["pools_refused"] = json!(ws.iter().map(|w| w.nat_pools_refused).sum::<u64>());
     // Per pool address (every worker lists the same ones), the workers'
     // shares summed.
     let addrs = ws.first().map_or(&[][..], |w| &w.pools[..]);

@@ -606,6 +606,7 @@ mod tests {
             tx_dropped: 0,
             handoff_dropped: 0,
             offload: None,
+            nat_pools_refused: 0,
             nat: sluice_nat::NatStats {
                 mappings: 2,
                 ..Default::default()

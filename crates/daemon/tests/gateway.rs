@@ -635,6 +635,7 @@ fn nat_pool_reload(backend: &str, tag: &str) {
         "{conns}"
     );
     assert_eq!(during["nat"]["pools"][0]["addr"], NEW, "{during}");
+    assert_eq!(during["nat"]["pools_refused"], 0, "{during}");
     // A new connection leaves from the new address.
     let (ok, size, out) = web;
     assert!(

@@ -46,7 +46,6 @@
 
 use core::net::{Ipv4Addr, Ipv6Addr};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use hashbrown::HashMap;
@@ -162,11 +161,6 @@ pub struct EngineConfig {
     /// ([`crate::offload`]) through a queue of this many requests; 0 (the
     /// default) offloads nothing.
     pub offload_queue: usize,
-    /// NAT mappings retired by pool changes and still alive, over all the
-    /// workers of a gateway (give them one counter): while any is, every
-    /// worker steers packets to the addresses that left the pools by port,
-    /// to the worker holding the mapping (`WorkerNat::is_external_addr`).
-    pub nat_retired: Arc<AtomicU64>,
 }
 
 /// From this many connections (`ct_max`) on, pass 1 of the pipeline
@@ -201,12 +195,6 @@ pub enum BucketPrefetch {
     Batched,
 }
 
-/// How long no retired NAT mapping must have been left on any worker
-/// before the addresses that left the pools are no longer steered as NAT
-/// addresses (a worker that has not taken the new pools yet, and so not
-/// counted its retired mappings, takes them within a loop turn).
-pub const FORMER_ADDRS_QUIET_MS: u64 = 10_000;
-
 /// Burst size of the ICMP error rate limiter (Linux's `icmp_msgs_burst`).
 pub const ICMP_ERROR_BURST: u32 = 50;
 
@@ -233,7 +221,6 @@ impl Default for EngineConfig {
             neighbors6: Vec::new(),
             ct6_max: 1 << 16,
             offload_queue: 0,
-            nat_retired: Arc::new(AtomicU64::new(0)),
         }
     }
 }
@@ -582,12 +569,6 @@ pub struct Worker {
     id: u16,
     ct: Table<FlowKey4, FlowInfo>,
     nat: WorkerNat<NatLog>,
-    /// The gateway's retired NAT mappings ([`EngineConfig::nat_retired`]),
-    /// this worker's share of it, and since when (ms) the addresses that
-    /// left the pools have had none.
-    nat_retired: Arc<AtomicU64>,
-    nat_retired_mine: u64,
-    former_quiet_since: Option<u64>,
     /// Pool changes a worker could not take ([`Policy::nat_pools`]; the
     /// control plane checks them first, so this stays 0).
     nat_pools_refused: u64,
@@ -776,9 +757,6 @@ impl Worker {
             id: cfg.worker,
             ct: table,
             nat,
-            nat_retired: Arc::clone(&cfg.nat_retired),
-            nat_retired_mine: 0,
-            former_quiet_since: None,
             nat_pools_refused: 0,
             policy,
             filter_established,
@@ -1073,7 +1051,6 @@ impl Worker {
                 if self.nat.set_pools(&next).is_err() {
                     self.nat_pools_refused += 1;
                 }
-                self.count_retired();
             }
         }
         self.filter_established = !p.established_accepted();
@@ -1219,7 +1196,6 @@ impl Worker {
     pub fn gc_with(&mut self, now_ns: u64, budget: usize, probe: &mut dyn OffloadProbe) -> usize {
         let now = instant(now_ns);
         self.set_clock(now_ns);
-        self.count_retired();
         self.reroute_step(budget);
         self.reroute6_step(budget);
         let nat = &mut self.nat;
@@ -1261,34 +1237,10 @@ impl Worker {
         })
     }
 
-    /// Bring this worker's share of the gateway's retired NAT mappings up
-    /// to date; once none has been left anywhere for
-    /// [`FORMER_ADDRS_QUIET_MS`], forget the addresses that left the pools.
-    fn count_retired(&mut self) {
-        let mine = self.nat.retired_mappings() as u64;
-        if mine > self.nat_retired_mine {
-            self.nat_retired
-                .fetch_add(mine - self.nat_retired_mine, Ordering::Relaxed);
-        } else if mine < self.nat_retired_mine {
-            self.nat_retired
-                .fetch_sub(self.nat_retired_mine - mine, Ordering::Relaxed);
-        }
-        self.nat_retired_mine = mine;
-        if !self.nat.has_former_addrs() || self.nat_retired.load(Ordering::Relaxed) > 0 {
-            self.former_quiet_since = None;
-            return;
-        }
-        let since = *self.former_quiet_since.get_or_insert(self.now_ms);
-        if self.now_ms.saturating_sub(since) >= FORMER_ADDRS_QUIET_MS {
-            self.nat.forget_former_addrs();
-            self.former_quiet_since = None;
-        }
-    }
-
-    /// Mappings of this worker retired by NAT pool changes, and pool
-    /// changes it could not take.
-    pub fn nat_pool_state(&self) -> (usize, u64) {
-        (self.nat.retired_mappings(), self.nat_pools_refused)
+    /// NAT pool changes this worker could not take (it kept its pools; the
+    /// control plane checks every change first, so this stays 0).
+    pub fn nat_pools_refused(&self) -> u64 {
+        self.nat_pools_refused
     }
 
     /// Process a batch (at most [`MAX_BATCH`] frames; any beyond are dropped
@@ -1656,7 +1608,7 @@ impl Worker {
             return None;
         }
         let w = sluice_nat::owner_of(key.dport, self.workers);
-        (w != self.id && (self.nat.is_external_addr(key.dst) || self.is_local(key.dst).is_some()))
+        (w != self.id && (self.nat.is_pool_addr(key.dst) || self.is_local(key.dst).is_some()))
             .then_some(w)
     }
 

@@ -493,11 +493,6 @@ pub struct WorkerNat<S = NoopSink> {
     retired: HashMap<ExtKey, Retired>,
     /// Port blocks of retired mappings, by (external address, first port).
     retired_blocks: HashMap<(u32, u16), RetiredBlock>,
-    /// Addresses that left the pools in a pool change: replies to them are
-    /// still steered by port ([`Self::is_external_addr`]) until the engine
-    /// knows no worker has a retired mapping left
-    /// ([`Self::forget_former_addrs`]). The same on every worker.
-    former: hashbrown::HashSet<u32>,
     subscribers: HashMap<u32, u32>,
     permits: HashMap<PermitKey, u32>,
     stats: NatStats,
@@ -549,7 +544,6 @@ impl<S: NatEventSink> WorkerNat<S> {
             by_ext: HashMap::with_capacity(cap),
             retired: HashMap::new(),
             retired_blocks: HashMap::new(),
-            former: hashbrown::HashSet::new(),
             subscribers: HashMap::with_capacity(cap / 4),
             permits: HashMap::with_capacity(permit_cap),
             stats: NatStats::default(),
@@ -732,14 +726,6 @@ impl<S: NatEventSink> WorkerNat<S> {
             }
             change.kept += 1;
         }
-        for p in &old {
-            for a in &p.addrs {
-                if !pool_addr.contains_key(a) {
-                    self.former.insert(*a);
-                }
-            }
-        }
-        self.former.retain(|a| !pool_addr.contains_key(a));
         next.note_ranges(&mut self.seen);
         self.pool_bits = pool_addr.keys().fold(0, |b, &a| b | addr_bit(a));
         self.pool_addr = pool_addr;
@@ -748,28 +734,9 @@ impl<S: NatEventSink> WorkerNat<S> {
         Ok(change)
     }
 
-    /// Whether packets to `addr` belong to a NAT mapping's worker: a pool
-    /// address, or one that left the pools while mappings may still use
-    /// it ([`Self::set_pools`]). The same on every worker.
-    #[inline]
-    pub fn is_external_addr(&self, addr: u32) -> bool {
-        self.is_pool_addr(addr) || (!self.former.is_empty() && self.former.contains(&addr))
-    }
-
     /// Mappings retired by pool changes that are still alive here.
     pub fn retired_mappings(&self) -> usize {
         self.retired.len()
-    }
-
-    /// Forget the addresses that left the pools (the engine calls this once
-    /// no worker has a retired mapping left).
-    pub fn forget_former_addrs(&mut self) {
-        self.former.clear();
-    }
-
-    /// Whether addresses that left the pools are still remembered.
-    pub fn has_former_addrs(&self) -> bool {
-        !self.former.is_empty()
     }
 
     /// The configuration the pools come from.
