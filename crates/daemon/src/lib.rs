@@ -1896,7 +1896,8 @@ fn worker_json(w: &WorkerStatus) -> Value {
            "connections6": w.connections6, "ct_early_drops": w.ct_early_drops,
            "arp_dropped": w.arp_dropped, "tx_dropped": w.tx_dropped,
            "handoff_dropped": w.handoff_dropped, "offload": w.offload,
-           "scheduler": w.scheduler,
+           "scheduler": w.scheduler, "nat_mappings": w.nat.mappings,
+           "nat_retired": w.nat.retired,
            "drops_total": w.counters.total_drops()})
 }
 
