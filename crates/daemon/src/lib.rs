@@ -49,9 +49,10 @@
 //!   ([`sluice_engine::Action::Handoff`]; [`dataplane::Handoff`] carries
 //!   the frames); flows between two interfaces of the same role are named
 //!   at `warn` at start.
-//! - Changes to interfaces, routes, workers, backend, NAT behaviour or NAT
-//!   pools need a restart; a reload applies the ruleset and static
-//!   neighbours and reports the rest.
+//! - Changes to interface addresses, workers, backend or NAT behaviour
+//!   need a restart; a reload applies the ruleset (its NAT pools too, see
+//!   `sluice_nat::WorkerNat::set_pools`), static routes and neighbours,
+//!   conntrack timeouts and interface MAC / MTU, and reports the rest.
 //! - IPv4 only (the engine's scope). Packets larger than the egress `mtu`
 //!   are not fragmented: with DF they get ICMP fragmentation needed,
 //!   without it they are dropped (`fragmentation-unsupported`).
@@ -748,8 +749,9 @@ fn routes_json(cfg: &Config) -> Vec<Value> {
         .collect()
 }
 
-/// A rule set whose NAT pools differ from the running ones is refused
-/// (pool changes need a restart).
+/// Whether the workers can take `pools` as the running NAT pools
+/// ([`sluice_nat::NatConfig::pool_change`], the check every worker makes
+/// again): the refusal names the rule set and the reason.
 fn pools_refusal(source: &str, pools: &[sluice_nat::Pool], st: &Published) -> Option<CtlFailure> {
     if pools == st.pools.as_slice() {
         return None;
