@@ -171,6 +171,10 @@ pub enum Command {
     /// Replace the static routes (IPv4, IPv6): a reload. Answers the
     /// engine's refusal, if any (nothing changed then).
     SetRoutes(Box<(Vec<Route4>, Vec<Route6>)>, Sender<Result<(), String>>),
+    /// A reload's interface addresses (IPv4 per engine interface, IPv6 as
+    /// `EngineConfig::addrs6`) with the static routes (`Worker::set_addrs`);
+    /// the resolvers follow and new IPv4 addresses are announced.
+    SetAddrs(Box<AddrChange>, Sender<Result<(), String>>),
     /// Forget static neighbours taken out of the configuration (a reload):
     /// IPv4 addresses, and IPv6 (interface, address) pairs.
     ForgetStatic(Box<ForgetStatic>),
@@ -719,6 +723,19 @@ fn link_code(st: sluice_io::link::LinkState) -> u8 {
     }
 }
 
+/// [`Command::SetAddrs`]: the interfaces' addresses and the static routes.
+#[derive(Clone, Debug)]
+pub struct AddrChange {
+    /// IPv4 addresses per engine interface (index 0 is no interface).
+    pub v4: Vec<Vec<(Ipv4Addr, u8)>>,
+    /// IPv6 addresses: (engine interface, address, prefix length).
+    pub v6: Vec<(IfIndex, core::net::Ipv6Addr, u8)>,
+    /// Static IPv4 routes.
+    pub routes: Vec<Route4>,
+    /// Static IPv6 routes.
+    pub routes6: Vec<Route6>,
+}
+
 /// The published policy. The control plane swaps in a new generation with
 /// one atomic store ([`PolicyCell::publish`]); each worker compares the
 /// generation number once per loop turn (one relaxed-cost atomic load) and
@@ -1053,6 +1070,26 @@ impl WorkerThread {
                 Command::SetTimeouts(t, done) => {
                     self.engine.set_timeouts(&t);
                     let _ = done.send(());
+                }
+                Command::SetAddrs(a, done) => {
+                    let AddrChange {
+                        v4,
+                        v6,
+                        routes,
+                        routes6,
+                    } = *a;
+                    let res = self
+                        .engine
+                        .set_addrs(&v4, &v6, &routes, &routes6)
+                        .map_err(|e| e.to_string());
+                    if res.is_ok() {
+                        for (oif, f) in self.resolver.set_addrs(&v4, &routes) {
+                            s.todo.send.push((oif, f));
+                        }
+                        self.resolver6.set_addrs(&v6, &routes6);
+                        self.send_arp(s);
+                    }
+                    let _ = done.send(res);
                 }
                 Command::SetRoutes(r, done) => {
                     let (v4, v6) = *r;

@@ -582,8 +582,12 @@ impl Port for DynPort {
 /// What a reload of `cfg` over the running `old` configuration does
 /// besides publishing the rule set (see [`Control::reload`]).
 struct ReloadPlan {
-    /// Only interfaces' `mac` / `mtu` changed: applied.
+    /// Interfaces' `mac` / `mtu` changed (and nothing but those and
+    /// addresses): applied.
     relink: bool,
+    /// Interfaces' addresses changed (and nothing but those, `mac` and
+    /// `mtu`): applied, with the static routes.
+    readdr: bool,
     /// The static routes changed and can be applied.
     apply_routes: bool,
     /// The conntrack timeouts changed.
@@ -595,32 +599,27 @@ struct ReloadPlan {
 impl ReloadPlan {
     fn of(old: &Config, cfg: &Config) -> Self {
         let mut needs_restart = Vec::new();
-        // A change of `mac` or `mtu` alone is applied (below); anything
-        // else about the interfaces needs a restart.
-        let same_but_link = |a: &config::InterfaceConfig, b: &config::InterfaceConfig| {
-            config::InterfaceConfig {
-                mac: None,
-                mtu: None,
-                ..a.clone()
-            } == config::InterfaceConfig {
-                mac: None,
-                mtu: None,
-                ..b.clone()
-            }
+        // A change of `mac`, `mtu` or addresses is applied (below);
+        // anything else about the interfaces (names, roles, how many)
+        // needs a restart.
+        let bare = |a: &config::InterfaceConfig| config::InterfaceConfig {
+            mac: None,
+            mtu: None,
+            addrs: Vec::new(),
+            addrs6: Vec::new(),
+            ..a.clone()
         };
-        let relink = old.interfaces.len() == cfg.interfaces.len()
-            && old.interfaces != cfg.interfaces
-            && old
-                .interfaces
-                .iter()
-                .zip(&cfg.interfaces)
-                .all(|(a, b)| same_but_link(a, b));
-        if old.interfaces != cfg.interfaces && !relink {
+        let pairs = || old.interfaces.iter().zip(&cfg.interfaces);
+        let applicable = old.interfaces.len() == cfg.interfaces.len()
+            && pairs().all(|(a, b)| bare(a) == bare(b));
+        let relink = applicable && pairs().any(|(a, b)| a.mac != b.mac || a.mtu != b.mtu);
+        let readdr = applicable && pairs().any(|(a, b)| a.addrs != b.addrs || a.addrs6 != b.addrs6);
+        if !applicable {
             needs_restart.push("interfaces");
         }
         // Routes are applied below, unless the interfaces they name changed.
         let routes_changed = old.routes != cfg.routes || old.routes6 != cfg.routes6;
-        let apply_routes = routes_changed && (old.interfaces == cfg.interfaces || relink);
+        let apply_routes = routes_changed && applicable;
         if routes_changed && !apply_routes {
             needs_restart.push("routes");
         }
@@ -649,6 +648,7 @@ impl ReloadPlan {
         let timeouts_changed = old.timeouts != cfg.timeouts;
         ReloadPlan {
             relink,
+            readdr,
             apply_routes,
             timeouts_changed,
             needs_restart,
@@ -660,6 +660,9 @@ impl ReloadPlan {
         let mut a = vec!["ruleset"];
         if self.relink {
             a.push("interfaces (mac, mtu)");
+        }
+        if self.readdr {
+            a.push("interfaces (addresses)");
         }
         if self.timeouts_changed {
             a.push("conntrack timeouts");
@@ -1342,6 +1345,7 @@ impl Control {
         }
         let ReloadPlan {
             relink,
+            readdr,
             apply_routes,
             timeouts_changed,
             needs_restart,
@@ -1356,7 +1360,32 @@ impl Control {
             st.config.timeouts = cfg.timeouts;
             tracing::info!("reload: conntrack timeouts replaced");
         }
-        if apply_routes {
+        if readdr {
+            // The addresses with the static routes (the connected ones
+            // follow the addresses), checked when the file was loaded.
+            let mut v4 = vec![Vec::new()];
+            v4.extend(cfg.interfaces.iter().map(|i| i.addrs.clone()));
+            let change = dataplane::AddrChange {
+                v4,
+                v6: engine_addrs6(&cfg),
+                routes: engine_routes(&cfg),
+                routes6: engine_routes6(&cfg),
+            };
+            let answers = self.ask(|tx| Command::SetAddrs(Box::new(change.clone()), tx))?;
+            if let Some(Err(e)) = answers.into_iter().find(Result::is_err) {
+                return Err(CtlFailure {
+                    kind: "config",
+                    message: format!("interface addresses: {e}"),
+                });
+            }
+            for (a, b) in st.config.interfaces.iter_mut().zip(&cfg.interfaces) {
+                a.addrs = b.addrs.clone();
+                a.addrs6 = b.addrs6.clone();
+            }
+            st.config.routes = cfg.routes.clone();
+            st.config.routes6 = cfg.routes6.clone();
+            tracing::info!("reload: interface addresses replaced");
+        } else if apply_routes {
             // After the rule set (whose refusal keeps everything): the
             // routes were checked against the interfaces when the file was
             // loaded, so no worker refuses them (one that did would change

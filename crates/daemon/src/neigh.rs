@@ -184,6 +184,31 @@ impl Resolver {
         self.routes = Self::table(&self.ifaces, routes);
     }
 
+    /// The interfaces' IPv4 addresses are now `addrs` (engine index; a
+    /// reload), with the static `routes` (the connected ones follow), as
+    /// in the engine. Returns a gratuitous ARP request per new address, so
+    /// that its neighbours learn it at once.
+    pub fn set_addrs(
+        &mut self,
+        addrs: &[Vec<(Ipv4Addr, u8)>],
+        routes: &[Route4],
+    ) -> Vec<(IfIndex, [u8; 60])> {
+        let mut out = Vec::new();
+        for (i, ifc) in self.ifaces.iter_mut().enumerate() {
+            let new = addrs.get(i).cloned().unwrap_or_default();
+            if ifc.mac != [0; 6] {
+                for &(a, _) in &new {
+                    if !ifc.addrs.iter().any(|&(b, _)| b == a) {
+                        out.push((i as IfIndex, arp_request(ifc.mac, a, a)));
+                    }
+                }
+            }
+            ifc.addrs = new;
+        }
+        self.routes = Self::table(&self.ifaces, routes);
+        out
+    }
+
     /// Forget `ip` (a static neighbour taken out of the configuration);
     /// whether it was known.
     pub fn forget(&mut self, ip: Ipv4Addr) -> bool {

@@ -203,6 +203,20 @@ impl Resolver6 {
         self.routes = Self::table(&self.ifaces, routes);
     }
 
+    /// The interfaces' IPv6 addresses are now `addrs6` ((engine interface,
+    /// address, prefix length); a reload), with the static `routes`, as in
+    /// the engine (link-local addresses stay: they come from the MACs).
+    pub fn set_addrs(&mut self, addrs6: &[(IfIndex, Ipv6Addr, u8)], routes: &[Route6]) {
+        for (i, ifc) in self.ifaces.iter_mut().enumerate() {
+            ifc.addrs = addrs6
+                .iter()
+                .filter(|&&(o, _, _)| usize::from(o) == i)
+                .map(|&(_, a, l)| (a, l))
+                .collect();
+        }
+        self.routes = Self::table(&self.ifaces, routes);
+    }
+
     /// Neighbours known: (interface, address, MAC, static).
     pub fn known(&self) -> impl Iterator<Item = (IfIndex, Ipv6Addr, [u8; 6], bool)> + '_ {
         self.known

@@ -11,7 +11,9 @@
 //! - a SIGHUP reload with a changed ruleset keeps a running TCP transfer
 //!   alive, and the new rules apply to new connections; one that moves
 //!   the SNAT rule to another address keeps the transfer on its old
-//!   address and sends new connections from the new one;
+//!   address and sends new connections from the new one; one that adds
+//!   interface addresses has them answered at once, and one that removes
+//!   them ends the answers;
 //! - a byte quota ahead of the `ct state` rule (a named object) stops a
 //!   UDP stream after its bytes, and a named counter added through `sluice
 //!   ctl` counts the stream;
@@ -656,6 +658,89 @@ fn nat_pool_reload(backend: &str, tag: &str) {
     wait_for("no retired mapping", Duration::from_secs(5), || {
         d.ctl("status")["nat"]["retired"] == 0
     });
+}
+
+/// A reload that adds an address to wan0 (203.0.113.5) and two to lan0
+/// (10.0.0.100, and 192.168.50.1 in a subnet of its own): the gateway
+/// answers ARP and pings for them at once while a ping through NAT runs
+/// on, and a host in the new subnet is served (its replies routed and its
+/// address resolved by the new connected route); a reload that takes them
+/// away again ends the answers.
+fn address_reload(backend: &str, tag: &str) {
+    let (t, d) = setup(tag, backend, "");
+    let cfg = t.dir.join("sluice.toml");
+    let plain = read(&cfg);
+    let more = plain
+        .replace(
+            "addresses = [\"203.0.113.1/24\"]",
+            "addresses = [\"203.0.113.1/24\", \"203.0.113.5/24\"]",
+        )
+        .replace(
+            "addresses = [\"10.0.0.1/24\"]",
+            "addresses = [\"10.0.0.1/24\", \"10.0.0.100/24\", \"192.168.50.1/24\"]",
+        );
+    assert_ne!(more, plain);
+    let ping = |ns: &Netns, ip: &str| sh(ns, &format!("ping -c 1 -W 1 {ip}")).status.success();
+    assert!(!ping(&t.public, "203.0.113.5"), "not the gateway's yet");
+    let o = sh(&t.private, "ip addr add 192.168.50.2/24 dev br0");
+    assert!(o.status.success(), "{}", text(&o));
+    let from_new = format!("ping -c 1 -W 2 -I 192.168.50.2 {PUBLIC}");
+    assert!(
+        !sh(&t.private, &from_new).status.success(),
+        "no route back to 192.168.50.0/24 yet"
+    );
+    let (running, answer, after) = std::thread::scope(|s| {
+        let p = s.spawn(|| {
+            text(&sh(
+                &t.private,
+                &format!("ping -q -c 30 -i 0.1 -W 1 {PUBLIC} | grep received"),
+            ))
+        });
+        std::thread::sleep(Duration::from_millis(1000));
+        std::fs::write(&cfg, &more).expect("rewrite config");
+        let answer = d.ctl("reload");
+        let after = (
+            ping(&t.public, "203.0.113.5"),
+            ping(&t.private, "10.0.0.100"),
+            sh(&t.private, &from_new).status.success(),
+        );
+        (p.join().expect("ping thread"), answer, after)
+    });
+    assert_eq!(answer["ok"], true, "{answer}");
+    assert!(
+        answer["applied"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x == "interfaces (addresses)")),
+        "{answer}"
+    );
+    assert_eq!(answer["needs_restart"], serde_json::json!([]), "{answer}");
+    assert_eq!(
+        after,
+        (true, true, true),
+        "new addresses answered, the new subnet served\n{}",
+        d.context()
+    );
+    let received = ping_received(&running);
+    assert!(
+        received.len() == 1 && received[0] >= 28,
+        "{running}\n{}",
+        d.context()
+    );
+    assert!(
+        d.log().contains("interface addresses replaced"),
+        "{}",
+        d.log()
+    );
+    // Taken away again.
+    std::fs::write(&cfg, &plain).expect("rewrite config");
+    let answer = d.ctl("reload");
+    assert_eq!(answer["ok"], true, "{answer}");
+    assert!(
+        !ping(&t.public, "203.0.113.5"),
+        "203.0.113.5 still answered"
+    );
+    assert!(!ping(&t.private, "10.0.0.100"), "10.0.0.100 still answered");
+    assert!(ping(&t.private, PUBLIC), "NAT still works\n{}", d.context());
 }
 
 fn icmp_errors(backend: &str, tag: &str) {
@@ -1619,6 +1704,12 @@ both_backends!(
     "s",
     reload_moves_snat_to_a_new_address_and_keeps_the_running_transfer_af_packet,
     reload_moves_snat_to_a_new_address_and_keeps_the_running_transfer_af_xdp
+);
+both_backends!(
+    address_reload,
+    "e",
+    reload_adds_and_removes_interface_addresses_af_packet,
+    reload_adds_and_removes_interface_addresses_af_xdp
 );
 both_backends!(
     deny_list,

@@ -195,6 +195,23 @@ pub enum BucketPrefetch {
     Batched,
 }
 
+/// The gateway's own IPv4 addresses (with their interfaces) and the
+/// directed broadcast addresses of `ifaces`' subnets.
+#[allow(clippy::type_complexity)]
+fn local_tables(ifaces: &[Interface]) -> (Vec<(u32, IfIndex)>, Vec<u32>) {
+    let mut local4 = Vec::new();
+    let mut bcast4 = Vec::new();
+    for (i, ifc) in ifaces.iter().enumerate() {
+        for &(a, len) in &ifc.addrs {
+            local4.push((u32::from(a), i as IfIndex));
+            if (1..=30).contains(&len) {
+                bcast4.push(u32::from(a) | (u32::MAX >> len));
+            }
+        }
+    }
+    (local4, bcast4)
+}
+
 /// Burst size of the ICMP error rate limiter (Linux's `icmp_msgs_burst`).
 pub const ICMP_ERROR_BURST: u32 = 50;
 
@@ -735,16 +752,7 @@ impl Worker {
         )?;
 
         let routes = route_table4(&cfg.interfaces, &cfg.routes)?;
-        let mut local4 = Vec::new();
-        let mut bcast4 = Vec::new();
-        for (i, ifc) in cfg.interfaces.iter().enumerate() {
-            for &(a, len) in &ifc.addrs {
-                local4.push((u32::from(a), i as IfIndex));
-                if (1..=30).contains(&len) {
-                    bcast4.push(u32::from(a) | (u32::MAX >> len));
-                }
-            }
-        }
+        let (local4, bcast4) = local_tables(&cfg.interfaces);
         let v6 = v6::State::new(&cfg)?;
         let filter_established = !policy.established_accepted();
         let raw = policy.has_raw();
@@ -930,6 +938,45 @@ impl Worker {
         self.offload_clear();
         self.reroute = [Some(0), Some(0)];
         Ok(())
+    }
+
+    /// Replace the interfaces' addresses (a reload's): `addrs[i]` are
+    /// interface `i`'s IPv4 addresses (engine index; a missing entry keeps
+    /// none), `addrs6` the IPv6 ones as in [`EngineConfig::addrs6`] (the
+    /// link-local addresses stay), and the static routes with them, since
+    /// the connected routes follow the addresses. The gateway answers for,
+    /// and sends from, the new addresses at once (ARP and NDP are the
+    /// caller's: its resolvers); masquerade takes an interface's new
+    /// address for new connections, while established ones keep theirs
+    /// until they end; established connections are moved to their next
+    /// hops by the walk of [`Self::set_routes`]. Nothing changes on error.
+    pub fn set_addrs(
+        &mut self,
+        addrs: &[Vec<(Ipv4Addr, u8)>],
+        addrs6: &[(IfIndex, Ipv6Addr, u8)],
+        routes: &[Route4],
+        routes6: &[Route6],
+    ) -> Result<(), EngineError> {
+        let mut ifaces = self.ifaces.clone();
+        for (i, ifc) in ifaces.iter_mut().enumerate() {
+            ifc.addrs = addrs.get(i).cloned().unwrap_or_default();
+        }
+        let t = route_table4(&ifaces, routes)?;
+        let v6 = v6::State::addrs_with(&ifaces, addrs6, routes6)?;
+        (self.local4, self.bcast4) = local_tables(&ifaces);
+        self.ifaces = ifaces;
+        self.routes = t;
+        self.v6.set_addrs(v6);
+        self.offload_clear();
+        self.reroute = [Some(0), Some(0)];
+        Ok(())
+    }
+
+    /// Interface `oif`'s IPv4 addresses as the worker uses them.
+    pub fn interface_addrs(&self, oif: IfIndex) -> &[(Ipv4Addr, u8)] {
+        self.ifaces
+            .get(usize::from(oif))
+            .map_or(&[][..], |i| &i.addrs[..])
     }
 
     /// Replace the conntrack timeouts (IPv4 and IPv6), as a change of

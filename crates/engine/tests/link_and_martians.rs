@@ -545,3 +545,91 @@ fn a_forgotten_neighbour_is_resolved_again() {
     assert_eq!(f.acts[0], Action::Forward(OUTSIDE));
     assert_eq!(&f.frame(0)[0..6], &LEARNT);
 }
+
+/// New interface addresses (`Worker::set_addrs`, a reload): the gateway
+/// answers pings to its new address and no longer to the old one; a
+/// masquerading connection keeps its old external address until it ends
+/// while a new one leaves from the new address; the connected route of
+/// the new subnet replaces the old one. Refused input changes nothing.
+#[test]
+fn new_interface_addresses_are_taken_and_masquerade_follows() {
+    const NEW_PUBLIC: Ipv4Addr = Ipv4Addr::new(203, 0, 114, 1);
+    let mut p = StaticPolicy::accept_all();
+    p.snat = vec![(OUTSIDE, Translation::Masquerade)];
+    let mut cfg = nat_gateway(0, 1);
+    cfg.neighbors
+        .push((Ipv4Addr::new(203, 0, 114, 254), ROUTER_MAC));
+    let mut w = Worker::new(cfg, Arc::new(p)).unwrap();
+    let out = |w: &mut Worker, k: &FlowKey4| -> (Action, u32) {
+        let mut f = TestFrames::default();
+        f.push(INSIDE, |b| {
+            build_udp4(b, HOST_MAC, GW_IN_MAC, k, 20).unwrap()
+        });
+        w.process(1_000_000, &mut f);
+        let src = u32::from_be_bytes(f.frame(0)[26..30].try_into().unwrap());
+        (f.acts[0], src)
+    };
+    let ping = |w: &mut Worker, dst: Ipv4Addr| -> Action {
+        let k = FlowKey4 {
+            src: u32::from(HOST),
+            dst: u32::from(dst),
+            sport: 9,
+            dport: 9,
+            proto: proto::ICMP,
+        };
+        let mut f = TestFrames::default();
+        f.push(INSIDE, |b| {
+            build_icmp4_echo(b, HOST_MAC, GW_IN_MAC, &k, 1, true, 8).unwrap()
+        });
+        w.process(1_000_000, &mut f);
+        f.acts[0]
+    };
+    let old = udp(HOST, 4600, REMOTE, 53);
+    assert_eq!(
+        out(&mut w, &old),
+        (Action::Forward(OUTSIDE), u32::from(PUBLIC))
+    );
+    assert_eq!(ping(&mut w, PUBLIC), Action::Reply);
+    // The outside interface is renumbered into 203.0.114.0/24, its default
+    // route through that subnet's router.
+    let routes = [Route4 {
+        net: 0,
+        len: 0,
+        oif: OUTSIDE,
+        via: Some(Ipv4Addr::new(203, 0, 114, 254)),
+    }];
+    let addrs = vec![
+        vec![(Ipv4Addr::new(10, 0, 0, 1), 24)],
+        vec![(NEW_PUBLIC, 24)],
+    ];
+    // A route out of an interface the worker does not have is refused,
+    // and changes nothing.
+    let bad = [Route4 {
+        oif: 7,
+        ..routes[0]
+    }];
+    assert!(w.set_addrs(&addrs, &[], &bad, &[]).is_err());
+    assert_eq!(w.interface_addrs(OUTSIDE), &[(PUBLIC, 24)]);
+    w.set_addrs(&addrs, &[], &routes, &[]).unwrap();
+    assert_eq!(w.interface_addrs(OUTSIDE), &[(NEW_PUBLIC, 24)]);
+    assert_eq!(ping(&mut w, NEW_PUBLIC), Action::Reply);
+    assert_ne!(
+        ping(&mut w, PUBLIC),
+        Action::Reply,
+        "the old address is not ours"
+    );
+    // Let the route walk move the established connection to the new
+    // router; it keeps its external address.
+    while w.rerouting() {
+        w.gc(2_000_000, 4096);
+    }
+    assert_eq!(
+        out(&mut w, &old),
+        (Action::Forward(OUTSIDE), u32::from(PUBLIC))
+    );
+    let new = udp(HOST, 4601, REMOTE, 53);
+    assert_eq!(
+        out(&mut w, &new),
+        (Action::Forward(OUTSIDE), u32::from(NEW_PUBLIC))
+    );
+}

@@ -107,6 +107,36 @@ impl Pkt6 {
     }
 }
 
+/// The IPv6 addresses of `ifaces` with `addrs6`: each interface's EUI-64
+/// link-local address first, then `addrs6` (checked against the
+/// interfaces).
+fn addr_list(
+    ifaces: &[super::Interface],
+    addrs6: &[(IfIndex, Ipv6Addr, u8)],
+) -> Result<Vec<(IfIndex, u128, u8)>, EngineError> {
+    let count = ifaces.len();
+    let mut addrs = Vec::new();
+    for (i, ifc) in ifaces.iter().enumerate() {
+        if ifc.mac != [0; 6] {
+            let ll = u128::from(ndp::link_local(ifc.mac));
+            addrs.push((i as IfIndex, ll, 64));
+        }
+    }
+    for &(oif, a, len) in addrs6 {
+        if usize::from(oif) >= count {
+            return Err(EngineError::Interface6 {
+                what: "address",
+                net: a,
+                len,
+                oif,
+                count,
+            });
+        }
+        addrs.push((oif, u128::from(a), len.min(128)));
+    }
+    Ok(addrs)
+}
+
 /// The IPv6 part of a worker.
 pub(super) struct State {
     pub(super) ct: Table<FlowKey6, FlowInfo6>,
@@ -129,25 +159,7 @@ impl State {
         ctc.prefault_index = cfg.ct_prefault_index;
         let table = Table::new(ctc)?;
         let count = cfg.interfaces.len();
-        let mut addrs = Vec::new();
-        for (i, ifc) in cfg.interfaces.iter().enumerate() {
-            if ifc.mac != [0; 6] {
-                let ll = u128::from(ndp::link_local(ifc.mac));
-                addrs.push((i as IfIndex, ll, 64));
-            }
-        }
-        for &(oif, a, len) in &cfg.addrs6 {
-            if usize::from(oif) >= count {
-                return Err(EngineError::Interface6 {
-                    what: "address",
-                    net: a,
-                    len,
-                    oif,
-                    count,
-                });
-            }
-            addrs.push((oif, u128::from(a), len.min(128)));
-        }
+        let addrs = addr_list(&cfg.interfaces, &cfg.addrs6)?;
         let routes = route_table6(&addrs, count, &cfg.routes6)?;
         for &(oif, a, _) in &cfg.neighbors6 {
             if usize::from(oif) >= count {
@@ -211,6 +223,25 @@ impl State {
     }
 
     pub(super) fn set_routes(&mut self, t: RouteTable6) {
+        self.routes = t;
+    }
+
+    /// The addresses `addrs6` would give (link-local ones of `ifaces`
+    /// first) and their route table with static `routes`, checked; for
+    /// [`Self::set_addrs`].
+    pub(super) fn addrs_with(
+        ifaces: &[super::Interface],
+        addrs6: &[(IfIndex, Ipv6Addr, u8)],
+        routes: &[Route6],
+    ) -> Result<(Vec<(IfIndex, u128, u8)>, RouteTable6), EngineError> {
+        let addrs = addr_list(ifaces, addrs6)?;
+        let t = route_table6(&addrs, ifaces.len(), routes)?;
+        Ok((addrs, t))
+    }
+
+    /// Take addresses and routes from [`Self::addrs_with`].
+    pub(super) fn set_addrs(&mut self, (addrs, t): (Vec<(IfIndex, u128, u8)>, RouteTable6)) {
+        self.addrs = addrs;
         self.routes = t;
     }
 
