@@ -107,13 +107,16 @@ impl Pkt6 {
     }
 }
 
+/// IPv6 addresses with their interfaces and prefix lengths.
+pub(super) type Addrs6 = Vec<(IfIndex, u128, u8)>;
+
 /// The IPv6 addresses of `ifaces` with `addrs6`: each interface's EUI-64
 /// link-local address first, then `addrs6` (checked against the
 /// interfaces).
 fn addr_list(
     ifaces: &[super::Interface],
     addrs6: &[(IfIndex, Ipv6Addr, u8)],
-) -> Result<Vec<(IfIndex, u128, u8)>, EngineError> {
+) -> Result<Addrs6, EngineError> {
     let count = ifaces.len();
     let mut addrs = Vec::new();
     for (i, ifc) in ifaces.iter().enumerate() {
@@ -233,14 +236,14 @@ impl State {
         ifaces: &[super::Interface],
         addrs6: &[(IfIndex, Ipv6Addr, u8)],
         routes: &[Route6],
-    ) -> Result<(Vec<(IfIndex, u128, u8)>, RouteTable6), EngineError> {
+    ) -> Result<(Addrs6, RouteTable6), EngineError> {
         let addrs = addr_list(ifaces, addrs6)?;
         let t = route_table6(&addrs, ifaces.len(), routes)?;
         Ok((addrs, t))
     }
 
     /// Take addresses and routes from [`Self::addrs_with`].
-    pub(super) fn set_addrs(&mut self, (addrs, t): (Vec<(IfIndex, u128, u8)>, RouteTable6)) {
+    pub(super) fn set_addrs(&mut self, (addrs, t): (Addrs6, RouteTable6)) {
         self.addrs = addrs;
         self.routes = t;
     }
