@@ -49,10 +49,11 @@
 //!   ([`sluice_engine::Action::Handoff`]; [`dataplane::Handoff`] carries
 //!   the frames); flows between two interfaces of the same role are named
 //!   at `warn` at start.
-//! - Changes to interface addresses, workers, backend or NAT behaviour
-//!   need a restart; a reload applies the ruleset (its NAT pools too, see
-//!   `sluice_nat::WorkerNat::set_pools`), static routes and neighbours,
-//!   conntrack timeouts and interface MAC / MTU, and reports the rest.
+//! - Changes to interface names or roles, workers, backend or NAT
+//!   behaviour need a restart; a reload applies the ruleset (its NAT pools
+//!   too, see `sluice_nat::WorkerNat::set_pools`), static routes and
+//!   neighbours, conntrack timeouts and interface addresses, MAC and MTU,
+//!   and reports the rest.
 //! - IPv4 only (the engine's scope). Packets larger than the egress `mtu`
 //!   are not fragmented: with DF they get ICMP fragmentation needed,
 //!   without it they are dropped (`fragmentation-unsupported`).
