@@ -54,9 +54,12 @@
 //!   too, see `sluice_nat::WorkerNat::set_pools`), static routes and
 //!   neighbours, conntrack timeouts and interface addresses, MAC and MTU,
 //!   and reports the rest.
-//! - IPv4 only (the engine's scope). Packets larger than the egress `mtu`
-//!   are not fragmented: with DF they get ICMP fragmentation needed,
-//!   without it they are dropped (`fragmentation-unsupported`).
+//! - NAT44 only: IPv6 is forwarded and filtered, never translated (no
+//!   NAT66). An IPv4 packet larger than the egress `mtu` is fragmented on
+//!   output without DF and answered with ICMP fragmentation needed with
+//!   it (a later fragment with DF, which may not be split and gets no
+//!   error, counts as `fragmentation-unsupported`); an IPv6 one gets
+//!   packet too big.
 //! - A connection is translated by DNAT (or a NAT mapping) or by SNAT, not
 //!   both: a postrouting `snat`/`masquerade` does not apply to a DNAT'd
 //!   connection. Hairpinning to a NAT mapping maps both ends itself (see

@@ -408,10 +408,77 @@ fn ctl_status_metrics_and_http_metrics_on_a_mem_gateway() {
     assert_eq!(v["applied"], 2, "{v}");
     assert_eq!(v["generation"], 3, "one generation for the whole file: {v}");
     assert_eq!(rules("after the file"), before + 2);
+    // NAT pools on a running gateway (port blocks on): a rule with a new
+    // `snat to` address adds a pool; a reload that would move the blocks of
+    // a kept address (a new port range) is refused with its reason and
+    // keeps the running rule set; an address that left cannot come back.
+    let json = |o: &Output| -> serde_json::Value {
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| {
+            serde_json::json!({"stdout": String::from_utf8_lossy(&o.stdout),
+                               "stderr": String::from_utf8_lossy(&o.stderr)})
+        })
+    };
+    let snat9 = [
+        "nft",
+        "add",
+        "rule",
+        "ip",
+        "nat",
+        "postrouting",
+        "ip",
+        "saddr",
+        "10.9.0.0/16",
+        "snat",
+        "to",
+        "198.51.100.9",
+    ];
+    let o = ctl(&snat9);
+    assert!(o.status.success(), "{}", json(&o));
+    let st = json(&ctl(&["status"]));
+    assert_eq!(st["nat"]["pools"][1]["addr"], "198.51.100.9", "{st}");
+    assert_eq!(st["generation"], 4, "{st}");
+    let nft_text = std::fs::read_to_string(dir.join("sluice.nft")).unwrap();
+    std::fs::write(
+        dir.join("sluice.nft"),
+        nft_text.replace("snat to 198.51.100.7", "snat to 198.51.100.7:2000-3000"),
+    )
+    .unwrap();
+    let o = ctl(&["reload"]);
+    let r = json(&o);
+    assert!(!o.status.success(), "{r}");
+    assert!(
+        r.to_string()
+            .contains("198.51.100.7 stays a pool address but its port range changes"),
+        "{r}"
+    );
+    assert_eq!(json(&ctl(&["status"]))["generation"], 4);
+    std::fs::write(dir.join("sluice.nft"), &nft_text).unwrap();
+    let r = json(&ctl(&["reload"]));
+    assert_eq!(r["generation"], 5, "{r}");
+    assert!(
+        r["applied"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x == "nat pools")),
+        "{r}"
+    );
+    let o = ctl(&snat9);
+    assert!(!o.status.success());
+    assert!(
+        json(&o)
+            .to_string()
+            .contains("198.51.100.9 left the pools earlier and cannot come back"),
+        "{}",
+        json(&o)
+    );
+    assert_eq!(json(&ctl(&["status"]))["generation"], 5);
     let m = ctl(&["metrics"]);
     let text = String::from_utf8_lossy(&m.stdout).to_string();
     assert!(text.starts_with("# HELP sluice_uptime_seconds"), "{text}");
-    assert!(text.contains("sluice_ruleset_generation 3\n"), "{text}");
+    assert!(text.contains("sluice_ruleset_generation 5\n"), "{text}");
+    assert!(
+        text.contains("sluice_nat_retired_mappings{worker=\"0\"} 0\n"),
+        "{text}"
+    );
     assert!(
         text.contains(
             "sluice_nat_pool_free_ports{worker=\"0\",address=\"198.51.100.7\",protocol=\"tcp\"} 64512\n"
