@@ -599,16 +599,12 @@ impl<S: NatEventSink> WorkerNat<S> {
                 core::mem::swap(o, n);
                 n.grow(&np.addrs);
                 reused[i] = true;
-                change.kept += self
-                    .by_ext
-                    .values()
-                    .filter(
-                        |m| matches!(m.space, Space::Pool { pool, .. } if usize::from(pool) == i),
-                    )
-                    .count() as u64;
             }
         }
         let is_reused = |s: Space| matches!(s, Space::Pool { pool, .. } if reused.get(usize::from(pool)).copied().unwrap_or(false));
+        if reused.contains(&true) {
+            change.kept += self.by_ext.values().filter(|m| is_reused(m.space)).count() as u64;
+        }
         // Ports held for mappings retired earlier, in the old pools'
         // bitmaps, move with their address; one whose address or port left
         // is no longer held (an allocation that meets it again holds it
