@@ -175,6 +175,8 @@ pub enum Command {
     /// `EngineConfig::addrs6`) with the static routes (`Worker::set_addrs`);
     /// the resolvers follow and new IPv4 addresses are announced.
     SetAddrs(Box<AddrChange>, Sender<Result<(), String>>),
+    /// A reload's `[nat]` switches (`Worker::set_nat_settings`).
+    SetNat(Box<sluice_nat::NatConfig>, Sender<Result<(), String>>),
     /// Forget static neighbours taken out of the configuration (a reload):
     /// IPv4 addresses, and IPv6 (interface, address) pairs.
     ForgetStatic(Box<ForgetStatic>),
@@ -1089,6 +1091,10 @@ impl WorkerThread {
                         self.resolver6.set_addrs(&v6, &routes6);
                         self.send_arp(s);
                     }
+                    let _ = done.send(res);
+                }
+                Command::SetNat(n, done) => {
+                    let res = self.engine.set_nat_settings(&n).map_err(|e| e.to_string());
                     let _ = done.send(res);
                 }
                 Command::SetRoutes(r, done) => {

@@ -50,10 +50,11 @@
 //!   the frames); flows between two interfaces of the same role are named
 //!   at `warn` at start.
 //! - Changes to interface names or roles, workers, backend or NAT
-//!   behaviour need a restart; a reload applies the ruleset (its NAT pools
-//!   too, see `sluice_nat::WorkerNat::set_pools`), static routes and
-//!   neighbours, conntrack timeouts and interface addresses, MAC and MTU,
-//!   and reports the rest.
+//!   behaviour (mapping, filtering, port blocks, log) need a restart; a
+//!   reload applies the ruleset (its NAT pools too, see
+//!   `sluice_nat::WorkerNat::set_pools`), NAT switches and limits, static
+//!   routes and neighbours, conntrack timeouts and interface addresses,
+//!   MAC and MTU, and reports the rest.
 //! - NAT44 only: IPv6 is forwarded and filtered, never translated (no
 //!   NAT66). An IPv4 packet larger than the egress `mtu` is fragmented on
 //!   output without DF and answered with ICMP fragmentation needed with
@@ -596,12 +597,15 @@ struct ReloadPlan {
     apply_routes: bool,
     /// The conntrack timeouts changed.
     timeouts_changed: bool,
+    /// `[nat]` switches a running gateway takes changed (and nothing else
+    /// of `[nat]`).
+    nat_live: bool,
     /// What changed and needs a restart.
     needs_restart: Vec<&'static str>,
 }
 
 impl ReloadPlan {
-    fn of(old: &Config, cfg: &Config) -> Self {
+    fn of(old: &Config, cfg: &Config, st: &Published) -> Self {
         let mut needs_restart = Vec::new();
         // A change of `mac`, `mtu` or addresses is applied (below);
         // anything else about the interfaces (names, roles, how many)
@@ -634,7 +638,16 @@ impl ReloadPlan {
         {
             needs_restart.push("workers/backend");
         }
-        if old.nat != cfg.nat || old.masquerade != cfg.masquerade || old.nat_log != cfg.nat_log {
+        // The switches read when a session or mapping is made are taken
+        // live; the rest of `[nat]` needs a restart.
+        let nat_live = old.nat != cfg.nat
+            && worker_nat(old, &st.pools)
+                .pool_change(&worker_nat(cfg, &st.pools), &st.seen)
+                .is_ok();
+        if (old.nat != cfg.nat && !nat_live)
+            || old.masquerade != cfg.masquerade
+            || old.nat_log != cfg.nat_log
+        {
             needs_restart.push("nat");
         }
         if old.metrics_listen != cfg.metrics_listen {
@@ -655,6 +668,7 @@ impl ReloadPlan {
             readdr,
             apply_routes,
             timeouts_changed,
+            nat_live,
             needs_restart,
         }
     }
@@ -670,6 +684,9 @@ impl ReloadPlan {
         }
         if self.timeouts_changed {
             a.push("conntrack timeouts");
+        }
+        if self.nat_live {
+            a.push("nat settings");
         }
         if self.apply_routes {
             a.push("routes");
@@ -1326,7 +1343,7 @@ impl Control {
         if let Some(f) = pools_refusal(&lp.source, &lp.pools, &st) {
             return Err(f);
         }
-        let plan = ReloadPlan::of(&st.config, &cfg);
+        let plan = ReloadPlan::of(&st.config, &cfg, &st);
         let mut applied = plan.applied(&st.config, &cfg);
         if lp.compiled.is_some() && lp.pools != st.pools {
             applied.push("nat pools");
@@ -1342,7 +1359,7 @@ impl Control {
         }
         let (cfg, lp) = self.load_file()?;
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let plan = ReloadPlan::of(&st.config, &cfg);
+        let plan = ReloadPlan::of(&st.config, &cfg, &st);
         let mut applied = plan.applied(&st.config, &cfg);
         if lp.compiled.is_some() && lp.pools != st.pools {
             applied.push("nat pools");
@@ -1352,11 +1369,24 @@ impl Control {
             readdr,
             apply_routes,
             timeouts_changed,
+            nat_live,
             needs_restart,
         } = plan;
         self.publish(&mut st, lp)?;
         if relink {
             self.relink(&mut st, &cfg)?;
+        }
+        if nat_live {
+            let n = worker_nat(&cfg, &st.pools);
+            let answers = self.ask(|tx| Command::SetNat(Box::new(n.clone()), tx))?;
+            if let Some(Err(e)) = answers.into_iter().find(Result::is_err) {
+                return Err(CtlFailure {
+                    kind: "config",
+                    message: format!("nat: {e}"),
+                });
+            }
+            st.config.nat = cfg.nat.clone();
+            tracing::info!("reload: nat settings replaced");
         }
         if timeouts_changed {
             let t = cfg.timeouts;

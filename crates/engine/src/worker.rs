@@ -1284,6 +1284,23 @@ impl Worker {
         })
     }
 
+    /// Take the NAT switches of `settings` (a reload's `[nat]`:
+    /// hairpinning, pooling, the per-subscriber limits; see
+    /// `sluice_nat::NatConfig::pool_change`), the pools staying the
+    /// policy's. Nothing changes on error.
+    pub fn set_nat_settings(
+        &mut self,
+        settings: &NatConfig,
+    ) -> Result<(), sluice_nat::ConfigError> {
+        let cur = self.nat.config();
+        let next = NatConfig {
+            pools: cur.pools.clone(),
+            workers: cur.workers,
+            ..settings.clone()
+        };
+        self.nat.set_pools(&next).map(|_| ())
+    }
+
     /// NAT pool changes this worker could not take (it kept its pools; the
     /// control plane checks every change first, so this stays 0).
     pub fn nat_pools_refused(&self) -> u64 {

@@ -633,3 +633,30 @@ fn new_interface_addresses_are_taken_and_masquerade_follows() {
         (Action::Forward(OUTSIDE), u32::from(NEW_PUBLIC))
     );
 }
+
+/// A reload's NAT switches (`Worker::set_nat_settings`): a per-subscriber
+/// session limit is enforced from the next new connection on, the
+/// established ones untouched; a setting a running worker cannot take is
+/// refused and changes nothing.
+#[test]
+fn nat_switches_are_taken_live() {
+    let mut w = gateway();
+    let first = udp(HOST, 4700, REMOTE, 53);
+    assert_eq!(send(&mut w, GW_IN_MAC, &first), Action::Forward(OUTSIDE));
+    let mut n = nat_gateway(0, 1).nat;
+    n.max_sessions_per_subscriber = 1;
+    w.set_nat_settings(&n).unwrap();
+    assert_eq!(send(&mut w, GW_IN_MAC, &first), Action::Forward(OUTSIDE));
+    assert_eq!(
+        send(&mut w, GW_IN_MAC, &udp(HOST, 4701, REMOTE, 53)),
+        Action::Drop(DropReason::NatSubscriberLimit)
+    );
+    let mut bad = n.clone();
+    bad.mapping = sluice_nat::MappingBehaviour::AddressAndPortDependent;
+    assert!(w.set_nat_settings(&bad).is_err());
+    assert_eq!(
+        send(&mut w, GW_IN_MAC, &udp(HOST, 4702, REMOTE, 53)),
+        Action::Drop(DropReason::NatSubscriberLimit),
+        "the refused change kept the limit"
+    );
+}

@@ -275,9 +275,11 @@ impl NatConfig {
         }
     }
 
-    /// Whether a running gateway built with `self` can take `next`'s pools
+    /// Whether a running gateway built with `self` can take `next`
     /// ([`crate::WorkerNat::set_pools`]): `next` is valid, differs from
-    /// `self` in its pools alone, and moves no port block (deterministic
+    /// `self` in its pools and the switches read when a session or mapping
+    /// is made (`hairpinning`, `pooling`, `max_sessions_per_subscriber`,
+    /// `max_blocks_per_subscriber`) alone, and moves no port block (deterministic
     /// NAT's pools never change; with port blocks an address that stays
     /// keeps its port range, and one that left the pools earlier in the
     /// run, `seen`, does not come back: blocks of its retired mappings may
@@ -286,13 +288,17 @@ impl NatConfig {
     /// before it applies.
     pub fn pool_change(&self, next: &NatConfig, seen: &SeenRanges) -> Result<(), ConfigError> {
         next.validate()?;
-        let same = NatConfig {
+        // What a running worker can take besides the pools: switches read
+        // only when a session or mapping is made.
+        let fixed = |c: &NatConfig| NatConfig {
             pools: Vec::new(),
-            ..self.clone()
-        } == NatConfig {
-            pools: Vec::new(),
-            ..next.clone()
+            hairpinning: true,
+            max_sessions_per_subscriber: 0,
+            max_blocks_per_subscriber: 0,
+            pooling: Pooling::default(),
+            ..c.clone()
         };
+        let same = fixed(self) == fixed(next);
         if !same {
             return Err(ConfigError::SettingsChange);
         }

@@ -107,8 +107,8 @@ pub enum ConfigError {
         /// Ports of the smallest worker share.
         share: u32,
     },
-    /// A running gateway's pools may change ([`crate::WorkerNat::set_pools`]),
-    /// its other NAT settings not.
+    /// A running gateway's pools and some switches may change
+    /// ([`crate::NatConfig::pool_change`]), its other NAT settings not.
     SettingsChange,
     /// Deterministic NAT: the pools cannot change while running (every
     /// subscriber's block would move).
@@ -155,7 +155,7 @@ impl fmt::Display for ConfigError {
                 "nat: port_block_size is larger than a worker's share of pool {pool}'s port range ({share} ports)"
             ),
             Self::SettingsChange => f.write_str(
-                "nat: only the pools can change while running; the other NAT settings need a restart",
+                "nat: only the pools, hairpinning, pooling, max_sessions_per_subscriber and max_blocks_per_subscriber can change while running; the other NAT settings need a restart",
             ),
             Self::DeterministicPoolChange => f.write_str(
                 "nat: deterministic NAT pools cannot change while running (every subscriber's port block would move); restart",

@@ -575,7 +575,18 @@ impl<S: NatEventSink> WorkerNat<S> {
     /// new outbound connections use the first.
     pub fn set_pools(&mut self, next: &NatConfig) -> Result<PoolChange, ConfigError> {
         self.config.pool_change(next, &self.seen)?;
+        self.hairpinning = next.hairpinning;
+        self.pooling = next.pooling;
+        self.max_sessions = next.max_sessions_per_subscriber;
+        for p in &mut self.pools {
+            if let Some(b) = &mut p.blocks {
+                if b.det.is_none() {
+                    b.max = next.max_blocks_per_subscriber;
+                }
+            }
+        }
         if self.config.pools == next.pools {
+            self.config = next.clone();
             return Ok(PoolChange::default());
         }
         let (mut pools, pool_addr) = build_pools(next, self.worker)?;

@@ -471,10 +471,40 @@ fn ctl_status_metrics_and_http_metrics_on_a_mem_gateway() {
         json(&o)
     );
     assert_eq!(json(&ctl(&["status"]))["generation"], 5);
+    // `[nat]`: a new per-subscriber limit is taken live, a new mapping
+    // behaviour needs a restart (and is said to).
+    let toml = std::fs::read_to_string(dir.join("gw.toml")).unwrap();
+    let with = |extra: &str| {
+        toml.replace(
+            "port_block_size = 256\n",
+            &format!("port_block_size = 256\n{extra}\n"),
+        )
+    };
+    std::fs::write(
+        dir.join("gw.toml"),
+        with("max_sessions_per_subscriber = 500"),
+    )
+    .unwrap();
+    let r = json(&ctl(&["reload"]));
+    assert!(
+        r["applied"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x == "nat settings")),
+        "{r}"
+    );
+    assert_eq!(r["needs_restart"], serde_json::json!([]), "{r}");
+    std::fs::write(
+        dir.join("gw.toml"),
+        with("max_sessions_per_subscriber = 500\nmapping = \"address-and-port-dependent\""),
+    )
+    .unwrap();
+    let r = json(&ctl(&["reload"]));
+    assert_eq!(r["needs_restart"], serde_json::json!(["nat"]), "{r}");
+    assert_eq!(r["generation"], 7, "{r}");
     let m = ctl(&["metrics"]);
     let text = String::from_utf8_lossy(&m.stdout).to_string();
     assert!(text.starts_with("# HELP sluice_uptime_seconds"), "{text}");
-    assert!(text.contains("sluice_ruleset_generation 5\n"), "{text}");
+    assert!(text.contains("sluice_ruleset_generation 7\n"), "{text}");
     assert!(
         text.contains("sluice_nat_retired_mappings{worker=\"0\"} 0\n"),
         "{text}"

@@ -631,3 +631,32 @@ proptest! {
         run(ops, w, 4);
     }
 }
+
+/// The switches a running worker takes with its pools: a lower
+/// per-subscriber limit refuses the next session at once, hairpinning
+/// turned off stops it for new sessions; the mapping behaviour is refused.
+#[test]
+fn live_switches_are_taken_and_the_others_refused() {
+    let c = config(vec![pool(&[1], 2000..=2099)], 1, 0);
+    let mut n = WorkerNat::new(&c, 0, VecSink::default()).unwrap();
+    let o1 = udp(1, 5000, 53);
+    let r1 = n.translate_outbound(&o1, &snat(0), None).unwrap();
+    let mut next = c.clone();
+    next.max_sessions_per_subscriber = 1;
+    next.hairpinning = false;
+    assert_eq!(n.set_pools(&next), Ok(PoolChange::default()));
+    assert_eq!(n.config(), &next);
+    assert_eq!(
+        n.translate_outbound(&udp(1, 5001, 53), &snat(0), None),
+        Err(NatError::SubscriberLimit)
+    );
+    // Host 2 to host 1's external endpoint: not hairpinned any more.
+    let to_mapping = FlowKey4::new(proto::UDP, host(2), 6000, r1.dst_addr(), r1.dport);
+    assert!(n.hairpin(&to_mapping).is_none());
+    let mut other = next.clone();
+    other.mapping = MappingBehaviour::AddressAndPortDependent;
+    assert_eq!(n.set_pools(&other), Err(ConfigError::SettingsChange));
+    assert_eq!(n.config(), &next);
+    n.release(&o1, &r1);
+    assert_eq!(n.stats().mappings, 0);
+}
