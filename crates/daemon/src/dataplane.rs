@@ -1088,7 +1088,9 @@ impl WorkerThread {
                         for (oif, f) in self.resolver.set_addrs(&v4, &routes) {
                             s.todo.send.push((oif, f));
                         }
-                        self.resolver6.set_addrs(&v6, &routes6);
+                        for (oif, f) in self.resolver6.set_addrs(&v6, &routes6) {
+                            s.todo.send6.push((oif, f));
+                        }
                         self.send_arp(s);
                     }
                     let _ = done.send(res);

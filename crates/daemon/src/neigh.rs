@@ -577,4 +577,45 @@ mod tests {
         a.tpa = Ipv4Addr::new(10, 0, 0, 3);
         assert!(r.learn(1, &a).is_none());
     }
+
+    /// New addresses (a reload): a gratuitous ARP for each new one only,
+    /// and the new connected subnet is on-link (its hosts resolved from
+    /// the new address), the removed one no longer.
+    #[test]
+    fn new_addresses_are_announced_and_routed() {
+        let mut r = resolver();
+        let v4 = vec![
+            vec![],
+            vec![
+                (Ipv4Addr::new(10, 0, 0, 1), 24),
+                (Ipv4Addr::new(192, 168, 50, 1), 24),
+            ],
+            vec![],
+        ];
+        let out = r.set_addrs(&v4, &[]);
+        assert_eq!(out.len(), 1);
+        let (oif, f) = out[0];
+        assert_eq!(oif, 1);
+        assert_eq!(&f[28..32], &[192, 168, 50, 1], "sender");
+        assert_eq!(&f[38..42], &[192, 168, 50, 1], "target: gratuitous");
+        assert_eq!(
+            r.next_hop(Ipv4Addr::new(192, 168, 50, 9)),
+            Some((1, Ipv4Addr::new(192, 168, 50, 9)))
+        );
+        let req = r.request(1, Ipv4Addr::new(192, 168, 50, 9)).unwrap();
+        assert_eq!(
+            &req[28..32],
+            &[192, 168, 50, 1],
+            "asked from the new address"
+        );
+        assert_eq!(
+            r.next_hop(Ipv4Addr::new(203, 0, 113, 9)),
+            None,
+            "203.0.113.0/24 gone"
+        );
+        assert!(
+            r.set_addrs(&v4, &[]).is_empty(),
+            "nothing new the second time"
+        );
+    }
 }

@@ -206,15 +206,46 @@ impl Resolver6 {
     /// The interfaces' IPv6 addresses are now `addrs6` ((engine interface,
     /// address, prefix length); a reload), with the static `routes`, as in
     /// the engine (link-local addresses stay: they come from the MACs).
-    pub fn set_addrs(&mut self, addrs6: &[(IfIndex, Ipv6Addr, u8)], routes: &[Route6]) {
+    /// Returns an unsolicited neighbor advertisement per new address (RFC
+    /// 4861 §7.2.6: to all nodes, override set), so that its neighbours
+    /// learn it at once.
+    pub fn set_addrs(
+        &mut self,
+        addrs6: &[(IfIndex, Ipv6Addr, u8)],
+        routes: &[Route6],
+    ) -> Vec<(IfIndex, [u8; ndp::FRAME_LEN])> {
+        let mut out = Vec::new();
         for (i, ifc) in self.ifaces.iter_mut().enumerate() {
-            ifc.addrs = addrs6
+            let new: Vec<(Ipv6Addr, u8)> = addrs6
                 .iter()
                 .filter(|&&(o, _, _)| usize::from(o) == i)
                 .map(|&(_, a, l)| (a, l))
                 .collect();
+            if ifc.mac != [0; 6] {
+                for &(a, _) in &new {
+                    if ifc.addrs.iter().any(|&(b, _)| b == a) {
+                        continue;
+                    }
+                    let mut f = [0u8; ndp::FRAME_LEN];
+                    let all_nodes = u128::from(Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1));
+                    if ndp::build_na(
+                        &mut f,
+                        ifc.mac,
+                        ndp::multicast_mac(all_nodes),
+                        u128::from(a),
+                        all_nodes,
+                        ndp::FLAG_ROUTER | ndp::FLAG_OVERRIDE,
+                    )
+                    .is_some()
+                    {
+                        out.push((i as IfIndex, f));
+                    }
+                }
+            }
+            ifc.addrs = new;
         }
         self.routes = Self::table(&self.ifaces, routes);
+        out
     }
 
     /// Neighbours known: (interface, address, MAC, static).
@@ -717,5 +748,34 @@ mod tests {
         );
         assert!(r.forget_peer(2, from_peer));
         assert_eq!(r.known().count(), 1);
+    }
+
+    /// New IPv6 addresses (a reload): an unsolicited advertisement for each
+    /// new one only (to all nodes, override set, not solicited), and the new
+    /// subnet is on-link.
+    #[test]
+    fn new_addresses_are_advertised_and_routed() {
+        let mut r = resolver();
+        let v6 = vec![
+            (1, "fd00:1::1".parse().unwrap(), 64),
+            (1, "fd00:9::1".parse().unwrap(), 64),
+            (2, "2001:db8::1".parse().unwrap(), 64),
+        ];
+        let out = r.set_addrs(&v6, &[]);
+        assert_eq!(out.len(), 1);
+        let (oif, f) = out[0];
+        assert_eq!(oif, 1);
+        let p = parse_ndp(&f).expect("a valid NA");
+        assert_eq!(p.dst, a("ff02::1"));
+        assert_eq!(p.msg.msg_type, ndp::NEIGHBOR_ADVERT);
+        assert_eq!(p.msg.target, a("fd00:9::1"));
+        assert_eq!(p.msg.lladdr, Some([2, 0, 0, 0, 0, 1]));
+        assert_eq!(p.msg.flags & ndp::FLAG_SOLICITED, 0);
+        assert_ne!(p.msg.flags & ndp::FLAG_OVERRIDE, 0);
+        assert_eq!(r.next_hop(a("fd00:9::7")), Some((1, a("fd00:9::7"))));
+        assert!(
+            r.set_addrs(&v6, &[]).is_empty(),
+            "nothing new the second time"
+        );
     }
 }
