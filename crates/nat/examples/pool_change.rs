@@ -5,11 +5,13 @@
 //!
 //! MAPPINGS UDP mappings (default 1 000 000; 16 per subscriber, from
 //! 100.64.0.0) on a pool of 64 addresses (ports 1024-65535), port blocks
-//! of BLOCK ports (default 0: none). Then three changes, each timed:
-//! an address added at the end of the pool (every mapping kept), the
-//! pool's second half removed (half the mappings retired), and the
-//! addresses back in another pool list order (no port blocks only: with
-//! them an address that left cannot come back while running).
+//! of BLOCK ports (default 0: none). Then five changes, each timed: an
+//! address added at the end of the pool (every mapping kept), a pool put
+//! ahead of it (renumbered), the pool's second half removed (half the
+//! mappings retired), the addresses back in another pool list order (no
+//! port blocks only: with them an address that left cannot come back
+//! while running), and the first address removed (the pool's mappings
+//! filed again one by one).
 
 use std::net::Ipv4Addr;
 use std::time::Instant;
@@ -74,8 +76,16 @@ fn main() {
         }
     };
     step("one address added", vec![pool(0, 64)]);
-    step("the second half removed", vec![pool(0, 31)]);
-    step("all back, in two pools", vec![pool(32, 64), pool(0, 31)]);
+    step(
+        "renumbered (a pool put ahead)",
+        vec![pool(200, 200), pool(0, 64)],
+    );
+    step("the second half removed", vec![pool(200, 200), pool(0, 31)]);
+    step(
+        "all back, in another order",
+        vec![pool(32, 64), pool(0, 31)],
+    );
+    step("the first address removed", vec![pool(32, 64), pool(1, 31)]);
 }
 
 /// Resident set size of this process, MB (Linux).

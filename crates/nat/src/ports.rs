@@ -142,6 +142,14 @@ impl PortSpace {
         s
     }
 
+    /// Keep the first `maps` bitmaps (a pool's addresses taken out at its
+    /// end).
+    pub(crate) fn truncate(&mut self, maps: usize) {
+        self.words.truncate(self.words_per_map.saturating_mul(maps));
+        self.free.truncate(maps);
+        self.cursor.truncate(maps);
+    }
+
     /// Grow to `maps` bitmaps, the new ones empty (a pool's appended
     /// addresses).
     pub(crate) fn grow(&mut self, maps: usize) {

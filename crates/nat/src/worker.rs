@@ -593,51 +593,95 @@ impl<S: NatEventSink> WorkerNat<S> {
         let mut old = core::mem::take(&mut self.pools);
         let blocks = next.port_block_size > 0;
         let mut change = PoolChange::default();
-        // A pool that keeps its number and port range, its addresses only
-        // appended to (the usual change: addresses added when a pool runs
-        // short, another rule's pool changed), keeps its state: its
-        // mappings, bitmaps and blocks stay as they are, the new
-        // addresses' appended. Only the other pools' mappings are visited.
-        let mut reused = vec![false; old.len()];
-        for (i, np) in next.pools.iter().enumerate() {
-            let Some(op) = self.config.pools.get(i) else {
-                continue;
-            };
-            if op.ports != np.ports || !np.addrs.starts_with(&op.addrs) {
-                continue;
+        // A pool whose port range stays and whose list keeps a leading run
+        // of its addresses keeps its state under its new number: the usual
+        // changes (addresses appended when a pool runs short, the last ones
+        // taken out, pools renumbered by another rule's change) then cost
+        // no re-filing of its mappings on those addresses; the mappings of
+        // its addresses that left are retired, new addresses appended.
+        // `reuse[i]`: old pool `i` serves new pool `j`, keeping `k`
+        // addresses.
+        // (Not when an address it drops is still a pool address: that
+        // one's mappings move, which the slow path below does.)
+        let lead = |op: &crate::Pool, np: &crate::Pool| {
+            if op.ports != np.ports {
+                return 0;
             }
-            if let (Some(o), Some(n)) = (old.get_mut(i), pools.get_mut(i)) {
-                core::mem::swap(o, n);
-                n.grow(&np.addrs);
-                reused[i] = true;
+            let k = op
+                .addrs
+                .iter()
+                .zip(&np.addrs)
+                .take_while(|(a, b)| a == b)
+                .count();
+            let rest = op.addrs.get(k..).unwrap_or_default();
+            if rest.iter().any(|a| pool_addr.contains_key(&u32::from(*a))) {
+                0
+            } else {
+                k
             }
-        }
-        let is_reused = |s: Space| matches!(s, Space::Pool { pool, .. } if reused.get(usize::from(pool)).copied().unwrap_or(false));
-        if reused.contains(&true) {
-            change.kept += self.by_ext.values().filter(|m| is_reused(m.space)).count() as u64;
-        }
-        // Ports held for mappings retired earlier, in the old pools'
-        // bitmaps, move with their address; one whose address or port left
-        // is no longer held (an allocation that meets it again holds it
-        // again).
-        for (ext, r) in &mut self.retired {
-            match r.hold {
-                Some(h) if is_reused(h) => {}
-                Some(Space::Pool { map, .. }) => {
-                    r.hold = pool_addr
-                        .get(&ext.addr)
-                        .and_then(|&t| take_raw(&mut pools, t, map, ext.port));
+        };
+        let mut reuse: Vec<Option<(u16, usize)>> = vec![None; old.len()];
+        for (j, np) in next.pools.iter().enumerate() {
+            let free = |i: usize| reuse.get(i).is_some_and(Option::is_none);
+            let pick = self
+                .config
+                .pools
+                .get(j)
+                .filter(|_| free(j))
+                .map(|op| (j, lead(op, np)))
+                .filter(|&(_, k)| k > 0)
+                .or_else(|| {
+                    self.config
+                        .pools
+                        .iter()
+                        .enumerate()
+                        .filter(|&(i, _)| free(i))
+                        .map(|(i, op)| (i, lead(op, np)))
+                        .find(|&(_, k)| k > 0)
+                });
+            if let (Some((i, k)), Ok(j)) = (pick, u16::try_from(j)) {
+                if let Some(r) = reuse.get_mut(i) {
+                    *r = Some((j, k));
                 }
-                _ => {}
             }
         }
-        // Every mapping with a port in a pool bitmap, or whose address
-        // becomes a pool address, leaves `by_int` first: its key there may
-        // be another's old one (pool numbers move).
+        let reused_to = |pool: u16| reuse.get(usize::from(pool)).copied().flatten();
+        // The mappings of a reused pool's addresses that left retire now,
+        // while its old state still says which block each was in.
+        let gone: Vec<(ExtKey, Mapping)> = self
+            .by_ext
+            .iter()
+            .filter(|(_, m)| {
+                matches!(m.space, Space::Pool { pool, map }
+                    if reused_to(pool).is_some_and(|(_, k)| map as usize / PROTOS >= k))
+            })
+            .map(|(e, m)| (*e, *m))
+            .collect();
+        for (ext, m) in gone {
+            let sessions = self
+                .by_int
+                .remove(&m.key.int_key())
+                .map_or(0, |v| v.sessions());
+            let block = match m.space {
+                Space::Pool { pool, map } => retired_block(&old, pool, map, ext.port),
+                _ => None,
+            };
+            self.retire(ext, sessions, block, None);
+            change.retired += 1;
+        }
+        change.kept += self
+            .by_ext
+            .values()
+            .filter(|m| matches!(m.space, Space::Pool { pool, .. } if reused_to(pool).is_some()))
+            .count() as u64;
+        // Every other mapping with a port in a pool bitmap, or whose
+        // address becomes a pool address, leaves `by_int` first, to be
+        // filed again below: its key there may be another's old one (pool
+        // numbers move). (Pool numbers are still the old ones here.)
         let mut moving: Vec<(ExtKey, u32)> = Vec::new();
         for (ext, m) in &self.by_ext {
             let goes = match m.space {
-                s @ Space::Pool { .. } => !is_reused(s),
+                Space::Pool { pool, .. } => reused_to(pool).is_none(),
                 Space::Masq { .. } => pool_addr.contains_key(&ext.addr),
                 Space::Retired => false,
             };
@@ -647,6 +691,62 @@ impl<S: NatEventSink> WorkerNat<S> {
                     .remove(&m.key.int_key())
                     .map_or(0, |v| v.sessions());
                 moving.push((*ext, n));
+            }
+        }
+        for (i, r) in reuse.iter().enumerate() {
+            let Some((j, k)) = *r else {
+                continue;
+            };
+            if let (Some(o), Some(n), Some(np)) = (
+                old.get_mut(i),
+                pools.get_mut(usize::from(j)),
+                next.pools.get(usize::from(j)),
+            ) {
+                core::mem::swap(o, n);
+                n.truncate(k);
+                n.grow(&np.addrs);
+            }
+        }
+        // The kept mappings of reused pools take the new numbers, in place
+        // (a realm is not part of `by_int`'s hash).
+        if reuse
+            .iter()
+            .enumerate()
+            .any(|(i, r)| matches!(r, Some((j, _)) if usize::from(*j) != i))
+        {
+            // (The mappings being filed again are in pools not reused.)
+            for m in self.by_ext.values_mut() {
+                if let Space::Pool { pool, map } = m.space {
+                    if let Some((j, _)) = reused_to(pool) {
+                        m.space = Space::Pool { pool: j, map };
+                        if m.key.realm == Realm::Pool(pool) {
+                            m.key.realm = Realm::Pool(j);
+                        }
+                    }
+                }
+            }
+            self.by_int.remap_pools(|r| {
+                u16::try_from(r)
+                    .ok()
+                    .and_then(reused_to)
+                    .map(|(j, _)| u32::from(j))
+            });
+        }
+        // Ports held for mappings retired earlier move with their address:
+        // in a reused pool they are where they were; elsewhere taken again
+        // in the new bitmap, or no longer held if their address or port
+        // left (an allocation that meets one holds it again).
+        for (ext, r) in &mut self.retired {
+            if let Some(Space::Pool { pool, map }) = r.hold {
+                r.hold = match reused_to(pool) {
+                    Some((j, k)) if (map as usize / PROTOS) < k => {
+                        Some(Space::Pool { pool: j, map })
+                    }
+                    Some(_) => None,
+                    None => pool_addr
+                        .get(&ext.addr)
+                        .and_then(|&t| take_raw(&mut pools, t, map, ext.port)),
+                };
             }
         }
         for (ext, sessions) in moving {
@@ -686,27 +786,7 @@ impl<S: NatEventSink> WorkerNat<S> {
                     }
                     (s, _) => (None, Some(s)),
                 };
-                if let Some((addr, first, sub, last)) = block {
-                    self.retired_blocks
-                        .entry((addr, first))
-                        .or_insert(RetiredBlock {
-                            sub,
-                            last,
-                            mappings: 0,
-                        })
-                        .mappings += 1;
-                }
-                self.retired.insert(
-                    ext,
-                    Retired {
-                        sessions,
-                        block: block.map(|(a, f, _, _)| (a, f)),
-                        hold,
-                    },
-                );
-                if let Some(x) = self.by_ext.get_mut(&ext) {
-                    x.space = Space::Retired;
-                }
+                self.retire(ext, sessions, block, hold);
                 change.retired += 1;
                 continue;
             };
@@ -739,6 +819,39 @@ impl<S: NatEventSink> WorkerNat<S> {
         self.pools = pools;
         self.config = next.clone();
         Ok(change)
+    }
+
+    /// Retire the mapping of `ext` (out of `by_int` already, `sessions`
+    /// its count): its block (address, first port, subscriber, last port)
+    /// if it came from one, the port `hold` takes for it.
+    fn retire(
+        &mut self,
+        ext: ExtKey,
+        sessions: u32,
+        block: Option<(u32, u16, u32, u16)>,
+        hold: Option<Space>,
+    ) {
+        if let Some((addr, first, sub, last)) = block {
+            self.retired_blocks
+                .entry((addr, first))
+                .or_insert(RetiredBlock {
+                    sub,
+                    last,
+                    mappings: 0,
+                })
+                .mappings += 1;
+        }
+        self.retired.insert(
+            ext,
+            Retired {
+                sessions,
+                block: block.map(|(a, f, _, _)| (a, f)),
+                hold,
+            },
+        );
+        if let Some(x) = self.by_ext.get_mut(&ext) {
+            x.space = Space::Retired;
+        }
     }
 
     /// Mappings retired by pool changes that are still alive here.
@@ -1832,6 +1945,29 @@ struct SessionRef {
 }
 
 impl PoolState {
+    /// [`WorkerNat::set_pools`]: keep the first `k` addresses only (their
+    /// bitmaps and port blocks; the caller has retired the others'
+    /// mappings).
+    fn truncate(&mut self, k: usize) {
+        if k >= self.addrs.len() {
+            return;
+        }
+        self.addrs.truncate(k);
+        self.space.truncate(k * PROTOS);
+        if let Some(b) = &mut self.blocks {
+            let n = b.per_addr as usize * k;
+            b.owner.truncate(n);
+            b.used.truncate(n);
+            b.next.truncate(n);
+            b.free.truncate(k);
+            b.cursor.truncate(k);
+            b.by_sub.retain(|_, v| {
+                v.retain(|&x| (x as usize) < n);
+                !v.is_empty()
+            });
+        }
+    }
+
     /// [`WorkerNat::set_pools`]: this pool's addresses become `addrs`,
     /// which start with the ones it has (same port range): the bitmaps and
     /// port blocks of the new ones are appended, empty.

@@ -222,7 +222,7 @@ fn refused_changes_change_nothing() {
     );
     // Other settings.
     let mut other = b.clone();
-    other.hairpinning = false;
+    other.filtering = FilteringBehaviour::AddressDependent;
     assert_eq!(n.set_pools(&other), Err(ConfigError::SettingsChange));
     assert_eq!(n.config(), &b);
     assert_eq!(
@@ -309,6 +309,18 @@ fn layouts(block: u16) -> Vec<NatConfig> {
         config(vec![pool(&[1, 2, 3, 6], r.clone())], 2, block),
         config(
             vec![pool(&[1, 2, 3, 6], r.clone()), pool(&[7], r.clone())],
+            2,
+            block,
+        ),
+        // Renumbered (its state moves to index 1), and shortened at its
+        // end.
+        config(
+            vec![pool(&[7], r.clone()), pool(&[1, 2, 3], r.clone())],
+            2,
+            block,
+        ),
+        config(
+            vec![pool(&[8], r.clone()), pool(&[1, 2], r.clone())],
             2,
             block,
         ),
