@@ -485,6 +485,15 @@ fn ctl_status_metrics_and_http_metrics_on_a_mem_gateway() {
         with("max_sessions_per_subscriber = 500"),
     )
     .unwrap();
+    // `reload check` says so without reloading.
+    let c = json(&ctl(&["reload", "check"]));
+    assert!(
+        c["applied"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x == "nat settings")),
+        "{c}"
+    );
+    assert_eq!(json(&ctl(&["status"]))["generation"], 5);
     let r = json(&ctl(&["reload"]));
     assert!(
         r["applied"]
