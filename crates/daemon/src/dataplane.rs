@@ -259,7 +259,8 @@ pub enum NatQuery {
 
 fn mapping_json(m: &sluice_nat::MappingInfo, worker: u16) -> serde_json::Value {
     serde_json::json!({"proto": m.proto, "int_addr": m.int_addr, "int_port": m.int_port,
-        "ext_addr": m.ext_addr, "ext_port": m.ext_port, "sessions": m.sessions, "worker": worker})
+        "ext_addr": m.ext_addr, "ext_port": m.ext_port, "sessions": m.sessions,
+        "retired": m.retired, "worker": worker})
 }
 
 /// One worker's answer to a [`NatQuery`]: `{"mappings": [...], "blocks":

@@ -607,6 +607,11 @@ fn nat_pool_reload(backend: &str, tag: &str) {
         );
         let during = d.ctl("status");
         let conns = d.ctl("conntrack list proto tcp port 5201");
+        let port = conns["connections"][0]["reply"]["dport"]
+            .as_u64()
+            .unwrap_or(0);
+        let lookup = d.ctl(&format!("nat lookup {POOL}:{port} proto tcp"));
+        assert_eq!(lookup["mappings"][0]["retired"], true, "{lookup}\n{conns}");
         let web = curl(&t.private, &format!("http://{PUBLIC}:8081/blob"), 5);
         (c.join().expect("iperf3 thread"), answer, during, conns, web)
     });

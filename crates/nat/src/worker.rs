@@ -398,6 +398,9 @@ pub struct MappingInfo {
     pub ext_port: u16,
     /// Sessions holding the mapping.
     pub sessions: u32,
+    /// Retired by a pool change ([`WorkerNat::set_pools`]): it serves its
+    /// sessions until the last ends, and takes no new one.
+    pub retired: bool,
 }
 
 /// Counters of one worker.
@@ -1094,7 +1097,7 @@ impl<S: NatEventSink> WorkerNat<S> {
         };
         self.by_ext
             .get(&ext)
-            .map(|m| info(&m.key, ext, self.sessions_of(&ext, m)))
+            .map(|m| info(m, ext, self.sessions_of(&ext, m)))
     }
 
     /// The port block holding external `addr:port` (port block
@@ -1135,7 +1138,7 @@ impl<S: NatEventSink> WorkerNat<S> {
     pub fn mappings(&self) -> impl Iterator<Item = MappingInfo> + '_ {
         self.by_ext
             .iter()
-            .map(|(e, m)| info(&m.key, *e, self.sessions_of(e, m)))
+            .map(|(e, m)| info(m, *e, self.sessions_of(e, m)))
     }
 
     /// The destination part of the mapping key of `orig`: none (zeros)
@@ -2226,8 +2229,10 @@ fn removed_event(worker: u16, key: &MapKey, ext: ExtKey) -> NatEvent {
     }
 }
 
-fn info(key: &MapKey, ext: ExtKey, sessions: u32) -> MappingInfo {
+fn info(m: &Mapping, ext: ExtKey, sessions: u32) -> MappingInfo {
+    let key = &m.key;
     MappingInfo {
+        retired: m.space == Space::Retired,
         proto: key.proto,
         int_addr: Ipv4Addr::from(key.int_addr),
         int_port: key.int_port,

@@ -107,6 +107,13 @@ fn kept_and_retired_mappings() {
         r1.dport,
     );
     assert!(n.inbound_new(&inbound).is_none());
+    let listed = n.mapping_by_ext(proto::UDP, ip(1), r1.dport).unwrap();
+    assert!(listed.retired, "listed as retired");
+    assert!(
+        !n.mapping_by_ext(proto::UDP, ip(2), r2.dport)
+            .unwrap()
+            .retired
+    );
     let o1b = udp(o1.src_addr().octets()[3], 5000, 55);
     let r1b = n.translate_outbound(&o1b, &snat(1), None).unwrap();
     assert_ne!(r1b.dst, u32::from(ip(1)));
