@@ -600,6 +600,8 @@ struct ReloadPlan {
     /// `[nat]` switches a running gateway takes changed (and nothing else
     /// of `[nat]`).
     nat_live: bool,
+    /// The NAT log's destination or format changed (it was and stays on).
+    nat_log: bool,
     /// What changed and needs a restart.
     needs_restart: Vec<&'static str>,
 }
@@ -644,9 +646,13 @@ impl ReloadPlan {
             && worker_nat(old, &st.pools)
                 .pool_change(&worker_nat(cfg, &st.pools), &st.seen)
                 .is_ok();
+        // A running NAT log may move to another destination or format;
+        // turning it on or off needs a restart (the workers' rings are
+        // sized at start).
+        let nat_log = old.nat_log != cfg.nat_log && old.nat_log.is_some() && cfg.nat_log.is_some();
         if (old.nat != cfg.nat && !nat_live)
             || old.masquerade != cfg.masquerade
-            || old.nat_log != cfg.nat_log
+            || (old.nat_log != cfg.nat_log && !nat_log)
         {
             needs_restart.push("nat");
         }
@@ -669,6 +675,7 @@ impl ReloadPlan {
             apply_routes,
             timeouts_changed,
             nat_live,
+            nat_log,
             needs_restart,
         }
     }
@@ -687,6 +694,9 @@ impl ReloadPlan {
         }
         if self.nat_live {
             a.push("nat settings");
+        }
+        if self.nat_log {
+            a.push("nat log");
         }
         if self.apply_routes {
             a.push("routes");
@@ -1344,6 +1354,13 @@ impl Control {
             return Err(f);
         }
         let plan = ReloadPlan::of(&st.config, &cfg, &st);
+        if let (Some(l), Some(c), true) = (&self.nat_log, &cfg.nat_log, plan.nat_log) {
+            // As a reload would: a destination it cannot open refuses it.
+            l.open_dest(c).map_err(|e| CtlFailure {
+                kind: "config",
+                message: e,
+            })?;
+        }
         let mut applied = plan.applied(&st.config, &cfg);
         if lp.compiled.is_some() && lp.pools != st.pools {
             applied.push("nat pools");
@@ -1370,11 +1387,28 @@ impl Control {
             apply_routes,
             timeouts_changed,
             nat_live,
+            nat_log,
             needs_restart,
         } = plan;
+        // The new NAT log destination is opened before anything changes:
+        // one that cannot be opened refuses the reload.
+        let new_log = match (&self.nat_log, &cfg.nat_log) {
+            (Some(l), Some(c)) if nat_log => Some(l.open_dest(c).map_err(|e| CtlFailure {
+                kind: "config",
+                message: e,
+            })?),
+            _ => None,
+        };
         self.publish(&mut st, lp)?;
         if relink {
             self.relink(&mut st, &cfg)?;
+        }
+        if let (Some(l), Some(d)) = (&self.nat_log, new_log) {
+            l.retarget(d).map_err(|e| CtlFailure {
+                kind: "config",
+                message: e,
+            })?;
+            st.config.nat_log = cfg.nat_log.clone();
         }
         if nat_live {
             let n = worker_nat(&cfg, &st.pools);

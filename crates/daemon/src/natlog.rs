@@ -43,6 +43,10 @@ pub enum LogMsg {
     Events(Vec<LoggedEvent>),
     /// Reopen the file (SIGHUP).
     Reopen,
+    /// Write to another destination from now on (a reload's `nat.log`),
+    /// already opened, in its format: what is queued before goes to the
+    /// old one, which is flushed and closed.
+    Retarget(Box<(Out, String, LogFormat)>),
     /// Flush and stop.
     Stop,
 }
@@ -95,6 +99,14 @@ impl NatLogLink {
 pub struct NatLogHandle {
     tx: SyncSender<LogMsg>,
     stats: Arc<NatLogStats>,
+    /// The destination written now (a reload may change it).
+    config: Arc<std::sync::Mutex<NatLogConfig>>,
+    block_size: u16,
+}
+
+/// A NAT log destination opened for [`NatLogHandle::retarget`].
+pub struct NewDest {
+    out: Out,
     config: NatLogConfig,
 }
 
@@ -113,7 +125,10 @@ fn open(path: &Path) -> std::io::Result<File> {
 const SYSLOG_PRI: u32 = 16 * 8 + 6;
 
 /// The logger thread's output.
-enum Out {
+pub struct Out(OutKind);
+
+/// [`Out`]'s destinations.
+enum OutKind {
     File {
         path: PathBuf,
         w: BufWriter<File>,
@@ -146,17 +161,23 @@ fn udp_for(to: &SocketAddr) -> Result<UdpSocket, String> {
 
 impl Out {
     fn open(dest: &LogDest, block_size: u16) -> Result<Self, String> {
+        OutKind::open(dest, block_size).map(Out)
+    }
+}
+
+impl OutKind {
+    fn open(dest: &LogDest, block_size: u16) -> Result<Self, String> {
         match dest {
             LogDest::File(path) => {
                 let f = open(path).map_err(|e| {
                     format!("nat.log: cannot open {} for appending: {e}", path.display())
                 })?;
-                Ok(Out::File {
+                Ok(OutKind::File {
                     path: path.clone(),
                     w: BufWriter::with_capacity(1 << 16, f),
                 })
             }
-            LogDest::Ipfix(to) => Ok(Out::Ipfix {
+            LogDest::Ipfix(to) => Ok(OutKind::Ipfix {
                 sock: udp_for(to)?,
                 to: *to,
                 // Observation domain 1: one exporting process per gateway.
@@ -169,7 +190,7 @@ impl Out {
                     .ok()
                     .filter(|h| !h.is_empty() && h.is_ascii() && !h.contains(' '))
                     .unwrap_or_else(|| "-".into());
-                Ok(Out::Syslog {
+                Ok(OutKind::Syslog {
                     sock,
                     to: *to,
                     header: format!("{host} sluice {} NAT -", std::process::id()),
@@ -182,12 +203,12 @@ impl Out {
     /// One event's line (without newline), stamped `wall_ms`.
     fn line(&mut self, wall_ms: u64, line: &str) -> std::io::Result<()> {
         match self {
-            Out::File { w, .. } => {
+            OutKind::File { w, .. } => {
                 w.write_all(line.as_bytes())?;
                 w.write_all(b"\n")
             }
-            Out::Ipfix { .. } => Ok(()),
-            Out::Syslog {
+            OutKind::Ipfix { .. } => Ok(()),
+            OutKind::Syslog {
                 sock,
                 to,
                 header,
@@ -207,8 +228,8 @@ impl Out {
 
     fn flush(&mut self) -> std::io::Result<()> {
         match self {
-            Out::File { w, .. } => w.flush(),
-            Out::Syslog { .. } | Out::Ipfix { .. } => Ok(()),
+            OutKind::File { w, .. } => w.flush(),
+            OutKind::Syslog { .. } | OutKind::Ipfix { .. } => Ok(()),
         }
     }
 
@@ -221,7 +242,7 @@ impl Out {
     ) -> (u64, u64, Option<std::io::Error>) {
         let (mut ok, mut lost) = (0u64, 0u64);
         let mut err = None;
-        if let Out::Ipfix { sock, to, exporter } = self {
+        if let OutKind::Ipfix { sock, to, exporter } = self {
             let now_s = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs() as u32);
@@ -241,7 +262,7 @@ impl Out {
             format_event(line, e, format);
             // A file stops at its first failed write (the rest of the
             // batch is lost); a datagram's failure is that datagram's.
-            if err.is_some() && matches!(self, Out::File { .. }) {
+            if err.is_some() && matches!(self, OutKind::File { .. }) {
                 lost += 1;
                 continue;
             }
@@ -258,7 +279,7 @@ impl Out {
 
     /// SIGHUP: reopen a file (log rotation); nothing for syslog.
     fn reopen(&mut self) {
-        let Out::File { path, w } = self else {
+        let OutKind::File { path, w } = self else {
             return;
         };
         let _ = w.flush();
@@ -278,7 +299,7 @@ impl Out {
 impl NatLogger {
     /// Open the destination (an error names it) and start the thread.
     pub fn start(config: &NatLogConfig, block_size: u16) -> Result<Self, String> {
-        let out = Out::open(&config.dest, block_size)?;
+        let Out(out) = Out::open(&config.dest, block_size)?;
         let (tx, rx) = mpsc::sync_channel(QUEUE);
         let stats = Arc::new(NatLogStats::default());
         let st = Arc::clone(&stats);
@@ -292,7 +313,8 @@ impl NatLogger {
             handle: NatLogHandle {
                 tx,
                 stats,
-                config: config.clone(),
+                config: Arc::new(std::sync::Mutex::new(config.clone())),
+                block_size,
             },
             thread: Some(thread),
         })
@@ -328,6 +350,39 @@ impl NatLogHandle {
         let _ = self.tx.send(LogMsg::Reopen);
     }
 
+    /// The destination and format written now.
+    pub fn config(&self) -> NatLogConfig {
+        self.config
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Open `config`'s destination for [`Self::retarget`] (a reload checks
+    /// it before it changes anything): an error names it.
+    pub fn open_dest(&self, config: &NatLogConfig) -> Result<NewDest, String> {
+        Ok(NewDest {
+            out: Out::open(&config.dest, self.block_size)?,
+            config: config.clone(),
+        })
+    }
+
+    /// Write to `new` from now on (a reload); events queued before go to
+    /// the old destination, which is flushed and closed.
+    pub fn retarget(&self, new: NewDest) -> Result<(), String> {
+        let NewDest { out, config } = new;
+        self.tx
+            .send(LogMsg::Retarget(Box::new((
+                out,
+                config.dest.to_string(),
+                config.format,
+            ))))
+            .map_err(|_| "nat.log: the logger thread is gone".to_string())?;
+        tracing::info!(dest = %config.dest, "NAT log now written to a new destination");
+        *self.config.lock().unwrap_or_else(|e| e.into_inner()) = config;
+        Ok(())
+    }
+
     /// (lines written, events lost, write errors).
     pub fn counts(&self) -> (u64, u64, u64) {
         (
@@ -339,9 +394,10 @@ impl NatLogHandle {
 
     /// `sluice ctl status`'s `nat_log` object.
     pub fn status(&self) -> serde_json::Value {
+        let config = self.config();
         serde_json::json!({
-            "path": self.config.dest.to_string(),
-            "format": match self.config.format { LogFormat::Text => "text", LogFormat::Json => "json" },
+            "path": config.dest.to_string(),
+            "format": match config.format { LogFormat::Text => "text", LogFormat::Json => "json" },
             "written": self.stats.written.load(Ordering::Relaxed),
             "lost": self.stats.lost.load(Ordering::Relaxed),
             "write_errors": self.stats.write_errors.load(Ordering::Relaxed),
@@ -349,10 +405,17 @@ impl NatLogHandle {
     }
 }
 
-fn run(rx: Receiver<LogMsg>, mut out: Out, dest: &str, format: LogFormat, stats: &NatLogStats) {
+fn run(
+    rx: Receiver<LogMsg>,
+    mut out: OutKind,
+    dest: &str,
+    mut format: LogFormat,
+    stats: &NatLogStats,
+) {
+    let mut dest = dest.to_string();
     let mut line = String::with_capacity(256);
     let mut failing = false;
-    let note = |r: std::io::Result<()>, n: u64, failing: &mut bool| match r {
+    let note = |r: std::io::Result<()>, n: u64, failing: &mut bool, dest: &str| match r {
         Ok(()) => {
             stats.written.fetch_add(n, Ordering::Relaxed);
             *failing = false;
@@ -375,21 +438,29 @@ fn run(rx: Receiver<LogMsg>, mut out: Out, dest: &str, format: LogFormat, stats:
                 LogMsg::Events(evs) => {
                     let (ok, lost, err) = out.batch(&evs, format, &mut line);
                     match err {
-                        None => note(Ok(()), ok, &mut failing),
+                        None => note(Ok(()), ok, &mut failing, &dest),
                         Some(x) => {
                             stats.written.fetch_add(ok, Ordering::Relaxed);
-                            note(Err(x), lost, &mut failing);
+                            note(Err(x), lost, &mut failing, &dest);
                         }
                     }
                 }
                 LogMsg::Reopen => out.reopen(),
+                LogMsg::Retarget(b) => {
+                    let (Out(new), d, f) = *b;
+                    note(out.flush(), 0, &mut failing, &dest);
+                    out = new;
+                    dest = d;
+                    format = f;
+                    failing = false;
+                }
                 LogMsg::Stop => stop = true,
             }
             if !stop {
                 msg = rx.try_recv().ok();
             }
         }
-        note(out.flush(), 0, &mut failing);
+        note(out.flush(), 0, &mut failing, &dest);
         if stop {
             break;
         }

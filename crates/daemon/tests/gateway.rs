@@ -33,7 +33,7 @@
 //!   one block per subscriber instead, and the connections' external
 //!   ports lie in it (deterministic NAT: the block `nat lookup` computes);
 //!   a syslog collector gets RFC 5424 messages and an IPFIX collector RFC
-//!   8158 records;
+//!   8158 records; a reload moves the log to another file and format;
 //! - the gateway answers TTL 1 with ICMP time exceeded and an oversized DF
 //!   packet with ICMP fragmentation needed carrying the egress MTU.
 //! - frames tagged for VLAN 100 (from a raw socket, the tag carried as
@@ -1391,6 +1391,44 @@ fn nat_log(backend: &str, tag: &str) {
     });
     assert!(log_lines(&rotated, &["nat=mapping-created"]).len() >= 2);
     assert!(d.log().contains("NAT log reopened"), "{}", d.log());
+    // A reload that moves the log to another file in JSON: the next
+    // mapping is written there, and no longer to the old one.
+    let cfg = t.dir.join("sluice.toml");
+    let toml = read(&cfg).replace(
+        "log = \"nat.log\"",
+        "log = \"nat2.log\"\nlog_format = \"json\"",
+    );
+    std::fs::write(&cfg, toml).expect("rewrite config");
+    let r = d.ctl("reload");
+    assert!(
+        r["applied"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x == "nat log")),
+        "{r}"
+    );
+    let before = log_lines(&log, &["nat=mapping-created"]).len();
+    let o = sh(
+        &t.private,
+        &format!(
+            "python3 -c \"import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); \
+             s.bind(('10.0.0.2', 40002)); s.sendto(b'x', ('{PUBLIC}', 9))\""
+        ),
+    );
+    assert!(o.status.success(), "udp send: {}", text(&o));
+    let log2 = t.dir.join("nat2.log");
+    wait_for("the mapping in the new log", Duration::from_secs(5), || {
+        !log_lines(
+            &log2,
+            &["\"event\":\"mapping-created\"", "\"int_port\":40002"],
+        )
+        .is_empty()
+    });
+    assert_eq!(log_lines(&log, &["nat=mapping-created"]).len(), before);
+    assert!(
+        d.log().contains("NAT log now written to a new destination"),
+        "{}",
+        d.log()
+    );
 }
 
 /// Port block allocation: one block for the host's ICMP, UDP and TCP

@@ -510,10 +510,54 @@ fn ctl_status_metrics_and_http_metrics_on_a_mem_gateway() {
     let r = json(&ctl(&["reload"]));
     assert_eq!(r["needs_restart"], serde_json::json!(["nat"]), "{r}");
     assert_eq!(r["generation"], 7, "{r}");
+    // The NAT log moves to another file; one that cannot be opened
+    // refuses the reload, changing nothing.
+    let toml = std::fs::read_to_string(dir.join("gw.toml")).unwrap();
+    std::fs::write(
+        dir.join("gw.toml"),
+        toml.replace("log = \"nat.log\"", "log = \"nat2.log\""),
+    )
+    .unwrap();
+    let r = json(&ctl(&["reload"]));
+    assert!(
+        r["applied"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x == "nat log")),
+        "{r}"
+    );
+    let st = json(&ctl(&["status"]));
+    assert!(
+        st["nat_log"]["path"]
+            .as_str()
+            .unwrap_or("")
+            .ends_with("nat2.log"),
+        "{st}"
+    );
+    assert!(dir.join("nat2.log").exists());
+    std::fs::write(
+        dir.join("gw.toml"),
+        toml.replace(
+            "log = \"nat.log\"",
+            "log = \"/nonexistent-sluice-dir/nat.log\"",
+        ),
+    )
+    .unwrap();
+    let o = ctl(&["reload"]);
+    assert!(!o.status.success());
+    assert!(json(&o).to_string().contains("cannot open"), "{}", json(&o));
+    let st = json(&ctl(&["status"]));
+    assert!(
+        st["nat_log"]["path"]
+            .as_str()
+            .unwrap_or("")
+            .ends_with("nat2.log"),
+        "{st}"
+    );
+    assert_eq!(st["generation"], 8, "{st}");
     let m = ctl(&["metrics"]);
     let text = String::from_utf8_lossy(&m.stdout).to_string();
     assert!(text.starts_with("# HELP sluice_uptime_seconds"), "{text}");
-    assert!(text.contains("sluice_ruleset_generation 7\n"), "{text}");
+    assert!(text.contains("sluice_ruleset_generation 8\n"), "{text}");
     assert!(
         text.contains("sluice_nat_retired_mappings{worker=\"0\"} 0\n"),
         "{text}"
