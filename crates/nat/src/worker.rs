@@ -660,6 +660,7 @@ impl<S: NatEventSink> WorkerNat<S> {
             })
             .map(|(e, m)| (*e, *m))
             .collect();
+        self.retired.reserve(gone.len());
         for (ext, m) in gone {
             let sessions = self
                 .by_int
