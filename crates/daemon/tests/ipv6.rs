@@ -29,7 +29,9 @@
 //! worker, an ICMPv6 error from a router steered by the packet it quotes,
 //! and a worker other than 0 resolving a next hop, all under a stateful
 //! rule set. `notrack` at `priority raw` for echo: after a reload, pings
-//! cross untracked, with no IPv6 connection for them.
+//! cross untracked, with no IPv6 connection for them. An address added to
+//! wan0 by a reload is answered at once, and no longer once a reload takes
+//! it away.
 //!
 //! Needs root, `ip`, `sysctl`, `ethtool`, `ping`, `curl` and `python3`.
 
@@ -384,6 +386,55 @@ fn ipv6_notrack(backend: &str, tag: &str) {
         "{backend}: no connection for untracked echo: {l}"
     );
     assert!(d.counter("untracked") >= 6, "{}", d.context());
+}
+
+/// A reload that adds 2001:db8:2::5/64 to wan0: the public host pings it
+/// at once (the gateway answers its neighbor solicitation and the echo,
+/// and announced the address), while pings through the gateway go on; a
+/// reload that takes it away ends the answers.
+fn ipv6_address_reload(backend: &str, tag: &str) {
+    const NEW6: &str = "2001:db8:2::5";
+    let (t, d, _) = setup(tag, backend, 1);
+    let cfg = t.dir.join("sluice.toml");
+    let plain = read(&cfg);
+    let more = plain.replace(
+        &format!("\"{GW_WAN6}/64\"]"),
+        &format!("\"{GW_WAN6}/64\", \"{NEW6}/64\"]"),
+    );
+    assert_ne!(more, plain);
+    let ping = |ip: &str| {
+        sh(&t.public, &format!("ping -6 -n -c 1 -W 2 {ip}"))
+            .status
+            .success()
+    };
+    assert!(!ping(NEW6), "not the gateway's yet");
+    std::fs::write(&cfg, &more).expect("rewrite config");
+    let r = d.ctl("reload");
+    assert!(
+        r["applied"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x == "interfaces (addresses)")),
+        "{r}"
+    );
+    assert!(ping(NEW6), "{NEW6} answered\n{}", d.context());
+    must_via(&t.private, &format!("ping -6 -n -c 2 -W 2 {PUB6}"), &d);
+    std::fs::write(&cfg, &plain).expect("rewrite config");
+    let r = d.ctl("reload");
+    assert_eq!(r["ok"], true, "{r}");
+    assert!(!ping(NEW6), "{NEW6} still answered");
+    assert!(ping(GW_WAN6), "{GW_WAN6} answered\n{}", d.context());
+}
+
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn ipv6_address_added_and_removed_by_a_reload_af_packet() {
+    ipv6_address_reload("af_packet", "v6ra");
+}
+
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn ipv6_address_added_and_removed_by_a_reload_af_xdp() {
+    ipv6_address_reload("af_xdp", "v6rx");
 }
 
 #[test]
