@@ -602,6 +602,8 @@ struct ReloadPlan {
     nat_live: bool,
     /// The NAT log's destination or format changed (it was and stays on).
     nat_log: bool,
+    /// The control socket's mode or group changed (its path did not).
+    socket_mode: bool,
     /// What changed and needs a restart.
     needs_restart: Vec<&'static str>,
 }
@@ -637,8 +639,21 @@ impl ReloadPlan {
             || old.backend != cfg.backend
             || old.af_packet_rx != cfg.af_packet_rx
             || old.worker_priority != cfg.worker_priority
+            || old.xdp_offload != cfg.xdp_offload
         {
             needs_restart.push("workers/backend");
+        }
+        if old.control_socket != cfg.control_socket {
+            needs_restart.push("control_socket");
+        }
+        if old.capture != cfg.capture {
+            needs_restart.push("capture");
+        }
+        // A group given back to the daemon's own (unset) is taken at the
+        // next start; a new mode or group is applied.
+        let group_unset = old.control_socket_group.is_some() && cfg.control_socket_group.is_none();
+        if group_unset {
+            needs_restart.push("control_socket_group");
         }
         // The switches read when a session or mapping is made are taken
         // live; the rest of `[nat]` needs a restart.
@@ -676,6 +691,9 @@ impl ReloadPlan {
             timeouts_changed,
             nat_live,
             nat_log,
+            socket_mode: old.control_socket == cfg.control_socket
+                && (old.control_socket_mode != cfg.control_socket_mode
+                    || (old.control_socket_group != cfg.control_socket_group && !group_unset)),
             needs_restart,
         }
     }
@@ -697,6 +715,9 @@ impl ReloadPlan {
         }
         if self.nat_log {
             a.push("nat log");
+        }
+        if self.socket_mode {
+            a.push("control socket mode");
         }
         if self.apply_routes {
             a.push("routes");
@@ -1388,6 +1409,7 @@ impl Control {
             timeouts_changed,
             nat_live,
             nat_log,
+            socket_mode,
             needs_restart,
         } = plan;
         // The new NAT log destination is opened before anything changes:
@@ -1402,6 +1424,35 @@ impl Control {
         self.publish(&mut st, lp)?;
         if relink {
             self.relink(&mut st, &cfg)?;
+        }
+        if socket_mode {
+            // As at start (`bind_with_mode`): the group first, then the
+            // mode, on the socket file itself.
+            let p = &st.config.control_socket;
+            let set = || -> std::io::Result<()> {
+                if let Some(g) = cfg.control_socket_group {
+                    std::os::unix::fs::chown(p, None, Some(g))?;
+                }
+                std::fs::set_permissions(
+                    p,
+                    std::os::unix::fs::PermissionsExt::from_mode(cfg.control_socket_mode & 0o777),
+                )
+            };
+            set().map_err(|e| CtlFailure {
+                kind: "config",
+                message: format!(
+                    "control_socket_mode / control_socket_group: {}: {e}",
+                    p.display()
+                ),
+            })?;
+            st.config.control_socket_mode = cfg.control_socket_mode;
+            if cfg.control_socket_group.is_some() {
+                st.config.control_socket_group = cfg.control_socket_group;
+            }
+            tracing::info!(
+                mode = format!("{:o}", cfg.control_socket_mode),
+                "reload: control socket mode applied"
+            );
         }
         if let (Some(l), Some(d)) = (&self.nat_log, new_log) {
             l.retarget(d).map_err(|e| CtlFailure {

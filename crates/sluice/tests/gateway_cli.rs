@@ -554,10 +554,36 @@ fn ctl_status_metrics_and_http_metrics_on_a_mem_gateway() {
         "{st}"
     );
     assert_eq!(st["generation"], 8, "{st}");
+    // The control socket's mode is applied by a reload; a capture file,
+    // which a reload cannot start, is reported as needing a restart
+    // (both were once ignored without a word).
+    std::fs::write(
+        dir.join("gw.toml"),
+        format!("control_socket_mode = \"0660\"\ncapture = \"cap\"\n{toml}"),
+    )
+    .unwrap();
+    let r = json(&ctl(&["reload"]));
+    assert!(
+        r["applied"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x == "control socket mode")),
+        "{r}"
+    );
+    // (`nat`: the mapping behaviour written above still waits for one.)
+    assert_eq!(
+        r["needs_restart"],
+        serde_json::json!(["capture", "nat"]),
+        "{r}"
+    );
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&sock).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o660, "control socket mode {mode:o}");
+    }
     let m = ctl(&["metrics"]);
     let text = String::from_utf8_lossy(&m.stdout).to_string();
     assert!(text.starts_with("# HELP sluice_uptime_seconds"), "{text}");
-    assert!(text.contains("sluice_ruleset_generation 8\n"), "{text}");
+    assert!(text.contains("sluice_ruleset_generation 9\n"), "{text}");
     assert!(
         text.contains("sluice_nat_retired_mappings{worker=\"0\"} 0\n"),
         "{text}"
