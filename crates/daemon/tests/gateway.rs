@@ -192,6 +192,19 @@ fn rule_packets(rules: &serde_json::Value, pat: &str) -> Option<u64> {
         .and_then(|r| r["packets"].as_u64())
 }
 
+/// An iperf3 `-J -i 1` client's report: at least `seconds` one-second
+/// intervals, each of which moved more than 100 kB; the report.
+fn every_second_moved(o: &std::process::Output, seconds: usize) -> serde_json::Value {
+    let j = json(o);
+    let intervals = j["intervals"].as_array().expect("intervals");
+    assert!(intervals.len() >= seconds, "{} intervals", intervals.len());
+    for (i, iv) in intervals.iter().enumerate() {
+        let b = iv["sum"]["bytes"].as_u64().unwrap_or(0);
+        assert!(b > 100_000, "interval {i} moved only {b} bytes:\n{j}");
+    }
+    j
+}
+
 fn json(o: &std::process::Output) -> serde_json::Value {
     serde_json::from_slice(&o.stdout)
         .unwrap_or_else(|e| panic!("iperf3 -J output is not JSON ({e}):\n{}", text(o)))
@@ -554,14 +567,8 @@ fn sighup_reload(backend: &str, tag: &str) {
         text(&o),
         d.context()
     );
-    let j = json(&o);
-    let intervals = j["intervals"].as_array().expect("intervals");
-    assert!(intervals.len() >= 5, "{} intervals", intervals.len());
     // Data kept flowing in every second, the reload's included.
-    for (i, iv) in intervals.iter().enumerate() {
-        let b = iv["sum"]["bytes"].as_u64().unwrap_or(0);
-        assert!(b > 100_000, "interval {i} moved only {b} bytes:\n{j}");
-    }
+    let j = every_second_moved(&o, 5);
     let bytes = j["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0);
     eprintln!("{backend}: {bytes} bytes across the reload");
     assert!(
@@ -616,25 +623,14 @@ fn nat_pool_reload(backend: &str, tag: &str) {
         (c.join().expect("iperf3 thread"), answer, during, conns, web)
     });
     assert_eq!(answer["ok"], true, "{answer}");
-    assert!(
-        answer["applied"]
-            .as_array()
-            .is_some_and(|a| a.iter().any(|x| x == "nat pools")),
-        "{answer}"
-    );
+    assert!(applied(&answer, "nat pools"), "{answer}");
     assert!(
         o.status.success(),
         "the transfer did not survive the pool change:\n{}\n{}",
         text(&o),
         d.context()
     );
-    let j = json(&o);
-    let intervals = j["intervals"].as_array().expect("intervals");
-    assert!(intervals.len() >= 5, "{} intervals", intervals.len());
-    for (i, iv) in intervals.iter().enumerate() {
-        let b = iv["sum"]["bytes"].as_u64().unwrap_or(0);
-        assert!(b > 100_000, "interval {i} moved only {b} bytes:\n{j}");
-    }
+    every_second_moved(&o, 5);
     // The transfer's connections kept the old address.
     let list = conns["connections"].as_array().expect("connections");
     assert!(
@@ -712,12 +708,7 @@ fn address_reload(backend: &str, tag: &str) {
         (p.join().expect("ping thread"), answer, after)
     });
     assert_eq!(answer["ok"], true, "{answer}");
-    assert!(
-        answer["applied"]
-            .as_array()
-            .is_some_and(|a| a.iter().any(|x| x == "interfaces (addresses)")),
-        "{answer}"
-    );
+    assert!(applied(&answer, "interfaces (addresses)"), "{answer}");
     assert_eq!(answer["needs_restart"], serde_json::json!([]), "{answer}");
     assert_eq!(
         after,
@@ -1400,12 +1391,7 @@ fn nat_log(backend: &str, tag: &str) {
     );
     std::fs::write(&cfg, toml).expect("rewrite config");
     let r = d.ctl("reload");
-    assert!(
-        r["applied"]
-            .as_array()
-            .is_some_and(|a| a.iter().any(|x| x == "nat log")),
-        "{r}"
-    );
+    assert!(applied(&r, "nat log"), "{r}");
     let before = log_lines(&log, &["nat=mapping-created"]).len();
     let o = sh(
         &t.private,
@@ -1878,16 +1864,7 @@ fn live_rule_updates(backend: &str, tag: &str) {
         text(&o),
         d.context()
     );
-    let j = json(&o);
-    for (i, iv) in j["intervals"]
-        .as_array()
-        .expect("intervals")
-        .iter()
-        .enumerate()
-    {
-        let b = iv["sum"]["bytes"].as_u64().unwrap_or(0);
-        assert!(b > 100_000, "interval {i} moved only {b} bytes:\n{j}");
-    }
+    every_second_moved(&o, 0);
     // A refused command changes nothing and says why.
     let bad = d.ctl("nft delete rule ip filter forward handle 99999");
     assert_eq!(bad["ok"], false, "{bad}");

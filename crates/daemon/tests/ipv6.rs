@@ -410,12 +410,7 @@ fn ipv6_address_reload(backend: &str, tag: &str) {
     assert!(!ping(NEW6), "not the gateway's yet");
     std::fs::write(&cfg, &more).expect("rewrite config");
     let r = d.ctl("reload");
-    assert!(
-        r["applied"]
-            .as_array()
-            .is_some_and(|a| a.iter().any(|x| x == "interfaces (addresses)")),
-        "{r}"
-    );
+    assert!(applied(&r, "interfaces (addresses)"), "{r}");
     assert!(ping(NEW6), "{NEW6} answered\n{}", d.context());
     must_via(&t.private, &format!("ping -6 -n -c 2 -W 2 {PUB6}"), &d);
     std::fs::write(&cfg, &plain).expect("rewrite config");

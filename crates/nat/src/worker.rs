@@ -662,10 +662,7 @@ impl<S: NatEventSink> WorkerNat<S> {
             .collect();
         self.retired.reserve(gone.len());
         for (ext, m) in gone {
-            let sessions = self
-                .by_int
-                .remove(&m.key.int_key())
-                .map_or(0, |v| v.sessions());
+            let sessions = unfile(&mut self.by_int, &m.key);
             let block = match m.space {
                 Space::Pool { pool, map } => retired_block(&old, pool, map, ext.port),
                 _ => None,
@@ -690,11 +687,7 @@ impl<S: NatEventSink> WorkerNat<S> {
                 Space::Retired => false,
             };
             if goes {
-                let n = self
-                    .by_int
-                    .remove(&m.key.int_key())
-                    .map_or(0, |v| v.sessions());
-                moving.push((*ext, n));
+                moving.push((*ext, unfile(&mut self.by_int, &m.key)));
             }
         }
         for (i, r) in reuse.iter().enumerate() {
@@ -781,8 +774,7 @@ impl<S: NatEventSink> WorkerNat<S> {
                     (Space::Masq { map, .. }, Some(t)) => {
                         match take_raw(&mut pools, t, map, ext.port) {
                             Some(h) => {
-                                self.masq_space.release(map as usize, ext.port);
-                                self.masq_unref(m.space);
+                                self.free_bit(m.space, ext.port);
                                 (None, Some(h))
                             }
                             None => (None, Some(m.space)),
@@ -794,9 +786,9 @@ impl<S: NatEventSink> WorkerNat<S> {
                 change.retired += 1;
                 continue;
             };
-            if let Space::Masq { map, .. } = m.space {
-                self.masq_space.release(map as usize, ext.port);
-                self.masq_unref(m.space);
+            if let Space::Masq { .. } = m.space {
+                // Its masquerade bit is given back (the pool's holds it).
+                self.free_bit(m.space, ext.port);
             }
             let mut key = MapKey {
                 realm: match (m.key.realm, target) {
@@ -856,11 +848,6 @@ impl<S: NatEventSink> WorkerNat<S> {
         if let Some(x) = self.by_ext.get_mut(&ext) {
             x.space = Space::Retired;
         }
-    }
-
-    /// Mappings retired by pool changes that are still alive here.
-    pub fn retired_mappings(&self) -> usize {
-        self.retired.len()
     }
 
     /// The configuration the pools come from.
@@ -1389,7 +1376,7 @@ impl<S: NatEventSink> WorkerNat<S> {
                     let old = r.hold.replace(space);
                     self.uncount_in_block(space, port);
                     if let Some(h) = old {
-                        self.free_hold(h, port);
+                        self.free_bit(h, port);
                     }
                 }
             }
@@ -1693,7 +1680,7 @@ impl<S: NatEventSink> WorkerNat<S> {
             return;
         };
         if let Some(h) = r.hold {
-            self.free_hold(h, ext.port);
+            self.free_bit(h, ext.port);
         }
         match r.block {
             None => self.sink.event(&removed_event(self.worker, &m.key, ext)),
@@ -1718,10 +1705,10 @@ impl<S: NatEventSink> WorkerNat<S> {
         }
     }
 
-    /// Free a retired mapping's held `port` of `space`: its bit alone (a
-    /// hold is in no port block's count), unbinding an emptied masquerade
-    /// slot.
-    fn free_hold(&mut self, space: Space, port: u16) {
+    /// Free `port`'s bit in `space` alone, outside any port block's count
+    /// (a retired mapping's hold; a masquerade port moving to a pool's
+    /// bitmap), unbinding an emptied masquerade slot.
+    fn free_bit(&mut self, space: Space, port: u16) {
         match space {
             Space::Pool { pool, map } => {
                 if let Some(p) = self.pools.get_mut(usize::from(pool)) {
@@ -2093,6 +2080,12 @@ fn free_port(
         }
         Space::Retired => None,
     }
+}
+
+/// [`WorkerNat::set_pools`]: take the mapping of internal side `key` out
+/// of `by_int`; its session count.
+fn unfile(by_int: &mut IntMap, key: &MapKey) -> u32 {
+    by_int.remove(&key.int_key()).map_or(0, |v| v.sessions())
 }
 
 /// [`WorkerNat::set_pools`]: take `port` in new pool `np`'s address `nai`

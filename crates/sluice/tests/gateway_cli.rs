@@ -455,12 +455,7 @@ fn ctl_status_metrics_and_http_metrics_on_a_mem_gateway() {
     std::fs::write(dir.join("sluice.nft"), &nft_text).unwrap();
     let r = json(&ctl(&["reload"]));
     assert_eq!(r["generation"], 5, "{r}");
-    assert!(
-        r["applied"]
-            .as_array()
-            .is_some_and(|a| a.iter().any(|x| x == "nat pools")),
-        "{r}"
-    );
+    assert!(applied(&r, "nat pools"), "{r}");
     let o = ctl(&snat9);
     assert!(!o.status.success());
     assert!(
@@ -487,20 +482,10 @@ fn ctl_status_metrics_and_http_metrics_on_a_mem_gateway() {
     .unwrap();
     // `reload check` says so without reloading.
     let c = json(&ctl(&["reload", "check"]));
-    assert!(
-        c["applied"]
-            .as_array()
-            .is_some_and(|a| a.iter().any(|x| x == "nat settings")),
-        "{c}"
-    );
+    assert!(applied(&c, "nat settings"), "{c}");
     assert_eq!(json(&ctl(&["status"]))["generation"], 5);
     let r = json(&ctl(&["reload"]));
-    assert!(
-        r["applied"]
-            .as_array()
-            .is_some_and(|a| a.iter().any(|x| x == "nat settings")),
-        "{r}"
-    );
+    assert!(applied(&r, "nat settings"), "{r}");
     assert_eq!(r["needs_restart"], serde_json::json!([]), "{r}");
     std::fs::write(
         dir.join("gw.toml"),
@@ -519,12 +504,7 @@ fn ctl_status_metrics_and_http_metrics_on_a_mem_gateway() {
     )
     .unwrap();
     let r = json(&ctl(&["reload"]));
-    assert!(
-        r["applied"]
-            .as_array()
-            .is_some_and(|a| a.iter().any(|x| x == "nat log")),
-        "{r}"
-    );
+    assert!(applied(&r, "nat log"), "{r}");
     let st = json(&ctl(&["status"]));
     assert!(
         st["nat_log"]["path"]
@@ -563,12 +543,7 @@ fn ctl_status_metrics_and_http_metrics_on_a_mem_gateway() {
     )
     .unwrap();
     let r = json(&ctl(&["reload"]));
-    assert!(
-        r["applied"]
-            .as_array()
-            .is_some_and(|a| a.iter().any(|x| x == "control socket mode")),
-        "{r}"
-    );
+    assert!(applied(&r, "control socket mode"), "{r}");
     // (`nat`: the mapping behaviour written above still waits for one.)
     assert_eq!(
         r["needs_restart"],
@@ -630,6 +605,14 @@ fn ctl_status_metrics_and_http_metrics_on_a_mem_gateway() {
             "no {want:?} in the gateway's log:\n{err}"
         );
     }
+}
+
+/// Whether a reload's (or `reload check`'s) answer lists `what` among
+/// what it `applied`.
+fn applied(answer: &serde_json::Value, what: &str) -> bool {
+    answer["applied"]
+        .as_array()
+        .is_some_and(|a| a.iter().any(|x| x == what))
 }
 
 /// `sluice nat lookup -c CFG QUERY`.

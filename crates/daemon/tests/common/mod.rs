@@ -112,6 +112,14 @@ pub fn spawn(ns: &Netns, argv: &[&str], log: &Path, cwd: Option<&Path>) -> Guard
     Guard(Some(c.spawn().expect("spawn in netns")))
 }
 
+/// Whether a reload's (or `reload check`'s) answer lists `what` among
+/// what it `applied`.
+pub fn applied(answer: &serde_json::Value, what: &str) -> bool {
+    answer["applied"]
+        .as_array()
+        .is_some_and(|a| a.iter().any(|x| x == what))
+}
+
 pub fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     let t0 = Instant::now();
     while t0.elapsed() < timeout {

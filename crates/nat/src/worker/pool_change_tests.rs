@@ -44,6 +44,17 @@ fn udp(h: u8, sport: u16, dport: u16) -> FlowKey4 {
     )
 }
 
+/// `count` UDP connections of host 1 (source ports 5000 on) through pool
+/// 0: (orig, reply) each.
+fn open(n: &mut WorkerNat<VecSink>, count: u16) -> Vec<(FlowKey4, FlowKey4)> {
+    (0..count)
+        .map(|i| {
+            let o = udp(1, 5000 + i, 53);
+            (o, n.translate_outbound(&o, &snat(0), None).unwrap())
+        })
+        .collect()
+}
+
 fn events(n: &WorkerNat<VecSink>) -> (usize, usize) {
     let e = &n.sink().events;
     (
@@ -149,12 +160,7 @@ fn kept_and_retired_mappings() {
 fn a_shrunk_range_retires_the_ports_outside_it() {
     let c = config(vec![pool(&[1], 2000..=2009)], 1, 0);
     let mut n = WorkerNat::new(&c, 0, VecSink::default()).unwrap();
-    let live: Vec<_> = (0..10)
-        .map(|i| {
-            let o = udp(1, 5000 + i, 53);
-            (o, n.translate_outbound(&o, &snat(0), None).unwrap())
-        })
-        .collect();
+    let live = open(&mut n, 10);
     let ch = n
         .set_pools(&config(vec![pool(&[1], 2000..=2004)], 1, 0))
         .unwrap();
@@ -174,12 +180,7 @@ fn a_shrunk_range_retires_the_ports_outside_it() {
 fn a_returning_address_skips_retired_endpoints() {
     let c = config(vec![pool(&[1], 2000..=2003)], 1, 0);
     let mut n = WorkerNat::new(&c, 0, VecSink::default()).unwrap();
-    let live: Vec<_> = (0..2)
-        .map(|i| {
-            let o = udp(1, 5000 + i, 53);
-            (o, n.translate_outbound(&o, &snat(0), None).unwrap())
-        })
-        .collect();
+    let live = open(&mut n, 2);
     n.set_pools(&config(vec![pool(&[2], 2000..=2003)], 1, 0))
         .unwrap();
     n.set_pools(&config(vec![pool(&[1], 2000..=2003)], 1, 0))
