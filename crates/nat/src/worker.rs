@@ -1031,7 +1031,8 @@ impl<S: NatEventSink> WorkerNat<S> {
                     e.remove();
                 }
             }
-            let last = match self.count_of(&ext) {
+            let m = self.by_ext.get(&ext).copied();
+            let last = match m.and_then(|m| self.count_of(&ext, &m)) {
                 Some(n) => {
                     *n = n.saturating_sub(1);
                     *n == 0
@@ -1267,14 +1268,14 @@ impl<S: NatEventSink> WorkerNat<S> {
             .map_or(0, |v| v.sessions())
     }
 
-    /// The session count of the mapping with external endpoint `ext`.
-    fn count_of(&mut self, ext: &ExtKey) -> Option<&mut u32> {
-        let m = self.by_ext.get(ext)?;
+    /// The session count of mapping `m` (external endpoint `ext`).
+    fn count_of(&mut self, ext: &ExtKey, m: &Mapping) -> Option<&mut u32> {
         if m.space == Space::Retired {
             return self.retired.get_mut(ext).map(|r| &mut r.sessions);
         }
-        let k = m.key.int_key();
-        self.by_int.get_mut(&k).map(|v| v.sessions_mut())
+        self.by_int
+            .get_mut(&m.key.int_key())
+            .map(|v| v.sessions_mut())
     }
 
     fn snat(&mut self, orig: &FlowKey4, realm: Realm) -> Result<FlowKey4, NatError> {
@@ -1864,14 +1865,15 @@ impl<S: NatEventSink> WorkerNat<S> {
                 continue;
             };
             if !(i == 0 && source_counted) {
-                if !self
+                let Some(m) = self
                     .by_ext
                     .get(&r.ext)
-                    .is_some_and(|m| m.key.int_addr == r.subscriber && m.key.int_port == int_port)
-                {
+                    .copied()
+                    .filter(|m| m.key.int_addr == r.subscriber && m.key.int_port == int_port)
+                else {
                     continue;
-                }
-                match self.count_of(&r.ext) {
+                };
+                match self.count_of(&r.ext, &m) {
                     Some(n) => *n += 1,
                     None => continue,
                 }
