@@ -2335,12 +2335,14 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     // One offload map for every worker and port.
     let offload = if cfg.xdp_offload {
         let max = u32::try_from(cfg.ct_max.saturating_mul(2)).unwrap_or(u32::MAX);
-        let t = sluice_io::XdpOffload::new(max)
+        let max6 = u32::try_from(cfg.ct6_max.saturating_mul(2)).unwrap_or(u32::MAX);
+        let t = sluice_io::XdpOffload::new(max, max6)
             .map_err(|e| RunError::Os(format!("XDP offload table: {e}")))?;
         tracing::info!(
             slots = t.slots(),
-            mib = (u64::from(t.slots()) * sluice_io::afxdp::offload::SLOT_SIZE as u64) >> 20,
-            "XDP offload table"
+            slots_v6 = t.slots6(),
+            mib = t.bytes() >> 20,
+            "XDP offload tables"
         );
         Some(t)
     } else {

@@ -67,7 +67,9 @@ pub mod xdpgen;
 
 pub use afpacket::{AfPacketConfig, AfPacketPort, RxRing};
 pub use afxdp::bpf::XdpMode;
-pub use afxdp::offload::{OffloadAction, OffloadKey, OffloadStats, XdpOffload};
+pub use afxdp::offload::{
+    OffloadAction, OffloadAction6, OffloadKey, OffloadKey6, OffloadStats, XdpOffload,
+};
 pub use afxdp::{AfXdpConfig, AfXdpPort, AfXdpQueues, Umem, XdpSteer};
 pub use batch::{Batch, FrameMeta, BATCH_CAP, FRAME_CAP};
 pub use error::{IfName, IoError};

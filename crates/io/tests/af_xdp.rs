@@ -594,7 +594,7 @@ fn udp_frame(sport: u16) -> Vec<u8> {
 #[test]
 #[ignore = "needs root + netns; run by .ci/run with --ignored"]
 fn afxdp_offload_forwards_installed_flows_in_xdp() {
-    use sluice_io::{OffloadAction, OffloadKey, XdpOffload};
+    use sluice_io::{OffloadAction, OffloadAction6, OffloadKey, OffloadKey6, XdpOffload};
     let net = TestNet::new("xdp-offload", &["a", "b"]);
     // veth accepts XDP redirects only for a peer with NAPI.
     let gro = std::process::Command::new("ip")
@@ -612,7 +612,7 @@ fn afxdp_offload_forwards_installed_flows_in_xdp() {
         .expect("run ethtool");
     assert!(gro.success(), "ethtool -K b1 gro on");
     net.run(|| {
-        let offload = XdpOffload::new(1024).unwrap();
+        let offload = XdpOffload::new(1024, 1024).unwrap();
         let cfg = AfXdpConfig {
             umem: Some(Umem::new(4096).unwrap()),
             ring_size: 1024,
@@ -716,5 +716,82 @@ fn afxdp_offload_forwards_installed_flows_in_xdp() {
         let k7 = OffloadKey { sport: 1007, ..k };
         assert_eq!(offload.stats(&k7).map(|s| s.packets), Some(0));
         assert_eq!(offload.clear(), 100);
+
+        // IPv6: the frames of an installed flow leave b0 with the new MACs
+        // and the hop limit decremented, counted; another flow's reach the
+        // socket.
+        let k6 = OffloadKey6 {
+            ifindex: a0,
+            src: 0xfd00_0000_0000_0000_0000_0000_0000_0002,
+            dst: 0x2001_0db8_0000_0000_0000_0000_0000_0002,
+            sport: 40_000,
+            dport: 53,
+            proto: 17,
+        };
+        let act6 = OffloadAction6 {
+            dst_mac: [0x02, 0, 0, 0, 0x06, 0xb1],
+            src_mac: [0x02, 0, 0, 0, 0x06, 0xb0],
+            oif: b0,
+            mtu: 1500,
+        };
+        assert!(offload.install6(&k6, &act6));
+        for _ in 0..10 {
+            src.send(&udp6_frame(40_000)).unwrap();
+        }
+        let mut got = 0;
+        let end = std::time::Instant::now() + Duration::from_secs(5);
+        while got < 10 && std::time::Instant::now() < end {
+            if let Some(n) = dst.recv(&mut buf, 20).unwrap() {
+                let f = &buf[..n];
+                if f.len() >= 62 && f[12..14] == [0x86, 0xdd] && f[20] == 17 {
+                    let want = udp6_frame(40_000);
+                    assert_eq!(f[0..6], act6.dst_mac);
+                    assert_eq!(f[6..12], act6.src_mac);
+                    assert_eq!(f[21], 63, "hop limit");
+                    assert_eq!(f[22..], want[22..]);
+                    got += 1;
+                }
+            }
+        }
+        assert_eq!(got, 10, "offloaded IPv6 frames out of b1");
+        assert_eq!(offload.stats6(&k6).map(|s| s.packets), Some(10));
+        let want6 = udp6_frame(40_001);
+        src.send(&want6).unwrap();
+        let mut batch = Batch::new();
+        let end = std::time::Instant::now() + Duration::from_secs(5);
+        let mut seen = false;
+        while !seen && std::time::Instant::now() < end {
+            let n = a.rx_batch(&mut batch);
+            seen = (0..n).any(|i| batch.data(i) == Some(&want6[..]));
+            batch.clear();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(seen, "an IPv6 miss goes to the AF_XDP socket");
+        assert!(offload.remove6(&k6));
+        assert_eq!(offload.stats6(&k6), None);
+        assert!(offload.install6(&k6, &act6));
+        assert_eq!(offload.clear(), 1);
     });
+}
+
+/// A UDP/IPv6 frame fd00::2:`sport` -> 2001:db8::2:53 with 18 bytes of
+/// payload.
+fn udp6_frame(sport: u16) -> Vec<u8> {
+    let mut f = vec![0u8; 80];
+    f[0..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 0xa0]);
+    f[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 0xa1]);
+    f[12..14].copy_from_slice(&[0x86, 0xdd]);
+    f[14] = 0x60;
+    f[18..20].copy_from_slice(&26u16.to_be_bytes());
+    f[20] = 17;
+    f[21] = 64;
+    f[22] = 0xfd;
+    f[37] = 2;
+    f[38..40].copy_from_slice(&[0x20, 0x01]);
+    f[40..42].copy_from_slice(&[0x0d, 0xb8]);
+    f[53] = 2;
+    f[54..56].copy_from_slice(&sport.to_be_bytes());
+    f[56..58].copy_from_slice(&53u16.to_be_bytes());
+    f[58..60].copy_from_slice(&26u16.to_be_bytes());
+    f
 }

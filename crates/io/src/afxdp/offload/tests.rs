@@ -11,7 +11,18 @@ const CTX: u64 = 0x1000;
 const PKT: u64 = 0x10_0000;
 const STACK_TOP: u64 = 0x20_0000;
 const VAL: u64 = 0x1_0000_0000;
+const VAL6: u64 = 0x2_0000_0000;
 const MAP_FD: i32 = 0x7777;
+const MAP6_FD: i32 = 0x6666;
+const MULT: [u64; 7] = [
+    0x9e37_79b9_7f4a_7c15,
+    0xc2b2_ae3d_27d4_eb4f,
+    0x1656_67b1_9e37_79f9,
+    0x27d4_eb2f_1656_67c5,
+    0x94d0_49bb_1331_11eb,
+    0xbf58_476d_1ce4_e5b9,
+    0x2545_f491_4f6c_dd1d,
+];
 
 #[derive(Debug, PartialEq, Eq)]
 enum Outcome {
@@ -21,28 +32,24 @@ enum Outcome {
     Redirect(u32),
 }
 
-/// A table in plain memory, as the mmap'ed array.
+/// The two tables in plain memory, as the mmap'ed arrays.
 struct TestTable {
     words: Vec<AtomicU64>,
     layout: Layout,
+    words6: Vec<AtomicU64>,
+    layout6: Layout,
 }
 
 impl TestTable {
-    /// `slots` slots and fixed multipliers (so a failure reproduces).
+    /// `slots` slots in each table and fixed multipliers (so a failure
+    /// reproduces).
     fn new(slots: u32) -> Self {
+        let zeroed = |n: usize| (0..n).map(|_| AtomicU64::new(0)).collect();
         Self {
-            words: (0..slots as usize * WORDS)
-                .map(|_| AtomicU64::new(0))
-                .collect(),
-            layout: Layout {
-                slots,
-                mult: [
-                    0x9e37_79b9_7f4a_7c15,
-                    0xc2b2_ae3d_27d4_eb4f,
-                    0x1656_67b1_9e37_79f9,
-                    0x27d4_eb2f_1656_67c5,
-                ],
-            },
+            words: zeroed(slots as usize * V4.words),
+            layout: Layout { slots, mult: MULT },
+            words6: zeroed(slots as usize * V6.words),
+            layout6: Layout { slots, mult: MULT },
         }
     }
 
@@ -50,7 +57,42 @@ impl TestTable {
         Table {
             words: &self.words,
             layout: self.layout,
+            shape: V4,
         }
+    }
+
+    fn table6(&self) -> Table<'_> {
+        Table {
+            words: &self.words6,
+            layout: self.layout6,
+            shape: V6,
+        }
+    }
+
+    fn install(&self, k: &OffloadKey, a: &OffloadAction) -> bool {
+        self.table()
+            .install(k.ifindex, &k.words(), &data_words(a), a.mtu)
+    }
+
+    fn remove(&self, k: &OffloadKey) -> bool {
+        self.table().remove(k.ifindex, &k.words())
+    }
+
+    fn stats(&self, k: &OffloadKey) -> Option<OffloadStats> {
+        self.table().stats(k.ifindex, &k.words())
+    }
+
+    fn install6(&self, k: &OffloadKey6, a: &OffloadAction6) -> bool {
+        self.table6()
+            .install(k.ifindex, &k.words(), &data_words6(a), a.mtu)
+    }
+
+    fn remove6(&self, k: &OffloadKey6) -> bool {
+        self.table6().remove(k.ifindex, &k.words())
+    }
+
+    fn stats6(&self, k: &OffloadKey6) -> Option<OffloadStats> {
+        self.table6().stats(k.ifindex, &k.words())
     }
 }
 
@@ -59,8 +101,9 @@ struct Vm<'a> {
     ifindex: u32,
     table: &'a TestTable,
     stack: [u8; 512],
-    /// Slots a lookup returned (the only map memory the program may touch).
-    looked_up: Vec<usize>,
+    /// Slots a lookup returned, with their map's value base (the only map
+    /// memory the program may touch).
+    looked_up: Vec<(u64, usize)>,
     /// Make a writer bump the hit's sequence when the program first reads
     /// its rewrite words (a race the seqlock check must catch).
     race: bool,
@@ -84,27 +127,31 @@ impl Vm<'_> {
         panic!("access of {size} at {addr:#x}");
     }
 
-    /// The map word and byte offset of a value access, checked like the
+    /// The table, word and byte offset of a value access, checked like the
     /// verifier does (inside one slot a lookup returned).
-    fn map_at(&self, addr: u64, size: usize) -> Option<usize> {
-        if addr < VAL {
+    fn map_at(&self, addr: u64, size: usize) -> Option<(&[AtomicU64], u64, usize)> {
+        let (base, words, slot_size) = if addr >= VAL6 {
+            (VAL6, &self.table.words6, SLOT_SIZE6)
+        } else if addr >= VAL {
+            (VAL, &self.table.words, SLOT_SIZE)
+        } else {
             return None;
-        }
-        let o = (addr - VAL) as usize;
-        let slot = o / SLOT_SIZE;
+        };
+        let o = (addr - base) as usize;
+        let slot = o / slot_size;
         assert!(
-            self.looked_up.contains(&slot),
+            self.looked_up.contains(&(base, slot)),
             "value access without a lookup"
         );
         assert!(
-            o % SLOT_SIZE + size <= SLOT_SIZE,
+            o % slot_size + size <= slot_size,
             "value access beyond its size"
         );
-        Some(o)
+        Some((words, base, o))
     }
 
-    fn map_byte(&self, o: usize) -> u8 {
-        (self.table.words[o / 8].load(Ordering::Relaxed) >> (8 * (o % 8))) as u8
+    fn map_byte(words: &[AtomicU64], o: usize) -> u8 {
+        (words[o / 8].load(Ordering::Relaxed) >> (8 * (o % 8))) as u8
     }
 
     fn load(&mut self, addr: u64, size: usize) -> u64 {
@@ -117,14 +164,24 @@ impl Vm<'_> {
                 o => panic!("ctx load at {o}"),
             };
         }
-        if let Some(o) = self.map_at(addr, size) {
-            if self.race && o % SLOT_SIZE == S_DATA as usize {
-                self.race = false;
-                self.table.words[o / 8 - 4].fetch_add(2, Ordering::Relaxed);
+        let race = self.race;
+        if let Some((words, base, o)) = self.map_at(addr, size) {
+            let (slot_size, data) = if base == VAL6 {
+                (SLOT_SIZE6, S6_DATA)
+            } else {
+                (SLOT_SIZE, S_DATA)
+            };
+            let mut raced = false;
+            if race && o % slot_size == data as usize {
+                raced = true;
+                words[(o - o % slot_size) / 8].fetch_add(2, Ordering::Relaxed);
             }
             let mut v = [0u8; 8];
             for (i, b) in v[..size].iter_mut().enumerate() {
-                *b = self.map_byte(o + i);
+                *b = Self::map_byte(words, o + i);
+            }
+            if raced {
+                self.race = false;
             }
             return u64::from_ne_bytes(v);
         }
@@ -136,11 +193,11 @@ impl Vm<'_> {
 
     fn store(&mut self, addr: u64, size: usize, v: u64) {
         let b = v.to_ne_bytes();
-        if let Some(o) = self.map_at(addr, size) {
+        if let Some((words, _, o)) = self.map_at(addr, size) {
             for (i, byte) in b[..size].iter().enumerate() {
                 let at = o + i;
                 let shift = 8 * (at % 8);
-                let w = &self.table.words[at / 8];
+                let w = &words[at / 8];
                 let old = w.load(Ordering::Relaxed);
                 w.store(
                     (old & !(0xff << shift)) | u64::from(*byte) << shift,
@@ -218,11 +275,19 @@ impl Vm<'_> {
                 CALL => {
                     match i.imm {
                         HELPER_MAP_LOOKUP => {
-                            assert_eq!(r[1], MAP_FD as u64);
+                            let (base, slots, size) = match r[1] {
+                                x if x == MAP_FD as u64 => {
+                                    (VAL, self.table.layout.slots, SLOT_SIZE)
+                                }
+                                x if x == MAP6_FD as u64 => {
+                                    (VAL6, self.table.layout6.slots, SLOT_SIZE6)
+                                }
+                                x => panic!("map {x:#x}"),
+                            };
                             let idx = self.load(r[2], 4) as u32;
-                            r[0] = if idx < self.table.layout.slots {
-                                self.looked_up.push(idx as usize);
-                                VAL + u64::from(idx) * SLOT_SIZE as u64
+                            r[0] = if idx < slots {
+                                self.looked_up.push((base, idx as usize));
+                                base + u64::from(idx) * size as u64
                             } else {
                                 0
                             };
@@ -247,10 +312,14 @@ impl Vm<'_> {
 }
 
 fn program(t: &TestTable) -> Vec<BpfInsn> {
-    let (mut p, maps) = prefix(&t.layout);
+    let (mut p, maps, maps6) = prefix(&t.layout, &t.layout6);
     assert_eq!(maps.len(), PROBES as usize);
+    assert_eq!(maps6.len(), PROBES as usize);
     for at in maps {
         p[at].imm = MAP_FD;
+    }
+    for at in maps6 {
+        p[at].imm = MAP6_FD;
     }
     p
 }
@@ -401,7 +470,7 @@ fn a_hit_is_translated_with_valid_checksums_and_counted() {
             let a = action(&f, 0xcb00_7101, 0xcb00_7102, 61_234, 53);
             let k = key_of(&f, 3);
             let t = TestTable::new(64);
-            assert!(t.table().install(&k, &a));
+            assert!(t.install(&k, &a));
             assert_eq!(run(&t, &mut f, 3), Outcome::Redirect(7));
             assert_eq!(f[0..6], a.dst_mac);
             assert_eq!(f[6..12], a.src_mac);
@@ -415,7 +484,7 @@ fn a_hit_is_translated_with_valid_checksums_and_counted() {
                 l4_csum(&f),
                 "{proto} {payload}"
             );
-            assert_eq!(t.table().stats(&k), Some(OffloadStats { packets: 1 }));
+            assert_eq!(t.stats(&k), Some(OffloadStats { packets: 1 }));
         }
     }
 }
@@ -427,7 +496,7 @@ fn a_zero_udp_checksum_stays_zero() {
     f[41] = 0;
     let a = action(&f, 0xcb00_7101, 0xcb00_7102, 61_234, 53);
     let t = TestTable::new(64);
-    assert!(t.table().install(&key_of(&f, 3), &a));
+    assert!(t.install(&key_of(&f, 3), &a));
     assert_eq!(run(&t, &mut f, 3), Outcome::Redirect(7));
     assert_eq!(f[40..42], [0, 0]);
     assert_eq!(u16::from_be_bytes([f[24], f[25]]), ip_csum(&f[14..34]));
@@ -438,7 +507,7 @@ fn everything_else_falls_through_untouched() {
     let base = frame(6, 0x0a00_0002, 0xcb00_7102, 40_000, 80, 10);
     let a = action(&base, 0xcb00_7101, 0xcb00_7102, 61_234, 80);
     let t = TestTable::new(64);
-    assert!(t.table().install(&key_of(&base, 3), &a));
+    assert!(t.install(&key_of(&base, 3), &a));
     type Edit = Box<dyn Fn(&mut Vec<u8>)>;
     let cases: Vec<(&str, Edit, u32)> = vec![
         ("other ifindex", Box::new(|_| {}), 4),
@@ -480,7 +549,7 @@ fn everything_else_falls_through_untouched() {
     // A UDP frame needs only its 8-byte header.
     let mut u = frame(17, 0x0a00_0002, 0xcb00_7102, 40_000, 53, 0);
     let a = action(&u, 0xcb00_7101, 0xcb00_7102, 61_234, 53);
-    assert!(t.table().install(&key_of(&u, 3), &a));
+    assert!(t.install(&key_of(&u, 3), &a));
     assert_eq!(u.len(), 42);
     assert_eq!(run(&t, &mut u, 3), Outcome::Redirect(7));
     for len in 0..42 {
@@ -491,9 +560,15 @@ fn everything_else_falls_through_untouched() {
 
 #[test]
 fn the_prefix_is_well_formed() {
-    let (p, maps) = prefix(&TestTable::new(1 << 24).layout);
+    let t = TestTable::new(1 << 4);
+    let l = Layout {
+        slots: 1 << 24,
+        mult: MULT,
+    };
+    let (p, maps, maps6) = prefix(&l, &t.layout6);
     assert_eq!(maps.len(), PROBES as usize);
-    for at in maps {
+    assert_eq!(maps6.len(), PROBES as usize);
+    for at in maps.into_iter().chain(maps6) {
         assert_eq!(p[at].code, LD_IMM64);
         assert_eq!(p[at].regs, (PSEUDO_MAP_FD << 4) | R1);
     }
@@ -541,7 +616,7 @@ fn consecutive_ports_never_overflow_a_window() {
         let mut used = vec![0u32; l.slots as usize];
         for i in 0..100u16 {
             let (_, k) = flow(i, 3);
-            used[l.home(&k) as usize] += 1;
+            used[l.home(&V4, k.ifindex, &k.words()) as usize] += 1;
         }
         let n = used.len();
         let worst = (0..n)
@@ -558,14 +633,13 @@ fn consecutive_ports_never_overflow_a_window() {
 #[test]
 fn colliding_keys_are_found_replaced_removed_and_their_slots_reused() {
     let t = TestTable::new(16);
-    let tab = t.table();
     let base = frame(17, 0x0a00_0002, 0xcb00_7102, 1000, 53, 18);
     let a = action(&base, 0xcb00_7101, 0xcb00_7102, 61_234, 53);
     // 16 slots: installs succeed until some key's window of 8 is full.
     let mut ins = Vec::new();
     for i in 0..16u16 {
         let (_, k) = flow(i, 3);
-        if tab.install(&k, &a) {
+        if t.install(&k, &a) {
             ins.push(i);
         }
     }
@@ -574,10 +648,10 @@ fn colliding_keys_are_found_replaced_removed_and_their_slots_reused() {
     for &i in &ins {
         let (mut f, k) = flow(i, 3);
         let a = action(&f, 0xcb00_7101, 0xcb00_7102, 61_234, 53);
-        assert!(tab.install(&k, &a), "replace in place");
+        assert!(t.install(&k, &a), "replace in place");
         assert_eq!(run(&t, &mut f, 3), Outcome::Redirect(7), "{i}");
         assert_eq!(u16::from_be_bytes([f[40], f[41]]), l4_csum(&f), "{i}");
-        assert_eq!(tab.stats(&k), Some(OffloadStats { packets: 1 }));
+        assert_eq!(t.stats(&k), Some(OffloadStats { packets: 1 }));
     }
     // A key that is not in is a miss, whatever its neighbours.
     let (mut f, k) = flow(999, 3);
@@ -585,14 +659,14 @@ fn colliding_keys_are_found_replaced_removed_and_their_slots_reused() {
     if !ins.contains(&999) {
         assert_eq!(run(&t, &mut f, 3), Outcome::Miss);
         assert_eq!(f, want);
-        assert_eq!(tab.stats(&k), None);
-        assert!(!tab.remove(&k));
+        assert_eq!(t.stats(&k), None);
+        assert!(!t.remove(&k));
     }
     // Remove every other key: the rest stay reachable past the tombstones.
     for (n, &i) in ins.iter().enumerate() {
         if n % 2 == 0 {
-            assert!(tab.remove(&flow(i, 3).1));
-            assert!(!tab.remove(&flow(i, 3).1));
+            assert!(t.remove(&flow(i, 3).1));
+            assert!(!t.remove(&flow(i, 3).1));
         }
     }
     for (n, &i) in ins.iter().enumerate() {
@@ -600,28 +674,28 @@ fn colliding_keys_are_found_replaced_removed_and_their_slots_reused() {
         let hit = run(&t, &mut f, 3);
         if n % 2 == 0 {
             assert_eq!(hit, Outcome::Miss, "{i} removed");
-            assert_eq!(tab.stats(&k), None);
+            assert_eq!(t.stats(&k), None);
         } else {
             assert_eq!(hit, Outcome::Redirect(7), "{i} kept");
-            assert_eq!(tab.stats(&k), Some(OffloadStats { packets: 2 }));
+            assert_eq!(t.stats(&k), Some(OffloadStats { packets: 2 }));
         }
     }
     // Tombstones are reused: the removed keys go back in.
     for (n, &i) in ins.iter().enumerate() {
         if n % 2 == 0 {
-            assert!(tab.install(&flow(i, 3).1, &a), "{i} back in");
+            assert!(t.install(&flow(i, 3).1, &a), "{i} back in");
         }
     }
-    assert_eq!(tab.clear(), ins.len());
-    assert_eq!(tab.clear(), 0);
+    assert_eq!(t.table().clear(), ins.len());
+    assert_eq!(t.table().clear(), 0);
     for &i in &ins {
         let (mut f, k) = flow(i, 3);
         assert_eq!(run(&t, &mut f, 3), Outcome::Miss);
-        assert_eq!(tab.stats(&k), None);
+        assert_eq!(t.stats(&k), None);
     }
     // The ifindex values that mark empty and removed slots are no keys.
-    assert!(!tab.install(&flow(1, EMPTY).1, &a));
-    assert!(!tab.install(&flow(1, TOMBSTONE).1, &a));
+    assert!(!t.install(&flow(1, EMPTY).1, &a));
+    assert!(!t.install(&flow(1, TOMBSTONE).1, &a));
 }
 
 #[test]
@@ -629,8 +703,8 @@ fn a_slot_being_written_or_rewritten_under_the_program_is_a_miss() {
     let t = TestTable::new(64);
     let (f0, k) = flow(1, 3);
     let a = action(&f0, 0xcb00_7101, 0xcb00_7102, 61_234, 53);
-    assert!(t.table().install(&k, &a));
-    let Found::At(s, w0) = t.table().probe(&k) else {
+    assert!(t.install(&k, &a));
+    let Found::At(s, w0) = t.table().probe(k.ifindex, &k.words()) else {
         panic!("installed");
     };
     // A writer in the slot (odd sequence): skipped.
@@ -638,7 +712,7 @@ fn a_slot_being_written_or_rewritten_under_the_program_is_a_miss() {
     let mut f = f0.clone();
     assert_eq!(run(&t, &mut f, 3), Outcome::Miss);
     assert_eq!(f, f0);
-    assert!(!t.table().install(&k, &a), "a busy slot is not taken");
+    assert!(!t.install(&k, &a), "a busy slot is not taken");
     t.table().release(s, w0, a.mtu, k.ifindex);
     // A writer that finishes between the key check and the copy of the
     // rewrite: the sequence moved, the frame is left alone.
@@ -647,6 +721,189 @@ fn a_slot_being_written_or_rewritten_under_the_program_is_a_miss() {
     assert_eq!(f, f0);
     let mut f = f0.clone();
     assert_eq!(run(&t, &mut f, 3), Outcome::Redirect(7));
+}
+
+/// A valid IPv6 frame: `proto` 6 or 17, `payload` bytes after the L4
+/// header, hop limit 64.
+fn frame6(proto: u8, src: u128, dst: u128, sport: u16, dport: u16, payload: usize) -> Vec<u8> {
+    let l4len = if proto == 6 { 20 } else { 8 } + payload;
+    let mut f = vec![0u8; 54 + l4len];
+    f[0..6].copy_from_slice(&[2, 0, 0, 0, 0, 1]);
+    f[6..12].copy_from_slice(&[2, 0, 0, 0, 0, 2]);
+    f[12..14].copy_from_slice(&[0x86, 0xdd]);
+    f[14] = 0x60;
+    f[15] = 0x01; // flow label
+    f[18..20].copy_from_slice(&(l4len as u16).to_be_bytes());
+    f[20] = proto;
+    f[21] = 64;
+    f[22..38].copy_from_slice(&src.to_be_bytes());
+    f[38..54].copy_from_slice(&dst.to_be_bytes());
+    f[54..56].copy_from_slice(&sport.to_be_bytes());
+    f[56..58].copy_from_slice(&dport.to_be_bytes());
+    if proto == 6 {
+        f[66] = 0x50;
+        f[67] = 0x10; // ACK
+    } else {
+        f[58..60].copy_from_slice(&(l4len as u16).to_be_bytes());
+    }
+    for (i, b) in f[54 + l4len - payload..].iter_mut().enumerate() {
+        *b = (i as u8).wrapping_mul(41).wrapping_add(proto);
+    }
+    f
+}
+
+const SRC6: u128 = 0xfd00_0001_0000_0000_0000_0000_0000_0002;
+const DST6: u128 = 0x2001_0db8_0000_0000_0000_0000_0000_0053;
+
+fn action6() -> OffloadAction6 {
+    OffloadAction6 {
+        dst_mac: [0x02, 0xaa, 0xbb, 0xcc, 0xdd, 0x66],
+        src_mac: [0x02, 0x11, 0x22, 0x33, 0x44, 0x66],
+        oif: 9,
+        mtu: 1500,
+    }
+}
+
+fn key6_of(f: &[u8], ifindex: u32) -> OffloadKey6 {
+    let a = |o: usize| u128::from_be_bytes(f[o..o + 16].try_into().unwrap());
+    OffloadKey6 {
+        ifindex,
+        src: a(22),
+        dst: a(38),
+        sport: u16::from_be_bytes([f[54], f[55]]),
+        dport: u16::from_be_bytes([f[56], f[57]]),
+        proto: f[20],
+    }
+}
+
+/// An IPv6 flow with source port `i`.
+fn flow6(i: u16, ifindex: u32) -> (Vec<u8>, OffloadKey6) {
+    let f = frame6(17, SRC6, DST6, 1000 + i, 53, 18);
+    let k = key6_of(&f, ifindex);
+    (f, k)
+}
+
+#[test]
+fn an_ipv6_hit_gets_its_macs_and_hop_limit_and_is_counted() {
+    for proto in [6u8, 17] {
+        for payload in [0usize, 1, 1000, 1432] {
+            let mut f = frame6(proto, SRC6, DST6, 40_000, 443, payload);
+            let before = f.clone();
+            let k = key6_of(&f, 3);
+            let t = TestTable::new(64);
+            let a = action6();
+            assert!(t.install6(&k, &a));
+            assert_eq!(
+                run(&t, &mut f, 3),
+                Outcome::Redirect(9),
+                "{proto} {payload}"
+            );
+            assert_eq!(f[0..6], a.dst_mac);
+            assert_eq!(f[6..12], a.src_mac);
+            assert_eq!(f[21], 63, "hop limit");
+            // Nothing else changes: no checksum covers the hop limit.
+            assert_eq!(f[12..21], before[12..21]);
+            assert_eq!(f[22..], before[22..]);
+            assert_eq!(t.stats6(&k), Some(OffloadStats { packets: 1 }));
+            // The IPv4 table knows nothing of it.
+            assert_eq!(t.table().clear(), 0);
+        }
+    }
+}
+
+#[test]
+fn ipv6_frames_the_engine_must_see_fall_through_untouched() {
+    let base = frame6(6, SRC6, DST6, 40_000, 443, 10);
+    let t = TestTable::new(64);
+    assert!(t.install6(&key6_of(&base, 3), &action6()));
+    type Edit = Box<dyn Fn(&mut Vec<u8>)>;
+    let cases: Vec<(&str, Edit, u32)> = vec![
+        ("other ifindex", Box::new(|_| {}), 4),
+        ("other port", Box::new(|f| f[55] ^= 1), 3),
+        ("other source, low half", Box::new(|f| f[37] ^= 1), 3),
+        ("other source, high half", Box::new(|f| f[22] ^= 1), 3),
+        ("other destination, high half", Box::new(|f| f[38] ^= 1), 3),
+        ("other destination, low half", Box::new(|f| f[53] ^= 1), 3),
+        ("UDP for TCP", Box::new(|f| f[20] = 17), 3),
+        ("SYN", Box::new(|f| f[67] = 0x02), 3),
+        ("FIN", Box::new(|f| f[67] = 0x11), 3),
+        ("RST", Box::new(|f| f[67] = 0x14), 3),
+        ("hop limit 1", Box::new(|f| f[21] = 1), 3),
+        ("hop limit 0", Box::new(|f| f[21] = 0), 3),
+        ("hop-by-hop header", Box::new(|f| f[20] = 0), 3),
+        ("fragment header", Box::new(|f| f[20] = 44), 3),
+        ("version 4", Box::new(|f| f[14] = 0x40), 3),
+        ("multicast frame", Box::new(|f| f[0] = 0x33), 3),
+        (
+            "above the MTU",
+            Box::new(|f| f[18..20].copy_from_slice(&1461u16.to_be_bytes())),
+            3,
+        ),
+    ];
+    for (what, edit, ifindex) in cases {
+        let mut f = base.clone();
+        edit(&mut f);
+        let want = f.clone();
+        assert_eq!(run(&t, &mut f, ifindex), Outcome::Miss, "{what}");
+        assert_eq!(f, want, "{what}: frame untouched");
+    }
+    // At the MTU exactly: forwarded.
+    let mut f = base.clone();
+    f[18..20].copy_from_slice(&1460u16.to_be_bytes());
+    assert_eq!(run(&t, &mut f, 3), Outcome::Redirect(9));
+    // Truncated frames: every length below a TCP header's end.
+    for len in 0..74 {
+        let mut f = base[..len].to_vec();
+        assert_eq!(run(&t, &mut f, 3), Outcome::Miss, "len {len}");
+        assert_eq!(f, base[..len], "len {len}");
+    }
+    // A UDP frame needs only its 8-byte header.
+    let mut u = frame6(17, SRC6, DST6, 40_000, 53, 0);
+    assert!(t.install6(&key6_of(&u, 3), &action6()));
+    assert_eq!(u.len(), 62);
+    for len in 0..62 {
+        let mut f = u[..len].to_vec();
+        assert_eq!(run(&t, &mut f, 3), Outcome::Miss, "len {len}");
+    }
+    assert_eq!(run(&t, &mut u, 3), Outcome::Redirect(9));
+}
+
+#[test]
+fn ipv6_keys_are_found_replaced_removed_and_raced_like_ipv4_ones() {
+    let t = TestTable::new(16);
+    let mut ins = Vec::new();
+    for i in 0..16u16 {
+        if t.install6(&flow6(i, 3).1, &action6()) {
+            ins.push(i);
+        }
+    }
+    assert!(ins.len() >= 8, "{ins:?}");
+    for (n, &i) in ins.iter().enumerate() {
+        if n % 2 == 0 {
+            assert!(t.remove6(&flow6(i, 3).1));
+            assert!(!t.remove6(&flow6(i, 3).1));
+        }
+    }
+    for (n, &i) in ins.iter().enumerate() {
+        let (mut f, k) = flow6(i, 3);
+        let hit = run(&t, &mut f, 3);
+        if n % 2 == 0 {
+            assert_eq!(hit, Outcome::Miss, "{i} removed");
+            assert_eq!(t.stats6(&k), None);
+        } else {
+            assert_eq!(hit, Outcome::Redirect(9), "{i} kept");
+            assert_eq!(t.stats6(&k), Some(OffloadStats { packets: 1 }));
+        }
+    }
+    // A writer that finishes between the key check and the copy of the
+    // rewrite: the frame is left alone.
+    let (f0, _) = flow6(ins[1], 3);
+    let mut f = f0.clone();
+    assert_eq!(run_with(&t, &mut f, 3, true), Outcome::Miss);
+    assert_eq!(f, f0);
+    assert_eq!(t.table6().clear(), ins.len() / 2);
+    assert!(!t.install6(&flow6(1, EMPTY).1, &action6()));
+    assert!(!t.install6(&flow6(1, TOMBSTONE).1, &action6()));
 }
 
 proptest::proptest! {
@@ -658,26 +915,97 @@ proptest::proptest! {
         ops in proptest::collection::vec((0u16..40, proptest::prelude::any::<bool>()), 0..200),
     ) {
         let t = TestTable::new(32);
-        let tab = t.table();
-        let mut model = std::collections::HashSet::new();
+            let mut model = std::collections::HashSet::new();
         for (i, add) in ops {
             let (f, k) = flow(i, 3);
             if add {
                 let a = action(&f, 0xcb00_7101, 0xcb00_7102, 61_234, 53);
-                if tab.install(&k, &a) {
+                if t.install(&k, &a) {
                     model.insert(i);
                 } else {
                     proptest::prop_assert!(!model.contains(&i), "a replace never fails");
                 }
             } else {
-                proptest::prop_assert_eq!(tab.remove(&k), model.remove(&i));
+                proptest::prop_assert_eq!(t.remove(&k), model.remove(&i));
             }
         }
         for i in 0..40 {
             let (mut f, k) = flow(i, 3);
             let hit = run(&t, &mut f, 3) == Outcome::Redirect(7);
             proptest::prop_assert_eq!(hit, model.contains(&i), "program, key {}", i);
-            proptest::prop_assert_eq!(tab.stats(&k).is_some(), model.contains(&i));
+            proptest::prop_assert_eq!(t.stats(&k).is_some(), model.contains(&i));
+        }
+    }
+
+    /// The IPv6 table against a model, as above.
+    #[test]
+    fn the_ipv6_table_agrees_with_a_model(
+        ops in proptest::collection::vec((0u16..40, proptest::prelude::any::<bool>()), 0..200),
+    ) {
+        let t = TestTable::new(32);
+        let mut model = std::collections::HashSet::new();
+        for (i, add) in ops {
+            let (_, k) = flow6(i, 3);
+            if add {
+                if t.install6(&k, &action6()) {
+                    model.insert(i);
+                } else {
+                    proptest::prop_assert!(!model.contains(&i), "a replace never fails");
+                }
+            } else {
+                proptest::prop_assert_eq!(t.remove6(&k), model.remove(&i));
+            }
+        }
+        for i in 0..40 {
+            let (mut f, k) = flow6(i, 3);
+            let hit = run(&t, &mut f, 3) == Outcome::Redirect(9);
+            proptest::prop_assert_eq!(hit, model.contains(&i), "program, key {}", i);
+            proptest::prop_assert_eq!(t.stats6(&k).is_some(), model.contains(&i));
+            // The same ports in the IPv4 table: never there.
+            proptest::prop_assert_eq!(t.stats(&flow(i, 3).1), None);
+        }
+    }
+
+    /// Any byte string made to look like IPv6 (or not), installed as a
+    /// flow or not: within its bounds, a miss untouched, a hit changes
+    /// only the MACs and the hop limit.
+    #[test]
+    fn any_ipv6_frame_is_handled_within_its_bounds(
+        mut f in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..140),
+        ipv6 in proptest::prelude::any::<bool>(),
+        install in proptest::prelude::any::<bool>(),
+    ) {
+        if ipv6 && f.len() >= 74 {
+            f[0] &= !1;
+            f[12] = 0x86;
+            f[13] = 0xdd;
+            f[14] = 0x60 | (f[14] & 0x0f);
+            let plen = (f.len() - 54) as u16;
+            f[18..20].copy_from_slice(&plen.to_be_bytes());
+            f[20] = if f[20] & 1 == 0 { 6 } else { 17 };
+            f[21] = f[21].max(2);
+            if f[20] == 6 {
+                f[67] &= !0x07;
+            }
+        }
+        let t = TestTable::new(16);
+        if install && f.len() >= 58 {
+            proptest::prop_assert!(t.install6(&key6_of(&f, 3), &action6()));
+        }
+        let before = f.clone();
+        let out = run(&t, &mut f, 3);
+        if ipv6 && install && before.len() >= 74 {
+            proptest::prop_assert_eq!(&out, &Outcome::Redirect(9));
+        }
+        match out {
+            Outcome::Miss => proptest::prop_assert_eq!(&f, &before),
+            Outcome::Redirect(oif) => {
+                proptest::prop_assert_eq!(oif, 9);
+                proptest::prop_assert_eq!(f.len(), before.len());
+                proptest::prop_assert_eq!(&f[12..21], &before[12..21]);
+                proptest::prop_assert_eq!(f[21], before[21] - 1);
+                proptest::prop_assert_eq!(&f[22..], &before[22..]);
+            }
         }
     }
 
@@ -712,7 +1040,7 @@ proptest::proptest! {
         let t = TestTable::new(16);
         if install && f.len() >= 38 {
             let a = action(&f, 0xcb00_7101, 0xcb00_7102, 61_234, 53);
-            proptest::prop_assert!(t.table().install(&key_of(&f, 3), &a));
+            proptest::prop_assert!(t.install(&key_of(&f, 3), &a));
         }
         let before = f.clone();
         let out = run(&t, &mut f, 3);
