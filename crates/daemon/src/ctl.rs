@@ -372,7 +372,7 @@ impl CtEntry {
             assured: e.is_assured(),
             packets: e.packets(),
             expires_in: e.expires_in(now).as_secs(),
-            offloaded: false,
+            offloaded: e.is_offloaded(Dir::Original) || e.is_offloaded(Dir::Reply),
             offload_packets: None,
             flowtable: e.in_flowtable(),
         })

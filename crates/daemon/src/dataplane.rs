@@ -31,8 +31,11 @@ use sluice_engine::offload::{OffloadOp, OffloadProbe};
 use sluice_engine::{
     Action, DropReason, Frames, IfIndex, Policy, Route4, Route6, Worker, MAX_BATCH,
 };
-use sluice_io::{BackendKind, Batch, OffloadAction, OffloadKey, Port, PortStats, XdpOffload};
-use sluice_wire::flow::FlowKey4;
+use sluice_io::{
+    BackendKind, Batch, OffloadAction, OffloadAction6, OffloadKey, OffloadKey6, Port, PortStats,
+    XdpOffload,
+};
+use sluice_wire::flow::{FlowKey4, FlowKey6};
 
 use crate::ctl::{CtEntry, CtFilter};
 use crate::neigh::{parse_arp, Resolver, Todo};
@@ -401,20 +404,52 @@ pub struct OffloadLink {
     pub now_ns: u64,
     /// Per offloaded direction, its packet count when the GC last looked.
     pub seen: std::collections::HashMap<OffloadKey, u64>,
+    /// The same for IPv6 directions.
+    pub seen6: std::collections::HashMap<OffloadKey6, u64>,
     /// Counters.
     pub status: OffloadStatus,
 }
 
 impl OffloadLink {
+    /// Kernel ifindex of engine interface `i` (0: none).
+    fn kernel_ifindex(&self, i: IfIndex) -> u32 {
+        self.ifindex.get(usize::from(i)).copied().unwrap_or(0)
+    }
+
     fn key(&self, iif: IfIndex, k: &FlowKey4) -> OffloadKey {
         OffloadKey {
-            ifindex: self.ifindex.get(usize::from(iif)).copied().unwrap_or(0),
+            ifindex: self.kernel_ifindex(iif),
             src: k.src,
             dst: k.dst,
             sport: k.sport,
             dport: k.dport,
             proto: k.proto,
         }
+    }
+
+    fn key6(&self, iif: IfIndex, k: &FlowKey6) -> OffloadKey6 {
+        OffloadKey6 {
+            ifindex: self.kernel_ifindex(iif),
+            src: k.src,
+            dst: k.dst,
+            sport: k.sport,
+            dport: k.dport,
+            proto: k.proto,
+        }
+    }
+
+    /// An install's outcome in the counters (the first failure logged).
+    fn installed(&mut self, ok: bool) {
+        if ok {
+            self.status.installed += 1;
+            return;
+        }
+        if self.status.failed == 0 {
+            tracing::warn!(
+                "XDP offload install failed (no room in the table); such flows stay in userspace"
+            );
+        }
+        self.status.failed += 1;
     }
 
     /// Apply every request the engine queued, in order (writes into the
@@ -440,24 +475,22 @@ impl OffloadLink {
                         l4_delta: f.l4_delta,
                         dst_mac: f.adj.dst_mac,
                         src_mac: f.adj.src_mac,
-                        oif: self
-                            .ifindex
-                            .get(usize::from(f.adj.oif))
-                            .copied()
-                            .unwrap_or(0),
+                        oif: self.kernel_ifindex(f.adj.oif),
                         mtu: f.adj.mtu,
                     };
-                    if k.ifindex != 0 && a.oif != 0 && self.map.install(&k, &a) {
-                        self.status.installed += 1;
-                    } else {
-                        if self.status.failed == 0 {
-                            tracing::warn!(
-                                "XDP offload install failed (no room in the table); \
-                                 such flows stay in userspace"
-                            );
-                        }
-                        self.status.failed += 1;
-                    }
+                    let ok = k.ifindex != 0 && a.oif != 0 && self.map.install(&k, &a);
+                    self.installed(ok);
+                }
+                OffloadOp::Install6(f) => {
+                    let k = self.key6(f.iif, &f.key);
+                    let a = OffloadAction6 {
+                        dst_mac: f.adj.dst_mac,
+                        src_mac: f.adj.src_mac,
+                        oif: self.kernel_ifindex(f.adj.oif),
+                        mtu: f.adj.mtu,
+                    };
+                    let ok = k.ifindex != 0 && a.oif != 0 && self.map.install6(&k, &a);
+                    self.installed(ok);
                 }
                 OffloadOp::Remove { iif, key } => {
                     let k = self.key(iif, &key);
@@ -466,8 +499,16 @@ impl OffloadLink {
                         self.status.removed += 1;
                     }
                 }
+                OffloadOp::Remove6 { iif, key } => {
+                    let k = self.key6(iif, &key);
+                    self.seen6.remove(&k);
+                    if self.map.remove6(&k) {
+                        self.status.removed += 1;
+                    }
+                }
                 OffloadOp::Clear => {
                     self.seen.clear();
+                    self.seen6.clear();
                     self.status.clears += 1;
                     self.map.clear();
                 }
@@ -487,6 +528,13 @@ impl OffloadProbe for OffloadLink {
         let k = self.key(iif, key);
         let st = self.map.stats(&k)?;
         let before = self.seen.insert(k, st.packets).unwrap_or(0);
+        (st.packets > before).then_some(self.now_ns)
+    }
+
+    fn last_used6_ns(&mut self, iif: IfIndex, key: &FlowKey6) -> Option<u64> {
+        let k = self.key6(iif, key);
+        let st = self.map.stats6(&k)?;
+        let before = self.seen6.insert(k, st.packets).unwrap_or(0);
         (st.packets > before).then_some(self.now_ns)
     }
 }
@@ -1000,24 +1048,28 @@ impl WorkerThread {
                     let v4 = engine
                         .conntrack()
                         .iter()
-                        .filter_map(|(_, e)| Some((CtEntry::of(self.id, e, now)?, Some(e))));
+                        .filter_map(|(_, e)| Some((CtEntry::of(self.id, e, now)?, Some(e), None)));
                     let v6 = engine
                         .conntrack6()
                         .iter()
-                        .filter_map(|(_, e)| Some((CtEntry::of6(self.id, e, now)?, None)));
+                        .filter_map(|(_, e)| Some((CtEntry::of6(self.id, e, now)?, None, Some(e))));
                     let v = v4
                         .chain(v6)
-                        .filter(|(c, _)| f.matches(c))
+                        .filter(|(c, _, _)| f.matches(c))
                         .take(limit)
-                        .map(|(mut c, e)| {
-                            if let (Some(e), Some(o), true) = (e, offload, c.offloaded) {
-                                c.offload_packets = Some(
+                        .map(|(mut c, e4, e6)| {
+                            if let (Some(o), true) = (offload, c.offloaded) {
+                                let v4 = e4.into_iter().flat_map(|e| {
                                     engine
                                         .offloaded_directions(e)
                                         .filter_map(|(iif, k)| o.map.stats(&o.key(iif, &k)))
-                                        .map(|st| st.packets)
-                                        .sum(),
-                                );
+                                });
+                                let v6 = e6.into_iter().flat_map(|e| {
+                                    engine
+                                        .offloaded_directions6(e)
+                                        .filter_map(|(iif, k)| o.map.stats6(&o.key6(iif, &k)))
+                                });
+                                c.offload_packets = Some(v4.chain(v6).map(|st| st.packets).sum());
                             }
                             c
                         })

@@ -2486,6 +2486,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
                 ifindex: offload_ifindex.clone(),
                 now_ns: 0,
                 seen: Default::default(),
+                seen6: Default::default(),
                 status: Default::default(),
             }),
             nat_log: nat_logger.as_ref().map(|l| l.handle().link()),

@@ -133,11 +133,17 @@ fn setup(tag: &str, backend: &str, workers: u16) -> (Topo, Daemon, String) {
     );
     t.write_ruleset("gw6.nft", RULESET);
     let cfg = t.dir.join("sluice.toml");
+    // `af_xdp_offload`: AF_XDP with `xdp_offload = true`.
+    let (io, offload) = match backend.strip_suffix("_offload") {
+        Some(b) => (b, true),
+        None => (backend, false),
+    };
     std::fs::write(
         &cfg,
         format!(
             r#"ruleset = "gw6.nft"
-backend = "{backend}"
+backend = "{io}"
+xdp_offload = {offload}
 workers = {workers}
 control_socket = "{}"
 
@@ -181,6 +187,7 @@ fn curl6(ns: &Netns, port: u16, max_time: u32) -> (bool, String, std::process::O
 }
 
 fn ipv6_end_to_end(backend: &str, tag: &str) {
+    let offload = backend.ends_with("_offload");
     let (t, d, lan_ll) = setup(tag, backend, 1);
 
     // Through the gateway: NS for its global address, NS for the public
@@ -351,6 +358,37 @@ fn ipv6_end_to_end(backend: &str, tag: &str) {
         text(&o),
         d.context()
     );
+    if offload {
+        // The XDP program forwarded the bulk of the transfer: both
+        // directions were offloaded (and taken back at its FIN), and the
+        // gateway's AF_XDP sockets received a small part of its packets.
+        let st = d.ctl("status");
+        let w = &st["worker_status"][0];
+        let installed = w["offload"]["installed"].as_u64().expect("offload status");
+        let removed = w["offload"]["removed"].as_u64().expect("offload status");
+        assert!(
+            installed >= 2 && removed >= 2,
+            "offloaded and taken back: {st}"
+        );
+        let rx: u64 = w["ports"]
+            .as_array()
+            .expect("ports")
+            .iter()
+            .map(|p| p["rx_frames"].as_u64().expect("rx_frames"))
+            .sum();
+        let bytes = j["end"]["sum_received"]["bytes"].as_f64().unwrap_or(0.0);
+        // At least this many full-size segments crossed the gateway.
+        let segments = (bytes / 1400.0) as u64;
+        eprintln!(
+            "{backend}: {installed} directions offloaded, at least {segments} segments \
+             crossed, {rx} frames into the AF_XDP sockets"
+        );
+        assert!(
+            segments > 1000 && rx * 10 < segments,
+            "{rx} frames reached the engine for {segments} segments: not offloaded\n{}",
+            d.context()
+        );
+    }
 }
 
 /// `notrack` for IPv6 echo at `priority raw` (neighbour discovery keeps
@@ -454,6 +492,15 @@ fn ipv6_ping_http_drop_rule_and_icmpv6_errors_af_packet() {
 #[ignore = "needs root + netns; run by .ci/run with --ignored"]
 fn ipv6_ping_http_drop_rule_and_icmpv6_errors_af_xdp() {
     ipv6_end_to_end("af_xdp", "v6x");
+}
+
+/// The same with `xdp_offload`: established IPv6 TCP connections are
+/// forwarded by the XDP program, and everything the engine must see (NDP,
+/// echo, errors, the hop limit and MTU checks, fragments) still reaches it.
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn ipv6_ping_http_drop_rule_and_icmpv6_errors_af_xdp_offload() {
+    ipv6_end_to_end("af_xdp_offload", "v6o");
 }
 
 /// With two workers on AF_PACKET, IPv6 is spread over both workers by its

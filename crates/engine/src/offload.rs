@@ -6,8 +6,8 @@
 //! [`OffloadProbe`] when the lower layer last forwarded a packet of an
 //! offloaded connection before it expires it.
 //!
-//! A direction is offloaded when a packet of an IPv4 TCP or UDP connection
-//! takes the fast path with
+//! A direction is offloaded when a packet of an IPv4 or IPv6 TCP or UDP
+//! connection takes the fast path with
 //! - the policy accepting established packets up front (no filter chain
 //!   runs per established packet, [`crate::Policy::established_accepted`]);
 //! - TCP in ESTABLISHED (the lower layer passes SYN, FIN and RST up, so the
@@ -19,6 +19,10 @@
 //! - both adjacencies resolved and the packet forwarded, not fragmented,
 //!   not hairpinned through another worker.
 //!
+//! IPv6 connections ([`OffloadFlow6`]) have nothing to rewrite but the
+//! MACs and the hop limit (no NAT66), and the lower layer keeps them in a
+//! table of their own.
+//!
 //! Both directions are installed at once. They are removed when the entry
 //! goes (close, GC, early drop, RST), all of them when the policy stops
 //! accepting established packets up front, a neighbour's MAC changes or
@@ -28,7 +32,7 @@
 
 use std::collections::VecDeque;
 
-use sluice_wire::flow::FlowKey4;
+use sluice_wire::flow::{FlowKey4, FlowKey6};
 
 use crate::route::{Adjacency, IfIndex};
 
@@ -49,6 +53,17 @@ pub struct OffloadFlow {
     pub adj: Adjacency,
 }
 
+/// One direction of an IPv6 connection to offload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OffloadFlow6 {
+    /// Interface its packets arrive on.
+    pub iif: IfIndex,
+    /// Their tuple (they leave with the same).
+    pub key: FlowKey6,
+    /// Where they leave: interface, MACs, MTU.
+    pub adj: Adjacency,
+}
+
 /// A request to the lower layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OffloadOp {
@@ -61,7 +76,16 @@ pub enum OffloadOp {
         /// Their tuple as they arrive.
         key: FlowKey4,
     },
-    /// Take every direction back.
+    /// Offload one IPv6 direction.
+    Install6(OffloadFlow6),
+    /// Take one IPv6 direction back.
+    Remove6 {
+        /// Interface its packets arrive on.
+        iif: IfIndex,
+        /// Their tuple.
+        key: FlowKey6,
+    },
+    /// Take every direction back, IPv4 and IPv6.
     Clear,
 }
 
@@ -71,6 +95,8 @@ pub enum OffloadOp {
 pub trait OffloadProbe {
     /// Last use of direction `key` arriving on `iif`.
     fn last_used_ns(&mut self, iif: IfIndex, key: &FlowKey4) -> Option<u64>;
+    /// Last use of IPv6 direction `key` arriving on `iif`.
+    fn last_used6_ns(&mut self, iif: IfIndex, key: &FlowKey6) -> Option<u64>;
 }
 
 /// A probe for a worker without a lower layer: nothing was ever used.
@@ -78,6 +104,9 @@ pub struct NoOffload;
 
 impl OffloadProbe for NoOffload {
     fn last_used_ns(&mut self, _: IfIndex, _: &FlowKey4) -> Option<u64> {
+        None
+    }
+    fn last_used6_ns(&mut self, _: IfIndex, _: &FlowKey6) -> Option<u64> {
         None
     }
 }
@@ -121,6 +150,10 @@ impl OffloadQueue {
 
     pub(crate) fn push_install(&mut self, f: OffloadFlow) {
         self.ops.push_back(OffloadOp::Install(f));
+    }
+
+    pub(crate) fn push_install6(&mut self, f: OffloadFlow6) {
+        self.ops.push_back(OffloadOp::Install6(f));
     }
 
     /// Take every pending request, in order.

@@ -63,7 +63,7 @@ use sluice_wire::ip::Frag;
 
 use crate::drop::{Counters, DropReason};
 use crate::icmp_error::{self, IcmpError};
-use crate::offload::{NoOffload, OffloadFlow, OffloadOp, OffloadProbe, OffloadQueue};
+use crate::offload::{NoOffload, OffloadFlow, OffloadFlow6, OffloadOp, OffloadProbe, OffloadQueue};
 use crate::policy::{
     ConnTuple, CtState, Hook, MssClamp, Policy, PolicyPacket, RejectWith, Verdict,
 };
@@ -1052,7 +1052,7 @@ impl Worker {
             let e = self.ct.entry(id);
             if e.is_offloaded(Dir::Original) || e.is_offloaded(Dir::Reply) {
                 if !offload_removals(self.offload.as_mut(), e, &self.adj) {
-                    self.ct.clear_offloaded();
+                    self.clear_offload_marks();
                 }
                 self.ct.set_offloaded(id, [false, false]);
             }
@@ -1145,8 +1145,15 @@ impl Worker {
     fn offload_clear(&mut self) {
         if let Some(q) = &mut self.offload {
             q.push_must(OffloadOp::Clear);
-            self.ct.clear_offloaded();
+            self.clear_offload_marks();
         }
+    }
+
+    /// Clear the offload marks of every connection, IPv4 and IPv6 (a
+    /// `Clear` was queued: it takes back every direction of both tables).
+    fn clear_offload_marks(&mut self) {
+        self.ct.clear_offloaded();
+        self.v6.ct.clear_offloaded();
     }
 
     /// How pass 1 prefetches index buckets: chosen from `ct_max` when the
@@ -1253,18 +1260,11 @@ impl Worker {
             now,
             budget,
             &mut |e| {
-                let mut last: Option<u64> = None;
-                let mut replied = false;
-                for dir in [Dir::Original, Dir::Reply] {
-                    if e.is_offloaded(dir) {
-                        let iif = offload_iif(e, adj, dir);
-                        if let Some(t) = probe.last_used_ns(iif, &e.key(dir)) {
-                            last = Some(last.map_or(t, |l| l.max(t)));
-                            replied |= dir == Dir::Reply;
-                        }
-                    }
-                }
-                last.map(|t| (instant(t), replied))
+                last_use(
+                    e,
+                    |d| offload_iif(e, adj, d),
+                    |i, k| probe.last_used_ns(i, k),
+                )
             },
             &mut |e| {
                 nat.release(&e.orig(), &e.reply());
@@ -1274,14 +1274,28 @@ impl Worker {
                 }
             },
         );
-        if overflow {
-            self.ct.clear_offloaded();
+        let mut overflow6 = false;
+        let n6 = self.v6.ct.gc_offloaded(
+            now,
+            budget,
+            &mut |e| {
+                last_use(
+                    e,
+                    |d| v6::offload_iif6(e, adj, d),
+                    |i, k| probe.last_used6_ns(i, k),
+                )
+            },
+            &mut |e| {
+                overflow6 |= !v6::offload_removals6(q.as_mut(), e, adj);
+                if let Some(p) = counted {
+                    p.conn_closed(&v6::conn6(&e.orig()));
+                }
+            },
+        );
+        if overflow || overflow6 {
+            self.clear_offload_marks();
         }
-        n + self.v6.ct.gc(now, budget, &mut |e| {
-            if let Some(p) = counted {
-                p.conn_closed(&v6::conn6(&e.orig()));
-            }
-        })
+        n + n6
     }
 
     /// Take the NAT switches of `settings` (a reload's `[nat]`:
@@ -2336,7 +2350,7 @@ impl Worker {
                 self.policy.conn_closed(&conn4(&e.orig()));
             }
             if !offload_removals(self.offload.as_mut(), &e, &self.adj) {
-                self.ct.clear_offloaded();
+                self.clear_offload_marks();
             }
         }
     }
@@ -2364,7 +2378,7 @@ impl Worker {
         if offloaded {
             if !eligible {
                 if !offload_removals(Some(q), e, &self.adj) {
-                    self.ct.clear_offloaded();
+                    self.clear_offload_marks();
                 }
                 self.ct.set_offloaded(id, [false, false]);
             }
@@ -2747,7 +2761,7 @@ impl Worker {
                 }
             });
         if overflow {
-            self.ct.clear_offloaded();
+            self.clear_offload_marks();
         }
         let (id, t) = match inserted {
             Ok(x) => x,
@@ -3119,6 +3133,28 @@ enum Step {
 fn offload_iif(e: &ct::Entry<FlowKey4, FlowInfo>, adj: &[Adjacency], dir: Dir) -> IfIndex {
     let a = e.payload().adj[dir_index(dir.opposite())];
     adj.get(usize::from(a)).map_or(0, |a| a.oif)
+}
+
+/// When the lower layer last forwarded a packet of one of `e`'s offloaded
+/// directions (`used`, asked with the interface `iif` says each arrives
+/// on), and whether one of them was a reply: what
+/// [`ct::Table::gc_offloaded`] asks before it expires `e`.
+fn last_use<K: ct::Key, P: Copy + Default>(
+    e: &ct::Entry<K, P>,
+    iif: impl Fn(Dir) -> IfIndex,
+    mut used: impl FnMut(IfIndex, &K) -> Option<u64>,
+) -> Option<(ct::Instant, bool)> {
+    let mut last: Option<u64> = None;
+    let mut replied = false;
+    for dir in [Dir::Original, Dir::Reply] {
+        if e.is_offloaded(dir) {
+            if let Some(t) = used(iif(dir), &e.key(dir)) {
+                last = Some(last.map_or(t, |l| l.max(t)));
+                replied |= dir == Dir::Reply;
+            }
+        }
+    }
+    last.map(|t| (instant(t), replied))
 }
 
 /// Queue the removal of `e`'s offloaded directions. `false` when the queue

@@ -12,7 +12,7 @@ use sluice_engine::offload::{OffloadFlow, OffloadOp, OffloadProbe};
 use sluice_engine::{Action, CtState, Decision, Hook, IfIndex, Policy, PolicyPacket, Worker};
 use sluice_nat::{PoolId, Translation};
 use sluice_wire::build::{build_tcp4, build_udp4};
-use sluice_wire::flow::{proto, FlowKey4};
+use sluice_wire::flow::{proto, FlowKey4, FlowKey6};
 use sluice_wire::tcp::flags as tf;
 
 /// Accepts everything, SNATs new connections to the pool; established
@@ -220,6 +220,9 @@ impl OffloadProbe for Probe {
     fn last_used_ns(&mut self, _: IfIndex, _: &FlowKey4) -> Option<u64> {
         self.1 += 1;
         self.0
+    }
+    fn last_used6_ns(&mut self, _: IfIndex, k: &FlowKey6) -> Option<u64> {
+        panic!("asked about IPv6 {k:?}")
     }
 }
 

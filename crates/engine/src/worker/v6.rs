@@ -332,8 +332,7 @@ impl Worker {
         Some(i)
     }
 
-    /// [`Worker::reroute_step`] for the IPv6 connection table (never
-    /// offloaded).
+    /// [`Worker::reroute_step`] for the IPv6 connection table.
     pub(super) fn reroute6_step(&mut self, budget: usize) {
         let Some(start) = self.reroute[1] else {
             return;
@@ -351,6 +350,13 @@ impl Worker {
                 self.adjacency_towards6(orig.src).unwrap_or(old[1]),
             ];
             if new != old {
+                let e = self.v6.ct.entry(id);
+                if e.is_offloaded(Dir::Original) || e.is_offloaded(Dir::Reply) {
+                    if !offload_removals6(self.offload.as_mut(), e, &self.adj) {
+                        self.clear_offload_marks();
+                    }
+                    self.v6.ct.set_offloaded(id, [false, false]);
+                }
                 if let Some(e) = self.v6.ct.get_mut(id) {
                     e.payload_mut().adj = new;
                 }
@@ -381,6 +387,14 @@ impl Worker {
             mtu,
         };
         if let Some(&i) = self.v6.neigh.get(&(oif, a)) {
+            let stale = self
+                .adj
+                .get(usize::from(i))
+                .is_some_and(|old| old.resolved && *old != adj);
+            if stale {
+                // Offloaded directions carry the old MAC.
+                self.offload_clear();
+            }
             if let Some(slot) = self.adj.get_mut(usize::from(i)) {
                 *slot = adj;
             }
@@ -396,7 +410,8 @@ impl Worker {
     /// Forget an IPv6 neighbour's link-layer address (it stopped answering
     /// reachability probes). Its adjacency stays allocated but unresolved,
     /// so packets that would use it are dropped with `no-neighbor` and the
-    /// resolver is asked again. Returns whether it was known.
+    /// resolver is asked again; offloaded directions are taken back (they
+    /// carry the MAC). Returns whether it was known.
     pub fn clear_neighbor6(&mut self, oif: IfIndex, ip: Ipv6Addr) -> bool {
         let Some(&i) = self.v6.neigh.get(&(oif, u128::from(ip))) else {
             return false;
@@ -405,7 +420,22 @@ impl Worker {
             slot.resolved = false;
             slot.dst_mac = [0; 6];
         }
+        self.offload_clear();
         true
+    }
+
+    /// The offloaded directions of IPv6 connection `e` of this worker's
+    /// table, as (interface their packets arrive on, their tuple): the keys
+    /// the lower layer knows them by.
+    pub fn offloaded_directions6(
+        &self,
+        e: &ct::Entry<FlowKey6, FlowInfo6>,
+    ) -> impl Iterator<Item = (IfIndex, FlowKey6)> + '_ {
+        let e = *e;
+        [Dir::Original, Dir::Reply]
+            .into_iter()
+            .filter(move |d| e.is_offloaded(*d))
+            .map(move |d| (offload_iif6(&e, &self.adj, d), e.key(d)))
     }
 
     /// The IPv6 connection table.
@@ -548,14 +578,21 @@ impl Worker {
             adj: [adj_out, adj_back],
         };
         let counted = self.counts_conns.then_some(&*self.policy);
-        let id = match self
+        let (q, adjs) = (&mut self.offload, &self.adj);
+        let mut overflow = false;
+        let inserted = self
             .v6
             .ct
             .insert(now, *key, key.reversed(), info, &mut |e| {
+                overflow |= !offload_removals6(q.as_mut(), e, adjs);
                 if let Some(p) = counted {
                     p.conn_closed(&conn6(&e.orig()));
                 }
-            }) {
+            });
+        if overflow {
+            self.clear_offload_marks();
+        }
+        let id = match inserted {
             Ok(id) => id,
             Err(InsertError::Full) => return drop(DropReason::CtFull),
             Err(InsertError::Exists | InsertError::ProtoMismatch) => {
@@ -647,7 +684,69 @@ impl Worker {
             if self.counts_conns {
                 self.policy.conn_closed(&conn6(&e.orig()));
             }
+            if !offload_removals6(self.offload.as_mut(), &e, &self.adj) {
+                self.clear_offload_marks();
+            }
         }
+    }
+
+    /// [`Worker::offload_after`] for an IPv6 connection: after a
+    /// fast-path packet of `dir` on entry `id` arriving on `iif` was
+    /// forwarded, offload both directions if they qualify, or take them
+    /// back when a TCP connection left ESTABLISHED.
+    #[cold]
+    #[inline(never)]
+    fn offload_after6(&mut self, id: EntryId, dir: Dir, iif: IfIndex, state: ct::ProtoState) {
+        let Some(q) = &mut self.offload else {
+            return;
+        };
+        let e = self.v6.ct.entry(id);
+        let offloaded = e.is_offloaded(Dir::Original) || e.is_offloaded(Dir::Reply);
+        let eligible = (!self.filter_established || e.in_flowtable())
+            && matches!(
+                state,
+                ct::ProtoState::Tcp(ct::TcpState::Established) | ct::ProtoState::Udp(_)
+            );
+        if offloaded {
+            if !eligible {
+                let ok = offload_removals6(Some(q), e, &self.adj);
+                self.v6.ct.set_offloaded(id, [false, false]);
+                if !ok {
+                    self.clear_offload_marks();
+                }
+            }
+            return;
+        }
+        if !eligible || !q.has_room(2) {
+            if eligible {
+                q.dropped += 1;
+            }
+            return;
+        }
+        let info = *e.payload();
+        let opp = dir.opposite();
+        let (Some(&out), Some(&back)) = (
+            self.adj.get(usize::from(info.adjacency(dir))),
+            self.adj.get(usize::from(info.adjacency(opp))),
+        ) else {
+            return;
+        };
+        // Symmetric routing, as for IPv4.
+        if !out.resolved || !back.resolved || back.oif != iif {
+            return;
+        }
+        let down = |o: IfIndex| self.link_down.get(usize::from(o)).copied().unwrap_or(false);
+        if down(out.oif) || down(back.oif) {
+            return;
+        }
+        for (d, a) in [(dir, out), (opp, back)] {
+            q.push_install6(OffloadFlow6 {
+                iif: offload_iif6(e, &self.adj, d),
+                key: e.key(d),
+                adj: a,
+            });
+        }
+        self.v6.ct.set_offloaded(id, [true, true]);
     }
 
     /// A packet of a known connection. `None`: the entry was removed (a
@@ -724,6 +823,12 @@ impl Worker {
         let step = self.emit6(now, buf, len, iif, pk, adj);
         if tracked.verdict == ct::Verdict::Close {
             self.remove6(id);
+        } else if self.offload.is_some()
+            && !self.raw
+            && !pk.first_frag
+            && matches!(step, Step::Done(Action::Forward(_)))
+        {
+            self.offload_after6(id, dir, iif, tracked.state);
         }
         Some(step)
     }
@@ -1297,6 +1402,39 @@ pub(super) fn policy_packet6(
 /// Why a packet not for the gateway may not be forwarded: a multicast
 /// destination, an unspecified, loopback or multicast source, or a
 /// link-local address (RFC 4291 §2.5.6).
+/// The interface packets of direction `dir` of `e` arrive on: the one its
+/// opposite direction leaves by (offload requires symmetric routing).
+pub(super) fn offload_iif6(
+    e: &ct::Entry<FlowKey6, FlowInfo6>,
+    adj: &[Adjacency],
+    dir: Dir,
+) -> IfIndex {
+    let a = e.payload().adjacency(dir.opposite());
+    adj.get(usize::from(a)).map_or(0, |a| a.oif)
+}
+
+/// Queue the removal of `e`'s offloaded directions. `false` when the queue
+/// overflowed into a `Clear` (the caller clears every entry's marks).
+pub(super) fn offload_removals6(
+    q: Option<&mut OffloadQueue>,
+    e: &ct::Entry<FlowKey6, FlowInfo6>,
+    adj: &[Adjacency],
+) -> bool {
+    let Some(q) = q else {
+        return true;
+    };
+    let mut ok = true;
+    for dir in [Dir::Original, Dir::Reply] {
+        if e.is_offloaded(dir) {
+            ok &= q.push_must(OffloadOp::Remove6 {
+                iif: offload_iif6(e, adj, dir),
+                key: e.key(dir),
+            });
+        }
+    }
+    ok
+}
+
 pub(super) fn unforwardable6(key: &FlowKey6) -> Option<DropReason> {
     if ndp::is_multicast(key.dst) {
         Some(DropReason::Ipv6Multicast)
