@@ -518,6 +518,14 @@ fn ipv6_with_two_workers_on_af_xdp_is_spread_over_both() {
     ipv6_on_both_workers("v6y", "af_xdp");
 }
 
+/// The same with `xdp_offload`: the offload prefix in front of the
+/// steering program, one IPv6 table for both workers.
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn ipv6_with_two_workers_on_af_xdp_offload_is_spread_over_both() {
+    ipv6_on_both_workers("v6z", "af_xdp_offload");
+}
+
 /// A prefix behind the public host, which answers packets to it with an
 /// ICMPv6 destination unreachable (no route) from its own address.
 const UNREACHABLE6: &str = "2001:db8:77::";
@@ -650,6 +658,17 @@ fn ipv6_on_both_workers(tag: &str, backend: &str) {
             text(&o),
             d.context()
         );
+    }
+    if backend.ends_with("_offload") {
+        // Both workers handed their established connections to the one
+        // IPv6 table.
+        let st = d.ctl("status");
+        for w in 0..2 {
+            let installed = st["worker_status"][w]["offload"]["installed"]
+                .as_u64()
+                .expect("offload status");
+            assert!(installed >= 2, "worker {w} offloaded nothing: {st}");
+        }
     }
 
     // An ICMPv6 error from a router (the public host, forwarding, with no
