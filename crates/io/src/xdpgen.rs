@@ -17,7 +17,9 @@
 //! IPv4 UDP header without options) and the 2-byte UDP checksum at
 //! [`CSUM_OFF`], both taken from an array map of [`flow_entry`] values that
 //! userspace filled in the sending order. It also rewrites bytes 0..34
-//! (Ethernet and IPv4 headers) and 38..40 (UDP length) from the template:
+//! (Ethernet and IPv4 headers) and 38..40 (UDP length) from the template
+//! (for an IPv6 template, [`udp_offset`] 54: the ports at 54, the checksum
+//! at 60, the headers 0..54 and the UDP length at 58):
 //! live-frames pages are recycled without their data being reset, and a
 //! receiver that forwards the page itself (the kernel's IP forwarding on
 //! the skb veth builds around it) rewrites MACs, addresses, TTL and
@@ -100,24 +102,48 @@ pub fn flow_entry(sport: u16, dport: u16, udp_csum: u16) -> [u8; 8] {
     [s[0], s[1], d[0], d[1], c[0], c[1], 0, 0]
 }
 
-/// Instructions of the program from [`program`], its length in instructions.
+/// Instructions of the program from [`program`] for an IPv4 template.
 pub const PROGRAM_LEN: usize = 46;
 
-/// Header bytes of the template the program rewrites in every frame.
+/// Header bytes of an IPv4 template the program rewrites in every frame.
 pub const HDR_LEN: usize = CSUM_OFF + 2;
 
-/// The generator program: maps by fd, `flows` entries, redirect to `ifindex`.
+/// Offset of the UDP header in a template frame: 54 for IPv6 (ethertype
+/// 0x86dd, no extension header), else 34 (IPv4 without options).
+pub fn udp_offset(frame: &[u8]) -> usize {
+    if frame.get(12..14) == Some(&[0x86, 0xdd][..]) {
+        14 + 40
+    } else {
+        PORTS_OFF
+    }
+}
+
+/// Instructions of the program for a header of `hdr_len` bytes (the UDP
+/// header's end).
+fn program_len(hdr_len: usize) -> usize {
+    // 30 fixed, the header's 4-byte words before the last two bytes before
+    // the UDP header, two 2-byte stores, the 6-instruction tail.
+    30 + (hdr_len - 8 - 2) / 4 + 2 + 6
+}
+
+/// The generator program: maps by fd, `flows` entries, redirect to
+/// `ifindex`; `hdr` is the template up to the end of its UDP header (its
+/// length gives the UDP header's offset, 8 bytes before the end, which
+/// must be 2 modulo 4: 34 or 54).
 pub(crate) fn program(
     counter_fd: i32,
     flows_fd: i32,
     flows: u32,
     ifindex: u32,
-    hdr: &[u8; HDR_LEN],
+    hdr: &[u8],
 ) -> Vec<BpfInsn> {
+    let l4 = hdr.len() - 8;
+    debug_assert_eq!(l4 % 4, 2);
+    let len = program_len(hdr.len());
     // Jump offsets below are counted by hand; the unit test checks that
     // every jump to `drop` lands on the `r0 = XDP_DROP` at the end.
-    let drop_at = PROGRAM_LEN as i64 - 2;
-    let mut p: Vec<BpfInsn> = Vec::with_capacity(PROGRAM_LEN);
+    let drop_at = len as i64 - 2;
+    let mut p: Vec<BpfInsn> = Vec::with_capacity(len);
     let to_drop = |at: usize| (drop_at - at as i64 - 1) as i16;
     p.push(insn(MOV_X, 6, 1, 0, 0)); // 0: r6 = ctx
     p.push(insn(ST_W, 10, 0, -4, 0)); // 1: key 0
@@ -148,33 +174,28 @@ pub(crate) fn program(
     p.push(insn(LDX_W, 2, 6, 0, 0)); // 23: data
     p.push(insn(LDX_W, 3, 6, 4, 0)); // 24: data_end
     p.push(insn(MOV_X, 4, 2, 0, 0)); // 25
-    p.push(insn(ADD_K, 4, 0, 0, CSUM_OFF as i32 + 2)); // 26
+    p.push(insn(ADD_K, 4, 0, 0, hdr.len() as i32)); // 26
     let at = p.len();
     p.push(insn(JGT_X, 4, 3, to_drop(at), 0)); // 27
-    p.push(insn(STX_W, 2, 7, PORTS_OFF as i16, 0)); // 28
-    p.push(insn(STX_H, 2, 8, CSUM_OFF as i16, 0)); // 29
-                                                   // 30..40: the Ethernet and IPv4 headers and the UDP length, from the
-                                                   // template. Live-frames pages are recycled without being reset, and a
-                                                   // DUT that forwards the frame's own page (the kernel) rewrote its MACs,
-                                                   // addresses, TTL and checksums in place.
-    for (k, w) in hdr[..32].chunks_exact(4).enumerate() {
+    p.push(insn(STX_W, 2, 7, l4 as i16, 0)); // 28: ports
+    p.push(insn(STX_H, 2, 8, l4 as i16 + 6, 0)); // 29: checksum
+                                                 // 30..40: the Ethernet and IPv4 headers and the UDP length, from the
+                                                 // template. Live-frames pages are recycled without being reset, and a
+                                                 // DUT that forwards the frame's own page (the kernel) rewrote its MACs,
+                                                 // addresses, TTL and checksums in place.
+    for (k, w) in hdr[..l4 - 2].chunks_exact(4).enumerate() {
         let v = i32::from_ne_bytes([w[0], w[1], w[2], w[3]]);
         p.push(insn(ST_W, 2, 0, 4 * k as i16, v));
     }
-    p.push(insn(
-        ST_H,
-        2,
-        0,
-        32,
-        i32::from(u16::from_ne_bytes([hdr[32], hdr[33]])),
-    ));
-    p.push(insn(
-        ST_H,
-        2,
-        0,
-        38,
-        i32::from(u16::from_ne_bytes([hdr[38], hdr[39]])),
-    ));
+    for at in [l4 - 2, l4 + 4] {
+        p.push(insn(
+            ST_H,
+            2,
+            0,
+            at as i16,
+            i32::from(u16::from_ne_bytes([hdr[at], hdr[at + 1]])),
+        ));
+    }
     // The redirect: r1 = ifindex, r2 = flags 0.
     let mut tail = vec![
         insn(MOV_K, 1, 0, 0, ifindex as i32),
@@ -300,9 +321,10 @@ impl LiveFrames {
             .ok()
             .filter(|&n| n <= i32::MAX as u32)
             .ok_or(LiveFramesError::BadArgument("too many flows"))?;
-        if frame.len() < CSUM_OFF + 2 {
+        let hdr_len = udp_offset(frame) + 8;
+        if frame.len() < hdr_len {
             return Err(LiveFramesError::BadArgument(
-                "the frame is too short for an IPv4 UDP header",
+                "the frame is too short for its UDP header",
             ));
         }
         if batch > MAX_BATCH {
@@ -330,9 +352,13 @@ impl LiveFrames {
         }
         drop(mem);
         map_update(&counter, 0, &0u32.to_ne_bytes(), UPDATE)?;
-        let mut hdr = [0u8; HDR_LEN];
-        hdr.copy_from_slice(&frame[..HDR_LEN]);
-        let insns = program(sys::raw(&counter), sys::raw(&flow_map), n, ifindex, &hdr);
+        let insns = program(
+            sys::raw(&counter),
+            sys::raw(&flow_map),
+            n,
+            ifindex,
+            &frame[..hdr_len],
+        );
         // Attach type 0: the program is only run by BPF_PROG_RUN.
         let prog = prog_load_xdp(&insns, b"sluice_gen", 0, "bpf(BPF_PROG_LOAD xdp generator)")
             .map_err(|(error, log)| LiveFramesError::Rejected { error, log })?;
@@ -494,6 +520,46 @@ mod tests {
         assert_eq!(&img[..34], &hdr[..34]);
         assert_eq!(&img[38..40], &hdr[38..40]);
         assert_eq!(&img[34..38], &[0xff; 4]);
+    }
+
+    /// For an IPv6 template: the patch at 54 and 60, the header stores
+    /// cover bytes 0..54 and 58..60, the bounds check the UDP header's end.
+    #[test]
+    fn an_ipv6_template_moves_the_patch_and_the_header_stores() {
+        let mut f = [0u8; 80];
+        f[12] = 0x86;
+        f[13] = 0xdd;
+        for (i, b) in f.iter_mut().enumerate().skip(14) {
+            *b = i as u8;
+        }
+        assert_eq!(udp_offset(&f), 54);
+        assert_eq!(udp_offset(&[0u8; 60]), 34);
+        let hdr = &f[..62];
+        let p = program(7, 8, 1000, 42, hdr);
+        assert_eq!(p.len(), program_len(62));
+        assert_eq!(p.len(), 51);
+        let drop_at = p.len() - 2;
+        assert_eq!(p[drop_at], insn(MOV_K, 0, 0, 0, XDP_DROP));
+        for at in [7usize, 20, 27] {
+            assert_eq!(at as i64 + 1 + i64::from(p[at].off), drop_at as i64);
+        }
+        assert_eq!(p[26].imm, 62);
+        assert_eq!((p[28].code, p[28].off), (STX_W, 54));
+        assert_eq!((p[29].code, p[29].off), (STX_H, 60));
+        let mut img = [0xffu8; 62];
+        for i in &p[30..drop_at - 4] {
+            let off = i.off as usize;
+            let b = i.imm.to_ne_bytes();
+            match i.code {
+                ST_W => img[off..off + 4].copy_from_slice(&b),
+                ST_H => img[off..off + 2].copy_from_slice(&b[..2]),
+                c => panic!("opcode {c:#x}"),
+            }
+        }
+        assert_eq!(&img[..54], &hdr[..54]);
+        assert_eq!(&img[58..60], &hdr[58..60]);
+        assert_eq!(&img[54..58], &[0xff; 4]);
+        assert_eq!(&img[60..62], &[0xff; 2]);
     }
 
     #[test]

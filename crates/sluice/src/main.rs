@@ -210,6 +210,13 @@ struct ForwardArgs {
     /// ring, the default) or v2 (frame ring).
     #[arg(long, value_parser = parse_af_packet_rx, default_value = "v3")]
     af_packet_rx: sluice_daemon::config::AfPacketRx,
+    /// IPv6 traffic (84-byte frames: the same UDP datagram in an IPv6
+    /// header) through every DUT, no NAT: a stateful forward chain
+    /// (`ct state established,related accept`, new UDP to the receiver
+    /// accepted) on Sluice and the kernel alike. Not with --rules above 0
+    /// or --latency.
+    #[arg(long, conflicts_with = "latency")]
+    ipv6: bool,
     /// Measured seconds per point (after a 0.5 s pre-roll).
     #[arg(long, default_value_t = 3.0)]
     duration: f64,
@@ -488,6 +495,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     setup: a.setup,
                     latency: a.latency,
                     af_packet_rx: a.af_packet_rx,
+                    ipv6: a.ipv6,
                 },
                 a.json.as_deref(),
             )

@@ -217,6 +217,68 @@ fn bench_forward_xdp_sender_reaches_every_dut() {
     );
 }
 
+/// `--ipv6`: every DUT forwards the IPv6 frames (84 bytes) through its
+/// stateful forward chain, the report says IPv6, and the offload DUT's
+/// XDP program forwards the measurement (its engine saw about the warm-up
+/// passes only).
+#[test]
+#[ignore = "needs root + netns + BPF_PROG_RUN live frames + iptables-legacy; run by .ci/run with --ignored"]
+fn bench_forward_ipv6_reaches_every_dut_and_the_offload_takes_it() {
+    let _turn = serial();
+    assert!(is_root(), "this test needs root");
+    let (v, stdout, stderr) = bench_forward(
+        "ipv6",
+        &[
+            "--ipv6",
+            "--flows",
+            "1000",
+            "--duration",
+            "1",
+            "--sender",
+            "xdp",
+        ],
+    );
+    assert!(stdout.contains("traffic: IPv6 UDP, 84 bytes"), "{stdout}");
+    assert!(
+        !stdout.contains("target >="),
+        "no IPv4 NAT targets: {stdout}"
+    );
+    let results = v["results"].as_array().expect("results array");
+    assert_eq!(results.len(), 5, "{v}");
+    for r in results {
+        assert_eq!(r["ip_version"].as_u64(), Some(6), "{r}");
+        assert_eq!(r["frame_bytes"].as_u64(), Some(84), "{r}");
+        let received = r["received"].as_u64().expect("received");
+        assert!(received >= 5_000, "{r}\n{stderr}");
+    }
+    let off = results
+        .iter()
+        .find(|r| r["dut"].as_str() == Some("sluice-xdp-offload"))
+        .expect("offload result");
+    let received = off["received"].as_u64().expect("received");
+    let fast = stderr
+        .lines()
+        .skip_while(|l| !l.contains("sluice-xdp-offload with"))
+        .find_map(|l| l.split("fast_path=").nth(1))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no fast_path counter for the offload DUT:\n{stderr}"));
+    assert!(
+        fast < received / 2,
+        "{fast} IPv6 packets on the engine's fast path of {received} received: not offloaded\n{stderr}"
+    );
+    // Refused with a reason, nothing measured.
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "bench", "forward", "--ipv6", "--rules", "100", "--flows", "1000",
+        ])
+        .output()
+        .expect("run sluice bench forward");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--ipv6") && err.contains("--rules"), "{err}");
+}
+
 /// `--receiver stack`: the method of the figures before the XDP sink (the
 /// receiver's GRO and IP layers drop the frames) still runs, and the
 /// report says which receiver it used.

@@ -53,6 +53,18 @@
 //! (RFC 9693 §4.1, at most 50 000 source ports), sent in the pseudorandom
 //! order of [`crate::perm::Permutation`], cyclically.
 //!
+//! # IPv6 (`ipv6`)
+//!
+//! With [`ForwardOptions::ipv6`] the frames carry the same UDP datagram in
+//! an IPv6 header (fd00:1::2 -> 2001:db8:1::2, 84 bytes on the wire; 64
+//! cannot hold one), the DUT has fd00:1::1/64 and 2001:db8:1::1/64 and
+//! static neighbours for both hosts, and there is no NAT (Sluice has no
+//! NAT66, and NAT66 is rare): every DUT runs the same stateful forward
+//! chain instead ([`nft_ruleset6`], [`ip6tables_ruleset`]: policy drop,
+//! `ct state established,related accept`, new UDP to the receiver
+//! accepted), so that each one tracks every flow as the masquerade rule
+//! makes it do for IPv4. Not with `rules` above 0 or `latency`.
+//!
 //! # Method: forwarding rate at saturation
 //!
 //! 1. *Warm-up.* Every flow is sent once, paced at `warmup_pps`, so that the
@@ -121,7 +133,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use sluice_io::netns::Netns;
 use sluice_io::rawsock::{BatchSender, SEND_BATCH_MAX};
-use sluice_wire::flow::{proto, FlowKey4};
+use sluice_wire::flow::{proto, FlowKey4, FlowKey6};
 
 use crate::perm::{Permutation, PortRanges};
 
@@ -295,6 +307,9 @@ pub struct ForwardOptions {
     /// `af_packet_rx` of the `sluice-afpacket` DUT (the gateway's default:
     /// V3).
     pub af_packet_rx: sluice_daemon::config::AfPacketRx,
+    /// IPv6 traffic instead of IPv4 (see the module doc, "IPv6"): no NAT,
+    /// a stateful forward chain on every DUT.
+    pub ipv6: bool,
 }
 
 /// Echo requests of a latency measurement, after [`PING_WARMUP`] that
@@ -339,6 +354,7 @@ impl Default for ForwardOptions {
             setup: false,
             latency: false,
             af_packet_rx: sluice_daemon::config::AfPacketRx::V3,
+            ipv6: false,
         }
     }
 }
@@ -387,6 +403,8 @@ pub struct ForwardResult {
     pub warmup_loss: f64,
     /// How the rate is measured.
     pub method: &'static str,
+    /// IP version of the traffic: 4 or 6.
+    pub ip_version: u8,
     /// Frame size on the wire, FCS included.
     pub frame_bytes: u32,
     /// The DUT's core.
@@ -460,15 +478,22 @@ const RECV_MAC: [u8; 6] = [0x02, 0x53, 0x4c, 0x46, 0x00, 0x04];
 const NEXT_HOP_MAC: [u8; 6] = [0x02, 0x53, 0x4c, 0x46, 0x00, 0x99];
 const SENDER_IP: [u8; 4] = [10, 0, 0, 2];
 const RECV_IP: [u8; 4] = [203, 0, 113, 2];
+/// With `--ipv6`: the sender, the receiver, and the DUT's two addresses.
+const SENDER_IP6: &str = "fd00:1::2";
+const RECV_IP6: &str = "2001:db8:1::2";
+const LAN_IP6: &str = "fd00:1::1";
+const WAN_IP6: &str = "2001:db8:1::1";
+/// IPv6 frame length without FCS: the IPv4 frames' UDP datagram (18
+/// bytes of payload) in an IPv6 header, 84 bytes on the wire.
+pub const FRAME_LEN6: usize = 14 + 40 + 8 + PAYLOAD;
 /// The sender's socket send buffer: about 5000 frames in flight, more than
 /// the DUT core's receive backlog (`netdev_max_backlog`, 1000), so that a
 /// DUT slower than the sender loses frames instead of pacing it.
 const SNDBUF: i32 = 4 << 20;
 /// Sender and receiver interface names (in their own namespaces).
 const HOST_IF: &str = "eth0";
-/// Byte offsets in the frame.
+/// Byte offsets in the IPv4 frame (an IPv6 frame's are 20 bytes later).
 const SPORT_OFF: usize = 34;
-const UCSUM_OFF: usize = 40;
 
 fn mac_str(m: [u8; 6]) -> String {
     m.iter()
@@ -477,37 +502,63 @@ fn mac_str(m: [u8; 6]) -> String {
         .join(":")
 }
 
-/// A 60-byte UDP frame with both ports 0, and the one's-complement sum its
-/// checksum covers, so that a flow's frame is two port writes and an
-/// incremental checksum (RFC 1624).
+/// A UDP frame (60 bytes with IPv4, [`FRAME_LEN6`] with IPv6) with both
+/// ports 0, and the one's-complement sum its checksum covers, so that a
+/// flow's frame is two port writes and an incremental checksum (RFC 1624).
 #[derive(Clone, Copy)]
 pub struct Template {
-    frame: [u8; FRAME_LEN],
+    frame: [u8; FRAME_LEN6],
+    len: usize,
+    /// Offset of the UDP header.
+    l4: usize,
     sum: u32,
 }
 
 impl Template {
-    /// The sender's frame template.
+    /// The sender's IPv4 frame template.
     pub fn new() -> Self {
-        let mut frame = [0u8; FRAME_LEN];
-        let key = FlowKey4 {
-            src: u32::from_be_bytes(SENDER_IP),
-            dst: u32::from_be_bytes(RECV_IP),
-            sport: 0,
-            dport: 0,
-            proto: proto::UDP,
-        };
-        let n = sluice_wire::build::build_udp4(
-            &mut frame,
+        Self::for_version(false)
+    }
+
+    /// The sender's IPv4 or (`ipv6`) IPv6 frame template.
+    pub fn for_version(ipv6: bool) -> Self {
+        let mut frame = [0u8; FRAME_LEN6];
+        let (s, d) = (
             sluice_wire::EthernetAddress(SENDER_MAC),
             sluice_wire::EthernetAddress(LAN_MAC),
-            &key,
-            PAYLOAD,
         );
-        debug_assert_eq!(n.ok(), Some(FRAME_LEN));
-        let c = u16::from_be_bytes([frame[UCSUM_OFF], frame[UCSUM_OFF + 1]]);
+        let (n, l4) = if ipv6 {
+            let key = FlowKey6 {
+                src: u128::from(ip6(SENDER_IP6)),
+                dst: u128::from(ip6(RECV_IP6)),
+                sport: 0,
+                dport: 0,
+                proto: proto::UDP,
+            };
+            (
+                sluice_wire::build::build_udp6(&mut frame, s, d, &key, PAYLOAD),
+                SPORT_OFF + 20,
+            )
+        } else {
+            let key = FlowKey4 {
+                src: u32::from_be_bytes(SENDER_IP),
+                dst: u32::from_be_bytes(RECV_IP),
+                sport: 0,
+                dport: 0,
+                proto: proto::UDP,
+            };
+            (
+                sluice_wire::build::build_udp4(&mut frame, s, d, &key, PAYLOAD),
+                SPORT_OFF,
+            )
+        };
+        let len = n.unwrap_or(0);
+        debug_assert_eq!(len, if ipv6 { FRAME_LEN6 } else { FRAME_LEN });
+        let c = u16::from_be_bytes([frame[l4 + 6], frame[l4 + 7]]);
         Self {
             frame,
+            len,
+            l4,
             sum: u32::from(!c),
         }
     }
@@ -523,9 +574,8 @@ impl Template {
         if c == 0 {
             c = 0xffff;
         }
-        if let Some(b) = f.get_mut(SPORT_OFF..UCSUM_OFF + 2) {
+        if let Some(b) = f.get_mut(self.l4..self.l4 + 8) {
             b[0..2].copy_from_slice(&sport.to_be_bytes());
-            // destination port at 36, checksum at 40
             b[2..4].copy_from_slice(&dport.to_be_bytes());
             b[6..8].copy_from_slice(&c.to_be_bytes());
         }
@@ -533,8 +583,17 @@ impl Template {
 
     /// The template bytes.
     pub fn bytes(&self) -> &[u8] {
-        &self.frame
+        &self.frame[..self.len]
     }
+
+    /// The UDP checksum bytes of a patched frame `f`.
+    fn checksum(&self, f: &[u8]) -> u16 {
+        u16::from_be_bytes([f[self.l4 + 6], f[self.l4 + 7]])
+    }
+}
+
+fn ip6(s: &str) -> std::net::Ipv6Addr {
+    s.parse().unwrap_or(std::net::Ipv6Addr::UNSPECIFIED)
 }
 
 impl Default for Template {
@@ -553,16 +612,14 @@ pub fn flow_ports(n: u64, seed: u64) -> Result<Vec<(u16, u16)>, ForwardError> {
 /// The XDP sender's flow table: for each flow, in sending order, the port
 /// and UDP checksum bytes [`Template::patch`] writes (so both senders send
 /// the same frames, with a valid checksum).
-pub fn xdp_flow_entries(ports: &[(u16, u16)]) -> Vec<[u8; 8]> {
-    let tpl = Template::new();
-    let mut f = [0u8; FRAME_LEN];
-    f.copy_from_slice(tpl.bytes());
+pub fn xdp_flow_entries(ports: &[(u16, u16)], ipv6: bool) -> Vec<[u8; 8]> {
+    let tpl = Template::for_version(ipv6);
+    let mut f = tpl.bytes().to_vec();
     ports
         .iter()
         .map(|&(sp, dp)| {
             tpl.patch(&mut f, sp, dp);
-            let c = u16::from_be_bytes([f[UCSUM_OFF], f[UCSUM_OFF + 1]]);
-            sluice_io::xdpgen::flow_entry(sp, dp, c)
+            sluice_io::xdpgen::flow_entry(sp, dp, tpl.checksum(&f))
         })
         .collect()
 }
@@ -657,10 +714,17 @@ struct Topo {
     lan: String,
     wan: String,
     dir: PathBuf,
+    /// IPv6 traffic (`--ipv6`).
+    ipv6: bool,
 }
 
 impl Topo {
-    fn new(tag: &str, dut_core: usize, receiver: Receiver) -> Result<Self, ForwardError> {
+    fn new(
+        tag: &str,
+        dut_core: usize,
+        receiver: Receiver,
+        ipv6: bool,
+    ) -> Result<Self, ForwardError> {
         let pid = std::process::id();
         let ns = |s: &str| {
             let name = format!("{NS_PREFIX}{pid}-{tag}{s}");
@@ -682,6 +746,7 @@ impl Topo {
             lan,
             wan,
             dir,
+            ipv6,
         };
         std::fs::create_dir_all(&t.dir).map_err(|e| setup_err("temporary directory", e))?;
         let d = &*t.dut;
@@ -828,29 +893,52 @@ impl SluiceDut {
         interrupted: &AtomicBool,
     ) -> Result<Self, ForwardError> {
         let nft = t.dir.join("fwd.nft");
-        std::fs::write(&nft, nft_ruleset(&t.lan, &t.wan, rules, false, icmp))
-            .map_err(|e| setup_err("write ruleset", e))?;
+        let text = if t.ipv6 {
+            nft_ruleset6(&t.lan, &t.wan, false)
+        } else {
+            nft_ruleset(&t.lan, &t.wan, rules, false, icmp)
+        };
+        std::fs::write(&nft, text).map_err(|e| setup_err("write ruleset", e))?;
         let sock = t.dir.join("ctl.sock");
         let cfg = t.dir.join("sluice.toml");
         let bname = match backend {
             sluice_daemon::config::BackendChoice::AfXdp => "af_xdp",
             _ => "af_packet",
         };
+        // With `--ipv6` the same box with an IPv6 address on each side,
+        // the two IPv6 neighbours, and the IPv6 table sized for the flows.
+        let (lan6, wan6, neigh6) = if t.ipv6 {
+            (
+                format!(", \"{LAN_IP6}/64\""),
+                format!(", \"{WAN_IP6}/64\""),
+                format!(
+                    "[[neighbors]]\nip = \"{RECV_IP6}\"\nmac = \"{}\"\n\n\
+                     [[neighbors]]\nip = \"{SENDER_IP6}\"\nmac = \"{}\"\n\n",
+                    mac_str(NEXT_HOP_MAC),
+                    mac_str(SENDER_MAC)
+                ),
+            )
+        } else {
+            Default::default()
+        };
         std::fs::write(
             &cfg,
             format!(
                 "ruleset = \"fwd.nft\"\nbackend = \"{bname}\"\naf_packet_rx = \"{}\"\nxdp_offload = {offload}\nworkers = 1\nworker_priority = {WORKER_PRIORITY}\ncontrol_socket = \"{}\"\n\n\
-                 [[interfaces]]\nname = \"{}\"\nrole = \"inside\"\naddresses = [\"10.0.0.1/24\"]\n\n\
-                 [[interfaces]]\nname = \"{}\"\nrole = \"outside\"\naddresses = [\"203.0.113.1/24\"]\n\n\
+                 [[interfaces]]\nname = \"{}\"\nrole = \"inside\"\naddresses = [\"10.0.0.1/24\"{lan6}]\n\n\
+                 [[interfaces]]\nname = \"{}\"\nrole = \"outside\"\naddresses = [\"203.0.113.1/24\"{wan6}]\n\n\
                  [[neighbors]]\nip = \"203.0.113.2\"\nmac = \"{}\"\n\n\
-                 [[neighbors]]\nip = \"10.0.0.2\"\nmac = \"{}\"\n\n[conntrack]\nmax = {}\n",
+                 [[neighbors]]\nip = \"10.0.0.2\"\nmac = \"{}\"\n\n{neigh6}[conntrack]\nmax = {}\nmax_v6 = {}\n",
                 af_packet_rx.name(),
                 sock.display(),
                 t.lan,
                 t.wan,
                 mac_str(NEXT_HOP_MAC),
                 mac_str(SENDER_MAC),
-                (flows * 2).max(65_536)
+                // The table of the traffic's IP version sized for the
+                // flows, the other at its default.
+                if t.ipv6 { 65_536 } else { (flows * 2).max(65_536) },
+                if t.ipv6 { (flows * 2).max(65_536) } else { 65_536 }
             ),
         )
         .map_err(|e| setup_err("write sluice.toml", e))?;
@@ -896,7 +984,11 @@ impl SluiceDut {
             .ctl(&["status"])
             .and_then(|v| v["rules"].as_u64())
             .ok_or_else(|| setup_err("sluice ctl status", "no rule count"))?;
-        let asked = forward_rules(rules, icmp) + 1;
+        let asked = if t.ipv6 {
+            RULES6
+        } else {
+            forward_rules(rules, icmp) + 1
+        };
         if loaded != asked as u64 {
             return Err(setup_err(
                 "sluice run",
@@ -1072,6 +1164,44 @@ pub fn nft_ruleset(lan: &str, wan: &str, rules: usize, flowtable: bool, icmp: bo
     s
 }
 
+/// The IPv6 rule set of every DUT with `--ipv6` (one text for Sluice and
+/// `kernel-nftables`): no NAT, a stateful forward chain, policy drop,
+/// `ct state established,related accept` and new UDP connections to the
+/// receiver accepted, so that every DUT tracks every flow as the IPv4
+/// masquerade makes it do. With `flowtable`, a flowtable on both veths
+/// and `flow add` first.
+pub fn nft_ruleset6(lan: &str, wan: &str, flowtable: bool) -> String {
+    let mut s = String::from("table ip6 sluicebench {\n");
+    if flowtable {
+        let _ = write!(
+            s,
+            "  flowtable ft {{\n    hook ingress priority 0; devices = {{ \"{lan}\", \"{wan}\" }};\n  }}\n"
+        );
+    }
+    s.push_str("  chain forward {\n    type filter hook forward priority 0; policy drop;\n");
+    if flowtable {
+        s.push_str("    meta l4proto { tcp, udp } flow add @ft\n");
+    }
+    let _ = write!(
+        s,
+        "    ct state established,related accept\n    ip6 daddr {RECV_IP6} meta l4proto udp ct state new accept\n  }}\n}}\n"
+    );
+    s
+}
+
+/// Rules in the forward chain of [`nft_ruleset6`] (without `flow add`).
+const RULES6: usize = 2;
+
+/// The same in ip6tables-restore form, for `kernel-iptables` with
+/// `--ipv6`.
+pub fn ip6tables_ruleset() -> String {
+    format!(
+        "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+         -A FORWARD -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n\
+         -A FORWARD -d {RECV_IP6}/128 -p udp -m conntrack --ctstate NEW -j ACCEPT\nCOMMIT\n"
+    )
+}
+
 /// The same rule set in iptables-restore form, for `kernel-iptables`:
 /// `-A POSTROUTING -o WAN -j MASQUERADE` in the nat table and, with
 /// `rules` > 0, the FORWARD chain (policy DROP) of [`nft_ruleset`]'s
@@ -1108,6 +1238,9 @@ pub fn iptables_ruleset(wan: &str, rules: usize, icmp: bool) -> String {
 /// `kernel-flowtable`, the flowtable; with iptables-legacy for
 /// `kernel-iptables`. Returns how the rules were loaded and checked.
 fn start_kernel(t: &Topo, dut: Dut, rules: usize, icmp: bool) -> Result<String, ForwardError> {
+    if t.ipv6 {
+        return start_kernel6(t, dut);
+    }
     let d = &*t.dut;
     ns_ip(d, &["addr", "add", "10.0.0.1/24", "dev", &t.lan])?;
     ns_ip(d, &["addr", "add", "203.0.113.1/24", "dev", &t.wan])?;
@@ -1192,6 +1325,85 @@ fn start_kernel(t: &Topo, dut: Dut, rules: usize, icmp: bool) -> Result<String, 
         "nft masquerade + flowtable (flow add @ft)".into()
     } else {
         "nft masquerade".into()
+    })
+}
+
+/// [`start_kernel`] with `--ipv6`: the kernel's IPv6 forwarding with the
+/// stateful forward chain of [`nft_ruleset6`] (or [`ip6tables_ruleset`]
+/// with iptables-legacy).
+fn start_kernel6(t: &Topo, dut: Dut) -> Result<String, ForwardError> {
+    let d = &*t.dut;
+    for (addr, dev) in [(LAN_IP6, &t.lan), (WAN_IP6, &t.wan)] {
+        ns_ip(
+            d,
+            &[
+                "-6",
+                "addr",
+                "add",
+                &format!("{addr}/64"),
+                "dev",
+                dev,
+                "nodad",
+            ],
+        )?;
+    }
+    for (ip, mac, dev) in [
+        (RECV_IP6, NEXT_HOP_MAC, &t.wan),
+        (SENDER_IP6, SENDER_MAC, &t.lan),
+    ] {
+        ns_ip(
+            d,
+            &[
+                "-6",
+                "neigh",
+                "replace",
+                ip,
+                "lladdr",
+                &mac_str(mac),
+                "dev",
+                dev,
+                "nud",
+                "permanent",
+            ],
+        )?;
+    }
+    ns_exec(d, &["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"])?;
+    if dut == Dut::KernelIptables {
+        let f = t.dir.join("kernel6.rules");
+        std::fs::write(&f, ip6tables_ruleset())
+            .map_err(|e| setup_err("write ip6tables rules", e))?;
+        ns_exec(d, &["ip6tables-legacy-restore", &f.display().to_string()]).map_err(|e| {
+            setup_err(
+                dut.name(),
+                format!("ip6tables-legacy-restore failed (the iptables package and a kernel with CONFIG_IP6_NF_IPTABLES_LEGACY): {e}"),
+            )
+        })?;
+        let listed = ns_exec(d, &["ip6tables-legacy", "-S", "FORWARD"])?;
+        let n = listed
+            .lines()
+            .filter(|l| l.starts_with("-A FORWARD"))
+            .count();
+        check_loaded(dut.name(), n, RULES6)?;
+        return Ok("ip6tables-legacy (x_tables) conntrack forward chain".into());
+    }
+    let flowtable = dut == Dut::KernelFlowtable;
+    let nft = t.dir.join("kernel6.nft");
+    std::fs::write(&nft, nft_ruleset6(&t.lan, &t.wan, flowtable))
+        .map_err(|e| setup_err("write nft", e))?;
+    ns_exec(d, &["nft", "-f", &nft.display().to_string()])?;
+    let listed = ns_exec(
+        d,
+        &["nft", "list", "chain", "ip6", "sluicebench", "forward"],
+    )?;
+    let n = listed
+        .lines()
+        .filter(|l| l.trim_end().ends_with(" accept") && !l.contains("policy"))
+        .count();
+    check_loaded(dut.name(), n, RULES6)?;
+    Ok(if flowtable {
+        "nft ct state forward chain + flowtable (flow add @ft)".into()
+    } else {
+        "nft ct state forward chain".into()
     })
 }
 
@@ -1301,15 +1513,12 @@ fn sender(
 ) -> Result<(), ForwardError> {
     enter_sender(t, core)?;
     let tx = BatchSender::open(HOST_IF, SNDBUF).map_err(|e| setup_err("sender AF_PACKET", e))?;
-    let tpl = Template::new();
+    let tpl = Template::for_version(t.ipv6);
     let burst = match pace {
         Pace::OncePaced(_) | Pace::Paced(_) => 32,
         Pace::Flat | Pace::OnceFlat => SEND_BATCH_MAX,
     };
-    let mut frames = vec![[0u8; FRAME_LEN]; burst];
-    for f in &mut frames {
-        f.copy_from_slice(tpl.bytes());
-    }
+    let mut frames = vec![tpl.bytes().to_vec(); burst];
     let start = Instant::now();
     let mut next = 0usize;
     let mut total = 0u64;
@@ -1372,7 +1581,7 @@ fn xdp_sender(
     // BPF_PROG_RUN runs on the calling thread's CPU, and resolves the
     // ingress and redirect interfaces in its network namespace.
     enter_sender(t, core)?;
-    let tpl = Template::new();
+    let tpl = Template::for_version(t.ipv6);
     let gen = sluice_io::xdpgen::LiveFrames::new(HOST_IF, tpl.bytes(), entries, XDP_BATCH)
         .map_err(|e| setup_err("xdp sender", e))?;
     let mut total = 0u64;
@@ -1545,6 +1754,12 @@ pub fn run(
     if !is_root() {
         return Err(ForwardError::NotRoot);
     }
+    if opts.ipv6 && (opts.rules.iter().any(|&r| r > 0) || opts.latency) {
+        return Err(setup_err(
+            "--ipv6",
+            "not with --rules above 0 or --latency (IPv4 only for now)",
+        ));
+    }
     if opts.setup && opts.zero_loss {
         return Err(setup_err(
             "--setup",
@@ -1566,7 +1781,7 @@ pub fn run(
         for (fi, &flows) in opts.flows.iter().enumerate() {
             let ports = flow_ports(flows, opts.seed)?;
             let entries = match opts.sender {
-                Sender::Xdp => xdp_flow_entries(&ports),
+                Sender::Xdp => xdp_flow_entries(&ports, opts.ipv6),
                 Sender::Socket => Vec::new(),
             };
             for (di, &dut) in opts.duts.iter().enumerate() {
@@ -1616,7 +1831,7 @@ fn point(
     interrupted: &AtomicBool,
     progress: &mut dyn FnMut(&str),
 ) -> Result<ForwardResult, ForwardError> {
-    let mut topo = Topo::new(tag, dut_core, opts.receiver)?;
+    let mut topo = Topo::new(tag, dut_core, opts.receiver, opts.ipv6)?;
     // Declared after `topo`, so it stops before the namespaces go.
     let mut sluice = None;
     let mut _ct_max = None;
@@ -1963,7 +2178,8 @@ fn point(
         } else {
             "saturation"
         },
-        frame_bytes: 64,
+        ip_version: if opts.ipv6 { 6 } else { 4 },
+        frame_bytes: if opts.ipv6 { FRAME_LEN6 as u32 + 4 } else { 64 },
         dut_core,
         sender_core,
         dut_mode,
@@ -2017,6 +2233,14 @@ pub fn table(rows: &[ForwardResult]) -> String {
             receivers.join(", ")
         );
     }
+    if rows.iter().any(|r| r.ip_version == 6) {
+        let _ = writeln!(
+            s,
+            "traffic: IPv6 UDP, {} bytes on the wire, no NAT: every DUT runs the stateful forward \
+             chain of --ipv6 (ct state established,related accept; new UDP to the receiver accepted)",
+            FRAME_LEN6 + 4
+        );
+    }
     let _ = writeln!(
         s,
         "{:<18} {:>9} {:>6} {:>10} {:>10} {:>10} {:>7} {:>9} {:>10} {:>7} {:>9}",
@@ -2051,8 +2275,9 @@ pub fn table(rows: &[ForwardResult]) -> String {
     }
     let _ = writeln!(
         s,
-        "rules: forward filter rules (0: the NAT rule only); busy %: the DUT core's busy time \
-         during the measurement; cap Mpps: drain Mpps / busy, frames per second of busy DUT-core time"
+        "rules: forward filter rules (0: the NAT rule only, or with IPv6 the stateful chain); \
+         busy %: the DUT core's busy time during the measurement; cap Mpps: drain Mpps / busy, \
+         frames per second of busy DUT-core time"
     );
     if rows.iter().any(|r| r.method == "rfc2544-zero-loss") {
         let _ = writeln!(
@@ -2111,8 +2336,11 @@ pub fn table(rows: &[ForwardResult]) -> String {
     let mut counts: Vec<usize> = rows.iter().map(|r| r.rules).collect();
     counts.sort_unstable();
     counts.dedup();
-    // Issue 4's targets concern established flows, not `--setup` runs.
-    let targets = !rows.iter().any(|r| r.method == "setup-saturation");
+    // Issue 4's targets concern established IPv4 flows through NAT, not
+    // `--setup` or IPv6 runs.
+    let targets = !rows
+        .iter()
+        .any(|r| r.method == "setup-saturation" || r.ip_version == 6);
     let sluice = [
         Dut::SluiceAfXdp,
         Dut::SluiceAfPacket,
@@ -2205,14 +2433,23 @@ mod tests {
         assert!(cpu_times(100_000).is_none());
     }
 
-    #[test]
-    fn patched_frame_matches_a_built_one() {
-        let tpl = Template::new();
-        for (sp, dp) in [(1024u16, 1u16), (65535, 65535), (40000, 7), (1, 0xfffe)] {
-            let mut f = [0u8; FRAME_LEN];
-            f.copy_from_slice(tpl.bytes());
-            tpl.patch(&mut f, sp, dp);
-            let mut want = [0u8; FRAME_LEN];
+    /// The frame `build_udp4` / `build_udp6` makes for flow (`sp`, `dp`).
+    fn built(ipv6: bool, sp: u16, dp: u16) -> Vec<u8> {
+        let mut want = vec![0u8; FRAME_LEN6];
+        let (s, d) = (
+            sluice_wire::EthernetAddress(SENDER_MAC),
+            sluice_wire::EthernetAddress(LAN_MAC),
+        );
+        let n = if ipv6 {
+            let key = FlowKey6 {
+                src: u128::from(ip6(SENDER_IP6)),
+                dst: u128::from(ip6(RECV_IP6)),
+                sport: sp,
+                dport: dp,
+                proto: proto::UDP,
+            };
+            sluice_wire::build::build_udp6(&mut want, s, d, &key, PAYLOAD).unwrap()
+        } else {
             let key = FlowKey4 {
                 src: u32::from_be_bytes(SENDER_IP),
                 dst: u32::from_be_bytes(RECV_IP),
@@ -2220,37 +2457,111 @@ mod tests {
                 dport: dp,
                 proto: proto::UDP,
             };
-            let n = sluice_wire::build::build_udp4(
-                &mut want,
-                sluice_wire::EthernetAddress(SENDER_MAC),
-                sluice_wire::EthernetAddress(LAN_MAC),
-                &key,
-                PAYLOAD,
-            )
-            .unwrap();
-            assert_eq!(n, FRAME_LEN);
-            assert_eq!(f, want, "ports {sp} {dp}");
+            sluice_wire::build::build_udp4(&mut want, s, d, &key, PAYLOAD).unwrap()
+        };
+        want.truncate(n);
+        want
+    }
+
+    #[test]
+    fn patched_frame_matches_a_built_one() {
+        for ipv6 in [false, true] {
+            let tpl = Template::for_version(ipv6);
+            assert_eq!(tpl.bytes().len(), if ipv6 { FRAME_LEN6 } else { FRAME_LEN });
+            for (sp, dp) in [(1024u16, 1u16), (65535, 65535), (40000, 7), (1, 0xfffe)] {
+                let mut f = tpl.bytes().to_vec();
+                tpl.patch(&mut f, sp, dp);
+                assert_eq!(f, built(ipv6, sp, dp), "IPv6 {ipv6}: ports {sp} {dp}");
+            }
         }
+        // The IPv6 frame carries the IPv4 frame's UDP datagram (ports,
+        // length and payload; the checksum covers another pseudo-header).
+        let (six, four) = (built(true, 5, 6), built(false, 5, 6));
+        assert_eq!(six[54..60], four[34..40]);
+        assert_eq!(six[62..], four[42..]);
+        assert_eq!(FRAME_LEN6 + 4, 84);
     }
 
     #[test]
     fn xdp_flow_entries_patch_like_the_socket_sender() {
         assert_eq!(SPORT_OFF, sluice_io::xdpgen::PORTS_OFF);
-        assert_eq!(UCSUM_OFF, sluice_io::xdpgen::CSUM_OFF);
-        let tpl = Template::new();
-        let ports = flow_ports(1000, 7).unwrap();
-        let entries = xdp_flow_entries(&ports);
-        assert_eq!(entries.len(), ports.len());
-        for (&(sp, dp), e) in ports.iter().zip(&entries) {
-            let mut want = [0u8; FRAME_LEN];
-            want.copy_from_slice(tpl.bytes());
-            tpl.patch(&mut want, sp, dp);
-            // What the XDP program does to its copy of the template.
-            let mut got = [0u8; FRAME_LEN];
-            got.copy_from_slice(tpl.bytes());
-            got[SPORT_OFF..SPORT_OFF + 4].copy_from_slice(&e[..4]);
-            got[UCSUM_OFF..UCSUM_OFF + 2].copy_from_slice(&e[4..6]);
-            assert_eq!(got, want, "ports {sp} {dp}");
+        for ipv6 in [false, true] {
+            let tpl = Template::for_version(ipv6);
+            let ports_at = sluice_io::xdpgen::udp_offset(tpl.bytes());
+            assert_eq!(ports_at, if ipv6 { 54 } else { 34 });
+            let ports = flow_ports(1000, 7).unwrap();
+            let entries = xdp_flow_entries(&ports, ipv6);
+            assert_eq!(entries.len(), ports.len());
+            for (&(sp, dp), e) in ports.iter().zip(&entries) {
+                let mut want = tpl.bytes().to_vec();
+                tpl.patch(&mut want, sp, dp);
+                // What the XDP program does to its copy of the template.
+                let mut got = tpl.bytes().to_vec();
+                got[ports_at..ports_at + 4].copy_from_slice(&e[..4]);
+                got[ports_at + 6..ports_at + 8].copy_from_slice(&e[4..6]);
+                assert_eq!(got, want, "IPv6 {ipv6}: ports {sp} {dp}");
+            }
+        }
+    }
+
+    #[test]
+    fn ipv6_rule_sets_are_stateful_and_parse() {
+        let nft = nft_ruleset6("fl0", "fw0", false);
+        assert!(nft.contains("ct state established,related accept"), "{nft}");
+        assert!(nft.contains(&format!(
+            "ip6 daddr {RECV_IP6} meta l4proto udp ct state new accept"
+        )));
+        assert!(nft.contains("policy drop"));
+        let ft = nft_ruleset6("fl0", "fw0", true);
+        assert!(ft.contains("flow add @ft") && ft.contains("devices = { \"fl0\", \"fw0\" }"));
+        let ipt = ip6tables_ruleset();
+        assert_eq!(
+            ipt.lines().filter(|l| l.starts_with("-A FORWARD")).count(),
+            RULES6
+        );
+        // Sluice reads both texts alike: new UDP to the receiver and
+        // anything established pass, other new traffic is dropped, and
+        // established packets are accepted up front (so the offload may
+        // take them).
+        use sluice_policy::{CompiledPolicy, Interfaces, TracePacket};
+        let compile = |rs: sluice_ruleset::Ruleset| {
+            let ifs = Interfaces::from_ruleset(&rs);
+            CompiledPolicy::compile(&rs, &ifs).unwrap_or_else(|e| panic!("{e}"))
+        };
+        let a = compile(
+            sluice_ruleset::parse_nft_str("b6.nft", &nft).unwrap_or_else(|d| panic!("{d}")),
+        );
+        let b = compile(
+            sluice_ruleset::parse_ip6tables_restore_str("b6.rules", &ipt, None)
+                .unwrap_or_else(|d| panic!("{d}")),
+        );
+        for p in [&a, &b] {
+            assert!(p.established_accepted());
+            for (spec, verdict) in [
+                (
+                    format!("udp [{SENDER_IP6}]:1000 > [{RECV_IP6}]:53 iif fl0 oif fw0 ct new"),
+                    "Accept",
+                ),
+                (
+                    format!(
+                        "udp [{RECV_IP6}]:53 > [{SENDER_IP6}]:1000 iif fw0 oif fl0 ct established"
+                    ),
+                    "Accept",
+                ),
+                (
+                    format!("udp [{SENDER_IP6}]:1000 > [2001:db8:1::9]:53 iif fl0 oif fw0 ct new"),
+                    "Drop",
+                ),
+                (
+                    format!("tcp [{SENDER_IP6}]:1000 > [{RECV_IP6}]:80 iif fl0 oif fw0 ct new"),
+                    "Drop",
+                ),
+            ] {
+                let pkt = TracePacket::parse(&format!("{spec} hook forward"))
+                    .unwrap_or_else(|e| panic!("{spec}: {e}"));
+                let t = p.trace(&pkt);
+                assert_eq!(format!("{:?}", t.verdict), verdict, "{spec}");
+            }
         }
     }
 
