@@ -304,7 +304,30 @@ fn summary_extras(cfg: &Config) -> Vec<String> {
         "connection tables {} MiB at start",
         conntrack_start_bytes(cfg).div_ceil(1 << 20)
     ));
+    if cfg.xdp_offload {
+        v.push(format!(
+            "XDP offload tables {} MiB at start",
+            offload_start_bytes(cfg).div_ceil(1 << 20)
+        ));
+    }
     v
+}
+
+/// Directions the XDP offload's IPv4 and IPv6 tables are sized for: two
+/// per connection of `conntrack.max` and `max_v6`.
+fn offload_directions(cfg: &Config) -> (u32, u32) {
+    let d = |max: u64| u32::try_from(max.saturating_mul(2)).unwrap_or(u32::MAX);
+    (d(cfg.ct_max), d(cfg.ct6_max))
+}
+
+/// Bytes the XDP offload's tables take from start (`xdp_offload`; 0 when
+/// off).
+fn offload_start_bytes(cfg: &Config) -> u64 {
+    if !cfg.xdp_offload {
+        return 0;
+    }
+    let (v4, v6) = offload_directions(cfg);
+    sluice_io::XdpOffload::bytes_for(v4, v6)
 }
 
 /// `heap_reserve_mib`: back that much of the heap with memory now and keep
@@ -365,7 +388,7 @@ fn conntrack_refusal(cfg: &Config, need: u64, avail: Option<u64>) -> Option<Stri
     (need > avail).then(|| {
         format!(
             "conntrack.max = {}, conntrack.max_v6 = {}: the connection tables need {} MiB of \
-             memory at start ({}), but only {} MiB is available (MemAvailable in \
+             memory at start ({}{}), but only {} MiB is available (MemAvailable in \
              /proc/meminfo); lower conntrack.max{}",
             cfg.ct_max,
             cfg.ct6_max,
@@ -374,6 +397,11 @@ fn conntrack_refusal(cfg: &Config, need: u64, avail: Option<u64>) -> Option<Stri
                 "prefault = true backs the entries too"
             } else {
                 "their indexes, about 33 bytes per connection"
+            },
+            if cfg.xdp_offload {
+                ", and xdp_offload's tables 256-512 bytes per IPv4 connection, 512-1024 per IPv6 one"
+            } else {
+                ""
             },
             avail >> 20,
             if cfg.ct_prefault {
@@ -2221,7 +2249,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     reserve_heap(cfg.heap_reserve_mib)?;
     if let Some(refusal) = conntrack_refusal(
         &cfg,
-        conntrack_start_bytes(&cfg),
+        conntrack_start_bytes(&cfg) + offload_start_bytes(&cfg),
         sluice_io::alloc::available_memory(),
     ) {
         return Err(RunError::Os(refusal));
@@ -2334,8 +2362,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     // per queue); with one worker it has a UMEM of its own, as before.
     // One offload map for every worker and port.
     let offload = if cfg.xdp_offload {
-        let max = u32::try_from(cfg.ct_max.saturating_mul(2)).unwrap_or(u32::MAX);
-        let max6 = u32::try_from(cfg.ct6_max.saturating_mul(2)).unwrap_or(u32::MAX);
+        let (max, max6) = offload_directions(&cfg);
         let t = sluice_io::XdpOffload::new(max, max6)
             .map_err(|e| RunError::Os(format!("XDP offload table: {e}")))?;
         tracing::info!(
@@ -2800,6 +2827,36 @@ mod tests {
         assert!(full > 70_000_000, "{full}");
         let m = conntrack_refusal(&cfg, full, Some(1 << 20)).expect("refused");
         assert!(m.ends_with("or set prefault = false"), "{m}");
+    }
+
+    /// With `xdp_offload` the offload's tables count too: reported by
+    /// `sluice check` and added to what the memory check needs.
+    #[test]
+    fn xdp_offload_tables_are_reported_and_counted() {
+        let dir = std::env::temp_dir();
+        let text = "backend = \"af_xdp\"\nxdp_offload = true\n[conntrack]\nmax = 1000000\n\
+                    [[interfaces]]\nname = \"t0\"\n";
+        let cfg = config::parse(&dir.join("sluice.toml"), text).expect("config");
+        // 2 M IPv4 directions: 4 M slots of 64 bytes; 128 k IPv6 ones: 256 k
+        // slots of 128 bytes.
+        assert_eq!(offload_start_bytes(&cfg), (256 << 20) + (32 << 20));
+        let extras = summary_extras(&cfg);
+        assert!(
+            extras
+                .iter()
+                .any(|x| x == "XDP offload tables 288 MiB at start"),
+            "{extras:?}"
+        );
+        let need = conntrack_start_bytes(&cfg) + offload_start_bytes(&cfg);
+        let m = conntrack_refusal(&cfg, need, Some(100 << 20)).expect("refused");
+        assert!(m.contains("xdp_offload's tables"), "{m}");
+        // Off: nothing reported, nothing counted.
+        let text = text.replace("xdp_offload = true", "xdp_offload = false");
+        let cfg = config::parse(&dir.join("sluice.toml"), &text).expect("config");
+        assert_eq!(offload_start_bytes(&cfg), 0);
+        assert!(!summary_extras(&cfg)
+            .iter()
+            .any(|x| x.contains("XDP offload")));
     }
 
     /// The whole path: a gateway asked for conntrack tables larger than

@@ -339,13 +339,19 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
-    /// Room for `directions` at a load of at most one half.
-    pub(crate) fn for_directions(directions: u32) -> Self {
-        let slots = directions
+    /// Slots for `directions` at a load of at most one half.
+    fn slots_for(directions: u32) -> u32 {
+        directions
+            .max(1)
             .saturating_mul(2)
             .checked_next_power_of_two()
             .unwrap_or(MAX_SLOTS)
-            .clamp(MIN_SLOTS, MAX_SLOTS);
+            .clamp(MIN_SLOTS, MAX_SLOTS)
+    }
+
+    /// Room for `directions` at a load of at most one half.
+    pub(crate) fn for_directions(directions: u32) -> Self {
+        let slots = Self::slots_for(directions);
         let mut mult = [0u64; 7];
         for (i, m) in mult.iter_mut().enumerate() {
             let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -650,6 +656,13 @@ impl XdpOffload {
     pub fn bytes(&self) -> u64 {
         u64::from(self.v4.layout.slots) * SLOT_SIZE as u64
             + u64::from(self.v6.layout.slots) * SLOT_SIZE6 as u64
+    }
+
+    /// Bytes the tables of [`Self::new`]`(max_entries, max_entries6)`
+    /// take (allocated when they are created), without creating them.
+    pub fn bytes_for(max_entries: u32, max_entries6: u32) -> u64 {
+        u64::from(Layout::slots_for(max_entries)) * SLOT_SIZE as u64
+            + u64::from(Layout::slots_for(max_entries6)) * SLOT_SIZE6 as u64
     }
 
     /// Offload one direction, replacing an entry of the same key (counter

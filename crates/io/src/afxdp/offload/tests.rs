@@ -600,6 +600,16 @@ fn the_table_sizes_for_a_load_of_at_most_one_half() {
     assert_eq!(Layout::for_directions(u32::MAX).slots, MAX_SLOTS);
     let l = Layout::for_directions(1000);
     assert!(l.mult.iter().all(|m| m & 1 == 1), "odd multipliers");
+    // What `sluice check` reports: 2 M IPv4 and 128 k IPv6 directions
+    // (conntrack.max 1 M, max_v6 64 k).
+    assert_eq!(
+        XdpOffload::bytes_for(2_000_000, 131_072),
+        (4u64 << 20) * 64 + (256u64 << 10) * 128
+    );
+    assert_eq!(
+        XdpOffload::bytes_for(0, u32::MAX),
+        16 * 64 + (1u64 << 24) * 128
+    );
 }
 
 /// Keys that differ only in consecutive source ports (what a NAT's port
