@@ -313,6 +313,20 @@ fn summary_extras(cfg: &Config) -> Vec<String> {
     v
 }
 
+/// A listener for `metrics_listen` (`None`: none), or why it cannot be had
+/// (a start or reload error).
+fn bind_metrics(
+    a: Option<std::net::SocketAddr>,
+) -> Result<Option<std::net::TcpListener>, CtlFailure> {
+    a.map(|a| {
+        std::net::TcpListener::bind(a).map_err(|e| CtlFailure {
+            kind: "config",
+            message: format!("metrics_listen: cannot listen on {a}: {e}"),
+        })
+    })
+    .transpose()
+}
+
 /// Directions the XDP offload's IPv4 and IPv6 tables are sized for: two
 /// per connection of `conntrack.max` and `max_v6`.
 fn offload_directions(cfg: &Config) -> (u32, u32) {
@@ -632,6 +646,8 @@ struct ReloadPlan {
     nat_log: bool,
     /// The control socket's mode or group changed (its path did not).
     socket_mode: bool,
+    /// `metrics_listen` changed (set, moved or taken out).
+    metrics: bool,
     /// What changed and needs a restart.
     needs_restart: Vec<&'static str>,
 }
@@ -699,9 +715,6 @@ impl ReloadPlan {
         {
             needs_restart.push("nat");
         }
-        if old.metrics_listen != cfg.metrics_listen {
-            needs_restart.push("metrics_listen");
-        }
         if old.heap_reserve_mib != cfg.heap_reserve_mib {
             needs_restart.push("heap_reserve_mib");
         }
@@ -722,6 +735,7 @@ impl ReloadPlan {
             socket_mode: old.control_socket == cfg.control_socket
                 && (old.control_socket_mode != cfg.control_socket_mode
                     || (old.control_socket_group != cfg.control_socket_group && !group_unset)),
+            metrics: old.metrics_listen != cfg.metrics_listen,
             needs_restart,
         }
     }
@@ -746,6 +760,9 @@ impl ReloadPlan {
         }
         if self.socket_mode {
             a.push("control socket mode");
+        }
+        if self.metrics {
+            a.push("metrics listener");
         }
         if self.apply_routes {
             a.push("routes");
@@ -777,6 +794,9 @@ struct Control {
     /// the last one applied, and when (Unix seconds) the running
     /// configuration was last loaded successfully (start or reload).
     reloads: ReloadStats,
+    /// Hands the metrics thread a reload's new `metrics_listen` listener
+    /// (`None`: stop listening).
+    metrics_moves: std::sync::mpsc::Sender<Option<std::net::TcpListener>>,
 }
 
 /// See [`Control::reloads`].
@@ -1410,6 +1430,10 @@ impl Control {
                 message: e,
             })?;
         }
+        if plan.metrics {
+            // As a reload would: an address it cannot listen on refuses it.
+            drop(bind_metrics(cfg.metrics_listen)?);
+        }
         let mut applied = plan.applied(&st.config, &cfg);
         if lp.compiled.is_some() && lp.pools != st.pools {
             applied.push("nat pools");
@@ -1438,6 +1462,7 @@ impl Control {
             nat_live,
             nat_log,
             socket_mode,
+            metrics,
             needs_restart,
         } = plan;
         // The new NAT log destination is opened before anything changes:
@@ -1448,6 +1473,13 @@ impl Control {
                 message: e,
             })?),
             _ => None,
+        };
+        // So is a new metrics address: bound now, served from the end of
+        // the reload on.
+        let new_metrics = if metrics {
+            Some(bind_metrics(cfg.metrics_listen)?)
+        } else {
+            None
         };
         self.publish(&mut st, lp)?;
         if relink {
@@ -1596,6 +1628,13 @@ impl Control {
             for w in &self.workers {
                 let _ = w.try_send(Command::SetNeighbor6((dev + 1) as u16, ip, mac, true));
             }
+        }
+        if let Some(l) = new_metrics {
+            if self.metrics_moves.send(l).is_err() {
+                tracing::error!("reload: the metrics thread is gone");
+            }
+            st.config.metrics_listen = cfg.metrics_listen;
+            tracing::info!(listen = ?cfg.metrics_listen, "reload: metrics listener replaced");
         }
         if !needs_restart.is_empty() {
             tracing::warn!(
@@ -2336,13 +2375,8 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     };
     let cell = Arc::new(dataplane::PolicyCell::new(Arc::clone(&lp.policy)));
     // Bound before anything starts, so that a taken port is a start error.
-    let metrics_listener = match cfg.metrics_listen {
-        Some(a) => Some(
-            std::net::TcpListener::bind(a)
-                .map_err(|e| RunError::Os(format!("metrics_listen: cannot listen on {a}: {e}")))?,
-        ),
-        None => None,
-    };
+    let metrics_listener = bind_metrics(cfg.metrics_listen).map_err(|e| RunError::Os(e.message))?;
+    let (metrics_moves, metrics_rx) = std::sync::mpsc::channel();
     let nat_logger = match &cfg.nat_log {
         Some(c) => {
             Some(natlog::NatLogger::start(c, cfg.nat.port_block_size).map_err(RunError::Os)?)
@@ -2585,6 +2619,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
         nat_log: nat_logger.as_ref().map(natlog::NatLogger::handle),
         links: Arc::clone(&links),
         reloads: ReloadStats::new(),
+        metrics_moves,
     });
     // From here the cell, the workers and `Published` hold the policy; a
     // reference kept here would pin the start-up rule set in memory after
@@ -2599,18 +2634,20 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
         .spawn(move || ctl::serve(listener, &ctl_stop, &|r| ctl_control.handle(r)))
         .map_err(|e| RunError::Os(format!("spawn control thread: {e}")))?;
 
-    let metrics_thread = match metrics_listener {
-        Some(l) => {
-            let (st, c) = (Arc::clone(&stop), Arc::clone(&control));
+    // Always running, so that a reload may set `metrics_listen` too.
+    let metrics_thread = {
+        let (st, c) = (Arc::clone(&stop), Arc::clone(&control));
+        if let Some(l) = &metrics_listener {
             tracing::info!(listen = ?l.local_addr().ok(), "metrics");
-            Some(
-                std::thread::Builder::new()
-                    .name("sluice-metrics".into())
-                    .spawn(move || metrics::serve(l, &st, &|| c.metrics().ok()))
-                    .map_err(|e| RunError::Os(format!("spawn metrics thread: {e}")))?,
-            )
         }
-        None => None,
+        Some(
+            std::thread::Builder::new()
+                .name("sluice-metrics".into())
+                .spawn(move || {
+                    metrics::serve(metrics_listener, &metrics_rx, &st, &|| c.metrics().ok())
+                })
+                .map_err(|e| RunError::Os(format!("spawn metrics thread: {e}")))?,
+        )
     };
 
     let handle = signals.handle();

@@ -506,14 +506,38 @@ pub fn render(ws: &[WorkerStatus], info: &Info) -> String {
 const MAX_REQUEST: u64 = 8192;
 
 /// Serve `GET /metrics` on `listener` until `stop` is set (checked every
-/// 100 ms). `body` renders the exposition; `None` answers 503.
-pub fn serve(listener: TcpListener, stop: &AtomicBool, body: &dyn Fn() -> Option<String>) {
-    if let Err(e) = listener.set_nonblocking(true) {
-        tracing::error!("metrics listener: {e}");
-        return;
-    }
+/// 100 ms). `body` renders the exposition; `None` answers 503. A listener
+/// received on `moves` replaces the current one (a reload's new
+/// `metrics_listen`, bound by the reload); `None` stops listening.
+pub fn serve(
+    listener: Option<TcpListener>,
+    moves: &std::sync::mpsc::Receiver<Option<TcpListener>>,
+    stop: &AtomicBool,
+    body: &dyn Fn() -> Option<String>,
+) {
+    let nonblocking = |l: Option<TcpListener>| {
+        l.and_then(|l| match l.set_nonblocking(true) {
+            Ok(()) => Some(l),
+            Err(e) => {
+                tracing::error!("metrics listener: {e}");
+                None
+            }
+        })
+    };
+    let mut listener = nonblocking(listener);
     while !stop.load(Ordering::Relaxed) {
-        let conn = match listener.accept() {
+        while let Ok(next) = moves.try_recv() {
+            listener = nonblocking(next);
+            tracing::info!(
+                listen = ?listener.as_ref().and_then(|l| l.local_addr().ok()),
+                "metrics listener replaced"
+            );
+        }
+        let Some(l) = &listener else {
+            std::thread::sleep(Duration::from_millis(100));
+            continue;
+        };
+        let conn = match l.accept() {
             Ok((c, _)) => c,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 std::thread::sleep(Duration::from_millis(100));
@@ -687,8 +711,10 @@ mod tests {
             let _ = c.read_to_string(&mut s);
             s
         };
+        let (_tx, rx) = std::sync::mpsc::channel();
+        let st = &stop;
         std::thread::scope(|sc| {
-            sc.spawn(|| serve(listener, &stop, &|| Some("sluice_up 1\n".into())));
+            sc.spawn(move || serve(Some(listener), &rx, st, &|| Some("sluice_up 1\n".into())));
             let ok = ask("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
             assert!(ok.starts_with("HTTP/1.1 200 OK\r\n"), "{ok}");
             assert!(
@@ -706,6 +732,48 @@ mod tests {
             assert!(long.starts_with("HTTP/1.1 405"), "{long}");
             let again = ask("GET /metrics HTTP/1.1\r\n\r\n");
             assert!(again.starts_with("HTTP/1.1 200 OK"), "{again}");
+            stop.store(true, Ordering::Relaxed);
+        });
+    }
+
+    /// A listener handed over on the channel replaces the running one (the
+    /// old address stops answering, the new one serves); `None` stops
+    /// serving; a server started without one takes one later.
+    #[test]
+    fn http_server_moves_to_a_new_listener_and_stops_on_none() {
+        let get = |addr: std::net::SocketAddr| -> Option<String> {
+            use std::io::Read;
+            let mut c = std::net::TcpStream::connect(addr).ok()?;
+            c.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").ok()?;
+            let mut s = String::new();
+            c.read_to_string(&mut s).ok()?;
+            Some(s)
+        };
+        let until = |f: &dyn Fn() -> bool| {
+            let t = std::time::Instant::now();
+            while !f() {
+                assert!(t.elapsed() < Duration::from_secs(5), "timed out");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        };
+        let bind = || TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+        let (a, b) = (bind(), bind());
+        let (aa, ba) = (
+            a.local_addr().unwrap_or_else(|e| panic!("{e}")),
+            b.local_addr().unwrap_or_else(|e| panic!("{e}")),
+        );
+        let stop = AtomicBool::new(false);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let st = &stop;
+        std::thread::scope(|sc| {
+            sc.spawn(move || serve(None, &rx, st, &|| Some("sluice_up 1\n".into())));
+            tx.send(Some(a)).unwrap_or_default();
+            until(&|| get(aa).is_some_and(|r| r.starts_with("HTTP/1.1 200 OK")));
+            tx.send(Some(b)).unwrap_or_default();
+            until(&|| get(ba).is_some_and(|r| r.starts_with("HTTP/1.1 200 OK")));
+            assert!(get(aa).is_none(), "the old address still answers");
+            tx.send(None).unwrap_or_default();
+            until(&|| get(ba).is_none());
             stop.store(true, Ordering::Relaxed);
         });
     }

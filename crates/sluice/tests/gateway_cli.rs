@@ -826,3 +826,149 @@ fn control_socket_group_members_may_not_name_files() {
     let _ = child.wait();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `metrics_listen` on a running gateway: a reload moves the listener (the
+/// new address serves, the old one no longer answers), refuses an address
+/// it cannot listen on with the reason and changes nothing, and takes the
+/// listener away when the setting goes; `reload check` says the same
+/// without doing it.
+#[test]
+fn a_reload_moves_sets_and_removes_the_metrics_listener() {
+    use std::io::{Read, Write};
+    let dir = std::env::temp_dir().join(format!("sluice-cli-metrics-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(example().with_extension("nft"), dir.join("sluice.nft")).unwrap();
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port()
+    };
+    let (a, b) = (free(), free());
+    let sock = dir.join("ctl.sock");
+    let write = |metrics: Option<u16>| {
+        let m = metrics.map_or(String::new(), |p| {
+            format!("metrics_listen = \"127.0.0.1:{p}\"\n")
+        });
+        std::fs::write(
+            dir.join("gw.toml"),
+            format!(
+                "ruleset = \"sluice.nft\"\nbackend = \"mem\"\ncontrol_socket = \"{}\"\n{m}\n\
+                 [[interfaces]]\nname = \"lan0\"\nrole = \"inside\"\naddresses = [\"10.0.0.1/24\"]\n\n\
+                 [[interfaces]]\nname = \"wan0\"\nrole = \"outside\"\naddresses = [\"203.0.113.1/24\"]\n",
+                sock.display()
+            ),
+        )
+        .unwrap();
+    };
+    write(Some(a));
+    let mut child = sluice()
+        .args(["run", "-c"])
+        .arg(dir.join("gw.toml"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ctl = |w: &[&str]| -> Output {
+        sluice()
+            .arg("ctl")
+            .arg("--socket")
+            .arg(&sock)
+            .args(w)
+            .output()
+            .unwrap()
+    };
+    let json = |o: &Output| -> serde_json::Value {
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| {
+            serde_json::json!({"stdout": String::from_utf8_lossy(&o.stdout),
+                               "stderr": String::from_utf8_lossy(&o.stderr)})
+        })
+    };
+    let start = std::time::Instant::now();
+    while !ctl(&["status"]).status.success() {
+        assert!(
+            start.elapsed().as_secs() < 10,
+            "gateway did not start: {:?}",
+            child.try_wait()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // Whether port `p` serves the metrics.
+    let serves = |p: u16| -> bool {
+        let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", p)) else {
+            return false;
+        };
+        let _ = c.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n");
+        let mut http = String::new();
+        let _ = c.read_to_string(&mut http);
+        http.starts_with("HTTP/1.1 200 OK\r\n") && http.contains("sluice_uptime_seconds")
+    };
+    // The thread takes a new listener within 100 ms.
+    let soon = |f: &dyn Fn() -> bool| -> bool {
+        let t = std::time::Instant::now();
+        while t.elapsed() < std::time::Duration::from_secs(3) {
+            if f() {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        false
+    };
+    assert!(serves(a));
+    write(Some(b));
+    let c = json(&ctl(&["reload", "check"]));
+    assert!(applied(&c, "metrics listener"), "{c}");
+    assert!(serves(a) && !serves(b), "reload check changed nothing");
+    let r = json(&ctl(&["reload"]));
+    assert!(applied(&r, "metrics listener"), "{r}");
+    assert_eq!(r["needs_restart"], serde_json::json!([]), "{r}");
+    assert!(soon(&|| serves(b)), "the new address serves");
+    assert!(soon(&|| !serves(a)), "the old address no longer answers");
+    // A port someone else holds: refused, with the reason; the running
+    // listener and rule set stay.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let t = taken.local_addr().unwrap().port();
+    write(Some(t));
+    let gen = json(&ctl(&["status"]))["generation"].clone();
+    for cmd in [&["reload", "check"][..], &["reload"][..]] {
+        let o = ctl(cmd);
+        assert!(!o.status.success(), "{cmd:?}");
+        let text =
+            String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+        assert!(
+            text.contains(&format!("metrics_listen: cannot listen on 127.0.0.1:{t}")),
+            "{cmd:?}: {text}"
+        );
+    }
+    assert_eq!(
+        json(&ctl(&["status"]))["generation"],
+        gen,
+        "nothing applied"
+    );
+    assert!(serves(b));
+    drop(taken);
+    // Taken out: no listener.
+    write(None);
+    let r = json(&ctl(&["reload"]));
+    assert!(applied(&r, "metrics listener"), "{r}");
+    assert!(soon(&|| !serves(b)), "no listener once the setting is gone");
+    // And set again.
+    write(Some(a));
+    let r = json(&ctl(&["reload"]));
+    assert!(applied(&r, "metrics listener"), "{r}");
+    assert!(soon(&|| serves(a)));
+    let st = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let code = child.wait().unwrap();
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(code.success(), "exit {code:?}: {err}");
+    assert!(err.contains("metrics listener replaced"), "{err}");
+}
