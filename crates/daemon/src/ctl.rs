@@ -8,6 +8,7 @@
 //! {"cmd":"conntrack-list","proto":"tcp","addr":"10.0.0.2","port":80,"limit":100}
 //! {"cmd":"conntrack-count"}
 //! {"cmd":"conntrack-flush"}
+//! {"cmd":"conntrack-flush","addr":"10.0.0.7"}
 //! {"cmd":"ruleset-replace","path":"/etc/sluice/new.nft"}
 //! {"cmd":"reload"}
 //! ```
@@ -88,10 +89,33 @@ pub enum Request {
         #[serde(default)]
         limit: Option<usize>,
     },
-    /// Number of connections.
-    ConntrackCount,
-    /// Remove every connection.
-    ConntrackFlush,
+    /// Number of connections; with a filter, of those it selects (a walk
+    /// of the tables).
+    ConntrackCount {
+        /// `tcp`, `udp`, `icmp` or a protocol number.
+        #[serde(default)]
+        proto: Option<String>,
+        /// Any address of either tuple.
+        #[serde(default)]
+        addr: Option<String>,
+        /// Any port of either tuple.
+        #[serde(default)]
+        port: Option<u16>,
+    },
+    /// Remove every connection (in bulk); with a filter, those it selects
+    /// (a walk of the tables, in steps between the workers' batches),
+    /// as netfilter's `conntrack -D` does.
+    ConntrackFlush {
+        /// `tcp`, `udp`, `icmp` or a protocol number.
+        #[serde(default)]
+        proto: Option<String>,
+        /// Any address of either tuple.
+        #[serde(default)]
+        addr: Option<String>,
+        /// Any port of either tuple.
+        #[serde(default)]
+        port: Option<u16>,
+    },
     /// Replace the ruleset from an nft file, atomically.
     RulesetReplace {
         /// The nft file.
@@ -181,12 +205,7 @@ pub fn parse_request(line: &str) -> Result<Request, CtlFailure> {
     if let Ok(r) = serde_json::from_str::<Request>(line) {
         if !matches!(
             r,
-            Request::Status
-                | Request::Counters
-                | Request::ConntrackCount
-                | Request::ConntrackFlush
-                | Request::Reload
-                | Request::ReloadCheck
+            Request::Status | Request::Counters | Request::Reload | Request::ReloadCheck
         ) {
             return Ok(r);
         }
@@ -200,10 +219,7 @@ pub fn parse_request(line: &str) -> Result<Request, CtlFailure> {
         return Err(CtlFailure::bad("missing \"cmd\" (a string)"));
     };
     // serde ignores extra keys on unit variants of a tagged enum; refuse them.
-    if matches!(
-        cmd,
-        "status" | "counters" | "conntrack-count" | "conntrack-flush" | "reload" | "reload-check"
-    ) {
+    if matches!(cmd, "status" | "counters" | "reload" | "reload-check") {
         if let Some(k) = v
             .as_object()
             .and_then(|o| o.keys().find(|k| k.as_str() != "cmd"))
@@ -254,6 +270,44 @@ impl CtFilter {
             })
             .transpose()?;
         Ok(Self { proto, addr, port })
+    }
+
+    /// Selects every connection.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// [`Self::matches`] on an IPv4 table entry itself (no listing built:
+    /// what a filtered flush or count walks with).
+    pub fn matches4(&self, e: &Entry<FlowKey4, FlowInfo>) -> bool {
+        let t = [e.orig(), e.reply()];
+        self.proto.is_none_or(|p| p == e.proto())
+            && self.addr.is_none_or(|a| match a {
+                IpAddr::V4(a) => {
+                    let a = u32::from(a);
+                    t.iter().any(|k| k.src == a || k.dst == a)
+                }
+                IpAddr::V6(_) => false,
+            })
+            && self
+                .port
+                .is_none_or(|p| t.iter().any(|k| k.sport == p || k.dport == p))
+    }
+
+    /// [`Self::matches`] on an IPv6 table entry itself.
+    pub fn matches6(&self, e: &Entry<FlowKey6, FlowInfo6>) -> bool {
+        let t = [e.orig(), e.reply()];
+        self.proto.is_none_or(|p| p == e.orig().proto)
+            && self.addr.is_none_or(|a| match a {
+                IpAddr::V6(a) => {
+                    let a = u128::from(a);
+                    t.iter().any(|k| k.src == a || k.dst == a)
+                }
+                IpAddr::V4(_) => false,
+            })
+            && self
+                .port
+                .is_none_or(|p| t.iter().any(|k| k.sport == p || k.dport == p))
     }
 
     /// Whether `e` passes.
@@ -414,7 +468,7 @@ pub fn client(socket: &Path, request: &str) -> Result<String, CtlError> {
 pub fn request_from_args(args: &[String]) -> Result<String, CtlError> {
     let usage = || {
         CtlError::Usage(
-            "usage: status | counters | metrics | nat lookup ADDR[:PORT] [proto P] | conntrack list [proto P] [addr A] [port N] [limit N] | conntrack count | conntrack flush | ruleset replace FILE | ruleset list | reload | reload check | rule list [CHAIN] | set list [SET] | counter|quota|limit list|reset [NAME] | nft add|insert|delete rule ... | nft add|delete element ... | nft flush set ..."
+            "usage: status | counters | metrics | nat lookup ADDR[:PORT] [proto P] | conntrack list [proto P] [addr A] [port N] [limit N] | conntrack count|flush [proto P] [addr A] [port N] | ruleset replace FILE | ruleset list | reload | reload check | rule list [CHAIN] | set list [SET] | counter|quota|limit list|reset [NAME] | nft add|insert|delete rule ... | nft add|delete element ... | nft flush set ..."
                 .into(),
         )
     };
@@ -456,8 +510,22 @@ pub fn request_from_args(args: &[String]) -> Result<String, CtlError> {
         ["nft", command @ ..] if !command.is_empty() => {
             json!({"cmd": "nft", "command": command.join(" ")})
         }
-        ["conntrack", "count"] => json!({"cmd": "conntrack-count"}),
-        ["conntrack", "flush"] => json!({"cmd": "conntrack-flush"}),
+        ["conntrack", op @ ("count" | "flush"), rest @ ..] => {
+            let mut m = serde_json::Map::new();
+            m.insert("cmd".into(), json!(format!("conntrack-{op}")));
+            for kv in rest.chunks(2) {
+                let [k, v] = kv else { return Err(usage()) };
+                let val = match *k {
+                    "proto" | "addr" => json!(v),
+                    "port" => json!(v
+                        .parse::<u64>()
+                        .map_err(|_| CtlError::Usage(format!("{k}: {v:?} is not a number")))?),
+                    _ => return Err(usage()),
+                };
+                m.insert((*k).into(), val);
+            }
+            Value::Object(m)
+        }
         ["ruleset", "replace", path] => {
             // The daemon resolves the path in its own working directory.
             let p = std::fs::canonicalize(path).unwrap_or_else(|_| Path::new(path).to_path_buf());
@@ -766,6 +834,114 @@ impl Conn {
 
 #[cfg(test)]
 mod tests {
+    /// The filters a walk uses on table entries select exactly what the
+    /// listing filter selects on their listings, for every combination of
+    /// protocol, address (either tuple, either side, either family) and
+    /// port.
+    #[test]
+    fn raw_matchers_agree_with_the_listing_filter() {
+        use sluice_conntrack::{Config, Instant, Table};
+        let now = Instant::from_millis(1);
+        let mut t4: Table<FlowKey4, FlowInfo> = Table::new(Config::new(64, 1)).expect("table");
+        let mut t6: Table<FlowKey6, FlowInfo6> = Table::new(Config::new(64, 2)).expect("table");
+        let k4 = |src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16, proto: u8| FlowKey4 {
+            src: u32::from_be_bytes(src),
+            dst: u32::from_be_bytes(dst),
+            sport,
+            dport,
+            proto,
+        };
+        // A translated connection (its reply tuple has the pool address)
+        // and a plain one.
+        let orig = k4([10, 0, 0, 2], 4000, [203, 0, 113, 2], 53, 17);
+        let reply = k4([203, 0, 113, 2], 53, [198, 51, 100, 7], 61000, 17);
+        t4.insert(now, orig, reply, FlowInfo::default(), &mut |_| {})
+            .expect("insert");
+        let plain = k4([10, 0, 0, 3], 5000, [203, 0, 113, 9], 80, 6);
+        t4.insert(
+            now,
+            plain,
+            plain.reversed(),
+            FlowInfo::default(),
+            &mut |_| {},
+        )
+        .expect("insert");
+        let k6 = FlowKey6::new(
+            6,
+            "fd00::2".parse().expect("ip"),
+            4000,
+            "2001:db8::9".parse().expect("ip"),
+            443,
+        );
+        t6.insert(now, k6, k6.reversed(), FlowInfo6::default(), &mut |_| {})
+            .expect("insert");
+        let protos = [None, Some("tcp"), Some("udp"), Some("17")];
+        let addrs = [
+            None,
+            Some("10.0.0.2"),
+            Some("198.51.100.7"),
+            Some("203.0.113.9"),
+            Some("2001:db8::9"),
+            Some("fd00::2"),
+            Some("::ffff:10.0.0.2"),
+            Some("10.9.9.9"),
+        ];
+        let ports = [None, Some(53), Some(61000), Some(443), Some(4000), Some(1)];
+        let mut selected = 0;
+        for p in protos {
+            for a in addrs {
+                for port in ports {
+                    let f = CtFilter::new(p, a, port).expect("filter");
+                    for (_, e) in t4.iter() {
+                        let listed = CtEntry::of(0, e, now).expect("listing");
+                        assert_eq!(f.matches4(e), f.matches(&listed), "{f:?} {listed:?}");
+                        selected += usize::from(f.matches4(e));
+                    }
+                    for (_, e) in t6.iter() {
+                        let listed = CtEntry::of6(0, e, now).expect("listing");
+                        assert_eq!(f.matches6(e), f.matches(&listed), "{f:?} {listed:?}");
+                        selected += usize::from(f.matches6(e));
+                    }
+                }
+            }
+        }
+        assert!(selected > 20, "the filters select something: {selected}");
+        assert!(CtFilter::new(None, None, None).expect("filter").is_empty());
+        assert!(!CtFilter::new(None, None, Some(1))
+            .expect("filter")
+            .is_empty());
+    }
+
+    #[test]
+    fn conntrack_count_and_flush_take_a_filter() {
+        let a = |w: &[&str]| {
+            let v: Vec<String> = w.iter().map(|s| s.to_string()).collect();
+            request_from_args(&v)
+        };
+        assert_eq!(
+            a(&["conntrack", "flush", "addr", "10.0.0.7", "port", "53"]).ok(),
+            Some(r#"{"addr":"10.0.0.7","cmd":"conntrack-flush","port":53}"#.into())
+        );
+        assert_eq!(
+            a(&["conntrack", "count", "proto", "udp"]).ok(),
+            Some(r#"{"cmd":"conntrack-count","proto":"udp"}"#.into())
+        );
+        assert_eq!(
+            a(&["conntrack", "flush"]).ok(),
+            Some(r#"{"cmd":"conntrack-flush"}"#.into())
+        );
+        for bad in [
+            &["conntrack", "flush", "addr"][..],
+            &["conntrack", "flush", "limit", "5"],
+            &["conntrack", "count", "port", "http"],
+        ] {
+            assert!(a(bad).is_err(), "{bad:?}");
+        }
+        // Unknown keys of the JSON form are refused, not ignored.
+        let e = parse_request(r#"{"cmd":"conntrack-flush","adr":"10.0.0.7"}"#).unwrap_err();
+        assert!(e.message.contains("adr"), "{e:?}");
+    }
+
     use super::*;
 
     /// A silent client does not hold up others for longer than the inline
@@ -787,7 +963,12 @@ mod tests {
             assert!(file_refusal(r, None, 0).is_some());
         }
         assert!(file_refusal(&Request::Status, Some(1000), 0).is_none());
-        assert!(file_refusal(&Request::ConntrackFlush, None, 0).is_none());
+        let flush = Request::ConntrackFlush {
+            proto: None,
+            addr: None,
+            port: None,
+        };
+        assert!(file_refusal(&flush, None, 0).is_none());
     }
 
     #[test]
@@ -860,7 +1041,19 @@ mod tests {
         );
         assert_eq!(
             parse_request(r#"{"cmd":"conntrack-flush"}"#),
-            Ok(Request::ConntrackFlush)
+            Ok(Request::ConntrackFlush {
+                proto: None,
+                addr: None,
+                port: None
+            })
+        );
+        assert_eq!(
+            parse_request(r#"{"cmd":"conntrack-count","addr":"10.0.0.7","port":53}"#),
+            Ok(Request::ConntrackCount {
+                proto: None,
+                addr: Some("10.0.0.7".into()),
+                port: Some(53)
+            })
         );
     }
 

@@ -1221,6 +1221,10 @@ fn reattach(
 /// counted as failed and those connections stay in userspace).
 const OFFLOAD_QUEUE: usize = 4096;
 const CMD_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a filtered `conntrack flush` or `count` waits for the workers'
+/// walks (under the control client's 30 s read timeout; a walk of 40 M
+/// slots takes 1221 loop turns, about 0.1 s of walking).
+const WALK_TIMEOUT: Duration = Duration::from_secs(25);
 
 impl Control {
     /// Ask every worker and collect the answers.
@@ -1242,6 +1246,40 @@ impl Control {
                 })
             })
             .collect()
+    }
+
+    /// Count or remove (`remove`) the connections `f` selects on every
+    /// worker ([`Command::Walk`]); the workers walk their tables at the
+    /// same time, each in steps between its batches (a walk asked for
+    /// while another runs waits for it).
+    fn walk(&self, f: &CtFilter, remove: bool) -> Result<u64, CtlFailure> {
+        let mut rxs = Vec::new();
+        for w in &self.workers {
+            let (tx, rx) = mpsc::channel();
+            w.try_send(Command::Walk(f.clone(), remove, tx))
+                .map_err(|_| CtlFailure {
+                    kind: "internal",
+                    message: "a worker's command queue is full or closed".into(),
+                })?;
+            rxs.push(rx);
+        }
+        let mut n = 0;
+        for rx in rxs {
+            match rx.recv_timeout(WALK_TIMEOUT) {
+                Ok(k) => n += k,
+                Err(_) => {
+                    return Err(CtlFailure {
+                        kind: "internal",
+                        message: format!(
+                            "a worker did not finish its walk within {} s (it goes on in the \
+                             background)",
+                            WALK_TIMEOUT.as_secs()
+                        ),
+                    })
+                }
+            }
+        }
+        Ok(n)
     }
 
     /// Publish `lp` to every worker (the ruleset replace / reload commit).
@@ -1780,7 +1818,22 @@ impl Control {
                 let all: Vec<_> = lists.into_iter().flatten().take(limit).collect();
                 Ok(json!({"ok": true, "count": all.len(), "connections": all}))
             }
-            Request::ConntrackCount => {
+            Request::ConntrackCount { proto, addr, port }
+                if proto.is_some() || addr.is_some() || port.is_some() =>
+            {
+                let f = CtFilter::new(proto.as_deref(), addr.as_deref(), port)?;
+                let n = self.walk(&f, false)?;
+                Ok(json!({"ok": true, "count": n}))
+            }
+            Request::ConntrackFlush { proto, addr, port }
+                if proto.is_some() || addr.is_some() || port.is_some() =>
+            {
+                let f = CtFilter::new(proto.as_deref(), addr.as_deref(), port)?;
+                let n = self.walk(&f, true)?;
+                tracing::info!(flushed = n, filter = ?f, "conntrack flush");
+                Ok(json!({"ok": true, "flushed": n}))
+            }
+            Request::ConntrackCount { .. } => {
                 let ws = self.ask(Command::Status)?;
                 let n: usize = ws.iter().map(|w| w.connections).sum();
                 let n6: usize = ws.iter().map(|w| w.connections6).sum();
@@ -1788,7 +1841,7 @@ impl Control {
                 Ok(json!({"ok": true, "count": n + n6, "ipv4": n, "ipv6": n6,
                           "early_drops": early}))
             }
-            Request::ConntrackFlush => {
+            Request::ConntrackFlush { .. } => {
                 let n: u64 = self.ask(Command::Flush)?.into_iter().sum();
                 Ok(json!({"ok": true, "flushed": n}))
             }
@@ -2553,6 +2606,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
             nat_log: nat_logger.as_ref().map(|l| l.handle().link()),
             links: Arc::clone(&links),
             ports_changed: false,
+            walks: Default::default(),
         };
         let h = std::thread::Builder::new()
             .name(format!("sluice-w{id}"))

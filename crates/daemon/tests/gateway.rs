@@ -1650,6 +1650,91 @@ fn nat_log_records_mappings_af_xdp() {
 /// Each test on AF_PACKET, on AF_XDP, and on AF_XDP with `xdp_offload`
 /// (module `offload`: the same name, established flows forwarded by the
 /// XDP program).
+/// `conntrack count` and `conntrack flush` with a filter (netfilter's
+/// `conntrack -L` / `-D` with a selection): only the connections the
+/// filter names are counted or removed (with the offload, their XDP
+/// entries are taken back), a flow whose connection was flushed makes a
+/// new one with its next packet, and a bad filter is refused with the
+/// reason and removes nothing.
+fn conntrack_filtered(backend: &str, tag: &str) {
+    let (t, d) = setup(tag, backend, "");
+    // Three datagrams to `port`: a UDP connection (offloaded, with the
+    // offload, from its second packet on).
+    let send = |port: u16| {
+        let o = sh(
+            &t.private,
+            &format!(
+                "python3 -c \"import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+                 for _ in range(3):\n    s.sendto(b'x', ('{PUBLIC}', {port}))\""
+            ),
+        );
+        assert!(o.status.success(), "{}", text(&o));
+    };
+    let count = |filter: &str| -> u64 {
+        let r = d.ctl(format!("conntrack count {filter}").trim());
+        r["count"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("conntrack count {filter}: {r}"))
+    };
+    for p in [9101, 9102, 9103] {
+        send(p);
+    }
+    wait_ping(&t, &d);
+    wait_for("three UDP connections", Duration::from_secs(5), || {
+        count("proto udp port 9101") + count("proto udp port 9102") + count("proto udp port 9103")
+            == 3
+    });
+    assert_eq!(count("port 9102"), 1);
+    let all = count("");
+    assert!(all >= 4, "three UDP flows and the ping: {all}");
+    let bad = d.ctl("conntrack flush addr nope");
+    assert_eq!(bad["ok"], false, "{bad}");
+    assert_eq!(
+        bad["error"]["message"], "addr: \"nope\" is not an IP address",
+        "{bad}"
+    );
+    assert_eq!(count(""), all, "a refused flush removes nothing");
+    let f = d.ctl("conntrack flush proto udp port 9102");
+    assert_eq!(f["flushed"], 1, "{f}");
+    assert_eq!(count("port 9102"), 0);
+    assert_eq!(count(""), all - 1);
+    let l = d.ctl("conntrack list proto udp");
+    let mut ports: Vec<u64> = l["connections"]
+        .as_array()
+        .expect("connections")
+        .iter()
+        .filter_map(|c| c["orig"]["dport"].as_u64())
+        .collect();
+    ports.sort_unstable();
+    assert_eq!(ports, [9101, 9103], "{l}");
+    if backend.ends_with("_offload") {
+        let st = d.ctl("status");
+        let w = &st["worker_status"][0]["offload"];
+        assert!(
+            w["installed"].as_u64() >= Some(6) && w["removed"].as_u64() >= Some(2),
+            "the flushed connection's directions taken back: {st}"
+        );
+    }
+    // The flushed flow's next packet makes a new connection.
+    send(9102);
+    wait_for("a new connection for 9102", Duration::from_secs(5), || {
+        count("port 9102") == 1
+    });
+    // Everything of the private host, nothing else.
+    let mine = count(&format!("addr {PRIV}"));
+    assert!(mine >= 4, "{mine}");
+    let f = d.ctl(&format!("conntrack flush addr {PRIV}"));
+    assert_eq!(f["flushed"].as_u64(), Some(mine), "{f}");
+    assert_eq!(count(&format!("addr {PRIV}")), 0);
+    assert_eq!(count(""), all - mine);
+}
+
+/// A ping through the gateway that answered (its ICMP connection).
+fn wait_ping(t: &Topo, d: &Daemon) {
+    let o = sh(&t.private, &format!("ping -n -c 1 -W 2 {PUBLIC}"));
+    assert!(o.status.success(), "{}\n{}", text(&o), d.context());
+}
+
 macro_rules! both_backends {
     ($f:ident, $tag:literal, $packet:ident, $xdp:ident) => {
         #[test]
@@ -1674,6 +1759,12 @@ macro_rules! both_backends {
     };
 }
 
+both_backends!(
+    conntrack_filtered,
+    "k",
+    conntrack_count_and_flush_with_a_filter_af_packet,
+    conntrack_count_and_flush_with_a_filter_af_xdp
+);
 both_backends!(
     iperf3_tcp_and_udp,
     "i",

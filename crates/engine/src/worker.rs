@@ -1239,6 +1239,54 @@ impl Worker {
         n as u64
     }
 
+    /// One step of a walk over both connection tables (`conntrack flush`
+    /// or `count` with a filter): looks at no more than `budget` slots
+    /// from where `w` stopped, counts the connections `m4` / `m6` select
+    /// and, with `w.remove`, removes them as an expiry would (NAT mapping
+    /// released, offloaded directions taken back, connection counts told).
+    /// Returns whether the walk is done. Connections made behind the
+    /// cursor while it runs are not seen (as with netfilter's `conntrack
+    /// -D`); the walk never pauses the worker for more than `budget`
+    /// slots.
+    pub fn walk_step(
+        &mut self,
+        w: &mut Walk,
+        budget: usize,
+        m4: &dyn Fn(&ct::Entry<FlowKey4, FlowInfo>) -> bool,
+        m6: &dyn Fn(&ct::Entry<sluice_wire::flow::FlowKey6, v6::FlowInfo6>) -> bool,
+    ) -> bool {
+        let mut left = budget;
+        while left > 0 && w.next4 < self.ct.slots() {
+            let end = w.next4.saturating_add(left).min(self.ct.slots());
+            for raw in w.next4..end {
+                let id = EntryId::from_raw(raw as u32);
+                if self.ct.get(id).is_some_and(m4) {
+                    w.matched += 1;
+                    if w.remove {
+                        self.remove(id);
+                    }
+                }
+            }
+            left -= end - w.next4;
+            w.next4 = end;
+        }
+        while left > 0 && w.next6 < self.v6.ct.slots() {
+            let end = w.next6.saturating_add(left).min(self.v6.ct.slots());
+            for raw in w.next6..end {
+                let id = EntryId::from_raw(raw as u32);
+                if self.v6.ct.get(id).is_some_and(m6) {
+                    w.matched += 1;
+                    if w.remove {
+                        self.remove6(id);
+                    }
+                }
+            }
+            left -= end - w.next6;
+            w.next6 = end;
+        }
+        w.next4 >= self.ct.slots() && w.next6 >= self.v6.ct.slots()
+    }
+
     /// Remove expired connections, looking at no more than `budget` entries.
     pub fn gc(&mut self, now_ns: u64, budget: usize) -> usize {
         self.gc_with(now_ns, budget, &mut NoOffload)
@@ -3125,6 +3173,28 @@ enum Step {
     /// The frame was rejected (`policy-reject`) and turned into a TCP reset
     /// to its sender, of this length.
     Reset(usize),
+}
+
+/// A walk of [`Worker::walk_step`] over both connection tables.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Walk {
+    /// Remove the connections selected (`conntrack flush`), or only count
+    /// them (`conntrack count`).
+    pub remove: bool,
+    /// Connections selected so far.
+    pub matched: u64,
+    next4: usize,
+    next6: usize,
+}
+
+impl Walk {
+    /// A walk from the start that removes (`remove`) or counts.
+    pub fn new(remove: bool) -> Self {
+        Self {
+            remove,
+            ..Self::default()
+        }
+    }
 }
 
 #[inline]

@@ -367,3 +367,55 @@ fn a_link_going_down_takes_the_offload_back() {
     );
     assert_eq!(installs(&ops(&mut w)).len(), 2);
 }
+
+/// `conntrack flush` / `count` with a filter (`Worker::walk_step`): a walk
+/// in small steps selects exactly the connections its predicate names,
+/// counts them, and with `remove` removes them as an expiry would (NAT
+/// mappings released, offloaded directions taken back), leaving the rest.
+#[test]
+fn a_filtered_walk_counts_or_removes_exactly_the_selected_connections() {
+    let (mut w, _) = worker();
+    for i in 0..10u16 {
+        let k = key(proto::UDP, 7100 + i);
+        send(&mut w, 1_000_000, &udp(INSIDE, &k));
+        send(&mut w, 2_000_000, &udp(INSIDE, &k));
+    }
+    assert_eq!(installs(&ops(&mut w)).len(), 20);
+    assert_eq!(w.conntrack().len(), 10);
+    let mappings = w.nat().stats().mappings;
+    assert_eq!(mappings, 10);
+    // Source ports 7100-7104.
+    let pick = |e: &sluice_conntrack::Entry<FlowKey4, sluice_engine::worker::FlowInfo>| {
+        (7100..7105).contains(&e.orig().sport)
+    };
+    let none6 = |_: &sluice_conntrack::Entry<FlowKey6, sluice_engine::worker::FlowInfo6>| false;
+    let run = |w: &mut Worker, remove: bool| -> (u64, usize) {
+        let mut walk = sluice_engine::Walk::new(remove);
+        let mut steps = 0;
+        while !w.walk_step(&mut walk, 3, &pick, &none6) {
+            steps += 1;
+            assert!(steps < 10_000, "the walk ends");
+        }
+        (walk.matched, steps)
+    };
+    // Counting changes nothing.
+    let (n, steps) = run(&mut w, false);
+    assert_eq!(n, 5);
+    assert!(steps >= 3, "{steps} steps of 3 slots");
+    assert_eq!(w.conntrack().len(), 10);
+    assert!(ops(&mut w).is_empty());
+    // Removing: the five go, with their mappings and offloads.
+    assert_eq!(run(&mut w, true).0, 5);
+    assert_eq!(w.conntrack().len(), 5);
+    assert!(w.conntrack().iter().all(|(_, e)| !pick(e)));
+    let o = ops(&mut w);
+    let removed = o
+        .iter()
+        .filter(|o| matches!(o, OffloadOp::Remove { .. }))
+        .count();
+    assert_eq!(removed, 10, "{o:?}");
+    assert_eq!(w.nat().stats().mappings, 5, "mappings released");
+    // Nothing left to select.
+    assert_eq!(run(&mut w, true).0, 0);
+    assert_eq!(w.conntrack().len(), 5);
+}

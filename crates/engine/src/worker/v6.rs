@@ -679,7 +679,7 @@ impl Worker {
 
     /// Remove IPv6 connection `id`, telling a policy that counts
     /// connections.
-    fn remove6(&mut self, id: EntryId) {
+    pub(super) fn remove6(&mut self, id: EntryId) {
         if let Some(e) = self.v6.ct.remove(id) {
             if self.counts_conns {
                 self.policy.conn_closed(&conn6(&e.orig()));
