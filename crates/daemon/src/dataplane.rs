@@ -155,7 +155,8 @@ pub const WALK_BUDGET: usize = 32_768;
 pub enum Command {
     /// Counters, port stats, table size.
     Status(Sender<WorkerStatus>),
-    /// List connections matching the filter (at most `limit`).
+    /// List connections matching the filter (at most `limit`), by a walk
+    /// as for [`Command::Walk`].
     List(CtFilter, usize, Sender<Vec<CtEntry>>),
     /// Remove every connection; answers how many were removed.
     Flush(Sender<u64>),
@@ -549,6 +550,49 @@ impl OffloadProbe for OffloadLink {
     }
 }
 
+/// The listing of IPv4 connection `e` of worker `id`, with what the XDP
+/// offload forwarded of it (one map lookup per offloaded direction).
+fn listing4(
+    engine: &Worker,
+    offload: Option<&OffloadLink>,
+    id: u16,
+    e: &sluice_conntrack::Entry<FlowKey4, sluice_engine::worker::FlowInfo>,
+    now: sluice_conntrack::Instant,
+) -> Option<CtEntry> {
+    let mut c = CtEntry::of(id, e, now)?;
+    if let (Some(o), true) = (offload, c.offloaded) {
+        c.offload_packets = Some(
+            engine
+                .offloaded_directions(e)
+                .filter_map(|(iif, k)| o.map.stats(&o.key(iif, &k)))
+                .map(|st| st.packets)
+                .sum(),
+        );
+    }
+    Some(c)
+}
+
+/// [`listing4`] for an IPv6 connection.
+fn listing6(
+    engine: &Worker,
+    offload: Option<&OffloadLink>,
+    id: u16,
+    e: &sluice_conntrack::Entry<FlowKey6, sluice_engine::worker::FlowInfo6>,
+    now: sluice_conntrack::Instant,
+) -> Option<CtEntry> {
+    let mut c = CtEntry::of6(id, e, now)?;
+    if let (Some(o), true) = (offload, c.offloaded) {
+        c.offload_packets = Some(
+            engine
+                .offloaded_directions6(e)
+                .filter_map(|(iif, k)| o.map.stats6(&o.key6(iif, &k)))
+                .map(|st| st.packets)
+                .sum(),
+        );
+    }
+    Some(c)
+}
+
 /// One port's status.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct PortStatus {
@@ -698,10 +742,30 @@ pub struct WorkerThread {
     /// The ports were replaced ([`Command::Detach`], [`Command::Attach`]):
     /// the poll set is rebuilt. `false` at start.
     pub ports_changed: bool,
-    /// Filtered `conntrack flush` and `count` requests
-    /// ([`Command::Walk`]), the first in progress: the walk, its filter,
-    /// where to answer. Empty at start.
-    pub walks: std::collections::VecDeque<(sluice_engine::Walk, CtFilter, Sender<u64>)>,
+    /// `conntrack list` and filtered `count` and `flush` requests
+    /// ([`Command::List`], [`Command::Walk`]), the first in progress.
+    /// Empty at start.
+    pub walks: std::collections::VecDeque<WalkJob>,
+}
+
+/// A walk of a worker's connection tables for a control request, done in
+/// steps of [`WALK_BUDGET`] slots between batches.
+pub struct WalkJob {
+    walk: sluice_engine::Walk,
+    filter: CtFilter,
+    answer: WalkAnswer,
+}
+
+/// What a [`WalkJob`] answers.
+enum WalkAnswer {
+    /// How many it selected (counted or removed).
+    Count(Sender<u64>),
+    /// The first `limit` it selected, listed.
+    List {
+        limit: usize,
+        found: Vec<CtEntry>,
+        tx: Sender<Vec<CtEntry>>,
+    },
 }
 
 /// The link state of the gateway's interfaces as the control plane last
@@ -961,16 +1025,8 @@ impl WorkerThread {
                 got += self.one_port(k, &mut s);
             }
             let now = now_ns(self.epoch);
-            if let Some((w, f, _)) = self.walks.front_mut() {
-                self.engine.set_clock(now);
-                let done = self
-                    .engine
-                    .walk_step(w, WALK_BUDGET, &|e| f.matches4(e), &|e| f.matches6(e));
-                if done {
-                    if let Some((w, _, tx)) = self.walks.pop_front() {
-                        let _ = tx.send(w.matched);
-                    }
-                }
+            if !self.walks.is_empty() {
+                self.walk_step(now);
             }
             if now.saturating_sub(last_house) >= HOUSEKEEPING_NS {
                 last_house = now;
@@ -1023,6 +1079,75 @@ impl WorkerThread {
         tracing::info!(worker = self.id, "worker stopped");
     }
 
+    /// One step of the first walk; answers and drops it when it is done
+    /// (or, for a listing, has found its `limit`).
+    fn walk_step(&mut self, now: u64) {
+        let Some(job) = self.walks.front_mut() else {
+            return;
+        };
+        self.engine.set_clock(now);
+        // A listing notes the ids of what it selects (up to what it still
+        // wants) and lists them after the step, with the offload's
+        // counters (the engine is busy during the step).
+        let want = match &job.answer {
+            WalkAnswer::List { limit, found, .. } => limit.saturating_sub(found.len()),
+            WalkAnswer::Count(_) => 0,
+        };
+        let (mut hits4, mut hits6) = (Vec::new(), Vec::new());
+        let taken = core::cell::Cell::new(0usize);
+        let f = &job.filter;
+        let done = self.engine.walk_step(
+            &mut job.walk,
+            WALK_BUDGET,
+            &mut |id, e| {
+                let s = f.matches4(e);
+                if s && taken.get() < want {
+                    taken.set(taken.get() + 1);
+                    hits4.push(id);
+                }
+                s
+            },
+            &mut |id, e| {
+                let s = f.matches6(e);
+                if s && taken.get() < want {
+                    taken.set(taken.get() + 1);
+                    hits6.push(id);
+                }
+                s
+            },
+        );
+        let at = sluice_conntrack::Instant::from_millis(now / 1_000_000);
+        let (engine, offload, id) = (&self.engine, &self.offload, self.id);
+        let full = match &mut job.answer {
+            WalkAnswer::List { limit, found, .. } => {
+                for i in hits4 {
+                    if let Some(e) = engine.conntrack().get(i) {
+                        found.extend(listing4(engine, offload.as_ref(), id, e, at));
+                    }
+                }
+                for i in hits6 {
+                    if let Some(e) = engine.conntrack6().get(i) {
+                        found.extend(listing6(engine, offload.as_ref(), id, e, at));
+                    }
+                }
+                found.len() >= *limit
+            }
+            WalkAnswer::Count(_) => false,
+        };
+        if done || full {
+            if let Some(job) = self.walks.pop_front() {
+                match job.answer {
+                    WalkAnswer::Count(tx) => {
+                        let _ = tx.send(job.walk.matched);
+                    }
+                    WalkAnswer::List { found, tx, .. } => {
+                        let _ = tx.send(found);
+                    }
+                }
+            }
+        }
+    }
+
     fn commands(&mut self, s: &mut Scratch) {
         while let Ok(c) = self.commands.try_recv() {
             match c {
@@ -1065,43 +1190,15 @@ impl WorkerThread {
                         scheduler: sluice_io::sched::describe(),
                     });
                 }
-                Command::List(f, limit, tx) => {
-                    let now =
-                        sluice_conntrack::Instant::from_millis(now_ns(self.epoch) / 1_000_000);
-                    let (engine, offload) = (&self.engine, &self.offload);
-                    // The offload counters are read (one map lookup per
-                    // offloaded direction) only for the entries listed.
-                    let v4 = engine
-                        .conntrack()
-                        .iter()
-                        .filter_map(|(_, e)| Some((CtEntry::of(self.id, e, now)?, Some(e), None)));
-                    let v6 = engine
-                        .conntrack6()
-                        .iter()
-                        .filter_map(|(_, e)| Some((CtEntry::of6(self.id, e, now)?, None, Some(e))));
-                    let v = v4
-                        .chain(v6)
-                        .filter(|(c, _, _)| f.matches(c))
-                        .take(limit)
-                        .map(|(mut c, e4, e6)| {
-                            if let (Some(o), true) = (offload, c.offloaded) {
-                                let v4 = e4.into_iter().flat_map(|e| {
-                                    engine
-                                        .offloaded_directions(e)
-                                        .filter_map(|(iif, k)| o.map.stats(&o.key(iif, &k)))
-                                });
-                                let v6 = e6.into_iter().flat_map(|e| {
-                                    engine
-                                        .offloaded_directions6(e)
-                                        .filter_map(|(iif, k)| o.map.stats6(&o.key6(iif, &k)))
-                                });
-                                c.offload_packets = Some(v4.chain(v6).map(|st| st.packets).sum());
-                            }
-                            c
-                        })
-                        .collect();
-                    let _ = tx.send(v);
-                }
+                Command::List(f, limit, tx) => self.walks.push_back(WalkJob {
+                    walk: sluice_engine::Walk::new(false),
+                    filter: f,
+                    answer: WalkAnswer::List {
+                        limit,
+                        found: Vec::new(),
+                        tx,
+                    },
+                }),
                 Command::NatLookup(q, tx) => {
                     let _ = tx.send(nat_lookup(self.engine.nat(), q, self.id));
                 }
@@ -1109,10 +1206,11 @@ impl WorkerThread {
                     self.engine.set_clock(now_ns(self.epoch));
                     let _ = tx.send(self.engine.flush());
                 }
-                Command::Walk(f, remove, tx) => {
-                    self.walks
-                        .push_back((sluice_engine::Walk::new(remove), f, tx));
-                }
+                Command::Walk(f, remove, tx) => self.walks.push_back(WalkJob {
+                    walk: sluice_engine::Walk::new(remove),
+                    filter: f,
+                    answer: WalkAnswer::Count(tx),
+                }),
                 Command::SetNeighbor(ip, mac) => self.learnt(ip, mac, false, s),
                 Command::SetNeighbor6(oif, ip, mac, fixed) => {
                     let origin = if fixed { Origin::Static } else { Origin::Peer };

@@ -1249,37 +1249,41 @@ impl Control {
     }
 
     /// Count or remove (`remove`) the connections `f` selects on every
-    /// worker ([`Command::Walk`]); the workers walk their tables at the
-    /// same time, each in steps between its batches (a walk asked for
-    /// while another runs waits for it).
+    /// worker ([`Command::Walk`]).
     fn walk(&self, f: &CtFilter, remove: bool) -> Result<u64, CtlFailure> {
+        Ok(self
+            .ask_walk(|tx| Command::Walk(f.clone(), remove, tx))?
+            .into_iter()
+            .sum())
+    }
+
+    /// [`Self::ask`] for a request every worker answers after a walk of its
+    /// tables ([`Command::Walk`], [`Command::List`]): the workers walk at
+    /// the same time, each in steps between its batches (a walk asked for
+    /// while another runs waits for it), so the answers may take up to
+    /// [`WALK_TIMEOUT`].
+    fn ask_walk<T>(&self, mk: impl Fn(mpsc::Sender<T>) -> Command) -> Result<Vec<T>, CtlFailure> {
         let mut rxs = Vec::new();
         for w in &self.workers {
             let (tx, rx) = mpsc::channel();
-            w.try_send(Command::Walk(f.clone(), remove, tx))
-                .map_err(|_| CtlFailure {
-                    kind: "internal",
-                    message: "a worker's command queue is full or closed".into(),
-                })?;
+            w.try_send(mk(tx)).map_err(|_| CtlFailure {
+                kind: "internal",
+                message: "a worker's command queue is full or closed".into(),
+            })?;
             rxs.push(rx);
         }
-        let mut n = 0;
-        for rx in rxs {
-            match rx.recv_timeout(WALK_TIMEOUT) {
-                Ok(k) => n += k,
-                Err(_) => {
-                    return Err(CtlFailure {
-                        kind: "internal",
-                        message: format!(
-                            "a worker did not finish its walk within {} s (it goes on in the \
-                             background)",
-                            WALK_TIMEOUT.as_secs()
-                        ),
-                    })
-                }
-            }
-        }
-        Ok(n)
+        rxs.into_iter()
+            .map(|rx| {
+                rx.recv_timeout(WALK_TIMEOUT).map_err(|_| CtlFailure {
+                    kind: "internal",
+                    message: format!(
+                        "a worker did not finish its walk of the connection tables within {} s \
+                         (it goes on in the background)",
+                        WALK_TIMEOUT.as_secs()
+                    ),
+                })
+            })
+            .collect()
     }
 
     /// Publish `lp` to every worker (the ruleset replace / reload commit).
@@ -1814,7 +1818,7 @@ impl Control {
             } => {
                 let f = CtFilter::new(proto.as_deref(), addr.as_deref(), port)?;
                 let limit = limit.unwrap_or(ctl::DEFAULT_LIMIT);
-                let lists = self.ask(|tx| Command::List(f.clone(), limit, tx))?;
+                let lists = self.ask_walk(|tx| Command::List(f.clone(), limit, tx))?;
                 let all: Vec<_> = lists.into_iter().flatten().take(limit).collect();
                 Ok(json!({"ok": true, "count": all.len(), "connections": all}))
             }

@@ -125,10 +125,6 @@ fn main() {
     let pick = |e: &sluice_conntrack::Entry<FlowKey4, sluice_engine::worker::FlowInfo>| {
         e.orig().sport & 0xff == 7
     };
-    let none6 = |_: &sluice_conntrack::Entry<
-        sluice_wire::flow::FlowKey6,
-        sluice_engine::worker::FlowInfo6,
-    >| false;
     let want = (0..flows).filter(|&i| (i & 0xff) == 7).count() as u64;
     for remove in [false, true] {
         let mut walk = Walk::new(remove);
@@ -136,7 +132,7 @@ fn main() {
         let all = Instant::now();
         loop {
             let t = Instant::now();
-            let done = w.walk_step(&mut walk, budget, &pick, &none6);
+            let done = w.walk_step(&mut walk, budget, &mut |_, e| pick(e), &mut |_, _| false);
             steps.push(t.elapsed().as_secs_f64() * 1e6);
             if done {
                 break;

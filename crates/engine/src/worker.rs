@@ -1239,10 +1239,11 @@ impl Worker {
         n as u64
     }
 
-    /// One step of a walk over both connection tables (`conntrack flush`
-    /// or `count` with a filter): looks at no more than `budget` slots
-    /// from where `w` stopped, counts the connections `m4` / `m6` select
-    /// and, with `w.remove`, removes them as an expiry would (NAT mapping
+    /// One step of a walk over both connection tables (`conntrack list`,
+    /// `count` or `flush` with a filter): looks at no more than `budget`
+    /// slots from where `w` stopped, counts the connections `m4` / `m6`
+    /// select (given each live entry and its id, which they may note) and,
+    /// with `w.remove`, removes them as an expiry would (NAT mapping
     /// released, offloaded directions taken back, connection counts told).
     /// Returns whether the walk is done. Connections made behind the
     /// cursor while it runs are not seen (as with netfilter's `conntrack
@@ -1252,15 +1253,15 @@ impl Worker {
         &mut self,
         w: &mut Walk,
         budget: usize,
-        m4: &dyn Fn(&ct::Entry<FlowKey4, FlowInfo>) -> bool,
-        m6: &dyn Fn(&ct::Entry<sluice_wire::flow::FlowKey6, v6::FlowInfo6>) -> bool,
+        m4: &mut dyn FnMut(EntryId, &ct::Entry<FlowKey4, FlowInfo>) -> bool,
+        m6: &mut dyn FnMut(EntryId, &ct::Entry<sluice_wire::flow::FlowKey6, v6::FlowInfo6>) -> bool,
     ) -> bool {
         let mut left = budget;
         while left > 0 && w.next4 < self.ct.slots() {
             let end = w.next4.saturating_add(left).min(self.ct.slots());
             for raw in w.next4..end {
                 let id = EntryId::from_raw(raw as u32);
-                if self.ct.get(id).is_some_and(m4) {
+                if self.ct.get(id).is_some_and(|e| m4(id, e)) {
                     w.matched += 1;
                     if w.remove {
                         self.remove(id);
@@ -1274,7 +1275,7 @@ impl Worker {
             let end = w.next6.saturating_add(left).min(self.v6.ct.slots());
             for raw in w.next6..end {
                 let id = EntryId::from_raw(raw as u32);
-                if self.v6.ct.get(id).is_some_and(m6) {
+                if self.v6.ct.get(id).is_some_and(|e| m6(id, e)) {
                     w.matched += 1;
                     if w.remove {
                         self.remove6(id);

@@ -388,11 +388,10 @@ fn a_filtered_walk_counts_or_removes_exactly_the_selected_connections() {
     let pick = |e: &sluice_conntrack::Entry<FlowKey4, sluice_engine::worker::FlowInfo>| {
         (7100..7105).contains(&e.orig().sport)
     };
-    let none6 = |_: &sluice_conntrack::Entry<FlowKey6, sluice_engine::worker::FlowInfo6>| false;
     let run = |w: &mut Worker, remove: bool| -> (u64, usize) {
         let mut walk = sluice_engine::Walk::new(remove);
         let mut steps = 0;
-        while !w.walk_step(&mut walk, 3, &pick, &none6) {
+        while !w.walk_step(&mut walk, 3, &mut |_, e| pick(e), &mut |_, _| false) {
             steps += 1;
             assert!(steps < 10_000, "the walk ends");
         }
