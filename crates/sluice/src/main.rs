@@ -213,8 +213,9 @@ struct ForwardArgs {
     /// IPv6 traffic (84-byte frames: the same UDP datagram in an IPv6
     /// header) through every DUT, no NAT: a stateful forward chain
     /// (`ct state established,related accept`, new UDP to the receiver
-    /// accepted) on Sluice and the kernel alike. Not with --rules above 0
-    /// or --latency.
+    /// accepted) on Sluice and the kernel alike; with --rules N, seed
+    /// 001's N-rule chain in IPv6 (the last rule stateful). Not with
+    /// --latency.
     #[arg(long, conflicts_with = "latency")]
     ipv6: bool,
     /// Measured seconds per point (after a 0.5 s pre-roll).

@@ -269,14 +269,12 @@ fn bench_forward_ipv6_reaches_every_dut_and_the_offload_takes_it() {
     );
     // Refused with a reason, nothing measured.
     let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args([
-            "bench", "forward", "--ipv6", "--rules", "100", "--flows", "1000",
-        ])
+        .args(["bench", "forward", "--ipv6", "--latency", "--flows", "1000"])
         .output()
         .expect("run sluice bench forward");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--ipv6") && err.contains("--rules"), "{err}");
+    assert!(err.contains("--ipv6") && err.contains("--latency"), "{err}");
 }
 
 /// `--receiver stack`: the method of the figures before the XDP sink (the

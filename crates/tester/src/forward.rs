@@ -63,7 +63,9 @@
 //! chain instead ([`nft_ruleset6`], [`ip6tables_ruleset`]: policy drop,
 //! `ct state established,related accept`, new UDP to the receiver
 //! accepted), so that each one tracks every flow as the masquerade rule
-//! makes it do for IPv4. Not with `rules` above 0 or `latency`.
+//! makes it do for IPv4; with `rules` N, seed 001's N-rule chain in IPv6,
+//! its last rule `ct state new,established accept` ([`nft_ruleset6`]).
+//! Not with `latency`.
 //!
 //! # Method: forwarding rate at saturation
 //!
@@ -894,7 +896,7 @@ impl SluiceDut {
     ) -> Result<Self, ForwardError> {
         let nft = t.dir.join("fwd.nft");
         let text = if t.ipv6 {
-            nft_ruleset6(&t.lan, &t.wan, false)
+            nft_ruleset6(&t.lan, &t.wan, rules, false)
         } else {
             nft_ruleset(&t.lan, &t.wan, rules, false, icmp)
         };
@@ -985,7 +987,7 @@ impl SluiceDut {
             .and_then(|v| v["rules"].as_u64())
             .ok_or_else(|| setup_err("sluice ctl status", "no rule count"))?;
         let asked = if t.ipv6 {
-            RULES6
+            rules6(rules)
         } else {
             forward_rules(rules, icmp) + 1
         };
@@ -1165,12 +1167,16 @@ pub fn nft_ruleset(lan: &str, wan: &str, rules: usize, flowtable: bool, icmp: bo
 }
 
 /// The IPv6 rule set of every DUT with `--ipv6` (one text for Sluice and
-/// `kernel-nftables`): no NAT, a stateful forward chain, policy drop,
-/// `ct state established,related accept` and new UDP connections to the
-/// receiver accepted, so that every DUT tracks every flow as the IPv4
-/// masquerade makes it do. With `flowtable`, a flowtable on both veths
-/// and `flow add` first.
-pub fn nft_ruleset6(lan: &str, wan: &str, flowtable: bool) -> String {
+/// `kernel-nftables`): no NAT, a stateful forward chain, policy drop. With
+/// `rules` 0, `ct state established,related accept` and new UDP
+/// connections to the receiver accepted, so that every DUT tracks every
+/// flow as the IPv4 masquerade makes it do. With `rules` N > 0, seed 001's
+/// shape as for IPv4 ([`nft_ruleset`]): N - 1 rules `udp dport P ip6 daddr
+/// D accept` that the traffic does not match ([`miss_rule6`]), then
+/// `ip6 daddr RECEIVER meta l4proto udp ct state new,established accept`
+/// (every packet walks the chain, and every DUT tracks every flow). With
+/// `flowtable`, a flowtable on both veths and `flow add` first.
+pub fn nft_ruleset6(lan: &str, wan: &str, rules: usize, flowtable: bool) -> String {
     let mut s = String::from("table ip6 sluicebench {\n");
     if flowtable {
         let _ = write!(
@@ -1182,24 +1188,74 @@ pub fn nft_ruleset6(lan: &str, wan: &str, flowtable: bool) -> String {
     if flowtable {
         s.push_str("    meta l4proto { tcp, udp } flow add @ft\n");
     }
-    let _ = write!(
-        s,
-        "    ct state established,related accept\n    ip6 daddr {RECV_IP6} meta l4proto udp ct state new accept\n  }}\n}}\n"
-    );
+    if rules == 0 {
+        let _ = write!(
+            s,
+            "    ct state established,related accept\n    ip6 daddr {RECV_IP6} meta l4proto udp ct state new accept\n"
+        );
+    } else {
+        for i in 0..rules - 1 {
+            let (a, p) = miss_rule6(i);
+            let _ = writeln!(s, "    udp dport {p} ip6 daddr {a} accept");
+        }
+        let _ = writeln!(
+            s,
+            "    ip6 daddr {RECV_IP6} meta l4proto udp ct state new,established accept"
+        );
+    }
+    s.push_str("  }\n}\n");
     s
 }
 
+/// Rule `i` of the IPv6 rules the traffic does not match: as
+/// [`miss_rule`], the receiver's address first, then addresses of RFC
+/// 5180's benchmarking prefix 2001:2::/48.
+pub fn miss_rule6(i: usize) -> (std::net::Ipv6Addr, u16) {
+    let port = RULE_PORT_BASE + (i % RULE_PORTS) as u16;
+    let block = i / RULE_PORTS;
+    let addr = if block == 0 {
+        ip6(RECV_IP6)
+    } else {
+        std::net::Ipv6Addr::from(u128::from(ip6("2001:2::")) + block as u128)
+    };
+    (addr, port)
+}
+
 /// Rules in the forward chain of [`nft_ruleset6`] (without `flow add`).
-const RULES6: usize = 2;
+fn rules6(rules: usize) -> usize {
+    if rules == 0 {
+        2
+    } else {
+        rules
+    }
+}
 
 /// The same in ip6tables-restore form, for `kernel-iptables` with
 /// `--ipv6`.
-pub fn ip6tables_ruleset() -> String {
-    format!(
-        "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\n\
-         -A FORWARD -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n\
-         -A FORWARD -d {RECV_IP6}/128 -p udp -m conntrack --ctstate NEW -j ACCEPT\nCOMMIT\n"
-    )
+pub fn ip6tables_ruleset(rules: usize) -> String {
+    let mut s =
+        String::from("*filter\n:INPUT ACCEPT [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\n");
+    if rules == 0 {
+        let _ = write!(
+            s,
+            "-A FORWARD -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n\
+             -A FORWARD -d {RECV_IP6}/128 -p udp -m conntrack --ctstate NEW -j ACCEPT\n"
+        );
+    } else {
+        for i in 0..rules - 1 {
+            let (a, p) = miss_rule6(i);
+            let _ = writeln!(
+                s,
+                "-A FORWARD -d {a}/128 -p udp -m udp --dport {p} -j ACCEPT"
+            );
+        }
+        let _ = writeln!(
+            s,
+            "-A FORWARD -d {RECV_IP6}/128 -p udp -m conntrack --ctstate NEW,ESTABLISHED -j ACCEPT"
+        );
+    }
+    s.push_str("COMMIT\n");
+    s
 }
 
 /// The same rule set in iptables-restore form, for `kernel-iptables`:
@@ -1239,7 +1295,7 @@ pub fn iptables_ruleset(wan: &str, rules: usize, icmp: bool) -> String {
 /// `kernel-iptables`. Returns how the rules were loaded and checked.
 fn start_kernel(t: &Topo, dut: Dut, rules: usize, icmp: bool) -> Result<String, ForwardError> {
     if t.ipv6 {
-        return start_kernel6(t, dut);
+        return start_kernel6(t, dut, rules);
     }
     let d = &*t.dut;
     ns_ip(d, &["addr", "add", "10.0.0.1/24", "dev", &t.lan])?;
@@ -1331,7 +1387,7 @@ fn start_kernel(t: &Topo, dut: Dut, rules: usize, icmp: bool) -> Result<String, 
 /// [`start_kernel`] with `--ipv6`: the kernel's IPv6 forwarding with the
 /// stateful forward chain of [`nft_ruleset6`] (or [`ip6tables_ruleset`]
 /// with iptables-legacy).
-fn start_kernel6(t: &Topo, dut: Dut) -> Result<String, ForwardError> {
+fn start_kernel6(t: &Topo, dut: Dut, rules: usize) -> Result<String, ForwardError> {
     let d = &*t.dut;
     for (addr, dev) in [(LAN_IP6, &t.lan), (WAN_IP6, &t.wan)] {
         ns_ip(
@@ -1370,7 +1426,7 @@ fn start_kernel6(t: &Topo, dut: Dut) -> Result<String, ForwardError> {
     ns_exec(d, &["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"])?;
     if dut == Dut::KernelIptables {
         let f = t.dir.join("kernel6.rules");
-        std::fs::write(&f, ip6tables_ruleset())
+        std::fs::write(&f, ip6tables_ruleset(rules))
             .map_err(|e| setup_err("write ip6tables rules", e))?;
         ns_exec(d, &["ip6tables-legacy-restore", &f.display().to_string()]).map_err(|e| {
             setup_err(
@@ -1383,12 +1439,12 @@ fn start_kernel6(t: &Topo, dut: Dut) -> Result<String, ForwardError> {
             .lines()
             .filter(|l| l.starts_with("-A FORWARD"))
             .count();
-        check_loaded(dut.name(), n, RULES6)?;
+        check_loaded(dut.name(), n, rules6(rules))?;
         return Ok("ip6tables-legacy (x_tables) conntrack forward chain".into());
     }
     let flowtable = dut == Dut::KernelFlowtable;
     let nft = t.dir.join("kernel6.nft");
-    std::fs::write(&nft, nft_ruleset6(&t.lan, &t.wan, flowtable))
+    std::fs::write(&nft, nft_ruleset6(&t.lan, &t.wan, rules, flowtable))
         .map_err(|e| setup_err("write nft", e))?;
     ns_exec(d, &["nft", "-f", &nft.display().to_string()])?;
     let listed = ns_exec(
@@ -1399,7 +1455,7 @@ fn start_kernel6(t: &Topo, dut: Dut) -> Result<String, ForwardError> {
         .lines()
         .filter(|l| l.trim_end().ends_with(" accept") && !l.contains("policy"))
         .count();
-    check_loaded(dut.name(), n, RULES6)?;
+    check_loaded(dut.name(), n, rules6(rules))?;
     Ok(if flowtable {
         "nft ct state forward chain + flowtable (flow add @ft)".into()
     } else {
@@ -1754,10 +1810,10 @@ pub fn run(
     if !is_root() {
         return Err(ForwardError::NotRoot);
     }
-    if opts.ipv6 && (opts.rules.iter().any(|&r| r > 0) || opts.latency) {
+    if opts.ipv6 && opts.latency {
         return Err(setup_err(
             "--ipv6",
-            "not with --rules above 0 or --latency (IPv4 only for now)",
+            "not with --latency (IPv4 only for now)",
         ));
     }
     if opts.setup && opts.zero_loss {
@@ -2237,7 +2293,8 @@ pub fn table(rows: &[ForwardResult]) -> String {
         let _ = writeln!(
             s,
             "traffic: IPv6 UDP, {} bytes on the wire, no NAT: every DUT runs the stateful forward \
-             chain of --ipv6 (ct state established,related accept; new UDP to the receiver accepted)",
+             chain of --ipv6 (rules 0: ct state established,related accept, new UDP to the receiver \
+             accepted; N: seed 001's N rules, the last one `ct state new,established accept`)",
             FRAME_LEN6 + 4
         );
     }
@@ -2506,18 +2563,18 @@ mod tests {
 
     #[test]
     fn ipv6_rule_sets_are_stateful_and_parse() {
-        let nft = nft_ruleset6("fl0", "fw0", false);
+        let nft = nft_ruleset6("fl0", "fw0", 0, false);
         assert!(nft.contains("ct state established,related accept"), "{nft}");
         assert!(nft.contains(&format!(
             "ip6 daddr {RECV_IP6} meta l4proto udp ct state new accept"
         )));
         assert!(nft.contains("policy drop"));
-        let ft = nft_ruleset6("fl0", "fw0", true);
+        let ft = nft_ruleset6("fl0", "fw0", 0, true);
         assert!(ft.contains("flow add @ft") && ft.contains("devices = { \"fl0\", \"fw0\" }"));
-        let ipt = ip6tables_ruleset();
+        let ipt = ip6tables_ruleset(0);
         assert_eq!(
             ipt.lines().filter(|l| l.starts_with("-A FORWARD")).count(),
-            RULES6
+            rules6(0)
         );
         // Sluice reads both texts alike: new UDP to the receiver and
         // anything established pass, other new traffic is dropped, and
@@ -2535,6 +2592,37 @@ mod tests {
             sluice_ruleset::parse_ip6tables_restore_str("b6.rules", &ipt, None)
                 .unwrap_or_else(|d| panic!("{d}")),
         );
+        // Seed 001's shape: every packet walks the chain (nothing accepted
+        // up front), the last rule decides, stateful.
+        let n = 5;
+        let nft5 = nft_ruleset6("fl0", "fw0", n, false);
+        let ipt5 = ip6tables_ruleset(n);
+        assert_eq!(
+            ipt5.lines().filter(|l| l.starts_with("-A FORWARD")).count(),
+            rules6(n)
+        );
+        let c = compile(
+            sluice_ruleset::parse_nft_str("b6-5.nft", &nft5).unwrap_or_else(|d| panic!("{d}")),
+        );
+        let d = compile(
+            sluice_ruleset::parse_ip6tables_restore_str("b6-5.rules", &ipt5, None)
+                .unwrap_or_else(|d| panic!("{d}")),
+        );
+        for p in [&c, &d] {
+            assert!(!p.established_accepted());
+            for (spec, verdict) in [
+                (format!("udp [{SENDER_IP6}]:1000 > [{RECV_IP6}]:53 iif fl0 oif fw0 ct new"), "Accept"),
+                (format!("udp [{SENDER_IP6}]:1000 > [{RECV_IP6}]:53 iif fl0 oif fw0 ct established"), "Accept"),
+                (format!("udp [{SENDER_IP6}]:1000 > [2001:db8:1::9]:53 iif fl0 oif fw0 ct established"), "Drop"),
+            ] {
+                let pkt = TracePacket::parse(&format!("{spec} hook forward"))
+                    .unwrap_or_else(|e| panic!("{spec}: {e}"));
+                let t = p.trace(&pkt);
+                assert_eq!(format!("{:?}", t.verdict), verdict, "{spec}");
+            }
+        }
+        assert_eq!(miss_rule6(0), (ip6(RECV_IP6), RULE_PORT_BASE));
+        assert_eq!(miss_rule6(RULE_PORTS).0, ip6("2001:2::1"));
         for p in [&a, &b] {
             assert!(p.established_accepted());
             for (spec, verdict) in [
