@@ -36,11 +36,19 @@ fn ip(s: &str) -> Ipv6Addr {
 /// Accepts everything; established packets up front unless `per_packet`.
 struct Accept {
     per_packet: AtomicBool,
+    /// Its forward hook runs `flow add` (a flowtable of generation 1).
+    flow_add: AtomicBool,
 }
 
 impl Policy for Accept {
-    fn decide(&self, _: Hook, pkt: &PolicyPacket) -> Decision {
-        Decision::accept(pkt)
+    fn decide(&self, hook: Hook, pkt: &PolicyPacket) -> Decision {
+        Decision {
+            flow_add: hook == Hook::Forward && self.flow_add.load(Ordering::Relaxed),
+            ..Decision::accept(pkt)
+        }
+    }
+    fn flowtables(&self) -> u64 {
+        u64::from(self.flow_add.load(Ordering::Relaxed))
     }
     fn has_nat(&self, _: Hook) -> bool {
         false
@@ -86,6 +94,7 @@ fn worker() -> (Worker, Arc<Accept>) {
     };
     let p = Arc::new(Accept {
         per_packet: AtomicBool::new(false),
+        flow_add: AtomicBool::new(false),
     });
     let w = Worker::new(cfg, Arc::clone(&p) as Arc<dyn Policy>).unwrap();
     (w, p)
@@ -360,4 +369,37 @@ fn the_reroute_walk_takes_back_a_connection_whose_next_hop_moved() {
     w.gc(4_000_000, 4096);
     let o = ops(&mut w);
     assert_eq!(removals(&o).len(), 2, "{o:?}");
+}
+
+/// With a rule set that filters established packets, only an IPv6
+/// connection in a flowtable goes to the lower layer, and a FIN (which
+/// takes it out of the flowtable) takes it back; without a flowtable,
+/// nothing is offloaded.
+#[test]
+fn a_flowtable_connection_is_offloaded_despite_per_packet_filtering() {
+    let (mut w, p) = worker();
+    p.per_packet.store(true, Ordering::Relaxed);
+    p.flow_add.store(true, Ordering::Relaxed);
+    w.set_policy(Arc::clone(&p) as Arc<dyn Policy>);
+    let k = key(proto::TCP, 6100);
+    let r = k.reversed();
+    send(&mut w, 1_000_000, &frame(INSIDE, &k, tf::SYN));
+    send(&mut w, 2_000_000, &frame(OUTSIDE, &r, tf::SYN | tf::ACK));
+    assert!(installs(&ops(&mut w)).is_empty(), "not established yet");
+    send(&mut w, 3_000_000, &frame(INSIDE, &k, tf::ACK));
+    send(&mut w, 3_500_000, &frame(OUTSIDE, &r, tf::ACK));
+    assert_eq!(installs(&ops(&mut w)).len(), 2);
+    let (act, _) = send(&mut w, 4_000_000, &frame(INSIDE, &k, tf::FIN | tf::ACK));
+    assert_eq!(act, Action::Forward(OUTSIDE));
+    assert_eq!(removals(&ops(&mut w)).len(), 2);
+    p.flow_add.store(false, Ordering::Relaxed);
+    w.set_policy(Arc::clone(&p) as Arc<dyn Policy>);
+    let u = key(proto::UDP, 6101);
+    for now in [5_000_000, 6_000_000, 7_000_000] {
+        send(&mut w, now, &frame(INSIDE, &u, 0));
+    }
+    assert!(
+        installs(&ops(&mut w)).is_empty(),
+        "filtered per packet: not offloaded"
+    );
 }
