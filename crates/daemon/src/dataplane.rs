@@ -305,8 +305,7 @@ fn nat_lookup<S: sluice_nat::NatEventSink>(
         }
         NatQuery::Subscriber(sub) => {
             let mappings: Vec<_> = nat
-                .mappings()
-                .filter(|m| m.int_addr == sub)
+                .mappings_of(sub)
                 .map(|m| mapping_json(&m, worker))
                 .collect();
             let blocks: Vec<_> = nat

@@ -1130,6 +1130,19 @@ impl<S: NatEventSink> WorkerNat<S> {
             .map(|(e, m)| info(m, *e, self.sessions_of(e, m)))
     }
 
+    /// The mappings of internal address `sub` (a subscriber), in no
+    /// particular order: [`Self::mappings`] filtered on the mapping itself
+    /// before it is described (its session count looked up), so a lookup
+    /// of one subscriber among millions of mappings costs a scan of the
+    /// map, not a description of every mapping.
+    pub fn mappings_of(&self, sub: Ipv4Addr) -> impl Iterator<Item = MappingInfo> + '_ {
+        let sub = u32::from(sub);
+        self.by_ext
+            .iter()
+            .filter(move |(_, m)| m.key.int_addr == sub)
+            .map(|(e, m)| info(m, *e, self.sessions_of(e, m)))
+    }
+
     /// The destination part of the mapping key of `orig`: none (zeros)
     /// under endpoint-independent mapping, RFC 4787 REQ-1 / RFC 5382 REQ-1
     /// (the mapping is keyed by the internal endpoint only).
@@ -2299,6 +2312,48 @@ mod tests {
             3
         );
         assert_eq!(n.sink().events.len(), 1);
+    }
+
+    /// A subscriber's mappings are exactly those of all the worker's
+    /// mappings with its internal address, session counts included.
+    #[test]
+    fn mappings_of_a_subscriber_are_its_mappings() {
+        let c = cfg(4, DEFAULT_PORTS, 1);
+        let mut n = nat(&c, 0);
+        for host in 1..=5u8 {
+            for sport in 0..u16::from(host) * 3 {
+                for p in [proto::UDP, proto::TCP] {
+                    n.translate_outbound(
+                        &out(p, host, 5000 + sport, ip(8, 8, 8, 8), 53),
+                        &SNAT,
+                        None,
+                    )
+                    .unwrap();
+                }
+            }
+        }
+        // Two sessions on one mapping.
+        n.translate_outbound(&out(proto::UDP, 2, 5000, ip(9, 9, 9, 9), 53), &SNAT, None)
+            .unwrap();
+        let key = |m: &MappingInfo| (m.proto, m.int_port, m.ext_addr, m.ext_port, m.sessions);
+        for host in 0..=6u8 {
+            let sub = ip(10, 0, 0, host);
+            let mut want: Vec<_> = n
+                .mappings()
+                .filter(|m| m.int_addr == sub)
+                .map(|m| key(&m))
+                .collect();
+            let mut got: Vec<_> = n.mappings_of(sub).map(|m| key(&m)).collect();
+            want.sort_unstable();
+            got.sort_unstable();
+            assert_eq!(got, want, "{sub}");
+            assert_eq!(
+                got.len(),
+                usize::from(host) * 6 * usize::from(host <= 5),
+                "{sub}"
+            );
+        }
+        assert!(n.mappings_of(ip(10, 0, 0, 2)).any(|m| m.sessions == 2));
     }
 
     #[test]
