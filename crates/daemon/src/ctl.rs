@@ -367,6 +367,12 @@ pub struct CtEntry {
     pub proto: u8,
     /// Protocol state.
     pub state: String,
+    /// The state as netfilter's `conntrack -L` names it (`ESTABLISHED`,
+    /// `TIME_WAIT`, ...; UDP `UNREPLIED`, `REPLIED`, `STREAM`; empty for
+    /// ICMP and other protocols).
+    pub state_name: &'static str,
+    /// A packet of the reply direction was seen.
+    pub seen_reply: bool,
     /// Original direction (as sent by the initiator).
     pub orig: Tuple,
     /// Reply direction (as it arrives, after NAT).
@@ -400,6 +406,8 @@ impl CtEntry {
             worker,
             proto: e.proto(),
             state: format!("{:?}", e.state()),
+            state_name: e.state().name(),
+            seen_reply: e.seen_reply(),
             orig: (&e.orig()).into(),
             reply: (&e.reply()).into(),
             assured: e.is_assured(),
@@ -421,6 +429,8 @@ impl CtEntry {
             worker,
             proto: e.orig().proto,
             state: format!("{:?}", e.state()),
+            state_name: e.state().name(),
+            seen_reply: e.seen_reply(),
             orig: (&e.orig()).into(),
             reply: (&e.reply()).into(),
             assured: e.is_assured(),
@@ -431,6 +441,70 @@ impl CtEntry {
             flowtable: e.in_flowtable(),
         })
     }
+}
+
+/// A `conntrack list` answer as `conntrack -L` prints connections, one line
+/// each (`sluice ctl --text`): protocol name and number, seconds to
+/// expiry, the TCP state, the original tuple, `[UNREPLIED]` until a reply
+/// was seen, the reply tuple (translated), `[ASSURED]`, then Sluice's own
+/// `[OFFLOAD]` (with `offload_packets=`), `[FLOWTABLE]`, `packets=` and
+/// `worker=`. ICMP tuples show their identifier as `id=`. `None` when
+/// the answer is not a listing.
+pub fn conntrack_text(answer: &Value) -> Option<String> {
+    let conns = answer.get("connections")?.as_array()?;
+    let mut out = String::new();
+    for c in conns {
+        let proto = c["proto"].as_u64().unwrap_or(0);
+        let name = match proto {
+            6 => "tcp",
+            17 => "udp",
+            1 => "icmp",
+            58 => "icmpv6",
+            _ => "unknown",
+        };
+        let tuple = |t: &Value| {
+            let (s, d) = (
+                t["src"].as_str().unwrap_or("?"),
+                t["dst"].as_str().unwrap_or("?"),
+            );
+            if matches!(proto, 1 | 58) {
+                format!("src={s} dst={d} id={}", t["sport"])
+            } else {
+                format!("src={s} dst={d} sport={} dport={}", t["sport"], t["dport"])
+            }
+        };
+        let mut line = format!("{name:<8} {proto} {} ", c["expires_in"]);
+        if proto == 6 {
+            if let Some(st) = c["state_name"].as_str().filter(|s| !s.is_empty()) {
+                line.push_str(st);
+                line.push(' ');
+            }
+        }
+        line.push_str(&tuple(&c["orig"]));
+        if c["seen_reply"] == false {
+            line.push_str(" [UNREPLIED]");
+        }
+        line.push(' ');
+        line.push_str(&tuple(&c["reply"]));
+        if c["assured"] == true {
+            line.push_str(" [ASSURED]");
+        }
+        if c["offloaded"] == true {
+            line.push_str(" [OFFLOAD]");
+            if let Some(n) = c["offload_packets"].as_u64() {
+                line.push_str(&format!(" offload_packets={n}"));
+            }
+        }
+        if c["flowtable"] == true {
+            line.push_str(" [FLOWTABLE]");
+        }
+        line.push_str(&format!(
+            " packets={} worker={}\n",
+            c["packets"], c["worker"]
+        ));
+        out.push_str(&line);
+    }
+    Some(out)
 }
 
 /// Send `request` (one JSON object) to the daemon at `socket` and return its
@@ -912,6 +986,41 @@ mod tests {
             .is_empty());
     }
 
+    /// `sluice ctl --text conntrack list`: `conntrack -L`'s layout.
+    #[test]
+    fn a_listing_prints_as_conntrack_does() {
+        let v = json!({"ok": true, "count": 3, "connections": [
+            {"worker": 0, "proto": 6, "state": "Tcp(Established)", "state_name": "ESTABLISHED",
+             "seen_reply": true, "orig": {"src": "10.0.0.2", "sport": 40000, "dst": "203.0.113.2", "dport": 80},
+             "reply": {"src": "203.0.113.2", "sport": 80, "dst": "198.51.100.7", "dport": 61000},
+             "assured": true, "packets": 12, "expires_in": 431999,
+             "offloaded": true, "offload_packets": 900},
+            {"worker": 1, "proto": 17, "state": "Udp(Unreplied)", "state_name": "UNREPLIED",
+             "seen_reply": false, "orig": {"src": "fd00::2", "sport": 5353, "dst": "2001:db8::1", "dport": 53},
+             "reply": {"src": "2001:db8::1", "sport": 53, "dst": "fd00::2", "dport": 5353},
+             "assured": false, "packets": 1, "expires_in": 29, "flowtable": true},
+            {"worker": 0, "proto": 1, "state": "Icmp", "state_name": "",
+             "seen_reply": true, "orig": {"src": "10.0.0.2", "sport": 7, "dst": "203.0.113.2", "dport": 7},
+             "reply": {"src": "203.0.113.2", "sport": 9, "dst": "198.51.100.7", "dport": 9},
+             "assured": false, "packets": 2, "expires_in": 30}
+        ]});
+        let t = conntrack_text(&v).expect("a listing");
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "tcp      6 431999 ESTABLISHED src=10.0.0.2 dst=203.0.113.2 sport=40000 dport=80 \
+                 src=203.0.113.2 dst=198.51.100.7 sport=80 dport=61000 [ASSURED] [OFFLOAD] \
+                 offload_packets=900 packets=12 worker=0",
+                "udp      17 29 src=fd00::2 dst=2001:db8::1 sport=5353 dport=53 [UNREPLIED] \
+                 src=2001:db8::1 dst=fd00::2 sport=53 dport=5353 [FLOWTABLE] packets=1 worker=1",
+                "icmp     1 30 src=10.0.0.2 dst=203.0.113.2 id=7 src=203.0.113.2 dst=198.51.100.7 \
+                 id=9 packets=2 worker=0",
+            ]
+        );
+        assert_eq!(conntrack_text(&json!({"ok": true, "count": 3})), None);
+    }
+
     #[test]
     fn conntrack_count_and_flush_take_a_filter() {
         let a = |w: &[&str]| {
@@ -1084,6 +1193,8 @@ mod tests {
             worker: 0,
             proto: 6,
             state: String::new(),
+            state_name: "ESTABLISHED",
+            seen_reply: true,
             orig: t([10, 0, 0, 2], 40000, [203, 0, 113, 2], 8000),
             reply: t([203, 0, 113, 2], 8000, [198, 51, 100, 7], 1025),
             assured: true,

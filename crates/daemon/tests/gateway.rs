@@ -1707,6 +1707,11 @@ fn conntrack_filtered(backend: &str, tag: &str) {
         .collect();
     ports.sort_unstable();
     assert_eq!(ports, [9101, 9103], "{l}");
+    // Nothing answers on those ports: unreplied, in netfilter's words too.
+    for c in l["connections"].as_array().expect("connections") {
+        assert_eq!(c["state_name"], "UNREPLIED", "{c}");
+        assert_eq!(c["seen_reply"], false, "{c}");
+    }
     if backend.ends_with("_offload") {
         let st = d.ctl("status");
         let w = &st["worker_status"][0]["offload"];

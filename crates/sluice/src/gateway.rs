@@ -46,22 +46,44 @@ pub fn run(
     Ok(ExitCode::SUCCESS)
 }
 
-/// `sluice ctl WORDS...`: one request to a running gateway.
-pub fn ctl(socket: &Path, words: &[String]) -> Result<ExitCode> {
+/// `sluice ctl [--text] WORDS...`: one request to a running gateway.
+pub fn ctl(socket: &Path, words: &[String], text: bool) -> Result<ExitCode> {
     let req = sluice_daemon::ctl::request_from_args(words)?;
     let resp = sluice_daemon::ctl::client(socket, &req)?;
     let v = serde_json::from_str::<serde_json::Value>(&resp).ok();
     // `ruleset list` prints the rule set itself (nft syntax), `metrics`
     // the Prometheus text, the rest JSON (whose `ruleset` key, in `status`
-    // and `reload`, is the rule set's file name).
+    // and `reload`, is the rule set's file name); with `--text`, a
+    // connection listing as `conntrack -L` prints it, and a count or flush
+    // as its number.
     let raw_key = match words {
         [a, b] if a == "ruleset" && b == "list" => Some("ruleset"),
         [a] if a == "metrics" => Some("metrics"),
         _ => None,
     };
+    let human = match (
+        text,
+        words.first().map(String::as_str),
+        words.get(1).map(String::as_str),
+    ) {
+        (true, Some("conntrack"), Some("list")) => {
+            v.as_ref().and_then(sluice_daemon::ctl::conntrack_text)
+        }
+        (true, Some("conntrack"), Some("count")) => v
+            .as_ref()
+            .and_then(|v| v.get("count"))
+            .map(|n| format!("{n}\n")),
+        (true, Some("conntrack"), Some("flush")) => v
+            .as_ref()
+            .and_then(|v| v.get("flushed"))
+            .map(|n| format!("{n}\n")),
+        _ => None,
+    };
     match raw_key
         .and_then(|k| v.as_ref().and_then(|v| v.get(k)))
         .and_then(|r| r.as_str())
+        .map(str::to_string)
+        .or(human)
     {
         Some(text) => print!("{text}"),
         None => println!("{resp}"),

@@ -105,6 +105,11 @@ struct CtlArgs {
     /// Control socket of the running gateway.
     #[arg(long, value_name = "PATH", default_value = sluice_daemon::config::DEFAULT_SOCKET)]
     socket: PathBuf,
+    /// Print `conntrack list` as `conntrack -L` does, one line per
+    /// connection, and `conntrack count` / `flush` as the number (other
+    /// requests print their JSON answer).
+    #[arg(long)]
+    text: bool,
     /// The request, e.g. `status`, `counters`, `conntrack list proto tcp port 80`.
     #[arg(required = true, trailing_var_arg = true)]
     request: Vec<String>,
@@ -454,7 +459,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             r.socket.as_deref(),
             r.no_pin,
         ),
-        Command::Ctl(c) => gateway::ctl(&c.socket, &c.request),
+        Command::Ctl(c) => gateway::ctl(&c.socket, &c.request, c.text),
         Command::Nat(NatCmd::Lookup(a)) => gateway::nat_lookup(&a.config, &a.query),
         Command::Bench(BenchCmd::Rules(a)) => bench::rules(&a.counts, a.json.as_deref()),
         Command::Bench(BenchCmd::Update(a)) => bench::update(

@@ -958,6 +958,29 @@ fn a_reload_moves_sets_and_removes_the_metrics_listener() {
     let r = json(&ctl(&["reload"]));
     assert!(applied(&r, "metrics listener"), "{r}");
     assert!(soon(&|| serves(a)));
+    // `--text`: a count as its number, an (empty) listing as no lines, a
+    // filtered flush as the number removed; other answers stay JSON.
+    let text = |w: &[&str]| -> String {
+        let o = sluice()
+            .arg("ctl")
+            .arg("--socket")
+            .arg(&sock)
+            .arg("--text")
+            .args(w)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{w:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    assert_eq!(text(&["conntrack", "count"]), "0\n");
+    assert_eq!(text(&["conntrack", "count", "proto", "udp"]), "0\n");
+    assert_eq!(text(&["conntrack", "list", "proto", "tcp"]), "");
+    assert_eq!(text(&["conntrack", "flush", "addr", "10.0.0.7"]), "0\n");
+    assert!(text(&["status"]).starts_with("{\""));
     let st = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
