@@ -2024,7 +2024,15 @@ impl Worker {
             sport,
             dport,
             tcp_flags: m.tcp_flags,
-            icmp: (m.icmp_type, 0),
+            // The code from the packet (the type is the dissector's).
+            icmp: (
+                m.icmp_type,
+                if m.key.proto == proto::ICMP {
+                    buf.get(usize::from(m.l4) + 1).copied().unwrap_or(0)
+                } else {
+                    0
+                },
+            ),
             ct: CtState::Established,
             ct_mark,
             mark: self.pkt_mark,

@@ -724,3 +724,59 @@ fn established_ipv6_connections_follow_a_route_change() {
     assert!(w.set_routes(&[], &[bad]).is_err());
     assert_eq!(send(&mut w), (Action::Forward(OUTSIDE), R2_MAC));
 }
+
+/// Filters ICMPv6 by type on every packet (established ones too, nothing
+/// accepted up front), as `icmpv6 type echo-request accept; icmpv6 type
+/// echo-reply accept` in a forward chain with policy drop does.
+struct EchoOnly;
+
+impl Policy for EchoOnly {
+    fn decide(&self, hook: Hook, p: &PolicyPacket) -> Decision {
+        let ok =
+            hook != Hook::Forward || (p.proto == proto::ICMPV6 && matches!(p.icmp, (128 | 129, 0)));
+        Decision {
+            verdict: if ok { Verdict::Accept } else { Verdict::Drop },
+            mark: p.mark,
+            nat: None,
+            ct_mark: p.ct_mark,
+            mss: Default::default(),
+            flow_add: false,
+        }
+    }
+    fn has_nat(&self, _: Hook) -> bool {
+        false
+    }
+    fn established_accepted(&self) -> bool {
+        false
+    }
+}
+
+/// An established ICMPv6 echo filtered per packet is seen with its type
+/// and code (it was seen as type 0: `icmpv6 type echo-reply accept`
+/// dropped every reply; found by `sluice bench forward --ipv6 --latency
+/// --rules 100`).
+#[test]
+fn established_echoes_filtered_per_packet_carry_their_icmpv6_type() {
+    let mut w = worker(EchoOnly);
+    let k = key(proto::ICMPV6, HOST, 77, REMOTE, 77);
+    let echo = |w: &mut Worker, request: bool, seq: u16| {
+        let (iif, k, mac, gw) = if request {
+            (INSIDE, k, HOST_MAC, GW_IN_MAC)
+        } else {
+            (OUTSIDE, k.reversed(), ROUTER_MAC, GW_OUT_MAC)
+        };
+        run(w, iif, |b| {
+            build_icmp6_echo(b, mac, gw, &k, seq, request, 32).unwrap()
+        })
+        .0
+    };
+    assert_eq!(echo(&mut w, true, 1), Action::Forward(OUTSIDE));
+    assert_eq!(w.conntrack6().len(), 1);
+    assert_eq!(echo(&mut w, false, 1), Action::Forward(INSIDE), "the reply");
+    assert_eq!(
+        echo(&mut w, true, 2),
+        Action::Forward(OUTSIDE),
+        "the next request"
+    );
+    assert_eq!(echo(&mut w, false, 2), Action::Forward(INSIDE), "its reply");
+}

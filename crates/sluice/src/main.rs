@@ -219,9 +219,9 @@ struct ForwardArgs {
     /// header) through every DUT, no NAT: a stateful forward chain
     /// (`ct state established,related accept`, new UDP to the receiver
     /// accepted) on Sluice and the kernel alike; with --rules N, seed
-    /// 001's N-rule chain in IPv6 (the last rule stateful). Not with
-    /// --latency.
-    #[arg(long, conflicts_with = "latency")]
+    /// 001's N-rule chain in IPv6 (the last rule stateful); with
+    /// --latency, ping -6 through it (two ICMPv6 echo rules follow).
+    #[arg(long)]
     ipv6: bool,
     /// Measured seconds per point (after a 0.5 s pre-roll).
     #[arg(long, default_value_t = 3.0)]

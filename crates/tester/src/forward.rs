@@ -65,7 +65,9 @@
 //! accepted), so that each one tracks every flow as the masquerade rule
 //! makes it do for IPv4; with `rules` N, seed 001's N-rule chain in IPv6,
 //! its last rule `ct state new,established accept` ([`nft_ruleset6`]).
-//! Not with `latency`.
+//! With `latency`, `ping -6` between the hosts (addresses fd00:1::2/64
+//! and 2001:db8:1::2/64, routes through the DUT, neighbours by NDP), two
+//! rules accepting ICMPv6 echo requests and replies after the others.
 //!
 //! # Method: forwarding rate at saturation
 //!
@@ -896,7 +898,7 @@ impl SluiceDut {
     ) -> Result<Self, ForwardError> {
         let nft = t.dir.join("fwd.nft");
         let text = if t.ipv6 {
-            nft_ruleset6(&t.lan, &t.wan, rules, false)
+            nft_ruleset6(&t.lan, &t.wan, rules, false, icmp)
         } else {
             nft_ruleset(&t.lan, &t.wan, rules, false, icmp)
         };
@@ -987,7 +989,7 @@ impl SluiceDut {
             .and_then(|v| v["rules"].as_u64())
             .ok_or_else(|| setup_err("sluice ctl status", "no rule count"))?;
         let asked = if t.ipv6 {
-            rules6(rules)
+            rules6(rules, icmp)
         } else {
             forward_rules(rules, icmp) + 1
         };
@@ -1176,7 +1178,7 @@ pub fn nft_ruleset(lan: &str, wan: &str, rules: usize, flowtable: bool, icmp: bo
 /// `ip6 daddr RECEIVER meta l4proto udp ct state new,established accept`
 /// (every packet walks the chain, and every DUT tracks every flow). With
 /// `flowtable`, a flowtable on both veths and `flow add` first.
-pub fn nft_ruleset6(lan: &str, wan: &str, rules: usize, flowtable: bool) -> String {
+pub fn nft_ruleset6(lan: &str, wan: &str, rules: usize, flowtable: bool, icmp: bool) -> String {
     let mut s = String::from("table ip6 sluicebench {\n");
     if flowtable {
         let _ = write!(
@@ -1203,6 +1205,9 @@ pub fn nft_ruleset6(lan: &str, wan: &str, rules: usize, flowtable: bool) -> Stri
             "    ip6 daddr {RECV_IP6} meta l4proto udp ct state new,established accept"
         );
     }
+    if icmp {
+        s.push_str("    icmpv6 type echo-request accept\n    icmpv6 type echo-reply accept\n");
+    }
     s.push_str("  }\n}\n");
     s
 }
@@ -1221,18 +1226,16 @@ pub fn miss_rule6(i: usize) -> (std::net::Ipv6Addr, u16) {
     (addr, port)
 }
 
-/// Rules in the forward chain of [`nft_ruleset6`] (without `flow add`).
-fn rules6(rules: usize) -> usize {
-    if rules == 0 {
-        2
-    } else {
-        rules
-    }
+/// Rules in the forward chain of [`nft_ruleset6`] (without `flow add`;
+/// with `icmp`, the two echo rules of a latency measurement).
+fn rules6(rules: usize, icmp: bool) -> usize {
+    let n = if rules == 0 { 2 } else { rules };
+    n + if icmp { 2 } else { 0 }
 }
 
 /// The same in ip6tables-restore form, for `kernel-iptables` with
 /// `--ipv6`.
-pub fn ip6tables_ruleset(rules: usize) -> String {
+pub fn ip6tables_ruleset(rules: usize, icmp: bool) -> String {
     let mut s =
         String::from("*filter\n:INPUT ACCEPT [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\n");
     if rules == 0 {
@@ -1252,6 +1255,12 @@ pub fn ip6tables_ruleset(rules: usize) -> String {
         let _ = writeln!(
             s,
             "-A FORWARD -d {RECV_IP6}/128 -p udp -m conntrack --ctstate NEW,ESTABLISHED -j ACCEPT"
+        );
+    }
+    if icmp {
+        s.push_str(
+            "-A FORWARD -p ipv6-icmp -m icmp6 --icmpv6-type 128 -j ACCEPT\n\
+             -A FORWARD -p ipv6-icmp -m icmp6 --icmpv6-type 129 -j ACCEPT\n",
         );
     }
     s.push_str("COMMIT\n");
@@ -1295,7 +1304,7 @@ pub fn iptables_ruleset(wan: &str, rules: usize, icmp: bool) -> String {
 /// `kernel-iptables`. Returns how the rules were loaded and checked.
 fn start_kernel(t: &Topo, dut: Dut, rules: usize, icmp: bool) -> Result<String, ForwardError> {
     if t.ipv6 {
-        return start_kernel6(t, dut, rules);
+        return start_kernel6(t, dut, rules, icmp);
     }
     let d = &*t.dut;
     ns_ip(d, &["addr", "add", "10.0.0.1/24", "dev", &t.lan])?;
@@ -1387,7 +1396,7 @@ fn start_kernel(t: &Topo, dut: Dut, rules: usize, icmp: bool) -> Result<String, 
 /// [`start_kernel`] with `--ipv6`: the kernel's IPv6 forwarding with the
 /// stateful forward chain of [`nft_ruleset6`] (or [`ip6tables_ruleset`]
 /// with iptables-legacy).
-fn start_kernel6(t: &Topo, dut: Dut, rules: usize) -> Result<String, ForwardError> {
+fn start_kernel6(t: &Topo, dut: Dut, rules: usize, icmp: bool) -> Result<String, ForwardError> {
     let d = &*t.dut;
     for (addr, dev) in [(LAN_IP6, &t.lan), (WAN_IP6, &t.wan)] {
         ns_ip(
@@ -1426,7 +1435,7 @@ fn start_kernel6(t: &Topo, dut: Dut, rules: usize) -> Result<String, ForwardErro
     ns_exec(d, &["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"])?;
     if dut == Dut::KernelIptables {
         let f = t.dir.join("kernel6.rules");
-        std::fs::write(&f, ip6tables_ruleset(rules))
+        std::fs::write(&f, ip6tables_ruleset(rules, icmp))
             .map_err(|e| setup_err("write ip6tables rules", e))?;
         ns_exec(d, &["ip6tables-legacy-restore", &f.display().to_string()]).map_err(|e| {
             setup_err(
@@ -1439,12 +1448,12 @@ fn start_kernel6(t: &Topo, dut: Dut, rules: usize) -> Result<String, ForwardErro
             .lines()
             .filter(|l| l.starts_with("-A FORWARD"))
             .count();
-        check_loaded(dut.name(), n, rules6(rules))?;
+        check_loaded(dut.name(), n, rules6(rules, icmp))?;
         return Ok("ip6tables-legacy (x_tables) conntrack forward chain".into());
     }
     let flowtable = dut == Dut::KernelFlowtable;
     let nft = t.dir.join("kernel6.nft");
-    std::fs::write(&nft, nft_ruleset6(&t.lan, &t.wan, rules, flowtable))
+    std::fs::write(&nft, nft_ruleset6(&t.lan, &t.wan, rules, flowtable, icmp))
         .map_err(|e| setup_err("write nft", e))?;
     ns_exec(d, &["nft", "-f", &nft.display().to_string()])?;
     let listed = ns_exec(
@@ -1455,7 +1464,7 @@ fn start_kernel6(t: &Topo, dut: Dut, rules: usize) -> Result<String, ForwardErro
         .lines()
         .filter(|l| l.trim_end().ends_with(" accept") && !l.contains("policy"))
         .count();
-    check_loaded(dut.name(), n, rules6(rules))?;
+    check_loaded(dut.name(), n, rules6(rules, icmp))?;
     Ok(if flowtable {
         "nft ct state forward chain + flowtable (flow add @ft)".into()
     } else {
@@ -1680,27 +1689,42 @@ fn latency(t: &mut Topo, interrupted: &AtomicBool) -> Result<Latency, ForwardErr
             &mac_str(NEXT_HOP_MAC),
         ],
     )?;
-    ns_ip(
-        &t.sender,
-        &["route", "replace", "203.0.113.0/24", "via", "10.0.0.1"],
-    )?;
+    let target = if t.ipv6 {
+        // The hosts' IPv6 addresses and routes through the DUT (whose
+        // addresses they resolve by NDP).
+        for (ns, addr, net, via) in [
+            (&t.sender, SENDER_IP6, "2001:db8:1::/64", LAN_IP6),
+            (&t.recv, RECV_IP6, "fd00:1::/64", WAN_IP6),
+        ] {
+            ns_ip(
+                ns,
+                &[
+                    "-6",
+                    "addr",
+                    "add",
+                    &format!("{addr}/64"),
+                    "dev",
+                    HOST_IF,
+                    "nodad",
+                ],
+            )?;
+            ns_ip(ns, &["-6", "route", "replace", net, "via", via])?;
+        }
+        RECV_IP6
+    } else {
+        ns_ip(
+            &t.sender,
+            &["route", "replace", "203.0.113.0/24", "via", "10.0.0.1"],
+        )?;
+        "203.0.113.2"
+    };
     if interrupted.load(Ordering::Relaxed) {
         return Err(ForwardError::Interrupted);
     }
     let count = (PING_WARMUP + PINGS).to_string();
     let out = ns_exec(
         &t.sender,
-        &[
-            "ping",
-            "-n",
-            "-c",
-            &count,
-            "-i",
-            "0.005",
-            "-W",
-            "1",
-            "203.0.113.2",
-        ],
+        &["ping", "-n", "-c", &count, "-i", "0.005", "-W", "1", target],
     )?;
     Ok(latency_of(&out))
 }
@@ -1809,12 +1833,6 @@ pub fn run(
 ) -> Result<Vec<ForwardResult>, ForwardError> {
     if !is_root() {
         return Err(ForwardError::NotRoot);
-    }
-    if opts.ipv6 && opts.latency {
-        return Err(setup_err(
-            "--ipv6",
-            "not with --latency (IPv4 only for now)",
-        ));
     }
     if opts.setup && opts.zero_loss {
         return Err(setup_err(
@@ -2563,18 +2581,18 @@ mod tests {
 
     #[test]
     fn ipv6_rule_sets_are_stateful_and_parse() {
-        let nft = nft_ruleset6("fl0", "fw0", 0, false);
+        let nft = nft_ruleset6("fl0", "fw0", 0, false, false);
         assert!(nft.contains("ct state established,related accept"), "{nft}");
         assert!(nft.contains(&format!(
             "ip6 daddr {RECV_IP6} meta l4proto udp ct state new accept"
         )));
         assert!(nft.contains("policy drop"));
-        let ft = nft_ruleset6("fl0", "fw0", 0, true);
+        let ft = nft_ruleset6("fl0", "fw0", 0, true, false);
         assert!(ft.contains("flow add @ft") && ft.contains("devices = { \"fl0\", \"fw0\" }"));
-        let ipt = ip6tables_ruleset(0);
+        let ipt = ip6tables_ruleset(0, false);
         assert_eq!(
             ipt.lines().filter(|l| l.starts_with("-A FORWARD")).count(),
-            rules6(0)
+            rules6(0, false)
         );
         // Sluice reads both texts alike: new UDP to the receiver and
         // anything established pass, other new traffic is dropped, and
@@ -2595,11 +2613,11 @@ mod tests {
         // Seed 001's shape: every packet walks the chain (nothing accepted
         // up front), the last rule decides, stateful.
         let n = 5;
-        let nft5 = nft_ruleset6("fl0", "fw0", n, false);
-        let ipt5 = ip6tables_ruleset(n);
+        let nft5 = nft_ruleset6("fl0", "fw0", n, false, false);
+        let ipt5 = ip6tables_ruleset(n, false);
         assert_eq!(
             ipt5.lines().filter(|l| l.starts_with("-A FORWARD")).count(),
-            rules6(n)
+            rules6(n, false)
         );
         let c = compile(
             sluice_ruleset::parse_nft_str("b6-5.nft", &nft5).unwrap_or_else(|d| panic!("{d}")),

@@ -870,7 +870,16 @@ impl Worker {
             sport: key.sport,
             dport: key.dport,
             tcp_flags,
-            icmp: (0, 0),
+            // An echo (or other ICMPv6 query) of a connection: its type and
+            // code, for `icmpv6 type` rules.
+            icmp: if key.proto == proto::ICMPV6 {
+                (
+                    buf.get(pk.l4).copied().unwrap_or(0),
+                    buf.get(pk.l4 + 1).copied().unwrap_or(0),
+                )
+            } else {
+                (0, 0)
+            },
             ct: CtState::Established,
             ct_mark: e.mark(),
             mark: self.pkt_mark,
