@@ -1330,12 +1330,12 @@ impl Worker {
             &mut |e| {
                 last_use(
                     e,
-                    |d| v6::offload_iif6(e, adj, d),
+                    |d| offload_iif(e, adj, d),
                     |i, k| probe.last_used6_ns(i, k),
                 )
             },
             &mut |e| {
-                overflow6 |= !v6::offload_removals6(q.as_mut(), e, adj);
+                overflow6 |= !offload_removals(q.as_mut(), e, adj);
                 if let Some(p) = counted {
                     p.conn_closed(&v6::conn6(&e.orig()));
                 }
@@ -2423,59 +2423,32 @@ impl Worker {
             return;
         };
         let e = self.ct.entry(id);
-        let offloaded = e.is_offloaded(Dir::Original) || e.is_offloaded(Dir::Reply);
-        // With a rule set that filters established packets, only a
-        // connection in a flowtable (whose packets skip the filter chains)
-        // may go to the XDP program.
-        let eligible = (!self.filter_established || e.in_flowtable())
-            && matches!(
-                state,
-                ct::ProtoState::Tcp(ct::TcpState::Established) | ct::ProtoState::Udp(_)
-            );
-        if offloaded {
-            if !eligible {
-                if !offload_removals(Some(q), e, &self.adj) {
+        let (fe, adj, down) = (self.filter_established, &self.adj, &self.link_down);
+        match offload_plan(q, e, dir, iif, state, fe, adj, down) {
+            OffloadPlan::Nothing => {}
+            OffloadPlan::TakeBack => {
+                let ok = offload_removals(Some(q), e, adj);
+                self.ct.set_offloaded(id, [false, false]);
+                if !ok {
                     self.clear_offload_marks();
                 }
-                self.ct.set_offloaded(id, [false, false]);
             }
-            return;
-        }
-        if !eligible || !q.has_room(2) {
-            if eligible {
-                q.dropped += 1;
+            OffloadPlan::Install(out, back) => {
+                let info = *e.payload();
+                for (d, a) in [(dir, out), (dir.opposite(), back)] {
+                    let (ip_delta, l4_delta) = rewrite_deltas(&info, d);
+                    q.push_install(OffloadFlow {
+                        iif: offload_iif(e, adj, d),
+                        key: e.key(d),
+                        to: e.key(d.opposite()).reversed(),
+                        ip_delta,
+                        l4_delta,
+                        adj: a,
+                    });
+                }
+                self.ct.set_offloaded(id, [true, true]);
             }
-            return;
         }
-        let info = *e.payload();
-        let opp = dir.opposite();
-        let (Some(&out), Some(&back)) = (
-            self.adj.get(usize::from(info.adj[dir_index(dir)])),
-            self.adj.get(usize::from(info.adj[dir_index(opp)])),
-        ) else {
-            return;
-        };
-        // Symmetric routing: the reply of this packet arrives where this
-        // one leaves, and this one arrived where the reply leaves.
-        if !out.resolved || !back.resolved || back.oif != iif {
-            return;
-        }
-        let down = |o: IfIndex| self.link_down.get(usize::from(o)).copied().unwrap_or(false);
-        if down(out.oif) || down(back.oif) {
-            return;
-        }
-        for (d, a) in [(dir, out), (opp, back)] {
-            let (ip_delta, l4_delta) = rewrite_deltas(&info, d);
-            q.push_install(OffloadFlow {
-                iif: offload_iif(e, &self.adj, d),
-                key: e.key(d),
-                to: e.key(d.opposite()).reversed(),
-                ip_delta,
-                l4_delta,
-                adj: a,
-            });
-        }
-        self.ct.set_offloaded(id, [true, true]);
     }
 
     /// The route type of `a` as `fib daddr type` gives it (the kernel's
@@ -3209,9 +3182,98 @@ impl Walk {
 #[inline]
 /// The interface packets of direction `dir` of `e` arrive on: the one its
 /// opposite direction leaves by (offload requires symmetric routing).
-fn offload_iif(e: &ct::Entry<FlowKey4, FlowInfo>, adj: &[Adjacency], dir: Dir) -> IfIndex {
-    let a = e.payload().adj[dir_index(dir.opposite())];
+fn offload_iif<K: OffloadKey>(e: &ct::Entry<K, K::Info>, adj: &[Adjacency], dir: Dir) -> IfIndex {
+    let a = K::adjacency(e.payload(), dir.opposite());
     adj.get(usize::from(a)).map_or(0, |a| a.oif)
+}
+
+/// What the offload needs of the keys and per-connection data of a
+/// connection table, IPv4's and IPv6's, so that one code path decides
+/// offloads, names them and takes them back for both.
+pub(crate) trait OffloadKey: ct::Key {
+    /// The table's per-connection data.
+    type Info: Copy + Default;
+    /// The adjacency packets of direction `dir` leave through.
+    fn adjacency(info: &Self::Info, dir: Dir) -> AdjIndex;
+    /// The request taking back the direction of tuple `key` arriving on
+    /// `iif`.
+    fn remove(iif: IfIndex, key: Self) -> OffloadOp;
+}
+
+impl OffloadKey for FlowKey4 {
+    type Info = FlowInfo;
+    fn adjacency(info: &FlowInfo, dir: Dir) -> AdjIndex {
+        info.adj[dir_index(dir)]
+    }
+    fn remove(iif: IfIndex, key: Self) -> OffloadOp {
+        OffloadOp::Remove { iif, key }
+    }
+}
+
+/// What [`Worker::offload_after`] and its IPv6 twin do with a connection
+/// after a packet forwarded on its fast path ([`offload_plan`]).
+pub(crate) enum OffloadPlan {
+    /// Nothing (offloaded and staying so, or not eligible).
+    Nothing,
+    /// Take both directions back (a TCP connection left ESTABLISHED, or
+    /// the policy no longer lets it through up front).
+    TakeBack,
+    /// Offload both: the adjacencies of the packet's direction and of the
+    /// opposite one.
+    Install(Adjacency, Adjacency),
+}
+
+/// Whether connection `e`, after a packet of `dir` arriving on `iif` that
+/// its fast path forwarded with TCP/UDP state `state`, goes to the lower
+/// layer (see [`crate::offload`]): TCP ESTABLISHED or UDP, the policy
+/// accepting established packets up front or the connection in a
+/// flowtable (whose packets skip the filter chains), both adjacencies
+/// resolved, symmetric routing, both links up, room in the queue (an
+/// eligible connection without room is counted in `q.dropped`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn offload_plan<K: OffloadKey>(
+    q: &mut OffloadQueue,
+    e: &ct::Entry<K, K::Info>,
+    dir: Dir,
+    iif: IfIndex,
+    state: ct::ProtoState,
+    filter_established: bool,
+    adj: &[Adjacency],
+    link_down: &[bool],
+) -> OffloadPlan {
+    let offloaded = e.is_offloaded(Dir::Original) || e.is_offloaded(Dir::Reply);
+    let eligible = (!filter_established || e.in_flowtable())
+        && matches!(
+            state,
+            ct::ProtoState::Tcp(ct::TcpState::Established) | ct::ProtoState::Udp(_)
+        );
+    if offloaded {
+        return if eligible {
+            OffloadPlan::Nothing
+        } else {
+            OffloadPlan::TakeBack
+        };
+    }
+    if !eligible || !q.has_room(2) {
+        if eligible {
+            q.dropped += 1;
+        }
+        return OffloadPlan::Nothing;
+    }
+    let info = e.payload();
+    let (Some(&out), Some(&back)) = (
+        adj.get(usize::from(K::adjacency(info, dir))),
+        adj.get(usize::from(K::adjacency(info, dir.opposite()))),
+    ) else {
+        return OffloadPlan::Nothing;
+    };
+    // Symmetric routing: the reply of this packet arrives where this one
+    // leaves, and this one arrived where the reply leaves.
+    let down = |o: IfIndex| link_down.get(usize::from(o)).copied().unwrap_or(false);
+    if !out.resolved || !back.resolved || back.oif != iif || down(out.oif) || down(back.oif) {
+        return OffloadPlan::Nothing;
+    }
+    OffloadPlan::Install(out, back)
 }
 
 /// When the lower layer last forwarded a packet of one of `e`'s offloaded
@@ -3238,9 +3300,9 @@ fn last_use<K: ct::Key, P: Copy + Default>(
 
 /// Queue the removal of `e`'s offloaded directions. `false` when the queue
 /// overflowed into a `Clear` (the caller clears every entry's marks).
-fn offload_removals(
+fn offload_removals<K: OffloadKey>(
     q: Option<&mut OffloadQueue>,
-    e: &ct::Entry<FlowKey4, FlowInfo>,
+    e: &ct::Entry<K, K::Info>,
     adj: &[Adjacency],
 ) -> bool {
     let Some(q) = q else {
@@ -3249,10 +3311,7 @@ fn offload_removals(
     let mut ok = true;
     for dir in [Dir::Original, Dir::Reply] {
         if e.is_offloaded(dir) {
-            ok &= q.push_must(OffloadOp::Remove {
-                iif: offload_iif(e, adj, dir),
-                key: e.key(dir),
-            });
+            ok &= q.push_must(K::remove(offload_iif(e, adj, dir), e.key(dir)));
         }
     }
     ok

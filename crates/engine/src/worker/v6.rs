@@ -352,7 +352,7 @@ impl Worker {
             if new != old {
                 let e = self.v6.ct.entry(id);
                 if e.is_offloaded(Dir::Original) || e.is_offloaded(Dir::Reply) {
-                    if !offload_removals6(self.offload.as_mut(), e, &self.adj) {
+                    if !offload_removals(self.offload.as_mut(), e, &self.adj) {
                         self.clear_offload_marks();
                     }
                     self.v6.ct.set_offloaded(id, [false, false]);
@@ -435,7 +435,7 @@ impl Worker {
         [Dir::Original, Dir::Reply]
             .into_iter()
             .filter(move |d| e.is_offloaded(*d))
-            .map(move |d| (offload_iif6(&e, &self.adj, d), e.key(d)))
+            .map(move |d| (offload_iif(&e, &self.adj, d), e.key(d)))
     }
 
     /// The IPv6 connection table.
@@ -584,7 +584,7 @@ impl Worker {
             .v6
             .ct
             .insert(now, *key, key.reversed(), info, &mut |e| {
-                overflow |= !offload_removals6(q.as_mut(), e, adjs);
+                overflow |= !offload_removals(q.as_mut(), e, adjs);
                 if let Some(p) = counted {
                     p.conn_closed(&conn6(&e.orig()));
                 }
@@ -684,7 +684,7 @@ impl Worker {
             if self.counts_conns {
                 self.policy.conn_closed(&conn6(&e.orig()));
             }
-            if !offload_removals6(self.offload.as_mut(), &e, &self.adj) {
+            if !offload_removals(self.offload.as_mut(), &e, &self.adj) {
                 self.clear_offload_marks();
             }
         }
@@ -701,52 +701,27 @@ impl Worker {
             return;
         };
         let e = self.v6.ct.entry(id);
-        let offloaded = e.is_offloaded(Dir::Original) || e.is_offloaded(Dir::Reply);
-        let eligible = (!self.filter_established || e.in_flowtable())
-            && matches!(
-                state,
-                ct::ProtoState::Tcp(ct::TcpState::Established) | ct::ProtoState::Udp(_)
-            );
-        if offloaded {
-            if !eligible {
-                let ok = offload_removals6(Some(q), e, &self.adj);
+        let (fe, adj, down) = (self.filter_established, &self.adj, &self.link_down);
+        match super::offload_plan(q, e, dir, iif, state, fe, adj, down) {
+            super::OffloadPlan::Nothing => {}
+            super::OffloadPlan::TakeBack => {
+                let ok = offload_removals(Some(q), e, adj);
                 self.v6.ct.set_offloaded(id, [false, false]);
                 if !ok {
                     self.clear_offload_marks();
                 }
             }
-            return;
-        }
-        if !eligible || !q.has_room(2) {
-            if eligible {
-                q.dropped += 1;
+            super::OffloadPlan::Install(out, back) => {
+                for (d, a) in [(dir, out), (dir.opposite(), back)] {
+                    q.push_install6(OffloadFlow6 {
+                        iif: offload_iif(e, adj, d),
+                        key: e.key(d),
+                        adj: a,
+                    });
+                }
+                self.v6.ct.set_offloaded(id, [true, true]);
             }
-            return;
         }
-        let info = *e.payload();
-        let opp = dir.opposite();
-        let (Some(&out), Some(&back)) = (
-            self.adj.get(usize::from(info.adjacency(dir))),
-            self.adj.get(usize::from(info.adjacency(opp))),
-        ) else {
-            return;
-        };
-        // Symmetric routing, as for IPv4.
-        if !out.resolved || !back.resolved || back.oif != iif {
-            return;
-        }
-        let down = |o: IfIndex| self.link_down.get(usize::from(o)).copied().unwrap_or(false);
-        if down(out.oif) || down(back.oif) {
-            return;
-        }
-        for (d, a) in [(dir, out), (opp, back)] {
-            q.push_install6(OffloadFlow6 {
-                iif: offload_iif6(e, &self.adj, d),
-                key: e.key(d),
-                adj: a,
-            });
-        }
-        self.v6.ct.set_offloaded(id, [true, true]);
     }
 
     /// A packet of a known connection. `None`: the entry was removed (a
@@ -1411,37 +1386,14 @@ pub(super) fn policy_packet6(
 /// Why a packet not for the gateway may not be forwarded: a multicast
 /// destination, an unspecified, loopback or multicast source, or a
 /// link-local address (RFC 4291 §2.5.6).
-/// The interface packets of direction `dir` of `e` arrive on: the one its
-/// opposite direction leaves by (offload requires symmetric routing).
-pub(super) fn offload_iif6(
-    e: &ct::Entry<FlowKey6, FlowInfo6>,
-    adj: &[Adjacency],
-    dir: Dir,
-) -> IfIndex {
-    let a = e.payload().adjacency(dir.opposite());
-    adj.get(usize::from(a)).map_or(0, |a| a.oif)
-}
-
-/// Queue the removal of `e`'s offloaded directions. `false` when the queue
-/// overflowed into a `Clear` (the caller clears every entry's marks).
-pub(super) fn offload_removals6(
-    q: Option<&mut OffloadQueue>,
-    e: &ct::Entry<FlowKey6, FlowInfo6>,
-    adj: &[Adjacency],
-) -> bool {
-    let Some(q) = q else {
-        return true;
-    };
-    let mut ok = true;
-    for dir in [Dir::Original, Dir::Reply] {
-        if e.is_offloaded(dir) {
-            ok &= q.push_must(OffloadOp::Remove6 {
-                iif: offload_iif6(e, adj, dir),
-                key: e.key(dir),
-            });
-        }
+impl super::OffloadKey for FlowKey6 {
+    type Info = FlowInfo6;
+    fn adjacency(info: &FlowInfo6, dir: Dir) -> AdjIndex {
+        info.adjacency(dir)
     }
-    ok
+    fn remove(iif: IfIndex, key: Self) -> OffloadOp {
+        OffloadOp::Remove6 { iif, key }
+    }
 }
 
 pub(super) fn unforwardable6(key: &FlowKey6) -> Option<DropReason> {
