@@ -257,11 +257,16 @@ fn data_words(a: &OffloadAction) -> [u64; 4] {
     b[at(D_DMAC)..at(D_DMAC) + 6].copy_from_slice(&a.dst_mac);
     b[at(D_SMAC)..at(D_SMAC) + 6].copy_from_slice(&a.src_mac);
     b[at(D_OIF)..at(D_OIF) + 4].copy_from_slice(&a.oif.to_ne_bytes());
-    let mut w = [0u64; 4];
-    for (i, x) in w.iter_mut().enumerate() {
-        let mut c = [0u8; 8];
-        c.copy_from_slice(&b[i * 8..i * 8 + 8]);
-        *x = u64::from_ne_bytes(c);
+    native_words(&b)
+}
+
+/// `b` as native-order words, 8 bytes each (how the program loads them).
+fn native_words<const B: usize, const W: usize>(b: &[u8; B]) -> [u64; W] {
+    let mut w = [0u64; W];
+    for (x, c) in w.iter_mut().zip(b.chunks_exact(8)) {
+        let mut v = [0u8; 8];
+        v.copy_from_slice(c);
+        *x = u64::from_ne_bytes(v);
     }
     w
 }
@@ -274,13 +279,7 @@ fn data_words6(a: &OffloadAction6) -> [u64; 2] {
     b[at(D6_DMAC)..at(D6_DMAC) + 6].copy_from_slice(&a.dst_mac);
     b[at(D6_SMAC)..at(D6_SMAC) + 6].copy_from_slice(&a.src_mac);
     b[at(D6_OIF)..at(D6_OIF) + 4].copy_from_slice(&a.oif.to_ne_bytes());
-    let mut w = [0u64; 2];
-    for (i, x) in w.iter_mut().enumerate() {
-        let mut c = [0u8; 8];
-        c.copy_from_slice(&b[i * 8..i * 8 + 8]);
-        *x = u64::from_ne_bytes(c);
-    }
-    w
+    native_words(&b)
 }
 
 /// Where a table's slots keep the key, the counter and the rewrite.
