@@ -43,6 +43,51 @@ fn bench_forward(tag: &str, args: &[&str]) -> (serde_json::Value, String, String
     (v, stdout, stderr)
 }
 
+/// The offload DUT forwarded the measurement in its XDP program: the
+/// gateway's counters (in the progress output) show its engine saw about
+/// the two warm-up passes' packets, not the measurement's.
+fn assert_offloaded(results: &[serde_json::Value], stderr: &str) {
+    let off = results
+        .iter()
+        .find(|r| r["dut"].as_str() == Some("sluice-xdp-offload"))
+        .expect("offload result");
+    let received = off["received"].as_u64().expect("received");
+    let fast = stderr
+        .lines()
+        .skip_while(|l| !l.contains("sluice-xdp-offload with"))
+        .find_map(|l| l.split("fast_path=").nth(1))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no fast_path counter for the offload DUT:\n{stderr}"));
+    assert!(
+        fast < received / 2,
+        "{fast} packets on the engine's fast path of {received} received: not offloaded\n{stderr}"
+    );
+}
+
+/// A `--latency` run reported its pings, and every point got at least 190
+/// of its 200 answers; its results.
+fn assert_pinged<'a>(
+    v: &'a serde_json::Value,
+    stdout: &str,
+    stderr: &str,
+) -> &'a Vec<serde_json::Value> {
+    assert!(
+        stdout.contains("idle round trip through the DUT"),
+        "{stdout}"
+    );
+    let results = v["results"].as_array().expect("results array");
+    for r in results {
+        let l = &r["latency"];
+        assert_eq!(l["sent"].as_u64(), Some(200), "{r}");
+        assert!(
+            l["received"].as_u64().expect("received") >= 190,
+            "{r}\n{stderr}"
+        );
+    }
+    results
+}
+
 #[test]
 #[ignore = "needs root + netns; run by .ci/run with --ignored"]
 fn bench_forward_measures_every_dut_and_writes_json() {
@@ -196,25 +241,7 @@ fn bench_forward_xdp_sender_reaches_every_dut() {
             "{r}"
         );
     }
-    // The offload DUT forwarded the measurement in its XDP program: the
-    // gateway's counters (in the progress output) show its engine saw
-    // about the two warm-up passes' packets, not the measurement's.
-    let off = results
-        .iter()
-        .find(|r| r["dut"].as_str() == Some("sluice-xdp-offload"))
-        .expect("offload result");
-    let received = off["received"].as_u64().expect("received");
-    let fast = stderr
-        .lines()
-        .skip_while(|l| !l.contains("sluice-xdp-offload with"))
-        .find_map(|l| l.split("fast_path=").nth(1))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or_else(|| panic!("no fast_path counter for the offload DUT:\n{stderr}"));
-    assert!(
-        fast < received / 2,
-        "{fast} packets on the engine's fast path of {received} received: not offloaded\n{stderr}"
-    );
+    assert_offloaded(results, &stderr);
 }
 
 /// `--ipv6`: every DUT forwards the IPv6 frames (84 bytes) through its
@@ -251,22 +278,7 @@ fn bench_forward_ipv6_reaches_every_dut_and_the_offload_takes_it() {
         let received = r["received"].as_u64().expect("received");
         assert!(received >= 5_000, "{r}\n{stderr}");
     }
-    let off = results
-        .iter()
-        .find(|r| r["dut"].as_str() == Some("sluice-xdp-offload"))
-        .expect("offload result");
-    let received = off["received"].as_u64().expect("received");
-    let fast = stderr
-        .lines()
-        .skip_while(|l| !l.contains("sluice-xdp-offload with"))
-        .find_map(|l| l.split("fast_path=").nth(1))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or_else(|| panic!("no fast_path counter for the offload DUT:\n{stderr}"));
-    assert!(
-        fast < received / 2,
-        "{fast} IPv6 packets on the engine's fast path of {received} received: not offloaded\n{stderr}"
-    );
+    assert_offloaded(results, &stderr);
     // `--latency`: ping -6 through every DUT, with seed 001's chain in
     // front (established echoes are filtered per packet by their ICMPv6
     // type: every reply was dropped before that was fixed).
@@ -285,20 +297,8 @@ fn bench_forward_ipv6_reaches_every_dut_and_the_offload_takes_it() {
             "0.3",
         ],
     );
-    assert!(
-        stdout.contains("idle round trip through the DUT"),
-        "{stdout}"
-    );
-    let results = v["results"].as_array().expect("results array");
+    let results = assert_pinged(&v, &stdout, &stderr);
     assert_eq!(results.len(), 6, "{v}");
-    for r in results {
-        let l = &r["latency"];
-        assert_eq!(l["sent"].as_u64(), Some(200), "{r}");
-        assert!(
-            l["received"].as_u64().expect("received") >= 190,
-            "{r}\n{stderr}"
-        );
-    }
 }
 
 /// `--receiver stack`: the method of the figures before the XDP sink (the
@@ -463,19 +463,10 @@ fn bench_forward_latency_pings_through_every_dut() {
             "v2",
         ],
     );
-    assert!(
-        stdout.contains("idle round trip through the DUT"),
-        "{stdout}"
-    );
-    let results = v["results"].as_array().expect("results array");
+    let results = assert_pinged(&v, &stdout, &stderr);
     assert_eq!(results.len(), 8, "{v}");
     for r in results {
         let l = &r["latency"];
-        assert_eq!(l["sent"].as_u64(), Some(200), "{r}");
-        assert!(
-            l["received"].as_u64().expect("received") >= 190,
-            "{r}\n{stderr}"
-        );
         let (min, med, max) = (
             l["min_us"].as_f64().expect("min"),
             l["median_us"].as_f64().expect("median"),
