@@ -88,21 +88,6 @@ fn tcp(iif: IfIndex, k: &FlowKey4, flags: u8) -> (IfIndex, Vec<u8>) {
     (iif, b)
 }
 
-/// Processes one frame; returns its action and the frame as it left.
-fn send(w: &mut Worker, now: u64, f: &(IfIndex, Vec<u8>)) -> (Action, Vec<u8>) {
-    let mut t = TestFrames::default();
-    t.push(f.0, |b| {
-        b[..f.1.len()].copy_from_slice(&f.1);
-        f.1.len()
-    });
-    w.process(now, &mut t);
-    (t.acts[0], t.frame(0).to_vec())
-}
-
-fn ops(w: &mut Worker) -> Vec<OffloadOp> {
-    w.offload_ops().expect("offload on").drain().collect()
-}
-
 fn installs(ops: &[OffloadOp]) -> Vec<OffloadFlow> {
     ops.iter()
         .filter_map(|o| match o {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 mod common;
 
-use common::TestFrames;
+use common::{ops, send};
 use sluice_engine::offload::{OffloadFlow6, OffloadOp, OffloadProbe};
 use sluice_engine::{
     Action, Decision, EngineConfig, Hook, IfIndex, Interface, Policy, PolicyPacket, Route6, Worker,
@@ -120,20 +120,6 @@ fn frame(iif: IfIndex, k: &FlowKey6, flags: u8) -> (IfIndex, Vec<u8>) {
     };
     b.truncate(n);
     (iif, b)
-}
-
-fn send(w: &mut Worker, now: u64, f: &(IfIndex, Vec<u8>)) -> (Action, Vec<u8>) {
-    let mut t = TestFrames::default();
-    t.push(f.0, |b| {
-        b[..f.1.len()].copy_from_slice(&f.1);
-        f.1.len()
-    });
-    w.process(now, &mut t);
-    (t.acts[0], t.frame(0).to_vec())
-}
-
-fn ops(w: &mut Worker) -> Vec<OffloadOp> {
-    w.offload_ops().expect("offload on").drain().collect()
 }
 
 fn installs(ops: &[OffloadOp]) -> Vec<OffloadFlow6> {

@@ -2,7 +2,8 @@
 // Each test binary uses part of it.
 #![allow(dead_code)]
 
-use sluice_engine::{Action, Frames, IfIndex};
+use sluice_engine::offload::OffloadOp;
+use sluice_engine::{Action, Frames, IfIndex, Worker};
 
 /// A minimal batch: owned 2 KiB buffers (room for the ICMP errors the
 /// engine writes in place), their lengths, ingress interfaces and actions.
@@ -193,4 +194,21 @@ pub fn ipv4_fragments(
             f
         })
         .collect()
+}
+
+/// Processes one frame (`(ingress, bytes)`); returns its action and the
+/// frame as it left.
+pub fn send(w: &mut Worker, now: u64, f: &(IfIndex, Vec<u8>)) -> (Action, Vec<u8>) {
+    let mut t = TestFrames::default();
+    t.push(f.0, |b| {
+        b[..f.1.len()].copy_from_slice(&f.1);
+        f.1.len()
+    });
+    w.process(now, &mut t);
+    (t.acts[0], t.frame(0).to_vec())
+}
+
+/// The offload requests the worker queued, drained.
+pub fn ops(w: &mut Worker) -> Vec<OffloadOp> {
+    w.offload_ops().expect("offload on").drain().collect()
 }
