@@ -331,24 +331,8 @@ fn ctl_status_metrics_and_http_metrics_on_a_mem_gateway() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let ctl = |w: &[&str]| -> Output {
-        sluice()
-            .arg("ctl")
-            .arg("--socket")
-            .arg(&sock)
-            .args(w)
-            .output()
-            .unwrap()
-    };
-    let start = std::time::Instant::now();
-    while !ctl(&["status"]).status.success() {
-        assert!(
-            start.elapsed().as_secs() < 10,
-            "gateway did not start: {:?}",
-            child.try_wait()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    let ctl = |w: &[&str]| ctl_at(&sock, w);
+    wait_started(&mut child, &sock);
     // The control socket is its owner's only (`control_socket_mode`'s
     // default), whatever the umask.
     {
@@ -412,12 +396,6 @@ fn ctl_status_metrics_and_http_metrics_on_a_mem_gateway() {
     // `snat to` address adds a pool; a reload that would move the blocks of
     // a kept address (a new port range) is refused with its reason and
     // keeps the running rule set; an address that left cannot come back.
-    let json = |o: &Output| -> serde_json::Value {
-        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| {
-            serde_json::json!({"stdout": String::from_utf8_lossy(&o.stdout),
-                               "stderr": String::from_utf8_lossy(&o.stderr)})
-        })
-    };
     let snat9 = [
         "nft",
         "add",
@@ -607,6 +585,38 @@ fn ctl_status_metrics_and_http_metrics_on_a_mem_gateway() {
     }
 }
 
+/// `sluice ctl --socket SOCK WORDS...`.
+fn ctl_at(sock: &std::path::Path, words: &[&str]) -> Output {
+    sluice()
+        .arg("ctl")
+        .arg("--socket")
+        .arg(sock)
+        .args(words)
+        .output()
+        .unwrap()
+}
+
+/// Waits up to 10 s for the gateway `child` to answer `status` on `sock`.
+fn wait_started(child: &mut std::process::Child, sock: &std::path::Path) {
+    let start = std::time::Instant::now();
+    while !ctl_at(sock, &["status"]).status.success() {
+        assert!(
+            start.elapsed().as_secs() < 10,
+            "gateway did not start: {:?}",
+            child.try_wait()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// An answer's JSON, or its output as text when it is not JSON.
+fn json(o: &Output) -> serde_json::Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|_| {
+        serde_json::json!({"stdout": String::from_utf8_lossy(&o.stdout),
+                           "stderr": String::from_utf8_lossy(&o.stderr)})
+    })
+}
+
 /// Whether a reload's (or `reload check`'s) answer lists `what` among
 /// what it `applied`.
 fn applied(answer: &serde_json::Value, what: &str) -> bool {
@@ -779,25 +789,7 @@ fn control_socket_group_members_may_not_name_files() {
             .output()
             .expect("run setpriv")
     };
-    let start = std::time::Instant::now();
-    while !sock.exists()
-        || !sluice()
-            .arg("ctl")
-            .arg("--socket")
-            .arg(&sock)
-            .arg("status")
-            .output()
-            .unwrap()
-            .status
-            .success()
-    {
-        assert!(
-            start.elapsed().as_secs() < 10,
-            "gateway did not start: {:?}",
-            child.try_wait()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    wait_started(&mut child, &sock);
     {
         use std::os::unix::fs::MetadataExt;
         let m = std::fs::metadata(&sock).unwrap();
@@ -870,30 +862,8 @@ fn a_reload_moves_sets_and_removes_the_metrics_listener() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let ctl = |w: &[&str]| -> Output {
-        sluice()
-            .arg("ctl")
-            .arg("--socket")
-            .arg(&sock)
-            .args(w)
-            .output()
-            .unwrap()
-    };
-    let json = |o: &Output| -> serde_json::Value {
-        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| {
-            serde_json::json!({"stdout": String::from_utf8_lossy(&o.stdout),
-                               "stderr": String::from_utf8_lossy(&o.stderr)})
-        })
-    };
-    let start = std::time::Instant::now();
-    while !ctl(&["status"]).status.success() {
-        assert!(
-            start.elapsed().as_secs() < 10,
-            "gateway did not start: {:?}",
-            child.try_wait()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    let ctl = |w: &[&str]| ctl_at(&sock, w);
+    wait_started(&mut child, &sock);
     // Whether port `p` serves the metrics.
     let serves = |p: u16| -> bool {
         let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", p)) else {
