@@ -24,8 +24,10 @@
 //!   equal); removal takes both out of the index.
 //! * Probing is bounded: a lookup reads at most 32 buckets (32 cache lines),
 //!   almost always 1. The hash is keyed with a caller-supplied random seed.
-//! * No stop-the-world work: the index is allocated once for `max` and never
-//!   rehashed; GC is incremental with a budget; flush is a memset.
+//! * No stop-the-world work: the index is allocated once for the table's
+//!   capacity (`max`, unless built larger so that `max` can be raised while
+//!   running, [`Table::set_max`]) and never rehashed; GC is incremental
+//!   with a budget; flush is a memset.
 //! * When the table or a probe window is full, only unassured (or expired)
 //!   entries are dropped early; assured ones are never evicted.
 //! * No per-entry timers: expiry is a 32-bit ms tick in the entry, checked by
@@ -37,12 +39,14 @@
 //! | part  | bytes | why |
 //! |-------|-------|-----|
 //! | entry | 40 + payload | 2 x 12 B packed keys (no protocol, no padding), expiry, mark, packets, state, flags, one protocol byte |
-//! | index | 33.2  | two 8 B slots per connection in 64 B buckets of 7 slots, 55 % full at `max` |
+//! | index | 33.2  | two 8 B slots per connection in 64 B buckets of 7 slots, 55 % full at capacity |
 //! | total | 81.2 with the engine's 8 B payload or a `u64` (48 B entry) | netfilter: 385 B + 8 B per bucket |
 //!
-//! The index is allocated for `max` up front (calloc, so pages are backed as
-//! they are first written, advised for huge pages); the slab is reserved for
-//! `max` and filled as connections arrive. 40 M connections take 3.25 GB
+//! The index is allocated for the capacity up front (calloc, so pages are
+//! backed as they are first written, advised for huge pages); the slab is
+//! reserved for the capacity and filled as connections arrive. (The figures
+//! per connection are for a table built for its `max`; one built with room
+//! to grow pays the index's 33.2 B for every connection of capacity.) 40 M connections take 3.25 GB
 //! (3.0 GiB) with the engine's payload. With IPv6 keys an entry is 88 B
 //! plus the payload.
 //!

@@ -23,11 +23,21 @@ pub const MAX_CONNECTIONS: u32 = (1 << 31) - 1;
 const NONE: u32 = u32::MAX;
 
 /// Table configuration. There is no hash size to tune: the index is derived
-/// from `max`.
+/// from `capacity`.
 #[derive(Clone, Copy, Debug)]
 pub struct Config {
-    /// Maximum number of connections (netfilter `nf_conntrack_max`).
+    /// Maximum number of connections (netfilter `nf_conntrack_max`). May
+    /// be changed later with [`Table::set_max`], up to `capacity`.
     pub max: u32,
+    /// Connections the table is built for: the index is sized so that it
+    /// is at most 55 % full with `capacity` connections, and the slab is
+    /// reserved for that many. [`Config::new`] sets it to `max`; a larger
+    /// value costs the index's memory (about 33 bytes per connection of
+    /// `capacity`) and lets [`Table::set_max`] raise `max` while running
+    /// without ever loading the index beyond its design load (netfilter's
+    /// `nf_conntrack_max` raised over a fixed `nf_conntrack_buckets` makes
+    /// its chains longer instead).
+    pub capacity: u32,
     /// Random hash seed, chosen by the caller (core crates never read
     /// randomness). Keys the hash against collision attacks.
     pub seed: u64,
@@ -63,6 +73,7 @@ impl Config {
     pub fn new(max: u32, seed: u64) -> Self {
         Self {
             max,
+            capacity: max,
             seed,
             timeouts: Timeouts::default(),
             tcp_loose: true,
@@ -78,9 +89,17 @@ pub enum ConfigError {
     /// `max` is zero.
     #[error("conntrack max must be at least 1")]
     ZeroMax,
-    /// `max` exceeds [`MAX_CONNECTIONS`].
+    /// `max` or `capacity` exceeds [`MAX_CONNECTIONS`].
     #[error("conntrack max exceeds {MAX_CONNECTIONS}")]
     TooLarge,
+    /// `max` exceeds the capacity the table was built for.
+    #[error("conntrack max {max} exceeds the table's capacity {capacity}")]
+    AboveCapacity {
+        /// The `max` asked for.
+        max: u32,
+        /// The table's capacity.
+        capacity: u32,
+    },
 }
 
 /// Why an insert failed.
@@ -129,6 +148,7 @@ pub struct Table<K: Key, P> {
     free_head: u32,
     len: u32,
     max: u32,
+    capacity: u32,
     seed: [u64; 2],
     timeouts: TimeoutTable,
     tcp_loose: bool,
@@ -147,6 +167,7 @@ impl<K: Key, P> fmt::Debug for Table<K, P> {
         f.debug_struct("Table")
             .field("len", &self.len)
             .field("max", &self.max)
+            .field("capacity", &self.capacity)
             .finish()
     }
 }
@@ -279,20 +300,26 @@ fn splitmix(x: u64) -> u64 {
 }
 
 impl<K: Key, P: Copy + Default> Table<K, P> {
-    /// Build a table for `cfg.max` connections. The entry slab is reserved
-    /// (not touched, unless [`Config::prefault`]) and the index allocated
-    /// zeroed, both advised for huge pages; see
-    /// [`memory_bytes`](Self::memory_bytes).
+    /// Build a table for `cfg.capacity` connections, tracking at most
+    /// `cfg.max`. The entry slab is reserved (not touched, unless
+    /// [`Config::prefault`]) and the index allocated zeroed, both advised
+    /// for huge pages; see [`memory_bytes`](Self::memory_bytes).
     pub fn new(cfg: Config) -> Result<Self, ConfigError> {
         if cfg.max == 0 {
             return Err(ConfigError::ZeroMax);
         }
-        if cfg.max > MAX_CONNECTIONS {
+        if cfg.max > MAX_CONNECTIONS || cfg.capacity > MAX_CONNECTIONS {
             return Err(ConfigError::TooLarge);
         }
-        let mut entries = Vec::with_capacity(cfg.max as usize);
+        if cfg.max > cfg.capacity {
+            return Err(ConfigError::AboveCapacity {
+                max: cfg.max,
+                capacity: cfg.capacity,
+            });
+        }
+        let mut entries = Vec::with_capacity(cfg.capacity as usize);
         advise_huge_pages(entries.spare_capacity_mut());
-        let mut index = Index::new(cfg.max);
+        let mut index = Index::new(cfg.capacity);
         if cfg.prefault {
             populate(entries.spare_capacity_mut());
         }
@@ -305,6 +332,7 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
             free_head: NONE,
             len: 0,
             max: cfg.max,
+            capacity: cfg.capacity,
             seed: [
                 splitmix(cfg.seed),
                 splitmix(cfg.seed ^ 0x5851_f42d_4c95_7f2d),
@@ -351,21 +379,50 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         self.max as usize
     }
 
-    /// Bytes allocated for the slab and the index when the table is at `max`
-    /// (the index is allocated up front; the slab is reserved up front).
-    pub fn memory_bytes(&self) -> usize {
-        Self::memory_bytes_for(self.max)
+    /// The connections the table was built for: the largest `max`
+    /// [`set_max`](Self::set_max) takes.
+    #[inline]
+    pub fn capacity(&self) -> usize {
+        self.capacity as usize
     }
 
-    /// [`memory_bytes`](Self::memory_bytes) for a table of `max` connections.
-    pub fn memory_bytes_for(max: u32) -> usize {
-        max as usize * core::mem::size_of::<Entry<K, P>>() + Index::bytes_for(max)
+    /// Change the maximum while running (netfilter's `nf_conntrack_max`
+    /// written at run time), between 1 and [`capacity`](Self::capacity);
+    /// O(1). A maximum below the connections tracked removes none of them:
+    /// while the table holds `max` or more, a new connection takes the
+    /// place of an unassured one of its probe window (early drop) or is
+    /// refused, as when the table is full.
+    pub fn set_max(&mut self, max: u32) -> Result<(), ConfigError> {
+        if max == 0 {
+            return Err(ConfigError::ZeroMax);
+        }
+        if max > self.capacity {
+            return Err(ConfigError::AboveCapacity {
+                max,
+                capacity: self.capacity,
+            });
+        }
+        self.max = max;
+        Ok(())
+    }
+
+    /// Bytes allocated for the slab and the index when the table is full
+    /// to its capacity (the index is allocated up front; the slab is
+    /// reserved up front).
+    pub fn memory_bytes(&self) -> usize {
+        Self::memory_bytes_for(self.capacity)
+    }
+
+    /// [`memory_bytes`](Self::memory_bytes) for a table built for
+    /// `capacity` connections.
+    pub fn memory_bytes_for(capacity: u32) -> usize {
+        capacity as usize * core::mem::size_of::<Entry<K, P>>() + Index::bytes_for(capacity)
     }
 
     /// The index's part of [`memory_bytes_for`](Self::memory_bytes_for):
     /// what [`Config::prefault_index`] backs at [`Table::new`].
-    pub fn index_bytes_for(max: u32) -> usize {
-        Index::bytes_for(max)
+    pub fn index_bytes_for(capacity: u32) -> usize {
+        Index::bytes_for(capacity)
     }
 
     // ---- fast path -------------------------------------------------------
@@ -563,7 +620,7 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
     /// in its protocol's initial state with that state's timeout; run the
     /// first packet through [`track`](Self::track).
     ///
-    /// When the table is full (`len == max`) or a key's probe window has no
+    /// When the table is full (`len >= max`) or a key's probe window has no
     /// free slot, an entry from the probe windows is dropped early: an
     /// expired one if any, otherwise the unassured one closest to expiry
     /// (netfilter's `early_drop`). It is reported to `on_evict` (so NAT can
@@ -659,7 +716,9 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
             return Err(InsertError::Exists);
         }
         self.stamp = self.stamp.wrapping_add(1);
-        if self.len == self.max && !self.early_drop(now, &[h1, h2], NONE, on_evict) {
+        // `>=`: a `max` lowered below the live count keeps the table from
+        // growing (each new connection takes an evicted one's place).
+        if self.len >= self.max && !self.early_drop(now, &[h1, h2], NONE, on_evict) {
             return Err(InsertError::Full);
         }
         let state = ProtoState::initial(orig.proto());
@@ -865,8 +924,9 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
             *slot = e;
             idx
         } else {
-            // len <= max and every slot below entries.len() is live or free,
-            // so the reserved capacity is never exceeded (no reallocation).
+            // len <= capacity (an insert at len >= max evicts first) and
+            // every slot below entries.len() is live or free, so the
+            // reserved capacity is never exceeded (no reallocation).
             self.entries.push(e);
             (self.entries.len() - 1) as u32
         }

@@ -601,6 +601,112 @@ fn full_table_keeps_established_connections_working() {
     assert_eq!(t.early_drops(), evicted as u64);
 }
 
+/// Insert the TCP connections of `range` into `t`, each established (or
+/// only a SYN seen, when `!assured`), pushing them to `ids`; how many were
+/// refused as `Full`.
+fn fill(
+    t: &mut T4,
+    ids: &mut Vec<(EntryId, FlowKey4)>,
+    range: core::ops::Range<u32>,
+    assured: bool,
+    evicted: &mut usize,
+) -> usize {
+    let now = secs(1);
+    let mut full = 0;
+    for i in range {
+        let k = key(proto::TCP, i);
+        match t.insert(now, k, nat_reply(&k), 0, &mut |_| *evicted += 1) {
+            Ok(id) => {
+                if assured {
+                    establish(t, id, now);
+                } else {
+                    t.track(id, Dir::Original, now, tcp(S));
+                }
+                ids.push((id, k));
+            }
+            Err(InsertError::Full) => full += 1,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    full
+}
+
+#[test]
+fn max_changes_within_capacity_while_running() {
+    let mut cfg = Config::new(1000, 0xdead_beef_cafe_f00d);
+    cfg.capacity = 4000;
+    let mut t = T4::new(cfg).unwrap();
+    assert_eq!((t.max(), t.capacity()), (1000, 4000));
+    // Built for its capacity: the same memory as a table of 4000.
+    assert_eq!(t.memory_bytes(), T4::memory_bytes_for(4000));
+    let (mut ids, mut ev) = (Vec::new(), 0);
+    // Full at 1000 assured connections: the 1001st is refused.
+    assert_eq!(fill(&mut t, &mut ids, 0..1001, true, &mut ev), 1);
+    assert_eq!(t.len(), 1000);
+    // Raised to the capacity: 3000 more fit, then the table is full again.
+    t.set_max(4000).unwrap();
+    assert_eq!(fill(&mut t, &mut ids, 2000..5001, true, &mut ev), 1);
+    assert_eq!(t.len(), 4000);
+    // Above the capacity, or zero: refused, nothing changes.
+    assert_eq!(
+        t.set_max(4001),
+        Err(ConfigError::AboveCapacity {
+            max: 4001,
+            capacity: 4000
+        })
+    );
+    assert_eq!(t.set_max(0), Err(ConfigError::ZeroMax));
+    assert_eq!(t.max(), 4000);
+    // Lowered below the live count: nothing is removed, every connection
+    // still answers, and no new one gets in while the table holds max or
+    // more (all assured: refused).
+    t.set_max(500).unwrap();
+    assert_eq!(fill(&mut t, &mut ids, 9000..9010, true, &mut ev), 10);
+    assert_eq!((t.len(), ev), (4000, 0));
+    for (id, k) in &ids {
+        assert_eq!(find(&t, k), Some((*id, Dir::Original)));
+    }
+    // Connections that end make room only once the count is below max.
+    for (id, _) in ids.iter().take(3501) {
+        assert!(t.remove(*id).is_some());
+    }
+    assert_eq!(t.len(), 499);
+    assert_eq!(fill(&mut t, &mut ids, 9100..9102, true, &mut ev), 1);
+    assert_eq!(t.len(), 500);
+}
+
+#[test]
+fn lowered_max_early_drops_unassured_connections() {
+    let mut cfg = Config::new(4000, 7);
+    cfg.capacity = 4000;
+    let mut t = T4::new(cfg).unwrap();
+    let (mut ids, mut ev) = (Vec::new(), 0);
+    assert_eq!(fill(&mut t, &mut ids, 0..2000, false, &mut ev), 0);
+    t.set_max(1000).unwrap();
+    // 2000 live, max 1000: each new connection takes an unassured one's
+    // place (or is refused); the count never grows.
+    let full = fill(&mut t, &mut ids, 5000..6000, false, &mut ev);
+    assert!(ev > 900, "{ev} evicted, {full} refused");
+    assert_eq!(ev + full, 1000);
+    assert_eq!(t.len(), 2000);
+    assert_eq!(t.early_drops(), ev as u64);
+}
+
+#[test]
+fn capacity_below_max_is_refused() {
+    let mut cfg = Config::new(1000, 1);
+    cfg.capacity = 999;
+    assert_eq!(
+        T4::new(cfg).err(),
+        Some(ConfigError::AboveCapacity {
+            max: 1000,
+            capacity: 999
+        })
+    );
+    cfg.capacity = MAX_CONNECTIONS + 1;
+    assert_eq!(T4::new(cfg).err(), Some(ConfigError::TooLarge));
+}
+
 #[test]
 fn full_probe_window_early_drops_then_reports_full() {
     let mut t = table(1000);
@@ -677,6 +783,7 @@ enum Op {
     Remove(u8),
     Lookup(u8),
     Gc(u8),
+    SetMax(u8),
 }
 
 fn small_key(i: u8) -> FlowKey4 {
@@ -695,16 +802,22 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<u8>().prop_map(Op::Remove),
         2 => any::<u8>().prop_map(Op::Lookup),
         1 => any::<u8>().prop_map(Op::Gc),
+        1 => any::<u8>().prop_map(Op::SetMax),
     ]
 }
 
 proptest! {
     /// Insert / lookup / remove against a `HashMap` model. Small tables and a
     /// degenerate hash exercise early drop and the probe bound; evictions are
-    /// applied to the model through `on_evict`.
+    /// applied to the model through `on_evict`. The maximum changes now
+    /// and then, within a capacity of up to twice the first one: an insert
+    /// never grows a table at or above its maximum.
     #[test]
-    fn matches_hashmap_model(max in 1u32..40, degenerate in any::<bool>(), ops in prop::collection::vec(op(), 1..200)) {
-        let mut t = table(max);
+    fn matches_hashmap_model(max in 1u32..40, extra in 0u32..40, degenerate in any::<bool>(), ops in prop::collection::vec(op(), 1..200)) {
+        let mut cfg = Config::new(max, 0xdead_beef_cafe_f00d);
+        cfg.capacity = max + extra.min(max);
+        let cap = cfg.capacity;
+        let mut t = T4::new(cfg).unwrap();
         t.degenerate = degenerate;
         // key -> (payload, dir)
         let mut model: HashMap<FlowKey4, (u64, Dir)> = HashMap::new();
@@ -716,7 +829,11 @@ proptest! {
                     let (o, r) = (small_key(a), small_key(b));
                     next += 1;
                     let mut evicted = Vec::new();
+                    let (before, at_max) = (t.len(), t.len() >= t.max());
                     let res = t.insert(now, o, r, next, &mut |e| evicted.push((e.orig(), e.reply())));
+                    if at_max {
+                        prop_assert!(t.len() <= before);
+                    }
                     for (eo, er) in evicted {
                         prop_assert!(model.remove(&eo).is_some());
                         if eo != er { prop_assert!(model.remove(&er).is_some()); }
@@ -752,8 +869,14 @@ proptest! {
                     // Nothing has expired at `now`.
                     prop_assert_eq!(t.gc(now, usize::from(b), &mut |_| {}), 0);
                 }
+                Op::SetMax(b) => {
+                    prop_assert!(t.set_max(cap + 1).is_err());
+                    let m = 1 + u32::from(b) % cap;
+                    prop_assert!(t.set_max(m).is_ok());
+                    prop_assert_eq!(t.max(), m as usize);
+                }
             }
-            prop_assert!(t.len() <= max as usize);
+            prop_assert!(t.len() <= cap as usize);
             prop_assert_eq!(t.index_occupied(), model.len());
             let distinct: std::collections::HashSet<u64> = model.values().map(|v| v.0).collect();
             prop_assert_eq!(t.len(), distinct.len());

@@ -246,6 +246,8 @@ struct RawNat {
 struct RawConntrack {
     max: Option<Spanned<i64>>,
     max_v6: Option<Spanned<i64>>,
+    capacity: Option<Spanned<i64>>,
+    capacity_v6: Option<Spanned<i64>>,
     prefault: Option<bool>,
     #[serde(default)]
     timeouts: RawTimeouts,
@@ -445,10 +447,21 @@ pub struct Config {
     pub masquerade: Vec<usize>,
     /// The NAT log (`nat.log`), if any.
     pub nat_log: Option<NatLogConfig>,
-    /// Conntrack maximum (whole gateway; split between workers).
+    /// Conntrack maximum (whole gateway; split between workers). A reload
+    /// may change it up to [`Config::ct_capacity`].
     pub ct_max: u64,
+    /// Connections the IPv4 tables are built for (`conntrack.capacity`,
+    /// default `ct_max`): their indexes are sized and backed at start for
+    /// this many; the largest `ct_max` a reload applies.
+    pub ct_capacity: u64,
     /// IPv6 conntrack maximum (whole gateway; split between workers).
     pub ct6_max: u64,
+    /// [`Config::ct_capacity`] for IPv6 (`conntrack.capacity_v6`).
+    pub ct6_capacity: u64,
+    /// Whether `conntrack.capacity` and `capacity_v6` were set (unset, a
+    /// reload keeps the running tables' capacities and applies any
+    /// maximum up to them).
+    pub ct_capacity_set: [bool; 2],
     /// Conntrack timeouts.
     pub timeouts: sluice_conntrack::Timeouts,
     /// Back the IPv4 conntrack tables with memory for `ct_max` connections
@@ -1123,40 +1136,29 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
     }
 
     // Conntrack.
-    let ct_max = match &raw.conntrack.max {
-        None => 1 << 20,
-        Some(m) => match u64::try_from(*m.get_ref()) {
-            Ok(n) if n >= 1 && n <= u64::from(sluice_conntrack::MAX_CONNECTIONS) => n,
-            _ => {
-                return Err(src.err(
-                    m,
-                    "conntrack.max",
-                    format!(
-                        "{} is not between 1 and {}",
-                        m.get_ref(),
-                        sluice_conntrack::MAX_CONNECTIONS
-                    ),
-                ))
-            }
-        },
+    let ct_max = ct_count(&src, &raw.conntrack.max, "conntrack.max")?.unwrap_or(1 << 20);
+    let ct6_max = ct_count(&src, &raw.conntrack.max_v6, "conntrack.max_v6")?.unwrap_or(1 << 16);
+    let capacity = |v: &Option<Spanned<i64>>, path: &str, key: &str, max: u64| match (
+        ct_count(&src, v, path)?,
+        v,
+    ) {
+        (Some(c), Some(sp)) if c < max => Err(src.err(
+            sp,
+            path,
+            format!(
+                "{c} is below conntrack.{key} ({max}); the capacity is the largest \
+                     {key} a reload can set, at least {key} itself"
+            ),
+        )),
+        (c, _) => Ok(c.unwrap_or(max)),
     };
-    let ct6_max = match &raw.conntrack.max_v6 {
-        None => 1 << 16,
-        Some(m) => match u64::try_from(*m.get_ref()) {
-            Ok(n) if n >= 1 && n <= u64::from(sluice_conntrack::MAX_CONNECTIONS) => n,
-            _ => {
-                return Err(src.err(
-                    m,
-                    "conntrack.max_v6",
-                    format!(
-                        "{} is not between 1 and {}",
-                        m.get_ref(),
-                        sluice_conntrack::MAX_CONNECTIONS
-                    ),
-                ))
-            }
-        },
-    };
+    let ct_capacity = capacity(&raw.conntrack.capacity, "conntrack.capacity", "max", ct_max)?;
+    let ct6_capacity = capacity(
+        &raw.conntrack.capacity_v6,
+        "conntrack.capacity_v6",
+        "max_v6",
+        ct6_max,
+    )?;
     let timeouts = timeouts(&src, &raw.conntrack.timeouts)?;
     let xdp_offload = match &raw.xdp_offload {
         Some(o) if *o.get_ref() => {
@@ -1198,10 +1200,40 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         masquerade,
         nat_log,
         ct_max,
+        ct_capacity,
         ct_prefault: raw.conntrack.prefault.unwrap_or(false),
         ct6_max,
+        ct6_capacity,
+        ct_capacity_set: [
+            raw.conntrack.capacity.is_some(),
+            raw.conntrack.capacity_v6.is_some(),
+        ],
         timeouts,
     })
+}
+
+/// A connection count of `[conntrack]` (`path`), if set: between 1 and
+/// the largest table.
+fn ct_count(
+    src: &Src<'_>,
+    v: &Option<Spanned<i64>>,
+    path: &str,
+) -> Result<Option<u64>, ConfigError> {
+    let Some(m) = v else {
+        return Ok(None);
+    };
+    match u64::try_from(*m.get_ref()) {
+        Ok(n) if n >= 1 && n <= u64::from(sluice_conntrack::MAX_CONNECTIONS) => Ok(Some(n)),
+        _ => Err(src.err(
+            m,
+            path,
+            format!(
+                "{} is not between 1 and {}",
+                m.get_ref(),
+                sluice_conntrack::MAX_CONNECTIONS
+            ),
+        )),
+    }
 }
 
 fn timeouts(src: &Src<'_>, t: &RawTimeouts) -> Result<sluice_conntrack::Timeouts, ConfigError> {
@@ -1488,6 +1520,8 @@ timeouts = { udp = 60, tcp_established = 3600 }
             sluice_nat::FilteringBehaviour::AddressDependent
         );
         assert_eq!(c.ct_max, 65536);
+        // Unset, the capacities are the maximums.
+        assert_eq!((c.ct_capacity, c.ct6_capacity), (65536, c.ct6_max));
         assert!(c.ct_prefault);
         assert_eq!(c.timeouts.udp, Duration::from_secs(60));
         assert_eq!(c.control_socket, PathBuf::from(DEFAULT_SOCKET));
@@ -1733,6 +1767,7 @@ mac = "02:aa:bb:cc:dd:09"
 
 [conntrack]
 max_v6 = 4096
+capacity_v6 = 8192
 "#;
 
     #[test]
@@ -1779,7 +1814,7 @@ max_v6 = 4096
                 )
             ]
         );
-        assert_eq!(c.ct6_max, 4096);
+        assert_eq!((c.ct6_max, c.ct6_capacity), (4096, 8192));
     }
 
     #[test]
@@ -1829,6 +1864,18 @@ max_v6 = 4096
             (
                 "[conntrack]\nmax_v6 = 0\n",
                 "sluice.toml:6:10: conntrack.max_v6: 0 is not between 1",
+            ),
+            (
+                "[conntrack]\nmax = 5000\ncapacity = 4000\n",
+                "sluice.toml:7:12: conntrack.capacity: 4000 is below conntrack.max (5000)",
+            ),
+            (
+                "[conntrack]\ncapacity_v6 = 100\n",
+                "sluice.toml:6:15: conntrack.capacity_v6: 100 is below conntrack.max_v6 (65536)",
+            ),
+            (
+                "[conntrack]\ncapacity = -1\n",
+                "sluice.toml:6:12: conntrack.capacity: -1 is not between 1",
             ),
         ];
         for (extra, want) in cases {

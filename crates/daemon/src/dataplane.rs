@@ -196,6 +196,9 @@ pub enum Command {
     ForgetStatic(Box<ForgetStatic>),
     /// Replace the conntrack timeouts (a reload).
     SetTimeouts(Box<sluice_conntrack::Timeouts>, Sender<()>),
+    /// Change the worker's conntrack maximums, IPv4 and IPv6 (a reload;
+    /// `Worker::set_ct_max`).
+    SetCtMax(u64, u64, Sender<Result<(), String>>),
 }
 
 /// Static neighbours taken out of the configuration
@@ -332,6 +335,10 @@ pub struct WorkerStatus {
     /// Live connections (IPv4 and IPv6) evicted early to make room for new
     /// ones since the worker started (netfilter's `early_drop`).
     pub ct_early_drops: u64,
+    /// The IPv4 and IPv6 tables' maximums (a reload may change them).
+    pub ct_max: [usize; 2],
+    /// The connections the IPv4 and IPv6 tables were built for.
+    pub ct_capacity: [usize; 2],
     /// Ports: (interface, backend description, stats).
     pub ports: Vec<PortStatus>,
     /// Neighbours known.
@@ -1163,6 +1170,14 @@ impl WorkerThread {
                         connections6: self.engine.conntrack6().len(),
                         ct_early_drops: self.engine.conntrack().early_drops()
                             + self.engine.conntrack6().early_drops(),
+                        ct_max: [
+                            self.engine.conntrack().max(),
+                            self.engine.conntrack6().max(),
+                        ],
+                        ct_capacity: [
+                            self.engine.conntrack().capacity(),
+                            self.engine.conntrack6().capacity(),
+                        ],
                         ports,
                         neighbors: self
                             .resolver
@@ -1273,6 +1288,10 @@ impl WorkerThread {
                         }
                         self.send_arp(s);
                     }
+                    let _ = done.send(res);
+                }
+                Command::SetCtMax(v4, v6, done) => {
+                    let res = self.engine.set_ct_max(v4, v6).map_err(|e| e.to_string());
                     let _ = done.send(res);
                 }
                 Command::SetNat(n, done) => {

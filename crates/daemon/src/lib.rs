@@ -304,6 +304,12 @@ fn summary_extras(cfg: &Config) -> Vec<String> {
         "connection tables {} MiB at start",
         conntrack_start_bytes(cfg).div_ceil(1 << 20)
     ));
+    if cfg.ct_capacity > cfg.ct_max || cfg.ct6_capacity > cfg.ct6_max {
+        v.push(format!(
+            "conntrack capacity {} / {} IPv6 (a reload may raise max up to it)",
+            cfg.ct_capacity, cfg.ct6_capacity
+        ));
+    }
     if cfg.xdp_offload {
         v.push(format!(
             "XDP offload tables {} MiB at start",
@@ -328,10 +334,11 @@ fn bind_metrics(
 }
 
 /// Directions the XDP offload's IPv4 and IPv6 tables are sized for: two
-/// per connection of `conntrack.max` and `max_v6`.
+/// per connection of `conntrack.capacity` and `capacity_v6` (the
+/// maximums, unless set larger).
 fn offload_directions(cfg: &Config) -> (u32, u32) {
     let d = |max: u64| u32::try_from(max.saturating_mul(2)).unwrap_or(u32::MAX);
-    (d(cfg.ct_max), d(cfg.ct6_max))
+    (d(cfg.ct_capacity), d(cfg.ct6_capacity))
 }
 
 /// Bytes the XDP offload's tables take from start (`xdp_offload`; 0 when
@@ -379,7 +386,9 @@ fn conntrack_engine_config(cfg: &Config) -> EngineConfig {
     let w = u64::from(cfg.workers.max(1));
     EngineConfig {
         ct_max: cfg.ct_max.div_ceil(w),
+        ct_capacity: cfg.ct_capacity.div_ceil(w),
         ct6_max: cfg.ct6_max.div_ceil(w),
+        ct6_capacity: cfg.ct6_capacity.div_ceil(w),
         ct_prefault: cfg.ct_prefault,
         ct_prefault_index: true,
         timeouts: cfg.timeouts,
@@ -400,12 +409,20 @@ fn conntrack_start_bytes(cfg: &Config) -> u64 {
 fn conntrack_refusal(cfg: &Config, need: u64, avail: Option<u64>) -> Option<String> {
     let avail = avail?;
     (need > avail).then(|| {
+        let count = |max: u64, cap: u64| {
+            if cap > max {
+                format!("{max} (capacity {cap})")
+            } else {
+                max.to_string()
+            }
+        };
+        let roomy = cfg.ct_capacity > cfg.ct_max || cfg.ct6_capacity > cfg.ct6_max;
         format!(
             "conntrack.max = {}, conntrack.max_v6 = {}: the connection tables need {} MiB of \
              memory at start ({}{}), but only {} MiB is available (MemAvailable in \
-             /proc/meminfo); lower conntrack.max{}",
-            cfg.ct_max,
-            cfg.ct6_max,
+             /proc/meminfo); lower conntrack.{}{}",
+            count(cfg.ct_max, cfg.ct_capacity),
+            count(cfg.ct6_max, cfg.ct6_capacity),
             need.div_ceil(1 << 20),
             if cfg.ct_prefault {
                 "prefault = true backs the entries too"
@@ -418,6 +435,7 @@ fn conntrack_refusal(cfg: &Config, need: u64, avail: Option<u64>) -> Option<Stri
                 ""
             },
             avail >> 20,
+            if roomy { "capacity" } else { "max" },
             if cfg.ct_prefault {
                 " or set prefault = false"
             } else {
@@ -648,6 +666,12 @@ struct ReloadPlan {
     socket_mode: bool,
     /// `metrics_listen` changed (set, moved or taken out).
     metrics: bool,
+    /// `conntrack.max` or `max_v6` changed, within the running tables'
+    /// capacities.
+    ct_max: bool,
+    /// Why the conntrack maximums or capacities cannot change without a
+    /// restart, if they cannot.
+    ct_refused: Option<String>,
     /// What changed and needs a restart.
     needs_restart: Vec<&'static str>,
 }
@@ -718,10 +742,11 @@ impl ReloadPlan {
         if old.heap_reserve_mib != cfg.heap_reserve_mib {
             needs_restart.push("heap_reserve_mib");
         }
-        if old.ct_max != cfg.ct_max
-            || old.ct6_max != cfg.ct6_max
-            || old.ct_prefault != cfg.ct_prefault
-        {
+        // The tables' capacities are built at start; a maximum up to them
+        // is applied live (a capacity left unset keeps the running one).
+        let ct = ct_reload(old, cfg);
+        let ct_max = ct.is_ok() && (old.ct_max != cfg.ct_max || old.ct6_max != cfg.ct6_max);
+        if ct.is_err() || old.ct_prefault != cfg.ct_prefault {
             needs_restart.push("conntrack");
         }
         let timeouts_changed = old.timeouts != cfg.timeouts;
@@ -736,6 +761,8 @@ impl ReloadPlan {
                 && (old.control_socket_mode != cfg.control_socket_mode
                     || (old.control_socket_group != cfg.control_socket_group && !group_unset)),
             metrics: old.metrics_listen != cfg.metrics_listen,
+            ct_max,
+            ct_refused: ct.err(),
             needs_restart,
         }
     }
@@ -751,6 +778,9 @@ impl ReloadPlan {
         }
         if self.timeouts_changed {
             a.push("conntrack timeouts");
+        }
+        if self.ct_max {
+            a.push("conntrack max");
         }
         if self.nat_live {
             a.push("nat settings");
@@ -772,6 +802,43 @@ impl ReloadPlan {
         }
         a
     }
+}
+
+/// Whether the running tables (built for `old`) take `cfg`'s conntrack
+/// maximums: each at most its table's capacity, and a capacity set in
+/// `cfg` the running one. Err: why not (a restart is needed).
+fn ct_reload(old: &Config, cfg: &Config) -> Result<(), String> {
+    let fams = [
+        (
+            "max",
+            "capacity",
+            old.ct_capacity,
+            cfg.ct_max,
+            cfg.ct_capacity,
+        ),
+        (
+            "max_v6",
+            "capacity_v6",
+            old.ct6_capacity,
+            cfg.ct6_max,
+            cfg.ct6_capacity,
+        ),
+    ];
+    for ((max_key, cap_key, cap, max, new_cap), set) in fams.into_iter().zip(cfg.ct_capacity_set) {
+        if set && new_cap != cap {
+            return Err(format!(
+                "conntrack.{cap_key} = {new_cap}: the running tables were built for {cap} \
+                 connections; a new capacity takes a restart"
+            ));
+        }
+        if max > cap {
+            return Err(format!(
+                "conntrack.{max_key} = {max} is above the running tables' capacity ({cap}); \
+                 set conntrack.{cap_key} at start to raise {max_key} by a reload"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Control-plane state shared by the signal loop and the control socket.
@@ -1480,9 +1547,13 @@ impl Control {
         if lp.compiled.is_some() && lp.pools != st.pools {
             applied.push("nat pools");
         }
-        Ok(json!({"ok": true, "ruleset": lp.source, "rules": lp.rules,
-                  "applied": applied,
-                  "needs_restart": plan.needs_restart}))
+        let mut answer = json!({"ok": true, "ruleset": lp.source, "rules": lp.rules,
+                               "applied": applied,
+                               "needs_restart": plan.needs_restart});
+        if let Some(why) = plan.ct_refused {
+            answer["why"] = json!({"conntrack": why});
+        }
+        Ok(answer)
     }
 
     fn reload_inner(&self) -> Result<Value, CtlFailure> {
@@ -1505,6 +1576,8 @@ impl Control {
             nat_log,
             socket_mode,
             metrics,
+            ct_max,
+            ct_refused,
             needs_restart,
         } = plan;
         // The new NAT log destination is opened before anything changes:
@@ -1580,6 +1653,27 @@ impl Control {
             self.ask(|tx| Command::SetTimeouts(Box::new(t), tx))?;
             st.config.timeouts = cfg.timeouts;
             tracing::info!("reload: conntrack timeouts replaced");
+        }
+        if ct_max {
+            // Within every worker's capacities (`ct_reload`), so no worker
+            // refuses (one that did would change nothing, and all would
+            // refuse alike).
+            let w = u64::from(st.config.workers.max(1));
+            let (v4, v6) = (cfg.ct_max.div_ceil(w), cfg.ct6_max.div_ceil(w));
+            let answers = self.ask(|tx| Command::SetCtMax(v4, v6, tx))?;
+            if let Some(Err(e)) = answers.into_iter().find(Result::is_err) {
+                return Err(CtlFailure {
+                    kind: "config",
+                    message: format!("conntrack: {e}"),
+                });
+            }
+            st.config.ct_max = cfg.ct_max;
+            st.config.ct6_max = cfg.ct6_max;
+            tracing::info!(
+                max = cfg.ct_max,
+                max_v6 = cfg.ct6_max,
+                "reload: conntrack maximums replaced"
+            );
         }
         if readdr {
             // The addresses with the static routes (the connected ones
@@ -1684,14 +1778,20 @@ impl Control {
                 needs_restart.join(", ")
             );
         }
+        if let Some(why) = &ct_refused {
+            tracing::warn!("reload: {why}");
+        }
         let ruleset = cfg.ruleset.clone();
         st.config.ruleset = ruleset;
         st.config.neighbors = cfg.neighbors;
         st.config.neighbors6 = cfg.neighbors6;
-        Ok(
-            json!({"ok": true, "generation": st.generation, "ruleset": st.source,
-                  "rules": st.rules, "applied": applied, "needs_restart": needs_restart}),
-        )
+        let mut answer = json!({"ok": true, "generation": st.generation, "ruleset": st.source,
+                               "rules": st.rules, "applied": applied,
+                               "needs_restart": needs_restart});
+        if let Some(why) = ct_refused {
+            answer["why"] = json!({"conntrack": why});
+        }
+        Ok(answer)
     }
 
     /// A reload that changed only interfaces' `mac` / `mtu`: the workers
@@ -2168,6 +2268,8 @@ fn worker_json(w: &WorkerStatus) -> Value {
            "neighbors": w.neighbors, "arp_pending": w.arp_pending,
            "neighbors6": w.neighbors6, "ndp_pending": w.ndp_pending,
            "connections6": w.connections6, "ct_early_drops": w.ct_early_drops,
+           "ct_max": w.ct_max[0], "ct_max6": w.ct_max[1],
+           "ct_capacity": w.ct_capacity[0], "ct_capacity6": w.ct_capacity[1],
            "arp_dropped": w.arp_dropped, "tx_dropped": w.tx_dropped,
            "handoff_dropped": w.handoff_dropped, "offload": w.offload,
            "scheduler": w.scheduler, "nat_mappings": w.nat.mappings,
@@ -2922,6 +3024,17 @@ mod tests {
         assert!(full > 70_000_000, "{full}");
         let m = conntrack_refusal(&cfg, full, Some(1 << 20)).expect("refused");
         assert!(m.ends_with("or set prefault = false"), "{m}");
+        // A capacity above the maximum is what the tables are built for.
+        let text = "backend = \"mem\"\n[conntrack]\nmax = 1000000\ncapacity = 4000000\n[[interfaces]]\nname = \"t0\"\n";
+        let cfg = config::parse(&dir.join("sluice.toml"), text).expect("config");
+        let roomy = conntrack_start_bytes(&cfg);
+        assert!(roomy > 4 * 30_000_000 && roomy < 4 * 36_000_000, "{roomy}");
+        let m = conntrack_refusal(&cfg, roomy, Some(1 << 20)).expect("refused");
+        assert!(
+            m.starts_with("conntrack.max = 1000000 (capacity 4000000), conntrack.max_v6 = 65536:")
+                && m.ends_with("lower conntrack.capacity"),
+            "{m}"
+        );
     }
 
     /// With `xdp_offload` the offload's tables count too: reported by

@@ -259,6 +259,27 @@ pub fn render(ws: &[WorkerStatus], info: &Info) -> String {
             fam.sample(&[("worker", id), ("family", "ipv6")], w.connections6 as u64);
         }
     }
+    type PerFamily = fn(&WorkerStatus) -> [usize; 2];
+    let limits: [(&str, &str, PerFamily); 2] = [
+        (
+            "sluice_conntrack_max",
+            "Connections a table takes (conntrack.max, split between the workers).",
+            |w| w.ct_max,
+        ),
+        (
+            "sluice_conntrack_capacity",
+            "Connections a table was built for (the largest max a reload can set).",
+            |w| w.ct_capacity,
+        ),
+    ];
+    for (name, help, get) in limits {
+        let mut fam = family(&mut o, name, "gauge", help);
+        for (w, id) in ws.iter().zip(&workers) {
+            let [v4, v6] = get(w);
+            fam.sample(&[("worker", id), ("family", "ipv4")], v4 as u64);
+            fam.sample(&[("worker", id), ("family", "ipv6")], v6 as u64);
+        }
+    }
     per_worker(
         &mut o,
         "sluice_conntrack_early_drops_total",
@@ -621,6 +642,8 @@ mod tests {
             connections: 3,
             connections6: 1,
             ct_early_drops: 0,
+            ct_max: [1000, 100],
+            ct_capacity: [4000, 100],
             ports: vec![],
             neighbors: vec![],
             arp_pending: (0, 0),
@@ -667,6 +690,8 @@ mod tests {
             "# TYPE sluice_rx_frames_total counter\nsluice_rx_frames_total{worker=\"0\"} 10\n",
             "sluice_drops_total{worker=\"0\",reason=\"policy-drop\"} 1\n",
             "sluice_conntrack_entries{worker=\"0\",family=\"ipv6\"} 1\n",
+            "sluice_conntrack_max{worker=\"0\",family=\"ipv4\"} 1000\n",
+            "sluice_conntrack_capacity{worker=\"0\",family=\"ipv4\"} 4000\n",
             "sluice_nat_mappings{worker=\"0\"} 2\n",
             "sluice_nat_pool_free_ports{worker=\"0\",address=\"198.51.100.7\",protocol=\"udp\"} 64511\n",
             "sluice_nat_log_lines_total 9\n",

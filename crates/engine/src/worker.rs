@@ -111,8 +111,14 @@ pub struct EngineConfig {
     pub worker: u16,
     /// Number of workers.
     pub workers: u16,
-    /// Maximum connections this worker tracks.
+    /// Maximum connections this worker tracks (changed while running by
+    /// [`Worker::set_ct_max`], up to the capacity).
     pub ct_max: u64,
+    /// Connections the IPv4 table is built for (its index is sized and
+    /// backed for this many; see `sluice_conntrack::Config::capacity`):
+    /// the largest `ct_max` [`Worker::set_ct_max`] takes. 0 (the default):
+    /// `ct_max`.
+    pub ct_capacity: u64,
     /// Back the IPv4 conntrack table with memory for `ct_max` connections
     /// when the worker is built, so no packet ever waits for a page fault
     /// (see `sluice_conntrack::Config::prefault`). Off by default.
@@ -151,6 +157,8 @@ pub struct EngineConfig {
     /// Maximum IPv6 connections this worker tracks (a table of its own,
     /// preallocated like the IPv4 one).
     pub ct6_max: u64,
+    /// [`Self::ct_capacity`] for the IPv6 table (0: `ct6_max`).
+    pub ct6_capacity: u64,
     /// Interfaces whose frames are steered to workers by their source port
     /// (the inside role, `sluice_io::steer::SteerKey::Source`): a connection
     /// DNATed toward one of them belongs to `owner_of` its translated
@@ -163,7 +171,8 @@ pub struct EngineConfig {
     pub offload_queue: usize,
 }
 
-/// From this many connections (`ct_max`) on, pass 1 of the pipeline
+/// From this many connections of capacity (the table's size: `ct_capacity`,
+/// or `ct_max` when that is 0) on, pass 1 of the pipeline
 /// prefetches a group's index buckets in a tight loop of their own after
 /// dissecting the group; below it, one prefetch per frame as each is
 /// dissected.
@@ -225,6 +234,7 @@ impl Default for EngineConfig {
             workers: 1,
             steered_by_source: Vec::new(),
             ct_max: 1 << 20,
+            ct_capacity: 0,
             ct_prefault: false,
             ct_prefault_index: false,
             wall_offset_ms: 0,
@@ -237,6 +247,7 @@ impl Default for EngineConfig {
             routes6: Vec::new(),
             neighbors6: Vec::new(),
             ct6_max: 1 << 16,
+            ct6_capacity: 0,
             offload_queue: 0,
         }
     }
@@ -250,7 +261,7 @@ impl EngineConfig {
     /// available before it starts).
     pub fn ct_backed_at_start(&self) -> u64 {
         let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
-        let (v4, v6) = (clamp(self.ct_max), clamp(self.ct6_max.max(1)));
+        let (v4, v6) = (clamp(self.ct_capacity()), clamp(self.ct6_capacity().max(1)));
         let mut b = 0u64;
         if self.ct_prefault {
             b += Table::<FlowKey4, FlowInfo>::memory_bytes_for(v4) as u64;
@@ -261,6 +272,25 @@ impl EngineConfig {
             b += Table::<sluice_wire::flow::FlowKey6, FlowInfo6>::index_bytes_for(v6) as u64;
         }
         b
+    }
+
+    /// Connections the IPv4 table is built for: [`Self::ct_capacity`], or
+    /// [`Self::ct_max`] when that is 0.
+    pub fn ct_capacity(&self) -> u64 {
+        if self.ct_capacity == 0 {
+            self.ct_max
+        } else {
+            self.ct_capacity
+        }
+    }
+
+    /// The same for the IPv6 table.
+    pub fn ct6_capacity(&self) -> u64 {
+        if self.ct6_capacity == 0 {
+            self.ct6_max
+        } else {
+            self.ct6_capacity
+        }
     }
 }
 
@@ -279,6 +309,15 @@ pub enum EngineError {
     /// `ct_max` is larger than the table supports.
     #[error("conntrack maximum {0} exceeds {max}", max = ct::MAX_CONNECTIONS)]
     CtMax(u64),
+    /// A maximum asked of [`Worker::set_ct_max`] is 0 or above its
+    /// table's capacity.
+    #[error("conntrack maximum {max} is not between 1 and the table's capacity {capacity}")]
+    CtAboveCapacity {
+        /// The maximum asked for.
+        max: u64,
+        /// The table's capacity.
+        capacity: u64,
+    },
     /// A route points at an interface that does not exist.
     #[error("route {net}/{len} uses interface index {oif}, but only {count} interfaces exist")]
     RouteInterface {
@@ -738,7 +777,9 @@ impl Worker {
             return Err(EngineError::TooMany("interfaces"));
         }
         let max = u32::try_from(cfg.ct_max).map_err(|_| EngineError::CtMax(cfg.ct_max))?;
+        let cap = cfg.ct_capacity();
         let mut ctc = ct::Config::new(max, cfg.seed);
+        ctc.capacity = u32::try_from(cap).map_err(|_| EngineError::CtMax(cap))?;
         ctc.timeouts = cfg.timeouts;
         ctc.prefault = cfg.ct_prefault;
         ctc.prefault_index = cfg.ct_prefault_index;
@@ -774,7 +815,7 @@ impl Worker {
             flow_hit: false,
             pkt_mark: 0,
             counts_conns,
-            batched_prefetch: cfg.ct_max >= BATCHED_PREFETCH_FROM,
+            batched_prefetch: cap >= BATCHED_PREFETCH_FROM,
             l2_macs: cfg.interfaces.iter().map(|i| mac48(&i.mac)).collect(),
             link_down: vec![false; cfg.interfaces.len()],
             any_link_down: false,
@@ -985,6 +1026,28 @@ impl Worker {
     pub fn set_timeouts(&mut self, t: &ct::Timeouts) {
         self.ct.set_timeouts(t);
         self.v6.ct.set_timeouts(t);
+    }
+
+    /// Change the maximum connections of the IPv4 and IPv6 tables while
+    /// running, as writing netfilter's `nf_conntrack_max` does: each
+    /// between 1 and its table's capacity ([`EngineConfig::ct_capacity`]),
+    /// both checked before either changes. Nothing is removed; a table
+    /// holding more than its new maximum takes no new connection until
+    /// connections end, except in place of one it drops early.
+    pub fn set_ct_max(&mut self, v4: u64, v6: u64) -> Result<(), EngineError> {
+        let fits = |m: u64, cap: usize| m >= 1 && m <= cap as u64;
+        for (m, cap) in [(v4, self.ct.capacity()), (v6, self.v6.ct.capacity())] {
+            if !fits(m, cap) {
+                return Err(EngineError::CtAboveCapacity {
+                    max: m,
+                    capacity: cap as u64,
+                });
+            }
+        }
+        // Both fit (checked above), so neither call can fail.
+        self.ct.set_max(v4 as u32)?;
+        self.v6.ct.set_max(v6 as u32)?;
+        Ok(())
     }
 
     /// Whether a walk after a route change is still under way.

@@ -128,6 +128,28 @@ fn check_shows_xdp_offload_and_refuses_it_without_af_xdp() {
     );
 }
 
+/// A conntrack capacity above the maximum shows in the summary, with the
+/// memory it backs; one below the maximum is refused with its line.
+#[test]
+fn check_shows_the_conntrack_capacity_and_refuses_one_below_max() {
+    let (line, text, err) = check_good_and_bad(
+        "ctcap",
+        "max = 1048576                        # whole gateway, split between workers",
+        "max = 1048576\ncapacity = 4194304",
+        "max = 1048576\ncapacity = 1000",
+    );
+    assert!(
+        text.contains("conntrack capacity 4194304 / 65536 IPv6 (a reload may raise max up to it)")
+            && text.contains("connection tables 136 MiB at start"),
+        "{text}"
+    );
+    assert!(
+        err.contains(&format!("1.toml:{}:", line + 1))
+            && err.contains("conntrack.capacity: 1000 is below conntrack.max (1048576)"),
+        "{err}"
+    );
+}
+
 /// `af_packet_rx = "v2"` shows in the summary; an unknown ring is refused
 /// with its line and the values allowed.
 #[test]
@@ -819,6 +841,79 @@ fn control_socket_group_members_may_not_name_files() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A gateway on in-memory ports (`backend = "mem"`, no root needed) with
+/// the example rule set, run from a directory of its own; `extra` is
+/// added to the top of its configuration, and [`MemGateway::write`]
+/// rewrites it for a reload.
+struct MemGateway {
+    dir: PathBuf,
+    sock: PathBuf,
+    child: std::process::Child,
+}
+
+impl MemGateway {
+    fn start(tag: &str, extra: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("sluice-cli-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(example().with_extension("nft"), dir.join("sluice.nft")).unwrap();
+        let sock = dir.join("ctl.sock");
+        let mut g = MemGateway {
+            child: Command::new("true").spawn().unwrap(),
+            dir,
+            sock,
+        };
+        let _ = g.child.wait();
+        g.write(extra);
+        g.child = sluice()
+            .args(["run", "-c"])
+            .arg(g.dir.join("gw.toml"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_started(&mut g.child, &g.sock);
+        g
+    }
+
+    /// Rewrite the configuration with `extra` (top-level keys first, then
+    /// any tables) ahead of the two interfaces.
+    fn write(&self, extra: &str) {
+        std::fs::write(
+            self.dir.join("gw.toml"),
+            format!(
+                "ruleset = \"sluice.nft\"\nbackend = \"mem\"\ncontrol_socket = \"{}\"\n{extra}\n\
+                 [[interfaces]]\nname = \"lan0\"\nrole = \"inside\"\naddresses = [\"10.0.0.1/24\"]\n\n\
+                 [[interfaces]]\nname = \"wan0\"\nrole = \"outside\"\naddresses = [\"203.0.113.1/24\"]\n",
+                self.sock.display()
+            ),
+        )
+        .unwrap();
+    }
+
+    fn ctl(&self, words: &[&str]) -> Output {
+        ctl_at(&self.sock, words)
+    }
+
+    /// SIGTERM; asserts a clean exit and returns the gateway's log.
+    fn stop(mut self) -> String {
+        use std::io::Read;
+        let st = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let code = self.child.wait().unwrap();
+        let mut err = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut err);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+        assert!(code.success(), "exit {code:?}: {err}");
+        err
+    }
+}
+
 /// `metrics_listen` on a running gateway: a reload moves the listener (the
 /// new address serves, the old one no longer answers), refuses an address
 /// it cannot listen on with the reason and changes nothing, and takes the
@@ -827,10 +922,6 @@ fn control_socket_group_members_may_not_name_files() {
 #[test]
 fn a_reload_moves_sets_and_removes_the_metrics_listener() {
     use std::io::{Read, Write};
-    let dir = std::env::temp_dir().join(format!("sluice-cli-metrics-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::copy(example().with_extension("nft"), dir.join("sluice.nft")).unwrap();
     let free = || {
         std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
@@ -838,32 +929,15 @@ fn a_reload_moves_sets_and_removes_the_metrics_listener() {
             .port()
     };
     let (a, b) = (free(), free());
-    let sock = dir.join("ctl.sock");
-    let write = |metrics: Option<u16>| {
-        let m = metrics.map_or(String::new(), |p| {
+    let m = |metrics: Option<u16>| {
+        metrics.map_or(String::new(), |p| {
             format!("metrics_listen = \"127.0.0.1:{p}\"\n")
-        });
-        std::fs::write(
-            dir.join("gw.toml"),
-            format!(
-                "ruleset = \"sluice.nft\"\nbackend = \"mem\"\ncontrol_socket = \"{}\"\n{m}\n\
-                 [[interfaces]]\nname = \"lan0\"\nrole = \"inside\"\naddresses = [\"10.0.0.1/24\"]\n\n\
-                 [[interfaces]]\nname = \"wan0\"\nrole = \"outside\"\naddresses = [\"203.0.113.1/24\"]\n",
-                sock.display()
-            ),
-        )
-        .unwrap();
+        })
     };
-    write(Some(a));
-    let mut child = sluice()
-        .args(["run", "-c"])
-        .arg(dir.join("gw.toml"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let ctl = |w: &[&str]| ctl_at(&sock, w);
-    wait_started(&mut child, &sock);
+    let gw = MemGateway::start("metrics", &m(Some(a)));
+    let write = |metrics: Option<u16>| gw.write(&m(metrics));
+    let ctl = |w: &[&str]| gw.ctl(w);
+    let sock = gw.sock.clone();
     // Whether port `p` serves the metrics.
     let serves = |p: u16| -> bool {
         let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", p)) else {
@@ -951,17 +1025,89 @@ fn a_reload_moves_sets_and_removes_the_metrics_listener() {
     assert_eq!(text(&["conntrack", "list", "proto", "tcp"]), "");
     assert_eq!(text(&["conntrack", "flush", "addr", "10.0.0.7"]), "0\n");
     assert!(text(&["status"]).starts_with("{\""));
-    let st = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let code = child.wait().unwrap();
-    let mut err = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.read_to_string(&mut err);
-    }
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(code.success(), "exit {code:?}: {err}");
+    let err = gw.stop();
     assert!(err.contains("metrics listener replaced"), "{err}");
+}
+
+/// `conntrack.max` and `max_v6` on a running gateway: a reload applies a
+/// new maximum up to the capacity the tables were built with
+/// (`conntrack.capacity`), split between the workers as at start, and
+/// shown by `status`; a maximum above it, or a new capacity, is left for a
+/// restart with the reason; a capacity below the maximum is a
+/// configuration error that changes nothing.
+#[test]
+fn a_reload_changes_the_conntrack_maximum_within_the_capacity() {
+    let ct = |max: &str| format!("workers = 2\n[conntrack]\n{max}\n");
+    let gw = MemGateway::start("ctmax", &ct("max = 1000\ncapacity = 4000"));
+    // Per worker: (ct_max, ct_capacity, ct_max6).
+    let limits = || -> Vec<(u64, u64, u64)> {
+        let st = json(&gw.ctl(&["status"]));
+        st["worker_status"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{st}"))
+            .iter()
+            .map(|w| {
+                (
+                    w["ct_max"].as_u64().unwrap(),
+                    w["ct_capacity"].as_u64().unwrap(),
+                    w["ct_max6"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(limits(), vec![(500, 2000, 32768); 2]);
+    // Raised within the capacity, IPv6's lowered: `reload check` says so
+    // and changes nothing, the reload applies it.
+    gw.write(&ct("max = 3000\ncapacity = 4000\nmax_v6 = 100"));
+    let c = json(&gw.ctl(&["reload", "check"]));
+    assert!(applied(&c, "conntrack max"), "{c}");
+    assert_eq!(c["needs_restart"], serde_json::json!([]), "{c}");
+    assert_eq!(limits(), vec![(500, 2000, 32768); 2]);
+    let r = json(&gw.ctl(&["reload"]));
+    assert!(applied(&r, "conntrack max"), "{r}");
+    assert_eq!(r["needs_restart"], serde_json::json!([]), "{r}");
+    assert_eq!(limits(), vec![(1500, 2000, 50); 2]);
+    // A capacity below the maximum: the file is refused, nothing changes.
+    gw.write(&ct("max = 5000\ncapacity = 4000"));
+    let gen = json(&gw.ctl(&["status"]))["generation"].clone();
+    let o = gw.ctl(&["reload"]);
+    assert!(!o.status.success());
+    let text = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    assert!(
+        text.contains("conntrack.capacity: 4000 is below conntrack.max (5000)"),
+        "{text}"
+    );
+    assert_eq!(json(&gw.ctl(&["status"]))["generation"], gen);
+    assert_eq!(limits(), vec![(1500, 2000, 50); 2]);
+    // Above the running capacity (the capacity left unset): the rest of
+    // the reload applies, the maximum waits for a restart, and says why.
+    gw.write(&ct("max = 5000"));
+    let r = json(&gw.ctl(&["reload"]));
+    assert_eq!(r["needs_restart"], serde_json::json!(["conntrack"]), "{r}");
+    assert!(!applied(&r, "conntrack max"), "{r}");
+    let why = r["why"]["conntrack"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("conntrack.max = 5000 is above the running tables' capacity (4000)"),
+        "{r}"
+    );
+    assert_eq!(limits(), vec![(1500, 2000, 50); 2]);
+    // Lowered, the capacity unset: the running capacity stays and the
+    // maximum applies.
+    gw.write(&ct("max = 200"));
+    let r = json(&gw.ctl(&["reload"]));
+    assert!(applied(&r, "conntrack max"), "{r}");
+    assert_eq!(limits(), vec![(100, 2000, 32768); 2]);
+    // A new capacity takes a restart.
+    gw.write(&ct("max = 200\ncapacity = 8000"));
+    let r = json(&gw.ctl(&["reload"]));
+    assert_eq!(r["needs_restart"], serde_json::json!(["conntrack"]), "{r}");
+    assert!(
+        r["why"]["conntrack"].as_str().is_some_and(
+            |w| w.contains("conntrack.capacity = 8000: the running tables were built for 4000")
+        ),
+        "{r}"
+    );
+    assert_eq!(limits(), vec![(100, 2000, 32768); 2]);
+    let err = gw.stop();
+    assert!(err.contains("reload: conntrack maximums replaced"), "{err}");
 }

@@ -157,7 +157,11 @@ pub(super) struct State {
 impl State {
     pub(super) fn new(cfg: &EngineConfig) -> Result<Self, EngineError> {
         let max = u32::try_from(cfg.ct6_max).map_err(|_| EngineError::CtMax(cfg.ct6_max))?;
+        let cap = cfg.ct6_capacity();
         let mut ctc = ct::Config::new(max.max(1), cfg.seed ^ 0x6666_6666_6666_6666);
+        ctc.capacity = u32::try_from(cap)
+            .map_err(|_| EngineError::CtMax(cap))?
+            .max(1);
         ctc.timeouts = cfg.timeouts;
         ctc.prefault_index = cfg.ct_prefault_index;
         let table = Table::new(ctc)?;
