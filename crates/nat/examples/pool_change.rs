@@ -5,9 +5,9 @@
 //!
 //! MAPPINGS UDP mappings (default 1 000 000; 16 per subscriber, from
 //! 100.64.0.0) on a pool of 64 addresses (ports 1024-65535), port blocks
-//! of BLOCK ports (default 0: none). Then five changes, each timed: an
-//! address added at the end of the pool (every mapping kept), a pool put
-//! ahead of it (renumbered), the pool's second half removed (half the
+//! of BLOCK ports (default 0: none). Then six changes, each timed: an
+//! address added at the end of the pool (every mapping kept), a second
+//! pool added after it, a pool put ahead of it (renumbered), the pool's second half removed (half the
 //! mappings retired), the addresses back in another pool list order (no
 //! port blocks only: with them an address that left cannot come back
 //! while running), and the first address removed (the pool's mappings
@@ -67,7 +67,7 @@ fn main() {
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         match r {
             Ok(c) => println!(
-                "{what}: {ms:.1} ms ({} kept, {} retired, {} retired alive)",
+                "{what}: {ms:.3} ms ({} kept, {} retired, {} retired alive)",
                 c.kept,
                 c.retired,
                 n.stats().retired
@@ -76,6 +76,7 @@ fn main() {
         }
     };
     step("one address added", vec![pool(0, 64)]);
+    step("a pool added after it", vec![pool(0, 64), pool(210, 211)]);
     step(
         "renumbered (a pool put ahead)",
         vec![pool(200, 200), pool(0, 64)],

@@ -314,20 +314,6 @@ impl IntMap {
         Some(removed)
     }
 
-    /// Give every pool-realm slot the realm `f` says, where it says one
-    /// (pools renumbered). In place: the realm is not part of the hash. The
-    /// caller keeps keys unique (`f` one-to-one on the realms it maps,
-    /// none of its results held by a slot it leaves alone).
-    pub(crate) fn remap_pools(&mut self, f: impl Fn(u32) -> Option<u32>) {
-        for s in &mut self.slots {
-            if s.kind == POOL {
-                if let Some(r) = f(s.realm) {
-                    s.realm = r;
-                }
-            }
-        }
-    }
-
     /// Forget everything (keeps the allocation).
     pub(crate) fn clear(&mut self) {
         self.slots.fill(Slot::default());

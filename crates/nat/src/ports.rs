@@ -79,6 +79,16 @@ impl PortSlice {
         }
     }
 
+    /// A slice without ports (a pool slot without a pool).
+    pub(crate) fn empty() -> Self {
+        Self {
+            ports: Vec::new(),
+            base: 0,
+            worker: 0,
+            workers: 1,
+        }
+    }
+
     /// Number of ports in the slice.
     #[inline]
     pub fn len(&self) -> u32 {

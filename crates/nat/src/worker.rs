@@ -474,8 +474,15 @@ pub struct WorkerNat<S = NoopSink> {
     hairpinning: bool,
     max_sessions: u32,
     seed: u64,
+    /// The pools' states by *slot*: a pool keeps its slot while a change
+    /// keeps it ([`Self::set_pools`]), so that its mappings (whose realm
+    /// and space name the slot) need no renumbering when other pools come
+    /// or go; a slot whose pool left holds a placeholder without
+    /// addresses until a new pool takes it.
     pools: Vec<PoolState>,
-    /// External pool address -> (pool, address index).
+    /// The configuration's pool `j` is in slot `slot_of[j]`.
+    slot_of: Vec<u16>,
+    /// External pool address -> (slot, address index).
     pool_addr: HashMap<u32, (u16, usize)>,
     /// One bit per pool address ([`addr_bit`]): most addresses that are no
     /// pool address (the destination of every new outbound connection) are
@@ -492,6 +499,11 @@ pub struct WorkerNat<S = NoopSink> {
     /// the `by_ext` lookup as well.
     by_int: IntMap,
     by_ext: HashMap<ExtKey, Mapping>,
+    /// Per slot, the mappings of `by_ext` whose port is in its pool's
+    /// bitmap (`Space::Pool`): a pool change tells without a scan which
+    /// pools it drops have mappings to move, and what it keeps
+    /// ([`Self::set_pools`]).
+    slot_mappings: Vec<u64>,
     /// Mappings retired by a pool change, by external endpoint.
     retired: HashMap<ExtKey, Retired>,
     /// Port blocks of retired mappings, by (external address, first port).
@@ -519,7 +531,15 @@ impl<S: NatEventSink> WorkerNat<S> {
         if worker >= config.workers {
             return Err(ConfigError::WorkerOutOfRange);
         }
-        let (pools, pool_addr) = build_pools(config, worker)?;
+        let pool_addr = pool_index(config)?;
+        let pools: Vec<PoolState> = config
+            .pools
+            .iter()
+            .map(|p| PoolState::new(config, p, worker))
+            .collect();
+        let slot_of = (0..pools.len())
+            .map(|i| u16::try_from(i).map_err(|_| ConfigError::TooLarge))
+            .collect::<Result<Vec<_>, _>>()?;
         let slots = usize::from(config.masquerade_slots);
         let masq_slice = PortSlice::new(&config.masquerade_ports, worker, config.workers);
         let cap = config.capacity_hint;
@@ -539,12 +559,14 @@ impl<S: NatEventSink> WorkerNat<S> {
             max_sessions: config.max_sessions_per_subscriber,
             seed: config.pairing_seed,
             pools,
+            slot_of,
             pool_bits: pool_addr.keys().fold(0, |b, &a| b | addr_bit(a)),
             pool_addr,
             masq_slots: vec![MasqSlot::default(); slots],
             masq_space: PortSpace::new(masq_slice, slots * PROTOS),
             by_int: IntMap::with_capacity(cap),
             by_ext: HashMap::with_capacity(cap),
+            slot_mappings: vec![0; config.pools.len()],
             retired: HashMap::new(),
             retired_blocks: HashMap::new(),
             subscribers: HashMap::with_capacity(cap / 4),
@@ -592,7 +614,7 @@ impl<S: NatEventSink> WorkerNat<S> {
             self.config = next.clone();
             return Ok(PoolChange::default());
         }
-        let (mut pools, pool_addr) = build_pools(next, self.worker)?;
+        let pool_addr = pool_index(next)?;
         let mut old = core::mem::take(&mut self.pools);
         let blocks = next.port_block_size > 0;
         let mut change = PoolChange::default();
@@ -623,9 +645,10 @@ impl<S: NatEventSink> WorkerNat<S> {
                 k
             }
         };
-        let mut reuse: Vec<Option<(u16, usize)>> = vec![None; old.len()];
+        // By the old pool's number first.
+        let mut by_cfg: Vec<Option<(u16, usize)>> = vec![None; self.config.pools.len()];
         for (j, np) in next.pools.iter().enumerate() {
-            let free = |i: usize| reuse.get(i).is_some_and(Option::is_none);
+            let free = |i: usize| by_cfg.get(i).is_some_and(Option::is_none);
             let pick = self
                 .config
                 .pools
@@ -643,23 +666,100 @@ impl<S: NatEventSink> WorkerNat<S> {
                         .find(|&(_, k)| k > 0)
                 });
             if let (Some((i, k)), Ok(j)) = (pick, u16::try_from(j)) {
-                if let Some(r) = reuse.get_mut(i) {
+                if let Some(r) = by_cfg.get_mut(i) {
                     *r = Some((j, k));
                 }
             }
         }
+        // Pools live in slots: a reused pool keeps its slot (and so its
+        // mappings their realm and space, whatever its new number: a pool
+        // put ahead of it costs nothing); a new one takes a slot no old
+        // pool used, or a new slot. `slot_of[j]`: new pool `j`'s slot.
+        // `reuse[s]`: the pool in slot `s` is reused (in place), keeping
+        // `k` addresses.
+        let mut reuse: Vec<Option<(u16, usize)>> = vec![None; old.len()];
+        let mut slot_of: Vec<u16> = vec![0; next.pools.len()];
+        let mut pools: Vec<PoolState> = old.iter().map(|_| PoolState::placeholder()).collect();
+        for (i, r) in by_cfg.iter().enumerate() {
+            if let (Some((j, k)), Some(&slot)) = (*r, self.slot_of.get(i)) {
+                if let (Some(x), Some(y)) = (
+                    reuse.get_mut(usize::from(slot)),
+                    slot_of.get_mut(usize::from(j)),
+                ) {
+                    *x = Some((slot, k));
+                    *y = slot;
+                }
+            }
+        }
+        for (j, np) in next.pools.iter().enumerate() {
+            if by_cfg
+                .iter()
+                .any(|r| r.is_some_and(|(to, _)| usize::from(to) == j))
+            {
+                continue;
+            }
+            // A slot that held no pool before this change (none of the
+            // mappings being moved names it), else a new one.
+            let free = (0..pools.len()).find(|&s| {
+                old.get(s).is_some_and(|o| o.addrs.is_empty())
+                    && pools.get(s).is_some_and(|p| p.addrs.is_empty())
+            });
+            let slot = free.unwrap_or(pools.len());
+            let state = PoolState::new(next, np, self.worker);
+            match pools.get_mut(slot) {
+                Some(p) => *p = state,
+                None => pools.push(state),
+            }
+            if let (Some(y), Ok(slot)) = (slot_of.get_mut(j), u16::try_from(slot)) {
+                *y = slot;
+            }
+        }
+        // The address index by slot.
+        let pool_addr: HashMap<u32, (u16, usize)> = pool_addr
+            .into_iter()
+            .map(|(a, (j, ai))| (a, (slot_of.get(usize::from(j)).copied().unwrap_or(j), ai)))
+            .collect();
         let reused_to = |pool: u16| reuse.get(usize::from(pool)).copied().flatten();
+        // What needs a scan of the mappings: a reused pool that drops
+        // addresses (their mappings retire), a pool not reused that has
+        // mappings (`slot_mappings`) or a masquerade address that becomes a
+        // pool address (their mappings are filed again). Otherwise
+        // (addresses appended, pools added, put ahead of others or taken
+        // out while they map nothing, settings) no mapping changes and
+        // none is visited: the change costs O(pools and addresses, and
+        // retired mappings when a pool goes), whatever the mappings.
+        let shrinks = reuse
+            .iter()
+            .zip(&old)
+            .any(|(r, o)| r.is_some_and(|(_, k)| k < o.addrs.len()));
+        self.slot_mappings.resize(pools.len(), 0);
+        // A pool dropped (its retired mappings' held ports move, below).
+        let drops = reuse
+            .iter()
+            .zip(&old)
+            .any(|(r, o)| r.is_none() && !o.addrs.is_empty());
+        let refiles = reuse
+            .iter()
+            .zip(&self.slot_mappings)
+            .any(|(r, &count)| r.is_none() && count > 0)
+            || self
+                .masq_slots
+                .iter()
+                .any(|s| s.addr.is_some_and(|a| pool_addr.contains_key(&a)));
         // The mappings of a reused pool's addresses that left retire now,
         // while its old state still says which block each was in.
-        let gone: Vec<(ExtKey, Mapping)> = self
-            .by_ext
-            .iter()
-            .filter(|(_, m)| {
-                matches!(m.space, Space::Pool { pool, map }
-                    if reused_to(pool).is_some_and(|(_, k)| map as usize / PROTOS >= k))
-            })
-            .map(|(e, m)| (*e, *m))
-            .collect();
+        let gone: Vec<(ExtKey, Mapping)> = if shrinks {
+            self.by_ext
+                .iter()
+                .filter(|(_, m)| {
+                    matches!(m.space, Space::Pool { pool, map }
+                        if reused_to(pool).is_some_and(|(_, k)| map as usize / PROTOS >= k))
+                })
+                .map(|(e, m)| (*e, *m))
+                .collect()
+        } else {
+            Vec::new()
+        };
         self.retired.reserve(gone.len());
         for (ext, m) in gone {
             let sessions = unfile(&mut self.by_int, &m.key);
@@ -670,80 +770,60 @@ impl<S: NatEventSink> WorkerNat<S> {
             self.retire(ext, sessions, block, None);
             change.retired += 1;
         }
-        change.kept += self
-            .by_ext
-            .values()
-            .filter(|m| matches!(m.space, Space::Pool { pool, .. } if reused_to(pool).is_some()))
-            .count() as u64;
         // Every other mapping with a port in a pool bitmap, or whose
         // address becomes a pool address, leaves `by_int` first, to be
         // filed again below: its key there may be another's old one (pool
         // numbers move). (Pool numbers are still the old ones here.)
         let mut moving: Vec<(ExtKey, u32)> = Vec::new();
-        for (ext, m) in &self.by_ext {
-            let goes = match m.space {
-                Space::Pool { pool, .. } => reused_to(pool).is_none(),
-                Space::Masq { .. } => pool_addr.contains_key(&ext.addr),
-                Space::Retired => false,
-            };
-            if goes {
-                moving.push((*ext, unfile(&mut self.by_int, &m.key)));
+        if refiles {
+            for (ext, m) in &self.by_ext {
+                let goes = match m.space {
+                    Space::Pool { pool, .. } => reused_to(pool).is_none(),
+                    Space::Masq { .. } => pool_addr.contains_key(&ext.addr),
+                    Space::Retired => false,
+                };
+                if goes {
+                    moving.push((*ext, unfile(&mut self.by_int, &m.key)));
+                }
             }
         }
         for (i, r) in reuse.iter().enumerate() {
             let Some((j, k)) = *r else {
                 continue;
             };
-            if let (Some(o), Some(n), Some(np)) = (
-                old.get_mut(i),
-                pools.get_mut(usize::from(j)),
-                next.pools.get(usize::from(j)),
-            ) {
+            // (`j` is the slot `i` itself; the new pool's addresses are
+            // those of the config pool that slot serves.)
+            let np = slot_of
+                .iter()
+                .position(|&s| s == j)
+                .and_then(|c| next.pools.get(c));
+            if let (Some(o), Some(n), Some(np)) =
+                (old.get_mut(i), pools.get_mut(usize::from(j)), np)
+            {
                 core::mem::swap(o, n);
                 n.truncate(k);
                 n.grow(&np.addrs);
             }
         }
-        // The kept mappings of reused pools take the new numbers, in place
-        // (a realm is not part of `by_int`'s hash).
-        if reuse
-            .iter()
-            .enumerate()
-            .any(|(i, r)| matches!(r, Some((j, _)) if usize::from(*j) != i))
-        {
-            // (The mappings being filed again are in pools not reused.)
-            for m in self.by_ext.values_mut() {
-                if let Space::Pool { pool, map } = m.space {
-                    if let Some((j, _)) = reused_to(pool) {
-                        m.space = Space::Pool { pool: j, map };
-                        if m.key.realm == Realm::Pool(pool) {
-                            m.key.realm = Realm::Pool(j);
-                        }
-                    }
-                }
-            }
-            self.by_int.remap_pools(|r| {
-                u16::try_from(r)
-                    .ok()
-                    .and_then(reused_to)
-                    .map(|(j, _)| u32::from(j))
-            });
-        }
         // Ports held for mappings retired earlier move with their address:
         // in a reused pool they are where they were; elsewhere taken again
         // in the new bitmap, or no longer held if their address or port
         // left (an allocation that meets one holds it again).
-        for (ext, r) in &mut self.retired {
-            if let Some(Space::Pool { pool, map }) = r.hold {
-                r.hold = match reused_to(pool) {
-                    Some((j, k)) if (map as usize / PROTOS) < k => {
-                        Some(Space::Pool { pool: j, map })
-                    }
-                    Some(_) => None,
-                    None => pool_addr
-                        .get(&ext.addr)
-                        .and_then(|&t| take_raw(&mut pools, t, map, ext.port)),
-                };
+        // (Nothing to do when every pool keeps its addresses.)
+        let holds_move = shrinks || drops || refiles;
+        if holds_move {
+            for (ext, r) in &mut self.retired {
+                if let Some(Space::Pool { pool, map }) = r.hold {
+                    r.hold = match reused_to(pool) {
+                        Some((j, k)) if (map as usize / PROTOS) < k => {
+                            Some(Space::Pool { pool: j, map })
+                        }
+                        Some(_) => None,
+                        None => pool_addr
+                            .get(&ext.addr)
+                            .and_then(|&t| take_raw(&mut pools, t, map, ext.port)),
+                    };
+                }
             }
         }
         for (ext, sessions) in moving {
@@ -804,15 +884,20 @@ impl<S: NatEventSink> WorkerNat<S> {
             }
             self.by_int
                 .insert(key.int_key(), (ext.addr, ext.port), sessions);
+            self.count_slot(m.space, false);
+            self.count_slot(space, true);
             if let Some(x) = self.by_ext.get_mut(&ext) {
                 *x = Mapping { key, space };
             }
-            change.kept += 1;
         }
+        // Every mapping left in a pool's bitmap was kept: those of reused
+        // pools, and those filed again.
+        change.kept = self.slot_mappings.iter().sum();
         next.note_ranges(&mut self.seen);
         self.pool_bits = pool_addr.keys().fold(0, |b, &a| b | addr_bit(a));
         self.pool_addr = pool_addr;
         self.pools = pools;
+        self.slot_of = slot_of;
         self.config = next.clone();
         Ok(change)
     }
@@ -846,7 +931,18 @@ impl<S: NatEventSink> WorkerNat<S> {
             },
         );
         if let Some(x) = self.by_ext.get_mut(&ext) {
-            x.space = Space::Retired;
+            let was = core::mem::replace(&mut x.space, Space::Retired);
+            self.count_slot(was, false);
+        }
+    }
+
+    /// Count a mapping of `space` in (`add`) or out of its pool slot's
+    /// count (`slot_mappings`; nothing for other spaces).
+    fn count_slot(&mut self, space: Space, add: bool) {
+        if let Space::Pool { pool, .. } = space {
+            if let Some(c) = self.slot_mappings.get_mut(usize::from(pool)) {
+                *c = if add { *c + 1 } else { c.saturating_sub(1) };
+            }
         }
     }
 
@@ -910,10 +1006,10 @@ impl<S: NatEventSink> WorkerNat<S> {
         match *kind {
             Translation::Dnat { addr, port } => self.dnat(orig, addr, port),
             Translation::Snat { pool } => {
-                if self.pools.get(usize::from(pool.0)).is_none() {
+                let Some(&slot) = self.slot_of.get(usize::from(pool.0)) else {
                     return Err(NatError::UnknownPool);
-                }
-                self.snat(orig, Realm::Pool(pool.0))
+                };
+                self.snat(orig, Realm::Pool(slot))
             }
             Translation::Masquerade => match egress_addr {
                 Some(a) if !a.is_unspecified() => self.snat(orig, Realm::Masq(u32::from(a))),
@@ -1049,6 +1145,7 @@ impl<S: NatEventSink> WorkerNat<S> {
     /// one `MappingRemoved` per mapping (RFC 6888 REQ-12 logging).
     pub fn clear(&mut self) {
         let n = self.by_ext.len() as u64;
+        self.slot_mappings.fill(0);
         let mut all = core::mem::take(&mut self.by_ext);
         for (ext, m) in all.drain() {
             self.mapping_gone(&m, ext);
@@ -1244,7 +1341,8 @@ impl<S: NatEventSink> WorkerNat<S> {
 
     /// Ports of this worker's slice per (address, protocol) in `pool`.
     pub fn ports_per_addr(&self, pool: crate::PoolId) -> Option<u32> {
-        Some(self.pools.get(usize::from(pool.0))?.space.slice().len())
+        let slot = self.slot_of.get(usize::from(pool.0))?;
+        Some(self.pools.get(usize::from(*slot))?.space.slice().len())
     }
 
     // ---- internals -------------------------------------------------------
@@ -1402,6 +1500,7 @@ impl<S: NatEventSink> WorkerNat<S> {
         };
         self.by_int.insert(key.int_key(), (addr, port), 1);
         self.by_ext.insert(ext, Mapping { key, space });
+        self.count_slot(space, true);
         self.stats.mappings_created += 1;
         // With port blocks the block's event stands for its mappings.
         if !self.in_blocks(space) {
@@ -1677,6 +1776,7 @@ impl<S: NatEventSink> WorkerNat<S> {
         if m.space != Space::Retired {
             self.by_int.remove(&m.key.int_key());
         }
+        self.count_slot(m.space, false);
         self.mapping_gone(&m, ext);
         self.stats.mappings_removed += 1;
     }
@@ -1995,21 +2095,24 @@ impl PoolState {
     }
 }
 
-/// The pool states and the address index of `config`'s pools on `worker`.
-#[allow(clippy::type_complexity)]
-fn build_pools(
-    config: &NatConfig,
-    worker: u16,
-) -> Result<(Vec<PoolState>, HashMap<u32, (u16, usize)>), ConfigError> {
+/// The address index of `config`'s pools: external address -> (pool,
+/// address index).
+fn pool_index(config: &NatConfig) -> Result<HashMap<u32, (u16, usize)>, ConfigError> {
     let mut pool_addr = HashMap::new();
-    let mut pools = Vec::with_capacity(config.pools.len());
     for (pi, p) in config.pools.iter().enumerate() {
         let pid = u16::try_from(pi).map_err(|_| ConfigError::TooLarge)?;
+        for (ai, a) in p.addrs.iter().enumerate() {
+            pool_addr.insert(u32::from(*a), (pid, ai));
+        }
+    }
+    Ok(pool_addr)
+}
+
+impl PoolState {
+    /// Pool `p` of `config` on `worker`, empty.
+    fn new(config: &NatConfig, p: &crate::Pool, worker: u16) -> Self {
         let slice = PortSlice::new(&p.ports, worker, config.workers);
         let addrs: Vec<u32> = p.addrs.iter().map(|a| u32::from(*a)).collect();
-        for (ai, a) in addrs.iter().enumerate() {
-            pool_addr.insert(*a, (pid, ai));
-        }
         let blocks = (config.port_block_size > 0).then(|| {
             let det = config
                 .deterministic
@@ -2028,13 +2131,21 @@ fn build_pools(
             )
         });
         let space = PortSpace::new(slice, addrs.len() * PROTOS);
-        pools.push(PoolState {
+        Self {
             addrs,
             space,
             blocks,
-        });
+        }
     }
-    Ok((pools, pool_addr))
+
+    /// A slot without a pool: no address, no port.
+    fn placeholder() -> Self {
+        Self {
+            addrs: Vec::new(),
+            space: PortSpace::new(PortSlice::empty(), 0),
+            blocks: None,
+        }
+    }
 }
 
 /// The bit of `addr` in [`WorkerNat`]'s pool address filter: a
@@ -3065,6 +3176,12 @@ mod tests {
     ) {
         // Unique external endpoint per mapping; the two indexes agree.
         assert_eq!(n.by_int.len(), n.by_ext.len());
+        let in_pools = n
+            .by_ext
+            .values()
+            .filter(|m| matches!(m.space, Space::Pool { .. }))
+            .count();
+        assert_eq!(n.slot_mappings.iter().sum::<u64>(), in_pools as u64);
         for (k, v) in n.by_int.iter() {
             let k = &MapKey::of_int(&k);
             let e = &ExtKey {

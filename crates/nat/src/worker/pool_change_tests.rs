@@ -67,6 +67,71 @@ fn events(n: &WorkerNat<VecSink>) -> (usize, usize) {
     )
 }
 
+/// Pools live in slots: a pool put ahead of another leaves the other's
+/// mappings as they are (the same realm and space, nothing renumbered or
+/// visited), a new connection through its new number finds them, and a
+/// slot whose pool left is taken by the next new pool.
+#[test]
+fn a_pool_keeps_its_slot_when_others_come_and_go() {
+    let a = pool(&[1, 2], 2000..=2099);
+    let c = config(vec![a.clone()], 1, 0);
+    let mut n = WorkerNat::new(&c, 0, VecSink::default()).unwrap();
+    let live = open(&mut n, 20);
+    let before: Vec<Mapping> = live
+        .iter()
+        .map(|(_, r)| {
+            n.by_ext[&ExtKey {
+                proto: proto::UDP,
+                addr: r.dst,
+                port: r.dport,
+            }]
+        })
+        .collect();
+    // B put ahead: A is pool 1 now, still in slot 0; B takes slot 1.
+    let b = pool(&[7], 3000..=3099);
+    let ch = n
+        .set_pools(&config(vec![b.clone(), a.clone()], 1, 0))
+        .unwrap();
+    assert_eq!((ch.kept, ch.retired), (20, 0));
+    assert_eq!(n.slot_of, vec![1, 0]);
+    for ((_, r), m) in live.iter().zip(&before) {
+        let now = n.by_ext[&ExtKey {
+            proto: proto::UDP,
+            addr: r.dst,
+            port: r.dport,
+        }];
+        assert_eq!((now.key, now.space), (m.key, m.space));
+    }
+    // Host 1's next connection through A (number 1) takes its mapping
+    // (endpoint-independent mapping, RFC 4787 REQ-1).
+    let (o, r) = live[0];
+    let o2 = udp(1, o.sport, 99);
+    let r2 = n.translate_outbound(&o2, &snat(1), None).unwrap();
+    assert_eq!((r2.dst, r2.dport), (r.dst, r.dport));
+    // Through B (number 0): B's address.
+    let r3 = n
+        .translate_outbound(&udp(2, 7000, 53), &snat(0), None)
+        .unwrap();
+    assert_eq!(r3.dst, u32::from(ip(7)));
+    n.release(&o2, &r2);
+    // B leaves (its slot is empty), then C comes: it takes B's old slot.
+    n.set_pools(&config(vec![a.clone()], 1, 0)).unwrap();
+    assert_eq!(n.slot_of, vec![0]);
+    assert!(n.pools[1].addrs.is_empty());
+    let cpool = pool(&[9], 4000..=4099);
+    n.set_pools(&config(vec![a, cpool], 1, 0)).unwrap();
+    assert_eq!(n.slot_of, vec![0, 1]);
+    assert_eq!(n.pools.len(), 2);
+    let r4 = n
+        .translate_outbound(&udp(3, 7000, 53), &snat(1), None)
+        .unwrap();
+    assert_eq!(r4.dst, u32::from(ip(9)));
+    // (B's mapping retired, serving its session.)
+    let extra = [(udp(2, 7000, 53), r3), (udp(3, 7000, 53), r4)];
+    check(&n, &[live.as_slice(), &extra].concat());
+    assert_eq!(n.stats().retired, 1);
+}
+
 /// A mapping on an address that stays keeps its endpoint, sessions and
 /// port; one on an address that goes retires: its sessions go on, new
 /// connections of its endpoint get a new mapping, and it is removed (and
@@ -388,6 +453,40 @@ fn arb_op() -> impl Strategy<Value = Op> {
 fn check(n: &WorkerNat<VecSink>, live: &[(FlowKey4, FlowKey4)]) {
     // Every mapping is in `by_int` (live) or `retired`, never both.
     assert_eq!(n.by_int.len() + n.retired.len(), n.by_ext.len());
+    // Each configured pool in a slot of its own, holding its addresses;
+    // every other slot empty; the address index by slot.
+    let mut slots: Vec<u16> = n.slot_of.clone();
+    slots.sort_unstable();
+    slots.dedup();
+    assert_eq!(slots.len(), n.config.pools.len());
+    for (s, st) in n.pools.iter().enumerate() {
+        match n.slot_of.iter().position(|&x| usize::from(x) == s) {
+            Some(j) => {
+                let want: Vec<u32> = n.config.pools[j]
+                    .addrs
+                    .iter()
+                    .map(|&a| u32::from(a))
+                    .collect();
+                assert_eq!(st.addrs, want, "slot {s}");
+                for (ai, a) in want.iter().enumerate() {
+                    assert_eq!(n.pool_addr.get(a), Some(&(s as u16, ai)));
+                }
+            }
+            None => assert!(st.addrs.is_empty(), "slot {s} has no pool"),
+        }
+    }
+    assert_eq!(
+        n.pool_addr.len(),
+        n.config.pools.iter().map(|p| p.addrs.len()).sum::<usize>()
+    );
+    // The counts a pool change reads instead of scanning, per slot.
+    let mut in_slots = vec![0u64; n.pools.len()];
+    for m in n.by_ext.values() {
+        if let Space::Pool { pool, .. } = m.space {
+            in_slots[usize::from(pool)] += 1;
+        }
+    }
+    assert_eq!(n.slot_mappings, in_slots);
     for (e, m) in &n.by_ext {
         let retired = m.space == Space::Retired;
         assert_eq!(retired, n.retired.contains_key(e));
@@ -396,8 +495,10 @@ fn check(n: &WorkerNat<VecSink>, live: &[(FlowKey4, FlowKey4)]) {
             assert_eq!(v.ext(), (e.addr, e.port));
             // A live mapping's address and port are the current pools'
             // (or a masquerade address's).
+            // (`pool` is a slot: the configuration's pool in it.)
             if let Space::Pool { pool, .. } = m.space {
-                let p = &n.config.pools[usize::from(pool)];
+                let j = n.slot_of.iter().position(|&s| s == pool).unwrap();
+                let p = &n.config.pools[j];
                 assert!(p.addrs.contains(&Ipv4Addr::from(e.addr)));
                 assert!(p.ports.contains(&e.port));
             }
