@@ -495,6 +495,9 @@ impl OffloadLink {
                         oif: self.kernel_ifindex(f.adj.oif),
                         mtu: f.adj.mtu,
                     };
+                    // An install starts the direction's counter at 0 (an
+                    // install again too): the GC's last look starts over.
+                    self.seen.remove(&k);
                     let ok = k.ifindex != 0 && a.oif != 0 && self.map.install(&k, &a);
                     self.installed(ok);
                 }
@@ -506,6 +509,7 @@ impl OffloadLink {
                         oif: self.kernel_ifindex(f.adj.oif),
                         mtu: f.adj.mtu,
                     };
+                    self.seen6.remove(&k);
                     let ok = k.ifindex != 0 && a.oif != 0 && self.map.install6(&k, &a);
                     self.installed(ok);
                 }
@@ -545,14 +549,16 @@ impl OffloadProbe for OffloadLink {
         let k = self.key(iif, key);
         let st = self.map.stats(&k)?;
         let before = self.seen.insert(k, st.packets).unwrap_or(0);
-        (st.packets > before).then_some(self.now_ns)
+        // `!=`, not `>`: an install starts the counter over, and a count
+        // that went back is a use too (at worst one idle timeout more).
+        (st.packets != before).then_some(self.now_ns)
     }
 
     fn last_used6_ns(&mut self, iif: IfIndex, key: &FlowKey6) -> Option<u64> {
         let k = self.key6(iif, key);
         let st = self.map.stats6(&k)?;
         let before = self.seen6.insert(k, st.packets).unwrap_or(0);
-        (st.packets > before).then_some(self.now_ns)
+        (st.packets != before).then_some(self.now_ns)
     }
 }
 

@@ -3286,13 +3286,20 @@ pub(crate) enum OffloadPlan {
     Install(Adjacency, Adjacency),
 }
 
+/// How often a packet of an offloaded direction that reaches the engine
+/// installs the connection again ([`offload_plan`]): every this many
+/// packets of the connection the engine tracks.
+pub const REINSTALL_EVERY: u32 = 64;
+
 /// Whether connection `e`, after a packet of `dir` arriving on `iif` that
 /// its fast path forwarded with TCP/UDP state `state`, goes to the lower
 /// layer (see [`crate::offload`]): TCP ESTABLISHED or UDP, the policy
 /// accepting established packets up front or the connection in a
 /// flowtable (whose packets skip the filter chains), both adjacencies
 /// resolved, symmetric routing, both links up, room in the queue (an
-/// eligible connection without room is counted in `q.dropped`).
+/// eligible connection without room is counted in `q.dropped`); or, for
+/// a connection already offloaded, installed again every
+/// [`REINSTALL_EVERY`]th packet the engine sees of an offloaded direction.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn offload_plan<K: OffloadKey>(
     q: &mut OffloadQueue,
@@ -3311,11 +3318,20 @@ pub(crate) fn offload_plan<K: OffloadKey>(
             ct::ProtoState::Tcp(ct::TcpState::Established) | ct::ProtoState::Udp(_)
         );
     if offloaded {
-        return if eligible {
-            OffloadPlan::Nothing
-        } else {
-            OffloadPlan::TakeBack
-        };
+        if !eligible {
+            return OffloadPlan::TakeBack;
+        }
+        // The lower layer forwards this direction, yet the engine got a
+        // packet of it: normal for a few packets after the install and for
+        // what the lower layer leaves to the engine, but also what follows
+        // when the table lost the direction (a clear by another worker
+        // sharing it, an install that found no room). Every
+        // `REINSTALL_EVERY`th packet installs both directions again (an
+        // overwrite when they are there); the marks stay set, so what is
+        // installed is always taken back.
+        if !(e.is_offloaded(dir) && e.packets() % REINSTALL_EVERY == 0) {
+            return OffloadPlan::Nothing;
+        }
     }
     if !eligible || !q.has_room(2) {
         if eligible {

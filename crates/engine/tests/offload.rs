@@ -9,7 +9,9 @@ mod common;
 
 use common::*;
 use sluice_engine::offload::{OffloadFlow, OffloadOp, OffloadProbe};
-use sluice_engine::{Action, CtState, Decision, Hook, IfIndex, Policy, PolicyPacket, Worker};
+use sluice_engine::{
+    Action, CtState, Decision, Hook, IfIndex, Policy, PolicyPacket, Worker, REINSTALL_EVERY,
+};
 use sluice_nat::{PoolId, Translation};
 use sluice_wire::build::{build_tcp4, build_udp4};
 use sluice_wire::flow::{proto, FlowKey4, FlowKey6};
@@ -169,6 +171,49 @@ fn both_directions_are_offloaded_with_the_fast_paths_own_rewrite() {
             "{p}: reply as the fast path"
         );
         assert!(ops(&mut w).is_empty(), "installed once");
+    }
+}
+
+/// A table that lost an offloaded connection (a clear by another worker
+/// sharing it, an install that found no room) gets it back: every
+/// `REINSTALL_EVERY`th packet of the connection that the engine sees
+/// installs both directions again, the same requests as the first time;
+/// the packets in between install nothing.
+#[test]
+fn an_offloaded_connection_the_engine_keeps_seeing_is_installed_again() {
+    let (mut w, _) = worker();
+    let k = key(proto::UDP, 5000);
+    send(&mut w, 1_000_000, &udp(INSIDE, &k));
+    send(&mut w, 2_000_000, &udp(INSIDE, &k));
+    let first = installs(&ops(&mut w));
+    assert_eq!(first.len(), 2);
+    let r = reply_of(&w);
+    let mut t = 3_000_000;
+    let mut again = Vec::new();
+    // Both directions keep reaching the engine, as when the lower layer
+    // lost them.
+    for i in 0..3 * REINSTALL_EVERY {
+        let f = if i % 2 == 0 {
+            udp(INSIDE, &k)
+        } else {
+            udp(OUTSIDE, &r)
+        };
+        t += 1_000;
+        assert!(matches!(send(&mut w, t, &f).0, Action::Forward(_)));
+        let packets = w.conntrack().iter().next().unwrap().1.packets();
+        let fl = installs(&ops(&mut w));
+        if packets % REINSTALL_EVERY == 0 {
+            assert_eq!(fl.len(), 2, "at packet {packets}");
+            again.push(fl);
+        } else {
+            assert!(fl.is_empty(), "at packet {packets}: {fl:?}");
+        }
+    }
+    assert_eq!(again.len(), 3);
+    for fl in again {
+        for f in &first {
+            assert!(fl.contains(f), "{f:?} installed again as it was");
+        }
     }
 }
 
