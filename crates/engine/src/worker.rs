@@ -428,6 +428,12 @@ impl NatEventSink for NatLog {
             event: *e,
         });
     }
+
+    /// Without a NAT log (capacity 0) nothing is kept: a flush frees the
+    /// NAT's state in bulk (and counts no lost events for it).
+    fn keeps_events(&self) -> bool {
+        self.cap > 0
+    }
 }
 
 /// RFC 1624 delta of decrementing the TTL by one: the word (TTL, protocol)

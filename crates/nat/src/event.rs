@@ -166,6 +166,14 @@ impl NatEvent {
 pub trait NatEventSink {
     /// Handle one event.
     fn event(&mut self, e: &NatEvent);
+
+    /// Whether the events are kept (logged) at all. A sink that discards
+    /// them says `false`, and a flush ([`crate::WorkerNat::clear`]) then
+    /// frees everything in bulk instead of mapping by mapping, emitting
+    /// nothing.
+    fn keeps_events(&self) -> bool {
+        true
+    }
 }
 
 /// Discards every event.
@@ -175,6 +183,10 @@ pub struct NoopSink;
 impl NatEventSink for NoopSink {
     #[inline]
     fn event(&mut self, _e: &NatEvent) {}
+
+    fn keeps_events(&self) -> bool {
+        false
+    }
 }
 
 /// Collects every event, for tests and small tools.

@@ -185,6 +185,13 @@ impl PortSpace {
         self.free.get(map).copied().unwrap_or(0)
     }
 
+    /// Mark every port of every bitmap free again.
+    pub(crate) fn reset_all(&mut self) {
+        for m in 0..self.free.len() {
+            self.reset(m);
+        }
+    }
+
     /// Mark every port of `map` free again.
     pub(crate) fn reset(&mut self, map: usize) {
         let base = map * self.words_per_map;

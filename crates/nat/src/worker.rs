@@ -1142,18 +1142,42 @@ impl<S: NatEventSink> WorkerNat<S> {
     }
 
     /// Flush: forget every mapping and free every port. O(mappings); emits
-    /// one `MappingRemoved` per mapping (RFC 6888 REQ-12 logging).
+    /// one `MappingRemoved` per mapping (RFC 6888 REQ-12 logging), or with
+    /// port blocks one `BlockReleased` per block. When the sink keeps no
+    /// events ([`NatEventSink::keeps_events`]: no NAT log) the state is
+    /// reset in bulk instead, with the same counters and the same state
+    /// afterwards: O(bitmaps and tables' sizes), not a visit per mapping
+    /// (1 M mappings: 41 ms one by one, `examples/pool_change.rs`).
     pub fn clear(&mut self) {
         let n = self.by_ext.len() as u64;
         self.slot_mappings.fill(0);
+        if !self.sink.keeps_events() {
+            let held: u64 = self
+                .pools
+                .iter()
+                .filter_map(|p| p.blocks.as_ref())
+                .map(|b| b.owner.iter().filter(|o| o.is_some()).count() as u64)
+                .sum();
+            self.stats.blocks_released += held + self.retired_blocks.len() as u64;
+            self.by_ext.clear();
+            for p in &mut self.pools {
+                p.space.reset_all();
+            }
+            self.masq_space.reset_all();
+        } else {
+            let mut all = core::mem::take(&mut self.by_ext);
+            for (ext, m) in all.drain() {
+                self.mapping_gone(&m, ext);
+            }
+            // Keep the table's allocation.
+            self.by_ext = all;
+        }
         let mut all = core::mem::take(&mut self.by_ext);
         for (ext, m) in all.drain() {
             self.mapping_gone(&m, ext);
         }
         self.retired.clear();
         self.retired_blocks.clear();
-        // Keep the table's allocation.
-        self.by_ext = all;
         for p in &mut self.pools {
             if let Some(b) = &mut p.blocks {
                 b.reset();
