@@ -5,13 +5,15 @@
 //!
 //! MAPPINGS UDP mappings (default 1 000 000; 16 per subscriber, from
 //! 100.64.0.0) on a pool of 64 addresses (ports 1024-65535), port blocks
-//! of BLOCK ports (default 0: none). Then six changes, each timed: an
+//! of BLOCK ports (default 0: none). Then seven changes, each timed: an
 //! address added at the end of the pool (every mapping kept), a second
-//! pool added after it, a pool put ahead of it (renumbered), the pool's second half removed (half the
-//! mappings retired), the addresses back in another pool list order (no
-//! port blocks only: with them an address that left cannot come back
-//! while running), and the first address removed (the pool's mappings
-//! filed again one by one).
+//! pool added after it, a pool put ahead of it (renumbered), the first
+//! address removed and then one out of the middle (their mappings
+//! retired, the other addresses' bitmaps close up), the second half
+//! removed (half the mappings retired), the addresses back in another
+//! pool list order (no port blocks only: with them an address that left
+//! cannot come back while running; the mappings filed again one by one),
+//! then a flush.
 
 use std::net::Ipv4Addr;
 use std::time::Instant;
@@ -81,12 +83,29 @@ fn main() {
         "renumbered (a pool put ahead)",
         vec![pool(200, 200), pool(0, 64)],
     );
-    step("the second half removed", vec![pool(200, 200), pool(0, 31)]);
+    step(
+        "the first address removed",
+        vec![pool(200, 200), pool(1, 64)],
+    );
+    let middle = Pool::new(
+        (1..=64)
+            .filter(|&d| d != 10)
+            .map(|d| Ipv4Addr::new(198, 51, 100, d)),
+    );
+    step(
+        "an address out of the middle removed",
+        vec![pool(200, 200), middle],
+    );
+    let half = Pool::new(
+        (1..=31)
+            .filter(|&d| d != 10)
+            .map(|d| Ipv4Addr::new(198, 51, 100, d)),
+    );
+    step("the second half removed", vec![pool(200, 200), half]);
     step(
         "all back, in another order",
         vec![pool(32, 64), pool(0, 31)],
     );
-    step("the first address removed", vec![pool(32, 64), pool(1, 31)]);
     // What `conntrack flush` makes every worker do with its NAT.
     let mappings = n.stats().mappings;
     let t0 = Instant::now();

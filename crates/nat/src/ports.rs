@@ -152,12 +152,28 @@ impl PortSpace {
         s
     }
 
-    /// Keep the first `maps` bitmaps (a pool's addresses taken out at its
-    /// end).
-    pub(crate) fn truncate(&mut self, maps: usize) {
-        self.words.truncate(self.words_per_map.saturating_mul(maps));
-        self.free.truncate(maps);
-        self.cursor.truncate(maps);
+    /// Keep the bitmaps `to` keeps, bitmap `m` becoming `to[m]` (never a
+    /// higher index), then `kept` of them (a pool's addresses taken out).
+    pub(crate) fn compact(&mut self, to: &[Option<usize>], kept: usize) {
+        let wp = self.words_per_map;
+        for (om, nm) in to.iter().enumerate() {
+            let Some(nm) = *nm else {
+                continue;
+            };
+            if nm == om || (om + 1) * wp > self.words.len() {
+                continue;
+            }
+            self.words.copy_within(om * wp..(om + 1) * wp, nm * wp);
+            if let (Some(&f), Some(&c)) = (self.free.get(om), self.cursor.get(om)) {
+                if let (Some(x), Some(y)) = (self.free.get_mut(nm), self.cursor.get_mut(nm)) {
+                    *x = f;
+                    *y = c;
+                }
+            }
+        }
+        self.words.truncate(wp.saturating_mul(kept));
+        self.free.truncate(kept);
+        self.cursor.truncate(kept);
     }
 
     /// Grow to `maps` bitmaps, the new ones empty (a pool's appended

@@ -261,6 +261,55 @@ struct Blocks {
 }
 
 impl Blocks {
+    /// Keep the blocks of the addresses `to` keeps, at their new index
+    /// (`to[a]`, only ever lower), then `kept` addresses' worth; the
+    /// others' blocks go, and with them from their subscribers' lists.
+    fn compact(&mut self, to: &[Option<usize>], kept: usize) {
+        let pa = self.per_addr as usize;
+        for (oa, na) in to.iter().enumerate() {
+            let Some(na) = *na else {
+                continue;
+            };
+            if na == oa {
+                continue;
+            }
+            let (src, dst) = (oa * pa..(oa + 1) * pa, na * pa);
+            if src.end <= self.owner.len() {
+                self.owner.copy_within(src.clone(), dst);
+                self.used.copy_within(src.clone(), dst);
+                self.next.copy_within(src, dst);
+            }
+            if let (Some(&f), Some(&c)) = (self.free.get(oa), self.cursor.get(oa)) {
+                if let (Some(x), Some(y)) = (self.free.get_mut(na), self.cursor.get_mut(na)) {
+                    *x = f;
+                    *y = c;
+                }
+            }
+        }
+        self.owner.truncate(kept * pa);
+        self.used.truncate(kept * pa);
+        self.next.truncate(kept * pa);
+        self.free.truncate(kept);
+        self.cursor.truncate(kept);
+        let per = self.per_addr.max(1);
+        self.by_sub.retain(|_, v| {
+            v.retain_mut(|b| {
+                let j = *b % per;
+                match to.get((*b / per) as usize).copied().flatten() {
+                    Some(na) => match u32::try_from(na).ok().and_then(|na| na.checked_mul(per)) {
+                        Some(base) => {
+                            *b = base + j;
+                            true
+                        }
+                        None => false,
+                    },
+                    None => false,
+                }
+            });
+            !v.is_empty()
+        });
+    }
+
     /// Blocks of `size` ports over `per_addr` blocks of each of `addrs`
     /// addresses.
     fn new(size: u16, per_addr: u32, addrs: usize, max: u16, det: Option<(u32, u64)>) -> Self {
@@ -618,35 +667,48 @@ impl<S: NatEventSink> WorkerNat<S> {
         let mut old = core::mem::take(&mut self.pools);
         let blocks = next.port_block_size > 0;
         let mut change = PoolChange::default();
-        // A pool whose port range stays and whose list keeps a leading run
-        // of its addresses keeps its state under its new number: the usual
-        // changes (addresses appended when a pool runs short, the last ones
+        // A pool whose port range stays and whose new list is some of its
+        // addresses, in their order, then new ones keeps its state: the
+        // usual changes (addresses appended when a pool runs short, some
         // taken out, pools renumbered by another rule's change) then cost
-        // no re-filing of its mappings on those addresses; the mappings of
-        // its addresses that left are retired, new addresses appended.
-        // `reuse[i]`: old pool `i` serves new pool `j`, keeping `k`
-        // addresses.
+        // no re-filing of its mappings; the mappings of its addresses that
+        // left are retired, the bitmaps and blocks of the others close up
+        // (`PoolState::reshape`), new addresses are appended.
+        // `lead(op, np)`: (addresses kept, `to[a]`: old address index `a`'s
+        // new index, if it stays).
         // (Not when an address it drops is still a pool address: that
         // one's mappings move, which the slow path below does.)
-        let lead = |op: &crate::Pool, np: &crate::Pool| {
+        let lead = |op: &crate::Pool, np: &crate::Pool| -> Option<(usize, Vec<Option<usize>>)> {
             if op.ports != np.ports {
-                return 0;
+                return None;
             }
-            let k = op
+            let at: HashMap<Ipv4Addr, usize> =
+                op.addrs.iter().enumerate().map(|(i, a)| (*a, i)).collect();
+            let k = np.addrs.iter().take_while(|&a| at.contains_key(a)).count();
+            let rest = np.addrs.get(k..).unwrap_or_default();
+            if k == 0 || rest.iter().any(|a| at.contains_key(a)) {
+                return None;
+            }
+            let mut to = vec![None; op.addrs.len()];
+            let mut last = None;
+            for (ni, a) in np.addrs.iter().take(k).enumerate() {
+                let oi = *at.get(a)?;
+                if last.is_some_and(|l| l >= oi) {
+                    return None;
+                }
+                last = Some(oi);
+                *to.get_mut(oi)? = Some(ni);
+            }
+            let moves = op
                 .addrs
                 .iter()
-                .zip(&np.addrs)
-                .take_while(|(a, b)| a == b)
-                .count();
-            let rest = op.addrs.get(k..).unwrap_or_default();
-            if rest.iter().any(|a| pool_addr.contains_key(&u32::from(*a))) {
-                0
-            } else {
-                k
-            }
+                .zip(&to)
+                .any(|(a, t)| t.is_none() && pool_addr.contains_key(&u32::from(*a)));
+            (!moves).then_some((k, to))
         };
         // By the old pool's number first.
         let mut by_cfg: Vec<Option<(u16, usize)>> = vec![None; self.config.pools.len()];
+        let mut remap_cfg: Vec<Vec<Option<usize>>> = vec![Vec::new(); self.config.pools.len()];
         for (j, np) in next.pools.iter().enumerate() {
             let free = |i: usize| by_cfg.get(i).is_some_and(Option::is_none);
             let pick = self
@@ -654,20 +716,19 @@ impl<S: NatEventSink> WorkerNat<S> {
                 .pools
                 .get(j)
                 .filter(|_| free(j))
-                .map(|op| (j, lead(op, np)))
-                .filter(|&(_, k)| k > 0)
+                .and_then(|op| Some((j, lead(op, np)?)))
                 .or_else(|| {
                     self.config
                         .pools
                         .iter()
                         .enumerate()
                         .filter(|&(i, _)| free(i))
-                        .map(|(i, op)| (i, lead(op, np)))
-                        .find(|&(_, k)| k > 0)
+                        .find_map(|(i, op)| Some((i, lead(op, np)?)))
                 });
-            if let (Some((i, k)), Ok(j)) = (pick, u16::try_from(j)) {
-                if let Some(r) = by_cfg.get_mut(i) {
+            if let (Some((i, (k, to))), Ok(j)) = (pick, u16::try_from(j)) {
+                if let (Some(r), Some(m)) = (by_cfg.get_mut(i), remap_cfg.get_mut(i)) {
                     *r = Some((j, k));
+                    *m = to;
                 }
             }
         }
@@ -677,17 +738,24 @@ impl<S: NatEventSink> WorkerNat<S> {
         // pool used, or a new slot. `slot_of[j]`: new pool `j`'s slot.
         // `reuse[s]`: the pool in slot `s` is reused (in place), keeping
         // `k` addresses.
+        // `remap[s]`: for a reused slot, its old address indices' new ones.
         let mut reuse: Vec<Option<(u16, usize)>> = vec![None; old.len()];
+        let mut remap: Vec<Vec<Option<usize>>> = vec![Vec::new(); old.len()];
         let mut slot_of: Vec<u16> = vec![0; next.pools.len()];
         let mut pools: Vec<PoolState> = old.iter().map(|_| PoolState::placeholder()).collect();
         for (i, r) in by_cfg.iter().enumerate() {
             if let (Some((j, k)), Some(&slot)) = (*r, self.slot_of.get(i)) {
-                if let (Some(x), Some(y)) = (
+                if let (Some(x), Some(y), Some(m)) = (
                     reuse.get_mut(usize::from(slot)),
                     slot_of.get_mut(usize::from(j)),
+                    remap.get_mut(usize::from(slot)),
                 ) {
                     *x = Some((slot, k));
                     *y = slot;
+                    *m = remap_cfg
+                        .get_mut(i)
+                        .map(core::mem::take)
+                        .unwrap_or_default();
                 }
             }
         }
@@ -720,6 +788,13 @@ impl<S: NatEventSink> WorkerNat<S> {
             .map(|(a, (j, ai))| (a, (slot_of.get(usize::from(j)).copied().unwrap_or(j), ai)))
             .collect();
         let reused_to = |pool: u16| reuse.get(usize::from(pool)).copied().flatten();
+        // Where address `ai` of reused slot `pool` goes (`None`: it left).
+        let moved_to = |pool: u16, ai: usize| {
+            remap
+                .get(usize::from(pool))
+                .and_then(|m| m.get(ai).copied())
+                .flatten()
+        };
         // What needs a scan of the mappings: a reused pool that drops
         // addresses (their mappings retire), a pool not reused that has
         // mappings (`slot_mappings`) or a masquerade address that becomes a
@@ -728,10 +803,11 @@ impl<S: NatEventSink> WorkerNat<S> {
         // out while they map nothing, settings) no mapping changes and
         // none is visited: the change costs O(pools and addresses, and
         // retired mappings when a pool goes), whatever the mappings.
+        // (A reused pool whose addresses do not all keep their index.)
         let shrinks = reuse
             .iter()
-            .zip(&old)
-            .any(|(r, o)| r.is_some_and(|(_, k)| k < o.addrs.len()));
+            .zip(&remap)
+            .any(|(r, m)| r.is_some() && m.iter().enumerate().any(|(oi, to)| *to != Some(oi)));
         self.slot_mappings.resize(pools.len(), 0);
         // A pool dropped (its retired mappings' held ports move, below).
         let drops = reuse
@@ -747,19 +823,30 @@ impl<S: NatEventSink> WorkerNat<S> {
                 .iter()
                 .any(|s| s.addr.is_some_and(|a| pool_addr.contains_key(&a)));
         // The mappings of a reused pool's addresses that left retire now,
-        // while its old state still says which block each was in.
-        let gone: Vec<(ExtKey, Mapping)> = if shrinks {
-            self.by_ext
-                .iter()
-                .filter(|(_, m)| {
-                    matches!(m.space, Space::Pool { pool, map }
-                        if reused_to(pool).is_some_and(|(_, k)| map as usize / PROTOS >= k))
-                })
-                .map(|(e, m)| (*e, *m))
-                .collect()
-        } else {
-            Vec::new()
-        };
+        // while its old state still says which block each was in; those of
+        // its addresses that stay take their address's new index, in place.
+        let mut gone: Vec<(ExtKey, Mapping)> = Vec::new();
+        if shrinks {
+            for (e, m) in self.by_ext.iter_mut() {
+                let Space::Pool { pool, map } = m.space else {
+                    continue;
+                };
+                if reused_to(pool).is_none() {
+                    continue;
+                }
+                let ai = map as usize / PROTOS;
+                match moved_to(pool, ai) {
+                    Some(ni) if ni == ai => {}
+                    Some(ni) => {
+                        let pi = map as usize % PROTOS;
+                        if let Ok(map) = u32::try_from(ni * PROTOS + pi) {
+                            m.space = Space::Pool { pool, map };
+                        }
+                    }
+                    None => gone.push((*e, *m)),
+                }
+            }
+        }
         self.retired.reserve(gone.len());
         for (ext, m) in gone {
             let sessions = unfile(&mut self.by_int, &m.key);
@@ -797,12 +884,15 @@ impl<S: NatEventSink> WorkerNat<S> {
                 .iter()
                 .position(|&s| s == j)
                 .and_then(|c| next.pools.get(c));
-            if let (Some(o), Some(n), Some(np)) =
-                (old.get_mut(i), pools.get_mut(usize::from(j)), np)
-            {
+            if let (Some(o), Some(n), Some(np), Some(to)) = (
+                old.get_mut(i),
+                pools.get_mut(usize::from(j)),
+                np,
+                remap.get(i),
+            ) {
+                debug_assert_eq!(to.iter().flatten().count(), k);
                 core::mem::swap(o, n);
-                n.truncate(k);
-                n.grow(&np.addrs);
+                n.reshape(to, &np.addrs);
             }
         }
         // Ports held for mappings retired earlier move with their address:
@@ -814,11 +904,11 @@ impl<S: NatEventSink> WorkerNat<S> {
         if holds_move {
             for (ext, r) in &mut self.retired {
                 if let Some(Space::Pool { pool, map }) = r.hold {
+                    let ai = map as usize / PROTOS;
                     r.hold = match reused_to(pool) {
-                        Some((j, k)) if (map as usize / PROTOS) < k => {
-                            Some(Space::Pool { pool: j, map })
-                        }
-                        Some(_) => None,
+                        Some((j, _)) => moved_to(pool, ai)
+                            .and_then(|ni| u32::try_from(ni * PROTOS + map as usize % PROTOS).ok())
+                            .map(|map| Space::Pool { pool: j, map }),
                         None => pool_addr
                             .get(&ext.addr)
                             .and_then(|&t| take_raw(&mut pools, t, map, ext.port)),
@@ -2075,40 +2165,27 @@ struct SessionRef {
 }
 
 impl PoolState {
-    /// [`WorkerNat::set_pools`]: keep the first `k` addresses only (their
-    /// bitmaps and port blocks; the caller has retired the others'
-    /// mappings).
-    fn truncate(&mut self, k: usize) {
-        if k >= self.addrs.len() {
-            return;
-        }
-        self.addrs.truncate(k);
-        self.space.truncate(k * PROTOS);
+    /// [`WorkerNat::set_pools`]: this pool's addresses become `addrs`
+    /// (same port range): old address `a` becomes `to[a]` if it stays
+    /// (the kept ones first, in their order, so an index only moves
+    /// down), and the new ones follow. The bitmaps and port blocks of the
+    /// kept addresses move with them, those of the others go (the caller
+    /// has retired their mappings), the new ones start empty.
+    fn reshape(&mut self, to: &[Option<usize>], addrs: &[Ipv4Addr]) {
+        let kept = to.iter().flatten().count();
+        let maps: Vec<Option<usize>> = (0..to.len() * PROTOS)
+            .map(|m| {
+                to.get(m / PROTOS)
+                    .copied()
+                    .flatten()
+                    .map(|a| a * PROTOS + m % PROTOS)
+            })
+            .collect();
+        self.space.compact(&maps, kept * PROTOS);
+        self.space.grow(addrs.len() * PROTOS);
         if let Some(b) = &mut self.blocks {
-            let n = b.per_addr as usize * k;
-            b.owner.truncate(n);
-            b.used.truncate(n);
-            b.next.truncate(n);
-            b.free.truncate(k);
-            b.cursor.truncate(k);
-            b.by_sub.retain(|_, v| {
-                v.retain(|&x| (x as usize) < n);
-                !v.is_empty()
-            });
-        }
-    }
-
-    /// [`WorkerNat::set_pools`]: this pool's addresses become `addrs`,
-    /// which start with the ones it has (same port range): the bitmaps and
-    /// port blocks of the new ones are appended, empty.
-    fn grow(&mut self, addrs: &[Ipv4Addr]) {
-        let n = addrs.len();
-        if n <= self.addrs.len() {
-            return;
-        }
-        self.addrs = addrs.iter().map(|a| u32::from(*a)).collect();
-        self.space.grow(n * PROTOS);
-        if let Some(b) = &mut self.blocks {
+            b.compact(to, kept);
+            let n = addrs.len();
             let blocks = b.per_addr as usize * n;
             b.owner.resize(blocks, None);
             b.used.resize(blocks, 0);
@@ -2116,6 +2193,7 @@ impl PoolState {
             b.free.resize(n, b.per_addr);
             b.cursor.resize(n, 0);
         }
+        self.addrs = addrs.iter().map(|a| u32::from(*a)).collect();
     }
 }
 

@@ -67,6 +67,56 @@ fn events(n: &WorkerNat<VecSink>) -> (usize, usize) {
     )
 }
 
+/// An address taken out of the middle of a pool: only its mappings
+/// retire; those of the other addresses keep their endpoints and sessions
+/// (their bitmaps and blocks close up behind it), and new connections
+/// still pair with the same addresses.
+#[test]
+fn an_address_out_of_the_middle_retires_only_its_mappings() {
+    for block in [0, 4] {
+        let c = config(vec![pool(&[1, 2, 3, 4], 2000..=2099)], 1, block);
+        let mut n = WorkerNat::new(&c, 0, VecSink::default()).unwrap();
+        let mut live = Vec::new();
+        for h in 1..60 {
+            let o = udp(h, 5000, 53);
+            if let Ok(r) = n.translate_outbound(&o, &snat(0), None) {
+                live.push((o, r));
+            }
+        }
+        let on = |a: u8| {
+            live.iter()
+                .filter(|(_, r)| r.dst == u32::from(ip(a)))
+                .count() as u64
+        };
+        let (on2, total) = (on(2), live.len() as u64);
+        assert!(on2 > 0 && on(3) > 0 && on(4) > 0, "block {block}");
+        let next = config(vec![pool(&[1, 3, 4, 9], 2000..=2099)], 1, block);
+        let ch = n.set_pools(&next).unwrap();
+        assert_eq!((ch.kept, ch.retired), (total - on2, on2), "block {block}");
+        check(&n, &live);
+        // A kept mapping serves its host's next connection.
+        for (o, r) in live.iter().filter(|(_, r)| r.dst != u32::from(ip(2))) {
+            let o2 = udp(o.src_addr().octets()[3], o.sport, 54);
+            let r2 = n.translate_outbound(&o2, &snat(0), None).unwrap();
+            assert_eq!((r2.dst, r2.dport), (r.dst, r.dport), "block {block}");
+            n.release(&o2, &r2);
+        }
+        // Releasing everything frees every port and block.
+        for (o, r) in live.drain(..) {
+            n.release(&o, &r);
+        }
+        let s = n.stats();
+        assert_eq!(
+            (s.mappings, s.retired, s.blocks),
+            (0, 0, 0),
+            "block {block}"
+        );
+        for a in [1, 3, 4, 9] {
+            assert_eq!(n.free_ports(ip(a), proto::UDP), Some(100), "block {block}");
+        }
+    }
+}
+
 /// Pools live in slots: a pool put ahead of another leaves the other's
 /// mappings as they are (the same realm and space, nothing renumbered or
 /// visited), a new connection through its new number finds them, and a
@@ -404,6 +454,12 @@ fn layouts(block: u16) -> Vec<NatConfig> {
             block,
         ),
         config(vec![pool(&[1], r.clone()), pool(&[3], r.clone())], 2, block),
+        // An address taken out of the middle (the others close up), with
+        // one appended; the first one taken out.
+        config(vec![pool(&[1, 3, 6], r.clone())], 2, block),
+        config(vec![pool(&[2, 3, 6], r.clone())], 2, block),
+        // Reordered: the state cannot be kept, the mappings are filed again.
+        config(vec![pool(&[3, 1, 2], r.clone())], 2, block),
     ];
     if block == 0 {
         v.push(config(vec![pool(&[3], 2008..=2023)], 2, block));
