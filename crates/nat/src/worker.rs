@@ -2173,6 +2173,9 @@ impl PoolState {
     /// has retired their mappings), the new ones start empty.
     fn reshape(&mut self, to: &[Option<usize>], addrs: &[Ipv4Addr]) {
         let kept = to.iter().flatten().count();
+        // Every address keeps its index (addresses appended at most):
+        // nothing moves, and the subscribers' block lists are not visited.
+        let same = to.iter().enumerate().all(|(a, t)| *t == Some(a));
         let maps: Vec<Option<usize>> = (0..to.len() * PROTOS)
             .map(|m| {
                 to.get(m / PROTOS)
@@ -2181,10 +2184,14 @@ impl PoolState {
                     .map(|a| a * PROTOS + m % PROTOS)
             })
             .collect();
-        self.space.compact(&maps, kept * PROTOS);
+        if !same {
+            self.space.compact(&maps, kept * PROTOS);
+        }
         self.space.grow(addrs.len() * PROTOS);
         if let Some(b) = &mut self.blocks {
-            b.compact(to, kept);
+            if !same {
+                b.compact(to, kept);
+            }
             let n = addrs.len();
             let blocks = b.per_addr as usize * n;
             b.owner.resize(blocks, None);
