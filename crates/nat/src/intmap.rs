@@ -160,6 +160,12 @@ impl IntMap {
         ((h >> 32) as usize) & self.mask
     }
 
+    /// Start loading the home slot of key `k` into the cache.
+    #[inline]
+    pub(crate) fn prefetch_key(&self, k: &IntKey) {
+        self.prefetch(self.hash_key(k));
+    }
+
     /// Start loading the home slot of hash `h` into the cache.
     #[inline]
     pub(crate) fn prefetch(&self, h: u64) {

@@ -827,6 +827,9 @@ impl<S: NatEventSink> WorkerNat<S> {
         // its addresses that stay take their address's new index, in place.
         let mut gone: Vec<(ExtKey, Mapping)> = Vec::new();
         if shrinks {
+            // (Made `Space::Retired` here, in the pass, rather than looked
+            // up again one by one; filed as retired below.)
+            let counts = &mut self.slot_mappings;
             for (e, m) in self.by_ext.iter_mut() {
                 let Space::Pool { pool, map } = m.space else {
                     continue;
@@ -843,18 +846,30 @@ impl<S: NatEventSink> WorkerNat<S> {
                             m.space = Space::Pool { pool, map };
                         }
                     }
-                    None => gone.push((*e, *m)),
+                    None => {
+                        gone.push((*e, *m));
+                        m.space = Space::Retired;
+                        if let Some(c) = counts.get_mut(usize::from(pool)) {
+                            *c = c.saturating_sub(1);
+                        }
+                    }
                 }
             }
         }
         self.retired.reserve(gone.len());
-        for (ext, m) in gone {
+        // (Their `by_int` slots are far apart: each one's load is started
+        // a few retirements ahead.)
+        const AHEAD: usize = 8;
+        for (i, &(ext, m)) in gone.iter().enumerate() {
+            if let Some((_, next)) = gone.get(i + AHEAD) {
+                self.by_int.prefetch_key(&next.key.int_key());
+            }
             let sessions = unfile(&mut self.by_int, &m.key);
             let block = match m.space {
                 Space::Pool { pool, map } => retired_block(&old, pool, map, ext.port),
                 _ => None,
             };
-            self.retire(ext, sessions, block, None);
+            self.file_retired(ext, sessions, block, None);
             change.retired += 1;
         }
         // Every other mapping with a port in a pool bitmap, or whose
@@ -1002,6 +1017,23 @@ impl<S: NatEventSink> WorkerNat<S> {
         block: Option<(u32, u16, u32, u16)>,
         hold: Option<Space>,
     ) {
+        self.file_retired(ext, sessions, block, hold);
+        if let Some(x) = self.by_ext.get_mut(&ext) {
+            let was = core::mem::replace(&mut x.space, Space::Retired);
+            self.count_slot(was, false);
+        }
+    }
+
+    /// [`Self::retire`] but for the mapping itself, whose space the
+    /// caller has made `Space::Retired` (and counted out of its slot):
+    /// its count, block and hold filed with the retired ones.
+    fn file_retired(
+        &mut self,
+        ext: ExtKey,
+        sessions: u32,
+        block: Option<(u32, u16, u32, u16)>,
+        hold: Option<Space>,
+    ) {
         if let Some((addr, first, sub, last)) = block {
             self.retired_blocks
                 .entry((addr, first))
@@ -1020,10 +1052,6 @@ impl<S: NatEventSink> WorkerNat<S> {
                 hold,
             },
         );
-        if let Some(x) = self.by_ext.get_mut(&ext) {
-            let was = core::mem::replace(&mut x.space, Space::Retired);
-            self.count_slot(was, false);
-        }
     }
 
     /// Count a mapping of `space` in (`add`) or out of its pool slot's
