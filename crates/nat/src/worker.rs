@@ -873,10 +873,13 @@ impl<S: NatEventSink> WorkerNat<S> {
             change.retired += 1;
         }
         // Every other mapping with a port in a pool bitmap, or whose
-        // address becomes a pool address, leaves `by_int` first, to be
-        // filed again below: its key there may be another's old one (pool
-        // numbers move). (Pool numbers are still the old ones here.)
-        let mut moving: Vec<(ExtKey, u32)> = Vec::new();
+        // address becomes a pool address, is filed again below, one by
+        // one. (Its new key never is another moving mapping's old one: a
+        // moved mapping's realm is a slot of the new pools, kept or new,
+        // never the slot of a pool not kept, and a masquerade mapping keeps
+        // its realm. So each leaves `by_int` just before it is filed again,
+        // while its slot there is in the cache: the realm is not hashed.)
+        let mut moving: Vec<(ExtKey, MapKey)> = Vec::new();
         if refiles {
             for (ext, m) in &self.by_ext {
                 let goes = match m.space {
@@ -885,7 +888,7 @@ impl<S: NatEventSink> WorkerNat<S> {
                     Space::Retired => false,
                 };
                 if goes {
-                    moving.push((*ext, unfile(&mut self.by_int, &m.key)));
+                    moving.push((*ext, m.key));
                 }
             }
         }
@@ -931,7 +934,11 @@ impl<S: NatEventSink> WorkerNat<S> {
                 }
             }
         }
-        for (ext, sessions) in moving {
+        for (i, &(ext, old_key)) in moving.iter().enumerate() {
+            if let Some((_, next)) = moving.get(i + AHEAD) {
+                self.by_int.prefetch_key(&next.int_key());
+            }
+            let sessions = unfile(&mut self.by_int, &old_key);
             let Some(m) = self.by_ext.get(&ext).copied() else {
                 continue;
             };
