@@ -23,7 +23,10 @@
 //! the engine can compute it before policy has chosen the realm; the few
 //! mappings one endpoint has in different realms share a probe run. Growth
 //! doubles the table and re-inserts (amortized, in the slow path, as the
-//! `hashbrown` map it replaces did).
+//! `hashbrown` map it replaces did). That is a pause of the worker: 71-76
+//! ms at 1 M mappings on the development VM (`examples/growth.rs`,
+//! docs/benchmarks.md, "Known: the NAT tables pause a worker when they
+//! double"); an incremental resize is the fix meant.
 
 use core::hash::{BuildHasher, Hasher};
 
