@@ -15,6 +15,11 @@ use std::time::Instant;
 use sluice_nat::{NatConfig, NoopSink, Pool, PoolId, Translation, WorkerNat};
 use sluice_wire::flow::{proto, FlowKey4};
 
+/// The `sluice` binary's allocator, so that growth costs what it costs in
+/// the gateway.
+#[global_allocator]
+static GLOBAL: sluice_io::alloc::Allocator = sluice_io::alloc::Allocator;
+
 fn main() {
     let n: u32 = std::env::args()
         .nth(1)

@@ -23,10 +23,12 @@
 //! the engine can compute it before policy has chosen the realm; the few
 //! mappings one endpoint has in different realms share a probe run. Growth
 //! doubles the table and re-inserts (amortized, in the slow path, as the
-//! `hashbrown` map it replaces did). That is a pause of the worker: 71-76
+//! `hashbrown` map it replaces did). That is a pause of the worker: 65-76
 //! ms at 1 M mappings on the development VM (`examples/growth.rs`,
-//! docs/benchmarks.md, "Known: the NAT tables pause a worker when they
-//! double"); an incremental resize is the fix meant.
+//! docs/benchmarks.md, "The NAT tables pause a worker when they double").
+//! An incremental growth (the old array kept while each insert and
+//! removal moves a few of its slots) removed the pauses but cost `sluice
+//! bench nat44` 5-7 % of its setup rate, so it is not used yet.
 
 use core::hash::{BuildHasher, Hasher};
 

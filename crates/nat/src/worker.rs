@@ -547,7 +547,11 @@ pub struct WorkerNat<S = NoopSink> {
     /// Releasing a session, at expiry rather than on a packet's path, pays
     /// the `by_ext` lookup as well.
     by_int: IntMap,
-    by_ext: HashMap<ExtKey, Mapping>,
+    /// `griddle`'s map, not `hashbrown`'s: it grows incrementally (a few
+    /// entries moved per insert), where `hashbrown` re-inserts everything
+    /// in the one insert that fills it, which paused the worker 37-78 ms
+    /// at 0.9-1.8 M mappings (`examples/growth.rs`).
+    by_ext: griddle::HashMap<ExtKey, Mapping>,
     /// Per slot, the mappings of `by_ext` whose port is in its pool's
     /// bitmap (`Space::Pool`): a pool change tells without a scan which
     /// pools it drops have mappings to move, and what it keeps
@@ -614,7 +618,7 @@ impl<S: NatEventSink> WorkerNat<S> {
             masq_slots: vec![MasqSlot::default(); slots],
             masq_space: PortSpace::new(masq_slice, slots * PROTOS),
             by_int: IntMap::with_capacity(cap),
-            by_ext: HashMap::with_capacity(cap),
+            by_ext: griddle::HashMap::with_capacity(cap),
             slot_mappings: vec![0; config.pools.len()],
             retired: HashMap::new(),
             retired_blocks: HashMap::new(),
