@@ -896,7 +896,7 @@ impl MemGateway {
     }
 
     /// SIGTERM; asserts a clean exit and returns the gateway's log.
-    fn stop(mut self) -> String {
+    fn stop(&mut self) -> String {
         use std::io::Read;
         let st = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
@@ -911,6 +911,18 @@ impl MemGateway {
         let _ = std::fs::remove_dir_all(&self.dir);
         assert!(code.success(), "exit {code:?}: {err}");
         err
+    }
+}
+
+impl Drop for MemGateway {
+    /// A test that failed before [`MemGateway::stop`] leaves no gateway
+    /// running.
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -934,7 +946,7 @@ fn a_reload_moves_sets_and_removes_the_metrics_listener() {
             format!("metrics_listen = \"127.0.0.1:{p}\"\n")
         })
     };
-    let gw = MemGateway::start("metrics", &m(Some(a)));
+    let mut gw = MemGateway::start("metrics", &m(Some(a)));
     let write = |metrics: Option<u16>| gw.write(&m(metrics));
     let ctl = |w: &[&str]| gw.ctl(w);
     let sock = gw.sock.clone();
@@ -1038,7 +1050,7 @@ fn a_reload_moves_sets_and_removes_the_metrics_listener() {
 #[test]
 fn a_reload_changes_the_conntrack_maximum_within_the_capacity() {
     let ct = |max: &str| format!("workers = 2\n[conntrack]\n{max}\n");
-    let gw = MemGateway::start("ctmax", &ct("max = 1000\ncapacity = 4000"));
+    let mut gw = MemGateway::start("ctmax", &ct("max = 1000\ncapacity = 4000"));
     // Per worker: (ct_max, ct_capacity, ct_max6).
     let limits = || -> Vec<(u64, u64, u64)> {
         let st = json(&gw.ctl(&["status"]));
