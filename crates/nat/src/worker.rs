@@ -1301,10 +1301,6 @@ impl<S: NatEventSink> WorkerNat<S> {
             // Keep the table's allocation.
             self.by_ext = all;
         }
-        let mut all = core::mem::take(&mut self.by_ext);
-        for (ext, m) in all.drain() {
-            self.mapping_gone(&m, ext);
-        }
         self.retired.clear();
         self.retired_blocks.clear();
         for p in &mut self.pools {
@@ -3052,9 +3048,12 @@ mod tests {
             }
         }
         assert_eq!(n.stats().mappings, 95);
+        let room = n.by_ext.capacity();
         n.clear();
         let s = n.stats();
         assert_eq!((s.mappings, s.sessions, s.subscribers), (0, 0, 0));
+        // The external-side table keeps its allocation.
+        assert_eq!(n.by_ext.capacity(), room);
         assert_eq!(n.free_ports(ip(192, 0, 2, 1), proto::UDP), Some(1000));
         assert_eq!(n.free_ports(ip(192, 0, 2, 2), proto::UDP), Some(1000));
         let removed = n

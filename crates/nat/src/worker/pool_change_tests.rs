@@ -884,8 +884,11 @@ fn flush_alike(ops: Vec<Op>, w: u16, block: u16) {
         }
     }
     assert_eq!(a.stats(), b.stats());
+    let room = (a.by_ext.capacity(), b.by_ext.capacity());
     a.clear();
     b.clear();
+    // Both keep the external-side table's allocation.
+    assert_eq!((a.by_ext.capacity(), b.by_ext.capacity()), room);
     assert_eq!(a.stats(), b.stats());
     let s = b.stats();
     assert_eq!(
