@@ -678,11 +678,11 @@ impl<S: NatEventSink> WorkerNat<S> {
         // no re-filing of its mappings; the mappings of its addresses that
         // left are retired, the bitmaps and blocks of the others close up
         // (`PoolState::reshape`), new addresses are appended.
-        // `lead(op, np)`: (addresses kept, `to[a]`: old address index `a`'s
-        // new index, if it stays).
+        // `lead(op, np)`: `to[a]`, old address index `a`'s new index if it
+        // stays (at least one does).
         // (Not when an address it drops is still a pool address: that
         // one's mappings move, which the slow path below does.)
-        let lead = |op: &crate::Pool, np: &crate::Pool| -> Option<(usize, Vec<Option<usize>>)> {
+        let lead = |op: &crate::Pool, np: &crate::Pool| -> Option<Vec<Option<usize>>> {
             if op.ports != np.ports {
                 return None;
             }
@@ -708,11 +708,12 @@ impl<S: NatEventSink> WorkerNat<S> {
                 .iter()
                 .zip(&to)
                 .any(|(a, t)| t.is_none() && pool_addr.contains_key(&u32::from(*a)));
-            (!moves).then_some((k, to))
+            (!moves).then_some(to)
         };
-        // By the old pool's number first.
-        let mut by_cfg: Vec<Option<(u16, usize)>> = vec![None; self.config.pools.len()];
-        let mut remap_cfg: Vec<Vec<Option<usize>>> = vec![Vec::new(); self.config.pools.len()];
+        // By the old pool's number first: `by_cfg[i]`, the new pool that
+        // old pool `i` serves and its `to`.
+        let mut by_cfg: Vec<Option<(u16, Vec<Option<usize>>)>> =
+            vec![None; self.config.pools.len()];
         for (j, np) in next.pools.iter().enumerate() {
             let free = |i: usize| by_cfg.get(i).is_some_and(Option::is_none);
             let pick = self
@@ -729,10 +730,9 @@ impl<S: NatEventSink> WorkerNat<S> {
                         .filter(|&(i, _)| free(i))
                         .find_map(|(i, op)| Some((i, lead(op, np)?)))
                 });
-            if let (Some((i, (k, to))), Ok(j)) = (pick, u16::try_from(j)) {
-                if let (Some(r), Some(m)) = (by_cfg.get_mut(i), remap_cfg.get_mut(i)) {
-                    *r = Some((j, k));
-                    *m = to;
+            if let (Some((i, to)), Ok(j)) = (pick, u16::try_from(j)) {
+                if let Some(r) = by_cfg.get_mut(i) {
+                    *r = Some((j, to));
                 }
             }
         }
@@ -740,34 +740,24 @@ impl<S: NatEventSink> WorkerNat<S> {
         // mappings their realm and space, whatever its new number: a pool
         // put ahead of it costs nothing); a new one takes a slot no old
         // pool used, or a new slot. `slot_of[j]`: new pool `j`'s slot.
-        // `reuse[s]`: the pool in slot `s` is reused (in place), keeping
-        // `k` addresses.
-        // `remap[s]`: for a reused slot, its old address indices' new ones.
-        let mut reuse: Vec<Option<(u16, usize)>> = vec![None; old.len()];
-        let mut remap: Vec<Vec<Option<usize>>> = vec![Vec::new(); old.len()];
+        // `reuse[s]`: the pool in slot `s` is reused in place, as new pool
+        // `j`, its old address indices going to `to`.
+        let mut reuse: Vec<Option<(u16, Vec<Option<usize>>)>> = vec![None; old.len()];
         let mut slot_of: Vec<u16> = vec![0; next.pools.len()];
         let mut pools: Vec<PoolState> = old.iter().map(|_| PoolState::placeholder()).collect();
-        for (i, r) in by_cfg.iter().enumerate() {
-            if let (Some((j, k)), Some(&slot)) = (*r, self.slot_of.get(i)) {
-                if let (Some(x), Some(y), Some(m)) = (
+        for (i, r) in by_cfg.iter_mut().enumerate() {
+            if let (Some((j, to)), Some(&slot)) = (r.take(), self.slot_of.get(i)) {
+                if let (Some(x), Some(y)) = (
                     reuse.get_mut(usize::from(slot)),
                     slot_of.get_mut(usize::from(j)),
-                    remap.get_mut(usize::from(slot)),
                 ) {
-                    *x = Some((slot, k));
+                    *x = Some((j, to));
                     *y = slot;
-                    *m = remap_cfg
-                        .get_mut(i)
-                        .map(core::mem::take)
-                        .unwrap_or_default();
                 }
             }
         }
         for (j, np) in next.pools.iter().enumerate() {
-            if by_cfg
-                .iter()
-                .any(|r| r.is_some_and(|(to, _)| usize::from(to) == j))
-            {
+            if reuse.iter().flatten().any(|(to, _)| usize::from(*to) == j) {
                 continue;
             }
             // A slot that held no pool before this change (none of the
@@ -791,13 +781,10 @@ impl<S: NatEventSink> WorkerNat<S> {
             .into_iter()
             .map(|(a, (j, ai))| (a, (slot_of.get(usize::from(j)).copied().unwrap_or(j), ai)))
             .collect();
-        let reused_to = |pool: u16| reuse.get(usize::from(pool)).copied().flatten();
+        let reused_to = |pool: u16| reuse.get(usize::from(pool)).and_then(Option::as_ref);
         // Where address `ai` of reused slot `pool` goes (`None`: it left).
         let moved_to = |pool: u16, ai: usize| {
-            remap
-                .get(usize::from(pool))
-                .and_then(|m| m.get(ai).copied())
-                .flatten()
+            reused_to(pool).and_then(|(_, to)| to.get(ai).copied().flatten())
         };
         // What needs a scan of the mappings: a reused pool that drops
         // addresses (their mappings retire), a pool not reused that has
@@ -810,8 +797,8 @@ impl<S: NatEventSink> WorkerNat<S> {
         // (A reused pool whose addresses do not all keep their index.)
         let shrinks = reuse
             .iter()
-            .zip(&remap)
-            .any(|(r, m)| r.is_some() && m.iter().enumerate().any(|(oi, to)| *to != Some(oi)));
+            .flatten()
+            .any(|(_, to)| to.iter().enumerate().any(|(oi, t)| *t != Some(oi)));
         self.slot_mappings.resize(pools.len(), 0);
         // A pool dropped (its retired mappings' held ports move, below).
         let drops = reuse
@@ -897,22 +884,14 @@ impl<S: NatEventSink> WorkerNat<S> {
             }
         }
         for (i, r) in reuse.iter().enumerate() {
-            let Some((j, k)) = *r else {
+            let Some((j, to)) = r else {
                 continue;
             };
-            // (`j` is the slot `i` itself; the new pool's addresses are
-            // those of the config pool that slot serves.)
-            let np = slot_of
-                .iter()
-                .position(|&s| s == j)
-                .and_then(|c| next.pools.get(c));
-            if let (Some(o), Some(n), Some(np), Some(to)) = (
+            if let (Some(o), Some(n), Some(np)) = (
                 old.get_mut(i),
-                pools.get_mut(usize::from(j)),
-                np,
-                remap.get(i),
+                pools.get_mut(i),
+                next.pools.get(usize::from(*j)),
             ) {
-                debug_assert_eq!(to.iter().flatten().count(), k);
                 core::mem::swap(o, n);
                 n.reshape(to, &np.addrs);
             }
@@ -928,9 +907,9 @@ impl<S: NatEventSink> WorkerNat<S> {
                 if let Some(Space::Pool { pool, map }) = r.hold {
                     let ai = map as usize / PROTOS;
                     r.hold = match reused_to(pool) {
-                        Some((j, _)) => moved_to(pool, ai)
+                        Some(_) => moved_to(pool, ai)
                             .and_then(|ni| u32::try_from(ni * PROTOS + map as usize % PROTOS).ok())
-                            .map(|map| Space::Pool { pool: j, map }),
+                            .map(|map| Space::Pool { pool, map }),
                         None => pool_addr
                             .get(&ext.addr)
                             .and_then(|&t| take_raw(&mut pools, t, map, ext.port)),
@@ -2237,22 +2216,7 @@ impl PoolState {
         }
         self.addrs = addrs.iter().map(|a| u32::from(*a)).collect();
     }
-}
 
-/// The address index of `config`'s pools: external address -> (pool,
-/// address index).
-fn pool_index(config: &NatConfig) -> Result<HashMap<u32, (u16, usize)>, ConfigError> {
-    let mut pool_addr = HashMap::new();
-    for (pi, p) in config.pools.iter().enumerate() {
-        let pid = u16::try_from(pi).map_err(|_| ConfigError::TooLarge)?;
-        for (ai, a) in p.addrs.iter().enumerate() {
-            pool_addr.insert(u32::from(*a), (pid, ai));
-        }
-    }
-    Ok(pool_addr)
-}
-
-impl PoolState {
     /// Pool `p` of `config` on `worker`, empty.
     fn new(config: &NatConfig, p: &crate::Pool, worker: u16) -> Self {
         let slice = PortSlice::new(&p.ports, worker, config.workers);
@@ -2290,6 +2254,19 @@ impl PoolState {
             blocks: None,
         }
     }
+}
+
+/// The address index of `config`'s pools: external address -> (pool,
+/// address index).
+fn pool_index(config: &NatConfig) -> Result<HashMap<u32, (u16, usize)>, ConfigError> {
+    let mut pool_addr = HashMap::new();
+    for (pi, p) in config.pools.iter().enumerate() {
+        let pid = u16::try_from(pi).map_err(|_| ConfigError::TooLarge)?;
+        for (ai, a) in p.addrs.iter().enumerate() {
+            pool_addr.insert(u32::from(*a), (pid, ai));
+        }
+    }
+    Ok(pool_addr)
 }
 
 /// The bit of `addr` in [`WorkerNat`]'s pool address filter: a
