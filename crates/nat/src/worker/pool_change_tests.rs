@@ -604,6 +604,48 @@ fn check(n: &WorkerNat<VecSink>, live: &[(FlowKey4, FlowKey4)]) {
     assert_eq!(replies.len(), live.len());
 }
 
+/// The first packet and translation of `Op::Out` (pools 0 and 1 of the
+/// `pools` there are, or masquerade to an egress address that some
+/// layouts have in a pool (5) or none has (9)); `None` when the packet is
+/// one of a live session.
+fn out_packet(
+    (pool, p, h, sport, dport): (u16, u8, u8, u16, u16),
+    pools: u16,
+    live: &[(FlowKey4, FlowKey4)],
+) -> Option<(FlowKey4, Translation, Option<Ipv4Addr>)> {
+    let dport = if p == proto::ICMP { sport } else { dport };
+    let o = FlowKey4::new(p, host(h), sport, Ipv4Addr::new(198, 51, 100, 1), dport);
+    if live.iter().any(|(lo, lr)| *lo == o || lr.reversed() == o) {
+        return None;
+    }
+    let (t, egress) = match pool {
+        0 | 1 => (snat(pool % pools), None),
+        k => (
+            Translation::Masquerade,
+            Some(ip(if k == 2 { 5 } else { 9 })),
+        ),
+    };
+    Some((o, t, egress))
+}
+
+/// The packet of `Op::In`: from outside to the external endpoint of live
+/// session `pick`; `None` without sessions, for ICMP, or when the packet
+/// is one of a live session.
+fn in_packet(live: &[(FlowKey4, FlowKey4)], pick: usize, src: u8, sport: u16) -> Option<FlowKey4> {
+    let &(_, r) = live.get(pick % live.len().max(1))?;
+    if r.proto == proto::ICMP {
+        return None;
+    }
+    let k = FlowKey4::new(
+        r.proto,
+        Ipv4Addr::new(203, 0, 113, src),
+        sport,
+        r.dst_addr(),
+        r.dport,
+    );
+    (!live.iter().any(|(lo, lr)| *lo == k || *lr == k)).then_some(k)
+}
+
 fn run(ops: Vec<Op>, w: u16, block: u16) {
     let layouts = layouts(block);
     let mut n = WorkerNat::new(&layouts[0], w, VecSink::default()).unwrap();
@@ -617,20 +659,10 @@ fn run(ops: Vec<Op>, w: u16, block: u16) {
                 sport,
                 dport,
             } => {
-                let dport = if p == proto::ICMP { sport } else { dport };
-                let o = FlowKey4::new(p, host(h), sport, Ipv4Addr::new(198, 51, 100, 1), dport);
-                if live.iter().any(|(lo, lr)| *lo == o || lr.reversed() == o) {
-                    continue;
-                }
                 let pools = n.config.pools.len() as u16;
-                // Pools 0 and 1, or masquerade to an egress address that
-                // some layouts have in a pool (5) or none has (9).
-                let (t, egress) = match pool {
-                    0 | 1 => (snat(pool % pools), None),
-                    k => (
-                        Translation::Masquerade,
-                        Some(ip(if k == 2 { 5 } else { 9 })),
-                    ),
+                let Some((o, t, egress)) = out_packet((pool, p, h, sport, dport), pools, &live)
+                else {
+                    continue;
                 };
                 match n.translate_outbound(&o, &t, egress) {
                     Ok(r) => {
@@ -654,23 +686,9 @@ fn run(ops: Vec<Op>, w: u16, block: u16) {
                 }
             }
             Op::In { pick, src, sport } => {
-                if live.is_empty() {
+                let Some(k) = in_packet(&live, pick, src, sport) else {
                     continue;
-                }
-                let (_, r) = live[pick % live.len()];
-                if r.proto == proto::ICMP {
-                    continue;
-                }
-                let k = FlowKey4::new(
-                    r.proto,
-                    Ipv4Addr::new(203, 0, 113, src),
-                    sport,
-                    r.dst_addr(),
-                    r.dport,
-                );
-                if live.iter().any(|(lo, lr)| *lo == k || *lr == k) {
-                    continue;
-                }
+                };
                 if let Some((io, ir)) = n.inbound_new(&k) {
                     if live
                         .iter()
@@ -804,18 +822,6 @@ fn flush_alike(ops: Vec<Op>, w: u16, block: u16) {
     let mut a = WorkerNat::new(&layouts[0], w, VecSink::default()).unwrap();
     let mut b = WorkerNat::new(&layouts[0], w, NoopSink).unwrap();
     let mut live: Vec<(FlowKey4, FlowKey4)> = Vec::new();
-    let out = |pool: u16, p: u8, h: u8, sport: u16, dport: u16, pools: u16| {
-        let dport = if p == proto::ICMP { sport } else { dport };
-        let o = FlowKey4::new(p, host(h), sport, Ipv4Addr::new(198, 51, 100, 1), dport);
-        let (t, egress) = match pool {
-            0 | 1 => (snat(pool % pools), None),
-            k => (
-                Translation::Masquerade,
-                Some(ip(if k == 2 { 5 } else { 9 })),
-            ),
-        };
-        (o, t, egress)
-    };
     for op in ops {
         match op {
             Op::Out {
@@ -825,10 +831,11 @@ fn flush_alike(ops: Vec<Op>, w: u16, block: u16) {
                 sport,
                 dport,
             } => {
-                let (o, t, egress) = out(pool, p, h, sport, dport, a.config.pools.len() as u16);
-                if live.iter().any(|(lo, lr)| *lo == o || lr.reversed() == o) {
+                let pools = a.config.pools.len() as u16;
+                let Some((o, t, egress)) = out_packet((pool, p, h, sport, dport), pools, &live)
+                else {
                     continue;
-                }
+                };
                 let (ra, rb) = (
                     a.translate_outbound(&o, &t, egress),
                     b.translate_outbound(&o, &t, egress),
@@ -839,22 +846,9 @@ fn flush_alike(ops: Vec<Op>, w: u16, block: u16) {
                 }
             }
             Op::In { pick, src, sport } => {
-                let Some(&(_, r)) = live.get(pick % live.len().max(1)) else {
+                let Some(k) = in_packet(&live, pick, src, sport) else {
                     continue;
                 };
-                if r.proto == proto::ICMP {
-                    continue;
-                }
-                let k = FlowKey4::new(
-                    r.proto,
-                    Ipv4Addr::new(203, 0, 113, src),
-                    sport,
-                    r.dst_addr(),
-                    r.dport,
-                );
-                if live.iter().any(|(lo, lr)| *lo == k || *lr == k) {
-                    continue;
-                }
                 let (ia, ib) = (a.inbound_new(&k), b.inbound_new(&k));
                 assert_eq!(ia, ib);
                 if let Some((io, ir)) = ia {
