@@ -841,6 +841,21 @@ fn control_socket_group_members_may_not_name_files() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A mem-backend gateway's configuration in `dir`/gw.toml: `extra`
+/// (top-level keys first, then any tables) ahead of two interfaces.
+fn write_config(dir: &std::path::Path, sock: &std::path::Path, extra: &str) {
+    std::fs::write(
+        dir.join("gw.toml"),
+        format!(
+            "ruleset = \"sluice.nft\"\nbackend = \"mem\"\ncontrol_socket = \"{}\"\n{extra}\n\
+             [[interfaces]]\nname = \"lan0\"\nrole = \"inside\"\naddresses = [\"10.0.0.1/24\"]\n\n\
+             [[interfaces]]\nname = \"wan0\"\nrole = \"outside\"\naddresses = [\"203.0.113.1/24\"]\n",
+            sock.display()
+        ),
+    )
+    .unwrap();
+}
+
 /// A gateway on in-memory ports (`backend = "mem"`, no root needed) with
 /// the example rule set, run from a directory of its own; `extra` is
 /// added to the top of its configuration, and [`MemGateway::write`]
@@ -858,37 +873,21 @@ impl MemGateway {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::copy(example().with_extension("nft"), dir.join("sluice.nft")).unwrap();
         let sock = dir.join("ctl.sock");
-        let mut g = MemGateway {
-            child: Command::new("true").spawn().unwrap(),
-            dir,
-            sock,
-        };
-        let _ = g.child.wait();
-        g.write(extra);
-        g.child = sluice()
+        write_config(&dir, &sock, extra);
+        let mut child = sluice()
             .args(["run", "-c"])
-            .arg(g.dir.join("gw.toml"))
+            .arg(dir.join("gw.toml"))
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        wait_started(&mut g.child, &g.sock);
-        g
+        wait_started(&mut child, &sock);
+        MemGateway { dir, sock, child }
     }
 
-    /// Rewrite the configuration with `extra` (top-level keys first, then
-    /// any tables) ahead of the two interfaces.
+    /// Rewrite the configuration with `extra` (see [`write_config`]).
     fn write(&self, extra: &str) {
-        std::fs::write(
-            self.dir.join("gw.toml"),
-            format!(
-                "ruleset = \"sluice.nft\"\nbackend = \"mem\"\ncontrol_socket = \"{}\"\n{extra}\n\
-                 [[interfaces]]\nname = \"lan0\"\nrole = \"inside\"\naddresses = [\"10.0.0.1/24\"]\n\n\
-                 [[interfaces]]\nname = \"wan0\"\nrole = \"outside\"\naddresses = [\"203.0.113.1/24\"]\n",
-                self.sock.display()
-            ),
-        )
-        .unwrap();
+        write_config(&self.dir, &self.sock, extra);
     }
 
     fn ctl(&self, words: &[&str]) -> Output {
