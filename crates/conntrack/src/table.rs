@@ -393,6 +393,14 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
     /// place of an unassured one of its probe window (early drop) or is
     /// refused, as when the table is full.
     pub fn set_max(&mut self, max: u32) -> Result<(), ConfigError> {
+        self.check_max(max)?;
+        self.max = max;
+        Ok(())
+    }
+
+    /// Whether [`set_max`](Self::set_max) would take `max`, changing
+    /// nothing.
+    pub fn check_max(&self, max: u32) -> Result<(), ConfigError> {
         if max == 0 {
             return Err(ConfigError::ZeroMax);
         }
@@ -402,7 +410,6 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
                 capacity: self.capacity,
             });
         }
-        self.max = max;
         Ok(())
     }
 

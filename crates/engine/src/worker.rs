@@ -277,20 +277,21 @@ impl EngineConfig {
     /// Connections the IPv4 table is built for: [`Self::ct_capacity`], or
     /// [`Self::ct_max`] when that is 0.
     pub fn ct_capacity(&self) -> u64 {
-        if self.ct_capacity == 0 {
-            self.ct_max
-        } else {
-            self.ct_capacity
-        }
+        nonzero_or(self.ct_capacity, self.ct_max)
     }
 
     /// The same for the IPv6 table.
     pub fn ct6_capacity(&self) -> u64 {
-        if self.ct6_capacity == 0 {
-            self.ct6_max
-        } else {
-            self.ct6_capacity
-        }
+        nonzero_or(self.ct6_capacity, self.ct6_max)
+    }
+}
+
+/// `v`, or `or` when `v` is 0.
+fn nonzero_or(v: u64, or: u64) -> u64 {
+    if v == 0 {
+        or
+    } else {
+        v
     }
 }
 
@@ -309,15 +310,6 @@ pub enum EngineError {
     /// `ct_max` is larger than the table supports.
     #[error("conntrack maximum {0} exceeds {max}", max = ct::MAX_CONNECTIONS)]
     CtMax(u64),
-    /// A maximum asked of [`Worker::set_ct_max`] is 0 or above its
-    /// table's capacity.
-    #[error("conntrack maximum {max} is not between 1 and the table's capacity {capacity}")]
-    CtAboveCapacity {
-        /// The maximum asked for.
-        max: u64,
-        /// The table's capacity.
-        capacity: u64,
-    },
     /// A route points at an interface that does not exist.
     #[error("route {net}/{len} uses interface index {oif}, but only {count} interfaces exist")]
     RouteInterface {
@@ -1041,18 +1033,13 @@ impl Worker {
     /// holding more than its new maximum takes no new connection until
     /// connections end, except in place of one it drops early.
     pub fn set_ct_max(&mut self, v4: u64, v6: u64) -> Result<(), EngineError> {
-        let fits = |m: u64, cap: usize| m >= 1 && m <= cap as u64;
-        for (m, cap) in [(v4, self.ct.capacity()), (v6, self.v6.ct.capacity())] {
-            if !fits(m, cap) {
-                return Err(EngineError::CtAboveCapacity {
-                    max: m,
-                    capacity: cap as u64,
-                });
-            }
-        }
-        // Both fit (checked above), so neither call can fail.
-        self.ct.set_max(v4 as u32)?;
-        self.v6.ct.set_max(v6 as u32)?;
+        let v4 = u32::try_from(v4).map_err(|_| EngineError::CtMax(v4))?;
+        let v6 = u32::try_from(v6).map_err(|_| EngineError::CtMax(v6))?;
+        self.ct.check_max(v4)?;
+        self.v6.ct.check_max(v6)?;
+        // Both checked: neither fails.
+        self.ct.set_max(v4)?;
+        self.v6.ct.set_max(v6)?;
         Ok(())
     }
 

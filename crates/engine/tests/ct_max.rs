@@ -9,6 +9,7 @@ use std::sync::Arc;
 mod common;
 
 use common::*;
+use sluice_conntrack::ConfigError;
 use sluice_engine::{Action, DropReason, EngineError, StaticPolicy, Worker};
 use sluice_nat::{PoolId, Translation};
 use sluice_wire::build::build_udp4;
@@ -85,18 +86,18 @@ fn max_raised_and_lowered_while_running() {
     let v6 = w.conntrack6().max() as u64;
     assert!(matches!(
         w.set_ct_max(41, v6),
-        Err(EngineError::CtAboveCapacity {
+        Err(EngineError::Conntrack(ConfigError::AboveCapacity {
             max: 41,
             capacity: 40
-        })
+        }))
     ));
     assert!(matches!(
         w.set_ct_max(40, v6 + 1),
-        Err(EngineError::CtAboveCapacity { .. })
+        Err(EngineError::Conntrack(ConfigError::AboveCapacity { .. }))
     ));
     assert!(matches!(
         w.set_ct_max(0, v6),
-        Err(EngineError::CtAboveCapacity { max: 0, .. })
+        Err(EngineError::Conntrack(ConfigError::ZeroMax))
     ));
     assert_eq!(w.conntrack().max(), 10);
     assert_eq!(connect(&mut w, now, 10), Action::Drop(DropReason::CtFull));
