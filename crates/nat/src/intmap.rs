@@ -21,14 +21,16 @@
 //! randomly seeded default hasher) of the protocol, internal endpoint and
 //! destination, but not the realm (pool or masquerade address), so that
 //! the engine can compute it before policy has chosen the realm; the few
-//! mappings one endpoint has in different realms share a probe run. Growth
-//! doubles the table and re-inserts (amortized, in the slow path, as the
-//! `hashbrown` map it replaces did). That is a pause of the worker: 65-76
-//! ms at 1 M mappings on the development VM (`examples/growth.rs`,
-//! docs/benchmarks.md, "The NAT tables pause a worker when they double").
-//! An incremental growth (the old array kept while each insert and
-//! removal moves a few of its slots) removed the pauses but cost `sluice
-//! bench nat44` 5-7 % of its setup rate, so it is not used yet.
+//! mappings one endpoint has in different realms share a probe run.
+//!
+//! Growth doubles the table *incrementally* (see [`IntMap`]): the old array
+//! is kept while every insert moves a few of its slots, in order, into the
+//! new one, and a key's hash alone says which array holds it, so a lookup
+//! still reads one run. Re-inserting everything at once, as `hashbrown`
+//! does and this index did, paused the worker 65-76 ms at 1 M mappings on
+//! the development VM; now no insert takes over 1.4 ms at any size up to
+//! 2 M mappings (`examples/growth.rs`; docs/benchmarks.md, "The NAT tables
+//! pause a worker when they double").
 
 use core::hash::{BuildHasher, Hasher};
 
@@ -52,7 +54,7 @@ pub(crate) struct IntKey {
 }
 
 /// One slot: a key, its external endpoint and the sessions holding it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, zerocopy::FromZeros)]
 #[repr(C, align(32))]
 pub(crate) struct Slot {
     int_addr: u32,
@@ -68,7 +70,7 @@ pub(crate) struct Slot {
 }
 
 impl Slot {
-    #[inline]
+    #[cfg(test)]
     fn key(&self) -> IntKey {
         IntKey {
             kind: self.kind,
@@ -111,11 +113,187 @@ impl Slot {
     }
 }
 
+/// The hash of a key's lookup fields (everything but the realm).
+#[inline]
+fn lookup_hash(
+    hasher: &hashbrown::DefaultHashBuilder,
+    proto: u8,
+    int_addr: u32,
+    int_port: u16,
+    dst_addr: u32,
+    dst_port: u16,
+) -> u64 {
+    let mut h = hasher.build_hasher();
+    h.write_u64((u64::from(int_addr) << 32) | u64::from(dst_addr));
+    h.write_u64((u64::from(proto) << 32) | (u64::from(int_port) << 16) | u64::from(dst_port));
+    h.finish()
+}
+
+/// Slots at the end of an array that are nobody's home, for runs to
+/// spill into: runs do not wrap around (so that slot order is home order,
+/// which growth relies on). An insert whose run would leave the array
+/// instead rebuilds the index at twice the size ([`IntMap::rebuild`]); at
+/// most half (during a growth, five eighths) full, a run of 256 is far
+/// beyond anything seen. (The property test uses two, so that it takes
+/// that path often.)
+const TAIL: usize = 256;
+
+/// Slots of the old array a growth moves per insert, at least
+/// ([`IntMap::migrate`]): visiting its `n` slots takes at most `n / 8`
+/// inserts, well within the `n / 2` the new array (`2n` slots, half full
+/// at `n`) takes before it grows in its turn, and the old array, half full
+/// when the growth began, is never more than five eighths full.
+const MIGRATE_STEP: usize = 8;
+
+/// One open-addressing array: `2^bits` slots, the last [`TAIL`] of them
+/// nobody's home; linear probing, two slots to a cache line. A hash's home
+/// slot is its top 32 bits scaled to the number of homes, which keeps the
+/// order of hashes: a growth that reads the old array in order writes the
+/// new one in order (home `i` of `n` goes to about `2i` of `2n`). The
+/// array's size stays a power of two so that the allocator gives and takes
+/// back whole blocks.
+#[derive(Clone, Debug)]
+struct Table {
+    slots: Vec<Slot>,
+    /// Number of home slots: `slots.len()` less the tail ([`TAIL`]).
+    homes: usize,
+    /// Slots below this index are backed ([`Table::back_to`]).
+    backed: usize,
+}
+
+/// Slots a growth backs at a time ([`Table::back_to`]): 64 KiB.
+const BACK_CHUNK: usize = 2048;
+
+impl Table {
+    /// `2^bits` empty slots, allocated zeroed: with the gateway's
+    /// allocator (mimalloc) fresh pages are not written, so a growth does
+    /// not pay for zeroing the whole new array at once; it backs them a
+    /// chunk at a time as it fills them ([`Table::back_to`]).
+    fn new(bits: u32, tail: usize) -> Self {
+        use zerocopy::FromZeros;
+        let n = 1usize << bits;
+        Self {
+            slots: Slot::new_vec_zeroed(n).unwrap_or_else(|_| vec![Slot::default(); n]),
+            homes: n - tail,
+            backed: 0,
+        }
+    }
+
+    /// log2 of the number of slots.
+    #[inline]
+    fn bits(&self) -> u32 {
+        self.slots.len().trailing_zeros()
+    }
+
+    /// A new array twice the size, with the same tail.
+    fn doubled(&self) -> Self {
+        Self::new(self.bits() + 1, self.slots.len() - self.homes)
+    }
+
+    /// Back the pages of the slots below `end` (rounded up to a
+    /// [`BACK_CHUNK`]) that are not yet, in one call
+    /// ([`sluice_io::mem::populate`]). Left to page faults, a fresh page
+    /// is first read (mapped to the zero page) and then written (copied):
+    /// two faults per page, which cost the incremental growth ~60 ns per
+    /// mapping over the one of an array zeroed at once (`examples/growth.rs`,
+    /// 183 k against 118 k page faults over 2 M mappings).
+    #[inline]
+    fn back_to(&mut self, end: usize) {
+        if end <= self.backed {
+            return;
+        }
+        let to = end.max(self.backed + BACK_CHUNK).min(self.slots.len());
+        if let Some(chunk) = self.slots.get_mut(self.backed..to) {
+            sluice_io::mem::populate(chunk);
+        }
+        self.backed = to;
+    }
+
+    #[inline]
+    fn home(&self, h: u64) -> usize {
+        // The top bits (the low ones of some hashers are weaker), times
+        // the number of homes (below 2^32), over 2^32: below `homes`.
+        (((h >> 32) * self.homes as u64) >> 32) as usize
+    }
+
+    /// Index of the first slot of `h`'s run that `hit` accepts.
+    #[inline]
+    fn scan(&self, h: u64, hit: impl Fn(&Slot) -> bool) -> Option<usize> {
+        let mut i = self.home(h);
+        while let Some(s) = self.slots.get(i) {
+            if s.kind == EMPTY {
+                return None;
+            }
+            if hit(s) {
+                return Some(i);
+            }
+            i += 1;
+        }
+        None
+    }
+
+    /// Put `slot` (hash `h`) in the first empty slot of its run; gives it
+    /// back if the run reaches the end of the array.
+    #[inline]
+    fn place(&mut self, h: u64, slot: Slot) -> Result<(), Slot> {
+        let mut i = self.home(h);
+        while let Some(s) = self.slots.get_mut(i) {
+            if s.kind == EMPTY {
+                *s = slot;
+                return Ok(());
+            }
+            i += 1;
+        }
+        Err(slot)
+    }
+
+    /// Empty slot `hole` by backward-shift deletion: later slots of the
+    /// run whose home is at or before the hole move into it (`hash` gives
+    /// a slot's hash), so lookups never need tombstones. Nothing moves
+    /// before its home.
+    fn remove_at(&mut self, mut hole: usize, hash: impl Fn(&Slot) -> u64) {
+        let mut j = hole + 1;
+        while let Some(&s) = self.slots.get(j) {
+            if s.kind == EMPTY {
+                break;
+            }
+            if self.home(hash(&s)) <= hole {
+                if let Some(h) = self.slots.get_mut(hole) {
+                    *h = s;
+                }
+                hole = j;
+            }
+            j += 1;
+        }
+        if let Some(h) = self.slots.get_mut(hole) {
+            *h = Slot::default();
+        }
+    }
+}
+
 /// The table. See the module documentation.
+///
+/// Growth is incremental. A full array is replaced by one twice its size
+/// and kept as `old` while every insert moves at least [`MIGRATE_STEP`] of
+/// its slots into the new one, in index order from `cursor`, always
+/// finishing the run it is in; so no call pays for the whole table (a
+/// growth that re-inserted everything at once paused the worker 65-76 ms
+/// at 1 M mappings). A mapping is in exactly one of the two arrays, which
+/// its hash alone tells: in the old one if its home there is at or after
+/// the cursor, else in the new one. That holds because runs do not wrap,
+/// every slot of the old array below the cursor is empty (a step stops only
+/// at an empty slot, so it never leaves a run half moved), and an insert
+/// puts a key whose old home is at or after the cursor into the old array,
+/// where neither it nor a backward shift moves it before its home. So a
+/// lookup reads one run in one array, as without a growth, and a growth
+/// reads the old array and writes the new one in order (home `i` goes to
+/// about `2i`): one pass of streaming memory traffic, spread over the
+/// inserts.
 #[derive(Clone, Debug)]
 pub(crate) struct IntMap {
-    slots: Vec<Slot>,
-    mask: usize,
+    cur: Table,
+    /// While growing: the previous array and the next slot of it to move.
+    old: Option<(Table, usize)>,
     len: usize,
     hasher: hashbrown::DefaultHashBuilder,
 }
@@ -123,10 +301,20 @@ pub(crate) struct IntMap {
 impl IntMap {
     /// A table for about `cap` mappings before its first growth.
     pub(crate) fn with_capacity(cap: usize) -> Self {
-        let n = cap.saturating_mul(2).max(16).next_power_of_two();
+        Self::with_tail(cap, TAIL)
+    }
+
+    /// [`Self::with_capacity`] with `tail` (below 16) slots at the end of
+    /// each array instead of [`TAIL`] (tests).
+    fn with_tail(cap: usize, tail: usize) -> Self {
+        let n = cap
+            .saturating_mul(2)
+            .saturating_add(tail)
+            .max(16)
+            .next_power_of_two();
         Self {
-            slots: vec![Slot::default(); n],
-            mask: n - 1,
+            cur: Table::new(n.trailing_zeros(), tail),
+            old: None,
             len: 0,
             hasher: hashbrown::DefaultHashBuilder::default(),
         }
@@ -148,10 +336,7 @@ impl IntMap {
         dst_addr: u32,
         dst_port: u16,
     ) -> u64 {
-        let mut h = self.hasher.build_hasher();
-        h.write_u64((u64::from(int_addr) << 32) | u64::from(dst_addr));
-        h.write_u64((u64::from(proto) << 32) | (u64::from(int_port) << 16) | u64::from(dst_port));
-        h.finish()
+        lookup_hash(&self.hasher, proto, int_addr, int_port, dst_addr, dst_port)
     }
 
     #[inline]
@@ -159,10 +344,22 @@ impl IntMap {
         self.hash(k.proto, k.int_addr, k.int_port, k.dst_addr, k.dst_port)
     }
 
+    /// The array that holds (or would hold) a key of hash `h`.
     #[inline]
-    fn home(&self, h: u64) -> usize {
-        // The high bits: the low ones of some hashers are weaker.
-        ((h >> 32) as usize) & self.mask
+    fn table(&self, h: u64) -> &Table {
+        match &self.old {
+            Some((old, cursor)) if old.home(h) >= *cursor => old,
+            _ => &self.cur,
+        }
+    }
+
+    /// [`Self::table`], mutable.
+    #[inline]
+    fn table_mut(&mut self, h: u64) -> &mut Table {
+        match &mut self.old {
+            Some((old, cursor)) if old.home(h) >= *cursor => old,
+            _ => &mut self.cur,
+        }
     }
 
     /// Start loading the home slot of key `k` into the cache.
@@ -174,48 +371,28 @@ impl IntMap {
     /// Start loading the home slot of hash `h` into the cache.
     #[inline]
     pub(crate) fn prefetch(&self, h: u64) {
-        if let Some(s) = self.slots.get(self.home(h)) {
+        let t = self.table(h);
+        if let Some(s) = t.slots.get(t.home(h)) {
             sluice_io::mem::prefetch(s);
         }
-    }
-
-    /// Index of the first slot of `h`'s run that `hit` accepts.
-    #[inline]
-    fn scan(&self, h: u64, hit: impl Fn(&Slot) -> bool) -> Option<usize> {
-        let mut i = self.home(h);
-        // At most half full, so the run ends at an empty slot; the bound
-        // only guards against a logic error.
-        for _ in 0..=self.mask {
-            let s = self.slots.get(i)?;
-            if s.kind == EMPTY {
-                return None;
-            }
-            if hit(s) {
-                return Some(i);
-            }
-            i = (i + 1) & self.mask;
-        }
-        None
-    }
-
-    /// Index of `k`'s slot, if present.
-    #[inline]
-    fn find(&self, h: u64, k: &IntKey) -> Option<usize> {
-        self.scan(h, |s| s.is(k))
     }
 
     /// The slot of `k`.
     #[inline]
     pub(crate) fn get(&self, k: &IntKey) -> Option<&Slot> {
-        let i = self.find(self.hash_key(k), k)?;
-        self.slots.get(i)
+        let h = self.hash_key(k);
+        let t = self.table(h);
+        let i = t.scan(h, |s| s.is(k))?;
+        t.slots.get(i)
     }
 
     /// The slot of `k`, mutable (its session count).
     #[inline]
     pub(crate) fn get_mut(&mut self, k: &IntKey) -> Option<&mut Slot> {
-        let i = self.find(self.hash_key(k), k)?;
-        self.slots.get_mut(i)
+        let h = self.hash_key(k);
+        let t = self.table_mut(h);
+        let i = t.scan(h, |s| s.is(k))?;
+        t.slots.get_mut(i)
     }
 
     /// The external endpoint of the first mapping in `h`'s run whose
@@ -231,22 +408,31 @@ impl IntMap {
         dst_addr: u32,
         dst_port: u16,
     ) -> Option<(u32, u16)> {
-        let i = self.scan(h, |s| {
+        let t = self.table(h);
+        let i = t.scan(h, |s| {
             s.int_addr == int_addr
                 && s.int_port == int_port
                 && s.proto == proto
                 && s.dst_addr == dst_addr
                 && s.dst_port == dst_port
         })?;
-        self.slots.get(i).map(Slot::ext)
+        t.slots.get(i).map(Slot::ext)
     }
 
     /// Insert `k` (which must be absent) with its external endpoint and
-    /// session count. Grows the table first if it would be over half full.
+    /// session count. Moves a step of a growth under way, and starts one
+    /// if the table would be over half full.
     pub(crate) fn insert(&mut self, k: IntKey, ext: (u32, u16), sessions: u32) {
         debug_assert!(k.kind != EMPTY);
-        if (self.len + 1) * 2 > self.slots.len() {
-            self.grow();
+        self.migrate(MIGRATE_STEP);
+        if (self.len + 1) * 2 > self.cur.homes {
+            // A growth under way is finished first (not reached with
+            // `MIGRATE_STEP` 8: see there).
+            self.migrate(usize::MAX);
+            let bigger = self.cur.doubled();
+            let old = core::mem::replace(&mut self.cur, bigger);
+            self.old = Some((old, 0));
+            self.migrate(MIGRATE_STEP);
         }
         let slot = Slot {
             int_addr: k.int_addr,
@@ -260,86 +446,118 @@ impl IntMap {
             proto: k.proto,
             kind: k.kind,
         };
-        self.place(slot);
         self.len += 1;
+        let h = self.hash_key(&k);
+        if let Err(slot) = self.table_mut(h).place(h, slot) {
+            self.rebuild(Some(slot));
+        }
     }
 
-    /// Put `slot` in the first empty slot of its run.
-    fn place(&mut self, slot: Slot) {
-        let mut i = self.home(self.hash_key(&slot.key()));
-        for _ in 0..=self.mask {
-            match self.slots.get_mut(i) {
-                Some(s) if s.kind == EMPTY => {
-                    *s = slot;
+    /// Move at least `step` slots of the old array (while growing), then
+    /// on to the end of the run it is in.
+    fn migrate(&mut self, step: usize) {
+        let Some((old, cursor)) = &mut self.old else {
+            return;
+        };
+        let mut moved = 0usize;
+        let mut spilled = None;
+        // The slots this step fills (home `i` goes to about `2i`, at most
+        // `TAIL + 1` further; runs reach a little further) are backed
+        // ahead of it.
+        self.cur
+            .back_to(cursor.saturating_add(step).saturating_mul(2) + BACK_CHUNK);
+        while let Some(s) = old.slots.get_mut(*cursor) {
+            if s.kind == EMPTY {
+                if moved >= step {
                     return;
                 }
-                Some(_) => i = (i + 1) & self.mask,
-                None => return,
-            }
-        }
-    }
-
-    fn grow(&mut self) {
-        let n = self.slots.len() * 2;
-        let old = core::mem::replace(&mut self.slots, vec![Slot::default(); n]);
-        self.mask = n - 1;
-        for s in old.into_iter().filter(|s| s.kind != EMPTY) {
-            self.place(s);
-        }
-    }
-
-    /// Remove `k`; returns its slot. Backward-shift deletion: later slots
-    /// of the run that may move closer to their home slot do, so lookups
-    /// never need tombstones.
-    pub(crate) fn remove(&mut self, k: &IntKey) -> Option<Slot> {
-        let mut hole = self.find(self.hash_key(k), k)?;
-        let removed = *self.slots.get(hole)?;
-        let mut j = hole;
-        for _ in 0..=self.mask {
-            j = (j + 1) & self.mask;
-            let Some(&s) = self.slots.get(j) else {
-                break;
-            };
-            if s.kind == EMPTY {
-                break;
-            }
-            let home = self.home(self.hash_key(&s.key()));
-            // `s` may fill the hole unless its home lies cyclically in
-            // (hole, j].
-            let stays = if hole <= j {
-                hole < home && home <= j
             } else {
-                hole < home || home <= j
-            };
-            if !stays {
-                if let Some(h) = self.slots.get_mut(hole) {
-                    *h = s;
+                let slot = core::mem::take(s);
+                let h = slot_hash(&self.hasher, &slot);
+                if let Err(slot) = self.cur.place(h, slot) {
+                    spilled = Some(slot);
+                    break;
                 }
-                hole = j;
             }
+            *cursor += 1;
+            moved += 1;
         }
-        if let Some(h) = self.slots.get_mut(hole) {
-            *h = Slot::default();
+        if spilled.is_some() {
+            self.rebuild(spilled);
+        } else {
+            self.old = None;
         }
+    }
+
+    /// Put every mapping (and `extra`) in a new array twice the size of
+    /// the current one, at once: a run that would leave an array ([`TAIL`])
+    /// does not happen in practice.
+    #[cold]
+    fn rebuild(&mut self, extra: Option<Slot>) {
+        let mut all: Vec<Slot> = self.cur.slots.to_vec();
+        if let Some((old, _)) = self.old.take() {
+            all.extend(old.slots);
+        }
+        all.extend(extra);
+        all.retain(|s| s.kind != EMPTY);
+        let mut t = self.cur.doubled();
+        'again: loop {
+            t.back_to(usize::MAX);
+            for &s in &all {
+                if t.place(slot_hash(&self.hasher, &s), s).is_err() {
+                    t = t.doubled();
+                    continue 'again;
+                }
+            }
+            self.cur = t;
+            return;
+        }
+    }
+
+    /// Remove `k`; returns its slot.
+    pub(crate) fn remove(&mut self, k: &IntKey) -> Option<Slot> {
+        let h = self.hash_key(k);
+        let hasher = &self.hasher;
+        let t = match &mut self.old {
+            Some((old, cursor)) if old.home(h) >= *cursor => old,
+            _ => &mut self.cur,
+        };
+        let i = t.scan(h, |s| s.is(k))?;
+        let removed = *t.slots.get(i)?;
+        t.remove_at(i, |s| slot_hash(hasher, s));
         self.len -= 1;
         Some(removed)
     }
 
-    /// Forget everything (keeps the allocation).
+    /// Forget everything (keeps the current array's allocation; a growth
+    /// under way ends).
     pub(crate) fn clear(&mut self) {
-        self.slots.fill(Slot::default());
+        self.cur.slots.fill(Slot::default());
+        self.old = None;
         self.len = 0;
     }
 
     /// Every held slot with its key, in no particular order.
     #[cfg(test)]
     pub(crate) fn iter(&self) -> impl Iterator<Item = (IntKey, &Slot)> + '_ {
-        self.slots
+        self.cur
+            .slots
             .iter()
+            .chain(self.old.iter().flat_map(|(t, _)| t.slots.iter()))
             .filter(|s| s.kind != EMPTY)
             .map(|s| (s.key(), s))
     }
 }
+
+/// [`lookup_hash`] of a held slot.
+#[inline]
+fn slot_hash(hasher: &hashbrown::DefaultHashBuilder, s: &Slot) -> u64 {
+    lookup_hash(
+        hasher, s.proto, s.int_addr, s.int_port, s.dst_addr, s.dst_port,
+    )
+}
+
+const _: () = assert!(core::mem::size_of::<Slot>() == 32);
 
 #[cfg(test)]
 mod tests {
@@ -359,13 +577,41 @@ mod tests {
         }
     }
 
+    /// The invariants of [`IntMap`]: the length; no slot of the old array
+    /// below the cursor held, no held one there whose home is before it;
+    /// every held slot at or after its home with no empty slot between.
+    fn check(m: &IntMap) -> Result<(), TestCaseError> {
+        let runs_ok = |t: &Table| -> Result<(), TestCaseError> {
+            for (i, s) in t.slots.iter().enumerate() {
+                if s.kind == EMPTY {
+                    continue;
+                }
+                let home = t.home(slot_hash(&m.hasher, s));
+                prop_assert!(home <= i, "slot {} before its home {}", i, home);
+                prop_assert!(t.slots[home..i].iter().all(|s| s.kind != EMPTY));
+            }
+            Ok(())
+        };
+        runs_ok(&m.cur)?;
+        if let Some((old, cursor)) = &m.old {
+            runs_ok(old)?;
+            prop_assert!(old.slots[..*cursor].iter().all(|s| s.kind == EMPTY));
+            for s in old.slots.iter().filter(|s| s.kind != EMPTY) {
+                prop_assert!(old.home(slot_hash(&m.hasher, s)) >= *cursor);
+            }
+        }
+        prop_assert_eq!(m.iter().count(), m.len());
+        Ok(())
+    }
+
     proptest! {
-        // Against a std HashMap: inserts, removes (backward shift) and
-        // growth keep every present key findable with its value, and
-        // absent ones absent.
+        // Against a std HashMap: inserts, removes (backward shift), growth
+        // (moving slots while inserts and removes go on) and rebuilds (runs
+        // into the tail, two slots here) keep every present key
+        // findable with its value, and absent ones absent.
         #[test]
         fn behaves_like_a_map(ops in proptest::collection::vec((0u8..3, 0u32..6, 0u16..40, 0u16..3, 0u32..2), 1..400)) {
-            let mut m = IntMap::with_capacity(2);
+            let mut m = IntMap::with_tail(2, 2);
             let mut r: HashMap<IntKey, (u32, u16)> = HashMap::new();
             for (op, a, p, d, realm) in ops {
                 let k = key(a, p, d, realm);
@@ -383,16 +629,54 @@ mod tests {
                     }
                 }
                 prop_assert_eq!(m.len(), r.len());
+                check(&m)?;
+                prop_assert_eq!(m.get(&k).map(Slot::ext), r.get(&k).copied());
             }
             for (k, ext) in &r {
                 prop_assert_eq!(m.get(k).map(Slot::ext), Some(*ext));
                 let h = m.hash(k.proto, k.int_addr, k.int_port, k.dst_addr, k.dst_port);
                 prop_assert!(m.peek_ext(h, k.proto, k.int_addr, k.int_port, k.dst_addr, k.dst_port).is_some());
             }
-            prop_assert_eq!(m.iter().count(), r.len());
             for (k, s) in m.iter() {
                 prop_assert_eq!(r.get(&k).copied(), Some(s.ext()));
             }
+        }
+    }
+
+    #[test]
+    fn a_growth_moves_slots_a_step_at_a_time() {
+        let mut m = IntMap::with_capacity(512);
+        let homes = m.cur.homes;
+        let cursor = |m: &IntMap| m.old.as_ref().map(|(_, c)| *c);
+        let mut seen_growing = 0;
+        for i in 0..4000u32 {
+            let (before, size) = (cursor(&m), m.cur.slots.len());
+            m.insert(key(i, 7, 1, 0), (i, 1), 1);
+            // (Within one growth: not across a rebuild, should one happen.)
+            if let (Some(b), Some(a), true) = (before, cursor(&m), size == m.cur.slots.len()) {
+                seen_growing += 1;
+                // A step: at least MIGRATE_STEP slots, then to the end of a
+                // run (short, the table at most five eighths full).
+                assert!(
+                    a >= b + MIGRATE_STEP && a <= b + MIGRATE_STEP + TAIL,
+                    "{b} -> {a}"
+                );
+            }
+            if i % 97 == 0 {
+                assert_eq!(
+                    m.remove(&key(i / 2, 7, 1, 0)).map(|s| s.ext()),
+                    Some((i / 2, 1))
+                );
+                m.insert(key(i / 2, 7, 1, 0), (i / 2, 1), 1);
+            }
+        }
+        assert!(
+            seen_growing > 100,
+            "growths spread over inserts ({seen_growing})"
+        );
+        assert!(m.cur.homes > homes);
+        for i in 0..4000u32 {
+            assert_eq!(m.get(&key(i, 7, 1, 0)).map(|s| s.ext()), Some((i, 1)));
         }
     }
 

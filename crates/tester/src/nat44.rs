@@ -538,6 +538,10 @@ fn run_core(
     // Every connection of phase 1 must be in the table: one evicted early
     // (and recreated later by its answer) would otherwise go unseen.
     failures += n.saturating_sub(wk.conntrack().len() as u64);
+    // The allocator keeps what this thread freed (a NAT index's array
+    // after its growth) in this thread's heap: returned here, so that the
+    // resident size the main thread reads next counts live memory only.
+    sluice_io::alloc::release_freed_memory();
     barrier.wait();
     barrier.wait();
 
