@@ -100,6 +100,51 @@ pub fn populate<T>(buf: &mut [T]) -> bool {
     }
 }
 
+/// Give the whole pages inside `buf` back to the kernel now
+/// (`MADV_DONTNEED`): they no longer count in the resident set, and read
+/// as zero when next touched (a fresh page is faulted in then). Returns
+/// whether the kernel did it.
+///
+/// For a large array that is being emptied in order (the NAT index's old
+/// array while a growth moves its slots), so that its memory is returned
+/// as it empties, in small steps, instead of all at once by the allocator
+/// after the array is freed (a pause of milliseconds per 100 MB) or, as
+/// allocators keep freed memory for a while, not at all for a time.
+/// `T: FromBytes`: whatever the pages read afterwards (zero for the
+/// private anonymous memory an allocator maps; a file's bytes for a file
+/// mapping) is a valid `T`.
+pub fn discard<T: zerocopy::FromBytes>(buf: &mut [T]) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        const PAGE: usize = 4096;
+        let start = buf.as_mut_ptr() as usize;
+        let len = core::mem::size_of_val(buf);
+        let aligned = (start + PAGE - 1) & !(PAGE - 1);
+        let end = (start + len) & !(PAGE - 1);
+        if end <= aligned {
+            return true;
+        }
+        // SAFETY: [aligned, end) is whole pages inside `buf`, which we
+        // borrow mutably, so no other reference reads them meanwhile and
+        // the range is mapped and owned by this process. MADV_DONTNEED
+        // only replaces their contents (with zeros, or the file's bytes),
+        // and every byte pattern is a valid `T` (`FromBytes`).
+        let rc = unsafe {
+            libc::madvise(
+                aligned as *mut libc::c_void,
+                end - aligned,
+                libc::MADV_DONTNEED,
+            )
+        };
+        rc == 0
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = buf;
+        false
+    }
+}
+
 /// Resident set size of this process in bytes, read from `/proc/self/statm`.
 /// Returns `None` where that file is not available.
 pub fn resident_bytes() -> Option<u64> {
@@ -140,6 +185,44 @@ mod tests {
         assert!(populate(&mut v[..1000]));
         assert_eq!(v[777], 5);
         assert!(populate::<u8>(&mut []));
+    }
+
+    /// Pages of `buf` resident in memory, by `mincore(2)` (exact, and
+    /// blind to what other threads allocate meanwhile).
+    fn resident_pages<T>(buf: &[T]) -> usize {
+        const PAGE: usize = 4096;
+        let start = buf.as_ptr() as usize & !(PAGE - 1);
+        let end = buf.as_ptr() as usize + core::mem::size_of_val(buf);
+        let mut vec = vec![0u8; (end - start).div_ceil(PAGE)];
+        // SAFETY: [start, end) covers `buf`'s pages, which are mapped while
+        // we borrow it; `vec` has one byte per page of that range, which is
+        // what mincore writes.
+        let rc =
+            unsafe { libc::mincore(start as *mut libc::c_void, end - start, vec.as_mut_ptr()) };
+        assert_eq!(rc, 0, "mincore");
+        vec.iter().filter(|&&b| b & 1 == 1).count()
+    }
+
+    #[test]
+    fn discard_returns_whole_pages_and_leaves_the_edges() {
+        // 64 MiB (16 384 pages) written all over: resident. Discarding all
+        // but a ragged edge at each end gives back every whole page inside;
+        // they read as zero, the partial pages at the edges keep their data.
+        let mut v = vec![0u64; 8 << 20];
+        v.fill(3);
+        let pages = resident_pages(&v);
+        assert!(pages >= 16_384, "{pages} pages resident");
+        let (lo, hi) = (100, v.len() - 100);
+        assert!(discard(&mut v[lo..hi]));
+        let left = resident_pages(&v);
+        assert!(left <= 3, "{left} pages still resident");
+        assert!(v[..lo].iter().all(|&x| x == 3), "the edge before is kept");
+        assert!(v[hi..].iter().all(|&x| x == 3), "the edge after is kept");
+        // Within the range: whole pages zero, the partial ones kept.
+        let zeros = v[lo..hi].iter().filter(|&&x| x == 0).count();
+        assert!(zeros >= hi - lo - 1024, "{zeros} of {} zero", hi - lo);
+        assert!(v[lo..hi].iter().all(|&x| x == 0 || x == 3));
+        assert!(discard::<u64>(&mut []));
     }
 
     #[test]
