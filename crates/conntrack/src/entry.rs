@@ -18,6 +18,28 @@ pub(crate) const F_OFFLOAD: u8 = F_OFFLOAD_ORIG | F_OFFLOAD_REPLY;
 /// [`Table::set_in_flowtable`](crate::Table::set_in_flowtable)).
 pub(crate) const F_FLOWTABLE: u8 = 32;
 
+/// The state of a connection that a restart of the gateway carries over
+/// ([`Entry::carried`], [`Table::restore`](crate::Table::restore)): all of
+/// the entry but its keys, its payload (the engine's, rebuilt) and its
+/// offload marks (the new process's offload starts empty).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Carried {
+    /// Protocol state.
+    pub state: ProtoState,
+    /// Assured (never dropped early).
+    pub assured: bool,
+    /// A reply was seen.
+    pub seen_reply: bool,
+    /// In a flowtable.
+    pub flowtable: bool,
+    /// `ct mark`.
+    pub mark: u32,
+    /// Packets tracked.
+    pub packets: u32,
+    /// Milliseconds until it expires.
+    pub expires_in_ms: u32,
+}
+
 /// One connection.
 ///
 /// Layout (`repr(C)`, so the size is predictable). Both keys are stored
@@ -152,6 +174,20 @@ impl<K: Key, P: Copy + Default> Entry<K, P> {
     /// Time left before the entry expires (zero if it has).
     pub fn expires_in(&self, now: Instant) -> Duration {
         Duration::from_millis(u64::from(remaining_ms(self.expiry, now)))
+    }
+
+    /// What a restart carries of the connection besides its keys and
+    /// payload ([`Table::restore`](crate::Table::restore)).
+    pub fn carried(&self, now: Instant) -> Carried {
+        Carried {
+            state: self.state,
+            assured: self.is_assured(),
+            seen_reply: self.seen_reply(),
+            flowtable: self.in_flowtable(),
+            mark: self.mark,
+            packets: self.packets,
+            expires_in_ms: remaining_ms(self.expiry, now),
+        }
     }
 
     #[inline]

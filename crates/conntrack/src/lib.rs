@@ -98,7 +98,7 @@ mod tests;
 
 use sluice_wire::flow::{FlowKey4, FlowKey6};
 
-pub use entry::Entry;
+pub use entry::{Carried, Entry};
 pub use proto::{
     icmp_is_query_request, CtState, L4Event, ProtoState, TcpFlags, TcpState, Tracked, UdpState,
     Verdict,

@@ -211,6 +211,32 @@ impl ProtoState {
         }
     }
 
+    /// The state as a number within its protocol (a restart's state file):
+    /// TCP's netfilter state code (0-9), UDP 0 unreplied, 1 replied, 2
+    /// stream; 0 for ICMP and other protocols. [`Self::from_code`] reads it.
+    pub fn code(self) -> u8 {
+        match self {
+            Self::Tcp(s) => s as u8,
+            Self::Udp(UdpState::Unreplied) => 0,
+            Self::Udp(UdpState::Replied) => 1,
+            Self::Udp(UdpState::Stream) => 2,
+            Self::Icmp | Self::Generic => 0,
+        }
+    }
+
+    /// The state of IP protocol `proto` that [`Self::code`] gave `code`;
+    /// `None` for a code that protocol has no state for.
+    pub fn from_code(proto: u8, code: u8) -> Option<Self> {
+        match (Self::initial(proto), code) {
+            (Self::Tcp(_), 0..=9) => Some(Self::Tcp(TcpState::from_code(code))),
+            (Self::Udp(_), 0) => Some(Self::Udp(UdpState::Unreplied)),
+            (Self::Udp(_), 1) => Some(Self::Udp(UdpState::Replied)),
+            (Self::Udp(_), 2) => Some(Self::Udp(UdpState::Stream)),
+            (s @ (Self::Icmp | Self::Generic), 0) => Some(s),
+            _ => None,
+        }
+    }
+
     /// Human-readable name (`conntrack list`).
     pub fn name(self) -> &'static str {
         match self {

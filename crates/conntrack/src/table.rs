@@ -755,6 +755,55 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         Ok((EntryId(idx), tracked))
     }
 
+    /// Insert a connection a restart carried over (see [`Carried`]): as
+    /// [`insert`](Self::insert), but the entry takes the carried state,
+    /// flags, mark, packet count and time left (at most
+    /// [`crate::time::MAX_TIMEOUT`]) instead of starting fresh. A state of
+    /// another protocol than the keys' is refused
+    /// ([`InsertError::ProtoMismatch`]).
+    pub fn restore(
+        &mut self,
+        now: Instant,
+        orig: K,
+        reply: K,
+        payload: P,
+        c: &crate::entry::Carried,
+        on_evict: &mut impl FnMut(&Entry<K, P>),
+    ) -> Result<EntryId, InsertError> {
+        if core::mem::discriminant(&ProtoState::initial(orig.proto()))
+            != core::mem::discriminant(&c.state)
+        {
+            return Err(InsertError::ProtoMismatch);
+        }
+        let h1 = self.hash(&orig);
+        let ms = c.expires_in_ms.min(i32::MAX as u32);
+        self.insert_hashed(
+            now,
+            orig,
+            h1,
+            true,
+            reply,
+            payload,
+            |_, e| {
+                e.state = c.state;
+                e.mark = c.mark;
+                e.packets = c.packets;
+                e.expiry = expiry_after(now, ms);
+                for (on, bit) in [
+                    (c.assured, F_ASSURED),
+                    (c.seen_reply, F_SEEN_REPLY),
+                    (c.flowtable, F_FLOWTABLE),
+                ] {
+                    if on {
+                        e.flags |= bit;
+                    }
+                }
+            },
+            on_evict,
+        )
+        .map(|(id, ())| id)
+    }
+
     /// Remove entry `id`, returning it; `None` if it is not live.
     pub fn remove(&mut self, id: EntryId) -> Option<Entry<K, P>> {
         self.get(id)?;

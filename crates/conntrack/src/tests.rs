@@ -1115,3 +1115,79 @@ fn established_path_takes_stream_and_established_packets() {
         .track_established(id, Dir::Original, &k, now, tcp(R), |_| Some(()))
         .is_none());
 }
+
+/// A connection carried over a restart (`Entry::carried`, `Table::restore`)
+/// comes back in the state, flags, mark and packet count it had, expiring
+/// as much later as it had left, and goes on from there as the original
+/// would have.
+#[test]
+fn a_restored_connection_takes_up_where_it_left_off() {
+    let mut a = table(16);
+    let k = key(proto::TCP, 7);
+    let r = nat_reply(&k);
+    let t0 = secs(100);
+    let id = a.insert(t0, k, r, 5, &mut noop).unwrap();
+    a.track(id, Dir::Original, t0, tcp(S));
+    a.track(id, Dir::Reply, t0, tcp(S | A));
+    a.track(id, Dir::Original, t0, tcp(A));
+    a.track(id, Dir::Reply, t0, tcp(A));
+    a.entry_mut(id).set_mark(0x42);
+    let t1 = secs(160);
+    let c = a.entry(id).carried(t1);
+    assert_eq!(c.state, ProtoState::Tcp(TcpState::Established));
+    assert!(c.assured && c.seen_reply && !c.flowtable);
+    assert_eq!((c.mark, c.packets), (0x42, 4));
+    // A new process: its clock starts anew.
+    let mut b = table(16);
+    let u0 = secs(3);
+    let id2 = b.restore(u0, k, r, 9, &c, &mut noop).unwrap();
+    let e = b.entry(id2);
+    assert_eq!(e.carried(u0), c, "everything carried comes back");
+    assert_eq!(*e.payload(), 9, "the payload is the new process's");
+    assert_eq!(find(&b, &r), Some((id2, Dir::Reply)));
+    // It goes on as the original: a FIN moves it on, from the same state.
+    let (ta, tb) = (
+        a.track(id, Dir::Original, t1, tcp(F | A)),
+        b.track(id2, Dir::Original, u0, tcp(F | A)),
+    );
+    assert_eq!((ta.state, ta.ct), (tb.state, tb.ct));
+    // A state of another protocol, or keys already there, are refused.
+    let udp = Carried {
+        state: ProtoState::Udp(UdpState::Stream),
+        ..c
+    };
+    let k2 = key(proto::TCP, 8);
+    assert_eq!(
+        b.restore(u0, k2, nat_reply(&k2), 0, &udp, &mut noop),
+        Err(InsertError::ProtoMismatch)
+    );
+    assert_eq!(
+        b.restore(u0, k, r, 0, &c, &mut noop),
+        Err(InsertError::Exists)
+    );
+}
+
+/// Every protocol state survives its number (`ProtoState::code`), and
+/// codes a protocol has no state for are refused.
+#[test]
+fn state_codes_round_trip() {
+    for p in [proto::TCP, proto::UDP, proto::ICMP, proto::ICMPV6, 47] {
+        let mut seen = 0;
+        for c in 0..=255u8 {
+            if let Some(s) = ProtoState::from_code(p, c) {
+                assert_eq!(s.code(), c);
+                assert_eq!(
+                    core::mem::discriminant(&s),
+                    core::mem::discriminant(&ProtoState::initial(p))
+                );
+                seen += 1;
+            }
+        }
+        let want = match p {
+            proto::TCP => 10,
+            proto::UDP => 3,
+            _ => 1,
+        };
+        assert_eq!(seen, want, "proto {p}");
+    }
+}

@@ -172,6 +172,7 @@ struct RawConfig {
     worker_priority: Option<Spanned<i64>>,
     heap_reserve_mib: Option<Spanned<i64>>,
     capture: Option<Spanned<String>>,
+    state_file: Option<Spanned<String>>,
     control_socket: Option<Spanned<String>>,
     /// Permission bits of the control socket file (octal digits).
     control_socket_mode: Option<Spanned<String>>,
@@ -421,6 +422,9 @@ pub struct Config {
     pub heap_reserve_mib: u32,
     /// pcap capture base path.
     pub capture: Option<PathBuf>,
+    /// Where the connections are saved at a stop and taken back at the
+    /// next start (`state_file`; docs/configuration.md); `None`: not kept.
+    pub state_file: Option<PathBuf>,
     /// Control socket path.
     pub control_socket: PathBuf,
     /// Permission bits of the control socket file (`control_socket_mode`,
@@ -670,6 +674,11 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         .capture
         .as_ref()
         .map(|v| nonempty(v, "capture"))
+        .transpose()?;
+    let state_file = raw
+        .state_file
+        .as_ref()
+        .map(|v| nonempty(v, "state_file"))
         .transpose()?;
     let metrics_listen = match &raw.metrics_listen {
         None => None,
@@ -1187,6 +1196,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         worker_priority,
         heap_reserve_mib,
         capture,
+        state_file,
         control_socket,
         control_socket_mode,
         control_socket_group,

@@ -714,6 +714,9 @@ impl Frames for BatchFrames<'_> {
 pub struct WorkerThread {
     /// Worker index.
     pub id: u16,
+    /// Whether [`WorkerThread::run`] gives the connections it holds when it
+    /// stops (`state_file`).
+    pub save_state: bool,
     /// The engine.
     pub engine: Worker,
     /// Ports; `ports[k]` serves engine interface `k + 1`.
@@ -959,7 +962,9 @@ struct Scratch {
 
 impl WorkerThread {
     /// Run until `stop` is set. Ports are closed (XDP detached) on return.
-    pub fn run(mut self) {
+    /// Run until `stop`; then, with `save_state`, the connections a restart
+    /// carries over and what it leaves.
+    pub fn run(mut self) -> Option<(Vec<sluice_engine::SavedConn>, sluice_engine::Uncarried)> {
         if let Some(c) = self.core {
             if !core_affinity::set_for_current(c) {
                 tracing::warn!(worker = self.id, core = c.id, "could not pin worker");
@@ -1089,6 +1094,8 @@ impl WorkerThread {
             l.drain(self.engine.nat_log());
         }
         tracing::info!(worker = self.id, "worker stopped");
+        self.save_state
+            .then(|| self.engine.carried_conns(now_ns(self.epoch)))
     }
 
     /// One step of the first walk; answers and drops it when it is done

@@ -76,6 +76,7 @@ pub mod metrics;
 pub mod natlog;
 pub mod neigh;
 pub mod neigh6;
+pub mod state;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -716,6 +717,9 @@ impl ReloadPlan {
         }
         if old.capture != cfg.capture {
             needs_restart.push("capture");
+        }
+        if old.state_file != cfg.state_file {
+            needs_restart.push("state_file");
         }
         // A group given back to the daemon's own (unset) is taken at the
         // next start; a new mode or group is applied.
@@ -2618,6 +2622,11 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
         watch_link_states(&mut link_names, &links, &reopening, &Default::default());
     }
 
+    // The connections a previous run saved (`state_file`), by worker; and
+    // where this run saves its own when it stops (a reload that changes
+    // the path is taken at the next start).
+    let mut carried = load_state(&cfg);
+    let state_path = cfg.state_file.clone();
     let mut threads = Vec::new();
     let mut senders = Vec::new();
     let mut receivers = Vec::new();
@@ -2642,7 +2651,10 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
         if offload.is_some() {
             ecfg.offload_queue = OFFLOAD_QUEUE;
         }
-        let engine = Worker::new(ecfg, Arc::clone(&lp.policy))?;
+        let mut engine = Worker::new(ecfg, Arc::clone(&lp.policy))?;
+        if let Some(conns) = carried.get_mut(usize::from(id)) {
+            restore_worker(&mut engine, id, std::mem::take(conns), epoch);
+        }
         let mut ports: Vec<Box<dyn Port>> = Vec::new();
         let umem = umems.get(usize::from(id)).cloned().flatten();
         for k in 0..cfg.interfaces.len() {
@@ -2681,6 +2693,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
             .collect();
         let wt = WorkerThread {
             id,
+            save_state: cfg.state_file.is_some(),
             engine,
             ports,
             resolver,
@@ -2868,7 +2881,10 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     }
     handle.close();
     stop.store(true, Ordering::Relaxed);
-    join_all(threads);
+    let saved = join_all(threads);
+    if let Some(path) = &state_path {
+        save_state(path, &saved);
+    }
     // The workers drained their rings as they stopped.
     if let Some(l) = nat_logger {
         l.stop();
@@ -2887,11 +2903,121 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     Ok(())
 }
 
-fn join_all(threads: Vec<std::thread::JoinHandle<()>>) {
-    for t in threads {
-        if t.join().is_err() {
-            tracing::error!("a worker thread panicked");
+/// What each worker thread gave when it stopped (see
+/// [`WorkerThread::run`]), in worker order; `None` for one that panicked or
+/// saved nothing.
+fn join_all(threads: Vec<std::thread::JoinHandle<Option<Carry>>>) -> Vec<Option<Carry>> {
+    threads
+        .into_iter()
+        .map(|t| {
+            t.join().unwrap_or_else(|_| {
+                tracing::error!("a worker thread panicked");
+                None
+            })
+        })
+        .collect()
+}
+
+/// A worker's connections for a restart, and what it left out.
+type Carry = (Vec<sluice_engine::SavedConn>, sluice_engine::Uncarried);
+
+/// The connections a previous run saved to `state_file`, by worker; the
+/// file is removed once read (it describes that run's last moment only).
+/// A file that cannot be read or is refused is kept, renamed
+/// `FILE.refused`, and the gateway starts without its connections: a
+/// restart must not fail over them.
+fn load_state(cfg: &Config) -> Vec<Vec<sluice_engine::SavedConn>> {
+    let mut by_worker = vec![Vec::new(); usize::from(cfg.workers)];
+    let Some(path) = &cfg.state_file else {
+        return by_worker;
+    };
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            tracing::info!(path = %path.display(), "no saved connections");
+            return by_worker;
         }
+        Err(e) => {
+            tracing::error!(path = %path.display(), "saved connections not read: {e}");
+            return by_worker;
+        }
+    };
+    let refuse = |why: String| {
+        let kept = path.with_extension("refused");
+        let _ = std::fs::rename(path, &kept);
+        tracing::error!(
+            path = %path.display(),
+            kept = %kept.display(),
+            "saved connections not restored: {why}"
+        );
+    };
+    match state::decode(&bytes) {
+        Err(e) => refuse(e.to_string()),
+        Ok(s) if s.workers != cfg.workers => refuse(format!(
+            "saved by a gateway with {} workers, this one has {} (a connection's \
+             worker follows from the steering, which changes with their number)",
+            s.workers, cfg.workers
+        )),
+        Ok(s) => {
+            for (w, c) in s.conns {
+                if let Some(v) = by_worker.get_mut(usize::from(w)) {
+                    v.push(c);
+                }
+            }
+            if let Err(e) = std::fs::remove_file(path) {
+                tracing::warn!(path = %path.display(), "saved connections read, file not removed: {e}");
+            }
+        }
+    }
+    by_worker
+}
+
+/// Give worker `id` the connections saved for it, before it sees traffic.
+fn restore_worker(
+    engine: &mut Worker,
+    id: u16,
+    conns: Vec<sluice_engine::SavedConn>,
+    epoch: Instant,
+) {
+    let now = dataplane::now_ns(epoch);
+    let (mut restored, mut why) = (0u64, std::collections::BTreeMap::<String, u64>::new());
+    for c in &conns {
+        match engine.restore(now, c) {
+            Ok(()) => restored += 1,
+            Err(e) => *why.entry(e.to_string()).or_default() += 1,
+        }
+    }
+    if conns.is_empty() {
+        return;
+    }
+    tracing::info!(worker = id, restored, not_restored = ?why, "connections restored");
+}
+
+/// Write the connections the workers gave (`state_file`): to `FILE.tmp`,
+/// then renamed over `FILE`, so that a file is whole or absent.
+fn save_state(path: &Path, saved: &[Option<Carry>]) {
+    let mut conns = Vec::new();
+    let mut translated = 0u64;
+    for (w, s) in saved.iter().enumerate() {
+        let Some((c, left)) = s else {
+            continue;
+        };
+        let w = u16::try_from(w).unwrap_or(u16::MAX);
+        conns.extend(c.iter().map(|c| (w, *c)));
+        translated += left.translated;
+    }
+    let workers = u16::try_from(saved.len()).unwrap_or(u16::MAX);
+    let bytes = state::encode(workers, &conns);
+    let tmp = path.with_extension("tmp");
+    let r = std::fs::write(&tmp, &bytes).and_then(|()| std::fs::rename(&tmp, path));
+    match r {
+        Ok(()) => tracing::info!(
+            path = %path.display(),
+            connections = conns.len(),
+            not_saved_nat = translated,
+            "connections saved for the next start"
+        ),
+        Err(e) => tracing::error!(path = %path.display(), "connections not saved: {e}"),
     }
 }
 

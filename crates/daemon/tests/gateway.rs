@@ -2563,3 +2563,117 @@ fn route_moves(backend: &str, tag: &str) {
     );
     assert_eq!(icmp(&d), before, "the same connections: {}", d.context());
 }
+
+/// A restart with `state_file`: the gateway saves its connections when it
+/// stops (SIGTERM) and the next start takes them back, so an iperf3
+/// transfer through it goes on across the restart, although the rule set
+/// only lets a SYN from the LAN start a connection (without the saved
+/// state its mid-stream segments would be new connections, and dropped).
+/// No NAT: translated connections are not carried yet.
+fn restart_keeps_connections(backend: &str, tag: &str) {
+    require_root();
+    let t = Topo::new(tag);
+    t.write_ruleset(
+        "gw.nft",
+        r#"table ip filter {
+  chain forward {
+    type filter hook forward priority 0; policy drop;
+    ct state established,related accept
+    iifname "lan0" oifname "wan0" tcp dport 5201 tcp flags & (syn | ack) == syn accept
+    iifname "lan0" oifname "wan0" icmp type echo-request accept
+  }
+}
+"#,
+    );
+    let cfg = t.write_config(backend, "gw.nft", "");
+    let state = t.dir.join("conns.state");
+    let text_cfg = std::fs::read_to_string(&cfg).expect("config");
+    std::fs::write(
+        &cfg,
+        format!("state_file = \"{}\"\n{text_cfg}", state.display()),
+    )
+    .expect("config with state_file");
+    let mut d = Daemon::start(&t, &cfg, backend);
+    wait_ping(&t, &d);
+    let _srv = iperf3_server(&t);
+    let (o, d2) = std::thread::scope(|s| {
+        let c = s.spawn(|| {
+            sh(
+                &t.private,
+                &format!("timeout 40 iperf3 -c {PUBLIC} -p 5201 -t 8 -i 1 -J"),
+            )
+        });
+        wait_for_iperf3_connections(&d);
+        std::thread::sleep(Duration::from_millis(1500));
+        d.signal("-TERM");
+        if let Some(c) = &mut d.child.0 {
+            let st = c.wait().expect("wait for the gateway");
+            assert!(st.success(), "gateway exit {st}:\n{}", d.log());
+        }
+        assert!(
+            d.log().contains("connections saved for the next start"),
+            "{}",
+            d.log()
+        );
+        assert!(state.exists(), "no state file");
+        let d2 = Daemon::start(&t, &cfg, backend);
+        (c.join().expect("iperf3 thread"), d2)
+    });
+    assert!(
+        o.status.success(),
+        "the transfer did not survive the restart:\n{}\n{}",
+        text(&o),
+        d2.context()
+    );
+    let j = json(&o);
+    let moved_late: Vec<u64> = j["intervals"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .rev()
+                .take(3)
+                .map(|i| i["sum"]["bytes"].as_u64().unwrap_or(0))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        moved_late.len() == 3 && moved_late.iter().all(|&b| b > 0),
+        "no data in the last seconds, after the restart: {moved_late:?}\n{}",
+        d2.context()
+    );
+    // The log without its colours.
+    let mut log = String::new();
+    let mut esc = false;
+    for ch in d2.log().chars() {
+        match (esc, ch) {
+            (false, '\u{1b}') => esc = true,
+            (true, 'm') => esc = false,
+            (true, _) => {}
+            (false, c) => log.push(c),
+        }
+    }
+    let restored = log
+        .lines()
+        .find(|l| l.contains("connections restored"))
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        restored.contains("restored=2") || restored.contains("restored=3"),
+        "iperf3's control and data connections (and the ping's) restored: {restored}\n{log}"
+    );
+    assert!(!state.exists(), "the state file is removed once read");
+    // The new gateway lists them.
+    let list = d2.ctl("conntrack list");
+    let n5201 = list["connections"]
+        .as_array()
+        .map(|a| a.iter().filter(|c| c["orig"]["dport"] == 5201).count())
+        .unwrap_or(0);
+    assert!(n5201 >= 2, "{list}");
+}
+
+both_backends!(
+    restart_keeps_connections,
+    "s",
+    a_restart_keeps_connections_with_state_file_af_packet,
+    a_restart_keeps_connections_with_state_file_af_xdp
+);

@@ -70,9 +70,11 @@ use crate::policy::{
 use crate::route::{AdjIndex, Adjacency, IfIndex, Route4, Route6, RouteTable4, RouteTable6};
 
 mod frag;
+mod restart;
 mod untracked;
 mod v6;
 use crate::{Action, Frames, MAX_BATCH, PIPELINE};
+pub use restart::{RestoreError, SavedConn, Uncarried};
 pub use v6::FlowInfo6;
 
 /// An interface as the engine sees it.

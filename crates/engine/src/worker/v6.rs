@@ -40,7 +40,7 @@ const ALL_NODES: u128 = 0xff02_0000_0000_0000_0000_0000_0000_0001;
 /// (index 0 original, 1 reply). Without NAT there is nothing else to cache.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FlowInfo6 {
-    adj: [AdjIndex; 2],
+    pub(super) adj: [AdjIndex; 2],
 }
 
 impl FlowInfo6 {
@@ -326,7 +326,7 @@ fn route_table6(
 
 impl Worker {
     /// [`Worker::adjacency_towards`] for IPv6.
-    fn adjacency_towards6(&mut self, dst: u128) -> Option<AdjIndex> {
+    pub(super) fn adjacency_towards6(&mut self, dst: u128) -> Option<AdjIndex> {
         let (oif, nh) = self.v6.route(dst).ok()?;
         if let Some(&a) = self.v6.neigh.get(&(oif, nh)) {
             return Some(a);

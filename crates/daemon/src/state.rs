@@ -1,0 +1,393 @@
+//! The connection state file (`state_file`): the connections a stopping
+//! gateway saves, which the next start takes back, so that a restart (a new
+//! binary, a change that needs one) does not drop them.
+//!
+//! Binary, little-endian, fixed-size records:
+//!
+//! ```text
+//! header   "SLUICEC1" | workers u16 | 0 u16 | 0 u32 | count u64      24 bytes
+//! record   worker u16 | family u8 (4, 6) | proto u8 | state u8 |
+//!          flags u8 (1 assured, 2 seen reply, 4 flowtable) | 0 u16 |
+//!          mark u32 | packets u32 | ms left u32 |
+//!          orig src [16] | orig dst [16] | orig sport u16 | orig dport u16 |
+//!          reply src [16] | reply dst [16] | reply sport u16 | reply dport u16
+//!                                                                  92 bytes
+//! ```
+//!
+//! Addresses are big-endian 16-byte fields, an IPv4 one in the last four
+//! (the first twelve zero). [`decode`] checks every field and names the
+//! first record it refuses; nothing of a refused file is restored.
+
+use sluice_conntrack::{Carried, ProtoState};
+use sluice_engine::SavedConn;
+use sluice_wire::flow::{FlowKey4, FlowKey6};
+
+/// The first bytes of a state file (format version 1).
+pub const MAGIC: [u8; 8] = *b"SLUICEC1";
+/// Header bytes.
+pub const HEADER: usize = 24;
+/// Bytes per connection.
+pub const RECORD: usize = 92;
+
+const F_ASSURED: u8 = 1;
+const F_SEEN_REPLY: u8 = 2;
+const F_FLOWTABLE: u8 = 4;
+
+/// A decoded state file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct State {
+    /// The number of workers of the gateway that saved it.
+    pub workers: u16,
+    /// Each connection with the worker that held it.
+    pub conns: Vec<(u16, SavedConn)>,
+}
+
+/// Why a state file was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StateError {
+    /// It does not start with [`MAGIC`].
+    #[error("not a Sluice state file (it does not start with \"SLUICEC1\")")]
+    Magic,
+    /// Its length is not the header's count of records.
+    #[error("{len} bytes where a header of {count} connections needs {want}")]
+    Length {
+        /// Bytes read.
+        len: usize,
+        /// The header's count.
+        count: u64,
+        /// Bytes that count needs.
+        want: u128,
+    },
+    /// A header field that must be zero is not, or no workers.
+    #[error("header: {0}")]
+    Header(&'static str),
+    /// A record with a bad field.
+    #[error("connection {index}: {what}")]
+    Record {
+        /// Its position, from 0.
+        index: usize,
+        /// What is wrong.
+        what: &'static str,
+    },
+}
+
+/// The file for `workers` workers holding `conns`.
+pub fn encode(workers: u16, conns: &[(u16, SavedConn)]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(HEADER + conns.len() * RECORD);
+    b.extend_from_slice(&MAGIC);
+    b.extend_from_slice(&workers.to_le_bytes());
+    b.extend_from_slice(&[0; 6]);
+    b.extend_from_slice(&(conns.len() as u64).to_le_bytes());
+    for (w, c) in conns {
+        let (family, proto, carried, keys) = match c {
+            SavedConn::V4 {
+                orig,
+                reply,
+                carried,
+            } => (
+                4u8,
+                orig.proto,
+                carried,
+                [
+                    (
+                        u128::from(orig.src),
+                        u128::from(orig.dst),
+                        orig.sport,
+                        orig.dport,
+                    ),
+                    (
+                        u128::from(reply.src),
+                        u128::from(reply.dst),
+                        reply.sport,
+                        reply.dport,
+                    ),
+                ],
+            ),
+            SavedConn::V6 {
+                orig,
+                reply,
+                carried,
+            } => (
+                6u8,
+                orig.proto,
+                carried,
+                [
+                    (orig.src, orig.dst, orig.sport, orig.dport),
+                    (reply.src, reply.dst, reply.sport, reply.dport),
+                ],
+            ),
+        };
+        b.extend_from_slice(&w.to_le_bytes());
+        b.push(family);
+        b.push(proto);
+        b.push(carried.state.code());
+        let flags = [
+            (carried.assured, F_ASSURED),
+            (carried.seen_reply, F_SEEN_REPLY),
+            (carried.flowtable, F_FLOWTABLE),
+        ]
+        .iter()
+        .filter(|(on, _)| *on)
+        .fold(0u8, |f, (_, bit)| f | bit);
+        b.push(flags);
+        b.extend_from_slice(&[0; 2]);
+        b.extend_from_slice(&carried.mark.to_le_bytes());
+        b.extend_from_slice(&carried.packets.to_le_bytes());
+        b.extend_from_slice(&carried.expires_in_ms.to_le_bytes());
+        for (src, dst, sport, dport) in keys {
+            b.extend_from_slice(&src.to_be_bytes());
+            b.extend_from_slice(&dst.to_be_bytes());
+            b.extend_from_slice(&sport.to_le_bytes());
+            b.extend_from_slice(&dport.to_le_bytes());
+        }
+    }
+    b
+}
+
+/// Little-endian fields of a byte slice, bounds-checked.
+struct Rd<'a>(&'a [u8]);
+
+impl Rd<'_> {
+    fn bytes<const N: usize>(&self, at: usize) -> [u8; N] {
+        let mut a = [0u8; N];
+        if let Some(s) = self.0.get(at..at + N) {
+            a.copy_from_slice(s);
+        }
+        a
+    }
+    fn u8(&self, at: usize) -> u8 {
+        self.0.get(at).copied().unwrap_or(0)
+    }
+    fn u16(&self, at: usize) -> u16 {
+        u16::from_le_bytes(self.bytes(at))
+    }
+    fn u32(&self, at: usize) -> u32 {
+        u32::from_le_bytes(self.bytes(at))
+    }
+    fn u64(&self, at: usize) -> u64 {
+        u64::from_le_bytes(self.bytes(at))
+    }
+    fn addr(&self, at: usize) -> u128 {
+        u128::from_be_bytes(self.bytes(at))
+    }
+}
+
+/// Read a state file, checking every field.
+pub fn decode(b: &[u8]) -> Result<State, StateError> {
+    let r = Rd(b);
+    if b.get(..8) != Some(&MAGIC[..]) {
+        return Err(StateError::Magic);
+    }
+    let count = r.u64(16);
+    let want = HEADER as u128 + u128::from(count) * RECORD as u128;
+    if b.len() as u128 != want {
+        return Err(StateError::Length {
+            len: b.len(),
+            count,
+            want,
+        });
+    }
+    let workers = r.u16(8);
+    if workers == 0 {
+        return Err(StateError::Header("no workers"));
+    }
+    if r.u16(10) != 0 || r.u32(12) != 0 {
+        return Err(StateError::Header("reserved bytes are not zero"));
+    }
+    let mut conns = Vec::with_capacity(b.len() / RECORD);
+    for (index, rec) in b
+        .get(HEADER..)
+        .unwrap_or(&[])
+        .chunks_exact(RECORD)
+        .enumerate()
+    {
+        let bad = |what| StateError::Record { index, what };
+        let r = Rd(rec);
+        let worker = r.u16(0);
+        if worker >= workers {
+            return Err(bad("worker out of range"));
+        }
+        let (family, proto) = (r.u8(2), r.u8(3));
+        let state =
+            ProtoState::from_code(proto, r.u8(4)).ok_or(bad("no such state for its protocol"))?;
+        let flags = r.u8(5);
+        if flags & !(F_ASSURED | F_SEEN_REPLY | F_FLOWTABLE) != 0 {
+            return Err(bad("unknown flags"));
+        }
+        if r.u16(6) != 0 {
+            return Err(bad("reserved bytes are not zero"));
+        }
+        let expires_in_ms = r.u32(16);
+        if expires_in_ms > i32::MAX as u32 {
+            return Err(bad("time left above the longest timeout"));
+        }
+        let carried = Carried {
+            state,
+            assured: flags & F_ASSURED != 0,
+            seen_reply: flags & F_SEEN_REPLY != 0,
+            flowtable: flags & F_FLOWTABLE != 0,
+            mark: r.u32(8),
+            packets: r.u32(12),
+            expires_in_ms,
+        };
+        let key = |at: usize| (r.addr(at), r.addr(at + 16), r.u16(at + 32), r.u16(at + 34));
+        let (o, p) = (key(20), key(56));
+        let conn = match family {
+            4 => {
+                let v4 =
+                    |a: u128| u32::try_from(a).map_err(|_| bad("an IPv4 address above 32 bits"));
+                let k = |(s, d, sp, dp): (u128, u128, u16, u16)| -> Result<FlowKey4, StateError> {
+                    Ok(FlowKey4 {
+                        src: v4(s)?,
+                        dst: v4(d)?,
+                        sport: sp,
+                        dport: dp,
+                        proto,
+                    })
+                };
+                SavedConn::V4 {
+                    orig: k(o)?,
+                    reply: k(p)?,
+                    carried,
+                }
+            }
+            6 => {
+                let k = |(s, d, sp, dp): (u128, u128, u16, u16)| FlowKey6 {
+                    src: s,
+                    dst: d,
+                    sport: sp,
+                    dport: dp,
+                    proto,
+                };
+                SavedConn::V6 {
+                    orig: k(o),
+                    reply: k(p),
+                    carried,
+                }
+            }
+            _ => return Err(bad("family is neither 4 nor 6")),
+        };
+        conns.push((worker, conn));
+    }
+    Ok(State { workers, conns })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_conntrack::proto::{TcpState, UdpState};
+    use sluice_wire::flow::proto;
+
+    fn sample() -> Vec<(u16, SavedConn)> {
+        let c = Carried {
+            state: ProtoState::Tcp(TcpState::Established),
+            assured: true,
+            seen_reply: true,
+            flowtable: false,
+            mark: 0xdead_beef,
+            packets: 77,
+            expires_in_ms: 431_999_000,
+        };
+        let k4 = FlowKey4 {
+            src: 0x0a00_0002,
+            dst: 0xcb00_7101,
+            sport: 40_000,
+            dport: 443,
+            proto: proto::TCP,
+        };
+        let k6 = FlowKey6 {
+            src: 0x2001_0db8 << 96 | 2,
+            dst: 0x2001_0db8 << 96 | 0x1_0000_0001,
+            sport: 5353,
+            dport: 53,
+            proto: proto::UDP,
+        };
+        vec![
+            (
+                0,
+                SavedConn::V4 {
+                    orig: k4,
+                    reply: k4.reversed(),
+                    carried: c,
+                },
+            ),
+            (
+                1,
+                SavedConn::V6 {
+                    orig: k6,
+                    reply: k6.reversed(),
+                    carried: Carried {
+                        state: ProtoState::Udp(UdpState::Replied),
+                        assured: false,
+                        flowtable: true,
+                        ..c
+                    },
+                },
+            ),
+        ]
+    }
+
+    #[test]
+    fn a_file_round_trips() {
+        let conns = sample();
+        let b = encode(2, &conns);
+        assert_eq!(b.len(), HEADER + 2 * RECORD);
+        assert_eq!(decode(&b), Ok(State { workers: 2, conns }));
+        assert_eq!(
+            decode(&encode(1, &[])),
+            Ok(State {
+                workers: 1,
+                conns: vec![]
+            })
+        );
+    }
+
+    /// Every field a file may get wrong is refused with what and where,
+    /// and a file cut short or grown is refused whole.
+    #[test]
+    fn bad_files_are_refused_naming_the_field() {
+        let good = encode(2, &sample());
+        let with = |at: usize, v: u8| {
+            let mut b = good.clone();
+            b[at] = v;
+            decode(&b)
+        };
+        assert_eq!(decode(b"SLUICEC0"), Err(StateError::Magic));
+        assert_eq!(decode(&[]), Err(StateError::Magic));
+        assert!(matches!(
+            decode(&good[..good.len() - 1]),
+            Err(StateError::Length { count: 2, .. })
+        ));
+        let mut longer = good.clone();
+        longer.push(0);
+        assert!(matches!(decode(&longer), Err(StateError::Length { .. })));
+        // A count whose byte size overflows is a length error, not a crash.
+        let mut huge = good.clone();
+        huge[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(matches!(decode(&huge), Err(StateError::Length { .. })));
+        assert_eq!(with(8, 0), Err(StateError::Header("no workers")));
+        assert!(matches!(with(12, 1), Err(StateError::Header(_))));
+        let second = HEADER + RECORD;
+        let rec = |i: usize, what: &'static str| Err(StateError::Record { index: i, what });
+        assert_eq!(with(second, 2), rec(1, "worker out of range"));
+        assert_eq!(with(HEADER + 2, 5), rec(0, "family is neither 4 nor 6"));
+        assert_eq!(
+            with(HEADER + 4, 10),
+            rec(0, "no such state for its protocol")
+        );
+        assert_eq!(
+            with(second + 4, 3),
+            rec(1, "no such state for its protocol")
+        );
+        assert_eq!(with(HEADER + 5, 8), rec(0, "unknown flags"));
+        assert_eq!(with(HEADER + 6, 1), rec(0, "reserved bytes are not zero"));
+        assert_eq!(
+            with(HEADER + 19, 0x80),
+            rec(0, "time left above the longest timeout")
+        );
+        assert_eq!(
+            with(HEADER + 20, 1),
+            rec(0, "an IPv4 address above 32 bits")
+        );
+    }
+}

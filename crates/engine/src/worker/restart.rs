@@ -1,0 +1,186 @@
+//! Connections carried over a restart of the gateway: what a worker gives
+//! when it stops ([`Worker::carried_conns`]) and takes back when a new
+//! process starts ([`Worker::restore`]).
+//!
+//! Only the conntrack entries travel, with their state, flags, mark,
+//! packet count and time left ([`Carried`]); the rest of an entry is the
+//! new process's: its next hops are looked up again, and the XDP offload
+//! starts empty (an offloaded connection's next packet in the worker
+//! installs it again). A translated connection (NAT) is not carried: its
+//! mapping and port would have to be taken again in the same pool, which
+//! the NAT cannot do yet; [`Worker::carried_conns`] counts what it leaves.
+
+use sluice_conntrack::{Carried, InsertError};
+use sluice_wire::flow::{FlowKey4, FlowKey6};
+
+use super::v6::{conn6, FlowInfo6};
+use super::{conn4, instant, offload_removals, FlowInfo, Worker};
+
+/// One connection a restart carries over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SavedConn {
+    /// IPv4: the original and reply keys, which are each other reversed.
+    V4 {
+        /// Original direction.
+        orig: FlowKey4,
+        /// Reply direction.
+        reply: FlowKey4,
+        /// The rest of the entry.
+        carried: Carried,
+    },
+    /// IPv6.
+    V6 {
+        /// Original direction.
+        orig: FlowKey6,
+        /// Reply direction.
+        reply: FlowKey6,
+        /// The rest of the entry.
+        carried: Carried,
+    },
+}
+
+/// Why a saved connection was not restored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RestoreError {
+    /// Its reply key is not its original reversed: a NAT connection.
+    #[error("a translated (NAT) connection is not carried over a restart")]
+    Translated,
+    /// Its time was up.
+    #[error("expired")]
+    Expired,
+    /// No route towards one of its ends.
+    #[error("no route towards one of its ends")]
+    NoRoute,
+    /// The connection table refused it.
+    #[error("{0}")]
+    Table(#[from] InsertError),
+}
+
+/// What [`Worker::carried_conns`] left out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Uncarried {
+    /// Translated (NAT) connections.
+    pub translated: u64,
+}
+
+impl Worker {
+    /// Every connection of this worker that a restart can carry over, as
+    /// of `now` (ns, the clock [`Worker::process`] is given), with how many
+    /// it cannot.
+    pub fn carried_conns(&self, now: u64) -> (Vec<SavedConn>, Uncarried) {
+        let now = instant(now);
+        let mut out = Vec::with_capacity(self.ct.len() + self.v6.ct.len());
+        let mut left = Uncarried::default();
+        for (_, e) in self.ct.iter() {
+            let (orig, reply) = (e.orig(), e.reply());
+            if reply != orig.reversed() {
+                left.translated += 1;
+                continue;
+            }
+            out.push(SavedConn::V4 {
+                orig,
+                reply,
+                carried: e.carried(now),
+            });
+        }
+        for (_, e) in self.v6.ct.iter() {
+            out.push(SavedConn::V6 {
+                orig: e.orig(),
+                reply: e.reply(),
+                carried: e.carried(now),
+            });
+        }
+        (out, left)
+    }
+
+    /// Take back a connection a restart carried over, at `now` (ns) on
+    /// this process's clock. Run before the worker sees traffic.
+    pub fn restore(&mut self, now: u64, s: &SavedConn) -> Result<(), RestoreError> {
+        let now = instant(now);
+        match *s {
+            SavedConn::V4 {
+                orig,
+                reply,
+                carried,
+            } => {
+                if reply != orig.reversed() {
+                    return Err(RestoreError::Translated);
+                }
+                if carried.expires_in_ms == 0 {
+                    return Err(RestoreError::Expired);
+                }
+                let adj = [
+                    self.adjacency_towards(reply.src),
+                    self.adjacency_towards(orig.src),
+                ];
+                let [Some(out), Some(back)] = adj else {
+                    return Err(RestoreError::NoRoute);
+                };
+                let info = FlowInfo {
+                    adj: [out, back],
+                    ip_delta: 0,
+                    l4_delta: 0,
+                };
+                let nat = &mut self.nat;
+                let (q, adjs) = (&mut self.offload, &self.adj);
+                let counted = self.counts_conns.then_some(&*self.policy);
+                let mut overflow = false;
+                let r = self.ct.restore(now, orig, reply, info, &carried, &mut |e| {
+                    nat.release(&e.orig(), &e.reply());
+                    overflow |= !offload_removals(q.as_mut(), e, adjs);
+                    if let Some(p) = counted {
+                        p.conn_closed(&conn4(&e.orig()));
+                    }
+                });
+                if overflow {
+                    self.clear_offload_marks();
+                }
+                r?;
+                if self.counts_conns {
+                    self.policy.conn_confirmed(&conn4(&orig));
+                }
+            }
+            SavedConn::V6 {
+                orig,
+                reply,
+                carried,
+            } => {
+                if reply != orig.reversed() {
+                    return Err(RestoreError::Translated);
+                }
+                if carried.expires_in_ms == 0 {
+                    return Err(RestoreError::Expired);
+                }
+                let adj = [
+                    self.adjacency_towards6(reply.src),
+                    self.adjacency_towards6(orig.src),
+                ];
+                let [Some(out), Some(back)] = adj else {
+                    return Err(RestoreError::NoRoute);
+                };
+                let info = FlowInfo6 { adj: [out, back] };
+                let (q, adjs) = (&mut self.offload, &self.adj);
+                let counted = self.counts_conns.then_some(&*self.policy);
+                let mut overflow = false;
+                let r = self
+                    .v6
+                    .ct
+                    .restore(now, orig, reply, info, &carried, &mut |e| {
+                        overflow |= !offload_removals(q.as_mut(), e, adjs);
+                        if let Some(p) = counted {
+                            p.conn_closed(&conn6(&e.orig()));
+                        }
+                    });
+                if overflow {
+                    self.clear_offload_marks();
+                }
+                r?;
+                if self.counts_conns {
+                    self.policy.conn_confirmed(&conn6(&orig));
+                }
+            }
+        }
+        self.counters.ct_created += 1;
+        Ok(())
+    }
+}
