@@ -1619,6 +1619,11 @@ timeouts = { udp = 60, tcp_established = 3600 }
             ),
             ("xdp_offload = 1\n", "sluice.toml:1:15: invalid type: integer `1`, expected a boolean"),
             ("ruleset = \"\"\n", "sluice.toml:1:11: ruleset: must not be empty"),
+            ("state_file = \"\"\n", "sluice.toml:1:14: state_file: must not be empty"),
+            (
+                "state_file = 3\n",
+                "sluice.toml:1:14: invalid type: integer `3`, expected a string",
+            ),
             (
                 "control_socket_mode = \"0666\"\n",
                 "sluice.toml:1:23: control_socket_mode: 0666 gives other users access",

@@ -39,6 +39,9 @@
 //! - frames tagged for VLAN 100 (from a raw socket, the tag carried as
 //!   metadata, then in the frame) are neither forwarded nor answered and
 //!   count as `vlan-tagged`; priority-tagged ones (VLAN 0) get through.
+//! - with `state_file`, an iperf3 transfer goes on across a restart (SIGTERM
+//!   and a new start) through a rule set that lets only a SYN start a
+//!   connection.
 //!
 //! Needs root, `ip`, `nft`, `ethtool`, `ping`, `curl`, `iperf3`, `timeout`
 //! and `python3` (CI installs them).

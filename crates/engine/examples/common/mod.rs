@@ -81,8 +81,11 @@ pub fn default_via(r: Ipv4Addr) -> Route4 {
 /// A worker routing by default via the first of `routers` (all of them
 /// known neighbours, with the hosts), with `flows` connections made, and
 /// the engine time after them. Prints how long they took.
-pub fn worker_with(flows: u32, routers: &[(Ipv4Addr, [u8; 6])]) -> (Worker, u64) {
-    let cfg = EngineConfig {
+/// The configuration [`worker_with`] builds its worker from: room for
+/// `flows` connections.
+#[allow(dead_code)]
+pub fn config_for(flows: u32, routers: &[(Ipv4Addr, [u8; 6])]) -> EngineConfig {
+    EngineConfig {
         interfaces: vec![
             Interface {
                 name: "in".into(),
@@ -110,7 +113,11 @@ pub fn worker_with(flows: u32, routers: &[(Ipv4Addr, [u8; 6])]) -> (Worker, u64)
             .collect(),
         ct_max: u64::from(flows) + 1024,
         ..EngineConfig::default()
-    };
+    }
+}
+
+pub fn worker_with(flows: u32, routers: &[(Ipv4Addr, [u8; 6])]) -> (Worker, u64) {
+    let cfg = config_for(flows, routers);
     let mut w = Worker::new(cfg, Arc::new(StaticPolicy::accept_all())).expect("worker");
     let t = Instant::now();
     let mut now = 1_000_000_000u64;
