@@ -3025,6 +3025,61 @@ fn save_state(path: &Path, saved: &[Option<Carry>]) {
 mod tests {
     use super::*;
 
+    /// `state_file` at start: a missing file restores nothing; a good one
+    /// gives each worker its connections and is removed; one that does not
+    /// decode, or was saved by a gateway with another number of workers,
+    /// is kept as `FILE.refused` and restores nothing.
+    #[test]
+    fn a_state_file_is_restored_once_or_refused_and_kept() {
+        use sluice_engine::SavedConn;
+        use sluice_wire::flow::{proto, FlowKey4};
+        let dir = std::env::temp_dir().join(format!("sluice-state-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("conns.state");
+        let cfg = config::parse(
+            &dir.join("sluice.toml"),
+            &format!(
+                "state_file = \"{}\"\nworkers = 2\n[[interfaces]]\nname = \"lan0\"\nrole = \"inside\"\n[[interfaces]]\nname = \"wan0\"\nrole = \"outside\"\n",
+                path.display()
+            ),
+        )
+        .unwrap();
+        assert_eq!(cfg.state_file.as_deref(), Some(path.as_path()));
+        assert_eq!(load_state(&cfg), vec![Vec::new(), Vec::new()]);
+        let k = FlowKey4 {
+            src: 0x0a00_0002,
+            dst: 0xcb00_7102,
+            sport: 4000,
+            dport: 80,
+            proto: proto::TCP,
+        };
+        let c = SavedConn::V4 {
+            orig: k,
+            reply: k.reversed(),
+            carried: sluice_conntrack::Carried {
+                state: sluice_conntrack::ProtoState::Tcp(sluice_conntrack::TcpState::Established),
+                assured: true,
+                seen_reply: true,
+                flowtable: false,
+                mark: 0,
+                packets: 9,
+                expires_in_ms: 1000,
+            },
+        };
+        std::fs::write(&path, state::encode(2, &[(1, c)])).unwrap();
+        assert_eq!(load_state(&cfg), vec![Vec::new(), vec![c]]);
+        assert!(!path.exists(), "read once, then removed");
+        let refused = path.with_extension("refused");
+        for bad in [b"not a state file".to_vec(), state::encode(3, &[(2, c)])] {
+            std::fs::write(&path, &bad).unwrap();
+            assert_eq!(load_state(&cfg), vec![Vec::new(), Vec::new()]);
+            assert!(!path.exists());
+            assert_eq!(std::fs::read(&refused).unwrap(), bad, "kept as it was");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// A second gateway on an interface a running one holds is refused,
     /// naming the holder; the lock goes with its holder.
     #[test]

@@ -780,3 +780,36 @@ fn established_echoes_filtered_per_packet_carry_their_icmpv6_type() {
     );
     assert_eq!(echo(&mut w, false, 2), Action::Forward(INSIDE), "its reply");
 }
+
+/// IPv6 connections are carried over a restart (`Worker::carried_conns`,
+/// `Worker::restore`): a new worker whose policy admits new connections
+/// from the inside only forwards the outside's packets of a restored
+/// connection, which one that was not given it drops.
+#[test]
+fn ipv6_connections_survive_a_restart() {
+    let k = key(proto::UDP, HOST, 5353, REMOTE, 53);
+    let out = |w: &mut Worker| {
+        run(w, INSIDE, |b| {
+            build_udp6(b, HOST_MAC, GW_IN_MAC, &k, 20).unwrap()
+        })
+        .0
+    };
+    let back = |w: &mut Worker| {
+        run(w, OUTSIDE, |b| {
+            build_udp6(b, ROUTER_MAC, GW_OUT_MAC, &k.reversed(), 20).unwrap()
+        })
+        .0
+    };
+    let mut old = worker(InsideOnly);
+    assert_eq!(out(&mut old), Action::Forward(OUTSIDE));
+    assert_eq!(back(&mut old), Action::Forward(INSIDE));
+    let (saved, left) = old.carried_conns(1_000_000_000);
+    assert_eq!((saved.len(), left.translated), (1, 0));
+    assert!(matches!(saved[0], sluice_engine::SavedConn::V6 { orig, .. } if orig == k));
+    let mut new = worker(InsideOnly);
+    new.restore(2_000_000, &saved[0]).unwrap();
+    assert_eq!(new.conntrack6().len(), 1);
+    assert_eq!(back(&mut new), Action::Forward(INSIDE));
+    let mut fresh = worker(InsideOnly);
+    assert!(matches!(back(&mut fresh), Action::Drop(_)));
+}
