@@ -2976,10 +2976,14 @@ fn load_state(cfg: &Config) -> Vec<Vec<sluice_engine::SavedConn>> {
 fn restore_worker(
     engine: &mut Worker,
     id: u16,
-    conns: Vec<sluice_engine::SavedConn>,
+    mut conns: Vec<sluice_engine::SavedConn>,
     epoch: Instant,
 ) {
     let now = dataplane::now_ns(epoch);
+    // Those that hold no NAT mapping on their destination side first: a
+    // mapping such a session holds is made again by the sessions holding
+    // it on their source side (`WorkerNat::restore_session`).
+    conns.sort_by_key(|c| matches!(c, sluice_engine::SavedConn::V4 { held, .. } if held & 2 != 0));
     let (mut restored, mut why) = (0u64, std::collections::BTreeMap::<String, u64>::new());
     for c in &conns {
         match engine.restore(now, c) {
@@ -3066,6 +3070,7 @@ mod tests {
                 packets: 9,
                 expires_in_ms: 1000,
             },
+            held: 0,
         };
         std::fs::write(&path, state::encode(2, &[(1, c)])).unwrap();
         assert_eq!(load_state(&cfg), vec![Vec::new(), vec![c]]);

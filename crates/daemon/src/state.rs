@@ -7,7 +7,8 @@
 //! ```text
 //! header   "SLUICEC1" | workers u16 | 0 u16 | 0 u32 | count u64      24 bytes
 //! record   worker u16 | family u8 (4, 6) | proto u8 | state u8 |
-//!          flags u8 (1 assured, 2 seen reply, 4 flowtable) | 0 u16 |
+//!          flags u8 (1 assured, 2 seen reply, 4 flowtable) |
+//!          NAT mappings held u8 (1 source side, 2 destination side) | 0 u8 |
 //!          mark u32 | packets u32 | ms left u32 |
 //!          orig src [16] | orig dst [16] | orig sport u16 | orig dport u16 |
 //!          reply src [16] | reply dst [16] | reply sport u16 | reply dport u16
@@ -79,15 +80,17 @@ pub fn encode(workers: u16, conns: &[(u16, SavedConn)]) -> Vec<u8> {
     b.extend_from_slice(&[0; 6]);
     b.extend_from_slice(&(conns.len() as u64).to_le_bytes());
     for (w, c) in conns {
-        let (family, proto, carried, keys) = match c {
+        let (family, proto, carried, held, keys) = match c {
             SavedConn::V4 {
                 orig,
                 reply,
                 carried,
+                held,
             } => (
                 4u8,
                 orig.proto,
                 carried,
+                *held,
                 [
                     (
                         u128::from(orig.src),
@@ -111,6 +114,7 @@ pub fn encode(workers: u16, conns: &[(u16, SavedConn)]) -> Vec<u8> {
                 6u8,
                 orig.proto,
                 carried,
+                0,
                 [
                     (orig.src, orig.dst, orig.sport, orig.dport),
                     (reply.src, reply.dst, reply.sport, reply.dport),
@@ -130,7 +134,8 @@ pub fn encode(workers: u16, conns: &[(u16, SavedConn)]) -> Vec<u8> {
         .filter(|(on, _)| *on)
         .fold(0u8, |f, (_, bit)| f | bit);
         b.push(flags);
-        b.extend_from_slice(&[0; 2]);
+        b.push(held);
+        b.push(0);
         b.extend_from_slice(&carried.mark.to_le_bytes());
         b.extend_from_slice(&carried.packets.to_le_bytes());
         b.extend_from_slice(&carried.expires_in_ms.to_le_bytes());
@@ -214,7 +219,11 @@ pub fn decode(b: &[u8]) -> Result<State, StateError> {
         if flags & !(F_ASSURED | F_SEEN_REPLY | F_FLOWTABLE) != 0 {
             return Err(bad("unknown flags"));
         }
-        if r.u16(6) != 0 {
+        let held = r.u8(6);
+        if held & !3 != 0 {
+            return Err(bad("unknown NAT mapping bits"));
+        }
+        if r.u8(7) != 0 {
             return Err(bad("reserved bytes are not zero"));
         }
         let expires_in_ms = r.u32(16);
@@ -245,12 +254,18 @@ pub fn decode(b: &[u8]) -> Result<State, StateError> {
                         proto,
                     })
                 };
+                let (orig, reply) = (k(o)?, k(p)?);
+                if held != 0 && reply == orig.reversed() {
+                    return Err(bad("NAT mappings held by an untranslated connection"));
+                }
                 SavedConn::V4 {
-                    orig: k(o)?,
-                    reply: k(p)?,
+                    orig,
+                    reply,
                     carried,
+                    held,
                 }
             }
+            6 if held != 0 => return Err(bad("NAT mappings held by an IPv6 connection")),
             6 => {
                 let k = |(s, d, sp, dp): (u128, u128, u16, u16)| FlowKey6 {
                     src: s,
@@ -309,6 +324,21 @@ mod tests {
                     orig: k4,
                     reply: k4.reversed(),
                     carried: c,
+                    held: 0,
+                },
+            ),
+            (
+                1,
+                SavedConn::V4 {
+                    orig: k4,
+                    // Source NAT to 198.51.100.7:61000.
+                    reply: FlowKey4 {
+                        dst: 0xc633_6407,
+                        dport: 61_000,
+                        ..k4.reversed()
+                    },
+                    carried: c,
+                    held: 1,
                 },
             ),
             (
@@ -331,7 +361,7 @@ mod tests {
     fn a_file_round_trips() {
         let conns = sample();
         let b = encode(2, &conns);
-        assert_eq!(b.len(), HEADER + 2 * RECORD);
+        assert_eq!(b.len(), HEADER + 3 * RECORD);
         assert_eq!(decode(&b), Ok(State { workers: 2, conns }));
         assert_eq!(
             decode(&encode(1, &[])),
@@ -356,7 +386,7 @@ mod tests {
         assert_eq!(decode(&[]), Err(StateError::Magic));
         assert!(matches!(
             decode(&good[..good.len() - 1]),
-            Err(StateError::Length { count: 2, .. })
+            Err(StateError::Length { count: 3, .. })
         ));
         let mut longer = good.clone();
         longer.push(0);
@@ -375,12 +405,20 @@ mod tests {
             with(HEADER + 4, 10),
             rec(0, "no such state for its protocol")
         );
+        let third = second + RECORD;
+        assert_eq!(with(third + 4, 3), rec(2, "no such state for its protocol"));
+        assert_eq!(with(HEADER + 6, 4), rec(0, "unknown NAT mapping bits"));
         assert_eq!(
-            with(second + 4, 3),
-            rec(1, "no such state for its protocol")
+            with(HEADER + 6, 1),
+            rec(0, "NAT mappings held by an untranslated connection")
         );
+        assert_eq!(
+            with(third + 6, 1),
+            rec(2, "NAT mappings held by an IPv6 connection")
+        );
+        assert_eq!(with(second + 6, 3).map(|s| s.conns.len()), Ok(3));
         assert_eq!(with(HEADER + 5, 8), rec(0, "unknown flags"));
-        assert_eq!(with(HEADER + 6, 1), rec(0, "reserved bytes are not zero"));
+        assert_eq!(with(HEADER + 7, 1), rec(0, "reserved bytes are not zero"));
         assert_eq!(
             with(HEADER + 19, 0x80),
             rec(0, "time left above the longest timeout")

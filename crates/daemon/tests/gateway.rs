@@ -41,7 +41,7 @@
 //!   count as `vlan-tagged`; priority-tagged ones (VLAN 0) get through.
 //! - with `state_file`, an iperf3 transfer goes on across a restart (SIGTERM
 //!   and a new start) through a rule set that lets only a SYN start a
-//!   connection.
+//!   connection, forwarded and through source NAT (the same mappings).
 //!
 //! Needs root, `ip`, `nft`, `ethtool`, `ping`, `curl`, `iperf3`, `timeout`
 //! and `python3` (CI installs them).
@@ -2572,21 +2572,29 @@ fn route_moves(backend: &str, tag: &str) {
 /// transfer through it goes on across the restart, although the rule set
 /// only lets a SYN from the LAN start a connection (without the saved
 /// state its mid-stream segments would be new connections, and dropped).
-/// No NAT: translated connections are not carried yet.
-fn restart_keeps_connections(backend: &str, tag: &str) {
+/// With `nat` the transfer is source-translated to the pool address, and
+/// after the restart the host's mappings are the ones it had.
+fn restart_keeps_connections(backend: &str, tag: &str, nat: bool) {
     require_root();
     let t = Topo::new(tag);
+    let snat = if nat {
+        "table ip nat {\n  chain postrouting {\n    type nat hook postrouting priority 100; policy accept;\n    oifname \"wan0\" snat to 198.51.100.7\n  }\n}\n"
+    } else {
+        ""
+    };
     t.write_ruleset(
         "gw.nft",
-        r#"table ip filter {
-  chain forward {
+        &format!(
+            r#"table ip filter {{
+  chain forward {{
     type filter hook forward priority 0; policy drop;
     ct state established,related accept
     iifname "lan0" oifname "wan0" tcp dport 5201 tcp flags & (syn | ack) == syn accept
     iifname "lan0" oifname "wan0" icmp type echo-request accept
-  }
-}
-"#,
+  }}
+}}
+{snat}"#
+        ),
     );
     let cfg = t.write_config(backend, "gw.nft", "");
     let state = t.dir.join("conns.state");
@@ -2608,6 +2616,7 @@ fn restart_keeps_connections(backend: &str, tag: &str) {
         });
         wait_for_iperf3_connections(&d);
         std::thread::sleep(Duration::from_millis(1500));
+        let before = d.ctl("nat lookup 10.0.0.2");
         d.signal("-TERM");
         if let Some(c) = &mut d.child.0 {
             let st = c.wait().expect("wait for the gateway");
@@ -2620,6 +2629,16 @@ fn restart_keeps_connections(backend: &str, tag: &str) {
         );
         assert!(state.exists(), "no state file");
         let d2 = Daemon::start(&t, &cfg, backend);
+        if nat {
+            // The same mappings (iperf3's two connections' ports), before
+            // the transfer resumes.
+            let after = d2.ctl("nat lookup 10.0.0.2");
+            assert_eq!(after["mappings"], before["mappings"], "{before}\n{after}");
+            let tcp = after["mappings"]
+                .as_array()
+                .map_or(0, |a| a.iter().filter(|m| m["proto"] == 6).count());
+            assert_eq!(tcp, 2, "{after}");
+        }
         (c.join().expect("iperf3 thread"), d2)
     });
     assert!(
@@ -2674,9 +2693,23 @@ fn restart_keeps_connections(backend: &str, tag: &str) {
     assert!(n5201 >= 2, "{list}");
 }
 
+fn restart_keeps_forwarded(backend: &str, tag: &str) {
+    restart_keeps_connections(backend, tag, false);
+}
+
+fn restart_keeps_translated(backend: &str, tag: &str) {
+    restart_keeps_connections(backend, tag, true);
+}
+
 both_backends!(
-    restart_keeps_connections,
+    restart_keeps_forwarded,
     "s",
     a_restart_keeps_connections_with_state_file_af_packet,
     a_restart_keeps_connections_with_state_file_af_xdp
+);
+both_backends!(
+    restart_keeps_translated,
+    "t",
+    a_restart_keeps_nat_connections_with_state_file_af_packet,
+    a_restart_keeps_nat_connections_with_state_file_af_xdp
 );

@@ -2,7 +2,9 @@
 //! `Worker::restore`): a worker of a new process, whose policy drops every
 //! new connection, forwards the packets of the connections the old one
 //! had, both ways, as established; one that was not given them drops
-//! them. NAT connections are counted and left out.
+//! them. NAT connections come back on their mappings, with the same
+//! external endpoints; under port block allocation they are counted and
+//! left out.
 
 use std::sync::Arc;
 
@@ -108,11 +110,86 @@ fn connections_survive_a_restart_and_nat_ones_are_counted() {
         Err(RestoreError::Table(_))
     ));
 
-    // A NAT gateway's connections are counted, not carried.
+    // A NAT gateway's connections come back on their mappings.
     let mut p = StaticPolicy::accept_all();
     p.snat = vec![(OUTSIDE, Translation::Snat { pool: PoolId(0) })];
-    let mut nat = worker(p);
-    assert_eq!(out(&mut nat, now, 0), Action::Forward(OUTSIDE));
+    let nat_worker = |p: StaticPolicy, blocks: u16| {
+        let mut cfg = nat_gateway(0, 1);
+        cfg.nat.port_block_size = blocks;
+        Worker::new(cfg, Arc::new(p)).unwrap()
+    };
+    let mut nat = nat_worker(p.clone(), 0);
+    let (a, f) = send(
+        &mut nat,
+        now,
+        &frame(HOST_MAC, GW_IN_MAC, INSIDE, &out_key(0)),
+    );
+    assert_eq!(a, Action::Forward(OUTSIDE));
+    let ext_port = u16::from_be_bytes([f[34], f[35]]);
+    let answer = FlowKey4 {
+        src: u32::from(REMOTE),
+        dst: u32::from(POOL),
+        sport: 53,
+        dport: ext_port,
+        proto: proto::UDP,
+    };
+    let answer_frame = frame(ROUTER_MAC, GW_OUT_MAC, OUTSIDE, &answer);
+    assert_eq!(
+        send(&mut nat, now, &answer_frame).0,
+        Action::Forward(INSIDE)
+    );
     let (saved, left) = nat.carried_conns(now);
+    assert_eq!((saved.len(), left.translated), (1, 0));
+    assert!(matches!(saved[0], SavedConn::V4 { held: 1, .. }));
+    // The new process drops new connections: the answer gets in only on
+    // the restored connection, translated back to the host.
+    let mut p2 = drop_new();
+    p2.snat = p.snat.clone();
+    let mut nat2 = nat_worker(p2, 0);
+    nat2.restore(start, &saved[0]).unwrap();
+    let (a, f) = send(&mut nat2, start, &answer_frame);
+    assert_eq!(a, Action::Forward(INSIDE));
+    assert_eq!(&f[30..34], &HOST.octets(), "translated back to the host");
+    // Out again: the same external endpoint (the mapping is the one it was).
+    let (a, f) = send(
+        &mut nat2,
+        start,
+        &frame(HOST_MAC, GW_IN_MAC, INSIDE, &out_key(0)),
+    );
+    assert_eq!(a, Action::Forward(OUTSIDE));
+    assert_eq!(u16::from_be_bytes([f[34], f[35]]), ext_port);
+    assert_eq!(&f[26..30], &POOL.octets());
+    // The NAT holds the mapping, with its session, and the pool's port
+    // is taken.
+    let held = |w: &Worker| {
+        w.nat()
+            .mappings()
+            .map(|m| (m.int_addr, m.int_port, m.ext_addr, m.ext_port, m.sessions))
+            .collect::<Vec<_>>()
+    };
+    let want = vec![(HOST, 20_000, POOL, ext_port, 1)];
+    assert_eq!(held(&nat2), want);
+    let free = |w: &Worker| w.nat().free_ports(POOL, proto::UDP);
+    assert_eq!(free(&nat2), free(&nat), "the same ports taken");
+    // Restoring it again is refused and changes nothing.
+    assert!(new_restore_refused(&mut nat2, start, &saved[0]));
+    assert_eq!(nat2.conntrack().len(), 1);
+    assert_eq!(held(&nat2), want);
+    // When it ends, its mapping and port go, as the old process's would.
+    nat2.gc(start + 200_000_000_000, 1 << 20);
+    assert_eq!(nat2.conntrack().len(), 0);
+    assert!(held(&nat2).is_empty());
+    assert_eq!(
+        free(&nat2),
+        free(&nat_worker(StaticPolicy::accept_all(), 0))
+    );
+    // Under port block allocation NAT connections are counted, not carried.
+    let mut blocked = nat_worker(p, 64);
+    assert_eq!(out(&mut blocked, now, 0), Action::Forward(OUTSIDE));
+    let (saved, left) = blocked.carried_conns(now);
     assert_eq!((saved.len(), left.translated), (0, 1));
+}
+
+fn new_restore_refused(w: &mut Worker, now: u64, s: &SavedConn) -> bool {
+    w.restore(now, s).is_err()
 }

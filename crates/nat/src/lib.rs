@@ -59,4 +59,4 @@ pub use rewrite::{
     apply_dissected, apply_icmp_error, apply_with, deltas, icmp_error_inner_target, reverse_delta,
     Rewrite4,
 };
-pub use worker::{MappingInfo, NatStats, PoolChange, WorkerNat};
+pub use worker::{MappingInfo, NatStats, PoolChange, RestoreRefused, WorkerNat};

@@ -44,7 +44,10 @@ use crate::config::{
 use crate::error::{ConfigError, NatError};
 use crate::event::{NatEvent, NatEventSink, NoopSink};
 use crate::intmap::{self, IntKey, IntMap};
+
+mod restore;
 use crate::ports::{owner_of, PortSlice, PortSpace};
+pub use restore::RestoreRefused;
 
 /// Protocols with a port (or identifier) space: TCP, UDP, ICMP.
 const PROTOS: usize = 3;

@@ -6,9 +6,10 @@
 //! packet count and time left ([`Carried`]); the rest of an entry is the
 //! new process's: its next hops are looked up again, and the XDP offload
 //! starts empty (an offloaded connection's next packet in the worker
-//! installs it again). A translated connection (NAT) is not carried: its
-//! mapping and port would have to be taken again in the same pool, which
-//! the NAT cannot do yet; [`Worker::carried_conns`] counts what it leaves.
+//! installs it again). A translated connection (NAT) takes its mappings
+//! back with their very external endpoints
+//! ([`sluice_nat::WorkerNat::restore_session`]), except under port block
+//! allocation, which [`Worker::carried_conns`] leaves out and counts.
 
 use sluice_conntrack::{Carried, InsertError};
 use sluice_wire::flow::{FlowKey4, FlowKey6};
@@ -19,14 +20,17 @@ use super::{conn4, instant, offload_removals, FlowInfo, Worker};
 /// One connection a restart carries over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SavedConn {
-    /// IPv4: the original and reply keys, which are each other reversed.
+    /// IPv4.
     V4 {
         /// Original direction.
         orig: FlowKey4,
-        /// Reply direction.
+        /// Reply direction (the original reversed, unless translated).
         reply: FlowKey4,
         /// The rest of the entry.
         carried: Carried,
+        /// The NAT mappings it holds
+        /// ([`sluice_nat::WorkerNat::held_mappings`]; 0 untranslated).
+        held: u8,
     },
     /// IPv6.
     V6 {
@@ -42,9 +46,13 @@ pub enum SavedConn {
 /// Why a saved connection was not restored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum RestoreError {
-    /// Its reply key is not its original reversed: a NAT connection.
-    #[error("a translated (NAT) connection is not carried over a restart")]
+    /// An IPv6 connection whose reply key is not its original reversed
+    /// (IPv6 is not translated).
+    #[error("an IPv6 connection with translated keys")]
     Translated,
+    /// The NAT did not take its mappings back.
+    #[error("NAT: {0}")]
+    Nat(#[from] sluice_nat::RestoreRefused),
     /// Its time was up.
     #[error("expired")]
     Expired,
@@ -59,7 +67,8 @@ pub enum RestoreError {
 /// What [`Worker::carried_conns`] left out.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Uncarried {
-    /// Translated (NAT) connections.
+    /// Translated (NAT) connections under port block allocation, whose
+    /// blocks are not taken back yet.
     pub translated: u64,
 }
 
@@ -71,9 +80,11 @@ impl Worker {
         let now = instant(now);
         let mut out = Vec::with_capacity(self.ct.len() + self.v6.ct.len());
         let mut left = Uncarried::default();
+        let blocks = self.nat.config().port_block_size != 0;
         for (_, e) in self.ct.iter() {
             let (orig, reply) = (e.orig(), e.reply());
-            if reply != orig.reversed() {
+            let nat = reply != orig.reversed();
+            if nat && blocks {
                 left.translated += 1;
                 continue;
             }
@@ -81,6 +92,11 @@ impl Worker {
                 orig,
                 reply,
                 carried: e.carried(now),
+                held: if nat {
+                    self.nat.held_mappings(&orig, &reply)
+                } else {
+                    0
+                },
             });
         }
         for (_, e) in self.v6.ct.iter() {
@@ -102,13 +118,12 @@ impl Worker {
                 orig,
                 reply,
                 carried,
+                held,
             } => {
-                if reply != orig.reversed() {
-                    return Err(RestoreError::Translated);
-                }
                 if carried.expires_in_ms == 0 {
                     return Err(RestoreError::Expired);
                 }
+                let nat = reply != orig.reversed();
                 let adj = [
                     self.adjacency_towards(reply.src),
                     self.adjacency_towards(orig.src),
@@ -116,17 +131,27 @@ impl Worker {
                 let [Some(out), Some(back)] = adj else {
                     return Err(RestoreError::NoRoute);
                 };
+                if nat {
+                    let ifaces = &self.ifaces;
+                    let masq = |a: u32| {
+                        ifaces
+                            .iter()
+                            .any(|i| i.addrs.iter().any(|&(x, _)| u32::from(x) == a))
+                    };
+                    self.nat.restore_session(&orig, &reply, held, masq)?;
+                }
+                let (ip_delta, l4_delta) = sluice_nat::deltas(&orig, &reply.reversed());
                 let info = FlowInfo {
                     adj: [out, back],
-                    ip_delta: 0,
-                    l4_delta: 0,
+                    ip_delta,
+                    l4_delta,
                 };
-                let nat = &mut self.nat;
+                let nat_t = &mut self.nat;
                 let (q, adjs) = (&mut self.offload, &self.adj);
                 let counted = self.counts_conns.then_some(&*self.policy);
                 let mut overflow = false;
                 let r = self.ct.restore(now, orig, reply, info, &carried, &mut |e| {
-                    nat.release(&e.orig(), &e.reply());
+                    nat_t.release(&e.orig(), &e.reply());
                     overflow |= !offload_removals(q.as_mut(), e, adjs);
                     if let Some(p) = counted {
                         p.conn_closed(&conn4(&e.orig()));
@@ -135,7 +160,13 @@ impl Worker {
                 if overflow {
                     self.clear_offload_marks();
                 }
-                r?;
+                if let Err(e) = r {
+                    if nat {
+                        // The session's NAT references go with it.
+                        self.nat.release(&orig, &reply);
+                    }
+                    return Err(e.into());
+                }
                 if self.counts_conns {
                     self.policy.conn_confirmed(&conn4(&orig));
                 }
