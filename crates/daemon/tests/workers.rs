@@ -17,7 +17,9 @@
 //!
 //! Running pings on both workers keep their mappings across a reload
 //! that moves the SNAT rule to another address (retired mappings), and
-//! new ones leave from the new address.
+//! new ones leave from the new address. With `state_file`, a transfer of
+//! parallel streams spread over both workers goes on across a restart,
+//! each worker taking back its own connections and mappings.
 //!
 //! Needs root, `ip`, `nft`, `ethtool`, `ping`, `curl` and `python3`.
 
@@ -438,5 +440,102 @@ fn pool_reload_two(backend: &str, tag: &str) {
     assert!(
         conns.iter().any(|c| c["reply"]["dst"] == NEW),
         "no connection from {NEW}: {l}"
+    );
+}
+
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn a_restart_keeps_both_workers_connections_af_packet() {
+    restart_two("af_packet", "s2");
+}
+
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn a_restart_keeps_both_workers_connections_af_xdp() {
+    restart_two("af_xdp", "t2");
+}
+
+/// `state_file` with two workers: an iperf3 transfer of 6 parallel TCP
+/// streams through SNAT (source ports, so the streams, spread over both
+/// workers by the steering), through a rule set that lets only a SYN start
+/// a connection, goes on across a restart; each worker takes back its own
+/// connections, with their mappings.
+fn restart_two(backend: &str, tag: &str) {
+    let (t, cfg) = two_worker_config(backend, tag);
+    let ruleset = RULESET.replace(
+        "iifname \"lan0\" oifname \"wan0\" accept",
+        "iifname \"lan0\" oifname \"wan0\" tcp flags & (syn | ack) == syn accept\n    iifname \"lan0\" oifname \"wan0\" icmp type echo-request accept",
+    );
+    t.write_ruleset("gw.nft", &ruleset);
+    let state = t.dir.join("conns.state");
+    let toml = format!("state_file = \"{}\"\n{}", state.display(), read(&cfg));
+    std::fs::write(&cfg, toml).expect("config with state_file");
+    let mut d = Daemon::start(&t, &cfg, backend);
+    wait_for_ping(&t.private, PUBLIC, "a first ping");
+    let _srv = spawn(
+        &t.public,
+        &["iperf3", "-s", "-B", PUBLIC, "-p", "5201"],
+        &t.dir.join("iperf3-server.log"),
+        None,
+    );
+    wait_for("iperf3 server", Duration::from_secs(10), || {
+        sh(&t.public, "ss -ltn 'sport = :5201' | grep -q 5201")
+            .status
+            .success()
+    });
+    let (o, d2, before) = std::thread::scope(|s| {
+        let c = s.spawn(|| {
+            sh(
+                &t.private,
+                &format!("timeout 40 iperf3 -c {PUBLIC} -p 5201 -t 8 -i 1 -P 6 -J"),
+            )
+        });
+        wait_for("the streams", Duration::from_secs(5), || {
+            d.ctl("conntrack list proto tcp port 5201")["count"]
+                .as_u64()
+                .unwrap_or(0)
+                >= 7
+        });
+        std::thread::sleep(Duration::from_millis(1500));
+        let before = d.ctl("nat lookup 10.0.0.2");
+        d.signal("-TERM");
+        if let Some(c) = &mut d.child.0 {
+            let st = c.wait().expect("wait for the gateway");
+            assert!(st.success(), "gateway exit {st}:\n{}", d.log());
+        }
+        let d2 = Daemon::start(&t, &cfg, backend);
+        (c.join().expect("iperf3 thread"), d2, before)
+    });
+    assert!(
+        o.status.success(),
+        "the transfer did not survive the restart:\n{}\n{}",
+        text(&o),
+        d2.context()
+    );
+    let after = d2.ctl("nat lookup 10.0.0.2");
+    let tcp = |v: &serde_json::Value| {
+        let mut m: Vec<String> = v["mappings"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter(|m| m["proto"] == 6)
+                    .map(|m| format!("{} {} {}", m["int_port"], m["ext_port"], m["worker"]))
+                    .collect()
+            })
+            .unwrap_or_default();
+        m.sort();
+        m
+    };
+    assert_eq!(tcp(&after), tcp(&before), "{before}\n{after}");
+    let workers: std::collections::BTreeSet<String> = after["mappings"]
+        .as_array()
+        .map(|a| a.iter().map(|m| m["worker"].to_string()).collect())
+        .unwrap_or_default();
+    assert_eq!(workers.len(), 2, "both workers hold streams: {after}");
+    let log = d2.log();
+    assert_eq!(
+        log.matches("connections restored").count(),
+        2,
+        "each worker restored its own:\n{log}"
     );
 }
