@@ -963,8 +963,8 @@ struct Scratch {
 impl WorkerThread {
     /// Run until `stop` is set. Ports are closed (XDP detached) on return.
     /// Run until `stop`; then, with `save_state`, the connections a restart
-    /// carries over and what it leaves.
-    pub fn run(mut self) -> Option<(Vec<sluice_engine::SavedConn>, sluice_engine::Uncarried)> {
+    /// carries over.
+    pub fn run(mut self) -> Option<Vec<sluice_engine::SavedConn>> {
         if let Some(c) = self.core {
             if !core_affinity::set_for_current(c) {
                 tracing::warn!(worker = self.id, core = c.id, "could not pin worker");

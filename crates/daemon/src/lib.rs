@@ -2918,8 +2918,8 @@ fn join_all(threads: Vec<std::thread::JoinHandle<Option<Carry>>>) -> Vec<Option<
         .collect()
 }
 
-/// A worker's connections for a restart, and what it left out.
-type Carry = (Vec<sluice_engine::SavedConn>, sluice_engine::Uncarried);
+/// A worker's connections for a restart.
+type Carry = Vec<sluice_engine::SavedConn>;
 
 /// The connections a previous run saved to `state_file`, by worker; the
 /// file is removed once read (it describes that run's last moment only).
@@ -3001,14 +3001,12 @@ fn restore_worker(
 /// then renamed over `FILE`, so that a file is whole or absent.
 fn save_state(path: &Path, saved: &[Option<Carry>]) {
     let mut conns = Vec::new();
-    let mut translated = 0u64;
     for (w, s) in saved.iter().enumerate() {
-        let Some((c, left)) = s else {
+        let Some(c) = s else {
             continue;
         };
         let w = u16::try_from(w).unwrap_or(u16::MAX);
         conns.extend(c.iter().map(|c| (w, *c)));
-        translated += left.translated;
     }
     let workers = u16::try_from(saved.len()).unwrap_or(u16::MAX);
     let bytes = state::encode(workers, &conns);
@@ -3018,7 +3016,6 @@ fn save_state(path: &Path, saved: &[Option<Carry>]) {
         Ok(()) => tracing::info!(
             path = %path.display(),
             connections = conns.len(),
-            not_saved_nat = translated,
             "connections saved for the next start"
         ),
         Err(e) => tracing::error!(path = %path.display(), "connections not saved: {e}"),

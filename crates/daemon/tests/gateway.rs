@@ -2574,7 +2574,7 @@ fn route_moves(backend: &str, tag: &str) {
 /// state its mid-stream segments would be new connections, and dropped).
 /// With `nat` the transfer is source-translated to the pool address, and
 /// after the restart the host's mappings are the ones it had.
-fn restart_keeps_connections(backend: &str, tag: &str, nat: bool) {
+fn restart_keeps_connections(backend: &str, tag: &str, nat: bool, extra: &str) {
     require_root();
     let t = Topo::new(tag);
     let snat = if nat {
@@ -2596,7 +2596,7 @@ fn restart_keeps_connections(backend: &str, tag: &str, nat: bool) {
 {snat}"#
         ),
     );
-    let cfg = t.write_config(backend, "gw.nft", "");
+    let cfg = t.write_config(backend, "gw.nft", extra);
     let state = t.dir.join("conns.state");
     let text_cfg = std::fs::read_to_string(&cfg).expect("config");
     std::fs::write(
@@ -2638,6 +2638,13 @@ fn restart_keeps_connections(backend: &str, tag: &str, nat: bool) {
                 .as_array()
                 .map_or(0, |a| a.iter().filter(|m| m["proto"] == 6).count());
             assert_eq!(tcp, 2, "{after}");
+            assert_eq!(after["blocks"], before["blocks"], "{before}\n{after}");
+            if extra.contains("port_block_size") {
+                assert!(
+                    after["blocks"].as_array().is_some_and(|b| !b.is_empty()),
+                    "{after}"
+                );
+            }
         }
         (c.join().expect("iperf3 thread"), d2)
     });
@@ -2694,11 +2701,18 @@ fn restart_keeps_connections(backend: &str, tag: &str, nat: bool) {
 }
 
 fn restart_keeps_forwarded(backend: &str, tag: &str) {
-    restart_keeps_connections(backend, tag, false);
+    restart_keeps_connections(backend, tag, false, "");
 }
 
 fn restart_keeps_translated(backend: &str, tag: &str) {
-    restart_keeps_connections(backend, tag, true);
+    restart_keeps_connections(backend, tag, true, "");
+}
+
+/// Port block allocation: the mappings come back in their blocks.
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn a_restart_keeps_nat_connections_in_port_blocks_af_packet() {
+    restart_keeps_connections("af_packet", "tb", true, "\n[nat]\nport_block_size = 64\n");
 }
 
 both_backends!(

@@ -36,7 +36,7 @@ pub use policy::{
 pub use route::{AdjIndex, Adjacency, IfIndex, Route4, Route6, RouteTable4, RouteTable6};
 pub use worker::{
     BucketPrefetch, EngineConfig, EngineError, Interface, LoggedEvent, NatLog, RestoreError,
-    SavedConn, Uncarried, Walk, Worker, REINSTALL_EVERY,
+    SavedConn, Walk, Worker, REINSTALL_EVERY,
 };
 
 /// Largest batch the engine processes in one call.

@@ -74,7 +74,7 @@ mod restart;
 mod untracked;
 mod v6;
 use crate::{Action, Frames, MAX_BATCH, PIPELINE};
-pub use restart::{RestoreError, SavedConn, Uncarried};
+pub use restart::{RestoreError, SavedConn};
 pub use v6::FlowInfo6;
 
 /// An interface as the engine sees it.

@@ -3,8 +3,7 @@
 //! new connection, forwards the packets of the connections the old one
 //! had, both ways, as established; one that was not given them drops
 //! them. NAT connections come back on their mappings, with the same
-//! external endpoints; under port block allocation they are counted and
-//! left out.
+//! external endpoints (and port blocks).
 
 use std::sync::Arc;
 
@@ -54,7 +53,7 @@ fn back(w: &mut Worker, now: u64, i: u16) -> Action {
 }
 
 #[test]
-fn connections_survive_a_restart_and_nat_ones_are_counted() {
+fn connections_survive_a_restart_and_nat_ones_keep_their_mappings() {
     let now = 5_000_000_000;
     let mut old = worker(StaticPolicy::accept_all());
     for i in 0..3 {
@@ -64,8 +63,8 @@ fn connections_survive_a_restart_and_nat_ones_are_counted() {
     // Flow 2 goes on once more: an assured stream.
     assert_eq!(out(&mut old, now, 2), Action::Forward(OUTSIDE));
     let later = now + 7_000_000_000;
-    let (saved, left) = old.carried_conns(later);
-    assert_eq!((saved.len(), left.translated), (3, 0));
+    let saved = old.carried_conns(later);
+    assert_eq!(saved.len(), 3);
     let stream = saved
         .iter()
         .find_map(|s| match s {
@@ -138,8 +137,8 @@ fn connections_survive_a_restart_and_nat_ones_are_counted() {
         send(&mut nat, now, &answer_frame).0,
         Action::Forward(INSIDE)
     );
-    let (saved, left) = nat.carried_conns(now);
-    assert_eq!((saved.len(), left.translated), (1, 0));
+    let saved = nat.carried_conns(now);
+    assert_eq!(saved.len(), 1);
     assert!(matches!(saved[0], SavedConn::V4 { held: 1, .. }));
     // The new process drops new connections: the answer gets in only on
     // the restored connection, translated back to the host.
@@ -183,11 +182,17 @@ fn connections_survive_a_restart_and_nat_ones_are_counted() {
         free(&nat2),
         free(&nat_worker(StaticPolicy::accept_all(), 0))
     );
-    // Under port block allocation NAT connections are counted, not carried.
-    let mut blocked = nat_worker(p, 64);
+    // Under port block allocation the block comes back with the mapping.
+    let mut blocked = nat_worker(p.clone(), 64);
     assert_eq!(out(&mut blocked, now, 0), Action::Forward(OUTSIDE));
-    let (saved, left) = blocked.carried_conns(now);
-    assert_eq!((saved.len(), left.translated), (0, 1));
+    let saved = blocked.carried_conns(now);
+    assert_eq!(saved.len(), 1);
+    let block = |w: &Worker| w.nat().block_by_ext(POOL, ext_port);
+    assert!(block(&blocked).is_some());
+    let mut blocked2 = nat_worker(p, 64);
+    blocked2.restore(start, &saved[0]).unwrap();
+    assert_eq!(block(&blocked2), block(&blocked));
+    assert_eq!(held(&blocked2), held(&blocked));
 }
 
 fn new_restore_refused(w: &mut Worker, now: u64, s: &SavedConn) -> bool {

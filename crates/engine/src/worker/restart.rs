@@ -7,9 +7,8 @@
 //! new process's: its next hops are looked up again, and the XDP offload
 //! starts empty (an offloaded connection's next packet in the worker
 //! installs it again). A translated connection (NAT) takes its mappings
-//! back with their very external endpoints
-//! ([`sluice_nat::WorkerNat::restore_session`]), except under port block
-//! allocation, which [`Worker::carried_conns`] leaves out and counts.
+//! back with their very external endpoints (and, under port block
+//! allocation, their blocks; [`sluice_nat::WorkerNat::restore_session`]).
 
 use sluice_conntrack::{Carried, InsertError};
 use sluice_wire::flow::{FlowKey4, FlowKey6};
@@ -64,30 +63,15 @@ pub enum RestoreError {
     Table(#[from] InsertError),
 }
 
-/// What [`Worker::carried_conns`] left out.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Uncarried {
-    /// Translated (NAT) connections under port block allocation, whose
-    /// blocks are not taken back yet.
-    pub translated: u64,
-}
-
 impl Worker {
-    /// Every connection of this worker that a restart can carry over, as
-    /// of `now` (ns, the clock [`Worker::process`] is given), with how many
-    /// it cannot.
-    pub fn carried_conns(&self, now: u64) -> (Vec<SavedConn>, Uncarried) {
+    /// Every connection of this worker, to carry over a restart, as of
+    /// `now` (ns, the clock [`Worker::process`] is given).
+    pub fn carried_conns(&self, now: u64) -> Vec<SavedConn> {
         let now = instant(now);
         let mut out = Vec::with_capacity(self.ct.len() + self.v6.ct.len());
-        let mut left = Uncarried::default();
-        let blocks = self.nat.config().port_block_size != 0;
         for (_, e) in self.ct.iter() {
             let (orig, reply) = (e.orig(), e.reply());
             let nat = reply != orig.reversed();
-            if nat && blocks {
-                left.translated += 1;
-                continue;
-            }
             out.push(SavedConn::V4 {
                 orig,
                 reply,
@@ -106,7 +90,7 @@ impl Worker {
                 carried: e.carried(now),
             });
         }
-        (out, left)
+        out
     }
 
     /// Take back a connection a restart carried over, at `now` (ns) on

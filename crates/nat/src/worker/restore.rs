@@ -6,17 +6,17 @@
 
 use sluice_wire::flow::FlowKey4;
 
-use super::{proto_index, ExtKey, MapKey, Mapping, Realm, Space, WorkerNat, PROTOS};
+use super::{block_ports, proto_index, ExtKey, MapKey, Mapping, Realm, Space, WorkerNat, PROTOS};
 use crate::config::MappingBehaviour;
 use crate::event::{NatEvent, NatEventSink};
 
 /// Why a session was not taken back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum RestoreRefused {
-    /// Port block allocation (or deterministic NAT) is configured: taking
-    /// a port means taking its block, which is not done yet.
-    #[error("NAT with port blocks is not carried over a restart yet")]
-    PortBlocks,
+    /// Port block allocation: its port's block is another subscriber's
+    /// (or, deterministic NAT, not the subscriber's own).
+    #[error("its port's block is another subscriber's")]
+    BlockTaken,
     /// Its external address is neither a pool address nor one masquerade
     /// may use now.
     #[error("its external address is no longer a NAT address")]
@@ -124,6 +124,79 @@ impl<S: NatEventSink> WorkerNat<S> {
         Ok(())
     }
 
+    /// Take port `port` of address `ai` of pool `pid` (bitmap `map`) for
+    /// a mapping of subscriber `sub`; under port block allocation its
+    /// block too, which must be free (then it becomes the subscriber's,
+    /// logged as a new block) or the subscriber's already, and under
+    /// deterministic NAT the subscriber's own. The subscriber's block
+    /// limit is not applied (it held the block). Nothing changes when
+    /// refused.
+    fn take_pool_port(
+        &mut self,
+        pid: u16,
+        ai: usize,
+        map: usize,
+        port: u16,
+        sub: u32,
+    ) -> Result<(), RestoreRefused> {
+        let Self {
+            pools,
+            stats,
+            sink,
+            worker,
+            ..
+        } = self;
+        let pool = pools
+            .get_mut(usize::from(pid))
+            .ok_or(RestoreRefused::NotExternal)?;
+        let Some(bl) = pool.blocks.as_mut() else {
+            return pool
+                .space
+                .take(map, port)
+                .map(|_| ())
+                .ok_or(RestoreRefused::PortTaken);
+        };
+        let idx = pool
+            .space
+            .slice()
+            .index(port)
+            .ok_or(RestoreRefused::PortTaken)?;
+        if idx >= bl.per_addr * bl.size {
+            // The share's remainder, which no block covers.
+            return Err(RestoreRefused::PortTaken);
+        }
+        let b = bl.block_of(ai, idx);
+        if matches!(bl.det_block(sub), Ok(Some(d)) if d != b) || bl.det_block(sub).is_err() {
+            return Err(RestoreRefused::BlockTaken);
+        }
+        let fresh = match bl.owner.get(b as usize) {
+            Some(Some(o)) if *o == sub => false,
+            Some(None) => true,
+            _ => return Err(RestoreRefused::BlockTaken),
+        };
+        if pool.space.take(map, port).is_none() {
+            return Err(RestoreRefused::PortTaken);
+        }
+        if fresh {
+            bl.take_exact(b, sub);
+            stats.blocks_allocated += 1;
+            let (first_port, last_port) = block_ports(&pool.space, bl, b);
+            if let Some(&addr) = pool.addrs.get(ai) {
+                sink.event(&NatEvent::BlockAllocated {
+                    int_addr: std::net::Ipv4Addr::from(sub),
+                    ext_addr: std::net::Ipv4Addr::from(addr),
+                    first_port,
+                    last_port,
+                    worker: *worker,
+                });
+            }
+        }
+        if let Some(u) = bl.used.get_mut(b as usize) {
+            *u += 1;
+        }
+        Ok(())
+    }
+
     /// Make the mapping of `out`'s source (a flow out of its internal
     /// endpoint; internal port `int_port`) with external endpoint `ext`
     /// again, its port taken in the bitmap it belongs to, with no session
@@ -147,7 +220,6 @@ impl<S: NatEventSink> WorkerNat<S> {
             dst_port,
         };
         let (realm, space) = match self.pool_addr.get(&ext.addr).copied() {
-            Some((pid, _)) if self.has_blocks(pid) => return Err(RestoreRefused::PortBlocks),
             Some((pid, _))
                 if self
                     .by_int
@@ -159,13 +231,7 @@ impl<S: NatEventSink> WorkerNat<S> {
             Some((pid, ai)) => {
                 let map = ai * PROTOS + pi;
                 let map32 = u32::try_from(map).map_err(|_| RestoreRefused::PortTaken)?;
-                let pool = self
-                    .pools
-                    .get_mut(usize::from(pid))
-                    .ok_or(RestoreRefused::NotExternal)?;
-                pool.space
-                    .take(map, ext.port)
-                    .ok_or(RestoreRefused::PortTaken)?;
+                self.take_pool_port(pid, ai, map, ext.port, out.src)?;
                 (
                     Realm::Pool(pid),
                     Space::Pool {
@@ -203,6 +269,10 @@ impl<S: NatEventSink> WorkerNat<S> {
         self.by_ext.insert(ext, Mapping { key, space });
         self.count_slot(space, true);
         self.stats.mappings_created += 1;
+        // With port blocks the block's event stands for its mappings.
+        if self.in_blocks(space) {
+            return Ok(());
+        }
         self.sink.event(&NatEvent::MappingCreated {
             proto: key.proto,
             int_addr: std::net::Ipv4Addr::from(key.int_addr),
@@ -230,7 +300,14 @@ mod tests {
     const IFACE: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 1);
 
     fn config(mapping: u8, filtering: u8) -> NatConfig {
+        config_blocks(mapping, filtering, 0)
+    }
+
+    /// `blocks`: 0 none, 1 blocks of 8 ports, 2 the same, deterministic.
+    fn config_blocks(mapping: u8, filtering: u8, blocks: u8) -> NatConfig {
         NatConfig {
+            port_block_size: if blocks == 0 { 0 } else { 8 },
+            deterministic: (blocks == 2).then_some((Ipv4Addr::new(10, 0, 0, 0), 29)),
             pools: vec![
                 Pool::new([Ipv4Addr::new(192, 0, 2, 1), Ipv4Addr::new(192, 0, 2, 2)])
                     .with_ports(1024..=1100),
@@ -260,6 +337,7 @@ mod tests {
         Vec<(u32, u32)>,
         Vec<(String, u32)>,
         u64,
+        Vec<(Vec<Option<u32>>, Vec<u32>, u32)>,
     );
 
     fn snapshot(n: &WorkerNat<VecSink>) -> Snapshot {
@@ -284,13 +362,21 @@ mod tests {
             .map(|(k, v)| (format!("{k:?}"), *v))
             .collect();
         permits.sort_unstable();
-        (maps, free, subs, permits, n.stats().sessions)
+        // Port blocks: owners, ports in use, free count per pool.
+        let blocks = n
+            .pools
+            .iter()
+            .filter_map(|p| p.blocks.as_ref())
+            .map(|b| (b.owner.clone(), b.used.clone(), b.free.iter().sum()))
+            .collect();
+        (maps, free, subs, permits, n.stats().sessions, blocks)
     }
 
     proptest! {
         // A NAT's live sessions (outbound through the pool and through
         // masquerade, inbound ones, hairpinned ones, ICMP queries; under
-        // every mapping and filtering behaviour), taken back one by one in
+        // every mapping and filtering behaviour, with and without port
+        // blocks, deterministic or not), taken back one by one in
         // any order into a new NAT of the same configuration, give it the
         // same mappings, ports, counts; and releasing them all empties
         // both alike.
@@ -298,10 +384,11 @@ mod tests {
         fn restored_sessions_give_the_same_nat(
             mapping in 0u8..2,
             filtering in 0u8..3,
+            blocks in 0u8..3,
             ops in proptest::collection::vec((0u8..6, 1u8..5, 0u16..4, 0u8..3), 1..60),
             order in any::<u64>(),
         ) {
-            let c = config(mapping, filtering);
+            let c = config_blocks(mapping, filtering, blocks);
             let mut old = WorkerNat::new(&c, 0, VecSink::default()).unwrap();
             let mut live: Vec<(FlowKey4, FlowKey4)> = Vec::new();
             for (op, host, port, remote) in ops {
@@ -431,13 +518,32 @@ mod tests {
             Err(RestoreRefused::PortTaken)
         );
         assert_eq!(snapshot(&new), after);
-        let mut blocks = config(0, 0);
-        blocks.port_block_size = 8;
-        let mut b = WorkerNat::new(&blocks, 0, VecSink::default()).unwrap();
-        assert_eq!(
-            b.restore_session(&k, &r, 1, |_| false),
-            Err(RestoreRefused::PortBlocks)
-        );
-        assert!(b.mappings().next().is_none());
+        // Port blocks: a port of another subscriber's block is refused;
+        // under deterministic NAT so is one outside the subscriber's own.
+        for det in [false, true] {
+            let mut blocks = config(0, 0);
+            blocks.port_block_size = 8;
+            if det {
+                blocks.deterministic = Some((Ipv4Addr::new(10, 0, 0, 0), 29));
+            }
+            let mut b = WorkerNat::new(&blocks, 0, VecSink::default()).unwrap();
+            let r1 = b
+                .translate_outbound(&k, &Translation::Snat { pool: PoolId(0) }, None)
+                .unwrap();
+            let mut b2 = WorkerNat::new(&blocks, 0, VecSink::default()).unwrap();
+            b2.restore_session(&k, &r1, 1, |_| false).unwrap();
+            assert_eq!(snapshot(&b2), snapshot(&b));
+            let before = snapshot(&b2);
+            let next_port = FlowKey4 {
+                dport: r1.dport + 1,
+                ..r1
+            };
+            assert_eq!(
+                b2.restore_session(&other, &next_port, 1, |_| false),
+                Err(RestoreRefused::BlockTaken),
+                "deterministic {det}"
+            );
+            assert_eq!(snapshot(&b2), before);
+        }
     }
 }
