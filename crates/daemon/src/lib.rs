@@ -2921,6 +2921,22 @@ fn join_all(threads: Vec<std::thread::JoinHandle<Option<Carry>>>) -> Vec<Option<
 /// A worker's connections for a restart.
 type Carry = Vec<sluice_engine::SavedConn>;
 
+/// Now, ms since 1970-01-01 UTC (0 if the clock is before it).
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// `c` as it is `ms` later: that much less time left (none: expired).
+fn aged(mut c: sluice_engine::SavedConn, ms: u64) -> sluice_engine::SavedConn {
+    let (sluice_engine::SavedConn::V4 { carried, .. }
+    | sluice_engine::SavedConn::V6 { carried, .. }) = &mut c;
+    let left = u64::from(carried.expires_in_ms).saturating_sub(ms);
+    carried.expires_in_ms = u32::try_from(left).unwrap_or(u32::MAX);
+    c
+}
+
 /// The connections a previous run saved to `state_file`, by worker; the
 /// file is removed once read (it describes that run's last moment only).
 /// A file that cannot be read or is refused is kept, renamed
@@ -2959,9 +2975,19 @@ fn load_state(cfg: &Config) -> Vec<Vec<sluice_engine::SavedConn>> {
             s.workers, cfg.workers
         )),
         Ok(s) => {
+            // The time the gateway was down counts against each
+            // connection's time left, as it would have on a running one
+            // (a clock set back counts as none).
+            let down = wall_ms().saturating_sub(s.saved_at_ms);
+            tracing::info!(
+                path = %path.display(),
+                connections = s.conns.len(),
+                saved_ms_ago = down,
+                "saved connections read"
+            );
             for (w, c) in s.conns {
                 if let Some(v) = by_worker.get_mut(usize::from(w)) {
-                    v.push(c);
+                    v.push(aged(c, down));
                 }
             }
             if let Err(e) = std::fs::remove_file(path) {
@@ -3009,7 +3035,7 @@ fn save_state(path: &Path, saved: &[Option<Carry>]) {
         conns.extend(c.iter().map(|c| (w, *c)));
     }
     let workers = u16::try_from(saved.len()).unwrap_or(u16::MAX);
-    let bytes = state::encode(workers, &conns);
+    let bytes = state::encode(workers, wall_ms(), &conns);
     let tmp = path.with_extension("tmp");
     let r = std::fs::write(&tmp, &bytes).and_then(|()| std::fs::rename(&tmp, path));
     match r {
@@ -3069,11 +3095,31 @@ mod tests {
             },
             held: 0,
         };
-        std::fs::write(&path, state::encode(2, &[(1, c)])).unwrap();
-        assert_eq!(load_state(&cfg), vec![Vec::new(), vec![c]]);
+        // Saved 400 ms ago: 400 ms less left.
+        std::fs::write(&path, state::encode(2, wall_ms() - 400, &[(1, c)])).unwrap();
+        let got = load_state(&cfg);
+        assert!(got[0].is_empty());
+        let [SavedConn::V4 { carried, orig, .. }] = got[1][..] else {
+            panic!("{got:?}");
+        };
+        assert_eq!(orig, k);
+        assert!(
+            (500..=600).contains(&carried.expires_in_ms),
+            "{}",
+            carried.expires_in_ms
+        );
         assert!(!path.exists(), "read once, then removed");
+        // Saved longer ago than it had left: expired (the engine refuses
+        // it); saved "in the future" (a clock set back): none counted.
+        std::fs::write(&path, state::encode(2, wall_ms() - 5000, &[(0, c)])).unwrap();
+        assert!(matches!(
+            load_state(&cfg)[0][..],
+            [SavedConn::V4 { carried, .. }] if carried.expires_in_ms == 0
+        ));
+        std::fs::write(&path, state::encode(2, wall_ms() + 60_000, &[(0, c)])).unwrap();
+        assert_eq!(load_state(&cfg)[0], vec![c]);
         let refused = path.with_extension("refused");
-        for bad in [b"not a state file".to_vec(), state::encode(3, &[(2, c)])] {
+        for bad in [b"not a state file".to_vec(), state::encode(3, 0, &[(2, c)])] {
             std::fs::write(&path, &bad).unwrap();
             assert_eq!(load_state(&cfg), vec![Vec::new(), Vec::new()]);
             assert!(!path.exists());

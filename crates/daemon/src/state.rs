@@ -5,7 +5,8 @@
 //! Binary, little-endian, fixed-size records:
 //!
 //! ```text
-//! header   "SLUICEC1" | workers u16 | 0 u16 | 0 u32 | count u64      24 bytes
+//! header   "SLUICEC1" | workers u16 | 0 u16 | 0 u32 | count u64 |
+//!          saved at u64 (ms since 1970-01-01 UTC)                   32 bytes
 //! record   worker u16 | family u8 (4, 6) | proto u8 | state u8 |
 //!          flags u8 (1 assured, 2 seen reply, 4 flowtable) |
 //!          NAT mappings held u8 (1 source side, 2 destination side) | 0 u8 |
@@ -26,7 +27,7 @@ use sluice_wire::flow::{FlowKey4, FlowKey6};
 /// The first bytes of a state file (format version 1).
 pub const MAGIC: [u8; 8] = *b"SLUICEC1";
 /// Header bytes.
-pub const HEADER: usize = 24;
+pub const HEADER: usize = 32;
 /// Bytes per connection.
 pub const RECORD: usize = 92;
 
@@ -39,6 +40,8 @@ const F_FLOWTABLE: u8 = 4;
 pub struct State {
     /// The number of workers of the gateway that saved it.
     pub workers: u16,
+    /// When it was saved, ms since 1970-01-01 UTC.
+    pub saved_at_ms: u64,
     /// Each connection with the worker that held it.
     pub conns: Vec<(u16, SavedConn)>,
 }
@@ -72,13 +75,15 @@ pub enum StateError {
     },
 }
 
-/// The file for `workers` workers holding `conns`.
-pub fn encode(workers: u16, conns: &[(u16, SavedConn)]) -> Vec<u8> {
+/// The file for `workers` workers holding `conns`, saved at
+/// `saved_at_ms` (ms since 1970-01-01 UTC).
+pub fn encode(workers: u16, saved_at_ms: u64, conns: &[(u16, SavedConn)]) -> Vec<u8> {
     let mut b = Vec::with_capacity(HEADER + conns.len() * RECORD);
     b.extend_from_slice(&MAGIC);
     b.extend_from_slice(&workers.to_le_bytes());
     b.extend_from_slice(&[0; 6]);
     b.extend_from_slice(&(conns.len() as u64).to_le_bytes());
+    b.extend_from_slice(&saved_at_ms.to_le_bytes());
     for (w, c) in conns {
         let (family, proto, carried, held, keys) = match c {
             SavedConn::V4 {
@@ -284,7 +289,11 @@ pub fn decode(b: &[u8]) -> Result<State, StateError> {
         };
         conns.push((worker, conn));
     }
-    Ok(State { workers, conns })
+    Ok(State {
+        workers,
+        saved_at_ms: r.u64(24),
+        conns,
+    })
 }
 
 #[cfg(test)]
@@ -360,13 +369,21 @@ mod tests {
     #[test]
     fn a_file_round_trips() {
         let conns = sample();
-        let b = encode(2, &conns);
+        let b = encode(2, 1_764_000_000_000, &conns);
         assert_eq!(b.len(), HEADER + 3 * RECORD);
-        assert_eq!(decode(&b), Ok(State { workers: 2, conns }));
         assert_eq!(
-            decode(&encode(1, &[])),
+            decode(&b),
+            Ok(State {
+                workers: 2,
+                saved_at_ms: 1_764_000_000_000,
+                conns
+            })
+        );
+        assert_eq!(
+            decode(&encode(1, 7, &[])),
             Ok(State {
                 workers: 1,
+                saved_at_ms: 7,
                 conns: vec![]
             })
         );
@@ -376,7 +393,7 @@ mod tests {
     /// and a file cut short or grown is refused whole.
     #[test]
     fn bad_files_are_refused_naming_the_field() {
-        let good = encode(2, &sample());
+        let good = encode(2, 5, &sample());
         let with = |at: usize, v: u8| {
             let mut b = good.clone();
             b[at] = v;
