@@ -78,9 +78,6 @@ pub fn default_via(r: Ipv4Addr) -> Route4 {
     }
 }
 
-/// A worker routing by default via the first of `routers` (all of them
-/// known neighbours, with the hosts), with `flows` connections made, and
-/// the engine time after them. Prints how long they took.
 /// The configuration [`worker_with`] builds its worker from: room for
 /// `flows` connections.
 #[allow(dead_code)]
@@ -116,6 +113,10 @@ pub fn config_for(flows: u32, routers: &[(Ipv4Addr, [u8; 6])]) -> EngineConfig {
     }
 }
 
+/// A worker routing by default via the first of `routers` (all of them
+/// known neighbours, with the hosts), with `flows` connections made, and
+/// the engine time after them. Prints how long they took.
+#[allow(dead_code)]
 pub fn worker_with(flows: u32, routers: &[(Ipv4Addr, [u8; 6])]) -> (Worker, u64) {
     let cfg = config_for(flows, routers);
     let mut w = Worker::new(cfg, Arc::new(StaticPolicy::accept_all())).expect("worker");
