@@ -317,6 +317,28 @@ fn summary_extras(cfg: &Config) -> Vec<String> {
             offload_start_bytes(cfg).div_ceil(1 << 20)
         ));
     }
+    if let Some(p) = &cfg.state_file {
+        v.push(match state::peek(p) {
+            Ok(None) => format!(
+                "connections kept over restarts in {} (none saved now)",
+                p.display()
+            ),
+            Ok(Some((w, n, at))) if w == cfg.workers => format!(
+                "{n} connections saved in {} {} s ago, for the next start",
+                p.display(),
+                wall_ms().saturating_sub(at) / 1000
+            ),
+            Ok(Some((w, n, _))) => format!(
+                "{n} connections saved in {} by {w} workers: not restored with {} (set aside)",
+                p.display(),
+                cfg.workers
+            ),
+            Err(e) => format!(
+                "state file {}: {e} (set aside at the next start)",
+                p.display()
+            ),
+        });
+    }
     v
 }
 
@@ -3125,6 +3147,60 @@ mod tests {
             assert!(!path.exists());
             assert_eq!(std::fs::read(&refused).unwrap(), bad, "kept as it was");
         }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// `sluice check`'s summary tells what a start would do with the state
+    /// file: none, the connections it would restore, or why it would set
+    /// the file aside.
+    #[test]
+    fn check_describes_the_state_file() {
+        let dir = std::env::temp_dir().join(format!("sluice-check-state-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("conns.state");
+        let cfg = config::parse(
+            &dir.join("sluice.toml"),
+            &format!(
+                "state_file = \"{}\"\n[[interfaces]]\nname = \"lan0\"\n[[interfaces]]\nname = \"wan0\"\n",
+                path.display()
+            ),
+        )
+        .unwrap();
+        let line = |cfg: &Config| {
+            summary_extras(cfg)
+                .into_iter()
+                .find(|l| l.contains("conns.state"))
+                .unwrap_or_default()
+        };
+        assert!(line(&cfg).contains("none saved now"), "{}", line(&cfg));
+        std::fs::write(&path, state::encode(1, wall_ms() - 3000, &[])).unwrap();
+        assert!(
+            line(&cfg).starts_with("0 connections saved in"),
+            "{}",
+            line(&cfg)
+        );
+        assert!(line(&cfg).contains(" 3 s ago"), "{}", line(&cfg));
+        std::fs::write(&path, state::encode(2, 0, &[])).unwrap();
+        assert!(
+            line(&cfg).contains("by 2 workers: not restored with 1"),
+            "{}",
+            line(&cfg)
+        );
+        std::fs::write(&path, b"junk").unwrap();
+        assert!(
+            line(&cfg).contains("not a Sluice state file"),
+            "{}",
+            line(&cfg)
+        );
+        let mut b = state::encode(1, 0, &[]);
+        b.push(0);
+        std::fs::write(&path, b).unwrap();
+        assert!(
+            line(&cfg).contains("33 bytes where a header of 0"),
+            "{}",
+            line(&cfg)
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 

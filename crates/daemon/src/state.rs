@@ -182,6 +182,37 @@ impl Rd<'_> {
     }
 }
 
+/// The header of the state file at `path` (workers, connections, saved
+/// at), and a check that the file has the length it gives; the records
+/// are not read (`sluice check`). `Ok(None)`: no file.
+pub fn peek(path: &std::path::Path) -> Result<Option<(u16, u64, u64)>, String> {
+    use std::io::Read;
+    let mut f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.to_string()),
+    };
+    let len = f.metadata().map_err(|e| e.to_string())?.len();
+    let mut h = [0u8; HEADER];
+    f.read_exact(&mut h)
+        .map_err(|_| StateError::Magic.to_string())?;
+    let r = Rd(&h);
+    if h.get(..8) != Some(&MAGIC[..]) {
+        return Err(StateError::Magic.to_string());
+    }
+    let count = r.u64(16);
+    let want = HEADER as u128 + u128::from(count) * RECORD as u128;
+    if u128::from(len) != want {
+        return Err(StateError::Length {
+            len: usize::try_from(len).unwrap_or(usize::MAX),
+            count,
+            want,
+        }
+        .to_string());
+    }
+    Ok(Some((r.u16(8), count, r.u64(24))))
+}
+
 /// Read a state file, checking every field.
 pub fn decode(b: &[u8]) -> Result<State, StateError> {
     let r = Rd(b);
