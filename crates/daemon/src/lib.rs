@@ -3074,6 +3074,25 @@ fn save_state(path: &Path, saved: &[Option<Carry>]) {
 mod tests {
     use super::*;
 
+    /// A fresh directory for test `tag`, the state file path in it, and a
+    /// configuration with `workers` workers that keeps its connections
+    /// there.
+    fn state_file_config(tag: &str, workers: u16) -> (PathBuf, PathBuf, Config) {
+        let dir = std::env::temp_dir().join(format!("sluice-{tag}-state-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("conns.state");
+        let cfg = config::parse(
+            &dir.join("sluice.toml"),
+            &format!(
+                "state_file = \"{}\"\nworkers = {workers}\n[[interfaces]]\nname = \"lan0\"\nrole = \"inside\"\n[[interfaces]]\nname = \"wan0\"\nrole = \"outside\"\n",
+                path.display()
+            ),
+        )
+        .unwrap();
+        (dir, path, cfg)
+    }
+
     /// `state_file` at start: a missing file restores nothing; a good one
     /// gives each worker its connections and is removed; one that does not
     /// decode, or was saved by a gateway with another number of workers,
@@ -3082,18 +3101,7 @@ mod tests {
     fn a_state_file_is_restored_once_or_refused_and_kept() {
         use sluice_engine::SavedConn;
         use sluice_wire::flow::{proto, FlowKey4};
-        let dir = std::env::temp_dir().join(format!("sluice-state-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("conns.state");
-        let cfg = config::parse(
-            &dir.join("sluice.toml"),
-            &format!(
-                "state_file = \"{}\"\nworkers = 2\n[[interfaces]]\nname = \"lan0\"\nrole = \"inside\"\n[[interfaces]]\nname = \"wan0\"\nrole = \"outside\"\n",
-                path.display()
-            ),
-        )
-        .unwrap();
+        let (dir, path, cfg) = state_file_config("restore", 2);
         assert_eq!(cfg.state_file.as_deref(), Some(path.as_path()));
         assert_eq!(load_state(&cfg), vec![Vec::new(), Vec::new()]);
         let k = FlowKey4 {
@@ -3155,18 +3163,7 @@ mod tests {
     /// the file aside.
     #[test]
     fn check_describes_the_state_file() {
-        let dir = std::env::temp_dir().join(format!("sluice-check-state-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("conns.state");
-        let cfg = config::parse(
-            &dir.join("sluice.toml"),
-            &format!(
-                "state_file = \"{}\"\n[[interfaces]]\nname = \"lan0\"\n[[interfaces]]\nname = \"wan0\"\n",
-                path.display()
-            ),
-        )
-        .unwrap();
+        let (dir, path, cfg) = state_file_config("check", 1);
         let line = |cfg: &Config| {
             summary_extras(cfg)
                 .into_iter()

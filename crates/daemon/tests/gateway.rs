@@ -103,21 +103,6 @@ fn curl(ns: &Netns, url: &str, max_time: u32) -> (bool, String, std::process::Ou
     )
 }
 
-fn iperf3_server(t: &Topo) -> Guard {
-    let g = spawn(
-        &t.public,
-        &["iperf3", "-s", "-B", PUBLIC, "-p", "5201"],
-        &t.dir.join("iperf3-server.log"),
-        None,
-    );
-    wait_for("iperf3 server", Duration::from_secs(10), || {
-        sh(&t.public, "ss -ltn 'sport = :5201' | grep -q 5201")
-            .status
-            .success()
-    });
-    g
-}
-
 /// Waits until both TCP connections of an iperf3 test to port 5201 (control
 /// and data) are in the gateway's connection table.
 fn wait_for_iperf3_connections(d: &Daemon) {
@@ -215,7 +200,7 @@ fn json(o: &std::process::Output) -> serde_json::Value {
 
 fn iperf3_tcp_and_udp(backend: &str, tag: &str) {
     let (t, d) = setup(tag, backend, "");
-    let _srv = iperf3_server(&t);
+    let _srv = iperf3_server(&t, PUBLIC);
 
     // TCP, 2 s.
     let t0 = Instant::now();
@@ -534,7 +519,7 @@ fn vlan_tagged(backend: &str, tag: &str) {
 
 fn sighup_reload(backend: &str, tag: &str) {
     let (t, d) = setup(tag, backend, "");
-    let _srv = iperf3_server(&t);
+    let _srv = iperf3_server(&t, PUBLIC);
     let _h1 = http_server(&t, &t.public, PUBLIC, 8081, "a");
     let _h2 = http_server(&t, &t.public, PUBLIC, 8082, "b");
     // A 5 s TCP transfer, reloaded at about 2 s into a ruleset that no
@@ -593,7 +578,7 @@ fn sighup_reload(backend: &str, tag: &str) {
 fn nat_pool_reload(backend: &str, tag: &str) {
     const NEW: &str = "198.51.100.8";
     let (t, d) = setup(tag, backend, "");
-    let _srv = iperf3_server(&t);
+    let _srv = iperf3_server(&t, PUBLIC);
     let _h = http_server(&t, &t.public, PUBLIC, 8081, "a");
     let (o, answer, during, conns, web) = std::thread::scope(|s| {
         let c = s.spawn(|| {
@@ -916,7 +901,7 @@ fn quota(backend: &str, tag: &str) {
         let r = d.ctl(cmd);
         assert_eq!(r["ok"], true, "{cmd}: {r}");
     }
-    let _srv = iperf3_server(&t);
+    let _srv = iperf3_server(&t, PUBLIC);
     // About 1.2 MB offered in 3 s, 1200-byte datagrams (1228 bytes of IP).
     // iperf3 cannot see datagrams lost at the end of a stream (its loss
     // comes from gaps in sequence numbers), so the public host's own UDP
@@ -1232,7 +1217,7 @@ fn flowtable(backend: &str, tag: &str) {
     t.write_ruleset("gw.nft", &rules);
     let cfg = t.write_config(backend, "gw.nft", "");
     let d = Daemon::start(&t, &cfg, backend);
-    let _srv = iperf3_server(&t);
+    let _srv = iperf3_server(&t, PUBLIC);
     let flow_rule = || {
         let rules = d.ctl("rule list forward");
         rule_packets(&rules, "flow add")
@@ -1901,7 +1886,7 @@ fn live_rule_updates(backend: &str, tag: &str) {
     t.write_ruleset("gw.nft", &rules);
     let cfg = t.write_config(backend, "gw.nft", "");
     let d = Daemon::start(&t, &cfg, backend);
-    let _srv = iperf3_server(&t);
+    let _srv = iperf3_server(&t, PUBLIC);
     let _h = http_server(&t, &t.public, PUBLIC, 8081, "a");
     let url = format!("http://{PUBLIC}:8081/blob");
     assert!(curl(&t.private, &url, 5).0, "8081 closed at start");
@@ -1992,7 +1977,7 @@ fn rule_ahead_of_ct_state_stops_a_running_transfer(backend: &str, tag: &str) {
     t.write_ruleset("gw.nft", RULESET);
     let cfg = t.write_config(backend, "gw.nft", "");
     let d = Daemon::start(&t, &cfg, backend);
-    let _srv = iperf3_server(&t);
+    let _srv = iperf3_server(&t, PUBLIC);
     let ct = ct_state_rule_handle(&d);
     let (o, drops_while_blocked) = std::thread::scope(|s| {
         let c = s.spawn(|| {
@@ -2106,7 +2091,7 @@ fn worker_priority(backend: &str, tag: &str) {
     );
     // A paced transfer: a real-time worker busy at full rate would take
     // its core from the tests running beside this one (they share cores).
-    let _srv = iperf3_server(&t);
+    let _srv = iperf3_server(&t, PUBLIC);
     let o = sh(
         &t.private,
         &format!("timeout 20 iperf3 -c {PUBLIC} -p 5201 -b 40M -t 1 -J"),
@@ -2606,7 +2591,7 @@ fn restart_keeps_connections(backend: &str, tag: &str, nat: bool, extra: &str) {
     .expect("config with state_file");
     let mut d = Daemon::start(&t, &cfg, backend);
     wait_ping(&t, &d);
-    let _srv = iperf3_server(&t);
+    let _srv = iperf3_server(&t, PUBLIC);
     let (o, d2) = std::thread::scope(|s| {
         let c = s.spawn(|| {
             sh(
@@ -2617,11 +2602,7 @@ fn restart_keeps_connections(backend: &str, tag: &str, nat: bool, extra: &str) {
         wait_for_iperf3_connections(&d);
         std::thread::sleep(Duration::from_millis(1500));
         let before = d.ctl("nat lookup 10.0.0.2");
-        d.signal("-TERM");
-        if let Some(c) = &mut d.child.0 {
-            let st = c.wait().expect("wait for the gateway");
-            assert!(st.success(), "gateway exit {st}:\n{}", d.log());
-        }
+        d.stop();
         assert!(
             d.log().contains("connections saved for the next start"),
             "{}",

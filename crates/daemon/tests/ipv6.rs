@@ -328,17 +328,7 @@ fn ipv6_end_to_end(backend: &str, tag: &str) {
     );
 
     // Bulk TCP over IPv6: iperf3 for 2 s.
-    let _srv = spawn(
-        &t.public,
-        &["iperf3", "-s", "-B", PUB6, "-p", "5201"],
-        &t.dir.join("iperf3-6.log"),
-        None,
-    );
-    wait_for("iperf3 server", Duration::from_secs(10), || {
-        sh(&t.public, "ss -ltn 'sport = :5201' | grep -q 5201")
-            .status
-            .success()
-    });
+    let _srv = iperf3_server(&t, PUB6);
     let o = sh(
         &t.private,
         &format!("timeout 20 iperf3 -6 -c {PUB6} -p 5201 -t 2 -J"),
@@ -602,17 +592,7 @@ fn ipv6_on_both_workers(tag: &str, backend: &str) {
     );
 
     let _h = http_server(&t, &t.public, PUB6, 8080, "spread6");
-    let _srv = spawn(
-        &t.public,
-        &["iperf3", "-s", "-B", PUB6, "-p", "5201"],
-        &t.dir.join("iperf3-spread6.log"),
-        None,
-    );
-    wait_for("iperf3 server", Duration::from_secs(10), || {
-        sh(&t.public, "ss -ltn 'sport = :5201' | grep -q 5201")
-            .status
-            .success()
-    });
+    let _srv = iperf3_server(&t, PUB6);
     for (w, src) in [(0, &src0), (1, &src1)] {
         let o = sh(
             &t.private,

@@ -472,17 +472,7 @@ fn restart_two(backend: &str, tag: &str) {
     std::fs::write(&cfg, toml).expect("config with state_file");
     let mut d = Daemon::start(&t, &cfg, backend);
     wait_for_ping(&t.private, PUBLIC, "a first ping");
-    let _srv = spawn(
-        &t.public,
-        &["iperf3", "-s", "-B", PUBLIC, "-p", "5201"],
-        &t.dir.join("iperf3-server.log"),
-        None,
-    );
-    wait_for("iperf3 server", Duration::from_secs(10), || {
-        sh(&t.public, "ss -ltn 'sport = :5201' | grep -q 5201")
-            .status
-            .success()
-    });
+    let _srv = iperf3_server(&t, PUBLIC);
     let (o, d2, before) = std::thread::scope(|s| {
         let c = s.spawn(|| {
             sh(
@@ -498,11 +488,7 @@ fn restart_two(backend: &str, tag: &str) {
         });
         std::thread::sleep(Duration::from_millis(1500));
         let before = d.ctl("nat lookup 10.0.0.2");
-        d.signal("-TERM");
-        if let Some(c) = &mut d.child.0 {
-            let st = c.wait().expect("wait for the gateway");
-            assert!(st.success(), "gateway exit {st}:\n{}", d.log());
-        }
+        d.stop();
         let d2 = Daemon::start(&t, &cfg, backend);
         (c.join().expect("iperf3 thread"), d2, before)
     });

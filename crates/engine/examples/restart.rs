@@ -14,7 +14,7 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use common::{batch, config_for, key};
+use common::{config_for, connect};
 use sluice_engine::{EngineConfig, StaticPolicy, Worker};
 use sluice_nat::{NatConfig, Pool, PoolId, Translation};
 
@@ -44,19 +44,8 @@ fn main() {
         Arc::new(p)
     };
     let mut w = Worker::new(cfg(), policy()).expect("worker");
-    let t = Instant::now();
-    let mut now = 1_000_000_000u64;
-    for start in (0..flows).step_by(256) {
-        let mut b = batch((start..(start + 256).min(flows)).map(key));
-        w.process(now, &mut b);
-        now += 1000;
-    }
-    println!(
-        "{} connections ({} NAT mappings) set up in {:.2} s",
-        w.conntrack().len(),
-        w.nat().stats().mappings,
-        t.elapsed().as_secs_f64()
-    );
+    let now = connect(&mut w, flows);
+    println!("{} NAT mappings", w.nat().stats().mappings);
     let t = Instant::now();
     let saved = w.carried_conns(now);
     let give = t.elapsed().as_secs_f64();

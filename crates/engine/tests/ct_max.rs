@@ -12,7 +12,6 @@ use common::*;
 use sluice_conntrack::ConfigError;
 use sluice_engine::{Action, DropReason, EngineError, StaticPolicy, Worker};
 use sluice_nat::{PoolId, Translation};
-use sluice_wire::build::build_udp4;
 use sluice_wire::flow::{proto, FlowKey4};
 
 fn gateway(max: u64, capacity: u64) -> Worker {
@@ -24,29 +23,12 @@ fn gateway(max: u64, capacity: u64) -> Worker {
     Worker::new(cfg, Arc::new(p)).unwrap()
 }
 
-fn frame(from: [u8; 6], to: [u8; 6], iif: u16, k: &FlowKey4) -> (u16, Vec<u8>) {
-    let mut b = vec![0u8; 128];
-    let n = build_udp4(&mut b, from, to, k, 16).unwrap();
-    b.truncate(n);
-    (iif, b)
-}
-
-fn out_key(i: u16) -> FlowKey4 {
-    FlowKey4 {
-        src: u32::from(HOST),
-        dst: u32::from(REMOTE),
-        sport: 20_000 + i,
-        dport: 53,
-        proto: proto::UDP,
-    }
-}
-
 /// Sends flow `i`'s first datagram out; on success answers it and sends a
 /// second one, which makes the connection an assured UDP stream. The
 /// first datagram's action.
 fn connect(w: &mut Worker, now: u64, i: u16) -> Action {
-    let k = out_key(i);
-    let (a, out) = send(w, now, &frame(HOST_MAC, GW_IN_MAC, INSIDE, &k));
+    let k = host_flow(i);
+    let (a, out) = send(w, now, &udp_frame(HOST_MAC, GW_IN_MAC, INSIDE, &k));
     if a != Action::Forward(OUTSIDE) {
         return a;
     }
@@ -58,7 +40,7 @@ fn connect(w: &mut Worker, now: u64, i: u16) -> Action {
         dport: port,
         proto: proto::UDP,
     };
-    let (r, _) = send(w, now, &frame(ROUTER_MAC, GW_OUT_MAC, OUTSIDE, &reply));
+    let (r, _) = send(w, now, &udp_frame(ROUTER_MAC, GW_OUT_MAC, OUTSIDE, &reply));
     assert_eq!(r, Action::Forward(INSIDE), "reply of flow {i}");
     assert_eq!(again(w, now, i), Action::Forward(OUTSIDE));
     a
@@ -66,7 +48,12 @@ fn connect(w: &mut Worker, now: u64, i: u16) -> Action {
 
 /// Flow `i`'s next datagram out.
 fn again(w: &mut Worker, now: u64, i: u16) -> Action {
-    send(w, now, &frame(HOST_MAC, GW_IN_MAC, INSIDE, &out_key(i))).0
+    send(
+        w,
+        now,
+        &udp_frame(HOST_MAC, GW_IN_MAC, INSIDE, &host_flow(i)),
+    )
+    .0
 }
 
 #[test]

@@ -12,7 +12,6 @@ mod common;
 use common::*;
 use sluice_engine::{Action, DropReason, RestoreError, SavedConn, StaticPolicy, Verdict, Worker};
 use sluice_nat::{PoolId, Translation};
-use sluice_wire::build::build_udp4;
 use sluice_wire::flow::{proto, FlowKey4};
 
 fn worker(p: StaticPolicy) -> Worker {
@@ -26,30 +25,18 @@ fn drop_new() -> StaticPolicy {
     }
 }
 
-fn frame(from: [u8; 6], to: [u8; 6], iif: u16, k: &FlowKey4) -> (u16, Vec<u8>) {
-    let mut b = vec![0u8; 128];
-    let n = build_udp4(&mut b, from, to, k, 16).unwrap();
-    b.truncate(n);
-    (iif, b)
-}
-
-fn out_key(i: u16) -> FlowKey4 {
-    FlowKey4 {
-        src: u32::from(HOST),
-        dst: u32::from(REMOTE),
-        sport: 20_000 + i,
-        dport: 53,
-        proto: proto::UDP,
-    }
-}
-
 fn out(w: &mut Worker, now: u64, i: u16) -> Action {
-    send(w, now, &frame(HOST_MAC, GW_IN_MAC, INSIDE, &out_key(i))).0
+    send(
+        w,
+        now,
+        &udp_frame(HOST_MAC, GW_IN_MAC, INSIDE, &host_flow(i)),
+    )
+    .0
 }
 
 fn back(w: &mut Worker, now: u64, i: u16) -> Action {
-    let k = out_key(i).reversed();
-    send(w, now, &frame(ROUTER_MAC, GW_OUT_MAC, OUTSIDE, &k)).0
+    let k = host_flow(i).reversed();
+    send(w, now, &udp_frame(ROUTER_MAC, GW_OUT_MAC, OUTSIDE, &k)).0
 }
 
 #[test]
@@ -121,7 +108,7 @@ fn connections_survive_a_restart_and_nat_ones_keep_their_mappings() {
     let (a, f) = send(
         &mut nat,
         now,
-        &frame(HOST_MAC, GW_IN_MAC, INSIDE, &out_key(0)),
+        &udp_frame(HOST_MAC, GW_IN_MAC, INSIDE, &host_flow(0)),
     );
     assert_eq!(a, Action::Forward(OUTSIDE));
     let ext_port = u16::from_be_bytes([f[34], f[35]]);
@@ -132,7 +119,7 @@ fn connections_survive_a_restart_and_nat_ones_keep_their_mappings() {
         dport: ext_port,
         proto: proto::UDP,
     };
-    let answer_frame = frame(ROUTER_MAC, GW_OUT_MAC, OUTSIDE, &answer);
+    let answer_frame = udp_frame(ROUTER_MAC, GW_OUT_MAC, OUTSIDE, &answer);
     assert_eq!(
         send(&mut nat, now, &answer_frame).0,
         Action::Forward(INSIDE)
@@ -153,7 +140,7 @@ fn connections_survive_a_restart_and_nat_ones_keep_their_mappings() {
     let (a, f) = send(
         &mut nat2,
         start,
-        &frame(HOST_MAC, GW_IN_MAC, INSIDE, &out_key(0)),
+        &udp_frame(HOST_MAC, GW_IN_MAC, INSIDE, &host_flow(0)),
     );
     assert_eq!(a, Action::Forward(OUTSIDE));
     assert_eq!(u16::from_be_bytes([f[34], f[35]]), ext_port);
@@ -171,7 +158,7 @@ fn connections_survive_a_restart_and_nat_ones_keep_their_mappings() {
     let free = |w: &Worker| w.nat().free_ports(POOL, proto::UDP);
     assert_eq!(free(&nat2), free(&nat), "the same ports taken");
     // Restoring it again is refused and changes nothing.
-    assert!(new_restore_refused(&mut nat2, start, &saved[0]));
+    assert!(nat2.restore(start, &saved[0]).is_err());
     assert_eq!(nat2.conntrack().len(), 1);
     assert_eq!(held(&nat2), want);
     // When it ends, its mapping and port go, as the old process's would.
@@ -193,8 +180,4 @@ fn connections_survive_a_restart_and_nat_ones_keep_their_mappings() {
     blocked2.restore(start, &saved[0]).unwrap();
     assert_eq!(block(&blocked2), block(&blocked));
     assert_eq!(held(&blocked2), held(&blocked));
-}
-
-fn new_restore_refused(w: &mut Worker, now: u64, s: &SavedConn) -> bool {
-    w.restore(now, s).is_err()
 }

@@ -58,6 +58,19 @@ pub fn advise_huge_pages<T>(buf: &mut [T]) {
     }
 }
 
+/// The range of addresses of `buf` that `madvise` is given: from its first
+/// page boundary to its end, or with `whole` to its last page boundary
+/// (only whole pages). `None` when that is empty.
+#[cfg(target_os = "linux")]
+fn page_span<T>(buf: &[T], whole: bool) -> Option<(usize, usize)> {
+    const PAGE: usize = 4096;
+    let start = buf.as_ptr() as usize;
+    let end = start + core::mem::size_of_val(buf);
+    let aligned = (start + PAGE - 1) & !(PAGE - 1);
+    let end = if whole { end & !(PAGE - 1) } else { end };
+    (end > aligned).then_some((aligned, end))
+}
+
 /// Back every page of `buf` now (`MADV_POPULATE_WRITE`, Linux 5.14+),
 /// instead of on first write. Returns whether the kernel did it.
 ///
@@ -71,14 +84,9 @@ pub fn advise_huge_pages<T>(buf: &mut [T]) {
 pub fn populate<T>(buf: &mut [T]) -> bool {
     #[cfg(target_os = "linux")]
     {
-        const PAGE: usize = 4096;
-        let start = buf.as_mut_ptr() as usize;
-        let len = core::mem::size_of_val(buf);
-        let aligned = (start + PAGE - 1) & !(PAGE - 1);
-        let end = start + len;
-        if end <= aligned {
+        let Some((aligned, end)) = page_span(buf, false) else {
             return true;
-        }
+        };
         // SAFETY: [aligned, end) lies inside `buf`, which we borrow mutably,
         // so the range is mapped and owned by this process (madvise rounds
         // the length up to a page; the last page is part of the same
@@ -116,14 +124,9 @@ pub fn populate<T>(buf: &mut [T]) -> bool {
 pub fn discard<T: zerocopy::FromBytes>(buf: &mut [T]) -> bool {
     #[cfg(target_os = "linux")]
     {
-        const PAGE: usize = 4096;
-        let start = buf.as_mut_ptr() as usize;
-        let len = core::mem::size_of_val(buf);
-        let aligned = (start + PAGE - 1) & !(PAGE - 1);
-        let end = (start + len) & !(PAGE - 1);
-        if end <= aligned {
+        let Some((aligned, end)) = page_span(buf, true) else {
             return true;
-        }
+        };
         // SAFETY: [aligned, end) is whole pages inside `buf`, which we
         // borrow mutably, so no other reference reads them meanwhile and
         // the range is mapped and owned by this process. MADV_DONTNEED

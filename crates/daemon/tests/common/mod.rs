@@ -382,6 +382,23 @@ impl Drop for Topo {
     }
 }
 
+/// An iperf3 server on the public host, bound to `addr` port 5201 (its log
+/// `iperf3-server.log` in the test directory), once it listens.
+pub fn iperf3_server(t: &Topo, addr: &str) -> Guard {
+    let g = spawn(
+        &t.public,
+        &["iperf3", "-s", "-B", addr, "-p", "5201"],
+        &t.dir.join("iperf3-server.log"),
+        None,
+    );
+    wait_for("iperf3 server", Duration::from_secs(10), || {
+        sh(&t.public, "ss -ltn 'sport = :5201' | grep -q 5201")
+            .status
+            .success()
+    });
+    g
+}
+
 /// The running gateway.
 pub struct Daemon {
     pub child: Guard,
@@ -462,6 +479,15 @@ impl Daemon {
             .status()
             .expect("kill");
         assert!(st.success(), "kill {sig}");
+    }
+
+    /// Stop it as an operator does (SIGTERM) and wait for a clean exit.
+    pub fn stop(&mut self) {
+        self.signal("-TERM");
+        if let Some(c) = &mut self.child.0 {
+            let st = c.wait().expect("wait for the gateway");
+            assert!(st.success(), "gateway exit {st}:\n{}", self.log());
+        }
     }
 
     /// Interface `k`'s link state as `sluice ctl status` shows it.

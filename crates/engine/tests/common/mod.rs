@@ -57,6 +57,7 @@ use std::net::Ipv4Addr;
 use sluice_engine::{EngineConfig, Interface, Route4};
 use sluice_nat::{NatConfig, Pool};
 use sluice_wire::checksum;
+use sluice_wire::flow::FlowKey4;
 
 pub const INSIDE: IfIndex = 0;
 pub const OUTSIDE: IfIndex = 1;
@@ -194,6 +195,27 @@ pub fn ipv4_fragments(
             f
         })
         .collect()
+}
+
+/// A UDP frame of `k` (16 payload bytes) from MAC `from` to `to`,
+/// arriving on `iif`, as [`send`] takes it.
+pub fn udp_frame(from: [u8; 6], to: [u8; 6], iif: IfIndex, k: &FlowKey4) -> (IfIndex, Vec<u8>) {
+    let mut b = vec![0u8; 128];
+    let n = sluice_wire::build::build_udp4(&mut b, from, to, k, 16).expect("a UDP frame");
+    b.truncate(n);
+    (iif, b)
+}
+
+/// Flow `i` of [`HOST`] to [`REMOTE`]'s DNS port, from source port
+/// 20 000 + `i`.
+pub fn host_flow(i: u16) -> FlowKey4 {
+    FlowKey4 {
+        src: u32::from(HOST),
+        dst: u32::from(REMOTE),
+        sport: 20_000 + i,
+        dport: 53,
+        proto: sluice_wire::flow::proto::UDP,
+    }
 }
 
 /// Processes one frame (`(ingress, bytes)`); returns its action and the

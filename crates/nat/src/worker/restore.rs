@@ -67,8 +67,9 @@ impl<S: NatEventSink> WorkerNat<S> {
     /// `addr` is an
     /// address masquerade may use (an interface address of the gateway);
     /// an external address in a pool is taken in that pool. Session limits
-    /// are not applied (the sessions existed). Nothing changes when it
-    /// is refused.
+    /// are not applied (the sessions existed). When it is refused the
+    /// mappings, ports and counts are as before (a mapping it made for
+    /// one side is removed again; the NAT log records both).
     pub fn restore_session(
         &mut self,
         orig: &FlowKey4,
@@ -77,8 +78,10 @@ impl<S: NatEventSink> WorkerNat<S> {
         masq: impl Fn(u32) -> bool,
     ) -> Result<(), RestoreRefused> {
         let cands = Self::session_candidates(orig, reply);
-        // The internal side of each held mapping: (its endpoint's address,
-        // port, and the flow its mapping key's destination comes from).
+        // Each held mapping to make again: its external endpoint, its
+        // internal port, and a flow out of its internal endpoint (whose
+        // destination a mapping key under address-and-port-dependent
+        // mapping holds).
         let mut want = [None, None];
         for (i, c) in cands.iter().enumerate() {
             if held & (1 << i) == 0 {
@@ -166,8 +169,11 @@ impl<S: NatEventSink> WorkerNat<S> {
             return Err(RestoreRefused::PortTaken);
         }
         let b = bl.block_of(ai, idx);
-        if matches!(bl.det_block(sub), Ok(Some(d)) if d != b) || bl.det_block(sub).is_err() {
-            return Err(RestoreRefused::BlockTaken);
+        // Deterministic NAT: only the subscriber's own block.
+        match bl.det_block(sub) {
+            Ok(None) => {}
+            Ok(Some(d)) if d == b => {}
+            _ => return Err(RestoreRefused::BlockTaken),
         }
         let fresh = match bl.owner.get(b as usize) {
             Some(Some(o)) if *o == sub => false,
@@ -509,6 +515,27 @@ mod tests {
         assert_eq!(
             new.restore_session(&k, &r, 1, |_| false),
             Err(RestoreRefused::PortTaken)
+        );
+        assert_eq!(snapshot(&new), after);
+        // Two held mappings, the second not makeable (its address is no
+        // NAT address): the first, made already, is taken back.
+        let hair = FlowKey4::new(
+            proto::UDP,
+            Ipv4Addr::new(10, 0, 0, 3),
+            5000,
+            Ipv4Addr::new(203, 0, 113, 50),
+            7000,
+        );
+        let hair_reply = FlowKey4::new(
+            proto::UDP,
+            Ipv4Addr::new(10, 0, 0, 4),
+            6000,
+            Ipv4Addr::new(192, 0, 2, 2),
+            1050,
+        );
+        assert_eq!(
+            new.restore_session(&hair, &hair_reply, 3, |_| false),
+            Err(RestoreRefused::NotExternal)
         );
         assert_eq!(snapshot(&new), after);
         // A port outside this worker's slice.
