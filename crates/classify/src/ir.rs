@@ -781,6 +781,15 @@ pub enum Stmt {
     /// engine performs (the connection joins the flowtable); the
     /// classifier's fields do not change.
     FlowAdd(u32),
+    /// `ct timeout set "NAME"` (opaque id of the policy, and the IP
+    /// protocol it is for): a side effect the engine performs on a new
+    /// connection of that protocol; the classifier's fields do not change.
+    CtTimeout {
+        /// The policy.
+        id: u32,
+        /// Its IP protocol.
+        proto: u8,
+    },
     /// `notrack` (iptables `-j CT --notrack`): a packet that has no
     /// connection yet (`ct state` reads [`ct::INVALID`], as before
     /// conntrack) becomes [`ct::UNTRACKED`]; on any other packet it does

@@ -250,7 +250,8 @@ pub(crate) fn run_stmts(
             | Stmt::Numgen { .. }
             | Stmt::CtCount { .. }
             | Stmt::TcpMss(_)
-            | Stmt::FlowAdd(_) => {}
+            | Stmt::FlowAdd(_)
+            | Stmt::CtTimeout { .. } => {}
         }
     }
     true

@@ -46,8 +46,8 @@ pub struct Carried {
 /// packed ([`Key::Packed`]: the key without its protocol, with no padding)
 /// and the protocol once, since the two directions of a connection always
 /// share it. For `FlowKey4` keys that is 12 + 12 (keys), then the payload,
-/// 4 (expiry), 4 (mark), 4 (packets), 2 (state), 1 (flags) and 1
-/// (protocol): 40 bytes plus the payload. The engine's payload (two 2-byte
+/// 4 (expiry), 4 (mark), 4 (packets), 1 (state), 1 (timeout policy), 1
+/// (flags) and 1 (protocol): 40 bytes plus the payload. The engine's payload (two 2-byte
 /// adjacency indices and two 2-byte checksum deltas) or a `u64` makes 48.
 /// With `FlowKey6` keys it is 88 bytes plus the payload.
 ///
@@ -64,7 +64,11 @@ pub struct Entry<K: Key, P> {
     /// `ct mark`; holds the next free index while the slot is free.
     pub(crate) mark: u32,
     pub(crate) packets: u32,
-    pub(crate) state: ProtoState,
+    /// [`ProtoState::pack`]ed.
+    pub(crate) state: u8,
+    /// The timeout policy slot ([`Table::set_timeout_policy`](crate::Table::set_timeout_policy));
+    /// 0 is the table's own timeouts.
+    pub(crate) timeout_policy: u8,
     pub(crate) flags: u8,
     /// IP protocol of both keys.
     pub(crate) proto: u8,
@@ -128,7 +132,15 @@ impl<K: Key, P: Copy + Default> Entry<K, P> {
     /// Protocol state.
     #[inline]
     pub fn state(&self) -> ProtoState {
-        self.state
+        ProtoState::unpack(self.state)
+    }
+
+    /// The timeout policy the connection follows: 0 for the table's own
+    /// timeouts, else the slot a `ct timeout set` gave it
+    /// ([`Table::apply_timeout_policy`](crate::Table::apply_timeout_policy)).
+    #[inline]
+    pub fn timeout_policy(&self) -> u8 {
+        self.timeout_policy
     }
 
     /// Assured connections are never dropped early when the table is full.
@@ -180,7 +192,7 @@ impl<K: Key, P: Copy + Default> Entry<K, P> {
     /// payload ([`Table::restore`](crate::Table::restore)).
     pub fn carried(&self, now: Instant) -> Carried {
         Carried {
-            state: self.state,
+            state: self.state(),
             assured: self.is_assured(),
             seen_reply: self.seen_reply(),
             flowtable: self.in_flowtable(),

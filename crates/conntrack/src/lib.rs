@@ -38,7 +38,7 @@
 //!
 //! | part  | bytes | why |
 //! |-------|-------|-----|
-//! | entry | 40 + payload | 2 x 12 B packed keys (no protocol, no padding), expiry, mark, packets, state, flags, one protocol byte |
+//! | entry | 40 + payload | 2 x 12 B packed keys (no protocol, no padding), expiry, mark, packets, state, timeout policy, flags, one protocol byte |
 //! | index | 33.2  | two 8 B slots per connection in 64 B buckets of 7 slots, 55 % full at capacity |
 //! | total | 81.2 with the engine's 8 B payload or a `u64` (48 B entry) | netfilter: 385 B + 8 B per bucket |
 //!
@@ -104,7 +104,7 @@ pub use proto::{
     Verdict,
 };
 pub use table::{Config, ConfigError, InsertError, Table, Vacant, MAX_CONNECTIONS};
-pub use time::{Instant, Timeouts};
+pub use time::{Instant, TimeoutKind, TimeoutPolicy, Timeouts};
 
 /// A flow key the table can index.
 pub trait Key: Copy + Eq + Default + core::fmt::Debug {

@@ -12,7 +12,7 @@
 //! * Anything else uses the generic tracker. ICMP and generic entries are
 //!   never assured, as in netfilter.
 
-use crate::time::Tmo;
+use crate::time::TimeoutKind;
 use crate::Dir;
 
 /// TCP header flags (byte 13 of the header).
@@ -123,16 +123,17 @@ impl TcpState {
         }
     }
 
-    fn timeout(self) -> Tmo {
+    fn timeout(self) -> TimeoutKind {
         match self {
-            Self::None | Self::SynSent | Self::SynSent2 => Tmo::TcpSynSent,
-            Self::SynRecv => Tmo::TcpSynRecv,
-            Self::Established => Tmo::TcpEstablished,
-            Self::FinWait => Tmo::TcpFinWait,
-            Self::CloseWait => Tmo::TcpCloseWait,
-            Self::LastAck => Tmo::TcpLastAck,
-            Self::TimeWait => Tmo::TcpTimeWait,
-            Self::Close => Tmo::TcpClose,
+            Self::None | Self::SynSent => TimeoutKind::TcpSynSent,
+            Self::SynSent2 => TimeoutKind::TcpSynSent2,
+            Self::SynRecv => TimeoutKind::TcpSynRecv,
+            Self::Established => TimeoutKind::TcpEstablished,
+            Self::FinWait => TimeoutKind::TcpFinWait,
+            Self::CloseWait => TimeoutKind::TcpCloseWait,
+            Self::LastAck => TimeoutKind::TcpLastAck,
+            Self::TimeWait => TimeoutKind::TcpTimeWait,
+            Self::Close => TimeoutKind::TcpClose,
         }
     }
 
@@ -165,6 +166,9 @@ pub enum UdpState {
     Stream,
 }
 
+/// [`ProtoState::pack`] of UDP's first state.
+pub(crate) const PACKED_UDP: u8 = 10;
+
 /// Protocol state of an entry.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub enum ProtoState {
@@ -194,20 +198,49 @@ impl ProtoState {
     /// The timeout a packet leaves this state with (what a refresh of an
     /// offloaded entry applies; UDP after a reply as netfilter's stream
     /// once assured).
-    pub(crate) fn idle_timeout(self, assured: bool) -> Tmo {
+    pub(crate) fn idle_timeout(self, assured: bool) -> TimeoutKind {
         match self {
-            Self::Udp(UdpState::Stream) => Tmo::UdpStream,
-            Self::Udp(_) if assured => Tmo::UdpStream,
+            Self::Udp(UdpState::Stream) => TimeoutKind::UdpStream,
+            Self::Udp(_) if assured => TimeoutKind::UdpStream,
             other => other.initial_timeout(),
         }
     }
 
-    pub(crate) fn initial_timeout(self) -> Tmo {
+    pub(crate) fn initial_timeout(self) -> TimeoutKind {
         match self {
             Self::Tcp(s) => s.timeout(),
-            Self::Udp(_) => Tmo::Udp,
-            Self::Icmp => Tmo::Icmp,
-            Self::Generic => Tmo::Generic,
+            Self::Udp(_) => TimeoutKind::Udp,
+            Self::Icmp => TimeoutKind::Icmp,
+            Self::Generic => TimeoutKind::Generic,
+        }
+    }
+
+    /// The state in one byte, as an entry stores it: TCP's netfilter
+    /// state code (0-9), UDP 10-12, ICMP 13, anything else 14.
+    /// [`Self::unpack`] reads it.
+    #[inline]
+    pub(crate) const fn pack(self) -> u8 {
+        match self {
+            Self::Tcp(s) => s as u8,
+            Self::Udp(UdpState::Unreplied) => PACKED_UDP,
+            Self::Udp(UdpState::Replied) => PACKED_UDP + 1,
+            Self::Udp(UdpState::Stream) => PACKED_UDP + 2,
+            Self::Icmp => PACKED_UDP + 3,
+            Self::Generic => PACKED_UDP + 4,
+        }
+    }
+
+    /// The state [`Self::pack`] gave `b` (anything out of range reads as
+    /// generic).
+    #[inline]
+    pub(crate) fn unpack(b: u8) -> Self {
+        match b {
+            0..=9 => Self::Tcp(TcpState::from_code(b)),
+            PACKED_UDP => Self::Udp(UdpState::Unreplied),
+            11 => Self::Udp(UdpState::Replied),
+            12 => Self::Udp(UdpState::Stream),
+            13 => Self::Icmp,
+            _ => Self::Generic,
         }
     }
 
@@ -352,7 +385,7 @@ pub(crate) struct Step {
     pub state: ProtoState,
     pub assured: bool,
     /// New timeout, when the expiry is to be refreshed.
-    pub timeout: Option<Tmo>,
+    pub timeout: Option<TimeoutKind>,
     /// Use at most the `tcp_unacknowledged` timeout.
     pub cap_unack: bool,
 }
@@ -441,8 +474,8 @@ pub(crate) fn step(
                 (UdpState::Replied | UdpState::Stream, _) => UdpState::Stream,
             };
             let (assured, tmo) = match new {
-                UdpState::Stream => (true, Tmo::UdpStream),
-                _ => (assured, Tmo::Udp),
+                UdpState::Stream => (true, TimeoutKind::UdpStream),
+                _ => (assured, TimeoutKind::Udp),
             };
             Step {
                 verdict: Verdict::Valid,
@@ -456,14 +489,14 @@ pub(crate) fn step(
             verdict: Verdict::Valid,
             state,
             assured,
-            timeout: Some(Tmo::Icmp),
+            timeout: Some(TimeoutKind::Icmp),
             cap_unack: false,
         },
         (ProtoState::Generic, L4Event::Other) => Step {
             verdict: Verdict::Valid,
             state,
             assured,
-            timeout: Some(Tmo::Generic),
+            timeout: Some(TimeoutKind::Generic),
             cap_unack: false,
         },
         // The event does not belong to the entry's protocol.
@@ -498,7 +531,7 @@ fn tcp_step(old: TcpState, seen_reply: bool, assured: bool, dir: Dir, flags: Tcp
             verdict: Verdict::Close,
             state,
             assured,
-            timeout: Some(Tmo::TcpClose),
+            timeout: Some(TimeoutKind::TcpClose),
             cap_unack: false,
         };
     }
@@ -507,7 +540,7 @@ fn tcp_step(old: TcpState, seen_reply: bool, assured: bool, dir: Dir, flags: Tcp
             && matches!(old, TcpState::SynRecv | TcpState::Established)
             && new == TcpState::Established);
     let tmo = if class == C_RST {
-        Tmo::TcpClose
+        TimeoutKind::TcpClose
     } else {
         new.timeout()
     };
@@ -630,12 +663,12 @@ mod tests {
         let st = ProtoState::Tcp(TcpState::SynRecv);
         let s = step(st, true, false, Dir::Original, L4Event::Tcp(TcpFlags(A)));
         assert!(s.assured && !s.cap_unack);
-        assert_eq!(s.timeout, Some(Tmo::TcpEstablished));
+        assert_eq!(s.timeout, Some(TimeoutKind::TcpEstablished));
         // A picked-up connection is not assured until a reply was seen.
         let st = ProtoState::Tcp(TcpState::Established);
         let s = step(st, false, false, Dir::Reply, L4Event::Tcp(TcpFlags(A)));
         assert!(!s.assured && s.cap_unack);
-        assert_eq!(s.timeout, Some(Tmo::TcpEstablished));
+        assert_eq!(s.timeout, Some(TimeoutKind::TcpEstablished));
     }
 
     #[test]
@@ -646,7 +679,7 @@ mod tests {
         let s = step(st, true, false, Dir::Reply, L4Event::Tcp(TcpFlags(R | A)));
         assert_eq!(
             (s.verdict, s.timeout),
-            (Verdict::Valid, Some(Tmo::TcpClose))
+            (Verdict::Valid, Some(TimeoutKind::TcpClose))
         );
     }
 
@@ -674,12 +707,12 @@ mod tests {
         let s = u(UdpState::Unreplied, Dir::Original);
         assert_eq!(
             (s.state, s.assured, s.timeout),
-            (ProtoState::Udp(UdpState::Unreplied), false, Some(Tmo::Udp))
+            (ProtoState::Udp(UdpState::Unreplied), false, Some(TimeoutKind::Udp))
         );
         let s = u(UdpState::Unreplied, Dir::Reply);
         assert_eq!(
             (s.state, s.assured, s.timeout),
-            (ProtoState::Udp(UdpState::Replied), false, Some(Tmo::Udp))
+            (ProtoState::Udp(UdpState::Replied), false, Some(TimeoutKind::Udp))
         );
         let s = u(UdpState::Replied, Dir::Original);
         assert_eq!(
@@ -687,7 +720,7 @@ mod tests {
             (
                 ProtoState::Udp(UdpState::Stream),
                 true,
-                Some(Tmo::UdpStream)
+                Some(TimeoutKind::UdpStream)
             )
         );
     }

@@ -9,7 +9,7 @@ use crate::index::Index;
 use crate::proto::{
     self, CtState, L4Event, ProtoState, TcpFlags, TcpState, Tracked, UdpState, Verdict,
 };
-use crate::time::{expiry_after, Instant, TimeoutTable, Timeouts, Tmo};
+use crate::time::{expiry_after, Instant, TimeoutKind, TimeoutPolicy, TimeoutTable, Timeouts};
 
 /// The TCP flags that select netfilter's transition (`get_conntrack_index`)
 /// or make a combination invalid; PSH, ECE and CWR do neither.
@@ -150,7 +150,13 @@ pub struct Table<K: Key, P> {
     max: u32,
     capacity: u32,
     seed: [u64; 2],
-    timeouts: TimeoutTable,
+    /// Compiled timeouts by policy slot ([`Entry::timeout_policy`]): slot
+    /// 0 is the table's own, the others are a policy over them (slots no
+    /// policy was set for hold the table's own too).
+    timeouts: Box<Timeouts256>,
+    /// The policies set, by slot (room for all 255 reserved at
+    /// [`Self::new`]: setting one never allocates).
+    policies: Vec<(u8, TimeoutPolicy)>,
     tcp_loose: bool,
     gc_cursor: usize,
     /// Counts inserts, so that a [`Vacant`] knows whether it still holds.
@@ -178,6 +184,9 @@ fn fold(a: u64, b: u64) -> u64 {
     (p as u64) ^ ((p >> 64) as u64)
 }
 
+/// The compiled timeouts of every policy slot.
+type Timeouts256 = [TimeoutTable; 256];
+
 /// A packet of a live, replied entry that changes nothing but its expiry
 /// and packet count, or only makes a replied UDP connection an assured
 /// stream: what [`Table::track`]'s established fast path and
@@ -185,7 +194,7 @@ fn fold(a: u64, b: u64) -> u64 {
 #[derive(Clone, Copy)]
 struct QuickStep {
     /// The timeout the packet leaves the entry with.
-    tmo: Tmo,
+    tmo: TimeoutKind,
     /// UDP `REPLIED` -> `STREAM`, and the entry becomes assured.
     becomes_stream: bool,
 }
@@ -198,14 +207,14 @@ impl QuickStep {
         self,
         e: &mut Entry<K, P>,
         now: Instant,
-        timeouts: &TimeoutTable,
+        timeouts: &Timeouts256,
     ) {
         if self.becomes_stream {
-            e.state = ProtoState::Udp(UdpState::Stream);
+            e.state = UDP_STREAM;
             e.flags |= F_ASSURED;
         }
         e.packets = e.packets.wrapping_add(1);
-        e.expiry = expiry_after(now, timeouts.get(self.tmo));
+        e.expiry = expiry_after(now, timeouts[usize::from(e.timeout_policy)].get(self.tmo));
     }
 }
 
@@ -214,20 +223,24 @@ impl QuickStep {
 /// ES) on a live, assured, replied entry, or any UDP packet on a live,
 /// replied entry in `REPLIED`. These are the results `proto::step` gives
 /// for them (verdict valid, `ct state` established).
+const UDP_STREAM: u8 = ProtoState::Udp(UdpState::Stream).pack();
+const UDP_REPLIED: u8 = ProtoState::Udp(UdpState::Replied).pack();
+const TCP_ESTABLISHED: u8 = ProtoState::Tcp(TcpState::Established).pack();
+
 #[inline(always)]
 fn quick_step<K: Key, P: Copy + Default>(e: &Entry<K, P>, ev: L4Event) -> Option<QuickStep> {
     const HOT: u8 = F_LIVE | F_ASSURED | F_SEEN_REPLY;
     const REPLIED: u8 = F_LIVE | F_SEEN_REPLY;
     let hot = e.flags & HOT == HOT;
     let (tmo, becomes_stream) = match (e.state, ev) {
-        (ProtoState::Udp(UdpState::Stream), L4Event::Udp) if hot => (Tmo::UdpStream, false),
-        (ProtoState::Tcp(TcpState::Established), L4Event::Tcp(f))
+        (UDP_STREAM, L4Event::Udp) if hot => (TimeoutKind::UdpStream, false),
+        (TCP_ESTABLISHED, L4Event::Tcp(f))
             if hot && f.0 & TCP_CLASS_BITS == TcpFlags::ACK =>
         {
-            (Tmo::TcpEstablished, false)
+            (TimeoutKind::TcpEstablished, false)
         }
-        (ProtoState::Udp(UdpState::Replied), L4Event::Udp) if e.flags & REPLIED == REPLIED => {
-            (Tmo::UdpStream, true)
+        (UDP_REPLIED, L4Event::Udp) if e.flags & REPLIED == REPLIED => {
+            (TimeoutKind::UdpStream, true)
         }
         _ => return None,
     };
@@ -242,7 +255,7 @@ fn quick_step<K: Key, P: Copy + Default>(e: &Entry<K, P>, ev: L4Event) -> Option
 /// [`Table::track`] for every case but its established fast path).
 #[inline]
 fn step_entry<K: Key, P: Copy + Default>(
-    timeouts: &TimeoutTable,
+    timeouts: &Timeouts256,
     e: &mut Entry<K, P>,
     dir: Dir,
     now: Instant,
@@ -251,13 +264,13 @@ fn step_entry<K: Key, P: Copy + Default>(
     if e.is_expired(now) {
         return Tracked {
             verdict: Verdict::Expired,
-            state: e.state,
+            state: e.state(),
             ct: CtState::New,
         };
     }
     e.packets = e.packets.wrapping_add(1);
     let seen_reply = e.seen_reply();
-    let s = proto::step(e.state, seen_reply, e.is_assured(), dir, ev);
+    let s = proto::step(e.state(), seen_reply, e.is_assured(), dir, ev);
     let ct = match s.verdict {
         Verdict::Invalid => CtState::Invalid,
         Verdict::Reopen | Verdict::Expired => CtState::New,
@@ -268,7 +281,7 @@ fn step_entry<K: Key, P: Copy + Default>(
         s.verdict,
         Verdict::Valid | Verdict::Ignored | Verdict::Close
     ) {
-        e.state = s.state;
+        e.state = s.state.pack();
         if s.assured {
             e.flags |= F_ASSURED;
         }
@@ -278,16 +291,17 @@ fn step_entry<K: Key, P: Copy + Default>(
         if s.verdict == Verdict::Close {
             e.expiry = now.tick();
         } else if let Some(t) = s.timeout {
+            let timeouts = &timeouts[usize::from(e.timeout_policy)];
             let mut ms = timeouts.get(t);
             if s.cap_unack {
-                ms = ms.min(timeouts.get(crate::time::Tmo::TcpUnack));
+                ms = ms.min(timeouts.get(TimeoutKind::TcpUnack));
             }
             e.expiry = expiry_after(now, ms);
         }
     }
     Tracked {
         verdict: s.verdict,
-        state: e.state,
+        state: e.state(),
         ct,
     }
 }
@@ -337,7 +351,8 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
                 splitmix(cfg.seed),
                 splitmix(cfg.seed ^ 0x5851_f42d_4c95_7f2d),
             ],
-            timeouts: TimeoutTable::new(&cfg.timeouts),
+            timeouts: Box::new([TimeoutTable::new(&cfg.timeouts); 256]),
+            policies: Vec::with_capacity(255),
             tcp_loose: cfg.tcp_loose,
             gc_cursor: 0,
             stamp: 0,
@@ -350,7 +365,59 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
     /// Replace the timeouts. Entries keep their current expiry until their
     /// next packet.
     pub fn set_timeouts(&mut self, t: &Timeouts) {
-        self.timeouts = TimeoutTable::new(t);
+        let base = TimeoutTable::new(t);
+        self.timeouts.fill(base);
+        for (slot, p) in &self.policies {
+            self.timeouts[usize::from(*slot)] = p.over(&base);
+        }
+    }
+
+    /// Put timeout policy `p` in slot `slot` (1-255; 0 is the table's own
+    /// timeouts, and is refused): the connections
+    /// [`apply_timeout_policy`](Self::apply_timeout_policy) gives that slot
+    /// follow `p`'s timers from their next packet on, the table's own for
+    /// the timers `p` leaves unset. A slot that held another policy
+    /// changes for the connections already in it. Returns false for slot 0.
+    pub fn set_timeout_policy(&mut self, slot: u8, p: &TimeoutPolicy) -> bool {
+        if slot == 0 {
+            return false;
+        }
+        self.timeouts[usize::from(slot)] = p.over(&self.timeouts[0]);
+        match self.policies.iter_mut().find(|(s, _)| *s == slot) {
+            Some(e) => e.1 = *p,
+            None => self.policies.push((slot, *p)),
+        }
+        true
+    }
+
+    /// The policy in slot `slot`, if one was set.
+    pub fn timeout_policy(&self, slot: u8) -> Option<&TimeoutPolicy> {
+        self.policies.iter().find(|(s, _)| *s == slot).map(|(_, p)| p)
+    }
+
+    /// Make connection `id` follow the policy in slot `slot` (0: the
+    /// table's own timeouts), as nft's `ct timeout set` does for a
+    /// connection's first packet: its expiry is set again, from `now`, to
+    /// what the policy gives its current state (capped, for a TCP
+    /// connection not assured yet, by the policy's
+    /// [`TimeoutKind::TcpUnack`]), and its later packets use the policy.
+    /// Nothing happens for a slot that holds no policy, or for an entry
+    /// that is not live.
+    pub fn apply_timeout_policy(&mut self, id: EntryId, slot: u8, now: Instant) {
+        if slot != 0 && self.timeout_policy(slot).is_none() {
+            return;
+        }
+        let Some(e) = self.entries.get_mut(id.index()).filter(|e| e.is_live()) else {
+            return;
+        };
+        e.timeout_policy = slot;
+        let t = &self.timeouts[usize::from(slot)];
+        let state = e.state();
+        let mut ms = t.get(state.idle_timeout(e.is_assured()));
+        if matches!(state, ProtoState::Tcp(_)) && !e.is_assured() {
+            ms = ms.min(t.get(TimeoutKind::TcpUnack));
+        }
+        e.expiry = expiry_after(now, ms);
     }
 
     /// Live connections.
@@ -555,7 +622,7 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
                     q.apply(e, now, &self.timeouts);
                     return Tracked {
                         verdict: Verdict::Valid,
-                        state: e.state,
+                        state: e.state(),
                         ct: CtState::Established,
                     };
                 }
@@ -709,7 +776,7 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         check_orig: bool,
         reply: K,
         payload: P,
-        first: impl FnOnce(&TimeoutTable, &mut Entry<K, P>) -> T,
+        first: impl FnOnce(&Timeouts256, &mut Entry<K, P>) -> T,
         on_evict: &mut impl FnMut(&Entry<K, P>),
     ) -> Result<(EntryId, T), InsertError> {
         if orig.proto() != reply.proto() {
@@ -732,10 +799,11 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         let mut entry = Entry {
             keys: [orig.pack(), reply.pack()],
             payload,
-            expiry: expiry_after(now, self.timeouts.get(state.initial_timeout())),
+            expiry: expiry_after(now, self.timeouts[0].get(state.initial_timeout())),
             mark: 0,
             packets: 0,
-            state,
+            state: state.pack(),
+            timeout_policy: 0,
             flags: F_LIVE,
             proto: orig.proto(),
         };
@@ -785,7 +853,7 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
             reply,
             payload,
             |_, e| {
-                e.state = c.state;
+                e.state = c.state.pack();
                 e.mark = c.mark;
                 e.packets = c.packets;
                 e.expiry = expiry_after(now, ms);
@@ -903,12 +971,12 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
                     let e = &mut self.entries[cur];
                     if replied && !e.seen_reply() {
                         e.flags |= F_SEEN_REPLY | F_ASSURED;
-                        if let ProtoState::Udp(_) = e.state {
-                            e.state = ProtoState::Udp(crate::proto::UdpState::Stream);
+                        if let ProtoState::Udp(_) = e.state() {
+                            e.state = UDP_STREAM;
                         }
                     }
-                    let tmo = e.state.idle_timeout(e.is_assured());
-                    expiry_after(t, self.timeouts.get(tmo))
+                    let tmo = e.state().idle_timeout(e.is_assured());
+                    expiry_after(t, self.timeouts[usize::from(e.timeout_policy)].get(tmo))
                 });
                 match refreshed {
                     Some(x) if !crate::time::is_expired(x, now) => self.entries[cur].expiry = x,

@@ -455,6 +455,98 @@ fn custom_timeouts_apply() {
 }
 
 #[test]
+fn a_timeout_policy_governs_the_connections_given_it() {
+    let mut t = table(16);
+    let d = Duration::from_secs;
+    let mut udp = TimeoutPolicy::default();
+    udp.set(TimeoutKind::Udp, d(10));
+    udp.set(TimeoutKind::UdpStream, d(45));
+    assert!(!t.set_timeout_policy(0, &udp), "slot 0 is the table's own");
+    assert!(t.set_timeout_policy(3, &udp));
+    assert_eq!(t.timeout_policy(3), Some(&udp));
+    assert_eq!(t.timeout_policy(4), None);
+
+    // The first packet, then the policy (as `ct timeout set` does).
+    let now = secs(100);
+    let k = key(proto::UDP, 1);
+    let id = t.insert(now, k, nat_reply(&k), 0, &mut noop).unwrap();
+    t.track(id, Dir::Original, now, L4Event::Udp);
+    assert_eq!(t.entry(id).expires_in(now), d(30));
+    t.apply_timeout_policy(id, 3, now);
+    assert_eq!(t.entry(id).timeout_policy(), 3);
+    assert_eq!(t.entry(id).expires_in(now), d(10));
+    t.track(id, Dir::Reply, secs(101), L4Event::Udp);
+    assert_eq!(t.entry(id).expires_in(secs(101)), d(10));
+    // The stream timer, on the fast path too.
+    t.track(id, Dir::Original, secs(102), L4Event::Udp);
+    assert_eq!(t.entry(id).expires_in(secs(102)), d(45));
+    t.track(id, Dir::Original, secs(103), L4Event::Udp);
+    assert_eq!(t.entry(id).expires_in(secs(103)), d(45));
+    // A connection without the policy keeps the table's timers.
+    let k2 = key(proto::UDP, 2);
+    let other = t.insert(now, k2, nat_reply(&k2), 0, &mut noop).unwrap();
+    t.track(other, Dir::Original, now, L4Event::Udp);
+    t.apply_timeout_policy(other, 9, now);
+    assert_eq!(t.entry(other).timeout_policy(), 0, "slot 9 holds nothing");
+    assert_eq!(t.entry(other).expires_in(now), d(30));
+
+    // TCP: the timers the policy leaves unset follow the table's, also
+    // after the table's change; SYN_SENT2 has its own timer.
+    let mut tcp_p = TimeoutPolicy::default();
+    tcp_p.set(TimeoutKind::TcpSynSent, d(5));
+    tcp_p.set(TimeoutKind::TcpEstablished, d(600));
+    tcp_p.set(TimeoutKind::TcpSynSent2, d(7));
+    assert!(t.set_timeout_policy(200, &tcp_p));
+    let k3 = key(proto::TCP, 3);
+    let c = t.insert(now, k3, nat_reply(&k3), 0, &mut noop).unwrap();
+    t.track(c, Dir::Original, now, tcp(S));
+    t.apply_timeout_policy(c, 200, now);
+    assert_eq!(t.entry(c).expires_in(now), d(5));
+    t.set_timeouts(&Timeouts {
+        tcp_syn_recv: d(61),
+        tcp_established: d(1),
+        ..Timeouts::default()
+    });
+    t.track(c, Dir::Reply, now, tcp(S | A));
+    assert_eq!(t.entry(c).expires_in(now), d(61), "the table's new SYN_RECV");
+    t.track(c, Dir::Original, now, tcp(A));
+    assert_eq!(t.entry(c).state(), ProtoState::Tcp(TcpState::Established));
+    assert_eq!(t.entry(c).expires_in(now), d(600), "the policy's ESTABLISHED");
+    t.track(c, Dir::Original, now, tcp(A));
+    assert_eq!(t.entry(c).expires_in(now), d(600));
+    // Simultaneous open.
+    let k4 = key(proto::TCP, 4);
+    let c2 = t.insert(now, k4, nat_reply(&k4), 0, &mut noop).unwrap();
+    t.track(c2, Dir::Original, now, tcp(S));
+    t.apply_timeout_policy(c2, 200, now);
+    t.track(c2, Dir::Reply, now, tcp(S));
+    assert_eq!(t.entry(c2).state(), ProtoState::Tcp(TcpState::SynSent2));
+    assert_eq!(t.entry(c2).expires_in(now), d(7));
+
+    // Changing a slot's policy changes it for the connections in it.
+    let mut udp2 = udp;
+    udp2.set(TimeoutKind::UdpStream, d(90));
+    t.set_timeout_policy(3, &udp2);
+    t.track(id, Dir::Original, secs(104), L4Event::Udp);
+    assert_eq!(t.entry(id).expires_in(secs(104)), d(90));
+}
+
+#[test]
+fn packed_states_read_back() {
+    use crate::proto::UdpState::*;
+    let mut all = vec![ProtoState::Icmp, ProtoState::Generic];
+    all.extend([Unreplied, Replied, Stream].map(ProtoState::Udp));
+    for c in 0..=9 {
+        all.push(ProtoState::from_code(proto::TCP, c).unwrap());
+    }
+    let mut seen = std::collections::HashSet::new();
+    for s in all {
+        assert!(seen.insert(s.pack()), "{s:?} shares a code");
+        assert_eq!(ProtoState::unpack(s.pack()), s);
+    }
+}
+
+#[test]
 fn gc_removes_exactly_the_expired_within_budget() {
     let mut t = table(1000);
     let t0 = secs(0);

@@ -128,37 +128,95 @@ impl Default for Timeouts {
     }
 }
 
-/// Index into the compiled timeout table.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+/// One of the timers a connection's state selects: the index into a
+/// compiled timeout table, and what a [`TimeoutPolicy`] sets.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 #[repr(u8)]
-pub(crate) enum Tmo {
+pub enum TimeoutKind {
+    /// TCP SYN_SENT.
     TcpSynSent,
+    /// TCP SYN_RECV.
     TcpSynRecv,
+    /// TCP ESTABLISHED.
     TcpEstablished,
+    /// TCP FIN_WAIT.
     TcpFinWait,
+    /// TCP CLOSE_WAIT.
     TcpCloseWait,
+    /// TCP LAST_ACK.
     TcpLastAck,
+    /// TCP TIME_WAIT.
     TcpTimeWait,
+    /// TCP CLOSE.
     TcpClose,
+    /// TCP SYN_SENT2 (simultaneous open; [`Timeouts::tcp_syn_sent`] unless
+    /// a policy sets it).
+    TcpSynSent2,
+    /// The cap on a TCP connection that is not assured yet
+    /// ([`Timeouts::tcp_unacknowledged`]).
     TcpUnack,
+    /// UDP until the flow is a stream.
     Udp,
+    /// UDP stream.
     UdpStream,
+    /// ICMP / ICMPv6 query.
     Icmp,
+    /// Any other protocol.
     Generic,
 }
 
-pub(crate) const NTMO: usize = Tmo::Generic as usize + 1;
+pub(crate) const NTMO: usize = TimeoutKind::Generic as usize + 1;
 
-/// Timeouts converted once to clamped milliseconds, indexed by [`Tmo`].
-#[derive(Clone, Copy, Debug)]
+/// A timeout policy (nft's `ct timeout` object): the timers it sets, each
+/// replacing the table's own for the connections that follow the policy
+/// ([`crate::Table::apply_timeout_policy`]); the timers it leaves unset
+/// stay the table's, also when those change
+/// ([`crate::Table::set_timeouts`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Hash)]
+pub struct TimeoutPolicy {
+    ms: [Option<u32>; NTMO],
+}
+
+impl TimeoutPolicy {
+    /// Set timer `kind` to `d` (clamped to [`MAX_TIMEOUT`]).
+    pub fn set(&mut self, kind: TimeoutKind, d: Duration) {
+        self.ms[kind as usize] = Some(clamp_ms(d));
+    }
+
+    /// What the policy sets timer `kind` to, if it does.
+    pub fn get(&self, kind: TimeoutKind) -> Option<Duration> {
+        self.ms[kind as usize].map(|m| Duration::from_millis(u64::from(m)))
+    }
+
+    /// True if it sets no timer.
+    pub fn is_empty(&self) -> bool {
+        self.ms.iter().all(Option::is_none)
+    }
+
+    /// `base` with this policy's timers in place of its own.
+    pub(crate) fn over(&self, base: &TimeoutTable) -> TimeoutTable {
+        let mut t = *base;
+        for (v, m) in t.0.iter_mut().zip(self.ms) {
+            if let Some(m) = m {
+                *v = m;
+            }
+        }
+        t
+    }
+}
+
+fn clamp_ms(d: Duration) -> u32 {
+    let m = d.min(MAX_TIMEOUT).as_millis();
+    u32::try_from(m).unwrap_or(i32::MAX as u32)
+}
+
+/// Timeouts converted once to clamped milliseconds, indexed by [`TimeoutKind`].
+#[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct TimeoutTable([u32; NTMO]);
 
 impl TimeoutTable {
     pub(crate) fn new(t: &Timeouts) -> Self {
-        let ms = |d: Duration| -> u32 {
-            let m = d.min(MAX_TIMEOUT).as_millis();
-            u32::try_from(m).unwrap_or(i32::MAX as u32)
-        };
+        let ms = clamp_ms;
         Self([
             ms(t.tcp_syn_sent),
             ms(t.tcp_syn_recv),
@@ -168,6 +226,7 @@ impl TimeoutTable {
             ms(t.tcp_last_ack),
             ms(t.tcp_time_wait),
             ms(t.tcp_close),
+            ms(t.tcp_syn_sent),
             ms(t.tcp_unacknowledged),
             ms(t.udp),
             ms(t.udp_stream),
@@ -177,7 +236,7 @@ impl TimeoutTable {
     }
 
     #[inline]
-    pub(crate) fn get(&self, t: Tmo) -> u32 {
+    pub(crate) fn get(&self, t: TimeoutKind) -> u32 {
         self.0[t as usize]
     }
 }
@@ -207,8 +266,8 @@ mod tests {
             ..Timeouts::default()
         };
         let c = TimeoutTable::new(&t);
-        assert_eq!(c.get(Tmo::Generic), i32::MAX as u32);
-        assert_eq!(c.get(Tmo::TcpEstablished), 432_000_000);
+        assert_eq!(c.get(TimeoutKind::Generic), i32::MAX as u32);
+        assert_eq!(c.get(TimeoutKind::TcpEstablished), 432_000_000);
     }
 
     #[test]

@@ -20,6 +20,7 @@
 //!   so nothing is shared between workers on the packet path.
 #![forbid(unsafe_code)]
 
+pub mod ct_timeout;
 pub mod drop;
 pub mod icmp_error;
 pub mod offload;

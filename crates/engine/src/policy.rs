@@ -177,6 +177,10 @@ pub struct Decision {
     /// A `flow add @ft` statement ran (forward chains): the connection
     /// joins the flowtable, if it may (see the engine's `fast4`).
     pub flow_add: bool,
+    /// The last `ct timeout set` the packet met whose policy is of its
+    /// protocol: a [`crate::ct_timeout`] slot, 0 for none. The engine gives
+    /// it to a connection that this packet creates.
+    pub ct_timeout: u8,
 }
 
 impl Decision {
@@ -190,6 +194,7 @@ impl Decision {
             nat: None,
             mss: MssClamp::default(),
             flow_add: false,
+            ct_timeout: 0,
         }
     }
 }

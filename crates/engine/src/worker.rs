@@ -2715,6 +2715,7 @@ impl Worker {
         pp.mark = dec.mark;
         pp.ct_mark = dec.ct_mark;
         let mut mss = dec.mss;
+        let mut ct_timeout = dec.ct_timeout;
         if dec.verdict != Verdict::Accept {
             self.release_pending(key, reply.as_ref());
             return self.refuse4(now, buf, len, d.l3_off, d.l4_off, iif, dec.verdict);
@@ -2775,6 +2776,7 @@ impl Worker {
         pp.mark = dec.mark;
         pp.ct_mark = dec.ct_mark;
         mss = mss.and(dec.mss);
+        ct_timeout = later_ct_timeout(ct_timeout, dec.ct_timeout);
         if dec.verdict != Verdict::Accept {
             self.release_pending(key, reply.as_ref());
             return self.refuse4(now, buf, len, d.l3_off, d.l4_off, iif, dec.verdict);
@@ -2785,6 +2787,7 @@ impl Worker {
         pp.mark = dec.mark;
         pp.ct_mark = dec.ct_mark;
         mss = mss.and(dec.mss);
+        ct_timeout = later_ct_timeout(ct_timeout, dec.ct_timeout);
         if dec.verdict != Verdict::Accept {
             self.release_pending(key, reply.as_ref());
             return self.refuse4(now, buf, len, d.l3_off, d.l4_off, iif, dec.verdict);
@@ -2873,6 +2876,9 @@ impl Worker {
         // mark is the packet's own and is not kept.
         if pp.ct_mark != 0 {
             self.ct.entry_mut(id).set_mark(pp.ct_mark);
+        }
+        if ct_timeout != 0 {
+            give_ct_timeout(&mut self.ct, id, ct_timeout, now);
         }
         if !mss.is_none() && key.proto == proto::TCP {
             let rt = self.adj_mtu(adj_out).min(self.adj_mtu(adj_back));
@@ -3389,6 +3395,40 @@ fn offload_removals<K: OffloadKey>(
         }
     }
     ok
+}
+
+/// The `ct timeout set` a later hook met wins over an earlier one's (each
+/// runs on the unconfirmed connection in turn, as in the kernel).
+#[inline]
+pub(crate) fn later_ct_timeout(earlier: u8, later: u8) -> u8 {
+    if later != 0 {
+        later
+    } else {
+        earlier
+    }
+}
+
+/// Give the new connection `id` the timeout policy in slot `slot` (see
+/// [`crate::ct_timeout`]), putting the policy in the table the first time
+/// one of its connections gets it (no allocation: the table reserved room
+/// for every slot). A policy of another protocol than the connection's is
+/// ignored, as in the kernel.
+pub(crate) fn give_ct_timeout<K: ct::Key, P: Copy + Default>(
+    table: &mut ct::Table<K, P>,
+    id: ct::EntryId,
+    slot: u8,
+    now: ct::Instant,
+) {
+    let Some(p) = crate::ct_timeout::get(slot) else {
+        return;
+    };
+    if table.entry(id).proto() != p.proto {
+        return;
+    }
+    if table.timeout_policy(slot).is_none() {
+        table.set_timeout_policy(slot, &p.policy);
+    }
+    table.apply_timeout_policy(id, slot, now);
 }
 
 fn instant(now_ns: u64) -> ct::Instant {

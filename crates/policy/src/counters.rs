@@ -25,8 +25,15 @@ use sluice_classify::ir::RuleId;
 /// Cells per chunk.
 pub const CHUNK: usize = 1024;
 
-/// The bit of a cell's `mss` word that says the rule has `flow add`.
-const FLOW_ADD: u32 = 1 << 31;
+/// The bit of a cell's `effects` word that says the rule has `flow add`.
+const FLOW_ADD: u64 = 1 << 63;
+/// The low bits of the `effects` word: the rule's `tcp option maxseg size
+/// set` value + 1, 0 for none.
+const MSS_BITS: u64 = 0x3_ffff;
+/// Where the `ct timeout set` slot for TCP and for UDP connections sit in
+/// the `effects` word (8 bits each, 0 for none).
+const CT_TIMEOUT_TCP: u32 = 32;
+const CT_TIMEOUT_UDP: u32 = 40;
 
 #[derive(Debug, Default)]
 struct Cell {
@@ -35,10 +42,37 @@ struct Cell {
     /// The rule's `log` statement: its id + 1, 0 for none (set by the
     /// control plane when the rule is compiled).
     log: std::sync::atomic::AtomicU32,
-    /// The rule's `tcp option maxseg size set` value + 1 (`Stmt::TcpMss`),
-    /// 0 for none, in the low 31 bits; [`FLOW_ADD`] when the rule has a
-    /// `flow add` statement.
-    mss: std::sync::atomic::AtomicU32,
+    /// The rule's side effects on the packet and its connection, set by
+    /// the control plane when the rule is compiled: its MSS value + 1
+    /// ([`MSS_BITS`]), its `ct timeout set` slots per protocol, and
+    /// [`FLOW_ADD`].
+    effects: AtomicU64,
+}
+
+/// What a matched rule does besides counting and logging
+/// ([`RuleCounters::effects`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Effects {
+    /// `tcp option maxseg size set` (`Stmt::TcpMss`).
+    pub mss: Option<u32>,
+    /// `flow add @ft`.
+    pub flow_add: bool,
+    /// The last `ct timeout set` of a TCP policy: its slot, 0 for none.
+    pub ct_timeout_tcp: u8,
+    /// The same for a UDP policy.
+    pub ct_timeout_udp: u8,
+}
+
+impl Effects {
+    /// The `ct timeout set` slot for a connection of IP protocol `proto`.
+    #[inline]
+    pub fn ct_timeout(self, proto: u8) -> u8 {
+        match proto {
+            6 => self.ct_timeout_tcp,
+            17 => self.ct_timeout_udp,
+            _ => 0,
+        }
+    }
 }
 
 /// The counters of every rule of a policy (shared across generations).
@@ -77,27 +111,50 @@ impl RuleCounters {
         }
     }
 
-    /// Rule `id` sets the TCP MSS (`Stmt::TcpMss(mss)`).
-    pub fn set_mss(&self, id: RuleId, mss: u32) {
+    /// Replace the bits `mask` of rule `id`'s effects word with `bits`.
+    fn set_effect(&self, id: RuleId, mask: u64, bits: u64) {
         if let Some(c) = self.cell(id) {
-            c.mss.fetch_and(FLOW_ADD, Ordering::Relaxed);
-            c.mss
-                .fetch_or(mss.saturating_add(1) & !FLOW_ADD, Ordering::Relaxed);
+            c.effects.fetch_and(!mask, Ordering::Relaxed);
+            c.effects.fetch_or(bits & mask, Ordering::Relaxed);
         }
     }
 
-    /// Rule `id`'s `Stmt::TcpMss` value, if it has one, and whether it has
-    /// a `flow add` statement: one load of its cell.
-    #[inline]
-    pub fn mss_and_flow_add(&self, id: RuleId) -> (Option<u32>, bool) {
-        let v = self.cell(id).map_or(0, |c| c.mss.load(Ordering::Relaxed));
-        ((v & !FLOW_ADD).checked_sub(1), v & FLOW_ADD != 0)
+    /// Rule `id` sets the TCP MSS (`Stmt::TcpMss(mss)`).
+    pub fn set_mss(&self, id: RuleId, mss: u32) {
+        self.set_effect(id, MSS_BITS, u64::from(mss) + 1);
     }
 
     /// Rule `id` has a `flow add` statement (`Stmt::FlowAdd`).
     pub fn set_flow_add(&self, id: RuleId) {
-        if let Some(c) = self.cell(id) {
-            c.mss.fetch_or(FLOW_ADD, Ordering::Relaxed);
+        self.set_effect(id, FLOW_ADD, FLOW_ADD);
+    }
+
+    /// Rule `id` has a `ct timeout set` of slot `slot` for IP protocol
+    /// `proto` (`Stmt::CtTimeout`; a later one of the same protocol
+    /// replaces an earlier one, as it would when both run). Other
+    /// protocols than TCP and UDP have no policies.
+    pub fn set_ct_timeout(&self, id: RuleId, proto: u8, slot: u8) {
+        let shift = match proto {
+            6 => CT_TIMEOUT_TCP,
+            17 => CT_TIMEOUT_UDP,
+            _ => return,
+        };
+        self.set_effect(id, 0xff << shift, u64::from(slot) << shift);
+    }
+
+    /// Rule `id`'s side effects: one load of its cell.
+    #[inline]
+    pub fn effects(&self, id: RuleId) -> Effects {
+        let v = self
+            .cell(id)
+            .map_or(0, |c| c.effects.load(Ordering::Relaxed));
+        Effects {
+            mss: u32::try_from((v & MSS_BITS).wrapping_sub(1))
+                .ok()
+                .filter(|_| v & MSS_BITS != 0),
+            flow_add: v & FLOW_ADD != 0,
+            ct_timeout_tcp: (v >> CT_TIMEOUT_TCP) as u8,
+            ct_timeout_udp: (v >> CT_TIMEOUT_UDP) as u8,
         }
     }
 
@@ -162,5 +219,35 @@ mod tests {
         a.add_and_log(RuleId(u64::MAX), 1);
         b.set(RuleId(0), 7, 700);
         assert_eq!(a.get(RuleId(0)), (7, 700));
+    }
+
+    #[test]
+    fn effects_keep_apart() {
+        let mut c = RuleCounters::default();
+        c.ensure(2);
+        let r = RuleId(1);
+        assert_eq!(c.effects(r), Effects::default());
+        c.set_mss(r, sluice_classify::ir::TCP_MSS_RT_MTU);
+        c.set_ct_timeout(r, 17, 255);
+        c.set_flow_add(r);
+        c.set_ct_timeout(r, 6, 3);
+        c.set_ct_timeout(r, 6, 4);
+        c.set_ct_timeout(r, 47, 9);
+        let e = c.effects(r);
+        assert_eq!(
+            e,
+            Effects {
+                mss: Some(sluice_classify::ir::TCP_MSS_RT_MTU),
+                flow_add: true,
+                ct_timeout_tcp: 4,
+                ct_timeout_udp: 255,
+            }
+        );
+        assert_eq!((e.ct_timeout(6), e.ct_timeout(17), e.ct_timeout(1)), (4, 255, 0));
+        c.set_mss(r, 0);
+        assert_eq!(c.effects(r).mss, Some(0));
+        assert_eq!(c.effects(r).ct_timeout_udp, 255);
+        assert_eq!(c.effects(RuleId(0)), Effects::default());
+        assert_eq!(c.effects(RuleId(99_999)), Effects::default());
     }
 }

@@ -464,6 +464,40 @@ fn spec(f: Field, fam: Family) -> Result<(ir::Field, Kind, &'static [Dep]), Stri
 type ObjMapAt = (usize, Vec<Field>, Vec<(Value, u32)>);
 
 /// The IR reject of a `reject [with ...]`.
+/// The engine's form of a `ct timeout` object: its timers as conntrack's
+/// ([`sluice_conntrack::TimeoutKind`]; `unreplied` is UDP's timer before
+/// the flow is a stream, `replied` the stream's, `unack` the cap on a TCP
+/// connection not yet assured; `retrans` has no timer in Sluice, which does
+/// not count retransmissions), and its slot
+/// ([`sluice_engine::ct_timeout`]).
+pub(crate) fn intern_ct_timeout(c: &ast::CtTimeout) -> Result<u8, sluice_engine::ct_timeout::Full> {
+    use ast::CtTimeoutState as S;
+    use sluice_conntrack::TimeoutKind as K;
+    let mut policy = sluice_conntrack::TimeoutPolicy::default();
+    for &(state, secs) in &c.policy {
+        let kind = match state {
+            S::SynSent => K::TcpSynSent,
+            S::SynRecv => K::TcpSynRecv,
+            S::Established => K::TcpEstablished,
+            S::FinWait => K::TcpFinWait,
+            S::CloseWait => K::TcpCloseWait,
+            S::LastAck => K::TcpLastAck,
+            S::TimeWait => K::TcpTimeWait,
+            S::Close => K::TcpClose,
+            S::SynSent2 => K::TcpSynSent2,
+            S::Unack => K::TcpUnack,
+            S::Unreplied => K::Udp,
+            S::Replied => K::UdpStream,
+            S::Retrans => continue,
+        };
+        policy.set(kind, std::time::Duration::from_secs(u64::from(secs)));
+    }
+    sluice_engine::ct_timeout::intern(sluice_engine::ct_timeout::CtTimeout {
+        proto: c.protocol,
+        policy,
+    })
+}
+
 fn reject_kind(w: Option<ast::RejectWith>) -> RejectKind {
     match w {
         Some(ast::RejectWith::TcpReset) => RejectKind::TcpReset,
@@ -1088,6 +1122,21 @@ impl<'a> Lowerer<'a> {
                             Ok(None)
                         }
                         None => Err(format!("no flowtable '{name}' in this table")),
+                    }
+                }
+                StmtKind::CtTimeoutSet(name) => {
+                    match t.ct_timeouts.iter().find(|c| c.name == *name) {
+                        Some(c) => match intern_ct_timeout(c) {
+                            Ok(slot) => {
+                                pre.push(Stmt::CtTimeout {
+                                    id: u32::from(slot),
+                                    proto: c.protocol,
+                                });
+                                Ok(None)
+                            }
+                            Err(e) => Err(e.to_string()),
+                        },
+                        None => Err(format!("no ct timeout '{name}' in this table")),
                     }
                 }
                 StmtKind::TcpMssSet(m) => {

@@ -920,6 +920,7 @@ impl CompiledPolicy {
         let bytes = u64::from(pkt.len);
         let mut mss = sluice_engine::MssClamp::default();
         let mut flow_add = false;
+        let mut ct_timeout = 0u8;
         let mut run = |s: &mut Scratch| {
             s.limit = (!self.limiters.is_empty()).then(|| sluice_classify::LimitCtx {
                 limits: Arc::clone(&self.limiters) as Arc<dyn sluice_classify::Limits>,
@@ -950,12 +951,17 @@ impl CompiledPolicy {
                         if let Some(l) = self.counters.add_and_log(*id, bytes) {
                             self.log(l, pkt);
                         }
-                        // The same cell, just read: a rule's MSS statement.
-                        let (m, flow) = self.counters.mss_and_flow_add(*id);
-                        if let Some(m) = m {
+                        // The same cell, just read: the rule's MSS,
+                        // flowtable and timeout policy statements.
+                        let fx = self.counters.effects(*id);
+                        if let Some(m) = fx.mss {
                             mss = mss.and(mss_clamp(m));
                         }
-                        flow_add |= flow;
+                        flow_add |= fx.flow_add;
+                        let slot = fx.ct_timeout(pkt.proto);
+                        if slot != 0 {
+                            ct_timeout = slot;
+                        }
                     }
                 },
             );
@@ -983,6 +989,7 @@ impl CompiledPolicy {
                 nat,
                 mss,
                 flow_add,
+                ct_timeout,
             },
             o.ct_state,
         )

@@ -74,6 +74,10 @@ impl CompiledPolicy {
                     sluice_classify::ir::Stmt::Log(l) => self.counters.set_log(r.id, *l),
                     sluice_classify::ir::Stmt::TcpMss(m) => self.counters.set_mss(r.id, *m),
                     sluice_classify::ir::Stmt::FlowAdd(_) => self.counters.set_flow_add(r.id),
+                    sluice_classify::ir::Stmt::CtTimeout { id, proto } => {
+                        let slot = u8::try_from(*id).unwrap_or(0);
+                        self.counters.set_ct_timeout(r.id, *proto, slot);
+                    }
                     _ => {}
                 }
             }

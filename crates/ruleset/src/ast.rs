@@ -66,7 +66,95 @@ pub struct Table {
     /// Flowtables (`flowtable NAME { hook ingress priority P; devices = {
     /// ... }; }`), the targets of `flow add @NAME`.
     pub flowtables: Vec<Flowtable>,
+    /// Conntrack timeout policies (`ct timeout NAME { ... }`), the targets
+    /// of `ct timeout set "NAME"`.
+    pub ct_timeouts: Vec<CtTimeout>,
     pub span: Span,
+}
+
+/// A conntrack timeout policy: `ct timeout NAME { protocol tcp|udp;
+/// [l3proto ip|ip6|inet;] policy = { STATE: SECONDS, ... } }`. A `ct
+/// timeout set "NAME"` statement gives it to the connection of the packet
+/// it runs on, if that is the connection's first packet and of the
+/// policy's protocol.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CtTimeout {
+    pub name: String,
+    /// `protocol`: 6 (tcp) or 17 (udp).
+    pub protocol: u8,
+    /// `l3proto`, when written (nft then lists it; without it, the table's
+    /// family). It selects nothing: the kernel does not compare it with
+    /// the packet either.
+    pub l3proto: Option<Family>,
+    /// `policy = { ... }`: seconds by state (nft's order, the last value of
+    /// a state written twice).
+    pub policy: Vec<(CtTimeoutState, u32)>,
+    pub span: Span,
+}
+
+/// The states a `ct timeout` policy names (nft's spelling).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CtTimeoutState {
+    SynSent,
+    SynRecv,
+    Established,
+    FinWait,
+    CloseWait,
+    LastAck,
+    TimeWait,
+    Close,
+    SynSent2,
+    Retrans,
+    Unack,
+    Unreplied,
+    Replied,
+}
+
+impl CtTimeoutState {
+    /// TCP's states, in nft's order.
+    pub const TCP: [CtTimeoutState; 11] = [
+        Self::SynSent,
+        Self::SynRecv,
+        Self::Established,
+        Self::FinWait,
+        Self::CloseWait,
+        Self::LastAck,
+        Self::TimeWait,
+        Self::Close,
+        Self::SynSent2,
+        Self::Retrans,
+        Self::Unack,
+    ];
+    /// UDP's states.
+    pub const UDP: [CtTimeoutState; 2] = [Self::Unreplied, Self::Replied];
+
+    /// The states of IP protocol `proto` (none but TCP's and UDP's).
+    pub fn of_protocol(proto: u8) -> &'static [CtTimeoutState] {
+        match proto {
+            6 => &Self::TCP,
+            17 => &Self::UDP,
+            _ => &[],
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::SynSent => "syn_sent",
+            Self::SynRecv => "syn_recv",
+            Self::Established => "established",
+            Self::FinWait => "fin_wait",
+            Self::CloseWait => "close_wait",
+            Self::LastAck => "last_ack",
+            Self::TimeWait => "time_wait",
+            Self::Close => "close",
+            Self::SynSent2 => "syn_sent2",
+            Self::Retrans => "retrans",
+            Self::Unack => "unack",
+            Self::Unreplied => "unreplied",
+            Self::Replied => "replied",
+        }
+    }
 }
 
 /// A flowtable: nftables' fast path for established connections, which a
@@ -911,6 +999,9 @@ pub enum StmtKind {
     /// joins flowtable NAME (only in forward chains): its later packets
     /// skip the filter chains while it stays established.
     FlowAdd(String),
+    /// `ct timeout set "NAME"`: the connection follows the table's timeout
+    /// policy NAME ([`CtTimeout`]).
+    CtTimeoutSet(String),
     /// `notrack` (iptables `-j CT --notrack`, `-j NOTRACK`): conntrack
     /// leaves the packet alone (`ct state untracked`, no NAT). Only
     /// prerouting and output chains may hold it, and it acts only before

@@ -124,6 +124,7 @@ fn skeleton(t: &Table) -> Table {
             .collect(),
         objects: t.objects.clone(),
         flowtables: t.flowtables.clone(),
+        ct_timeouts: t.ct_timeouts.clone(),
         span: t.span,
     }
 }

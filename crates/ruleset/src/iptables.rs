@@ -407,6 +407,7 @@ pub(crate) fn parse(text: &str, ipsets: Option<&str>, v6: bool) -> (Vec<Table>, 
                 maps: Vec::new(),
                 objects: Vec::new(),
                 flowtables: Vec::new(),
+                ct_timeouts: Vec::new(),
                 span,
             });
             cur_word = Some(first.clone());

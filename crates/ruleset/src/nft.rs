@@ -723,6 +723,7 @@ impl<'s> Parser<'s> {
             maps: Vec::new(),
             objects: Vec::new(),
             flowtables: Vec::new(),
+            ct_timeouts: Vec::new(),
             span,
         });
         self.tables.len() - 1
@@ -827,7 +828,12 @@ impl<'s> Parser<'s> {
                         // nft's other stateful objects: known, not
                         // implemented (the whole declaration is skipped).
                         match (w, self.word_at(1)) {
-                            ("ct", Some(k @ ("helper" | "timeout" | "expectation"))) => {
+                            ("ct", Some("timeout")) => {
+                                self.bump();
+                                self.bump();
+                                self.ct_timeout_decl(ti)
+                            }
+                            ("ct", Some(k @ ("helper" | "expectation"))) => {
                                 let kind = format!("ct {k}");
                                 let why = unsupported_object(&kind);
                                 self.err(sp, format!("'{kind}' objects are not supported: {why}"))
@@ -1180,6 +1186,161 @@ impl<'s> Parser<'s> {
             _ => {
                 if !matches!(self.bump().tok, Tok::Str(_)) {
                     return self.err(wsp, "expected a string after 'comment'");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `ct timeout NAME { protocol tcp|udp; [l3proto ip|ip6|inet;] policy
+    /// = { STATE: SECONDS, ... } }` (after `ct timeout`).
+    fn ct_timeout_decl(&mut self, ti: usize) -> P<()> {
+        let (name, sp) = self.name("ct timeout name")?;
+        self.expect(Tok::LBrace)?;
+        let mut protocol: Option<u8> = None;
+        let mut l3proto = None;
+        // States as written, checked against the protocol at the end
+        // (nft takes `policy` before `protocol` too).
+        let mut policy: Vec<(String, Span, u32)> = Vec::new();
+        let mut failed = false;
+        loop {
+            self.skip_separators();
+            if self.eat(&Tok::RBrace) {
+                break;
+            }
+            if matches!(self.peek(), Tok::Eof) {
+                return self.err(sp, "missing '}' at end of ct timeout");
+            }
+            let depth = self.depth;
+            let r = self.ct_timeout_item(&mut protocol, &mut l3proto, &mut policy);
+            if r.and_then(|_| self.end_stmt()).is_err() {
+                failed = true;
+                self.recover_to(depth);
+            }
+        }
+        let no_protocol = protocol.is_none();
+        if no_protocol && !failed {
+            failed = true;
+            self.diags.push(RawDiag::new(
+                sp,
+                format!("ct timeout '{name}' has no protocol; add 'protocol tcp' or 'protocol udp'"),
+            ));
+        }
+        let protocol = protocol.unwrap_or(17);
+        let states = CtTimeoutState::of_protocol(protocol);
+        let mut set: Vec<(CtTimeoutState, u32)> = Vec::new();
+        for (st, ssp, v) in policy.into_iter().filter(|_| !no_protocol) {
+            match states.iter().find(|s| s.name() == st) {
+                Some(s) => match set.iter_mut().find(|(k, _)| k == s) {
+                    Some(e) => e.1 = v,
+                    None => set.push((*s, v)),
+                },
+                None => {
+                    let proto = if protocol == 6 { "tcp" } else { "udp" };
+                    let help = suggest(&st, states.iter().map(|s| s.name()));
+                    self.diags.push(
+                        RawDiag::new(ssp, format!("invalid state '{st}' for protocol {proto}"))
+                            .help(help),
+                    );
+                    failed = true;
+                }
+            }
+        }
+        set.sort_by_key(|(s, _)| *s);
+        let Some(t) = self.tables.get_mut(ti) else {
+            return Err(Fail);
+        };
+        if t.ct_timeouts.iter().any(|c| c.name == name) {
+            return self.err(sp, format!("duplicate ct timeout '{name}' in this table"));
+        }
+        // Declared even when an item was wrong, so that the rules naming
+        // it do not add errors of their own.
+        t.ct_timeouts.push(CtTimeout {
+            name,
+            protocol,
+            l3proto,
+            policy: set,
+            span: sp,
+        });
+        if failed {
+            Err(Fail)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn ct_timeout_item(
+        &mut self,
+        protocol: &mut Option<u8>,
+        l3proto: &mut Option<Family>,
+        policy: &mut Vec<(String, Span, u32)>,
+    ) -> P<()> {
+        let (w, _) = self.keyword("ct timeout item", &["protocol", "l3proto", "policy", "comment"])?;
+        match w {
+            "protocol" => {
+                let (p, psp) = self.expect_word("'tcp' or 'udp'")?;
+                *protocol = Some(match p {
+                    "tcp" => 6,
+                    "udp" => 17,
+                    _ => {
+                        return self.err(
+                            psp,
+                            format!(
+                                "ct timeout protocol '{p}' is not supported: nft takes \
+                                 'tcp' or 'udp'"
+                            ),
+                        )
+                    }
+                });
+            }
+            "l3proto" => {
+                let (f, _) = self.keyword("l3proto", &["ip", "ip6", "inet"])?;
+                *l3proto = Some(match f {
+                    "ip" => Family::Ip,
+                    "ip6" => Family::Ip6,
+                    _ => Family::Inet,
+                });
+            }
+            "policy" => {
+                self.expect(Tok::Assign)?;
+                self.expect(Tok::LBrace)?;
+                loop {
+                    self.skip_newlines();
+                    if self.eat(&Tok::RBrace) {
+                        break;
+                    }
+                    let (w, ssp) = self.expect_word("a state such as 'established'")?;
+                    // `state:120` and `state:` lex as one word (the
+                    // colon of an IPv6 address).
+                    let (st, v, vsp) = match w.split_once(':') {
+                        Some((st, "")) => {
+                            let (v, vsp) = self.expect_word("a timeout in seconds")?;
+                            (st, v, vsp)
+                        }
+                        Some((st, v)) => (st, v, ssp),
+                        None => {
+                            self.expect(Tok::Colon)?;
+                            let (v, vsp) = self.expect_word("a timeout in seconds")?;
+                            (w, v, vsp)
+                        }
+                    };
+                    let st = st.to_string();
+                    let Some(v) = parse_num(v).and_then(|n| u32::try_from(n).ok()) else {
+                        return self.err(
+                            vsp,
+                            format!("invalid timeout '{v}': expected whole seconds (0-4294967295)"),
+                        );
+                    };
+                    policy.push((st, ssp, v));
+                    self.skip_newlines();
+                    if !self.eat(&Tok::Comma) && !matches!(self.peek(), Tok::RBrace) {
+                        return self.unexpected("',' or '}'");
+                    }
+                }
+            }
+            _ => {
+                if !matches!(self.bump().tok, Tok::Str(_)) {
+                    return self.unexpected("a string after 'comment'");
                 }
             }
         }
@@ -1689,6 +1850,19 @@ impl<'s> Parser<'s> {
             if w == "numgen" {
                 let kind = self.numgen(sp)?;
                 stmts.push(Stmt { kind, span: sp });
+                continue;
+            }
+            if w == "ct" && self.word_at(1) == Some("timeout") {
+                self.bump();
+                self.bump();
+                if !self.eat_word("set") {
+                    return self.unexpected("'set' and a ct timeout name");
+                }
+                let (name, _) = self.name("ct timeout name")?;
+                stmts.push(Stmt {
+                    kind: StmtKind::CtTimeoutSet(name),
+                    span: sp,
+                });
                 continue;
             }
             if w == "ct" && self.word_at(1) == Some("count") {

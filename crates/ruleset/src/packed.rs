@@ -539,6 +539,10 @@ impl<S: Sink> Writer<S> {
                 self.u8(22);
                 self.str(ft);
             }
+            StmtKind::CtTimeoutSet(name) => {
+                self.u8(23);
+                self.str(name);
+            }
             StmtKind::MetaMarkMod { and, xor } => {
                 self.u8(15);
                 self.num(u64::from(*and));
@@ -989,6 +993,7 @@ impl Reader<'_> {
             12 => StmtKind::CtMarkFromMeta,
             21 => StmtKind::Notrack,
             22 => StmtKind::FlowAdd(self.str()?),
+            23 => StmtKind::CtTimeoutSet(self.str()?),
             15 => StmtKind::MetaMarkMod {
                 and: self.u32()?,
                 xor: self.u32()?,

@@ -111,6 +111,22 @@ fn print_table(out: &mut String, t: &Table) {
         }
         out.push_str("\t}\n");
     }
+    for ct in &t.ct_timeouts {
+        sep(out);
+        let _ = writeln!(out, "\tct timeout {} {{", name(&ct.name));
+        let proto = if ct.protocol == 6 { "tcp" } else { "udp" };
+        let _ = writeln!(out, "\t\tprotocol {proto}");
+        if let Some(f) = ct.l3proto {
+            let _ = writeln!(out, "\t\tl3proto {}", f.name());
+        }
+        let vals: Vec<String> = ct
+            .policy
+            .iter()
+            .map(|(st, v)| format!("{} : {v}", st.name()))
+            .collect();
+        let _ = writeln!(out, "\t\tpolicy = {{ {} }}", vals.join(", "));
+        out.push_str("\t}\n");
+    }
     for c in &t.chains {
         sep(out);
         let _ = writeln!(out, "\tchain {} {{", name(&c.name));
@@ -560,6 +576,7 @@ fn stmt(s: &StmtKind) -> String {
         StmtKind::MetaMarkFromCt => "meta mark set ct mark".to_string(),
         StmtKind::Notrack => "notrack".to_string(),
         StmtKind::FlowAdd(ft) => format!("flow add @{}", name(ft)),
+        StmtKind::CtTimeoutSet(n) => format!("ct timeout set {}", quote(n)),
         StmtKind::CtMarkFromMeta => "ct mark set meta mark".to_string(),
         StmtKind::TcpMssSet(TcpMss::RtMtu) => "tcp option maxseg size set rt mtu".to_string(),
         StmtKind::TcpMssSet(TcpMss::Value(v)) => format!("tcp option maxseg size set {v}"),

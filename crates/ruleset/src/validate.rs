@@ -614,6 +614,16 @@ impl Validator {
                 );
                 self.diags.push(RawDiag::new(s.span, msg).help(help));
             }
+            StmtKind::CtTimeoutSet(name) if !t.ct_timeouts.iter().any(|c| c.name == *name) => {
+                let help = suggest(name, t.ct_timeouts.iter().map(|c| c.name.as_str()));
+                let msg = format!(
+                    "no ct timeout '{name}' in table {} {}; declare it with 'ct timeout \
+                     {name} {{ protocol udp; policy = {{ unreplied: 30, replied: 120 }} }}'",
+                    t.family.name(),
+                    t.name
+                );
+                self.diags.push(RawDiag::new(s.span, msg).help(help));
+            }
             // The kernel's nft_flow_offload validation.
             StmtKind::FlowAdd(_) if c.base.is_some_and(|b| b.hook != Hook::Forward) => {
                 self.err(s.span, "'flow add' is valid in forward chains only");

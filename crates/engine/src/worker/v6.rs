@@ -539,6 +539,7 @@ impl Worker {
         pp.mark = dec.mark;
         pp.ct_mark = dec.ct_mark;
         let mut mss = dec.mss;
+        let mut ct_timeout = dec.ct_timeout;
         if dec.verdict != Verdict::Accept {
             return self.refuse6(now, buf, len, iif, &pk, dec.verdict);
         }
@@ -558,6 +559,7 @@ impl Worker {
         pp.mark = dec.mark;
         pp.ct_mark = dec.ct_mark;
         mss = mss.and(dec.mss);
+        ct_timeout = later_ct_timeout(ct_timeout, dec.ct_timeout);
         if dec.verdict != Verdict::Accept {
             return self.refuse6(now, buf, len, iif, &pk, dec.verdict);
         }
@@ -565,6 +567,7 @@ impl Worker {
         pp.mark = dec.mark;
         pp.ct_mark = dec.ct_mark;
         mss = mss.and(dec.mss);
+        ct_timeout = later_ct_timeout(ct_timeout, dec.ct_timeout);
         if dec.verdict != Verdict::Accept {
             return self.refuse6(now, buf, len, iif, &pk, dec.verdict);
         }
@@ -615,6 +618,9 @@ impl Worker {
         // The connection mark the rules set (`ct mark set`).
         if pp.ct_mark != 0 {
             self.v6.ct.entry_mut(id).set_mark(pp.ct_mark);
+        }
+        if ct_timeout != 0 {
+            give_ct_timeout(&mut self.v6.ct, id, ct_timeout, now);
         }
         self.clamp_mss6(buf, len, &pk, mss, [adj_out, adj_back]);
         self.emit6(now, buf, len, iif, &pk, adj_out)
