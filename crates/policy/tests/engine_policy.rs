@@ -748,3 +748,82 @@ fn numgen_random_spreads_new_connections_over_dnat_endpoints() {
         }
     }
 }
+
+/// `ct timeout set`: a new connection follows the policy of its protocol
+/// that its first packet met last (a policy of the other protocol is
+/// ignored), its first expiry included; a packet of an established
+/// connection changes nothing (the kernel gives a policy to unconfirmed
+/// connections only); a connection no policy named keeps the defaults.
+#[test]
+fn ct_timeout_set_gives_new_connections_their_policy() {
+    let rules = "table inet f {
+  ct timeout sip { protocol udp; policy = { unreplied: 7, replied: 90 } }
+  ct timeout web { protocol tcp; policy = { syn_sent: 4, established: 3600 } }
+  chain pre { type filter hook prerouting priority filter;
+    udp dport 53 ct timeout set \"sip\"
+    ct timeout set \"web\"
+  }
+  chain fwd { type filter hook forward priority filter; policy accept;
+    ct state established ct timeout set \"sip\"
+  }
+}";
+    let mut w = gateway(rules, 1500);
+    let at = |ms: u64| sluice_conntrack::Instant::from_millis(ms);
+    let left = |w: &Worker, sport: u16, now: u64| -> u64 {
+        let (_, e) = w
+            .conntrack()
+            .iter()
+            .find(|(_, e)| e.orig().sport == sport)
+            .expect("a connection");
+        e.expires_in(at(now)).as_secs()
+    };
+    // UDP to port 53: the UDP policy, not undone by the TCP one after it.
+    let (a, out) = send_at(&mut w, LAN, udp(40_000, 64, 0, 20), 1_000_000);
+    assert_eq!(a, Action::Forward(WAN));
+    assert_eq!(left(&w, 40_000, 1), 7);
+    // Its reply and the next packet: the policy's stream timer.
+    let back = FlowKey4 {
+        proto: proto::UDP,
+        sport: 53,
+        ..reply_to(&out)
+    };
+    let mut b = vec![0u8; 2048];
+    let n = sluice_wire::build::build_udp4(&mut b, ROUTER_MAC, GW_WAN_MAC, &back, 20).unwrap();
+    let (a, _) = send_at(&mut w, WAN, b[..n].to_vec(), 2_000_000);
+    assert_eq!(a, Action::Forward(LAN));
+    assert_eq!(left(&w, 40_000, 2), 7, "replied: still the first timer");
+    send_at(&mut w, LAN, udp(40_000, 64, 0, 20), 3_000_000);
+    assert_eq!(left(&w, 40_000, 3), 90);
+
+    // UDP to another port: only the TCP policy met, so the defaults; the
+    // established packets meet `ct timeout set "sip"` too late.
+    let other = |sport| {
+        let mut f = udp(sport, 64, 0, 20);
+        f[36..38].copy_from_slice(&99u16.to_be_bytes());
+        f[40..42].copy_from_slice(&[0, 0]); // UDP checksum 0: none
+        f
+    };
+    let (a, out) = send_at(&mut w, LAN, other(40_001), 1_000_000);
+    assert_eq!(a, Action::Forward(WAN));
+    assert_eq!(left(&w, 40_001, 1), 30);
+    let back = FlowKey4 {
+        proto: proto::UDP,
+        sport: 99,
+        ..reply_to(&out)
+    };
+    let n = sluice_wire::build::build_udp4(&mut b, ROUTER_MAC, GW_WAN_MAC, &back, 20).unwrap();
+    send_at(&mut w, WAN, b[..n].to_vec(), 2_000_000);
+    send_at(&mut w, LAN, other(40_001), 3_000_000);
+    assert_eq!(left(&w, 40_001, 3), 120, "the default stream timer");
+
+    // TCP: the TCP policy from the SYN on.
+    let k = key(41_000);
+    let (a, out) = send(&mut w, LAN, segment(&k, 0x02, 1460, GW_LAN_MAC, HOST_MAC));
+    assert_eq!(a, Action::Forward(WAN));
+    assert_eq!(left(&w, 41_000, 1), 4);
+    let back = reply_to(&out);
+    send(&mut w, WAN, segment(&back, 0x12, 1460, GW_WAN_MAC, ROUTER_MAC));
+    assert_eq!(left(&w, 41_000, 1), 60, "SYN_RECV: the policy leaves the default");
+    send(&mut w, LAN, segment(&k, 0x10, 1460, GW_LAN_MAC, HOST_MAC));
+    assert_eq!(left(&w, 41_000, 1), 3600);
+}

@@ -116,10 +116,6 @@ fn unsupported_field(what: &str, field: &str) -> Option<&'static str> {
 fn unsupported_object(kind: &str) -> &'static str {
     match kind {
         "ct helper" => "conntrack helpers are not implemented",
-        "ct timeout" => {
-            "per-rule conntrack timeout policies are not implemented; set the timeouts \
-             for the whole gateway in sluice.toml ([conntrack.timeouts])"
-        }
         "ct expectation" => "conntrack expectations are not implemented",
         "secmark" => "security marks label packets for local sockets, which Sluice does not have",
         "synproxy" => "SYN proxying is not implemented",
