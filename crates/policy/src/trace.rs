@@ -673,11 +673,44 @@ pub struct Trace {
     /// A `notrack` statement before conntrack exempted the packet: later
     /// chains saw `ct state untracked`, NAT chains did not run.
     pub untracked: bool,
+    /// The timeout, in seconds, that the connection an accepted `ct state
+    /// new` packet creates starts with, under netfilter's default timers
+    /// and the `ct timeout set` policy of its protocol the packet met last
+    /// (UDP's unreplied timer, a TCP SYN's SYN_SENT one, an ICMP echo
+    /// request's); `None` for other packets.
+    pub timeout: Option<u32>,
+    /// A `ct timeout set` gave the connection a policy (the one
+    /// [`Self::timeout`] read).
+    pub ct_timeout: bool,
     /// An evaluation error (jump stack overflow), reported as drop.
     pub error: Option<String>,
     /// Set when the compiled classifier and the linear reference disagreed
     /// (a classifier bug; debug builds panic instead).
     pub mismatch: Option<String>,
+}
+
+/// [`Trace::timeout`]: the timer the first packet `pkt` leaves its
+/// connection with, under netfilter's defaults and the policy in `slot`
+/// (0: none), in whole seconds.
+fn first_timeout(pkt: &TracePacket, slot: u8) -> Option<u32> {
+    use sluice_conntrack::{TimeoutKind as K, Timeouts};
+    let d = Timeouts::default();
+    let policy = sluice_engine::ct_timeout::get(slot)
+        .filter(|p| p.proto == pkt.proto)
+        .map(|p| p.policy);
+    let timer = |k: K, default: std::time::Duration| {
+        policy.and_then(|p| p.get(k)).unwrap_or(default).as_secs()
+    };
+    let secs = match pkt.proto {
+        17 => timer(K::Udp, d.udp),
+        // A SYN alone: SYN_SENT, within the cap on unassured connections.
+        6 if pkt.tcp_flags & 0x17 == 0x02 => timer(K::TcpSynSent, d.tcp_syn_sent)
+            .min(timer(K::TcpUnack, d.tcp_unacknowledged)),
+        1 if pkt.icmp_type == 8 => d.icmp.as_secs(),
+        58 if pkt.icmp_type == 128 => d.icmp.as_secs(),
+        _ => return None,
+    };
+    u32::try_from(secs).ok()
 }
 
 /// The hooks a packet meets on the path of `hook`.
@@ -751,9 +784,14 @@ impl CompiledPolicy {
             nat_all: Vec::new(),
             mark: p.mark,
             untracked: false,
+            timeout: None,
+            ct_timeout: false,
             error: None,
             mismatch: None,
         };
+        // The last `ct timeout set` of the packet's protocol it met on its
+        // connection's first packet (0: none).
+        let mut slot = 0u8;
         // The packet's `ct state` as given, which the chains before
         // conntrack do not see yet (they see `invalid`: no connection).
         let given_ct = p.ct_state;
@@ -804,6 +842,14 @@ impl CompiledPolicy {
                     ));
                 }
                 chains.extend(comp.iter().map(|(c, o, t)| self.chain_trace(*c, o, t)));
+                if stage != Stage::BeforeConntrack && given_ct == ct::NEW {
+                    for id in comp.iter().flat_map(|(_, _, t)| t) {
+                        let s = self.counters.effects(*id).ct_timeout(pkt.proto);
+                        if s != 0 {
+                            slot = s;
+                        }
+                    }
+                }
                 if stage == Stage::BeforeConntrack {
                     // `notrack` ran: conntrack leaves the packet alone.
                     out.untracked = co.ct_state == ct::UNTRACKED;
@@ -883,6 +929,10 @@ impl CompiledPolicy {
             out.hooks.push(HookTrace { hook, chains });
         }
         out.nat = out.nat_all.first().cloned();
+        if out.verdict == TraceVerdict::Accept && given_ct == ct::NEW && !out.untracked {
+            out.ct_timeout = slot != 0;
+            out.timeout = first_timeout(pkt, slot);
+        }
         // An accepted first packet creates its connection: it counts for
         // `ct count` from now on, as the engine's confirmation makes it.
         if let (Some((st, _)), TraceVerdict::Accept) = (state, out.verdict) {

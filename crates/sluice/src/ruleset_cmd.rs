@@ -192,6 +192,15 @@ struct TraceJson {
     /// Present (true) only when a `notrack` statement exempted the packet.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     untracked: bool,
+    /// For an accepted new UDP packet, TCP SYN or ICMP echo request: the
+    /// seconds its connection starts with (netfilter's default timers, or
+    /// its `ct timeout` policy's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    timeout: Option<u32>,
+    /// Present (true) only when a `ct timeout set` gave the connection a
+    /// policy.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    ct_timeout: bool,
 }
 
 #[derive(Serialize)]
@@ -214,6 +223,8 @@ impl From<&Trace> for TraceJson {
             }),
             mark: t.mark,
             untracked: t.untracked,
+            timeout: t.timeout,
+            ct_timeout: t.ct_timeout,
         }
     }
 }

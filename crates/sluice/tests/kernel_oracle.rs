@@ -4,7 +4,8 @@
 //! nftables (iptables-restore + ipset for `*.rules`) in fresh network
 //! namespaces with real veth interfaces; every packet of `NAME.jsonl` is sent
 //! through it as a real frame and the kernel's verdict, NAT translation, final
-//! mark and conntrack state are observed (`tests/oracle/oracle.py`). The same
+//! mark, conntrack state and, for a new forwarded connection, the seconds
+//! its conntrack entry starts with are observed (`tests/oracle/oracle.py`). The same
 //! packets go through `sluice trace -c FILE --packets NAME.jsonl`, and the two
 //! must agree exactly.
 //!
@@ -215,6 +216,8 @@ fn kernel_oracle() {
     let mut failed: Vec<String> = Vec::new();
     let mut unchecked = 0usize;
     let mut total = 0usize;
+    // New forwarded connections whose starting timeout was compared.
+    let mut timeouts_checked = 0usize;
     let mut per_ruleset = String::new();
     for file in &files {
         let stem = file.file_stem().unwrap().to_string_lossy().to_string();
@@ -319,6 +322,23 @@ fn kernel_oracle() {
             if let Some(km) = k["mark"].as_u64() {
                 if s["mark"].as_u64() != Some(km) {
                     push(format!("mark: kernel {km:#x}, sluice {}", s["mark"]));
+                    continue;
+                }
+            }
+            // The timeout a new forwarded connection starts with (netfilter's
+            // defaults, or its `ct timeout` policy's): the kernel's entry,
+            // read a moment after the packet, has at most that left, and
+            // no more than 3 s less.
+            if let (Some(st), "new", Some("forward")) =
+                (s["timeout"].as_u64(), want_ct, p["hook"].as_str())
+            {
+                timeouts_checked += 1;
+                match k["timeout"].as_u64() {
+                    Some(kt) if kt <= st && kt + 3 >= st => {}
+                    Some(kt) => push(format!("timeout: kernel {kt} s left, sluice {st} s")),
+                    None => push(format!(
+                        "timeout: no kernel conntrack entry found, sluice {st} s"
+                    )),
                 }
             }
         }
@@ -334,10 +354,12 @@ fn kernel_oracle() {
     let mut report = String::new();
     let _ = writeln!(
         report,
-        "kernel oracle: {} rulesets, {} packets, {} differences, {} rulesets sluice could not trace \
-         ({} packets unchecked), {} harness problems (kernel side {:.1}s)",
+        "kernel oracle: {} rulesets, {} packets ({} new connections' timeouts), {} differences, \
+         {} rulesets sluice could not trace ({} packets unchecked), {} harness problems (kernel \
+         side {:.1}s)",
         files.len(),
         total,
+        timeouts_checked,
         diffs.len(),
         failed.len(),
         unchecked,

@@ -11,6 +11,8 @@ did with it:
      "nat": null | {"src": [addr, port], "dst": [addr, port]},   # as seen leaving the router
      "mark": N | null,      # meta mark at the end of the hook (accepted packets only)
      "ct": "new"|"established"|"related"|"invalid"|null,  # conntrack state the kernel assigned
+     "timeout": N | null,   # forwarded packets: seconds left on their conntrack entry
+                            # (read from /proc/net/nf_conntrack after the group was sent)
      "error": "..."}        # only when the harness itself failed for this packet
 
 Topology per ruleset (one "peer" namespace stands for all the hosts around the
@@ -242,6 +244,10 @@ class Port:
 # ------------------------------------------------------------ the oracle
 
 CT_BITS = {"invalid": 1, "established": 2, "related": 4, "new": 8, "untracked": 64}
+
+
+def norm_addr(a):
+    return str(ipaddress.ip_address(a))
 
 
 def ct_name(v):
@@ -508,6 +514,14 @@ class Ruleset:
             caps = {name: port.drain() for name, port in self.ports.items()}
             for i in idx:
                 res[i] = self.classify(i, pk[i], caps, hook, iif, oif)
+            if hook == "forward":
+                entries = self.conntrack_timeouts()
+                for i in idx:
+                    if res[i].get("verdict") == "accept":
+                        p = pk[i]
+                        key = (PROTO_NUM[p["proto"]], norm_addr(p["src"]), norm_addr(p["dst"]),
+                               p.get("sport"), p.get("dport"))
+                        res[i]["timeout"] = entries.get(key)
             ip_batch(self.dut, undo, force=True)
 
         ct4, ct6 = self.read_set("ct4"), self.read_set("ct6")
@@ -536,6 +550,31 @@ class Ruleset:
                 if i + 1 in acc:
                     r["error"] = "packet reached the end of the %s hook but was not seen leaving" % p["hook"]
         return res
+
+    def conntrack_timeouts(self):
+        """The DUT's conntrack entries by original tuple (protocol, source,
+        destination, ports; ICMP: None), and the seconds each has left."""
+        out = {}
+        text = nsexec(self.dut, ["cat", "/proc/net/nf_conntrack"], check=False).stdout
+        for line in (text or "").splitlines():
+            f = line.split()
+            if len(f) < 6:
+                continue
+            try:
+                proto, left = int(f[3]), int(f[4])
+            except ValueError:
+                continue
+            kv = {}
+            for w in f[5:]:
+                if "=" in w:
+                    k, v = w.split("=", 1)
+                    kv.setdefault(k, v)  # the original tuple comes first
+            if "src" not in kv or "dst" not in kv:
+                continue
+            sp = int(kv["sport"]) if "sport" in kv else None
+            dp = int(kv["dport"]) if "dport" in kv else None
+            out[(proto, norm_addr(kv["src"]), norm_addr(kv["dst"]), sp, dp)] = left
+        return out
 
     def prime(self, i, p, a, ident, listeners):
         """Create the connection that makes packet i established/related."""
