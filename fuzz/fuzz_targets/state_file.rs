@@ -7,7 +7,7 @@ use sluice_daemon::state::{decode, encode};
 
 fuzz_target!(|data: &[u8]| {
     match decode(data) {
-        Ok(s) => assert_eq!(encode(s.workers, s.saved_at_ms, &s.conns), data),
+        Ok(s) => assert_eq!(encode(s.workers, s.saved_at_ms, &s.policies, &s.conns), data),
         Err(e) => assert!(!e.to_string().is_empty()),
     }
 });

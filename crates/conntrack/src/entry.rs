@@ -38,6 +38,10 @@ pub struct Carried {
     pub packets: u32,
     /// Milliseconds until it expires.
     pub expires_in_ms: u32,
+    /// Its timeout policy's slot ([`Entry::timeout_policy`]; 0 for the
+    /// table's own timeouts). A restore keeps it only if the table holds a
+    /// policy in that slot.
+    pub timeout_policy: u8,
 }
 
 /// One connection.
@@ -199,6 +203,7 @@ impl<K: Key, P: Copy + Default> Entry<K, P> {
             mark: self.mark,
             packets: self.packets,
             expires_in_ms: remaining_ms(self.expiry, now),
+            timeout_policy: self.timeout_policy,
         }
     }
 

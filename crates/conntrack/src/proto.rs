@@ -707,12 +707,20 @@ mod tests {
         let s = u(UdpState::Unreplied, Dir::Original);
         assert_eq!(
             (s.state, s.assured, s.timeout),
-            (ProtoState::Udp(UdpState::Unreplied), false, Some(TimeoutKind::Udp))
+            (
+                ProtoState::Udp(UdpState::Unreplied),
+                false,
+                Some(TimeoutKind::Udp)
+            )
         );
         let s = u(UdpState::Unreplied, Dir::Reply);
         assert_eq!(
             (s.state, s.assured, s.timeout),
-            (ProtoState::Udp(UdpState::Replied), false, Some(TimeoutKind::Udp))
+            (
+                ProtoState::Udp(UdpState::Replied),
+                false,
+                Some(TimeoutKind::Udp)
+            )
         );
         let s = u(UdpState::Replied, Dir::Original);
         assert_eq!(

@@ -234,9 +234,7 @@ fn quick_step<K: Key, P: Copy + Default>(e: &Entry<K, P>, ev: L4Event) -> Option
     let hot = e.flags & HOT == HOT;
     let (tmo, becomes_stream) = match (e.state, ev) {
         (UDP_STREAM, L4Event::Udp) if hot => (TimeoutKind::UdpStream, false),
-        (TCP_ESTABLISHED, L4Event::Tcp(f))
-            if hot && f.0 & TCP_CLASS_BITS == TcpFlags::ACK =>
-        {
+        (TCP_ESTABLISHED, L4Event::Tcp(f)) if hot && f.0 & TCP_CLASS_BITS == TcpFlags::ACK => {
             (TimeoutKind::TcpEstablished, false)
         }
         (UDP_REPLIED, L4Event::Udp) if e.flags & REPLIED == REPLIED => {
@@ -392,7 +390,10 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
 
     /// The policy in slot `slot`, if one was set.
     pub fn timeout_policy(&self, slot: u8) -> Option<&TimeoutPolicy> {
-        self.policies.iter().find(|(s, _)| *s == slot).map(|(_, p)| p)
+        self.policies
+            .iter()
+            .find(|(s, _)| *s == slot)
+            .map(|(_, p)| p)
     }
 
     /// Make connection `id` follow the policy in slot `slot` (0: the
@@ -845,6 +846,10 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         }
         let h1 = self.hash(&orig);
         let ms = c.expires_in_ms.min(i32::MAX as u32);
+        let mut has_policy = [false; 256];
+        for (slot, _) in &self.policies {
+            has_policy[usize::from(*slot)] = true;
+        }
         self.insert_hashed(
             now,
             orig,
@@ -854,6 +859,9 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
             payload,
             |_, e| {
                 e.state = c.state.pack();
+                if c.timeout_policy != 0 && has_policy[usize::from(c.timeout_policy)] {
+                    e.timeout_policy = c.timeout_policy;
+                }
                 e.mark = c.mark;
                 e.packets = c.packets;
                 e.expiry = expiry_after(now, ms);

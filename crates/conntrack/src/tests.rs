@@ -508,10 +508,18 @@ fn a_timeout_policy_governs_the_connections_given_it() {
         ..Timeouts::default()
     });
     t.track(c, Dir::Reply, now, tcp(S | A));
-    assert_eq!(t.entry(c).expires_in(now), d(61), "the table's new SYN_RECV");
+    assert_eq!(
+        t.entry(c).expires_in(now),
+        d(61),
+        "the table's new SYN_RECV"
+    );
     t.track(c, Dir::Original, now, tcp(A));
     assert_eq!(t.entry(c).state(), ProtoState::Tcp(TcpState::Established));
-    assert_eq!(t.entry(c).expires_in(now), d(600), "the policy's ESTABLISHED");
+    assert_eq!(
+        t.entry(c).expires_in(now),
+        d(600),
+        "the policy's ESTABLISHED"
+    );
     t.track(c, Dir::Original, now, tcp(A));
     assert_eq!(t.entry(c).expires_in(now), d(600));
     // Simultaneous open.
@@ -1257,6 +1265,35 @@ fn a_restored_connection_takes_up_where_it_left_off() {
         b.restore(u0, k, r, 0, &c, &mut noop),
         Err(InsertError::Exists)
     );
+    // A timeout policy comes back where the table holds it, and is
+    // followed from the next packet; a slot the table lacks is dropped.
+    let mut p = TimeoutPolicy::default();
+    p.set(TimeoutKind::TcpFinWait, Duration::from_secs(9));
+    b.set_timeout_policy(5, &p);
+    let with = |slot, n| {
+        let k = key(proto::TCP, n);
+        (
+            k,
+            Carried {
+                timeout_policy: slot,
+                ..c
+            },
+        )
+    };
+    let (k5, c5) = with(5, 20);
+    let id5 = b
+        .restore(u0, k5, nat_reply(&k5), 0, &c5, &mut noop)
+        .unwrap();
+    assert_eq!(b.entry(id5).carried(u0), c5);
+    b.track(id5, Dir::Original, u0, tcp(F | A));
+    assert_eq!(b.entry(id5).expires_in(u0), Duration::from_secs(9));
+    let (k6, c6) = with(6, 21);
+    let id6 = b
+        .restore(u0, k6, nat_reply(&k6), 0, &c6, &mut noop)
+        .unwrap();
+    assert_eq!(b.entry(id6).timeout_policy(), 0);
+    b.track(id6, Dir::Original, u0, tcp(F | A));
+    assert_eq!(b.entry(id6).expires_in(u0), Duration::from_secs(120));
 }
 
 /// Every protocol state survives its number (`ProtoState::code`), and

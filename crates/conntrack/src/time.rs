@@ -167,6 +167,26 @@ pub enum TimeoutKind {
 
 pub(crate) const NTMO: usize = TimeoutKind::Generic as usize + 1;
 
+impl TimeoutKind {
+    /// Every timer, in index order.
+    pub const ALL: [TimeoutKind; NTMO] = [
+        Self::TcpSynSent,
+        Self::TcpSynRecv,
+        Self::TcpEstablished,
+        Self::TcpFinWait,
+        Self::TcpCloseWait,
+        Self::TcpLastAck,
+        Self::TcpTimeWait,
+        Self::TcpClose,
+        Self::TcpSynSent2,
+        Self::TcpUnack,
+        Self::Udp,
+        Self::UdpStream,
+        Self::Icmp,
+        Self::Generic,
+    ];
+}
+
 /// A timeout policy (nft's `ct timeout` object): the timers it sets, each
 /// replacing the table's own for the connections that follow the policy
 /// ([`crate::Table::apply_timeout_policy`]); the timers it leaves unset

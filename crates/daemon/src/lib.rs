@@ -3007,7 +3007,26 @@ fn load_state(cfg: &Config) -> Vec<Vec<sluice_engine::SavedConn>> {
                 saved_ms_ago = down,
                 "saved connections read"
             );
-            for (w, c) in s.conns {
+            // The file's timeout policies take this process's slots.
+            let slots: Vec<u8> = s
+                .policies
+                .iter()
+                .map(|p| {
+                    sluice_engine::ct_timeout::intern(*p).unwrap_or_else(|e| {
+                        tracing::warn!("a saved connection's timeout policy not restored: {e}");
+                        0
+                    })
+                })
+                .collect();
+            for (w, mut c) in s.conns {
+                let carried = match &mut c {
+                    sluice_engine::SavedConn::V4 { carried, .. }
+                    | sluice_engine::SavedConn::V6 { carried, .. } => carried,
+                };
+                carried.timeout_policy = match carried.timeout_policy {
+                    0 => 0,
+                    n => slots.get(usize::from(n) - 1).copied().unwrap_or(0),
+                };
                 if let Some(v) = by_worker.get_mut(usize::from(w)) {
                     v.push(aged(c, down));
                 }
@@ -3056,8 +3075,26 @@ fn save_state(path: &Path, saved: &[Option<Carry>]) {
         let w = u16::try_from(w).unwrap_or(u16::MAX);
         conns.extend(c.iter().map(|c| (w, *c)));
     }
+    // The connections' timeout policies, by this process's slot, go to
+    // the file numbered from 1.
+    let mut policies = Vec::new();
+    let mut number = [0u8; 256];
+    for (_, c) in &mut conns {
+        let carried = match c {
+            sluice_engine::SavedConn::V4 { carried, .. }
+            | sluice_engine::SavedConn::V6 { carried, .. } => carried,
+        };
+        let slot = usize::from(carried.timeout_policy);
+        if slot != 0 && number[slot] == 0 {
+            if let Some(p) = sluice_engine::ct_timeout::get(carried.timeout_policy) {
+                policies.push(*p);
+                number[slot] = u8::try_from(policies.len()).unwrap_or(0);
+            }
+        }
+        carried.timeout_policy = number[slot];
+    }
     let workers = u16::try_from(saved.len()).unwrap_or(u16::MAX);
-    let bytes = state::encode(workers, wall_ms(), &conns);
+    let bytes = state::encode(workers, wall_ms(), &policies, &conns);
     let tmp = path.with_extension("tmp");
     let r = std::fs::write(&tmp, &bytes).and_then(|()| std::fs::rename(&tmp, path));
     match r {
@@ -3122,11 +3159,12 @@ mod tests {
                 mark: 0,
                 packets: 9,
                 expires_in_ms: 1000,
+                timeout_policy: 0,
             },
             held: 0,
         };
         // Saved 400 ms ago: 400 ms less left.
-        std::fs::write(&path, state::encode(2, wall_ms() - 400, &[(1, c)])).unwrap();
+        std::fs::write(&path, state::encode(2, wall_ms() - 400, &[], &[(1, c)])).unwrap();
         let got = load_state(&cfg);
         assert!(got[0].is_empty());
         let [SavedConn::V4 { carried, orig, .. }] = got[1][..] else {
@@ -3141,20 +3179,96 @@ mod tests {
         assert!(!path.exists(), "read once, then removed");
         // Saved longer ago than it had left: expired (the engine refuses
         // it); saved "in the future" (a clock set back): none counted.
-        std::fs::write(&path, state::encode(2, wall_ms() - 5000, &[(0, c)])).unwrap();
+        std::fs::write(&path, state::encode(2, wall_ms() - 5000, &[], &[(0, c)])).unwrap();
         assert!(matches!(
             load_state(&cfg)[0][..],
             [SavedConn::V4 { carried, .. }] if carried.expires_in_ms == 0
         ));
-        std::fs::write(&path, state::encode(2, wall_ms() + 60_000, &[(0, c)])).unwrap();
+        std::fs::write(&path, state::encode(2, wall_ms() + 60_000, &[], &[(0, c)])).unwrap();
         assert_eq!(load_state(&cfg)[0], vec![c]);
         let refused = path.with_extension("refused");
-        for bad in [b"not a state file".to_vec(), state::encode(3, 0, &[(2, c)])] {
+        for bad in [
+            b"not a state file".to_vec(),
+            state::encode(3, 0, &[], &[(2, c)]),
+        ] {
             std::fs::write(&path, &bad).unwrap();
             assert_eq!(load_state(&cfg), vec![Vec::new(), Vec::new()]);
             assert!(!path.exists());
             assert_eq!(std::fs::read(&refused).unwrap(), bad, "kept as it was");
         }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A connection's `ct timeout` policy goes to the file with it and
+    /// comes back as this process's slot of the same policy (the file
+    /// numbers its policies from 1, the process's slots differ).
+    #[test]
+    fn timeout_policies_are_saved_and_restored_with_their_connections() {
+        use sluice_conntrack::{TimeoutKind, TimeoutPolicy};
+        use sluice_engine::ct_timeout::{self, CtTimeout};
+        use sluice_engine::SavedConn;
+        use sluice_wire::flow::{proto, FlowKey4};
+        let (dir, path, cfg) = state_file_config("policies", 2);
+        let policy = |secs| {
+            let mut p = TimeoutPolicy::default();
+            p.set(TimeoutKind::UdpStream, std::time::Duration::from_secs(secs));
+            CtTimeout {
+                proto: proto::UDP,
+                policy: p,
+            }
+        };
+        // Two policies; the first is not used by any saved connection.
+        let unused = ct_timeout::intern(policy(86_401)).unwrap();
+        let used = ct_timeout::intern(policy(86_402)).unwrap();
+        assert_ne!(unused, used);
+        let conn = |sport, slot| {
+            let k = FlowKey4 {
+                src: 0x0a00_0002,
+                dst: 0xcb00_7102,
+                sport,
+                dport: 5060,
+                proto: proto::UDP,
+            };
+            SavedConn::V4 {
+                orig: k,
+                reply: k.reversed(),
+                carried: sluice_conntrack::Carried {
+                    state: sluice_conntrack::ProtoState::Udp(sluice_conntrack::UdpState::Stream),
+                    assured: true,
+                    seen_reply: true,
+                    flowtable: false,
+                    mark: 0,
+                    packets: 3,
+                    expires_in_ms: 60_000,
+                    timeout_policy: slot,
+                },
+                held: 0,
+            }
+        };
+        save_state(
+            &path,
+            &[
+                Some(vec![conn(1, used), conn(2, 0)]),
+                Some(vec![conn(3, used)]),
+            ],
+        );
+        let file = state::decode(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(
+            file.policies,
+            vec![policy(86_402)],
+            "only the policy in use"
+        );
+        let got = load_state(&cfg);
+        let slots: Vec<u8> = got
+            .iter()
+            .flatten()
+            .map(|c| match c {
+                SavedConn::V4 { carried, .. } | SavedConn::V6 { carried, .. } => {
+                    carried.timeout_policy
+                }
+            })
+            .collect();
+        assert_eq!(slots, vec![used, 0, used], "the same policy's slot");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -3171,14 +3285,14 @@ mod tests {
                 .unwrap_or_default()
         };
         assert!(line(&cfg).contains("none saved now"), "{}", line(&cfg));
-        std::fs::write(&path, state::encode(1, wall_ms() - 3000, &[])).unwrap();
+        std::fs::write(&path, state::encode(1, wall_ms() - 3000, &[], &[])).unwrap();
         assert!(
             line(&cfg).starts_with("0 connections saved in"),
             "{}",
             line(&cfg)
         );
         assert!(line(&cfg).contains(" 3 s ago"), "{}", line(&cfg));
-        std::fs::write(&path, state::encode(2, 0, &[])).unwrap();
+        std::fs::write(&path, state::encode(2, 0, &[], &[])).unwrap();
         assert!(
             line(&cfg).contains("by 2 workers: not restored with 1"),
             "{}",
@@ -3190,7 +3304,7 @@ mod tests {
             "{}",
             line(&cfg)
         );
-        let mut b = state::encode(1, 0, &[]);
+        let mut b = state::encode(1, 0, &[], &[]);
         b.push(0);
         std::fs::write(&path, b).unwrap();
         assert!(

@@ -55,6 +55,7 @@ impl Policy for TestPolicy {
             ct_mark: pkt.ct_mark,
             mss: Default::default(),
             flow_add: false,
+            ct_timeout: 0,
         }
     }
     fn has_nat(&self, hook: Hook) -> bool {
@@ -278,6 +279,7 @@ impl Policy for FlowPolicy {
             nat: (hook == Hook::Postrouting && pkt.ct == CtState::New)
                 .then_some(Translation::Snat { pool: PoolId(0) }),
             flow_add: hook == Hook::Forward && matches!(pkt.proto, proto::UDP | proto::TCP),
+            ct_timeout: 0,
             ..Decision::accept(pkt)
         }
     }

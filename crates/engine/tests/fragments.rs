@@ -29,6 +29,7 @@ impl Policy for Snat {
             ct_mark: pkt.ct_mark,
             mss: Default::default(),
             flow_add: false,
+            ct_timeout: 0,
         }
     }
     fn has_nat(&self, hook: Hook) -> bool {

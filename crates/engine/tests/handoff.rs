@@ -52,6 +52,7 @@ impl Policy for PortForward {
             ct_mark: pkt.ct_mark,
             mss: Default::default(),
             flow_add: false,
+            ct_timeout: 0,
         }
     }
     fn has_nat(&self, hook: Hook) -> bool {

@@ -75,6 +75,7 @@ impl Policy for InsideOnly {
             ct_mark: p.ct_mark,
             mss: Default::default(),
             flow_add: false,
+            ct_timeout: 0,
         }
     }
     fn has_nat(&self, _: Hook) -> bool {
@@ -741,6 +742,7 @@ impl Policy for EchoOnly {
             ct_mark: p.ct_mark,
             mss: Default::default(),
             flow_add: false,
+            ct_timeout: 0,
         }
     }
     fn has_nat(&self, _: Hook) -> bool {

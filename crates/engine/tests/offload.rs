@@ -31,6 +31,7 @@ impl Policy for Accept {
             nat: (hook == Hook::Postrouting && pkt.ct == CtState::New)
                 .then_some(Translation::Snat { pool: PoolId(0) }),
             flow_add: hook == Hook::Forward && self.flow_add.load(Ordering::Relaxed),
+            ct_timeout: 0,
             ..Decision::accept(pkt)
         }
     }

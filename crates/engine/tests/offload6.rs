@@ -44,6 +44,7 @@ impl Policy for Accept {
     fn decide(&self, hook: Hook, pkt: &PolicyPacket) -> Decision {
         Decision {
             flow_add: hook == Hook::Forward && self.flow_add.load(Ordering::Relaxed),
+            ct_timeout: 0,
             ..Decision::accept(pkt)
         }
     }

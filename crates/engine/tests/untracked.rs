@@ -48,6 +48,7 @@ impl Policy for RawPolicy {
                 nat: None,
                 mss: Default::default(),
                 flow_add: false,
+                ct_timeout: 0,
             },
             untracked,
         }

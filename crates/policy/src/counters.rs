@@ -243,7 +243,10 @@ mod tests {
                 ct_timeout_udp: 255,
             }
         );
-        assert_eq!((e.ct_timeout(6), e.ct_timeout(17), e.ct_timeout(1)), (4, 255, 0));
+        assert_eq!(
+            (e.ct_timeout(6), e.ct_timeout(17), e.ct_timeout(1)),
+            (4, 255, 0)
+        );
         c.set_mss(r, 0);
         assert_eq!(c.effects(r).mss, Some(0));
         assert_eq!(c.effects(r).ct_timeout_udp, 255);

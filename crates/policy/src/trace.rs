@@ -704,8 +704,9 @@ fn first_timeout(pkt: &TracePacket, slot: u8) -> Option<u32> {
     let secs = match pkt.proto {
         17 => timer(K::Udp, d.udp),
         // A SYN alone: SYN_SENT, within the cap on unassured connections.
-        6 if pkt.tcp_flags & 0x17 == 0x02 => timer(K::TcpSynSent, d.tcp_syn_sent)
-            .min(timer(K::TcpUnack, d.tcp_unacknowledged)),
+        6 if pkt.tcp_flags & 0x17 == 0x02 => {
+            timer(K::TcpSynSent, d.tcp_syn_sent).min(timer(K::TcpUnack, d.tcp_unacknowledged))
+        }
         1 if pkt.icmp_type == 8 => d.icmp.as_secs(),
         58 if pkt.icmp_type == 128 => d.icmp.as_secs(),
         _ => return None,

@@ -822,8 +822,39 @@ fn ct_timeout_set_gives_new_connections_their_policy() {
     assert_eq!(a, Action::Forward(WAN));
     assert_eq!(left(&w, 41_000, 1), 4);
     let back = reply_to(&out);
-    send(&mut w, WAN, segment(&back, 0x12, 1460, GW_WAN_MAC, ROUTER_MAC));
-    assert_eq!(left(&w, 41_000, 1), 60, "SYN_RECV: the policy leaves the default");
+    send(
+        &mut w,
+        WAN,
+        segment(&back, 0x12, 1460, GW_WAN_MAC, ROUTER_MAC),
+    );
+    assert_eq!(
+        left(&w, 41_000, 1),
+        60,
+        "SYN_RECV: the policy leaves the default"
+    );
     send(&mut w, LAN, segment(&k, 0x10, 1460, GW_LAN_MAC, HOST_MAC));
     assert_eq!(left(&w, 41_000, 1), 3600);
+
+    // Across a restart the connections keep their policies: a new worker
+    // takes them back, and their next packets refresh to the policy's
+    // timers (the UDP stream 90 s, not the default 120 s).
+    let saved = w.carried_conns(4_000_000);
+    assert_eq!(saved.len(), 3);
+    let mut w2 = gateway(rules, 1500);
+    for c in &saved {
+        w2.restore(4_000_000, c).expect("restored");
+    }
+    let policy_of = |w: &Worker, sport: u16| {
+        w.conntrack()
+            .iter()
+            .find(|(_, e)| e.orig().sport == sport)
+            .map(|(_, e)| e.timeout_policy())
+    };
+    assert_ne!(policy_of(&w2, 40_000), Some(0));
+    assert_eq!(policy_of(&w2, 40_000), policy_of(&w, 40_000));
+    assert_eq!(policy_of(&w2, 40_001), Some(0));
+    send_at(&mut w2, LAN, udp(40_000, 64, 0, 20), 5_000_000);
+    assert_eq!(left(&w2, 40_000, 5), 90);
+    send_at(&mut w2, LAN, other(40_001), 5_000_000);
+    assert_eq!(left(&w2, 40_001, 5), 120);
 }

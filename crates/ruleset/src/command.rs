@@ -217,6 +217,34 @@ mod tests {
         .expect("valid base")
     }
 
+    /// Rules may name a ct timeout the rule set declares; the objects
+    /// themselves change only with the rule set.
+    #[test]
+    fn ct_timeouts_are_named_by_rules_and_changed_by_a_reload() {
+        let c = parse_nft_str(
+            "base.nft",
+            "table ip t { ct timeout q { protocol udp; policy = { unreplied: 5 } }\n\
+             chain c { type filter hook forward priority 0; } }\n",
+        )
+        .expect("valid base");
+        let cmd = parse_nft_command(
+            &c,
+            "ctl",
+            "add rule ip t c udp dport 53 ct timeout set \"q\"",
+        )
+        .expect("ok");
+        assert!(matches!(cmd, Command::AddRule { .. }));
+        let e = parse_nft_command(&c, "ctl", "add rule ip t c ct timeout set \"r\"").unwrap_err();
+        assert!(e.to_string().contains("no ct timeout 'r'"), "{e}");
+        for text in [
+            "add ct timeout ip t r { protocol tcp; }",
+            "delete ct timeout ip t q",
+        ] {
+            let e = parse_nft_command(&c, "ctl", text).unwrap_err();
+            assert!(e.to_string().contains("change with the rule set"), "{e}");
+        }
+    }
+
     #[test]
     fn add_rule_with_positions() {
         let c = ctx();

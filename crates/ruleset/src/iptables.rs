@@ -2841,6 +2841,16 @@ fn lower_target(
                 cx.err(t, format!("{} is only valid in the raw table", t.text));
                 return false;
             }
+            if let Some((w, _)) = opts.iter().find(|(w, _)| w.text == "--timeout") {
+                cx.err(
+                    w,
+                    "CT --timeout names a timeout policy made outside the rules (nfct add \
+                     timeout), which an iptables-restore file cannot carry; write the rule \
+                     set in nft syntax with a 'ct timeout NAME { protocol udp; policy = { \
+                     unreplied: 30, replied: 120 } }' object and 'ct timeout set \"NAME\"'",
+                );
+                return false;
+            }
             const CT_OTHER: [(&str, &str); 7] = [
                 ("--zone", "conntrack zones"),
                 ("--zone-orig", "conntrack zones"),

@@ -1219,7 +1219,9 @@ impl<'s> Parser<'s> {
             failed = true;
             self.diags.push(RawDiag::new(
                 sp,
-                format!("ct timeout '{name}' has no protocol; add 'protocol tcp' or 'protocol udp'"),
+                format!(
+                    "ct timeout '{name}' has no protocol; add 'protocol tcp' or 'protocol udp'"
+                ),
             ));
         }
         let protocol = protocol.unwrap_or(17);
@@ -1271,7 +1273,10 @@ impl<'s> Parser<'s> {
         l3proto: &mut Option<Family>,
         policy: &mut Vec<(String, Span, u32)>,
     ) -> P<()> {
-        let (w, _) = self.keyword("ct timeout item", &["protocol", "l3proto", "policy", "comment"])?;
+        let (w, _) = self.keyword(
+            "ct timeout item",
+            &["protocol", "l3proto", "policy", "comment"],
+        )?;
         match w {
             "protocol" => {
                 let (p, psp) = self.expect_word("'tcp' or 'udp'")?;
@@ -1665,6 +1670,15 @@ impl<'s> Parser<'s> {
                 "flowtable",
             ]
         };
+        // `add ct timeout [FAMILY] TABLE NAME { ... }`.
+        if !insert && self.is_word("ct") && self.word_at(1) == Some("timeout") {
+            self.bump();
+            self.bump();
+            let fam = self.family_opt()?;
+            let (tname, tsp) = self.name("table name")?;
+            let ti = self.find_table(fam, &tname, tsp)?;
+            return self.ct_timeout_decl(ti);
+        }
         let (what, _) = self.keyword("object", opts)?;
         let fam = self.family_opt()?;
         let (tname, tsp) = self.name("table name")?;
@@ -3454,6 +3468,15 @@ impl Parser<'_> {
         use crate::command::{Command, RulePos};
         self.skip_separators();
         let (verb, _) = self.keyword("command", &["add", "insert", "delete", "flush"])?;
+        if self.is_word("ct") && self.word_at(1) == Some("timeout") {
+            let sp = self.span();
+            return self.err(
+                sp,
+                "ct timeout objects change with the rule set: edit the rule-set file and \
+                 reload (SIGHUP, or 'sluice ctl ruleset replace FILE'); rules may name \
+                 the ones it declares ('add rule ... ct timeout set \"NAME\"')",
+            );
+        }
         let opts: &[&str] = match verb {
             "insert" => &["rule"],
             "flush" => &["set"],

@@ -195,16 +195,16 @@ fn trace_batch_gives_one_exact_json_line_per_input_line() {
         "tests/data/packets.jsonl",
     ]);
     assert_eq!(o.status.code(), Some(1), "bad lines make the exit non-zero");
-    let want = r#"{"verdict":"accept","rule":"tests/data/trace.nft:22","nat":{"type":"masquerade","addr":null,"port":null},"mark":7}
+    let want = r#"{"verdict":"accept","rule":"tests/data/trace.nft:22","nat":{"type":"masquerade","addr":null,"port":null},"mark":7,"timeout":120}
 {"verdict":"drop","rule":null,"nat":null,"mark":0}
 {"verdict":"drop","rule":"tests/data/trace.nft:24","nat":null,"mark":0}
-{"verdict":"accept","rule":"tests/data/trace.nft:17","nat":{"type":"masquerade","addr":null,"port":null},"mark":3}
+{"verdict":"accept","rule":"tests/data/trace.nft:17","nat":{"type":"masquerade","addr":null,"port":null},"mark":3,"timeout":120}
 {"verdict":"reject","rule":"tests/data/trace.nft:18","nat":null,"mark":0}
 {"verdict":"drop","rule":null,"nat":{"type":"dnat","addr":"10.0.0.5","port":80},"mark":0}
 {"verdict":"accept","rule":"tests/data/trace.nft:15","nat":null,"mark":0}
-{"verdict":"accept","rule":"tests/data/trace.nft:29","nat":null,"mark":0}
-{"verdict":"accept","rule":"tests/data/trace.nft:30","nat":null,"mark":0}
-{"verdict":"accept","rule":null,"nat":null,"mark":0}
+{"verdict":"accept","rule":"tests/data/trace.nft:29","nat":null,"mark":0,"timeout":30}
+{"verdict":"accept","rule":"tests/data/trace.nft:30","nat":null,"mark":0,"timeout":30}
+{"verdict":"accept","rule":null,"nat":null,"mark":0,"timeout":30}
 {"error":"line 11: unknown hook 'sideways' (prerouting, input, forward, output, postrouting)"}
 {"error":"line 12: invalid JSON: expected ident at line 1 column 2"}
 "#;
@@ -237,11 +237,11 @@ fn trace_batch_of_good_lines_exits_zero_and_snat_reports_pool_address() {
     assert_eq!(lines.len(), 3);
     assert_eq!(
         lines.first().copied().unwrap_or_default(),
-        r#"{"verdict":"accept","rule":null,"nat":{"type":"snat","addr":"198.51.100.1","port":null},"mark":0}"#
+        r#"{"verdict":"accept","rule":null,"nat":{"type":"snat","addr":"198.51.100.1","port":null},"mark":0,"timeout":30}"#
     );
     assert_eq!(
         lines.get(1).copied().unwrap_or_default(),
-        r#"{"verdict":"accept","rule":null,"nat":{"type":"snat","addr":"198.51.100.9","port":4000},"mark":0}"#
+        r#"{"verdict":"accept","rule":null,"nat":{"type":"snat","addr":"198.51.100.9","port":4000},"mark":0,"timeout":30}"#
     );
     assert_eq!(
         lines.get(2).copied().unwrap_or_default(),

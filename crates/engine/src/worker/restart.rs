@@ -3,7 +3,7 @@
 //! process starts ([`Worker::restore`]).
 //!
 //! Only the conntrack entries travel, with their state, flags, mark,
-//! packet count and time left ([`Carried`]); the rest of an entry is the
+//! packet count, time left and timeout policy ([`Carried`]); the rest of an entry is the
 //! new process's: its next hops are looked up again, and the XDP offload
 //! starts empty (an offloaded connection's next packet in the worker
 //! installs it again). A translated connection (NAT) takes its mappings
@@ -130,6 +130,7 @@ impl Worker {
                     ip_delta,
                     l4_delta,
                 };
+                prepare_policy(&mut self.ct, orig.proto, carried.timeout_policy);
                 let nat_t = &mut self.nat;
                 let (q, adjs) = (&mut self.offload, &self.adj);
                 let counted = self.counts_conns.then_some(&*self.policy);
@@ -174,6 +175,7 @@ impl Worker {
                     return Err(RestoreError::NoRoute);
                 };
                 let info = FlowInfo6 { adj: [out, back] };
+                prepare_policy(&mut self.v6.ct, orig.proto, carried.timeout_policy);
                 let (q, adjs) = (&mut self.offload, &self.adj);
                 let counted = self.counts_conns.then_some(&*self.policy);
                 let mut overflow = false;
@@ -197,5 +199,23 @@ impl Worker {
         }
         self.counters.ct_created += 1;
         Ok(())
+    }
+}
+
+/// Put the timeout policy of slot `slot` ([`crate::ct_timeout`]) in
+/// `table` for a restored connection of protocol `proto`, if it is not
+/// there yet; a slot the process does not know, or a policy of another
+/// protocol, leaves the table alone (the connection then follows the
+/// table's own timeouts, see [`sluice_conntrack::Table::restore`]).
+fn prepare_policy<K: sluice_conntrack::Key, P: Copy + Default>(
+    table: &mut sluice_conntrack::Table<K, P>,
+    proto: u8,
+    slot: u8,
+) {
+    if slot == 0 || table.timeout_policy(slot).is_some() {
+        return;
+    }
+    if let Some(p) = crate::ct_timeout::get(slot).filter(|p| p.proto == proto) {
+        table.set_timeout_policy(slot, &p.policy);
     }
 }
