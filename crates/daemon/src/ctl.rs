@@ -393,6 +393,15 @@ pub struct CtEntry {
     /// In a flowtable (`flow add @ft`): its packets skip the filter chains.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub flowtable: bool,
+    /// Its `ct timeout` policy's slot (0: none; see
+    /// `sluice_engine::ct_timeout`), named in [`Self::timeout_policy`].
+    #[serde(skip)]
+    pub timeout_slot: u8,
+    /// The `ct timeout` object it follows, `"FAMILY TABLE NAME"` (or, for
+    /// a policy the running rule set no longer has, `"(policy of an
+    /// earlier rule set)"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_policy: Option<String>,
 }
 
 impl CtEntry {
@@ -416,6 +425,8 @@ impl CtEntry {
             offloaded: e.is_offloaded(Dir::Original) || e.is_offloaded(Dir::Reply),
             offload_packets: None,
             flowtable: e.in_flowtable(),
+            timeout_slot: e.timeout_policy(),
+            timeout_policy: None,
         })
     }
 
@@ -439,6 +450,8 @@ impl CtEntry {
             offloaded: e.is_offloaded(Dir::Original) || e.is_offloaded(Dir::Reply),
             offload_packets: None,
             flowtable: e.in_flowtable(),
+            timeout_slot: e.timeout_policy(),
+            timeout_policy: None,
         })
     }
 }
@@ -1203,6 +1216,8 @@ mod tests {
             offloaded: false,
             offload_packets: None,
             flowtable: false,
+            timeout_slot: 0,
+            timeout_policy: None,
         };
         assert!(f.matches(&e));
         e.proto = 17;

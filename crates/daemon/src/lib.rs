@@ -1945,7 +1945,18 @@ impl Control {
                 let f = CtFilter::new(proto.as_deref(), addr.as_deref(), port)?;
                 let limit = limit.unwrap_or(ctl::DEFAULT_LIMIT);
                 let lists = self.ask_walk(|tx| Command::List(f.clone(), limit, tx))?;
-                let all: Vec<_> = lists.into_iter().flatten().take(limit).collect();
+                let mut all: Vec<_> = lists.into_iter().flatten().take(limit).collect();
+                if all.iter().any(|c| c.timeout_slot != 0) {
+                    let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                    for c in all.iter_mut().filter(|c| c.timeout_slot != 0) {
+                        c.timeout_policy = Some(
+                            st.compiled
+                                .as_ref()
+                                .and_then(|p| p.ct_timeout_name(c.timeout_slot))
+                                .unwrap_or_else(|| "(policy of an earlier rule set)".to_string()),
+                        );
+                    }
+                }
                 Ok(json!({"ok": true, "count": all.len(), "connections": all}))
             }
             Request::ConntrackCount { proto, addr, port }

@@ -25,6 +25,9 @@
 //!   reset, a UDP socket gets ICMP port unreachable;
 //! - `notrack` before conntrack: an exempted UDP exchange crosses the
 //!   gateway untranslated and without a connection, next to a tracked one;
+//! - `ct timeout` policies: a UDP exchange gets its policy's timer (the
+//!   listing names the object), another the default, and a reload that
+//!   changes the policy leaves the running connection on the old timers;
 //! - a flowtable (`flow add @ft`) takes an iperf3 transfer's connections
 //!   out of the filter chains after their first established packets;
 //! - the NAT log (`nat.log`) records each mapping's creation and removal
@@ -1195,6 +1198,110 @@ fn notrack(backend: &str, tag: &str) {
     assert!(count("udp sport 7777").is_some_and(|n| n >= 1), "{rules}");
 }
 
+/// `ct timeout` policies: a UDP exchange to a port whose rule sets the
+/// policy gets the policy's timer (77 s unreplied) and the listing names
+/// the object; one to another port keeps the default 30 s. A reload that
+/// changes the policy's timer leaves the running connection on the old
+/// timers (listed as an earlier rule set's policy) and gives new
+/// connections the new one.
+fn ct_timeout(backend: &str, tag: &str) {
+    require_root();
+    let t = Topo::new(tag);
+    let rules = |secs: u32| {
+        RULESET
+            .replace(
+                "table ip filter {\n",
+                &format!(
+                    "table ip filter {{\n  ct timeout sip {{ protocol udp; policy = {{ \
+                     unreplied: {secs}, replied: 600 }} }}\n"
+                ),
+            )
+            .replace(
+                "    ct state established,related accept\n",
+                "    iifname \"lan0\" udp dport 7780 ct timeout set \"sip\"\n    \
+                 ct state established,related accept\n",
+            )
+    };
+    t.write_ruleset("gw.nft", &rules(77));
+    let cfg = t.write_config(backend, "gw.nft", "");
+    let d = Daemon::start(&t, &cfg, backend);
+    // A UDP server on the public host that answers each datagram.
+    let server = t.dir.join("echo.py");
+    std::fs::write(
+        &server,
+        format!(
+            "import socket, select\nss = []\nfor port in (7780, 7781):\n    \
+             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n    \
+             s.bind(('{PUBLIC}', port))\n    ss.append(s)\nwhile True:\n    \
+             for s in select.select(ss, [], [])[0]:\n        \
+             data, src = s.recvfrom(2048)\n        s.sendto(data, src)\n"
+        ),
+    )
+    .expect("write server");
+    let _srv = spawn(
+        &t.public,
+        &["python3", &server.display().to_string()],
+        &t.dir.join("echo.log"),
+        None,
+    );
+    // One exchange from a fresh socket; its source port.
+    let ask = |port: u16| -> u64 {
+        let o = sh(
+            &t.private,
+            &format!(
+                "timeout 10 python3 -c 'import socket, time\nfor i in range(20):\n    \
+                 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(0.5)\n    \
+                 s.sendto(b\"x\", (\"{PUBLIC}\", {port}))\n    \
+                 try:\n        s.recvfrom(100); print(s.getsockname()[1]); break\n    \
+                 except OSError:\n        time.sleep(0.2)'"
+            ),
+        );
+        String::from_utf8_lossy(&o.stdout)
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{backend}: no answer from {port}\n{}", d.context()))
+    };
+    let conn = |sport: u64| -> serde_json::Value {
+        let l = d.ctl("conntrack list proto udp");
+        l["connections"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["orig"]["sport"] == sport).cloned())
+            .unwrap_or_else(|| panic!("{backend}: no connection from port {sport}: {l}"))
+    };
+    let left = |c: &serde_json::Value| c["expires_in"].as_u64().unwrap_or(0);
+    let with = ask(7780);
+    let without = ask(7781);
+    let (cw, co) = (conn(with), conn(without));
+    assert!(
+        (70..=77).contains(&left(&cw)),
+        "{backend}: the policy's 77 s: {cw}"
+    );
+    assert_eq!(cw["timeout_policy"], "ip filter sip", "{cw}");
+    assert!(
+        (25..=30).contains(&left(&co)),
+        "{backend}: the default 30 s: {co}"
+    );
+    assert!(co.get("timeout_policy").is_none(), "{co}");
+    // The reload: 55 s for new connections, the old one keeps 77 s.
+    t.write_ruleset("gw.nft", &rules(55));
+    d.signal("-HUP");
+    wait_for("reload", Duration::from_secs(5), || {
+        d.ctl("status")["generation"] == 2
+    });
+    let cw = conn(with);
+    assert!(left(&cw) > 55, "{backend}: still on 77 s: {cw}");
+    assert_eq!(
+        cw["timeout_policy"], "(policy of an earlier rule set)",
+        "{cw}"
+    );
+    let fresh = conn(ask(7780));
+    assert!(
+        (50..=55).contains(&left(&fresh)),
+        "{backend}: the new 55 s: {fresh}"
+    );
+    assert_eq!(fresh["timeout_policy"], "ip filter sip", "{fresh}");
+}
+
 /// A flowtable (`flow add @ft` ahead of `ct state established accept`, as
 /// OpenWrt's fw4 writes it): an iperf3 TCP transfer's connections join it
 /// after their first established packets, so the counted `flow add` rule
@@ -1853,6 +1960,12 @@ both_backends!(
     "n",
     notrack_forwards_untranslated_without_a_connection_af_packet,
     notrack_forwards_untranslated_without_a_connection_af_xdp
+);
+both_backends!(
+    ct_timeout,
+    "ct",
+    ct_timeout_policies_time_new_connections_and_survive_a_reload_af_packet,
+    ct_timeout_policies_time_new_connections_and_survive_a_reload_af_xdp
 );
 both_backends!(
     flowtable,

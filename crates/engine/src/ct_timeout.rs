@@ -63,6 +63,11 @@ impl<const M: usize> Slots<M> {
         Err(Full)
     }
 
+    fn find(&self, p: &CtTimeout) -> Option<u8> {
+        let slot = self.table.iter().skip(1).position(|c| c.get() == Some(p))?;
+        u8::try_from(slot + 1).ok()
+    }
+
     #[inline]
     fn get(&self, slot: u8) -> Option<&CtTimeout> {
         if slot == 0 {
@@ -86,6 +91,11 @@ pub struct Full;
 /// The slot of policy `p` (1-255): the one it already has, or a free one.
 pub fn intern(p: CtTimeout) -> Result<u8, Full> {
     SLOTS_TABLE.intern(p)
+}
+
+/// The slot policy `p` has, if it has one (nothing is taken).
+pub fn find(p: &CtTimeout) -> Option<u8> {
+    SLOTS_TABLE.find(p)
 }
 
 /// The policy in slot `slot`, if one was given it (never for 0).
@@ -144,6 +154,8 @@ mod tests {
         assert_eq!(t.intern(p(3)), Ok(3));
         assert_eq!(t.intern(p(4)), Err(Full));
         assert_eq!(t.intern(p(2)), Ok(2));
+        assert_eq!(t.find(&p(2)), Some(2));
+        assert_eq!(t.find(&p(4)), None);
         assert_eq!(t.get(3), Some(&p(3)));
         assert_eq!(t.get(4), None);
         assert!(Full.to_string().contains("restart the gateway"));

@@ -471,6 +471,11 @@ type ObjMapAt = (usize, Vec<Field>, Vec<(Value, u32)>);
 /// not count retransmissions), and its slot
 /// ([`sluice_engine::ct_timeout`]).
 pub(crate) fn intern_ct_timeout(c: &ast::CtTimeout) -> Result<u8, sluice_engine::ct_timeout::Full> {
+    sluice_engine::ct_timeout::intern(ct_timeout_spec(c))
+}
+
+/// The engine's form of a `ct timeout` object (see [`intern_ct_timeout`]).
+pub(crate) fn ct_timeout_spec(c: &ast::CtTimeout) -> sluice_engine::ct_timeout::CtTimeout {
     use ast::CtTimeoutState as S;
     use sluice_conntrack::TimeoutKind as K;
     let mut policy = sluice_conntrack::TimeoutPolicy::default();
@@ -492,10 +497,10 @@ pub(crate) fn intern_ct_timeout(c: &ast::CtTimeout) -> Result<u8, sluice_engine:
         };
         policy.set(kind, std::time::Duration::from_secs(u64::from(secs)));
     }
-    sluice_engine::ct_timeout::intern(sluice_engine::ct_timeout::CtTimeout {
+    sluice_engine::ct_timeout::CtTimeout {
         proto: c.protocol,
         policy,
-    })
+    }
 }
 
 fn reject_kind(w: Option<ast::RejectWith>) -> RejectKind {

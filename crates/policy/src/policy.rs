@@ -585,6 +585,22 @@ impl CompiledPolicy {
             .collect()
     }
 
+    /// The `ct timeout` object of the rule set whose policy is in slot
+    /// `slot` ([`sluice_engine::ct_timeout`]), as `"FAMILY TABLE NAME"`
+    /// (the first, if objects of several tables have the same timers);
+    /// `None` if no object of this rule set has it (a connection made
+    /// under an earlier rule set).
+    pub fn ct_timeout_name(&self, slot: u8) -> Option<String> {
+        self.skeleton.tables.iter().find_map(|t| {
+            t.ct_timeouts
+                .iter()
+                .find(|c| {
+                    sluice_engine::ct_timeout::find(&crate::lower::ct_timeout_spec(c)) == Some(slot)
+                })
+                .map(|c| format!("{} {} {}", t.family.name(), t.name, c.name))
+        })
+    }
+
     /// `log` lines not written because of the rate budget
     /// ([`crate::limits::LOG_PER_SEC`]) since this rule set was loaded.
     pub fn logs_suppressed(&self) -> u64 {
