@@ -1041,6 +1041,14 @@ impl fmt::Display for Trace {
             writeln!(f, "nat: {n}")?;
         }
         writeln!(f, "mark: {:#x}", self.mark)?;
+        if let Some(t) = self.timeout {
+            let by = if self.ct_timeout {
+                "its ct timeout policy"
+            } else {
+                "default timers"
+            };
+            writeln!(f, "conntrack: the new connection starts with {t} s ({by})")?;
+        }
         if self.untracked {
             writeln!(
                 f,

@@ -152,6 +152,7 @@ verdict: accept
 rule: tests/data/trace.nft:22
 nat: masquerade (tests/data/trace.nft:41)
 mark: 0x7
+conntrack: the new connection starts with 120 s (default timers)
 ";
     assert_eq!(text(&o.stdout), want);
 }
