@@ -17,6 +17,10 @@ pub(crate) const F_OFFLOAD: u8 = F_OFFLOAD_ORIG | F_OFFLOAD_REPLY;
 /// The connection is in a flowtable (`flow add @ft`, see
 /// [`Table::set_in_flowtable`](crate::Table::set_in_flowtable)).
 pub(crate) const F_FLOWTABLE: u8 = 32;
+/// The entry follows a timeout policy (its `timeout_policy` is not 0): the
+/// established fast path, which refreshes from the table's own timers,
+/// leaves it to the general one.
+pub(crate) const F_TIMEOUT_POLICY: u8 = 64;
 
 /// The state of a connection that a restart of the gateway carries over
 /// ([`Entry::carried`], [`Table::restore`](crate::Table::restore)): all of

@@ -169,6 +169,29 @@ pub enum UdpState {
 /// [`ProtoState::pack`] of UDP's first state.
 pub(crate) const PACKED_UDP: u8 = 10;
 
+/// [`ProtoState::unpack`]'s table, by packed code.
+const UNPACKED: [ProtoState; 16] = {
+    use TcpState::*;
+    [
+        ProtoState::Tcp(None),
+        ProtoState::Tcp(SynSent),
+        ProtoState::Tcp(SynRecv),
+        ProtoState::Tcp(Established),
+        ProtoState::Tcp(FinWait),
+        ProtoState::Tcp(CloseWait),
+        ProtoState::Tcp(LastAck),
+        ProtoState::Tcp(TimeWait),
+        ProtoState::Tcp(Close),
+        ProtoState::Tcp(SynSent2),
+        ProtoState::Udp(UdpState::Unreplied),
+        ProtoState::Udp(UdpState::Replied),
+        ProtoState::Udp(UdpState::Stream),
+        ProtoState::Icmp,
+        ProtoState::Generic,
+        ProtoState::Generic,
+    ]
+};
+
 /// Protocol state of an entry.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub enum ProtoState {
@@ -231,17 +254,10 @@ impl ProtoState {
     }
 
     /// The state [`Self::pack`] gave `b` (anything out of range reads as
-    /// generic).
+    /// generic): one load from a table.
     #[inline]
     pub(crate) fn unpack(b: u8) -> Self {
-        match b {
-            0..=9 => Self::Tcp(TcpState::from_code(b)),
-            PACKED_UDP => Self::Udp(UdpState::Unreplied),
-            11 => Self::Udp(UdpState::Replied),
-            12 => Self::Udp(UdpState::Stream),
-            13 => Self::Icmp,
-            _ => Self::Generic,
-        }
+        UNPACKED[usize::from(b & 15)]
     }
 
     /// The state as a number within its protocol (a restart's state file):

@@ -3413,6 +3413,8 @@ pub(crate) fn later_ct_timeout(earlier: u8, later: u8) -> u8 {
 /// one of its connections gets it (no allocation: the table reserved room
 /// for every slot). A policy of another protocol than the connection's is
 /// ignored, as in the kernel.
+#[cold]
+#[inline(never)]
 pub(crate) fn give_ct_timeout<K: ct::Key, P: Copy + Default>(
     table: &mut ct::Table<K, P>,
     id: ct::EntryId,
