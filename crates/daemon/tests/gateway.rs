@@ -26,8 +26,9 @@
 //! - `notrack` before conntrack: an exempted UDP exchange crosses the
 //!   gateway untranslated and without a connection, next to a tracked one;
 //! - `ct timeout` policies: a UDP exchange gets its policy's timer (the
-//!   listing names the object), another the default, and a reload that
-//!   changes the policy leaves the running connection on the old timers;
+//!   listing names the object), another the default, a reload that
+//!   changes the policy leaves the running connection on the old timers,
+//!   and a restart with `state_file` brings each back on its own policy;
 //! - a flowtable (`flow add @ft`) takes an iperf3 transfer's connections
 //!   out of the filter chains after their first established packets;
 //! - the NAT log (`nat.log`) records each mapping's creation and removal
@@ -1203,7 +1204,8 @@ fn notrack(backend: &str, tag: &str) {
 /// the object; one to another port keeps the default 30 s. A reload that
 /// changes the policy's timer leaves the running connection on the old
 /// timers (listed as an earlier rule set's policy) and gives new
-/// connections the new one.
+/// connections the new one; a restart with `state_file` brings both
+/// back on their own policies.
 fn ct_timeout(backend: &str, tag: &str) {
     require_root();
     let t = Topo::new(tag);
@@ -1224,7 +1226,14 @@ fn ct_timeout(backend: &str, tag: &str) {
     };
     t.write_ruleset("gw.nft", &rules(77));
     let cfg = t.write_config(backend, "gw.nft", "");
-    let d = Daemon::start(&t, &cfg, backend);
+    let state = t.dir.join("conns.state");
+    let text_cfg = std::fs::read_to_string(&cfg).expect("config");
+    std::fs::write(
+        &cfg,
+        format!("state_file = \"{}\"\n{text_cfg}", state.display()),
+    )
+    .expect("config with state_file");
+    let mut d = Daemon::start(&t, &cfg, backend);
     // A UDP server on the public host that answers each datagram.
     let server = t.dir.join("echo.py");
     std::fs::write(
@@ -1261,7 +1270,7 @@ fn ct_timeout(backend: &str, tag: &str) {
             .parse()
             .unwrap_or_else(|_| panic!("{backend}: no answer from {port}\n{}", d.context()))
     };
-    let conn = |sport: u64| -> serde_json::Value {
+    let conn = |d: &Daemon, sport: u64| -> serde_json::Value {
         let l = d.ctl("conntrack list proto udp");
         l["connections"]
             .as_array()
@@ -1271,7 +1280,7 @@ fn ct_timeout(backend: &str, tag: &str) {
     let left = |c: &serde_json::Value| c["expires_in"].as_u64().unwrap_or(0);
     let with = ask(7780);
     let without = ask(7781);
-    let (cw, co) = (conn(with), conn(without));
+    let (cw, co) = (conn(&d, with), conn(&d, without));
     assert!(
         (70..=77).contains(&left(&cw)),
         "{backend}: the policy's 77 s: {cw}"
@@ -1288,18 +1297,31 @@ fn ct_timeout(backend: &str, tag: &str) {
     wait_for("reload", Duration::from_secs(5), || {
         d.ctl("status")["generation"] == 2
     });
-    let cw = conn(with);
+    let cw = conn(&d, with);
     assert!(left(&cw) > 55, "{backend}: still on 77 s: {cw}");
     assert_eq!(
         cw["timeout_policy"], "(policy of an earlier rule set)",
         "{cw}"
     );
-    let fresh = conn(ask(7780));
+    let fresh_port = ask(7780);
+    let fresh = conn(&d, fresh_port);
     assert!(
         (50..=55).contains(&left(&fresh)),
         "{backend}: the new 55 s: {fresh}"
     );
     assert_eq!(fresh["timeout_policy"], "ip filter sip", "{fresh}");
+    // A restart (`state_file`) brings both back on their own policies.
+    d.stop();
+    assert!(state.exists(), "no state file\n{}", d.log());
+    let d2 = Daemon::start(&t, &cfg, backend);
+    let (cw, fresh, co) = (conn(&d2, with), conn(&d2, fresh_port), conn(&d2, without));
+    assert_eq!(
+        cw["timeout_policy"], "(policy of an earlier rule set)",
+        "{cw}"
+    );
+    assert_eq!(fresh["timeout_policy"], "ip filter sip", "{fresh}");
+    assert!(co.get("timeout_policy").is_none(), "{co}");
+    assert!(left(&cw) > 50 && left(&fresh) <= 55, "{cw}\n{fresh}");
 }
 
 /// A flowtable (`flow add @ft` ahead of `ct state established accept`, as
