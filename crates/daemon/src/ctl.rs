@@ -460,8 +460,8 @@ impl CtEntry {
 /// each (`sluice ctl --text`): protocol name and number, seconds to
 /// expiry, the TCP state, the original tuple, `[UNREPLIED]` until a reply
 /// was seen, the reply tuple (translated), `[ASSURED]`, then Sluice's own
-/// `[OFFLOAD]` (with `offload_packets=`), `[FLOWTABLE]`, `packets=` and
-/// `worker=`. ICMP tuples show their identifier as `id=`. `None` when
+/// `[OFFLOAD]` (with `offload_packets=`), `[FLOWTABLE]`, `timeout_policy="..."`
+/// (a `ct timeout` object), `packets=` and `worker=`. ICMP tuples show their identifier as `id=`. `None` when
 /// the answer is not a listing.
 pub fn conntrack_text(answer: &Value) -> Option<String> {
     let conns = answer.get("connections")?.as_array()?;
@@ -510,6 +510,9 @@ pub fn conntrack_text(answer: &Value) -> Option<String> {
         }
         if c["flowtable"] == true {
             line.push_str(" [FLOWTABLE]");
+        }
+        if let Some(p) = c["timeout_policy"].as_str() {
+            line.push_str(&format!(" timeout_policy=\"{p}\""));
         }
         line.push_str(&format!(
             " packets={} worker={}\n",
@@ -1011,7 +1014,8 @@ mod tests {
             {"worker": 1, "proto": 17, "state": "Udp(Unreplied)", "state_name": "UNREPLIED",
              "seen_reply": false, "orig": {"src": "fd00::2", "sport": 5353, "dst": "2001:db8::1", "dport": 53},
              "reply": {"src": "2001:db8::1", "sport": 53, "dst": "fd00::2", "dport": 5353},
-             "assured": false, "packets": 1, "expires_in": 29, "flowtable": true},
+             "assured": false, "packets": 1, "expires_in": 29, "flowtable": true,
+             "timeout_policy": "inet voip dns"},
             {"worker": 0, "proto": 1, "state": "Icmp", "state_name": "",
              "seen_reply": true, "orig": {"src": "10.0.0.2", "sport": 7, "dst": "203.0.113.2", "dport": 7},
              "reply": {"src": "203.0.113.2", "sport": 9, "dst": "198.51.100.7", "dport": 9},
@@ -1026,7 +1030,8 @@ mod tests {
                  src=203.0.113.2 dst=198.51.100.7 sport=80 dport=61000 [ASSURED] [OFFLOAD] \
                  offload_packets=900 packets=12 worker=0",
                 "udp      17 29 src=fd00::2 dst=2001:db8::1 sport=5353 dport=53 [UNREPLIED] \
-                 src=2001:db8::1 dst=fd00::2 sport=53 dport=5353 [FLOWTABLE] packets=1 worker=1",
+                 src=2001:db8::1 dst=fd00::2 sport=53 dport=5353 [FLOWTABLE] \
+                 timeout_policy=\"inet voip dns\" packets=1 worker=1",
                 "icmp     1 30 src=10.0.0.2 dst=203.0.113.2 id=7 src=203.0.113.2 dst=198.51.100.7 \
                  id=9 packets=2 worker=0",
             ]
