@@ -471,6 +471,10 @@ impl<'t> Lexer<'t> {
 pub trait SourceLoader {
     /// Read `path`, returning its text or an error message.
     fn load(&self, path: &Path) -> Result<String, String>;
+
+    /// The names of the entries of directory `dir` (for an `include` with
+    /// wildcards), or an error message.
+    fn list(&self, dir: &Path) -> Result<Vec<String>, String>;
 }
 
 /// Reads includes from the file system (read-only).
@@ -480,6 +484,24 @@ pub struct FsLoader;
 impl SourceLoader for FsLoader {
     fn load(&self, path: &Path) -> Result<String, String> {
         std::fs::read_to_string(path).map_err(|e| e.to_string())
+    }
+
+    fn list(&self, dir: &Path) -> Result<Vec<String>, String> {
+        let rd = match std::fs::read_dir(if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        }) {
+            Ok(rd) => rd,
+            // No directory, no match: not an error (nft's glob(3)).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e.to_string()),
+        };
+        Ok(rd
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_type().is_ok_and(|t| !t.is_dir()))
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect())
     }
 }
 
@@ -495,6 +517,15 @@ impl SourceLoader for MemLoader {
             .get(path)
             .cloned()
             .ok_or_else(|| "No such file or directory".to_string())
+    }
+
+    fn list(&self, dir: &Path) -> Result<Vec<String>, String> {
+        Ok(self
+            .files
+            .keys()
+            .filter(|p| p.parent() == Some(dir))
+            .filter_map(|p| p.file_name()?.to_str().map(str::to_string))
+            .collect())
     }
 }
 
@@ -736,6 +767,70 @@ impl<'a> Preprocessor<'a> {
             base.join(file)
         };
         let target = normalize(&target);
+        if file.contains(['*', '?', '[']) {
+            self.include_glob(&target, span);
+            return;
+        }
+        self.include_one(target, span);
+    }
+
+    /// `include "DIR/PATTERN"` with shell wildcards (`*`, `?`, `[...]`),
+    /// as nft takes it: the files of DIR whose names match, in
+    /// alphabetical order, names beginning with a dot left out; none
+    /// matching is not an error. Wildcards in DIR are refused.
+    fn include_glob(&mut self, target: &Path, span: Span) {
+        let dir = target.parent().unwrap_or(Path::new(""));
+        if dir.to_string_lossy().contains(['*', '?', '[']) {
+            self.diags.push(RawDiag::new(
+                span,
+                format!(
+                    "cannot include \"{}\": wildcards are supported in the file name only, \
+                     not in directories",
+                    target.display()
+                ),
+            ));
+            return;
+        }
+        let name = target
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        let pattern = match glob::Pattern::new(name) {
+            Ok(p) => p,
+            Err(e) => {
+                self.diags.push(RawDiag::new(
+                    span,
+                    format!("cannot include \"{}\": {e}", target.display()),
+                ));
+                return;
+            }
+        };
+        let opts = glob::MatchOptions {
+            case_sensitive: true,
+            require_literal_separator: true,
+            require_literal_leading_dot: true,
+        };
+        let names = match self.loader.list(dir) {
+            Ok(n) => n,
+            Err(e) => {
+                self.diags.push(RawDiag::new(
+                    span,
+                    format!("cannot include \"{}\": {e}", target.display()),
+                ));
+                return;
+            }
+        };
+        let mut matched: Vec<String> = names
+            .into_iter()
+            .filter(|n| pattern.matches_with(n, opts))
+            .collect();
+        matched.sort();
+        for n in matched {
+            self.include_one(dir.join(n), span);
+        }
+    }
+
+    fn include_one(&mut self, target: PathBuf, span: Span) {
         if self.stack.contains(&target) {
             let chain: Vec<String> = self
                 .stack

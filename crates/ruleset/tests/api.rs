@@ -79,6 +79,62 @@ fn include_loops_are_detected_with_in_memory_files() {
     );
 }
 
+/// `include` with wildcards, as nft takes it: the matching files of the
+/// directory in alphabetical order, names beginning with a dot left out,
+/// none matching no error; wildcards in a directory are refused.
+#[test]
+fn glob_includes_take_the_matching_files_in_order() {
+    let mut fs = MemLoader::default();
+    let mut add = |p: &str, t: &str| {
+        fs.files.insert(PathBuf::from(p), t.to_string());
+    };
+    add(
+        "/etc/n/rules.d/20-web.nft",
+        "add rule inet f input tcp dport 80 accept\n",
+    );
+    add(
+        "/etc/n/rules.d/10-ssh.nft",
+        "add rule inet f input tcp dport 22 accept\n",
+    );
+    add("/etc/n/rules.d/.30-hidden.nft", "this is not nft\n");
+    add("/etc/n/rules.d/README", "neither is this\n");
+    let main = "table inet f { chain input { type filter hook input priority 0; } }\n\
+                include \"rules.d/*.nft\"\n\
+                include \"empty.d/*.nft\"\n\
+                include \"rules.d/[12]?-*.nft\"\n";
+    let r = parse_nft_with_loader(
+        "/etc/n/main.nft",
+        main,
+        Some(std::path::Path::new("/etc/n/main.nft")),
+        &fs,
+    )
+    .unwrap_or_else(|d| panic!("{d}"));
+    let printed = sluice_ruleset::print_ruleset(&r);
+    let ports: Vec<&str> = printed
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("tcp dport "))
+        .collect();
+    // `*.nft` gives 10 then 20 (not the hidden file, nor README),
+    // `[12]?-*.nft` the same two again.
+    assert_eq!(
+        ports,
+        ["22 accept", "80 accept", "22 accept", "80 accept"],
+        "{printed}"
+    );
+    let d = parse_nft_with_loader(
+        "/etc/n/main.nft",
+        "include \"*.d/*.nft\"\n",
+        Some(std::path::Path::new("/etc/n/main.nft")),
+        &fs,
+    )
+    .expect_err("wildcard in a directory");
+    assert!(
+        d.to_string()
+            .contains("wildcards are supported in the file name only"),
+        "{d}"
+    );
+}
+
 #[test]
 fn flush_ruleset_discards_earlier_tables() {
     let r = parse_nft_str(
