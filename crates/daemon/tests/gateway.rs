@@ -1291,6 +1291,15 @@ fn ct_timeout(backend: &str, tag: &str) {
         "{backend}: the default 30 s: {co}"
     );
     assert!(co.get("timeout_policy").is_none(), "{co}");
+    // The running rule set lists the object and the rule naming it.
+    let rl = d.ctl("ruleset list");
+    let listed = rl["ruleset"].as_str().unwrap_or_default();
+    assert!(
+        listed.contains("ct timeout sip {\n\t\tprotocol udp\n")
+            && listed.contains("policy = { unreplied : 77, replied : 600 }")
+            && listed.contains("udp dport 7780 ct timeout set \"sip\""),
+        "{listed}"
+    );
     // The reload: 55 s for new connections, the old one keeps 77 s.
     t.write_ruleset("gw.nft", &rules(55));
     d.signal("-HUP");
