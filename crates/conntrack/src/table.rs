@@ -876,10 +876,12 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         }
         let h1 = self.hash(&orig);
         let ms = c.expires_in_ms.min(i32::MAX as u32);
-        let mut has_policy = [false; 256];
-        for (slot, _) in &self.policies {
-            has_policy[usize::from(*slot)] = true;
-        }
+        // Kept only if this table holds a policy in that slot.
+        let slot = if c.timeout_policy != 0 && self.timeout_policy(c.timeout_policy).is_some() {
+            c.timeout_policy
+        } else {
+            0
+        };
         self.insert_hashed(
             now,
             orig,
@@ -889,8 +891,8 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
             payload,
             |_, e| {
                 e.state = c.state.pack();
-                if c.timeout_policy != 0 && has_policy[usize::from(c.timeout_policy)] {
-                    e.timeout_policy = c.timeout_policy;
+                if slot != 0 {
+                    e.timeout_policy = slot;
                     e.flags |= F_TIMEOUT_POLICY;
                 }
                 e.mark = c.mark;

@@ -1129,6 +1129,8 @@ impl<'a> Lowerer<'a> {
                         None => Err(format!("no flowtable '{name}' in this table")),
                     }
                 }
+                // Kernel rule tracing; `sluice trace` is Sluice's.
+                StmtKind::NftraceSet(_) => Ok(None),
                 StmtKind::CtTimeoutSet(name) => {
                     match t.ct_timeouts.iter().find(|c| c.name == *name) {
                         Some(c) => match intern_ct_timeout(c) {

@@ -1002,6 +1002,11 @@ pub enum StmtKind {
     /// `ct timeout set "NAME"`: the connection follows the table's timeout
     /// policy NAME ([`CtTimeout`]).
     CtTimeoutSet(String),
+    /// `meta nftrace set 0|1` (also `nftrace set`): turns the kernel's
+    /// rule tracing (`nft monitor trace`) on or off for the packet. Kept
+    /// and printed; it does nothing in Sluice, whose `sluice trace` shows
+    /// the same path for a described packet.
+    NftraceSet(u8),
     /// `notrack` (iptables `-j CT --notrack`, `-j NOTRACK`): conntrack
     /// leaves the packet alone (`ct state untracked`, no NAT). Only
     /// prerouting and output chains may hold it, and it acts only before

@@ -1862,6 +1862,25 @@ impl<'s> Parser<'s> {
                 stmts.push(Stmt { kind, span: sp });
                 continue;
             }
+            if (w == "meta" && self.word_at(1) == Some("nftrace")) || w == "nftrace" {
+                if w == "meta" {
+                    self.bump();
+                }
+                self.bump();
+                if !self.eat_word("set") {
+                    return self.unexpected("'set' and 0 or 1");
+                }
+                let (v, vsp) = self.expect_word("0 or 1")?;
+                let on = match parse_num(v) {
+                    Some(n @ 0..=1) => n as u8,
+                    _ => return self.err(vsp, format!("nftrace value '{v}' is not 0 or 1")),
+                };
+                stmts.push(Stmt {
+                    kind: StmtKind::NftraceSet(on),
+                    span: sp,
+                });
+                continue;
+            }
             if w == "ct" && self.word_at(1) == Some("timeout") {
                 self.bump();
                 self.bump();

@@ -543,6 +543,10 @@ impl<S: Sink> Writer<S> {
                 self.u8(23);
                 self.str(name);
             }
+            StmtKind::NftraceSet(on) => {
+                self.u8(24);
+                self.u8(*on);
+            }
             StmtKind::MetaMarkMod { and, xor } => {
                 self.u8(15);
                 self.num(u64::from(*and));
@@ -994,6 +998,7 @@ impl Reader<'_> {
             21 => StmtKind::Notrack,
             22 => StmtKind::FlowAdd(self.str()?),
             23 => StmtKind::CtTimeoutSet(self.str()?),
+            24 => StmtKind::NftraceSet(self.u8()?),
             15 => StmtKind::MetaMarkMod {
                 and: self.u32()?,
                 xor: self.u32()?,

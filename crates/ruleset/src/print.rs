@@ -577,6 +577,7 @@ fn stmt(s: &StmtKind) -> String {
         StmtKind::Notrack => "notrack".to_string(),
         StmtKind::FlowAdd(ft) => format!("flow add @{}", name(ft)),
         StmtKind::CtTimeoutSet(n) => format!("ct timeout set {}", quote(n)),
+        StmtKind::NftraceSet(on) => format!("meta nftrace set {on}"),
         StmtKind::CtMarkFromMeta => "ct mark set meta mark".to_string(),
         StmtKind::TcpMssSet(TcpMss::RtMtu) => "tcp option maxseg size set rt mtu".to_string(),
         StmtKind::TcpMssSet(TcpMss::Value(v)) => format!("tcp option maxseg size set {v}"),
