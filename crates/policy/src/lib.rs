@@ -27,7 +27,7 @@
 //!   [`LowerError`] at its source location, and every such error in the
 //!   rule set is reported at once ([`CompileError`]). Refused today:
 //!   `redirect`, IPv6 NAT, `dnat`
-//!   to an address or port range, `snat to … map`, `masquerade to :PORTS`,
+//!   to a port range, `snat to … map`, `masquerade to :PORTS`,
 //!   masks on sets or concatenations, ordering comparisons on interfaces,
 //!   a mark change before a map lookup in a rule matching that mark, and NAT reachable
 //!   from a filter chain.
@@ -65,7 +65,7 @@ mod update;
 
 pub use error::{CompileError, LowerError};
 pub use iface::Interfaces;
-pub use lower::{BaseInfo, ChainInfo, NatAction, RuleInfo, RuleLocation};
+pub use lower::{BaseInfo, ChainInfo, DnatRange, NatAction, RuleInfo, RuleLocation};
 pub use policy::{
     ast_hook, ct_bits, engine_reject, CompiledPolicy, Evaluator, HookOutcome, HookVerdict,
     ListedObject,

@@ -277,6 +277,125 @@ pub struct NatAction {
     pub addr: Option<Ipv4Addr>,
     /// The port a trace reports: only when the rule fixes a single port.
     pub port: Option<u16>,
+    /// `dnat to A-B`: the range each new connection's target is chosen
+    /// from ([`NatAction::translation_for`]), and whether the choice is
+    /// `persistent`; `translation` and `addr` then hold `A`.
+    pub dnat_range: Option<DnatRange>,
+}
+
+/// The addresses of `dnat to A-B [persistent]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DnatRange {
+    /// First address.
+    pub lo: Ipv4Addr,
+    /// Last address.
+    pub hi: Ipv4Addr,
+    /// `persistent`: the choice depends on the source address only.
+    pub persistent: bool,
+}
+
+impl NatAction {
+    /// The translation for a new connection from `src` to `dst`: for `dnat
+    /// to A-B`, the address the kernel's `nf_nat` chooses
+    /// (`find_best_ips_proto`): the client's address hashed (`jhash2` of
+    /// the tuple's 16-byte source field, keyed with the destination
+    /// address unless `persistent`) and scaled onto the range, so a
+    /// client goes to the same target every time; otherwise
+    /// [`Self::translation`].
+    pub fn translation_for(&self, src: Ipv4Addr, dst: Ipv4Addr) -> Translation {
+        match (self.translation, self.dnat_range) {
+            (Translation::Dnat { port, .. }, Some(r)) => Translation::Dnat {
+                addr: r.pick(src, dst),
+                port,
+            },
+            (t, _) => t,
+        }
+    }
+}
+
+impl DnatRange {
+    /// The kernel's choice for a connection from `src` to `dst`.
+    pub fn pick(&self, src: Ipv4Addr, dst: Ipv4Addr) -> Ipv4Addr {
+        let (lo, hi) = (u32::from(self.lo), u32::from(self.hi));
+        if lo >= hi {
+            return self.lo;
+        }
+        // The tuple's fields as the kernel's u32 words: network-order
+        // bytes read in the machine's order (little-endian here, as on the
+        // kernels whose choices the oracle compares).
+        let word = |a: Ipv4Addr| u32::from_le_bytes(a.octets());
+        let key = if self.persistent { 0 } else { word(dst) };
+        let j = jhash2(&[word(src), 0, 0, 0], key);
+        let dist = hi - lo + 1;
+        let off = ((u64::from(j) * u64::from(dist)) >> 32) as u32;
+        Ipv4Addr::from(lo + off)
+    }
+}
+
+/// The kernel's `jhash2` (Bob Jenkins' lookup3 `hashword`, as
+/// `include/linux/jhash.h` has it).
+fn jhash2(k: &[u32], initval: u32) -> u32 {
+    let len = k.len() as u32;
+    let (mut a, mut b, mut c) = {
+        let v = 0xdead_beef_u32
+            .wrapping_add(len.wrapping_shl(2))
+            .wrapping_add(initval);
+        (v, v, v)
+    };
+    let mix = |a: &mut u32, b: &mut u32, c: &mut u32| {
+        *a = a.wrapping_sub(*c);
+        *a ^= c.rotate_left(4);
+        *c = c.wrapping_add(*b);
+        *b = b.wrapping_sub(*a);
+        *b ^= a.rotate_left(6);
+        *a = a.wrapping_add(*c);
+        *c = c.wrapping_sub(*b);
+        *c ^= b.rotate_left(8);
+        *b = b.wrapping_add(*a);
+        *a = a.wrapping_sub(*c);
+        *a ^= c.rotate_left(16);
+        *c = c.wrapping_add(*b);
+        *b = b.wrapping_sub(*a);
+        *b ^= a.rotate_left(19);
+        *a = a.wrapping_add(*c);
+        *c = c.wrapping_sub(*b);
+        *c ^= b.rotate_left(4);
+        *b = b.wrapping_add(*a);
+    };
+    let mut rest = k;
+    while rest.len() > 3 {
+        a = a.wrapping_add(rest[0]);
+        b = b.wrapping_add(rest[1]);
+        c = c.wrapping_add(rest[2]);
+        mix(&mut a, &mut b, &mut c);
+        rest = &rest[3..];
+    }
+    if rest.is_empty() {
+        return c;
+    }
+    if let Some(&x) = rest.get(2) {
+        c = c.wrapping_add(x);
+    }
+    if let Some(&x) = rest.get(1) {
+        b = b.wrapping_add(x);
+    }
+    a = a.wrapping_add(rest[0]);
+    // __jhash_final
+    c ^= b;
+    c = c.wrapping_sub(b.rotate_left(14));
+    a ^= c;
+    a = a.wrapping_sub(c.rotate_left(11));
+    b ^= a;
+    b = b.wrapping_sub(a.rotate_left(25));
+    c ^= b;
+    c = c.wrapping_sub(b.rotate_left(16));
+    a ^= c;
+    a = a.wrapping_sub(c.rotate_left(4));
+    b ^= a;
+    b = b.wrapping_sub(a.rotate_left(14));
+    c ^= b;
+    c = c.wrapping_sub(b.rotate_left(24));
+    c
 }
 
 /// The result of lowering a whole rule set.
@@ -1475,6 +1594,7 @@ impl<'a> Lowerer<'a> {
                     translation: Translation::Masquerade,
                     addr: None,
                     port: None,
+                    dnat_range: None,
                 }))))
             }
             NatKind::Snat => {
@@ -1507,6 +1627,7 @@ impl<'a> Lowerer<'a> {
                     translation: Translation::Snat { pool: pool_id },
                     addr: Some(first),
                     port: single_port,
+                    dnat_range: None,
                 }))))
             }
             NatKind::Dnat => {
@@ -1515,11 +1636,21 @@ impl<'a> Lowerer<'a> {
                         "'dnat to ADDR:LO-HI' (a port range) cannot be lowered yet".to_string()
                     );
                 }
+                let mut dnat_range = None;
                 let addr = match &n.addr {
                     Some(NatAddr::Single(a)) => v4(a)?,
                     Some(NatAddr::Range(a, b)) if a == b => v4(a)?,
-                    Some(NatAddr::Range(..)) => {
-                        return Err("'dnat to' an address range cannot be lowered yet".to_string())
+                    Some(NatAddr::Range(a, b)) => {
+                        let (lo, hi) = (v4(a)?, v4(b)?);
+                        if lo > hi {
+                            return Err(format!("dnat address range {lo}-{hi} is empty"));
+                        }
+                        dnat_range = Some(DnatRange {
+                            lo,
+                            hi,
+                            persistent: n.flags.contains(&ast::NatFlag::Persistent),
+                        });
+                        lo
                     }
                     Some(NatAddr::Map { key, map }) => {
                         let mut entries = Vec::new();
@@ -1535,6 +1666,7 @@ impl<'a> Lowerer<'a> {
                                 },
                                 addr: Some(a),
                                 port: single_port,
+                                dnat_range: None,
                             });
                             entries.push((e.key.clone(), Some(ir::Verdict::Nat(id))));
                         }
@@ -1549,6 +1681,7 @@ impl<'a> Lowerer<'a> {
                     },
                     addr: Some(addr),
                     port: single_port,
+                    dnat_range,
                 }))))
             }
         }
@@ -2129,6 +2262,55 @@ fn reads_connection(m: &ir::Match) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `dnat to A-B` chooses as the kernel does: these choices are the
+    /// kernel's, read by the kernel oracle (`dnat_range.nft`, 2026-11-25),
+    /// so the hash and its scaling stay what `nf_nat` computes.
+    #[test]
+    fn dnat_ranges_choose_as_the_kernel_does() {
+        let a = |s: &str| s.parse::<Ipv4Addr>().unwrap();
+        let r = |lo, hi, persistent| DnatRange {
+            lo: a(lo),
+            hi: a(hi),
+            persistent,
+        };
+        let (c1, c2, d) = (a("198.51.165.243"), a("198.51.202.167"), a("203.0.113.1"));
+        let web = r("10.9.0.10", "10.9.0.17", false);
+        assert_eq!(web.pick(c1, d), a("10.9.0.10"));
+        assert_eq!(web.pick(c2, d), a("10.9.0.12"));
+        assert_eq!(
+            r("10.9.0.20", "10.9.0.22", false).pick(c1, d),
+            a("10.9.0.20")
+        );
+        let dns = r("10.9.1.0", "10.9.1.254", true);
+        assert_eq!(dns.pick(c1, d), a("10.9.1.93"));
+        // Persistent: the destination does not matter; otherwise it may.
+        assert_eq!(dns.pick(c1, a("192.0.2.80")), a("10.9.1.93"));
+        // A client always gets the same one; a one-address range is that.
+        assert_eq!(web.pick(c1, d), web.pick(c1, d));
+        assert_eq!(r("10.9.2.7", "10.9.2.7", false).pick(c1, d), a("10.9.2.7"));
+        // Many clients spread over the whole range.
+        let hit: std::collections::BTreeSet<Ipv4Addr> = (0..2000u32)
+            .map(|i| web.pick(Ipv4Addr::from(0xc633_0000 | i), d))
+            .collect();
+        assert_eq!(hit.len(), 8, "{hit:?}");
+        let t = NatAction {
+            translation: Translation::Dnat {
+                addr: a("10.9.0.10"),
+                port: Some(8080),
+            },
+            addr: Some(a("10.9.0.10")),
+            port: Some(8080),
+            dnat_range: Some(web),
+        };
+        assert_eq!(
+            t.translation_for(c2, d),
+            Translation::Dnat {
+                addr: a("10.9.0.12"),
+                port: Some(8080)
+            }
+        );
+    }
 
     /// `n` rules of every kind the lowerer numbers: plain, counters, set
     /// lookups, verdict maps (several IR rules each), jumps; rule `at` is

@@ -996,7 +996,12 @@ impl CompiledPolicy {
         let nat: Option<Translation> = o
             .nat
             .and_then(|(id, _)| self.tables.nat.get(id as usize))
-            .map(|a| a.translation);
+            .map(|a| {
+                a.translation_for(
+                    std::net::Ipv4Addr::from(pkt.src as u32),
+                    std::net::Ipv4Addr::from(pkt.dst as u32),
+                )
+            });
         (
             Decision {
                 verdict,

@@ -865,7 +865,15 @@ impl CompiledPolicy {
                 out.mark = co.mark;
                 if let Some((id, rule)) = co.nat {
                     if let Some(a) = self.nat_actions().get(id as usize) {
-                        let kind = match a.translation {
+                        // The packet's own addresses: the tuple `nf_nat`
+                        // hashes for `dnat to A-B`.
+                        let v4 = |x: Option<IpAddr>| match x {
+                            Some(IpAddr::V4(a)) => a,
+                            _ => std::net::Ipv4Addr::UNSPECIFIED,
+                        };
+                        let translation = a.translation_for(v4(pkt.src), v4(pkt.dst));
+                        let mut report_addr = a.addr;
+                        let kind = match translation {
                             Translation::Snat { .. } => {
                                 p.ct_status |= IPS_SRC_NAT;
                                 NatType::Snat
@@ -878,6 +886,7 @@ impl CompiledPolicy {
                                 // Later hooks see the translated destination and
                                 // `ct status dnat`, as in the kernel.
                                 p.ct_status |= IPS_DST_NAT;
+                                report_addr = Some(addr);
                                 p.daddr = map_v4(u32::from(addr));
                                 // Replies now come from the target.
                                 p.ct_reply.saddr = p.daddr;
@@ -896,7 +905,7 @@ impl CompiledPolicy {
                         };
                         out.nat_all.push(NatReport {
                             kind,
-                            addr: a.addr,
+                            addr: report_addr,
                             port: a.port,
                             rule: self.location(rule),
                         });

@@ -858,3 +858,58 @@ fn ct_timeout_set_gives_new_connections_their_policy() {
     send_at(&mut w2, LAN, other(40_001), 5_000_000);
     assert_eq!(left(&w2, 40_001, 5), 120);
 }
+
+/// `dnat to A-B`: the engine sends each new connection to the backend the
+/// kernel would choose for its client (`DnatRange::pick`, checked against
+/// the kernel by the oracle), the same one for every connection of a
+/// client.
+#[test]
+fn dnat_to_a_range_sends_each_client_to_its_backend() {
+    let rules = "table ip nat {
+  chain pre { type nat hook prerouting priority dstnat;
+    iifname \"wan\" tcp dport 8080 dnat to 10.0.0.10-10.0.0.13:80
+  }
+}";
+    let range = sluice_policy::DnatRange {
+        lo: Ipv4Addr::new(10, 0, 0, 10),
+        hi: Ipv4Addr::new(10, 0, 0, 13),
+        persistent: false,
+    };
+    let gw = Ipv4Addr::new(203, 0, 113, 1);
+    let mut w = gateway(rules, 1500);
+    for b in 10..=13 {
+        w.set_neighbor(Ipv4Addr::new(10, 0, 0, b), [2, 0, 0, 0, 7, b])
+            .unwrap();
+    }
+    let mut chosen = std::collections::BTreeSet::new();
+    for (i, client) in [
+        Ipv4Addr::new(192, 0, 2, 80),
+        Ipv4Addr::new(198, 51, 100, 7),
+        Ipv4Addr::new(198, 51, 100, 99),
+        Ipv4Addr::new(100, 64, 3, 1),
+        Ipv4Addr::new(100, 64, 3, 2),
+        Ipv4Addr::new(100, 64, 3, 3),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let want = range.pick(client, gw);
+        for n in 0..2u16 {
+            let k = FlowKey4 {
+                src: u32::from(client),
+                dst: u32::from(gw),
+                sport: 30_000 + i as u16 * 2 + n,
+                dport: 8080,
+                proto: proto::TCP,
+            };
+            let (a, out) = send(&mut w, WAN, segment(&k, 0x02, 1460, GW_WAN_MAC, ROUTER_MAC));
+            assert_eq!(a, Action::Forward(LAN), "{client}");
+            let to = Ipv4Addr::new(out[30], out[31], out[32], out[33]);
+            assert_eq!(to, want, "{client}");
+            assert_eq!(&out[36..38], &80u16.to_be_bytes(), "{client}");
+            assert_eq!(out[5], want.octets()[3], "the chosen backend's MAC");
+        }
+        chosen.insert(want);
+    }
+    assert!(chosen.len() >= 2, "{chosen:?}");
+}
