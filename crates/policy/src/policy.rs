@@ -1774,7 +1774,7 @@ mod tests {
     #[test]
     fn every_error_is_reported_at_once() {
         let e = compile(
-            "table ip t { chain c { type nat hook prerouting priority 0;\n dnat to 10.0.0.1:80-90\n iifname > \"eth0\" drop\n redirect\n dnat to 10.0.0.1-10.0.0.2 } }",
+            "table ip t { chain c { type nat hook prerouting priority 0;\n dnat to 10.0.0.1:80-90\n iifname > \"eth0\" drop\n redirect\n dnat to 10.0.0.1-10.0.0.2:7-9 } }",
         )
         .err()
         .unwrap_or_default();
