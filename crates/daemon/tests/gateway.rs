@@ -6,6 +6,8 @@
 //! - the drop policy blocks a port the ruleset forbids while an allowed one
 //!   works;
 //! - a DNAT port forward from the public side reaches a private server;
+//!   one to an address range reaches the server the kernel would choose
+//!   for the client, every time;
 //! - hairpinning: a private host reaches another through the other's
 //!   external (pool) endpoint, and sees the pool address as the source;
 //! - a SIGHUP reload with a changed ruleset keeps a running TCP transfer
@@ -1199,6 +1201,60 @@ fn notrack(backend: &str, tag: &str) {
     assert!(count("udp sport 7777").is_some_and(|n| n >= 1), "{rules}");
 }
 
+/// `dnat to A-B`: connections from the public host to a forwarded port
+/// reach the private server the kernel's `nf_nat` would choose for that
+/// client and destination (`DnatRange::pick`), every time.
+fn dnat_range(backend: &str, tag: &str) {
+    require_root();
+    let t = Topo::new(tag);
+    let rules = RULESET
+        .replace(
+            "ip daddr 10.0.0.3 tcp dport 80 accept",
+            "ip daddr { 10.0.0.2, 10.0.0.3 } tcp dport 80 accept",
+        )
+        .replace(
+            "    iifname \"wan0\" tcp dport 8080 dnat to 10.0.0.3:80\n",
+            "    iifname \"wan0\" tcp dport 8080 dnat to 10.0.0.3:80\n    \
+             iifname \"wan0\" tcp dport 8090 dnat to 10.0.0.2-10.0.0.3:80\n",
+        );
+    t.write_ruleset("gw.nft", &rules);
+    let cfg = t.write_config(backend, "gw.nft", "");
+    let d = Daemon::start(&t, &cfg, backend);
+    let _a = http_server(&t, &t.private, PRIV, 80, "b2");
+    let _b = http_server(&t, &t.private2, PRIV2, 80, "b3");
+    let range = sluice_policy::DnatRange {
+        lo: PRIV.parse().unwrap(),
+        hi: PRIV2.parse().unwrap(),
+        persistent: false,
+    };
+    let seen = |name: &str| {
+        read(&t.dir.join(format!("http-{name}.log")))
+            .lines()
+            .filter(|l| l.starts_with(PUBLIC) && l.contains("GET /blob"))
+            .count()
+    };
+    for dst in [POOL, "203.0.113.1"] {
+        let want = range.pick(PUBLIC.parse().unwrap(), dst.parse().unwrap());
+        let before = (seen("b2"), seen("b3"));
+        for _ in 0..3 {
+            let (ok, size, o) = curl(&t.public, &format!("http://{dst}:8090/blob"), 10);
+            assert!(
+                ok && size == (256 << 10).to_string(),
+                "{backend}: dnat range to {dst} failed: {}\n{}",
+                text(&o),
+                d.context()
+            );
+        }
+        let after = (seen("b2"), seen("b3"));
+        let got = if want.to_string() == PRIV {
+            (after.0 - before.0, after.1 - before.1)
+        } else {
+            (after.1 - before.1, after.0 - before.0)
+        };
+        assert_eq!(got, (3, 0), "{backend}: to {dst}: all three at {want}");
+    }
+}
+
 /// `ct timeout` policies: a UDP exchange to a port whose rule sets the
 /// policy gets the policy's timer (77 s unreplied) and the listing names
 /// the object; one to another port keeps the default 30 s. A reload that
@@ -1991,6 +2047,12 @@ both_backends!(
     "n",
     notrack_forwards_untranslated_without_a_connection_af_packet,
     notrack_forwards_untranslated_without_a_connection_af_xdp
+);
+both_backends!(
+    dnat_range,
+    "dr",
+    dnat_to_a_range_reaches_the_kernels_choice_of_backend_af_packet,
+    dnat_to_a_range_reaches_the_kernels_choice_of_backend_af_xdp
 );
 both_backends!(
     ct_timeout,
