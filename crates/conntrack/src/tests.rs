@@ -1320,3 +1320,116 @@ fn state_codes_round_trip() {
         assert_eq!(seen, want, "proto {p}");
     }
 }
+
+/// A timeout policy over TCP's and UDP's timers (seconds, some unset);
+/// SYN_SENT2 follows SYN_SENT, as it does in a table's own timeouts, so
+/// that [`policy_timeouts`] can express the same timers as a table's.
+fn timeout_policy() -> impl Strategy<Value = TimeoutPolicy> {
+    use crate::time::TimeoutKind as K;
+    let kinds = [
+        K::TcpSynSent,
+        K::TcpSynRecv,
+        K::TcpEstablished,
+        K::TcpFinWait,
+        K::TcpCloseWait,
+        K::TcpLastAck,
+        K::TcpTimeWait,
+        K::TcpClose,
+        K::TcpUnack,
+        K::Udp,
+        K::UdpStream,
+    ];
+    prop::collection::vec(prop::option::of(1u64..900), kinds.len()).prop_map(move |v| {
+        let mut p = TimeoutPolicy::default();
+        for (k, s) in kinds.iter().zip(v) {
+            if let Some(s) = s {
+                p.set(*k, Duration::from_secs(s));
+                if *k == K::TcpSynSent {
+                    p.set(K::TcpSynSent2, Duration::from_secs(s));
+                }
+            }
+        }
+        p
+    })
+}
+
+/// The table timeouts that are `p` over the defaults.
+fn policy_timeouts(p: &TimeoutPolicy) -> Timeouts {
+    use crate::time::TimeoutKind as K;
+    let d = Timeouts::default();
+    let or = |k, v| p.get(k).unwrap_or(v);
+    Timeouts {
+        tcp_syn_sent: or(K::TcpSynSent, d.tcp_syn_sent),
+        tcp_syn_recv: or(K::TcpSynRecv, d.tcp_syn_recv),
+        tcp_established: or(K::TcpEstablished, d.tcp_established),
+        tcp_fin_wait: or(K::TcpFinWait, d.tcp_fin_wait),
+        tcp_close_wait: or(K::TcpCloseWait, d.tcp_close_wait),
+        tcp_last_ack: or(K::TcpLastAck, d.tcp_last_ack),
+        tcp_time_wait: or(K::TcpTimeWait, d.tcp_time_wait),
+        tcp_close: or(K::TcpClose, d.tcp_close),
+        tcp_unacknowledged: or(K::TcpUnack, d.tcp_unacknowledged),
+        udp: or(K::Udp, d.udp),
+        udp_stream: or(K::UdpStream, d.udp_stream),
+        ..d
+    }
+}
+
+proptest! {
+    /// A connection given a timeout policy after its first packet (as `ct
+    /// timeout set` does) moves exactly as the same connection in a table
+    /// whose own timeouts are that policy over the defaults: same state,
+    /// flags (but the policy's), packet count and expiry after every
+    /// packet, whether the packets take the established path
+    /// (`track_established`, which leaves a policy's connections to the
+    /// general path) or `track`.
+    #[test]
+    fn a_policy_times_a_connection_as_table_timeouts_would(
+        (p, pkts) in prop_oneof![Just(proto::TCP), Just(proto::UDP)]
+            .prop_flat_map(|p| (Just(p), prop::collection::vec(packet(p), 1..40))),
+        policy in timeout_policy(),
+        first in any::<u8>(),
+    ) {
+        let mut with = table(64);
+        assert!(with.set_timeout_policy(9, &policy));
+        let mut plain: T4 = Table::new(Config {
+            timeouts: policy_timeouts(&policy),
+            ..Config::new(64, 0xdead_beef_cafe_f00d)
+        })
+        .unwrap();
+        let k = key(p, 5);
+        let mut now = secs(3);
+        let iw = with.insert(now, k, nat_reply(&k), 9, &mut noop).unwrap();
+        let ip = plain.insert(now, k, nat_reply(&k), 9, &mut noop).unwrap();
+        let ev = if p == proto::TCP { tcp(first | S) } else { L4Event::Udp };
+        let tw = with.track(iw, Dir::Original, now, ev);
+        let tp = plain.track(ip, Dir::Original, now, ev);
+        prop_assert_eq!(tw, tp);
+        prop_assume!(tw.verdict == Verdict::Valid);
+        with.apply_timeout_policy(iw, 9, now);
+        prop_assert_eq!(with.entry(iw).timeout_policy(), 9);
+        let same = |a: &T4, b: &T4| {
+            let (ea, eb) = (a.entry(iw), b.entry(ip));
+            (
+                (ea.state, ea.flags & !crate::entry::F_TIMEOUT_POLICY, ea.expiry, ea.packets),
+                (eb.state, eb.flags, eb.expiry, eb.packets),
+            )
+        };
+        let (x, y) = same(&with, &plain);
+        prop_assert_eq!(x, y);
+        for (ev, reply, dt, accept) in pkts {
+            now = ms(now, dt);
+            let dir = if reply { Dir::Reply } else { Dir::Original };
+            let pk = if reply { nat_reply(&k) } else { k };
+            let got = with.track_established(iw, dir, &pk, now, ev, |_| accept.then_some(()));
+            prop_assert!(got.is_none(), "a policy's connection left to the general path");
+            let tw = with.track(iw, dir, now, ev);
+            let tp = plain.track(ip, dir, now, ev);
+            prop_assert_eq!(tw, tp);
+            let (x, y) = same(&with, &plain);
+            prop_assert_eq!(x, y);
+            if matches!(tw.verdict, Verdict::Close | Verdict::Reopen | Verdict::Expired) {
+                break;
+            }
+        }
+    }
+}
