@@ -281,6 +281,9 @@ pub struct NatAction {
     /// from ([`NatAction::translation_for`]), and whether the choice is
     /// `persistent`; `translation` and `addr` then hold `A`.
     pub dnat_range: Option<DnatRange>,
+    /// `dnat to ADDR:LO-HI`: the port range (`translation`'s port is then
+    /// `None`; [`NatAction::translation_for`] chooses).
+    pub dnat_ports: Option<(u16, u16)>,
 }
 
 /// The addresses of `dnat to A-B [persistent]`.
@@ -302,13 +305,25 @@ impl NatAction {
     /// address unless `persistent`) and scaled onto the range, so a
     /// client goes to the same target every time; otherwise
     /// [`Self::translation`].
-    pub fn translation_for(&self, src: Ipv4Addr, dst: Ipv4Addr) -> Translation {
-        match (self.translation, self.dnat_range) {
-            (Translation::Dnat { port, .. }, Some(r)) => Translation::Dnat {
-                addr: r.pick(src, dst),
-                port,
+    ///
+    /// For `dnat to ADDR:LO-HI`, the port as the kernel's `nf_nat` keeps or
+    /// chooses it for a destination rewrite (`get_unique_tuple`,
+    /// `nf_nat_l4proto_unique_tuple`): the original destination port
+    /// `dport` when it lies in the range, else the range's first port
+    /// (the kernel would try the next ones only if that tuple were taken,
+    /// which needs the same client endpoint twice; Sluice does not model
+    /// that).
+    pub fn translation_for(&self, src: Ipv4Addr, dst: Ipv4Addr, dport: u16) -> Translation {
+        match self.translation {
+            Translation::Dnat { addr, port } => Translation::Dnat {
+                addr: self.dnat_range.map_or(addr, |r| r.pick(src, dst)),
+                port: match self.dnat_ports {
+                    Some((lo, hi)) if (lo..=hi).contains(&dport) => Some(dport),
+                    Some((lo, _)) => Some(lo),
+                    None => port,
+                },
             },
-            (t, _) => t,
+            t => t,
         }
     }
 }
@@ -1595,6 +1610,7 @@ impl<'a> Lowerer<'a> {
                     addr: None,
                     port: None,
                     dnat_range: None,
+                    dnat_ports: None,
                 }))))
             }
             NatKind::Snat => {
@@ -1628,13 +1644,13 @@ impl<'a> Lowerer<'a> {
                     addr: Some(first),
                     port: single_port,
                     dnat_range: None,
+                    dnat_ports: None,
                 }))))
             }
             NatKind::Dnat => {
-                if n.ports.is_some() && single_port.is_none() {
-                    return Err(
-                        "'dnat to ADDR:LO-HI' (a port range) cannot be lowered yet".to_string()
-                    );
+                let dnat_ports = n.ports.filter(|(lo, hi)| lo != hi);
+                if dnat_ports.is_some_and(|(lo, hi)| lo > hi) {
+                    return Err("dnat port range is empty".to_string());
                 }
                 let mut dnat_range = None;
                 let addr = match &n.addr {
@@ -1667,6 +1683,7 @@ impl<'a> Lowerer<'a> {
                                 addr: Some(a),
                                 port: single_port,
                                 dnat_range: None,
+                                dnat_ports,
                             });
                             entries.push((e.key.clone(), Some(ir::Verdict::Nat(id))));
                         }
@@ -1682,6 +1699,7 @@ impl<'a> Lowerer<'a> {
                     addr: Some(addr),
                     port: single_port,
                     dnat_range,
+                    dnat_ports,
                 }))))
             }
         }
@@ -2302,14 +2320,43 @@ mod tests {
             addr: Some(a("10.9.0.10")),
             port: Some(8080),
             dnat_range: Some(web),
+            dnat_ports: None,
         };
         assert_eq!(
-            t.translation_for(c2, d),
+            t.translation_for(c2, d, 1),
             Translation::Dnat {
                 addr: a("10.9.0.12"),
                 port: Some(8080)
             }
         );
+        // A port range: the original port when in it, else the first one
+        // (the kernel's choices for these in `dnat_range.nft`).
+        let ports = NatAction {
+            translation: Translation::Dnat {
+                addr: a("10.9.3.1"),
+                port: None,
+            },
+            addr: Some(a("10.9.3.1")),
+            port: None,
+            dnat_range: None,
+            dnat_ports: Some((9000, 9010)),
+        };
+        for (dport, want) in [
+            (9005, 9005),
+            (9015, 9000),
+            (9000, 9000),
+            (9010, 9010),
+            (9011, 9000),
+        ] {
+            assert_eq!(
+                ports.translation_for(c1, d, dport),
+                Translation::Dnat {
+                    addr: a("10.9.3.1"),
+                    port: Some(want)
+                },
+                "{dport}"
+            );
+        }
     }
 
     /// `n` rules of every kind the lowerer numbers: plain, counters, set

@@ -1000,6 +1000,7 @@ impl CompiledPolicy {
                 a.translation_for(
                     std::net::Ipv4Addr::from(pkt.src as u32),
                     std::net::Ipv4Addr::from(pkt.dst as u32),
+                    pkt.dport,
                 )
             });
         (
@@ -1774,7 +1775,7 @@ mod tests {
     #[test]
     fn every_error_is_reported_at_once() {
         let e = compile(
-            "table ip t { chain c { type nat hook prerouting priority 0;\n dnat to 10.0.0.1:80-90\n iifname > \"eth0\" drop\n redirect\n dnat to 10.0.0.1-10.0.0.2:7-9 } }",
+            "table ip t { chain c { type nat hook postrouting priority 0;\n masquerade to :1000-2000\n iifname > \"eth0\" drop\n snat to ip saddr map { 10.0.0.1 : 1.1.1.1 }\n masquerade to :5-6 } }",
         )
         .err()
         .unwrap_or_default();

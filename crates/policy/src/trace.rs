@@ -871,8 +871,8 @@ impl CompiledPolicy {
                             Some(IpAddr::V4(a)) => a,
                             _ => std::net::Ipv4Addr::UNSPECIFIED,
                         };
-                        let translation = a.translation_for(v4(pkt.src), v4(pkt.dst));
-                        let mut report_addr = a.addr;
+                        let translation = a.translation_for(v4(pkt.src), v4(pkt.dst), pkt.dport);
+                        let (mut report_addr, mut report_port) = (a.addr, a.port);
                         let kind = match translation {
                             Translation::Snat { .. } => {
                                 p.ct_status |= IPS_SRC_NAT;
@@ -887,6 +887,7 @@ impl CompiledPolicy {
                                 // `ct status dnat`, as in the kernel.
                                 p.ct_status |= IPS_DST_NAT;
                                 report_addr = Some(addr);
+                                report_port = port;
                                 p.daddr = map_v4(u32::from(addr));
                                 // Replies now come from the target.
                                 p.ct_reply.saddr = p.daddr;
@@ -906,7 +907,7 @@ impl CompiledPolicy {
                         out.nat_all.push(NatReport {
                             kind,
                             addr: report_addr,
-                            port: a.port,
+                            port: report_port,
                             rule: self.location(rule),
                         });
                     }
