@@ -1617,35 +1617,28 @@ impl<'a> Lowerer<'a> {
                 let (first, last) = match &n.addr {
                     Some(NatAddr::Single(a)) => (v4(a)?, v4(a)?),
                     Some(NatAddr::Range(a, b)) => (v4(a)?, v4(b)?),
-                    Some(NatAddr::Map { .. }) => {
-                        return Err("'snat to … map' cannot be lowered yet".to_string())
+                    Some(NatAddr::Map { key, map }) => {
+                        // One rule per element, each with the element's
+                        // address as its pool (as `dnat to … map`).
+                        let mut entries = Vec::new();
+                        for e in self.map_elems(t, map)? {
+                            let a = match &e.data {
+                                Some(Value::Addr(a)) => v4(a)?,
+                                _ => return Err("snat map element is not an address".to_string()),
+                            };
+                            let id = self.snat_action(a, a, n.ports, single_port)?;
+                            entries.push((e.key.clone(), Some(ir::Verdict::Nat(id))));
+                        }
+                        return Ok(Some(Term::Map(key.clone(), entries)));
                     }
                     None => return Err("snat without an address".to_string()),
                 };
-                let span = u32::from(last).wrapping_sub(u32::from(first));
-                if u32::from(last) < u32::from(first) || span >= 65_536 {
-                    return Err("snat address range is empty or larger than a /16".to_string());
-                }
-                let mut pool = Pool::from_range(first, last);
-                if let Some((lo, hi)) = n.ports {
-                    pool = pool.with_ports(lo..=hi);
-                }
-                let idx = match self.out.pools.iter().position(|p| *p == pool) {
-                    Some(i) => i,
-                    None => {
-                        self.out.pools.push(pool);
-                        self.out.pools.len() - 1
-                    }
-                };
-                let pool_id =
-                    PoolId(u16::try_from(idx).map_err(|_| "too many snat pools".to_string())?);
-                Ok(Some(Term::Nat(self.nat_action(NatAction {
-                    translation: Translation::Snat { pool: pool_id },
-                    addr: Some(first),
-                    port: single_port,
-                    dnat_range: None,
-                    dnat_ports: None,
-                }))))
+                Ok(Some(Term::Nat(self.snat_action(
+                    first,
+                    last,
+                    n.ports,
+                    single_port,
+                )?)))
             }
             NatKind::Dnat => {
                 let dnat_ports = n.ports.filter(|(lo, hi)| lo != hi);
@@ -1703,6 +1696,40 @@ impl<'a> Lowerer<'a> {
                 }))))
             }
         }
+    }
+
+    /// The NAT action of `snat to FIRST-LAST[:PORTS]`, its pool made or
+    /// found.
+    fn snat_action(
+        &mut self,
+        first: Ipv4Addr,
+        last: Ipv4Addr,
+        ports: Option<(u16, u16)>,
+        single_port: Option<u16>,
+    ) -> Result<u32, String> {
+        let span = u32::from(last).wrapping_sub(u32::from(first));
+        if u32::from(last) < u32::from(first) || span >= 65_536 {
+            return Err("snat address range is empty or larger than a /16".to_string());
+        }
+        let mut pool = Pool::from_range(first, last);
+        if let Some((lo, hi)) = ports {
+            pool = pool.with_ports(lo..=hi);
+        }
+        let idx = match self.out.pools.iter().position(|p| *p == pool) {
+            Some(i) => i,
+            None => {
+                self.out.pools.push(pool);
+                self.out.pools.len() - 1
+            }
+        };
+        let pool_id = PoolId(u16::try_from(idx).map_err(|_| "too many snat pools".to_string())?);
+        Ok(self.nat_action(NatAction {
+            translation: Translation::Snat { pool: pool_id },
+            addr: Some(first),
+            port: single_port,
+            dnat_range: None,
+            dnat_ports: None,
+        }))
     }
 
     fn nat_action(&mut self, a: NatAction) -> u32 {

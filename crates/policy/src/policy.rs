@@ -1775,7 +1775,7 @@ mod tests {
     #[test]
     fn every_error_is_reported_at_once() {
         let e = compile(
-            "table ip t { chain c { type nat hook postrouting priority 0;\n masquerade to :1000-2000\n iifname > \"eth0\" drop\n snat to ip saddr map { 10.0.0.1 : 1.1.1.1 }\n masquerade to :5-6 } }",
+            "table ip t { chain c { type nat hook postrouting priority 0;\n masquerade to :1000-2000\n iifname > \"eth0\" drop\n iifname < \"eth9\" accept\n masquerade to :5-6 } }",
         )
         .err()
         .unwrap_or_default();
