@@ -1169,7 +1169,36 @@ fn rule(
                 let a = arg!(w);
                 let names = ["EXPECTED", "SEEN_REPLY", "ASSURED", "CONFIRMED"];
                 let parts: Vec<&str> = a.text.split(',').collect();
-                match flag_bits(cx, &a, DataType::CtStatus, &parts, &names, "status") {
+                // xt_conntrack's status names only (nft's `ct status` has
+                // more, which iptables refuses: SNAT and DNAT are
+                // `--ctstate` pseudo-states there).
+                let unknown = parts
+                    .iter()
+                    .find(|p| !names.iter().any(|n| n.eq_ignore_ascii_case(p)));
+                if let Some(bad) = unknown {
+                    let hint =
+                        if bad.eq_ignore_ascii_case("snat") || bad.eq_ignore_ascii_case("dnat") {
+                            format!("; {bad} is a --ctstate (-m conntrack --ctstate {bad})")
+                        } else {
+                            String::new()
+                        };
+                    let help = suggest(bad, names.iter().copied());
+                    cx.err_help(
+                        &a,
+                        format!(
+                            "unknown connection status '{bad}': --ctstatus takes EXPECTED, \
+                             SEEN_REPLY, ASSURED and CONFIRMED{hint}"
+                        ),
+                        help,
+                    );
+                    ok = false;
+                }
+                let bits = if unknown.is_none() {
+                    flag_bits(cx, &a, DataType::CtStatus, &parts, &names, "status")
+                } else {
+                    None
+                };
+                match bits {
                     Some(bits) => push(
                         &mut r,
                         vec![Field::CtStatus],
