@@ -9,15 +9,34 @@ use libfuzzer_sys::fuzz_target;
 use sluice_daemon::ctl::{parse_request, request_from_args, CtFilter, Request};
 
 fn filters(r: &Request) {
-    let (proto, addr, port) = match r {
+    let (proto, addr, port, state, mark) = match r {
         Request::ConntrackList {
-            proto, addr, port, ..
+            proto,
+            addr,
+            port,
+            state,
+            mark,
+            ..
         }
-        | Request::ConntrackCount { proto, addr, port }
-        | Request::ConntrackFlush { proto, addr, port } => (proto, addr, port),
+        | Request::ConntrackCount {
+            proto,
+            addr,
+            port,
+            state,
+            mark,
+        }
+        | Request::ConntrackFlush {
+            proto,
+            addr,
+            port,
+            state,
+            mark,
+        } => (proto, addr, port, state, mark),
         _ => return,
     };
-    if let Err(e) = CtFilter::new(proto.as_deref(), addr.as_deref(), *port) {
+    let f = CtFilter::new(proto.as_deref(), addr.as_deref(), *port)
+        .and_then(|f| f.with(state.as_deref(), mark.as_deref()));
+    if let Err(e) = f {
         assert!(!e.message.is_empty());
     }
 }

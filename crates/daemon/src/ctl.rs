@@ -85,6 +85,13 @@ pub enum Request {
         /// Any port of either tuple.
         #[serde(default)]
         port: Option<u16>,
+        /// The connection's state as `conntrack -L` names it
+        /// (`ESTABLISHED`, `TIME_WAIT`, UDP's `UNREPLIED`, ...).
+        #[serde(default)]
+        state: Option<String>,
+        /// Its `ct mark`: `VALUE` or `VALUE/MASK`.
+        #[serde(default)]
+        mark: Option<String>,
         /// Most entries returned (default [`DEFAULT_LIMIT`]).
         #[serde(default)]
         limit: Option<usize>,
@@ -101,6 +108,13 @@ pub enum Request {
         /// Any port of either tuple.
         #[serde(default)]
         port: Option<u16>,
+        /// The connection's state as `conntrack -L` names it
+        /// (`ESTABLISHED`, `TIME_WAIT`, UDP's `UNREPLIED`, ...).
+        #[serde(default)]
+        state: Option<String>,
+        /// Its `ct mark`: `VALUE` or `VALUE/MASK`.
+        #[serde(default)]
+        mark: Option<String>,
     },
     /// Remove every connection (in bulk); with a filter, those it selects
     /// (a walk of the tables, in steps between the workers' batches),
@@ -115,6 +129,13 @@ pub enum Request {
         /// Any port of either tuple.
         #[serde(default)]
         port: Option<u16>,
+        /// The connection's state as `conntrack -L` names it
+        /// (`ESTABLISHED`, `TIME_WAIT`, UDP's `UNREPLIED`, ...).
+        #[serde(default)]
+        state: Option<String>,
+        /// Its `ct mark`: `VALUE` or `VALUE/MASK`.
+        #[serde(default)]
+        mark: Option<String>,
     },
     /// Replace the ruleset from an nft file, atomically.
     RulesetReplace {
@@ -241,7 +262,28 @@ pub struct CtFilter {
     pub addr: Option<IpAddr>,
     /// Port on either side of either tuple.
     pub port: Option<u16>,
+    /// State name, as `conntrack -L` prints it (one of [`STATE_NAMES`]).
+    pub state: Option<&'static str>,
+    /// `ct mark` value and mask: `mark & mask == value`.
+    pub mark: Option<(u32, u32)>,
 }
+
+/// The state names a filter takes (netfilter's TCP states, UDP's three).
+pub const STATE_NAMES: [&str; 13] = [
+    "NONE",
+    "SYN_SENT",
+    "SYN_RECV",
+    "ESTABLISHED",
+    "FIN_WAIT",
+    "CLOSE_WAIT",
+    "LAST_ACK",
+    "TIME_WAIT",
+    "CLOSE",
+    "SYN_SENT2",
+    "UNREPLIED",
+    "REPLIED",
+    "STREAM",
+];
 
 impl CtFilter {
     /// Build a filter from request fields.
@@ -269,7 +311,54 @@ impl CtFilter {
                     .map_err(|_| CtlFailure::bad(format!("addr: {a:?} is not an IP address")))
             })
             .transpose()?;
-        Ok(Self { proto, addr, port })
+        Ok(Self {
+            proto,
+            addr,
+            port,
+            state: None,
+            mark: None,
+        })
+    }
+
+    /// The filter also selecting by state (`ESTABLISHED`, any case) and
+    /// `ct mark` (`VALUE` or `VALUE/MASK`, decimal or `0x` hex).
+    pub fn with(mut self, state: Option<&str>, mark: Option<&str>) -> Result<Self, CtlFailure> {
+        if let Some(st) = state {
+            let name = STATE_NAMES
+                .iter()
+                .find(|n| n.eq_ignore_ascii_case(st))
+                .ok_or_else(|| {
+                    CtlFailure::bad(format!(
+                        "state: {st:?} is not one of {}",
+                        STATE_NAMES.join(", ")
+                    ))
+                })?;
+            self.state = Some(name);
+        }
+        if let Some(m) = mark {
+            let num = |t: &str| -> Option<u32> {
+                match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+                    Some(h) => u32::from_str_radix(h, 16).ok(),
+                    None => t.parse().ok(),
+                }
+            };
+            let (v, mask) = match m.split_once('/') {
+                Some((v, k)) => (num(v), num(k)),
+                None => (num(m), Some(u32::MAX)),
+            };
+            let (Some(v), Some(mask)) = (v, mask) else {
+                return Err(CtlFailure::bad(format!(
+                    "mark: {m:?} is not VALUE or VALUE/MASK (32-bit numbers, 0x for hex)"
+                )));
+            };
+            self.mark = Some((v & mask, mask));
+        }
+        Ok(self)
+    }
+
+    /// Whether a connection's state and mark pass.
+    fn state_and_mark(&self, state: &str, mark: u32) -> bool {
+        self.state.is_none_or(|s| s == state) && self.mark.is_none_or(|(v, m)| mark & m == v)
     }
 
     /// Selects every connection.
@@ -292,6 +381,7 @@ impl CtFilter {
             && self
                 .port
                 .is_none_or(|p| t.iter().any(|k| k.sport == p || k.dport == p))
+            && self.state_and_mark(e.state().name(), e.mark())
     }
 
     /// [`Self::matches`] on an IPv6 table entry itself.
@@ -308,6 +398,7 @@ impl CtFilter {
             && self
                 .port
                 .is_none_or(|p| t.iter().any(|k| k.sport == p || k.dport == p))
+            && self.state_and_mark(e.state().name(), e.mark())
     }
 
     /// Whether `e` passes.
@@ -320,6 +411,7 @@ impl CtFilter {
             && self
                 .port
                 .is_none_or(|p| tuples.iter().any(|t| t.sport == p || t.dport == p))
+            && self.state_and_mark(e.state_name, e.mark)
     }
 }
 
@@ -381,6 +473,8 @@ pub struct CtEntry {
     pub assured: bool,
     /// Packets counted by the engine.
     pub packets: u32,
+    /// `ct mark`.
+    pub mark: u32,
     /// Seconds until expiry (an offloaded connection's expiry moves when
     /// the GC finds it was used, see `offload_packets`).
     pub expires_in: u64,
@@ -421,6 +515,7 @@ impl CtEntry {
             reply: (&e.reply()).into(),
             assured: e.is_assured(),
             packets: e.packets(),
+            mark: e.mark(),
             expires_in: e.expires_in(now).as_secs(),
             offloaded: e.is_offloaded(Dir::Original) || e.is_offloaded(Dir::Reply),
             offload_packets: None,
@@ -446,6 +541,7 @@ impl CtEntry {
             reply: (&e.reply()).into(),
             assured: e.is_assured(),
             packets: e.packets(),
+            mark: e.mark(),
             expires_in: e.expires_in(now).as_secs(),
             offloaded: e.is_offloaded(Dir::Original) || e.is_offloaded(Dir::Reply),
             offload_packets: None,
@@ -511,6 +607,9 @@ pub fn conntrack_text(answer: &Value) -> Option<String> {
         if c["flowtable"] == true {
             line.push_str(" [FLOWTABLE]");
         }
+        if let Some(m) = c["mark"].as_u64().filter(|m| *m != 0) {
+            line.push_str(&format!(" mark={m}"));
+        }
         if let Some(p) = c["timeout_policy"].as_str() {
             line.push_str(&format!(" timeout_policy=\"{p}\""));
         }
@@ -558,7 +657,7 @@ pub fn client(socket: &Path, request: &str) -> Result<String, CtlError> {
 pub fn request_from_args(args: &[String]) -> Result<String, CtlError> {
     let usage = || {
         CtlError::Usage(
-            "usage: status | counters | metrics | nat lookup ADDR[:PORT] [proto P] | conntrack list [proto P] [addr A] [port N] [limit N] | conntrack count|flush [proto P] [addr A] [port N] | ruleset replace FILE | ruleset list | reload | reload check | rule list [CHAIN] | set list [SET] | counter|quota|limit list|reset [NAME] | nft add|insert|delete rule ... | nft add|delete element ... | nft flush set ..."
+            "usage: status | counters | metrics | nat lookup ADDR[:PORT] [proto P] | conntrack list [proto P] [addr A] [port N] [state S] [mark M[/MASK]] [limit N] | conntrack count|flush [proto P] [addr A] [port N] [state S] [mark M[/MASK]] | ruleset replace FILE | ruleset list | reload | reload check | rule list [CHAIN] | set list [SET] | counter|quota|limit list|reset [NAME] | nft add|insert|delete rule ... | nft add|delete element ... | nft flush set ..."
                 .into(),
         )
     };
@@ -606,7 +705,7 @@ pub fn request_from_args(args: &[String]) -> Result<String, CtlError> {
             for kv in rest.chunks(2) {
                 let [k, v] = kv else { return Err(usage()) };
                 let val = match *k {
-                    "proto" | "addr" => json!(v),
+                    "proto" | "addr" | "state" | "mark" => json!(v),
                     "port" => json!(v
                         .parse::<u64>()
                         .map_err(|_| CtlError::Usage(format!("{k}: {v:?} is not a number")))?),
@@ -628,7 +727,7 @@ pub fn request_from_args(args: &[String]) -> Result<String, CtlError> {
             for kv in &mut it {
                 let [k, v] = kv else { return Err(usage()) };
                 let val = match *k {
-                    "proto" | "addr" => json!(v),
+                    "proto" | "addr" | "state" | "mark" => json!(v),
                     "port" | "limit" => json!(v
                         .parse::<u64>()
                         .map_err(|_| CtlError::Usage(format!("{k}: {v:?} is not a number")))?),
@@ -948,14 +1047,23 @@ mod tests {
         t4.insert(now, orig, reply, FlowInfo::default(), &mut |_| {})
             .expect("insert");
         let plain = k4([10, 0, 0, 3], 5000, [203, 0, 113, 9], 80, 6);
-        t4.insert(
+        let id = t4
+            .insert(
+                now,
+                plain,
+                plain.reversed(),
+                FlowInfo::default(),
+                &mut |_| {},
+            )
+            .expect("insert");
+        // A SYN_SENT connection with a mark.
+        t4.track(
+            id,
+            sluice_conntrack::Dir::Original,
             now,
-            plain,
-            plain.reversed(),
-            FlowInfo::default(),
-            &mut |_| {},
-        )
-        .expect("insert");
+            sluice_conntrack::L4Event::Tcp(sluice_conntrack::TcpFlags(0x02)),
+        );
+        t4.entry_mut(id).set_mark(0x5);
         let k6 = FlowKey6::new(
             6,
             "fd00::2".parse().expect("ip"),
@@ -977,11 +1085,20 @@ mod tests {
             Some("10.9.9.9"),
         ];
         let ports = [None, Some(53), Some(61000), Some(443), Some(4000), Some(1)];
+        let states = [None, Some("syn_sent"), Some("UNREPLIED"), Some("NONE")];
+        let marks = [None, Some("5"), Some("0x4/0x4"), Some("0x2/0x2"), Some("0")];
         let mut selected = 0;
         for p in protos {
             for a in addrs {
-                for port in ports {
-                    let f = CtFilter::new(p, a, port).expect("filter");
+                let combos: Vec<_> = ports
+                    .iter()
+                    .flat_map(|p| states.iter().map(move |s| (*p, *s)))
+                    .flat_map(|(p, s)| marks.iter().map(move |m| (p, (s, *m))))
+                    .collect();
+                for (port, (st, mk)) in combos {
+                    let f = CtFilter::new(p, a, port)
+                        .and_then(|f| f.with(st, mk))
+                        .expect("filter");
                     for (_, e) in t4.iter() {
                         let listed = CtEntry::of(0, e, now).expect("listing");
                         assert_eq!(f.matches4(e), f.matches(&listed), "{f:?} {listed:?}");
@@ -996,6 +1113,18 @@ mod tests {
             }
         }
         assert!(selected > 20, "the filters select something: {selected}");
+        // State and mark alone, and what they refuse.
+        let only = |st, mk| CtFilter::default().with(st, mk).expect("filter");
+        let count4 = |f: &CtFilter| t4.iter().filter(|(_, e)| f.matches4(e)).count();
+        assert_eq!(count4(&only(Some("Syn_Sent"), None)), 1);
+        assert_eq!(count4(&only(None, Some("0x5"))), 1);
+        assert_eq!(count4(&only(None, Some("0x1/0x1"))), 1);
+        assert_eq!(count4(&only(None, Some("0/0x1"))), 1, "the unmarked one");
+        assert_eq!(count4(&only(Some("ESTABLISHED"), None)), 0);
+        assert!(CtFilter::default().with(Some("OPEN"), None).is_err());
+        assert!(CtFilter::default().with(None, Some("0xfffffffff")).is_err());
+        assert!(CtFilter::default().with(None, Some("1/x")).is_err());
+        assert!(!only(Some("STREAM"), None).is_empty());
         assert!(CtFilter::new(None, None, None).expect("filter").is_empty());
         assert!(!CtFilter::new(None, None, Some(1))
             .expect("filter")
@@ -1094,6 +1223,8 @@ mod tests {
             proto: None,
             addr: None,
             port: None,
+            state: None,
+            mark: None,
         };
         assert!(file_refusal(&flush, None, 0).is_none());
     }
@@ -1157,6 +1288,8 @@ mod tests {
                 proto: Some("tcp".into()),
                 addr: None,
                 port: Some(80),
+                state: None,
+                mark: None,
                 limit: None
             })
         );
@@ -1171,7 +1304,9 @@ mod tests {
             Ok(Request::ConntrackFlush {
                 proto: None,
                 addr: None,
-                port: None
+                port: None,
+                state: None,
+                mark: None,
             })
         );
         assert_eq!(
@@ -1179,7 +1314,19 @@ mod tests {
             Ok(Request::ConntrackCount {
                 proto: None,
                 addr: Some("10.0.0.7".into()),
-                port: Some(53)
+                port: Some(53),
+                state: None,
+                mark: None,
+            })
+        );
+        assert_eq!(
+            parse_request(r#"{"cmd":"conntrack-flush","state":"time_wait","mark":"0x1/0x1"}"#),
+            Ok(Request::ConntrackFlush {
+                proto: None,
+                addr: None,
+                port: None,
+                state: Some("time_wait".into()),
+                mark: Some("0x1/0x1".into()),
             })
         );
     }
@@ -1217,6 +1364,7 @@ mod tests {
             reply: t([203, 0, 113, 2], 8000, [198, 51, 100, 7], 1025),
             assured: true,
             packets: 3,
+            mark: 0,
             expires_in: 10,
             offloaded: false,
             offload_packets: None,
@@ -1243,7 +1391,20 @@ mod tests {
                 proto: Some("tcp".into()),
                 addr: None,
                 port: Some(80),
+                state: None,
+                mark: None,
                 limit: None
+            }
+        );
+        let r = request_from_args(&a("conntrack flush state TIME_WAIT mark 0x1/0x1")).unwrap();
+        assert_eq!(
+            parse_request(&r).unwrap(),
+            Request::ConntrackFlush {
+                proto: None,
+                addr: None,
+                port: None,
+                state: Some("TIME_WAIT".into()),
+                mark: Some("0x1/0x1".into()),
             }
         );
         assert!(request_from_args(&a("conntrack list port")).is_err());

@@ -1940,9 +1940,12 @@ impl Control {
                 proto,
                 addr,
                 port,
+                state,
+                mark,
                 limit,
             } => {
-                let f = CtFilter::new(proto.as_deref(), addr.as_deref(), port)?;
+                let f = CtFilter::new(proto.as_deref(), addr.as_deref(), port)?
+                    .with(state.as_deref(), mark.as_deref())?;
                 let limit = limit.unwrap_or(ctl::DEFAULT_LIMIT);
                 let lists = self.ask_walk(|tx| Command::List(f.clone(), limit, tx))?;
                 let mut all: Vec<_> = lists.into_iter().flatten().take(limit).collect();
@@ -1959,17 +1962,37 @@ impl Control {
                 }
                 Ok(json!({"ok": true, "count": all.len(), "connections": all}))
             }
-            Request::ConntrackCount { proto, addr, port }
-                if proto.is_some() || addr.is_some() || port.is_some() =>
+            Request::ConntrackCount {
+                proto,
+                addr,
+                port,
+                state,
+                mark,
+            } if proto.is_some()
+                || addr.is_some()
+                || port.is_some()
+                || state.is_some()
+                || mark.is_some() =>
             {
-                let f = CtFilter::new(proto.as_deref(), addr.as_deref(), port)?;
+                let f = CtFilter::new(proto.as_deref(), addr.as_deref(), port)?
+                    .with(state.as_deref(), mark.as_deref())?;
                 let n = self.walk(&f, false)?;
                 Ok(json!({"ok": true, "count": n}))
             }
-            Request::ConntrackFlush { proto, addr, port }
-                if proto.is_some() || addr.is_some() || port.is_some() =>
+            Request::ConntrackFlush {
+                proto,
+                addr,
+                port,
+                state,
+                mark,
+            } if proto.is_some()
+                || addr.is_some()
+                || port.is_some()
+                || state.is_some()
+                || mark.is_some() =>
             {
-                let f = CtFilter::new(proto.as_deref(), addr.as_deref(), port)?;
+                let f = CtFilter::new(proto.as_deref(), addr.as_deref(), port)?
+                    .with(state.as_deref(), mark.as_deref())?;
                 let n = self.walk(&f, true)?;
                 tracing::info!(flushed = n, filter = ?f, "conntrack flush");
                 Ok(json!({"ok": true, "flushed": n}))

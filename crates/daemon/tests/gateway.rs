@@ -1894,6 +1894,13 @@ fn conntrack_filtered(backend: &str, tag: &str) {
         assert_eq!(c["state_name"], "UNREPLIED", "{c}");
         assert_eq!(c["seen_reply"], false, "{c}");
     }
+    // By state and mark: the two UDP flows are unreplied, none marked.
+    assert_eq!(count("proto udp state unreplied"), 2);
+    assert_eq!(count("proto udp state STREAM"), 0);
+    assert_eq!(count("proto udp mark 0"), 2);
+    assert_eq!(count("mark 0x1/0x1"), 0);
+    let bad = d.ctl("conntrack count state OPEN");
+    assert_eq!(bad["ok"], false, "{bad}");
     if backend.ends_with("_offload") {
         let st = d.ctl("status");
         let w = &st["worker_status"][0]["offload"];
