@@ -7,7 +7,8 @@
 //!   works;
 //! - a DNAT port forward from the public side reaches a private server;
 //!   one to an address range reaches the server the kernel would choose
-//!   for the client, every time;
+//!   for the client, every time; `snat to ip saddr map` sends each private
+//!   host out from its own address;
 //! - hairpinning: a private host reaches another through the other's
 //!   external (pool) endpoint, and sees the pool address as the source;
 //! - a SIGHUP reload with a changed ruleset keeps a running TCP transfer
@@ -1201,6 +1202,37 @@ fn notrack(backend: &str, tag: &str) {
     assert!(count("udp sport 7777").is_some_and(|n| n >= 1), "{rules}");
 }
 
+/// `snat to ip saddr map`: each private host leaves from its own address
+/// (the public server's log shows which), a pool per element.
+fn snat_map(backend: &str, tag: &str) {
+    require_root();
+    let t = Topo::new(tag);
+    let rules = RULESET.replace(
+        "    oifname \"wan0\" snat to 198.51.100.7\n",
+        "    oifname \"wan0\" snat to ip saddr map { 10.0.0.2 : 198.51.100.7, 10.0.0.3 : 198.51.100.8 }\n",
+    );
+    assert_ne!(rules, RULESET);
+    t.write_ruleset("gw.nft", &rules);
+    let cfg = t.write_config(backend, "gw.nft", "");
+    let d = Daemon::start(&t, &cfg, backend);
+    let _srv = http_server(&t, &t.public, PUBLIC, 8081, "pub");
+    for (ns, from) in [(&t.private, "198.51.100.7"), (&t.private2, "198.51.100.8")] {
+        let (ok, size, o) = curl(ns, &format!("http://{PUBLIC}:8081/blob"), 10);
+        assert!(
+            ok && size == (256 << 10).to_string(),
+            "{backend}: {}\n{}",
+            text(&o),
+            d.context()
+        );
+        let log = read(&t.dir.join("http-pub.log"));
+        assert!(
+            log.lines()
+                .any(|l| l.starts_with(from) && l.contains("GET /blob")),
+            "{backend}: no request from {from}:\n{log}"
+        );
+    }
+}
+
 /// `dnat to A-B`: connections from the public host to a forwarded port
 /// reach the private server the kernel's `nf_nat` would choose for that
 /// client and destination (`DnatRange::pick`), every time.
@@ -2054,6 +2086,12 @@ both_backends!(
     "n",
     notrack_forwards_untranslated_without_a_connection_af_packet,
     notrack_forwards_untranslated_without_a_connection_af_xdp
+);
+both_backends!(
+    snat_map,
+    "sm",
+    snat_map_gives_each_host_its_address_af_packet,
+    snat_map_gives_each_host_its_address_af_xdp
 );
 both_backends!(
     dnat_range,
