@@ -103,7 +103,9 @@ pub use proto::{
     icmp_is_query_request, CtState, L4Event, ProtoState, TcpFlags, TcpState, Tracked, UdpState,
     Verdict,
 };
-pub use table::{Config, ConfigError, InsertError, Table, Vacant, MAX_CONNECTIONS};
+pub use table::{
+    first_packet_timeout, Config, ConfigError, InsertError, Table, Vacant, MAX_CONNECTIONS,
+};
 pub use time::{Instant, TimeoutKind, TimeoutPolicy, Timeouts};
 
 /// A flow key the table can index.

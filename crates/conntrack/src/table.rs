@@ -1,6 +1,7 @@
 //! The connection table: a slab of entries plus the two-key index.
 
 use core::fmt;
+use core::time::Duration;
 
 use sluice_io::mem::{advise_huge_pages, populate, prefetch};
 
@@ -191,6 +192,31 @@ fn fold(a: u64, b: u64) -> u64 {
 
 /// The compiled timeouts of every policy slot.
 type Timeouts256 = [TimeoutTable; 256];
+
+/// The time a new connection of IP protocol `proto` is left with by its
+/// first packet `ev`, under `timeouts` and, if given, `policy` over them:
+/// what [`Table::insert`], [`Table::track`] of that packet and
+/// [`Table::apply_timeout_policy`] give its entry (for `sluice trace`,
+/// which has no table). `None` when the packet does not validly start a
+/// connection.
+pub fn first_packet_timeout(
+    timeouts: &Timeouts,
+    policy: Option<&TimeoutPolicy>,
+    proto: u8,
+    ev: L4Event,
+) -> Option<Duration> {
+    let base = TimeoutTable::new(timeouts);
+    let t = policy.map_or(base, |p| p.over(&base));
+    let s = proto::step(ProtoState::initial(proto), false, false, Dir::Original, ev);
+    if s.verdict != Verdict::Valid {
+        return None;
+    }
+    let mut ms = t.get(s.timeout?);
+    if s.cap_unack {
+        ms = ms.min(t.get(TimeoutKind::TcpUnack));
+    }
+    Some(Duration::from_millis(u64::from(ms)))
+}
 
 /// A packet of a live, replied entry that changes nothing but its expiry
 /// and packet count, or only makes a replied UDP connection an assured

@@ -1407,6 +1407,15 @@ proptest! {
         prop_assume!(tw.verdict == Verdict::Valid);
         with.apply_timeout_policy(iw, 9, now);
         prop_assert_eq!(with.entry(iw).timeout_policy(), 9);
+        // What `sluice trace` computes without a table, both ways.
+        prop_assert_eq!(
+            Some(with.entry(iw).expires_in(now)),
+            first_packet_timeout(&Timeouts::default(), Some(&policy), p, ev)
+        );
+        prop_assert_eq!(
+            Some(plain.entry(ip).expires_in(now)),
+            first_packet_timeout(&policy_timeouts(&policy), None, p, ev)
+        );
         let same = |a: &T4, b: &T4| {
             let (ea, eb) = (a.entry(iw), b.entry(ip));
             (

@@ -693,25 +693,21 @@ pub struct Trace {
 /// connection with, under netfilter's defaults and the policy in `slot`
 /// (0: none), in whole seconds.
 fn first_timeout(pkt: &TracePacket, slot: u8) -> Option<u32> {
-    use sluice_conntrack::{TimeoutKind as K, Timeouts};
-    let d = Timeouts::default();
-    let policy = sluice_engine::ct_timeout::get(slot)
-        .filter(|p| p.proto == pkt.proto)
-        .map(|p| p.policy);
-    let timer = |k: K, default: std::time::Duration| {
-        policy.and_then(|p| p.get(k)).unwrap_or(default).as_secs()
-    };
-    let secs = match pkt.proto {
-        17 => timer(K::Udp, d.udp),
-        // A SYN alone: SYN_SENT, within the cap on unassured connections.
-        6 if pkt.tcp_flags & 0x17 == 0x02 => {
-            timer(K::TcpSynSent, d.tcp_syn_sent).min(timer(K::TcpUnack, d.tcp_unacknowledged))
-        }
-        1 if pkt.icmp_type == 8 => d.icmp.as_secs(),
-        58 if pkt.icmp_type == 128 => d.icmp.as_secs(),
+    use sluice_conntrack::{proto::TcpFlags, L4Event};
+    let ev = match pkt.proto {
+        17 => L4Event::Udp,
+        // A SYN alone (a mid-stream pickup is capped as unassured in
+        // Sluice, where the kernel would not know yet).
+        6 if pkt.tcp_flags & 0x17 == 0x02 => L4Event::Tcp(TcpFlags(pkt.tcp_flags)),
+        1 if pkt.icmp_type == 8 => L4Event::Icmp { request: true },
+        58 if pkt.icmp_type == 128 => L4Event::Icmp { request: true },
         _ => return None,
     };
-    u32::try_from(secs).ok()
+    let policy = sluice_engine::ct_timeout::get(slot)
+        .filter(|p| p.proto == pkt.proto)
+        .map(|p| &p.policy);
+    let d = sluice_conntrack::first_packet_timeout(&Default::default(), policy, pkt.proto, ev)?;
+    u32::try_from(d.as_secs()).ok()
 }
 
 /// The hooks a packet meets on the path of `hook`.
