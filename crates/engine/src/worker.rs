@@ -3409,10 +3409,8 @@ pub(crate) fn later_ct_timeout(earlier: u8, later: u8) -> u8 {
 }
 
 /// Give the new connection `id` the timeout policy in slot `slot` (see
-/// [`crate::ct_timeout`]), putting the policy in the table the first time
-/// one of its connections gets it (no allocation: the table reserved room
-/// for every slot). A policy of another protocol than the connection's is
-/// ignored, as in the kernel.
+/// [`crate::ct_timeout`]). A policy of another protocol than the
+/// connection's is ignored, as in the kernel.
 #[cold]
 #[inline(never)]
 pub(crate) fn give_ct_timeout<K: ct::Key, P: Copy + Default>(
@@ -3421,16 +3419,29 @@ pub(crate) fn give_ct_timeout<K: ct::Key, P: Copy + Default>(
     slot: u8,
     now: ct::Instant,
 ) {
-    let Some(p) = crate::ct_timeout::get(slot) else {
-        return;
-    };
-    if table.entry(id).proto() != p.proto {
-        return;
+    let proto = table.entry(id).proto();
+    if install_ct_timeout(table, slot, proto) {
+        table.apply_timeout_policy(id, slot, now);
     }
+}
+
+/// Make sure `table` holds the policy of slot `slot` (the first
+/// connection that gets a slot puts its policy in the table; no
+/// allocation: the table reserved room for every slot). False, changing
+/// nothing, when the process has no policy in that slot or it is for
+/// another protocol than `proto`.
+pub(crate) fn install_ct_timeout<K: ct::Key, P: Copy + Default>(
+    table: &mut ct::Table<K, P>,
+    slot: u8,
+    proto: u8,
+) -> bool {
+    let Some(p) = crate::ct_timeout::get(slot).filter(|p| p.proto == proto) else {
+        return false;
+    };
     if table.timeout_policy(slot).is_none() {
         table.set_timeout_policy(slot, &p.policy);
     }
-    table.apply_timeout_policy(id, slot, now);
+    true
 }
 
 fn instant(now_ns: u64) -> ct::Instant {

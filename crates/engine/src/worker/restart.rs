@@ -14,7 +14,7 @@ use sluice_conntrack::{Carried, InsertError};
 use sluice_wire::flow::{FlowKey4, FlowKey6};
 
 use super::v6::{conn6, FlowInfo6};
-use super::{conn4, instant, offload_removals, FlowInfo, Worker};
+use super::{conn4, install_ct_timeout, instant, offload_removals, FlowInfo, Worker};
 
 /// One connection a restart carries over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -130,7 +130,9 @@ impl Worker {
                     ip_delta,
                     l4_delta,
                 };
-                prepare_policy(&mut self.ct, orig.proto, carried.timeout_policy);
+                // The connection keeps its policy only if the table holds it
+                // (see `Table::restore`).
+                install_ct_timeout(&mut self.ct, carried.timeout_policy, orig.proto);
                 let nat_t = &mut self.nat;
                 let (q, adjs) = (&mut self.offload, &self.adj);
                 let counted = self.counts_conns.then_some(&*self.policy);
@@ -175,7 +177,7 @@ impl Worker {
                     return Err(RestoreError::NoRoute);
                 };
                 let info = FlowInfo6 { adj: [out, back] };
-                prepare_policy(&mut self.v6.ct, orig.proto, carried.timeout_policy);
+                install_ct_timeout(&mut self.v6.ct, carried.timeout_policy, orig.proto);
                 let (q, adjs) = (&mut self.offload, &self.adj);
                 let counted = self.counts_conns.then_some(&*self.policy);
                 let mut overflow = false;
@@ -199,23 +201,5 @@ impl Worker {
         }
         self.counters.ct_created += 1;
         Ok(())
-    }
-}
-
-/// Put the timeout policy of slot `slot` ([`crate::ct_timeout`]) in
-/// `table` for a restored connection of protocol `proto`, if it is not
-/// there yet; a slot the process does not know, or a policy of another
-/// protocol, leaves the table alone (the connection then follows the
-/// table's own timeouts, see [`sluice_conntrack::Table::restore`]).
-fn prepare_policy<K: sluice_conntrack::Key, P: Copy + Default>(
-    table: &mut sluice_conntrack::Table<K, P>,
-    proto: u8,
-    slot: u8,
-) {
-    if slot == 0 || table.timeout_policy(slot).is_some() {
-        return;
-    }
-    if let Some(p) = crate::ct_timeout::get(slot).filter(|p| p.proto == proto) {
-        table.set_timeout_policy(slot, &p.policy);
     }
 }
