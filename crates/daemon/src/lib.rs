@@ -1968,36 +1968,13 @@ impl Control {
                 port,
                 state,
                 mark,
-            } if proto.is_some()
-                || addr.is_some()
-                || port.is_some()
-                || state.is_some()
-                || mark.is_some() =>
-            {
+            } => {
                 let f = CtFilter::new(proto.as_deref(), addr.as_deref(), port)?
                     .with(state.as_deref(), mark.as_deref())?;
-                let n = self.walk(&f, false)?;
-                Ok(json!({"ok": true, "count": n}))
-            }
-            Request::ConntrackFlush {
-                proto,
-                addr,
-                port,
-                state,
-                mark,
-            } if proto.is_some()
-                || addr.is_some()
-                || port.is_some()
-                || state.is_some()
-                || mark.is_some() =>
-            {
-                let f = CtFilter::new(proto.as_deref(), addr.as_deref(), port)?
-                    .with(state.as_deref(), mark.as_deref())?;
-                let n = self.walk(&f, true)?;
-                tracing::info!(flushed = n, filter = ?f, "conntrack flush");
-                Ok(json!({"ok": true, "flushed": n}))
-            }
-            Request::ConntrackCount { .. } => {
+                if !f.is_empty() {
+                    let n = self.walk(&f, false)?;
+                    return Ok(json!({"ok": true, "count": n}));
+                }
                 let ws = self.ask(Command::Status)?;
                 let n: usize = ws.iter().map(|w| w.connections).sum();
                 let n6: usize = ws.iter().map(|w| w.connections6).sum();
@@ -2005,8 +1982,21 @@ impl Control {
                 Ok(json!({"ok": true, "count": n + n6, "ipv4": n, "ipv6": n6,
                           "early_drops": early}))
             }
-            Request::ConntrackFlush { .. } => {
-                let n: u64 = self.ask(Command::Flush)?.into_iter().sum();
+            Request::ConntrackFlush {
+                proto,
+                addr,
+                port,
+                state,
+                mark,
+            } => {
+                let f = CtFilter::new(proto.as_deref(), addr.as_deref(), port)?
+                    .with(state.as_deref(), mark.as_deref())?;
+                if f.is_empty() {
+                    let n: u64 = self.ask(Command::Flush)?.into_iter().sum();
+                    return Ok(json!({"ok": true, "flushed": n}));
+                }
+                let n = self.walk(&f, true)?;
+                tracing::info!(flushed = n, filter = ?f, "conntrack flush");
                 Ok(json!({"ok": true, "flushed": n}))
             }
             Request::RulesetReplace { path } => {

@@ -110,6 +110,41 @@ fn curl(ns: &Netns, url: &str, max_time: u32) -> (bool, String, std::process::Ou
     )
 }
 
+/// `curl` of an `http_server`'s 256 KiB `blob` from `ns`, which must arrive
+/// whole (`what` names the case in the failure, with the gateway's
+/// context).
+fn get_blob(ns: &Netns, url: &str, d: &Daemon, what: &str) {
+    let (ok, size, o) = curl(ns, url, 10);
+    assert!(
+        ok && size == (256 << 10).to_string(),
+        "{what}: {}\n{}",
+        text(&o),
+        d.context()
+    );
+}
+
+/// How many `GET /blob` requests from `from` the `http_server` named
+/// `server` logged.
+fn blob_requests(t: &Topo, server: &str, from: &str) -> usize {
+    read(&t.dir.join(format!("http-{server}.log")))
+        .lines()
+        .filter(|l| l.starts_with(from) && l.contains("GET /blob"))
+        .count()
+}
+
+/// Sets `state_file` in the configuration `cfg` (connections kept over a
+/// restart) and returns the file's path.
+fn keep_state(t: &Topo, cfg: &std::path::Path) -> std::path::PathBuf {
+    let state = t.dir.join("conns.state");
+    let text_cfg = std::fs::read_to_string(cfg).expect("config");
+    std::fs::write(
+        cfg,
+        format!("state_file = \"{}\"\n{text_cfg}", state.display()),
+    )
+    .expect("config with state_file");
+    state
+}
+
 /// Waits until both TCP connections of an iperf3 test to port 5201 (control
 /// and data) are in the gateway's connection table.
 fn wait_for_iperf3_connections(d: &Daemon) {
@@ -337,12 +372,11 @@ fn drop_policy(backend: &str, tag: &str) {
     let (t, d) = setup(tag, backend, "");
     let _a = http_server(&t, &t.public, PUBLIC, 8081, "allowed");
     let _b = http_server(&t, &t.public, PUBLIC, 8082, "forbidden");
-    let (ok, size, o) = curl(&t.private, &format!("http://{PUBLIC}:8081/blob"), 10);
-    assert!(
-        ok && size == (256 << 10).to_string(),
-        "allowed port failed: {}\n{}",
-        text(&o),
-        d.context()
+    get_blob(
+        &t.private,
+        &format!("http://{PUBLIC}:8081/blob"),
+        &d,
+        "allowed port failed",
     );
     let before = d.drops("policy-drop");
     let (ok, _, o) = curl(&t.private, &format!("http://{PUBLIC}:8082/blob"), 2);
@@ -371,19 +405,17 @@ fn drop_policy(backend: &str, tag: &str) {
 fn dnat_port_forward(backend: &str, tag: &str) {
     let (t, d) = setup(tag, backend, "");
     let _srv = http_server(&t, &t.private2, PRIV2, 80, "inside");
-    let (ok, size, o) = curl(&t.public, &format!("http://{POOL}:8080/blob"), 10);
-    assert!(
-        ok && size == (256 << 10).to_string(),
-        "port forward failed: {}\n{}",
-        text(&o),
-        d.context()
+    get_blob(
+        &t.public,
+        &format!("http://{POOL}:8080/blob"),
+        &d,
+        "port forward failed",
     );
     // The private server saw the public client (DNAT only, no SNAT).
-    let log = read(&t.dir.join("http-inside.log"));
     assert!(
-        log.lines()
-            .any(|l| l.starts_with(PUBLIC) && l.contains("GET /blob")),
-        "server log does not show {PUBLIC}:\n{log}"
+        blob_requests(&t, "inside", PUBLIC) > 0,
+        "server log does not show {PUBLIC}:\n{}",
+        read(&t.dir.join("http-inside.log"))
     );
     let list = d.ctl("conntrack list proto tcp port 8080");
     let conns = list["connections"].as_array().expect("connections");
@@ -395,12 +427,11 @@ fn dnat_port_forward(backend: &str, tag: &str) {
         "no DNAT connection in {list}"
     );
     // The same forward on the gateway's own WAN address.
-    let (ok, size, o) = curl(&t.public, "http://203.0.113.1:8080/blob", 10);
-    assert!(
-        ok && size == (256 << 10).to_string(),
-        "port forward on the WAN address failed: {}\n{}",
-        text(&o),
-        d.context()
+    get_blob(
+        &t.public,
+        "http://203.0.113.1:8080/blob",
+        &d,
+        "port forward on the WAN address failed",
     );
     // Another port on the pool address is not forwarded.
     let (ok, _, _) = curl(&t.public, &format!("http://{POOL}:8081/"), 2);
@@ -642,11 +673,10 @@ fn nat_pool_reload(backend: &str, tag: &str) {
         text(&out),
         d.context()
     );
-    let log = read(&t.dir.join("http-a.log"));
     assert!(
-        log.lines()
-            .any(|l| l.starts_with(NEW) && l.contains("GET /blob")),
-        "the server did not see {NEW}:\n{log}"
+        blob_requests(&t, "a", NEW) > 0,
+        "the server did not see {NEW}:\n{}",
+        read(&t.dir.join("http-a.log"))
     );
     assert!(d.log().contains("NAT pools replaced"), "{}", d.log());
     // Flushed, the retired mappings are gone.
@@ -1217,18 +1247,11 @@ fn snat_map(backend: &str, tag: &str) {
     let d = Daemon::start(&t, &cfg, backend);
     let _srv = http_server(&t, &t.public, PUBLIC, 8081, "pub");
     for (ns, from) in [(&t.private, "198.51.100.7"), (&t.private2, "198.51.100.8")] {
-        let (ok, size, o) = curl(ns, &format!("http://{PUBLIC}:8081/blob"), 10);
+        get_blob(ns, &format!("http://{PUBLIC}:8081/blob"), &d, backend);
         assert!(
-            ok && size == (256 << 10).to_string(),
-            "{backend}: {}\n{}",
-            text(&o),
-            d.context()
-        );
-        let log = read(&t.dir.join("http-pub.log"));
-        assert!(
-            log.lines()
-                .any(|l| l.starts_with(from) && l.contains("GET /blob")),
-            "{backend}: no request from {from}:\n{log}"
+            blob_requests(&t, "pub", from) > 0,
+            "{backend}: no request from {from}:\n{}",
+            read(&t.dir.join("http-pub.log"))
         );
     }
 }
@@ -1259,22 +1282,16 @@ fn dnat_range(backend: &str, tag: &str) {
         hi: PRIV2.parse().unwrap(),
         persistent: false,
     };
-    let seen = |name: &str| {
-        read(&t.dir.join(format!("http-{name}.log")))
-            .lines()
-            .filter(|l| l.starts_with(PUBLIC) && l.contains("GET /blob"))
-            .count()
-    };
+    let seen = |name: &str| blob_requests(&t, name, PUBLIC);
     for dst in [POOL, "203.0.113.1"] {
         let want = range.pick(PUBLIC.parse().unwrap(), dst.parse().unwrap());
         let before = (seen("b2"), seen("b3"));
         for _ in 0..3 {
-            let (ok, size, o) = curl(&t.public, &format!("http://{dst}:8090/blob"), 10);
-            assert!(
-                ok && size == (256 << 10).to_string(),
-                "{backend}: dnat range to {dst} failed: {}\n{}",
-                text(&o),
-                d.context()
+            get_blob(
+                &t.public,
+                &format!("http://{dst}:8090/blob"),
+                &d,
+                &format!("{backend}: dnat range to {dst}"),
             );
         }
         let after = (seen("b2"), seen("b3"));
@@ -1314,13 +1331,7 @@ fn ct_timeout(backend: &str, tag: &str) {
     };
     t.write_ruleset("gw.nft", &rules(77));
     let cfg = t.write_config(backend, "gw.nft", "");
-    let state = t.dir.join("conns.state");
-    let text_cfg = std::fs::read_to_string(&cfg).expect("config");
-    std::fs::write(
-        &cfg,
-        format!("state_file = \"{}\"\n{text_cfg}", state.display()),
-    )
-    .expect("config with state_file");
+    let state = keep_state(&t, &cfg);
     let mut d = Daemon::start(&t, &cfg, backend);
     // A UDP server on the public host that answers each datagram.
     let server = t.dir.join("echo.py");
@@ -2833,13 +2844,7 @@ fn restart_keeps_connections(backend: &str, tag: &str, nat: bool, extra: &str) {
         ),
     );
     let cfg = t.write_config(backend, "gw.nft", extra);
-    let state = t.dir.join("conns.state");
-    let text_cfg = std::fs::read_to_string(&cfg).expect("config");
-    std::fs::write(
-        &cfg,
-        format!("state_file = \"{}\"\n{text_cfg}", state.display()),
-    )
-    .expect("config with state_file");
+    let state = keep_state(&t, &cfg);
     let mut d = Daemon::start(&t, &cfg, backend);
     wait_ping(&t, &d);
     let _srv = iperf3_server(&t, PUBLIC);

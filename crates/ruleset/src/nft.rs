@@ -1088,6 +1088,34 @@ impl<'s> Parser<'s> {
 
     /// `flowtable NAME { hook ingress priority P; devices = { D, ... };
     /// [flags offload;] [counter] }`.
+    /// The items of a `{ ... }` block whose `{` was read, up to its `}`,
+    /// one `item` per statement; a failed item is skipped to its end (its
+    /// error reported) and the others still read. Returns whether any
+    /// item failed; an end of file before the `}` is an error at `sp`.
+    fn block_items(
+        &mut self,
+        sp: Span,
+        what: &str,
+        mut item: impl FnMut(&mut Self) -> P<()>,
+    ) -> P<bool> {
+        let mut failed = false;
+        loop {
+            self.skip_separators();
+            if self.eat(&Tok::RBrace) {
+                return Ok(failed);
+            }
+            if matches!(self.peek(), Tok::Eof) {
+                return self.err(sp, format!("missing '}}' at end of {what}"));
+            }
+            let depth = self.depth;
+            let r = item(self);
+            if r.and_then(|_| self.end_stmt()).is_err() {
+                failed = true;
+                self.recover_to(depth);
+            }
+        }
+    }
+
     fn flowtable_decl(&mut self, ti: usize) -> P<()> {
         let (name, sp) = self.name("flowtable name")?;
         self.expect(Tok::LBrace)?;
@@ -1100,22 +1128,8 @@ impl<'s> Parser<'s> {
             span: sp,
         };
         let mut hooked = false;
-        let mut failed = false;
-        loop {
-            self.skip_separators();
-            if self.eat(&Tok::RBrace) {
-                break;
-            }
-            if matches!(self.peek(), Tok::Eof) {
-                return self.err(sp, "missing '}' at end of flowtable");
-            }
-            let depth = self.depth;
-            let r = self.flowtable_item(&mut ft, &mut hooked);
-            if r.and_then(|_| self.end_stmt()).is_err() {
-                failed = true;
-                self.recover_to(depth);
-            }
-        }
+        let mut failed =
+            self.block_items(sp, "flowtable", |p| p.flowtable_item(&mut ft, &mut hooked))?;
         if !hooked && !failed {
             failed = true;
             self.diags.push(RawDiag::new(
@@ -1198,22 +1212,9 @@ impl<'s> Parser<'s> {
         // States as written, checked against the protocol at the end
         // (nft takes `policy` before `protocol` too).
         let mut policy: Vec<(String, Span, u32)> = Vec::new();
-        let mut failed = false;
-        loop {
-            self.skip_separators();
-            if self.eat(&Tok::RBrace) {
-                break;
-            }
-            if matches!(self.peek(), Tok::Eof) {
-                return self.err(sp, "missing '}' at end of ct timeout");
-            }
-            let depth = self.depth;
-            let r = self.ct_timeout_item(&mut protocol, &mut l3proto, &mut policy);
-            if r.and_then(|_| self.end_stmt()).is_err() {
-                failed = true;
-                self.recover_to(depth);
-            }
-        }
+        let mut failed = self.block_items(sp, "ct timeout", |p| {
+            p.ct_timeout_item(&mut protocol, &mut l3proto, &mut policy)
+        })?;
         let no_protocol = protocol.is_none();
         if no_protocol && !failed {
             failed = true;
