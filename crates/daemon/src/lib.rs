@@ -328,9 +328,12 @@ fn summary_extras(cfg: &Config) -> Vec<String> {
                 p.display(),
                 wall_ms().saturating_sub(at) / 1000
             ),
-            Ok(Some((w, n, _))) => format!(
-                "{n} connections saved in {} by {w} workers: not restored with {} (set aside)",
+            Ok(Some((w, n, at))) => format!(
+                "{n} connections saved in {} {} s ago by {w} workers, for the next start \
+                 (placed by the steering of {}: a translated one whose internal and \
+                 external ports it puts on different workers is not restored)",
                 p.display(),
+                wall_ms().saturating_sub(at) / 1000,
                 cfg.workers
             ),
             Err(e) => format!(
@@ -2698,7 +2701,10 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
             ecfg.offload_queue = OFFLOAD_QUEUE;
         }
         let mut engine = Worker::new(ecfg, Arc::clone(&lp.policy))?;
-        if let Some(conns) = carried.get_mut(usize::from(id)) {
+        if let Some((from, conns)) = carried.resteer.take() {
+            place_saved(&engine, &cfg, from, conns, &mut carried.by_worker);
+        }
+        if let Some(conns) = carried.by_worker.get_mut(usize::from(id)) {
             restore_worker(&mut engine, id, std::mem::take(conns), epoch);
         }
         let mut ports: Vec<Box<dyn Port>> = Vec::new();
@@ -2988,20 +2994,23 @@ fn aged(mut c: sluice_engine::SavedConn, ms: u64) -> sluice_engine::SavedConn {
 /// A file that cannot be read or is refused is kept, renamed
 /// `FILE.refused`, and the gateway starts without its connections: a
 /// restart must not fail over them.
-fn load_state(cfg: &Config) -> Vec<Vec<sluice_engine::SavedConn>> {
-    let mut by_worker = vec![Vec::new(); usize::from(cfg.workers)];
+fn load_state(cfg: &Config) -> SavedState {
+    let mut saved = SavedState {
+        by_worker: vec![Vec::new(); usize::from(cfg.workers)],
+        resteer: None,
+    };
     let Some(path) = &cfg.state_file else {
-        return by_worker;
+        return saved;
     };
     let bytes = match std::fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             tracing::info!(path = %path.display(), "no saved connections");
-            return by_worker;
+            return saved;
         }
         Err(e) => {
             tracing::error!(path = %path.display(), "saved connections not read: {e}");
-            return by_worker;
+            return saved;
         }
     };
     let refuse = |why: String| {
@@ -3015,11 +3024,6 @@ fn load_state(cfg: &Config) -> Vec<Vec<sluice_engine::SavedConn>> {
     };
     match state::decode(&bytes) {
         Err(e) => refuse(e.to_string()),
-        Ok(s) if s.workers != cfg.workers => refuse(format!(
-            "saved by a gateway with {} workers, this one has {} (a connection's \
-             worker follows from the steering, which changes with their number)",
-            s.workers, cfg.workers
-        )),
         Ok(s) => {
             // The time the gateway was down counts against each
             // connection's time left, as it would have on a running one
@@ -3051,8 +3055,15 @@ fn load_state(cfg: &Config) -> Vec<Vec<sluice_engine::SavedConn>> {
                     0 => 0,
                     n => slots.get(usize::from(n) - 1).copied().unwrap_or(0),
                 };
-                if let Some(v) = by_worker.get_mut(usize::from(w)) {
-                    v.push(aged(c, down));
+                let c = aged(c, down);
+                if s.workers != cfg.workers {
+                    saved
+                        .resteer
+                        .get_or_insert_with(|| (s.workers, Vec::new()))
+                        .1
+                        .push(c);
+                } else if let Some(v) = saved.by_worker.get_mut(usize::from(w)) {
+                    v.push(c);
                 }
             }
             if let Err(e) = std::fs::remove_file(path) {
@@ -3060,7 +3071,60 @@ fn load_state(cfg: &Config) -> Vec<Vec<sluice_engine::SavedConn>> {
             }
         }
     }
-    by_worker
+    saved
+}
+
+/// The connections a previous run saved (`state_file`).
+#[derive(Debug, Default, PartialEq, Eq)]
+struct SavedState {
+    /// By the worker that holds them: the one that saved them, when the
+    /// gateway that saved them had as many workers.
+    by_worker: Vec<Vec<sluice_engine::SavedConn>>,
+    /// Saved by a gateway with another number of workers (that number and
+    /// the connections): placed by this one's steering ([`place_saved`])
+    /// before any worker takes its own.
+    resteer: Option<(u16, Vec<sluice_engine::SavedConn>)>,
+}
+
+/// Files the connections a gateway of `from` workers saved with the
+/// worker of this one (`cfg.workers`) that its steering sends them to
+/// (`Worker::home_of`, asked of `engine`, whose routes tell which
+/// interface each end is behind), and logs how many went where and why
+/// the others did not.
+fn place_saved(
+    engine: &Worker,
+    cfg: &Config,
+    from: u16,
+    conns: Vec<sluice_engine::SavedConn>,
+    by_worker: &mut [Vec<sluice_engine::SavedConn>],
+) {
+    // Engine interface k + 1 is config interface k.
+    let steer = |i: sluice_engine::IfIndex| {
+        let k = usize::from(i).checked_sub(1)?;
+        cfg.interfaces
+            .get(k)
+            .map(|ifc| steer_for(ifc.role, cfg.workers))
+    };
+    let total = conns.len();
+    let mut not_placed = std::collections::BTreeMap::<String, u64>::new();
+    for c in conns {
+        match engine.home_of(&c, steer) {
+            Ok(w) => match by_worker.get_mut(usize::from(w)) {
+                Some(v) => v.push(c),
+                None => *not_placed.entry(format!("no worker {w}")).or_default() += 1,
+            },
+            Err(e) => *not_placed.entry(e.to_string()).or_default() += 1,
+        }
+    }
+    let placed: Vec<usize> = by_worker.iter().map(Vec::len).collect();
+    tracing::info!(
+        saved_by_workers = from,
+        workers = cfg.workers,
+        connections = total,
+        per_worker = ?placed,
+        not_placed = ?not_placed,
+        "saved connections placed by this gateway's steering"
+    );
 }
 
 /// Give worker `id` the connections saved for it, before it sees traffic.
@@ -3155,16 +3219,21 @@ mod tests {
     }
 
     /// `state_file` at start: a missing file restores nothing; a good one
-    /// gives each worker its connections and is removed; one that does not
-    /// decode, or was saved by a gateway with another number of workers,
-    /// is kept as `FILE.refused` and restores nothing.
+    /// gives each worker its connections and is removed (one saved by a
+    /// gateway with another number of workers gives them all to be placed
+    /// by this one's steering); one that does not decode is kept as
+    /// `FILE.refused` and restores nothing.
     #[test]
     fn a_state_file_is_restored_once_or_refused_and_kept() {
         use sluice_engine::SavedConn;
         use sluice_wire::flow::{proto, FlowKey4};
         let (dir, path, cfg) = state_file_config("restore", 2);
         assert_eq!(cfg.state_file.as_deref(), Some(path.as_path()));
-        assert_eq!(load_state(&cfg), vec![Vec::new(), Vec::new()]);
+        let nothing = SavedState {
+            by_worker: vec![Vec::new(), Vec::new()],
+            resteer: None,
+        };
+        assert_eq!(load_state(&cfg), nothing);
         let k = FlowKey4 {
             src: 0x0a00_0002,
             dst: 0xcb00_7102,
@@ -3189,7 +3258,7 @@ mod tests {
         };
         // Saved 400 ms ago: 400 ms less left.
         std::fs::write(&path, state::encode(2, wall_ms() - 400, &[], &[(1, c)])).unwrap();
-        let got = load_state(&cfg);
+        let got = load_state(&cfg).by_worker;
         assert!(got[0].is_empty());
         let [SavedConn::V4 { carried, orig, .. }] = got[1][..] else {
             panic!("{got:?}");
@@ -3205,22 +3274,107 @@ mod tests {
         // it); saved "in the future" (a clock set back): none counted.
         std::fs::write(&path, state::encode(2, wall_ms() - 5000, &[], &[(0, c)])).unwrap();
         assert!(matches!(
-            load_state(&cfg)[0][..],
+            load_state(&cfg).by_worker[0][..],
             [SavedConn::V4 { carried, .. }] if carried.expires_in_ms == 0
         ));
         std::fs::write(&path, state::encode(2, wall_ms() + 60_000, &[], &[(0, c)])).unwrap();
-        assert_eq!(load_state(&cfg)[0], vec![c]);
+        assert_eq!(load_state(&cfg).by_worker[0], vec![c]);
+        // Saved by three workers: all to be placed, none given yet.
+        std::fs::write(
+            &path,
+            state::encode(3, wall_ms() + 60_000, &[], &[(2, c), (0, c)]),
+        )
+        .unwrap();
+        assert_eq!(
+            load_state(&cfg),
+            SavedState {
+                by_worker: vec![Vec::new(), Vec::new()],
+                resteer: Some((3, vec![c, c])),
+            }
+        );
+        assert!(!path.exists(), "read once, then removed");
         let refused = path.with_extension("refused");
         for bad in [
             b"not a state file".to_vec(),
-            state::encode(3, 0, &[], &[(2, c)]),
+            state::encode(3, 0, &[], &[(3, c)]),
         ] {
             std::fs::write(&path, &bad).unwrap();
-            assert_eq!(load_state(&cfg), vec![Vec::new(), Vec::new()]);
+            assert_eq!(load_state(&cfg), nothing);
             assert!(!path.exists());
             assert_eq!(std::fs::read(&refused).unwrap(), bad, "kept as it was");
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Connections saved by a gateway with another number of workers go to
+    /// the worker this one's steering sends them to: an untranslated one
+    /// to the worker of its inside port, a translated one to the worker of
+    /// its external port when its internal port's is the same, else none.
+    #[test]
+    fn saved_connections_are_placed_by_this_gateways_steering() {
+        use sluice_engine::SavedConn;
+        use sluice_wire::flow::{proto, FlowKey4};
+        let cfg = config::parse(
+            Path::new("sluice.toml"),
+            "workers = 4\n[[interfaces]]\nname = \"lan0\"\nrole = \"inside\"\naddresses = [\"10.0.0.1/24\"]\n\
+             [[interfaces]]\nname = \"wan0\"\nrole = \"outside\"\naddresses = [\"203.0.113.1/24\"]\n\
+             [[routes]]\nto = \"0.0.0.0/0\"\nvia = \"203.0.113.254\"\n",
+        )
+        .unwrap();
+        let engine = Worker::new(
+            engine_config(&cfg, &[], &[], &[], 0),
+            Arc::new(sluice_engine::StaticPolicy::accept_all()),
+        )
+        .unwrap();
+        let carried = sluice_conntrack::Carried {
+            state: sluice_conntrack::ProtoState::Tcp(sluice_conntrack::TcpState::Established),
+            assured: true,
+            seen_reply: true,
+            flowtable: false,
+            mark: 0,
+            packets: 9,
+            expires_in_ms: 1000,
+            timeout_policy: 0,
+        };
+        let orig = |sport: u16| FlowKey4 {
+            src: 0x0a00_0002,
+            dst: 0xc633_6402,
+            sport,
+            dport: 443,
+            proto: proto::TCP,
+        };
+        let snat = |sport: u16, ext: u16| SavedConn::V4 {
+            orig: orig(sport),
+            reply: FlowKey4 {
+                src: 0xc633_6402,
+                dst: 0xcb00_7101,
+                sport: 443,
+                dport: ext,
+                proto: proto::TCP,
+            },
+            carried,
+            held: 1,
+        };
+        let plain = |sport: u16| SavedConn::V4 {
+            orig: orig(sport),
+            reply: orig(sport).reversed(),
+            carried,
+            held: 0,
+        };
+        // Ports 2q and 2q + 1 go to worker q % 4.
+        let conns = vec![
+            plain(2 * 5),
+            snat(2 * 6, 2 * 10 + 1),
+            snat(2 * 7, 2 * 8),
+            plain(2 * 7 + 1),
+        ];
+        let mut by_worker = vec![Vec::new(); 4];
+        place_saved(&engine, &cfg, 1, conns.clone(), &mut by_worker);
+        assert_eq!(
+            by_worker,
+            vec![vec![], vec![conns[0]], vec![conns[1]], vec![conns[3]]],
+            "the SNAT one from port 14 to 16 splits (workers 3 and 0)"
+        );
     }
 
     /// A connection's `ct timeout` policy goes to the file with it and
@@ -3282,7 +3436,7 @@ mod tests {
             vec![policy(86_402)],
             "only the policy in use"
         );
-        let got = load_state(&cfg);
+        let got = load_state(&cfg).by_worker;
         let slots: Vec<u8> = got
             .iter()
             .flatten()
@@ -3318,7 +3472,7 @@ mod tests {
         assert!(line(&cfg).contains(" 3 s ago"), "{}", line(&cfg));
         std::fs::write(&path, state::encode(2, 0, &[], &[])).unwrap();
         assert!(
-            line(&cfg).contains("by 2 workers: not restored with 1"),
+            line(&cfg).contains("by 2 workers, for the next start (placed by the steering of 1"),
             "{}",
             line(&cfg)
         );

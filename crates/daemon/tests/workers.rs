@@ -19,7 +19,10 @@
 //! that moves the SNAT rule to another address (retired mappings), and
 //! new ones leave from the new address. With `state_file`, a transfer of
 //! parallel streams spread over both workers goes on across a restart,
-//! each worker taking back its own connections and mappings.
+//! each worker taking back its own connections and mappings; across a
+//! restart from two workers to one every stream is kept, and from one to
+//! two exactly those whose internal and external ports the new steering
+//! puts on one worker.
 //!
 //! Needs root, `ip`, `nft`, `ethtool`, `ping`, `curl` and `python3`.
 
@@ -453,6 +456,152 @@ fn a_restart_keeps_both_workers_connections_af_packet() {
 #[ignore = "needs root + netns; run by .ci/run with --ignored"]
 fn a_restart_keeps_both_workers_connections_af_xdp() {
     restart_two("af_xdp", "t2");
+}
+
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn a_restart_from_two_workers_to_one_keeps_every_connection_af_packet() {
+    restart_resteered("af_packet", "r21", 2, 1);
+}
+
+#[test]
+#[ignore = "needs root + netns; run by .ci/run with --ignored"]
+fn a_restart_from_one_worker_to_two_keeps_what_steering_allows_af_xdp() {
+    restart_resteered("af_xdp", "r12", 1, 2);
+}
+
+/// `state_file` across a change of `workers` (`from` to `to`): an iperf3
+/// transfer of 6 parallel TCP streams through SNAT, through a rule set
+/// that lets only a SYN start a connection, is saved by a gateway of
+/// `from` workers and taken back by one of `to`, each connection by the
+/// worker the new steering sends it to. A stream whose internal and
+/// external ports the new steering puts on different workers cannot be
+/// served (its two directions meet no worker) and is not restored; every
+/// other one is, on the worker owning its external port, with its very
+/// mapping, and carries on; no new connection is made. With nothing
+/// split (always when going to one worker) the whole transfer completes.
+fn restart_resteered(backend: &str, tag: &str, from: u16, to: u16) {
+    let (t, cfg) = two_worker_config(backend, tag);
+    let ruleset = RULESET.replace(
+        "iifname \"lan0\" oifname \"wan0\" accept",
+        "iifname \"lan0\" oifname \"wan0\" tcp flags & (syn | ack) == syn accept\n    iifname \"lan0\" oifname \"wan0\" icmp type echo-request accept",
+    );
+    t.write_ruleset("gw.nft", &ruleset);
+    let state = t.dir.join("conns.state");
+    let base = read(&cfg);
+    let with_workers = |n: u16| {
+        let toml = format!("state_file = \"{}\"\n{base}", state.display())
+            .replace("workers = 2", &format!("workers = {n}"));
+        std::fs::write(&cfg, toml).expect("config with state_file");
+    };
+    with_workers(from);
+    let mut d = Daemon::start(&t, &cfg, backend);
+    wait_for_ping(&t.private, PUBLIC, "a first ping");
+    let _srv = iperf3_server(&t, PUBLIC);
+    std::thread::scope(|s| {
+        let c = s.spawn(|| {
+            sh(
+                &t.private,
+                &format!("timeout 25 iperf3 -c {PUBLIC} -p 5201 -t 8 -i 1 -P 6 -J"),
+            )
+        });
+        wait_for("the streams", Duration::from_secs(5), || {
+            d.ctl("conntrack list proto tcp port 5201")["count"]
+                .as_u64()
+                .unwrap_or(0)
+                >= 7
+        });
+        std::thread::sleep(Duration::from_millis(1500));
+        let before = tcp_mappings(&d.ctl("nat lookup 10.0.0.2"));
+        d.stop();
+        with_workers(to);
+        let d2 = Daemon::start(&t, &cfg, backend);
+        check_resteered(&d2, &before, to, || c.join().expect("iperf3 thread"));
+    });
+}
+
+/// The TCP mappings of a `nat lookup` answer: (internal port, external
+/// port, worker), sorted.
+fn tcp_mappings(v: &serde_json::Value) -> Vec<(u64, u64, u64)> {
+    let mut m: Vec<(u64, u64, u64)> = v["mappings"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|m| m["proto"] == 6)
+                .map(|m| {
+                    let n = |k: &str| m[k].as_u64().unwrap_or(u64::MAX);
+                    (n("int_port"), n("ext_port"), n("worker"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    m.sort();
+    m
+}
+
+/// The checks of [`restart_resteered`] on the gateway `d2` of `to`
+/// workers, given the mappings `before` the restart (internal port,
+/// external port, worker) and the iperf3 client's end.
+fn check_resteered(
+    d2: &Daemon,
+    before: &[(u64, u64, u64)],
+    to: u16,
+    client: impl FnOnce() -> std::process::Output,
+) {
+    use sluice_nat::owner_of;
+    assert!(before.len() >= 7, "{before:?}");
+    // What the new steering keeps: internal and external port on one
+    // worker, which holds it.
+    let kept: Vec<(u64, u64, u64)> = before
+        .iter()
+        .filter(|(i, e, _)| owner_of(*i as u16, to) == owner_of(*e as u16, to))
+        .map(|&(i, e, _)| (i, e, u64::from(owner_of(e as u16, to))))
+        .collect();
+    let after = tcp_mappings(&d2.ctl("nat lookup 10.0.0.2"));
+    assert_eq!(after, kept, "before {before:?}\n{}", d2.context());
+    let log = d2.log();
+    assert!(
+        log.contains("saved connections placed by this gateway's steering"),
+        "{log}"
+    );
+    let split = before.len() - kept.len();
+    if split > 0 {
+        // (The count there includes the pings' connections.)
+        assert!(
+            log.contains(&format!(
+                "\"its internal and external ports are steered to different workers by {to} workers\": "
+            )),
+            "{split} split:\n{log}"
+        );
+    }
+    // The kept ones carry on: their packets grow; nothing new is tracked.
+    let packets = || -> u64 {
+        let l = d2.ctl("conntrack list proto tcp port 5201");
+        l["connections"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|c| c["packets"].as_u64()).sum())
+            .unwrap_or(0)
+    };
+    if !kept.is_empty() {
+        let p0 = packets();
+        std::thread::sleep(Duration::from_millis(1000));
+        assert!(packets() > p0, "restored streams move:\n{}", d2.context());
+    }
+    assert_eq!(
+        d2.ctl("conntrack list proto tcp port 5201")["count"].as_u64(),
+        Some(kept.len() as u64),
+        "{}",
+        d2.context()
+    );
+    let o = client();
+    if split == 0 {
+        assert!(
+            o.status.success(),
+            "the transfer did not survive the restart:\n{}\n{}",
+            text(&o),
+            d2.context()
+        );
+    }
 }
 
 /// `state_file` with two workers: an iperf3 transfer of 6 parallel TCP

@@ -345,3 +345,205 @@ fn fragments_to_a_port_forward_end_on_the_worker_of_the_private_port() {
     assert_eq!(a, Action::Forward(INSIDE));
     assert_eq!(w[0].counters().fast_path, fast + 1);
 }
+
+/// A gateway of one worker saves its connections; one of 2, 3 or 4
+/// workers takes them back where its steering sends them
+/// (`Worker::home_of`): every restored connection's packets, steered as
+/// the AF_PACKET and AF_XDP programs steer them
+/// (`sluice_io::steer::worker_for` on the frame), reach the worker that
+/// holds it (a port forward's inbound ones by a handoff, as for a
+/// connection made there), go out as before (the same external port) and
+/// make no new connection; the SNAT ones refused are exactly those whose
+/// internal and external ports the new steering splits.
+#[test]
+fn a_restart_with_another_number_of_workers_places_connections_where_steered() {
+    use sluice_engine::{RestoreError, SavedConn};
+    use sluice_io::steer::{worker_for, Steer, SteerKey};
+    let now = 1_000_000_000;
+    let mut old = worker(0, 1);
+    let out_key = |i: u16| FlowKey4 {
+        src: u32::from(HOST),
+        dst: u32::from(CLIENT),
+        sport: 30_000 + 3 * i,
+        dport: 443,
+        proto: proto::TCP,
+    };
+    // To the port forward on the gateway's address, or routed to the
+    // server.
+    let in_key = |j: u16, port: u16| FlowKey4 {
+        src: u32::from(CLIENT),
+        dst: u32::from(if port == FWD_PORT { PUBLIC } else { SERVER }),
+        sport: 40_000 + 5 * j,
+        dport: port,
+        proto: proto::TCP,
+    };
+    let server_key = |j: u16, port: u16| FlowKey4 {
+        src: u32::from(SERVER),
+        dst: u32::from(CLIENT),
+        sport: port,
+        dport: 40_000 + 5 * j,
+        proto: proto::TCP,
+    };
+    let to_gw = (ROUTER_MAC, GW_OUT_MAC);
+    let from_host = (HOST_MAC, GW_IN_MAC);
+    // 40 SNAT connections (their external ports from the one worker's
+    // whole range), 8 through the port forward, 4 routed to the server
+    // untranslated (port 22).
+    let mut ext = Vec::new();
+    for i in 0..40 {
+        let (a, f) = run(&mut old, false, INSIDE, &tcp(&out_key(i), from_host, SYN));
+        assert_eq!(a, Action::Forward(OUTSIDE));
+        let e = key_of(&f).sport;
+        let answer = FlowKey4 {
+            src: u32::from(CLIENT),
+            dst: u32::from(POOL),
+            sport: 443,
+            dport: e,
+            proto: proto::TCP,
+        };
+        let (a, _) = run(&mut old, false, OUTSIDE, &tcp(&answer, to_gw, SYN_ACK));
+        assert_eq!(a, Action::Forward(INSIDE));
+        ext.push((answer, e));
+    }
+    for j in 0..12 {
+        let (port, to) = if j < 8 { (FWD_PORT, 80) } else { (22, 22) };
+        let (a, _) = run(&mut old, false, OUTSIDE, &tcp(&in_key(j, port), to_gw, SYN));
+        assert_eq!(a, Action::Forward(INSIDE));
+        let (a, _) = run(
+            &mut old,
+            false,
+            INSIDE,
+            &tcp(&server_key(j, to), from_host, SYN_ACK),
+        );
+        assert_eq!(a, Action::Forward(OUTSIDE));
+    }
+    // 20 pings (SNAT translates their identifiers).
+    let echo = |k: &FlowKey4, macs: ([u8; 6], [u8; 6]), request: bool| {
+        let mut b = vec![0u8; 128];
+        let n =
+            sluice_wire::build::build_icmp4_echo(&mut b, macs.0, macs.1, k, 1, request, 8).unwrap();
+        b.truncate(n);
+        b
+    };
+    let ping_key = |i: u16| FlowKey4 {
+        src: u32::from(HOST),
+        dst: u32::from(CLIENT),
+        sport: 900 + 7 * i,
+        dport: 900 + 7 * i,
+        proto: proto::ICMP,
+    };
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        let (a, f) = run(
+            &mut old,
+            false,
+            INSIDE,
+            &echo(&ping_key(i), from_host, true),
+        );
+        assert_eq!(a, Action::Forward(OUTSIDE));
+        let id = key_of(&f).sport;
+        let answer = FlowKey4 {
+            src: u32::from(CLIENT),
+            dst: u32::from(POOL),
+            sport: id,
+            dport: id,
+            proto: proto::ICMP,
+        };
+        let (a, _) = run(&mut old, false, OUTSIDE, &echo(&answer, to_gw, false));
+        assert_eq!(a, Action::Forward(INSIDE));
+        ids.push((answer, id));
+    }
+    let saved = old.carried_conns(now);
+    assert_eq!(saved.len(), 72);
+    let later = 2 * now;
+    for n in 2..=4u16 {
+        let steer = |i: IfIndex| {
+            Some(Steer {
+                key: if i == INSIDE {
+                    SteerKey::Source
+                } else {
+                    SteerKey::Destination
+                },
+                workers: n,
+            })
+        };
+        let mut w: Vec<Worker> = (0..n).map(|id| worker(id, n)).collect();
+        let mut split = std::collections::BTreeSet::new();
+        for s in &saved {
+            match w[0].home_of(s, steer) {
+                Ok(h) => w[usize::from(h)].restore(later, s).unwrap(),
+                Err(RestoreError::Split { workers }) => {
+                    assert_eq!(workers, n);
+                    let SavedConn::V4 { orig, .. } = s else {
+                        panic!("{s:?}")
+                    };
+                    split.insert(orig.sport);
+                }
+                Err(e) => panic!("{s:?}: {e}"),
+            }
+        }
+        let held = |w: &[Worker]| w.iter().map(|w| w.conntrack().len()).sum::<usize>();
+        assert_eq!(held(&w), 72 - split.len());
+        // Steer a frame as the programs do, run it there and follow a
+        // handoff.
+        let mut through = |iif: IfIndex, frame: Vec<u8>| {
+            let mut at = usize::from(worker_for(steer(iif).unwrap(), &frame[14..]));
+            let (mut a, mut f) = run(&mut w[at], false, iif, &frame);
+            if let Action::Handoff(h) = a {
+                at = usize::from(h);
+                (a, f) = run(&mut w[at], true, iif, &frame);
+            }
+            (a, key_of(&f), at)
+        };
+        for (i, (answer, e)) in (0..40).zip(&ext) {
+            let k = out_key(i);
+            let split_here = owner_of(k.sport, n) != owner_of(*e, n);
+            assert_eq!(split.contains(&k.sport), split_here, "{k:?} {e} {n}");
+            if split_here {
+                continue;
+            }
+            let (a, f, at) = through(INSIDE, tcp(&k, from_host, ACK));
+            assert_eq!(a, Action::Forward(OUTSIDE), "{k:?} {n}");
+            assert_eq!((f.src, f.sport), (u32::from(POOL), *e), "{k:?} {n}");
+            let (a, f, at2) = through(OUTSIDE, tcp(answer, to_gw, ACK));
+            assert_eq!(a, Action::Forward(INSIDE));
+            assert_eq!((f.dst, f.dport), (k.src, k.sport));
+            assert_eq!(at, at2);
+        }
+        for j in 0..12 {
+            let (port, to) = if j < 8 { (FWD_PORT, 80) } else { (22, 22) };
+            let (a, f, at) = through(OUTSIDE, tcp(&in_key(j, port), to_gw, ACK));
+            assert_eq!(a, Action::Forward(INSIDE));
+            assert_eq!((f.dst, f.dport), (u32::from(SERVER), to));
+            let (a, f, at2) = through(INSIDE, tcp(&server_key(j, to), from_host, ACK));
+            assert_eq!(a, Action::Forward(OUTSIDE));
+            let dst = in_key(j, port).dst;
+            assert_eq!((f.src, f.sport), (dst, port));
+            assert_eq!(at, at2);
+        }
+        for (i, (answer, id)) in (0..20).zip(&ids) {
+            let k = ping_key(i);
+            let split_here = owner_of(k.sport, n) != owner_of(*id, n);
+            assert_eq!(split.contains(&k.sport), split_here, "{k:?} {id} {n}");
+            if split_here {
+                continue;
+            }
+            let (a, f, at) = through(INSIDE, echo(&k, from_host, true));
+            assert_eq!(a, Action::Forward(OUTSIDE), "{k:?} {n}");
+            assert_eq!((f.src, f.sport), (u32::from(POOL), *id), "{k:?} {n}");
+            let (a, f, at2) = through(OUTSIDE, echo(answer, to_gw, false));
+            assert_eq!(a, Action::Forward(INSIDE));
+            assert_eq!((f.dst, f.dport), (k.src, k.sport));
+            assert_eq!(at, at2);
+        }
+        assert_eq!(
+            held(&w),
+            72 - split.len(),
+            "no new connection ({n} workers)"
+        );
+        // Some of each kind: TCP ports 30 000+ and identifiers below 1000.
+        assert!(split.iter().any(|p| *p >= 30_000), "{n}: {split:?}");
+        assert!(split.iter().any(|p| *p < 1000), "{n}: {split:?}");
+        assert!(split.len() < 60, "{n}: {split:?}");
+    }
+}

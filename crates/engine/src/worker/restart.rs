@@ -11,7 +11,10 @@
 //! allocation, their blocks; [`sluice_nat::WorkerNat::restore_session`]).
 
 use sluice_conntrack::{Carried, InsertError};
+use sluice_io::steer::{worker_for, Steer};
 use sluice_wire::flow::{FlowKey4, FlowKey6};
+
+use crate::route::IfIndex;
 
 use super::v6::{conn6, FlowInfo6};
 use super::{conn4, install_ct_timeout, instant, offload_removals, FlowInfo, Worker};
@@ -61,9 +64,132 @@ pub enum RestoreError {
     /// The connection table refused it.
     #[error("{0}")]
     Table(#[from] InsertError),
+    /// Restored on another number of workers than saved it ([`home_of`]):
+    /// its source is translated (the NAT's external port is in the reply's
+    /// worker's slice), and the steering of this many workers sends its
+    /// two directions to different workers.
+    #[error(
+        "its internal and external ports are steered to different workers by {workers} workers"
+    )]
+    Split {
+        /// Workers of this gateway.
+        workers: u16,
+    },
+}
+
+/// [`Worker::home_of`], with `ingress4` / `ingress6` giving the interface
+/// packets from an address arrive on. Each direction's packet is steered as
+/// [`sluice_io::steer::worker_for`] steers it on its ingress interface;
+/// when both go to one worker, that one. Otherwise: with the destination
+/// translated and the source not (a port-changing DNAT), the reply's,
+/// where a new such connection is made and the original direction's
+/// packets are handed over (`Action::Handoff`); with neither translated
+/// (two interfaces of one role, which no steering places), the original
+/// direction's, where a new one would be made; with the source translated,
+/// [`RestoreError::Split`]: the external port must be in its worker's
+/// slice and the internal port's worker sees the packets out.
+fn home_of(
+    s: &SavedConn,
+    ingress4: impl Fn(u32) -> Option<IfIndex>,
+    ingress6: impl Fn(u128) -> Option<IfIndex>,
+    steer: impl Fn(IfIndex) -> Option<Steer>,
+) -> Result<u16, RestoreError> {
+    let on = |i: Option<IfIndex>, l3: &[u8]| -> Result<(u16, u16), RestoreError> {
+        let st = i.and_then(&steer).ok_or(RestoreError::NoRoute)?;
+        Ok((worker_for(st, l3), st.workers))
+    };
+    let (fwd, back, src_nat, dst_nat) = match *s {
+        SavedConn::V4 { orig, reply, .. } => (
+            on(ingress4(orig.src), &header4(&orig, false))?,
+            on(ingress4(reply.src), &header4(&reply, true))?,
+            reply.dst != orig.src || reply.dport != orig.sport,
+            reply.src != orig.dst || reply.sport != orig.dport,
+        ),
+        SavedConn::V6 { orig, reply, .. } => (
+            on(ingress6(orig.src), &header6(&orig, false))?,
+            on(ingress6(reply.src), &header6(&reply, true))?,
+            false,
+            false,
+        ),
+    };
+    match (fwd.0 == back.0, src_nat, dst_nat) {
+        (true, _, _) => Ok(fwd.0),
+        (false, false, true) => Ok(back.0),
+        (false, false, false) => Ok(fwd.0),
+        (false, true, _) => Err(RestoreError::Split { workers: fwd.1 }),
+    }
+}
+
+/// The IPv4 and transport header a packet of `k` starts with, as far as
+/// the steering reads it (an ICMP query: a request in the original
+/// direction, its reply in the other).
+fn header4(k: &FlowKey4, reply: bool) -> [u8; 28] {
+    let mut h = [0u8; 28];
+    h[0] = 0x45;
+    h[3] = 28;
+    h[8] = 64;
+    h[9] = k.proto;
+    h[12..16].copy_from_slice(&k.src.to_be_bytes());
+    h[16..20].copy_from_slice(&k.dst.to_be_bytes());
+    if k.proto == sluice_wire::flow::proto::ICMP {
+        h[20] = if reply { 0 } else { 8 };
+        h[24..26].copy_from_slice(&k.sport.to_be_bytes());
+    } else {
+        h[20..22].copy_from_slice(&k.sport.to_be_bytes());
+        h[22..24].copy_from_slice(&k.dport.to_be_bytes());
+    }
+    h
+}
+
+/// [`header4`] for IPv6 (the steering reads the addresses, and the ICMPv6
+/// type to tell errors and NDP from the rest).
+fn header6(k: &FlowKey6, reply: bool) -> [u8; 48] {
+    let mut h = [0u8; 48];
+    h[0] = 0x60;
+    h[5] = 8;
+    h[6] = k.proto;
+    h[7] = 64;
+    h[8..24].copy_from_slice(&k.src.to_be_bytes());
+    h[24..40].copy_from_slice(&k.dst.to_be_bytes());
+    if k.proto == sluice_wire::flow::proto::ICMPV6 {
+        h[40] = if reply { 129 } else { 128 };
+        h[44..46].copy_from_slice(&k.sport.to_be_bytes());
+    } else {
+        h[40..42].copy_from_slice(&k.sport.to_be_bytes());
+        h[42..44].copy_from_slice(&k.dport.to_be_bytes());
+    }
+    h
 }
 
 impl Worker {
+    /// The worker that takes back saved connection `s` when the gateway
+    /// that saved it had another number of workers: where this gateway's
+    /// steering (`steer`: each interface's, by index) sends its packets,
+    /// as a connection made now would be placed. The interface a packet
+    /// from an address arrives on is the one this worker routes towards
+    /// it. Each direction's packet is steered as
+    /// [`sluice_io::steer::worker_for`] steers it on that interface; when
+    /// both go to one worker, that one. Otherwise: with the destination
+    /// translated and the source not (a port-changing DNAT), the reply's,
+    /// where a new such connection is made and the original direction's
+    /// packets are handed over; with neither translated (two interfaces
+    /// of one role, which no steering places), the original direction's,
+    /// where a new one would be made; with the source translated,
+    /// [`RestoreError::Split`]: its external port must be in its worker's
+    /// slice and its internal port's worker sees the packets out.
+    pub fn home_of(
+        &self,
+        s: &SavedConn,
+        steer: impl Fn(IfIndex) -> Option<Steer>,
+    ) -> Result<u16, RestoreError> {
+        home_of(
+            s,
+            |a| self.route(a).ok().map(|r| r.0),
+            |a| self.v6.route(a).ok().map(|r| r.0),
+            steer,
+        )
+    }
+
     /// Every connection of this worker, to carry over a restart, as of
     /// `now` (ns, the clock [`Worker::process`] is given).
     pub fn carried_conns(&self, now: u64) -> Vec<SavedConn> {
@@ -201,5 +327,140 @@ impl Worker {
         }
         self.counters.ct_created += 1;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_io::steer::SteerKey;
+    use sluice_wire::build;
+    use sluice_wire::flow::proto;
+
+    /// The headers `home_of` steers by steer as the frames of the
+    /// connection do: TCP, UDP, ICMP and ICMPv6 echoes, other protocols,
+    /// each direction, under every key and several worker counts.
+    #[test]
+    fn synthesized_headers_steer_as_real_frames() {
+        let mut b = [0u8; 256];
+        let (m1, m2) = ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
+        for (i, p) in [proto::TCP, proto::UDP, proto::ICMP, 47]
+            .into_iter()
+            .enumerate()
+        {
+            let i = i as u32;
+            let k = FlowKey4 {
+                src: 0x0a00_0002 + i * 77,
+                dst: 0xc000_0250 ^ (i << 9),
+                sport: 40_001 + 13 * i as u16,
+                dport: if p == proto::ICMP {
+                    40_001 + 13 * i as u16
+                } else {
+                    443
+                },
+                proto: p,
+            };
+            for reply in [false, true] {
+                let k = if reply { k.reversed() } else { k };
+                let n = match p {
+                    proto::TCP => build::build_tcp4(&mut b, m1, m2, &k, 0x10, 1, 1, 0),
+                    proto::UDP => build::build_udp4(&mut b, m1, m2, &k, 8),
+                    proto::ICMP => build::build_icmp4_echo(&mut b, m1, m2, &k, 1, !reply, 8),
+                    _ => {
+                        let mut h = header4(&k, reply);
+                        h[9] = p;
+                        b[14..42].copy_from_slice(&h);
+                        Ok(42)
+                    }
+                }
+                .unwrap();
+                let frame = &b[14..n];
+                for key in [SteerKey::Source, SteerKey::Destination, SteerKey::Symmetric] {
+                    for workers in [2, 3, 5] {
+                        let st = Steer { key, workers };
+                        assert_eq!(
+                            worker_for(st, &header4(&k, reply)),
+                            worker_for(st, frame),
+                            "{k:?} {st:?}"
+                        );
+                    }
+                }
+            }
+            let k6 = FlowKey6 {
+                src: (0x2001_0db8_u128 << 96) + u128::from(i) * 0x1_0000_0001,
+                dst: (0x2001_0db8_0001_u128 << 80) ^ u128::from(i << 7),
+                sport: 50_000 + i as u16,
+                dport: if p == proto::ICMP {
+                    50_000 + i as u16
+                } else {
+                    53
+                },
+                proto: if p == proto::ICMP { proto::ICMPV6 } else { p },
+            };
+            for reply in [false, true] {
+                let k = if reply { k6.reversed() } else { k6 };
+                let n = match k.proto {
+                    proto::TCP => build::build_tcp6(&mut b, m1, m2, &k, 0x10, 1, 1, 0),
+                    proto::UDP => build::build_udp6(&mut b, m1, m2, &k, 8),
+                    proto::ICMPV6 => build::build_icmp6_echo(&mut b, m1, m2, &k, 1, !reply, 8),
+                    _ => continue,
+                }
+                .unwrap();
+                let frame = &b[14..n];
+                for key in [SteerKey::Source, SteerKey::Destination, SteerKey::Symmetric] {
+                    let st = Steer { key, workers: 3 };
+                    assert_eq!(
+                        worker_for(st, &header6(&k, reply)),
+                        worker_for(st, frame),
+                        "{k:?} {st:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// IPv6 connections go where both directions meet; a connection
+    /// towards an address with no route is refused as the restore would.
+    #[test]
+    fn ipv6_meets_and_no_route_is_refused() {
+        let c = Carried {
+            state: sluice_conntrack::ProtoState::Tcp(sluice_conntrack::TcpState::Established),
+            assured: true,
+            seen_reply: true,
+            flowtable: false,
+            mark: 0,
+            packets: 9,
+            expires_in_ms: 1000,
+            timeout_policy: 0,
+        };
+        let orig = FlowKey6 {
+            src: 0x2001_0db8_u128 << 96 | 5,
+            dst: 0x2001_0db8_0002_u128 << 80 | 9,
+            sport: 40_000,
+            dport: 443,
+            proto: proto::TCP,
+        };
+        let s = SavedConn::V6 {
+            orig,
+            reply: orig.reversed(),
+            carried: c,
+        };
+        let steer = |i: IfIndex| {
+            Some(Steer {
+                key: if i == 0 {
+                    SteerKey::Source
+                } else {
+                    SteerKey::Destination
+                },
+                workers: 4,
+            })
+        };
+        let want = worker_for(steer(0).unwrap(), &header6(&orig, false));
+        let by_prefix = |a: u128| Some(IfIndex::from(a >> 80 & 0xffff != 0));
+        assert_eq!(home_of(&s, |_| None, by_prefix, steer), Ok(want));
+        assert_eq!(
+            home_of(&s, |_| None, |_| None, steer),
+            Err(RestoreError::NoRoute)
+        );
     }
 }
