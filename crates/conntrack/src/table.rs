@@ -163,6 +163,10 @@ pub struct Table<K: Key, P> {
     /// The policies set, by slot (room for all 255 reserved at
     /// [`Self::new`]: setting one never allocates).
     policies: Vec<(u8, TimeoutPolicy)>,
+    /// Live entries per policy slot (slot 0 unused): what
+    /// [`Self::timeout_slots_held`] reports, so that a slot no connection
+    /// holds may be given another policy.
+    held: [u32; 256],
     tcp_loose: bool,
     gc_cursor: usize,
     /// Counts inserts, so that a [`Vacant`] knows whether it still holds.
@@ -192,6 +196,20 @@ fn fold(a: u64, b: u64) -> u64 {
 
 /// The compiled timeouts of every policy slot.
 type Timeouts256 = [TimeoutTable; 256];
+
+/// Counts an entry of policy slot `slot` in (`on`) or out of `held`
+/// ([`Table::timeout_slots_held`]). An imbalance would be a bug: it wraps
+/// rather than panics, leaving the slot held, which only keeps it from
+/// being given another policy.
+fn hold(held: &mut [u32; 256], slot: u8, on: bool) {
+    let n = &mut held[usize::from(slot)];
+    debug_assert!(on || *n > 0, "slot {slot} released more than held");
+    *n = if on {
+        n.wrapping_add(1)
+    } else {
+        n.wrapping_sub(1)
+    };
+}
 
 /// The time a new connection of IP protocol `proto` is left with by its
 /// first packet `ev`, under `timeouts` and, if given, `policy` over them:
@@ -402,6 +420,7 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
             ],
             timeouts: [TimeoutTable::new(&cfg.timeouts); 256],
             policies: Vec::with_capacity(255),
+            held: [0; 256],
             tcp_loose: cfg.tcp_loose,
             gc_cursor: 0,
             stamp: 0,
@@ -462,11 +481,18 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         let Some(e) = self.entries.get_mut(id.index()).filter(|e| e.is_live()) else {
             return;
         };
+        let old = (e.flags & F_TIMEOUT_POLICY != 0).then_some(e.timeout_policy);
         e.timeout_policy = slot;
         if slot == 0 {
             e.flags &= !F_TIMEOUT_POLICY;
         } else {
             e.flags |= F_TIMEOUT_POLICY;
+        }
+        if let Some(o) = old {
+            hold(&mut self.held, o, false);
+        }
+        if slot != 0 {
+            hold(&mut self.held, slot, true);
         }
         let t = &self.timeouts[usize::from(slot)];
         let state = e.state();
@@ -867,7 +893,11 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         // What the caller does to the new entry before it is stored (the
         // first packet's tracking, or nothing).
         let tracked = first(&self.timeouts, &mut entry);
+        let policy = (entry.flags & F_TIMEOUT_POLICY != 0).then_some(entry.timeout_policy);
         let idx = self.alloc(entry);
+        if let Some(s) = policy {
+            hold(&mut self.held, s, true);
+        }
         if !self.place(now, h1, idx, Dir::Original, on_evict) {
             self.release(idx);
             return Err(InsertError::Full);
@@ -1072,6 +1102,7 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
         self.index.clear();
         self.free_head = NONE;
         self.len = 0;
+        self.held = [0; 256];
         self.gc_cursor = 0;
         n
     }
@@ -1093,6 +1124,19 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
             }
         }
         removed
+    }
+
+    /// The policy slots some live entry follows, as a bitmap (bit `s % 64`
+    /// of word `s / 64` for slot `s`; never slot 0). Exact after every
+    /// change: entries count in and out as they get a policy and go.
+    pub fn timeout_slots_held(&self) -> [u64; 4] {
+        let mut b = [0u64; 4];
+        for (s, n) in self.held.iter().enumerate() {
+            if *n > 0 {
+                b[s / 64] |= 1 << (s % 64);
+            }
+        }
+        b
     }
 
     /// Live entries in slab order.
@@ -1126,10 +1170,14 @@ impl<K: Key, P: Copy + Default> Table<K, P> {
     /// Return slot `idx` (already out of the index) to the free list.
     fn release(&mut self, idx: u32) {
         let e = &mut self.entries[idx as usize];
+        let policy = (e.flags & F_TIMEOUT_POLICY != 0).then_some(e.timeout_policy);
         e.flags = 0;
         e.mark = self.free_head;
         self.free_head = idx;
         self.len -= 1;
+        if let Some(s) = policy {
+            hold(&mut self.held, s, false);
+        }
     }
 
     fn remove_idx(&mut self, idx: u32) -> Entry<K, P> {

@@ -1442,3 +1442,98 @@ proptest! {
         }
     }
 }
+
+/// One step of [`slots_held_are_exact`].
+#[derive(Clone, Debug)]
+enum SlotOp {
+    Insert(u32),
+    Restore(u32, u8),
+    Apply(u32, u8),
+    Remove(u32),
+    Gc(u64),
+    FlushSlot(u8),
+    Flush,
+}
+
+fn slot_op() -> impl Strategy<Value = SlotOp> {
+    // Slots 1-3 hold policies, 9 none (a policy of a slot the table does
+    // not hold is not given).
+    let slot = prop_oneof![Just(0u8), Just(1), Just(2), Just(3), Just(9)];
+    prop_oneof![
+        4 => (0..12u32).prop_map(SlotOp::Insert),
+        2 => (0..12u32, slot.clone()).prop_map(|(i, s)| SlotOp::Restore(i, s)),
+        4 => (0..12u32, slot.clone()).prop_map(|(i, s)| SlotOp::Apply(i, s)),
+        2 => (0..12u32).prop_map(SlotOp::Remove),
+        1 => (1..90u64).prop_map(SlotOp::Gc),
+        1 => slot.prop_map(SlotOp::FlushSlot),
+        1 => Just(SlotOp::Flush),
+    ]
+}
+
+proptest! {
+    /// `timeout_slots_held` is exactly the slots the live entries follow,
+    /// after any sequence of inserts (early drops in a full table among
+    /// them), restores, policy changes, removals, GC and flushes.
+    #[test]
+    fn slots_held_are_exact(ops in prop::collection::vec(slot_op(), 1..80)) {
+        let mut t = table(6);
+        let mut p = TimeoutPolicy::default();
+        p.set(TimeoutKind::Udp, Duration::from_secs(20));
+        for s in 1..=3 {
+            assert!(t.set_timeout_policy(s, &p));
+        }
+        let mut now = secs(10);
+        let carried = |slot: u8| crate::entry::Carried {
+            state: ProtoState::initial(proto::UDP),
+            assured: false,
+            seen_reply: false,
+            flowtable: false,
+            mark: 0,
+            packets: 1,
+            expires_in_ms: 30_000,
+            timeout_policy: slot,
+        };
+        for op in ops {
+            match op {
+                SlotOp::Insert(i) => {
+                    let k = key(proto::UDP, i);
+                    let _ = t.insert(now, k, nat_reply(&k), 0, &mut noop);
+                }
+                SlotOp::Restore(i, s) => {
+                    let k = key(proto::UDP, 100 + i);
+                    let _ = t.restore(now, k, nat_reply(&k), 0, &carried(s), &mut noop);
+                }
+                SlotOp::Apply(i, s) => {
+                    for k in [key(proto::UDP, i), key(proto::UDP, 100 + i)] {
+                        if let Some((id, _)) = find(&t, &k) {
+                            t.apply_timeout_policy(id, s, now);
+                        }
+                    }
+                }
+                SlotOp::Remove(i) => {
+                    if let Some((id, _)) = find(&t, &key(proto::UDP, i)) {
+                        t.remove(id);
+                    }
+                }
+                SlotOp::Gc(dt) => {
+                    now = secs(now.as_millis() / 1000 + dt);
+                    t.gc(now, 64, &mut noop);
+                }
+                SlotOp::FlushSlot(s) => {
+                    t.flush_matching(|e| e.timeout_policy() == s, &mut noop);
+                }
+                SlotOp::Flush => {
+                    t.flush();
+                }
+            }
+            let mut want = [0u64; 4];
+            for (_, e) in t.iter() {
+                let s = usize::from(e.timeout_policy());
+                if s != 0 {
+                    want[s / 64] |= 1 << (s % 64);
+                }
+            }
+            prop_assert_eq!(t.timeout_slots_held(), want);
+        }
+    }
+}

@@ -199,6 +199,10 @@ pub enum Command {
     /// Change the worker's conntrack maximums, IPv4 and IPv6 (a reload;
     /// `Worker::set_ct_max`).
     SetCtMax(u64, u64, Sender<Result<(), String>>),
+    /// The `ct timeout` policy slots the worker's connections follow
+    /// (`Worker::ct_timeout_slots_held`), for `sluice_engine::ct_timeout`
+    /// to take back the others.
+    CtTimeoutsHeld(Sender<[u64; 4]>),
 }
 
 /// Static neighbours taken out of the configuration
@@ -1280,6 +1284,9 @@ impl WorkerThread {
                 Command::SetTimeouts(t, done) => {
                     self.engine.set_timeouts(&t);
                     let _ = done.send(());
+                }
+                Command::CtTimeoutsHeld(reply) => {
+                    let _ = reply.send(self.engine.ct_timeout_slots_held());
                 }
                 Command::SetAddrs(a, done) => {
                     let AddrChange {

@@ -2789,6 +2789,12 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     // The ports hold their UMEMs; once the ports go (an interface came
     // back and they were opened again on new ones), so does the memory.
     drop(umems);
+    // The restored connections hold their `ct timeout` slots now; from
+    // here on a slot no rule set names and no connection follows may take
+    // another policy, the workers telling which they follow.
+    drop(std::mem::take(&mut carried.leases));
+    let holders = senders.clone();
+    sluice_engine::ct_timeout::set_holders(move || ct_timeouts_held(&holders));
 
     // Control socket.
     let sock = cfg.control_socket.clone();
@@ -2997,7 +3003,7 @@ fn aged(mut c: sluice_engine::SavedConn, ms: u64) -> sluice_engine::SavedConn {
 fn load_state(cfg: &Config) -> SavedState {
     let mut saved = SavedState {
         by_worker: vec![Vec::new(); usize::from(cfg.workers)],
-        resteer: None,
+        ..SavedState::default()
     };
     let Some(path) = &cfg.state_file else {
         return saved;
@@ -3035,15 +3041,21 @@ fn load_state(cfg: &Config) -> SavedState {
                 saved_ms_ago = down,
                 "saved connections read"
             );
-            // The file's timeout policies take this process's slots.
+            // The file's timeout policies take this process's slots, held
+            // until the workers have taken the connections back.
             let slots: Vec<u8> = s
                 .policies
                 .iter()
-                .map(|p| {
-                    sluice_engine::ct_timeout::intern(*p).unwrap_or_else(|e| {
+                .map(|p| match sluice_engine::ct_timeout::intern(*p) {
+                    Ok(l) => {
+                        let slot = l.slot();
+                        saved.leases.push(l);
+                        slot
+                    }
+                    Err(e) => {
                         tracing::warn!("a saved connection's timeout policy not restored: {e}");
                         0
-                    })
+                    }
                 })
                 .collect();
             for (w, mut c) in s.conns {
@@ -3084,6 +3096,9 @@ struct SavedState {
     /// the connections): placed by this one's steering ([`place_saved`])
     /// before any worker takes its own.
     resteer: Option<(u16, Vec<sluice_engine::SavedConn>)>,
+    /// The slots of their `ct timeout` policies, held until the workers
+    /// have them (`sluice_engine::ct_timeout`).
+    leases: Vec<sluice_engine::ct_timeout::Lease>,
 }
 
 /// Files the connections a gateway of `from` workers saved with the
@@ -3125,6 +3140,26 @@ fn place_saved(
         not_placed = ?not_placed,
         "saved connections placed by this gateway's steering"
     );
+}
+
+/// The `ct timeout` slots the connections of every worker follow
+/// ([`Command::CtTimeoutsHeld`]); `None` when a worker does not answer
+/// within [`CMD_TIMEOUT`] (then no slot is taken back).
+fn ct_timeouts_held(workers: &[mpsc::SyncSender<Command>]) -> Option<[u64; 4]> {
+    let mut rxs = Vec::new();
+    for w in workers {
+        let (tx, rx) = mpsc::channel();
+        w.try_send(Command::CtTimeoutsHeld(tx)).ok()?;
+        rxs.push(rx);
+    }
+    let mut held = [0u64; 4];
+    for rx in rxs {
+        let b = rx.recv_timeout(CMD_TIMEOUT).ok()?;
+        for (h, x) in held.iter_mut().zip(b) {
+            *h |= x;
+        }
+    }
+    Some(held)
 }
 
 /// Give worker `id` the connections saved for it, before it sees traffic.
@@ -3175,7 +3210,7 @@ fn save_state(path: &Path, saved: &[Option<Carry>]) {
         let slot = usize::from(carried.timeout_policy);
         if slot != 0 && number[slot] == 0 {
             if let Some(p) = sluice_engine::ct_timeout::get(carried.timeout_policy) {
-                policies.push(*p);
+                policies.push(p);
                 number[slot] = u8::try_from(policies.len()).unwrap_or(0);
             }
         }
@@ -3231,7 +3266,7 @@ mod tests {
         assert_eq!(cfg.state_file.as_deref(), Some(path.as_path()));
         let nothing = SavedState {
             by_worker: vec![Vec::new(), Vec::new()],
-            resteer: None,
+            ..SavedState::default()
         };
         assert_eq!(load_state(&cfg), nothing);
         let k = FlowKey4 {
@@ -3290,6 +3325,7 @@ mod tests {
             SavedState {
                 by_worker: vec![Vec::new(), Vec::new()],
                 resteer: Some((3, vec![c, c])),
+                leases: Vec::new(),
             }
         );
         assert!(!path.exists(), "read once, then removed");
@@ -3396,8 +3432,11 @@ mod tests {
             }
         };
         // Two policies; the first is not used by any saved connection.
-        let unused = ct_timeout::intern(policy(86_401)).unwrap();
-        let used = ct_timeout::intern(policy(86_402)).unwrap();
+        let (_unused, used) = (
+            ct_timeout::intern(policy(86_401)).unwrap(),
+            ct_timeout::intern(policy(86_402)).unwrap(),
+        );
+        let (unused, used) = (_unused.slot(), used.slot());
         assert_ne!(unused, used);
         let conn = |sport, slot| {
             let k = FlowKey4 {

@@ -1314,13 +1314,13 @@ fn dnat_range(backend: &str, tag: &str) {
 fn ct_timeout(backend: &str, tag: &str) {
     require_root();
     let t = Topo::new(tag);
-    let rules = |secs: u32| {
+    let rules2 = |secs: u32, replied: u32| {
         RULESET
             .replace(
                 "table ip filter {\n",
                 &format!(
                     "table ip filter {{\n  ct timeout sip {{ protocol udp; policy = {{ \
-                     unreplied: {secs}, replied: 600 }} }}\n"
+                     unreplied: {secs}, replied: {replied} }} }}\n"
                 ),
             )
             .replace(
@@ -1329,6 +1329,7 @@ fn ct_timeout(backend: &str, tag: &str) {
                  ct state established,related accept\n",
             )
     };
+    let rules = |secs: u32| rules2(secs, 600);
     t.write_ruleset("gw.nft", &rules(77));
     let cfg = t.write_config(backend, "gw.nft", "");
     let state = keep_state(&t, &cfg);
@@ -1353,7 +1354,7 @@ fn ct_timeout(backend: &str, tag: &str) {
         None,
     );
     // One exchange from a fresh socket; its source port.
-    let ask = |port: u16| -> u64 {
+    let ask = |port: u16, d: &Daemon| -> u64 {
         let o = sh(
             &t.private,
             &format!(
@@ -1377,8 +1378,8 @@ fn ct_timeout(backend: &str, tag: &str) {
             .unwrap_or_else(|| panic!("{backend}: no connection from port {sport}: {l}"))
     };
     let left = |c: &serde_json::Value| c["expires_in"].as_u64().unwrap_or(0);
-    let with = ask(7780);
-    let without = ask(7781);
+    let with = ask(7780, &d);
+    let without = ask(7781, &d);
     let (cw, co) = (conn(&d, with), conn(&d, without));
     assert!(
         (70..=77).contains(&left(&cw)),
@@ -1411,7 +1412,7 @@ fn ct_timeout(backend: &str, tag: &str) {
         cw["timeout_policy"], "(policy of an earlier rule set)",
         "{cw}"
     );
-    let fresh_port = ask(7780);
+    let fresh_port = ask(7780, &d);
     let fresh = conn(&d, fresh_port);
     assert!(
         (50..=55).contains(&left(&fresh)),
@@ -1430,6 +1431,52 @@ fn ct_timeout(backend: &str, tag: &str) {
     assert_eq!(fresh["timeout_policy"], "ip filter sip", "{fresh}");
     assert!(co.get("timeout_policy").is_none(), "{co}");
     assert!(left(&cw) > 50 && left(&fresh) <= 55, "{cw}\n{fresh}");
+    // 300 rule sets, each changing the policy's timer, replaced one after
+    // the other (more distinct policies than the 255 slots): each is taken,
+    // the slots of those no rule set names and no connection follows being
+    // given to the next ones, while the two running connections keep
+    // theirs and their timers. (Slots are the same whatever the backend;
+    // run on one.)
+    if backend != "af_packet" {
+        return;
+    }
+    let churn = t.dir.join("churn.nft");
+    for k in 0..300u32 {
+        std::fs::write(&churn, rules2(1000 + k, 2000 + k)).expect("write rule set");
+        let r = d2.ctl(&format!("ruleset replace {}", churn.display()));
+        assert!(
+            r["generation"].as_u64().is_some(),
+            "rule set {k} refused: {r}\n{}",
+            d2.context()
+        );
+    }
+    let (cw2, fresh2) = (conn(&d2, with), conn(&d2, fresh_port));
+    assert_eq!(
+        cw2["timeout_policy"], "(policy of an earlier rule set)",
+        "{cw2}"
+    );
+    assert_eq!(
+        fresh2["timeout_policy"], "(policy of an earlier rule set)",
+        "{fresh2}"
+    );
+    assert!(
+        left(&cw2) <= left(&cw) && left(&cw2) > 20,
+        "still on 77 s: {cw}\n{cw2}"
+    );
+    assert!(left(&fresh2) <= 55, "still on 55 s: {fresh2}");
+    let late = conn(&d2, ask(7780, &d2));
+    // The last rule set's timers: 1299 s unreplied, 2299 s once a stream
+    // (when a retried exchange made one).
+    let want = if late["state_name"] == "STREAM" {
+        2290..=2299
+    } else {
+        1290..=1299
+    };
+    assert!(
+        want.contains(&left(&late)),
+        "the last rule set's timers: {late}"
+    );
+    assert_eq!(late["timeout_policy"], "ip filter sip", "{late}");
 }
 
 /// A flowtable (`flow add @ft` ahead of `ct state established accept`, as

@@ -3427,7 +3427,9 @@ pub(crate) fn give_ct_timeout<K: ct::Key, P: Copy + Default>(
 
 /// Make sure `table` holds the policy of slot `slot` (the first
 /// connection that gets a slot puts its policy in the table; no
-/// allocation: the table reserved room for every slot). False, changing
+/// allocation: the table reserved room for every slot). A slot the process
+/// has given another policy since (`crate::ct_timeout`: only once no
+/// connection follows it) has its timers replaced. False, changing
 /// nothing, when the process has no policy in that slot or it is for
 /// another protocol than `proto`.
 pub(crate) fn install_ct_timeout<K: ct::Key, P: Copy + Default>(
@@ -3438,7 +3440,7 @@ pub(crate) fn install_ct_timeout<K: ct::Key, P: Copy + Default>(
     let Some(p) = crate::ct_timeout::get(slot).filter(|p| p.proto == proto) else {
         return false;
     };
-    if table.timeout_policy(slot).is_none() {
+    if table.timeout_policy(slot) != Some(&p.policy) {
         table.set_timeout_policy(slot, &p.policy);
     }
     true

@@ -436,6 +436,9 @@ pub(crate) struct Lowered {
     pub numgens: Vec<NumgenSpec>,
     /// A rule's own `ct count`, by the id in [`ir::Stmt::CtCount`].
     pub ct_counts: Vec<ast::CtCount>,
+    /// The `ct timeout` policy slots its rules give connections (one
+    /// lease per slot), held as long as the rule set lives.
+    pub ct_timeouts: Vec<sluice_engine::ct_timeout::Lease>,
     /// Named objects, by the id in [`ir::Stmt::Obj`] (every lowerer of a
     /// rule set declares the same ones, in table order).
     pub objects: Vec<ObjSpec>,
@@ -604,7 +607,9 @@ type ObjMapAt = (usize, Vec<Field>, Vec<(Value, u32)>);
 /// connection not yet assured; `retrans` has no timer in Sluice, which does
 /// not count retransmissions), and its slot
 /// ([`sluice_engine::ct_timeout`]).
-pub(crate) fn intern_ct_timeout(c: &ast::CtTimeout) -> Result<u8, sluice_engine::ct_timeout::Full> {
+pub(crate) fn intern_ct_timeout(
+    c: &ast::CtTimeout,
+) -> Result<sluice_engine::ct_timeout::Lease, sluice_engine::ct_timeout::Full> {
     sluice_engine::ct_timeout::intern(ct_timeout_spec(c))
 }
 
@@ -747,6 +752,7 @@ impl<'a> Lowerer<'a> {
                 quotas: Vec::new(),
                 numgens: Vec::new(),
                 ct_counts: Vec::new(),
+                ct_timeouts: Vec::new(),
                 objects: Vec::new(),
                 sources: Vec::new(),
             },
@@ -783,6 +789,7 @@ impl<'a> Lowerer<'a> {
         (l.out.nat, l.out.pools, l.out.logs, l.out.limits) = (t.nat, t.pools, t.logs, t.limits);
         (l.out.sets, l.out.set_ops, l.out.quotas) = (t.sets, t.set_ops, t.quotas);
         (l.out.numgens, l.out.ct_counts, l.out.objects) = (t.numgens, t.ct_counts, t.objects);
+        l.out.ct_timeouts = t.ct_timeouts;
         l.declare();
         l
     }
@@ -962,6 +969,7 @@ impl<'a> Lowerer<'a> {
             && self.out.quotas.is_empty()
             && self.out.numgens.is_empty()
             && self.out.ct_counts.is_empty()
+            && self.out.ct_timeouts.is_empty()
     }
 
     /// Appends what `other` (a fresh lowerer: ids from 0, handles from
@@ -1268,11 +1276,21 @@ impl<'a> Lowerer<'a> {
                 StmtKind::CtTimeoutSet(name) => {
                     match t.ct_timeouts.iter().find(|c| c.name == *name) {
                         Some(c) => match intern_ct_timeout(c) {
-                            Ok(slot) => {
+                            Ok(lease) => {
                                 pre.push(Stmt::CtTimeout {
-                                    id: u32::from(slot),
+                                    id: u32::from(lease.slot()),
                                     proto: c.protocol,
                                 });
+                                // The rule set holds the slot for as long
+                                // as it lives (`sluice_engine::ct_timeout`).
+                                if !self
+                                    .out
+                                    .ct_timeouts
+                                    .iter()
+                                    .any(|l| l.slot() == lease.slot())
+                                {
+                                    self.out.ct_timeouts.push(lease);
+                                }
                                 Ok(None)
                             }
                             Err(e) => Err(e.to_string()),

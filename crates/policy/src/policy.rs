@@ -163,6 +163,8 @@ pub(crate) struct Tables {
     pub numgens: Vec<crate::lower::NumgenSpec>,
     pub ct_counts: Vec<ast::CtCount>,
     pub objects: Vec<crate::lower::ObjSpec>,
+    /// Leases of the `ct timeout` slots the rules give (kept, not read).
+    pub ct_timeouts: Vec<sluice_engine::ct_timeout::Lease>,
 }
 
 /// A named object and its live values ([`CompiledPolicy::objects`]): a
@@ -417,6 +419,7 @@ impl CompiledPolicy {
                 numgens: lowered.numgens,
                 ct_counts: lowered.ct_counts,
                 objects: lowered.objects,
+                ct_timeouts: lowered.ct_timeouts,
             }),
             store,
             program: OnceLock::new(),

@@ -705,8 +705,13 @@ fn first_timeout(pkt: &TracePacket, slot: u8) -> Option<u32> {
     };
     let policy = sluice_engine::ct_timeout::get(slot)
         .filter(|p| p.proto == pkt.proto)
-        .map(|p| &p.policy);
-    let d = sluice_conntrack::first_packet_timeout(&Default::default(), policy, pkt.proto, ev)?;
+        .map(|p| p.policy);
+    let d = sluice_conntrack::first_packet_timeout(
+        &Default::default(),
+        policy.as_ref(),
+        pkt.proto,
+        ev,
+    )?;
     u32::try_from(d.as_secs()).ok()
 }
 

@@ -471,6 +471,7 @@ impl CompiledPolicy {
             || out.numgens.len() != self.tables.numgens.len()
             || out.ct_counts.len() != self.tables.ct_counts.len()
             || out.objects.len() != self.tables.objects.len()
+            || out.ct_timeouts.len() != self.tables.ct_timeouts.len()
         {
             self.tables = Arc::new(Tables {
                 nat: out.nat.clone(),
@@ -483,6 +484,7 @@ impl CompiledPolicy {
                 numgens: out.numgens.clone(),
                 ct_counts: out.ct_counts.clone(),
                 objects: out.objects.clone(),
+                ct_timeouts: out.ct_timeouts.clone(),
             });
         }
         let base = self.store.infos.len() as u64;

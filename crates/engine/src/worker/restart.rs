@@ -190,6 +190,18 @@ impl Worker {
         )
     }
 
+    /// The `ct timeout` policy slots this worker's connections (IPv4 and
+    /// IPv6) follow, as a bitmap (`sluice_conntrack::Table::timeout_slots_held`):
+    /// what the process's slot registry may not give another policy
+    /// (`crate::ct_timeout::set_holders`).
+    pub fn ct_timeout_slots_held(&self) -> [u64; 4] {
+        let (a, b) = (
+            self.ct.timeout_slots_held(),
+            self.v6.ct.timeout_slots_held(),
+        );
+        [a[0] | b[0], a[1] | b[1], a[2] | b[2], a[3] | b[3]]
+    }
+
     /// Every connection of this worker, to carry over a restart, as of
     /// `now` (ns, the clock [`Worker::process`] is given).
     pub fn carried_conns(&self, now: u64) -> Vec<SavedConn> {
