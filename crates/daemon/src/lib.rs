@@ -1387,6 +1387,9 @@ impl Control {
         if let Some(f) = pools_refusal(&lp.source, &lp.pools, st) {
             return Err(f);
         }
+        if let Some(c) = &lp.compiled {
+            c.start_timers(dataplane::now_ns(self.epoch) / 1_000_000);
+        }
         st.generation = self.retire(self.policy.publish(Arc::clone(&lp.policy)));
         if lp.compiled.is_some() {
             // The built-in policy names no pools: the workers keep theirs.
@@ -2585,6 +2588,9 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<(), RunError> {
     } else {
         Some(sluice_io::nft::IngressDrop::install(&names).map_err(RunError::IngressDrop)?)
     };
+    if let Some(c) = &lp.compiled {
+        c.start_timers(dataplane::now_ns(epoch) / 1_000_000);
+    }
     let cell = Arc::new(dataplane::PolicyCell::new(Arc::clone(&lp.policy)));
     // Bound before anything starts, so that a taken port is a start error.
     let metrics_listener = bind_metrics(cfg.metrics_listen).map_err(|e| RunError::Os(e.message))?;

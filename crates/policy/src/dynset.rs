@@ -13,8 +13,11 @@
 //! - An element expires `timeout` after it was added or updated (the
 //!   statement's `timeout`, else the set's; none: it stays). Expired
 //!   elements are absent for lookups and are reclaimed when the set is full.
-//! - The elements a set is declared with never expire (the kernel gives
-//!   them the set's timeout counted from the load).
+//! - The elements a set is declared with expire as the kernel's do:
+//!   their `expires` (a listing of a live set), else their own `timeout`,
+//!   else the set's, counted from when the rule set starts (its timers are
+//!   started by the gateway when it publishes it, [`DynSet::start`], or
+//!   else by the set's first use); without any, never.
 //! - A full rule-set load starts every dynamic set afresh, as `nft -f` of a
 //!   file with `flush ruleset` does; rule and element updates through the
 //!   control socket keep the live elements.
@@ -27,7 +30,7 @@
 //! established traffic); an uncontended lock is one atomic exchange, as
 //! the kernel's per-bucket spinlock of `nft_set_hash` is.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use hashbrown::HashMap;
@@ -61,6 +64,9 @@ struct Elem {
     /// Bytes its `quota` has counted (from the quota's `used` at
     /// creation).
     quota_used: u64,
+    /// `expires_ms` is relative to the start of the rule set's timers (a
+    /// declared element before [`DynSet::start`]).
+    rel: bool,
 }
 
 /// [`Elem::creator`] of an element no statement created.
@@ -80,6 +86,8 @@ pub(crate) struct DynSet {
     /// Elements in all shards, expired ones included until reclaimed.
     len: AtomicUsize,
     shards: Box<[Mutex<HashMap<SetKey, Elem>>]>,
+    /// Some declared element's expiry waits for [`DynSet::start`].
+    pending: AtomicBool,
 }
 
 /// An element as [`DynSet::elements`] lists it.
@@ -118,14 +126,53 @@ impl DynSet {
             cap,
             len: AtomicUsize::new(0),
             shards,
+            pending: AtomicBool::new(false),
         };
-        for k in spec.elements.iter().take(cap) {
+        for (i, k) in spec.elements.iter().take(cap).enumerate() {
+            let e = match spec.expires.get(i).copied().flatten() {
+                Some(ms) => {
+                    set.pending.store(true, Ordering::Relaxed);
+                    Elem {
+                        rel: true,
+                        ..fresh(ms, NO_OP)
+                    }
+                }
+                None => fresh(NEVER, NO_OP),
+            };
             let mut m = set.shard(k);
-            if m.insert(*k, fresh(NEVER, NO_OP)).is_none() {
+            if m.insert(*k, e).is_none() {
                 set.len.fetch_add(1, Ordering::Relaxed);
             }
         }
         set
+    }
+
+    /// Starts the timers of the declared elements at `now_ms` (the
+    /// workers' clock): each expires its time after now. Once; later
+    /// calls, and calls of a set without such elements, do nothing. Every
+    /// use of the set at a time starts them first, so a rule set nobody
+    /// started (`sluice trace`) times them from its first packet.
+    pub(crate) fn start(&self, now_ms: u64) {
+        if !self.pending.load(Ordering::Acquire) {
+            return;
+        }
+        // Under every shard's lock, so that no use sees half of them
+        // started; the flag is cleared last.
+        let mut guards: Vec<_> = self
+            .shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner))
+            .collect();
+        if !self.pending.load(Ordering::Acquire) {
+            return;
+        }
+        for m in guards.iter_mut() {
+            for e in m.values_mut().filter(|e| e.rel) {
+                e.expires_ms = e.expires_ms.saturating_add(now_ms);
+                e.rel = false;
+            }
+        }
+        self.pending.store(false, Ordering::Release);
     }
 
     /// A copy of the set and its elements (a trace's throw-away state).
@@ -133,6 +180,7 @@ impl DynSet {
         DynSet {
             timeout_ms: self.timeout_ms,
             cap: self.cap,
+            pending: AtomicBool::new(self.pending.load(Ordering::Acquire)),
             len: AtomicUsize::new(self.len.load(Ordering::Relaxed)),
             shards: self
                 .shards
@@ -152,6 +200,7 @@ impl DynSet {
 
     /// Whether `k` is a live element.
     pub(crate) fn contains(&self, k: &SetKey, now_ms: u64) -> bool {
+        self.start(now_ms);
         self.shard(k).get(k).is_some_and(|e| e.live(now_ms))
     }
 
@@ -175,7 +224,10 @@ impl DynSet {
     pub(crate) fn insert_forever(&self, k: &SetKey) {
         let mut m = self.shard(k);
         match m.get_mut(k) {
-            Some(e) => e.expires_ms = NEVER,
+            Some(e) => {
+                e.expires_ms = NEVER;
+                e.rel = false;
+            }
             None => {
                 m.insert(*k, fresh(NEVER, NO_OP));
                 self.len.fetch_add(1, Ordering::Relaxed);
@@ -221,6 +273,7 @@ impl DynSet {
         now_ms: u64,
         len: u32,
     ) -> Option<(u32, bool)> {
+        self.start(now_ms);
         let timeout_ms = ops.get(op as usize).and_then(|(o, _)| o.timeout_ms);
         let expires = match timeout_ms.or(self.timeout_ms) {
             Some(t) => now_ms.saturating_add(t),
@@ -269,6 +322,7 @@ impl DynSet {
         ops: &[(SetOpSpec, Option<Rate>)],
         counts: &ConnCounts,
     ) -> Vec<ListedElem> {
+        self.start(now_ms);
         let mut out = Vec::new();
         for s in self.shards.iter() {
             let m = s.lock().unwrap_or_else(PoisonError::into_inner);
@@ -312,6 +366,7 @@ fn fresh(expires_ms: u64, creator: u32) -> Elem {
         bytes: 0,
         creator,
         quota_used: 0,
+        rel: false,
     }
 }
 

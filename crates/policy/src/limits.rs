@@ -461,6 +461,14 @@ impl Limiters {
         self.ops.len()
     }
 
+    /// Starts the timers of every dynamic set's declared elements at
+    /// `now_ms` ([`crate::dynset::DynSet::start`]).
+    pub(crate) fn start_timers(&self, now_ms: u64) {
+        for s in &self.sets {
+            s.start(now_ms);
+        }
+    }
+
     /// Dynamic set `i`.
     pub(crate) fn set(&self, i: usize) -> Option<&crate::dynset::DynSet> {
         self.sets.get(i).map(|s| &**s)

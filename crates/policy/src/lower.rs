@@ -176,8 +176,13 @@ pub struct DynSetSpec {
     pub size: u32,
     /// The key's types (how its values print).
     pub key_types: Vec<ast::DataType>,
-    /// The elements the set is declared with (they never time out).
+    /// The elements the set is declared with.
     pub elements: Vec<SetKey>,
+    /// For each of [`Self::elements`], when it expires, in ms after the
+    /// rule set starts (`CompiledPolicy::start_timers`): its `expires`,
+    /// else its own `timeout`, else the set's (as the kernel times a
+    /// declared element from the load); `None`: never.
+    pub expires: Vec<Option<u64>>,
 }
 
 /// A named object (`counter NAME { ... }`, `quota NAME { ... }`), indexed
@@ -1826,12 +1831,23 @@ impl<'a> Lowerer<'a> {
         let Ok(i) = u32::try_from(self.out.sets.len()) else {
             return Err("too many dynamic sets".into());
         };
+        let expires = set
+            .elements
+            .iter()
+            .map(|e| {
+                e.opts
+                    .as_ref()
+                    .and_then(|o| o.expires_ms.or(o.timeout_ms))
+                    .or(set.timeout_ms)
+            })
+            .collect();
         self.out.sets.push(DynSetSpec {
             name,
             timeout_ms: set.timeout_ms,
             size: set.size.unwrap_or(DEFAULT_SET_SIZE),
             key_types: set.key.clone(),
             elements,
+            expires,
         });
         Ok(i)
     }

@@ -750,6 +750,15 @@ impl CompiledPolicy {
         &self.tables.logs
     }
 
+    /// Starts the timers of the elements its dynamic sets are declared
+    /// with (`expires`, an element's or the set's `timeout`) at `now_ms`,
+    /// the workers' clock: a gateway calls it when it publishes a new rule
+    /// set, so they count from then, as the kernel counts them from the
+    /// load. Once per set; a set not started starts at its first use.
+    pub fn start_timers(&self, now_ms: u64) {
+        self.limiters.start_timers(now_ms);
+    }
+
     /// The live elements of dynamic set `name` (`"FAMILY TABLE SET"`, as
     /// [`Self::dynamic_sets`] lists them) at `now_ms` (the workers' clock),
     /// sorted by key; `None` for a set no rule uses.
@@ -1998,11 +2007,52 @@ mod tests {
         assert_eq!((listed[0].packets, listed[0].expires_in_ms), (6, None));
     }
 
+    /// The elements a dynamic set is declared with expire as the kernel's:
+    /// after their `expires` (a listing of a live set), else their own
+    /// `timeout`, else the set's, from when the rule set starts; in a set
+    /// with `flags timeout` and no timeout of its own, an element without
+    /// either stays.
+    #[test]
+    fn declared_elements_expire_by_their_expiry_their_timeout_or_the_sets() {
+        let p = pol("table inet f {\n\
+            set s { type ipv4_addr; timeout 1h; elements = { 10.0.0.1 expires 5s, \
+              10.0.0.2 timeout 20s, 10.0.0.3 timeout 20s expires 8s, 10.0.0.4 } }\n\
+            set k { type ipv4_addr; flags timeout; elements = { 10.0.0.5, 10.0.0.6 expires 3s } }\n\
+            chain input { type filter hook input priority 0; policy accept;\n\
+              ip saddr @s drop\n\
+              ip saddr @k drop\n\
+            }\n}\n");
+        // The gateway publishes it at 100 s on its clock.
+        p.start_timers(100_000);
+        p.start_timers(900_000);
+        let at = |src: u32, ms: u64| input(&p, 0x0a00_0000 | src, 22, 100_000 + ms);
+        assert_eq!(at(6, 2_999), Verdict::Drop);
+        assert_eq!(at(6, 3_000), Verdict::Accept, "expires 3s");
+        assert_eq!(at(1, 4_999), Verdict::Drop);
+        assert_eq!(at(1, 5_000), Verdict::Accept, "expires 5s");
+        assert_eq!(at(3, 7_999), Verdict::Drop);
+        assert_eq!(at(3, 8_000), Verdict::Accept, "expires before its timeout");
+        assert_eq!(at(2, 19_999), Verdict::Drop);
+        assert_eq!(at(2, 20_000), Verdict::Accept, "its own timeout");
+        assert_eq!(at(4, 3_599_999), Verdict::Drop);
+        assert_eq!(at(4, 3_600_000), Verdict::Accept, "the set's hour");
+        assert_eq!(at(5, 99_000_000), Verdict::Drop, "no timeout: stays");
+        let listed = p
+            .dynamic_set_elements("inet f k", 100_000 + 99_000_000)
+            .unwrap_or_else(|| panic!("no set"));
+        assert_eq!(
+            listed.iter().map(|e| e.expires_in_ms).collect::<Vec<_>>(),
+            [None],
+            "10.0.0.6 gone, 10.0.0.5 without expiry"
+        );
+    }
+
     #[test]
     fn a_deny_list_fills_from_the_packet_path_and_times_out() {
         let p = pol(DYNAMIC);
         let a = 0x0a00_0001;
         assert_eq!(input(&p, a, 22, 0), Verdict::Accept);
+        assert_eq!(input(&p, 0xc000_0209, 22, 9_999), Verdict::Drop, "declared");
         // A probe of port 23 puts the source on the list for 10 s.
         assert_eq!(input(&p, a, 23, 1000), Verdict::Drop);
         assert_eq!(input(&p, a, 22, 1000), Verdict::Drop);
@@ -2016,8 +2066,9 @@ mod tests {
         assert_eq!(input(&p, a, 23, 25_000), Verdict::Drop);
         assert_eq!(input(&p, a, 22, 29_999), Verdict::Drop);
         assert_eq!(input(&p, a, 22, 30_000), Verdict::Accept);
-        // A declared element never expires.
-        assert_eq!(input(&p, 0xc000_0209, 22, 99_000_000), Verdict::Drop);
+        // The declared element had the set's 10 s from the rule set's
+        // start (its first use, at 0), as in the kernel.
+        assert_eq!(input(&p, 0xc000_0209, 22, 30_000), Verdict::Accept);
         // Without the deny rule: `update` refreshes the timeout, and
         // `delete` takes the element out.
         let q = pol(&DYNAMIC.replace("ip saddr @deny drop\n", ""));
@@ -2145,6 +2196,8 @@ mod tests {
     #[test]
     fn port_knocking_through_concatenated_keys_with_constants() {
         let p = pol(include_str!("../../ruleset/tests/golden/dynamic_sets.nft"));
+        // Published at time 0: the declared elements' timers start.
+        p.start_timers(0);
         let a = 0x0a00_0001;
         let b = 0x0a00_0005;
         assert_eq!(input(&p, a, 22, 0), Verdict::Drop, "no knock");
@@ -2180,7 +2233,11 @@ mod tests {
         let keys: Vec<u128> = listed.iter().map(|e| e.key[0]).collect();
         assert_eq!(keys, [0xffff_0a00_0005, 0xffff_c633_6442]);
         assert_eq!(listed[0].expires_in_ms, Some(3_600_000));
-        assert_eq!(listed[1].expires_in_ms, None, "declared");
+        assert_eq!(
+            listed[1].expires_in_ms,
+            Some(3_600_000 - 40_000),
+            "declared: the set's hour, from the start"
+        );
     }
 
     #[test]

@@ -741,7 +741,9 @@ pub struct TraceState {
 }
 
 impl CompiledPolicy {
-    /// Fresh trace state: every dynamic set with its declared elements.
+    /// Fresh trace state: every dynamic set with its declared elements,
+    /// their timers started at time 0 (the trace's clock, as if the rule
+    /// set had just been loaded).
     pub fn trace_state(&self) -> TraceState {
         let mut l = crate::limits::Limiters::default();
         l.extend_sets(&self.tables.sets, &self.tables.set_ops);
@@ -749,6 +751,7 @@ impl CompiledPolicy {
         l.extend_numgens(&self.tables.numgens);
         l.extend_ct_counts(&self.tables.ct_counts);
         l.extend_objects(&self.tables.objects);
+        l.start_timers(0);
         TraceState {
             sets: Arc::new(crate::limits::SetsOnly(l)),
         }

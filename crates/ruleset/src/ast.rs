@@ -356,6 +356,22 @@ pub struct Elem {
     pub key: Value,
     pub data: Option<Value>,
     pub span: Span,
+    /// `timeout`, `expires` and `comment`, as `nft list ruleset` prints
+    /// them (only in the elements a named set or map is declared with).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub opts: Option<Box<ElemOpts>>,
+}
+
+/// The options of an element ([`Elem::opts`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ElemOpts {
+    /// `timeout T`: the element's own timeout, ms.
+    pub timeout_ms: Option<u64>,
+    /// `expires T`: the time it has left, ms (the kernel's listing of a
+    /// live element).
+    pub expires_ms: Option<u64>,
+    /// `comment "C"`.
+    pub comment: Option<String>,
 }
 
 /// One rule: all `matches` must hold, then `stmts` run in order.

@@ -173,6 +173,7 @@ fn parse_ipsets(text: &str, diags: &mut Vec<RawDiag>) -> Vec<IpSet> {
                         key,
                         data: None,
                         span: esp,
+                        opts: None,
                     }),
                     None => diags.push(RawDiag::new(
                         esp,
@@ -889,6 +890,7 @@ fn rule(
                                 key,
                                 data: None,
                                 span: sp,
+                                opts: None,
                             })
                             .collect();
                         push(&mut r, vec![f], None, neg, Value::Set(elems), sp);
@@ -1035,6 +1037,7 @@ fn rule(
                                 key,
                                 data: None,
                                 span: sp,
+                                opts: None,
                             })
                             .collect();
                         push(&mut r, vec![f], None, neg, Value::Set(elems), sp);
@@ -1096,6 +1099,7 @@ fn rule(
                                 key,
                                 data: None,
                                 span: sp,
+                                opts: None,
                             })
                             .collect(),
                     )
@@ -2360,6 +2364,7 @@ fn xt_time_matches(t: &XtTime, span: Span) -> Result<Vec<Match>, String> {
                         key: Value::Num(*d),
                         data: None,
                         span,
+                        opts: None,
                     })
                     .collect(),
             ),

@@ -1527,7 +1527,7 @@ impl<'s> Parser<'s> {
                                 } else {
                                     None
                                 };
-                                elements = self.elements(&k, d)?;
+                                elements = self.elements_with(&k, d, true)?;
                                 Ok(())
                             }),
                         }
@@ -1560,6 +1560,11 @@ impl<'s> Parser<'s> {
                         self.bump();
                         Ok(())
                     }
+                    "counter" => self.err(
+                        isp,
+                        "per-element counters ('counter' on a set and its elements) are not \
+                         supported; count with a rule's 'counter' instead",
+                    ),
                     w => {
                         let opts = [
                             "type", "typeof", "flags", "elements", "comment", "size", "timeout",
@@ -1713,7 +1718,7 @@ impl<'s> Parser<'s> {
                 let (sname, ssp) = self.name("set name")?;
                 let (key, data) = self.set_key(ti, &sname, ssp)?;
                 let is_map = data.is_some();
-                let elems = self.elements(&key, data)?;
+                let elems = self.elements_with(&key, data, true)?;
                 let t = self.tables.get_mut(ti).ok_or(Fail)?;
                 if is_map {
                     if let Some(m) = t.maps.iter_mut().find(|m| m.name == sname) {
@@ -2380,9 +2385,12 @@ impl<'s> Parser<'s> {
         })
     }
 
-    /// `a,b,c` for bit-mask types; returns whether a `/ MASK` follows.
+    /// `a,b,c` for bit-mask types, also `a | b` and `(a | b)` (the form
+    /// nft reads for `tcp flags & (fin | syn) == fin | syn`); returns
+    /// whether a `/ MASK` follows.
     fn bitmask_list(&mut self, dt: DataType) -> P<(u64, bool)> {
         let mut bits = 0;
+        let paren = self.eat(&Tok::LParen);
         loop {
             let sp = self.span();
             let (w, _) = self.expect_word(format_args!("{} value", dt.name()))?;
@@ -2403,11 +2411,17 @@ impl<'s> Parser<'s> {
                         }
                     }
                 }
+                if paren {
+                    self.expect(Tok::RParen)?;
+                }
                 return Ok((bits, true));
             }
-            if !self.eat(&Tok::Comma) {
+            if !(self.eat(&Tok::Comma) || self.eat(&Tok::Pipe)) {
                 break;
             }
+        }
+        if paren {
+            self.expect(Tok::RParen)?;
         }
         if self.is_word("/") {
             self.bump();
@@ -2607,6 +2621,18 @@ impl<'s> Parser<'s> {
 
     /// `{ k : v, ... }` — named sets, anonymous sets, and map elements.
     fn elements(&mut self, key: &[DataType], data: Option<DataType>) -> P<Vec<Elem>> {
+        self.elements_with(key, data, false)
+    }
+
+    /// [`Self::elements`] of a named set's or map's declaration (`decl`):
+    /// each may carry `timeout T`, `expires T` and `comment "C"` after its
+    /// key, as `nft list ruleset` prints them.
+    fn elements_with(
+        &mut self,
+        key: &[DataType],
+        data: Option<DataType>,
+        decl: bool,
+    ) -> P<Vec<Elem>> {
         self.expect(Tok::LBrace)?;
         let mut out = Vec::new();
         loop {
@@ -2616,6 +2642,7 @@ impl<'s> Parser<'s> {
             }
             let span = self.span();
             let k = self.value_concat(key)?;
+            let opts = self.elem_opts(decl)?;
             let d = match data {
                 Some(dt) => {
                     self.expect(Tok::Colon)?;
@@ -2627,6 +2654,7 @@ impl<'s> Parser<'s> {
                 key: k,
                 data: d,
                 span,
+                opts,
             });
             self.skip_newlines();
             match self.peek() {
@@ -2637,6 +2665,55 @@ impl<'s> Parser<'s> {
                 _ => return self.unexpected("',' or '}'"),
             }
         }
+    }
+
+    /// An element's `timeout T`, `expires T`, `comment "C"` (any order,
+    /// each once), where `decl` allows them; `counter` (per-element
+    /// counters) is refused with the reason.
+    fn elem_opts(&mut self, decl: bool) -> P<Option<Box<ElemOpts>>> {
+        let mut o = ElemOpts::default();
+        let mut any = false;
+        while let Some(w @ ("timeout" | "expires" | "comment" | "counter")) = self.word() {
+            let sp = self.span();
+            if w == "counter" {
+                return self.err(
+                    sp,
+                    "per-element counters ('counter' on a set and its elements) are not \
+                     supported; count with a rule's 'counter' instead",
+                );
+            }
+            if !decl {
+                return self.err(
+                    sp,
+                    format!(
+                        "an element's '{w}' is only read where a named set or map is \
+                         declared (its 'elements = {{ ... }}' or 'add element' in a rule-set \
+                         file)"
+                    ),
+                );
+            }
+            let taken = match w {
+                "timeout" => o.timeout_ms.is_some(),
+                "expires" => o.expires_ms.is_some(),
+                _ => o.comment.is_some(),
+            };
+            if taken {
+                return self.err(sp, format!("an element's '{w}' given twice"));
+            }
+            match w {
+                "timeout" => {
+                    self.bump();
+                    o.timeout_ms = Some(self.duration("element timeout")?);
+                }
+                "expires" => {
+                    self.bump();
+                    o.expires_ms = Some(self.duration("element expiry")?);
+                }
+                _ => o.comment = Some(self.comment(sp)?),
+            }
+            any = true;
+        }
+        Ok(any.then(|| Box::new(o)))
     }
 
     fn map_ref(&mut self, key: &[Field], data: DataType) -> P<MapRef> {
@@ -3254,7 +3331,9 @@ impl<'s> Parser<'s> {
                 let Some((addr, ports)) = parse_nat_target(w) else {
                     return self.err(
                         sp,
-                        format!("invalid NAT target '{w}', expected ADDR[-ADDR][:PORT[-PORT]]"),
+                        format!(
+                            "invalid NAT target '{w}', expected ADDR[-ADDR|/LEN][:PORT[-PORT]]"
+                        ),
                     );
                 };
                 if addr.is_some() && !needs_to {
@@ -3423,13 +3502,47 @@ fn parse_port_range(s: &str) -> Option<(u16, u16)> {
 }
 
 fn parse_nat_addr(s: &str) -> Option<NatAddr> {
+    if let Some((a, len)) = s.split_once('/') {
+        return nat_prefix(a.parse().ok()?, len.parse().ok()?);
+    }
     match s.split_once('-') {
         Some((a, b)) => Some(NatAddr::Range(a.parse().ok()?, b.parse().ok()?)),
         None => Some(NatAddr::Single(s.parse().ok()?)),
     }
 }
 
-/// `ADDR[-ADDR][:PORT[-PORT]]`, `[V6]:PORT`, `:PORT[-PORT]`.
+/// The addresses of prefix `a/len` as a NAT target, as nft takes it (host
+/// bits ignored) and as the kernel lists an address range that is one
+/// (`snat to 198.51.100.0/30`, also `/32`, and with ports
+/// `198.51.100.8/31:1024-65535`, a form nft 1.0.6 lists but does not read
+/// back): a range, or the address for a full-length prefix.
+fn nat_prefix(a: IpAddr, len: u32) -> Option<NatAddr> {
+    let (lo, hi) = match a {
+        IpAddr::V4(v) => {
+            let m = u32::MAX.checked_shl(32u32.checked_sub(len)?).unwrap_or(0);
+            let lo = u32::from(v) & m;
+            (
+                IpAddr::from(lo.to_be_bytes()),
+                IpAddr::from((lo | !m).to_be_bytes()),
+            )
+        }
+        IpAddr::V6(v) => {
+            let m = u128::MAX.checked_shl(128u32.checked_sub(len)?).unwrap_or(0);
+            let lo = u128::from(v) & m;
+            (
+                IpAddr::from(lo.to_be_bytes()),
+                IpAddr::from((lo | !m).to_be_bytes()),
+            )
+        }
+    };
+    Some(if lo == hi {
+        NatAddr::Single(lo)
+    } else {
+        NatAddr::Range(lo, hi)
+    })
+}
+
+/// `ADDR[-ADDR|/LEN][:PORT[-PORT]]`, `[V6]:PORT`, `:PORT[-PORT]`.
 /// A parsed NAT target: optional address part and optional port range.
 pub(crate) type NatTarget = (Option<NatAddr>, Option<(u16, u16)>);
 

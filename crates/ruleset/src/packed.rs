@@ -880,7 +880,12 @@ impl Reader<'_> {
                 _ => return None,
             };
             let span = self.span()?;
-            es.push(Elem { key, data, span });
+            es.push(Elem {
+                key,
+                data,
+                span,
+                opts: None,
+            });
         }
         Some(es)
     }

@@ -221,7 +221,18 @@ fn print_set_tail(
 }
 
 fn elem(e: &Elem, key: &[DataType], data: Option<DataType>) -> String {
-    let k = value(&e.key, key);
+    let mut k = value(&e.key, key);
+    if let Some(o) = &e.opts {
+        if let Some(t) = o.timeout_ms {
+            let _ = write!(k, " timeout {}", crate::ast::format_duration(t));
+        }
+        if let Some(t) = o.expires_ms {
+            let _ = write!(k, " expires {}", crate::ast::format_duration(t));
+        }
+        if let Some(c) = &o.comment {
+            let _ = write!(k, " comment {}", quote(c));
+        }
+    }
     match (&e.data, data) {
         (Some(d), Some(dt)) => format!("{k} : {}", value(d, &[dt])),
         _ => k,

@@ -100,10 +100,17 @@ impl Validator {
         let (chains, _, _) = &lookups;
         for s in &t.sets {
             self.set_elements(s, &s.elements);
+            if !s.flags.contains(&SetFlag::Timeout) && s.timeout_ms.is_none() {
+                self.element_timeouts(&s.elements, "needs 'flags timeout' on its set");
+            }
         }
         for m in &t.maps {
             self.map_elements(chains, m, &m.elements);
             self.object_names(t, m.data, &m.elements);
+            self.element_timeouts(
+                &m.elements,
+                "is not supported in a map (a map's elements do not expire in Sluice)",
+            );
         }
         for c in &t.chains {
             if let Some(b) = &c.base {
@@ -130,6 +137,19 @@ impl Validator {
             }
         }
         self.loops(t, chains);
+    }
+
+    /// An error for each element of `elems` with a `timeout` or `expires`,
+    /// saying `why` it cannot have one.
+    fn element_timeouts(&mut self, elems: &[Elem], why: &str) {
+        for e in elems {
+            if e.opts
+                .as_ref()
+                .is_some_and(|o| o.timeout_ms.is_some() || o.expires_ms.is_some())
+            {
+                self.err(e.span, format!("an element's timeout or expiry {why}"));
+            }
+        }
     }
 
     /// The matches and statements of `rules`, rules of chain `c`.

@@ -7,7 +7,9 @@
 //! mark, conntrack state and, for a new forwarded connection, the seconds
 //! its conntrack entry starts with are observed (`tests/oracle/oracle.py`). The same
 //! packets go through `sluice trace -c FILE --packets NAME.jsonl`, and the two
-//! must agree exactly.
+//! must agree exactly. So must the traces of the kernel's own listing of
+//! every nft rule set as loaded (`nft list ruleset`, what an operator
+//! migrating hands Sluice).
 //!
 //! Run: `cargo test -p sluice --test kernel_oracle -- --ignored --nocapture`
 //! (as root). `SLUICE_ORACLE_ONLY=substr` restricts the corpus;
@@ -219,8 +221,26 @@ fn kernel_oracle() {
     // New forwarded connections whose starting timeout was compared.
     let mut timeouts_checked = 0usize;
     let mut per_ruleset = String::new();
+    // Each rule set, and for an nft one the kernel's listing of it as
+    // loaded (`nft list ruleset`, written by oracle.py): what an operator
+    // migrating gives Sluice must give the same results.
+    let mut jobs: Vec<(PathBuf, String, String)> = Vec::new();
     for file in &files {
         let stem = file.file_stem().unwrap().to_string_lossy().to_string();
+        let name = file.file_name().unwrap().to_string_lossy().to_string();
+        jobs.push((file.clone(), stem.clone(), name.clone()));
+        if file.extension().is_some_and(|e| e == "nft") {
+            let listing = out.join(format!("{stem}.listing.nft"));
+            assert!(
+                listing.exists(),
+                "oracle.py wrote no kernel listing of {name}"
+            );
+            jobs.push((listing, stem, format!("{name} (listed)")));
+        }
+    }
+    let listings = jobs.len() - files.len();
+    for (file, stem, label) in &jobs {
+        let (file, stem) = (file, stem.clone());
         let pk_path = corpus.join(format!("{stem}.jsonl"));
         let packets = read_jsonl(&pk_path);
         let kernel = read_jsonl(&out.join(format!("{stem}.kernel.jsonl")));
@@ -253,7 +273,7 @@ fn kernel_oracle() {
             Ok(t) if t.len() == packets.len() => t,
             Ok(t) => {
                 failed.push(format!(
-                    "{stem}: sluice trace wrote {} results for {} packets",
+                    "{label}: sluice trace wrote {} results for {} packets",
                     t.len(),
                     packets.len()
                 ));
@@ -261,7 +281,7 @@ fn kernel_oracle() {
                 continue;
             }
             Err(e) => {
-                failed.push(format!("{stem}: {e}"));
+                failed.push(format!("{label}: {e}"));
                 unchecked += packets.len();
                 continue;
             }
@@ -270,7 +290,7 @@ fn kernel_oracle() {
         for (i, ((p, k), s)) in packets.iter().zip(&kernel).zip(&traced).enumerate() {
             let mut push = |what: String| {
                 diffs.push(Diff {
-                    ruleset: stem.clone(),
+                    ruleset: label.clone(),
                     line: i + 1,
                     what,
                     packet: p.clone(),
@@ -344,8 +364,8 @@ fn kernel_oracle() {
         }
         let _ = writeln!(
             per_ruleset,
-            "  {:<28} {:>4} packets {:>4} differences",
-            file.file_name().unwrap().to_string_lossy(),
+            "  {:<37} {:>4} packets {:>4} differences",
+            label,
             packets.len(),
             diffs.len() - before
         );
@@ -354,10 +374,11 @@ fn kernel_oracle() {
     let mut report = String::new();
     let _ = writeln!(
         report,
-        "kernel oracle: {} rulesets, {} packets ({} new connections' timeouts), {} differences, \
-         {} rulesets sluice could not trace ({} packets unchecked), {} harness problems (kernel \
-         side {:.1}s)",
+        "kernel oracle: {} rulesets and the kernel's listings of {} of them, {} packet results \
+         compared ({} new connections' timeouts), {} differences, {} rulesets sluice could not trace ({} packets \
+         unchecked), {} harness problems (kernel side {:.1}s)",
         files.len(),
+        listings,
         total,
         timeouts_checked,
         diffs.len(),
@@ -370,7 +391,7 @@ fn kernel_oracle() {
     for d in diffs.iter().take(15) {
         let _ = writeln!(
             report,
-            "DIFF {}.jsonl:{}: {}\n    packet: {}\n    kernel: {}\n    sluice: {}",
+            "DIFF {}, packet {}: {}\n    packet: {}\n    kernel: {}\n    sluice: {}",
             d.ruleset, d.line, d.what, d.packet, d.kernel, d.sluice
         );
     }

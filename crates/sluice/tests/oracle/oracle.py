@@ -381,6 +381,14 @@ class Ruleset:
             nsexec(self.dut, ["ip6tables-restore" if v6 else "iptables-restore", self.path])
         else:
             nsexec(self.dut, ["nft", "-f", self.path])
+            # The kernel's own listing of it, which an operator migrating
+            # would give Sluice (`nft list ruleset > FILE`), without the
+            # harness's observation table.
+            tables = nsexec(self.dut, ["nft", "list", "tables"]).stdout.split("\n")
+            self.listing = "".join(
+                nsexec(self.dut, ["nft", "list", "table", t[1], t[2]]).stdout
+                for t in (l.split() for l in tables)
+                if len(t) == 3 and t[0] == "table" and t[2] != "sluice_oracle_obs")
 
     # -- routes for one group of packets
     def group_routes(self, hook, iif, oif, pkts):
@@ -715,7 +723,7 @@ def run_ruleset(path, index):
         res = rs.run()
     finally:
         rs.teardown()
-    return res
+    return res, getattr(rs, "listing", None)
 
 
 def main():
@@ -730,11 +738,14 @@ def main():
     try:
         for n, path in enumerate(a.rulesets):
             t0 = time.time()
-            res = run_ruleset(path, n)
+            res, listing = run_ruleset(path, n)
             name = os.path.splitext(os.path.basename(path))[0]
             with open(os.path.join(a.out, name + ".kernel.jsonl"), "w") as f:
                 for r in res:
                     f.write(json.dumps(r) + "\n")
+            if listing is not None:
+                with open(os.path.join(a.out, name + ".listing.nft"), "w") as f:
+                    f.write(listing)
             print("oracle: %-32s %5d packets  %.1fs" % (os.path.basename(path), len(res), time.time() - t0),
                   file=sys.stderr, flush=True)
     finally:
