@@ -152,7 +152,9 @@ pub(crate) fn named_uses(r: &ast::Rule) -> Vec<String> {
     }
     for s in &r.stmts {
         match &s.kind {
-            ast::StmtKind::VerdictMap { map, .. } | ast::StmtKind::ObjMap { map, .. } => {
+            ast::StmtKind::VerdictMap { map, .. }
+            | ast::StmtKind::ObjMap { map, .. }
+            | ast::StmtKind::MarkMap { map, .. } => {
                 if let ast::MapRef::Named(n) = &**map {
                     add(n);
                 }

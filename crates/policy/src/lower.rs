@@ -601,9 +601,10 @@ fn spec(f: Field, fam: Family) -> Result<(ir::Field, Kind, &'static [Dep]), Stri
     })
 }
 
-/// An object map in a rule being lowered: the number of statements
-/// before it, its key, and its (element key, object id) pairs.
-type ObjMapAt = (usize, Vec<Field>, Vec<(Value, u32)>);
+/// A map statement in a rule being lowered (an object map, or a mark
+/// from a map): the number of statements before it, its key, and its
+/// (element key, statement the element gives) pairs.
+type ObjMapAt = (usize, Vec<Field>, Vec<(Value, Stmt)>);
 
 /// The IR reject of a `reject [with ...]`.
 /// The engine's form of a `ct timeout` object: its timers as conntrack's
@@ -1211,11 +1212,34 @@ impl<'a> Lowerer<'a> {
                 }),
                 StmtKind::ObjMap { kind, key, map } if objmap.is_none() => {
                     self.obj_map(t, *kind, map).map(|entries| {
+                        let entries = entries
+                            .into_iter()
+                            .map(|(k, id)| (k, self.obj_stmt(id)))
+                            .collect();
                         objmap = Some((pre.len(), key.clone(), entries));
                         None
                     })
                 }
-                StmtKind::ObjMap { .. } => Err("one object map per rule can be lowered".into()),
+                StmtKind::MarkMap { ct, key, .. }
+                    if key.contains(if *ct {
+                        &Field::CtMark
+                    } else {
+                        &Field::MetaMark
+                    }) =>
+                {
+                    // Its elements become rules in turn: a mark one sets
+                    // could select the next one's key.
+                    Err("a mark map keyed by the mark it sets cannot be lowered".into())
+                }
+                StmtKind::MarkMap { ct, key, map } if objmap.is_none() => {
+                    self.mark_map(t, *ct, map).map(|entries| {
+                        objmap = Some((pre.len(), key.clone(), entries));
+                        None
+                    })
+                }
+                StmtKind::ObjMap { .. } | StmtKind::MarkMap { .. } => {
+                    Err("one object or mark map per rule can be lowered".into())
+                }
                 StmtKind::ObjRef { kind, name } => self.object(t, *kind, name).map(|id| {
                     pre.push(self.obj_stmt(id));
                     None
@@ -1462,7 +1486,7 @@ impl<'a> Lowerer<'a> {
         pre: Vec<Stmt>,
         split: usize,
         key: &[Field],
-        entries: &[(Value, u32)],
+        entries: &[(Value, Stmt)],
         verdict: Option<ir::Verdict>,
     ) {
         let (before, after) = pre.split_at(split.min(pre.len()));
@@ -1476,8 +1500,8 @@ impl<'a> Lowerer<'a> {
             {
                 self.err(
                     r.span,
-                    "only counters and logs can come before an object map in a rule; move \
-                     the other statements after it",
+                    "only counters and logs can come before an object or mark map in a \
+                     rule; move the other statements after it",
                 );
                 return;
             }
@@ -1486,13 +1510,13 @@ impl<'a> Lowerer<'a> {
         }
         let mut kdeps = deps.to_vec();
         let mut rules = Vec::new();
-        for (k, id) in entries {
+        for (k, st) in entries {
             match self.key_match(t, key, k, &mut kdeps) {
                 Ok(km) => {
                     let mut ms = matches.to_vec();
                     ms.push(km);
                     let mut stmts = Vec::with_capacity(after.len() + 1);
-                    stmts.push(self.obj_stmt(*id));
+                    stmts.push(*st);
                     stmts.extend_from_slice(after);
                     rules.push((ms, stmts));
                 }
@@ -1516,6 +1540,29 @@ impl<'a> Lowerer<'a> {
             _ => true,
         };
         Stmt::Obj { id, stateless }
+    }
+
+    /// The (element key, mark statement) pairs of a mark map (`ct`: `ct
+    /// mark set`).
+    fn mark_map(&self, t: &Table, ct: bool, map: &MapRef) -> Result<Vec<(Value, Stmt)>, String> {
+        let mut out = Vec::new();
+        for e in self.map_elems(t, map)? {
+            let m = match &e.data {
+                Some(Value::Num(n)) => u32::try_from(*n)
+                    .map_err(|_| format!("mark map value {n} does not fit 32 bits"))?,
+                _ => return Err("mark map element without a mark".into()),
+            };
+            let op = MarkOp::set(m);
+            out.push((
+                e.key.clone(),
+                if ct {
+                    Stmt::CtMarkSet(op)
+                } else {
+                    Stmt::MarkSet(op)
+                },
+            ));
+        }
+        Ok(out)
     }
 
     /// The (element key, object id) pairs of an object map.

@@ -2047,6 +2047,69 @@ mod tests {
         );
     }
 
+    /// `meta mark set KEY map` / `ct mark set KEY map`: the element's mark,
+    /// a key the map does not hold ending the rule (a counter before it
+    /// counting either way); a map keyed by the mark it sets is refused.
+    #[test]
+    fn marks_from_maps_and_misses_end_the_rule() {
+        let p = pol("table inet f {\n\
+            map m { type ipv4_addr : mark; elements = { 10.0.0.1 : 0x11 } }\n\
+            chain input { type filter hook input priority 0; policy accept;\n\
+              counter meta mark set ip saddr map @m drop\n\
+              tcp dport 22 ct mark set tcp dport map { 22 : 0x7 } drop\n\
+            }\n}\n");
+        let d = |src: u32| {
+            p.decide(
+                Hook::Input,
+                &PolicyPacket {
+                    src: u128::from(src),
+                    dport: 80,
+                    ..packet()
+                },
+            )
+        };
+        let hit = d(0x0a00_0001);
+        assert_eq!((hit.verdict, hit.mark), (Verdict::Drop, 0x11));
+        let miss = d(0x0a00_0002);
+        assert_eq!(
+            (miss.verdict, miss.mark),
+            (Verdict::Accept, 0),
+            "the rule ended"
+        );
+        let c = p.list_rules();
+        assert_eq!(
+            c.first()
+                .and_then(|r| r.counter)
+                .map(|(packets, _)| packets),
+            Some(2),
+            "the counter before the map: {c:?}"
+        );
+        // The same split for a verdict map: its counter counts each packet
+        // once, hit or miss.
+        let v = pol("table inet f {\n\
+            chain input { type filter hook input priority 0; policy accept;\n\
+              counter tcp dport vmap { 80 : drop }\n\
+            }\n}\n");
+        for dport in [80, 81] {
+            v.decide(Hook::Input, &PolicyPacket { dport, ..packet() });
+        }
+        assert_eq!(
+            v.list_rules()
+                .first()
+                .and_then(|r| r.counter)
+                .map(|(p, _)| p),
+            Some(2)
+        );
+        let e = compile(
+            "table inet f {\n chain c { type filter hook input priority 0;\n \
+             meta mark set meta mark map { 1 : 2, 2 : 3 }\n }\n}\n",
+        )
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        assert!(e.contains("keyed by the mark it sets"), "{e}");
+    }
+
     #[test]
     fn a_deny_list_fills_from_the_packet_path_and_times_out() {
         let p = pol(DYNAMIC);
@@ -2551,7 +2614,7 @@ mod tests {
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(
-            e.contains("only counters and logs can come before an object map"),
+            e.contains("only counters and logs can come before an object or mark map"),
             "{e}"
         );
     }

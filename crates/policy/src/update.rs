@@ -109,6 +109,13 @@ fn refused<T>(msg: impl Into<String>) -> Result<T, UpdateFailure> {
     Err(UpdateFailure::Refused(msg.into()))
 }
 
+/// Whether IR rule `r` holds a `counter`.
+fn has_counter(r: &sluice_classify::ir::Rule) -> bool {
+    r.stmts
+        .iter()
+        .any(|s| matches!(s, sluice_classify::ir::Stmt::Counter))
+}
+
 fn same_elem(a: &ast::Elem, b: &ast::Elem) -> bool {
     a.key == b.key && a.data == b.data
 }
@@ -251,10 +258,7 @@ impl CompiledPolicy {
                         continue;
                     };
                     if e.ast.counter().is_some() {
-                        let (p, b) = e.rules.iter().fold((0, 0), |(p, b), ir| {
-                            let (rp, rb) = self.counters.get(ir.id);
-                            (p + rp, b + rb)
-                        });
+                        let (p, b) = self.counted(&e.rules);
                         for st in &mut r.stmts {
                             if let ast::StmtKind::Counter { packets, bytes } = &mut st.kind {
                                 *packets = Some(p);
@@ -269,6 +273,21 @@ impl CompiledPolicy {
         rs
     }
 
+    /// The packets and bytes an AST rule's `counter` counted: the sums of
+    /// those of its IR rules `rules` that hold the counter. (A rule split
+    /// in two, the statements before a map lookup in a rule of their own
+    /// and the lookup's elements in others, passes a packet that hits the
+    /// map through two of them; the counter is in the first only.)
+    fn counted(&self, rules: &[sluice_classify::ir::Rule]) -> (u64, u64) {
+        rules
+            .iter()
+            .filter(|r| has_counter(r))
+            .fold((0, 0), |(p, b), r| {
+                let (rp, rb) = self.counters.get(r.id);
+                (p + rp, b + rb)
+            })
+    }
+
     /// Every rule in chain order, with its handle.
     pub fn list_rules(&self) -> Vec<ListedRule> {
         let mut out = Vec::with_capacity(self.store.handles.len());
@@ -278,12 +297,7 @@ impl CompiledPolicy {
                     continue;
                 };
                 let info = e.rules.first().and_then(|r| self.rule_info(r.id));
-                let counter = e.ast.counter().map(|_| {
-                    e.rules.iter().fold((0, 0), |(p, b), r| {
-                        let (rp, rb) = self.counters.get(r.id);
-                        (p + rp, b + rb)
-                    })
-                });
+                let counter = e.ast.counter().map(|_| self.counted(&e.rules));
                 out.push(ListedRule {
                     handle: h,
                     chain: c.name.clone(),
@@ -889,11 +903,8 @@ impl CompiledPolicy {
             // IR rule; a packet counted on the old ones while the running
             // generation still uses them is not carried over).
             self.counters.ensure(self.store.infos.len() as u64);
-            let counted = old.rules.iter().fold((0, 0), |(p, b), r| {
-                let (rp, rb) = self.counters.get(r.id);
-                (p + rp, b + rb)
-            });
-            if let Some(r) = irs.first() {
+            let counted = self.counted(&old.rules);
+            if let Some(r) = irs.iter().find(|r| has_counter(r)).or(irs.first()) {
                 self.counters.set(r.id, counted.0, counted.1);
             }
             self.mark_logs(&irs);

@@ -1077,6 +1077,15 @@ pub enum StmtKind {
         key: Vec<Field>,
         map: Box<MapRef>,
     },
+    /// `meta mark set KEY map { k : MARK, ... }` (or `map @m`; `ct mark
+    /// set` with `ct`): the mark the packet's key maps to; a key the map
+    /// does not hold ends the rule, as the kernel's `nft_lookup` of a map
+    /// does.
+    MarkMap {
+        ct: bool,
+        key: Vec<Field>,
+        map: Box<MapRef>,
+    },
 }
 
 /// `numgen inc|random mod N [offset O]` compared with a value, range or set

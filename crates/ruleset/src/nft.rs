@@ -1923,6 +1923,27 @@ impl<'s> Parser<'s> {
             };
             if next == 1 {
                 self.bump();
+                // A mark from a map: `meta mark set ip saddr map @m` (the
+                // key read again below when no `map` follows it).
+                if matches!(fields.as_slice(), [Field::MetaMark] | [Field::CtMark])
+                    && self.word().is_some_and(is_expr_keyword)
+                {
+                    let at = self.pos;
+                    let (key, _) = self.fields()?;
+                    if self.eat_word("map") {
+                        let map = self.map_ref(&key, DataType::Mark)?;
+                        stmts.push(Stmt {
+                            kind: StmtKind::MarkMap {
+                                ct: fields.as_slice() == [Field::CtMark],
+                                key: key.to_vec(),
+                                map: Box::new(map),
+                            },
+                            span: sp,
+                        });
+                        continue;
+                    }
+                    self.pos = at;
+                }
                 // Connmark: `meta mark set ct mark`, `ct mark set meta mark`
                 // (also `mark set ct mark`, `ct mark set mark`).
                 // A mark changed bit by bit: `meta mark set meta mark | 0x4000`.

@@ -670,6 +670,12 @@ impl<S: Sink> Writer<S> {
                 self.fields(key);
                 self.map_ref(map);
             }
+            StmtKind::MarkMap { ct, key, map } => {
+                self.u8(25);
+                self.u8(u8::from(*ct));
+                self.fields(key);
+                self.map_ref(map);
+            }
             StmtKind::ObjMap { kind, key, map } => {
                 self.u8(20);
                 self.u8(match kind {
@@ -996,6 +1002,15 @@ impl Reader<'_> {
                     map: Box::new(self.map_ref()?),
                 }
             }
+            25 => StmtKind::MarkMap {
+                ct: match self.u8()? {
+                    0 => false,
+                    1 => true,
+                    _ => return None,
+                },
+                key: self.fields()?,
+                map: Box::new(self.map_ref()?),
+            },
             9 => StmtKind::TcpMssSet(TcpMss::RtMtu),
             10 => StmtKind::TcpMssSet(TcpMss::Value(self.u16()?)),
             11 => StmtKind::MetaMarkFromCt,

@@ -600,6 +600,12 @@ fn stmt(s: &StmtKind) -> String {
                 map_ref(map, key, DataType::Verdict)
             )
         }
+        StmtKind::MarkMap { ct, key, map } => format!(
+            "{} set {} map {}",
+            if *ct { "ct mark" } else { "meta mark" },
+            fields(key),
+            map_ref(map, key, DataType::Mark)
+        ),
         StmtKind::ObjMap { kind, key, map } => format!(
             "{} name {} map {}",
             kind.name(),

@@ -582,6 +582,12 @@ impl Validator {
                 self.map_ref(chains, maps, key, map, DataType::Verdict, s.span);
             }
             StmtKind::Nat(n) => self.nat(t, chains, maps, c, n, s.span),
+            StmtKind::MarkMap { key, map, .. } => {
+                for f in key {
+                    self.family_ok(t, *f, s.span);
+                }
+                self.map_ref(chains, maps, key, map, DataType::Mark, s.span);
+            }
             StmtKind::ObjMap { kind, key, map } => {
                 for f in key {
                     self.family_ok(t, *f, s.span);
