@@ -154,7 +154,8 @@ pub(crate) fn named_uses(r: &ast::Rule) -> Vec<String> {
         match &s.kind {
             ast::StmtKind::VerdictMap { map, .. }
             | ast::StmtKind::ObjMap { map, .. }
-            | ast::StmtKind::MarkMap { map, .. } => {
+            | ast::StmtKind::MarkMap { map, .. }
+            | ast::StmtKind::NumgenVmap { map, .. } => {
                 if let ast::MapRef::Named(n) = &**map {
                     add(n);
                 }

@@ -710,6 +710,11 @@ enum Term {
     Nat(u32),
     /// Map lookup: key fields and (key, verdict) pairs. A miss continues.
     Map(Vec<Field>, Vec<(Value, Option<ir::Verdict>)>),
+    /// `numgen random ... vmap`: one rule per element, each a draw (a
+    /// `numgen` statement) that gives the element's verdict when it holds;
+    /// the draws are conditional, so that the first that holds is an
+    /// element as likely as the kernel's one draw would pick it.
+    Draws(Vec<(Stmt, Option<ir::Verdict>)>),
 }
 
 pub(crate) struct Lowerer<'a> {
@@ -1341,6 +1346,12 @@ impl<'a> Lowerer<'a> {
                 StmtKind::Reject(w) => Ok(Some(Term::Reject(*w))),
                 StmtKind::Nat(n) => self.nat(t, n),
                 StmtKind::VerdictMap { key, map } => self.vmap(ti, t, key, map),
+                StmtKind::NumgenVmap {
+                    random,
+                    modulus,
+                    offset,
+                    map,
+                } => self.numgen_vmap(ti, t, (*random, *modulus, *offset), map, r.span, deps),
             };
             match res {
                 Ok(Some(tm)) => {
@@ -1391,7 +1402,7 @@ impl<'a> Lowerer<'a> {
                 Some(Term::Verdict(v)) => v,
                 Some(Term::Reject(w)) => Some(ir::Verdict::Reject(reject_kind(w))),
                 Some(Term::Nat(id)) => Some(ir::Verdict::Nat(id)),
-                Some(Term::Map(..)) => {
+                Some(Term::Map(..) | Term::Draws(..)) => {
                     self.err(
                         r.span,
                         "an object map and a verdict or NAT map in one rule cannot be lowered; \
@@ -1464,6 +1475,31 @@ impl<'a> Lowerer<'a> {
                 for (mut ms, v) in rules {
                     let m = with_deps(&kdeps, &mut ms);
                     self.push_rule(cid, Arc::clone(&info), m, Vec::new(), v);
+                }
+            }
+            Some(Term::Draws(draws)) => {
+                // The statements before run once, in a rule of their own
+                // (they run whatever the draw gives); each element's rule
+                // repeats the conditions, draws, and on success gives its
+                // verdict; when none holds the rule ends.
+                if !pre.is_empty() {
+                    if pre
+                        .iter()
+                        .any(|s| !matches!(s, Stmt::Counter | Stmt::Log(_)))
+                    {
+                        self.err(
+                            r.span,
+                            "only counters and logs can come before 'numgen ... vmap' in a \
+                             rule; move the other statements to a rule of their own",
+                        );
+                        return;
+                    }
+                    let m = with_deps(deps, &mut matches.clone());
+                    self.push_rule(cid, Arc::clone(&info), m, pre, None);
+                }
+                for (st, v) in draws {
+                    let m = with_deps(deps, &mut matches.clone());
+                    self.push_rule(cid, Arc::clone(&info), m, vec![st], v);
                 }
             }
         }
@@ -1655,6 +1691,75 @@ impl<'a> Lowerer<'a> {
             entries.push((e.key.clone(), v));
         }
         Ok(Some(Term::Map(key.to_vec(), entries)))
+    }
+
+    /// `numgen random mod N [offset O] vmap { V : VERDICT, ... }` as
+    /// conditional draws: with `left` the numbers no earlier element
+    /// holds (of the `N` the generator gives, `O` to `O + N - 1`), an
+    /// element holding `c` of them is taken by a draw `numgen random mod
+    /// left < c`, which holds with the probability `c / left` that the
+    /// kernel's one draw lands on it given it missed the earlier ones; so
+    /// each element is taken with probability `c / N`, and the rule ends
+    /// (no element) with the probability of the numbers no element holds.
+    /// `numgen inc` would need one counter read by several rules and is
+    /// refused.
+    fn numgen_vmap(
+        &mut self,
+        ti: usize,
+        t: &Table,
+        (random, modulus, offset): (bool, u32, u32),
+        map: &MapRef,
+        span: ast::Span,
+        deps: &mut Vec<Dep>,
+    ) -> Result<Option<Term>, String> {
+        if !random {
+            return Err(
+                "'numgen inc ... vmap' cannot be lowered (one counter read by several \
+                        rules); use 'numgen random', or 'numgen inc' compared with each value \
+                        in rules of their own"
+                    .into(),
+            );
+        }
+        let (lo, hi) = (
+            u64::from(offset),
+            u64::from(offset) + u64::from(modulus) - 1,
+        );
+        let mut left = u64::from(modulus);
+        let mut draws = Vec::new();
+        for e in self.map_elems(t, map)? {
+            let v = match &e.data {
+                Some(Value::Verdict(v)) => self.verdict(ti, v)?,
+                _ => return Err("verdict map element without a verdict".to_string()),
+            };
+            let (a, b) = match &e.key {
+                Value::Num(x) => (*x, *x),
+                Value::Range(a, b) => match (&**a, &**b) {
+                    (Value::Num(a), Value::Num(b)) => (*a, *b),
+                    _ => return Err("numgen map keys are numbers or ranges".to_string()),
+                },
+                _ => return Err("numgen map keys are numbers or ranges".to_string()),
+            };
+            let c = b.min(hi).saturating_add(1).saturating_sub(a.max(lo));
+            if c == 0 || left == 0 {
+                continue;
+            }
+            let draw = ast::Numgen {
+                random: true,
+                modulus: u32::try_from(left).map_err(|_| "numgen modulus out of range")?,
+                offset: 0,
+                m: ast::Match {
+                    left: Field::Numgen.into(),
+                    mask: None,
+                    op: ast::RelOp::Lt,
+                    right: Value::Num(c),
+                    span,
+                    right_span: span,
+                },
+            };
+            draws.push((self.numgen(t, &draw, deps)?, v));
+            left -= c;
+        }
+        Ok(Some(Term::Draws(draws)))
     }
 
     fn nat(&mut self, t: &Table, n: &ast::Nat) -> Result<Option<Term>, String> {

@@ -2110,6 +2110,49 @@ mod tests {
         assert!(e.contains("keyed by the mark it sets"), "{e}");
     }
 
+    /// `numgen random mod N vmap`: each element taken as often as the
+    /// share of the N numbers it holds (kube-proxy's load balancing), the
+    /// numbers no element holds ending the rule; `inc` is refused.
+    #[test]
+    fn numgen_vmap_shares_as_the_kernels_one_draw() {
+        let p = pol("table inet f {\n\
+            chain a { meta mark set 1 accept }\n\
+            chain b { meta mark set 2 accept }\n\
+            chain input { type filter hook input priority 0; policy accept;\n\
+              counter numgen random mod 8 offset 4 vmap { 4-5 : jump a, 6-9 : goto b, 99 : drop }\n\
+            }\n}\n");
+        let mut n = [0u32; 3];
+        for i in 0..8000u32 {
+            let d = p.decide(
+                Hook::Input,
+                &PolicyPacket {
+                    src: u128::from(i),
+                    ..packet()
+                },
+            );
+            assert_eq!(d.verdict, Verdict::Accept);
+            n[d.mark as usize] += 1;
+        }
+        // 2 of 8 to a, 4 of 8 to b, 2 of 8 (10 and 11) to none.
+        for (got, want) in n.iter().zip([2000, 2000, 4000]) {
+            assert!(got.abs_diff(want) < 250, "{n:?}");
+        }
+        let rules = p.list_rules();
+        assert_eq!(
+            rules.iter().find_map(|r| r.counter).map(|(p, _)| p),
+            Some(8000),
+            "counted once each: {rules:?}"
+        );
+        let e = compile(
+            "table inet f {\n chain a { accept }\n chain c { type filter hook input priority 0;\n \
+             numgen inc mod 2 vmap { 0 : jump a }\n }\n}\n",
+        )
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        assert!(e.contains("'numgen inc ... vmap' cannot be lowered"), "{e}");
+    }
+
     #[test]
     fn a_deny_list_fills_from_the_packet_path_and_times_out() {
         let p = pol(DYNAMIC);

@@ -1086,6 +1086,16 @@ pub enum StmtKind {
         key: Vec<Field>,
         map: Box<MapRef>,
     },
+    /// `numgen random|inc mod N [offset O] vmap { V : VERDICT, ... }`
+    /// (kube-proxy's Service load balancing in its nftables mode): the
+    /// verdict of the generated number; a number the map does not hold
+    /// ends the rule.
+    NumgenVmap {
+        random: bool,
+        modulus: u32,
+        offset: u32,
+        map: Box<MapRef>,
+    },
 }
 
 /// `numgen inc|random mod N [offset O]` compared with a value, range or set

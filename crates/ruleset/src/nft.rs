@@ -3185,6 +3185,15 @@ impl<'s> Parser<'s> {
         } else {
             0
         };
+        if self.eat_word("vmap") {
+            let map = self.map_ref(&[Field::Numgen], DataType::Verdict)?;
+            return Ok(StmtKind::NumgenVmap {
+                random,
+                modulus,
+                offset,
+                map: Box::new(map),
+            });
+        }
         let m = self.relational(Field::Numgen.into(), sp)?;
         Ok(StmtKind::Numgen(Box::new(Numgen {
             random,

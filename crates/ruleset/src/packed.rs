@@ -670,6 +670,18 @@ impl<S: Sink> Writer<S> {
                 self.fields(key);
                 self.map_ref(map);
             }
+            StmtKind::NumgenVmap {
+                random,
+                modulus,
+                offset,
+                map,
+            } => {
+                self.u8(26);
+                self.u8(u8::from(*random));
+                self.num(u64::from(*modulus));
+                self.num(u64::from(*offset));
+                self.map_ref(map);
+            }
             StmtKind::MarkMap { ct, key, map } => {
                 self.u8(25);
                 self.u8(u8::from(*ct));
@@ -1002,6 +1014,16 @@ impl Reader<'_> {
                     map: Box::new(self.map_ref()?),
                 }
             }
+            26 => StmtKind::NumgenVmap {
+                random: match self.u8()? {
+                    0 => false,
+                    1 => true,
+                    _ => return None,
+                },
+                modulus: u32::try_from(self.num()?).ok()?,
+                offset: u32::try_from(self.num()?).ok()?,
+                map: Box::new(self.map_ref()?),
+            },
             25 => StmtKind::MarkMap {
                 ct: match self.u8()? {
                     0 => false,

@@ -600,6 +600,23 @@ fn stmt(s: &StmtKind) -> String {
                 map_ref(map, key, DataType::Verdict)
             )
         }
+        StmtKind::NumgenVmap {
+            random,
+            modulus,
+            offset,
+            map,
+        } => {
+            let offset = if *offset == 0 {
+                String::new()
+            } else {
+                format!(" offset {offset}")
+            };
+            format!(
+                "numgen {} mod {modulus}{offset} vmap {}",
+                if *random { "random" } else { "inc" },
+                map_ref(map, &[Field::Numgen], DataType::Verdict)
+            )
+        }
         StmtKind::MarkMap { ct, key, map } => format!(
             "{} set {} map {}",
             if *ct { "ct mark" } else { "meta mark" },

@@ -582,6 +582,16 @@ impl Validator {
                 self.map_ref(chains, maps, key, map, DataType::Verdict, s.span);
             }
             StmtKind::Nat(n) => self.nat(t, chains, maps, c, n, s.span),
+            StmtKind::NumgenVmap { map, .. } => {
+                self.map_ref(
+                    chains,
+                    maps,
+                    &[Field::Numgen],
+                    map,
+                    DataType::Verdict,
+                    s.span,
+                );
+            }
             StmtKind::MarkMap { key, map, .. } => {
                 for f in key {
                     self.family_ok(t, *f, s.span);
@@ -827,24 +837,26 @@ impl Validator {
                     };
                     match &s.kind {
                         StmtKind::Verdict(v) => add(v, s.span),
-                        StmtKind::VerdictMap { map, .. } => match &**map {
-                            MapRef::Anon(elems) => {
-                                for el in elems {
-                                    if let Some(Value::Verdict(v)) = &el.data {
-                                        add(v, s.span);
-                                    }
-                                }
-                            }
-                            MapRef::Named(m) => {
-                                if let Some(m) = t.maps.iter().find(|x| &x.name == m) {
-                                    for el in &m.elements {
+                        StmtKind::VerdictMap { map, .. } | StmtKind::NumgenVmap { map, .. } => {
+                            match &**map {
+                                MapRef::Anon(elems) => {
+                                    for el in elems {
                                         if let Some(Value::Verdict(v)) = &el.data {
                                             add(v, s.span);
                                         }
                                     }
                                 }
+                                MapRef::Named(m) => {
+                                    if let Some(m) = t.maps.iter().find(|x| &x.name == m) {
+                                        for el in &m.elements {
+                                            if let Some(Value::Verdict(v)) = &el.data {
+                                                add(v, s.span);
+                                            }
+                                        }
+                                    }
+                                }
                             }
-                        },
+                        }
                         _ => {}
                     }
                 }

@@ -188,6 +188,10 @@ struct TraceJson {
     verdict: &'static str,
     rule: Option<String>,
     nat: Option<NatJson>,
+    /// Present only when the connection gets a second translation: the
+    /// source one (`snat`, `masquerade`) after a `dnat` in `nat`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    nat_also: Option<NatJson>,
     mark: u32,
     /// Present (true) only when a `notrack` statement exempted the packet.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -211,16 +215,23 @@ struct NatJson {
     port: Option<u16>,
 }
 
+impl From<&sluice_policy::NatReport> for NatJson {
+    fn from(n: &sluice_policy::NatReport) -> Self {
+        NatJson {
+            kind: n.kind.name(),
+            addr: n.addr.map(|a| a.to_string()),
+            port: n.port,
+        }
+    }
+}
+
 impl From<&Trace> for TraceJson {
     fn from(t: &Trace) -> Self {
         TraceJson {
             verdict: t.verdict.name(),
             rule: t.rule.clone(),
-            nat: t.nat.as_ref().map(|n| NatJson {
-                kind: n.kind.name(),
-                addr: n.addr.map(|a| a.to_string()),
-                port: n.port,
-            }),
+            nat: t.nat.as_ref().map(NatJson::from),
+            nat_also: t.nat_all.get(1).map(NatJson::from),
             mark: t.mark,
             untracked: t.untracked,
             timeout: t.timeout,

@@ -121,11 +121,31 @@ fn nat_problem(pkt: &Value, kernel: &Value, sluice: &Value) -> Option<String> {
         "snat" | "masquerade" => (ksrc, kdst, orig_src, orig_dst, "source"),
         other => return Some(format!("sluice reports unknown NAT type {other:?}")),
     };
-    if unchanged != orig_unchanged {
-        return Some(format!(
-            "kernel also changed the other side ({:?} -> {:?})",
-            orig_unchanged, unchanged
-        ));
+    // A second translation (`nat_also`: the source after a DNAT) is
+    // checked as one alone on that side; without one, that side must be
+    // untouched.
+    let also = &sluice["nat_also"];
+    if also.is_null() {
+        if unchanged != orig_unchanged {
+            return Some(format!(
+                "kernel also changed the other side ({:?} -> {:?})",
+                orig_unchanged, unchanged
+            ));
+        }
+    } else {
+        let mut k2 = kernel.clone();
+        let mut p2 = pkt.clone();
+        // What the second translation sees: the packet after the first
+        // (its destination as the kernel left it).
+        p2["dst"] = changed.0.map_or(Value::Null, Value::from);
+        p2["dport"] = changed.1.map_or(Value::Null, Value::from);
+        k2["nat"]["dst"] = serde_json::json!([changed.0, changed.1]);
+        let mut s2 = sluice.clone();
+        s2["nat"] = also.clone();
+        s2["nat_also"] = Value::Null;
+        if let Some(p) = nat_problem(&p2, &k2, &s2) {
+            return Some(format!("second translation: {p}"));
+        }
     }
     let want_addr = match (ty, addr) {
         (_, Some(a)) => Some(a),

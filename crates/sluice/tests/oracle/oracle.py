@@ -332,6 +332,8 @@ class Ruleset:
                  "  set ct6 { typeof ip6 flowlabel . ct state; flags dynamic; size 65535; }",
                  "  set acc4 { typeof ip id . meta mark; flags dynamic; size 65535; }",
                  "  set acc6 { typeof ip6 flowlabel . meta mark; flags dynamic; size 65535; }",
+                 "  set post4 { typeof ip id . meta mark; flags dynamic; size 65535; }",
+                 "  set post6 { typeof ip6 flowlabel . meta mark; flags dynamic; size 65535; }",
                  "  chain pre_mark { type filter hook prerouting priority -1000; policy accept;"]
         for ident, m in marks4:
             lines.append("    ip id %d meta mark set %d" % (ident, m))
@@ -347,6 +349,13 @@ class Ruleset:
                       "    meta nfproto ipv4 add @acc4 { ip id . meta mark }",
                       "    meta nfproto ipv6 add @acc6 { ip6 flowlabel . meta mark }",
                       "  }"]
+        # The mark a forwarded packet leaves with, after the postrouting
+        # chains (a NAT chain may change it there): what `sluice trace`
+        # reports as the mark afterwards.
+        lines += ["  chain end_postrouting { type filter hook postrouting priority 2147483000; policy accept;",
+                  "    meta nfproto ipv4 add @post4 { ip id . meta mark }",
+                  "    meta nfproto ipv6 add @post6 { ip6 flowlabel . meta mark }",
+                  "  }"]
         lines.append("}")
         nsexec(self.dut, ["nft", "delete", "table", "inet", "sluice_oracle_obs"], check=False)
         nsexec(self.dut, ["nft", "-f", "-"], inp="\n".join(lines) + "\n")
@@ -534,6 +543,7 @@ class Ruleset:
 
         ct4, ct6 = self.read_set("ct4"), self.read_set("ct6")
         acc4, acc6 = self.read_set("acc4"), self.read_set("acc6")
+        post4, post6 = self.read_set("post4"), self.read_set("post6")
         for i, p in enumerate(pk):
             r = res[i]
             if "error" in r:
@@ -552,7 +562,8 @@ class Ruleset:
                 elif r["verdict"] is None:
                     r["verdict"] = "drop"
             if r["verdict"] == "accept":
-                r["mark"] = acc.get(i + 1)
+                post = (post6 if v6 else post4)
+                r["mark"] = post.get(i + 1, acc.get(i + 1)) if p["hook"] == "forward" else acc.get(i + 1)
             else:
                 r["mark"] = None
                 if i + 1 in acc:
