@@ -180,6 +180,7 @@ pub fn load_policy(cfg: &Config, ruleset: Option<&Path>) -> Result<LoadedPolicy,
             let rules = p.rule_count();
             let pools = p.nat_config().pools.clone();
             nat_fits(cfg, &pools)?;
+            masquerade_ports_fit(cfg, &p).map_err(ConfigError::Ruleset)?;
             let p = Arc::new(p);
             Ok(LoadedPolicy {
                 policy: Arc::clone(&p) as Arc<dyn Policy>,
@@ -209,6 +210,26 @@ pub fn load_policy(cfg: &Config, ruleset: Option<&Path>) -> Result<LoadedPolicy,
 
 /// The `[nat]` settings against the rule set's pools (what every worker's
 /// NAT checks at start), as a located configuration error.
+/// Whether the gateway's `[nat] masquerade_ports` lie within the port
+/// range of every `masquerade to :LO-HI` rule of `p` (its masquerade takes
+/// ports from them, so any port it takes is one the rule allows); else
+/// why not.
+fn masquerade_ports_fit(cfg: &Config, p: &sluice_policy::CompiledPolicy) -> Result<(), String> {
+    let have = &cfg.nat.masquerade_ports;
+    for (lo, hi) in p.masquerade_port_ranges() {
+        if *have.start() < lo || *have.end() > hi {
+            return Err(format!(
+                "'masquerade to :{lo}-{hi}': Sluice's masquerade takes its ports from \
+                 [nat] masquerade_ports ({}-{}), which must lie within {lo}-{hi}; set \
+                 masquerade_ports = \"{lo}-{hi}\"",
+                have.start(),
+                have.end()
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn nat_fits(cfg: &Config, pools: &[sluice_nat::Pool]) -> Result<(), ConfigError> {
     let nat = worker_nat(cfg, pools);
     nat.validate().map_err(|e| {
@@ -2145,6 +2166,12 @@ impl Control {
         if let Some(f) = pools_refusal(source, pools, st) {
             return Err(f);
         }
+        if let Err(m) = masquerade_ports_fit(&st.config, &next) {
+            return Err(CtlFailure {
+                kind: "ruleset",
+                message: format!("{source}: {m} (running ruleset kept)"),
+            });
+        }
         if *pools != st.pools {
             tracing::info!(pools = pools.len(), "NAT pools replaced");
             worker_nat(&st.config, pools).note_ranges(&mut st.seen);
@@ -3346,6 +3373,52 @@ mod tests {
             assert_eq!(std::fs::read(&refused).unwrap(), bad, "kept as it was");
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// `masquerade to :LO-HI` runs only where `[nat] masquerade_ports`
+    /// lie within LO-HI (libvirt's `to :1024-65535` with the default), and
+    /// a live rule is held to the same.
+    #[test]
+    fn masquerade_port_ranges_must_hold_the_configured_ports() {
+        let cfg = |ports: &str| {
+            config::parse(
+                Path::new("sluice.toml"),
+                &format!(
+                    "[nat]\nmasquerade_ports = \"{ports}\"\n[[interfaces]]\nname = \"wan0\"\n"
+                ),
+            )
+            .unwrap()
+        };
+        let pol = |to: &str| {
+            let rs = sluice_ruleset::parse_nft_str(
+                "t.nft",
+                &format!(
+                    "table ip n {{\n chain p {{ type nat hook postrouting priority 100;\n \
+                     oifname \"wan0\" masquerade to :{to}\n masquerade\n }}\n}}\n"
+                ),
+            )
+            .unwrap();
+            sluice_policy::CompiledPolicy::compile(
+                &rs,
+                &sluice_policy::Interfaces::from_ruleset(&rs),
+            )
+            .unwrap()
+        };
+        assert_eq!(
+            masquerade_ports_fit(&cfg("1024-65535"), &pol("1024-65535")),
+            Ok(())
+        );
+        assert_eq!(
+            masquerade_ports_fit(&cfg("2000-60000"), &pol("1024-65535")),
+            Ok(())
+        );
+        let e = masquerade_ports_fit(&cfg("1024-65535"), &pol("3000-4000")).unwrap_err();
+        assert!(
+            e.contains("masquerade_ports (1024-65535), which must lie within 3000-4000")
+                && e.contains("set masquerade_ports = \"3000-4000\""),
+            "{e}"
+        );
+        assert_eq!(pol("3000-4000").masquerade_port_ranges(), [(3000, 4000)]);
     }
 
     /// Connections saved by a gateway with another number of workers go to

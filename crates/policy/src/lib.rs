@@ -26,7 +26,7 @@
 //! * No match is ever dropped: a construct the IR cannot express is a
 //!   [`LowerError`] at its source location, and every such error in the
 //!   rule set is reported at once ([`CompileError`]). Refused today:
-//!   `redirect`, IPv6 NAT, `masquerade to :PORTS`,
+//!   `redirect`, IPv6 NAT, `numgen inc ... vmap`,
 //!   masks on sets or concatenations, ordering comparisons on interfaces,
 //!   a mark change before a map lookup in a rule matching that mark, and NAT reachable
 //!   from a filter chain.

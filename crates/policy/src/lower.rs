@@ -289,6 +289,11 @@ pub struct NatAction {
     /// `dnat to ADDR:LO-HI`: the port range (`translation`'s port is then
     /// `None`; [`NatAction::translation_for`] chooses).
     pub dnat_ports: Option<(u16, u16)>,
+    /// `masquerade to :LO-HI`: the ports the rule allows. Masquerade takes
+    /// its ports from the gateway's `[nat] masquerade_ports`, which must
+    /// lie within them (the gateway checks,
+    /// [`crate::CompiledPolicy::masquerade_port_ranges`]).
+    pub masq_ports: Option<(u16, u16)>,
 }
 
 /// The addresses of `dnat to A-B [persistent]`.
@@ -1773,12 +1778,10 @@ impl<'a> Lowerer<'a> {
                                       are snat, dnat and masquerade"
                 .to_string()),
             NatKind::Masquerade => {
-                if n.ports.is_some() {
-                    return Err(
-                        "'masquerade to :PORTS' cannot be lowered: masquerade ports \
-                                come from the NAT configuration"
-                            .to_string(),
-                    );
+                if let Some((lo, hi)) = n.ports {
+                    if lo > hi {
+                        return Err(format!("masquerade port range {lo}-{hi} is empty"));
+                    }
                 }
                 Ok(Some(Term::Nat(self.nat_action(NatAction {
                     translation: Translation::Masquerade,
@@ -1786,6 +1789,7 @@ impl<'a> Lowerer<'a> {
                     port: None,
                     dnat_range: None,
                     dnat_ports: None,
+                    masq_ports: n.ports,
                 }))))
             }
             NatKind::Snat => {
@@ -1852,6 +1856,7 @@ impl<'a> Lowerer<'a> {
                                 port: single_port,
                                 dnat_range: None,
                                 dnat_ports,
+                                masq_ports: None,
                             });
                             entries.push((e.key.clone(), Some(ir::Verdict::Nat(id))));
                         }
@@ -1868,6 +1873,7 @@ impl<'a> Lowerer<'a> {
                     port: single_port,
                     dnat_range,
                     dnat_ports,
+                    masq_ports: None,
                 }))))
             }
         }
@@ -1904,6 +1910,7 @@ impl<'a> Lowerer<'a> {
             port: single_port,
             dnat_range: None,
             dnat_ports: None,
+            masq_ports: None,
         }))
     }
 
@@ -2534,6 +2541,7 @@ mod tests {
             port: Some(8080),
             dnat_range: Some(web),
             dnat_ports: None,
+            masq_ports: None,
         };
         assert_eq!(
             t.translation_for(c2, d, 1),
@@ -2553,6 +2561,7 @@ mod tests {
             port: None,
             dnat_range: None,
             dnat_ports: Some((9000, 9010)),
+            masq_ports: None,
         };
         for (dport, want) in [
             (9005, 9005),

@@ -633,6 +633,19 @@ impl CompiledPolicy {
         &self.nat_config
     }
 
+    /// The port ranges of its `masquerade to :LO-HI` rules, each once, in
+    /// rule order: a gateway runs the rule set only if its `[nat]
+    /// masquerade_ports` lie within every one.
+    pub fn masquerade_port_ranges(&self) -> Vec<(u16, u16)> {
+        let mut out: Vec<(u16, u16)> = Vec::new();
+        for r in self.tables.nat.iter().filter_map(|a| a.masq_ports) {
+            if !out.contains(&r) {
+                out.push(r);
+            }
+        }
+        out
+    }
+
     /// NAT actions, indexed by the id in `Verdict::Nat(id)`.
     pub fn nat_actions(&self) -> &[NatAction] {
         &self.tables.nat
@@ -1787,7 +1800,7 @@ mod tests {
     #[test]
     fn every_error_is_reported_at_once() {
         let e = compile(
-            "table ip t { chain c { type nat hook postrouting priority 0;\n masquerade to :1000-2000\n iifname > \"eth0\" drop\n iifname < \"eth9\" accept\n masquerade to :5-6 } }",
+            "table ip t { chain c { type nat hook prerouting priority 0;\n redirect to :1000-2000\n iifname > \"eth0\" drop\n iifname < \"eth9\" accept\n redirect to :5-6 } }",
         )
         .err()
         .unwrap_or_default();
