@@ -8,8 +8,8 @@
 //! its conntrack entry starts with are observed (`tests/oracle/oracle.py`). The same
 //! packets go through `sluice trace -c FILE --packets NAME.jsonl`, and the two
 //! must agree exactly. So must the traces of the kernel's own listing of
-//! every nft rule set as loaded (`nft list ruleset`, what an operator
-//! migrating hands Sluice).
+//! every rule set as loaded (`nft list ruleset`, `iptables-save`: what an
+//! operator migrating hands Sluice).
 //!
 //! Run: `cargo test -p sluice --test kernel_oracle -- --ignored --nocapture`
 //! (as root). `SLUICE_ORACLE_ONLY=substr` restricts the corpus;
@@ -241,22 +241,22 @@ fn kernel_oracle() {
     // New forwarded connections whose starting timeout was compared.
     let mut timeouts_checked = 0usize;
     let mut per_ruleset = String::new();
-    // Each rule set, and for an nft one the kernel's listing of it as
-    // loaded (`nft list ruleset`, written by oracle.py): what an operator
-    // migrating gives Sluice must give the same results.
+    // Each rule set, and the kernel's listing of it as loaded (`nft list
+    // ruleset`, or `iptables-save` / `ip6tables-save` of an iptables one;
+    // written by oracle.py): what an operator migrating gives Sluice must
+    // give the same results.
     let mut jobs: Vec<(PathBuf, String, String)> = Vec::new();
     for file in &files {
         let stem = file.file_stem().unwrap().to_string_lossy().to_string();
         let name = file.file_name().unwrap().to_string_lossy().to_string();
         jobs.push((file.clone(), stem.clone(), name.clone()));
-        if file.extension().is_some_and(|e| e == "nft") {
-            let listing = out.join(format!("{stem}.listing.nft"));
-            assert!(
-                listing.exists(),
-                "oracle.py wrote no kernel listing of {name}"
-            );
-            jobs.push((listing, stem, format!("{name} (listed)")));
-        }
+        let ext = file.extension().unwrap_or_default().to_string_lossy();
+        let listing = out.join(format!("{stem}.listing.{ext}"));
+        assert!(
+            listing.exists(),
+            "oracle.py wrote no kernel listing of {name}"
+        );
+        jobs.push((listing, stem, format!("{name} (listed)")));
     }
     let listings = jobs.len() - files.len();
     for (file, stem, label) in &jobs {

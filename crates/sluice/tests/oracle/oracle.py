@@ -388,6 +388,9 @@ class Ruleset:
             if os.path.exists(ips):
                 nsexec(self.dut, ["ipset", "restore", "-f", ips])
             nsexec(self.dut, ["ip6tables-restore" if v6 else "iptables-restore", self.path])
+            # What `iptables-save` gives back, which an operator migrating
+            # would hand Sluice.
+            self.listing = nsexec(self.dut, ["ip6tables-save" if v6 else "iptables-save"]).stdout
         else:
             nsexec(self.dut, ["nft", "-f", self.path])
             # The kernel's own listing of it, which an operator migrating
@@ -755,7 +758,8 @@ def main():
                 for r in res:
                     f.write(json.dumps(r) + "\n")
             if listing is not None:
-                with open(os.path.join(a.out, name + ".listing.nft"), "w") as f:
+                ext = os.path.splitext(path)[1]
+                with open(os.path.join(a.out, name + ".listing" + ext), "w") as f:
                     f.write(listing)
             print("oracle: %-32s %5d packets  %.1fs" % (os.path.basename(path), len(res), time.time() - t0),
                   file=sys.stderr, flush=True)
