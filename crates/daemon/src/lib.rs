@@ -2177,6 +2177,8 @@ impl Control {
             worker_nat(&st.config, pools).note_ranges(&mut st.seen);
             st.pools = pools.clone();
         }
+        // Elements added with a timeout count it from now.
+        next.start_timers(dataplane::now_ns(self.epoch) / 1_000_000);
         let next = Arc::new(next);
         st.generation = self.retire(self.policy.publish(Arc::clone(&next) as Arc<dyn Policy>));
         st.rules = next.rule_count();

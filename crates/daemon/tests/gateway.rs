@@ -907,6 +907,24 @@ fn deny_list(backend: &str, tag: &str) {
         "deleting the element did not let the host through\n{}",
         d.context()
     );
+    // A ban tool's entry: an element with a timeout of its own (and one
+    // with the set's hour), timed from the change.
+    let add =
+        d.ctl("nft add element ip filter probers { 198.51.100.99 timeout 30s, 198.51.100.98 }");
+    assert_eq!(add["ok"], true, "{add}");
+    let list = d.ctl("set list probers");
+    let left = |addr: &str| {
+        list["sets"][0]["elements"]
+            .as_array()
+            .and_then(|es| es.iter().find(|e| e["key"] == addr))
+            .and_then(|e| e["expires_ms"].as_u64())
+            .unwrap_or_else(|| panic!("{addr}: {list}"))
+    };
+    assert!((25_000..=30_000).contains(&left("198.51.100.99")), "{list}");
+    assert!(
+        (3_595_000..=3_600_000).contains(&left("198.51.100.98")),
+        "{list}"
+    );
 }
 
 /// A byte quota ahead of the `ct state` rule, so the filter chain runs for

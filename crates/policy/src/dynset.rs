@@ -235,6 +235,31 @@ impl DynSet {
         }
     }
 
+    /// Inserts `k` (the control plane's `add element` with a `timeout` or
+    /// `expires`) to expire `ms` after its timer starts, at the next
+    /// [`Self::start`] (the gateway starts it when it publishes the
+    /// change) or use; an element already there takes that expiry.
+    pub(crate) fn insert_timed(&self, k: &SetKey, ms: u64) {
+        let mut m = self.shard(k);
+        match m.get_mut(k) {
+            Some(e) => {
+                e.expires_ms = ms;
+                e.rel = true;
+            }
+            None => {
+                m.insert(
+                    *k,
+                    Elem {
+                        rel: true,
+                        ..fresh(ms, NO_OP)
+                    },
+                );
+                self.len.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.pending.store(true, Ordering::Release);
+    }
+
     /// Removes `k`; whether it was there (live or not).
     pub(crate) fn delete(&self, k: &SetKey) -> bool {
         let gone = self.shard(k).remove(k).is_some();

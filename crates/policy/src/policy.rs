@@ -2252,10 +2252,11 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(input(&r, b, 22, 1), Verdict::Drop);
         assert_eq!(
-            input(&r, b, 22, 999_999_999),
+            input(&r, b, 22, 10_000),
             Verdict::Drop,
-            "added by hand: never expires"
+            "added by hand: the set's 10 s from the first use, at 1 ms"
         );
+        assert_eq!(input(&r, b, 22, 10_001), Verdict::Accept);
         let listed = r
             .dynamic_set_elements("inet f deny", 2)
             .unwrap_or_else(|| panic!("no set"));
@@ -2264,6 +2265,29 @@ mod tests {
             .map(|e| r.format_set_key("inet f deny", &e.key))
             .collect();
         assert_eq!(keys, ["10.0.0.7", "192.0.2.9", "192.0.2.10"]);
+        // With a timeout of its own; `expires` before it; a gateway
+        // starts the timer when it publishes the change.
+        let (t, _) = r
+            .apply_text(
+                "cmd",
+                "add element inet f deny { 10.0.0.8 timeout 1h, 10.0.0.9 timeout 1h expires 2s }",
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+        t.start_timers(50_000);
+        assert_eq!(
+            input(&t, 0x0a00_0008, 22, 50_000 + 3_599_999),
+            Verdict::Drop
+        );
+        assert_eq!(input(&t, 0x0a00_0009, 22, 51_999), Verdict::Drop);
+        assert_eq!(input(&t, 0x0a00_0009, 22, 52_000), Verdict::Accept);
+        assert_eq!(
+            input(&t, 0x0a00_0008, 22, 50_000 + 3_600_000),
+            Verdict::Accept
+        );
+        // Not in a set without timeouts, nor in a static one.
+        assert!(r
+            .apply_text("cmd", "add element inet f ssh { 10.0.0.1 timeout 1m }")
+            .is_err());
         // Deleting what is in neither the declaration nor the live set is
         // refused, and so is a range in a dynamic set.
         assert!(r

@@ -631,9 +631,11 @@ impl CompiledPolicy {
     }
 
     /// `add element` / `delete element` on a dynamic set: the live
-    /// elements change at once (an added one never expires, as a declared
-    /// one); the declared elements in the skeleton follow, for a set no
-    /// rule uses yet. No rule is lowered again: lookups read the live set.
+    /// elements change at once (an added one expires as a declared one:
+    /// its `expires`, its `timeout`, else the set's, from the change's
+    /// publication); the declared elements in the skeleton follow, for a
+    /// set no rule uses yet. No rule is lowered again: lookups read the
+    /// live set.
     #[allow(clippy::too_many_arguments)]
     fn change_dynamic(
         &mut self,
@@ -651,6 +653,20 @@ impl CompiledPolicy {
         let Some(decl) = t.sets.iter().find(|s| s.name == set) else {
             return refused(format!("no such set '{set}'"));
         };
+        if add
+            && !decl.flags.contains(&SetFlag::Timeout)
+            && decl.timeout_ms.is_none()
+            && elements.iter().any(|e| {
+                e.opts
+                    .as_ref()
+                    .is_some_and(|o| o.timeout_ms.is_some() || o.expires_ms.is_some())
+            })
+        {
+            return refused(format!(
+                "{name}: an element's timeout or expiry needs 'flags timeout' on set '{set}'"
+            ));
+        }
+        let decl_timeout = decl.timeout_ms;
         let full = format!("{} {} {}", family.name(), t.name, set);
         let keys = {
             let l = self.lowerer(self.store.next_handle, RuleLocation::Label(name.into()));
@@ -684,9 +700,21 @@ impl CompiledPolicy {
                 }
                 _ => {}
             }
+            // An element lives its `expires`, else its `timeout`, else the
+            // set's timeout, from when the gateway publishes the change
+            // (`start_timers`), as the kernel's; without any, until
+            // deleted.
+            let timed = e
+                .opts
+                .as_ref()
+                .and_then(|o| o.expires_ms.or(o.timeout_ms))
+                .or(decl_timeout);
             let in_live = live.is_some_and(|l| {
                 if add {
-                    l.insert_forever(k);
+                    match timed {
+                        Some(ms) => l.insert_timed(k, ms),
+                        None => l.insert_forever(k),
+                    }
                     true
                 } else {
                     if let Some(i) = live_at {
@@ -844,6 +872,16 @@ impl CompiledPolicy {
         if flags.contains(&SetFlag::Constant) {
             return refused(format!(
                 "set '{set}' is constant; its elements cannot change"
+            ));
+        }
+        if elements.iter().any(|e| {
+            e.opts
+                .as_ref()
+                .is_some_and(|o| o.timeout_ms.is_some() || o.expires_ms.is_some())
+        }) {
+            return refused(format!(
+                "{name}: an element's timeout or expiry needs a set with 'flags timeout' \
+                 ('{set}' has none, or is a map)"
             ));
         }
         for e in elements {

@@ -2708,8 +2708,8 @@ impl<'s> Parser<'s> {
                     sp,
                     format!(
                         "an element's '{w}' is only read where a named set or map is \
-                         declared (its 'elements = {{ ... }}' or 'add element' in a rule-set \
-                         file)"
+                         declared or its elements are added ('elements = {{ ... }}', 'add \
+                         element')"
                     ),
                 );
             }
@@ -3708,7 +3708,8 @@ impl Parser<'_> {
         } else if what == "element" {
             let (set, ssp) = self.name("set name")?;
             let (key, data) = self.set_key(ti, &set, ssp)?;
-            let elements = self.elements(&key, data)?;
+            // `add element ... { KEY timeout 1h }` (a ban list's entry).
+            let elements = self.elements_with(&key, data, verb == "add")?;
             if verb == "add" {
                 Command::AddElements {
                     family,
