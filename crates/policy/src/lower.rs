@@ -460,6 +460,10 @@ pub(crate) struct Lowered {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Num,
+    /// An EtherType compared with the packet's family (`meta protocol`):
+    /// `ip` is IPv4, `ip6` IPv6, any other type none of the packets the
+    /// hooks see.
+    EtherType,
     Addr4,
     Addr6,
     Ifname,
@@ -544,6 +548,7 @@ fn spec(f: Field, fam: Family) -> Result<(ir::Field, Kind, &'static [Dep]), Stri
         Field::Oif => (I::Oif, Kind::IfIndex, &[]),
         Field::MetaL4proto => (I::L4Proto, Kind::Num, &[]),
         Field::MetaNfproto => (I::Family, Kind::Num, &[]),
+        Field::MetaProtocol | Field::EtherType => (I::Family, Kind::EtherType, &[]),
         Field::MetaMark => (I::Mark, Kind::Num, &[]),
         Field::CtMark => (I::CtMark, Kind::Num, &[]),
         Field::CtState => (I::CtState, Kind::Num, &[]),
@@ -1931,6 +1936,27 @@ impl<'a> Lowerer<'a> {
                     return Err(format!("value {n} is out of range"));
                 }
                 Ok(Range::value(n))
+            }
+            (Kind::EtherType, Value::Num(n)) => Ok(Range::value(match *n {
+                0x0800 => ir::Family::V4 as u128,
+                0x86dd => ir::Family::V6 as u128,
+                // No packet of an IP hook has another family.
+                _ => 0,
+            })),
+            (Kind::EtherType, Value::Range(a, b)) => {
+                // A range holding both is every packet; one of them, that
+                // family; neither, none.
+                let (a, b) = match (&**a, &**b) {
+                    (Value::Num(a), Value::Num(b)) => (*a, *b),
+                    _ => return Err("an EtherType range takes numbers".into()),
+                };
+                let has = |t: u64| a <= t && t <= b;
+                Ok(match (has(0x0800), has(0x86dd)) {
+                    (true, true) => Range::new(ir::Family::V4 as u128, ir::Family::V6 as u128),
+                    (true, false) => Range::value(ir::Family::V4 as u128),
+                    (false, true) => Range::value(ir::Family::V6 as u128),
+                    (false, false) => Range::value(0),
+                })
             }
             (Kind::IfIndex, Value::Num(n)) => Ok(Range::value(u128::from(*n))),
             (Kind::IfIndex, Value::Str(s)) => match self.ifaces.index(s) {

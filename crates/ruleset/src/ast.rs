@@ -514,6 +514,8 @@ pub enum Field {
     Oif,
     MetaL4proto,
     MetaNfproto,
+    /// `meta protocol`: the frame's EtherType (`ip`, `ip6`, ...).
+    MetaProtocol,
     MetaMark,
     IpSaddr,
     IpDaddr,
@@ -547,6 +549,9 @@ pub enum Field {
     FibSaddrType,
     EtherSaddr,
     EtherDaddr,
+    /// `ether type`: the frame's EtherType (as `meta protocol` for the
+    /// untagged frames Sluice takes).
+    EtherType,
     CtDirection,
     /// `fib saddr . iif oif`: a route back to the source through the input
     /// interface (strict reverse-path check).
@@ -594,13 +599,14 @@ pub enum FieldFamily {
 
 impl Field {
     /// All fields, for lookups and suggestions.
-    pub const ALL: [Field; 59] = [
+    pub const ALL: [Field; 61] = [
         Field::Iifname,
         Field::Oifname,
         Field::Iif,
         Field::Oif,
         Field::MetaL4proto,
         Field::MetaNfproto,
+        Field::MetaProtocol,
         Field::MetaMark,
         Field::IpSaddr,
         Field::IpDaddr,
@@ -634,6 +640,7 @@ impl Field {
         Field::FibSaddrType,
         Field::EtherSaddr,
         Field::EtherDaddr,
+        Field::EtherType,
         Field::CtDirection,
         Field::FibSaddrIifOif,
         Field::FibSaddrOif,
@@ -665,6 +672,7 @@ impl Field {
             Field::Oif => "oif",
             Field::MetaL4proto => "meta l4proto",
             Field::MetaNfproto => "meta nfproto",
+            Field::MetaProtocol => "meta protocol",
             Field::MetaMark => "meta mark",
             Field::IpSaddr => "ip saddr",
             Field::IpDaddr => "ip daddr",
@@ -697,6 +705,7 @@ impl Field {
             Field::FibDaddrType => "fib daddr type",
             Field::FibSaddrType => "fib saddr type",
             Field::EtherSaddr => "ether saddr",
+            Field::EtherType => "ether type",
             Field::EtherDaddr => "ether daddr",
             Field::CtDirection => "ct direction",
             Field::FibSaddrIifOif => "fib saddr . iif oif",
@@ -727,6 +736,7 @@ impl Field {
             Field::Iif | Field::Oif => DataType::IfaceIndex,
             Field::MetaL4proto | Field::IpProtocol | Field::Ip6Nexthdr => DataType::InetProto,
             Field::MetaNfproto => DataType::NfProto,
+            Field::MetaProtocol | Field::EtherType => DataType::EtherType,
             Field::MetaMark | Field::CtMark => DataType::Mark,
             Field::IpSaddr | Field::IpDaddr => DataType::Ipv4Addr,
             Field::Ip6Saddr | Field::Ip6Daddr => DataType::Ipv6Addr,
@@ -805,6 +815,8 @@ pub enum DataType {
     InetService,
     InetProto,
     NfProto,
+    /// `ether_type`: an EtherType (`ip`, `ip6`, `arp`, `vlan`, ...).
+    EtherType,
     Ifname,
     IfaceIndex,
     Mark,
@@ -840,12 +852,13 @@ pub enum DataType {
 }
 
 impl DataType {
-    pub const ALL: [DataType; 31] = [
+    pub const ALL: [DataType; 32] = [
         DataType::Ipv4Addr,
         DataType::Ipv6Addr,
         DataType::InetService,
         DataType::InetProto,
         DataType::NfProto,
+        DataType::EtherType,
         DataType::Ifname,
         DataType::IfaceIndex,
         DataType::Mark,
@@ -882,6 +895,7 @@ impl DataType {
             DataType::InetService => "inet_service",
             DataType::InetProto => "inet_proto",
             DataType::NfProto => "nf_proto",
+            DataType::EtherType => "ether_type",
             DataType::Ifname => "ifname",
             DataType::IfaceIndex => "iface_index",
             DataType::Mark => "mark",
@@ -923,7 +937,7 @@ impl DataType {
             | DataType::IcmpType
             | DataType::Icmpv6Type
             | DataType::Integer8 => Some(u64::from(u8::MAX)),
-            DataType::Integer16 => Some(u64::from(u16::MAX)),
+            DataType::Integer16 | DataType::EtherType => Some(u64::from(u16::MAX)),
             DataType::Integer32 => Some(u64::from(u32::MAX)),
             DataType::Dscp => Some(63),
             DataType::PktType => Some(3),

@@ -2096,6 +2096,7 @@ impl<'s> Parser<'s> {
                     ("oif", Field::Oif),
                     ("l4proto", Field::MetaL4proto),
                     ("nfproto", Field::MetaNfproto),
+                    ("protocol", Field::MetaProtocol),
                     ("mark", Field::MetaMark),
                     ("length", Field::MetaLength),
                     ("pkttype", Field::MetaPkttype),
@@ -2161,7 +2162,11 @@ impl<'s> Parser<'s> {
             "ether" => sub(
                 self,
                 "ether",
-                &[("saddr", Field::EtherSaddr), ("daddr", Field::EtherDaddr)],
+                &[
+                    ("saddr", Field::EtherSaddr),
+                    ("daddr", Field::EtherDaddr),
+                    ("type", Field::EtherType),
+                ],
             )?,
             "fib" => {
                 // `fib daddr type` / `fib saddr type`: the route type of

@@ -75,6 +75,15 @@ pub(crate) const PROTOCOLS: &[(&str, u64)] = &[
 
 pub(crate) const NFPROTO: &[(&str, u64)] = &[("ipv4", 2), ("ipv6", 10)];
 
+/// EtherTypes (`meta protocol`, `ether type`), with nft's names (but
+/// `8021ad`, which starts with a digit: write 0x88a8).
+pub(crate) const ETHER_TYPES: &[(&str, u64)] = &[
+    ("ip", 0x0800),
+    ("arp", 0x0806),
+    ("vlan", 0x8100),
+    ("ip6", 0x86dd),
+];
+
 pub(crate) const CT_STATES: &[(&str, u64)] = &[
     ("invalid", 1),
     ("established", 2),
@@ -251,6 +260,7 @@ pub(crate) fn table(dt: DataType) -> &'static [(&'static str, u64)] {
         DataType::InetService => SERVICES,
         DataType::InetProto => PROTOCOLS,
         DataType::NfProto => NFPROTO,
+        DataType::EtherType => ETHER_TYPES,
         DataType::CtState => CT_STATES,
         DataType::CtStatus => CT_STATUS,
         DataType::TcpFlag => TCP_FLAGS,
