@@ -3269,6 +3269,20 @@ fn save_state(path: &Path, saved: &[Option<Carry>]) {
 mod tests {
     use super::*;
 
+    /// A saved established TCP connection's carried state (1 s left).
+    fn established_tcp() -> sluice_conntrack::Carried {
+        sluice_conntrack::Carried {
+            state: sluice_conntrack::ProtoState::Tcp(sluice_conntrack::TcpState::Established),
+            assured: true,
+            seen_reply: true,
+            flowtable: false,
+            mark: 0,
+            packets: 9,
+            expires_in_ms: 1000,
+            timeout_policy: 0,
+        }
+    }
+
     /// A fresh directory for test `tag`, the state file path in it, and a
     /// configuration with `workers` workers that keeps its connections
     /// there.
@@ -3314,16 +3328,7 @@ mod tests {
         let c = SavedConn::V4 {
             orig: k,
             reply: k.reversed(),
-            carried: sluice_conntrack::Carried {
-                state: sluice_conntrack::ProtoState::Tcp(sluice_conntrack::TcpState::Established),
-                assured: true,
-                seen_reply: true,
-                flowtable: false,
-                mark: 0,
-                packets: 9,
-                expires_in_ms: 1000,
-                timeout_policy: 0,
-            },
+            carried: established_tcp(),
             held: 0,
         };
         // Saved 400 ms ago: 400 ms less left.
@@ -3443,16 +3448,7 @@ mod tests {
             Arc::new(sluice_engine::StaticPolicy::accept_all()),
         )
         .unwrap();
-        let carried = sluice_conntrack::Carried {
-            state: sluice_conntrack::ProtoState::Tcp(sluice_conntrack::TcpState::Established),
-            assured: true,
-            seen_reply: true,
-            flowtable: false,
-            mark: 0,
-            packets: 9,
-            expires_in_ms: 1000,
-            timeout_policy: 0,
-        };
+        let carried = established_tcp();
         let orig = |sport: u16| FlowKey4 {
             src: 0x0a00_0002,
             dst: 0xc633_6402,
