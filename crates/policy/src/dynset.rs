@@ -218,46 +218,36 @@ impl DynSet {
         self.len.load(Ordering::Relaxed).saturating_add(n) <= self.cap
     }
 
-    /// Inserts `k` to stay until deleted (the control plane's `add
-    /// element`); an element already there keeps its state but no longer
-    /// expires.
-    pub(crate) fn insert_forever(&self, k: &SetKey) {
+    /// Inserts `k` (the control plane's `add element`): to stay until
+    /// deleted (`lifetime_ms` `None`), or to expire that long after its
+    /// timer starts, at the next [`Self::start`] (the gateway starts it
+    /// when it publishes the change) or use. An element already there
+    /// keeps its state but takes that expiry.
+    pub(crate) fn insert_added(&self, k: &SetKey, lifetime_ms: Option<u64>) {
+        let (expires_ms, rel) = match lifetime_ms {
+            Some(ms) => (ms, true),
+            None => (NEVER, false),
+        };
         let mut m = self.shard(k);
         match m.get_mut(k) {
             Some(e) => {
-                e.expires_ms = NEVER;
-                e.rel = false;
-            }
-            None => {
-                m.insert(*k, fresh(NEVER, NO_OP));
-                self.len.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    }
-
-    /// Inserts `k` (the control plane's `add element` with a `timeout` or
-    /// `expires`) to expire `ms` after its timer starts, at the next
-    /// [`Self::start`] (the gateway starts it when it publishes the
-    /// change) or use; an element already there takes that expiry.
-    pub(crate) fn insert_timed(&self, k: &SetKey, ms: u64) {
-        let mut m = self.shard(k);
-        match m.get_mut(k) {
-            Some(e) => {
-                e.expires_ms = ms;
-                e.rel = true;
+                e.expires_ms = expires_ms;
+                e.rel = rel;
             }
             None => {
                 m.insert(
                     *k,
                     Elem {
-                        rel: true,
-                        ..fresh(ms, NO_OP)
+                        rel,
+                        ..fresh(expires_ms, NO_OP)
                     },
                 );
                 self.len.fetch_add(1, Ordering::Relaxed);
             }
         }
-        self.pending.store(true, Ordering::Release);
+        if rel {
+            self.pending.store(true, Ordering::Release);
+        }
     }
 
     /// Removes `k`; whether it was there (live or not).

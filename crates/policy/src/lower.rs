@@ -2019,12 +2019,7 @@ impl<'a> Lowerer<'a> {
         let expires = set
             .elements
             .iter()
-            .map(|e| {
-                e.opts
-                    .as_ref()
-                    .and_then(|o| o.expires_ms.or(o.timeout_ms))
-                    .or(set.timeout_ms)
-            })
+            .map(|e| e.lifetime_ms().or(set.timeout_ms))
             .collect();
         self.out.sets.push(DynSetSpec {
             name,

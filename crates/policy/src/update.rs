@@ -656,11 +656,7 @@ impl CompiledPolicy {
         if add
             && !decl.flags.contains(&SetFlag::Timeout)
             && decl.timeout_ms.is_none()
-            && elements.iter().any(|e| {
-                e.opts
-                    .as_ref()
-                    .is_some_and(|o| o.timeout_ms.is_some() || o.expires_ms.is_some())
-            })
+            && elements.iter().any(|e| e.lifetime_ms().is_some())
         {
             return refused(format!(
                 "{name}: an element's timeout or expiry needs 'flags timeout' on set '{set}'"
@@ -704,17 +700,10 @@ impl CompiledPolicy {
             // set's timeout, from when the gateway publishes the change
             // (`start_timers`), as the kernel's; without any, until
             // deleted.
-            let timed = e
-                .opts
-                .as_ref()
-                .and_then(|o| o.expires_ms.or(o.timeout_ms))
-                .or(decl_timeout);
+            let timed = e.lifetime_ms().or(decl_timeout);
             let in_live = live.is_some_and(|l| {
                 if add {
-                    match timed {
-                        Some(ms) => l.insert_timed(k, ms),
-                        None => l.insert_forever(k),
-                    }
+                    l.insert_added(k, timed);
                     true
                 } else {
                     if let Some(i) = live_at {
@@ -874,11 +863,7 @@ impl CompiledPolicy {
                 "set '{set}' is constant; its elements cannot change"
             ));
         }
-        if elements.iter().any(|e| {
-            e.opts
-                .as_ref()
-                .is_some_and(|o| o.timeout_ms.is_some() || o.expires_ms.is_some())
-        }) {
+        if elements.iter().any(|e| e.lifetime_ms().is_some()) {
             return refused(format!(
                 "{name}: an element's timeout or expiry needs a set with 'flags timeout' \
                  ('{set}' has none, or is a map)"

@@ -362,6 +362,16 @@ pub struct Elem {
     pub opts: Option<Box<ElemOpts>>,
 }
 
+impl Elem {
+    /// How long the element lives by its own options: its `expires`, else
+    /// its `timeout` (ms); `None` when it has neither.
+    pub fn lifetime_ms(&self) -> Option<u64> {
+        self.opts
+            .as_ref()
+            .and_then(|o| o.expires_ms.or(o.timeout_ms))
+    }
+}
+
 /// The options of an element ([`Elem::opts`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct ElemOpts {

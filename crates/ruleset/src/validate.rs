@@ -143,10 +143,7 @@ impl Validator {
     /// saying `why` it cannot have one.
     fn element_timeouts(&mut self, elems: &[Elem], why: &str) {
         for e in elems {
-            if e.opts
-                .as_ref()
-                .is_some_and(|o| o.timeout_ms.is_some() || o.expires_ms.is_some())
-            {
+            if e.lifetime_ms().is_some() {
                 self.err(e.span, format!("an element's timeout or expiry {why}"));
             }
         }
